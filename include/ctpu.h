@@ -1,0 +1,352 @@
+/* ctpu — PyTorch-style tensor programs on an emulated TPU chip, on the CPU.
+ *
+ * Three execution modes, as in TorchTPU, chosen by environment variables read
+ * once by ctpu_init (or by ctpu_set_mode):
+ *   strict eager (default)         each op is validated and enqueued on the
+ *                                  device stream; the host goes on at once
+ *   debug eager                    TORCH_TPU_LAUNCH_BLOCKING=1: each op waits
+ *                                  for completion; faults name the op
+ *   defer and fuse                 TORCH_TPU_DEFER_AND_FUSE=1: ops recorded
+ *                                  into a trace, compiled once per shape
+ *
+ * Every handle belongs to the scope open when it was made; ending the scope
+ * releases it unless kept. Ops never mutate their inputs; ctpu_assign is the
+ * one mutation. A failing call returns a null handle (id == 0) or a status,
+ * and ctpu_last_error() names the op, the argument and the shapes. An op given
+ * a null handle returns a null handle without a new message, so an
+ * expression can be checked once at its end.
+ *
+ * Example (runs as written; link with -lctpu):
+ *
+ *   #include <ctpu.h>
+ *   #include <stdio.h>
+ *   int main(void) {
+ *       if (ctpu_init() != CTPU_OK) { fprintf(stderr, "%s\n", ctpu_last_error()); return 1; }
+ *       float xa[6] = {1, 2, 3, 4, 5, 6}, wa[6] = {1, 0, 0, 1, 1, 1};
+ *       int64_t xs[2] = {2, 3}, ws[2] = {3, 2};
+ *       ctpu_scope_begin();
+ *       ctpu_tensor x = ctpu_from_host(xa, CTPU_F32, 2, xs);
+ *       ctpu_tensor w = ctpu_from_host(wa, CTPU_F32, 2, ws);
+ *       ctpu_tensor y = ctpu_relu(ctpu_add_scalar(ctpu_matmul(x, w), -4.0));
+ *       ctpu_tensor s = ctpu_sum(y, 0, NULL, false);
+ *       double v;
+ *       if (ctpu_item(s, &v) != CTPU_OK) { fprintf(stderr, "%s\n", ctpu_last_error()); return 1; }
+ *       printf("sum = %g\n", v);          // relu([[0,1],[1,7]]) -> 9
+ *       ctpu_scope_end();
+ *       ctpu_shutdown();
+ *       return 0;
+ *   }
+ */
+#ifndef CTPU_H
+#define CTPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CTPU_MAX_DIMS 8
+
+/* A value handle: slot index + generation. id == 0 is the null handle. */
+typedef struct { uint64_t id; } ctpu_tensor;
+#define CTPU_NULL ((ctpu_tensor){0})
+static inline bool ctpu_is_null(ctpu_tensor t) { return t.id == 0; }
+
+typedef enum { CTPU_F32 = 0, CTPU_BF16 = 1, CTPU_I32 = 2, CTPU_DTYPE_COUNT } ctpu_dtype;
+
+typedef enum {
+    CTPU_OK = 0,
+    CTPU_ERR_NOT_INITIALIZED,  /* a call before ctpu_init or after ctpu_shutdown */
+    CTPU_ERR_INVALID_ARG,      /* null pointer, bad enum, bad size, bad value */
+    CTPU_ERR_NULL_HANDLE,      /* a null tensor handle where a tensor is needed */
+    CTPU_ERR_STALE_HANDLE,     /* a released handle (generation mismatch) */
+    CTPU_ERR_SHAPE,            /* incompatible shapes, dim out of range */
+    CTPU_ERR_DTYPE,            /* a dtype the op does not take */
+    CTPU_ERR_OOM,              /* HBM cap exceeded: requested, in use, capacity */
+    CTPU_ERR_DEVICE_FAULT,     /* a fault latched on the device (index out of range) */
+    CTPU_ERR_NAN,              /* a debug check found NaN in an op's output */
+    CTPU_ERR_ENV,              /* a bad environment variable value at init */
+    CTPU_ERR_CACHE_MISS,       /* a fused-cache miss in cache-only mode */
+    CTPU_ERR_IO,               /* file could not be read or is corrupt */
+    CTPU_ERR_STATE,            /* a call that does not fit the current state */
+    CTPU_STATUS_COUNT
+} ctpu_status;
+
+typedef enum {
+    CTPU_MODE_STRICT = 0,      /* strict eager */
+    CTPU_MODE_DEBUG = 1,       /* debug eager (TORCH_TPU_LAUNCH_BLOCKING=1) */
+    CTPU_MODE_DEFER_FUSE = 2,  /* defer and fuse (TORCH_TPU_DEFER_AND_FUSE=1) */
+    CTPU_MODE_COUNT
+} ctpu_mode;
+
+typedef enum {
+    CTPU_PRECISION_DEFAULT = 0, /* 1 bf16 pass */
+    CTPU_PRECISION_HIGH = 1,    /* 3 bf16 passes */
+    CTPU_PRECISION_HIGHEST = 2, /* 6 bf16 passes */
+    CTPU_PRECISION_COUNT
+} ctpu_precision;
+
+/* ---------------------------------------------------------------- runtime */
+
+/* Start the runtime: reads the environment (DESIGN.md's table) once, starts
+ * the device thread and kernel workers. Errors: CTPU_ERR_ENV (message names the
+ * variable and the value), CTPU_ERR_STATE if already initialised. */
+ctpu_status ctpu_init(void);
+/* Drain the stream, release every handle and buffer, stop the threads.
+ * Safe to call when not initialised. ctpu_init may be called again after. */
+void ctpu_shutdown(void);
+bool ctpu_is_initialized(void);
+
+/* The calling thread's last error message (one line) and status; "" / CTPU_OK
+ * if none. Successful calls do not clear it; ctpu_clear_error() does. */
+const char *ctpu_last_error(void);
+ctpu_status ctpu_last_status(void);
+void ctpu_clear_error(void);
+const char *ctpu_status_str(ctpu_status s);
+
+/* Mode: the process-wide mode, and a per-thread override that wins over it.
+ * ctpu_set_thread_mode(-1) (or ctpu_clear_thread_mode) removes the override.
+ * Changing mode syncs the stream first. Errors: CTPU_ERR_INVALID_ARG. */
+ctpu_status ctpu_set_mode(ctpu_mode m);
+ctpu_status ctpu_set_thread_mode(ctpu_mode m);
+void ctpu_clear_thread_mode(void);
+ctpu_mode ctpu_get_mode(void);           /* effective mode of this thread */
+const char *ctpu_mode_name(ctpu_mode m); /* "strict", "debug", "defer_fuse" */
+
+/* Debug checks (NaN in an op's outputs is an error naming the op). Default:
+ * on in debug eager, off otherwise; TORCH_TPU_ENABLE_DEBUG_CHECKS sets it. */
+ctpu_status ctpu_set_debug_checks(bool on);
+bool ctpu_debug_checks(void);
+
+/* Matmul precision for ops dispatched from now on (default: from
+ * TORCH_TPU_MATMUL_PRECISION, else DEFAULT). Part of every cache key. */
+ctpu_status ctpu_set_matmul_precision(ctpu_precision p);
+ctpu_precision ctpu_get_matmul_precision(void);
+
+/* Wait until every enqueued command has run. Returns the first latched device
+ * error (CTPU_ERR_DEVICE_FAULT, CTPU_ERR_NAN) since the last sync, with its
+ * message naming the op that caused it, and clears it. */
+ctpu_status ctpu_sync(void);
+
+/* ------------------------------------------------------------------ chip */
+
+typedef struct {
+    const char *name;        /* "v5e", "v5p", "v6e", "7x" */
+    int mxu_size;            /* systolic array side: 128 or 256 */
+    int mxu_per_core;        /* MXUs per TensorCore */
+    int cores;               /* TensorCores per chip */
+    uint64_t hbm_bytes;      /* HBM capacity, bytes */
+    double hbm_gbps;         /* HBM bandwidth, GB/s (1e9 bytes/s) */
+    double peak_bf16_flops;  /* peak dense bf16, FLOP/s */
+    double usd_per_chip_hour;/* on-demand list price, USD */
+    const char *source;      /* where the figures come from */
+} ctpu_chip_info;
+
+/* The emulated chip (TORCH_TPU_CHIP). NULL before init. */
+const ctpu_chip_info *ctpu_chip(void);
+/* A profile by name ("v5e", "v5p", "v6e", "7x"); NULL if unknown. */
+const ctpu_chip_info *ctpu_chip_lookup(const char *name);
+
+/* HBM accounting, bytes. */
+typedef struct {
+    uint64_t in_use, peak, capacity;
+    uint64_t allocs, frees;
+} ctpu_hbm_stats;
+ctpu_status ctpu_hbm_get_stats(ctpu_hbm_stats *out);
+/* Reset the peak to the current in-use figure. */
+void ctpu_hbm_reset_peak(void);
+
+/* ------------------------------------------------------------- handles */
+
+/* Tensor queries. On a bad handle they return -1 / CTPU_DTYPE_COUNT and set
+ * the error. ctpu_shape copies up to CTPU_MAX_DIMS extents into out. */
+int ctpu_ndim(ctpu_tensor t);
+int64_t ctpu_dim(ctpu_tensor t, int d);       /* d may be negative */
+int64_t ctpu_numel(ctpu_tensor t);
+ctpu_dtype ctpu_dtype_of(ctpu_tensor t);
+ctpu_status ctpu_shape(ctpu_tensor t, int64_t out[CTPU_MAX_DIMS], int *ndim);
+bool ctpu_is_valid(ctpu_tensor t);            /* live and not stale; sets no error */
+const char *ctpu_dtype_name(ctpu_dtype dt);   /* "f32", "bf16", "i32" */
+
+/* Release a handle now (its storage is freed when nothing else refers to it).
+ * Errors: CTPU_ERR_STALE_HANDLE, CTPU_ERR_NULL_HANDLE. */
+ctpu_status ctpu_release(ctpu_tensor t);
+
+/* ---------------------------------------------------------------- scopes */
+
+/* Open a scope: handles made from now on belong to it. Scopes nest (up to 64). */
+ctpu_status ctpu_scope_begin(void);
+/* Release every handle of the innermost scope except kept ones, which move to
+ * the enclosing scope. Errors: CTPU_ERR_STATE if no scope is open. */
+ctpu_status ctpu_scope_end(void);
+/* Keep t past the end of its scope (it moves to the enclosing scope, or
+ * becomes global at the outermost). Returns t, or null on a bad handle. */
+ctpu_tensor ctpu_keep(ctpu_tensor t);
+/* A step scope: ctpu_scope_begin plus, at its end, a trace cut (mark_step).
+ * In the eager modes a step end is a scope end. */
+ctpu_status ctpu_step_begin(void);
+ctpu_status ctpu_step_end(void);
+/* Cut the current trace here (defer and fuse); a no-op in the eager modes
+ * apart from counting the step. */
+ctpu_status ctpu_mark_step(void);
+
+/* ------------------------------------------------------------- creation */
+
+/* Copy host data into a new device tensor. data holds numel elements of dtype
+ * (f32: float, bf16: uint16_t bit patterns, i32: int32_t), row-major.
+ * ndim in [0, 8]; extents >= 0; numel*elemsize must not overflow.
+ * Errors: CTPU_ERR_INVALID_ARG, CTPU_ERR_SHAPE, CTPU_ERR_OOM. */
+ctpu_tensor ctpu_from_host(const void *data, ctpu_dtype dt, int ndim, const int64_t *shape);
+/* Copy a tensor to host memory (waits for it). dst_bytes must be at least
+ * numel * elemsize. Errors: CTPU_ERR_INVALID_ARG, handle errors, and any device
+ * error latched on the tensor (CTPU_ERR_DEVICE_FAULT naming the op). */
+ctpu_status ctpu_to_host(ctpu_tensor t, void *dst, size_t dst_bytes);
+/* The value of a one-element tensor as double (waits for it). */
+ctpu_status ctpu_item(ctpu_tensor t, double *out);
+
+ctpu_tensor ctpu_zeros(ctpu_dtype dt, int ndim, const int64_t *shape);
+ctpu_tensor ctpu_ones(ctpu_dtype dt, int ndim, const int64_t *shape);
+/* value is converted to dt (bf16: RNE; i32: toward zero, saturating). */
+ctpu_tensor ctpu_full(ctpu_dtype dt, int ndim, const int64_t *shape, double value);
+/* [start, end) in steps of step (step != 0): 1-D, ceil((end-start)/step) elements. */
+ctpu_tensor ctpu_arange(double start, double end, double step, ctpu_dtype dt);
+
+/* Counter-based random numbers (Philox4x32-10): element i depends only on
+ * (seed, offset, i). The generator's offset advances by numel per draw, so two
+ * draws differ; ctpu_manual_seed resets seed and offset to 0. f32 or bf16. */
+void ctpu_manual_seed(uint64_t seed);
+ctpu_status ctpu_rng_get_state(uint64_t *seed, uint64_t *offset);
+ctpu_status ctpu_rng_set_state(uint64_t seed, uint64_t offset);
+ctpu_tensor ctpu_rand_uniform(ctpu_dtype dt, int ndim, const int64_t *shape, double lo, double hi);
+ctpu_tensor ctpu_rand_normal(ctpu_dtype dt, int ndim, const int64_t *shape, double mean, double std);
+
+/* dst takes the value of src (same shape and dtype, else CTPU_ERR_SHAPE /
+ * CTPU_ERR_DTYPE). Writes dst's storage in place when no other live handle
+ * shares it (the stream is in order, so reads already enqueued see the old
+ * value), otherwise gives dst a new buffer (copy-on-write). */
+ctpu_status ctpu_assign(ctpu_tensor dst, ctpu_tensor src);
+
+/* --------------------------------------------------------- elementwise
+ * NumPy broadcasting; result dtype by PyTorch promotion (f32 wins over bf16,
+ * float over i32); a host scalar never changes the tensor's dtype. Every
+ * result is rounded to its dtype. Math in f32 (SLEEF non-FMA u10 for
+ * transcendentals). Errors: CTPU_ERR_SHAPE (not broadcastable), CTPU_ERR_DTYPE. */
+ctpu_tensor ctpu_neg(ctpu_tensor a);
+ctpu_tensor ctpu_abs(ctpu_tensor a);
+ctpu_tensor ctpu_exp(ctpu_tensor a);     /* float result (i32 input -> f32) */
+ctpu_tensor ctpu_log(ctpu_tensor a);
+ctpu_tensor ctpu_sqrt(ctpu_tensor a);
+ctpu_tensor ctpu_rsqrt(ctpu_tensor a);
+ctpu_tensor ctpu_tanh(ctpu_tensor a);
+ctpu_tensor ctpu_sigmoid(ctpu_tensor a);
+ctpu_tensor ctpu_relu(ctpu_tensor a);
+ctpu_tensor ctpu_gelu(ctpu_tensor a, bool tanh_approx); /* tanh form or exact (erf) */
+
+ctpu_tensor ctpu_add(ctpu_tensor a, ctpu_tensor b);
+ctpu_tensor ctpu_sub(ctpu_tensor a, ctpu_tensor b);
+ctpu_tensor ctpu_mul(ctpu_tensor a, ctpu_tensor b);
+ctpu_tensor ctpu_div(ctpu_tensor a, ctpu_tensor b);   /* i32/i32 -> f32 (true division) */
+ctpu_tensor ctpu_pow(ctpu_tensor a, ctpu_tensor b);
+ctpu_tensor ctpu_maximum(ctpu_tensor a, ctpu_tensor b); /* NaN from either side */
+ctpu_tensor ctpu_minimum(ctpu_tensor a, ctpu_tensor b);
+/* Comparisons give f32 masks (1.0 / 0.0). */
+ctpu_tensor ctpu_eq(ctpu_tensor a, ctpu_tensor b);
+ctpu_tensor ctpu_ne(ctpu_tensor a, ctpu_tensor b);
+ctpu_tensor ctpu_lt(ctpu_tensor a, ctpu_tensor b);
+ctpu_tensor ctpu_le(ctpu_tensor a, ctpu_tensor b);
+ctpu_tensor ctpu_gt(ctpu_tensor a, ctpu_tensor b);
+ctpu_tensor ctpu_ge(ctpu_tensor a, ctpu_tensor b);
+
+/* Scalar forms: the scalar is a runtime argument (never part of a cache key).
+ * _rscalar forms put the scalar first (s - a, s / a, s ** a). */
+ctpu_tensor ctpu_add_scalar(ctpu_tensor a, double s);
+ctpu_tensor ctpu_sub_scalar(ctpu_tensor a, double s);
+ctpu_tensor ctpu_mul_scalar(ctpu_tensor a, double s);
+ctpu_tensor ctpu_div_scalar(ctpu_tensor a, double s);
+ctpu_tensor ctpu_pow_scalar(ctpu_tensor a, double s);
+ctpu_tensor ctpu_maximum_scalar(ctpu_tensor a, double s);
+ctpu_tensor ctpu_minimum_scalar(ctpu_tensor a, double s);
+ctpu_tensor ctpu_rsub_scalar(ctpu_tensor a, double s);
+ctpu_tensor ctpu_rdiv_scalar(ctpu_tensor a, double s);
+ctpu_tensor ctpu_rpow_scalar(ctpu_tensor a, double s);
+ctpu_tensor ctpu_eq_scalar(ctpu_tensor a, double s);
+ctpu_tensor ctpu_ne_scalar(ctpu_tensor a, double s);
+ctpu_tensor ctpu_lt_scalar(ctpu_tensor a, double s);
+ctpu_tensor ctpu_le_scalar(ctpu_tensor a, double s);
+ctpu_tensor ctpu_gt_scalar(ctpu_tensor a, double s);
+ctpu_tensor ctpu_ge_scalar(ctpu_tensor a, double s);
+
+/* cond != 0 ? a : b, all three broadcast together; cond of any dtype. */
+ctpu_tensor ctpu_where(ctpu_tensor cond, ctpu_tensor a, ctpu_tensor b);
+/* min(max(a, lo), hi); NaN propagates. lo <= hi is not required (as torch). */
+ctpu_tensor ctpu_clamp(ctpu_tensor a, double lo, double hi);
+/* Convert to dt: f32->bf16 RNE (subnormal -> 0), f32->i32 toward zero,
+ * saturating, NaN -> 0 (CONTRACTS.md "Dtypes"). */
+ctpu_tensor ctpu_cast(ctpu_tensor a, ctpu_dtype dt);
+
+/* ----------------------------------------------------------- reductions
+ * dims: ndims entries in [-ndim, ndim), distinct; ndims == 0 (dims NULL)
+ * reduces every dim. keepdim keeps reduced dims as extent 1. Order: the one
+ * fixed order of CONTRACTS.md (chunks of 4096, 16 virtual lanes, fixed trees),
+ * depending only on the shape. Result f32 (bf16 input -> bf16 result). */
+ctpu_tensor ctpu_sum(ctpu_tensor a, int ndims, const int *dims, bool keepdim);
+ctpu_tensor ctpu_mean(ctpu_tensor a, int ndims, const int *dims, bool keepdim); /* sum / n */
+ctpu_tensor ctpu_max(ctpu_tensor a, int ndims, const int *dims, bool keepdim);  /* NaN wins */
+ctpu_tensor ctpu_min(ctpu_tensor a, int ndims, const int *dims, bool keepdim);
+/* var = sum((x - mean)^2) / (n - correction) (correction 1: unbiased). */
+ctpu_tensor ctpu_var(ctpu_tensor a, int ndims, const int *dims, int correction, bool keepdim);
+/* First index of the maximum along dim (a NaN counts as maximal) -> i32. */
+ctpu_tensor ctpu_argmax(ctpu_tensor a, int dim, bool keepdim);
+/* max-subtracted softmax / log_softmax along dim. */
+ctpu_tensor ctpu_softmax(ctpu_tensor a, int dim);
+ctpu_tensor ctpu_log_softmax(ctpu_tensor a, int dim);
+
+/* ------------------------------------------------------- data movement */
+/* New shape with the same numel; one extent may be -1 (inferred). Shares
+ * storage when the input is contiguous (always, in ctpu). */
+ctpu_tensor ctpu_reshape(ctpu_tensor a, int ndim, const int64_t *shape);
+/* perm is a permutation of [0, ndim). */
+ctpu_tensor ctpu_permute(ctpu_tensor a, const int *perm);
+ctpu_tensor ctpu_transpose(ctpu_tensor a, int d0, int d1);
+ctpu_tensor ctpu_contiguous(ctpu_tensor a);
+/* Elements start, start+step, ... < end along dim (python slicing: negative
+ * start/end count from the end and are clamped; step >= 1). */
+ctpu_tensor ctpu_slice(ctpu_tensor a, int dim, int64_t start, int64_t end, int64_t step);
+/* Concatenate n >= 1 tensors of the same dtype, equal extents except dim. */
+ctpu_tensor ctpu_concat(int n, const ctpu_tensor *ts, int dim);
+/* Broadcast to shape (extent 1 or new leading dims expand; -1 keeps). */
+ctpu_tensor ctpu_expand(ctpu_tensor a, int ndim, const int64_t *shape);
+/* weight [V, D] (f32/bf16), indices i32 of any shape -> [..., D]. An index
+ * outside [0, V) is a device fault naming `embedding` and the index, raised
+ * at the next sync (strict eager) or at the call (debug eager); its row is 0. */
+ctpu_tensor ctpu_embedding(ctpu_tensor weight, ctpu_tensor indices);
+/* out[i][j] = a[i][index[i][j]] along dim (torch.gather); index i32 with the
+ * same ndim as a; bounds checked on the device like embedding. */
+ctpu_tensor ctpu_gather(ctpu_tensor a, int dim, ctpu_tensor index);
+
+/* --------------------------------------------------------------- matmul
+ * torch.matmul semantics for ndim >= 1 (1-D operands promoted and squeezed,
+ * batch dims broadcast). MXU numerics (CONTRACTS.md): operands rounded to
+ * bf16 (RNE), exact products, fp32 accumulation in vdpbf16ps pair order,
+ * subnormals flushed; precision from ctpu_set_matmul_precision.
+ * f32@f32 -> f32; bf16@bf16 -> bf16 (rounded once); mixed -> f32; i32@i32 -> i32 exact.
+ * Errors: CTPU_ERR_SHAPE ("matmul: a is f32[64,100], b is f32[99,10]: inner dims differ"). */
+ctpu_tensor ctpu_matmul(ctpu_tensor a, ctpu_tensor b);
+
+/* ------------------------------------------------------------- metrics */
+/* Counter value by name (e.g. "ops_dispatched", "programs_compiled",
+ * "cache_requests", "cache_hits", "cache_misses", "syncs", "hbm_bytes_allocated").
+ * Unknown names give 0. */
+int64_t ctpu_metric_counter(const char *name);
+/* Print the metrics report (counters and timers) to f (stderr if NULL). */
+void ctpu_metrics_report(FILE *f);
+void ctpu_metrics_clear(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CTPU_H */

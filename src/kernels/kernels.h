@@ -1,0 +1,263 @@
+/* ctpu kernels: pure compute on raw pointers and sizes.
+ *
+ * This header is the whole interface between the runtime (src/device,
+ * src/fuse, src/eager) and the kernels. Nothing here knows about handles,
+ * traces or the device: only pointers, extents, dtypes and a thread pool.
+ *
+ * Every kernel family has a plain-C `_ref` variant that is the executable
+ * specification; SIMD variants (AVX2, AVX-512) are built as separate objects
+ * with their own compiler flags and chosen once at runtime through a function
+ * table (see ctpu_kernels_set_isa). Every variant equals `_ref` bit for bit
+ * (NaN compared as a class: NaN exactly where `_ref` has NaN).
+ *
+ * Numerics (CONTRACTS.md):
+ *  - no FMA contraction (-ffp-contract=off), every op rounds to f32;
+ *  - transcendentals from SLEEF's non-FMA 1.0-ulp family only
+ *    (purec / avx / avx512fnofma), which give the same bits on every ISA;
+ *  - reductions in one shape-determined order (CTPU_K_RED_* below).
+ */
+#ifndef CTPU_KERNELS_H
+#define CTPU_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+/* ---- dtypes (same numbering as the public ctpu_dtype) ------------------ */
+enum { CTPU_KDT_F32 = 0, CTPU_KDT_BF16 = 1, CTPU_KDT_I32 = 2, CTPU_KDT_COUNT };
+static inline size_t ctpu_kdt_size(int dt) { return dt == CTPU_KDT_BF16 ? 2 : 4; }
+
+/* ---- ISA selection ------------------------------------------------------ */
+typedef enum {
+    CTPU_ISA_SCALAR = 0, CTPU_ISA_AVX2 = 1, CTPU_ISA_AVX512 = 2, CTPU_ISA_COUNT
+} ctpu_isa;
+
+/* Best ISA this CPU supports (cpuid + OS xsave state). AVX2 needs
+ * AVX2+FMA+F16C; AVX512 needs F+BW+DQ+VL+BF16. */
+ctpu_isa ctpu_isa_detect(void);
+/* Select the variant table. Returns false (and changes nothing) when the CPU
+ * lacks `isa`. Not thread-safe: called by ctpu_init only. */
+bool ctpu_kernels_set_isa(ctpu_isa isa);
+ctpu_isa ctpu_kernels_isa(void);
+const char *ctpu_isa_name(ctpu_isa isa);
+
+/* ---- thread pool hook ---------------------------------------------------
+ * The device owns the threads; a kernel that parallelises calls
+ * pool->run(pool, fn, ctx), which calls fn(ctx, tid, nt) once for every
+ * tid in [0, nt) (tid 0 on the calling thread) and returns when all are done.
+ * pool == NULL or nthreads == 1 means: run on the calling thread only.
+ * Work must be split so that the result bits do not depend on nt. */
+typedef struct ctpu_k_pool ctpu_k_pool;
+struct ctpu_k_pool {
+    int nthreads;
+    void (*run)(ctpu_k_pool *pool, void (*fn)(void *ctx, int tid, int nt), void *ctx);
+    void *impl;
+};
+
+/* ---- bf16 ------------------------------------------------------------------
+ * f32 -> bf16, the one rounding function of CONTRACTS.md: round to nearest
+ * even; a result in the bf16 subnormal range (|x| < 2^-126 after rounding)
+ * becomes zero of the same sign; NaN -> quiet NaN (sign kept); overflow -> Inf. */
+static inline uint16_t ctpu_f32_to_bf16(float f)
+{
+    union { float f; uint32_t u; } v = { f };
+    uint32_t u = v.u;
+    if ((u & 0x7fffffffu) > 0x7f800000u)           /* NaN */
+        return (uint16_t)((u >> 16) | 0x0040u);
+    uint32_t r = u + 0x7fffu + ((u >> 16) & 1u);   /* RNE; carries into Inf */
+    uint16_t h = (uint16_t)(r >> 16);
+    if ((h & 0x7f80u) == 0) h &= 0x8000u;          /* subnormal/zero -> signed zero */
+    return h;
+}
+static inline float ctpu_bf16_to_f32(uint16_t h)
+{
+    union { uint32_t u; float f; } v = { (uint32_t)h << 16 };
+    return v.f;
+}
+/* f32 -> i32: round toward zero, saturating; NaN -> 0. */
+static inline int32_t ctpu_f32_to_i32(float f)
+{
+    if (f != f) return 0;
+    if (f >= 2147483648.0f) return INT32_MAX;
+    if (f <= -2147483648.0f) return INT32_MIN;
+    return (int32_t)f;
+}
+
+/* ---- elementwise on f32 blocks ------------------------------------------
+ * The block VM's instruction set. Every op reads and writes f32 arrays of n
+ * elements (n <= CTPU_K_BLOCK in the VM; any n is allowed). y may alias an
+ * input. Definitions (exactly what _ref computes, in f32):
+ *   NEG -x;  ABS |x|;  EXP/LOG/TANH/SQRT: SLEEF u10 (sqrt: IEEE sqrt);
+ *   RSQRT 1/sqrt(x);  SIGMOID 1/(1+exp(-x));  RELU x>0 ? x : (x!=x ? x : +0);
+ *   GELU_TANH 0.5*x*(1+tanh(0.7978845608f*(x+0.044715f*(x*x*x))))  (products
+ *     left to right, each rounded);  GELU_ERF 0.5*x*(1+erf(x*0.70710678f));
+ *   RECIP 1/x;  SQUARE x*x;
+ *   ADD SUB MUL DIV: IEEE;  POW: SLEEF powf u10;
+ *   MAX/MIN: NaN if either is NaN, else (a>b ? a : b) / (a<b ? a : b);
+ *   EQ NE LT LE GT GE: 1.0f / 0.0f (IEEE compare, NaN compares false, NE true);
+ *   WHERE(c,a,b): c != 0 ? a : b  (NaN c counts as true);
+ *   CLAMP(x,lo,hi): MIN(MAX(x,lo),hi) with NaN propagation from any side.
+ *   ROUND_BF16: x rounded to bf16 and back (ctpu_f32_to_bf16).
+ */
+#define CTPU_K_BLOCK 1024
+
+#define CTPU_K_UNARY_OPS(X) \
+    X(NEG) X(ABS) X(EXP) X(LOG) X(SQRT) X(RSQRT) X(TANH) X(SIGMOID) X(RELU) \
+    X(GELU_TANH) X(GELU_ERF) X(RECIP) X(SQUARE) X(ROUND_BF16)
+#define CTPU_K_BINARY_OPS(X) \
+    X(ADD) X(SUB) X(MUL) X(DIV) X(POW) X(MAX) X(MIN) \
+    X(EQ) X(NE) X(LT) X(LE) X(GT) X(GE)
+
+typedef enum {
+#define X(n) CTPU_K_U_##n,
+    CTPU_K_UNARY_OPS(X)
+#undef X
+    CTPU_K_U_COUNT
+} ctpu_k_unary_op;
+typedef enum {
+#define X(n) CTPU_K_B_##n,
+    CTPU_K_BINARY_OPS(X)
+#undef X
+    CTPU_K_B_COUNT
+} ctpu_k_binary_op;
+
+void ctpu_k_unary(ctpu_k_unary_op op, const float *x, float *y, int64_t n);
+void ctpu_k_binary(ctpu_k_binary_op op, const float *a, const float *b, float *y, int64_t n);
+/* b is one scalar broadcast over a (a op s), or s op a when `scalar_first`. */
+void ctpu_k_binary_scalar(ctpu_k_binary_op op, const float *a, float s, bool scalar_first,
+                          float *y, int64_t n);
+void ctpu_k_where(const float *c, const float *a, const float *b, float *y, int64_t n);
+void ctpu_k_clamp(const float *x, float lo, float hi, float *y, int64_t n);
+
+void ctpu_k_unary_ref(ctpu_k_unary_op op, const float *x, float *y, int64_t n);
+void ctpu_k_binary_ref(ctpu_k_binary_op op, const float *a, const float *b, float *y, int64_t n);
+void ctpu_k_binary_scalar_ref(ctpu_k_binary_op op, const float *a, float s, bool scalar_first,
+                              float *y, int64_t n);
+void ctpu_k_where_ref(const float *c, const float *a, const float *b, float *y, int64_t n);
+void ctpu_k_clamp_ref(const float *x, float lo, float hi, float *y, int64_t n);
+
+/* Conversions (all n elements; any alignment). */
+void ctpu_k_bf16_to_f32(const uint16_t *x, float *y, int64_t n);
+void ctpu_k_f32_to_bf16(const float *x, uint16_t *y, int64_t n);
+void ctpu_k_i32_to_f32(const int32_t *x, float *y, int64_t n);
+void ctpu_k_f32_to_i32(const float *x, int32_t *y, int64_t n);
+void ctpu_k_f32_to_bf16_ref(const float *x, uint16_t *y, int64_t n);
+
+/* ---- reductions ----------------------------------------------------------
+ * x viewed as [outer, n, inner] (row-major, contiguous); reduce the middle
+ * dim; y is [outer, inner] f32.
+ *
+ * The one order (CTPU_K_RED_*), for each (outer, inner) column of length n:
+ *   the column is cut into chunks of CTPU_K_RED_CHUNK elements (the last one
+ *   shorter); within a chunk, element j goes to virtual lane j % 16 and each
+ *   lane accumulates left to right from its identity; the 16 lanes are then
+ *   combined by the fixed tree l[i] = l[i] op l[i+8], then +4, +2, +1;
+ *   chunk results c[0..m) are combined pairwise: while m > 1,
+ *   c[i] = c[2i] op c[2i+1] (an odd last one carried up unchanged).
+ * sum: identity +0.0f, op +.  max/min: identity -Inf/+Inf, op as MAX/MIN above
+ * (NaN propagates). The pool may split outer*inner columns or chunks, never
+ * the order.  */
+#define CTPU_K_RED_CHUNK 4096
+#define CTPU_K_RED_LANES 16
+typedef enum { CTPU_K_RED_SUM, CTPU_K_RED_MAX, CTPU_K_RED_MIN, CTPU_K_RED_COUNT } ctpu_k_red_op;
+
+void ctpu_k_reduce(ctpu_k_red_op op, const float *x, int64_t outer, int64_t n, int64_t inner,
+                   float *y, ctpu_k_pool *pool);
+void ctpu_k_reduce_ref(ctpu_k_red_op op, const float *x, int64_t outer, int64_t n, int64_t inner,
+                       float *y);
+/* argmax/argmin over the middle dim: the first index of the maximal (minimal)
+ * value; a NaN counts as maximal (minimal) and the first NaN wins. n == 0 -> 0. */
+void ctpu_k_argmax(const float *x, int64_t outer, int64_t n, int64_t inner, int32_t *y, bool is_min);
+
+/* Sum of squared deviations from mean[o,i] over the middle dim, in the
+ * reduction order above: y[o,i] = sum_j (x[o,j,i]-mean[o,i])^2. */
+void ctpu_k_sqdev(const float *x, const float *mean, int64_t outer, int64_t n, int64_t inner,
+                  float *y, ctpu_k_pool *pool);
+void ctpu_k_sqdev_ref(const float *x, const float *mean, int64_t outer, int64_t n, int64_t inner,
+                      float *y);
+
+/* softmax / log_softmax over the last dim of x [rows, n]:
+ *   m = max (reduction order), e_j = exp(x_j - m), s = sum e (reduction order);
+ *   softmax_j = e_j / s;  log_softmax_j = (x_j - m) - log(s). */
+void ctpu_k_softmax(const float *x, int64_t rows, int64_t n, float *y, bool log, ctpu_k_pool *pool);
+void ctpu_k_softmax_ref(const float *x, int64_t rows, int64_t n, float *y, bool log);
+
+/* ---- data movement --------------------------------------------------------
+ * Generic strided copy of elements of `esize` bytes: for every index of
+ * `shape` (ndim <= 8), dst[sum i*dst_stride] = src[sum i*src_stride]
+ * (strides in elements; src strides may be 0 for broadcast). */
+void ctpu_k_strided_copy(const void *src, const int64_t *src_strides, void *dst,
+                         const int64_t *dst_strides, const int64_t *shape, int ndim, size_t esize);
+
+/* Embedding: out[i,:] = w[idx[i],:] for i < n, w [V, D] of esize-byte
+ * elements. An index outside [0, V) writes zeros in its row, and the first
+ * such (position, value) is returned through *bad_pos / *bad_val; returns the
+ * number of bad indices (0 = all good). Never reads out of bounds. */
+int64_t ctpu_k_embedding(const void *w, int64_t V, int64_t D, size_t esize, const int32_t *idx,
+                         int64_t n, void *out, int64_t *bad_pos, int64_t *bad_val);
+
+/* ---- randomness ------------------------------------------------------------
+ * Philox4x32-10 (Salmon et al., SC'11). Element i of a draw with (seed,
+ * offset) uses the block counter (offset + i) with key seed and takes words
+ * 0 (and 1 for normal). uniform: lo + (hi-lo) * u, u = (w0 >> 8) * 2^-24 in
+ * [0,1). normal: Box-Muller, u1 = ((w0>>8)+1) * 2^-24 in (0,1], u2 from w1,
+ * z = sqrt(-2 log u1) * cos(2 pi u2), logs and cos from SLEEF purec u10.
+ * Depends only on (seed, offset, i): any block or thread split gives the same bits. */
+void ctpu_k_philox4x32(uint64_t seed, uint64_t counter, uint32_t out[4]);
+void ctpu_k_rand_uniform(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float lo,
+                         float hi, float *y);
+void ctpu_k_rand_normal(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float mean,
+                        float std, float *y);
+
+/* ---- MXU matmul -------------------------------------------------------------
+ * C[b] = A[b] @ B[b] for b < batch; A [M,K], B [K,N], C [M,N].
+ * Element (m,k) of A[b] is at a + b*a_bs + m*a_rs + k*a_cs (elements of
+ * a_dtype, f32 or bf16); likewise B. So Aᵀ or Bᵀ operands are just other
+ * strides (backward needs them without materialised transposes).
+ * C is written contiguous with row stride ldc and batch stride c_bs, in
+ * c_dtype (f32 or bf16: rounded once from the fp32 accumulator).
+ *
+ * Numerics (CONTRACTS.md "MXU numerics"), default precision (1 pass):
+ *   operands rounded to bf16 (ctpu_f32_to_bf16); products exact in f32;
+ *   acc = +0; for p = 0, 1, ...: acc = acc + a[2p+1]*b[2p+1] then
+ *   acc = acc + a[2p]*b[2p] (as vdpbf16ps: odd index first), each addition
+ *   rounded to f32 (RNE); subnormal inputs, products, sums and outputs
+ *   flushed to zero (sign kept). Odd K: the last pair's odd partner is 0.
+ *   The order depends only on K. No split-K.
+ * HIGH (3 passes) and HIGHEST (6 passes): defined in mxu.h.
+ * i32 matmul (a_dtype == b_dtype == I32) is exact in int64 then wrapped.
+ *
+ * Epilogue (applied to the f32 accumulator before the output rounding, in
+ * this order, each step rounded to f32 exactly as the separate op would be):
+ *   + bias[n] (f32 or bf16 vector, if bias != NULL), activation, + residual
+ *   (contiguous [M,N] per batch, residual_dtype, if residual != NULL). */
+typedef enum { CTPU_PREC_DEFAULT = 0, CTPU_PREC_HIGH = 1, CTPU_PREC_HIGHEST = 2, CTPU_PREC_COUNT } ctpu_k_precision;
+typedef enum { CTPU_K_ACT_NONE = 0, CTPU_K_ACT_RELU, CTPU_K_ACT_GELU_TANH, CTPU_K_ACT_GELU_ERF } ctpu_k_act;
+
+typedef struct {
+    int64_t batch, M, N, K;
+    const void *a; int a_dtype; int64_t a_bs, a_rs, a_cs;
+    const void *b; int b_dtype; int64_t b_bs, b_rs, b_cs;
+    void *c; int c_dtype; int64_t c_bs, ldc;
+    ctpu_k_precision precision;
+    /* epilogue */
+    const void *bias; int bias_dtype;
+    ctpu_k_act act;
+    const void *residual; int residual_dtype; int64_t residual_bs, residual_ld;
+} ctpu_mm_args;
+
+void ctpu_k_matmul(const ctpu_mm_args *args, ctpu_k_pool *pool);
+void ctpu_k_matmul_ref(const ctpu_mm_args *args);
+
+/* MAC accounting: useful MACs and MACs after padding M, N, K up to a
+ * multiple of the MXU size (per batch element, times batch). */
+static inline void ctpu_k_mxu_macs(int64_t batch, int64_t M, int64_t N, int64_t K, int mxu,
+                                   uint64_t *useful, uint64_t *padded)
+{
+    int64_t pm = (M + mxu - 1) / mxu * mxu, pn = (N + mxu - 1) / mxu * mxu,
+            pk = (K + mxu - 1) / mxu * mxu;
+    *useful = (uint64_t)(batch * M * N * K);
+    *padded = (uint64_t)(batch * pm * pn * pk);
+}
+
+#endif /* CTPU_KERNELS_H */
