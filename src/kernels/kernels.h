@@ -204,6 +204,13 @@ int64_t ctpu_k_embedding(const void *w, int64_t V, int64_t D, size_t esize, cons
  * z = sqrt(-2 log u1) * cos(2 pi u2), logs and cos from SLEEF purec u10.
  * Depends only on (seed, offset, i): any block or thread split gives the same bits. */
 void ctpu_k_philox4x32(uint64_t seed, uint64_t counter, uint32_t out[4]);
+/* The bare generator: 4-word counter, 2-word key (ctpu_k_philox4x32 uses
+ * counter {lo, hi, 0, 0}, key {seed lo, seed hi}); for known-answer tests. */
+void ctpu_k_philox4x32_raw(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+/* Exactly, in f32 (2^-24 scaling is exact): uniform y = lo + (hi - lo) * u
+ * (when lo != 0 the rounded sum can be hi itself);
+ * normal y = mean + std * (sqrtf(-2 * logf(u1)) * cosf(6.2831855f * u2)),
+ * u2 = (w1 >> 8) * 2^-24. y[j] is element start + j, counter offset+start+j. */
 void ctpu_k_rand_uniform(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float lo,
                          float hi, float *y);
 void ctpu_k_rand_normal(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float mean,
