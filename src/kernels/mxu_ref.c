@@ -1,1 +1,120 @@
-#include "internal.h"
+/* MXU matmul: the specification (ctpu_k_matmul_ref), the scalar micro-kernel
+ * and the variant table selection. Numerics and pass order: mxu.h. */
+#include "mxu.h"
+
+static void mm_store(void *c, int dt, int64_t off, float v)
+{
+    if (dt == CTPU_KDT_BF16) ((uint16_t *)c)[off] = ctpu_f32_to_bf16(v);
+    else ((float *)c)[off] = v;
+}
+
+static ctpu_k_unary_op mm_act_op(ctpu_k_act act)
+{
+    return act == CTPU_K_ACT_RELU ? CTPU_K_U_RELU
+         : act == CTPU_K_ACT_GELU_TANH ? CTPU_K_U_GELU_TANH : CTPU_K_U_GELU_ERF;
+}
+
+/* i32 @ i32: exact sum in (wrapping) 64-bit integers, wrapped to 32 bits. */
+static void mm_ref_i32(const ctpu_mm_args *g)
+{
+    const int32_t *a = g->a, *b = g->b;
+    int32_t *c = g->c;
+    for (int64_t bi = 0; bi < g->batch; bi++)
+        for (int64_t m = 0; m < g->M; m++)
+            for (int64_t n = 0; n < g->N; n++) {
+                uint64_t s = 0;
+                for (int64_t k = 0; k < g->K; k++)
+                    s += (uint64_t)((int64_t)a[bi * g->a_bs + m * g->a_rs + k * g->a_cs] *
+                                    (int64_t)b[bi * g->b_bs + k * g->b_rs + n * g->b_cs]);
+                c[bi * g->c_bs + m * g->ldc + n] = (int32_t)(uint32_t)s;
+            }
+}
+
+/* a: [batch][M,K] strided, b: [batch][K,N] strided, c: [batch][M,N] (ldc, c_bs).
+ * Written as the definition: one element at a time, passes and pairs in the
+ * order of mxu.h, then the epilogue as the separate ops would compute it. */
+void ctpu_k_matmul_ref(const ctpu_mm_args *g)
+{
+    if (g->a_dtype == CTPU_KDT_I32) { mm_ref_i32(g); return; }
+    int np = ctpu_mxu_npass[g->precision];
+    int64_t kh = ctpu_mxu_kh(g->K);
+    for (int64_t bi = 0; bi < g->batch; bi++)
+        for (int64_t m = 0; m < g->M; m++)
+            for (int64_t n = 0; n < g->N; n++) {
+                float acc = 0.0f;
+                for (int ps = 0; ps < np; ps++) {
+                    int sa = ctpu_mxu_pass_a[g->precision][ps], sb = ctpu_mxu_pass_b[g->precision][ps];
+                    for (int64_t p = 0; p < kh; p++) {
+                        float a1 = 0.0f, b1 = 0.0f;
+                        int64_t k0 = 2 * p, k1 = 2 * p + 1;
+                        if (k1 < g->K) {
+                            a1 = ctpu_bf16_to_f32(ctpu_mxu_part(ctpu_mxu_load(
+                                g->a, g->a_dtype, bi * g->a_bs + m * g->a_rs + k1 * g->a_cs), sa));
+                            b1 = ctpu_bf16_to_f32(ctpu_mxu_part(ctpu_mxu_load(
+                                g->b, g->b_dtype, bi * g->b_bs + k1 * g->b_rs + n * g->b_cs), sb));
+                        }
+                        float a0 = ctpu_bf16_to_f32(ctpu_mxu_part(ctpu_mxu_load(
+                            g->a, g->a_dtype, bi * g->a_bs + m * g->a_rs + k0 * g->a_cs), sa));
+                        float b0 = ctpu_bf16_to_f32(ctpu_mxu_part(ctpu_mxu_load(
+                            g->b, g->b_dtype, bi * g->b_bs + k0 * g->b_rs + n * g->b_cs), sb));
+                        acc = ctpu_mxu_step_ref(acc, a1, b1);
+                        acc = ctpu_mxu_step_ref(acc, a0, b0);
+                    }
+                }
+                float v = acc;
+                if (g->bias) v = v + ctpu_mxu_load(g->bias, g->bias_dtype, n);
+                if (g->act != CTPU_K_ACT_NONE) ctpu_k_unary_ref(mm_act_op(g->act), &v, &v, 1);
+                if (g->residual)
+                    v = v + ctpu_mxu_load(g->residual, g->residual_dtype,
+                                          bi * g->residual_bs + m * g->residual_ld + n);
+                mm_store(g->c, g->c_dtype, bi * g->c_bs + m * g->ldc + n, v);
+            }
+}
+
+/* Scalar micro-kernel on the packed layout (the SCALAR variant). */
+#define REF_MR 4
+#define REF_NR 8
+static void mxu_kernel_ref(int64_t kp, const uint32_t *a, const uint32_t *b, float *c,
+                           int64_t ldc, int load)
+{
+    float acc[REF_MR][REF_NR];
+    for (int r = 0; r < REF_MR; r++)
+        for (int j = 0; j < REF_NR; j++) acc[r][j] = load ? c[r * ldc + j] : 0.0f;
+    for (int64_t p = 0; p < kp; p++)
+        for (int r = 0; r < REF_MR; r++) {
+            uint32_t ad = a[p * REF_MR + r];
+            float a0 = ctpu_bf16_to_f32((uint16_t)ad), a1 = ctpu_bf16_to_f32((uint16_t)(ad >> 16));
+            for (int j = 0; j < REF_NR; j++) {
+                uint32_t bd = b[p * REF_NR + j];
+                float b0 = ctpu_bf16_to_f32((uint16_t)bd), b1 = ctpu_bf16_to_f32((uint16_t)(bd >> 16));
+                acc[r][j] = ctpu_mxu_step_ref(acc[r][j], a1, b1);
+                acc[r][j] = ctpu_mxu_step_ref(acc[r][j], a0, b0);
+            }
+        }
+    for (int r = 0; r < REF_MR; r++)
+        for (int j = 0; j < REF_NR; j++) c[r * ldc + j] = acc[r][j];
+}
+
+static void mxu_pack_ref(const ctpu_mxu_pack_args *pa, int64_t q0, int64_t q1)
+{
+    ctpu_mxu_pack_generic(pa, q0, q1);
+}
+
+const ctpu_mxu_impl ctpu_mxu_impl_ref = {
+    .name = "scalar", .mr = REF_MR, .nr = REF_NR, .kernel = mxu_kernel_ref,
+    .kernel_narrow = NULL, .nr_narrow = 0, .pack = mxu_pack_ref,
+};
+
+/* The variant table in use: the reference until ctpu_k_mxu_select. */
+static const ctpu_mxu_impl *mxu_cur = &ctpu_mxu_impl_ref;
+
+const ctpu_mxu_impl *ctpu_mxu_current(void) { return mxu_cur; }
+
+void ctpu_k_mxu_select(ctpu_isa isa)
+{
+    switch (isa) {
+    case CTPU_ISA_AVX512: mxu_cur = &ctpu_mxu_impl_avx512; break;
+    case CTPU_ISA_AVX2: mxu_cur = &ctpu_mxu_impl_avx2; break;
+    default: mxu_cur = &ctpu_mxu_impl_ref; break;
+    }
+}

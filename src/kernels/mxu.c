@@ -1,0 +1,200 @@
+/* MXU matmul driver: packing, cache blocking, threads, epilogue.
+ * a: [batch][M,K], b: [batch][K,N] (any strides), c: [batch][M,N] (ldc, c_bs).
+ *
+ * 1. Pack (parallel over panels): both operands rounded to bf16 once, split
+ *    into precision parts, laid out in K-pair-interleaved panels (mxu.h).
+ * 2. Compute (parallel over M x N only, never K): each thread owns a range of
+ *    batch elements, N panels or M panels; within it, blocks of MC x NC are
+ *    accumulated in an f32 scratch tile over KC-pair chunks (the accumulator
+ *    is carried through memory exactly, so chunking keeps the one K order),
+ *    then the epilogue runs on the finished, cache-hot tile and the result is
+ *    rounded once to c's dtype. Same bits for any thread count or tiling. */
+#include <assert.h>
+#include <stdlib.h>
+#include "mxu.h"
+
+#define MXU_KC 256       /* pairs per chunk: a 32-column B micro-panel is 32 KiB */
+#define MXU_MC_PANELS 8  /* MR panels per block */
+#define MXU_NC_PANELS 16 /* NR panels per block */
+
+typedef struct {
+    const ctpu_mm_args *g;
+    const ctpu_mxu_impl *im;
+    int npass, mr, nr;
+    int64_t kp;                 /* pairs per panel (all passes) */
+    int64_t mp, np;             /* panels per batch element */
+    int64_t nba, nbb;           /* batch elements packed (1 when broadcast) */
+    uint32_t *ap, *bp;
+    int64_t apd, bpd;           /* dwords per panel */
+    ctpu_mxu_pack_args pka, pkb;
+    float *scratch;             /* per thread: MC x NC floats */
+    int64_t scr_ld, scr_n;
+    int split;                  /* 0 batch, 1 N panels, 2 M panels */
+} mm_ctx;
+
+static void mm_pack_task(void *vctx, int tid, int nt)
+{
+    mm_ctx *x = vctx;
+    int64_t ua = x->nba * x->mp, tot = ua + x->nbb * x->np;
+    int64_t u0 = tot * tid / nt, u1 = tot * (tid + 1) / nt;
+    const ctpu_mm_args *g = x->g;
+    while (u0 < u1) {
+        ctpu_mxu_pack_args pa;
+        int64_t q0, q1;
+        if (u0 < ua) {
+            int64_t bi = u0 / x->mp;
+            q0 = u0 % x->mp;
+            q1 = (u1 < (bi + 1) * x->mp ? u1 : (bi + 1) * x->mp) - bi * x->mp;
+            pa = x->pka;
+            pa.src = (const char *)g->a + bi * g->a_bs * (int64_t)ctpu_kdt_size(g->a_dtype);
+            pa.dst = x->ap + bi * x->mp * x->apd;
+            u0 += q1 - q0;
+        } else {
+            int64_t v = u0 - ua, bi = v / x->np;
+            q0 = v % x->np;
+            int64_t vend = u1 - ua;
+            q1 = (vend < (bi + 1) * x->np ? vend : (bi + 1) * x->np) - bi * x->np;
+            pa = x->pkb;
+            pa.src = (const char *)g->b + bi * g->b_bs * (int64_t)ctpu_kdt_size(g->b_dtype);
+            pa.dst = x->bp + bi * x->np * x->bpd;
+            u0 += q1 - q0;
+        }
+        x->im->pack(&pa, q0, q1);
+    }
+}
+
+/* Epilogue and store of rows [m0, m1) x cols [n0, n1) of batch bi, from
+ * s (row stride ld, s[0] = element (m0, n0)). In place on s. */
+static void mm_finish(const ctpu_mm_args *g, int64_t bi, int64_t m0, int64_t m1, int64_t n0,
+                      int64_t n1, float *s, int64_t ld)
+{
+    int64_t w = n1 - n0;
+    static const ctpu_k_unary_op act_op[] = {
+        [CTPU_K_ACT_RELU] = CTPU_K_U_RELU, [CTPU_K_ACT_GELU_TANH] = CTPU_K_U_GELU_TANH,
+        [CTPU_K_ACT_GELU_ERF] = CTPU_K_U_GELU_ERF };
+    for (int64_t m = m0; m < m1; m++) {
+        float *v = s + (m - m0) * ld;
+        if (g->bias) {
+            if (g->bias_dtype == CTPU_KDT_BF16) {
+                const uint16_t *bb = (const uint16_t *)g->bias + n0;
+                for (int64_t j = 0; j < w; j++) v[j] = v[j] + ctpu_bf16_to_f32(bb[j]);
+            } else {
+                const float *bb = (const float *)g->bias + n0;
+                for (int64_t j = 0; j < w; j++) v[j] = v[j] + bb[j];
+            }
+        }
+        if (g->act != CTPU_K_ACT_NONE) ctpu_k_unary(act_op[g->act], v, v, w);
+        if (g->residual) {
+            int64_t off = bi * g->residual_bs + m * g->residual_ld + n0;
+            if (g->residual_dtype == CTPU_KDT_BF16) {
+                const uint16_t *rr = (const uint16_t *)g->residual + off;
+                for (int64_t j = 0; j < w; j++) v[j] = v[j] + ctpu_bf16_to_f32(rr[j]);
+            } else {
+                const float *rr = (const float *)g->residual + off;
+                for (int64_t j = 0; j < w; j++) v[j] = v[j] + rr[j];
+            }
+        }
+        int64_t coff = bi * g->c_bs + m * g->ldc + n0;
+        if (g->c_dtype == CTPU_KDT_BF16) {
+            uint16_t *c = (uint16_t *)g->c + coff;
+            for (int64_t j = 0; j < w; j++) c[j] = ctpu_f32_to_bf16(v[j]);
+        } else {
+            memcpy((float *)g->c + coff, v, (size_t)w * sizeof(float));
+        }
+    }
+}
+
+/* One batch element, M panels [pm0, pm1) x N panels [pn0, pn1). */
+static void mm_region(mm_ctx *x, float *scr, int64_t bi, int64_t pm0, int64_t pm1, int64_t pn0,
+                      int64_t pn1)
+{
+    const ctpu_mm_args *g = x->g;
+    const ctpu_mxu_impl *im = x->im;
+    int mr = x->mr, nr = x->nr;
+    const uint32_t *ab = x->ap + (x->nba > 1 ? bi : 0) * x->mp * x->apd;
+    const uint32_t *bb = x->bp + (x->nbb > 1 ? bi : 0) * x->np * x->bpd;
+    int64_t ld = x->scr_ld;
+    for (int64_t jn = pn0; jn < pn1; jn += MXU_NC_PANELS) {
+        int64_t jn1 = jn + MXU_NC_PANELS < pn1 ? jn + MXU_NC_PANELS : pn1;
+        for (int64_t im0 = pm0; im0 < pm1; im0 += MXU_MC_PANELS) {
+            int64_t im1 = im0 + MXU_MC_PANELS < pm1 ? im0 + MXU_MC_PANELS : pm1;
+            for (int64_t k0 = 0; k0 == 0 || k0 < x->kp; k0 += MXU_KC) {
+                int64_t kc = x->kp - k0 < MXU_KC ? x->kp - k0 : MXU_KC;
+                for (int64_t j = jn; j < jn1; j++)
+                    for (int64_t i = im0; i < im1; i++)
+                        im->kernel(kc, ab + i * x->apd + k0 * mr, bb + j * x->bpd + k0 * nr,
+                                   scr + (i - im0) * mr * ld + (j - jn) * nr, ld, k0 > 0);
+            }
+            int64_t m0 = im0 * mr, m1 = im1 * mr < g->M ? im1 * mr : g->M;
+            int64_t n0 = jn * nr, n1 = jn1 * nr < g->N ? jn1 * nr : g->N;
+            mm_finish(g, bi, m0, m1, n0, n1, scr, ld);
+        }
+    }
+}
+
+static void mm_compute_task(void *vctx, int tid, int nt)
+{
+    mm_ctx *x = vctx;
+    float *scr = x->scratch + (int64_t)tid * x->scr_n;
+    int64_t b0 = 0, b1 = x->g->batch, m0 = 0, m1 = x->mp, n0 = 0, n1 = x->np;
+    if (x->split == 0) { b0 = x->g->batch * tid / nt; b1 = x->g->batch * (tid + 1) / nt; }
+    else if (x->split == 1) { n0 = x->np * tid / nt; n1 = x->np * (tid + 1) / nt; }
+    else { m0 = x->mp * tid / nt; m1 = x->mp * (tid + 1) / nt; }
+    if (m0 >= m1 || n0 >= n1) return;
+    for (int64_t bi = b0; bi < b1; bi++) mm_region(x, scr, bi, m0, m1, n0, n1);
+}
+
+static void mm_run(ctpu_k_pool *pool, int nt, void (*fn)(void *, int, int), void *ctx)
+{
+    if (nt > 1) pool->run(pool, fn, ctx);
+    else fn(ctx, 0, 1);
+}
+
+/* Work imbalance of splitting n units over nt threads (1 = perfect). */
+static double mm_imbalance(int64_t n, int nt)
+{
+    if (n <= 0) return 1e30;
+    int64_t per = (n + nt - 1) / nt;
+    return (double)per * nt / (double)n;
+}
+
+void ctpu_k_matmul(const ctpu_mm_args *g, ctpu_k_pool *pool)
+{
+    assert(g->precision >= 0 && g->precision < CTPU_PREC_COUNT);
+    if (g->batch <= 0 || g->M <= 0 || g->N <= 0) return;
+    if (g->a_dtype == CTPU_KDT_I32) { ctpu_k_matmul_ref(g); return; }
+    mm_ctx x = { .g = g, .im = ctpu_mxu_current() };
+    x.mr = x.im->mr;
+    x.nr = x.im->nr;
+    x.npass = ctpu_mxu_npass[g->precision];
+    x.kp = x.npass * ctpu_mxu_kh(g->K);
+    x.mp = (g->M + x.mr - 1) / x.mr;
+    x.np = (g->N + x.nr - 1) / x.nr;
+    x.nba = g->a_bs == 0 ? 1 : g->batch;
+    x.nbb = g->b_bs == 0 ? 1 : g->batch;
+    x.pka = (ctpu_mxu_pack_args){ .src = g->a, .dt = g->a_dtype, .si = g->a_rs, .sk = g->a_cs,
+        .I = g->M, .K = g->K, .w = x.mr, .npass = x.npass, .parts = ctpu_mxu_pass_a[g->precision] };
+    x.pkb = (ctpu_mxu_pack_args){ .src = g->b, .dt = g->b_dtype, .si = g->b_cs, .sk = g->b_rs,
+        .I = g->N, .K = g->K, .w = x.nr, .npass = x.npass, .parts = ctpu_mxu_pass_b[g->precision] };
+    x.apd = ctpu_mxu_panel_dwords(&x.pka);
+    x.bpd = ctpu_mxu_panel_dwords(&x.pkb);
+    int nt = pool && pool->nthreads > 1 ? pool->nthreads : 1;
+
+    double ib = mm_imbalance(g->batch, nt), in = mm_imbalance(x.np, nt),
+           imm = mm_imbalance(x.mp, nt);
+    x.split = ib <= in && ib <= imm ? 0 : in <= imm ? 1 : 2;
+
+    x.scr_ld = (int64_t)MXU_NC_PANELS * x.nr;
+    x.scr_n = (int64_t)MXU_MC_PANELS * x.mr * x.scr_ld;
+    size_t abytes = (size_t)(x.nba * x.mp * x.apd) * 4, bbytes = (size_t)(x.nbb * x.np * x.bpd) * 4;
+    size_t sbytes = (size_t)(nt * x.scr_n) * sizeof(float);
+    char *mem = aligned_alloc(64, ((abytes + 63) / 64 + (bbytes + 63) / 64 + (sbytes + 63) / 64) * 64 + 64);
+    assert(mem);
+    x.ap = (uint32_t *)mem;
+    x.bp = (uint32_t *)(mem + (abytes + 63) / 64 * 64);
+    x.scratch = (float *)(mem + (abytes + 63) / 64 * 64 + (bbytes + 63) / 64 * 64);
+
+    if (x.kp > 0) mm_run(pool, nt, mm_pack_task, &x);
+    mm_run(pool, nt, mm_compute_task, &x);
+    free(mem);
+}
