@@ -31,7 +31,7 @@
  *       ctpu_tensor s = ctpu_sum(y, 0, NULL, false);
  *       double v;
  *       if (ctpu_item(s, &v) != CTPU_OK) { fprintf(stderr, "%s\n", ctpu_last_error()); return 1; }
- *       printf("sum = %g\n", v);          // relu([[0,1],[1,7]]) -> 9
+ *       printf("sum = %g\n", v);          // relu([[0,1],[6,7]]) -> 14
  *       ctpu_scope_end();
  *       ctpu_shutdown();
  *       return 0;

@@ -1,0 +1,498 @@
+/* The emulated chip: HBM arena, the stream and its device thread, kernel
+ * workers, sticky faults. */
+#include "device.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef CTPU_USE_JEMALLOC
+#include <jemalloc/jemalloc.h>
+#endif
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+/* Spin this long before parking (CONTRACTS.md "Threads": a sleep/wake round
+ * trip costs about 22 µs here, a short spin about 1 µs). */
+#define DEVICE_SPIN_NS 60000ull
+#define HOST_SPIN_NS 30000ull
+#define POOL_SPIN_NS 30000ull
+
+/* ------------------------------------------------------------ worker pool */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv_job, cv_done;
+    atomic_uint_fast64_t gen;       /* job generation */
+    atomic_int remaining;           /* workers yet to finish the current job */
+    atomic_int sleepers;
+    void (*fn)(void *, int, int);
+    void *ctx;
+    int nthreads;
+    bool stop;
+    pthread_t th[63];
+    ctpu_k_pool pool;
+} worker_pool;
+
+typedef struct { worker_pool *wp; int tid; } worker_arg;
+
+struct ctpu_device {
+    const ctpu_chip_info *chip;
+    ctpu_metrics *metrics;
+    /* HBM */
+    uint64_t cap;
+    atomic_uint_fast64_t in_use, peak, allocs, frees;
+    unsigned arena;
+    bool have_arena;
+    /* stream */
+    pthread_mutex_t submit_mu;      /* producers */
+    pthread_mutex_t mu;             /* parking */
+    pthread_cond_t cv_work, cv_done, cv_space;
+    atomic_uint_fast64_t tail;      /* commands submitted */
+    atomic_uint_fast64_t completed; /* commands done */
+    atomic_int dev_sleeping;
+    atomic_int host_waiters;
+    atomic_bool stop, hold;
+    pthread_t thread;
+    bool thread_started;
+    ctpu_cmd *ring;
+    /* faults */
+    pthread_mutex_t fault_mu;
+    ctpu_fault_rec faults[CTPU_MAX_FAULTS];
+    unsigned n_faults;
+    ctpu_status sticky;
+    char sticky_msg[256];
+    /* workers */
+    worker_pool wp;
+    worker_arg wargs[63];
+};
+
+/* ------------------------------------------------------------ HBM */
+static void *hbm_raw_alloc(ctpu_device *dev, size_t bytes)
+{
+    size_t n = bytes < 64 ? 64 : (bytes + 63) & ~(size_t)63;
+#ifdef CTPU_USE_JEMALLOC
+    if (dev->have_arena) return mallocx(n, MALLOCX_ARENA(dev->arena) | MALLOCX_ALIGN(64) | MALLOCX_TCACHE_NONE);
+#else
+    (void)dev;
+#endif
+    return aligned_alloc(64, n);
+}
+
+static void hbm_raw_free(ctpu_device *dev, void *p)
+{
+#ifdef CTPU_USE_JEMALLOC
+    if (dev->have_arena) { dallocx(p, MALLOCX_TCACHE_NONE); return; }
+#else
+    (void)dev;
+#endif
+    free(p);
+}
+
+ctpu_buffer *ctpu_buffer_alloc(ctpu_device *dev, size_t bytes, char *err, size_t errlen)
+{
+    uint64_t need = bytes < 64 ? 64 : (bytes + 63) & ~(uint64_t)63;
+    uint64_t cur = atomic_load(&dev->in_use);
+    do {
+        if (cur + need > dev->cap || cur + need < cur) {
+            ctpu_counter_add(dev->metrics, CTPU_CTR_HBM_OOM, 1);
+            snprintf(err, errlen,
+                     "out of HBM: requested %zu bytes, %llu in use, capacity %llu bytes (%s)",
+                     bytes, (unsigned long long)cur, (unsigned long long)dev->cap, dev->chip->name);
+            return NULL;
+        }
+    } while (!atomic_compare_exchange_weak(&dev->in_use, &cur, cur + need));
+    ctpu_buffer *b = malloc(sizeof *b);
+    void *p = b ? hbm_raw_alloc(dev, bytes) : NULL;
+    if (!p) {
+        free(b);
+        atomic_fetch_sub(&dev->in_use, need);
+        snprintf(err, errlen, "out of host memory for a %zu-byte device buffer", bytes);
+        return NULL;
+    }
+    b->data = p;
+    b->bytes = bytes;
+    atomic_init(&b->refs, 1);
+    atomic_init(&b->handle_refs, 0);
+    atomic_init(&b->fault, 0);
+    uint64_t now = cur + need, pk = atomic_load(&dev->peak);
+    while (now > pk && !atomic_compare_exchange_weak(&dev->peak, &pk, now)) {}
+    atomic_fetch_add(&dev->allocs, 1);
+    ctpu_counter_add(dev->metrics, CTPU_CTR_HBM_ALLOCS, 1);
+    ctpu_counter_add(dev->metrics, CTPU_CTR_HBM_BYTES_ALLOCATED, (long long)need);
+    return b;
+}
+
+void ctpu_buffer_retain(ctpu_buffer *b) { atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed); }
+
+void ctpu_buffer_release(ctpu_device *dev, ctpu_buffer *b)
+{
+    if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1) return;
+    uint64_t need = b->bytes < 64 ? 64 : (b->bytes + 63) & ~(uint64_t)63;
+    hbm_raw_free(dev, b->data);
+    free(b);
+    atomic_fetch_sub(&dev->in_use, need);
+    atomic_fetch_add(&dev->frees, 1);
+}
+
+void ctpu_hbm_stats_get(ctpu_device *dev, ctpu_hbm_stats *out)
+{
+    out->in_use = atomic_load(&dev->in_use);
+    out->peak = atomic_load(&dev->peak);
+    out->capacity = dev->cap;
+    out->allocs = atomic_load(&dev->allocs);
+    out->frees = atomic_load(&dev->frees);
+}
+
+void ctpu_hbm_peak_reset(ctpu_device *dev) { atomic_store(&dev->peak, atomic_load(&dev->in_use)); }
+
+/* ------------------------------------------------------------ worker pool */
+static void *worker_main(void *p)
+{
+    worker_arg *a = p;
+    worker_pool *wp = a->wp;
+    uint64_t seen = 0;
+    for (;;) {
+        uint64_t t0 = ctpu_now_ns();
+        unsigned spins = 0;
+        while (atomic_load_explicit(&wp->gen, memory_order_acquire) == seen) {
+            cpu_relax();
+            if ((++spins & 255) == 0 && ctpu_now_ns() - t0 > POOL_SPIN_NS) {
+                pthread_mutex_lock(&wp->mu);
+                atomic_fetch_add(&wp->sleepers, 1);
+                while (atomic_load(&wp->gen) == seen && !wp->stop) pthread_cond_wait(&wp->cv_job, &wp->mu);
+                atomic_fetch_sub(&wp->sleepers, 1);
+                bool stop = wp->stop;
+                pthread_mutex_unlock(&wp->mu);
+                if (stop) return NULL;
+                t0 = ctpu_now_ns();
+            }
+        }
+        seen = atomic_load(&wp->gen);
+        if (wp->stop) return NULL;
+        wp->fn(wp->ctx, a->tid, wp->nthreads);
+        if (atomic_fetch_sub_explicit(&wp->remaining, 1, memory_order_acq_rel) == 1) {
+            pthread_mutex_lock(&wp->mu);
+            pthread_cond_broadcast(&wp->cv_done);
+            pthread_mutex_unlock(&wp->mu);
+        }
+    }
+}
+
+static void pool_run(ctpu_k_pool *pool, void (*fn)(void *, int, int), void *ctx)
+{
+    worker_pool *wp = pool->impl;
+    if (wp->nthreads <= 1) { fn(ctx, 0, 1); return; }
+    wp->fn = fn;
+    wp->ctx = ctx;
+    atomic_store(&wp->remaining, wp->nthreads - 1);
+    atomic_fetch_add_explicit(&wp->gen, 1, memory_order_release);
+    if (atomic_load(&wp->sleepers) > 0) {
+        pthread_mutex_lock(&wp->mu);
+        pthread_cond_broadcast(&wp->cv_job);
+        pthread_mutex_unlock(&wp->mu);
+    }
+    fn(ctx, 0, wp->nthreads);
+    uint64_t t0 = ctpu_now_ns();
+    unsigned spins = 0;
+    while (atomic_load_explicit(&wp->remaining, memory_order_acquire) > 0) {
+        cpu_relax();
+        if ((++spins & 255) == 0 && ctpu_now_ns() - t0 > POOL_SPIN_NS) {
+            pthread_mutex_lock(&wp->mu);
+            while (atomic_load(&wp->remaining) > 0) pthread_cond_wait(&wp->cv_done, &wp->mu);
+            pthread_mutex_unlock(&wp->mu);
+        }
+    }
+}
+
+ctpu_k_pool *ctpu_device_pool(ctpu_device *dev) { return &dev->wp.pool; }
+
+/* ------------------------------------------------------------ faults */
+static unsigned fault_record(ctpu_device *dev, ctpu_status st, const char *msg)
+{
+    pthread_mutex_lock(&dev->fault_mu);
+    unsigned id = dev->n_faults < CTPU_MAX_FAULTS ? dev->n_faults++ : CTPU_MAX_FAULTS - 1;
+    dev->faults[id].status = st;
+    snprintf(dev->faults[id].msg, sizeof dev->faults[id].msg, "%s", msg);
+    if (dev->sticky == CTPU_OK) {
+        dev->sticky = st;
+        snprintf(dev->sticky_msg, sizeof dev->sticky_msg, "%s", msg);
+    }
+    pthread_mutex_unlock(&dev->fault_mu);
+    ctpu_counter_add(dev->metrics, CTPU_CTR_DEVICE_FAULTS, 1);
+    return id + 1;
+}
+
+const ctpu_fault_rec *ctpu_device_fault(ctpu_device *dev, unsigned fault_id)
+{
+    if (fault_id == 0 || fault_id > CTPU_MAX_FAULTS) return NULL;
+    return &dev->faults[fault_id - 1];
+}
+
+ctpu_status ctpu_device_take_error(ctpu_device *dev, char *msg, size_t len)
+{
+    pthread_mutex_lock(&dev->fault_mu);
+    ctpu_status st = dev->sticky;
+    if (st != CTPU_OK && msg) snprintf(msg, len, "%s", dev->sticky_msg);
+    dev->sticky = CTPU_OK;
+    dev->sticky_msg[0] = 0;
+    pthread_mutex_unlock(&dev->fault_mu);
+    return st;
+}
+
+/* ------------------------------------------------------------ executor */
+static bool has_nan(const void *p, int dtype, int64_t n)
+{
+    if (dtype == CTPU_KDT_F32) {
+        const uint32_t *u = p;
+        for (int64_t i = 0; i < n; i++)
+            if ((u[i] & 0x7fffffffu) > 0x7f800000u) return true;
+    } else if (dtype == CTPU_KDT_BF16) {
+        const uint16_t *u = p;
+        for (int64_t i = 0; i < n; i++)
+            if ((u[i] & 0x7fffu) > 0x7f80u) return true;
+    }
+    return false;
+}
+
+static void execute(ctpu_device *dev, ctpu_cmd *cmd)
+{
+    const ctpu_program *prog = cmd->prog;
+    void *ptr_inl[CTPU_CMD_INLINE_BUFS];
+    void **ptr = cmd->n_bufs <= CTPU_CMD_INLINE_BUFS ? ptr_inl : malloc(sizeof(void *) * (size_t)cmd->n_bufs);
+    unsigned poison = 0;
+    for (int i = 0; i < cmd->n_bufs; i++) {
+        ptr[i] = (char *)cmd->buf[i]->data + cmd->off[i];
+        if (i < prog->n_in && !poison) poison = atomic_load(&cmd->buf[i]->fault);
+    }
+    if (poison) {
+        /* a dependent of a faulted value: poisoned, not computed */
+        for (int i = prog->n_in; i < cmd->n_bufs; i++) atomic_store(&cmd->buf[i]->fault, poison);
+    } else {
+        ctpu_exec_ctx ctx = { .ptr = ptr, .scalars = cmd->scalars, .pool = &dev->wp.pool,
+                              .metrics = dev->metrics, .mxu_size = dev->chip->mxu_size,
+                              .fault_status = CTPU_OK };
+        uint64_t t0 = ctpu_now_ns();
+        for (int s = 0; s < prog->n_steps; s++) {
+            prog->steps[s].fn(prog->steps[s].data, &ctx);
+            if (ctx.fault_status != CTPU_OK) break;
+        }
+        ctpu_timer_add(dev->metrics, CTPU_TMR_EXECUTE_TIME, ctpu_now_ns() - t0);
+        if (ctx.fault_status == CTPU_OK && cmd->debug_checks && prog->out_dtype) {
+            for (int o = 0; o < prog->n_out; o++) {
+                if (has_nan(ptr[prog->n_in + o], prog->out_dtype[o], prog->out_numel[o])) {
+                    ctx.fault_status = CTPU_ERR_NAN;
+                    snprintf(ctx.fault_msg, sizeof ctx.fault_msg,
+                             "%s: debug check: NaN in the output (TORCH_TPU_ENABLE_DEBUG_CHECKS)",
+                             prog->out_op ? prog->out_op[o] : prog->name);
+                    break;
+                }
+            }
+        }
+        if (ctx.fault_status != CTPU_OK) {
+            unsigned id = fault_record(dev, ctx.fault_status, ctx.fault_msg);
+            for (int i = prog->n_in; i < cmd->n_bufs; i++) atomic_store(&cmd->buf[i]->fault, id);
+        }
+    }
+    for (int i = 0; i < cmd->n_bufs; i++) ctpu_buffer_release(dev, cmd->buf[i]);
+    if (ptr != ptr_inl) free(ptr);
+    if (cmd->buf != cmd->buf_inl) { free(cmd->buf); free(cmd->off); }
+    ctpu_counter_add(dev->metrics, CTPU_CTR_COMMANDS_EXECUTED, 1);
+}
+
+static void *device_main(void *p)
+{
+    ctpu_device *dev = p;
+    uint64_t head = 0;
+    for (;;) {
+        uint64_t t0 = ctpu_now_ns();
+        unsigned spins = 0;
+        while (atomic_load_explicit(&dev->tail, memory_order_acquire) == head ||
+               atomic_load_explicit(&dev->hold, memory_order_acquire)) {
+            if (atomic_load(&dev->stop) && atomic_load(&dev->tail) == head) return NULL;
+            cpu_relax();
+            if ((++spins & 255) == 0 && ctpu_now_ns() - t0 > DEVICE_SPIN_NS) {
+                pthread_mutex_lock(&dev->mu);
+                atomic_store(&dev->dev_sleeping, 1);
+                while ((atomic_load(&dev->tail) == head || atomic_load(&dev->hold)) &&
+                       !atomic_load(&dev->stop))
+                    pthread_cond_wait(&dev->cv_work, &dev->mu);
+                atomic_store(&dev->dev_sleeping, 0);
+                pthread_mutex_unlock(&dev->mu);
+                t0 = ctpu_now_ns();
+            }
+        }
+        execute(dev, &dev->ring[head % CTPU_RING_SIZE]);
+        head++;
+        atomic_store_explicit(&dev->completed, head, memory_order_release);
+        if (atomic_load(&dev->host_waiters) > 0) {
+            pthread_mutex_lock(&dev->mu);
+            pthread_cond_broadcast(&dev->cv_done);
+            pthread_cond_broadcast(&dev->cv_space);
+            pthread_mutex_unlock(&dev->mu);
+        }
+    }
+}
+
+static void wake_device(ctpu_device *dev)
+{
+    if (atomic_load(&dev->dev_sleeping)) {
+        pthread_mutex_lock(&dev->mu);
+        pthread_cond_signal(&dev->cv_work);
+        pthread_mutex_unlock(&dev->mu);
+    }
+}
+
+static void wait_until(ctpu_device *dev, uint64_t seq, pthread_cond_t *cv)
+{
+    uint64_t t0 = ctpu_now_ns();
+    unsigned spins = 0;
+    while (atomic_load_explicit(&dev->completed, memory_order_acquire) < seq) {
+        cpu_relax();
+        if ((++spins & 63) == 0 && ctpu_now_ns() - t0 > HOST_SPIN_NS) {
+            pthread_mutex_lock(&dev->mu);
+            atomic_fetch_add(&dev->host_waiters, 1);
+            while (atomic_load(&dev->completed) < seq) pthread_cond_wait(cv, &dev->mu);
+            atomic_fetch_sub(&dev->host_waiters, 1);
+            pthread_mutex_unlock(&dev->mu);
+        }
+    }
+}
+
+uint64_t ctpu_device_submit(ctpu_device *dev, ctpu_cmd *cmd)
+{
+    pthread_mutex_lock(&dev->submit_mu);
+    uint64_t t = atomic_load_explicit(&dev->tail, memory_order_relaxed);
+    if (t - atomic_load(&dev->completed) >= CTPU_RING_SIZE) {
+        wake_device(dev);
+        wait_until(dev, t - CTPU_RING_SIZE + 1, &dev->cv_space);
+    }
+    ctpu_cmd *slot = &dev->ring[t % CTPU_RING_SIZE];
+    *slot = *cmd;
+    if (cmd->buf == cmd->buf_inl) {
+        slot->buf = slot->buf_inl;
+        slot->off = slot->off_inl;
+    }
+    slot->seq = t + 1;
+    for (int i = 0; i < slot->n_bufs; i++) ctpu_buffer_retain(slot->buf[i]);
+    atomic_store_explicit(&dev->tail, t + 1, memory_order_seq_cst);
+    pthread_mutex_unlock(&dev->submit_mu);
+    wake_device(dev);
+    return t + 1;
+}
+
+void ctpu_device_wait(ctpu_device *dev, uint64_t seq)
+{
+    if (seq == 0) seq = atomic_load(&dev->tail);
+    if (atomic_load(&dev->completed) >= seq) return;
+    wake_device(dev);
+    uint64_t t0 = ctpu_now_ns();
+    wait_until(dev, seq, &dev->cv_done);
+    ctpu_timer_add(dev->metrics, CTPU_TMR_SYNC_WAIT, ctpu_now_ns() - t0);
+}
+
+uint64_t ctpu_device_done_seq(ctpu_device *dev) { return atomic_load(&dev->completed); }
+
+void ctpu_device_hold(ctpu_device *dev, bool hold)
+{
+    atomic_store(&dev->hold, hold);
+    if (!hold) {
+        pthread_mutex_lock(&dev->mu);
+        pthread_cond_signal(&dev->cv_work);
+        pthread_mutex_unlock(&dev->mu);
+    }
+}
+
+/* ------------------------------------------------------------ lifecycle */
+ctpu_device *ctpu_device_create(const ctpu_chip_info *chip, uint64_t hbm_cap, int nthreads,
+                                ctpu_metrics *metrics, char *err, size_t errlen)
+{
+    ctpu_device *dev = calloc(1, sizeof *dev);
+    if (!dev) { snprintf(err, errlen, "out of host memory"); return NULL; }
+    dev->ring = calloc(CTPU_RING_SIZE, sizeof *dev->ring);
+    if (!dev->ring) { free(dev); snprintf(err, errlen, "out of host memory"); return NULL; }
+    dev->chip = chip;
+    dev->metrics = metrics;
+    dev->cap = hbm_cap;
+#ifdef CTPU_USE_JEMALLOC
+    {
+        size_t sz = sizeof dev->arena;
+        if (mallctl("arenas.create", &dev->arena, &sz, NULL, 0) == 0) {
+            dev->have_arena = true;
+            /* keep freed pages: a step loop reuses them without first-touch faults */
+            ssize_t never = -1;
+            char name[64];
+            snprintf(name, sizeof name, "arena.%u.dirty_decay_ms", dev->arena);
+            mallctl(name, NULL, NULL, &never, sizeof never);
+            snprintf(name, sizeof name, "arena.%u.muzzy_decay_ms", dev->arena);
+            mallctl(name, NULL, NULL, &never, sizeof never);
+        }
+    }
+#endif
+    pthread_mutex_init(&dev->submit_mu, NULL);
+    pthread_mutex_init(&dev->mu, NULL);
+    pthread_mutex_init(&dev->fault_mu, NULL);
+    pthread_cond_init(&dev->cv_work, NULL);
+    pthread_cond_init(&dev->cv_done, NULL);
+    pthread_cond_init(&dev->cv_space, NULL);
+
+    worker_pool *wp = &dev->wp;
+    if (nthreads < 1) nthreads = 1;
+    if (nthreads > 64) nthreads = 64;
+    wp->nthreads = nthreads;
+    pthread_mutex_init(&wp->mu, NULL);
+    pthread_cond_init(&wp->cv_job, NULL);
+    pthread_cond_init(&wp->cv_done, NULL);
+    wp->pool = (ctpu_k_pool){ .nthreads = nthreads, .run = pool_run, .impl = wp };
+    for (int t = 1; t < nthreads; t++) {
+        dev->wargs[t - 1] = (worker_arg){ wp, t };
+        if (pthread_create(&wp->th[t - 1], NULL, worker_main, &dev->wargs[t - 1]) != 0) {
+            wp->nthreads = t;
+            wp->pool.nthreads = t;
+            break;
+        }
+    }
+    if (pthread_create(&dev->thread, NULL, device_main, dev) != 0) {
+        snprintf(err, errlen, "cannot start the device thread: %s", strerror(errno));
+        ctpu_device_destroy(dev);
+        return NULL;
+    }
+    dev->thread_started = true;
+    return dev;
+}
+
+void ctpu_device_destroy(ctpu_device *dev)
+{
+    if (!dev) return;
+    if (dev->thread_started) {
+        ctpu_device_hold(dev, false);
+        ctpu_device_wait(dev, 0);
+        atomic_store(&dev->stop, true);
+        pthread_mutex_lock(&dev->mu);
+        pthread_cond_broadcast(&dev->cv_work);
+        pthread_mutex_unlock(&dev->mu);
+        pthread_join(dev->thread, NULL);
+    }
+    worker_pool *wp = &dev->wp;
+    pthread_mutex_lock(&wp->mu);
+    wp->stop = true;
+    atomic_fetch_add(&wp->gen, 1);
+    pthread_cond_broadcast(&wp->cv_job);
+    pthread_mutex_unlock(&wp->mu);
+    for (int t = 1; t < wp->nthreads; t++) pthread_join(wp->th[t - 1], NULL);
+#ifdef CTPU_USE_JEMALLOC
+    if (dev->have_arena) {
+        char name[64];
+        snprintf(name, sizeof name, "arena.%u.destroy", dev->arena);
+        mallctl(name, NULL, NULL, NULL, 0);
+    }
+#endif
+    free(dev->ring);
+    free(dev);
+}

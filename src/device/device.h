@@ -1,0 +1,120 @@
+/* The emulated chip: HBM buffers, the program format and its executor, the
+ * stream drained by the device thread, kernel workers, sticky faults,
+ * metrics. Knows nothing of traces or handles (DESIGN.md: device never
+ * includes fuse). */
+#ifndef CTPU_DEVICE_H
+#define CTPU_DEVICE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ctpu.h"
+#include "kernels.h"
+#include "metrics.h"
+
+/* ------------------------------------------------------------ buffers */
+typedef struct ctpu_buffer {
+    void *data;
+    size_t bytes;
+    atomic_int refs;        /* handles + commands in flight */
+    atomic_int handle_refs; /* live handles only (assign's in-place test) */
+    atomic_uint fault;      /* 0, or 1 + index into the device's fault table */
+} ctpu_buffer;
+
+/* ------------------------------------------------------------ programs
+ * A program is a list of steps; a step is a kernel entry and its immutable
+ * data (owned by whoever built the program: the compiler). The executor calls
+ * the steps in order with the command's bound buffers and runtime scalars. */
+typedef struct ctpu_exec_ctx {
+    void **ptr;              /* bound buffer pointers (data + view offset) */
+    const double *scalars;   /* runtime scalars */
+    ctpu_k_pool *pool;
+    ctpu_metrics *metrics;   /* MXU accounting and such */
+    int mxu_size;            /* the chip's MXU side, for padding accounting */
+    /* A step reports a device fault through this: it latches on the
+     * command's outputs and becomes the device's sticky error. */
+    ctpu_status fault_status;
+    char fault_msg[256];
+} ctpu_exec_ctx;
+
+typedef void (*ctpu_step_fn)(const void *data, ctpu_exec_ctx *ctx);
+
+typedef struct {
+    ctpu_step_fn fn;
+    const void *data;
+} ctpu_step;
+
+typedef struct ctpu_program {
+    int n_steps;
+    ctpu_step *steps;
+    int n_in, n_out;         /* bound buffers: inputs first, then outputs */
+    const char *name;        /* for fault messages: the op or program name */
+    /* debug checks: per output, dtype and element count to scan for NaN */
+    const uint8_t *out_dtype;
+    const int64_t *out_numel;
+    const char *const *out_op; /* the op that produced each output */
+} ctpu_program;
+
+/* ------------------------------------------------------------ commands */
+#define CTPU_CMD_INLINE_BUFS 8
+#define CTPU_CMD_MAX_SCALARS 8
+typedef struct {
+    const ctpu_program *prog;
+    int n_bufs;
+    ctpu_buffer *buf_inl[CTPU_CMD_INLINE_BUFS];
+    size_t off_inl[CTPU_CMD_INLINE_BUFS];
+    ctpu_buffer **buf;       /* points at buf_inl, or a heap array if more */
+    size_t *off;
+    double scalars[CTPU_CMD_MAX_SCALARS];
+    bool debug_checks;
+    uint64_t seq;
+} ctpu_cmd;
+
+/* ------------------------------------------------------------ device */
+typedef struct ctpu_fault_rec {
+    ctpu_status status;
+    char msg[256];
+} ctpu_fault_rec;
+
+#define CTPU_RING_SIZE 4096
+#define CTPU_MAX_FAULTS 256
+
+typedef struct ctpu_device ctpu_device;
+
+/* Create with a chip, an HBM cap (bytes) and a thread count (>= 1, the
+ * device thread included). NULL on failure (message in *err). */
+ctpu_device *ctpu_device_create(const ctpu_chip_info *chip, uint64_t hbm_cap, int nthreads,
+                                ctpu_metrics *metrics, char *err, size_t errlen);
+void ctpu_device_destroy(ctpu_device *dev);
+
+/* HBM: a 64-byte aligned buffer counted against the cap, refs = 1,
+ * handle_refs = 0. NULL on OOM with the message written to err. */
+ctpu_buffer *ctpu_buffer_alloc(ctpu_device *dev, size_t bytes, char *err, size_t errlen);
+void ctpu_buffer_retain(ctpu_buffer *b);
+void ctpu_buffer_release(ctpu_device *dev, ctpu_buffer *b);
+void ctpu_hbm_stats_get(ctpu_device *dev, ctpu_hbm_stats *out);
+void ctpu_hbm_peak_reset(ctpu_device *dev);
+
+/* Enqueue a command (takes one ref on each bound buffer; released when done).
+ * Returns its sequence number. cmd->buf/off may point at the inline arrays. */
+uint64_t ctpu_device_submit(ctpu_device *dev, ctpu_cmd *cmd);
+/* Wait for command seq (0 = everything submitted so far). */
+void ctpu_device_wait(ctpu_device *dev, uint64_t seq);
+/* The sticky error: first fault latched since the last take. Returns
+ * CTPU_OK if none; copies the message. Clears it. */
+ctpu_status ctpu_device_take_error(ctpu_device *dev, char *msg, size_t len);
+/* Fault record of a buffer (0 = none). */
+const ctpu_fault_rec *ctpu_device_fault(ctpu_device *dev, unsigned fault_id);
+ctpu_k_pool *ctpu_device_pool(ctpu_device *dev);
+/* Test hook: count of commands executed; and a gate that holds the device
+ * thread before it runs the next command (to prove strict eager is async). */
+uint64_t ctpu_device_done_seq(ctpu_device *dev);
+void ctpu_device_hold(ctpu_device *dev, bool hold);
+
+/* Chip profiles (chips.c). */
+const ctpu_chip_info *ctpu_chip_profiles(int *count);
+
+#endif /* CTPU_DEVICE_H */

@@ -1,0 +1,86 @@
+/* Metrics registry: named counters and timers (PyTorch/XLA metrics style).
+ * Counters are atomics indexed by an enum generated from one table; timers
+ * keep count, total, min, max and a bounded ring of recent samples for
+ * percentiles. Thread-safe. */
+#ifndef CTPU_METRICS_H
+#define CTPU_METRICS_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define CTPU_COUNTER_TABLE(X) \
+    X(OPS_DISPATCHED,      "ops_dispatched") \
+    X(PROGRAMS_COMPILED,   "programs_compiled") \
+    X(CACHE_REQUESTS,      "cache_requests") \
+    X(CACHE_HITS,          "cache_hits") \
+    X(CACHE_MISSES,        "cache_misses") \
+    X(STRICT_CACHE_REQUESTS, "strict_cache_requests") \
+    X(STRICT_CACHE_HITS,   "strict_cache_hits") \
+    X(STRICT_CACHE_MISSES, "strict_cache_misses") \
+    X(SYNCS,               "syncs") \
+    X(HOST_READS,          "host_reads") \
+    X(COMMANDS_EXECUTED,   "commands_executed") \
+    X(HBM_BYTES_ALLOCATED, "hbm_bytes_allocated") \
+    X(HBM_ALLOCS,          "hbm_allocs") \
+    X(HBM_OOM,             "hbm_oom") \
+    X(H2D_BYTES,           "host_to_device_bytes") \
+    X(D2H_BYTES,           "device_to_host_bytes") \
+    X(ASSIGN_IN_PLACE,     "assign_in_place") \
+    X(ASSIGN_COPY,         "assign_copy_on_write") \
+    X(DEVICE_FAULTS,       "device_faults") \
+    X(MARKED_STEPS,        "marked_steps") \
+    X(MXU_MACS_USEFUL,     "mxu_macs_useful") \
+    X(MXU_MACS_PADDED,     "mxu_macs_padded")
+
+#define CTPU_TIMER_TABLE(X) \
+    X(COMPILE_TIME,  "compile_time") \
+    X(EXECUTE_TIME,  "execute_time") \
+    X(SYNC_WAIT,     "sync_wait")
+
+typedef enum {
+#define X(e, n) CTPU_CTR_##e,
+    CTPU_COUNTER_TABLE(X)
+#undef X
+    CTPU_CTR_COUNT
+} ctpu_counter_id;
+
+typedef enum {
+#define X(e, n) CTPU_TMR_##e,
+    CTPU_TIMER_TABLE(X)
+#undef X
+    CTPU_TMR_COUNT
+} ctpu_timer_id;
+
+#define CTPU_TIMER_SAMPLES 1024
+typedef struct {
+    uint64_t count, total_ns, min_ns, max_ns;
+    uint64_t samples[CTPU_TIMER_SAMPLES];
+} ctpu_timer;
+
+typedef struct ctpu_metrics {
+    atomic_llong counters[CTPU_CTR_COUNT];
+    pthread_mutex_t timer_mu;
+    ctpu_timer timers[CTPU_TMR_COUNT];
+} ctpu_metrics;
+
+void ctpu_metrics_init(ctpu_metrics *m);
+void ctpu_metrics_destroy(ctpu_metrics *m);
+static inline void ctpu_counter_add(ctpu_metrics *m, ctpu_counter_id id, long long v)
+{
+    atomic_fetch_add_explicit(&m->counters[id], v, memory_order_relaxed);
+}
+void ctpu_timer_add(ctpu_metrics *m, ctpu_timer_id id, uint64_t ns);
+/* Value of a counter by name; -1 if the name is unknown. */
+long long ctpu_metrics_counter_by_name(ctpu_metrics *m, const char *name);
+/* Percentile p in [0,100] of a timer's recent samples (ns). */
+uint64_t ctpu_timer_percentile(ctpu_metrics *m, ctpu_timer_id id, double p);
+void ctpu_metrics_print(ctpu_metrics *m, FILE *f);
+void ctpu_metrics_reset(ctpu_metrics *m);
+const char *ctpu_counter_name(ctpu_counter_id id);
+const char *ctpu_timer_name(ctpu_timer_id id);
+
+uint64_t ctpu_now_ns(void);
+
+#endif

@@ -1,0 +1,853 @@
+/* Dispatch: validate, infer the output type (the op table's shape rules),
+ * compile the node as a one-node trace through the strict program table,
+ * enqueue it on the device stream. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "eager.h"
+#include "fuse/exec.h"
+
+const ctpu_op_info ctpu_op_infos[CTPU_OP_COUNT] = {
+#define X(e, n, k, a, ko) { n, k, a, ko },
+    CTPU_OP_TABLE(X)
+#undef X
+};
+_Static_assert(sizeof ctpu_op_infos / sizeof ctpu_op_infos[0] == CTPU_OP_COUNT, "op table drift");
+
+bool ctpu__validate_shape(const char *op, int ndim, const int64_t *shape, ctpu_dtype dt, ctpu_vtype *out);
+void ctpu__rng_take(uint64_t n, uint64_t *seed, uint64_t *offset);
+
+/* ------------------------------------------------------------ the path */
+static ctpu_status launch(ctpu_node *node, ctpu_trec *const *inputs, const double *scalars,
+                          ctpu_buffer *out, size_t out_off)
+{
+    ctpu_runtime *rt = ctpu_rt;
+    const char *opn = ctpu_op_name(node->op);
+    int n_in = node->n_in;
+    ctpu_vtype in_type[CTPU_NODE_MAX_IN];
+    for (int i = 0; i < n_in; i++) {
+        in_type[i] = inputs[i]->type;
+        node->in[i] = i;
+    }
+    int32_t outv = n_in;
+    bool dbg = ctpu_debug_checks_now();
+    ctpu_trace tr = {
+        .n_inputs = n_in, .n_nodes = 1, .n_outputs = 1, .in_type = in_type, .nodes = node,
+        .outputs = &outv, .n_scalars = node->n_scalars,
+        .precision = (uint8_t)rt->precision, .debug_checks = 0,
+    };
+    uint8_t key[4096];
+    size_t klen = ctpu_trace_key(&tr, key, sizeof key);
+    char err[256];
+    bool hit = false;
+    ctpu_compiled *prog = klen ? ctpu_cache_get(rt->strict_cache, key, klen, &tr, &hit, err, sizeof err) : NULL;
+    ctpu_counter_add(&rt->metrics, CTPU_CTR_STRICT_CACHE_REQUESTS, 1);
+    if (!prog) {
+        ctpu_set_error(CTPU_ERR_STATE, "%s: %s", opn, klen ? err : "trace key too long");
+        return CTPU_ERR_STATE;
+    }
+    if (hit) {
+        ctpu_counter_add(&rt->metrics, CTPU_CTR_STRICT_CACHE_HITS, 1);
+    } else {
+        ctpu_counter_add(&rt->metrics, CTPU_CTR_STRICT_CACHE_MISSES, 1);
+        ctpu_counter_add(&rt->metrics, CTPU_CTR_PROGRAMS_COMPILED, 1);
+        ctpu_timer_add(&rt->metrics, CTPU_TMR_COMPILE_TIME, prog->compile_ns);
+    }
+    ctpu_cmd cmd;
+    cmd.prog = &prog->prog;
+    cmd.n_bufs = n_in + 1;
+    if (cmd.n_bufs <= CTPU_CMD_INLINE_BUFS) {
+        cmd.buf = cmd.buf_inl;
+        cmd.off = cmd.off_inl;
+    } else {
+        cmd.buf = malloc(sizeof(ctpu_buffer *) * (size_t)cmd.n_bufs);
+        cmd.off = malloc(sizeof(size_t) * (size_t)cmd.n_bufs);
+        if (!cmd.buf || !cmd.off) {
+            free(cmd.buf);
+            free(cmd.off);
+            ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory", opn);
+            return CTPU_ERR_OOM;
+        }
+    }
+    for (int i = 0; i < n_in; i++) {
+        cmd.buf[i] = inputs[i]->buf;
+        cmd.off[i] = inputs[i]->off;
+    }
+    cmd.buf[n_in] = out;
+    cmd.off[n_in] = out_off;
+    for (int i = 0; i < node->n_scalars; i++) cmd.scalars[i] = scalars[i];
+    cmd.debug_checks = dbg;
+    uint64_t seq = ctpu_device_submit(rt->dev, &cmd);
+    ctpu_counter_add(&rt->metrics, CTPU_CTR_OPS_DISPATCHED, 1);
+    if (ctpu_mode_now() == CTPU_MODE_DEBUG) {
+        ctpu_device_wait(rt->dev, seq);
+        unsigned f = atomic_load(&out->fault);
+        if (f) {
+            const ctpu_fault_rec *fr = ctpu_device_fault(rt->dev, f);
+            ctpu_set_error(fr->status, "%s", fr->msg);
+            ctpu_device_take_error(rt->dev, NULL, 0); /* reported at the call */
+            return fr->status;
+        }
+    }
+    return CTPU_OK;
+}
+
+ctpu_status ctpu_dispatch_into(ctpu_node *node, ctpu_trec *const *inputs, const double *scalars,
+                               ctpu_buffer *out, size_t out_off)
+{
+    return launch(node, inputs, scalars, out, out_off);
+}
+
+ctpu_tensor ctpu_dispatch(ctpu_node *node, ctpu_trec *const *inputs, const double *scalars)
+{
+    size_t bytes = (size_t)ctpu_vtype_numel(&node->out) * ctpu_kdt_size(node->out.dtype);
+    char err[256];
+    ctpu_buffer *b = ctpu_buffer_alloc(ctpu_rt->dev, bytes, err, sizeof err);
+    if (!b) {
+        char tb[128];
+        ctpu_set_error(CTPU_ERR_OOM, "%s: output %s: %s", ctpu_op_name(node->op),
+                       ctpu_fmt_type(&node->out, tb, sizeof tb), err);
+        return CTPU_NULL;
+    }
+    ctpu_status st = launch(node, inputs, scalars, b, 0);
+    if (st != CTPU_OK) {
+        ctpu_buffer_release(ctpu_rt->dev, b);
+        return CTPU_NULL;
+    }
+    return ctpu_handle_new(&node->out, b, 0, ctpu_op_name(node->op));
+}
+
+/* ------------------------------------------------------------ helpers */
+/* Resolve n op inputs; a null handle gives NULL quietly (the error that made
+ * it null is already set). */
+static bool get_inputs(const char *op, int n, const ctpu_tensor *ts, const char *const *names, ctpu_trec **out)
+{
+    if (!ctpu_check_init(op)) return false;
+    for (int i = 0; i < n; i++) {
+        out[i] = ctpu_rec_get(ts[i], op, names[i], true);
+        if (!out[i]) return false;
+    }
+    return true;
+}
+
+static ctpu_dtype promote(ctpu_dtype a, ctpu_dtype b)
+{
+    if (a == CTPU_F32 || b == CTPU_F32) return CTPU_F32;
+    if (a == CTPU_BF16 || b == CTPU_BF16) return CTPU_BF16;
+    return CTPU_I32;
+}
+
+static bool broadcast(const char *op, int n, ctpu_trec *const *in, const char *const *names, ctpu_vtype *out)
+{
+    int nd = 0;
+    for (int i = 0; i < n; i++) if (in[i]->type.ndim > nd) nd = in[i]->type.ndim;
+    out->ndim = (uint8_t)nd;
+    memset(out->shape, 0, sizeof out->shape);
+    for (int d = 0; d < nd; d++) {
+        int64_t e = 1;
+        for (int i = 0; i < n; i++) {
+            int id = d - (nd - in[i]->type.ndim);
+            if (id < 0) continue;
+            int64_t x = in[i]->type.shape[id];
+            if (x == e || x == 1) continue;
+            if (e == 1) { e = x; continue; }
+            char msg[512];
+            size_t k = (size_t)snprintf(msg, sizeof msg, "%s: ", op);
+            for (int j = 0; j < n && k < sizeof msg; j++) {
+                char tb[128];
+                k += (size_t)snprintf(msg + k, sizeof msg - k, "%s%s is %s", j ? ", " : "", names[j],
+                                      ctpu_fmt_type(&in[j]->type, tb, sizeof tb));
+            }
+            ctpu_set_error(CTPU_ERR_SHAPE, "%s: shapes are not broadcastable (dim %d: %lld vs %lld)", msg,
+                           d, (long long)e, (long long)x);
+            return false;
+        }
+        out->shape[d] = e;
+    }
+    return true;
+}
+
+static int norm_dim(const char *op, int dim, const ctpu_trec *r, const char *arg)
+{
+    int nd = r->type.ndim;
+    int lim = nd ? nd : 1;
+    if (dim < -lim || dim >= lim) {
+        char tb[128];
+        ctpu_set_error(CTPU_ERR_SHAPE, "%s: %s=%d is out of range for a %s (valid: [%d, %d])", op, arg,
+                       dim, ctpu_fmt_type(&r->type, tb, sizeof tb), -lim, lim - 1);
+        return -1;
+    }
+    return dim < 0 ? dim + lim : dim;
+}
+
+/* ------------------------------------------------------------ elementwise */
+static ctpu_tensor unary(int op, ctpu_tensor a)
+{
+    static const char *const nm[] = { "a" };
+    ctpu_trec *in[1];
+    if (!get_inputs(ctpu_op_name(op), 1, &a, nm, in)) return CTPU_NULL;
+    ctpu_node n = { .op = (uint16_t)op, .n_in = 1, .out = in[0]->type };
+    if (ctpu_op_is(op, CTPU_OPK_FLOAT_OUT) && n.out.dtype == CTPU_I32) n.out.dtype = CTPU_F32;
+    return ctpu_dispatch(&n, in, NULL);
+}
+
+ctpu_tensor ctpu_neg(ctpu_tensor a) { return unary(CTPU_OP_NEG, a); }
+ctpu_tensor ctpu_abs(ctpu_tensor a) { return unary(CTPU_OP_ABS, a); }
+ctpu_tensor ctpu_exp(ctpu_tensor a) { return unary(CTPU_OP_EXP, a); }
+ctpu_tensor ctpu_log(ctpu_tensor a) { return unary(CTPU_OP_LOG, a); }
+ctpu_tensor ctpu_sqrt(ctpu_tensor a) { return unary(CTPU_OP_SQRT, a); }
+ctpu_tensor ctpu_rsqrt(ctpu_tensor a) { return unary(CTPU_OP_RSQRT, a); }
+ctpu_tensor ctpu_tanh(ctpu_tensor a) { return unary(CTPU_OP_TANH, a); }
+ctpu_tensor ctpu_sigmoid(ctpu_tensor a) { return unary(CTPU_OP_SIGMOID, a); }
+ctpu_tensor ctpu_relu(ctpu_tensor a) { return unary(CTPU_OP_RELU, a); }
+ctpu_tensor ctpu_gelu(ctpu_tensor a, bool tanh_approx)
+{
+    return unary(tanh_approx ? CTPU_OP_GELU_TANH : CTPU_OP_GELU_ERF, a);
+}
+
+static ctpu_tensor binary(int op, ctpu_tensor a, ctpu_tensor b)
+{
+    static const char *const nm[] = { "a", "b" };
+    ctpu_tensor ts[2] = { a, b };
+    ctpu_trec *in[2];
+    const char *opn = ctpu_op_name(op);
+    if (!get_inputs(opn, 2, ts, nm, in)) return CTPU_NULL;
+    ctpu_node n = { .op = (uint16_t)op, .n_in = 2 };
+    if (!broadcast(opn, 2, in, nm, &n.out)) return CTPU_NULL;
+    ctpu_dtype dt = promote((ctpu_dtype)in[0]->type.dtype, (ctpu_dtype)in[1]->type.dtype);
+    if (ctpu_op_is(op, CTPU_OPK_COMPARE) || (ctpu_op_is(op, CTPU_OPK_FLOAT_OUT) && dt == CTPU_I32)) dt = CTPU_F32;
+    n.out.dtype = (uint8_t)dt;
+    return ctpu_dispatch(&n, in, NULL);
+}
+
+ctpu_tensor ctpu_add(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_ADD, a, b); }
+ctpu_tensor ctpu_sub(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_SUB, a, b); }
+ctpu_tensor ctpu_mul(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_MUL, a, b); }
+ctpu_tensor ctpu_div(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_DIV, a, b); }
+ctpu_tensor ctpu_pow(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_POW, a, b); }
+ctpu_tensor ctpu_maximum(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_MAXIMUM, a, b); }
+ctpu_tensor ctpu_minimum(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_MINIMUM, a, b); }
+ctpu_tensor ctpu_eq(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_EQ, a, b); }
+ctpu_tensor ctpu_ne(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_NE, a, b); }
+ctpu_tensor ctpu_lt(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_LT, a, b); }
+ctpu_tensor ctpu_le(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_LE, a, b); }
+ctpu_tensor ctpu_gt(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_GT, a, b); }
+ctpu_tensor ctpu_ge(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_GE, a, b); }
+
+static ctpu_tensor scalar_op(int op, ctpu_tensor a, double s, bool scalar_first)
+{
+    static const char *const nm[] = { "a" };
+    ctpu_trec *in[1];
+    if (!get_inputs(ctpu_op_name(op), 1, &a, nm, in)) return CTPU_NULL;
+    ctpu_node n = { .op = (uint16_t)op, .n_in = 1, .n_scalars = 1, .out = in[0]->type };
+    if (scalar_first) n.attr.flags |= CTPU_ATTR_SCALAR_FIRST;
+    if (ctpu_op_is(op, CTPU_OPK_COMPARE) || (ctpu_op_is(op, CTPU_OPK_FLOAT_OUT) && n.out.dtype == CTPU_I32))
+        n.out.dtype = CTPU_F32;
+    return ctpu_dispatch(&n, in, &s);
+}
+
+ctpu_tensor ctpu_add_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_ADD_SCALAR, a, s, false); }
+ctpu_tensor ctpu_sub_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_SUB_SCALAR, a, s, false); }
+ctpu_tensor ctpu_mul_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_MUL_SCALAR, a, s, false); }
+ctpu_tensor ctpu_div_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_DIV_SCALAR, a, s, false); }
+ctpu_tensor ctpu_pow_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_POW_SCALAR, a, s, false); }
+ctpu_tensor ctpu_maximum_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_MAXIMUM_SCALAR, a, s, false); }
+ctpu_tensor ctpu_minimum_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_MINIMUM_SCALAR, a, s, false); }
+ctpu_tensor ctpu_rsub_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_SUB_SCALAR, a, s, true); }
+ctpu_tensor ctpu_rdiv_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_DIV_SCALAR, a, s, true); }
+ctpu_tensor ctpu_rpow_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_POW_SCALAR, a, s, true); }
+ctpu_tensor ctpu_eq_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_EQ_SCALAR, a, s, false); }
+ctpu_tensor ctpu_ne_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_NE_SCALAR, a, s, false); }
+ctpu_tensor ctpu_lt_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_LT_SCALAR, a, s, false); }
+ctpu_tensor ctpu_le_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_LE_SCALAR, a, s, false); }
+ctpu_tensor ctpu_gt_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_GT_SCALAR, a, s, false); }
+ctpu_tensor ctpu_ge_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_GE_SCALAR, a, s, false); }
+
+ctpu_tensor ctpu_where(ctpu_tensor cond, ctpu_tensor a, ctpu_tensor b)
+{
+    static const char *const nm[] = { "cond", "a", "b" };
+    ctpu_tensor ts[3] = { cond, a, b };
+    ctpu_trec *in[3];
+    if (!get_inputs("where", 3, ts, nm, in)) return CTPU_NULL;
+    ctpu_node n = { .op = CTPU_OP_WHERE, .n_in = 3 };
+    if (!broadcast("where", 3, in, nm, &n.out)) return CTPU_NULL;
+    n.out.dtype = (uint8_t)promote((ctpu_dtype)in[1]->type.dtype, (ctpu_dtype)in[2]->type.dtype);
+    return ctpu_dispatch(&n, in, NULL);
+}
+
+ctpu_tensor ctpu_clamp(ctpu_tensor a, double lo, double hi)
+{
+    static const char *const nm[] = { "a" };
+    ctpu_trec *in[1];
+    if (!get_inputs("clamp", 1, &a, nm, in)) return CTPU_NULL;
+    ctpu_node n = { .op = CTPU_OP_CLAMP, .n_in = 1, .n_scalars = 2, .out = in[0]->type };
+    double s[2] = { lo, hi };
+    return ctpu_dispatch(&n, in, s);
+}
+
+ctpu_tensor ctpu_cast(ctpu_tensor a, ctpu_dtype dt)
+{
+    static const char *const nm[] = { "a" };
+    ctpu_trec *in[1];
+    if (!get_inputs("cast", 1, &a, nm, in)) return CTPU_NULL;
+    if ((unsigned)dt >= CTPU_DTYPE_COUNT) {
+        ctpu_set_error(CTPU_ERR_DTYPE, "cast: dt=%d is not a ctpu_dtype", (int)dt);
+        return CTPU_NULL;
+    }
+    ctpu_node n = { .op = CTPU_OP_CAST, .n_in = 1, .out = in[0]->type };
+    n.out.dtype = (uint8_t)dt;
+    n.attr.extra = (int32_t)dt;
+    return ctpu_dispatch(&n, in, NULL);
+}
+
+/* ------------------------------------------------------------ reductions */
+static bool reduce_dims(const char *op, ctpu_trec *r, int ndims, const int *dims, bool keepdim,
+                        ctpu_node *n)
+{
+    int nd = r->type.ndim;
+    char tb[128];
+    uint32_t mask = 0;
+    if (ndims < 0 || ndims > CTPU_MAX_DIMS || (ndims > 0 && !dims)) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: ndims=%d with dims %s", op, ndims, dims ? "given" : "NULL");
+        return false;
+    }
+    if (ndims == 0) mask = nd ? (1u << nd) - 1 : 0;
+    for (int i = 0; i < ndims; i++) {
+        int d = dims[i];
+        if (d < -nd || d >= nd || (nd == 0 && d != 0 && d != -1)) {
+            ctpu_set_error(CTPU_ERR_SHAPE, "%s: dims[%d]=%d is out of range for a %s", op, i, d,
+                           ctpu_fmt_type(&r->type, tb, sizeof tb));
+            return false;
+        }
+        if (nd == 0) continue;
+        d = d < 0 ? d + nd : d;
+        if (mask & (1u << d)) {
+            ctpu_set_error(CTPU_ERR_SHAPE, "%s: dim %d appears twice in dims", op, d);
+            return false;
+        }
+        mask |= 1u << d;
+    }
+    n->attr.n_dims = 0;
+    for (int d = 0; d < nd; d++)
+        if (mask & (1u << d)) n->attr.dims[n->attr.n_dims++] = d;
+    if (keepdim) n->attr.flags |= CTPU_ATTR_KEEPDIM;
+    n->out.ndim = 0;
+    memset(n->out.shape, 0, sizeof n->out.shape);
+    for (int d = 0; d < nd; d++) {
+        if (mask & (1u << d)) {
+            if (keepdim) n->out.shape[n->out.ndim++] = 1;
+        } else {
+            n->out.shape[n->out.ndim++] = r->type.shape[d];
+        }
+    }
+    return true;
+}
+
+static int64_t reduced_count(const ctpu_trec *r, const ctpu_node *n)
+{
+    int64_t c = 1;
+    for (int i = 0; i < n->attr.n_dims; i++) c *= r->type.shape[n->attr.dims[i]];
+    return c;
+}
+
+static ctpu_tensor reduction(int op, ctpu_tensor a, int ndims, const int *dims, bool keepdim, int64_t corr)
+{
+    static const char *const nm[] = { "a" };
+    ctpu_trec *in[1];
+    const char *opn = ctpu_op_name(op);
+    if (!get_inputs(opn, 1, &a, nm, in)) return CTPU_NULL;
+    ctpu_node n = { .op = (uint16_t)op, .n_in = 1 };
+    if (!reduce_dims(opn, in[0], ndims, dims, keepdim, &n)) return CTPU_NULL;
+    n.out.dtype = in[0]->type.dtype == CTPU_I32 && op != CTPU_OP_MAX && op != CTPU_OP_MIN ? CTPU_F32 : in[0]->type.dtype;
+    n.attr.i64[0] = corr;
+    if ((op == CTPU_OP_MAX || op == CTPU_OP_MIN) && reduced_count(in[0], &n) == 0 &&
+        ctpu_vtype_numel(&n.out) > 0) {
+        char tb[128];
+        ctpu_set_error(CTPU_ERR_SHAPE, "%s: a is %s: cannot reduce over a zero-size dim (no identity)",
+                       opn, ctpu_fmt_type(&in[0]->type, tb, sizeof tb));
+        return CTPU_NULL;
+    }
+    return ctpu_dispatch(&n, in, NULL);
+}
+
+ctpu_tensor ctpu_sum(ctpu_tensor a, int nd, const int *d, bool k) { return reduction(CTPU_OP_SUM, a, nd, d, k, 0); }
+ctpu_tensor ctpu_mean(ctpu_tensor a, int nd, const int *d, bool k) { return reduction(CTPU_OP_MEAN, a, nd, d, k, 0); }
+ctpu_tensor ctpu_max(ctpu_tensor a, int nd, const int *d, bool k) { return reduction(CTPU_OP_MAX, a, nd, d, k, 0); }
+ctpu_tensor ctpu_min(ctpu_tensor a, int nd, const int *d, bool k) { return reduction(CTPU_OP_MIN, a, nd, d, k, 0); }
+ctpu_tensor ctpu_var(ctpu_tensor a, int nd, const int *d, int correction, bool k)
+{
+    if (correction < 0) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "var: correction=%d is negative", correction);
+        return CTPU_NULL;
+    }
+    return reduction(CTPU_OP_VAR, a, nd, d, k, correction);
+}
+
+ctpu_tensor ctpu_argmax(ctpu_tensor a, int dim, bool keepdim)
+{
+    static const char *const nm[] = { "a" };
+    ctpu_trec *in[1];
+    if (!get_inputs("argmax", 1, &a, nm, in)) return CTPU_NULL;
+    int d = norm_dim("argmax", dim, in[0], "dim");
+    if (d < 0) return CTPU_NULL;
+    ctpu_node n = { .op = CTPU_OP_ARGMAX, .n_in = 1 };
+    if (!reduce_dims("argmax", in[0], in[0]->type.ndim ? 1 : 0, &d, keepdim, &n)) return CTPU_NULL;
+    n.out.dtype = CTPU_I32;
+    if (in[0]->type.ndim && in[0]->type.shape[d] == 0) {
+        char tb[128];
+        ctpu_set_error(CTPU_ERR_SHAPE, "argmax: a is %s: dim %d has extent 0", ctpu_fmt_type(&in[0]->type, tb, sizeof tb), d);
+        return CTPU_NULL;
+    }
+    return ctpu_dispatch(&n, in, NULL);
+}
+
+static ctpu_tensor softmax_op(int op, ctpu_tensor a, int dim)
+{
+    static const char *const nm[] = { "a" };
+    ctpu_trec *in[1];
+    const char *opn = ctpu_op_name(op);
+    if (!get_inputs(opn, 1, &a, nm, in)) return CTPU_NULL;
+    int d = norm_dim(opn, dim, in[0], "dim");
+    if (d < 0) return CTPU_NULL;
+    ctpu_node n = { .op = (uint16_t)op, .n_in = 1, .out = in[0]->type };
+    if (n.out.dtype == CTPU_I32) n.out.dtype = CTPU_F32;
+    if (in[0]->type.ndim == 0) {
+        /* a 0-d tensor: softmax over a single element */
+        ctpu_vtype t1 = in[0]->type;
+        t1.ndim = 1;
+        t1.shape[0] = 1;
+        n.out = t1;
+        n.out.dtype = in[0]->type.dtype == CTPU_I32 ? CTPU_F32 : in[0]->type.dtype;
+        ctpu_tensor v = ctpu_handle_view(in[0], &t1, in[0]->off, opn);
+        ctpu_trec *vin[1] = { ctpu_rec_get(v, opn, "a", true) };
+        if (!vin[0]) return CTPU_NULL;
+        n.attr.dims[0] = 0;
+        ctpu_tensor r = ctpu_dispatch(&n, vin, NULL);
+        ctpu_release(v);
+        if (ctpu_is_null(r)) return r;
+        return ctpu_reshape(r, 0, NULL);
+    }
+    n.attr.dims[0] = d;
+    n.attr.n_dims = 1;
+    return ctpu_dispatch(&n, in, NULL);
+}
+
+ctpu_tensor ctpu_softmax(ctpu_tensor a, int dim) { return softmax_op(CTPU_OP_SOFTMAX, a, dim); }
+ctpu_tensor ctpu_log_softmax(ctpu_tensor a, int dim) { return softmax_op(CTPU_OP_LOG_SOFTMAX, a, dim); }
+
+/* ------------------------------------------------------------ data movement */
+ctpu_tensor ctpu_reshape(ctpu_tensor a, int ndim, const int64_t *shape)
+{
+    static const char *const nm[] = { "a" };
+    ctpu_trec *in[1];
+    if (!get_inputs("reshape", 1, &a, nm, in)) return CTPU_NULL;
+    char tb[128];
+    if (ndim < 0 || ndim > CTPU_MAX_DIMS || (ndim > 0 && !shape)) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "reshape: a is %s: ndim=%d%s", ctpu_fmt_type(&in[0]->type, tb, sizeof tb),
+                       ndim, ndim > 0 && !shape ? " with shape NULL" : " is outside [0, 8]");
+        return CTPU_NULL;
+    }
+    ctpu_vtype t = { .dtype = in[0]->type.dtype, .ndim = (uint8_t)ndim };
+    int infer = -1;
+    int64_t known = 1, numel = ctpu_vtype_numel(&in[0]->type);
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] == -1 && infer < 0) { infer = d; continue; }
+        if (shape[d] < 0) {
+            ctpu_set_error(CTPU_ERR_SHAPE, "reshape: a is %s: shape[%d]=%lld is invalid",
+                           ctpu_fmt_type(&in[0]->type, tb, sizeof tb), d, (long long)shape[d]);
+            return CTPU_NULL;
+        }
+        t.shape[d] = shape[d];
+        if (shape[d] && known > INT64_MAX / shape[d]) known = INT64_MAX;
+        else known *= shape[d];
+    }
+    if (infer >= 0) {
+        if (known == 0 || numel % known) {
+            ctpu_set_error(CTPU_ERR_SHAPE, "reshape: a is %s: cannot infer dim %d from %lld elements",
+                           ctpu_fmt_type(&in[0]->type, tb, sizeof tb), infer, (long long)numel);
+            return CTPU_NULL;
+        }
+        t.shape[infer] = numel / known;
+        known = numel;
+    }
+    if (known != numel) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "reshape: a is %s (%lld elements): the new shape has %lld",
+                       ctpu_fmt_type(&in[0]->type, tb, sizeof tb), (long long)numel, (long long)known);
+        return CTPU_NULL;
+    }
+    ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_OPS_DISPATCHED, 1);
+    return ctpu_handle_view(in[0], &t, in[0]->off, "reshape");
+}
+
+ctpu_tensor ctpu_contiguous(ctpu_tensor a)
+{
+    static const char *const nm[] = { "a" };
+    ctpu_trec *in[1];
+    if (!get_inputs("contiguous", 1, &a, nm, in)) return CTPU_NULL;
+    /* every ctpu tensor is stored contiguous: a new handle to the same value */
+    ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_OPS_DISPATCHED, 1);
+    return ctpu_handle_view(in[0], &in[0]->type, in[0]->off, "contiguous");
+}
+
+ctpu_tensor ctpu_permute(ctpu_tensor a, const int *perm)
+{
+    static const char *const nm[] = { "a" };
+    ctpu_trec *in[1];
+    if (!get_inputs("permute", 1, &a, nm, in)) return CTPU_NULL;
+    int nd = in[0]->type.ndim;
+    char tb[128];
+    if (!perm && nd > 0) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "permute: perm is NULL for a %s", ctpu_fmt_type(&in[0]->type, tb, sizeof tb));
+        return CTPU_NULL;
+    }
+    ctpu_node n = { .op = CTPU_OP_PERMUTE, .n_in = 1, .out = in[0]->type };
+    uint32_t seen = 0;
+    for (int d = 0; d < nd; d++) {
+        int p = perm[d];
+        if (p < 0) p += nd;
+        if (p < 0 || p >= nd || (seen & (1u << p))) {
+            ctpu_set_error(CTPU_ERR_SHAPE, "permute: a is %s: perm[%d]=%d is not a permutation of [0, %d)",
+                           ctpu_fmt_type(&in[0]->type, tb, sizeof tb), d, perm[d], nd);
+            return CTPU_NULL;
+        }
+        seen |= 1u << p;
+        n.attr.dims[d] = p;
+        n.out.shape[d] = in[0]->type.shape[p];
+    }
+    n.attr.n_dims = nd;
+    return ctpu_dispatch(&n, in, NULL);
+}
+
+ctpu_tensor ctpu_transpose(ctpu_tensor a, int d0, int d1)
+{
+    ctpu_trec *r = ctpu_rec_get(a, "transpose", "a", true);
+    if (!r) return CTPU_NULL;
+    int x = norm_dim("transpose", d0, r, "d0"), y = x < 0 ? -1 : norm_dim("transpose", d1, r, "d1");
+    if (x < 0 || y < 0) return CTPU_NULL;
+    int perm[8];
+    for (int d = 0; d < r->type.ndim; d++) perm[d] = d;
+    if (r->type.ndim) { perm[x] = y; perm[y] = x; }
+    return ctpu_permute(a, perm);
+}
+
+ctpu_tensor ctpu_slice(ctpu_tensor a, int dim, int64_t start, int64_t end, int64_t step)
+{
+    static const char *const nm[] = { "a" };
+    ctpu_trec *in[1];
+    if (!get_inputs("slice", 1, &a, nm, in)) return CTPU_NULL;
+    char tb[128];
+    if (in[0]->type.ndim == 0) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "slice: a is %s: cannot slice a 0-d tensor", ctpu_fmt_type(&in[0]->type, tb, sizeof tb));
+        return CTPU_NULL;
+    }
+    int d = norm_dim("slice", dim, in[0], "dim");
+    if (d < 0) return CTPU_NULL;
+    if (step < 1) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "slice: step=%lld must be >= 1", (long long)step);
+        return CTPU_NULL;
+    }
+    int64_t e = in[0]->type.shape[d];
+    if (start < 0) start = start < -e ? 0 : start + e;
+    if (end < 0) end = end < -e ? 0 : end + e;
+    if (start > e) start = e;
+    if (end > e) end = e;
+    int64_t len = end > start ? (end - start + step - 1) / step : 0;
+    ctpu_node n = { .op = CTPU_OP_SLICE, .n_in = 1, .out = in[0]->type };
+    n.out.shape[d] = len;
+    n.attr.dims[0] = d;
+    n.attr.n_dims = 1;
+    n.attr.i64[0] = start;
+    n.attr.i64[1] = end;
+    n.attr.i64[2] = step;
+    /* a contiguous slice is a view: all dims before d have extent 1 */
+    bool view = step == 1 || len <= 1;
+    for (int k = 0; k < d; k++) if (in[0]->type.shape[k] != 1) view = false;
+    if (view) {
+        int64_t inner = 1;
+        for (int k = d + 1; k < in[0]->type.ndim; k++) inner *= in[0]->type.shape[k];
+        size_t off = in[0]->off + (size_t)(start * inner) * ctpu_kdt_size(in[0]->type.dtype);
+        if (len == 0) off = in[0]->off;
+        ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_OPS_DISPATCHED, 1);
+        return ctpu_handle_view(in[0], &n.out, off, "slice");
+    }
+    return ctpu_dispatch(&n, in, NULL);
+}
+
+ctpu_tensor ctpu_concat(int count, const ctpu_tensor *ts, int dim)
+{
+    if (!ctpu_check_init("concat")) return CTPU_NULL;
+    if (count < 1 || !ts) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "concat: n=%d with ts %s: need n >= 1 tensors", count, ts ? "given" : "NULL");
+        return CTPU_NULL;
+    }
+    if (count > CTPU_NODE_MAX_IN) {
+        /* chain: concat the first 16, then the rest onto it */
+        int first = CTPU_NODE_MAX_IN;
+        ctpu_tensor head = ctpu_concat(first, ts, dim);
+        if (ctpu_is_null(head)) return head;
+        ctpu_tensor rest[CTPU_NODE_MAX_IN];
+        ctpu_tensor acc = head;
+        for (int i = first; i < count; i += CTPU_NODE_MAX_IN - 1) {
+            int k = count - i < CTPU_NODE_MAX_IN - 1 ? count - i : CTPU_NODE_MAX_IN - 1;
+            rest[0] = acc;
+            memcpy(rest + 1, ts + i, sizeof(ctpu_tensor) * (size_t)k);
+            ctpu_tensor next = ctpu_concat(k + 1, rest, dim);
+            ctpu_release(acc);
+            if (ctpu_is_null(next)) return next;
+            acc = next;
+        }
+        return acc;
+    }
+    ctpu_trec *in[CTPU_NODE_MAX_IN];
+    for (int i = 0; i < count; i++) {
+        in[i] = ctpu_rec_get(ts[i], "concat", "ts[i]", true);
+        if (!in[i]) return CTPU_NULL;
+    }
+    int d = norm_dim("concat", dim, in[0], "dim");
+    if (d < 0) return CTPU_NULL;
+    char ta[128], tb[128];
+    if (in[0]->type.ndim == 0) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "concat: ts[0] is %s: cannot concatenate 0-d tensors",
+                       ctpu_fmt_type(&in[0]->type, ta, sizeof ta));
+        return CTPU_NULL;
+    }
+    ctpu_node n = { .op = CTPU_OP_CONCAT, .n_in = (uint8_t)count, .out = in[0]->type };
+    n.attr.extra = d;
+    int64_t total = 0;
+    for (int i = 0; i < count; i++) {
+        const ctpu_vtype *t = &in[i]->type;
+        bool ok = t->dtype == in[0]->type.dtype && t->ndim == in[0]->type.ndim;
+        for (int k = 0; ok && k < t->ndim; k++) ok = k == d || t->shape[k] == in[0]->type.shape[k];
+        if (!ok) {
+            ctpu_set_error(t->dtype != in[0]->type.dtype ? CTPU_ERR_DTYPE : CTPU_ERR_SHAPE,
+                           "concat: ts[0] is %s, ts[%d] is %s: must match in dtype and in every dim but %d",
+                           ctpu_fmt_type(&in[0]->type, ta, sizeof ta), i, ctpu_fmt_type(t, tb, sizeof tb), d);
+            return CTPU_NULL;
+        }
+        total += t->shape[d];
+    }
+    n.out.shape[d] = total;
+    return ctpu_dispatch(&n, in, NULL);
+}
+
+ctpu_tensor ctpu_expand(ctpu_tensor a, int ndim, const int64_t *shape)
+{
+    static const char *const nm[] = { "a" };
+    ctpu_trec *in[1];
+    if (!get_inputs("expand", 1, &a, nm, in)) return CTPU_NULL;
+    const ctpu_vtype *t = &in[0]->type;
+    char tb[128];
+    if (ndim < t->ndim || ndim > CTPU_MAX_DIMS || (ndim && !shape)) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "expand: a is %s: ndim=%d must be in [%d, 8] with a shape",
+                       ctpu_fmt_type(t, tb, sizeof tb), ndim, t->ndim);
+        return CTPU_NULL;
+    }
+    ctpu_node n = { .op = CTPU_OP_EXPAND, .n_in = 1, .out = { .dtype = t->dtype, .ndim = (uint8_t)ndim } };
+    for (int d = 0; d < ndim; d++) {
+        int id = d - (ndim - t->ndim);
+        int64_t want = shape[d];
+        int64_t have = id >= 0 ? t->shape[id] : 1;
+        if (want == -1 && id >= 0) want = have;
+        if (want < 0 || (have != 1 && have != want)) {
+            ctpu_set_error(CTPU_ERR_SHAPE, "expand: a is %s: cannot expand dim %d (extent %lld) to %lld",
+                           ctpu_fmt_type(t, tb, sizeof tb), d, (long long)have, (long long)shape[d]);
+            return CTPU_NULL;
+        }
+        n.out.shape[d] = want;
+    }
+    return ctpu_dispatch(&n, in, NULL);
+}
+
+ctpu_tensor ctpu_embedding(ctpu_tensor weight, ctpu_tensor indices)
+{
+    static const char *const nm[] = { "weight", "indices" };
+    ctpu_tensor ts[2] = { weight, indices };
+    ctpu_trec *in[2];
+    if (!get_inputs("embedding", 2, ts, nm, in)) return CTPU_NULL;
+    char ta[128], tb[128];
+    const ctpu_vtype *w = &in[0]->type, *ix = &in[1]->type;
+    if (w->ndim != 2 || w->dtype == CTPU_I32 || ix->dtype != CTPU_I32 || ix->ndim >= CTPU_MAX_DIMS) {
+        ctpu_set_error(w->ndim != 2 || ix->ndim >= CTPU_MAX_DIMS ? CTPU_ERR_SHAPE : CTPU_ERR_DTYPE,
+                       "embedding: weight is %s, indices is %s: need weight f32/bf16 [V,D] and i32 indices of < 8 dims",
+                       ctpu_fmt_type(w, ta, sizeof ta), ctpu_fmt_type(ix, tb, sizeof tb));
+        return CTPU_NULL;
+    }
+    ctpu_node n = { .op = CTPU_OP_EMBEDDING, .n_in = 2, .out = *ix };
+    n.out.dtype = w->dtype;
+    n.out.shape[n.out.ndim++] = w->shape[1];
+    return ctpu_dispatch(&n, in, NULL);
+}
+
+ctpu_tensor ctpu_gather(ctpu_tensor a, int dim, ctpu_tensor index)
+{
+    static const char *const nm[] = { "a", "index" };
+    ctpu_tensor ts[2] = { a, index };
+    ctpu_trec *in[2];
+    if (!get_inputs("gather", 2, ts, nm, in)) return CTPU_NULL;
+    char ta[128], tb[128];
+    const ctpu_vtype *t = &in[0]->type, *ix = &in[1]->type;
+    int d = norm_dim("gather", dim, in[0], "dim");
+    if (d < 0) return CTPU_NULL;
+    bool ok = ix->dtype == CTPU_I32 && ix->ndim == t->ndim;
+    for (int k = 0; ok && k < t->ndim; k++) ok = k == d || ix->shape[k] <= t->shape[k];
+    if (!ok || t->ndim == 0) {
+        ctpu_set_error(ix->dtype != CTPU_I32 ? CTPU_ERR_DTYPE : CTPU_ERR_SHAPE,
+                       "gather: a is %s, index is %s: index must be i32 with a's ndim and extents <= a's (but dim %d)",
+                       ctpu_fmt_type(t, ta, sizeof ta), ctpu_fmt_type(ix, tb, sizeof tb), d);
+        return CTPU_NULL;
+    }
+    ctpu_node n = { .op = CTPU_OP_GATHER, .n_in = 2, .out = *ix };
+    n.out.dtype = t->dtype;
+    n.attr.extra = d;
+    return ctpu_dispatch(&n, in, NULL);
+}
+
+/* ------------------------------------------------------------ matmul */
+ctpu_tensor ctpu_matmul(ctpu_tensor a, ctpu_tensor b)
+{
+    static const char *const nm[] = { "a", "b" };
+    ctpu_tensor ts[2] = { a, b };
+    ctpu_trec *in[2];
+    if (!get_inputs("matmul", 2, ts, nm, in)) return CTPU_NULL;
+    ctpu_vtype ta = in[0]->type, tb = in[1]->type;
+    char sa[128], sb[128];
+    if (ta.ndim == 0 || tb.ndim == 0) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "matmul: a is %s, b is %s: both operands need at least 1 dim",
+                       ctpu_fmt_type(&ta, sa, sizeof sa), ctpu_fmt_type(&tb, sb, sizeof sb));
+        return CTPU_NULL;
+    }
+    bool ia = ta.dtype == CTPU_I32, ib = tb.dtype == CTPU_I32;
+    if (ia != ib) {
+        ctpu_set_error(CTPU_ERR_DTYPE, "matmul: a is %s, b is %s: i32 matmul needs both operands i32",
+                       ctpu_fmt_type(&ta, sa, sizeof sa), ctpu_fmt_type(&tb, sb, sizeof sb));
+        return CTPU_NULL;
+    }
+    /* torch.matmul: 1-D a is [1,K] (squeezed after), 1-D b is [K,1] */
+    bool sq_a = ta.ndim == 1, sq_b = tb.ndim == 1;
+    ctpu_vtype va = ta, vb = tb;
+    if (sq_a) { va.ndim = 2; va.shape[0] = 1; va.shape[1] = ta.shape[0]; }
+    if (sq_b) { vb.ndim = 2; vb.shape[0] = tb.shape[0]; vb.shape[1] = 1; }
+    if (va.ndim > CTPU_MAX_DIMS || vb.ndim > CTPU_MAX_DIMS) return CTPU_NULL;
+    int64_t K = va.shape[va.ndim - 1];
+    if (vb.shape[vb.ndim - 2] != K) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "matmul: a is %s, b is %s: inner dims differ (%lld vs %lld)",
+                       ctpu_fmt_type(&ta, sa, sizeof sa), ctpu_fmt_type(&tb, sb, sizeof sb), (long long)K,
+                       (long long)vb.shape[vb.ndim - 2]);
+        return CTPU_NULL;
+    }
+    int ba = va.ndim - 2, bb = vb.ndim - 2, nb = ba > bb ? ba : bb;
+    ctpu_node n = { .op = CTPU_OP_MATMUL, .n_in = 2 };
+    n.out.ndim = (uint8_t)(nb + 2);
+    for (int d = 0; d < nb; d++) {
+        int da = d - (nb - ba), db = d - (nb - bb);
+        int64_t xa = da >= 0 ? va.shape[da] : 1, xb = db >= 0 ? vb.shape[db] : 1;
+        if (xa != xb && xa != 1 && xb != 1) {
+            ctpu_set_error(CTPU_ERR_SHAPE, "matmul: a is %s, b is %s: batch dims are not broadcastable (%lld vs %lld)",
+                           ctpu_fmt_type(&ta, sa, sizeof sa), ctpu_fmt_type(&tb, sb, sizeof sb), (long long)xa, (long long)xb);
+            return CTPU_NULL;
+        }
+        n.out.shape[d] = xa == 1 ? xb : xa;
+    }
+    n.out.shape[nb] = va.shape[va.ndim - 2];
+    n.out.shape[nb + 1] = vb.shape[vb.ndim - 1];
+    n.out.dtype = ia ? CTPU_I32 : (ta.dtype == CTPU_BF16 && tb.dtype == CTPU_BF16) ? CTPU_BF16 : CTPU_F32;
+    n.attr.extra = (int32_t)ctpu_rt->precision;
+    ctpu_tensor vat = CTPU_NULL, vbt = CTPU_NULL;
+    ctpu_trec *use[2] = { in[0], in[1] };
+    if (sq_a) {
+        vat = ctpu_handle_view(in[0], &va, in[0]->off, "matmul");
+        use[0] = ctpu_rec_get(vat, "matmul", "a", true);
+    }
+    if (sq_b) {
+        vbt = ctpu_handle_view(in[1], &vb, in[1]->off, "matmul");
+        use[1] = ctpu_rec_get(vbt, "matmul", "b", true);
+    }
+    ctpu_tensor r = use[0] && use[1] ? ctpu_dispatch(&n, use, NULL) : CTPU_NULL;
+    if (!ctpu_is_null(vat)) ctpu_release(vat);
+    if (!ctpu_is_null(vbt)) ctpu_release(vbt);
+    if (ctpu_is_null(r) || (!sq_a && !sq_b)) return r;
+    /* squeeze the promoted dims */
+    ctpu_vtype o = n.out;
+    int64_t shp[8];
+    int k = 0;
+    for (int d = 0; d < nb; d++) shp[k++] = o.shape[d];
+    if (!sq_a) shp[k++] = o.shape[nb];
+    if (!sq_b) shp[k++] = o.shape[nb + 1];
+    ctpu_tensor s = ctpu_reshape(r, k, shp);
+    ctpu_release(r);
+    return s;
+}
+
+/* ------------------------------------------------------------ creation */
+static ctpu_tensor create(const char *opn, int op, ctpu_dtype dt, int ndim, const int64_t *shape,
+                          const double *sc, int nsc)
+{
+    if (!ctpu_check_init(opn)) return CTPU_NULL;
+    ctpu_node n = { .op = (uint16_t)op, .n_in = 0, .n_scalars = (uint8_t)nsc };
+    if (!ctpu__validate_shape(opn, ndim, shape, dt, &n.out)) return CTPU_NULL;
+    return ctpu_dispatch(&n, NULL, sc);
+}
+
+ctpu_tensor ctpu_full(ctpu_dtype dt, int ndim, const int64_t *shape, double value)
+{
+    return create("full", CTPU_OP_FULL, dt, ndim, shape, &value, 1);
+}
+ctpu_tensor ctpu_zeros(ctpu_dtype dt, int ndim, const int64_t *shape)
+{
+    double v = 0;
+    return create("zeros", CTPU_OP_FULL, dt, ndim, shape, &v, 1);
+}
+ctpu_tensor ctpu_ones(ctpu_dtype dt, int ndim, const int64_t *shape)
+{
+    double v = 1;
+    return create("ones", CTPU_OP_FULL, dt, ndim, shape, &v, 1);
+}
+
+ctpu_tensor ctpu_arange(double start, double end, double step, ctpu_dtype dt)
+{
+    if (!ctpu_check_init("arange")) return CTPU_NULL;
+    if (step == 0 || !isfinite(start) || !isfinite(end) || !isfinite(step)) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "arange: start=%g end=%g step=%g: need finite values and step != 0",
+                       start, end, step);
+        return CTPU_NULL;
+    }
+    double cnt = ceil((end - start) / step);
+    if (cnt < 0) cnt = 0;
+    if (cnt > 72057594037927936.0) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "arange: start=%g end=%g step=%g gives too many elements", start, end, step);
+        return CTPU_NULL;
+    }
+    int64_t shape[1] = { (int64_t)cnt };
+    double sc[2] = { start, step };
+    return create("arange", CTPU_OP_ARANGE, dt, 1, shape, sc, 2);
+}
+
+static ctpu_tensor rand_op(const char *opn, int op, ctpu_dtype dt, int ndim, const int64_t *shape, double p0, double p1)
+{
+    if (!ctpu_check_init(opn)) return CTPU_NULL;
+    if (dt == CTPU_I32) {
+        ctpu_set_error(CTPU_ERR_DTYPE, "%s: dtype i32 is not supported (f32 or bf16)", opn);
+        return CTPU_NULL;
+    }
+    if (!isfinite(p0) || !isfinite(p1) || (op == CTPU_OP_RAND_NORMAL && p1 < 0)) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: parameters %g, %g are invalid", opn, p0, p1);
+        return CTPU_NULL;
+    }
+    ctpu_vtype vt;
+    if (!ctpu__validate_shape(opn, ndim, shape, dt, &vt)) return CTPU_NULL;
+    uint64_t seed, offset;
+    ctpu__rng_take((uint64_t)ctpu_vtype_numel(&vt), &seed, &offset);
+    double sc[4] = { ctpu_bits_scalar(seed), ctpu_bits_scalar(offset), p0, p1 };
+    ctpu_node n = { .op = (uint16_t)op, .n_in = 0, .n_scalars = 4, .out = vt };
+    return ctpu_dispatch(&n, NULL, sc);
+}
+
+ctpu_tensor ctpu_rand_uniform(ctpu_dtype dt, int ndim, const int64_t *shape, double lo, double hi)
+{
+    return rand_op("rand_uniform", CTPU_OP_RAND_UNIFORM, dt, ndim, shape, lo, hi);
+}
+ctpu_tensor ctpu_rand_normal(ctpu_dtype dt, int ndim, const int64_t *shape, double mean, double std)
+{
+    return rand_op("rand_normal", CTPU_OP_RAND_NORMAL, dt, ndim, shape, mean, std);
+}

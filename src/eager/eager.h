@@ -1,0 +1,112 @@
+/* Eager layer internals: the runtime struct, tensor records and scopes, and
+ * the dispatch path every op takes. */
+#ifndef CTPU_EAGER_H
+#define CTPU_EAGER_H
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+
+#include "ctpu.h"
+#include "ops.h"
+#include "device/device.h"
+#include "fuse/fuse.h"
+
+/* ------------------------------------------------------------ runtime */
+typedef enum { CTPU_LOOPS_AUTO = 0, CTPU_LOOPS_ON, CTPU_LOOPS_OFF } ctpu_detect_loops;
+
+typedef struct ctpu_runtime {
+    /* configuration, read once from the environment by ctpu_init */
+    ctpu_mode mode;
+    int debug_checks_env;            /* -1 unset, else 0/1 */
+    bool debug_checks;
+    ctpu_precision precision;
+    ctpu_detect_loops detect_loops;
+    const ctpu_chip_info *chip;
+    uint64_t hbm_cap;
+    ctpu_isa isa;
+    int nthreads;
+    size_t cache_size;
+    long cache_only_after;           /* -1 unset */
+    char *metrics_file, *trace_file;
+
+    ctpu_metrics metrics;
+    ctpu_device *dev;
+    ctpu_cache *strict_cache;        /* strict eager's one-node programs */
+
+    /* tensor records: pages of slots, never moved */
+    pthread_mutex_t slot_mu;
+    struct ctpu_trec **pages;
+    uint32_t n_pages, n_slots;
+    uint32_t *free_list;
+    uint32_t n_free, free_cap;
+
+    pthread_mutex_t rng_mu;
+    uint64_t rng_seed, rng_offset;
+
+    atomic_uint_fast64_t next_scope_id;
+    uint64_t epoch;                  /* bumped by every init: stale TLS detection */
+} ctpu_runtime;
+
+extern ctpu_runtime *ctpu_rt;
+
+/* ------------------------------------------------------------ records */
+#define CTPU_SLOTS_PER_PAGE 4096u
+#define CTPU_MAX_PAGES 1024u
+
+typedef struct ctpu_trec {
+    uint32_t gen;                    /* bumped at release */
+    bool live;
+    ctpu_vtype type;
+    ctpu_buffer *buf;
+    size_t off;                      /* bytes into buf (views) */
+    uint64_t scope_id;               /* 0 = global */
+    void *ag;                        /* autograd metadata (autograd.c) */
+} ctpu_trec;
+
+static inline ctpu_trec *ctpu_slot(uint32_t idx)
+{
+    return &ctpu_rt->pages[idx / CTPU_SLOTS_PER_PAGE][idx % CTPU_SLOTS_PER_PAGE];
+}
+static inline uint32_t ctpu_handle_slot(ctpu_tensor t) { return (uint32_t)(t.id & 0xffffffffu) - 1u; }
+static inline uint32_t ctpu_handle_gen(ctpu_tensor t) { return (uint32_t)(t.id >> 32); }
+
+/* ------------------------------------------------------------ errors */
+/* Set the thread's error: status + printf-style one-line message. */
+void ctpu_set_error(ctpu_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Format a value type as "f32[2,3]" into buf. */
+const char *ctpu_fmt_type(const ctpu_vtype *t, char *buf, size_t len);
+
+/* Check the runtime is up; sets CTPU_ERR_NOT_INITIALIZED naming `op`. */
+bool ctpu_check_init(const char *op);
+
+/* Resolve a handle for op's argument `arg`. On failure sets the error
+ * (null: CTPU_ERR_NULL_HANDLE unless quiet_null) and returns NULL. */
+ctpu_trec *ctpu_rec_get(ctpu_tensor t, const char *op, const char *arg, bool quiet_null);
+
+/* Make a handle for a new record owning one handle ref on buf (buf's
+ * handle_refs is incremented; the caller's buffer ref is transferred).
+ * Null (with error) if the slot table is full. */
+ctpu_tensor ctpu_handle_new(const ctpu_vtype *type, ctpu_buffer *buf, size_t off, const char *op);
+/* A new handle viewing rec's storage with another type (reshape, slices). */
+ctpu_tensor ctpu_handle_view(ctpu_trec *rec, const ctpu_vtype *type, size_t off, const char *op);
+void ctpu_handle_release_rec(ctpu_trec *rec, uint32_t slot);
+
+/* Effective mode of this thread. */
+ctpu_mode ctpu_mode_now(void);
+bool ctpu_debug_checks_now(void);
+
+/* ------------------------------------------------------------ dispatch */
+/* Run one node on the device: compile (through the strict program table) and
+ * enqueue it; the output gets a fresh HBM buffer, or `out` if given
+ * (assign's in-place write). In debug eager, waits and reports faults here.
+ * Returns the output handle (out == NULL) or a status through *st. */
+ctpu_tensor ctpu_dispatch(ctpu_node *node, ctpu_trec *const *inputs, const double *scalars);
+ctpu_status ctpu_dispatch_into(ctpu_node *node, ctpu_trec *const *inputs, const double *scalars,
+                               ctpu_buffer *out, size_t out_off);
+
+/* Test hooks (tests/ only). */
+void ctpu__test_device_hold(bool hold);
+ctpu_cache *ctpu__test_strict_cache(void);
+
+#endif

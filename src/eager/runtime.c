@@ -1,0 +1,454 @@
+/* Runtime lifecycle: environment, errors, modes, chip, metrics API. */
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "eager.h"
+
+ctpu_runtime *ctpu_rt = NULL;
+static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t epoch_counter = 0;
+
+/* ------------------------------------------------------------ errors */
+typedef struct {
+    ctpu_status st;
+    char msg[512];
+} err_state;
+static _Thread_local err_state t_err;
+static _Thread_local int t_mode_override = -1;
+static _Thread_local uint64_t t_mode_epoch = 0;
+
+void ctpu_set_error(ctpu_status st, const char *fmt, ...)
+{
+    t_err.st = st;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t_err.msg, sizeof t_err.msg, fmt, ap);
+    va_end(ap);
+}
+
+const char *ctpu_last_error(void) { return t_err.msg; }
+ctpu_status ctpu_last_status(void) { return t_err.st; }
+void ctpu_clear_error(void) { t_err.st = CTPU_OK; t_err.msg[0] = 0; }
+
+const char *ctpu_status_str(ctpu_status s)
+{
+    static const char *const names[CTPU_STATUS_COUNT] = {
+        "ok", "not initialized", "invalid argument", "null handle", "stale handle",
+        "shape error", "dtype error", "out of memory", "device fault", "NaN (debug check)",
+        "bad environment variable", "cache miss in cache-only mode", "I/O error", "bad state",
+    };
+    return (unsigned)s < CTPU_STATUS_COUNT ? names[s] : "unknown status";
+}
+
+const char *ctpu_fmt_type(const ctpu_vtype *t, char *buf, size_t len)
+{
+    size_t k = (size_t)snprintf(buf, len, "%s[", ctpu_dtype_name((ctpu_dtype)t->dtype));
+    for (int d = 0; d < t->ndim && k < len; d++)
+        k += (size_t)snprintf(buf + k, len - k, d ? ",%lld" : "%lld", (long long)t->shape[d]);
+    if (k < len) snprintf(buf + k, len - k, "]");
+    return buf;
+}
+
+const char *ctpu_dtype_name(ctpu_dtype dt)
+{
+    switch (dt) {
+    case CTPU_F32: return "f32";
+    case CTPU_BF16: return "bf16";
+    case CTPU_I32: return "i32";
+    default: return "?";
+    }
+}
+
+bool ctpu_check_init(const char *op)
+{
+    if (ctpu_rt) return true;
+    ctpu_set_error(CTPU_ERR_NOT_INITIALIZED, "%s: ctpu_init has not been called", op);
+    return false;
+}
+
+/* ------------------------------------------------------------ environment */
+static bool env_bool(const char *name, int *out, char *err, size_t len)
+{
+    const char *v = getenv(name);
+    *out = -1;
+    if (!v) return true;
+    if (strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0) *out = 1;
+    else if (strcmp(v, "0") == 0 || strcasecmp(v, "false") == 0) *out = 0;
+    else {
+        snprintf(err, len, "ctpu_init: %s=\"%s\" is not a boolean (use 1/0/true/false)", name, v);
+        return false;
+    }
+    return true;
+}
+
+static bool parse_u64(const char *v, uint64_t *out, bool suffixes)
+{
+    if (!v || !*v || !isdigit((unsigned char)*v)) return false;
+    errno = 0;
+    char *end;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno) return false;
+    uint64_t mul = 1;
+    if (suffixes && *end) {
+        switch (toupper((unsigned char)*end)) {
+        case 'K': mul = 1ull << 10; break;
+        case 'M': mul = 1ull << 20; break;
+        case 'G': mul = 1ull << 30; break;
+        case 'T': mul = 1ull << 40; break;
+        default: return false;
+        }
+        end++;
+        if (toupper((unsigned char)*end) == 'B') end++;
+    }
+    if (*end) return false;
+    if (mul > 1 && x > UINT64_MAX / mul) return false;
+    *out = x * mul;
+    return true;
+}
+
+static bool read_env(ctpu_runtime *rt, char *err, size_t len)
+{
+    int blocking, fuse, dbg;
+    if (!env_bool("TORCH_TPU_LAUNCH_BLOCKING", &blocking, err, len)) return false;
+    if (!env_bool("TORCH_TPU_DEFER_AND_FUSE", &fuse, err, len)) return false;
+    if (!env_bool("TORCH_TPU_ENABLE_DEBUG_CHECKS", &dbg, err, len)) return false;
+    /* TorchTPU checks LAUNCH_BLOCKING first; it wins */
+    rt->mode = blocking == 1 ? CTPU_MODE_DEBUG : fuse == 1 ? CTPU_MODE_DEFER_FUSE : CTPU_MODE_STRICT;
+    rt->debug_checks_env = dbg;
+
+    const char *v = getenv("TORCH_TPU_DETECT_LOOPS");
+    rt->detect_loops = CTPU_LOOPS_AUTO;
+    if (v) {
+        if (strcasecmp(v, "auto") == 0) rt->detect_loops = CTPU_LOOPS_AUTO;
+        else if (strcasecmp(v, "on") == 0 || strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0)
+            rt->detect_loops = CTPU_LOOPS_ON;
+        else if (strcasecmp(v, "off") == 0 || strcmp(v, "0") == 0 || strcasecmp(v, "false") == 0)
+            rt->detect_loops = CTPU_LOOPS_OFF;
+        else {
+            snprintf(err, len, "ctpu_init: TORCH_TPU_DETECT_LOOPS=\"%s\" must be auto, on or off", v);
+            return false;
+        }
+    }
+
+    v = getenv("TORCH_TPU_CHIP");
+    rt->chip = ctpu_chip_lookup(v ? v : "v5e");
+    if (!rt->chip) {
+        snprintf(err, len, "ctpu_init: TORCH_TPU_CHIP=\"%s\" is not a known chip (v5e, v5p, v6e, 7x)", v);
+        return false;
+    }
+
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    uint64_t half_ram = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz / 2 : rt->chip->hbm_bytes;
+    rt->hbm_cap = rt->chip->hbm_bytes < half_ram ? rt->chip->hbm_bytes : half_ram;
+    v = getenv("TORCH_TPU_HBM_LIMIT");
+    if (v) {
+        uint64_t lim;
+        if (!parse_u64(v, &lim, true) || lim == 0) {
+            snprintf(err, len, "ctpu_init: TORCH_TPU_HBM_LIMIT=\"%s\" is not a positive byte count "
+                     "(digits with an optional K/M/G/T suffix)", v);
+            return false;
+        }
+        rt->hbm_cap = lim;
+    }
+
+    v = getenv("TORCH_TPU_MATMUL_PRECISION");
+    rt->precision = CTPU_PRECISION_DEFAULT;
+    if (v) {
+        if (strcasecmp(v, "default") == 0) rt->precision = CTPU_PRECISION_DEFAULT;
+        else if (strcasecmp(v, "high") == 0) rt->precision = CTPU_PRECISION_HIGH;
+        else if (strcasecmp(v, "highest") == 0) rt->precision = CTPU_PRECISION_HIGHEST;
+        else {
+            snprintf(err, len, "ctpu_init: TORCH_TPU_MATMUL_PRECISION=\"%s\" must be default, high or highest", v);
+            return false;
+        }
+    }
+
+    rt->cache_size = 1024;
+    v = getenv("TORCH_TPU_CACHE_SIZE");
+    if (v) {
+        uint64_t n;
+        if (!parse_u64(v, &n, false) || n == 0 || n > (1u << 24)) {
+            snprintf(err, len, "ctpu_init: TORCH_TPU_CACHE_SIZE=\"%s\" must be an entry count in [1, 16777216]", v);
+            return false;
+        }
+        rt->cache_size = (size_t)n;
+    }
+    rt->cache_only_after = -1;
+    v = getenv("TORCH_TPU_CACHE_ONLY");
+    if (v && *v) {
+        uint64_t n;
+        if (!parse_u64(v, &n, false) || n > (1ull << 40)) {
+            snprintf(err, len, "ctpu_init: TORCH_TPU_CACHE_ONLY=\"%s\" must be a step count", v);
+            return false;
+        }
+        rt->cache_only_after = (long)n;
+    }
+    v = getenv("TORCH_TPU_METRICS_FILE");
+    rt->metrics_file = v && *v ? strdup(v) : NULL;
+    v = getenv("TORCH_TPU_TRACE_FILE");
+    rt->trace_file = v && *v ? strdup(v) : NULL;
+
+    v = getenv("CTPU_ISA");
+    rt->isa = ctpu_isa_detect();
+    if (v) {
+        ctpu_isa want = CTPU_ISA_COUNT;
+        for (int i = 0; i < CTPU_ISA_COUNT; i++)
+            if (strcasecmp(v, ctpu_isa_name((ctpu_isa)i)) == 0) want = (ctpu_isa)i;
+        if (want == CTPU_ISA_COUNT) {
+            snprintf(err, len, "ctpu_init: CTPU_ISA=\"%s\" must be scalar, avx2 or avx512", v);
+            return false;
+        }
+        if (want > rt->isa) {
+            snprintf(err, len, "ctpu_init: CTPU_ISA=\"%s\": this CPU supports at most %s", v,
+                     ctpu_isa_name(rt->isa));
+            return false;
+        }
+        rt->isa = want;
+    }
+
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    rt->nthreads = ncpu > 0 ? (int)(ncpu > 64 ? 64 : ncpu) : 1;
+    v = getenv("CTPU_NUM_THREADS");
+    if (v) {
+        uint64_t n;
+        if (!parse_u64(v, &n, false) || n < 1 || n > 64) {
+            snprintf(err, len, "ctpu_init: CTPU_NUM_THREADS=\"%s\" must be a thread count in [1, 64]", v);
+            return false;
+        }
+        rt->nthreads = (int)n;
+    }
+    return true;
+}
+
+/* ------------------------------------------------------------ lifecycle */
+void ctpu__tensors_shutdown(ctpu_runtime *rt);   /* tensor.c */
+
+static void runtime_free(ctpu_runtime *rt)
+{
+    if (!rt) return;
+    ctpu_device_destroy(rt->dev);
+    ctpu_cache_destroy(rt->strict_cache);
+    for (uint32_t p = 0; p < rt->n_pages; p++) free(rt->pages[p]);
+    free(rt->pages);
+    free(rt->free_list);
+    free(rt->metrics_file);
+    free(rt->trace_file);
+    ctpu_metrics_destroy(&rt->metrics);
+    pthread_mutex_destroy(&rt->slot_mu);
+    pthread_mutex_destroy(&rt->rng_mu);
+    free(rt);
+}
+
+ctpu_status ctpu_init(void)
+{
+    pthread_mutex_lock(&init_mu);
+    if (ctpu_rt) {
+        pthread_mutex_unlock(&init_mu);
+        ctpu_set_error(CTPU_ERR_STATE, "ctpu_init: already initialised (call ctpu_shutdown first)");
+        return CTPU_ERR_STATE;
+    }
+    char err[512] = "";
+    ctpu_runtime *rt = calloc(1, sizeof *rt);
+    if (!rt) {
+        pthread_mutex_unlock(&init_mu);
+        ctpu_set_error(CTPU_ERR_OOM, "ctpu_init: out of host memory");
+        return CTPU_ERR_OOM;
+    }
+    pthread_mutex_init(&rt->slot_mu, NULL);
+    pthread_mutex_init(&rt->rng_mu, NULL);
+    ctpu_metrics_init(&rt->metrics);
+    if (!read_env(rt, err, sizeof err)) {
+        runtime_free(rt);
+        pthread_mutex_unlock(&init_mu);
+        ctpu_set_error(CTPU_ERR_ENV, "%s", err);
+        return CTPU_ERR_ENV;
+    }
+    rt->debug_checks = rt->debug_checks_env >= 0 ? rt->debug_checks_env == 1 : rt->mode == CTPU_MODE_DEBUG;
+    ctpu_kernels_set_isa(rt->isa);
+    rt->pages = calloc(CTPU_MAX_PAGES, sizeof *rt->pages);
+    rt->strict_cache = ctpu_cache_create(0);
+    rt->dev = rt->pages && rt->strict_cache
+                  ? ctpu_device_create(rt->chip, rt->hbm_cap, rt->nthreads, &rt->metrics, err, sizeof err)
+                  : NULL;
+    if (!rt->dev) {
+        runtime_free(rt);
+        pthread_mutex_unlock(&init_mu);
+        ctpu_set_error(CTPU_ERR_OOM, "ctpu_init: %s", err[0] ? err : "out of host memory");
+        return CTPU_ERR_OOM;
+    }
+    atomic_init(&rt->next_scope_id, 1);
+    rt->epoch = ++epoch_counter;
+    ctpu_rt = rt;
+    pthread_mutex_unlock(&init_mu);
+    if (rt->mode == CTPU_MODE_DEFER_FUSE)
+        fprintf(stderr, "ctpu: TORCH_TPU_DEFER_AND_FUSE=1 accepted; defer-and-fuse is not built yet, "
+                        "running as strict eager\n");
+    return CTPU_OK;
+}
+
+bool ctpu_is_initialized(void) { return ctpu_rt != NULL; }
+
+void ctpu_shutdown(void)
+{
+    pthread_mutex_lock(&init_mu);
+    ctpu_runtime *rt = ctpu_rt;
+    if (!rt) { pthread_mutex_unlock(&init_mu); return; }
+    ctpu_device_wait(rt->dev, 0);
+    ctpu__tensors_shutdown(rt);
+    ctpu_device_wait(rt->dev, 0);
+    ctpu_rt = NULL;
+    runtime_free(rt);
+    pthread_mutex_unlock(&init_mu);
+}
+
+/* ------------------------------------------------------------ modes */
+ctpu_mode ctpu_mode_now(void)
+{
+    if (t_mode_override >= 0 && ctpu_rt && t_mode_epoch == ctpu_rt->epoch) return (ctpu_mode)t_mode_override;
+    return ctpu_rt ? ctpu_rt->mode : CTPU_MODE_STRICT;
+}
+
+bool ctpu_debug_checks_now(void)
+{
+    if (!ctpu_rt) return false;
+    if (ctpu_rt->debug_checks_env >= 0) return ctpu_rt->debug_checks;
+    return ctpu_rt->debug_checks || ctpu_mode_now() == CTPU_MODE_DEBUG;
+}
+
+ctpu_status ctpu_set_mode(ctpu_mode m)
+{
+    if (!ctpu_check_init("set_mode")) return CTPU_ERR_NOT_INITIALIZED;
+    if ((unsigned)m >= CTPU_MODE_COUNT) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "set_mode: mode %d is not a ctpu_mode", (int)m);
+        return CTPU_ERR_INVALID_ARG;
+    }
+    ctpu_device_wait(ctpu_rt->dev, 0);
+    ctpu_rt->mode = m;
+    return CTPU_OK;
+}
+
+ctpu_status ctpu_set_thread_mode(ctpu_mode m)
+{
+    if (!ctpu_check_init("set_thread_mode")) return CTPU_ERR_NOT_INITIALIZED;
+    if ((int)m == -1) { t_mode_override = -1; return CTPU_OK; }
+    if ((unsigned)m >= CTPU_MODE_COUNT) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "set_thread_mode: mode %d is not a ctpu_mode", (int)m);
+        return CTPU_ERR_INVALID_ARG;
+    }
+    t_mode_override = (int)m;
+    t_mode_epoch = ctpu_rt->epoch;
+    return CTPU_OK;
+}
+
+void ctpu_clear_thread_mode(void) { t_mode_override = -1; }
+
+ctpu_mode ctpu_get_mode(void) { return ctpu_mode_now(); }
+
+const char *ctpu_mode_name(ctpu_mode m)
+{
+    switch (m) {
+    case CTPU_MODE_STRICT: return "strict";
+    case CTPU_MODE_DEBUG: return "debug";
+    case CTPU_MODE_DEFER_FUSE: return "defer_fuse";
+    default: return "?";
+    }
+}
+
+ctpu_status ctpu_set_debug_checks(bool on)
+{
+    if (!ctpu_check_init("set_debug_checks")) return CTPU_ERR_NOT_INITIALIZED;
+    ctpu_rt->debug_checks = on;
+    ctpu_rt->debug_checks_env = on ? 1 : 0;
+    return CTPU_OK;
+}
+
+bool ctpu_debug_checks(void) { return ctpu_debug_checks_now(); }
+
+ctpu_status ctpu_set_matmul_precision(ctpu_precision p)
+{
+    if (!ctpu_check_init("set_matmul_precision")) return CTPU_ERR_NOT_INITIALIZED;
+    if ((unsigned)p >= CTPU_PRECISION_COUNT) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "set_matmul_precision: %d is not a ctpu_precision", (int)p);
+        return CTPU_ERR_INVALID_ARG;
+    }
+    ctpu_rt->precision = p;
+    return CTPU_OK;
+}
+
+ctpu_precision ctpu_get_matmul_precision(void)
+{
+    return ctpu_rt ? ctpu_rt->precision : CTPU_PRECISION_DEFAULT;
+}
+
+ctpu_status ctpu_sync(void)
+{
+    if (!ctpu_check_init("sync")) return CTPU_ERR_NOT_INITIALIZED;
+    ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_SYNCS, 1);
+    ctpu_device_wait(ctpu_rt->dev, 0);
+    char msg[256];
+    ctpu_status st = ctpu_device_take_error(ctpu_rt->dev, msg, sizeof msg);
+    if (st != CTPU_OK) ctpu_set_error(st, "%s", msg);
+    return st;
+}
+
+/* ------------------------------------------------------------ chip, HBM */
+const ctpu_chip_info *ctpu_chip(void) { return ctpu_rt ? ctpu_rt->chip : NULL; }
+
+const ctpu_chip_info *ctpu_chip_lookup(const char *name)
+{
+    if (!name) return NULL;
+    int n;
+    const ctpu_chip_info *p = ctpu_chip_profiles(&n);
+    for (int i = 0; i < n; i++)
+        if (strcasecmp(p[i].name, name) == 0) return &p[i];
+    return NULL;
+}
+
+ctpu_status ctpu_hbm_get_stats(ctpu_hbm_stats *out)
+{
+    if (!ctpu_check_init("hbm_get_stats")) return CTPU_ERR_NOT_INITIALIZED;
+    if (!out) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "hbm_get_stats: out is NULL");
+        return CTPU_ERR_INVALID_ARG;
+    }
+    ctpu_hbm_stats_get(ctpu_rt->dev, out);
+    return CTPU_OK;
+}
+
+void ctpu_hbm_reset_peak(void)
+{
+    if (ctpu_rt) ctpu_hbm_peak_reset(ctpu_rt->dev);
+}
+
+/* ------------------------------------------------------------ metrics */
+int64_t ctpu_metric_counter(const char *name)
+{
+    if (!ctpu_rt) return 0;
+    long long v = ctpu_metrics_counter_by_name(&ctpu_rt->metrics, name);
+    return v < 0 ? 0 : v;
+}
+
+void ctpu_metrics_report(FILE *f)
+{
+    if (!f) f = stderr;
+    if (!ctpu_rt) { fprintf(f, "ctpu metrics report: runtime not initialised\n"); return; }
+    ctpu_metrics_print(&ctpu_rt->metrics, f);
+}
+
+void ctpu_metrics_clear(void)
+{
+    if (ctpu_rt) ctpu_metrics_reset(&ctpu_rt->metrics);
+}
+
+/* ------------------------------------------------------------ test hooks */
+void ctpu__test_device_hold(bool hold)
+{
+    if (ctpu_rt) ctpu_device_hold(ctpu_rt->dev, hold);
+}
+
+ctpu_cache *ctpu__test_strict_cache(void) { return ctpu_rt ? ctpu_rt->strict_cache : NULL; }

@@ -1,0 +1,499 @@
+/* Tensor records, handles, scopes, host transfers, assign, randomness state. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "eager.h"
+
+/* ------------------------------------------------------------ scopes (per thread) */
+#define MAX_SCOPES 64
+typedef struct {
+    uint64_t id;
+    uint64_t *items;    /* handle ids made in (or kept into) this scope */
+    size_t n, cap;
+    bool step;
+} scope_t;
+
+static _Thread_local struct {
+    scope_t s[MAX_SCOPES];
+    int depth;
+    uint64_t epoch;
+} t_sc;
+
+static void scopes_check_epoch(void)
+{
+    if (t_sc.epoch != ctpu_rt->epoch) {
+        for (int i = 0; i < MAX_SCOPES; i++) free(t_sc.s[i].items);
+        memset(&t_sc, 0, sizeof t_sc);
+        t_sc.epoch = ctpu_rt->epoch;
+    }
+}
+
+static bool scope_push_item(scope_t *s, uint64_t id)
+{
+    if (s->n == s->cap) {
+        size_t nc = s->cap ? s->cap * 2 : 64;
+        uint64_t *p = realloc(s->items, nc * sizeof *p);
+        if (!p) return false;
+        s->items = p;
+        s->cap = nc;
+    }
+    s->items[s->n++] = id;
+    return true;
+}
+
+/* ------------------------------------------------------------ records */
+static bool slot_alloc(uint32_t *out)
+{
+    ctpu_runtime *rt = ctpu_rt;
+    pthread_mutex_lock(&rt->slot_mu);
+    if (rt->n_free) {
+        *out = rt->free_list[--rt->n_free];
+        pthread_mutex_unlock(&rt->slot_mu);
+        return true;
+    }
+    if (rt->n_slots == rt->n_pages * CTPU_SLOTS_PER_PAGE) {
+        if (rt->n_pages == CTPU_MAX_PAGES) { pthread_mutex_unlock(&rt->slot_mu); return false; }
+        ctpu_trec *page = calloc(CTPU_SLOTS_PER_PAGE, sizeof *page);
+        if (!page) { pthread_mutex_unlock(&rt->slot_mu); return false; }
+        for (uint32_t i = 0; i < CTPU_SLOTS_PER_PAGE; i++) page[i].gen = 1;
+        rt->pages[rt->n_pages++] = page;
+    }
+    *out = rt->n_slots++;
+    pthread_mutex_unlock(&rt->slot_mu);
+    return true;
+}
+
+static void slot_free(uint32_t idx)
+{
+    ctpu_runtime *rt = ctpu_rt;
+    pthread_mutex_lock(&rt->slot_mu);
+    if (rt->n_free == rt->free_cap) {
+        uint32_t nc = rt->free_cap ? rt->free_cap * 2 : 1024;
+        uint32_t *p = realloc(rt->free_list, nc * sizeof *p);
+        if (!p) { pthread_mutex_unlock(&rt->slot_mu); return; } /* slot leaks, never reused */
+        rt->free_list = p;
+        rt->free_cap = nc;
+    }
+    rt->free_list[rt->n_free++] = idx;
+    pthread_mutex_unlock(&rt->slot_mu);
+}
+
+ctpu_trec *ctpu_rec_get(ctpu_tensor t, const char *op, const char *arg, bool quiet_null)
+{
+    if (!ctpu_check_init(op)) return NULL;
+    if (t.id == 0) {
+        if (!quiet_null) ctpu_set_error(CTPU_ERR_NULL_HANDLE, "%s: %s is a null handle", op, arg);
+        return NULL;
+    }
+    uint32_t idx = ctpu_handle_slot(t);
+    if (idx >= ctpu_rt->n_slots) {
+        ctpu_set_error(CTPU_ERR_STALE_HANDLE, "%s: %s is not a handle of this runtime (id %#llx)", op,
+                       arg, (unsigned long long)t.id);
+        return NULL;
+    }
+    ctpu_trec *r = ctpu_slot(idx);
+    if (!r->live || r->gen != ctpu_handle_gen(t)) {
+        ctpu_set_error(CTPU_ERR_STALE_HANDLE,
+                       "%s: %s is a released (stale) handle: its scope ended or it was released", op, arg);
+        return NULL;
+    }
+    return r;
+}
+
+ctpu_tensor ctpu_handle_new(const ctpu_vtype *type, ctpu_buffer *buf, size_t off, const char *op)
+{
+    uint32_t idx;
+    if (!slot_alloc(&idx)) {
+        ctpu_set_error(CTPU_ERR_OOM, "%s: out of tensor handles", op);
+        ctpu_buffer_release(ctpu_rt->dev, buf);
+        return CTPU_NULL;
+    }
+    ctpu_trec *r = ctpu_slot(idx);
+    r->live = true;
+    r->type = *type;
+    r->buf = buf;
+    r->off = off;
+    r->ag = NULL;
+    atomic_fetch_add(&buf->handle_refs, 1);
+    ctpu_tensor t = { ((uint64_t)r->gen << 32) | (idx + 1) };
+    scopes_check_epoch();
+    if (t_sc.depth > 0) {
+        scope_t *s = &t_sc.s[t_sc.depth - 1];
+        r->scope_id = s->id;
+        if (!scope_push_item(s, t.id)) r->scope_id = 0; /* falls back to global */
+    } else {
+        r->scope_id = 0;
+    }
+    return t;
+}
+
+ctpu_tensor ctpu_handle_view(ctpu_trec *rec, const ctpu_vtype *type, size_t off, const char *op)
+{
+    ctpu_buffer_retain(rec->buf);
+    return ctpu_handle_new(type, rec->buf, off, op);
+}
+
+void ctpu_handle_release_rec(ctpu_trec *r, uint32_t idx)
+{
+    ctpu_buffer *b = r->buf;
+    r->live = false;
+    r->gen++;
+    if (r->gen == 0) r->gen = 1;
+    r->buf = NULL;
+    if (b) {
+        atomic_fetch_sub(&b->handle_refs, 1);
+        ctpu_buffer_release(ctpu_rt->dev, b);
+    }
+    slot_free(idx);
+}
+
+ctpu_status ctpu_release(ctpu_tensor t)
+{
+    ctpu_trec *r = ctpu_rec_get(t, "release", "t", false);
+    if (!r) return ctpu_last_status();
+    ctpu_handle_release_rec(r, ctpu_handle_slot(t));
+    return CTPU_OK;
+}
+
+bool ctpu_is_valid(ctpu_tensor t)
+{
+    if (!ctpu_rt || t.id == 0) return false;
+    uint32_t idx = ctpu_handle_slot(t);
+    if (idx >= ctpu_rt->n_slots) return false;
+    ctpu_trec *r = ctpu_slot(idx);
+    return r->live && r->gen == ctpu_handle_gen(t);
+}
+
+void ctpu__tensors_shutdown(ctpu_runtime *rt)
+{
+    for (uint32_t i = 0; i < rt->n_slots; i++) {
+        ctpu_trec *r = &rt->pages[i / CTPU_SLOTS_PER_PAGE][i % CTPU_SLOTS_PER_PAGE];
+        if (r->live) ctpu_handle_release_rec(r, i);
+    }
+    if (t_sc.epoch == rt->epoch) {
+        for (int i = 0; i < MAX_SCOPES; i++) free(t_sc.s[i].items);
+        memset(&t_sc, 0, sizeof t_sc);
+    }
+}
+
+/* ------------------------------------------------------------ queries */
+int ctpu_ndim(ctpu_tensor t)
+{
+    ctpu_trec *r = ctpu_rec_get(t, "ndim", "t", false);
+    return r ? r->type.ndim : -1;
+}
+
+int64_t ctpu_dim(ctpu_tensor t, int d)
+{
+    ctpu_trec *r = ctpu_rec_get(t, "dim", "t", false);
+    if (!r) return -1;
+    int nd = r->type.ndim;
+    if (d < -nd || d >= nd) {
+        char b[128];
+        ctpu_set_error(CTPU_ERR_SHAPE, "dim: d=%d is out of range for t %s", d, ctpu_fmt_type(&r->type, b, sizeof b));
+        return -1;
+    }
+    return r->type.shape[d < 0 ? d + nd : d];
+}
+
+int64_t ctpu_numel(ctpu_tensor t)
+{
+    ctpu_trec *r = ctpu_rec_get(t, "numel", "t", false);
+    return r ? ctpu_vtype_numel(&r->type) : -1;
+}
+
+ctpu_dtype ctpu_dtype_of(ctpu_tensor t)
+{
+    ctpu_trec *r = ctpu_rec_get(t, "dtype_of", "t", false);
+    return r ? (ctpu_dtype)r->type.dtype : CTPU_DTYPE_COUNT;
+}
+
+ctpu_status ctpu_shape(ctpu_tensor t, int64_t out[CTPU_MAX_DIMS], int *ndim)
+{
+    ctpu_trec *r = ctpu_rec_get(t, "shape", "t", false);
+    if (!r) return ctpu_last_status();
+    if (!out || !ndim) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "shape: %s is NULL", out ? "ndim" : "out");
+        return CTPU_ERR_INVALID_ARG;
+    }
+    memcpy(out, r->type.shape, sizeof(int64_t) * r->type.ndim);
+    *ndim = r->type.ndim;
+    return CTPU_OK;
+}
+
+/* ------------------------------------------------------------ scopes */
+static ctpu_status scope_begin(bool step, const char *op)
+{
+    if (!ctpu_check_init(op)) return CTPU_ERR_NOT_INITIALIZED;
+    scopes_check_epoch();
+    if (t_sc.depth == MAX_SCOPES) {
+        ctpu_set_error(CTPU_ERR_STATE, "%s: scopes nest at most %d deep", op, MAX_SCOPES);
+        return CTPU_ERR_STATE;
+    }
+    scope_t *s = &t_sc.s[t_sc.depth++];
+    s->id = atomic_fetch_add(&ctpu_rt->next_scope_id, 1);
+    s->n = 0;
+    s->step = step;
+    return CTPU_OK;
+}
+
+static ctpu_status scope_end(bool step, const char *op)
+{
+    if (!ctpu_check_init(op)) return CTPU_ERR_NOT_INITIALIZED;
+    scopes_check_epoch();
+    if (t_sc.depth == 0) {
+        ctpu_set_error(CTPU_ERR_STATE, "%s: no scope is open", op);
+        return CTPU_ERR_STATE;
+    }
+    scope_t *s = &t_sc.s[t_sc.depth - 1];
+    if (s->step != step) {
+        ctpu_set_error(CTPU_ERR_STATE, "%s: the innermost open scope is a %s scope", op,
+                       s->step ? "step" : "plain");
+        return CTPU_ERR_STATE;
+    }
+    if (step) ctpu_mark_step();
+    for (size_t i = 0; i < s->n; i++) {
+        ctpu_tensor t = { s->items[i] };
+        uint32_t idx = ctpu_handle_slot(t);
+        ctpu_trec *r = ctpu_slot(idx);
+        if (r->live && r->gen == ctpu_handle_gen(t) && r->scope_id == s->id) ctpu_handle_release_rec(r, idx);
+    }
+    s->n = 0;
+    t_sc.depth--;
+    return CTPU_OK;
+}
+
+ctpu_status ctpu_scope_begin(void) { return scope_begin(false, "scope_begin"); }
+ctpu_status ctpu_scope_end(void) { return scope_end(false, "scope_end"); }
+ctpu_status ctpu_step_begin(void) { return scope_begin(true, "step_begin"); }
+ctpu_status ctpu_step_end(void) { return scope_end(true, "step_end"); }
+
+ctpu_status ctpu_mark_step(void)
+{
+    if (!ctpu_check_init("mark_step")) return CTPU_ERR_NOT_INITIALIZED;
+    ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_MARKED_STEPS, 1);
+    return CTPU_OK;
+}
+
+ctpu_tensor ctpu_keep(ctpu_tensor t)
+{
+    ctpu_trec *r = ctpu_rec_get(t, "keep", "t", true);
+    if (!r) return CTPU_NULL;
+    scopes_check_epoch();
+    /* find the scope the handle is in now, move it one level out */
+    int level = -1;
+    for (int i = t_sc.depth - 1; i >= 0; i--)
+        if (t_sc.s[i].id == r->scope_id) { level = i; break; }
+    if (level <= 0) { r->scope_id = 0; return t; }     /* to global */
+    scope_t *parent = &t_sc.s[level - 1];
+    if (!scope_push_item(parent, t.id)) {
+        ctpu_set_error(CTPU_ERR_OOM, "keep: out of host memory");
+        return CTPU_NULL;
+    }
+    r->scope_id = parent->id;
+    return t;
+}
+
+/* ------------------------------------------------------------ host transfers */
+static bool validate_shape(const char *op, int ndim, const int64_t *shape, ctpu_dtype dt, ctpu_vtype *out)
+{
+    if ((unsigned)dt >= CTPU_DTYPE_COUNT) {
+        ctpu_set_error(CTPU_ERR_DTYPE, "%s: dtype %d is not a ctpu_dtype", op, (int)dt);
+        return false;
+    }
+    if (ndim < 0 || ndim > CTPU_MAX_DIMS) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "%s: ndim=%d is outside [0, %d]", op, ndim, CTPU_MAX_DIMS);
+        return false;
+    }
+    if (ndim > 0 && !shape) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: shape is NULL with ndim=%d", op, ndim);
+        return false;
+    }
+    uint64_t n = 1;
+    bool zero = false;
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] < 0) {
+            ctpu_set_error(CTPU_ERR_SHAPE, "%s: shape[%d]=%lld is negative", op, d, (long long)shape[d]);
+            return false;
+        }
+        if (shape[d] == 0) zero = true;
+        else if (!zero && n > (UINT64_C(1) << 56) / (uint64_t)shape[d]) {
+            ctpu_set_error(CTPU_ERR_SHAPE, "%s: shape overflows: element count exceeds 2^56 at dim %d", op, d);
+            return false;
+        }
+        if (!zero) n *= (uint64_t)shape[d];
+    }
+    out->dtype = (uint8_t)dt;
+    out->ndim = (uint8_t)ndim;
+    memset(out->shape, 0, sizeof out->shape);
+    if (ndim) memcpy(out->shape, shape, sizeof(int64_t) * (size_t)ndim);
+    return true;
+}
+
+bool ctpu__validate_shape(const char *op, int ndim, const int64_t *shape, ctpu_dtype dt, ctpu_vtype *out)
+{
+    return validate_shape(op, ndim, shape, dt, out);
+}
+
+ctpu_tensor ctpu_from_host(const void *data, ctpu_dtype dt, int ndim, const int64_t *shape)
+{
+    if (!ctpu_check_init("from_host")) return CTPU_NULL;
+    ctpu_vtype vt;
+    if (!validate_shape("from_host", ndim, shape, dt, &vt)) return CTPU_NULL;
+    size_t bytes = (size_t)ctpu_vtype_numel(&vt) * ctpu_kdt_size(dt);
+    if (!data && bytes) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "from_host: data is NULL for %zu bytes", bytes);
+        return CTPU_NULL;
+    }
+    char err[256];
+    ctpu_buffer *b = ctpu_buffer_alloc(ctpu_rt->dev, bytes, err, sizeof err);
+    if (!b) {
+        char tb[128];
+        ctpu_set_error(CTPU_ERR_OOM, "from_host: %s: %s", ctpu_fmt_type(&vt, tb, sizeof tb), err);
+        return CTPU_NULL;
+    }
+    if (bytes) memcpy(b->data, data, bytes);
+    ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_H2D_BYTES, (long long)bytes);
+    return ctpu_handle_new(&vt, b, 0, "from_host");
+}
+
+ctpu_status ctpu_to_host(ctpu_tensor t, void *dst, size_t dst_bytes)
+{
+    ctpu_trec *r = ctpu_rec_get(t, "to_host", "t", false);
+    if (!r) return ctpu_last_status();
+    size_t bytes = (size_t)ctpu_vtype_numel(&r->type) * ctpu_kdt_size(r->type.dtype);
+    char tb[128];
+    if (!dst && bytes) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "to_host: dst is NULL for t %s", ctpu_fmt_type(&r->type, tb, sizeof tb));
+        return CTPU_ERR_INVALID_ARG;
+    }
+    if (dst_bytes < bytes) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "to_host: dst_bytes=%zu is less than the %zu bytes of t %s",
+                       dst_bytes, bytes, ctpu_fmt_type(&r->type, tb, sizeof tb));
+        return CTPU_ERR_INVALID_ARG;
+    }
+    ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_HOST_READS, 1);
+    ctpu_device_wait(ctpu_rt->dev, 0);
+    unsigned f = atomic_load(&r->buf->fault);
+    if (f) {
+        const ctpu_fault_rec *fr = ctpu_device_fault(ctpu_rt->dev, f);
+        ctpu_set_error(fr->status, "%s", fr->msg);
+        ctpu_device_take_error(ctpu_rt->dev, NULL, 0); /* reported here */
+        return fr->status;
+    }
+    if (bytes) memcpy(dst, (char *)r->buf->data + r->off, bytes);
+    ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_D2H_BYTES, (long long)bytes);
+    return CTPU_OK;
+}
+
+ctpu_status ctpu_item(ctpu_tensor t, double *out)
+{
+    ctpu_trec *r = ctpu_rec_get(t, "item", "t", false);
+    if (!r) return ctpu_last_status();
+    char tb[128];
+    if (!out) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "item: out is NULL");
+        return CTPU_ERR_INVALID_ARG;
+    }
+    if (ctpu_vtype_numel(&r->type) != 1) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "item: t is %s: item needs exactly one element",
+                       ctpu_fmt_type(&r->type, tb, sizeof tb));
+        return CTPU_ERR_SHAPE;
+    }
+    union { float f; uint16_t h; int32_t i; } v;
+    ctpu_status st = ctpu_to_host(t, &v, sizeof v);
+    if (st != CTPU_OK) return st;
+    *out = r->type.dtype == CTPU_F32 ? (double)v.f : r->type.dtype == CTPU_BF16 ? (double)ctpu_bf16_to_f32(v.h) : (double)v.i;
+    return CTPU_OK;
+}
+
+/* ------------------------------------------------------------ assign */
+ctpu_status ctpu_assign(ctpu_tensor dst, ctpu_tensor src)
+{
+    ctpu_trec *d = ctpu_rec_get(dst, "assign", "dst", false);
+    if (!d) return ctpu_last_status();
+    ctpu_trec *s = ctpu_rec_get(src, "assign", "src", false);
+    if (!s) return ctpu_last_status();
+    char ta[128], tb[128];
+    if (d->type.dtype != s->type.dtype) {
+        ctpu_set_error(CTPU_ERR_DTYPE, "assign: dst is %s, src is %s: dtypes differ",
+                       ctpu_fmt_type(&d->type, ta, sizeof ta), ctpu_fmt_type(&s->type, tb, sizeof tb));
+        return CTPU_ERR_DTYPE;
+    }
+    bool same = d->type.ndim == s->type.ndim;
+    for (int i = 0; same && i < d->type.ndim; i++) same = d->type.shape[i] == s->type.shape[i];
+    if (!same) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "assign: dst is %s, src is %s: shapes differ",
+                       ctpu_fmt_type(&d->type, ta, sizeof ta), ctpu_fmt_type(&s->type, tb, sizeof tb));
+        return CTPU_ERR_SHAPE;
+    }
+    if (d->buf == s->buf && d->off == s->off) return CTPU_OK;
+    ctpu_node node = { .op = CTPU_OP_COPY, .n_in = 1, .out = d->type };
+    ctpu_trec *in[1] = { s };
+    if (atomic_load(&d->buf->handle_refs) == 1) {
+        /* in place: the stream is in order, reads already enqueued see the old value */
+        ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_ASSIGN_IN_PLACE, 1);
+        return ctpu_dispatch_into(&node, in, NULL, d->buf, d->off);
+    }
+    /* copy-on-write: dst gets a buffer of its own */
+    size_t bytes = (size_t)ctpu_vtype_numel(&d->type) * ctpu_kdt_size(d->type.dtype);
+    char err[256];
+    ctpu_buffer *nb = ctpu_buffer_alloc(ctpu_rt->dev, bytes, err, sizeof err);
+    if (!nb) {
+        ctpu_set_error(CTPU_ERR_OOM, "assign: dst %s: %s", ctpu_fmt_type(&d->type, ta, sizeof ta), err);
+        return CTPU_ERR_OOM;
+    }
+    ctpu_status st = ctpu_dispatch_into(&node, in, NULL, nb, 0);
+    if (st != CTPU_OK) { ctpu_buffer_release(ctpu_rt->dev, nb); return st; }
+    ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_ASSIGN_COPY, 1);
+    ctpu_buffer *old = d->buf;
+    atomic_fetch_add(&nb->handle_refs, 1);
+    d->buf = nb;
+    d->off = 0;
+    atomic_fetch_sub(&old->handle_refs, 1);
+    ctpu_buffer_release(ctpu_rt->dev, old);
+    return CTPU_OK;
+}
+
+/* ------------------------------------------------------------ randomness */
+void ctpu_manual_seed(uint64_t seed)
+{
+    if (!ctpu_rt) return;
+    pthread_mutex_lock(&ctpu_rt->rng_mu);
+    ctpu_rt->rng_seed = seed;
+    ctpu_rt->rng_offset = 0;
+    pthread_mutex_unlock(&ctpu_rt->rng_mu);
+}
+
+ctpu_status ctpu_rng_get_state(uint64_t *seed, uint64_t *offset)
+{
+    if (!ctpu_check_init("rng_get_state")) return CTPU_ERR_NOT_INITIALIZED;
+    if (!seed || !offset) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "rng_get_state: %s is NULL", seed ? "offset" : "seed");
+        return CTPU_ERR_INVALID_ARG;
+    }
+    pthread_mutex_lock(&ctpu_rt->rng_mu);
+    *seed = ctpu_rt->rng_seed;
+    *offset = ctpu_rt->rng_offset;
+    pthread_mutex_unlock(&ctpu_rt->rng_mu);
+    return CTPU_OK;
+}
+
+ctpu_status ctpu_rng_set_state(uint64_t seed, uint64_t offset)
+{
+    if (!ctpu_check_init("rng_set_state")) return CTPU_ERR_NOT_INITIALIZED;
+    pthread_mutex_lock(&ctpu_rt->rng_mu);
+    ctpu_rt->rng_seed = seed;
+    ctpu_rt->rng_offset = offset;
+    pthread_mutex_unlock(&ctpu_rt->rng_mu);
+    return CTPU_OK;
+}
+
+void ctpu__rng_take(uint64_t n, uint64_t *seed, uint64_t *offset)
+{
+    pthread_mutex_lock(&ctpu_rt->rng_mu);
+    *seed = ctpu_rt->rng_seed;
+    *offset = ctpu_rt->rng_offset;
+    ctpu_rt->rng_offset += n;
+    pthread_mutex_unlock(&ctpu_rt->rng_mu);
+}

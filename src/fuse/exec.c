@@ -1,0 +1,749 @@
+/* Kernel entries: one per op kind, run by the executor on the device thread.
+ * A step's data (ctpu_step_data) is validated when the program is built, so
+ * these run unchecked (STYLE.md "Validate once, run unchecked"). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "exec.h"
+
+/* ------------------------------------------------------------ helpers */
+static void contig_strides(const ctpu_vtype *t, int64_t *st)
+{
+    int64_t s = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) { st[d] = s; s *= t->shape[d]; }
+}
+
+static inline double bits_to_double(uint64_t u) { double d; memcpy(&d, &u, 8); return d; }
+static inline uint64_t double_to_bits(double d) { uint64_t u; memcpy(&u, &d, 8); return u; }
+uint64_t ctpu_scalar_bits(double d) { return double_to_bits(d); }
+double ctpu_bits_scalar(uint64_t u) { return bits_to_double(u); }
+
+static void to_f32(const void *src, int dt, float *dst, int64_t n)
+{
+    if (dt == CTPU_KDT_F32) memcpy(dst, src, (size_t)n * 4);
+    else if (dt == CTPU_KDT_BF16) ctpu_k_bf16_to_f32(src, dst, n);
+    else ctpu_k_i32_to_f32(src, dst, n);
+}
+
+static void from_f32(const float *src, int dt, void *dst, int64_t n)
+{
+    if (dt == CTPU_KDT_F32) { if ((const void *)src != dst) memmove(dst, src, (size_t)n * 4); }
+    else if (dt == CTPU_KDT_BF16) ctpu_k_f32_to_bf16(src, dst, n);
+    else ctpu_k_f32_to_i32(src, dst, n);
+}
+
+static inline float load_f32(const void *p, int dt, int64_t i)
+{
+    if (dt == CTPU_KDT_F32) return ((const float *)p)[i];
+    if (dt == CTPU_KDT_BF16) return ctpu_bf16_to_f32(((const uint16_t *)p)[i]);
+    return (float)((const int32_t *)p)[i];
+}
+
+/* --------------------------------------------------- elementwise engine
+ * Broadcast strides of each operand against the output, adjacent dims
+ * collapsed; then the output is walked in blocks of CTPU_K_BLOCK elements
+ * (numexpr's design): operands are loaded into f32 blocks, the kernel runs
+ * on the block, the result is stored with one rounding to the output dtype. */
+typedef struct {
+    int nd;
+    int64_t shape[8];
+    int64_t stride[4][8];   /* operand strides (elements); [0..n_in) */
+    int n_in;
+    int mode[4];            /* 0 contiguous, 1 constant, 2 strided */
+} bcast_plan;
+
+static void plan_bcast(const ctpu_step_data *sd, bcast_plan *p)
+{
+    const ctpu_vtype *out = &sd->node.out;
+    int nd = out->ndim;
+    int64_t st[4][8];
+    p->n_in = sd->node.n_in;
+    for (int i = 0; i < p->n_in; i++) {
+        const ctpu_vtype *in = &sd->in[i];
+        int64_t cs[8];
+        contig_strides(in, cs);
+        for (int d = 0; d < nd; d++) {
+            int id = d - (nd - in->ndim);
+            st[i][d] = (id < 0 || in->shape[id] == 1) ? 0 : cs[id];
+        }
+    }
+    /* collapse dims d and d+1 when every operand is "continuous" across them */
+    int64_t shape[8];
+    int64_t cst[4][8];
+    int k = 0;
+    for (int d = 0; d < nd; d++) {
+        if (out->shape[d] == 1) continue;   /* extent-1 dims carry nothing */
+        if (k > 0) {
+            bool ok = true;
+            for (int i = 0; i < p->n_in; i++)
+                if (cst[i][k - 1] != st[i][d] * out->shape[d]) { ok = false; break; }
+            if (ok) {
+                shape[k - 1] *= out->shape[d];
+                for (int i = 0; i < p->n_in; i++) cst[i][k - 1] = st[i][d];
+                continue;
+            }
+        }
+        shape[k] = out->shape[d];
+        for (int i = 0; i < p->n_in; i++) cst[i][k] = st[i][d];
+        k++;
+    }
+    p->nd = k;
+    memcpy(p->shape, shape, sizeof(int64_t) * (size_t)k);
+    for (int i = 0; i < p->n_in; i++) {
+        memcpy(p->stride[i], cst[i], sizeof(int64_t) * (size_t)k);
+        bool zero = true, contig = true;
+        int64_t s = 1;
+        for (int d = k - 1; d >= 0; d--) {
+            if (cst[i][d] != 0) zero = false;
+            if (cst[i][d] != s) contig = false;
+            s *= shape[d];
+        }
+        p->mode[i] = contig ? 0 : zero ? 1 : 2;
+    }
+}
+
+static void load_strided(const void *base, int dt, const bcast_plan *p, int opnd, int64_t start,
+                         int64_t n, float *dst)
+{
+    int nd = p->nd;
+    int64_t idx[8], off = 0, rem = start;
+    const int64_t *st = p->stride[opnd];
+    for (int d = nd - 1; d >= 0; d--) {
+        idx[d] = rem % p->shape[d];
+        rem /= p->shape[d];
+        off += idx[d] * st[d];
+    }
+    int64_t last = p->shape[nd - 1], ls = st[nd - 1];
+    for (int64_t k = 0; k < n;) {
+        int64_t run = last - idx[nd - 1];
+        if (run > n - k) run = n - k;
+        if (ls == 0) {
+            float v = load_f32(base, dt, off);
+            for (int64_t j = 0; j < run; j++) dst[k + j] = v;
+        } else if (ls == 1) {
+            const char *b = (const char *)base + (size_t)off * ctpu_kdt_size(dt);
+            to_f32(b, dt, dst + k, run);
+        } else {
+            for (int64_t j = 0; j < run; j++) dst[k + j] = load_f32(base, dt, off + j * ls);
+        }
+        k += run;
+        off += run * ls;
+        idx[nd - 1] += run;
+        for (int d = nd - 1; d > 0 && idx[d] == p->shape[d]; d--) {
+            off -= idx[d] * st[d];
+            idx[d] = 0;
+            idx[d - 1]++;
+            off += st[d - 1];
+        }
+    }
+}
+
+/* Load operand `opnd` for output elements [start, start+n) as f32. Returns a
+ * pointer to the data (dst, or the operand itself when it is contiguous f32). */
+static const float *load_block(const void *base, int dt, const bcast_plan *p, int opnd,
+                               int64_t start, int64_t n, float *dst)
+{
+    if (p->nd == 0 || p->mode[opnd] == 1) {
+        float v = load_f32(base, dt, 0);
+        for (int64_t j = 0; j < n; j++) dst[j] = v;
+        return dst;
+    }
+    if (p->mode[opnd] == 0) {
+        if (dt == CTPU_KDT_F32) return (const float *)base + start;
+        to_f32((const char *)base + (size_t)start * ctpu_kdt_size(dt), dt, dst, n);
+        return dst;
+    }
+    load_strided(base, dt, p, opnd, start, n, dst);
+    return dst;
+}
+
+typedef struct {
+    const ctpu_step_data *sd;
+    ctpu_exec_ctx *ctx;
+    bcast_plan plan;
+    int64_t total;
+} ew_job;
+
+static void ew_compute_float(const ctpu_step_data *sd, const float *const *x, float *y, int64_t n,
+                             const double *scal)
+{
+    const ctpu_node *nd = &sd->node;
+    uint32_t kind = ctpu_op_infos[nd->op].kind;
+    int kop = ctpu_op_infos[nd->op].kop;
+    if (kind & CTPU_OPK_UNARY) ctpu_k_unary((ctpu_k_unary_op)kop, x[0], y, n);
+    else if (kind & CTPU_OPK_BINARY) ctpu_k_binary((ctpu_k_binary_op)kop, x[0], x[1], y, n);
+    else if (kind & CTPU_OPK_SCALAR)
+        ctpu_k_binary_scalar((ctpu_k_binary_op)kop, x[0], (float)scal[sd->scalar_base],
+                             (nd->attr.flags & CTPU_ATTR_SCALAR_FIRST) != 0, y, n);
+    else if (nd->op == CTPU_OP_WHERE) ctpu_k_where(x[0], x[1], x[2], y, n);
+    else if (nd->op == CTPU_OP_CLAMP)
+        ctpu_k_clamp(x[0], (float)scal[sd->scalar_base], (float)scal[sd->scalar_base + 1], y, n);
+    else /* CAST */ memcpy(y, x[0], (size_t)n * 4);
+}
+
+/* i32 results (and i32-vs-i32 comparisons) are computed exactly in int64
+ * (wrapping to int32 as PyTorch does); scalars in double. */
+static inline int64_t load_i64(const void *p, int dt, int64_t i)
+{
+    if (dt == CTPU_KDT_I32) return ((const int32_t *)p)[i];
+    return (int64_t)ctpu_f32_to_i32(load_f32(p, dt, i));
+}
+
+static void ew_compute_int(const ctpu_step_data *sd, const void *const *in, const bcast_plan *p,
+                           int64_t start, int64_t n, void *out, const double *scal)
+{
+    const ctpu_node *nd = &sd->node;
+    uint32_t kind = ctpu_op_infos[nd->op].kind;
+    int kop = ctpu_op_infos[nd->op].kop;
+    int64_t idx[8] = {0};
+    int nin = nd->n_in;
+    int64_t rem = start;
+    for (int d = p->nd - 1; d >= 0; d--) { idx[d] = rem % p->shape[d]; rem /= p->shape[d]; }
+    for (int64_t j = 0; j < n; j++) {
+        int64_t off[4] = {0};
+        for (int i = 0; i < nin; i++)
+            for (int d = 0; d < p->nd; d++) off[i] += idx[d] * p->stride[i][d];
+        int64_t a = nin > 0 ? load_i64(in[0], sd->in[0].dtype, off[0]) : 0;
+        int64_t b = nin > 1 ? load_i64(in[1], sd->in[1].dtype, off[1]) : 0;
+        double r = 0;
+        bool is_int = true;
+        int64_t ri = 0;
+        if (kind & (CTPU_OPK_BINARY | CTPU_OPK_SCALAR)) {
+            double bs = (kind & CTPU_OPK_SCALAR) ? scal[sd->scalar_base] : (double)b;
+            double ad = (double)a;
+            if ((kind & CTPU_OPK_SCALAR) && (nd->attr.flags & CTPU_ATTR_SCALAR_FIRST)) {
+                double t = ad; ad = bs; bs = t;
+            }
+            bool scalar = (kind & CTPU_OPK_SCALAR) != 0;
+            switch (kop) {
+            case CTPU_K_B_ADD: if (scalar) { r = ad + bs; is_int = false; } else ri = (int64_t)((uint64_t)a + (uint64_t)b); break;
+            case CTPU_K_B_SUB: if (scalar) { r = ad - bs; is_int = false; } else ri = (int64_t)((uint64_t)a - (uint64_t)b); break;
+            case CTPU_K_B_MUL: if (scalar) { r = ad * bs; is_int = false; } else ri = (int64_t)((uint64_t)a * (uint64_t)b); break;
+            case CTPU_K_B_MAX: r = ad > bs ? ad : bs; is_int = false; break;
+            case CTPU_K_B_MIN: r = ad < bs ? ad : bs; is_int = false; break;
+            case CTPU_K_B_EQ: r = ad == bs; is_int = false; break;
+            case CTPU_K_B_NE: r = ad != bs; is_int = false; break;
+            case CTPU_K_B_LT: r = ad < bs; is_int = false; break;
+            case CTPU_K_B_LE: r = ad <= bs; is_int = false; break;
+            case CTPU_K_B_GT: r = ad > bs; is_int = false; break;
+            case CTPU_K_B_GE: r = ad >= bs; is_int = false; break;
+            default: r = 0; is_int = false; break;
+            }
+        } else if (nd->op == CTPU_OP_NEG) {
+            ri = (int64_t)(0 - (uint64_t)a);
+        } else if (nd->op == CTPU_OP_ABS) {
+            ri = a < 0 ? (int64_t)(0 - (uint64_t)a) : a;
+        } else if (nd->op == CTPU_OP_RELU) {
+            ri = a > 0 ? a : 0;
+        } else if (nd->op == CTPU_OP_WHERE) {
+            float c = load_f32(in[0], sd->in[0].dtype, off[0]);
+            int64_t bb = load_i64(in[2], sd->in[2].dtype, off[2]);
+            int64_t aa = load_i64(in[1], sd->in[1].dtype, off[1]);
+            ri = c != 0.0f || c != c ? aa : bb;
+        } else if (nd->op == CTPU_OP_CLAMP) {
+            double lo = scal[sd->scalar_base], hi = scal[sd->scalar_base + 1];
+            double v = (double)a;
+            v = v < lo ? lo : v;
+            v = v > hi ? hi : v;
+            r = v;
+            is_int = false;
+        } else { /* CAST to i32 from i32 */
+            ri = a;
+        }
+        if (nd->out.dtype == CTPU_KDT_I32) {
+            int32_t v;
+            if (is_int) v = (int32_t)(uint32_t)(uint64_t)ri;
+            else v = r != r ? 0 : r >= 2147483647.0 ? INT32_MAX : r <= -2147483648.0 ? INT32_MIN : (int32_t)r;
+            ((int32_t *)out)[start + j] = v;
+        } else {
+            float v = is_int ? (float)ri : (float)r;
+            if (nd->out.dtype == CTPU_KDT_F32) ((float *)out)[start + j] = v;
+            else ((uint16_t *)out)[start + j] = ctpu_f32_to_bf16(v);
+        }
+        for (int d = p->nd - 1; d >= 0; d--) {
+            if (++idx[d] < p->shape[d]) break;
+            idx[d] = 0;
+        }
+    }
+}
+
+static bool ew_int_path(const ctpu_step_data *sd)
+{
+    const ctpu_node *nd = &sd->node;
+    if (nd->out.dtype == CTPU_KDT_I32) return true;
+    if (ctpu_op_is(nd->op, CTPU_OPK_COMPARE)) {
+        for (int i = 0; i < nd->n_in; i++)
+            if (sd->in[i].dtype != CTPU_KDT_I32) return false;
+        return true;
+    }
+    return false;
+}
+
+static void ew_range(ew_job *j, int64_t b0, int64_t b1)
+{
+    const ctpu_step_data *sd = j->sd;
+    ctpu_exec_ctx *ctx = j->ctx;
+    const void *in[4];
+    for (int i = 0; i < sd->node.n_in; i++) in[i] = ctx->ptr[sd->in_slot[i]];
+    void *out = ctx->ptr[sd->out_slot];
+    int odt = sd->node.out.dtype;
+    if (ew_int_path(sd)) {
+        ew_compute_int(sd, in, &j->plan, b0, b1 - b0, out, ctx->scalars);
+        return;
+    }
+    float tmp[4][CTPU_K_BLOCK];
+    float ybuf[CTPU_K_BLOCK];
+    for (int64_t s = b0; s < b1; s += CTPU_K_BLOCK) {
+        int64_t n = b1 - s < CTPU_K_BLOCK ? b1 - s : CTPU_K_BLOCK;
+        const float *x[4];
+        for (int i = 0; i < sd->node.n_in; i++)
+            x[i] = load_block(in[i], sd->in[i].dtype, &j->plan, i, s, n, tmp[i]);
+        float *y = odt == CTPU_KDT_F32 ? (float *)out + s : ybuf;
+        ew_compute_float(sd, x, y, n, ctx->scalars);
+        if (odt != CTPU_KDT_F32) from_f32(y, odt, (char *)out + (size_t)s * ctpu_kdt_size(odt), n);
+    }
+}
+
+static void ew_task(void *p, int tid, int nt)
+{
+    ew_job *j = p;
+    int64_t nblocks = (j->total + CTPU_K_BLOCK - 1) / CTPU_K_BLOCK;
+    int64_t b0 = nblocks * tid / nt, b1 = nblocks * (tid + 1) / nt;
+    int64_t e0 = b0 * CTPU_K_BLOCK, e1 = b1 * CTPU_K_BLOCK;
+    if (e1 > j->total) e1 = j->total;
+    if (e0 < e1) ew_range(j, e0, e1);
+}
+
+static void exec_elementwise(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_step_data *sd = data;
+    ew_job j = { sd, ctx, {0}, ctpu_vtype_numel(&sd->node.out) };
+    if (j.total == 0) return;
+    plan_bcast(sd, &j.plan);
+    if (j.total >= (1 << 16) && ctx->pool && ctx->pool->nthreads > 1 && !ew_int_path(sd))
+        ctx->pool->run(ctx->pool, ew_task, &j);
+    else
+        ew_range(&j, 0, j.total);
+}
+
+/* ------------------------------------------------------------ reductions */
+/* Bring x (type t) into f32 with the reduced dims (mask) gathered: returns
+ * [outer, n, inner] views. Allocates *tmp when a copy is needed. */
+static const float *reduce_layout(const void *x, const ctpu_vtype *t, uint32_t mask, int64_t *outer,
+                                  int64_t *n, int64_t *inner, float **tmp)
+{
+    int nd = t->ndim;
+    int first = -1, last = -1;
+    for (int d = 0; d < nd; d++)
+        if (mask & (1u << d)) { if (first < 0) first = d; last = d; }
+    bool contiguous_group = true;
+    for (int d = first; d >= 0 && d <= last; d++)
+        if (!(mask & (1u << d)) && t->shape[d] != 1) contiguous_group = false;
+    int64_t numel = ctpu_vtype_numel(t);
+    *tmp = NULL;
+    if (first < 0) { *outer = numel; *n = 1; *inner = 1; }
+    else if (contiguous_group) {
+        int64_t o = 1, r = 1, i = 1;
+        for (int d = 0; d < first; d++) o *= t->shape[d];
+        for (int d = first; d <= last; d++) r *= t->shape[d];
+        for (int d = last + 1; d < nd; d++) i *= t->shape[d];
+        *outer = o; *n = r; *inner = i;
+    } else {
+        /* move reduced dims last (kept order preserved) */
+        int perm[8], k = 0;
+        int64_t cs[8], shape[8], sst[8], dst_st[8];
+        contig_strides(t, cs);
+        int64_t o = 1, r = 1;
+        for (int d = 0; d < nd; d++) if (!(mask & (1u << d))) { perm[k++] = d; o *= t->shape[d]; }
+        for (int d = 0; d < nd; d++) if (mask & (1u << d)) { perm[k++] = d; r *= t->shape[d]; }
+        for (int d = 0; d < nd; d++) { shape[d] = t->shape[perm[d]]; sst[d] = cs[perm[d]]; }
+        int64_t s = 1;
+        for (int d = nd - 1; d >= 0; d--) { dst_st[d] = s; s *= shape[d]; }
+        *tmp = malloc((size_t)(numel ? numel : 1) * 4);
+        if (t->dtype == CTPU_KDT_F32) {
+            ctpu_k_strided_copy(x, sst, *tmp, dst_st, shape, nd, 4);
+        } else {
+            float *conv = malloc((size_t)(numel ? numel : 1) * 4);
+            to_f32(x, t->dtype, conv, numel);
+            ctpu_k_strided_copy(conv, sst, *tmp, dst_st, shape, nd, 4);
+            free(conv);
+        }
+        *outer = o; *n = r; *inner = 1;
+        return *tmp;
+    }
+    if (t->dtype == CTPU_KDT_F32) return x;
+    *tmp = malloc((size_t)(numel ? numel : 1) * 4);
+    to_f32(x, t->dtype, *tmp, numel);
+    return *tmp;
+}
+
+static uint32_t dims_mask(const ctpu_attrs *a)
+{
+    uint32_t m = 0;
+    for (int i = 0; i < a->n_dims; i++) m |= 1u << a->dims[i];
+    return m;
+}
+
+static void exec_reduction(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_step_data *sd = data;
+    const ctpu_node *nd = &sd->node;
+    const ctpu_vtype *t = &sd->in[0];
+    void *out = ctx->ptr[sd->out_slot];
+    int64_t outer, n, inner;
+    float *tmp;
+    const float *x = reduce_layout(ctx->ptr[sd->in_slot[0]], t, dims_mask(&nd->attr), &outer, &n,
+                                   &inner, &tmp);
+    int64_t on = outer * inner;
+    float *y = nd->out.dtype == CTPU_KDT_F32 ? out : malloc((size_t)(on ? on : 1) * 4);
+    switch (nd->op) {
+    case CTPU_OP_SUM:
+        ctpu_k_reduce(CTPU_K_RED_SUM, x, outer, n, inner, y, ctx->pool);
+        break;
+    case CTPU_OP_MEAN:
+        ctpu_k_reduce(CTPU_K_RED_SUM, x, outer, n, inner, y, ctx->pool);
+        ctpu_k_binary_scalar(CTPU_K_B_DIV, y, (float)n, false, y, on);
+        break;
+    case CTPU_OP_MAX: ctpu_k_reduce(CTPU_K_RED_MAX, x, outer, n, inner, y, ctx->pool); break;
+    case CTPU_OP_MIN: ctpu_k_reduce(CTPU_K_RED_MIN, x, outer, n, inner, y, ctx->pool); break;
+    case CTPU_OP_VAR: {
+        float *mean = malloc((size_t)(on ? on : 1) * 4);
+        ctpu_k_reduce(CTPU_K_RED_SUM, x, outer, n, inner, mean, ctx->pool);
+        ctpu_k_binary_scalar(CTPU_K_B_DIV, mean, (float)n, false, mean, on);
+        ctpu_k_sqdev(x, mean, outer, n, inner, y, ctx->pool);
+        ctpu_k_binary_scalar(CTPU_K_B_DIV, y, (float)(n - nd->attr.i64[0]), false, y, on);
+        free(mean);
+        break;
+    }
+    case CTPU_OP_ARGMAX:
+        ctpu_k_argmax(x, outer, n, inner, (int32_t *)out, false);
+        break;
+    default: break;
+    }
+    if (nd->op != CTPU_OP_ARGMAX && y != out) {
+        from_f32(y, nd->out.dtype, out, on);
+        free(y);
+    } else if (y != out) {
+        free(y);
+    }
+    free(tmp);
+}
+
+static void exec_softmax(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_step_data *sd = data;
+    const ctpu_node *nd = &sd->node;
+    const ctpu_vtype *t = &sd->in[0];
+    int dim = nd->attr.dims[0];
+    int64_t numel = ctpu_vtype_numel(t);
+    if (numel == 0) return;
+    bool log = nd->op == CTPU_OP_LOG_SOFTMAX;
+    void *out = ctx->ptr[sd->out_slot];
+    const void *xin = ctx->ptr[sd->in_slot[0]];
+    int64_t n = t->shape[dim], inner = 1;
+    for (int d = dim + 1; d < t->ndim; d++) inner *= t->shape[d];
+    int64_t rows = numel / n;
+    float *xf = (t->dtype == CTPU_KDT_F32 && inner == 1) ? (float *)xin : malloc((size_t)numel * 4);
+    if (inner == 1) {
+        if (xf != xin) to_f32(xin, t->dtype, xf, numel);
+    } else {
+        /* [outer, n, inner] -> [outer, inner, n] */
+        float *conv = NULL;
+        const float *src = xin;
+        if (t->dtype != CTPU_KDT_F32) {
+            conv = malloc((size_t)numel * 4);
+            to_f32(xin, t->dtype, conv, numel);
+            src = conv;
+        }
+        int64_t outer = numel / (n * inner);
+        int64_t shape[3] = { outer, inner, n }, sst[3] = { n * inner, 1, inner }, dst[3] = { n * inner, n, 1 };
+        ctpu_k_strided_copy(src, sst, xf, dst, shape, 3, 4);
+        free(conv);
+    }
+    float *y = malloc((size_t)numel * 4);
+    ctpu_k_softmax(xf, rows, n, y, log, ctx->pool);
+    if (inner == 1) {
+        from_f32(y, nd->out.dtype, out, numel);
+    } else {
+        int64_t outer = numel / (n * inner);
+        int64_t shape[3] = { outer, n, inner }, sst[3] = { n * inner, 1, n }, dst[3] = { n * inner, inner, 1 };
+        ctpu_k_strided_copy(y, sst, xf, dst, shape, 3, 4);
+        from_f32(xf, nd->out.dtype, out, numel);
+    }
+    free(y);
+    if (xf != xin) free(xf);
+}
+
+/* ------------------------------------------------------------ movement */
+static void exec_copy(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_step_data *sd = data;
+    size_t bytes = (size_t)ctpu_vtype_numel(&sd->node.out) * ctpu_kdt_size(sd->node.out.dtype);
+    void *dst = ctx->ptr[sd->out_slot];
+    const void *src = ctx->ptr[sd->in_slot[0]];
+    if (dst != src && bytes) memmove(dst, src, bytes);
+}
+
+static void exec_permute(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_step_data *sd = data;
+    const ctpu_node *nd = &sd->node;
+    int64_t cs[8], sst[8], dst[8];
+    contig_strides(&sd->in[0], cs);
+    for (int d = 0; d < nd->out.ndim; d++) sst[d] = cs[nd->attr.dims[d]];
+    contig_strides(&nd->out, dst);
+    if (ctpu_vtype_numel(&nd->out) == 0) return;
+    ctpu_k_strided_copy(ctx->ptr[sd->in_slot[0]], sst, ctx->ptr[sd->out_slot], dst, nd->out.shape,
+                        nd->out.ndim, ctpu_kdt_size(nd->out.dtype));
+}
+
+static void exec_slice(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_step_data *sd = data;
+    const ctpu_node *nd = &sd->node;
+    int dim = nd->attr.dims[0];
+    int64_t start = nd->attr.i64[0], step = nd->attr.i64[2];
+    int64_t cs[8], dst[8];
+    contig_strides(&sd->in[0], cs);
+    contig_strides(&nd->out, dst);
+    if (ctpu_vtype_numel(&nd->out) == 0) return;
+    size_t es = ctpu_kdt_size(nd->out.dtype);
+    const char *src = (const char *)ctx->ptr[sd->in_slot[0]] + (size_t)(start * cs[dim]) * es;
+    cs[dim] *= step;
+    ctpu_k_strided_copy(src, cs, ctx->ptr[sd->out_slot], dst, nd->out.shape, nd->out.ndim, es);
+}
+
+static void exec_concat(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_step_data *sd = data;
+    const ctpu_node *nd = &sd->node;
+    int dim = nd->attr.extra;
+    int64_t dst[8];
+    contig_strides(&nd->out, dst);
+    size_t es = ctpu_kdt_size(nd->out.dtype);
+    int64_t at = 0;
+    for (int i = 0; i < nd->n_in; i++) {
+        const ctpu_vtype *t = &sd->in[i];
+        int64_t cs[8];
+        contig_strides(t, cs);
+        if (ctpu_vtype_numel(t) > 0)
+            ctpu_k_strided_copy(ctx->ptr[sd->in_slot[i]], cs,
+                                (char *)ctx->ptr[sd->out_slot] + (size_t)(at * dst[dim]) * es, dst,
+                                t->shape, t->ndim, es);
+        at += t->shape[dim];
+    }
+}
+
+static void exec_expand(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_step_data *sd = data;
+    const ctpu_node *nd = &sd->node;
+    const ctpu_vtype *t = &sd->in[0];
+    int64_t cs[8], sst[8], dst[8];
+    contig_strides(t, cs);
+    int nd_out = nd->out.ndim;
+    for (int d = 0; d < nd_out; d++) {
+        int id = d - (nd_out - t->ndim);
+        sst[d] = (id < 0 || t->shape[id] == 1) ? 0 : cs[id];
+    }
+    contig_strides(&nd->out, dst);
+    if (ctpu_vtype_numel(&nd->out) == 0) return;
+    ctpu_k_strided_copy(ctx->ptr[sd->in_slot[0]], sst, ctx->ptr[sd->out_slot], dst, nd->out.shape,
+                        nd_out, ctpu_kdt_size(nd->out.dtype));
+}
+
+static void exec_embedding(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_step_data *sd = data;
+    const ctpu_vtype *w = &sd->in[0];
+    int64_t n = ctpu_vtype_numel(&sd->in[1]);
+    int64_t bad_pos = 0, bad_val = 0;
+    int64_t bad = ctpu_k_embedding(ctx->ptr[sd->in_slot[0]], w->shape[0], w->shape[1],
+                                   ctpu_kdt_size(w->dtype), ctx->ptr[sd->in_slot[1]], n,
+                                   ctx->ptr[sd->out_slot], &bad_pos, &bad_val);
+    if (bad) {
+        ctx->fault_status = CTPU_ERR_DEVICE_FAULT;
+        snprintf(ctx->fault_msg, sizeof ctx->fault_msg,
+                 "embedding: index %lld at position %lld is out of range [0, %lld) for weight "
+                 "%s[%lld,%lld] (%lld bad indices)",
+                 (long long)bad_val, (long long)bad_pos, (long long)w->shape[0],
+                 w->dtype == CTPU_KDT_BF16 ? "bf16" : "f32", (long long)w->shape[0],
+                 (long long)w->shape[1], (long long)bad);
+    }
+}
+
+static void exec_gather(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_step_data *sd = data;
+    const ctpu_node *nd = &sd->node;
+    const ctpu_vtype *a = &sd->in[0], *it = &sd->in[1];
+    int dim = nd->attr.extra, ndim = a->ndim;
+    int64_t as[8];
+    contig_strides(a, as);
+    size_t es = ctpu_kdt_size(a->dtype);
+    const char *src = ctx->ptr[sd->in_slot[0]];
+    const int32_t *idx = ctx->ptr[sd->in_slot[1]];
+    char *out = ctx->ptr[sd->out_slot];
+    int64_t n = ctpu_vtype_numel(it), pos[8] = {0}, nbad = 0, bad_pos = 0, bad_val = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t v = idx[i], off = 0;
+        if (v < 0 || v >= a->shape[dim]) {
+            if (nbad++ == 0) { bad_pos = i; bad_val = v; }
+            memset(out + (size_t)i * es, 0, es);
+        } else {
+            for (int d = 0; d < ndim; d++) off += (d == dim ? v : pos[d]) * as[d];
+            memcpy(out + (size_t)i * es, src + (size_t)off * es, es);
+        }
+        for (int d = ndim - 1; d >= 0; d--) {
+            if (++pos[d] < it->shape[d]) break;
+            pos[d] = 0;
+        }
+    }
+    if (nbad) {
+        ctx->fault_status = CTPU_ERR_DEVICE_FAULT;
+        snprintf(ctx->fault_msg, sizeof ctx->fault_msg,
+                 "gather: index %lld at position %lld is out of range [0, %lld) along dim %d (%lld bad indices)",
+                 (long long)bad_val, (long long)bad_pos, (long long)a->shape[dim], dim, (long long)nbad);
+    }
+}
+
+/* ------------------------------------------------------------ matmul */
+static void exec_matmul(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_step_data *sd = data;
+    const ctpu_node *nd = &sd->node;
+    const ctpu_vtype *a = &sd->in[0], *b = &sd->in[1], *o = &nd->out;
+    int on = o->ndim;
+    int64_t M = o->shape[on - 2], N = o->shape[on - 1], K = a->shape[a->ndim - 1];
+    int nb = on - 2;
+    int64_t batch = 1;
+    for (int d = 0; d < nb; d++) batch *= o->shape[d];
+    if (batch * M * N == 0) return;
+    ctpu_mm_args args = {
+        .batch = 1, .M = M, .N = N, .K = K,
+        .a_dtype = a->dtype, .a_rs = K, .a_cs = 1,
+        .b_dtype = b->dtype, .b_rs = N, .b_cs = 1,
+        .c_dtype = o->dtype, .ldc = N,
+        .precision = (ctpu_k_precision)nd->attr.extra,
+        .act = CTPU_K_ACT_NONE,
+    };
+    /* batch strides of a and b against the broadcast output batch dims */
+    int64_t ast[8] = {0}, bst[8] = {0};
+    int64_t sa = M * K, sb = K * N;
+    for (int d = a->ndim - 3; d >= 0; d--) {
+        int od = d + (nb - (a->ndim - 2));
+        ast[od] = a->shape[d] == 1 ? 0 : sa;
+        sa *= a->shape[d];
+    }
+    for (int d = b->ndim - 3; d >= 0; d--) {
+        int od = d + (nb - (b->ndim - 2));
+        bst[od] = b->shape[d] == 1 ? 0 : sb;
+        sb *= b->shape[d];
+    }
+    size_t ea = ctpu_kdt_size(a->dtype), eb = ctpu_kdt_size(b->dtype), ec = ctpu_kdt_size(o->dtype);
+    /* uniform batch strides -> one call */
+    bool uniform = true;
+    int64_t ua = nb ? ast[nb - 1] : 0, ub = nb ? bst[nb - 1] : 0;
+    {
+        int64_t ea_exp = ua, eb_exp = ub;
+        for (int d = nb - 1; d >= 0; d--) {
+            if (ast[d] != ea_exp || bst[d] != eb_exp) { uniform = false; break; }
+            ea_exp *= o->shape[d];
+            eb_exp *= o->shape[d];
+        }
+    }
+    if (uniform) {
+        args.batch = batch;
+        args.a = ctx->ptr[sd->in_slot[0]];
+        args.b = ctx->ptr[sd->in_slot[1]];
+        args.c = ctx->ptr[sd->out_slot];
+        args.a_bs = ua;
+        args.b_bs = ub;
+        args.c_bs = M * N;
+        ctpu_k_matmul(&args, ctx->pool);
+    } else {
+        int64_t pos[8] = {0};
+        for (int64_t i = 0; i < batch; i++) {
+            int64_t oa = 0, ob = 0;
+            for (int d = 0; d < nb; d++) { oa += pos[d] * ast[d]; ob += pos[d] * bst[d]; }
+            args.a = (const char *)ctx->ptr[sd->in_slot[0]] + (size_t)oa * ea;
+            args.b = (const char *)ctx->ptr[sd->in_slot[1]] + (size_t)ob * eb;
+            args.c = (char *)ctx->ptr[sd->out_slot] + (size_t)(i * M * N) * ec;
+            ctpu_k_matmul(&args, ctx->pool);
+            for (int d = nb - 1; d >= 0; d--) {
+                if (++pos[d] < o->shape[d]) break;
+                pos[d] = 0;
+            }
+        }
+    }
+    if (ctx->metrics && ctx->mxu_size > 0) {
+        uint64_t useful, padded;
+        ctpu_k_mxu_macs(batch, M, N, K, ctx->mxu_size, &useful, &padded);
+        ctpu_counter_add(ctx->metrics, CTPU_CTR_MXU_MACS_USEFUL, (long long)useful);
+        ctpu_counter_add(ctx->metrics, CTPU_CTR_MXU_MACS_PADDED, (long long)padded);
+    }
+}
+
+/* ------------------------------------------------------------ creation */
+static void exec_creation(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_step_data *sd = data;
+    const ctpu_node *nd = &sd->node;
+    const double *sc = ctx->scalars + sd->scalar_base;
+    int64_t n = ctpu_vtype_numel(&nd->out);
+    void *out = ctx->ptr[sd->out_slot];
+    int dt = nd->out.dtype;
+    if (n == 0) return;
+    if (nd->op == CTPU_OP_FULL) {
+        if (dt == CTPU_KDT_I32) {
+            double v = sc[0];
+            int32_t iv = v != v ? 0 : v >= 2147483647.0 ? INT32_MAX : v <= -2147483648.0 ? INT32_MIN : (int32_t)v;
+            for (int64_t i = 0; i < n; i++) ((int32_t *)out)[i] = iv;
+        } else if (dt == CTPU_KDT_BF16) {
+            uint16_t h = ctpu_f32_to_bf16((float)sc[0]);
+            for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[i] = h;
+        } else {
+            float f = (float)sc[0];
+            for (int64_t i = 0; i < n; i++) ((float *)out)[i] = f;
+        }
+    } else if (nd->op == CTPU_OP_ARANGE) {
+        for (int64_t i = 0; i < n; i++) {
+            double v = sc[0] + (double)i * sc[1];
+            if (dt == CTPU_KDT_I32) ((int32_t *)out)[i] = (int32_t)v;
+            else if (dt == CTPU_KDT_BF16) ((uint16_t *)out)[i] = ctpu_f32_to_bf16((float)v);
+            else ((float *)out)[i] = (float)v;
+        }
+    } else {
+        uint64_t seed = double_to_bits(sc[0]), offset = double_to_bits(sc[1]);
+        float *y = dt == CTPU_KDT_F32 ? out : malloc((size_t)n * 4);
+        if (nd->op == CTPU_OP_RAND_UNIFORM)
+            ctpu_k_rand_uniform(seed, offset, 0, n, (float)sc[2], (float)sc[3], y);
+        else
+            ctpu_k_rand_normal(seed, offset, 0, n, (float)sc[2], (float)sc[3], y);
+        if (y != out) { from_f32(y, dt, out, n); free(y); }
+    }
+}
+
+ctpu_step_fn ctpu_exec_fn_for(int op)
+{
+    uint32_t k = ctpu_op_infos[op].kind;
+    if (k & CTPU_OPK_ELEMENTWISE) return exec_elementwise;
+    if (k & CTPU_OPK_CREATION) return exec_creation;
+    if (k & CTPU_OPK_MATMUL) return exec_matmul;
+    switch (op) {
+    case CTPU_OP_SOFTMAX:
+    case CTPU_OP_LOG_SOFTMAX: return exec_softmax;
+    case CTPU_OP_RESHAPE:
+    case CTPU_OP_COPY: return exec_copy;
+    case CTPU_OP_PERMUTE: return exec_permute;
+    case CTPU_OP_SLICE: return exec_slice;
+    case CTPU_OP_CONCAT: return exec_concat;
+    case CTPU_OP_EXPAND: return exec_expand;
+    case CTPU_OP_EMBEDDING: return exec_embedding;
+    case CTPU_OP_GATHER: return exec_gather;
+    default: break;
+    }
+    if (k & CTPU_OPK_REDUCTION) return exec_reduction;
+    return NULL;
+}
