@@ -99,7 +99,8 @@ ctpu_status ctpu_dispatch_into(ctpu_node *node, ctpu_trec *const *inputs, const 
     return launch(node, inputs, scalars, out, out_off);
 }
 
-ctpu_tensor ctpu_dispatch(ctpu_node *node, ctpu_trec *const *inputs, const double *scalars)
+ctpu_tensor ctpu_dispatch(ctpu_node *node, ctpu_trec *const *inputs, const ctpu_tensor *in_h,
+                          const double *scalars)
 {
     size_t bytes = (size_t)ctpu_vtype_numel(&node->out) * ctpu_kdt_size(node->out.dtype);
     char err[256];
@@ -115,7 +116,19 @@ ctpu_tensor ctpu_dispatch(ctpu_node *node, ctpu_trec *const *inputs, const doubl
         ctpu_buffer_release(ctpu_rt->dev, b);
         return CTPU_NULL;
     }
-    return ctpu_handle_new(&node->out, b, 0, ctpu_op_name(node->op));
+    ctpu_tensor out = ctpu_handle_new(&node->out, b, 0, ctpu_op_name(node->op));
+    if (!ctpu_is_null(out)) ctpu__ag_record(node, in_h, scalars, out);
+    return out;
+}
+
+/* A view: a new handle on rec's storage, recorded for autograd like any op. */
+static ctpu_tensor make_view(ctpu_node *node, ctpu_trec *rec, ctpu_tensor in_h, size_t off)
+{
+    ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_OPS_DISPATCHED, 1);
+    node->n_in = 1;
+    ctpu_tensor out = ctpu_handle_view(rec, &node->out, off, ctpu_op_name(node->op));
+    if (!ctpu_is_null(out)) ctpu__ag_record(node, &in_h, NULL, out);
+    return out;
 }
 
 /* ------------------------------------------------------------ helpers */
@@ -189,7 +202,7 @@ static ctpu_tensor unary(int op, ctpu_tensor a)
     if (!get_inputs(ctpu_op_name(op), 1, &a, nm, in)) return CTPU_NULL;
     ctpu_node n = { .op = (uint16_t)op, .n_in = 1, .out = in[0]->type };
     if (ctpu_op_is(op, CTPU_OPK_FLOAT_OUT) && n.out.dtype == CTPU_I32) n.out.dtype = CTPU_F32;
-    return ctpu_dispatch(&n, in, NULL);
+    return ctpu_dispatch(&n, in, &a, NULL);
 }
 
 ctpu_tensor ctpu_neg(ctpu_tensor a) { return unary(CTPU_OP_NEG, a); }
@@ -218,7 +231,7 @@ static ctpu_tensor binary(int op, ctpu_tensor a, ctpu_tensor b)
     ctpu_dtype dt = promote((ctpu_dtype)in[0]->type.dtype, (ctpu_dtype)in[1]->type.dtype);
     if (ctpu_op_is(op, CTPU_OPK_COMPARE) || (ctpu_op_is(op, CTPU_OPK_FLOAT_OUT) && dt == CTPU_I32)) dt = CTPU_F32;
     n.out.dtype = (uint8_t)dt;
-    return ctpu_dispatch(&n, in, NULL);
+    return ctpu_dispatch(&n, in, ts, NULL);
 }
 
 ctpu_tensor ctpu_add(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_ADD, a, b); }
@@ -244,7 +257,7 @@ static ctpu_tensor scalar_op(int op, ctpu_tensor a, double s, bool scalar_first)
     if (scalar_first) n.attr.flags |= CTPU_ATTR_SCALAR_FIRST;
     if (ctpu_op_is(op, CTPU_OPK_COMPARE) || (ctpu_op_is(op, CTPU_OPK_FLOAT_OUT) && n.out.dtype == CTPU_I32))
         n.out.dtype = CTPU_F32;
-    return ctpu_dispatch(&n, in, &s);
+    return ctpu_dispatch(&n, in, &a, &s);
 }
 
 ctpu_tensor ctpu_add_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_ADD_SCALAR, a, s, false); }
@@ -273,7 +286,7 @@ ctpu_tensor ctpu_where(ctpu_tensor cond, ctpu_tensor a, ctpu_tensor b)
     ctpu_node n = { .op = CTPU_OP_WHERE, .n_in = 3 };
     if (!broadcast("where", 3, in, nm, &n.out)) return CTPU_NULL;
     n.out.dtype = (uint8_t)promote((ctpu_dtype)in[1]->type.dtype, (ctpu_dtype)in[2]->type.dtype);
-    return ctpu_dispatch(&n, in, NULL);
+    return ctpu_dispatch(&n, in, ts, NULL);
 }
 
 ctpu_tensor ctpu_clamp(ctpu_tensor a, double lo, double hi)
@@ -283,7 +296,7 @@ ctpu_tensor ctpu_clamp(ctpu_tensor a, double lo, double hi)
     if (!get_inputs("clamp", 1, &a, nm, in)) return CTPU_NULL;
     ctpu_node n = { .op = CTPU_OP_CLAMP, .n_in = 1, .n_scalars = 2, .out = in[0]->type };
     double s[2] = { lo, hi };
-    return ctpu_dispatch(&n, in, s);
+    return ctpu_dispatch(&n, in, &a, s);
 }
 
 ctpu_tensor ctpu_cast(ctpu_tensor a, ctpu_dtype dt)
@@ -298,7 +311,7 @@ ctpu_tensor ctpu_cast(ctpu_tensor a, ctpu_dtype dt)
     ctpu_node n = { .op = CTPU_OP_CAST, .n_in = 1, .out = in[0]->type };
     n.out.dtype = (uint8_t)dt;
     n.attr.extra = (int32_t)dt;
-    return ctpu_dispatch(&n, in, NULL);
+    return ctpu_dispatch(&n, in, &a, NULL);
 }
 
 /* ------------------------------------------------------------ reductions */
@@ -368,7 +381,7 @@ static ctpu_tensor reduction(int op, ctpu_tensor a, int ndims, const int *dims, 
                        opn, ctpu_fmt_type(&in[0]->type, tb, sizeof tb));
         return CTPU_NULL;
     }
-    return ctpu_dispatch(&n, in, NULL);
+    return ctpu_dispatch(&n, in, &a, NULL);
 }
 
 ctpu_tensor ctpu_sum(ctpu_tensor a, int nd, const int *d, bool k) { return reduction(CTPU_OP_SUM, a, nd, d, k, 0); }
@@ -399,7 +412,7 @@ ctpu_tensor ctpu_argmax(ctpu_tensor a, int dim, bool keepdim)
         ctpu_set_error(CTPU_ERR_SHAPE, "argmax: a is %s: dim %d has extent 0", ctpu_fmt_type(&in[0]->type, tb, sizeof tb), d);
         return CTPU_NULL;
     }
-    return ctpu_dispatch(&n, in, NULL);
+    return ctpu_dispatch(&n, in, &a, NULL);
 }
 
 static ctpu_tensor softmax_op(int op, ctpu_tensor a, int dim)
@@ -413,24 +426,18 @@ static ctpu_tensor softmax_op(int op, ctpu_tensor a, int dim)
     ctpu_node n = { .op = (uint16_t)op, .n_in = 1, .out = in[0]->type };
     if (n.out.dtype == CTPU_I32) n.out.dtype = CTPU_F32;
     if (in[0]->type.ndim == 0) {
-        /* a 0-d tensor: softmax over a single element */
-        ctpu_vtype t1 = in[0]->type;
-        t1.ndim = 1;
-        t1.shape[0] = 1;
-        n.out = t1;
-        n.out.dtype = in[0]->type.dtype == CTPU_I32 ? CTPU_F32 : in[0]->type.dtype;
-        ctpu_tensor v = ctpu_handle_view(in[0], &t1, in[0]->off, opn);
-        ctpu_trec *vin[1] = { ctpu_rec_get(v, opn, "a", true) };
-        if (!vin[0]) return CTPU_NULL;
-        n.attr.dims[0] = 0;
-        ctpu_tensor r = ctpu_dispatch(&n, vin, NULL);
-        ctpu_release(v);
-        if (ctpu_is_null(r)) return r;
-        return ctpu_reshape(r, 0, NULL);
+        /* a 0-d tensor: softmax over its single element, as a [1] */
+        int64_t one = 1;
+        ctpu_tensor v = ctpu_reshape(a, 1, &one);
+        ctpu_tensor r = ctpu_is_null(v) ? v : softmax_op(op, v, 0);
+        ctpu_tensor o = ctpu_is_null(r) ? r : ctpu_reshape(r, 0, NULL);
+        if (!ctpu_is_null(v)) ctpu_release(v);
+        if (!ctpu_is_null(r)) ctpu_release(r);
+        return o;
     }
     n.attr.dims[0] = d;
     n.attr.n_dims = 1;
-    return ctpu_dispatch(&n, in, NULL);
+    return ctpu_dispatch(&n, in, &a, NULL);
 }
 
 ctpu_tensor ctpu_softmax(ctpu_tensor a, int dim) { return softmax_op(CTPU_OP_SOFTMAX, a, dim); }
@@ -476,8 +483,8 @@ ctpu_tensor ctpu_reshape(ctpu_tensor a, int ndim, const int64_t *shape)
                        ctpu_fmt_type(&in[0]->type, tb, sizeof tb), (long long)numel, (long long)known);
         return CTPU_NULL;
     }
-    ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_OPS_DISPATCHED, 1);
-    return ctpu_handle_view(in[0], &t, in[0]->off, "reshape");
+    ctpu_node n = { .op = CTPU_OP_RESHAPE, .out = t };
+    return make_view(&n, in[0], a, in[0]->off);
 }
 
 ctpu_tensor ctpu_contiguous(ctpu_tensor a)
@@ -486,8 +493,8 @@ ctpu_tensor ctpu_contiguous(ctpu_tensor a)
     ctpu_trec *in[1];
     if (!get_inputs("contiguous", 1, &a, nm, in)) return CTPU_NULL;
     /* every ctpu tensor is stored contiguous: a new handle to the same value */
-    ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_OPS_DISPATCHED, 1);
-    return ctpu_handle_view(in[0], &in[0]->type, in[0]->off, "contiguous");
+    ctpu_node n = { .op = CTPU_OP_RESHAPE, .out = in[0]->type };
+    return make_view(&n, in[0], a, in[0]->off);
 }
 
 ctpu_tensor ctpu_permute(ctpu_tensor a, const int *perm)
@@ -516,7 +523,7 @@ ctpu_tensor ctpu_permute(ctpu_tensor a, const int *perm)
         n.out.shape[d] = in[0]->type.shape[p];
     }
     n.attr.n_dims = nd;
-    return ctpu_dispatch(&n, in, NULL);
+    return ctpu_dispatch(&n, in, &a, NULL);
 }
 
 ctpu_tensor ctpu_transpose(ctpu_tensor a, int d0, int d1)
@@ -568,10 +575,9 @@ ctpu_tensor ctpu_slice(ctpu_tensor a, int dim, int64_t start, int64_t end, int64
         for (int k = d + 1; k < in[0]->type.ndim; k++) inner *= in[0]->type.shape[k];
         size_t off = in[0]->off + (size_t)(start * inner) * ctpu_kdt_size(in[0]->type.dtype);
         if (len == 0) off = in[0]->off;
-        ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_OPS_DISPATCHED, 1);
-        return ctpu_handle_view(in[0], &n.out, off, "slice");
+        return make_view(&n, in[0], a, off);
     }
-    return ctpu_dispatch(&n, in, NULL);
+    return ctpu_dispatch(&n, in, &a, NULL);
 }
 
 ctpu_tensor ctpu_concat(int count, const ctpu_tensor *ts, int dim)
@@ -628,7 +634,7 @@ ctpu_tensor ctpu_concat(int count, const ctpu_tensor *ts, int dim)
         total += t->shape[d];
     }
     n.out.shape[d] = total;
-    return ctpu_dispatch(&n, in, NULL);
+    return ctpu_dispatch(&n, in, ts, NULL);
 }
 
 ctpu_tensor ctpu_expand(ctpu_tensor a, int ndim, const int64_t *shape)
@@ -656,7 +662,7 @@ ctpu_tensor ctpu_expand(ctpu_tensor a, int ndim, const int64_t *shape)
         }
         n.out.shape[d] = want;
     }
-    return ctpu_dispatch(&n, in, NULL);
+    return ctpu_dispatch(&n, in, &a, NULL);
 }
 
 ctpu_tensor ctpu_embedding(ctpu_tensor weight, ctpu_tensor indices)
@@ -676,7 +682,7 @@ ctpu_tensor ctpu_embedding(ctpu_tensor weight, ctpu_tensor indices)
     ctpu_node n = { .op = CTPU_OP_EMBEDDING, .n_in = 2, .out = *ix };
     n.out.dtype = w->dtype;
     n.out.shape[n.out.ndim++] = w->shape[1];
-    return ctpu_dispatch(&n, in, NULL);
+    return ctpu_dispatch(&n, in, ts, NULL);
 }
 
 ctpu_tensor ctpu_gather(ctpu_tensor a, int dim, ctpu_tensor index)
@@ -700,7 +706,7 @@ ctpu_tensor ctpu_gather(ctpu_tensor a, int dim, ctpu_tensor index)
     ctpu_node n = { .op = CTPU_OP_GATHER, .n_in = 2, .out = *ix };
     n.out.dtype = t->dtype;
     n.attr.extra = d;
-    return ctpu_dispatch(&n, in, NULL);
+    return ctpu_dispatch(&n, in, ts, NULL);
 }
 
 /* ------------------------------------------------------------ matmul */
@@ -753,19 +759,14 @@ ctpu_tensor ctpu_matmul(ctpu_tensor a, ctpu_tensor b)
     n.out.shape[nb + 1] = vb.shape[vb.ndim - 1];
     n.out.dtype = ia ? CTPU_I32 : (ta.dtype == CTPU_BF16 && tb.dtype == CTPU_BF16) ? CTPU_BF16 : CTPU_F32;
     n.attr.extra = (int32_t)ctpu_rt->precision;
-    ctpu_tensor vat = CTPU_NULL, vbt = CTPU_NULL;
-    ctpu_trec *use[2] = { in[0], in[1] };
-    if (sq_a) {
-        vat = ctpu_handle_view(in[0], &va, in[0]->off, "matmul");
-        use[0] = ctpu_rec_get(vat, "matmul", "a", true);
-    }
-    if (sq_b) {
-        vbt = ctpu_handle_view(in[1], &vb, in[1]->off, "matmul");
-        use[1] = ctpu_rec_get(vbt, "matmul", "b", true);
-    }
-    ctpu_tensor r = use[0] && use[1] ? ctpu_dispatch(&n, use, NULL) : CTPU_NULL;
-    if (!ctpu_is_null(vat)) ctpu_release(vat);
-    if (!ctpu_is_null(vbt)) ctpu_release(vbt);
+    ctpu_tensor vat = a, vbt = b;
+    if (sq_a) vat = ctpu_reshape(a, 2, va.shape);
+    if (sq_b) vbt = ctpu_reshape(b, 2, vb.shape);
+    ctpu_tensor vt[2] = { vat, vbt };
+    ctpu_trec *use[2] = { ctpu_rec_get(vat, "matmul", "a", true), ctpu_rec_get(vbt, "matmul", "b", true) };
+    ctpu_tensor r = use[0] && use[1] ? ctpu_dispatch(&n, use, vt, NULL) : CTPU_NULL;
+    if (sq_a && !ctpu_is_null(vat)) ctpu_release(vat);
+    if (sq_b && !ctpu_is_null(vbt)) ctpu_release(vbt);
     if (ctpu_is_null(r) || (!sq_a && !sq_b)) return r;
     /* squeeze the promoted dims */
     ctpu_vtype o = n.out;
@@ -786,7 +787,7 @@ static ctpu_tensor create(const char *opn, int op, ctpu_dtype dt, int ndim, cons
     if (!ctpu_check_init(opn)) return CTPU_NULL;
     ctpu_node n = { .op = (uint16_t)op, .n_in = 0, .n_scalars = (uint8_t)nsc };
     if (!ctpu__validate_shape(opn, ndim, shape, dt, &n.out)) return CTPU_NULL;
-    return ctpu_dispatch(&n, NULL, sc);
+    return ctpu_dispatch(&n, NULL, NULL, sc);
 }
 
 ctpu_tensor ctpu_full(ctpu_dtype dt, int ndim, const int64_t *shape, double value)
@@ -840,7 +841,7 @@ static ctpu_tensor rand_op(const char *opn, int op, ctpu_dtype dt, int ndim, con
     ctpu__rng_take((uint64_t)ctpu_vtype_numel(&vt), &seed, &offset);
     double sc[4] = { ctpu_bits_scalar(seed), ctpu_bits_scalar(offset), p0, p1 };
     ctpu_node n = { .op = (uint16_t)op, .n_in = 0, .n_scalars = 4, .out = vt };
-    return ctpu_dispatch(&n, NULL, sc);
+    return ctpu_dispatch(&n, NULL, NULL, sc);
 }
 
 ctpu_tensor ctpu_rand_uniform(ctpu_dtype dt, int ndim, const int64_t *shape, double lo, double hi)

@@ -101,7 +101,15 @@ bool ctpu_debug_checks_now(void);
  * enqueue it; the output gets a fresh HBM buffer, or `out` if given
  * (assign's in-place write). In debug eager, waits and reports faults here.
  * Returns the output handle (out == NULL) or a status through *st. */
-ctpu_tensor ctpu_dispatch(ctpu_node *node, ctpu_trec *const *inputs, const double *scalars);
+ctpu_tensor ctpu_dispatch(ctpu_node *node, ctpu_trec *const *inputs, const ctpu_tensor *in_h,
+                          const double *scalars);
+
+/* Autograd (autograd.c): called for every op and view that produced `out`
+ * from the handles `inputs` (node->n_in of them) and runtime scalars. Records
+ * a tape entry when grad mode is on and an input requires grad. */
+void ctpu__ag_record(const ctpu_node *node, const ctpu_tensor *inputs, const double *scalars, ctpu_tensor out);
+/* Called when a record is released (drops its autograd metadata). */
+void ctpu__ag_release(ctpu_trec *rec);
 ctpu_status ctpu_dispatch_into(ctpu_node *node, ctpu_trec *const *inputs, const double *scalars,
                                ctpu_buffer *out, size_t out_off);
 

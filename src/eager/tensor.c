@@ -136,6 +136,7 @@ ctpu_tensor ctpu_handle_view(ctpu_trec *rec, const ctpu_vtype *type, size_t off,
 void ctpu_handle_release_rec(ctpu_trec *r, uint32_t idx)
 {
     ctpu_buffer *b = r->buf;
+    if (r->ag) ctpu__ag_release(r);
     r->live = false;
     r->gen++;
     if (r->gen == 0) r->gen = 1;
