@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what is needed, builds, and runs the whole test suite:
+#   1. the default build (jemalloc device allocator): every Check suite;
+#   2. the core suites again with the AVX2 and scalar kernels forced (CTPU_ISA);
+#   3. an ASan+UBSan build with the system allocator: every suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tools/install-deps.sh
+
+setup() { # dir, options...
+  local dir=$1; shift
+  if [ -f "$dir/build.ninja" ]; then meson setup --reconfigure "$dir" "$@" >/dev/null
+  else meson setup "$dir" "$@" >/dev/null; fi
+}
+
+setup build
+ninja -C build
+meson test -C build --print-errorlogs --num-processes 2
+
+for isa in avx2 scalar; do
+  if grep -q ' avx2 ' /proc/cpuinfo || [ "$isa" = scalar ]; then
+    echo "== core suites with CTPU_ISA=$isa"
+    CTPU_ISA=$isa meson test -C build --suite core --print-errorlogs --num-processes 2
+  fi
+done
+
+echo "== ASan+UBSan, system allocator"
+setup build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dallocator=system -Dbuildtype=debugoptimized
+ninja -C build-asan
+meson test -C build-asan --setup=asan --print-errorlogs --num-processes 2
