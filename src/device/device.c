@@ -265,12 +265,15 @@ static void execute(ctpu_device *dev, ctpu_cmd *cmd)
 {
     const ctpu_program *prog = cmd->prog;
     void *ptr_inl[CTPU_CMD_INLINE_BUFS];
-    void **ptr = cmd->n_bufs <= CTPU_CMD_INLINE_BUFS ? ptr_inl : malloc(sizeof(void *) * (size_t)cmd->n_bufs);
+    int nptr = cmd->n_bufs + prog->n_virtual;
+    void **ptr = nptr <= CTPU_CMD_INLINE_BUFS ? ptr_inl : malloc(sizeof(void *) * (size_t)nptr);
     unsigned poison = 0;
     for (int i = 0; i < cmd->n_bufs; i++) {
         ptr[i] = (char *)cmd->buf[i]->data + cmd->off[i];
         if (i < prog->n_in && !poison) poison = atomic_load(&cmd->buf[i]->fault);
     }
+    for (int k = 0; k < prog->n_virtual; k++)
+        ptr[cmd->n_bufs + k] = (char *)ptr[prog->scratch_slot] + prog->virt_off[k];
     if (poison) {
         /* a dependent of a faulted value: poisoned, not computed */
         for (int i = prog->n_in; i < cmd->n_bufs; i++) atomic_store(&cmd->buf[i]->fault, poison);
@@ -303,6 +306,7 @@ static void execute(ctpu_device *dev, ctpu_cmd *cmd)
     for (int i = 0; i < cmd->n_bufs; i++) ctpu_buffer_release(dev, cmd->buf[i]);
     if (ptr != ptr_inl) free(ptr);
     if (cmd->buf != cmd->buf_inl) { free(cmd->buf); free(cmd->off); }
+    if (cmd->scalars != cmd->scal_inl) free(cmd->scalars);
     ctpu_counter_add(dev->metrics, CTPU_CTR_COMMANDS_EXECUTED, 1);
 }
 
@@ -379,6 +383,7 @@ uint64_t ctpu_device_submit(ctpu_device *dev, ctpu_cmd *cmd)
         slot->buf = slot->buf_inl;
         slot->off = slot->off_inl;
     }
+    if (cmd->scalars == cmd->scal_inl) slot->scalars = slot->scal_inl;
     slot->seq = t + 1;
     for (int i = 0; i < slot->n_bufs; i++) ctpu_buffer_retain(slot->buf[i]);
     atomic_store_explicit(&dev->tail, t + 1, memory_order_seq_cst);

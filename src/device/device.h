@@ -56,6 +56,14 @@ typedef struct ctpu_program {
     const uint8_t *out_dtype;
     const int64_t *out_numel;
     const char *const *out_op; /* the op that produced each output */
+    /* Scratch: values that live only inside the program get "virtual"
+     * slots [n_in + n_out, n_in + n_out + n_virtual): pointers at byte
+     * offsets virt_off[] into the bound buffer `scratch_slot` (a buffer the
+     * launcher allocates with scratch_bytes). n_virtual 0: no scratch. */
+    int n_virtual;
+    const size_t *virt_off;
+    int scratch_slot;
+    size_t scratch_bytes;
 } ctpu_program;
 
 /* ------------------------------------------------------------ commands */
@@ -68,7 +76,8 @@ typedef struct {
     size_t off_inl[CTPU_CMD_INLINE_BUFS];
     ctpu_buffer **buf;       /* points at buf_inl, or a heap array if more */
     size_t *off;
-    double scalars[CTPU_CMD_MAX_SCALARS];
+    double scal_inl[CTPU_CMD_MAX_SCALARS];
+    double *scalars;         /* scal_inl, or a heap array the command owns */
     bool debug_checks;
     uint64_t seq;
 } ctpu_cmd;

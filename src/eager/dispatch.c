@@ -76,6 +76,7 @@ static ctpu_status launch(ctpu_node *node, ctpu_trec *const *inputs, const doubl
     }
     cmd.buf[n_in] = out;
     cmd.off[n_in] = out_off;
+    cmd.scalars = cmd.scal_inl;
     for (int i = 0; i < node->n_scalars; i++) cmd.scalars[i] = scalars[i];
     cmd.debug_checks = dbg;
     uint64_t seq = ctpu_device_submit(rt->dev, &cmd);
