@@ -9,6 +9,7 @@
 #include <immintrin.h>
 #include "kernels.h"
 #include "internal.h"
+#include "mxu.h"
 #include "k_pool.h"
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -124,7 +125,10 @@ static void inst_free(inst *s)
     free(s->a); free(s->b); free(s->bias); free(s->res); free(s->c1); free(s->c2);
 }
 
-static const ctpu_isa all_isas[] = { CTPU_ISA_SCALAR, CTPU_ISA_AVX2, CTPU_ISA_AVX512 };
+static const ctpu_isa all_isas[] = { CTPU_ISA_SCALAR, CTPU_ISA_AVX2, CTPU_ISA_AVX512, CTPU_ISA_AVX512 };
+/* Loop index 3: AVX-512 with the vdpbf16ps micro-kernel instead of the FMA one. */
+static const ctpu_mxu_impl *forced_impl(int i) { return i == 3 ? &ctpu_mxu_impl_avx512_dp : NULL; }
+static const ctpu_mxu_impl *cur_force = NULL;
 
 /* Run p with the variant `isa` (nt threads) and with _ref; compare bits. */
 static void check_prob(const prob *p, ctpu_isa isa, int nt)
@@ -133,17 +137,19 @@ static void check_prob(const prob *p, ctpu_isa isa, int nt)
     ctpu_k_matmul_ref(&s.g);
     s.g.c = s.c2;
     ctpu_k_mxu_select(isa);
+    ctpu_mxu_force_impl(cur_force);
     ctpu_k_pool pool = k_pool_make(nt);
     ctpu_k_matmul(&s.g, &pool);
+    ctpu_mxu_force_impl(NULL);
     ctpu_k_mxu_select(CTPU_ISA_SCALAR);
     int64_t w = -1;
     int ok = same_bits(s.c1, s.c2, p->cdt, s.cn, &w);
     if (!ok) {
         float r = p->cdt == CTPU_KDT_BF16 ? ctpu_bf16_to_f32(((uint16_t *)s.c1)[w]) : ((float *)s.c1)[w];
         float v = p->cdt == CTPU_KDT_BF16 ? ctpu_bf16_to_f32(((uint16_t *)s.c2)[w]) : ((float *)s.c2)[w];
-        ck_abort_msg("isa %s nt %d: batch %lld M %lld N %lld K %lld adt %d bdt %d cdt %d ta %d tb %d "
+        ck_abort_msg("isa %s%s nt %d: batch %lld M %lld N %lld K %lld adt %d bdt %d cdt %d ta %d tb %d "
                      "prec %d act %d bias %d res %d level %d: element %lld ref %a got %a",
-                     ctpu_isa_name(isa), nt, (long long)p->batch, (long long)p->M, (long long)p->N,
+                     ctpu_isa_name(isa), cur_force ? " (vdpbf16ps kernel)" : "", nt, (long long)p->batch, (long long)p->M, (long long)p->N,
                      (long long)p->K, p->adt, p->bdt, p->cdt, p->ta, p->tb, p->prec, p->act,
                      p->bias_dt, p->res_dt, p->level, (long long)w, r, v);
     }
@@ -388,6 +394,7 @@ START_TEST(test_isa_bitexact)
 {
     ctpu_isa isa = all_isas[_i];
     if (!have_isa(isa)) return;
+    cur_force = forced_impl(_i);
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
         for (int v = 0; v < 8; v++) {
             prob p = P(shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3]);
@@ -410,6 +417,7 @@ START_TEST(test_isa_bitexact)
         p.bcast_b = 0; p.ta = 1; p.tb = 1;
         check_prob(&p, isa, 2);
     }
+    cur_force = NULL;
 }
 END_TEST
 
@@ -417,6 +425,7 @@ START_TEST(test_epilogue_bitexact)
 {
     ctpu_isa isa = all_isas[_i];
     if (!have_isa(isa)) return;
+    cur_force = forced_impl(_i);
     for (int act = 0; act < 4; act++)
         for (int v = 0; v < 8; v++) {
             prob p = P(2, 19, 45, 37);
@@ -427,6 +436,7 @@ START_TEST(test_epilogue_bitexact)
             p.level = v == 3 ? 1 : 0;
             check_prob(&p, isa, 1 + (v & 1));
         }
+    cur_force = NULL;
 }
 END_TEST
 
@@ -568,8 +578,8 @@ static Suite *mxu_suite(void)
     tcase_add_test(tc, test_vdpbf16ps_probe);
     tcase_add_test(tc, test_ref_vs_f64);
     tcase_add_test(tc, test_highest_vs_f64);
-    tcase_add_loop_test(tc, test_isa_bitexact, 0, 3);
-    tcase_add_loop_test(tc, test_epilogue_bitexact, 0, 3);
+    tcase_add_loop_test(tc, test_isa_bitexact, 0, 4);
+    tcase_add_loop_test(tc, test_epilogue_bitexact, 0, 4);
     tcase_add_test(tc, test_epilogue_unfused);
     tcase_add_test(tc, test_threads);
     tcase_add_test(tc, test_row_of_larger);

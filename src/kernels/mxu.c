@@ -30,6 +30,7 @@ typedef struct {
     float *scratch;             /* per thread: MC x NC floats */
     int64_t scr_ld, scr_n;
     int split;                  /* 0 batch, 1 N panels, 2 M panels */
+    int lw;                     /* dwords per element pair per row: 1 or 2 (planar) */
 } mm_ctx;
 
 static void mm_pack_task(void *vctx, int tid, int nt)
@@ -122,7 +123,7 @@ static void mm_region(mm_ctx *x, float *scr, int64_t bi, int64_t pm0, int64_t pm
                 int64_t kc = x->kp - k0 < MXU_KC ? x->kp - k0 : MXU_KC;
                 for (int64_t j = jn; j < jn1; j++)
                     for (int64_t i = im0; i < im1; i++)
-                        im->kernel(kc, ab + i * x->apd + k0 * mr, bb + j * x->bpd + k0 * nr,
+                        im->kernel(kc, ab + i * x->apd + k0 * mr * x->lw, bb + j * x->bpd + k0 * nr * x->lw,
                                    scr + (i - im0) * mr * ld + (j - jn) * nr, ld, k0 > 0);
             }
             int64_t m0 = im0 * mr, m1 = im1 * mr < g->M ? im1 * mr : g->M;
@@ -176,8 +177,9 @@ void ctpu_k_matmul(const ctpu_mm_args *g, ctpu_k_pool *pool)
         .I = g->M, .K = g->K, .w = x.mr, .npass = x.npass, .parts = ctpu_mxu_pass_a[g->precision] };
     x.pkb = (ctpu_mxu_pack_args){ .src = g->b, .dt = g->b_dtype, .si = g->b_cs, .sk = g->b_rs,
         .I = g->N, .K = g->K, .w = x.nr, .npass = x.npass, .parts = ctpu_mxu_pass_b[g->precision] };
-    x.apd = ctpu_mxu_panel_dwords(&x.pka);
-    x.bpd = ctpu_mxu_panel_dwords(&x.pkb);
+    x.apd = ctpu_mxu_panel_dwords(&x.pka) * (x.im->planar ? 2 : 1);
+    x.bpd = ctpu_mxu_panel_dwords(&x.pkb) * (x.im->planar ? 2 : 1);
+    x.lw = x.im->planar ? 2 : 1;
     int nt = pool && pool->nthreads > 1 ? pool->nthreads : 1;
 
     double ib = mm_imbalance(g->batch, nt), in = mm_imbalance(x.np, nt),

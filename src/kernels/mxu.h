@@ -46,6 +46,8 @@
  * ceil(K/2)), W dwords: dword (kp, r) = bf16 of X[q*W + r, 2p] in the low half
  * and of X[q*W + r, 2p+1] in the high half (the pass's part), p = kp mod
  * ceil(K/2). Rows past I and the odd partner past K are +0.
+ * A second, planar layout (for FMA micro-kernels) holds the same values as
+ * f32: for each kp, W odd elements X[.., 2p+1] then W even elements X[.., 2p].
  * A micro-kernel computes a full MR x NR tile of f32 into c (row stride ldc),
  * starting from c (load != 0) or from +0.
  */
@@ -102,6 +104,98 @@ static inline int64_t ctpu_mxu_panel_dwords(const ctpu_mxu_pack_args *p)
     return (int64_t)p->npass * ctpu_mxu_kh(p->K) * p->w;
 }
 
+/* f32 bits -> the bits of ctpu_bf16_to_f32(ctpu_f32_to_bf16(f)), branch-free
+ * so that packing loops vectorise. */
+static inline uint32_t ctpu_mxu_round_bits(uint32_t u)
+{
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    uint32_t q = (u | 0x00400000u) & 0xffff0000u;
+    uint32_t h = (u & 0x7fffffffu) > 0x7f800000u ? q : r;
+    return (h & 0x7f800000u) == 0 ? h & 0x80000000u : h;
+}
+
+/* Planar f32 packer (see layout above). Fast paths for f32/bf16 operands
+ * with unit stride along i or k at default precision; the rest through
+ * ctpu_mxu_part. */
+static inline void ctpu_mxu_pack_planar(const ctpu_mxu_pack_args *pa, int64_t q0, int64_t q1)
+{
+    int64_t kh = ctpu_mxu_kh(pa->K), K = pa->K, si = pa->si, sk = pa->sk;
+    int w = pa->w;
+    int64_t pd = 2 * (int64_t)pa->npass * kh * w;
+    int fast = pa->npass == 1 && pa->parts[0] == 0;
+    for (int64_t q = q0; q < q1; q++) {
+        uint32_t *d = pa->dst + q * pd;
+        int64_t i0 = q * w, n = pa->I - i0 < w ? pa->I - i0 : w;
+        if (fast && si == 1 && n == w) {
+            /* rows of k contiguous over i: vector loads along i */
+            for (int64_t p = 0; p < kh; p++) {
+                uint32_t *od = d + p * 2 * w, *ev = od + w;
+                int has1 = 2 * p + 1 < K;
+                if (pa->dt == CTPU_KDT_F32) {
+                    const uint32_t *x0 = (const uint32_t *)pa->src + 2 * p * sk + i0;
+                    const uint32_t *x1 = x0 + sk;
+                    for (int r = 0; r < w; r++) ev[r] = ctpu_mxu_round_bits(x0[r]);
+                    if (has1) for (int r = 0; r < w; r++) od[r] = ctpu_mxu_round_bits(x1[r]);
+                    else for (int r = 0; r < w; r++) od[r] = 0;
+                } else {
+                    const uint16_t *x0 = (const uint16_t *)pa->src + 2 * p * sk + i0;
+                    const uint16_t *x1 = x0 + sk;
+                    for (int r = 0; r < w; r++) ev[r] = ctpu_mxu_round_bits((uint32_t)x0[r] << 16);
+                    if (has1) for (int r = 0; r < w; r++) od[r] = ctpu_mxu_round_bits((uint32_t)x1[r] << 16);
+                    else for (int r = 0; r < w; r++) od[r] = 0;
+                }
+            }
+            continue;
+        }
+        if (fast && sk == 1) {
+            /* each i's k contiguous: convert a row, then spread it */
+            for (int64_t r = 0; r < w; r++) {
+                if (r >= n) {
+                    for (int64_t p = 0; p < kh; p++) d[p * 2 * w + r] = d[p * 2 * w + w + r] = 0;
+                    continue;
+                }
+                int64_t kp2 = K / 2;
+                if (pa->dt == CTPU_KDT_F32) {
+                    const uint32_t *x = (const uint32_t *)pa->src + (i0 + r) * si;
+                    for (int64_t p = 0; p < kp2; p++) {
+                        d[p * 2 * w + r] = ctpu_mxu_round_bits(x[2 * p + 1]);
+                        d[p * 2 * w + w + r] = ctpu_mxu_round_bits(x[2 * p]);
+                    }
+                    if (K & 1) {
+                        d[kp2 * 2 * w + r] = 0;
+                        d[kp2 * 2 * w + w + r] = ctpu_mxu_round_bits(x[K - 1]);
+                    }
+                } else {
+                    const uint16_t *x = (const uint16_t *)pa->src + (i0 + r) * si;
+                    for (int64_t p = 0; p < kp2; p++) {
+                        d[p * 2 * w + r] = ctpu_mxu_round_bits((uint32_t)x[2 * p + 1] << 16);
+                        d[p * 2 * w + w + r] = ctpu_mxu_round_bits((uint32_t)x[2 * p] << 16);
+                    }
+                    if (K & 1) {
+                        d[kp2 * 2 * w + r] = 0;
+                        d[kp2 * 2 * w + w + r] = ctpu_mxu_round_bits((uint32_t)x[K - 1] << 16);
+                    }
+                }
+            }
+            continue;
+        }
+        for (int ps = 0; ps < pa->npass; ps++) {
+            int s = pa->parts[ps];
+            for (int64_t p = 0; p < kh; p++) {
+                uint32_t *od = d + (ps * kh + p) * 2 * w, *ev = od + w;
+                for (int64_t r = 0; r < w; r++) {
+                    if (r >= n) { od[r] = ev[r] = 0; continue; }
+                    int64_t base = (i0 + r) * si;
+                    ev[r] = (uint32_t)ctpu_mxu_part(ctpu_mxu_load(pa->src, pa->dt, base + 2 * p * sk), s) << 16;
+                    od[r] = 2 * p + 1 < K
+                        ? (uint32_t)ctpu_mxu_part(ctpu_mxu_load(pa->src, pa->dt, base + (2 * p + 1) * sk), s) << 16
+                        : 0;
+                }
+            }
+        }
+    }
+}
+
 /* Generic packer (any strides); ISA files may specialise the common cases. */
 static inline void ctpu_mxu_pack_generic(const ctpu_mxu_pack_args *pa, int64_t q0, int64_t q1)
 {
@@ -137,14 +231,18 @@ typedef void (*ctpu_mxu_pack_fn)(const ctpu_mxu_pack_args *pa, int64_t q0, int64
 typedef struct {
     const char *name;
     int mr, nr;                 /* micro-tile */
+    int planar;                 /* packed layout: 0 pair dwords, 1 planar f32 */
     ctpu_mxu_kernel_fn kernel;
     ctpu_mxu_kernel_fn kernel_narrow;   /* MR x nr_narrow tile, or NULL */
     int nr_narrow;
     ctpu_mxu_pack_fn pack;
 } ctpu_mxu_impl;
 
-extern const ctpu_mxu_impl ctpu_mxu_impl_ref, ctpu_mxu_impl_avx2, ctpu_mxu_impl_avx512;
+extern const ctpu_mxu_impl ctpu_mxu_impl_ref, ctpu_mxu_impl_avx2, ctpu_mxu_impl_avx512,
+    ctpu_mxu_impl_avx512_dp;
 const ctpu_mxu_impl *ctpu_mxu_current(void);
+/* Tests and benchmarks only: use this table (NULL: back to the ISA's). */
+void ctpu_mxu_force_impl(const ctpu_mxu_impl *im);
 
 /* The exact step of the reference (plain C; double holds a bf16 x bf16
  * product exactly, and a TwoSum error term resolves the one double-rounding

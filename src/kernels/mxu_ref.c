@@ -108,7 +108,10 @@ const ctpu_mxu_impl ctpu_mxu_impl_ref = {
 /* The variant table in use: the reference until ctpu_k_mxu_select. */
 static const ctpu_mxu_impl *mxu_cur = &ctpu_mxu_impl_ref;
 
-const ctpu_mxu_impl *ctpu_mxu_current(void) { return mxu_cur; }
+static const ctpu_mxu_impl *mxu_forced = NULL;
+
+const ctpu_mxu_impl *ctpu_mxu_current(void) { return mxu_forced ? mxu_forced : mxu_cur; }
+void ctpu_mxu_force_impl(const ctpu_mxu_impl *im) { mxu_forced = im; }
 
 void ctpu_k_mxu_select(ctpu_isa isa)
 {

@@ -1,0 +1,386 @@
+/* bench/matmul: the MXU matmul kernels against this machine's limits.
+ *
+ * Prints `name value unit` lines:
+ *   peak_bf16_{1,2}t, peak_fp32_{1,2}t   register-only vdpbf16ps / vfmadd231ps
+ *                                        loops (GFLOP/s, 2 flops per MAC)
+ *   matmul_{f32in,bf16in}_<n>_{1,2}t     square n^3, n = 128 .. 2048
+ *   matmul_mlp_<shape>_{1,2}t            the training demo's shapes, fp32 in
+ *   sgemm_openblas_<...>_{1,2}t          OpenBLAS sgemm on the same shapes
+ *   ratio_*                              the issue's targets
+ * Every ctpu result is validated against ctpu_k_matmul_ref (bit for bit, on
+ * sampled rows for the big shapes) before timing; times are medians.
+ * OpenBLAS reads OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE when it loads, and this
+ * machine pins them to old kernels: the program re-executes itself without
+ * them before anything else. */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <immintrin.h>
+#include "kernels.h"
+#ifdef CTPU_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* ---- a small persistent pool: spin briefly, then wait on a condvar -------- */
+typedef struct {
+    ctpu_k_pool base;
+    pthread_t th[8];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    atomic_uint gen, done;
+    atomic_int quit;
+    void (*fn)(void *, int, int);
+    void *ctx;
+} bpool;
+typedef struct { bpool *p; int tid; } bpool_arg;
+static bpool_arg bpool_args[8];
+
+static void *bpool_main(void *v)
+{
+    bpool_arg *a = v;
+    bpool *p = a->p;
+    unsigned seen = 0;
+    for (;;) {
+        unsigned g;
+        int spins = 0;
+        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen) {
+            if (++spins < 200000) { _mm_pause(); continue; }
+            pthread_mutex_lock(&p->mu);
+            while (atomic_load(&p->gen) == seen && !atomic_load(&p->quit)) pthread_cond_wait(&p->cv, &p->mu);
+            pthread_mutex_unlock(&p->mu);
+            spins = 0;
+        }
+        if (atomic_load(&p->quit)) return NULL;
+        seen = g;
+        p->fn(p->ctx, a->tid, p->base.nthreads);
+        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+    }
+}
+
+static void bpool_run(ctpu_k_pool *base, void (*fn)(void *, int, int), void *ctx)
+{
+    bpool *p = (bpool *)base;
+    p->fn = fn;
+    p->ctx = ctx;
+    atomic_store(&p->done, 0);
+    pthread_mutex_lock(&p->mu);
+    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    fn(ctx, 0, base->nthreads);
+    while (atomic_load_explicit(&p->done, memory_order_acquire) != (unsigned)(base->nthreads - 1))
+        _mm_pause();
+}
+
+static void bpool_start(bpool *p, int nt)
+{
+    memset(p, 0, sizeof *p);
+    p->base = (ctpu_k_pool){ .nthreads = nt, .run = bpool_run, .impl = p };
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    for (int t = 1; t < nt; t++) {
+        bpool_args[t] = (bpool_arg){ p, t };
+        pthread_create(&p->th[t], NULL, bpool_main, &bpool_args[t]);
+    }
+}
+
+static void bpool_stop(bpool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    atomic_store(&p->quit, 1);
+    atomic_fetch_add(&p->gen, 1);
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    for (int t = 1; t < p->base.nthreads; t++) pthread_join(p->th[t], NULL);
+}
+
+/* ---- peak rates: register-only loops ---------------------------------------- */
+#define PEAK_ITERS 20000000L
+typedef struct { int bf16; double sink; } peak_ctx;
+
+__attribute__((target("avx512f,avx512bf16"), noinline))
+static double peak_bf16_loop(long iters)
+{
+    __m512 c[24];
+    for (int i = 0; i < 24; i++) c[i] = _mm512_set1_ps((float)i);
+    __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80), b = (__m512bh)_mm512_set1_epi32(0x0d800d80);
+    for (long it = 0; it < iters; it++) {
+        __asm__ volatile("" : "+v"(a), "+v"(b));
+#pragma GCC unroll 24
+        for (int i = 0; i < 24; i++) c[i] = _mm512_dpbf16_ps(c[i], a, b);
+    }
+    __m512 s = c[0];
+    for (int i = 1; i < 24; i++) s = _mm512_add_ps(s, c[i]);
+    return (double)_mm512_reduce_add_ps(s);
+}
+
+__attribute__((target("avx512f,fma"), noinline))
+static double peak_fp32_loop(long iters)
+{
+    __m512 c[24];
+    for (int i = 0; i < 24; i++) c[i] = _mm512_set1_ps((float)i);
+    __m512 a = _mm512_set1_ps(1.0f), b = _mm512_set1_ps(1e-30f);
+    for (long it = 0; it < iters; it++) {
+        __asm__ volatile("" : "+v"(a), "+v"(b));
+#pragma GCC unroll 24
+        for (int i = 0; i < 24; i++) c[i] = _mm512_fmadd_ps(a, b, c[i]);
+    }
+    __m512 s = c[0];
+    for (int i = 1; i < 24; i++) s = _mm512_add_ps(s, c[i]);
+    return (double)_mm512_reduce_add_ps(s);
+}
+
+static void peak_task(void *v, int tid, int nt)
+{
+    (void)tid; (void)nt;
+    peak_ctx *p = v;
+    double s = p->bf16 ? peak_bf16_loop(PEAK_ITERS) : peak_fp32_loop(PEAK_ITERS);
+    if (s == 12345.678) p->sink = s;
+}
+
+/* GFLOP/s of the register loop on nt threads (median of 5). */
+static double peak_rate(ctpu_k_pool *pool, int bf16)
+{
+    double t[5];
+    peak_ctx c = { bf16, 0 };
+    for (int r = 0; r < 5; r++) {
+        double t0 = now();
+        if (pool) pool->run(pool, peak_task, &c);
+        else peak_task(&c, 0, 1);
+        t[r] = now() - t0;
+    }
+    qsort(t, 5, sizeof t[0], cmp_d);
+    int nt = pool ? pool->nthreads : 1;
+    /* per instruction: 16 lanes x 2 MACs (bf16 pairs) or 16 lanes x 1 MAC */
+    double flops = (double)PEAK_ITERS * 24 * 16 * (bf16 ? 4 : 2) * nt;
+    return flops / t[2] * 1e-9;
+}
+
+/* ---- matmul problems ---------------------------------------------------------- */
+typedef struct {
+    const char *name;
+    int64_t M, N, K;
+    int ta, tb;          /* A given as [K,M] / B given as [N,K] (backward) */
+    int dt;              /* input dtype; output: same (bf16 @ bf16 -> bf16) */
+} shape;
+
+static uint64_t rs = 0x2545f4914f6cdd1dull;
+static float frand(void)
+{
+    rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17;
+    return (float)((rs >> 40) * 0x1p-24) * 2.0f - 1.0f;
+}
+
+static ctpu_mm_args make_args(const shape *s, void **bufs)
+{
+    size_t es = ctpu_kdt_size(s->dt);
+    void *a = malloc((size_t)(s->M * s->K) * es), *b = malloc((size_t)(s->K * s->N) * es),
+         *c = malloc((size_t)(s->M * s->N) * es);
+    for (int64_t i = 0; i < s->M * s->K; i++) {
+        if (s->dt == CTPU_KDT_BF16) ((uint16_t *)a)[i] = ctpu_f32_to_bf16(frand());
+        else ((float *)a)[i] = frand();
+    }
+    for (int64_t i = 0; i < s->K * s->N; i++) {
+        if (s->dt == CTPU_KDT_BF16) ((uint16_t *)b)[i] = ctpu_f32_to_bf16(frand());
+        else ((float *)b)[i] = frand();
+    }
+    bufs[0] = a; bufs[1] = b; bufs[2] = c;
+    ctpu_mm_args g = { .batch = 1, .M = s->M, .N = s->N, .K = s->K,
+        .a = a, .a_dtype = s->dt, .a_rs = s->ta ? 1 : s->K, .a_cs = s->ta ? s->M : 1,
+        .b = b, .b_dtype = s->dt, .b_rs = s->tb ? 1 : s->N, .b_cs = s->tb ? s->K : 1,
+        .c = c, .c_dtype = s->dt, .ldc = s->N };
+    return g;
+}
+
+/* ctpu's result == _ref on sampled rows (all rows for small shapes). */
+static int validate(const ctpu_mm_args *g)
+{
+    size_t es = ctpu_kdt_size(g->c_dtype);
+    int64_t step = g->M * g->N * g->K <= (1 << 24) ? 1 : g->M / 3;
+    if (step < 1) step = 1;
+    void *row = malloc((size_t)g->N * es);
+    int ok = 1;
+    for (int64_t m = 0; m < g->M && ok; m += step) {
+        ctpu_mm_args r = *g;
+        r.M = 1;
+        r.a = (const char *)g->a + (size_t)(m * g->a_rs) * ctpu_kdt_size(g->a_dtype);
+        r.c = row;
+        ctpu_k_matmul_ref(&r);
+        const char *cr = (const char *)g->c + (size_t)(m * g->ldc) * es;
+        if (memcmp(cr, row, (size_t)g->N * es) != 0) ok = 0;
+        if (m != g->M - 1 && m + step >= g->M) m = g->M - 1 - step;   /* last row too */
+    }
+    free(row);
+    return ok;
+}
+
+static int reps_for(double flop) { int r = (int)(4e10 / flop); return r < 5 ? 5 : r > 200 ? 200 : r; }
+
+/* Median GFLOP/s of ctpu_k_matmul on nt threads; validated first. */
+static double bench_ctpu(const shape *s, ctpu_k_pool *pool)
+{
+    void *bufs[3];
+    ctpu_mm_args g = make_args(s, bufs);
+    ctpu_k_matmul(&g, pool);
+    if (!validate(&g)) {
+        fprintf(stderr, "matmul: %s differs from _ref\n", s->name);
+        exit(1);
+    }
+    double flop = 2.0 * (double)s->M * (double)s->N * (double)s->K;
+    int reps = reps_for(flop);
+    double *t = malloc(sizeof(double) * (size_t)reps);
+    for (int r = 0; r < reps; r++) {
+        double t0 = now();
+        ctpu_k_matmul(&g, pool);
+        t[r] = now() - t0;
+    }
+    qsort(t, (size_t)reps, sizeof t[0], cmp_d);
+    double gf = flop / t[reps / 2] * 1e-9;
+    free(t);
+    free(bufs[0]); free(bufs[1]); free(bufs[2]);
+    return gf;
+}
+
+#ifdef CTPU_HAVE_OPENBLAS
+static double bench_sgemm(const shape *s, int nt)
+{
+    openblas_set_num_threads(nt);
+    shape f = *s;
+    f.dt = CTPU_KDT_F32;
+    void *bufs[3];
+    ctpu_mm_args g = make_args(&f, bufs);
+    double flop = 2.0 * (double)s->M * (double)s->N * (double)s->K;
+    int reps = reps_for(flop);
+    double *t = malloc(sizeof(double) * (size_t)reps);
+    for (int r = -1; r < reps; r++) {
+        double t0 = now();
+        cblas_sgemm(CblasRowMajor, s->ta ? CblasTrans : CblasNoTrans, s->tb ? CblasTrans : CblasNoTrans,
+                    (int)s->M, (int)s->N, (int)s->K, 1.0f, bufs[0], s->ta ? (int)s->M : (int)s->K,
+                    bufs[1], s->tb ? (int)s->K : (int)s->N, 0.0f, bufs[2], (int)s->N);
+        if (r >= 0) t[r] = now() - t0;
+    }
+    (void)g;
+    qsort(t, (size_t)reps, sizeof t[0], cmp_d);
+    double gf = flop / t[reps / 2] * 1e-9;
+    free(t);
+    free(bufs[0]); free(bufs[1]); free(bufs[2]);
+    return gf;
+}
+#endif
+
+static const char *filter;   /* argv[1]: run only the lines whose name contains it */
+static int want(const char *name) { return !filter || strstr(name, filter); }
+static void line(const char *name, double v, const char *unit) { printf("%s %.4g %s\n", name, v, unit); fflush(stdout); }
+
+int main(int argc, char **argv)
+{
+    if (argc > 1) filter = argv[1];
+    if (getenv("OPENBLAS_CORETYPE") || getenv("OPENBLAS_L2_SIZE")) {
+        unsetenv("OPENBLAS_CORETYPE");
+        unsetenv("OPENBLAS_L2_SIZE");
+        execv("/proc/self/exe", argv);
+    }
+    ctpu_isa isa = ctpu_isa_detect();
+    const char *force = getenv("CTPU_ISA");
+    if (force)
+        for (int i = 0; i < CTPU_ISA_COUNT; i++)
+            if (!strcmp(force, ctpu_isa_name((ctpu_isa)i))) isa = (ctpu_isa)i;
+    if (!ctpu_kernels_set_isa(isa)) { fprintf(stderr, "matmul: ISA %s unavailable\n", ctpu_isa_name(isa)); return 1; }
+    fprintf(stderr, "# isa %s\n", ctpu_isa_name(isa));
+    bpool p2;
+    bpool_start(&p2, 2);
+    ctpu_k_pool *pools[3] = { NULL, NULL, &p2.base };
+
+    double pk_bf16_1 = 0, pk_bf16_2 = 0, pk_fp32_1 = 0, pk_fp32_2 = 0;
+    if (__builtin_cpu_supports("avx512bf16") && want("peak")) {
+        pk_bf16_1 = peak_rate(NULL, 1);
+        pk_bf16_2 = peak_rate(&p2.base, 1);
+        line("peak_bf16_1t", pk_bf16_1, "GFLOP/s");
+        line("peak_bf16_2t", pk_bf16_2, "GFLOP/s");
+    }
+    if (want("peak")) {
+        pk_fp32_1 = peak_rate(NULL, 0);
+        pk_fp32_2 = peak_rate(&p2.base, 0);
+        line("peak_fp32_1t", pk_fp32_1, "GFLOP/s");
+        line("peak_fp32_2t", pk_fp32_2, "GFLOP/s");
+    }
+
+    char name[128];
+    double f32_1024[3] = { 0 }, bf16_1024[3] = { 0 }, fwd1[3] = { 0 };
+    for (int n = 128; n <= 2048; n *= 2)
+        for (int dt = 0; dt < 2; dt++)
+            for (int nt = 1; nt <= 2; nt++) {
+                shape s = { "square", n, n, n, 0, 0, dt ? CTPU_KDT_BF16 : CTPU_KDT_F32 };
+                snprintf(name, sizeof name, "matmul_%s_%d_%dt", dt ? "bf16in" : "f32in", n, nt);
+                if (!want(name)) continue;
+                double gf = bench_ctpu(&s, pools[nt]);
+                line(name, gf, "GFLOP/s");
+                if (n == 1024) (dt ? bf16_1024 : f32_1024)[nt] = gf;
+            }
+    /* The demo MLP 784 -> 256 -> 128 -> 10, batch 128: forward Y = X W,
+     * backward dX = dY W^T (B transposed), dW = X^T dY (A transposed). */
+    const shape demo[] = {
+        { "mlp_fwd1", 128, 256, 784, 0, 0, 0 }, { "mlp_fwd2", 128, 128, 256, 0, 0, 0 },
+        { "mlp_fwd3", 128, 10, 128, 0, 0, 0 },
+        { "mlp_bwd1_dw", 784, 256, 128, 1, 0, 0 },
+        { "mlp_bwd2_dx", 128, 256, 128, 0, 1, 0 }, { "mlp_bwd2_dw", 256, 128, 128, 1, 0, 0 },
+        { "mlp_bwd3_dx", 128, 128, 10, 0, 1, 0 }, { "mlp_bwd3_dw", 128, 10, 128, 1, 0, 0 },
+    };
+    for (size_t i = 0; i < sizeof demo / sizeof demo[0]; i++)
+        for (int nt = 1; nt <= 2; nt++) {
+            snprintf(name, sizeof name, "matmul_%s_%dt", demo[i].name, nt);
+            if (!want(name)) continue;
+            double gf = bench_ctpu(&demo[i], pools[nt]);
+            line(name, gf, "GFLOP/s");
+            if (i == 0) fwd1[nt] = gf;
+        }
+
+    double blas_1024 = 0;
+#ifdef CTPU_HAVE_OPENBLAS
+    for (int n = 128; n <= 2048; n *= 2)
+        for (int nt = 1; nt <= 2; nt++) {
+            shape s = { "square", n, n, n, 0, 0, CTPU_KDT_F32 };
+            snprintf(name, sizeof name, "sgemm_openblas_%d_%dt", n, nt);
+            if (!want(name)) continue;
+            double gf = bench_sgemm(&s, nt);
+            line(name, gf, "GFLOP/s");
+            if (n == 1024 && nt == 1) blas_1024 = gf;
+        }
+    for (size_t i = 0; i < sizeof demo / sizeof demo[0]; i++)
+        for (int nt = 1; nt <= 2; nt++) {
+            snprintf(name, sizeof name, "sgemm_openblas_%s_%dt", demo[i].name, nt);
+            if (!want(name)) continue;
+            double gf = bench_sgemm(&demo[i], nt);
+            line(name, gf, "GFLOP/s");
+        }
+#endif
+    if (pk_bf16_1 > 0 && !filter) {
+        line("ratio_bf16in_vs_peak_1t", bf16_1024[1] / pk_bf16_1, "x");
+        line("ratio_f32in_vs_peak_1t", f32_1024[1] / pk_bf16_1, "x");
+        line("ratio_mlp_fwd1_vs_peak_1t", fwd1[1] / pk_bf16_1, "x");
+    }
+    if (blas_1024 > 0 && f32_1024[1] > 0) line("ratio_f32in_vs_openblas_1t", f32_1024[1] / blas_1024, "x");
+    if (f32_1024[1] > 0 && f32_1024[2] > 0) line("ratio_2t_vs_1t", f32_1024[2] / f32_1024[1], "x");
+    if (bf16_1024[1] > 0 && bf16_1024[2] > 0) line("ratio_bf16in_2t_vs_1t", bf16_1024[2] / bf16_1024[1], "x");
+    (void)pk_fp32_2; (void)pk_bf16_2;
+    bpool_stop(&p2);
+    return 0;
+}
