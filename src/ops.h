@@ -105,7 +105,11 @@ enum {
     X(FULL,        "full",         CTPU_OPK__CR, 0, 0) \
     X(ARANGE,      "arange",       CTPU_OPK__CR, 0, 0) \
     X(RAND_UNIFORM,"rand_uniform", CTPU_OPK__CR | CTPU_OPK_RANDOM, 0, 0) \
-    X(RAND_NORMAL, "rand_normal",  CTPU_OPK__CR | CTPU_OPK_RANDOM, 0, 0)
+    X(RAND_NORMAL, "rand_normal",  CTPU_OPK__CR | CTPU_OPK_RANDOM, 0, 0) \
+    /* backward helpers (autograd.c builds them; exec at the end of exec.c) */ \
+    X(SLICE_BACKWARD,     "slice_backward",     CTPU_OPK__MV | CTPU_OPK_BACKWARD, 1, 0) \
+    X(EMBEDDING_BACKWARD, "embedding_backward", CTPU_OPK__MV | CTPU_OPK_BACKWARD, 2, 0) \
+    X(GATHER_BACKWARD,    "gather_backward",    CTPU_OPK__MV | CTPU_OPK_BACKWARD, 2, 0)
 
 typedef enum {
 #define X(e, n, k, a, ko) CTPU_OP_##e,
@@ -143,6 +147,8 @@ typedef struct {
 enum {
     CTPU_ATTR_KEEPDIM      = 1u << 0,
     CTPU_ATTR_SCALAR_FIRST = 1u << 1,   /* s op a */
+    CTPU_ATTR_TRANS_A      = 1u << 2,   /* matmul: a is stored [.., K, M] (used as its transpose) */
+    CTPU_ATTR_TRANS_B      = 1u << 3,   /* matmul: b is stored [.., N, K] */
 };
 
 /* A value's type: dtype + shape. */

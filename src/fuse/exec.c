@@ -26,7 +26,7 @@ static void to_f32(const void *src, int dt, float *dst, int64_t n)
     else ctpu_k_i32_to_f32(src, dst, n);
 }
 
-static void from_f32(const float *src, int dt, void *dst, int64_t n)
+void ctpu_from_f32(const float *src, int dt, void *dst, int64_t n)
 {
     if (dt == CTPU_KDT_F32) { if ((const void *)src != dst) memmove(dst, src, (size_t)n * 4); }
     else if (dt == CTPU_KDT_BF16) ctpu_k_f32_to_bf16(src, dst, n);
@@ -45,22 +45,13 @@ static inline float load_f32(const void *p, int dt, int64_t i)
  * collapsed; then the output is walked in blocks of CTPU_K_BLOCK elements
  * (numexpr's design): operands are loaded into f32 blocks, the kernel runs
  * on the block, the result is stored with one rounding to the output dtype. */
-typedef struct {
-    int nd;
-    int64_t shape[8];
-    int64_t stride[4][8];   /* operand strides (elements); [0..n_in) */
-    int n_in;
-    int mode[4];            /* 0 contiguous, 1 constant, 2 strided */
-} bcast_plan;
-
-static void plan_bcast(const ctpu_step_data *sd, bcast_plan *p)
+void ctpu_bcast_plan_make(const ctpu_vtype *out, const ctpu_vtype *const *ins, int n_in, bcast_plan *p)
 {
-    const ctpu_vtype *out = &sd->node.out;
     int nd = out->ndim;
-    int64_t st[4][8];
-    p->n_in = sd->node.n_in;
-    for (int i = 0; i < p->n_in; i++) {
-        const ctpu_vtype *in = &sd->in[i];
+    int64_t st[CTPU_BCAST_MAX][8];
+    p->n_in = n_in;
+    for (int i = 0; i < n_in; i++) {
+        const ctpu_vtype *in = ins[i];
         int64_t cs[8];
         contig_strides(in, cs);
         for (int d = 0; d < nd; d++) {
@@ -70,27 +61,27 @@ static void plan_bcast(const ctpu_step_data *sd, bcast_plan *p)
     }
     /* collapse dims d and d+1 when every operand is "continuous" across them */
     int64_t shape[8];
-    int64_t cst[4][8];
+    int64_t cst[CTPU_BCAST_MAX][8];
     int k = 0;
     for (int d = 0; d < nd; d++) {
         if (out->shape[d] == 1) continue;   /* extent-1 dims carry nothing */
         if (k > 0) {
             bool ok = true;
-            for (int i = 0; i < p->n_in; i++)
+            for (int i = 0; i < n_in; i++)
                 if (cst[i][k - 1] != st[i][d] * out->shape[d]) { ok = false; break; }
             if (ok) {
                 shape[k - 1] *= out->shape[d];
-                for (int i = 0; i < p->n_in; i++) cst[i][k - 1] = st[i][d];
+                for (int i = 0; i < n_in; i++) cst[i][k - 1] = st[i][d];
                 continue;
             }
         }
         shape[k] = out->shape[d];
-        for (int i = 0; i < p->n_in; i++) cst[i][k] = st[i][d];
+        for (int i = 0; i < n_in; i++) cst[i][k] = st[i][d];
         k++;
     }
     p->nd = k;
     memcpy(p->shape, shape, sizeof(int64_t) * (size_t)k);
-    for (int i = 0; i < p->n_in; i++) {
+    for (int i = 0; i < n_in; i++) {
         memcpy(p->stride[i], cst[i], sizeof(int64_t) * (size_t)k);
         bool zero = true, contig = true;
         int64_t s = 1;
@@ -101,6 +92,13 @@ static void plan_bcast(const ctpu_step_data *sd, bcast_plan *p)
         }
         p->mode[i] = contig ? 0 : zero ? 1 : 2;
     }
+}
+
+static void plan_bcast(const ctpu_step_data *sd, bcast_plan *p)
+{
+    const ctpu_vtype *ins[CTPU_BCAST_MAX];
+    for (int i = 0; i < sd->node.n_in; i++) ins[i] = &sd->in[i];
+    ctpu_bcast_plan_make(&sd->node.out, ins, sd->node.n_in, p);
 }
 
 static void load_strided(const void *base, int dt, const bcast_plan *p, int opnd, int64_t start,
@@ -141,7 +139,7 @@ static void load_strided(const void *base, int dt, const bcast_plan *p, int opnd
 
 /* Load operand `opnd` for output elements [start, start+n) as f32. Returns a
  * pointer to the data (dst, or the operand itself when it is contiguous f32). */
-static const float *load_block(const void *base, int dt, const bcast_plan *p, int opnd,
+const float *ctpu_load_block(const void *base, int dt, const bcast_plan *p, int opnd,
                                int64_t start, int64_t n, float *dst)
 {
     if (p->nd == 0 || p->mode[opnd] == 1) {
@@ -298,10 +296,10 @@ static void ew_range(ew_job *j, int64_t b0, int64_t b1)
         int64_t n = b1 - s < CTPU_K_BLOCK ? b1 - s : CTPU_K_BLOCK;
         const float *x[4];
         for (int i = 0; i < sd->node.n_in; i++)
-            x[i] = load_block(in[i], sd->in[i].dtype, &j->plan, i, s, n, tmp[i]);
+            x[i] = ctpu_load_block(in[i], sd->in[i].dtype, &j->plan, i, s, n, tmp[i]);
         float *y = odt == CTPU_KDT_F32 ? (float *)out + s : ybuf;
         ew_compute_float(sd, x, y, n, ctx->scalars);
-        if (odt != CTPU_KDT_F32) from_f32(y, odt, (char *)out + (size_t)s * ctpu_kdt_size(odt), n);
+        if (odt != CTPU_KDT_F32) ctpu_from_f32(y, odt, (char *)out + (size_t)s * ctpu_kdt_size(odt), n);
     }
 }
 
@@ -422,7 +420,7 @@ static void exec_reduction(const void *data, ctpu_exec_ctx *ctx)
     default: break;
     }
     if (nd->op != CTPU_OP_ARGMAX && y != out) {
-        from_f32(y, nd->out.dtype, out, on);
+        ctpu_from_f32(y, nd->out.dtype, out, on);
         free(y);
     } else if (y != out) {
         free(y);
@@ -464,12 +462,12 @@ static void exec_softmax(const void *data, ctpu_exec_ctx *ctx)
     float *y = malloc((size_t)numel * 4);
     ctpu_k_softmax(xf, rows, n, y, log, ctx->pool);
     if (inner == 1) {
-        from_f32(y, nd->out.dtype, out, numel);
+        ctpu_from_f32(y, nd->out.dtype, out, numel);
     } else {
         int64_t outer = numel / (n * inner);
         int64_t shape[3] = { outer, n, inner }, sst[3] = { n * inner, 1, n }, dst[3] = { n * inner, inner, 1 };
         ctpu_k_strided_copy(y, sst, xf, dst, shape, 3, 4);
-        from_f32(xf, nd->out.dtype, out, numel);
+        ctpu_from_f32(xf, nd->out.dtype, out, numel);
     }
     free(y);
     if (xf != xin) free(xf);
@@ -615,15 +613,17 @@ static void exec_matmul(const void *data, ctpu_exec_ctx *ctx)
     const ctpu_node *nd = &sd->node;
     const ctpu_vtype *a = &sd->in[0], *b = &sd->in[1], *o = &nd->out;
     int on = o->ndim;
-    int64_t M = o->shape[on - 2], N = o->shape[on - 1], K = a->shape[a->ndim - 1];
+    /* CTPU_ATTR_TRANS_A/B (autograd's transposed operands): a stored [K,M], b [N,K] */
+    bool ta = (nd->attr.flags & CTPU_ATTR_TRANS_A) != 0, tb = (nd->attr.flags & CTPU_ATTR_TRANS_B) != 0;
+    int64_t M = o->shape[on - 2], N = o->shape[on - 1], K = a->shape[a->ndim - (ta ? 2 : 1)];
     int nb = on - 2;
     int64_t batch = 1;
     for (int d = 0; d < nb; d++) batch *= o->shape[d];
     if (batch * M * N == 0) return;
     ctpu_mm_args args = {
         .batch = 1, .M = M, .N = N, .K = K,
-        .a_dtype = a->dtype, .a_rs = K, .a_cs = 1,
-        .b_dtype = b->dtype, .b_rs = N, .b_cs = 1,
+        .a_dtype = a->dtype, .a_rs = ta ? 1 : K, .a_cs = ta ? M : 1,
+        .b_dtype = b->dtype, .b_rs = tb ? 1 : N, .b_cs = tb ? K : 1,
         .c_dtype = o->dtype, .ldc = N,
         .precision = (ctpu_k_precision)nd->attr.extra,
         .act = CTPU_K_ACT_NONE,
@@ -721,13 +721,16 @@ static void exec_creation(const void *data, ctpu_exec_ctx *ctx)
             ctpu_k_rand_uniform(seed, offset, 0, n, (float)sc[2], (float)sc[3], y);
         else
             ctpu_k_rand_normal(seed, offset, 0, n, (float)sc[2], (float)sc[3], y);
-        if (y != out) { from_f32(y, dt, out, n); free(y); }
+        if (y != out) { ctpu_from_f32(y, dt, out, n); free(y); }
     }
 }
+
+static ctpu_step_fn backward_exec_fn(int op);
 
 ctpu_step_fn ctpu_exec_fn_for(int op)
 {
     uint32_t k = ctpu_op_infos[op].kind;
+    if (k & CTPU_OPK_BACKWARD) return backward_exec_fn(op);
     if (k & CTPU_OPK_ELEMENTWISE) return exec_elementwise;
     if (k & CTPU_OPK_CREATION) return exec_creation;
     if (k & CTPU_OPK_MATMUL) return exec_matmul;
@@ -746,4 +749,121 @@ ctpu_step_fn ctpu_exec_fn_for(int op)
     }
     if (k & CTPU_OPK_REDUCTION) return exec_reduction;
     return NULL;
+}
+
+/* ------------------------------------------------------------ backward helpers
+ * Ops that only autograd (src/eager/autograd.c) builds. */
+
+/* slice_backward: g (the slice's shape) placed into zeros of the sliced
+ * input's shape (node out) at start, start+step, ... along dims[0]. */
+static void exec_slice_backward(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_step_data *sd = data;
+    const ctpu_node *nd = &sd->node;
+    int dim = nd->attr.dims[0];
+    int64_t start = nd->attr.i64[0], step = nd->attr.i64[2];
+    size_t es = ctpu_kdt_size(nd->out.dtype);
+    size_t bytes = (size_t)ctpu_vtype_numel(&nd->out) * es;
+    char *out = ctx->ptr[sd->out_slot];
+    if (bytes) memset(out, 0, bytes);
+    if (ctpu_vtype_numel(&sd->in[0]) == 0) return;
+    int64_t cs[8], os[8];
+    contig_strides(&sd->in[0], cs);
+    contig_strides(&nd->out, os);
+    char *dst = out + (size_t)(start * os[dim]) * es;
+    os[dim] *= step;
+    ctpu_k_strided_copy(ctx->ptr[sd->in_slot[0]], cs, dst, os, sd->in[0].shape, sd->in[0].ndim, es);
+}
+
+/* Scatter-add rows in input order into an f32 accumulator, then round once
+ * to the output dtype. */
+static float *bw_acc_begin(const ctpu_step_data *sd, ctpu_exec_ctx *ctx, int64_t n)
+{
+    if (sd->node.out.dtype == CTPU_KDT_F32) {
+        float *o = ctx->ptr[sd->out_slot];
+        memset(o, 0, (size_t)n * 4);
+        return o;
+    }
+    return calloc((size_t)(n ? n : 1), 4);
+}
+
+static void bw_acc_end(const ctpu_step_data *sd, ctpu_exec_ctx *ctx, float *acc, int64_t n)
+{
+    if (acc != ctx->ptr[sd->out_slot]) {
+        ctpu_from_f32(acc, sd->node.out.dtype, ctx->ptr[sd->out_slot], n);
+        free(acc);
+    }
+}
+
+/* embedding_backward: g [..., D], indices i32 [...] -> [V, D]:
+ * out[idx[i], :] += g[i, :] for i in input order; out-of-range indices (a
+ * fault already raised by the forward embedding) are skipped. */
+static void exec_embedding_backward(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_step_data *sd = data;
+    const ctpu_node *nd = &sd->node;
+    int64_t V = nd->out.shape[0], D = nd->out.shape[1];
+    int64_t n = ctpu_vtype_numel(&sd->in[1]);
+    float *acc = bw_acc_begin(sd, ctx, V * D);
+    if (!acc) return;
+    const void *g = ctx->ptr[sd->in_slot[0]];
+    const int32_t *idx = ctx->ptr[sd->in_slot[1]];
+    int gdt = sd->in[0].dtype;
+    float row[CTPU_K_BLOCK];
+    for (int64_t i = 0; i < n; i++) {
+        int64_t v = idx[i];
+        if (v < 0 || v >= V) continue;
+        float *dst = acc + v * D;
+        for (int64_t c = 0; c < D; c += CTPU_K_BLOCK) {
+            int64_t m = D - c < CTPU_K_BLOCK ? D - c : CTPU_K_BLOCK;
+            const float *src = row;
+            if (gdt == CTPU_KDT_F32) src = (const float *)g + i * D + c;
+            else to_f32((const char *)g + (size_t)(i * D + c) * ctpu_kdt_size(gdt), gdt, row, m);
+            for (int64_t j = 0; j < m; j++) dst[c + j] += src[j];
+        }
+    }
+    bw_acc_end(sd, ctx, acc, V * D);
+}
+
+/* gather_backward: g and index share a shape; out (the gathered input's
+ * shape) is zeros with out[.., index[i], ..] += g[i] along dim extra, in
+ * input order; out-of-range indices are skipped. */
+static void exec_gather_backward(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_step_data *sd = data;
+    const ctpu_node *nd = &sd->node;
+    const ctpu_vtype *it = &sd->in[1];
+    int dim = nd->attr.extra, ndim = nd->out.ndim;
+    int64_t total = ctpu_vtype_numel(&nd->out);
+    float *acc = bw_acc_begin(sd, ctx, total);
+    if (!acc) return;
+    int64_t os[8];
+    contig_strides(&nd->out, os);
+    const void *g = ctx->ptr[sd->in_slot[0]];
+    const int32_t *idx = ctx->ptr[sd->in_slot[1]];
+    int gdt = sd->in[0].dtype;
+    int64_t n = ctpu_vtype_numel(it), pos[8] = {0};
+    for (int64_t i = 0; i < n; i++) {
+        int64_t v = idx[i];
+        if (v >= 0 && v < nd->out.shape[dim]) {
+            int64_t off = 0;
+            for (int d = 0; d < ndim; d++) off += (d == dim ? v : pos[d]) * os[d];
+            acc[off] += load_f32(g, gdt, i);
+        }
+        for (int d = ndim - 1; d >= 0; d--) {
+            if (++pos[d] < it->shape[d]) break;
+            pos[d] = 0;
+        }
+    }
+    bw_acc_end(sd, ctx, acc, total);
+}
+
+static ctpu_step_fn backward_exec_fn(int op)
+{
+    switch (op) {
+    case CTPU_OP_SLICE_BACKWARD: return exec_slice_backward;
+    case CTPU_OP_EMBEDDING_BACKWARD: return exec_embedding_backward;
+    case CTPU_OP_GATHER_BACKWARD: return exec_gather_backward;
+    default: return NULL;
+    }
 }
