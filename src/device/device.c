@@ -298,10 +298,10 @@ static void execute(ctpu_device *dev, ctpu_cmd *cmd)
                 }
             }
         }
-        if (ctx.fault_status != CTPU_OK) {
-            unsigned id = fault_record(dev, ctx.fault_status, ctx.fault_msg);
-            for (int i = prog->n_in; i < cmd->n_bufs; i++) atomic_store(&cmd->buf[i]->fault, id);
-        }
+        /* a good result replaces whatever fault the output held before
+         * (assign in place over a faulted value) */
+        unsigned id = ctx.fault_status != CTPU_OK ? fault_record(dev, ctx.fault_status, ctx.fault_msg) : 0;
+        for (int i = prog->n_in; i < cmd->n_bufs; i++) atomic_store(&cmd->buf[i]->fault, id);
     }
     for (int i = 0; i < cmd->n_bufs; i++) ctpu_buffer_release(dev, cmd->buf[i]);
     if (ptr != ptr_inl) free(ptr);
