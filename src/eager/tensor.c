@@ -55,7 +55,10 @@ static bool slot_alloc(uint32_t *out)
         if (rt->n_pages == CTPU_MAX_PAGES) { pthread_mutex_unlock(&rt->slot_mu); return false; }
         ctpu_trec *page = calloc(CTPU_SLOTS_PER_PAGE, sizeof *page);
         if (!page) { pthread_mutex_unlock(&rt->slot_mu); return false; }
-        for (uint32_t i = 0; i < CTPU_SLOTS_PER_PAGE; i++) page[i].gen = 1;
+        /* generations start at a per-runtime value, so a handle kept across
+         * shutdown/init is stale rather than an alias of a new handle */
+        uint32_t gen0 = (uint32_t)(rt->epoch * 2654435761u) | 1u;
+        for (uint32_t i = 0; i < CTPU_SLOTS_PER_PAGE; i++) page[i].gen = gen0;
         rt->pages[rt->n_pages++] = page;
     }
     *out = rt->n_slots++;
