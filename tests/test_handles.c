@@ -1,0 +1,442 @@
+/* Handles, scopes, assign and the runtime lifecycle (CONTRACTS.md "Handles
+ * and values", "Scopes"):
+ * - a released handle, or one whose scope ended, is CTPU_ERR_STALE_HANDLE;
+ * - keep moves a handle one scope out; scopes nest;
+ * - assign writes in place when nothing shares the storage (assign_in_place)
+ *   and copies otherwise (assign_copy_on_write); the other handle keeps the
+ *   old value; views are never written through;
+ * - HBM in use returns to the baseline after a scope ends (no leak);
+ * - calls before ctpu_init are CTPU_ERR_NOT_INITIALIZED; init twice is
+ *   CTPU_ERR_STATE; init/shutdown/init works and old handles are stale. */
+#include "t_core.h"
+
+static void expect_vals(ctpu_tensor t, const float *want, int64_t n)
+{
+    int64_t got_n;
+    float *g = t_read(t, &got_n);
+    ck_assert_int_eq(got_n, n);
+    for (int64_t i = 0; i < n; i++)
+        ck_assert_msg(t_same(g[i], want[i]), "element %lld: got %g want %g", (long long)i, g[i], want[i]);
+    free(g);
+}
+
+/* ------------------------------------------------------------ stale */
+START_TEST(stale_after_release)
+{
+    ctpu_tensor a = T_VEC(1, 2, 3);
+    ck_assert(ctpu_is_valid(a));
+    ck_assert_int_eq(ctpu_release(a), CTPU_OK);
+    ck_assert(!ctpu_is_valid(a));
+    ck_assert_int_eq(ctpu_ndim(a), -1);
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_STALE_HANDLE);
+    ck_assert(t_contains(ctpu_last_error(), "ndim"));
+    ck_assert_int_eq(ctpu_release(a), CTPU_ERR_STALE_HANDLE);
+    ctpu_clear_error();
+    ctpu_tensor b = T_VEC(4, 5, 6);
+    ck_assert(ctpu_is_null(ctpu_add(a, b)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_STALE_HANDLE);
+    ck_assert(t_contains(ctpu_last_error(), "add"));
+    float buf[3];
+    ck_assert_int_eq(ctpu_to_host(a, buf, sizeof buf), CTPU_ERR_STALE_HANDLE);
+    /* the slot is reused by the next handle: the old one must stay stale */
+    ctpu_tensor c = T_VEC(7, 8, 9);
+    ck_assert(ctpu_is_valid(c));
+    ck_assert(!ctpu_is_valid(a));
+    ck_assert_int_eq(ctpu_numel(a), -1);
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_STALE_HANDLE);
+    expect_vals(c, (float[]){ 7, 8, 9 }, 3);
+}
+END_TEST
+
+START_TEST(stale_after_scope_end)
+{
+    ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+    ctpu_tensor a = T_VEC(1, 2);
+    ctpu_tensor b = ctpu_exp(a);
+    ck_assert(!ctpu_is_null(b));
+    ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+    ck_assert(!ctpu_is_valid(a));
+    ck_assert(!ctpu_is_valid(b));
+    ck_assert(ctpu_is_null(ctpu_neg(b)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_STALE_HANDLE);
+    ck_assert(t_contains(ctpu_last_error(), "neg"));
+    ck_assert_int_eq(ctpu_release(b), CTPU_ERR_STALE_HANDLE);
+    /* no scope open */
+    ck_assert_int_eq(ctpu_scope_end(), CTPU_ERR_STATE);
+    ck_assert(t_contains(ctpu_last_error(), "scope_end"));
+}
+END_TEST
+
+START_TEST(keep_moves_out)
+{
+    ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+    ctpu_tensor a = T_VEC(1, 2);
+    ctpu_tensor b = ctpu_mul_scalar(a, 3);
+    ck_assert(ctpu_keep(b).id == b.id);
+    ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+    ck_assert(!ctpu_is_valid(a));
+    ck_assert(ctpu_is_valid(b));
+    expect_vals(b, (float[]){ 3, 6 }, 2);
+    /* keep(null) is null without a message */
+    ctpu_clear_error();
+    ck_assert(ctpu_is_null(ctpu_keep(CTPU_NULL)));
+    ck_assert_str_eq(ctpu_last_error(), "");
+}
+END_TEST
+
+START_TEST(nested_scopes)
+{
+    ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);          /* A */
+    ctpu_tensor a = T_VEC(1);
+    ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);          /* B */
+    ctpu_tensor b = T_VEC(2);
+    ctpu_tensor k1 = ctpu_keep(ctpu_add(a, b));             /* -> A */
+    ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);          /* C */
+    ctpu_tensor c = T_VEC(3);
+    ctpu_tensor k2 = ctpu_keep(ctpu_keep(c));               /* C -> B -> A */
+    ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);            /* end C */
+    ck_assert(ctpu_is_valid(c) && ctpu_is_valid(k2));
+    ck_assert(ctpu_is_valid(b));
+    ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);            /* end B */
+    ck_assert(!ctpu_is_valid(b));
+    ck_assert(ctpu_is_valid(k1) && ctpu_is_valid(k2) && ctpu_is_valid(a));
+    expect_vals(k1, (float[]){ 3 }, 1);
+    ctpu_tensor g = ctpu_keep(k1);                          /* -> global */
+    ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);            /* end A */
+    ck_assert(!ctpu_is_valid(a));
+    ck_assert(!ctpu_is_valid(k2));
+    ck_assert(ctpu_is_valid(g));
+    expect_vals(g, (float[]){ 3 }, 1);
+    /* a step scope is a scope too, and must be ended as a step */
+    ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
+    ctpu_tensor s = T_VEC(5);
+    ck_assert_int_eq(ctpu_scope_end(), CTPU_ERR_STATE);
+    ck_assert_int_eq(ctpu_step_end(), CTPU_OK);
+    ck_assert(!ctpu_is_valid(s));
+    ck_assert_int_eq(ctpu_release(g), CTPU_OK);
+}
+END_TEST
+
+START_TEST(scope_depth_limit)
+{
+    int opened = 0;
+    while (ctpu_scope_begin() == CTPU_OK && opened < 1000) opened++;
+    ck_assert_int_eq(opened, 64);
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_STATE);
+    for (int i = 0; i < opened; i++) ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+    ck_assert_int_eq(ctpu_scope_end(), CTPU_ERR_STATE);
+    ctpu_tensor a = T_VEC(1);
+    ck_assert(ctpu_is_valid(a));
+}
+END_TEST
+
+/* ------------------------------------------------------------ assign */
+START_TEST(assign_in_place)
+{
+    ctpu_tensor x = T_VEC(1, 2, 3);
+    ctpu_tensor y = T_VEC(4, 5, 6);
+    int64_t ip = ctpu_metric_counter("assign_in_place"), cw = ctpu_metric_counter("assign_copy_on_write");
+    ctpu_trec *rx = ctpu_rec_get(x, "t", "x", false);
+    void *data_before = rx->buf->data;
+    ck_assert_int_eq(ctpu_assign(x, y), CTPU_OK);
+    ck_assert_int_eq(ctpu_metric_counter("assign_in_place"), ip + 1);
+    ck_assert_int_eq(ctpu_metric_counter("assign_copy_on_write"), cw);
+    ck_assert_ptr_eq(rx->buf->data, data_before);
+    expect_vals(x, (float[]){ 4, 5, 6 }, 3);
+    expect_vals(y, (float[]){ 4, 5, 6 }, 3);
+    /* y is unaffected by a later assign to x */
+    ck_assert_int_eq(ctpu_assign(x, ctpu_neg(y)), CTPU_OK);
+    expect_vals(x, (float[]){ -4, -5, -6 }, 3);
+    expect_vals(y, (float[]){ 4, 5, 6 }, 3);
+    /* assign to itself is a no-op */
+    ck_assert_int_eq(ctpu_assign(x, x), CTPU_OK);
+    expect_vals(x, (float[]){ -4, -5, -6 }, 3);
+}
+END_TEST
+
+/* An op enqueued before an in-place assign reads the old value. */
+START_TEST(assign_in_place_pending_read)
+{
+    ctpu_tensor x = T_VEC(1, 2, 3);
+    ctpu_tensor y = T_VEC(10, 20, 30);
+    ctpu__test_device_hold(true);
+    ctpu_tensor z = ctpu_mul_scalar(x, 2);
+    ck_assert_int_eq(ctpu_assign(x, y), CTPU_OK);
+    ctpu_tensor w = ctpu_mul_scalar(x, 2);
+    ctpu__test_device_hold(false);
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    expect_vals(z, (float[]){ 2, 4, 6 }, 3);
+    expect_vals(w, (float[]){ 20, 40, 60 }, 3);
+}
+END_TEST
+
+START_TEST(assign_copy_on_write_view)
+{
+    int64_t s23[2] = { 2, 3 };
+    ctpu_tensor x = T_VEC(1, 2, 3, 4, 5, 6);
+    ctpu_tensor v = ctpu_reshape(x, 2, s23);            /* shares x's storage */
+    ck_assert(!ctpu_is_null(v));
+    ctpu_tensor y = T_VEC(9, 8, 7, 6, 5, 4);
+    int64_t ip = ctpu_metric_counter("assign_in_place"), cw = ctpu_metric_counter("assign_copy_on_write");
+    ck_assert_int_eq(ctpu_assign(x, y), CTPU_OK);
+    ck_assert_int_eq(ctpu_metric_counter("assign_copy_on_write"), cw + 1);
+    ck_assert_int_eq(ctpu_metric_counter("assign_in_place"), ip);
+    expect_vals(x, (float[]){ 9, 8, 7, 6, 5, 4 }, 6);
+    expect_vals(v, (float[]){ 1, 2, 3, 4, 5, 6 }, 6);     /* value semantics */
+    /* once x has its own storage, the next assign is in place */
+    ck_assert_int_eq(ctpu_assign(x, ctpu_neg(y)), CTPU_OK);
+    ck_assert_int_eq(ctpu_metric_counter("assign_in_place"), ip + 1);
+    expect_vals(v, (float[]){ 1, 2, 3, 4, 5, 6 }, 6);
+    /* assigning the view never writes through into ... nothing shares v now */
+    ctpu_tensor z = ctpu_zeros(CTPU_F32, 2, s23);
+    ck_assert_int_eq(ctpu_assign(v, z), CTPU_OK);
+    expect_vals(v, (float[]){ 0, 0, 0, 0, 0, 0 }, 6);
+    expect_vals(x, (float[]){ -9, -8, -7, -6, -5, -4 }, 6);
+}
+END_TEST
+
+START_TEST(assign_copy_on_write_other_handle)
+{
+    ctpu_tensor x = T_VEC(1, 2, 3);
+    ctpu_tensor h = ctpu_contiguous(x);                 /* another handle, same storage */
+    ck_assert(!ctpu_is_null(h));
+    int64_t cw = ctpu_metric_counter("assign_copy_on_write");
+    ck_assert_int_eq(ctpu_assign(h, T_VEC(7, 7, 7)), CTPU_OK);
+    ck_assert_int_eq(ctpu_metric_counter("assign_copy_on_write"), cw + 1);
+    expect_vals(h, (float[]){ 7, 7, 7 }, 3);
+    expect_vals(x, (float[]){ 1, 2, 3 }, 3);
+    /* after the sharer is released, the storage is x's alone: in place */
+    ctpu_tensor x2 = ctpu_contiguous(x);
+    ck_assert_int_eq(ctpu_release(x2), CTPU_OK);
+    int64_t ip = ctpu_metric_counter("assign_in_place");
+    ck_assert_int_eq(ctpu_assign(x, T_VEC(0, 1, 0)), CTPU_OK);
+    ck_assert_int_eq(ctpu_metric_counter("assign_in_place"), ip + 1);
+    expect_vals(x, (float[]){ 0, 1, 0 }, 3);
+}
+END_TEST
+
+START_TEST(slice_view_not_written_through)
+{
+    int64_t s = 6;
+    float d[6] = { 1, 2, 3, 4, 5, 6 };
+    ctpu_tensor x = t_f32(d, 1, &s);
+    ctpu_tensor a = ctpu_slice(x, 0, 1, 4, 1);          /* contiguous slice: a view */
+    ctpu_tensor b = ctpu_slice(x, 0, 3, 6, 1);
+    ck_assert(!ctpu_is_null(a) && !ctpu_is_null(b));
+    expect_vals(a, (float[]){ 2, 3, 4 }, 3);
+    ck_assert_int_eq(ctpu_assign(a, b), CTPU_OK);       /* overlapping storage */
+    expect_vals(a, (float[]){ 4, 5, 6 }, 3);
+    expect_vals(b, (float[]){ 4, 5, 6 }, 3);
+    expect_vals(x, d, 6);
+    ck_assert_int_eq(ctpu_assign(b, ctpu_zeros(CTPU_F32, 1, (int64_t[]){ 3 })), CTPU_OK);
+    expect_vals(x, d, 6);
+    expect_vals(b, (float[]){ 0, 0, 0 }, 3);
+    expect_vals(a, (float[]){ 4, 5, 6 }, 3);
+}
+END_TEST
+
+START_TEST(assign_errors)
+{
+    ctpu_tensor x = T_VEC(1, 2, 3);
+    ck_assert_int_eq(ctpu_assign(x, T_VEC(1, 2)), CTPU_ERR_SHAPE);
+    ck_assert(t_contains(ctpu_last_error(), "assign"));
+    int32_t iv[3] = { 1, 2, 3 };
+    int64_t s3 = 3;
+    ck_assert_int_eq(ctpu_assign(x, t_i32(iv, 1, &s3)), CTPU_ERR_DTYPE);
+    ck_assert(t_contains(ctpu_last_error(), "assign"));
+    expect_vals(x, (float[]){ 1, 2, 3 }, 3);
+}
+END_TEST
+
+/* After a fault latched on a tensor, assigning it a good value gives a good
+ * tensor (the new value replaces the faulted one). */
+START_TEST(assign_over_faulted_value)
+{
+    float w[4] = { 1, 2, 3, 4 };
+    int64_t ws[2] = { 2, 2 }, is = 1;
+    int32_t bad = 5;
+    ctpu_tensor e = ctpu_embedding(t_f32(w, 2, ws), t_i32(&bad, 1, &is));
+    ck_assert(!ctpu_is_null(e));
+    ck_assert_int_eq(ctpu_sync(), CTPU_ERR_DEVICE_FAULT);
+    int64_t s12[2] = { 1, 2 };
+    ctpu_tensor good = ctpu_full(CTPU_F32, 2, s12, 3.0);
+    ck_assert_int_eq(ctpu_assign(e, good), CTPU_OK);
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    expect_vals(e, (float[]){ 3, 3 }, 2);
+}
+END_TEST
+
+/* ------------------------------------------------------------ memory */
+START_TEST(no_leak_after_scope)
+{
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    ctpu_hbm_stats base;
+    ck_assert_int_eq(ctpu_hbm_get_stats(&base), CTPU_OK);
+    for (int it = 0; it < 3; it++) {
+        ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+        int64_t s[2] = { 33, 17 };
+        ctpu_tensor a = ctpu_rand_uniform(CTPU_F32, 2, s, -1, 1);
+        ctpu_tensor b = ctpu_reshape(a, 2, (int64_t[]){ 17, 33 });
+        ctpu_tensor c = ctpu_matmul(a, b);
+        ctpu_tensor d = ctpu_softmax(ctpu_add(c, ctpu_sum(c, 1, (int[]){ 0 }, true)), -1);
+        ctpu_tensor e = ctpu_concat(2, (ctpu_tensor[]){ d, d }, 0);
+        ctpu_tensor f = ctpu_slice(e, 1, 0, 10, 3);
+        ck_assert(!ctpu_is_null(f));
+        ck_assert_int_eq(ctpu_assign(a, ctpu_neg(a)), CTPU_OK);   /* copy-on-write (b shares) */
+        ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+        ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+        ctpu_hbm_stats now;
+        ck_assert_int_eq(ctpu_hbm_get_stats(&now), CTPU_OK);
+        ck_assert_uint_eq(now.in_use, base.in_use);
+        ck_assert_uint_eq(now.allocs - base.allocs, now.frees - base.frees);
+    }
+    /* explicit release, no scope */
+    ctpu_tensor g = ctpu_ones(CTPU_BF16, 1, (int64_t[]){ 1000 });
+    ctpu_tensor h = ctpu_reshape(g, 2, (int64_t[]){ 10, 100 });
+    ck_assert_int_eq(ctpu_release(g), CTPU_OK);
+    ctpu_hbm_stats mid;
+    ctpu_hbm_get_stats(&mid);
+    ck_assert_uint_gt(mid.in_use, base.in_use);         /* h still holds it */
+    ck_assert_int_eq(ctpu_release(h), CTPU_OK);
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    ctpu_hbm_get_stats(&mid);
+    ck_assert_uint_eq(mid.in_use, base.in_use);
+}
+END_TEST
+
+/* ------------------------------------------------------------ lifecycle */
+START_TEST(before_init)
+{
+    t_clear_env();
+    ck_assert(!ctpu_is_initialized());
+    ctpu_tensor fake = { ((uint64_t)1 << 32) | 1 };
+    float x = 1;
+    int64_t s = 1;
+    double v;
+    ctpu_hbm_stats hs;
+    uint64_t a, b;
+    ck_assert(ctpu_is_null(ctpu_from_host(&x, CTPU_F32, 1, &s)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_NOT_INITIALIZED);
+    ck_assert(t_contains(ctpu_last_error(), "from_host"));
+    ck_assert(ctpu_is_null(ctpu_add(fake, fake)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_NOT_INITIALIZED);
+    ck_assert(t_contains(ctpu_last_error(), "add"));
+    ck_assert(ctpu_is_null(ctpu_zeros(CTPU_F32, 1, &s)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(ctpu_sync(), CTPU_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(ctpu_scope_begin(), CTPU_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(ctpu_scope_end(), CTPU_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(ctpu_step_begin(), CTPU_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(ctpu_mark_step(), CTPU_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(ctpu_release(fake), CTPU_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(ctpu_item(fake, &v), CTPU_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(ctpu_to_host(fake, &x, 4), CTPU_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(ctpu_assign(fake, fake), CTPU_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(ctpu_ndim(fake), -1);
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(ctpu_hbm_get_stats(&hs), CTPU_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEBUG), CTPU_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(ctpu_set_thread_mode(CTPU_MODE_DEBUG), CTPU_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(ctpu_set_debug_checks(true), CTPU_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(ctpu_set_matmul_precision(CTPU_PRECISION_HIGH), CTPU_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(ctpu_rng_get_state(&a, &b), CTPU_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(ctpu_rng_set_state(1, 2), CTPU_ERR_NOT_INITIALIZED);
+    ck_assert(ctpu_is_null(ctpu_rand_uniform(CTPU_F32, 1, &s, 0, 1)));
+    ck_assert(ctpu_is_null(ctpu_arange(0, 4, 1, CTPU_F32)));
+    ck_assert(ctpu_is_null(ctpu_concat(1, &fake, 0)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_NOT_INITIALIZED);
+    ck_assert(ctpu_is_null(ctpu_keep(fake)));
+    ck_assert(!ctpu_is_valid(fake));
+    ck_assert_ptr_null(ctpu_chip());
+    ck_assert_int_eq(ctpu_metric_counter("syncs"), 0);
+    ctpu_manual_seed(3);          /* no-ops, no crash */
+    ctpu_hbm_reset_peak();
+    ctpu_metrics_clear();
+    ctpu_shutdown();
+    ctpu_metrics_report(NULL);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    ck_assert(ctpu_is_initialized());
+    ctpu_shutdown();
+    ck_assert(!ctpu_is_initialized());
+    ck_assert(ctpu_is_null(ctpu_from_host(&x, CTPU_F32, 1, &s)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_NOT_INITIALIZED);
+}
+END_TEST
+
+START_TEST(init_twice)
+{
+    t_clear_env();
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    ck_assert_int_eq(ctpu_init(), CTPU_ERR_STATE);
+    ck_assert(t_contains(ctpu_last_error(), "init"));
+    ctpu_tensor a = T_VEC(1, 2);          /* still usable */
+    expect_vals(ctpu_add(a, a), (float[]){ 2, 4 }, 2);
+    ctpu_shutdown();
+    ctpu_shutdown();                       /* safe twice */
+}
+END_TEST
+
+START_TEST(init_shutdown_init)
+{
+    t_clear_env();
+    ctpu_tensor old[4];
+    for (int round = 0; round < 3; round++) {
+        ck_assert_int_eq(ctpu_init(), CTPU_OK);
+        /* handles of the previous runtime are stale, never aliases of new ones */
+        ctpu_tensor fresh[4];
+        for (int i = 0; i < 4; i++) fresh[i] = T_VEC((float)(round * 10 + i));
+        if (round > 0) {
+            for (int i = 0; i < 4; i++) {
+                ck_assert(!ctpu_is_valid(old[i]));
+                ck_assert_int_eq(ctpu_numel(old[i]), -1);
+                ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_STALE_HANDLE);
+            }
+        }
+        ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);   /* left open on purpose */
+        ctpu_tensor s = ctpu_sum(ctpu_concat(4, fresh, 0), 0, NULL, false);
+        double v;
+        ck_assert_int_eq(ctpu_item(s, &v), CTPU_OK);
+        ck_assert(v == round * 40 + 6);
+        for (int i = 0; i < 4; i++) old[i] = fresh[i];
+        ctpu_shutdown();
+    }
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("handles");
+    TCase *t = tcase_create("handles");
+    tcase_add_checked_fixture(t, t_setup, t_teardown);
+    tcase_set_timeout(t, 60);
+    tcase_add_test(t, stale_after_release);
+    tcase_add_test(t, stale_after_scope_end);
+    tcase_add_test(t, keep_moves_out);
+    tcase_add_test(t, nested_scopes);
+    tcase_add_test(t, scope_depth_limit);
+    tcase_add_test(t, assign_in_place);
+    tcase_add_test(t, assign_in_place_pending_read);
+    tcase_add_test(t, assign_copy_on_write_view);
+    tcase_add_test(t, assign_copy_on_write_other_handle);
+    tcase_add_test(t, slice_view_not_written_through);
+    tcase_add_test(t, assign_errors);
+    tcase_add_test(t, assign_over_faulted_value);
+    tcase_add_test(t, no_leak_after_scope);
+    suite_add_tcase(s, t);
+    TCase *l = tcase_create("lifecycle");
+    tcase_set_timeout(l, 60);
+    tcase_add_test(l, before_init);
+    tcase_add_test(l, init_twice);
+    tcase_add_test(l, init_shutdown_init);
+    suite_add_tcase(s, l);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *r = srunner_create(suite());
+    srunner_run_all(r, CK_NORMAL);
+    int failed = srunner_ntests_failed(r);
+    srunner_free(r);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
