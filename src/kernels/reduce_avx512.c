@@ -20,6 +20,8 @@
 enum { RED_SQDEV = CTPU_K_RED_COUNT, RED_EXPSUM };
 #define AI static inline __attribute__((always_inline))
 
+void ctpu_k_red_rows1_avx512(int op, const float *x, const float *c, int64_t n, int64_t rows,
+                             float *y);
 float ctpu_k_red_col1_avx512(int op, const float *x, float c, int64_t n, int64_t k0, int64_t k1);
 void ctpu_k_red_colv_avx512(int op, const float *x, const float *cv, int64_t n, int64_t inner,
                             int ncols, int64_t k0, int64_t k1, float *out);
@@ -95,6 +97,21 @@ AI __m512 chunk1(int op, const float *x, int64_t len, __m512 vc, __mmask16 *nan)
     return acc;
 }
 
+/* Four consecutive full chunks at once (independent chains, for ILP). */
+AI void chunk4(int op, const float *x, __m512 vc, __mmask16 *nan, __m512 acc[4])
+{
+    const int cop = comb_op(op);
+    for (int i = 0; i < 4; i++) acc[i] = _mm512_set1_ps(s_ident(cop));
+    for (int64_t j = 0; j < CTPU_K_RED_CHUNK; j += 16) {
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            __m512 v = v_elem(op, _mm512_loadu_ps(x + i * CTPU_K_RED_CHUNK + j), vc);
+            if (is_minmax(op)) *nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+            acc[i] = v_comb(cop, acc[i], v);
+        }
+    }
+}
+
 AI int64_t chunk_len(int64_t n, int64_t k)
 {
     int64_t j0 = k * CTPU_K_RED_CHUNK;
@@ -120,7 +137,13 @@ AI float col1_impl(int op, const float *x, float c, int64_t n, int64_t k0, int64
     __mmask16 nan = 0;
     __m512 vc = _mm512_set1_ps(c);
 #define COMB(a, b) s_comb(cop, a, b)
-    for (int64_t k = k0; k < k1; k++) {
+    int64_t k = k0;
+    for (; k + 4 <= k1 && (k + 4) * CTPU_K_RED_CHUNK <= n; k += 4) {
+        __m512 acc[4];
+        chunk4(op, x + k * CTPU_K_RED_CHUNK, vc, &nan, acc);
+        for (int i = 0; i < 4; i++) TREE_PUSH(stk, sp, k + i - k0, lane_tree(cop, acc[i]), COMB);
+    }
+    for (; k < k1; k++) {
         float v = lane_tree(cop, chunk1(op, x + k * CTPU_K_RED_CHUNK, chunk_len(n, k), vc, &nan));
         TREE_PUSH(stk, sp, k - k0, v, COMB);
     }
@@ -136,6 +159,34 @@ float ctpu_k_red_col1_avx512(int op, const float *x, float c, int64_t n, int64_t
     case CTPU_K_RED_MAX: return col1_impl(CTPU_K_RED_MAX, x, c, n, k0, k1);
     case CTPU_K_RED_MIN: return col1_impl(CTPU_K_RED_MIN, x, c, n, k0, k1);
     default: return col1_impl(RED_SQDEV, x, c, n, k0, k1);
+    }
+}
+
+/* Whole contiguous columns; a column of one chunk skips the chunk tree. */
+AI void rows1_impl(int op, const float *x, const float *c, int64_t n, int64_t rows, float *y)
+{
+    const int cop = comb_op(op);
+    int64_t m = (n + CTPU_K_RED_CHUNK - 1) / CTPU_K_RED_CHUNK;
+    for (int64_t r = 0; r < rows; r++) {
+        float cr = c ? c[r] : 0.0f;
+        if (m == 1) {
+            __mmask16 nan = 0;
+            float v = lane_tree(cop, chunk1(op, x + r * n, n, _mm512_set1_ps(cr), &nan));
+            y[r] = nan ? NAN : v;
+        } else {
+            y[r] = col1_impl(op, x + r * n, cr, n, 0, m);
+        }
+    }
+}
+
+void ctpu_k_red_rows1_avx512(int op, const float *x, const float *c, int64_t n, int64_t rows,
+                             float *y)
+{
+    switch (op) {
+    case CTPU_K_RED_SUM: rows1_impl(CTPU_K_RED_SUM, x, c, n, rows, y); break;
+    case CTPU_K_RED_MAX: rows1_impl(CTPU_K_RED_MAX, x, c, n, rows, y); break;
+    case CTPU_K_RED_MIN: rows1_impl(CTPU_K_RED_MIN, x, c, n, rows, y); break;
+    default: rows1_impl(RED_SQDEV, x, c, n, rows, y); break;
     }
 }
 
@@ -203,11 +254,18 @@ void ctpu_k_red_colv_avx512(int op, const float *x, const float *cv, int64_t n, 
 
 /* softmax / log_softmax of one row (n > 0): m = max, e = exp(x - m) summed
  * in the order (stored to y for softmax), then y = e / s or (x - m) - log s.
- * exp: SLEEF's non-FMA AVX-512 variant; log s: purec, one per row. */
+ * exp and log: SLEEF's non-FMA AVX-512 variants (same bits as purec). */
 void ctpu_k_softmax_row_avx512(const float *x, int64_t n, float *y, bool log)
 {
     int64_t m = (n + CTPU_K_RED_CHUNK - 1) / CTPU_K_RED_CHUNK;
-    float mx = col1_impl(CTPU_K_RED_MAX, x, 0.0f, n, 0, m);
+    float mx;
+    if (m == 1) {
+        __mmask16 nan = 0;
+        mx = lane_tree(CTPU_K_RED_MAX, chunk1(CTPU_K_RED_MAX, x, n, _mm512_setzero_ps(), &nan));
+        if (nan) mx = NAN;
+    } else {
+        mx = col1_impl(CTPU_K_RED_MAX, x, 0.0f, n, 0, m);
+    }
     __m512 vm = _mm512_set1_ps(mx);
     float stk[64] = { 0.0f };
     int sp = 0;
@@ -243,7 +301,7 @@ void ctpu_k_softmax_row_avx512(const float *x, int64_t n, float *y, bool log)
             _mm512_mask_storeu_ps(y + j, km, _mm512_div_ps(_mm512_maskz_loadu_ps(km, y + j), vs));
         }
     } else {
-        __m512 vl = _mm512_set1_ps(Sleef_logf1_u10purec(s));
+        __m512 vl = Sleef_logf16_u10avx512fnofma(_mm512_set1_ps(s));
         for (; j + 16 <= n; j += 16)
             _mm512_storeu_ps(y + j, _mm512_sub_ps(_mm512_sub_ps(_mm512_loadu_ps(x + j), vm), vl));
         if (j < n) {

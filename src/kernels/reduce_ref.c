@@ -34,22 +34,29 @@
 enum { RED_SQDEV = CTPU_K_RED_COUNT, RED_EXPSUM };
 
 /* ---- per-ISA column kernels (defined in reduce_avx2.c / reduce_avx512.c).
+ * rows1: `rows` whole contiguous columns (inner == 1, n > 0) of length n,
+ * y[r] = reduction of x[r*n ..], c[r] the mean for SQDEV (c may be NULL);
  * col1: one contiguous column x[0..n) (inner == 1); colv: up to 16 columns
  * x[j*inner + c], c < ncols. Both return the tree node over the aligned chunk
  * range [k0, k1) (k0 a multiple of a power of two B >= k1 - k0), with NaN
  * propagated for max/min. `c`/`cv` is the mean for RED_SQDEV (else ignored).
  * softmax_row: one row of n > 0 elements (aliasing y == x allowed). */
 typedef struct {
+    void (*rows1)(int op, const float *x, const float *c, int64_t n, int64_t rows, float *y);
     float (*col1)(int op, const float *x, float c, int64_t n, int64_t k0, int64_t k1);
     void (*colv)(int op, const float *x, const float *cv, int64_t n, int64_t inner, int ncols,
                  int64_t k0, int64_t k1, float *out);
     void (*softmax_row)(const float *x, int64_t n, float *y, bool log);
 } red_table;
 
+void ctpu_k_red_rows1_avx2(int op, const float *x, const float *c, int64_t n, int64_t rows,
+                          float *y);
 float ctpu_k_red_col1_avx2(int op, const float *x, float c, int64_t n, int64_t k0, int64_t k1);
 void ctpu_k_red_colv_avx2(int op, const float *x, const float *cv, int64_t n, int64_t inner,
                           int ncols, int64_t k0, int64_t k1, float *out);
 void ctpu_k_softmax_row_avx2(const float *x, int64_t n, float *y, bool log);
+void ctpu_k_red_rows1_avx512(int op, const float *x, const float *c, int64_t n, int64_t rows,
+                          float *y);
 float ctpu_k_red_col1_avx512(int op, const float *x, float c, int64_t n, int64_t k0, int64_t k1);
 void ctpu_k_red_colv_avx512(int op, const float *x, const float *cv, int64_t n, int64_t inner,
                             int ncols, int64_t k0, int64_t k1, float *out);
@@ -207,6 +214,13 @@ static float scalar_col1(int op, const float *x, float c, int64_t n, int64_t k0,
     return scalar_col(op, x, 1, c, n, k0, k1);
 }
 
+static void scalar_rows1(int op, const float *x, const float *c, int64_t n, int64_t rows,
+                         float *y)
+{
+    int64_t m = (n + CTPU_K_RED_CHUNK - 1) / CTPU_K_RED_CHUNK;
+    for (int64_t r = 0; r < rows; r++) y[r] = scalar_col(op, x + r * n, 1, c ? c[r] : 0.0f, n, 0, m);
+}
+
 static void scalar_colv(int op, const float *x, const float *cv, int64_t n, int64_t inner,
                         int ncols, int64_t k0, int64_t k1, float *out)
 {
@@ -228,10 +242,11 @@ static void scalar_softmax_row(const float *x, int64_t n, float *y, bool log)
 
 /* ---- variant table ----------------------------------------------------------- */
 static const red_table red_tables[CTPU_ISA_COUNT] = {
-    [CTPU_ISA_SCALAR] = { scalar_col1, scalar_colv, scalar_softmax_row },
-    [CTPU_ISA_AVX2] = { ctpu_k_red_col1_avx2, ctpu_k_red_colv_avx2, ctpu_k_softmax_row_avx2 },
-    [CTPU_ISA_AVX512] = { ctpu_k_red_col1_avx512, ctpu_k_red_colv_avx512,
-                          ctpu_k_softmax_row_avx512 },
+    [CTPU_ISA_SCALAR] = { scalar_rows1, scalar_col1, scalar_colv, scalar_softmax_row },
+    [CTPU_ISA_AVX2] = { ctpu_k_red_rows1_avx2, ctpu_k_red_col1_avx2, ctpu_k_red_colv_avx2,
+                        ctpu_k_softmax_row_avx2 },
+    [CTPU_ISA_AVX512] = { ctpu_k_red_rows1_avx512, ctpu_k_red_col1_avx512,
+                          ctpu_k_red_colv_avx512, ctpu_k_softmax_row_avx512 },
 };
 /* Before any select: the plain-C variant (equal to _ref by construction). */
 static const red_table *red_cur = &red_tables[CTPU_ISA_SCALAR];
@@ -283,6 +298,11 @@ static void red_thread(void *ctx, int tid, int nt)
 {
     const red_job *J = ctx;
     int64_t u0 = J->nunits * tid / nt, u1 = J->nunits * (tid + 1) / nt;
+    if (J->inner == 1 && J->nblk == 1) {   /* whole rows: one call per range */
+        if (u1 > u0)
+            J->t->rows1(J->op, J->x + u0 * J->n, J->cv ? J->cv + u0 : NULL, J->n, u1 - u0, J->y + u0);
+        return;
+    }
     for (int64_t u = u0; u < u1; u++) red_unit(J, u);
 }
 
