@@ -103,9 +103,85 @@ static void mxu_pack_avx512_dp(const ctpu_mxu_pack_args *pa, int64_t q0, int64_t
     ctpu_mxu_pack_generic(pa, q0, q1);
 }
 
+/* 16 f32 (bits) -> bf16-valued f32 bits, exactly ctpu_mxu_round_bits. */
+static inline __m512i mxu_round16(__m512i u)
+{
+    const __m512i one = _mm512_set1_epi32(1), c7fff = _mm512_set1_epi32(0x7fff),
+                  hi = _mm512_set1_epi32((int)0xffff0000u), qb = _mm512_set1_epi32(0x00400000),
+                  abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000),
+                  sign = _mm512_set1_epi32((int)0x80000000u);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+    __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(lsb, c7fff)), hi);
+    __m512i q = _mm512_and_si512(_mm512_or_si512(u, qb), hi);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
+    __m512i h = _mm512_mask_mov_epi32(r, nan, q);
+    __mmask16 tiny = _mm512_testn_epi32_mask(h, inf);
+    return _mm512_mask_and_epi32(h, tiny, h, sign);
+}
+
+/* n (<= 16) elements of an f32 or bf16 row, rounded, as f32 bits. */
+static inline __m512i mxu_load16(const void *src, int dt, int64_t off, int n)
+{
+    __mmask16 m = (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1);
+    __m512i u;
+    if (dt == CTPU_KDT_F32) {
+        u = _mm512_maskz_loadu_epi32(m, (const uint32_t *)src + off);
+    } else {
+        __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)src + off);
+        u = _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+    }
+    return mxu_round16(u);
+}
+
+/* Planar packing (mxu.h). Default precision with unit stride along k (A
+ * row-major, B transposed) or along i (B row-major, A transposed) take
+ * vector paths; the rest, the generic one. */
 static void mxu_pack_avx512_planar(const ctpu_mxu_pack_args *pa, int64_t q0, int64_t q1)
 {
-    ctpu_mxu_pack_planar(pa, q0, q1);
+    int64_t kh = ctpu_mxu_kh(pa->K), K = pa->K, si = pa->si, sk = pa->sk;
+    int w = pa->w;
+    int64_t pd = 2 * kh * w;
+    int fast = pa->npass == 1 && pa->parts[0] == 0 && (pa->dt == CTPU_KDT_F32 || pa->dt == CTPU_KDT_BF16);
+    if (!fast || (si != 1 && sk != 1)) { ctpu_mxu_pack_planar(pa, q0, q1); return; }
+    for (int64_t q = q0; q < q1; q++) {
+        uint32_t *d = pa->dst + q * pd;
+        int64_t i0 = q * w, n = pa->I - i0 < w ? pa->I - i0 : w;
+        if (si == 1 && !(sk == 1 && w < 16)) {
+            /* k-rows contiguous over i: vectors along i */
+            for (int64_t p = 0; p < kh; p++) {
+                uint32_t *od = d + p * 2 * w, *ev = od + w;
+                for (int r = 0; r < w; r += 16) {
+                    int cnt = n - r < 0 ? 0 : n - r > 16 ? 16 : (int)(n - r);
+                    int wc = w - r < 16 ? w - r : 16;
+                    __mmask16 ms = (__mmask16)(wc >= 16 ? 0xffff : (1u << wc) - 1);
+                    __m512i e = mxu_load16(pa->src, pa->dt, 2 * p * sk + i0 + r, cnt);
+                    __m512i o = 2 * p + 1 < K ? mxu_load16(pa->src, pa->dt, (2 * p + 1) * sk + i0 + r, cnt)
+                                              : _mm512_setzero_si512();
+                    _mm512_mask_storeu_epi32(ev + r, ms, e);
+                    _mm512_mask_storeu_epi32(od + r, ms, o);
+                }
+            }
+            continue;
+        }
+        /* each i's k contiguous: round 16 k at a time into a small buffer,
+         * then spread the 8 pairs over the panel */
+        uint32_t tmp[16];
+        for (int64_t r = 0; r < w; r++) {
+            if (r >= n) {
+                for (int64_t p = 0; p < kh; p++) d[p * 2 * w + r] = d[p * 2 * w + w + r] = 0;
+                continue;
+            }
+            for (int64_t k0 = 0; k0 < K; k0 += 16) {
+                int cnt = K - k0 < 16 ? (int)(K - k0) : 16;
+                _mm512_storeu_si512(tmp, mxu_load16(pa->src, pa->dt, (i0 + r) * si + k0, cnt));
+                uint32_t *o = d + (k0 / 2) * 2 * w + r;
+                for (int j = 0; j < (cnt + 1) / 2; j++) {
+                    o[j * 2 * w] = tmp[2 * j + 1];      /* zero past K (masked load) */
+                    o[j * 2 * w + w] = tmp[2 * j];
+                }
+            }
+        }
+    }
 }
 
 const ctpu_mxu_impl ctpu_mxu_impl_avx512 = {
