@@ -1,24 +1,42 @@
-/* Program cache: hash table keyed by the canonical key (full compare on hit). */
+/* Program caches keyed by the canonical key (DESIGN.md "Cache"): a hash
+ * table with a full-key compare on hit, an LRU list bounded by capacity
+ * (0 = unbounded: strict eager's table), per-entry counters, recompile
+ * reasons (a miss whose structural key matches a cached entry), evictions
+ * and thrash (a key compiled again after its eviction). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "fuse.h"
 
 typedef struct entry {
-    uint64_t hash;
+    uint64_t hash, struct_hash;
     size_t len;
     uint8_t *key;
     ctpu_compiled *prog;
-    struct entry *next;
+    struct entry *next;           /* bucket chain */
+    struct entry *lru_prev, *lru_next;
+    ctpu_cache_entry_info info;
+    ctpu_vtype *types;            /* inputs then node outputs, for recompile diffs */
+    uint16_t *ops;                /* node ops */
+    int n_in, n_nodes;
 } entry;
+
+#define THRASH_RING 4096
+#define RECOMPILE_LOG 64
 
 struct ctpu_cache {
     pthread_mutex_t mu;
     entry **buckets;
     size_t nbuckets, count, capacity;
-    uint64_t collisions;
+    entry *lru_head, *lru_tail;   /* head = most recent */
+    ctpu_cache_stats st;
     bool force_hash;
     uint64_t forced;
+    uint64_t next_id;
+    uint64_t evicted[THRASH_RING];
+    size_t n_evicted;
+    ctpu_recompile_rec log[RECOMPILE_LOG];
+    size_t n_log;
 };
 
 ctpu_cache *ctpu_cache_create(size_t capacity)
@@ -29,20 +47,26 @@ ctpu_cache *ctpu_cache_create(size_t capacity)
     c->buckets = calloc(c->nbuckets, sizeof *c->buckets);
     if (!c->buckets) { free(c); return NULL; }
     c->capacity = capacity;
+    c->next_id = 1;
     pthread_mutex_init(&c->mu, NULL);
     return c;
+}
+
+static void entry_free(entry *e)
+{
+    ctpu_compiled_free(e->prog);
+    free(e->key);
+    free(e->types);
+    free(e->ops);
+    free(e);
 }
 
 void ctpu_cache_destroy(ctpu_cache *c)
 {
     if (!c) return;
-    for (size_t i = 0; i < c->nbuckets; i++) {
-        for (entry *e = c->buckets[i], *n; e; e = n) {
-            n = e->next;
-            ctpu_compiled_free(e->prog);
-            free(e->key);
-            free(e);
-        }
+    for (entry *e = c->lru_head, *n; e; e = n) {
+        n = e->lru_next;
+        entry_free(e);
     }
     free(c->buckets);
     pthread_mutex_destroy(&c->mu);
@@ -66,38 +90,195 @@ static void grow(ctpu_cache *c)
     c->nbuckets = nb;
 }
 
-ctpu_compiled *ctpu_cache_get(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_trace *t,
-                              bool *hit, char *err, size_t errlen)
+static void lru_unlink(ctpu_cache *c, entry *e)
 {
+    if (e->lru_prev) e->lru_prev->lru_next = e->lru_next; else c->lru_head = e->lru_next;
+    if (e->lru_next) e->lru_next->lru_prev = e->lru_prev; else c->lru_tail = e->lru_prev;
+    e->lru_prev = e->lru_next = NULL;
+}
+
+static void lru_push_front(ctpu_cache *c, entry *e)
+{
+    e->lru_prev = NULL;
+    e->lru_next = c->lru_head;
+    if (c->lru_head) c->lru_head->lru_prev = e;
+    c->lru_head = e;
+    if (!c->lru_tail) c->lru_tail = e;
+}
+
+static void table_remove(ctpu_cache *c, entry *e)
+{
+    entry **pp = &c->buckets[e->hash & (c->nbuckets - 1)];
+    while (*pp && *pp != e) pp = &(*pp)->next;
+    if (*pp) *pp = e->next;
+}
+
+static uint64_t struct_hash_of(const ctpu_trace *t)
+{
+    /* the key without extents: shapes zeroed, everything else kept */
+    size_t nv = (size_t)t->n_inputs + (size_t)t->n_nodes;
+    ctpu_vtype *in = malloc(sizeof(ctpu_vtype) * ((size_t)t->n_inputs + 1));
+    ctpu_node *nodes = malloc(sizeof(ctpu_node) * ((size_t)t->n_nodes + 1));
+    uint8_t *buf = malloc(64 + nv * 256 + (size_t)t->n_outputs * 8);
+    uint64_t h = 0;
+    if (in && nodes && buf) {
+        ctpu_trace s = *t;
+        for (int i = 0; i < t->n_inputs; i++) { in[i] = t->in_type[i]; memset(in[i].shape, 0, sizeof in[i].shape); }
+        for (int i = 0; i < t->n_nodes; i++) {
+            nodes[i] = t->nodes[i];
+            memset(nodes[i].out.shape, 0, sizeof nodes[i].out.shape);
+            /* attrs holding extents (slice bounds) are part of the shape */
+            memset(nodes[i].attr.i64, 0, sizeof nodes[i].attr.i64);
+        }
+        s.in_type = in;
+        s.nodes = nodes;
+        size_t len = ctpu_trace_key(&s, buf, 64 + nv * 256 + (size_t)t->n_outputs * 8);
+        h = len ? ctpu_key_hash(buf, len) : 0;
+    }
+    free(in);
+    free(nodes);
+    free(buf);
+    return h;
+}
+
+static void describe_diff(const entry *old, const ctpu_trace *t, char *out, size_t len)
+{
+    snprintf(out, len, "structure matches program %llu; a value's extents changed",
+             (unsigned long long)old->info.id);
+    for (int i = 0; i < t->n_inputs && i < old->n_in; i++) {
+        const ctpu_vtype *a = &old->types[i], *b = &t->in_type[i];
+        for (int d = 0; d < a->ndim && d < b->ndim; d++)
+            if (a->shape[d] != b->shape[d]) {
+                snprintf(out, len, "input %d dim %d: %lld -> %lld", i, d, (long long)a->shape[d],
+                         (long long)b->shape[d]);
+                return;
+            }
+    }
+    for (int i = 0; i < t->n_nodes && i < old->n_nodes; i++) {
+        const ctpu_vtype *a = &old->types[old->n_in + i], *b = &t->nodes[i].out;
+        for (int d = 0; d < a->ndim && d < b->ndim; d++)
+            if (a->shape[d] != b->shape[d]) {
+                snprintf(out, len, "node %d (%s) dim %d: %lld -> %lld", i, ctpu_op_name(t->nodes[i].op), d,
+                         (long long)a->shape[d], (long long)b->shape[d]);
+                return;
+            }
+    }
+}
+
+ctpu_compiled *ctpu_cache_lookup(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_trace *t,
+                                 const ctpu_cache_opts *o, ctpu_cache_result *res, char *err, size_t errlen)
+{
+    memset(res, 0, sizeof *res);
     uint64_t h = c->force_hash ? c->forced : ctpu_key_hash(key, len);
     pthread_mutex_lock(&c->mu);
+    c->st.requests++;
     entry **slot = &c->buckets[h & (c->nbuckets - 1)];
     for (entry *e = *slot; e; e = e->next) {
         if (e->hash != h) continue;
         if (e->len == len && memcmp(e->key, key, len) == 0) {
             e->prog->hits++;
+            e->info.hits++;
+            e->info.last_use = o ? o->step : 0;
+            c->st.hits++;
+            if (c->capacity && c->lru_head != e) { lru_unlink(c, e); lru_push_front(c, e); }
+            res->hit = true;
+            res->program_id = e->info.id;
             pthread_mutex_unlock(&c->mu);
-            *hit = true;
             return e->prog;
         }
-        c->collisions++;
+        c->st.collisions++;
     }
-    *hit = false;
+    c->st.misses++;
+    if (o && !o->allow_compile) {
+        pthread_mutex_unlock(&c->mu);
+        snprintf(err, errlen, "cache-only mode: no compiled program for this trace (a miss after step %llu)",
+                 (unsigned long long)o->step);
+        res->refused = true;
+        return NULL;
+    }
+    /* recompile? thrash? (only fused caches: capacity > 0 or asked) */
+    uint64_t sh = 0;
+    if (o && o->track_recompiles) {
+        sh = struct_hash_of(t);
+        for (entry *e = c->lru_head; e; e = e->lru_next) {
+            if (e->struct_hash != sh) continue;
+            res->recompile = true;
+            describe_diff(e, t, res->reason, sizeof res->reason);
+            c->st.recompiles++;
+            ctpu_recompile_rec *r = &c->log[c->n_log % RECOMPILE_LOG];
+            c->n_log++;
+            r->step = o->step;
+            r->old_program = e->info.id;
+            r->new_program = c->next_id;
+            snprintf(r->reason, sizeof r->reason, "%s", res->reason);
+            break;
+        }
+        size_t ne = c->n_evicted < THRASH_RING ? c->n_evicted : THRASH_RING;
+        for (size_t i = 0; i < ne; i++)
+            if (c->evicted[i] == h) { res->thrash = true; c->st.thrash++; break; }
+    }
     ctpu_compiled *p = ctpu_compile(t, err, errlen);
-    entry *e = p ? malloc(sizeof *e) : NULL;
+    entry *e = p ? calloc(1, sizeof *e) : NULL;
     uint8_t *k = e ? malloc(len) : NULL;
-    if (!k) {
+    size_t nv = (size_t)t->n_inputs + (size_t)t->n_nodes;
+    ctpu_vtype *types = k ? malloc(sizeof(ctpu_vtype) * (nv + 1)) : NULL;
+    uint16_t *ops = types ? malloc(sizeof(uint16_t) * ((size_t)t->n_nodes + 1)) : NULL;
+    if (!ops) {
         free(e);
+        free(k);
+        free(types);
         ctpu_compiled_free(p);
         pthread_mutex_unlock(&c->mu);
         if (p) snprintf(err, errlen, "out of host memory for the program cache");
         return NULL;
     }
     memcpy(k, key, len);
-    *e = (entry){ h, len, k, p, *slot };
+    for (int i = 0; i < t->n_inputs; i++) types[i] = t->in_type[i];
+    for (int i = 0; i < t->n_nodes; i++) { types[t->n_inputs + i] = t->nodes[i].out; ops[i] = t->nodes[i].op; }
+    e->hash = h;
+    e->struct_hash = sh;
+    e->len = len;
+    e->key = k;
+    e->prog = p;
+    e->types = types;
+    e->ops = ops;
+    e->n_in = t->n_inputs;
+    e->n_nodes = t->n_nodes;
+    e->info.id = c->next_id++;
+    e->info.compile_ns = p->compile_ns;
+    e->info.last_use = o ? o->step : 0;
+    e->info.first_use = e->info.last_use;
+    e->info.n_nodes = t->n_nodes;
+    e->info.n_steps = p->prog.n_steps;
+    e->info.bytes = len + sizeof *e + nv * sizeof(ctpu_vtype) + (size_t)p->n_mem * 64;
+    e->next = *slot;
     *slot = e;
+    lru_push_front(c, e);
+    c->st.compiles++;
+    res->program_id = e->info.id;
     if (++c->count > c->nbuckets * 3 / 4) grow(c);
+    /* bounded: evict from the LRU tail */
+    while (c->capacity && c->count > c->capacity && c->lru_tail && c->lru_tail != e) {
+        entry *v = c->lru_tail;
+        if (o && o->before_evict) o->before_evict(o->ctx);   /* no command may still use it */
+        lru_unlink(c, v);
+        table_remove(c, v);
+        c->evicted[c->n_evicted++ % THRASH_RING] = v->hash;
+        c->count--;
+        c->st.evictions++;
+        res->evicted++;
+        entry_free(v);
+    }
     pthread_mutex_unlock(&c->mu);
+    return p;
+}
+
+ctpu_compiled *ctpu_cache_get(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_trace *t,
+                              bool *hit, char *err, size_t errlen)
+{
+    ctpu_cache_result r;
+    ctpu_compiled *p = ctpu_cache_lookup(c, key, len, t, NULL, &r, err, errlen);
+    *hit = r.hit;
     return p;
 }
 
@@ -112,9 +293,18 @@ size_t ctpu_cache_entries(ctpu_cache *c)
 uint64_t ctpu_cache_collisions(ctpu_cache *c)
 {
     pthread_mutex_lock(&c->mu);
-    uint64_t n = c->collisions;
+    uint64_t n = c->st.collisions;
     pthread_mutex_unlock(&c->mu);
     return n;
+}
+
+void ctpu_cache_get_stats(ctpu_cache *c, ctpu_cache_stats *out)
+{
+    pthread_mutex_lock(&c->mu);
+    *out = c->st;
+    out->entries = c->count;
+    out->capacity = c->capacity;
+    pthread_mutex_unlock(&c->mu);
 }
 
 void ctpu_cache_force_hash(ctpu_cache *c, bool on, uint64_t value)
@@ -123,4 +313,32 @@ void ctpu_cache_force_hash(ctpu_cache *c, bool on, uint64_t value)
     c->force_hash = on;
     c->forced = value;
     pthread_mutex_unlock(&c->mu);
+}
+
+size_t ctpu_cache_entries_info(ctpu_cache *c, ctpu_cache_entry_info *out, size_t max)
+{
+    pthread_mutex_lock(&c->mu);
+    size_t n = 0;
+    for (entry *e = c->lru_head; e && n < max; e = e->lru_next) {
+        out[n] = e->info;
+        size_t k = 0;
+        out[n].summary[0] = 0;
+        for (int i = 0; i < e->n_nodes && i < 4 && k < sizeof out[n].summary; i++)
+            k += (size_t)snprintf(out[n].summary + k, sizeof out[n].summary - k, "%s%s", i ? ">" : "",
+                                  ctpu_op_name(e->ops[i]));
+        if (e->n_nodes > 4 && k < sizeof out[n].summary) snprintf(out[n].summary + k, sizeof out[n].summary - k, ">...");
+        n++;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
+size_t ctpu_cache_recompiles(ctpu_cache *c, ctpu_recompile_rec *out, size_t max)
+{
+    pthread_mutex_lock(&c->mu);
+    size_t total = c->n_log < RECOMPILE_LOG ? c->n_log : RECOMPILE_LOG;
+    size_t start = c->n_log - total, n = 0;
+    for (size_t i = 0; i < total && n < max; i++) out[n++] = c->log[(start + i) % RECOMPILE_LOG];
+    pthread_mutex_unlock(&c->mu);
+    return n;
 }

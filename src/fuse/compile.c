@@ -1,78 +1,253 @@
-/* The compiler: a trace -> a program. Every node becomes one step bound to
- * the trace's inputs and outputs. (Fusion groups, dead-code elimination and
- * buffer planning for intermediates are the defer-and-fuse issue's.) */
+/* The compiler: a (finalised) trace -> a program.
+ *
+ * Passes: fusion grouping (runs of consecutive elementwise nodes of one
+ * output shape become one block-VM step; their intermediates never exist in
+ * memory), buffer planning (values used across steps but not live-out get
+ * scratch offsets, reused by liveness), and emission (kernel entries for the
+ * other nodes). Dead code is removed before, by ctpu_trace_finalize. A strict
+ * one-node trace compiles to a single step. The program is checked here once
+ * and runs unchecked. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "exec.h"
+#include "vm.h"
 
-static int slot_of(const ctpu_trace *t, int32_t v)
+typedef struct {
+    void **p;
+    int n, cap;
+} alloc_list;
+
+static void *al_alloc(alloc_list *a, size_t bytes)
 {
-    if (v < t->n_inputs) return v;
-    for (int j = 0; j < t->n_outputs; j++)
-        if (t->outputs[j] == v) return t->n_inputs + j;
-    return -1;
+    if (a->n == a->cap) {
+        int nc = a->cap ? a->cap * 2 : 16;
+        void **q = realloc(a->p, sizeof(void *) * (size_t)nc);
+        if (!q) return NULL;
+        a->p = q;
+        a->cap = nc;
+    }
+    void *m = calloc(1, bytes ? bytes : 1);
+    if (m) a->p[a->n++] = m;
+    return m;
 }
+
+struct ctpu_compiled_mem {
+    alloc_list al;
+};
 
 static const ctpu_vtype *type_of(const ctpu_trace *t, int32_t v)
 {
     return v < t->n_inputs ? &t->in_type[v] : &t->nodes[v - t->n_inputs].out;
 }
 
+static bool same_shape(const ctpu_vtype *a, const ctpu_vtype *b)
+{
+    if (a->ndim != b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return false;
+    return true;
+}
+
 ctpu_compiled *ctpu_compile(const ctpu_trace *t, char *err, size_t errlen)
 {
     uint64_t t0 = ctpu_now_ns();
-    size_t n = (size_t)t->n_nodes, no = (size_t)t->n_outputs;
-    size_t bytes = sizeof(ctpu_compiled) + n * sizeof(ctpu_step) + n * sizeof(ctpu_step_data) +
-                   no * (sizeof(uint8_t) + sizeof(int64_t) + sizeof(char *)) + 64;
-    char *mem = calloc(1, bytes);
-    if (!mem) { snprintf(err, errlen, "out of host memory compiling a program"); return NULL; }
-    ctpu_compiled *c = (ctpu_compiled *)mem;
-    char *p = mem + sizeof *c;
-    ctpu_step *steps = (ctpu_step *)p; p += n * sizeof(ctpu_step);
-    p = (char *)(((uintptr_t)p + 15) & ~(uintptr_t)15);
-    ctpu_step_data *sds = (ctpu_step_data *)p; p += n * sizeof(ctpu_step_data);
-    int64_t *out_numel = (int64_t *)p; p += no * sizeof(int64_t);
-    const char **out_op = (const char **)p; p += no * sizeof(char *);
-    uint8_t *out_dtype = (uint8_t *)p;
+    int nin = t->n_inputs, nn = t->n_nodes, no = t->n_outputs, nv = nin + nn;
+    alloc_list al = { 0 };
+    ctpu_compiled *c = al_alloc(&al, sizeof *c);
+    int32_t *slot_of = al_alloc(&al, sizeof(int32_t) * (size_t)(nv + 1));
+    int32_t *group = al_alloc(&al, sizeof(int32_t) * (size_t)(nn + 1));
+    int32_t *scal_base = al_alloc(&al, sizeof(int32_t) * (size_t)(nn + 1));
+    int32_t *last_use = al_alloc(&al, sizeof(int32_t) * (size_t)(nv + 1));  /* step index */
+    int32_t *def_step = al_alloc(&al, sizeof(int32_t) * (size_t)(nv + 1));
+    bool *used_outside = al_alloc(&al, (size_t)(nn + 1));
+    ctpu_step *steps = al_alloc(&al, sizeof(ctpu_step) * (size_t)(nn + 1));
+    uint8_t *out_dtype = al_alloc(&al, (size_t)no + 1);
+    int64_t *out_numel = al_alloc(&al, sizeof(int64_t) * ((size_t)no + 1));
+    const char **out_op = al_alloc(&al, sizeof(char *) * ((size_t)no + 1));
+    if (!c || !slot_of || !group || !scal_base || !last_use || !def_step || !used_outside || !steps ||
+        !out_dtype || !out_numel || !out_op)
+        goto oom;
 
-    int scalar_base = 0;
-    for (size_t i = 0; i < n; i++) {
-        const ctpu_node *nd = &t->nodes[i];
-        ctpu_step_data *sd = &sds[i];
-        sd->node = *nd;
-        for (int k = 0; k < nd->n_in; k++) {
-            sd->in[k] = *type_of(t, nd->in[k]);
-            sd->in_slot[k] = slot_of(t, nd->in[k]);
+    /* bound slots: inputs, then outputs */
+    for (int v = 0; v < nv; v++) slot_of[v] = v < nin ? v : -1;
+    for (int j = 0; j < no; j++) slot_of[t->outputs[j]] = nin + j;
+    for (int i = 0, s = 0; i < nn; i++) { scal_base[i] = s; s += t->nodes[i].n_scalars; }
+
+    /* fusion groups: maximal runs of consecutive VM-fusable nodes of one shape,
+     * whose in-group operands have that shape (always: same-shape group) */
+    int n_groups = 0;
+    for (int i = 0; i < nn;) {
+        const ctpu_node *n = &t->nodes[i];
+        const ctpu_vtype *it[CTPU_NODE_MAX_IN];
+        for (int k = 0; k < n->n_in; k++) it[k] = type_of(t, n->in[k]);
+        int j = i + 1;
+        if (ctpu_vm_fusable(n, it) && !t->debug_checks) {
+            /* externals: distinct values read from outside the group */
+            int32_t ext[CTPU_BCAST_MAX];
+            int n_ext = 0;
+            bool ok = true;
+            for (j = i; j < nn && j - i < CTPU_VM_GROUP_NODES && ok; j++) {
+                const ctpu_node *m = &t->nodes[j];
+                for (int k = 0; k < m->n_in; k++) it[k] = type_of(t, m->in[k]);
+                if (j > i && (!ctpu_vm_fusable(m, it) || !same_shape(&m->out, &n->out))) break;
+                int32_t add[3];
+                int n_add = 0;
+                for (int k = 0; k < m->n_in; k++) {
+                    int32_t v = m->in[k];
+                    if (v >= nin + i) continue;                 /* made in the group */
+                    bool seen = false;
+                    for (int q = 0; q < n_ext; q++) seen |= ext[q] == v;
+                    for (int q = 0; q < n_add; q++) seen |= add[q] == v;
+                    if (!seen) add[n_add++] = v;
+                }
+                if (n_ext + n_add > CTPU_BCAST_MAX) break;
+                for (int q = 0; q < n_add; q++) ext[n_ext++] = add[q];
+            }
         }
-        sd->out_slot = slot_of(t, t->n_inputs + (int32_t)i);
-        sd->scalar_base = scalar_base;
-        scalar_base += nd->n_scalars;
-        steps[i].fn = ctpu_exec_fn_for(nd->op);
-        steps[i].data = sd;
-        bool bad = steps[i].fn == NULL || sd->out_slot < 0;
-        for (int k = 0; k < nd->n_in; k++) bad |= sd->in_slot[k] < 0;
-        if (bad) {
-            snprintf(err, errlen, "compile: node %zu (%s) cannot be bound to a program", i,
-                     ctpu_op_name(nd->op));
-            free(mem);
-            return NULL;
+        for (int k = i; k < j; k++) group[k] = n_groups;
+        n_groups++;
+        i = j;
+    }
+    /* values used outside their group (or by a later step) need memory */
+    for (int i = 0; i < nn; i++) {
+        const ctpu_node *n = &t->nodes[i];
+        for (int k = 0; k < n->n_in; k++) {
+            int32_t v = n->in[k];
+            if (v >= nin && group[v - nin] != group[i]) used_outside[v - nin] = true;
         }
     }
-    for (size_t j = 0; j < no; j++) {
+    for (int j = 0; j < no; j++)
+        if (t->outputs[j] >= nin) used_outside[t->outputs[j] - nin] = true;
+
+    /* emission: one step per group (VM if it has 2+ nodes) */
+    int n_steps = 0;
+    for (int v = 0; v < nv; v++) { last_use[v] = -1; def_step[v] = -1; }
+    int32_t *group_step = al_alloc(&al, sizeof(int32_t) * (size_t)(n_groups + 1));
+    if (!group_step) goto oom;
+    for (int i = 0; i < nn;) {
+        int j = i;
+        while (j < nn && group[j] == group[i]) j++;
+        group_step[group[i]] = n_steps;
+        for (int k = i; k < j; k++) {
+            def_step[nin + k] = n_steps;
+            for (int q = 0; q < t->nodes[k].n_in; q++) {
+                int32_t v = t->nodes[k].in[q];
+                if (v < nin || group[v - nin] != group[k]) last_use[v] = n_steps;
+            }
+        }
+        n_steps++;
+        i = j;
+    }
+
+    /* buffer planning: values needing memory that are not bound get scratch
+     * offsets; an offset is reused once the value there is dead (first fit) */
+    int n_virtual = 0;
+    for (int v = nin; v < nv; v++)
+        if (slot_of[v] < 0 && used_outside[v - nin]) n_virtual++;
+    size_t *virt_off = al_alloc(&al, sizeof(size_t) * ((size_t)n_virtual + 1));
+    int32_t *vv = al_alloc(&al, sizeof(int32_t) * ((size_t)n_virtual + 1));
+    size_t *vsize = al_alloc(&al, sizeof(size_t) * ((size_t)n_virtual + 1));
+    if (!virt_off || !vv || !vsize) goto oom;
+    size_t scratch = 0;
+    {
+        int k = 0;
+        for (int v = nin; v < nv; v++) {
+            if (slot_of[v] >= 0 || !used_outside[v - nin]) continue;
+            const ctpu_vtype *ty = type_of(t, v);
+            size_t sz = ((size_t)ctpu_vtype_numel(ty) * ctpu_kdt_size(ty->dtype) + 63) & ~(size_t)63;
+            /* first fit among offsets of values dead before this one is defined */
+            size_t off = 0;
+            bool moved = true;
+            while (moved) {
+                moved = false;
+                for (int q = 0; q < k; q++) {
+                    /* a value read at or after v's defining step is still alive */
+                    if (last_use[vv[q]] < def_step[v]) continue;
+                    if (off < virt_off[q] + vsize[q] && virt_off[q] < off + sz) {
+                        off = virt_off[q] + vsize[q];
+                        moved = true;
+                    }
+                }
+            }
+            vv[k] = v;
+            vsize[k] = sz;
+            virt_off[k] = off;
+            slot_of[v] = nin + no + 1 + k;    /* after the scratch buffer's own slot */
+            if (off + sz > scratch) scratch = off + sz;
+            k++;
+        }
+    }
+
+    /* steps */
+    for (int i = 0, s = 0; i < nn; s++) {
+        int j = i;
+        while (j < nn && group[j] == group[i]) j++;
+        if (j - i >= 2) {
+            ctpu_vm_prog *vp = al_alloc(&al, sizeof *vp);
+            int idx[CTPU_VM_MAX_NODES];
+            bool store[CTPU_VM_MAX_NODES];
+            if (!vp) goto oom;
+            for (int k = i; k < j; k++) { idx[k - i] = k; store[k - i] = used_outside[k]; }
+            if (ctpu_vm_build(vp, t, idx, j - i, slot_of, store, scal_base) != 0) {
+                snprintf(err, errlen, "compile: fusion group at node %d does not fit the VM", i);
+                goto fail;
+            }
+            steps[s] = (ctpu_step){ ctpu_vm_exec, vp };
+            i = j;
+            continue;
+        }
+        const ctpu_node *nd = &t->nodes[i];
+        ctpu_step_data *sd = al_alloc(&al, sizeof *sd);
+        if (!sd) goto oom;
+        sd->node = *nd;
+        for (int q = 0; q < nd->n_in; q++) {
+            sd->in[q] = *type_of(t, nd->in[q]);
+            sd->in_slot[q] = slot_of[nd->in[q]];
+        }
+        sd->out_slot = slot_of[nin + i];
+        sd->scalar_base = scal_base[i];
+        ctpu_step_fn fn = ctpu_exec_fn_for(nd->op);
+        bool bad = fn == NULL || sd->out_slot < 0;
+        for (int q = 0; q < nd->n_in; q++) bad |= sd->in_slot[q] < 0;
+        if (bad) {
+            snprintf(err, errlen, "compile: node %d (%s) cannot be bound to a program", i, ctpu_op_name(nd->op));
+            goto fail;
+        }
+        steps[s] = (ctpu_step){ fn, sd };
+        i = j;
+    }
+
+    for (int j = 0; j < no; j++) {
         const ctpu_vtype *vt = type_of(t, t->outputs[j]);
         out_dtype[j] = vt->dtype;
         out_numel[j] = ctpu_vtype_numel(vt);
-        out_op[j] = t->outputs[j] >= t->n_inputs ? ctpu_op_name(t->nodes[t->outputs[j] - t->n_inputs].op) : "input";
+        out_op[j] = t->outputs[j] >= nin ? ctpu_op_name(t->nodes[t->outputs[j] - nin].op) : "input";
     }
-    c->mem = mem;
+    c->mem = al.p;
+    c->n_mem = al.n;
     c->prog = (ctpu_program){
-        .n_steps = (int)n, .steps = steps, .n_in = t->n_inputs, .n_out = t->n_outputs,
-        .name = n ? ctpu_op_name(t->nodes[0].op) : "empty",
+        .n_steps = n_steps, .steps = steps, .n_in = nin, .n_out = no,
+        .name = nn ? ctpu_op_name(t->nodes[0].op) : "empty",
         .out_dtype = out_dtype, .out_numel = out_numel, .out_op = out_op,
+        .n_virtual = n_virtual ? n_virtual : 0, .virt_off = virt_off,
+        .scratch_slot = nin + no, .scratch_bytes = n_virtual ? scratch : 0,
     };
+    c->n_groups = n_groups;
     c->compile_ns = ctpu_now_ns() - t0;
     return c;
+oom:
+    snprintf(err, errlen, "out of host memory compiling a program");
+fail:
+    for (int i = 0; i < al.n; i++) free(al.p[i]);
+    free(al.p);
+    return NULL;
 }
 
-void ctpu_compiled_free(ctpu_compiled *c) { free(c ? c->mem : NULL); }
+void ctpu_compiled_free(ctpu_compiled *c)
+{
+    if (!c) return;
+    void **m = c->mem;
+    int n = c->n_mem;
+    for (int i = n - 1; i >= 0; i--) free(m[i]);   /* c itself is m[0] */
+    free(m);
+}

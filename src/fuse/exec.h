@@ -14,6 +14,25 @@ typedef struct {
     int32_t scalar_base;
 } ctpu_step_data;
 
+/* Broadcast plan: operand strides against the output, adjacent dims
+ * collapsed. mode: 0 contiguous (same layout as the output), 1 constant (all
+ * strides 0), 2 strided. */
+#define CTPU_BCAST_MAX 16
+typedef struct {
+    int nd;
+    int64_t shape[8];
+    int64_t stride[CTPU_BCAST_MAX][8];
+    int n_in;
+    int mode[CTPU_BCAST_MAX];
+} bcast_plan;
+void ctpu_bcast_plan_make(const ctpu_vtype *out, const ctpu_vtype *const *ins, int n_in, bcast_plan *p);
+/* Load operand `opnd` of plan p for output elements [start, start+n) as f32;
+ * returns dst, or the operand itself when it is contiguous f32. */
+const float *ctpu_load_block(const void *base, int dt, const bcast_plan *p, int opnd, int64_t start,
+                             int64_t n, float *dst);
+/* Store n f32 values into dst of dtype dt (one rounding). */
+void ctpu_from_f32(const float *src, int dt, void *dst, int64_t n);
+
 /* The kernel entry for an op, or NULL if the op has none (views). */
 ctpu_step_fn ctpu_exec_fn_for(int op);
 

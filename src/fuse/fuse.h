@@ -20,10 +20,16 @@ typedef struct {
     ctpu_vtype *in_type;       /* [n_inputs] */
     ctpu_node *nodes;          /* [n_nodes] */
     int32_t *outputs;          /* [n_outputs] value ids, live-out */
+    int32_t *out_alias;        /* [n_outputs] or NULL: the input whose buffer output j
+                                  is written into (in place, after every read of the old
+                                  value), CTPU_ALIAS_DONATED (a buffer the program does
+                                  not read), or -1 (a fresh buffer) */
     int n_scalars;             /* runtime scalars, in node order */
     uint8_t precision;         /* compile options: part of the key */
     uint8_t debug_checks;
 } ctpu_trace;
+
+#define CTPU_ALIAS_DONATED (-2)
 
 /* Canonical key: a byte encoding of everything that determines the program
  * (op codes, attrs, dtypes, extents, wiring, live-out, options); host scalars
@@ -35,7 +41,9 @@ uint64_t ctpu_key_hash(const uint8_t *key, size_t len);   /* XXH3-64 */
 /* A compiled program with the data its steps point at. */
 typedef struct ctpu_compiled {
     ctpu_program prog;
-    void *mem;                 /* one allocation holding steps and step data */
+    void **mem;                /* allocations holding steps and step data */
+    int n_mem;
+    int n_groups;              /* steps after fusion */
     uint64_t compile_ns;
     uint64_t hits;
 } ctpu_compiled;
@@ -54,6 +62,46 @@ void ctpu_cache_destroy(ctpu_cache *c);
  * NULL on a compile error. */
 ctpu_compiled *ctpu_cache_get(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_trace *t,
                               bool *hit, char *err, size_t errlen);
+
+typedef struct {
+    bool allow_compile;            /* false: cache-only, a miss is refused */
+    bool track_recompiles;         /* compute structural keys, reasons, thrash */
+    uint64_t step;                 /* the marked step count, for reports */
+    void (*before_evict)(void *ctx); /* called before a program is freed */
+    void *ctx;
+} ctpu_cache_opts;
+
+typedef struct {
+    bool hit, refused, recompile, thrash;
+    int evicted;
+    uint64_t program_id;
+    char reason[160];              /* recompile: "input 0 dim 0: 128 -> 96" */
+} ctpu_cache_result;
+
+typedef struct {
+    uint64_t requests, hits, misses, compiles, recompiles, evictions, thrash, collisions;
+    size_t entries, capacity;
+} ctpu_cache_stats;
+
+typedef struct {
+    uint64_t id, hits, compile_ns, first_use, last_use;
+    size_t bytes;
+    int n_nodes, n_steps;
+    char summary[96];              /* first ops: "matmul>add>relu>..." */
+} ctpu_cache_entry_info;
+
+typedef struct {
+    uint64_t step, old_program, new_program;
+    char reason[160];
+} ctpu_recompile_rec;
+
+ctpu_compiled *ctpu_cache_lookup(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_trace *t,
+                                 const ctpu_cache_opts *o, ctpu_cache_result *res, char *err, size_t errlen);
+void ctpu_cache_get_stats(ctpu_cache *c, ctpu_cache_stats *out);
+/* Most recently used first; returns the count written. */
+size_t ctpu_cache_entries_info(ctpu_cache *c, ctpu_cache_entry_info *out, size_t max);
+/* The last recompiles (up to 64), oldest first. */
+size_t ctpu_cache_recompiles(ctpu_cache *c, ctpu_recompile_rec *out, size_t max);
 size_t ctpu_cache_entries(ctpu_cache *c);
 uint64_t ctpu_cache_collisions(ctpu_cache *c);
 void ctpu_cache_force_hash(ctpu_cache *c, bool on, uint64_t value);

@@ -37,6 +37,7 @@ size_t ctpu_trace_key(const ctpu_trace *t, uint8_t *buf, size_t cap)
         put(&w, &n->attr, sizeof n->attr);
     }
     put(&w, t->outputs, sizeof(int32_t) * (size_t)t->n_outputs);
+    if (t->out_alias) put(&w, t->out_alias, sizeof(int32_t) * (size_t)t->n_outputs);
     return w.ok ? (size_t)(w.p - buf) : 0;
 }
 

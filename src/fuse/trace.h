@@ -1,0 +1,55 @@
+/* Recording a trace (defer and fuse) and finalising it at a cut into a
+ * canonical trace: dead code removed, inputs numbered by first use, live-out
+ * values as outputs, parameter writes as input-output aliases. */
+#ifndef CTPU_TRACE_H
+#define CTPU_TRACE_H
+
+#include "fuse.h"
+
+/* A value reference while recording: >= 0 is node i's output, < 0 is input
+ * -(v+1). */
+typedef int32_t ctpu_vref;
+
+typedef struct ctpu_trace_rec ctpu_trace_rec;
+
+ctpu_trace_rec *ctpu_trace_rec_create(void);
+void ctpu_trace_rec_destroy(ctpu_trace_rec *r, ctpu_device *dev);
+/* Drop everything recorded (releases the input buffer refs). */
+void ctpu_trace_rec_reset(ctpu_trace_rec *r, ctpu_device *dev);
+int ctpu_trace_rec_nodes(const ctpu_trace_rec *r);
+
+/* An input: a device buffer (a ref is taken) viewed at off with type t. The
+ * same (buffer, offset, type) gives the same input. -1 vref... never: returns
+ * a vref < 0, or 0x7fffffff on out of memory. */
+ctpu_vref ctpu_trace_rec_input(ctpu_trace_rec *r, ctpu_buffer *buf, size_t off, const ctpu_vtype *t);
+/* A node; node->in[] hold vrefs; its n_scalars runtime scalars are copied.
+ * Returns its vref (>= 0), or -0x7fffffff on out of memory. */
+ctpu_vref ctpu_trace_rec_node(ctpu_trace_rec *r, const ctpu_node *node, const double *scalars);
+const ctpu_vtype *ctpu_trace_rec_type(const ctpu_trace_rec *r, ctpu_vref v);
+#define CTPU_VREF_OOM 0x7fffffff
+
+/* One live-out request: value v is wanted in a buffer; alias_buf (may be
+ * NULL) is a buffer it should be written into in place (an assigned
+ * parameter whose storage nothing else shares). */
+typedef struct {
+    ctpu_vref v;
+    ctpu_buffer *alias_buf;
+    size_t alias_off;
+} ctpu_liveout_req;
+
+typedef struct {
+    ctpu_trace t;              /* canonical trace (owns its arrays) */
+    ctpu_buffer **in_buf;      /* [t.n_inputs] buffers to bind (refs held by the recorder) */
+    size_t *in_off;
+    ctpu_buffer **alias_buf;   /* [t.n_outputs] buffer each output is written into, or NULL */
+    size_t *alias_off;
+    double *scalars;           /* [t.n_scalars] */
+    int32_t *req_out;          /* [nreq] output index of each request */
+} ctpu_trace_final;
+
+/* Finalise for the given requests. Returns false on out of memory. */
+bool ctpu_trace_finalize(const ctpu_trace_rec *r, const ctpu_liveout_req *reqs, int nreq,
+                         uint8_t precision, uint8_t debug_checks, ctpu_trace_final *out);
+void ctpu_trace_final_free(ctpu_trace_final *f);
+
+#endif

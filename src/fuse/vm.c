@@ -1,0 +1,205 @@
+/* The block VM: a fused group of elementwise nodes runs over the output in
+ * blocks of CTPU_K_BLOCK elements (numexpr's design). Operands are loaded
+ * into f32 block registers (broadcast-aware; contiguous f32 operands are
+ * read in place), each instruction is one elementwise kernel over the block,
+ * rounded to its node's dtype exactly as the separate op would be
+ * (CONTRACTS.md: no excess precision in fused chains), and only the values
+ * needed outside the group are stored. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "vm.h"
+
+typedef struct {
+    const ctpu_vm_prog *p;
+    ctpu_exec_ctx *ctx;
+} vm_job;
+
+static void vm_range(const ctpu_vm_prog *p, ctpu_exec_ctx *ctx, int64_t b0, int64_t b1)
+{
+    float (*reg)[CTPU_K_BLOCK] = malloc(sizeof(float) * CTPU_K_BLOCK * (size_t)(p->n_reg ? p->n_reg : 1));
+    const float **rp = malloc(sizeof(float *) * (size_t)(p->n_reg ? p->n_reg : 1));
+    if (!reg || !rp) {
+        free(reg);
+        free(rp);
+        ctx->fault_status = CTPU_ERR_OOM;
+        snprintf(ctx->fault_msg, sizeof ctx->fault_msg, "fused program: out of host memory for VM registers");
+        return;
+    }
+    const double *sc = ctx->scalars;
+    for (int64_t s = b0; s < b1; s += CTPU_K_BLOCK) {
+        int64_t n = b1 - s < CTPU_K_BLOCK ? b1 - s : CTPU_K_BLOCK;
+        for (int i = 0; i < p->n_ins; i++) {
+            const ctpu_vm_ins *in = &p->ins[i];
+            float *d = in->dst >= 0 ? reg[in->dst] : NULL;
+            switch (in->kind) {
+            case CTPU_VM_LOAD: {
+                int e = in->a;
+                rp[in->dst] = ctpu_load_block(ctx->ptr[p->ext_slot[e]], p->ext_dtype[e], &p->plan, e, s, n, d);
+                continue;
+            }
+            case CTPU_VM_STORE: {
+                int dt = in->kop;
+                char *base = ctx->ptr[in->scalar];
+                ctpu_from_f32(rp[in->a], dt, base + (size_t)s * ctpu_kdt_size(dt), n);
+                continue;
+            }
+            case CTPU_VM_UNARY: ctpu_k_unary((ctpu_k_unary_op)in->kop, rp[in->a], d, n); break;
+            case CTPU_VM_BINARY: ctpu_k_binary((ctpu_k_binary_op)in->kop, rp[in->a], rp[in->b], d, n); break;
+            case CTPU_VM_SCALAR:
+                ctpu_k_binary_scalar((ctpu_k_binary_op)in->kop, rp[in->a], (float)sc[in->scalar],
+                                     (in->flags & CTPU_VM_SCALAR_FIRST) != 0, d, n);
+                break;
+            case CTPU_VM_WHERE: ctpu_k_where(rp[in->a], rp[in->b], rp[in->c], d, n); break;
+            case CTPU_VM_CLAMP:
+                ctpu_k_clamp(rp[in->a], (float)sc[in->scalar], (float)sc[in->scalar + 1], d, n);
+                break;
+            case CTPU_VM_COPY:
+                if (rp[in->a] != d) memcpy(d, rp[in->a], sizeof(float) * (size_t)n);
+                break;
+            default: break;
+            }
+            if (in->flags & CTPU_VM_ROUND_BF16) ctpu_k_unary(CTPU_K_U_ROUND_BF16, d, d, n);
+            rp[in->dst] = d;
+        }
+    }
+    free(reg);
+    free(rp);
+}
+
+static void vm_task(void *arg, int tid, int nt)
+{
+    vm_job *j = arg;
+    int64_t total = j->p->numel;
+    int64_t nblocks = (total + CTPU_K_BLOCK - 1) / CTPU_K_BLOCK;
+    int64_t b0 = nblocks * tid / nt * CTPU_K_BLOCK, b1 = nblocks * (tid + 1) / nt * CTPU_K_BLOCK;
+    if (b1 > total) b1 = total;
+    if (b0 < b1) vm_range(j->p, j->ctx, b0, b1);
+}
+
+void ctpu_vm_exec(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_vm_prog *p = data;
+    if (p->numel == 0) return;
+    if (p->numel >= (1 << 16) && ctx->pool && ctx->pool->nthreads > 1) {
+        vm_job j = { p, ctx };
+        ctx->pool->run(ctx->pool, vm_task, &j);
+    } else {
+        vm_range(p, ctx, 0, p->numel);
+    }
+}
+
+/* ------------------------------------------------------------ building */
+bool ctpu_vm_fusable(const ctpu_node *n, const ctpu_vtype *const *in_types)
+{
+    if (!ctpu_op_is(n->op, CTPU_OPK_ELEMENTWISE)) return false;
+    if (n->out.dtype == CTPU_KDT_I32) return false;          /* the exact int path */
+    if (ctpu_op_is(n->op, CTPU_OPK_COMPARE)) {
+        bool all_int = true;
+        for (int i = 0; i < n->n_in; i++) all_int &= in_types[i]->dtype == CTPU_KDT_I32;
+        if (all_int) return false;
+    }
+    return true;
+}
+
+int ctpu_vm_build(ctpu_vm_prog *p, const ctpu_trace *t, const int *nodes, int count, const int32_t *slot_of,
+                  const bool *store, const int32_t *scalar_base)
+{
+    /* value ids of the group's nodes */
+    int nin = t->n_inputs;
+    int32_t reg_of[CTPU_VM_MAX_NODES];
+    int16_t ext_reg[CTPU_BCAST_MAX];
+    int32_t ext_val[CTPU_BCAST_MAX];
+    const ctpu_vtype *ext_types[CTPU_BCAST_MAX] = { 0 };
+    int n_ext = 0;
+    memset(p, 0, sizeof *p);
+    p->shape = t->nodes[nodes[0]].out;
+    p->numel = ctpu_vtype_numel(&p->shape);
+    /* last use (instruction position) of each group value and external, for register reuse */
+    int last_use_node[CTPU_VM_MAX_NODES];
+    int ext_last[CTPU_BCAST_MAX];
+    for (int k = 0; k < count; k++) last_use_node[k] = -1;
+    /* externals first pass */
+    for (int k = 0; k < count; k++) {
+        const ctpu_node *n = &t->nodes[nodes[k]];
+        for (int j = 0; j < n->n_in; j++) {
+            int32_t v = n->in[j];
+            int in_group = -1;
+            for (int q = 0; q < k; q++) if (nin + nodes[q] == v) in_group = q;
+            if (in_group >= 0) { last_use_node[in_group] = k; continue; }
+            int e = -1;
+            for (int q = 0; q < n_ext; q++) if (ext_val[q] == v) e = q;
+            if (e < 0) {
+                if (n_ext == CTPU_BCAST_MAX) return -1;
+                e = n_ext++;
+                ext_val[e] = v;
+                ext_types[e] = v < nin ? &t->in_type[v] : &t->nodes[v - nin].out;
+                ext_reg[e] = -1;
+            }
+            ext_last[e] = k;
+        }
+    }
+    p->n_ext = n_ext;
+    for (int e = 0; e < n_ext; e++) {
+        p->ext_slot[e] = slot_of[ext_val[e]];
+        p->ext_dtype[e] = ext_types[e]->dtype;
+    }
+    ctpu_bcast_plan_make(&p->shape, ext_types, n_ext, &p->plan);
+
+    /* instructions with a simple register allocator (free list) */
+    bool busy[CTPU_VM_MAX_REGS] = { false };
+    int n_reg = 0, ni = 0;
+    ctpu_vm_ins *ins = p->ins;
+#define ALLOC_REG(out) do { int r_ = -1; for (int q = 0; q < n_reg; q++) if (!busy[q]) { r_ = q; break; } \
+        if (r_ < 0) { if (n_reg == CTPU_VM_MAX_REGS) return -1; r_ = n_reg++; } busy[r_] = true; (out) = r_; } while (0)
+    for (int k = 0; k < count; k++) {
+        const ctpu_node *n = &t->nodes[nodes[k]];
+        int16_t src[3] = { -1, -1, -1 };
+        for (int j = 0; j < n->n_in && j < 3; j++) {
+            int32_t v = n->in[j];
+            int q = -1;
+            for (int g = 0; g < k; g++) if (nin + nodes[g] == v) q = g;
+            if (q >= 0) { src[j] = (int16_t)reg_of[q]; continue; }
+            int e = 0;
+            while (ext_val[e] != v) e++;
+            if (ext_reg[e] < 0) {
+                int r;
+                ALLOC_REG(r);
+                ext_reg[e] = (int16_t)r;
+                if (ni + 2 >= CTPU_VM_MAX_INS) return -1;
+                ins[ni++] = (ctpu_vm_ins){ .kind = CTPU_VM_LOAD, .dst = (int16_t)r, .a = (int16_t)e };
+            }
+            src[j] = ext_reg[e];
+        }
+        /* free sources whose last use is here, then allocate dst (may reuse) */
+        for (int e = 0; e < n_ext; e++)
+            if (ext_reg[e] >= 0 && ext_last[e] == k) { busy[ext_reg[e]] = false; }
+        for (int g = 0; g < k; g++)
+            if (last_use_node[g] == k) busy[reg_of[g]] = false;
+        int dst;
+        ALLOC_REG(dst);
+        reg_of[k] = dst;
+        if (ni + 2 >= CTPU_VM_MAX_INS) return -1;
+        ctpu_vm_ins I = { .dst = (int16_t)dst, .a = src[0], .b = src[1], .c = src[2], .kop = (uint8_t)ctpu_op_infos[n->op].kop };
+        uint32_t kind = ctpu_op_infos[n->op].kind;
+        if (kind & CTPU_OPK_UNARY) I.kind = CTPU_VM_UNARY;
+        else if (kind & CTPU_OPK_BINARY) I.kind = CTPU_VM_BINARY;
+        else if (kind & CTPU_OPK_SCALAR) {
+            I.kind = CTPU_VM_SCALAR;
+            I.scalar = scalar_base[nodes[k]];
+            if (n->attr.flags & CTPU_ATTR_SCALAR_FIRST) I.flags |= CTPU_VM_SCALAR_FIRST;
+        } else if (n->op == CTPU_OP_WHERE) I.kind = CTPU_VM_WHERE;
+        else if (n->op == CTPU_OP_CLAMP) { I.kind = CTPU_VM_CLAMP; I.scalar = scalar_base[nodes[k]]; }
+        else I.kind = CTPU_VM_COPY; /* cast between float dtypes */
+        if (n->out.dtype == CTPU_KDT_BF16) I.flags |= CTPU_VM_ROUND_BF16;
+        ins[ni++] = I;
+        if (store[k])
+            ins[ni++] = (ctpu_vm_ins){ .kind = CTPU_VM_STORE, .dst = -1, .a = (int16_t)dst,
+                                       .kop = n->out.dtype, .scalar = slot_of[nin + nodes[k]] };
+        if (last_use_node[k] < 0) busy[dst] = false;   /* not used later in the group */
+    }
+#undef ALLOC_REG
+    p->n_ins = ni;
+    p->n_reg = n_reg;
+    return 0;
+}
