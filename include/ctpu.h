@@ -346,6 +346,64 @@ int64_t ctpu_metric_counter(const char *name);
 void ctpu_metrics_report(FILE *f);
 void ctpu_metrics_clear(void);
 
+
+/* ============================================================== autograd
+ * Reverse mode on a tape (CONTRACTS.md "Scopes, autograd, optimizers").
+ * While grad mode is on (the default; see ctpu_no_grad_begin), every op with
+ * an input that requires grad records a tape entry holding its own
+ * references to what its backward rule needs, so releasing intermediate
+ * handles (or ending their scope) never breaks a later backward. The tape of
+ * a value is released when backward has run through it (unless
+ * retain_graph) or when the last handle depending on it is released (the end
+ * of its step scope). Backward ops go through the same dispatcher as forward
+ * ops (in defer and fuse they land in the same trace). Gradients are f32/bf16
+ * like their leaves; only leaves (tensors marked with ctpu_set_requires_grad)
+ * keep a .grad. One thread runs a given graph's backward at a time. */
+
+/* Mark a float leaf as requiring grad (or not: dropping it also drops its
+ * .grad). Errors: CTPU_ERR_DTYPE (i32), CTPU_ERR_STATE (turning it off on a
+ * non-leaf: use ctpu_detach), handle errors. */
+ctpu_status ctpu_set_requires_grad(ctpu_tensor t, bool requires_grad);
+/* A leaf marked above, or a value computed from one under grad mode. False
+ * (no error) for a null or stale handle. */
+bool ctpu_requires_grad(ctpu_tensor t);
+/* Backward from a one-element loss (gradient 1), releasing the tape.
+ * Same as ctpu_backward_ex(loss, CTPU_NULL, false). */
+ctpu_status ctpu_backward(ctpu_tensor loss);
+/* Backward from t with upstream gradient grad (t's shape; f32 or bf16, cast
+ * to t's dtype), or 1 when grad is null (t must have one element). Leaf
+ * gradients accumulate into .grad (added when one exists). retain_graph
+ * keeps the tape for another backward. Errors: CTPU_ERR_STATE (t does not
+ * require grad; the tape was released by an earlier backward), CTPU_ERR_SHAPE
+ * (grad's shape, or a non-scalar t without grad), CTPU_ERR_DTYPE, and the
+ * errors of the backward ops. */
+ctpu_status ctpu_backward_ex(ctpu_tensor t, ctpu_tensor grad, bool retain_graph);
+/* ctpu_backward_ex(t, grad, false). */
+ctpu_status ctpu_backward_with(ctpu_tensor t, ctpu_tensor grad);
+/* The accumulated .grad of a leaf (same shape and dtype), or a null handle
+ * with no error when it has none (never backpropagated, after
+ * ctpu_zero_grad, or t is not a leaf). The handle is owned by t: it lives in
+ * no scope, stays the same across accumulations, and is released by
+ * ctpu_zero_grad or with t; do not release it. */
+ctpu_tensor ctpu_grad(ctpu_tensor t);
+/* Drop t's .grad (set-to-none, as PyTorch's zero_grad(set_to_none=True)):
+ * the next backward creates it afresh, so every step records the same ops. */
+ctpu_status ctpu_zero_grad(ctpu_tensor t);
+/* No-grad regions (per thread, nest): ops record nothing. end without begin:
+ * CTPU_ERR_STATE. Optimizer updates run in one. */
+ctpu_status ctpu_no_grad_begin(void);
+ctpu_status ctpu_no_grad_end(void);
+bool ctpu_grad_enabled(void);
+/* A new handle (current scope) on t's value that requires no grad. */
+ctpu_tensor ctpu_detach(ctpu_tensor t);
+
+/* Matmul with transposed operands and no materialised transpose: a is used as
+ * its transpose over the last two dims when transpose_a (a stored [..., K, M]),
+ * b likewise (b stored [..., N, K]); ndim >= 2 for a transposed operand.
+ * Otherwise as ctpu_matmul (same numerics, batch broadcasting, dtypes,
+ * errors). Used by linear layers (y = x @ Wᵀ) and matmul's backward. */
+ctpu_tensor ctpu_matmul_t(ctpu_tensor a, ctpu_tensor b, bool transpose_a, bool transpose_b);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,10 +1,1056 @@
-/* Autograd: reverse mode on a tape. Until requires-grad exists, nothing is
- * recorded. */
+/* Autograd: reverse mode on a tape.
+ *
+ * Every op and view reaches ctpu__ag_record (dispatch.c). When grad mode is
+ * on and an input requires grad, it makes a tape node: the op's node (op,
+ * attrs, types), its runtime scalars, one edge per input (the producing node,
+ * or the leaf's accumulator) and handles of its own on the values its rule
+ * needs (made global, so no scope releases them). The output record's `ag`
+ * points at the node. Nodes are reference counted by the records they
+ * produced and by their consumers' edges, so the tape lives exactly as long
+ * as a handle depends on it (a step scope's end releases it), or until
+ * backward frees its saved values.
+ *
+ * Backward walks the nodes reachable from the root in decreasing creation
+ * order (a node's inputs are always older than it, so this is a topological
+ * order, and a deterministic one), applies each node's rule with the public
+ * ops (so backward lands in the same trace as forward), reduces broadcast
+ * gradients back to each input's shape and accumulates them per edge.
+ *
+ * The rule table below has an entry for every op: a rule and the values it
+ * saves, or an explicit "no gradient". tests/test_autograd.c fails when an op
+ * has neither. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "eager.h"
 
-void ctpu__ag_record(const ctpu_node *node, const ctpu_tensor *inputs, const double *scalars, ctpu_tensor out)
+/* ------------------------------------------------------------ tape types */
+typedef struct ag_leaf {
+    atomic_int refs;
+    bool alive;                 /* the leaf's record still exists */
+    ctpu_tensor grad;           /* .grad (global handle) or null */
+    ctpu_tensor gacc;           /* backward: this pass's sum */
+    uint64_t touched;           /* backward pass id */
+} ag_leaf;
+
+typedef struct ag_node ag_node;
+typedef struct { ag_node *fn; ag_leaf *leaf; } ag_edge;
+
+struct ag_node {
+    atomic_int refs;
+    uint64_t seq;               /* creation order */
+    uint64_t mark;              /* backward pass id */
+    bool freed;                 /* saved values released by backward */
+    ctpu_node node;             /* op, attrs, n_in, out type */
+    double scalars[CTPU_NODE_MAX_SCALARS];
+    ctpu_vtype *in_type;        /* [n_in] */
+    ag_edge *edge;              /* [n_in] */
+    ctpu_tensor *saved;         /* [n_in + 1]: inputs, then the output */
+    ctpu_tensor gacc;           /* backward: gradient of the output */
+};
+
+/* What rec->ag points at. */
+typedef struct { ag_node *fn; ag_leaf *leaf; } ag_meta;
+
+static atomic_uint_fast64_t ag_seq = 1, ag_pass = 1;
+
+static _Thread_local struct { int no_grad; uint64_t epoch; } t_ag;
+
+static void ag_check_epoch(void)
 {
-    (void)node; (void)inputs; (void)scalars; (void)out;
+    if (ctpu_rt && t_ag.epoch != ctpu_rt->epoch) {
+        t_ag.no_grad = 0;
+        t_ag.epoch = ctpu_rt->epoch;
+    }
 }
 
-void ctpu__ag_release(ctpu_trec *rec) { rec->ag = NULL; }
+/* ------------------------------------------------------------ handles */
+static ctpu_trec *rec_of(ctpu_tensor t) { return ctpu_slot(ctpu_handle_slot(t)); }
+
+static void release_quiet(ctpu_tensor t)
+{
+    if (ctpu_is_valid(t)) ctpu_handle_release_rec(rec_of(t), ctpu_handle_slot(t));
+}
+
+/* A handle of our own on rec's value, in no scope. */
+static ctpu_tensor own_handle(ctpu_trec *rec)
+{
+    ctpu_tensor h = ctpu_handle_view(rec, &rec->type, rec->off, "autograd");
+    if (!ctpu_is_null(h)) rec_of(h)->scope_id = 0;
+    return h;
+}
+
+/* A second handle on t's value (current scope): makes aliases distinct, so
+ * each accumulator owns exactly one handle. */
+static ctpu_tensor dup_handle(ctpu_tensor t)
+{
+    ctpu_trec *r = rec_of(t);
+    return ctpu_handle_view(r, &r->type, r->off, "autograd");
+}
+
+/* ------------------------------------------------------------ refcounts */
+static void leaf_unref(ag_leaf *l)
+{
+    if (atomic_fetch_sub(&l->refs, 1) != 1) return;
+    release_quiet(l->grad);
+    release_quiet(l->gacc);
+    free(l);
+}
+
+static void node_unref(ag_node *n)
+{
+    /* iterative: a long chain must not recurse */
+    ag_node *stack_inl[64];
+    ag_node **stack = stack_inl;
+    size_t sp = 0, cap = 64;
+    stack[sp++] = n;
+    while (sp) {
+        ag_node *x = stack[--sp];
+        if (atomic_fetch_sub(&x->refs, 1) != 1) continue;
+        for (int i = 0; i <= x->node.n_in; i++) release_quiet(x->saved[i]);
+        release_quiet(x->gacc);
+        for (int i = 0; i < x->node.n_in; i++) {
+            if (x->edge[i].leaf) leaf_unref(x->edge[i].leaf);
+            if (!x->edge[i].fn) continue;
+            if (sp == cap) {
+                size_t nc = cap * 2;
+                ag_node **ns = stack == stack_inl ? malloc(nc * sizeof *ns) : realloc(stack, nc * sizeof *ns);
+                if (!ns) continue; /* out of host memory: leak rather than crash */
+                if (stack == stack_inl) memcpy(ns, stack_inl, sizeof stack_inl);
+                stack = ns;
+                cap = nc;
+            }
+            stack[sp++] = x->edge[i].fn;
+        }
+        free(x);
+    }
+    if (stack != stack_inl) free(stack);
+}
+
+void ctpu__ag_release(ctpu_trec *rec)
+{
+    ag_meta *m = rec->ag;
+    rec->ag = NULL;
+    if (!m) return;
+    if (m->leaf) {
+        m->leaf->alive = false;
+        ctpu_tensor g = m->leaf->grad;
+        m->leaf->grad = CTPU_NULL;
+        release_quiet(g);
+        leaf_unref(m->leaf);
+    }
+    if (m->fn) node_unref(m->fn);
+    free(m);
+}
+
+static bool meta_requires(const ag_meta *m) { return m && (m->fn || m->leaf); }
+
+/* ------------------------------------------------------------ small op helpers */
+static ctpu_tensor zero0(ctpu_tensor like)
+{
+    return ctpu_zeros(ctpu_dtype_of(like), 0, NULL);
+}
+
+static ctpu_tensor full0(double v) { return ctpu_full(CTPU_F32, 0, NULL, v); }
+
+/* in's shape with the node's reduced dims kept as extent 1 */
+static void keep_shape(const ag_node *n, int64_t *shape, int *nd)
+{
+    const ctpu_vtype *in = &n->in_type[0];
+    *nd = in->ndim;
+    memcpy(shape, in->shape, sizeof(int64_t) * in->ndim);
+    for (int i = 0; i < n->node.attr.n_dims; i++) shape[n->node.attr.dims[i]] = 1;
+}
+
+static ctpu_tensor to_keepdim(const ag_node *n, ctpu_tensor g)
+{
+    int64_t s[8];
+    int nd;
+    keep_shape(n, s, &nd);
+    return ctpu_reshape(g, nd, s);
+}
+
+static ctpu_tensor expand_to_in(const ag_node *n, ctpu_tensor gk)
+{
+    return ctpu_expand(gk, n->in_type[0].ndim, n->in_type[0].shape);
+}
+
+static int64_t reduced_n(const ag_node *n)
+{
+    int64_t c = 1;
+    for (int i = 0; i < n->node.attr.n_dims; i++) c *= n->in_type[0].shape[n->node.attr.dims[i]];
+    return c;
+}
+
+static ctpu_tensor dispatch_node(ctpu_node *nd, int n_in, const ctpu_tensor *ts)
+{
+    ctpu_trec *in[CTPU_NODE_MAX_IN];
+    for (int i = 0; i < n_in; i++) {
+        in[i] = ctpu_rec_get(ts[i], ctpu_op_name(nd->op), "input", true);
+        if (!in[i]) return CTPU_NULL;
+    }
+    nd->n_in = (uint8_t)n_in;
+    return ctpu_dispatch(nd, in, ts, NULL);
+}
+
+/* ------------------------------------------------------------ transposed matmul */
+static ctpu_tensor mm_t(ctpu_tensor a, ctpu_tensor b, bool ta, bool tb, int precision)
+{
+    ctpu_tensor ts[2] = { a, b };
+    ctpu_trec *in[2];
+    if (!ctpu_check_init("matmul_t")) return CTPU_NULL;
+    for (int i = 0; i < 2; i++) {
+        in[i] = ctpu_rec_get(ts[i], "matmul_t", i ? "b" : "a", true);
+        if (!in[i]) return CTPU_NULL;
+    }
+    const ctpu_vtype *va = &in[0]->type, *vb = &in[1]->type;
+    char sa[128], sb[128];
+    if (va->ndim < 2 || vb->ndim < 2) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "matmul_t: a is %s, b is %s: a transposed operand needs at least 2 dims",
+                       ctpu_fmt_type(va, sa, sizeof sa), ctpu_fmt_type(vb, sb, sizeof sb));
+        return CTPU_NULL;
+    }
+    if ((va->dtype == CTPU_I32) != (vb->dtype == CTPU_I32)) {
+        ctpu_set_error(CTPU_ERR_DTYPE, "matmul_t: a is %s, b is %s: i32 matmul needs both operands i32",
+                       ctpu_fmt_type(va, sa, sizeof sa), ctpu_fmt_type(vb, sb, sizeof sb));
+        return CTPU_NULL;
+    }
+    int ra = va->ndim, rb = vb->ndim;
+    int64_t M = ta ? va->shape[ra - 1] : va->shape[ra - 2], K = ta ? va->shape[ra - 2] : va->shape[ra - 1];
+    int64_t Kb = tb ? vb->shape[rb - 1] : vb->shape[rb - 2], N = tb ? vb->shape[rb - 2] : vb->shape[rb - 1];
+    if (K != Kb) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "matmul_t: a is %s%s, b is %s%s: inner dims differ (%lld vs %lld)",
+                       ctpu_fmt_type(va, sa, sizeof sa), ta ? " (transposed)" : "",
+                       ctpu_fmt_type(vb, sb, sizeof sb), tb ? " (transposed)" : "", (long long)K, (long long)Kb);
+        return CTPU_NULL;
+    }
+    int ba = ra - 2, bb = rb - 2, nb = ba > bb ? ba : bb;
+    ctpu_node n = { .op = CTPU_OP_MATMUL, .n_in = 2 };
+    n.out.ndim = (uint8_t)(nb + 2);
+    for (int d = 0; d < nb; d++) {
+        int da = d - (nb - ba), db = d - (nb - bb);
+        int64_t xa = da >= 0 ? va->shape[da] : 1, xb = db >= 0 ? vb->shape[db] : 1;
+        if (xa != xb && xa != 1 && xb != 1) {
+            ctpu_set_error(CTPU_ERR_SHAPE, "matmul_t: a is %s, b is %s: batch dims are not broadcastable (%lld vs %lld)",
+                           ctpu_fmt_type(va, sa, sizeof sa), ctpu_fmt_type(vb, sb, sizeof sb), (long long)xa,
+                           (long long)xb);
+            return CTPU_NULL;
+        }
+        n.out.shape[d] = xa == 1 ? xb : xa;
+    }
+    n.out.shape[nb] = M;
+    n.out.shape[nb + 1] = N;
+    n.out.dtype = va->dtype == CTPU_I32 ? CTPU_I32
+                  : (va->dtype == CTPU_BF16 && vb->dtype == CTPU_BF16) ? CTPU_BF16 : CTPU_F32;
+    n.attr.extra = precision;
+    n.attr.flags = (ta ? CTPU_ATTR_TRANS_A : 0) | (tb ? CTPU_ATTR_TRANS_B : 0);
+    return ctpu_dispatch(&n, in, ts, NULL);
+}
+
+ctpu_tensor ctpu_matmul_t(ctpu_tensor a, ctpu_tensor b, bool transpose_a, bool transpose_b)
+{
+    if (!transpose_a && !transpose_b) return ctpu_matmul(a, b);
+    if (!ctpu_check_init("matmul_t")) return CTPU_NULL;
+    return mm_t(a, b, transpose_a, transpose_b, (int)ctpu_rt->precision);
+}
+
+/* ------------------------------------------------------------ backward rules
+ * A rule gets the node and the gradient of its output and fills gin[i] for
+ * each input with need[i]; the caller reduces each to the input's shape and
+ * dtype. Saved values: n->saved[i] (inputs), OUT(n) (the output). */
+typedef bool (*bw_fn)(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin);
+
+enum { AG_MISSING = 0, AG_RULE = 1, AG_NOGRAD = 2 };
+enum { S_A = 1, S_B = 2, S_C = 4, S_OUT = 0x80 };
+
+typedef struct {
+    uint8_t kind;
+    uint8_t save;
+    bw_fn fn;
+} ag_rule;
+
+#define IN(n, i) ((n)->saved[i])
+#define OUT(n) ((n)->saved[(n)->node.n_in])
+#define SC(n, i) ((n)->scalars[i])
+#define SCALAR_FIRST(n) (((n)->node.attr.flags & CTPU_ATTR_SCALAR_FIRST) != 0)
+
+static bool bw_neg(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)n; (void)need;
+    gin[0] = ctpu_neg(g);
+    return true;
+}
+
+static bool bw_abs(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    ctpu_tensor x = IN(n, 0);
+    gin[0] = ctpu_mul(g, ctpu_sub(ctpu_gt_scalar(x, 0), ctpu_lt_scalar(x, 0)));
+    return true;
+}
+
+static bool bw_exp(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    gin[0] = ctpu_mul(g, OUT(n));
+    return true;
+}
+
+static bool bw_log(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    gin[0] = ctpu_div(g, IN(n, 0));
+    return true;
+}
+
+static bool bw_sqrt(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    gin[0] = ctpu_div(g, ctpu_mul_scalar(OUT(n), 2.0));
+    return true;
+}
+
+static bool bw_rsqrt(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    ctpu_tensor y = OUT(n);
+    gin[0] = ctpu_mul(g, ctpu_mul_scalar(ctpu_mul(y, ctpu_mul(y, y)), -0.5));
+    return true;
+}
+
+static bool bw_tanh(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    ctpu_tensor y = OUT(n);
+    gin[0] = ctpu_mul(g, ctpu_rsub_scalar(ctpu_mul(y, y), 1.0));
+    return true;
+}
+
+static bool bw_sigmoid(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    ctpu_tensor y = OUT(n);
+    gin[0] = ctpu_mul(g, ctpu_mul(y, ctpu_rsub_scalar(y, 1.0)));
+    return true;
+}
+
+static bool bw_relu(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    gin[0] = ctpu_where(ctpu_gt_scalar(OUT(n), 0), g, zero0(g));
+    return true;
+}
+
+static bool bw_gelu_tanh(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    const double k = 0.7978845608028654, c = 0.044715;
+    ctpu_tensor x = IN(n, 0), x2 = ctpu_mul(x, x);
+    ctpu_tensor t = ctpu_tanh(ctpu_mul_scalar(ctpu_mul(x, ctpu_add_scalar(ctpu_mul_scalar(x2, c), 1.0)), k));
+    ctpu_tensor left = ctpu_mul_scalar(ctpu_add_scalar(t, 1.0), 0.5);
+    ctpu_tensor du = ctpu_mul_scalar(ctpu_add_scalar(ctpu_mul_scalar(x2, 3.0 * c), 1.0), k);
+    ctpu_tensor right = ctpu_mul(ctpu_mul_scalar(x, 0.5), ctpu_mul(ctpu_rsub_scalar(ctpu_mul(t, t), 1.0), du));
+    gin[0] = ctpu_mul(g, ctpu_add(left, right));
+    return true;
+}
+
+/* d/dx x Φ(x) = Φ(x) + x φ(x); Φ = gelu(x) / x (1/2 at 0: there is no erf op) */
+static bool bw_gelu_erf(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    ctpu_tensor x = IN(n, 0), y = OUT(n);
+    ctpu_tensor cdf = ctpu_where(ctpu_eq_scalar(x, 0), full0(0.5), ctpu_div(y, x));
+    ctpu_tensor pdf = ctpu_mul_scalar(ctpu_exp(ctpu_mul_scalar(ctpu_mul(x, x), -0.5)), 0.3989422804014327);
+    gin[0] = ctpu_mul(g, ctpu_add(cdf, ctpu_mul(x, pdf)));
+    return true;
+}
+
+static bool bw_add(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)n;
+    if (need[0]) gin[0] = g;
+    if (need[1]) gin[1] = g;
+    return true;
+}
+
+static bool bw_sub(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)n;
+    if (need[0]) gin[0] = g;
+    if (need[1]) gin[1] = ctpu_neg(g);
+    return true;
+}
+
+static bool bw_mul(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    if (need[0]) gin[0] = ctpu_mul(g, IN(n, 1));
+    if (need[1]) gin[1] = ctpu_mul(g, IN(n, 0));
+    return true;
+}
+
+static bool bw_div(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    ctpu_tensor ga = ctpu_div(g, IN(n, 1));
+    if (need[0]) gin[0] = ga;
+    if (need[1]) gin[1] = ctpu_neg(ctpu_mul(ga, OUT(n)));
+    return true;
+}
+
+/* as PyTorch: d/da is 0 where b == 0; d/db is 0 where a == 0 and b >= 0 */
+static bool bw_pow(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    ctpu_tensor a = IN(n, 0), b = IN(n, 1);
+    if (need[0])
+        gin[0] = ctpu_where(ctpu_eq_scalar(b, 0), zero0(g),
+                            ctpu_mul(g, ctpu_mul(b, ctpu_pow(a, ctpu_sub_scalar(b, 1.0)))));
+    if (need[1])
+        gin[1] = ctpu_where(ctpu_mul(ctpu_eq_scalar(a, 0), ctpu_ge_scalar(b, 0)), zero0(g),
+                            ctpu_mul(g, ctpu_mul(OUT(n), ctpu_log(a))));
+    return true;
+}
+
+/* ties split the gradient evenly, as PyTorch */
+static bool bw_maxmin(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    ctpu_tensor a = IN(n, 0), b = IN(n, 1);
+    bool mx = n->node.op == CTPU_OP_MAXIMUM;
+    ctpu_tensor half = ctpu_mul_scalar(ctpu_eq(a, b), 0.5);
+    if (need[0]) gin[0] = ctpu_mul(g, ctpu_add(mx ? ctpu_gt(a, b) : ctpu_lt(a, b), half));
+    if (need[1]) gin[1] = ctpu_mul(g, ctpu_add(mx ? ctpu_lt(a, b) : ctpu_gt(a, b), half));
+    return true;
+}
+
+static bool bw_add_scalar(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    gin[0] = n->node.op == CTPU_OP_SUB_SCALAR && SCALAR_FIRST(n) ? ctpu_neg(g) : g;
+    return true;
+}
+
+static bool bw_mul_scalar(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    gin[0] = ctpu_mul_scalar(g, SC(n, 0));
+    return true;
+}
+
+static bool bw_div_scalar(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    if (!SCALAR_FIRST(n)) gin[0] = ctpu_div_scalar(g, SC(n, 0));
+    else gin[0] = ctpu_neg(ctpu_mul(ctpu_div(g, IN(n, 0)), OUT(n)));   /* s/a: -g s/a^2 = -(g/a) y */
+    return true;
+}
+
+static bool bw_pow_scalar(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    double s = SC(n, 0);
+    ctpu_tensor a = IN(n, 0);
+    if (!SCALAR_FIRST(n)) {    /* a^s */
+        gin[0] = s == 0 ? ctpu_mul_scalar(g, 0.0) : ctpu_mul(g, ctpu_mul_scalar(ctpu_pow_scalar(a, s - 1.0), s));
+    } else {                   /* s^a */
+        if (s == 0) gin[0] = ctpu_where(ctpu_ge_scalar(a, 0), zero0(g), ctpu_mul_scalar(ctpu_mul(g, OUT(n)), -INFINITY));
+        else gin[0] = ctpu_mul(g, ctpu_mul_scalar(OUT(n), log(s)));
+    }
+    return true;
+}
+
+static bool bw_maxmin_scalar(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    ctpu_tensor a = IN(n, 0);
+    double s = SC(n, 0);
+    ctpu_tensor m = n->node.op == CTPU_OP_MAXIMUM_SCALAR ? ctpu_gt_scalar(a, s) : ctpu_lt_scalar(a, s);
+    gin[0] = ctpu_mul(g, ctpu_add(m, ctpu_mul_scalar(ctpu_eq_scalar(a, s), 0.5)));
+    return true;
+}
+
+static bool bw_where(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    ctpu_tensor c = IN(n, 0);
+    if (need[1]) gin[1] = ctpu_where(c, g, zero0(g));
+    if (need[2]) gin[2] = ctpu_where(c, zero0(g), g);
+    return true;
+}
+
+static bool bw_clamp(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    ctpu_tensor x = IN(n, 0);
+    ctpu_tensor in = ctpu_mul(ctpu_ge_scalar(x, SC(n, 0)), ctpu_le_scalar(x, SC(n, 1)));
+    gin[0] = ctpu_where(in, g, zero0(g));
+    return true;
+}
+
+static bool bw_identity(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)n; (void)need;
+    gin[0] = g;   /* cast, copy, expand: the caller casts / sums back */
+    return true;
+}
+
+static bool bw_sum(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    gin[0] = expand_to_in(n, to_keepdim(n, g));
+    return true;
+}
+
+static bool bw_mean(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    gin[0] = expand_to_in(n, to_keepdim(n, ctpu_div_scalar(g, (double)reduced_n(n))));
+    return true;
+}
+
+/* amax/amin: the gradient is shared evenly among the tied extrema */
+static bool bw_max_red(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    ctpu_tensor mask = ctpu_eq(IN(n, 0), to_keepdim(n, OUT(n)));
+    ctpu_tensor cnt = ctpu_sum(mask, n->node.attr.n_dims, n->node.attr.dims, true);
+    gin[0] = ctpu_mul(mask, ctpu_div(to_keepdim(n, g), cnt));
+    return true;
+}
+
+static bool bw_var(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    ctpu_tensor x = IN(n, 0);
+    double den = (double)(reduced_n(n) - n->node.attr.i64[0]);
+    ctpu_tensor m = ctpu_mean(x, n->node.attr.n_dims, n->node.attr.dims, true);
+    gin[0] = ctpu_mul(ctpu_sub(x, m), ctpu_mul_scalar(to_keepdim(n, g), 2.0 / den));
+    return true;
+}
+
+static bool bw_softmax(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    ctpu_tensor y = OUT(n);
+    int d = n->node.attr.dims[0];
+    ctpu_tensor s = ctpu_sum(ctpu_mul(g, y), 1, &d, true);
+    gin[0] = ctpu_mul(y, ctpu_sub(g, s));
+    return true;
+}
+
+static bool bw_log_softmax(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    int d = n->node.attr.dims[0];
+    ctpu_tensor s = ctpu_sum(g, 1, &d, true);
+    gin[0] = ctpu_sub(g, ctpu_mul(ctpu_exp(OUT(n)), s));
+    return true;
+}
+
+static bool bw_reshape(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    gin[0] = ctpu_reshape(g, n->in_type[0].ndim, n->in_type[0].shape);
+    return true;
+}
+
+static bool bw_permute(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    int inv[8];
+    for (int d = 0; d < n->node.attr.n_dims; d++) inv[n->node.attr.dims[d]] = d;
+    gin[0] = ctpu_permute(g, inv);
+    return true;
+}
+
+static bool bw_slice(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    ctpu_node nd = { .op = CTPU_OP_SLICE_BACKWARD, .out = n->in_type[0], .attr = n->node.attr };
+    nd.out.dtype = (uint8_t)ctpu_dtype_of(g);
+    gin[0] = dispatch_node(&nd, 1, &g);
+    return true;
+}
+
+static bool bw_concat(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    int d = n->node.attr.extra;
+    int64_t at = 0;
+    for (int i = 0; i < n->node.n_in; i++) {
+        int64_t len = n->in_type[i].shape[d];
+        if (need[i]) gin[i] = ctpu_slice(g, d, at, at + len, 1);
+        at += len;
+    }
+    return true;
+}
+
+static bool bw_embedding(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    if (!need[0]) return true;
+    ctpu_node nd = { .op = CTPU_OP_EMBEDDING_BACKWARD, .out = n->in_type[0] };
+    nd.out.dtype = (uint8_t)ctpu_dtype_of(g);
+    ctpu_tensor ts[2] = { g, IN(n, 1) };
+    gin[0] = dispatch_node(&nd, 2, ts);
+    return true;
+}
+
+static bool bw_gather(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    if (!need[0]) return true;
+    ctpu_node nd = { .op = CTPU_OP_GATHER_BACKWARD, .out = n->in_type[0] };
+    nd.out.dtype = (uint8_t)ctpu_dtype_of(g);
+    nd.attr.extra = n->node.attr.extra;
+    ctpu_tensor ts[2] = { g, IN(n, 1) };
+    gin[0] = dispatch_node(&nd, 2, ts);
+    return true;
+}
+
+/* C = op(A) op(B): d op(A) = g op(B)ᵀ, d op(B) = op(A)ᵀ g, through the
+ * transposed-operand kernels; broadcast batch dims are summed by the caller. */
+static bool bw_matmul(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    bool ta = (n->node.attr.flags & CTPU_ATTR_TRANS_A) != 0, tb = (n->node.attr.flags & CTPU_ATTR_TRANS_B) != 0;
+    int p = n->node.attr.extra;
+    ctpu_tensor a = IN(n, 0), b = IN(n, 1);
+    if (need[0]) gin[0] = ta ? mm_t(b, g, tb, true, p) : mm_t(g, b, false, !tb, p);
+    if (need[1]) gin[1] = tb ? mm_t(g, a, true, ta, p) : mm_t(a, g, !ta, false, p);
+    return true;
+}
+
+#define R(f, s) { AG_RULE, (s), (f) }
+#define NOGRAD { AG_NOGRAD, 0, NULL }
+
+static const ag_rule ag_rules[CTPU_OP_COUNT] = {
+    [CTPU_OP_NEG] = R(bw_neg, 0),
+    [CTPU_OP_ABS] = R(bw_abs, S_A),
+    [CTPU_OP_EXP] = R(bw_exp, S_OUT),
+    [CTPU_OP_LOG] = R(bw_log, S_A),
+    [CTPU_OP_SQRT] = R(bw_sqrt, S_OUT),
+    [CTPU_OP_RSQRT] = R(bw_rsqrt, S_OUT),
+    [CTPU_OP_TANH] = R(bw_tanh, S_OUT),
+    [CTPU_OP_SIGMOID] = R(bw_sigmoid, S_OUT),
+    [CTPU_OP_RELU] = R(bw_relu, S_OUT),
+    [CTPU_OP_GELU_TANH] = R(bw_gelu_tanh, S_A),
+    [CTPU_OP_GELU_ERF] = R(bw_gelu_erf, S_A | S_OUT),
+    [CTPU_OP_ADD] = R(bw_add, 0),
+    [CTPU_OP_SUB] = R(bw_sub, 0),
+    [CTPU_OP_MUL] = R(bw_mul, S_A | S_B),
+    [CTPU_OP_DIV] = R(bw_div, S_B | S_OUT),
+    [CTPU_OP_POW] = R(bw_pow, S_A | S_B | S_OUT),
+    [CTPU_OP_MAXIMUM] = R(bw_maxmin, S_A | S_B),
+    [CTPU_OP_MINIMUM] = R(bw_maxmin, S_A | S_B),
+    [CTPU_OP_EQ] = NOGRAD, [CTPU_OP_NE] = NOGRAD, [CTPU_OP_LT] = NOGRAD,
+    [CTPU_OP_LE] = NOGRAD, [CTPU_OP_GT] = NOGRAD, [CTPU_OP_GE] = NOGRAD,
+    [CTPU_OP_ADD_SCALAR] = R(bw_add_scalar, 0),
+    [CTPU_OP_SUB_SCALAR] = R(bw_add_scalar, 0),
+    [CTPU_OP_MUL_SCALAR] = R(bw_mul_scalar, 0),
+    [CTPU_OP_DIV_SCALAR] = R(bw_div_scalar, S_A | S_OUT),
+    [CTPU_OP_POW_SCALAR] = R(bw_pow_scalar, S_A | S_OUT),
+    [CTPU_OP_MAXIMUM_SCALAR] = R(bw_maxmin_scalar, S_A),
+    [CTPU_OP_MINIMUM_SCALAR] = R(bw_maxmin_scalar, S_A),
+    [CTPU_OP_EQ_SCALAR] = NOGRAD, [CTPU_OP_NE_SCALAR] = NOGRAD, [CTPU_OP_LT_SCALAR] = NOGRAD,
+    [CTPU_OP_LE_SCALAR] = NOGRAD, [CTPU_OP_GT_SCALAR] = NOGRAD, [CTPU_OP_GE_SCALAR] = NOGRAD,
+    [CTPU_OP_WHERE] = R(bw_where, S_A),
+    [CTPU_OP_CLAMP] = R(bw_clamp, S_A),
+    [CTPU_OP_CAST] = R(bw_identity, 0),
+    [CTPU_OP_SUM] = R(bw_sum, 0),
+    [CTPU_OP_MEAN] = R(bw_mean, 0),
+    [CTPU_OP_MAX] = R(bw_max_red, S_A | S_OUT),
+    [CTPU_OP_MIN] = R(bw_max_red, S_A | S_OUT),
+    [CTPU_OP_VAR] = R(bw_var, S_A),
+    [CTPU_OP_ARGMAX] = NOGRAD,
+    [CTPU_OP_SOFTMAX] = R(bw_softmax, S_OUT),
+    [CTPU_OP_LOG_SOFTMAX] = R(bw_log_softmax, S_OUT),
+    [CTPU_OP_RESHAPE] = R(bw_reshape, 0),
+    [CTPU_OP_PERMUTE] = R(bw_permute, 0),
+    [CTPU_OP_SLICE] = R(bw_slice, 0),
+    [CTPU_OP_CONCAT] = R(bw_concat, 0),
+    [CTPU_OP_EXPAND] = R(bw_identity, 0),
+    [CTPU_OP_EMBEDDING] = R(bw_embedding, S_B),
+    [CTPU_OP_GATHER] = R(bw_gather, S_B),
+    [CTPU_OP_MATMUL] = R(bw_matmul, S_A | S_B),
+    [CTPU_OP_COPY] = NOGRAD,   /* only assign runs it, and assign records nothing */
+    [CTPU_OP_FULL] = NOGRAD, [CTPU_OP_ARANGE] = NOGRAD,
+    [CTPU_OP_RAND_UNIFORM] = NOGRAD, [CTPU_OP_RAND_NORMAL] = NOGRAD,
+    [CTPU_OP_SLICE_BACKWARD] = NOGRAD, [CTPU_OP_EMBEDDING_BACKWARD] = NOGRAD,
+    [CTPU_OP_GATHER_BACKWARD] = NOGRAD,
+};
+
+int ctpu__ag_rule_kind(int op)
+{
+    return op >= 0 && op < CTPU_OP_COUNT ? ag_rules[op].kind : AG_MISSING;
+}
+
+/* ------------------------------------------------------------ recording */
+void ctpu__ag_record(const ctpu_node *node, const ctpu_tensor *inputs, const double *scalars, ctpu_tensor out)
+{
+    ag_check_epoch();
+    if (t_ag.no_grad > 0 || node->n_in == 0) return;
+    const ag_rule *rule = &ag_rules[node->op];
+    if (rule->kind != AG_RULE || node->out.dtype == CTPU_I32) return;
+    int n_in = node->n_in;
+    bool any = false;
+    for (int i = 0; i < n_in && !any; i++) any = meta_requires(rec_of(inputs[i])->ag);
+    if (!any) return;
+
+    size_t bytes = sizeof(ag_node) + (size_t)n_in * (sizeof(ctpu_vtype) + sizeof(ag_edge)) +
+                   (size_t)(n_in + 1) * sizeof(ctpu_tensor);
+    ag_node *n = calloc(1, bytes);
+    ag_meta *m = malloc(sizeof *m);
+    if (!n || !m) {
+        /* out of host memory: the value simply does not require grad */
+        free(n);
+        free(m);
+        return;
+    }
+    n->in_type = (ctpu_vtype *)(n + 1);
+    n->edge = (ag_edge *)(n->in_type + n_in);
+    n->saved = (ctpu_tensor *)(n->edge + n_in);
+    atomic_init(&n->refs, 1);
+    n->seq = atomic_fetch_add(&ag_seq, 1);
+    n->node = *node;
+    for (int i = 0; i < node->n_scalars && scalars; i++) n->scalars[i] = scalars[i];
+    for (int i = 0; i < n_in; i++) {
+        ctpu_trec *r = rec_of(inputs[i]);
+        n->in_type[i] = r->type;
+        ag_meta *im = r->ag;
+        if (meta_requires(im)) {
+            if (im->fn) { n->edge[i].fn = im->fn; atomic_fetch_add(&im->fn->refs, 1); }
+            else { n->edge[i].leaf = im->leaf; atomic_fetch_add(&im->leaf->refs, 1); }
+        }
+        if (rule->save & (1u << i)) n->saved[i] = own_handle(r);
+    }
+    ctpu_trec *orec = rec_of(out);
+    if (rule->save & S_OUT) n->saved[n_in] = own_handle(orec);
+    if (orec->ag) ctpu__ag_release(orec);
+    m->fn = n;
+    m->leaf = NULL;
+    orec->ag = m;
+}
+
+/* ------------------------------------------------------------ public: flags */
+ctpu_status ctpu_set_requires_grad(ctpu_tensor t, bool requires_grad)
+{
+    ctpu_trec *r = ctpu_rec_get(t, "set_requires_grad", "t", false);
+    if (!r) return ctpu_last_status();
+    char tb[128];
+    ag_meta *m = r->ag;
+    if (requires_grad) {
+        if (r->type.dtype == CTPU_I32) {
+            ctpu_set_error(CTPU_ERR_DTYPE, "set_requires_grad: t is %s: only f32/bf16 tensors can require grad",
+                           ctpu_fmt_type(&r->type, tb, sizeof tb));
+            return CTPU_ERR_DTYPE;
+        }
+        if (meta_requires(m)) return CTPU_OK;
+        ag_leaf *l = calloc(1, sizeof *l);
+        if (!m) m = calloc(1, sizeof *m);
+        if (!l || !m) {
+            free(l);
+            if (m != r->ag) free(m);
+            ctpu_set_error(CTPU_ERR_OOM, "set_requires_grad: out of host memory");
+            return CTPU_ERR_OOM;
+        }
+        atomic_init(&l->refs, 1);
+        l->alive = true;
+        m->leaf = l;
+        r->ag = m;
+        return CTPU_OK;
+    }
+    if (!m) return CTPU_OK;
+    if (m->fn) {
+        ctpu_set_error(CTPU_ERR_STATE,
+                       "set_requires_grad: t %s is not a leaf (it was computed from tensors that require grad); "
+                       "use ctpu_detach", ctpu_fmt_type(&r->type, tb, sizeof tb));
+        return CTPU_ERR_STATE;
+    }
+    ctpu__ag_release(r);
+    return CTPU_OK;
+}
+
+bool ctpu_requires_grad(ctpu_tensor t)
+{
+    if (!ctpu_is_valid(t)) return false;
+    return meta_requires(rec_of(t)->ag);
+}
+
+ctpu_tensor ctpu_grad(ctpu_tensor t)
+{
+    ctpu_trec *r = ctpu_rec_get(t, "grad", "t", true);
+    if (!r) return CTPU_NULL;
+    ag_meta *m = r->ag;
+    if (!m || !m->leaf || !ctpu_is_valid(m->leaf->grad)) return CTPU_NULL;
+    return m->leaf->grad;
+}
+
+ctpu_status ctpu_zero_grad(ctpu_tensor t)
+{
+    ctpu_trec *r = ctpu_rec_get(t, "zero_grad", "t", false);
+    if (!r) return ctpu_last_status();
+    ag_meta *m = r->ag;
+    if (m && m->leaf) {
+        ctpu_tensor g = m->leaf->grad;
+        m->leaf->grad = CTPU_NULL;
+        release_quiet(g);
+    }
+    return CTPU_OK;
+}
+
+ctpu_status ctpu_no_grad_begin(void)
+{
+    if (!ctpu_check_init("no_grad_begin")) return CTPU_ERR_NOT_INITIALIZED;
+    ag_check_epoch();
+    t_ag.no_grad++;
+    return CTPU_OK;
+}
+
+ctpu_status ctpu_no_grad_end(void)
+{
+    if (!ctpu_check_init("no_grad_end")) return CTPU_ERR_NOT_INITIALIZED;
+    ag_check_epoch();
+    if (t_ag.no_grad == 0) {
+        ctpu_set_error(CTPU_ERR_STATE, "no_grad_end: no no-grad region is open");
+        return CTPU_ERR_STATE;
+    }
+    t_ag.no_grad--;
+    return CTPU_OK;
+}
+
+bool ctpu_grad_enabled(void)
+{
+    ag_check_epoch();
+    return t_ag.no_grad == 0;
+}
+
+ctpu_tensor ctpu_detach(ctpu_tensor t)
+{
+    ctpu_trec *r = ctpu_rec_get(t, "detach", "t", true);
+    if (!r) return CTPU_NULL;
+    return ctpu_handle_view(r, &r->type, r->off, "detach");
+}
+
+/* ------------------------------------------------------------ backward */
+/* Reduce g (broadcast against `to`) back to to's shape and dtype. */
+static ctpu_tensor fit(ctpu_tensor g, const ctpu_vtype *to)
+{
+    ctpu_trec *r = ctpu_rec_get(g, "backward", "grad", true);
+    if (!r) return CTPU_NULL;
+    ctpu_vtype gt = r->type;
+    bool same = gt.ndim == to->ndim;
+    for (int d = 0; same && d < to->ndim; d++) same = gt.shape[d] == to->shape[d];
+    ctpu_tensor x = g;
+    if (!same) {
+        int dims[8], k = 0, lead = gt.ndim - to->ndim;
+        if (lead < 0) {
+            char a[128], b[128];
+            ctpu_set_error(CTPU_ERR_STATE, "backward: a gradient %s has fewer dims than its input %s",
+                           ctpu_fmt_type(&gt, a, sizeof a), ctpu_fmt_type(to, b, sizeof b));
+            return CTPU_NULL;
+        }
+        for (int d = 0; d < gt.ndim; d++)
+            if (d < lead || (to->shape[d - lead] == 1 && gt.shape[d] != 1)) dims[k++] = d;
+        if (k) x = ctpu_sum(x, k, dims, true);
+        x = ctpu_reshape(x, to->ndim, to->shape);
+    }
+    if (!ctpu_is_null(x) && ctpu_dtype_of(x) != to->dtype) x = ctpu_cast(x, (ctpu_dtype)to->dtype);
+    return x;
+}
+
+/* Add g into *acc (both owned handles; g is consumed). */
+static bool accumulate(ctpu_tensor *acc, ctpu_tensor g)
+{
+    if (ctpu_is_null(*acc)) { *acc = g; return true; }
+    ctpu_tensor s = ctpu_add(*acc, g);
+    if (ctpu_is_null(s)) return false;
+    release_quiet(*acc);
+    release_quiet(g);
+    *acc = s;
+    return true;
+}
+
+static int cmp_seq_desc(const void *x, const void *y)
+{
+    const ag_node *a = *(ag_node *const *)x, *b = *(ag_node *const *)y;
+    return a->seq < b->seq ? 1 : a->seq > b->seq ? -1 : 0;
+}
+
+typedef struct { void *p; size_t n, cap; } vec;
+static bool vec_push(vec *v, void *x)
+{
+    if (v->n == v->cap) {
+        size_t nc = v->cap ? v->cap * 2 : 64;
+        void **p = realloc(v->p, nc * sizeof(void *));
+        if (!p) return false;
+        v->p = p;
+        v->cap = nc;
+    }
+    ((void **)v->p)[v->n++] = x;
+    return true;
+}
+
+static ctpu_status run_backward(ag_meta *root, ctpu_tensor g0, bool retain, const char *opn)
+{
+    uint64_t pass = atomic_fetch_add(&ag_pass, 1);
+    vec nodes = {0}, leaves = {0}, stack = {0};
+    ctpu_status st = CTPU_OK;
+    /* collect the graph reachable from the root */
+    if (root->fn) {
+        root->fn->mark = pass;
+        if (!vec_push(&stack, root->fn)) st = CTPU_ERR_OOM;
+        while (st == CTPU_OK && stack.n) {
+            ag_node *x = ((ag_node **)stack.p)[--stack.n];
+            if (!vec_push(&nodes, x)) { st = CTPU_ERR_OOM; break; }
+            if (x->freed) {
+                ctpu_set_error(CTPU_ERR_STATE,
+                               "%s: the tape through `%s` was released by an earlier backward "
+                               "(pass retain_graph to backward twice)", opn, ctpu_op_name(x->node.op));
+                st = CTPU_ERR_STATE;
+                break;
+            }
+            for (int i = 0; i < x->node.n_in; i++) {
+                ag_node *y = x->edge[i].fn;
+                if (y && y->mark != pass) {
+                    y->mark = pass;
+                    if (!vec_push(&stack, y)) { st = CTPU_ERR_OOM; break; }
+                }
+            }
+        }
+        if (st == CTPU_ERR_OOM) ctpu_set_error(st, "%s: out of host memory", opn);
+    }
+    free(stack.p);
+    ag_node **ns = nodes.p;
+    if (st == CTPU_OK) {
+        qsort(ns, nodes.n, sizeof *ns, cmp_seq_desc);
+        if (root->fn) root->fn->gacc = g0;
+        else { root->leaf->gacc = g0; root->leaf->touched = pass; vec_push(&leaves, root->leaf); }
+    } else {
+        release_quiet(g0);
+    }
+    for (size_t k = 0; st == CTPU_OK && k < nodes.n; k++) {
+        ag_node *x = ns[k];
+        if (ctpu_is_null(x->gacc)) continue;
+        int n_in = x->node.n_in;
+        bool need[CTPU_NODE_MAX_IN];
+        ctpu_tensor gin[CTPU_NODE_MAX_IN];
+        bool anyneed = false;
+        for (int i = 0; i < n_in; i++) {
+            need[i] = x->edge[i].fn || x->edge[i].leaf;
+            anyneed |= need[i];
+            gin[i] = CTPU_NULL;
+        }
+        if (anyneed) {
+            if ((st = ctpu_scope_begin()) != CTPU_OK) break;
+            ag_rules[x->node.op].fn(x, x->gacc, need, gin);
+            for (int i = 0; i < n_in; i++) {
+                if (!need[i]) continue;
+                if (ctpu_is_null(gin[i])) { st = ctpu_last_status() ? ctpu_last_status() : CTPU_ERR_STATE; break; }
+                gin[i] = fit(gin[i], &x->in_type[i]);
+                if (ctpu_is_null(gin[i])) { st = ctpu_last_status() ? ctpu_last_status() : CTPU_ERR_STATE; break; }
+                /* each accumulator must own a distinct handle */
+                bool alias = gin[i].id == x->gacc.id;
+                for (int j = 0; j < i; j++) alias |= need[j] && gin[j].id == gin[i].id;
+                if (alias) gin[i] = dup_handle(gin[i]);
+                ctpu_keep(gin[i]);
+            }
+            ctpu_status se = ctpu_scope_end();
+            if (st == CTPU_OK) st = se;
+            if (st != CTPU_OK) {
+                if (ctpu_last_status() == CTPU_OK) ctpu_set_error(st, "%s: backward of %s failed", opn, ctpu_op_name(x->node.op));
+                break;
+            }
+        }
+        release_quiet(x->gacc);
+        x->gacc = CTPU_NULL;
+        for (int i = 0; i < n_in && st == CTPU_OK; i++) {
+            if (!need[i]) continue;
+            ag_edge *e = &x->edge[i];
+            if (e->fn) {
+                if (!accumulate(&e->fn->gacc, gin[i])) st = ctpu_last_status();
+            } else {
+                if (e->leaf->touched != pass) {
+                    e->leaf->touched = pass;
+                    e->leaf->gacc = CTPU_NULL;
+                    if (!vec_push(&leaves, e->leaf)) { release_quiet(gin[i]); st = CTPU_ERR_OOM; ctpu_set_error(st, "%s: out of host memory", opn); continue; }
+                }
+                if (!accumulate(&e->leaf->gacc, gin[i])) st = ctpu_last_status();
+            }
+        }
+    }
+    /* leaves: .grad += this pass's sum */
+    ag_leaf **ls = leaves.p;
+    for (size_t k = 0; k < leaves.n; k++) {
+        ag_leaf *l = ls[k];
+        ctpu_tensor g = l->gacc;
+        l->gacc = CTPU_NULL;
+        if (st != CTPU_OK || !l->alive || ctpu_is_null(g)) { release_quiet(g); continue; }
+        if (ctpu_is_valid(l->grad)) {
+            ctpu_tensor s = ctpu_add(l->grad, g);
+            ctpu_status a = ctpu_is_null(s) ? ctpu_last_status() : ctpu_assign(l->grad, s);
+            release_quiet(s);
+            release_quiet(g);
+            if (a != CTPU_OK) st = a;
+        } else {
+            rec_of(g)->scope_id = 0;   /* .grad lives in no scope */
+            l->grad = g;
+        }
+    }
+    /* drop what is left of the pass, free the tape unless retained */
+    for (size_t k = 0; k < nodes.n; k++) {
+        ag_node *x = ns[k];
+        release_quiet(x->gacc);
+        x->gacc = CTPU_NULL;
+        if (!retain && st == CTPU_OK) {
+            for (int i = 0; i <= x->node.n_in; i++) {
+                release_quiet(x->saved[i]);
+                x->saved[i] = CTPU_NULL;
+            }
+            x->freed = true;
+        }
+    }
+    free(nodes.p);
+    free(leaves.p);
+    return st;
+}
+
+ctpu_status ctpu_backward_ex(ctpu_tensor t, ctpu_tensor grad, bool retain_graph)
+{
+    const char *opn = "backward";
+    ctpu_trec *r = ctpu_rec_get(t, opn, "t", false);
+    if (!r) return ctpu_last_status();
+    ag_check_epoch();
+    char tb[128], gb[128];
+    ag_meta *m = r->ag;
+    if (!meta_requires(m)) {
+        ctpu_set_error(CTPU_ERR_STATE,
+                       "%s: t %s does not require grad (no leaf marked with set_requires_grad reaches it, "
+                       "or it was computed under no_grad)", opn, ctpu_fmt_type(&r->type, tb, sizeof tb));
+        return CTPU_ERR_STATE;
+    }
+    ctpu_trec *gr = NULL;
+    if (!ctpu_is_null(grad)) {
+        gr = ctpu_rec_get(grad, opn, "grad", false);
+        if (!gr) return ctpu_last_status();
+        bool same = gr->type.ndim == r->type.ndim;
+        for (int d = 0; same && d < r->type.ndim; d++) same = gr->type.shape[d] == r->type.shape[d];
+        if (!same || gr->type.dtype == CTPU_I32) {
+            ctpu_set_error(same ? CTPU_ERR_DTYPE : CTPU_ERR_SHAPE,
+                           "%s: t is %s, grad is %s: grad must be f32/bf16 of t's shape", opn,
+                           ctpu_fmt_type(&r->type, tb, sizeof tb), ctpu_fmt_type(&gr->type, gb, sizeof gb));
+            return same ? CTPU_ERR_DTYPE : CTPU_ERR_SHAPE;
+        }
+    } else if (ctpu_vtype_numel(&r->type) != 1) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "%s: t is %s: backward without grad needs a one-element t (a loss)", opn,
+                       ctpu_fmt_type(&r->type, tb, sizeof tb));
+        return CTPU_ERR_SHAPE;
+    }
+    ctpu_status st = ctpu_scope_begin();
+    if (st != CTPU_OK) return st;
+    t_ag.no_grad++;
+    ctpu_tensor g0 = gr ? ctpu_handle_view(gr, &gr->type, gr->off, opn)
+                        : ctpu_ones((ctpu_dtype)r->type.dtype, r->type.ndim, r->type.shape);
+    if (!ctpu_is_null(g0) && ctpu_dtype_of(g0) != r->type.dtype) g0 = ctpu_cast(g0, (ctpu_dtype)r->type.dtype);
+    if (ctpu_is_null(g0)) st = ctpu_last_status();
+    else st = run_backward(m, g0, retain_graph, opn);
+    t_ag.no_grad--;
+    ctpu_status se = ctpu_scope_end();
+    return st != CTPU_OK ? st : se;
+}
+
+ctpu_status ctpu_backward(ctpu_tensor loss) { return ctpu_backward_ex(loss, CTPU_NULL, false); }
+ctpu_status ctpu_backward_with(ctpu_tensor t, ctpu_tensor grad) { return ctpu_backward_ex(t, grad, false); }
