@@ -590,6 +590,7 @@ static Suite *mxu_suite(void)
 
 int main(void)
 {
+    ctpu_mxu_set_thread_min_flop(0);   /* small shapes must still split over threads */
     SRunner *sr = srunner_create(mxu_suite());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);

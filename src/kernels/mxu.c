@@ -200,6 +200,9 @@ static void mm_ws_give(char *p, size_t need)
     free(old);
 }
 
+static double mm_min_flop = 2e6;
+void ctpu_mxu_set_thread_min_flop(double flop) { mm_min_flop = flop; }
+
 void ctpu_k_matmul(const ctpu_mm_args *g, ctpu_k_pool *pool)
 {
     assert(g->precision >= 0 && g->precision < CTPU_PREC_COUNT);
@@ -222,6 +225,12 @@ void ctpu_k_matmul(const ctpu_mm_args *g, ctpu_k_pool *pool)
     x.bpd = ctpu_mxu_panel_dwords(&x.pkb) * (x.im->planar ? 2 : 1);
     x.lw = x.im->planar ? 2 : 1;
     int nt = pool && pool->nthreads > 1 ? pool->nthreads : 1;
+    /* A waking worker costs ~1-20 us: below ~2 MFLOP per thread one thread
+     * is faster. (Bits do not depend on the thread count.) */
+    double flop = 2.0 * (double)g->batch * (double)g->M * (double)g->N * (double)(g->K > 0 ? g->K : 1) *
+                  x.npass;
+    double mf = mm_min_flop;
+    if (nt > 1 && flop < mf * nt) nt = flop < 2 * mf ? 1 : (int)(flop / mf);
 
     double ib = mm_imbalance(g->batch, nt), in = mm_imbalance(x.np, nt),
            imm = mm_imbalance(x.mp, nt);

@@ -243,6 +243,9 @@ extern const ctpu_mxu_impl ctpu_mxu_impl_ref, ctpu_mxu_impl_avx2, ctpu_mxu_impl_
 const ctpu_mxu_impl *ctpu_mxu_current(void);
 /* Tests and benchmarks only: use this table (NULL: back to the ISA's). */
 void ctpu_mxu_force_impl(const ctpu_mxu_impl *im);
+/* Tests only: the work (FLOP) below which a call uses fewer threads
+ * (default 2e6 per thread); 0 makes every call use the whole pool. */
+void ctpu_mxu_set_thread_min_flop(double flop);
 
 /* The exact step of the reference (plain C; double holds a bf16 x bf16
  * product exactly, and a TwoSum error term resolves the one double-rounding
