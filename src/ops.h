@@ -12,7 +12,13 @@
 
 #include <stdint.h>
 #include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include "kernels.h"
+
+/* A broken internal invariant (never a user error): abort with file:line. */
+#define CTPU_ASSERT(x) do { if (!(x)) { fprintf(stderr, "ctpu: internal error: %s at %s:%d\n", #x, \
+                                                __FILE__, __LINE__); abort(); } } while (0)
 
 enum {
     CTPU_OPK_UNARY       = 1u << 0,   /* elementwise, one tensor */

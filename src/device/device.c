@@ -214,19 +214,29 @@ static void pool_run(ctpu_k_pool *pool, void (*fn)(void *, int, int), void *ctx)
 ctpu_k_pool *ctpu_device_pool(ctpu_device *dev) { return &dev->wp.pool; }
 
 /* ------------------------------------------------------------ faults */
-static unsigned fault_record(ctpu_device *dev, ctpu_status st, const char *msg)
+static unsigned fault_record_ex(ctpu_device *dev, ctpu_status st, const char *msg, bool sticky)
 {
     pthread_mutex_lock(&dev->fault_mu);
     unsigned id = dev->n_faults < CTPU_MAX_FAULTS ? dev->n_faults++ : CTPU_MAX_FAULTS - 1;
     dev->faults[id].status = st;
     snprintf(dev->faults[id].msg, sizeof dev->faults[id].msg, "%s", msg);
-    if (dev->sticky == CTPU_OK) {
+    if (sticky && dev->sticky == CTPU_OK) {
         dev->sticky = st;
         snprintf(dev->sticky_msg, sizeof dev->sticky_msg, "%s", msg);
     }
     pthread_mutex_unlock(&dev->fault_mu);
     ctpu_counter_add(dev->metrics, CTPU_CTR_DEVICE_FAULTS, 1);
     return id + 1;
+}
+
+static unsigned fault_record(ctpu_device *dev, ctpu_status st, const char *msg)
+{
+    return fault_record_ex(dev, st, msg, true);
+}
+
+unsigned ctpu_device_fault_new(ctpu_device *dev, ctpu_status st, const char *msg, bool sticky)
+{
+    return fault_record_ex(dev, st, msg, sticky);
 }
 
 const ctpu_fault_rec *ctpu_device_fault(ctpu_device *dev, unsigned fault_id)

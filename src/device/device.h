@@ -115,6 +115,10 @@ void ctpu_device_wait(ctpu_device *dev, uint64_t seq);
 /* The sticky error: first fault latched since the last take. Returns
  * CTPU_OK if none; copies the message. Clears it. */
 ctpu_status ctpu_device_take_error(ctpu_device *dev, char *msg, size_t len);
+/* Record a fault (for values the host side could not compute: a failed
+ * program launch); returns its id for a buffer's `fault`. sticky: also make
+ * it the device's sticky error. */
+unsigned ctpu_device_fault_new(ctpu_device *dev, ctpu_status st, const char *msg, bool sticky);
 /* Fault record of a buffer (0 = none). */
 const ctpu_fault_rec *ctpu_device_fault(ctpu_device *dev, unsigned fault_id);
 ctpu_k_pool *ctpu_device_pool(ctpu_device *dev);

@@ -32,7 +32,23 @@
     X(DEVICE_FAULTS,       "device_faults") \
     X(MARKED_STEPS,        "marked_steps") \
     X(MXU_MACS_USEFUL,     "mxu_macs_useful") \
-    X(MXU_MACS_PADDED,     "mxu_macs_padded")
+    X(MXU_MACS_PADDED,     "mxu_macs_padded") \
+    X(FUSED_CACHE_REQUESTS, "fused_cache_requests") \
+    X(FUSED_CACHE_HITS,    "fused_cache_hits") \
+    X(FUSED_CACHE_MISSES,  "fused_cache_misses") \
+    X(RECOMPILES,          "recompiles") \
+    X(CACHE_EVICTIONS,     "cache_evictions") \
+    X(CACHE_THRASH,        "cache_thrash") \
+    X(PROGRAMS_LAUNCHED,   "programs_launched") \
+    X(OPS_RECORDED,        "ops_recorded") \
+    X(FUSED_STEPS,         "fused_program_steps") \
+    X(TRACE_CUTS,          "trace_cuts") \
+    X(CUT_MARK_STEP,       "trace_cuts_mark_step") \
+    X(CUT_HOST_READ,       "trace_cuts_host_read") \
+    X(CUT_SYNC,            "trace_cuts_sync") \
+    X(CUT_LOOP,            "trace_cuts_loop_detector") \
+    X(CUT_LIMIT,           "trace_cuts_length_limit") \
+    X(CUT_MODE,            "trace_cuts_mode_switch")
 
 #define CTPU_TIMER_TABLE(X) \
     X(COMPILE_TIME,  "compile_time") \

@@ -27,6 +27,8 @@ static ctpu_status launch(ctpu_node *node, ctpu_trec *const *inputs, const doubl
     int n_in = node->n_in;
     ctpu_vtype in_type[CTPU_NODE_MAX_IN];
     for (int i = 0; i < n_in; i++) {
+        /* a value still pending in this thread's trace (the mode changed) */
+        if (!ctpu__materialize(inputs[i], opn, CTPU_CUT_MODE)) return ctpu_last_status();
         in_type[i] = inputs[i]->type;
         node->in[i] = i;
     }
@@ -103,6 +105,7 @@ ctpu_status ctpu_dispatch_into(ctpu_node *node, ctpu_trec *const *inputs, const 
 ctpu_tensor ctpu_dispatch(ctpu_node *node, ctpu_trec *const *inputs, const ctpu_tensor *in_h,
                           const double *scalars)
 {
+    if (ctpu_mode_now() == CTPU_MODE_DEFER_FUSE) return ctpu__defer_node(node, inputs, in_h, scalars);
     size_t bytes = (size_t)ctpu_vtype_numel(&node->out) * ctpu_kdt_size(node->out.dtype);
     char err[256];
     ctpu_buffer *b = ctpu_buffer_alloc(ctpu_rt->dev, bytes, err, sizeof err);
@@ -125,8 +128,13 @@ ctpu_tensor ctpu_dispatch(ctpu_node *node, ctpu_trec *const *inputs, const ctpu_
 /* A view: a new handle on rec's storage, recorded for autograd like any op. */
 static ctpu_tensor make_view(ctpu_node *node, ctpu_trec *rec, ctpu_tensor in_h, size_t off)
 {
-    ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_OPS_DISPATCHED, 1);
     node->n_in = 1;
+    if (ctpu_rec_pending(rec)) {
+        /* a view of a value not computed yet is a node of the trace */
+        ctpu_trec *in[1] = { rec };
+        return ctpu__defer_node(node, in, &in_h, NULL);
+    }
+    ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_OPS_DISPATCHED, 1);
     ctpu_tensor out = ctpu_handle_view(rec, &node->out, off, ctpu_op_name(node->op));
     if (!ctpu_is_null(out)) ctpu__ag_record(node, &in_h, NULL, out);
     return out;

@@ -33,6 +33,11 @@ typedef struct ctpu_runtime {
     ctpu_metrics metrics;
     ctpu_device *dev;
     ctpu_cache *strict_cache;        /* strict eager's one-node programs */
+    ctpu_cache *fused_cache;         /* defer and fuse: bounded LRU */
+    atomic_uint_fast64_t next_trace_id;
+    atomic_bool user_marks_steps;    /* loop detector 'auto' turns off at the first mark */
+    atomic_uint_fast64_t marked_steps;
+    atomic_bool cache_only;          /* ctpu_cache_set_only / TORCH_TPU_CACHE_ONLY */
 
     /* tensor records: pages of slots, never moved */
     pthread_mutex_t slot_mu;
@@ -62,7 +67,14 @@ typedef struct ctpu_trec {
     size_t off;                      /* bytes into buf (views) */
     uint64_t scope_id;               /* 0 = global */
     void *ag;                        /* autograd metadata (autograd.c) */
+    /* defer and fuse: a value not computed yet. trace_id != 0: the handle
+     * stands for value tval of that (per-thread) trace; buf, if set, is the
+     * storage the value should be written into (an assigned parameter). */
+    uint64_t trace_id;
+    int32_t tval;
 } ctpu_trec;
+
+static inline bool ctpu_rec_pending(const ctpu_trec *r) { return r->trace_id != 0; }
 
 static inline ctpu_trec *ctpu_slot(uint32_t idx)
 {
@@ -115,6 +127,27 @@ void ctpu__ag_release(ctpu_trec *rec);
 int ctpu__ag_rule_kind(int op);
 ctpu_status ctpu_dispatch_into(ctpu_node *node, ctpu_trec *const *inputs, const double *scalars,
                                ctpu_buffer *out, size_t out_off);
+
+/* ------------------------------------------------------------ defer and fuse (defer.c) */
+typedef enum {
+    CTPU_CUT_MARK_STEP, CTPU_CUT_HOST_READ, CTPU_CUT_SYNC, CTPU_CUT_LOOP, CTPU_CUT_LIMIT, CTPU_CUT_MODE,
+    CTPU_CUT_COUNT
+} ctpu_cut_reason;
+/* Record a node into this thread's trace; returns the pending output handle. */
+ctpu_tensor ctpu__defer_node(ctpu_node *node, ctpu_trec *const *inputs, const ctpu_tensor *in_h,
+                             const double *scalars);
+/* Cut this thread's trace: compile (or hit the cache), launch, give every
+ * live pending handle its buffer. Errors (OOM, cache-only miss) are returned
+ * here and latched on the values. */
+ctpu_status ctpu__defer_flush(ctpu_cut_reason why);
+/* Make rec's value computed (flushes its trace if it is pending in this
+ * thread's trace). False with an error if it belongs to another thread's trace. */
+bool ctpu__materialize(ctpu_trec *rec, const char *op, ctpu_cut_reason why);
+/* assign in defer and fuse (value semantics through the trace). */
+ctpu_status ctpu__defer_assign(ctpu_trec *dst, ctpu_tensor dst_h, ctpu_trec *src);
+/* A new handle for the same pending value (views of pending values). */
+ctpu_tensor ctpu__defer_alias_handle(ctpu_trec *rec, const char *op);
+void ctpu__defer_thread_reset(void);
 
 /* Test hooks (tests/ only). */
 void ctpu__test_device_hold(bool hold);

@@ -233,6 +233,7 @@ static void runtime_free(ctpu_runtime *rt)
     if (!rt) return;
     ctpu_device_destroy(rt->dev);
     ctpu_cache_destroy(rt->strict_cache);
+    ctpu_cache_destroy(rt->fused_cache);
     for (uint32_t p = 0; p < rt->n_pages; p++) free(rt->pages[p]);
     free(rt->pages);
     free(rt->free_list);
@@ -272,7 +273,8 @@ ctpu_status ctpu_init(void)
     ctpu_kernels_set_isa(rt->isa);
     rt->pages = calloc(CTPU_MAX_PAGES, sizeof *rt->pages);
     rt->strict_cache = ctpu_cache_create(0);
-    rt->dev = rt->pages && rt->strict_cache
+    rt->fused_cache = ctpu_cache_create(rt->cache_size);
+    rt->dev = rt->pages && rt->strict_cache && rt->fused_cache
                   ? ctpu_device_create(rt->chip, rt->hbm_cap, rt->nthreads, &rt->metrics, err, sizeof err)
                   : NULL;
     if (!rt->dev) {
@@ -282,12 +284,10 @@ ctpu_status ctpu_init(void)
         return CTPU_ERR_OOM;
     }
     atomic_init(&rt->next_scope_id, 1);
+    atomic_init(&rt->next_trace_id, 1);
     rt->epoch = ++epoch_counter;
     ctpu_rt = rt;
     pthread_mutex_unlock(&init_mu);
-    if (rt->mode == CTPU_MODE_DEFER_FUSE)
-        fprintf(stderr, "ctpu: TORCH_TPU_DEFER_AND_FUSE=1 accepted; defer-and-fuse is not built yet, "
-                        "running as strict eager\n");
     return CTPU_OK;
 }
 
@@ -298,6 +298,7 @@ void ctpu_shutdown(void)
     pthread_mutex_lock(&init_mu);
     ctpu_runtime *rt = ctpu_rt;
     if (!rt) { pthread_mutex_unlock(&init_mu); return; }
+    ctpu__defer_thread_reset();     /* an unfinished trace of this thread is dropped */
     ctpu_device_wait(rt->dev, 0);
     ctpu__tensors_shutdown(rt);
     ctpu_device_wait(rt->dev, 0);
@@ -327,6 +328,7 @@ ctpu_status ctpu_set_mode(ctpu_mode m)
         ctpu_set_error(CTPU_ERR_INVALID_ARG, "set_mode: mode %d is not a ctpu_mode", (int)m);
         return CTPU_ERR_INVALID_ARG;
     }
+    ctpu__defer_flush(CTPU_CUT_MODE);
     ctpu_device_wait(ctpu_rt->dev, 0);
     ctpu_rt->mode = m;
     return CTPU_OK;
@@ -340,6 +342,7 @@ ctpu_status ctpu_set_thread_mode(ctpu_mode m)
         ctpu_set_error(CTPU_ERR_INVALID_ARG, "set_thread_mode: mode %d is not a ctpu_mode", (int)m);
         return CTPU_ERR_INVALID_ARG;
     }
+    ctpu__defer_flush(CTPU_CUT_MODE);
     t_mode_override = (int)m;
     t_mode_epoch = ctpu_rt->epoch;
     return CTPU_OK;
@@ -389,11 +392,12 @@ ctpu_status ctpu_sync(void)
 {
     if (!ctpu_check_init("sync")) return CTPU_ERR_NOT_INITIALIZED;
     ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_SYNCS, 1);
+    ctpu_status fst = ctpu__defer_flush(CTPU_CUT_SYNC);
     ctpu_device_wait(ctpu_rt->dev, 0);
     char msg[256];
     ctpu_status st = ctpu_device_take_error(ctpu_rt->dev, msg, sizeof msg);
     if (st != CTPU_OK) ctpu_set_error(st, "%s", msg);
-    return st;
+    return st != CTPU_OK ? st : fst;
 }
 
 /* ------------------------------------------------------------ chip, HBM */

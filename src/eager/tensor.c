@@ -108,7 +108,7 @@ ctpu_tensor ctpu_handle_new(const ctpu_vtype *type, ctpu_buffer *buf, size_t off
     uint32_t idx;
     if (!slot_alloc(&idx)) {
         ctpu_set_error(CTPU_ERR_OOM, "%s: out of tensor handles", op);
-        ctpu_buffer_release(ctpu_rt->dev, buf);
+        if (buf) ctpu_buffer_release(ctpu_rt->dev, buf);
         return CTPU_NULL;
     }
     ctpu_trec *r = ctpu_slot(idx);
@@ -117,7 +117,9 @@ ctpu_tensor ctpu_handle_new(const ctpu_vtype *type, ctpu_buffer *buf, size_t off
     r->buf = buf;
     r->off = off;
     r->ag = NULL;
-    atomic_fetch_add(&buf->handle_refs, 1);
+    r->trace_id = 0;
+    r->tval = -1;
+    if (buf) atomic_fetch_add(&buf->handle_refs, 1);
     ctpu_tensor t = { ((uint64_t)r->gen << 32) | (idx + 1) };
     scopes_check_epoch();
     if (t_sc.depth > 0) {
@@ -132,6 +134,11 @@ ctpu_tensor ctpu_handle_new(const ctpu_vtype *type, ctpu_buffer *buf, size_t off
 
 ctpu_tensor ctpu_handle_view(ctpu_trec *rec, const ctpu_vtype *type, size_t off, const char *op)
 {
+    if (ctpu_rec_pending(rec)) {
+        /* another handle on a value not computed yet (same type only) */
+        CTPU_ASSERT(type->ndim == rec->type.ndim && type->dtype == rec->type.dtype);
+        return ctpu__defer_alias_handle(rec, op);
+    }
     ctpu_buffer_retain(rec->buf);
     return ctpu_handle_new(type, rec->buf, off, op);
 }
@@ -255,7 +262,7 @@ static ctpu_status scope_end(bool step, const char *op)
                        s->step ? "step" : "plain");
         return CTPU_ERR_STATE;
     }
-    if (step) ctpu_mark_step();
+    /* release first: at a step's end only kept values are live-out */
     for (size_t i = 0; i < s->n; i++) {
         ctpu_tensor t = { s->items[i] };
         uint32_t idx = ctpu_handle_slot(t);
@@ -264,6 +271,7 @@ static ctpu_status scope_end(bool step, const char *op)
     }
     s->n = 0;
     t_sc.depth--;
+    if (step) return ctpu_mark_step();
     return CTPU_OK;
 }
 
@@ -276,7 +284,10 @@ ctpu_status ctpu_mark_step(void)
 {
     if (!ctpu_check_init("mark_step")) return CTPU_ERR_NOT_INITIALIZED;
     ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_MARKED_STEPS, 1);
-    return CTPU_OK;
+    atomic_store(&ctpu_rt->user_marks_steps, true);
+    ctpu_status st = ctpu__defer_flush(CTPU_CUT_MARK_STEP);
+    atomic_fetch_add(&ctpu_rt->marked_steps, 1);
+    return st;
 }
 
 ctpu_tensor ctpu_keep(ctpu_tensor t)
@@ -377,6 +388,7 @@ ctpu_status ctpu_to_host(ctpu_tensor t, void *dst, size_t dst_bytes)
         return CTPU_ERR_INVALID_ARG;
     }
     ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_HOST_READS, 1);
+    if (!ctpu__materialize(r, "to_host", CTPU_CUT_HOST_READ)) return ctpu_last_status();
     ctpu_device_wait(ctpu_rt->dev, 0);
     unsigned f = atomic_load(&r->buf->fault);
     if (f) {
@@ -431,6 +443,9 @@ ctpu_status ctpu_assign(ctpu_tensor dst, ctpu_tensor src)
                        ctpu_fmt_type(&d->type, ta, sizeof ta), ctpu_fmt_type(&s->type, tb, sizeof tb));
         return CTPU_ERR_SHAPE;
     }
+    if (ctpu_mode_now() == CTPU_MODE_DEFER_FUSE) return ctpu__defer_assign(d, dst, s);
+    if (!ctpu__materialize(d, "assign", CTPU_CUT_MODE) || !ctpu__materialize(s, "assign", CTPU_CUT_MODE))
+        return ctpu_last_status();
     if (d->buf == s->buf && d->off == s->off) return CTPU_OK;
     ctpu_node node = { .op = CTPU_OP_COPY, .n_in = 1, .out = d->type };
     ctpu_trec *in[1] = { s };

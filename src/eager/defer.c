@@ -1,0 +1,441 @@
+/* Defer and fuse (TORCH_TPU_DEFER_AND_FUSE=1): ops are recorded into the
+ * calling thread's trace; at a cut (mark_step, end of a step scope, a host
+ * read of a pending value, sync, the loop detector, the length limit) the
+ * trace is finalised (dead code removed, live-out = values whose handles are
+ * alive, assigned parameters written in place), keyed, looked up in the
+ * bounded fused-program cache (compiled on a miss, with the recompile reason
+ * recorded), and launched as one program on the device stream. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "eager.h"
+#include "fuse/exec.h"
+#include "fuse/loops.h"
+#include "fuse/trace.h"
+
+#define TRACE_MAX_NODES 20000
+
+typedef struct {
+    ctpu_trace_rec *rec;
+    uint64_t id;                 /* current trace id, 0 = none yet */
+    uint64_t *holders;           /* handle ids that became pending in this trace */
+    size_t n_holders, cap_holders;
+    ctpu_loop_det loops;
+    uint64_t epoch;
+} defer_state;
+
+static _Thread_local defer_state t_df;
+
+static const ctpu_counter_id cut_counter[CTPU_CUT_COUNT] = {
+    CTPU_CTR_CUT_MARK_STEP, CTPU_CTR_CUT_HOST_READ, CTPU_CTR_CUT_SYNC, CTPU_CTR_CUT_LOOP,
+    CTPU_CTR_CUT_LIMIT, CTPU_CTR_CUT_MODE,
+};
+
+static bool state_ready(void)
+{
+    if (t_df.epoch != ctpu_rt->epoch) {
+        /* a previous runtime's state: its buffers are gone with it */
+        free(t_df.holders);
+        memset(&t_df, 0, sizeof t_df);
+        t_df.epoch = ctpu_rt->epoch;
+    }
+    if (!t_df.rec) {
+        t_df.rec = ctpu_trace_rec_create();
+        if (!t_df.rec) return false;
+    }
+    if (t_df.id == 0) t_df.id = atomic_fetch_add(&ctpu_rt->next_trace_id, 1);
+    return true;
+}
+
+void ctpu__defer_thread_reset(void)
+{
+    if (!ctpu_rt || t_df.epoch != ctpu_rt->epoch) return;
+    if (t_df.rec) ctpu_trace_rec_destroy(t_df.rec, ctpu_rt->dev);
+    free(t_df.holders);
+    memset(&t_df, 0, sizeof t_df);
+}
+
+static bool add_holder(uint64_t id)
+{
+    if (t_df.n_holders == t_df.cap_holders) {
+        size_t nc = t_df.cap_holders ? t_df.cap_holders * 2 : 256;
+        uint64_t *p = realloc(t_df.holders, nc * sizeof *p);
+        if (!p) return false;
+        t_df.holders = p;
+        t_df.cap_holders = nc;
+    }
+    t_df.holders[t_df.n_holders++] = id;
+    return true;
+}
+
+/* A pending handle for value v. */
+static ctpu_tensor pending_handle(const ctpu_vtype *type, ctpu_vref v, const char *op)
+{
+    ctpu_tensor h = ctpu_handle_new(type, NULL, 0, op);
+    if (ctpu_is_null(h)) return h;
+    ctpu_trec *r = ctpu_slot(ctpu_handle_slot(h));
+    r->trace_id = t_df.id;
+    r->tval = v;
+    if (!add_holder(h.id)) {
+        ctpu_release(h);
+        ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory recording the trace", op);
+        return CTPU_NULL;
+    }
+    return h;
+}
+
+static uint64_t op_hash(const ctpu_node *n)
+{
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ ((uint64_t)n->op << 32) ^ ((uint64_t)n->out.dtype << 8) ^ n->out.ndim;
+    for (int d = 0; d < n->out.ndim; d++) {
+        h ^= (uint64_t)n->out.shape[d] + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    }
+    return h * 0xff51afd7ed558ccdull;
+}
+
+/* The vref of an input record in the current trace. */
+static bool input_vref(ctpu_trec *r, const char *op, ctpu_vref *out)
+{
+    if (ctpu_rec_pending(r)) {
+        if (r->trace_id != t_df.id) {
+            ctpu_set_error(CTPU_ERR_STATE,
+                           "%s: an input is a pending value of another thread's trace (cut it there first)", op);
+            return false;
+        }
+        *out = r->tval;
+        return true;
+    }
+    ctpu_vref v = ctpu_trace_rec_input(t_df.rec, r->buf, r->off, &r->type);
+    if (v == CTPU_VREF_OOM) {
+        ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory recording the trace", op);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+ctpu_tensor ctpu__defer_node(ctpu_node *node, ctpu_trec *const *inputs, const ctpu_tensor *in_h,
+                             const double *scalars)
+{
+    const char *opn = ctpu_op_name(node->op);
+    if (!state_ready()) {
+        ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory recording the trace", opn);
+        return CTPU_NULL;
+    }
+    for (int i = 0; i < node->n_in; i++)
+        if (!input_vref(inputs[i], opn, &node->in[i])) return CTPU_NULL;
+    ctpu_vref v = ctpu_trace_rec_node(t_df.rec, node, scalars);
+    if (v < 0) {
+        ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory recording the trace", opn);
+        return CTPU_NULL;
+    }
+    ctpu_tensor out = pending_handle(&node->out, v, opn);
+    if (ctpu_is_null(out)) return out;
+    ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_OPS_DISPATCHED, 1);
+    ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_OPS_RECORDED, 1);
+    ctpu__ag_record(node, in_h, scalars, out);
+
+    /* loop boundaries the program did not mark */
+    ctpu_detect_loops dl = ctpu_rt->detect_loops;
+    bool detect = dl == CTPU_LOOPS_ON || (dl == CTPU_LOOPS_AUTO && !atomic_load(&ctpu_rt->user_marks_steps));
+    if (detect && ctpu_loop_feed(&t_df.loops, op_hash(node))) {
+        ctpu__defer_flush(CTPU_CUT_LOOP);
+    } else if (ctpu_trace_rec_nodes(t_df.rec) >= TRACE_MAX_NODES) {
+        ctpu__defer_flush(CTPU_CUT_LIMIT);
+    }
+    return out;
+}
+
+ctpu_tensor ctpu__defer_alias_handle(ctpu_trec *rec, const char *op)
+{
+    ctpu_vtype type = rec->type;
+    ctpu_vref v = rec->tval;
+    return pending_handle(&type, v, op);
+}
+
+bool ctpu__materialize(ctpu_trec *rec, const char *op, ctpu_cut_reason why)
+{
+    if (!ctpu_rec_pending(rec)) return true;
+    if (!state_ready() || rec->trace_id != t_df.id) {
+        ctpu_set_error(CTPU_ERR_STATE, "%s: the value is pending in another thread's trace (cut it there first)", op);
+        return false;
+    }
+    ctpu__defer_flush(why);
+    if (ctpu_rec_pending(rec)) {
+        if (ctpu_last_status() == CTPU_OK)
+            ctpu_set_error(CTPU_ERR_STATE, "%s: the value could not be computed", op);
+        return false;
+    }
+    return true;
+}
+
+ctpu_status ctpu__defer_assign(ctpu_trec *dst, ctpu_tensor dst_h, ctpu_trec *src)
+{
+    if (!state_ready()) {
+        ctpu_set_error(CTPU_ERR_OOM, "assign: out of host memory recording the trace");
+        return CTPU_ERR_OOM;
+    }
+    if (ctpu_rec_pending(dst) && dst->trace_id != t_df.id) {
+        ctpu_set_error(CTPU_ERR_STATE, "assign: dst is pending in another thread's trace");
+        return CTPU_ERR_STATE;
+    }
+    ctpu_vref v;
+    if (ctpu_rec_pending(src)) {
+        if (!input_vref(src, "assign", &v)) return ctpu_last_status();
+    } else {
+        /* a computed src: copy it inside the trace, so reads of dst's old
+         * value recorded before still see the old value */
+        ctpu_node n = { .op = CTPU_OP_COPY, .n_in = 1, .out = src->type };
+        if (!input_vref(src, "assign", &n.in[0])) return ctpu_last_status();
+        v = ctpu_trace_rec_node(t_df.rec, &n, NULL);
+        if (v < 0) {
+            ctpu_set_error(CTPU_ERR_OOM, "assign: out of host memory recording the trace");
+            return CTPU_ERR_OOM;
+        }
+    }
+    bool was_pending = ctpu_rec_pending(dst);
+    dst->trace_id = t_df.id;
+    dst->tval = v;
+    /* dst->buf stays: the storage the new value is written into at the cut */
+    if (!was_pending && !add_holder(dst_h.id)) {
+        ctpu_set_error(CTPU_ERR_OOM, "assign: out of host memory recording the trace");
+        return CTPU_ERR_OOM;
+    }
+    return CTPU_OK;
+}
+
+static void wait_device(void *ctx) { ctpu_device_wait((ctpu_device *)ctx, 0); }
+
+/* Values that could not be computed (a failed launch): every pending handle
+ * of the trace gets its fault, reported when it is read. */
+static void poison_holders(ctpu_status st, const char *msg)
+{
+    ctpu_device *dev = ctpu_rt->dev;
+    unsigned id = ctpu_device_fault_new(dev, st, msg, false);
+    char err[256];
+    for (size_t i = 0; i < t_df.n_holders; i++) {
+        ctpu_tensor h = { t_df.holders[i] };
+        ctpu_trec *r = ctpu_slot(ctpu_handle_slot(h));
+        if (!r->live || r->gen != ctpu_handle_gen(h) || r->trace_id != t_df.id) continue;
+        r->trace_id = 0;
+        if (r->buf && atomic_load(&r->buf->handle_refs) == 1) {
+            atomic_store(&r->buf->fault, id);
+            continue;
+        }
+        if (r->buf) {
+            atomic_fetch_sub(&r->buf->handle_refs, 1);
+            ctpu_buffer_release(dev, r->buf);
+            r->buf = NULL;
+        }
+        ctpu_buffer *b = ctpu_buffer_alloc(dev, 0, err, sizeof err);
+        if (!b) continue;   /* leaves r without storage: reads say "stale" */
+        atomic_store(&b->fault, id);
+        atomic_fetch_add(&b->handle_refs, 1);
+        r->buf = b;
+        r->off = 0;
+    }
+}
+
+static void reset_trace(void)
+{
+    ctpu_trace_rec_reset(t_df.rec, ctpu_rt->dev);
+    t_df.n_holders = 0;
+    t_df.id = atomic_fetch_add(&ctpu_rt->next_trace_id, 1);
+}
+
+ctpu_status ctpu__defer_flush(ctpu_cut_reason why)
+{
+    ctpu_runtime *rt = ctpu_rt;
+    if (!rt || t_df.epoch != rt->epoch || !t_df.rec) return CTPU_OK;
+    if (ctpu_trace_rec_nodes(t_df.rec) == 0) { reset_trace(); return CTPU_OK; }
+    ctpu_metrics *m = &rt->metrics;
+    ctpu_counter_add(m, CTPU_CTR_TRACE_CUTS, 1);
+    ctpu_counter_add(m, cut_counter[why], 1);
+
+    /* live-out: pending handles still alive */
+    size_t nh = t_df.n_holders;
+    ctpu_liveout_req *reqs = malloc(sizeof *reqs * (nh + 1));
+    ctpu_trec **rrec = malloc(sizeof *rrec * (nh + 1));
+    if (!reqs || !rrec) {
+        free(reqs);
+        free(rrec);
+        poison_holders(CTPU_ERR_OOM, "defer and fuse: out of host memory at a trace cut");
+        reset_trace();
+        ctpu_set_error(CTPU_ERR_OOM, "mark_step: out of host memory at a trace cut");
+        return CTPU_ERR_OOM;
+    }
+    int nreq = 0;
+    bool dbg = ctpu_debug_checks_now();
+    for (size_t i = 0; i < nh; i++) {
+        ctpu_tensor h = { t_df.holders[i] };
+        ctpu_trec *r = ctpu_slot(ctpu_handle_slot(h));
+        if (!r->live || r->gen != ctpu_handle_gen(h) || r->trace_id != t_df.id) continue;
+        bool own = r->buf && atomic_load(&r->buf->handle_refs) == 1 && !dbg;
+        reqs[nreq] = (ctpu_liveout_req){ r->tval, own ? r->buf : NULL, own ? r->off : 0 };
+        rrec[nreq++] = r;
+    }
+    ctpu_trace_final fin;
+    ctpu_status st = CTPU_OK;
+    char err[256] = "";
+    if (!ctpu_trace_finalize(t_df.rec, reqs, nreq, (uint8_t)0, (uint8_t)dbg, &fin)) {
+        free(reqs);
+        free(rrec);
+        poison_holders(CTPU_ERR_OOM, "defer and fuse: out of host memory at a trace cut");
+        reset_trace();
+        ctpu_set_error(CTPU_ERR_OOM, "mark_step: out of host memory finalising the trace");
+        return CTPU_ERR_OOM;
+    }
+    if (fin.t.n_outputs == 0) {         /* nothing alive needs computing */
+        ctpu_trace_final_free(&fin);
+        free(reqs);
+        free(rrec);
+        reset_trace();
+        return CTPU_OK;
+    }
+    size_t cap = 256 + (size_t)fin.t.n_inputs * 80 + (size_t)fin.t.n_nodes * 240 + (size_t)fin.t.n_outputs * 8;
+    uint8_t *key = malloc(cap);
+    size_t klen = key ? ctpu_trace_key(&fin.t, key, cap) : 0;
+    uint64_t step = atomic_load(&rt->marked_steps);
+    bool only = atomic_load(&rt->cache_only) ||
+                (rt->cache_only_after >= 0 && step >= (uint64_t)rt->cache_only_after);
+    ctpu_cache_opts opts = { .allow_compile = !only, .track_recompiles = true, .step = step,
+                             .before_evict = wait_device, .ctx = rt->dev };
+    ctpu_cache_result res;
+    ctpu_compiled *prog = klen ? ctpu_cache_lookup(rt->fused_cache, key, klen, &fin.t, &opts, &res, err, sizeof err) : NULL;
+    free(key);
+    ctpu_counter_add(m, CTPU_CTR_CACHE_REQUESTS, 1);
+    ctpu_counter_add(m, CTPU_CTR_FUSED_CACHE_REQUESTS, 1);
+    if (klen && res.hit) {
+        ctpu_counter_add(m, CTPU_CTR_CACHE_HITS, 1);
+        ctpu_counter_add(m, CTPU_CTR_FUSED_CACHE_HITS, 1);
+    } else {
+        ctpu_counter_add(m, CTPU_CTR_CACHE_MISSES, 1);
+        ctpu_counter_add(m, CTPU_CTR_FUSED_CACHE_MISSES, 1);
+    }
+    if (prog && !res.hit) {
+        ctpu_counter_add(m, CTPU_CTR_PROGRAMS_COMPILED, 1);
+        ctpu_timer_add(m, CTPU_TMR_COMPILE_TIME, prog->compile_ns);
+        if (res.recompile) ctpu_counter_add(m, CTPU_CTR_RECOMPILES, 1);
+        if (res.thrash) ctpu_counter_add(m, CTPU_CTR_CACHE_THRASH, 1);
+    }
+    if (klen && res.evicted) ctpu_counter_add(m, CTPU_CTR_CACHE_EVICTIONS, res.evicted);
+    if (!prog) {
+        st = klen && res.refused ? CTPU_ERR_CACHE_MISS : CTPU_ERR_STATE;
+        char msg[300];
+        snprintf(msg, sizeof msg, "defer and fuse: %s", klen ? err : "trace key too long");
+        poison_holders(st, msg);
+        ctpu_trace_final_free(&fin);
+        free(reqs);
+        free(rrec);
+        reset_trace();
+        ctpu_set_error(st, "%s", msg);
+        return st;
+    }
+
+    /* buffers: outputs (fresh or the parameter's own), scratch */
+    int nin = fin.t.n_inputs, no = fin.t.n_outputs;
+    bool scratch = prog->prog.n_virtual > 0;
+    int nb = nin + no + (scratch ? 1 : 0);
+    ctpu_cmd cmd;
+    memset(&cmd, 0, sizeof cmd);
+    cmd.prog = &prog->prog;
+    cmd.n_bufs = nb;
+    cmd.buf = nb <= CTPU_CMD_INLINE_BUFS ? cmd.buf_inl : calloc((size_t)nb, sizeof(ctpu_buffer *));
+    cmd.off = nb <= CTPU_CMD_INLINE_BUFS ? cmd.off_inl : calloc((size_t)nb, sizeof(size_t));
+    int n_scal = fin.t.n_scalars;
+    cmd.scalars = n_scal <= CTPU_CMD_MAX_SCALARS ? cmd.scal_inl : malloc(sizeof(double) * (size_t)n_scal);
+    bool ok = cmd.buf && cmd.off && cmd.scalars;
+    for (int i = 0; ok && i < nin; i++) { cmd.buf[i] = fin.in_buf[i]; cmd.off[i] = fin.in_off[i]; }
+    int made = 0;
+    for (int j = 0; ok && j < no; j++, made++) {
+        if (fin.alias_buf[j]) {
+            cmd.buf[nin + j] = fin.alias_buf[j];
+            cmd.off[nin + j] = fin.alias_off[j];
+            ctpu_buffer_retain(fin.alias_buf[j]);
+            continue;
+        }
+        const ctpu_vtype *vt = &fin.t.nodes[fin.t.outputs[j] - nin].out;
+        size_t bytes = (size_t)ctpu_vtype_numel(vt) * ctpu_kdt_size(vt->dtype);
+        cmd.buf[nin + j] = ctpu_buffer_alloc(rt->dev, bytes, err, sizeof err);
+        cmd.off[nin + j] = 0;
+        if (!cmd.buf[nin + j]) { ok = false; st = CTPU_ERR_OOM; }
+    }
+    if (ok && scratch) {
+        cmd.buf[nb - 1] = ctpu_buffer_alloc(rt->dev, prog->prog.scratch_bytes, err, sizeof err);
+        cmd.off[nb - 1] = 0;
+        if (!cmd.buf[nb - 1]) { ok = false; st = CTPU_ERR_OOM; }
+    }
+    if (!ok) {
+        for (int j = 0; j < made; j++)
+            if (cmd.buf && cmd.buf[nin + j]) ctpu_buffer_release(rt->dev, cmd.buf[nin + j]);
+        if (cmd.buf != cmd.buf_inl) { free(cmd.buf); free(cmd.off); }
+        if (cmd.scalars != cmd.scal_inl) free(cmd.scalars);
+        if (st == CTPU_OK) { st = CTPU_ERR_OOM; snprintf(err, sizeof err, "out of host memory"); }
+        char msg[400];
+        snprintf(msg, sizeof msg, "fused program %llu (%d ops): %s", (unsigned long long)res.program_id,
+                 fin.t.n_nodes, err);
+        poison_holders(st, msg);
+        ctpu_trace_final_free(&fin);
+        free(reqs);
+        free(rrec);
+        reset_trace();
+        ctpu_set_error(st, "%s", msg);
+        return st;
+    }
+    memcpy(cmd.scalars, fin.scalars, sizeof(double) * (size_t)n_scal);
+    cmd.debug_checks = dbg;
+    /* the command owns heap arrays after submit: keep what we need */
+    ctpu_buffer **outb = malloc(sizeof *outb * ((size_t)no + 1));
+    size_t *outo = malloc(sizeof *outo * ((size_t)no + 1));
+    ctpu_buffer *scratch_buf = scratch ? cmd.buf[nb - 1] : NULL;
+    if (!outb || !outo) {
+        free(outb);
+        free(outo);
+        for (int j = 0; j < no; j++) ctpu_buffer_release(rt->dev, cmd.buf[nin + j]);
+        if (scratch_buf) ctpu_buffer_release(rt->dev, scratch_buf);
+        if (cmd.buf != cmd.buf_inl) { free(cmd.buf); free(cmd.off); }
+        if (cmd.scalars != cmd.scal_inl) free(cmd.scalars);
+        poison_holders(CTPU_ERR_OOM, "defer and fuse: out of host memory at a trace cut");
+        ctpu_trace_final_free(&fin);
+        free(reqs);
+        free(rrec);
+        reset_trace();
+        ctpu_set_error(CTPU_ERR_OOM, "mark_step: out of host memory at a trace cut");
+        return CTPU_ERR_OOM;
+    }
+    for (int j = 0; j < no; j++) { outb[j] = cmd.buf[nin + j]; outo[j] = cmd.off[nin + j]; }
+    ctpu_device_submit(rt->dev, &cmd);
+    ctpu_counter_add(m, CTPU_CTR_PROGRAMS_LAUNCHED, 1);
+    ctpu_counter_add(m, CTPU_CTR_FUSED_STEPS, prog->prog.n_steps);
+
+    /* every live pending handle gets its value's buffer */
+    for (int q = 0; q < nreq; q++) {
+        ctpu_trec *r = rrec[q];
+        int o = fin.req_out[q];
+        ctpu_buffer *b = outb[o];
+        r->trace_id = 0;
+        if (r->buf == b) {
+            ctpu_counter_add(m, CTPU_CTR_ASSIGN_IN_PLACE, 1);
+            continue;
+        }
+        if (r->buf) {
+            ctpu_counter_add(m, CTPU_CTR_ASSIGN_COPY, 1);
+            atomic_fetch_sub(&r->buf->handle_refs, 1);
+            ctpu_buffer_release(rt->dev, r->buf);
+        }
+        ctpu_buffer_retain(b);
+        atomic_fetch_add(&b->handle_refs, 1);
+        r->buf = b;
+        r->off = outo[o];
+    }
+    /* our own refs: the command and the handles hold theirs */
+    for (int j = 0; j < no; j++) ctpu_buffer_release(rt->dev, outb[j]);
+    if (scratch_buf) ctpu_buffer_release(rt->dev, scratch_buf);
+    free(outb);
+    free(outo);
+    ctpu_trace_final_free(&fin);
+    free(reqs);
+    free(rrec);
+    reset_trace();
+    return CTPU_OK;
+}
