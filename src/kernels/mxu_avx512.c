@@ -166,15 +166,15 @@ static void mxu_pack_avx512_planar(const ctpu_mxu_pack_args *pa, int64_t q0, int
         /* each i's k contiguous: round 16 k at a time into a small buffer,
          * then spread the 8 pairs over the panel */
         uint32_t tmp[16];
-        for (int64_t r = 0; r < w; r++) {
-            if (r >= n) {
-                for (int64_t p = 0; p < kh; p++) d[p * 2 * w + r] = d[p * 2 * w + w + r] = 0;
-                continue;
-            }
-            for (int64_t k0 = 0; k0 < K; k0 += 16) {
-                int cnt = K - k0 < 16 ? (int)(K - k0) : 16;
-                _mm512_storeu_si512(tmp, mxu_load16(pa->src, pa->dt, (i0 + r) * si + k0, cnt));
+        for (int64_t k0 = 0; k0 < K; k0 += 16) {   /* k outer: the 8 pairs' slice stays in L1 */
+            int cnt = K - k0 < 16 ? (int)(K - k0) : 16;
+            for (int64_t r = 0; r < w; r++) {
                 uint32_t *o = d + (k0 / 2) * 2 * w + r;
+                if (r >= n) {
+                    for (int j = 0; j < (cnt + 1) / 2; j++) o[j * 2 * w] = o[j * 2 * w + w] = 0;
+                    continue;
+                }
+                _mm512_storeu_si512(tmp, mxu_load16(pa->src, pa->dt, (i0 + r) * si + k0, cnt));
                 for (int j = 0; j < (cnt + 1) / 2; j++) {
                     o[j * 2 * w] = tmp[2 * j + 1];      /* zero past K (masked load) */
                     o[j * 2 * w + w] = tmp[2 * j];
