@@ -1,0 +1,612 @@
+/* Autograd (src/eager/autograd.c).
+ *
+ * - The rule table has an entry (a rule or an explicit "no gradient") for
+ *   every op, and every op with a rule has a gradient check below.
+ * - Gradient checks: for f(x...) and a fixed random R of f's output shape,
+ *   L = sum(R * f(x)); backward(L) against central finite differences of L,
+ *   (L(x+h) - L(x-h)) / (2h) with h = 1e-3, L summed on the host in float64
+ *   from f's f32 outputs. The ops compute in f32, so the tolerance is
+ *   |analytic - numeric| <= 1e-3 + 5e-3 |numeric| (the f32 rounding of an
+ *   output, ~6e-8 relative, divided by 2h, is ~3e-5 of its scale). Inputs
+ *   are drawn away from kinks (relu/abs at 0, ties of max/min, clamp's
+ *   bounds). Shapes include broadcasting, 0-d and 0-size tensors. Matmul
+ *   runs at HIGHEST precision (6 bf16 passes ~ f32).
+ * - Semantics: accumulation across backward calls, zero_grad (set-to-none),
+ *   retain_graph and the released-tape error, no_grad, detach, a tape that
+ *   survives the release of every intermediate handle, errors, no leaks. */
+#include "t_core.h"
+
+/* ------------------------------------------------------------ rng */
+static uint64_t rs = 0x243f6a8885a308d3ull;
+static uint64_t rnd(void) { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return rs; }
+static double urand(void) { return (double)(rnd() >> 11) * 0x1p-53; }   /* [0, 1) */
+
+enum { D_ANY, D_POS, D_AWAY, D_Q1, D_Q2, D_DISTINCT, D_IDX };
+typedef struct { int nd; int64_t s[8]; int dom; int irange; } spec;
+
+static int64_t numel_of(const spec *p)
+{
+    int64_t n = 1;
+    for (int d = 0; d < p->nd; d++) n *= p->s[d];
+    return n;
+}
+
+static void fill(double *x, int64_t n, const spec *p)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double u = urand();
+        switch (p->dom) {
+        case D_ANY: x[i] = u * 4 - 2; break;
+        case D_POS: x[i] = 0.5 + 1.5 * u; break;
+        case D_AWAY: x[i] = (0.2 + 1.3 * u) * (rnd() & 1 ? 1 : -1); break;
+        case D_Q1: x[i] = (double)(int)(u * 12 - 6) * 0.25 + 0.05; break;
+        case D_Q2: x[i] = (double)(int)(u * 12 - 6) * 0.25 + 0.17; break;
+        case D_DISTINCT: x[i] = (double)((i * 7919) % (3 * n + 1)) * 0.05 - 0.05 * (double)n; break;
+        case D_IDX: x[i] = (double)(rnd() % (uint64_t)p->irange); break;
+        }
+    }
+}
+
+typedef ctpu_tensor (*fwd_fn)(ctpu_tensor *x);
+
+static ctpu_tensor mk(const spec *p, const double *x)
+{
+    int64_t n = numel_of(p);
+    if (p->dom == D_IDX) {
+        int32_t *v = malloc((size_t)(n ? n : 1) * 4);
+        for (int64_t i = 0; i < n; i++) v[i] = (int32_t)x[i];
+        ctpu_tensor t = ctpu_from_host(v, CTPU_I32, p->nd, p->s);
+        free(v);
+        return t;
+    }
+    float *v = malloc((size_t)(n ? n : 1) * 4);
+    for (int64_t i = 0; i < n; i++) v[i] = (float)x[i];
+    ctpu_tensor t = ctpu_from_host(v, CTPU_F32, p->nd, p->s);
+    free(v);
+    return t;
+}
+
+/* L = sum(R * f(x)) on the host in float64; *ny gets f's numel. */
+static double eval_loss(fwd_fn f, int n_in, const spec *sp, double **x, const double *R, int64_t *ny)
+{
+    ctpu_scope_begin();
+    ctpu_tensor t[4];
+    for (int i = 0; i < n_in; i++) t[i] = mk(&sp[i], x[i]);
+    ctpu_tensor y = f(t);
+    ck_assert_msg(!ctpu_is_null(y), "forward: %s", ctpu_last_error());
+    int64_t n = ctpu_numel(y);
+    float *yv = malloc((size_t)(n ? n : 1) * 4);
+    ck_assert_int_eq(ctpu_to_host(y, yv, (size_t)n * 4), CTPU_OK);
+    double L = 0;
+    for (int64_t i = 0; i < n && R; i++) L += R[i] * (double)yv[i];
+    free(yv);
+    ctpu_scope_end();
+    if (ny) *ny = n;
+    return L;
+}
+
+static void gradcheck(const char *name, fwd_fn f, int n_in, const spec *sp)
+{
+    double *x[4];
+    int64_t n[4];
+    for (int i = 0; i < n_in; i++) {
+        n[i] = numel_of(&sp[i]);
+        x[i] = malloc((size_t)(n[i] ? n[i] : 1) * sizeof(double));
+        fill(x[i], n[i], &sp[i]);
+        if (sp[i].dom != D_IDX)   /* exactly representable in f32 */
+            for (int64_t j = 0; j < n[i]; j++) x[i][j] = (double)(float)x[i][j];
+    }
+    int64_t ny;
+    eval_loss(f, n_in, sp, x, NULL, &ny);
+    double *R = malloc((size_t)(ny ? ny : 1) * sizeof(double));
+    for (int64_t i = 0; i < ny; i++) R[i] = urand() * 2 - 1;
+
+    /* analytic */
+    double *ga[4] = {0};
+    ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+    ctpu_tensor t[4];
+    for (int i = 0; i < n_in; i++) {
+        t[i] = mk(&sp[i], x[i]);
+        if (sp[i].dom != D_IDX) ck_assert_int_eq(ctpu_set_requires_grad(t[i], true), CTPU_OK);
+    }
+    ctpu_tensor y = f(t);
+    ck_assert_msg(!ctpu_is_null(y), "%s: forward: %s", name, ctpu_last_error());
+    float *Rf = malloc((size_t)(ny ? ny : 1) * 4);
+    for (int64_t i = 0; i < ny; i++) Rf[i] = (float)R[i];
+    int64_t ys[8];
+    int ynd;
+    ctpu_shape(y, ys, &ynd);
+    ctpu_tensor Rt = ctpu_from_host(Rf, CTPU_F32, ynd, ys);
+    for (int64_t i = 0; i < ny; i++) R[i] = (double)Rf[i];
+    free(Rf);
+    ctpu_tensor loss = ctpu_sum(ctpu_mul(y, Rt), 0, NULL, false);
+    ck_assert_msg(ctpu_backward(loss) == CTPU_OK, "%s: backward: %s", name, ctpu_last_error());
+    for (int i = 0; i < n_in; i++) {
+        if (sp[i].dom == D_IDX) continue;
+        ga[i] = calloc((size_t)(n[i] ? n[i] : 1), sizeof(double));
+        ctpu_tensor g = ctpu_grad(t[i]);
+        if (ctpu_is_null(g)) continue;   /* no path: zeros */
+        ck_assert_int_eq(ctpu_numel(g), n[i]);
+        ck_assert_int_eq(ctpu_dtype_of(g), CTPU_F32);
+        float *gv = malloc((size_t)(n[i] ? n[i] : 1) * 4);
+        ck_assert_int_eq(ctpu_to_host(g, gv, (size_t)n[i] * 4), CTPU_OK);
+        for (int64_t j = 0; j < n[i]; j++) ga[i][j] = gv[j];
+        free(gv);
+    }
+    ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+
+    /* numeric */
+    const double h = 1e-3;
+    for (int i = 0; i < n_in; i++) {
+        if (sp[i].dom == D_IDX) continue;
+        for (int64_t j = 0; j < n[i]; j++) {
+            double x0 = x[i][j];
+            double xp = (double)(float)(x0 + h), xm = (double)(float)(x0 - h);
+            x[i][j] = xp;
+            double Lp = eval_loss(f, n_in, sp, x, R, NULL);
+            x[i][j] = xm;
+            double Lm = eval_loss(f, n_in, sp, x, R, NULL);
+            x[i][j] = x0;
+            double num = (Lp - Lm) / (xp - xm);
+            double err = fabs(ga[i][j] - num);
+            ck_assert_msg(err <= 1e-3 + 5e-3 * fabs(num),
+                          "%s: input %d element %lld: analytic %.6g, numeric %.6g", name, i, (long long)j,
+                          ga[i][j], num);
+        }
+        free(ga[i]);
+    }
+    for (int i = 0; i < n_in; i++) free(x[i]);
+    free(R);
+}
+
+/* ------------------------------------------------------------ cases */
+#define S(...) { .nd = (int)(sizeof((int64_t[]){__VA_ARGS__}) / 8), .s = {__VA_ARGS__}
+#define SP(dom_, ...) S(__VA_ARGS__), .dom = (dom_) }
+#define S0(dom_) { .nd = 0, .dom = (dom_) }
+
+static ctpu_tensor f_neg(ctpu_tensor *x) { return ctpu_neg(x[0]); }
+static ctpu_tensor f_abs(ctpu_tensor *x) { return ctpu_abs(x[0]); }
+static ctpu_tensor f_exp(ctpu_tensor *x) { return ctpu_exp(x[0]); }
+static ctpu_tensor f_log(ctpu_tensor *x) { return ctpu_log(x[0]); }
+static ctpu_tensor f_sqrt(ctpu_tensor *x) { return ctpu_sqrt(x[0]); }
+static ctpu_tensor f_rsqrt(ctpu_tensor *x) { return ctpu_rsqrt(x[0]); }
+static ctpu_tensor f_tanh(ctpu_tensor *x) { return ctpu_tanh(x[0]); }
+static ctpu_tensor f_sigmoid(ctpu_tensor *x) { return ctpu_sigmoid(x[0]); }
+static ctpu_tensor f_relu(ctpu_tensor *x) { return ctpu_relu(x[0]); }
+static ctpu_tensor f_gelu_t(ctpu_tensor *x) { return ctpu_gelu(x[0], true); }
+static ctpu_tensor f_gelu_e(ctpu_tensor *x) { return ctpu_gelu(x[0], false); }
+static ctpu_tensor f_add(ctpu_tensor *x) { return ctpu_add(x[0], x[1]); }
+static ctpu_tensor f_sub(ctpu_tensor *x) { return ctpu_sub(x[0], x[1]); }
+static ctpu_tensor f_mul(ctpu_tensor *x) { return ctpu_mul(x[0], x[1]); }
+static ctpu_tensor f_div(ctpu_tensor *x) { return ctpu_div(x[0], x[1]); }
+static ctpu_tensor f_pow(ctpu_tensor *x) { return ctpu_pow(x[0], x[1]); }
+static ctpu_tensor f_maximum(ctpu_tensor *x) { return ctpu_maximum(x[0], x[1]); }
+static ctpu_tensor f_minimum(ctpu_tensor *x) { return ctpu_minimum(x[0], x[1]); }
+static ctpu_tensor f_mul_self(ctpu_tensor *x) { return ctpu_mul(x[0], x[0]); }
+static ctpu_tensor f_add_s(ctpu_tensor *x) { return ctpu_add_scalar(x[0], 0.75); }
+static ctpu_tensor f_sub_s(ctpu_tensor *x) { return ctpu_sub_scalar(x[0], 0.75); }
+static ctpu_tensor f_rsub_s(ctpu_tensor *x) { return ctpu_rsub_scalar(x[0], 0.75); }
+static ctpu_tensor f_mul_s(ctpu_tensor *x) { return ctpu_mul_scalar(x[0], -1.5); }
+static ctpu_tensor f_div_s(ctpu_tensor *x) { return ctpu_div_scalar(x[0], 0.4); }
+static ctpu_tensor f_rdiv_s(ctpu_tensor *x) { return ctpu_rdiv_scalar(x[0], 0.4); }
+static ctpu_tensor f_pow_s(ctpu_tensor *x) { return ctpu_pow_scalar(x[0], 2.5); }
+static ctpu_tensor f_rpow_s(ctpu_tensor *x) { return ctpu_rpow_scalar(x[0], 1.7); }
+static ctpu_tensor f_max_s(ctpu_tensor *x) { return ctpu_maximum_scalar(x[0], 0.3); }
+static ctpu_tensor f_min_s(ctpu_tensor *x) { return ctpu_minimum_scalar(x[0], 0.3); }
+static ctpu_tensor f_where(ctpu_tensor *x) { return ctpu_where(ctpu_gt_scalar(x[0], 0), x[1], x[2]); }
+static ctpu_tensor f_clamp(ctpu_tensor *x) { return ctpu_clamp(x[0], -0.5, 0.5); }
+static ctpu_tensor f_cast(ctpu_tensor *x) { return ctpu_cast(ctpu_mul_scalar(x[0], 2.0), CTPU_F32); }
+static ctpu_tensor f_sum_all(ctpu_tensor *x) { return ctpu_sum(x[0], 0, NULL, false); }
+static ctpu_tensor f_sum_d(ctpu_tensor *x) { int d[2] = { 0, 2 }; return ctpu_sum(x[0], 2, d, false); }
+static ctpu_tensor f_sum_k(ctpu_tensor *x) { int d = -1; return ctpu_sum(x[0], 1, &d, true); }
+static ctpu_tensor f_mean_d(ctpu_tensor *x) { int d = 1; return ctpu_mean(x[0], 1, &d, false); }
+static ctpu_tensor f_mean_all(ctpu_tensor *x) { return ctpu_mean(x[0], 0, NULL, true); }
+static ctpu_tensor f_max_d(ctpu_tensor *x) { int d = 1; return ctpu_max(x[0], 1, &d, false); }
+static ctpu_tensor f_min_d(ctpu_tensor *x) { int d[2] = { 0, 2 }; return ctpu_min(x[0], 2, d, true); }
+static ctpu_tensor f_var1(ctpu_tensor *x) { int d = 1; return ctpu_var(x[0], 1, &d, 1, false); }
+static ctpu_tensor f_var0(ctpu_tensor *x) { return ctpu_var(x[0], 0, NULL, 0, false); }
+static ctpu_tensor f_softmax(ctpu_tensor *x) { return ctpu_softmax(x[0], -1); }
+static ctpu_tensor f_softmax0(ctpu_tensor *x) { return ctpu_softmax(x[0], 0); }
+static ctpu_tensor f_lsm(ctpu_tensor *x) { return ctpu_log_softmax(x[0], 1); }
+static ctpu_tensor f_reshape(ctpu_tensor *x) { int64_t s[2] = { 4, -1 }; return ctpu_mul(ctpu_reshape(x[0], 2, s), ctpu_reshape(x[0], 2, s)); }
+static ctpu_tensor f_contig(ctpu_tensor *x) { return ctpu_exp(ctpu_contiguous(x[0])); }
+static ctpu_tensor f_permute(ctpu_tensor *x) { int p[3] = { 2, 0, 1 }; return ctpu_permute(x[0], p); }
+static ctpu_tensor f_transpose(ctpu_tensor *x) { return ctpu_tanh(ctpu_transpose(x[0], 0, 1)); }
+static ctpu_tensor f_slice1(ctpu_tensor *x) { return ctpu_slice(x[0], 0, 1, 3, 1); }
+static ctpu_tensor f_slice2(ctpu_tensor *x) { return ctpu_slice(x[0], 1, -4, 100, 2); }
+static ctpu_tensor f_slice3(ctpu_tensor *x) { return ctpu_slice(x[0], 2, 0, 5, 3); }
+static ctpu_tensor f_concat(ctpu_tensor *x) { return ctpu_concat(3, (ctpu_tensor[]){ x[0], x[1], x[0] }, 1); }
+static ctpu_tensor f_expand(ctpu_tensor *x) { int64_t s[3] = { 2, 3, 4 }; return ctpu_expand(x[0], 3, s); }
+static ctpu_tensor f_embedding(ctpu_tensor *x) { return ctpu_embedding(x[0], x[1]); }
+static ctpu_tensor f_gather(ctpu_tensor *x) { return ctpu_gather(x[0], 1, x[1]); }
+static ctpu_tensor f_gather0(ctpu_tensor *x) { return ctpu_gather(x[0], 0, x[1]); }
+static ctpu_tensor f_matmul(ctpu_tensor *x) { return ctpu_matmul(x[0], x[1]); }
+static ctpu_tensor f_mm_tn(ctpu_tensor *x) { return ctpu_matmul_t(x[0], x[1], true, false); }
+static ctpu_tensor f_mm_nt(ctpu_tensor *x) { return ctpu_matmul_t(x[0], x[1], false, true); }
+static ctpu_tensor f_mm_tt(ctpu_tensor *x) { return ctpu_matmul_t(x[0], x[1], true, true); }
+/* a small MLP-like chain: several ops, shared inputs, broadcasting */
+static ctpu_tensor f_chain(ctpu_tensor *x)
+{
+    ctpu_tensor h = ctpu_relu(ctpu_add(ctpu_matmul_t(x[0], x[1], false, true), x[2]));
+    return ctpu_log_softmax(ctpu_mul(h, ctpu_sigmoid(h)), 1);
+}
+
+typedef struct {
+    const char *name;
+    fwd_fn f;
+    int n_in;
+    spec in[3];
+    int ops[4];   /* ops this case covers (0-terminated after the first) */
+} gc_case;
+
+#define OPS(...) { __VA_ARGS__ }
+
+static const gc_case cases[] = {
+    { "neg", f_neg, 1, { SP(D_ANY, 2, 3) }, OPS(CTPU_OP_NEG) },
+    { "neg 0-d", f_neg, 1, { S0(D_ANY) }, OPS(CTPU_OP_NEG) },
+    { "neg 0-size", f_neg, 1, { SP(D_ANY, 0, 4) }, OPS(CTPU_OP_NEG) },
+    { "abs", f_abs, 1, { SP(D_AWAY, 2, 3) }, OPS(CTPU_OP_ABS) },
+    { "exp", f_exp, 1, { SP(D_ANY, 3, 2) }, OPS(CTPU_OP_EXP) },
+    { "log", f_log, 1, { SP(D_POS, 5) }, OPS(CTPU_OP_LOG) },
+    { "sqrt", f_sqrt, 1, { SP(D_POS, 5) }, OPS(CTPU_OP_SQRT) },
+    { "rsqrt", f_rsqrt, 1, { SP(D_POS, 5) }, OPS(CTPU_OP_RSQRT) },
+    { "tanh", f_tanh, 1, { SP(D_ANY, 2, 3) }, OPS(CTPU_OP_TANH) },
+    { "sigmoid", f_sigmoid, 1, { SP(D_ANY, 2, 3) }, OPS(CTPU_OP_SIGMOID) },
+    { "relu", f_relu, 1, { SP(D_AWAY, 2, 4) }, OPS(CTPU_OP_RELU) },
+    { "gelu tanh", f_gelu_t, 1, { SP(D_ANY, 2, 4) }, OPS(CTPU_OP_GELU_TANH) },
+    { "gelu erf", f_gelu_e, 1, { SP(D_ANY, 2, 4) }, OPS(CTPU_OP_GELU_ERF) },
+    { "add", f_add, 2, { SP(D_ANY, 2, 3), SP(D_ANY, 2, 3) }, OPS(CTPU_OP_ADD) },
+    { "add bcast", f_add, 2, { SP(D_ANY, 3, 1, 4), SP(D_ANY, 2, 1) }, OPS(CTPU_OP_ADD) },
+    { "add 0-size", f_add, 2, { SP(D_ANY, 0, 3), SP(D_ANY, 1, 3) }, OPS(CTPU_OP_ADD) },
+    { "add 0-d", f_add, 2, { SP(D_ANY, 2, 3), S0(D_ANY) }, OPS(CTPU_OP_ADD) },
+    { "sub bcast", f_sub, 2, { SP(D_ANY, 4), SP(D_ANY, 3, 1) }, OPS(CTPU_OP_SUB) },
+    { "mul bcast", f_mul, 2, { SP(D_ANY, 2, 1, 3), SP(D_ANY, 2, 3) }, OPS(CTPU_OP_MUL) },
+    { "mul self", f_mul_self, 1, { SP(D_ANY, 5) }, OPS(CTPU_OP_MUL) },
+    { "div bcast", f_div, 2, { SP(D_ANY, 2, 3), SP(D_AWAY, 3) }, OPS(CTPU_OP_DIV) },
+    { "pow", f_pow, 2, { SP(D_POS, 2, 3), SP(D_ANY, 2, 3) }, OPS(CTPU_OP_POW) },
+    { "maximum bcast", f_maximum, 2, { SP(D_Q1, 3, 4), SP(D_Q2, 4) }, OPS(CTPU_OP_MAXIMUM) },
+    { "minimum", f_minimum, 2, { SP(D_Q1, 3, 4), SP(D_Q2, 3, 4) }, OPS(CTPU_OP_MINIMUM) },
+    { "add_scalar", f_add_s, 1, { SP(D_ANY, 3) }, OPS(CTPU_OP_ADD_SCALAR) },
+    { "sub_scalar", f_sub_s, 1, { SP(D_ANY, 3) }, OPS(CTPU_OP_SUB_SCALAR) },
+    { "rsub_scalar", f_rsub_s, 1, { SP(D_ANY, 3) }, OPS(CTPU_OP_SUB_SCALAR) },
+    { "mul_scalar", f_mul_s, 1, { SP(D_ANY, 3) }, OPS(CTPU_OP_MUL_SCALAR) },
+    { "div_scalar", f_div_s, 1, { SP(D_ANY, 3) }, OPS(CTPU_OP_DIV_SCALAR) },
+    { "rdiv_scalar", f_rdiv_s, 1, { SP(D_AWAY, 4) }, OPS(CTPU_OP_DIV_SCALAR) },
+    { "pow_scalar", f_pow_s, 1, { SP(D_POS, 4) }, OPS(CTPU_OP_POW_SCALAR) },
+    { "rpow_scalar", f_rpow_s, 1, { SP(D_ANY, 4) }, OPS(CTPU_OP_POW_SCALAR) },
+    { "maximum_scalar", f_max_s, 1, { SP(D_Q1, 6) }, OPS(CTPU_OP_MAXIMUM_SCALAR) },
+    { "minimum_scalar", f_min_s, 1, { SP(D_Q1, 6) }, OPS(CTPU_OP_MINIMUM_SCALAR) },
+    { "where bcast", f_where, 3, { SP(D_AWAY, 2, 3), SP(D_ANY, 3), SP(D_ANY, 2, 1) }, OPS(CTPU_OP_WHERE) },
+    { "clamp", f_clamp, 1, { SP(D_Q1, 8) }, OPS(CTPU_OP_CLAMP) },
+    { "cast", f_cast, 1, { SP(D_ANY, 4) }, OPS(CTPU_OP_CAST) },
+    { "sum all", f_sum_all, 1, { SP(D_ANY, 2, 3) }, OPS(CTPU_OP_SUM) },
+    { "sum dims", f_sum_d, 1, { SP(D_ANY, 2, 3, 2) }, OPS(CTPU_OP_SUM) },
+    { "sum keepdim", f_sum_k, 1, { SP(D_ANY, 2, 3) }, OPS(CTPU_OP_SUM) },
+    { "sum 0-size", f_sum_k, 1, { SP(D_ANY, 2, 0) }, OPS(CTPU_OP_SUM) },
+    { "sum 0-d", f_sum_all, 1, { S0(D_ANY) }, OPS(CTPU_OP_SUM) },
+    { "mean dim", f_mean_d, 1, { SP(D_ANY, 2, 3) }, OPS(CTPU_OP_MEAN) },
+    { "mean all", f_mean_all, 1, { SP(D_ANY, 2, 3) }, OPS(CTPU_OP_MEAN) },
+    { "max dim", f_max_d, 1, { SP(D_DISTINCT, 3, 4) }, OPS(CTPU_OP_MAX) },
+    { "min dims", f_min_d, 1, { SP(D_DISTINCT, 2, 3, 2) }, OPS(CTPU_OP_MIN) },
+    { "var", f_var1, 1, { SP(D_ANY, 2, 4) }, OPS(CTPU_OP_VAR) },
+    { "var all", f_var0, 1, { SP(D_ANY, 2, 3) }, OPS(CTPU_OP_VAR) },
+    { "softmax", f_softmax, 1, { SP(D_ANY, 2, 4) }, OPS(CTPU_OP_SOFTMAX) },
+    { "softmax dim0", f_softmax0, 1, { SP(D_ANY, 3, 2) }, OPS(CTPU_OP_SOFTMAX) },
+    { "log_softmax", f_lsm, 1, { SP(D_ANY, 2, 5) }, OPS(CTPU_OP_LOG_SOFTMAX) },
+    { "reshape", f_reshape, 1, { SP(D_ANY, 2, 2, 2) }, OPS(CTPU_OP_RESHAPE) },
+    { "contiguous", f_contig, 1, { SP(D_ANY, 2, 2) }, OPS(CTPU_OP_RESHAPE) },
+    { "permute", f_permute, 1, { SP(D_ANY, 2, 3, 2) }, OPS(CTPU_OP_PERMUTE) },
+    { "transpose", f_transpose, 1, { SP(D_ANY, 2, 3) }, OPS(CTPU_OP_PERMUTE) },
+    { "slice view", f_slice1, 1, { SP(D_ANY, 4, 2) }, OPS(CTPU_OP_SLICE) },
+    { "slice step", f_slice2, 1, { SP(D_ANY, 2, 7) }, OPS(CTPU_OP_SLICE) },
+    { "slice inner", f_slice3, 1, { SP(D_ANY, 2, 2, 6) }, OPS(CTPU_OP_SLICE) },
+    { "concat", f_concat, 2, { SP(D_ANY, 2, 2), SP(D_ANY, 2, 3) }, OPS(CTPU_OP_CONCAT) },
+    { "concat 0-size", f_concat, 2, { SP(D_ANY, 2, 0), SP(D_ANY, 2, 3) }, OPS(CTPU_OP_CONCAT) },
+    { "expand", f_expand, 1, { SP(D_ANY, 3, 1) }, OPS(CTPU_OP_EXPAND) },
+    { "embedding", f_embedding, 2, { SP(D_ANY, 4, 3), { .nd = 2, .s = { 2, 3 }, .dom = D_IDX, .irange = 4 } },
+      OPS(CTPU_OP_EMBEDDING) },
+    { "gather", f_gather, 2, { SP(D_ANY, 3, 4), { .nd = 2, .s = { 3, 5 }, .dom = D_IDX, .irange = 4 } },
+      OPS(CTPU_OP_GATHER) },
+    { "gather dim0", f_gather0, 2, { SP(D_ANY, 3, 2), { .nd = 2, .s = { 4, 2 }, .dom = D_IDX, .irange = 3 } },
+      OPS(CTPU_OP_GATHER) },
+    { "matmul", f_matmul, 2, { SP(D_ANY, 2, 3), SP(D_ANY, 3, 4) }, OPS(CTPU_OP_MATMUL) },
+    { "matmul batched bcast", f_matmul, 2, { SP(D_ANY, 2, 1, 3, 4), SP(D_ANY, 3, 4, 2) }, OPS(CTPU_OP_MATMUL) },
+    { "matmul vec-mat", f_matmul, 2, { SP(D_ANY, 4), SP(D_ANY, 4, 3) }, OPS(CTPU_OP_MATMUL) },
+    { "matmul mat-vec", f_matmul, 2, { SP(D_ANY, 2, 4), SP(D_ANY, 4) }, OPS(CTPU_OP_MATMUL) },
+    { "matmul 0-size K", f_matmul, 2, { SP(D_ANY, 2, 0), SP(D_ANY, 0, 3) }, OPS(CTPU_OP_MATMUL) },
+    { "matmul_t a", f_mm_tn, 2, { SP(D_ANY, 2, 3, 2), SP(D_ANY, 3, 4) }, OPS(CTPU_OP_MATMUL) },
+    { "matmul_t b", f_mm_nt, 2, { SP(D_ANY, 2, 3), SP(D_ANY, 2, 4, 3) }, OPS(CTPU_OP_MATMUL) },
+    { "matmul_t ab", f_mm_tt, 2, { SP(D_ANY, 3, 2), SP(D_ANY, 4, 3) }, OPS(CTPU_OP_MATMUL) },
+    { "chain", f_chain, 3, { SP(D_ANY, 3, 4), SP(D_ANY, 5, 4), SP(D_ANY, 5) }, OPS(CTPU_OP_MATMUL) },
+};
+#define N_CASES ((int)(sizeof cases / sizeof cases[0]))
+
+static void setup(void)
+{
+    t_setup();
+    ctpu_set_matmul_precision(CTPU_PRECISION_HIGHEST);
+}
+
+START_TEST(t_gradcheck)
+{
+    const gc_case *c = &cases[_i];
+    gradcheck(c->name, c->f, c->n_in, c->in);
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+}
+END_TEST
+
+/* Every op has an autograd entry, and every op with a rule is checked. */
+START_TEST(t_table_complete)
+{
+    for (int op = 0; op < CTPU_OP_COUNT; op++) {
+        int k = ctpu__ag_rule_kind(op);
+        ck_assert_msg(k != 0, "op %s has no autograd entry (a rule or NOGRAD in autograd.c)", ctpu_op_name(op));
+        if (k != 1) continue;
+        bool covered = false;
+        for (int i = 0; i < N_CASES && !covered; i++)
+            for (int j = 0; j < 4 && !covered; j++) covered = cases[i].ops[j] == op && (j == 0 || op != 0);
+        ck_assert_msg(covered, "op %s has a backward rule but no gradient check in test_autograd.c",
+                      ctpu_op_name(op));
+    }
+}
+END_TEST
+
+/* ------------------------------------------------------------ semantics */
+static ctpu_tensor vec(const float *v, int64_t n)
+{
+    return ctpu_from_host(v, CTPU_F32, 1, &n);
+}
+
+static void read(ctpu_tensor t, float *out, int64_t n)
+{
+    ck_assert_msg(!ctpu_is_null(t), "null tensor: %s", ctpu_last_error());
+    ck_assert_int_eq(ctpu_numel(t), n);
+    ck_assert_int_eq(ctpu_to_host(t, out, (size_t)n * 4), CTPU_OK);
+}
+
+START_TEST(t_accumulate_zero_grad)
+{
+    float wv[3] = { 1, 2, 3 }, g[3];
+    ctpu_tensor w = vec(wv, 3);
+    ck_assert_int_eq(ctpu_set_requires_grad(w, true), CTPU_OK);
+    ck_assert(ctpu_requires_grad(w));
+    ck_assert(ctpu_is_null(ctpu_grad(w)));
+    for (int it = 0; it < 2; it++) {
+        ctpu_step_begin();
+        ctpu_tensor l = ctpu_sum(ctpu_mul(w, w), 0, NULL, false);   /* dl/dw = 2w */
+        ck_assert(ctpu_requires_grad(l));
+        ck_assert_int_eq(ctpu_backward(l), CTPU_OK);
+        ctpu_step_end();
+    }
+    ctpu_tensor gh = ctpu_grad(w);
+    read(gh, g, 3);
+    for (int i = 0; i < 3; i++) ck_assert_float_eq(g[i], 4 * wv[i]);
+    /* the .grad handle stays the same across accumulation */
+    ctpu_step_begin();
+    ck_assert_int_eq(ctpu_backward(ctpu_sum(w, 0, NULL, false)), CTPU_OK);
+    ctpu_step_end();
+    ck_assert_uint_eq(ctpu_grad(w).id, gh.id);
+    read(gh, g, 3);
+    for (int i = 0; i < 3; i++) ck_assert_float_eq(g[i], 4 * wv[i] + 1);
+    ck_assert_int_eq(ctpu_zero_grad(w), CTPU_OK);
+    ck_assert(ctpu_is_null(ctpu_grad(w)));
+    ck_assert(!ctpu_is_valid(gh));
+    ctpu_step_begin();
+    ck_assert_int_eq(ctpu_backward(ctpu_sum(w, 0, NULL, false)), CTPU_OK);
+    ctpu_step_end();
+    read(ctpu_grad(w), g, 3);
+    for (int i = 0; i < 3; i++) ck_assert_float_eq(g[i], 1);
+    /* turning requires_grad off drops the grad */
+    ck_assert_int_eq(ctpu_set_requires_grad(w, false), CTPU_OK);
+    ck_assert(!ctpu_requires_grad(w));
+    ck_assert(ctpu_is_null(ctpu_grad(w)));
+}
+END_TEST
+
+START_TEST(t_retain_and_released_tape)
+{
+    float wv[2] = { 3, -1 }, g[2];
+    ctpu_tensor w = vec(wv, 2);
+    ctpu_set_requires_grad(w, true);
+    ctpu_scope_begin();
+    ctpu_tensor l = ctpu_sum(ctpu_exp(w), 0, NULL, false);
+    ck_assert_int_eq(ctpu_backward_ex(l, CTPU_NULL, true), CTPU_OK);
+    ck_assert_int_eq(ctpu_backward(l), CTPU_OK);
+    read(ctpu_grad(w), g, 2);
+    for (int i = 0; i < 2; i++) ck_assert_float_eq_tol(g[i], 2 * expf(wv[i]), 1e-5 * expf(wv[i]));
+    ck_assert_int_eq(ctpu_backward(l), CTPU_ERR_STATE);
+    ck_assert_ptr_nonnull(strstr(ctpu_last_error(), "retain"));
+    ctpu_scope_end();
+}
+END_TEST
+
+START_TEST(t_tape_survives_released_intermediates)
+{
+    float xv[4] = { 0.5f, -1, 2, 0.25f }, g[4];
+    ctpu_tensor x = vec(xv, 4);
+    ctpu_set_requires_grad(x, true);
+    ctpu_tensor loss;
+    ctpu_scope_begin();
+    ctpu_scope_begin();
+    ctpu_tensor a = ctpu_tanh(x);
+    ctpu_tensor b = ctpu_mul(a, x);
+    loss = ctpu_keep(ctpu_sum(b, 0, NULL, false));
+    ctpu_scope_end();   /* a and b are released */
+    ck_assert(!ctpu_is_valid(a));
+    ck_assert_int_eq(ctpu_backward(loss), CTPU_OK);
+    read(ctpu_grad(x), g, 4);
+    for (int i = 0; i < 4; i++) {
+        double t = tanh(xv[i]), want = t + xv[i] * (1 - t * t);
+        ck_assert_float_eq_tol(g[i], want, 1e-5);
+    }
+    ctpu_scope_end();
+}
+END_TEST
+
+START_TEST(t_no_grad_detach)
+{
+    float xv[2] = { 1, 2 };
+    ctpu_tensor x = vec(xv, 2);
+    ctpu_set_requires_grad(x, true);
+    ck_assert(ctpu_grad_enabled());
+    ck_assert_int_eq(ctpu_no_grad_begin(), CTPU_OK);
+    ck_assert(!ctpu_grad_enabled());
+    ctpu_tensor y = ctpu_mul(x, x);
+    ck_assert_int_eq(ctpu_no_grad_end(), CTPU_OK);
+    ck_assert(!ctpu_requires_grad(y));
+    ck_assert_int_eq(ctpu_backward(ctpu_sum(y, 0, NULL, false)), CTPU_ERR_STATE);
+    ck_assert_int_eq(ctpu_no_grad_end(), CTPU_ERR_STATE);
+    ctpu_tensor d = ctpu_detach(x);
+    ck_assert(!ctpu_requires_grad(d));
+    /* d * x: only the x path carries gradient: dl/dx = d = x */
+    ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_mul(d, x), 0, NULL, false)), CTPU_OK);
+    float g[2];
+    read(ctpu_grad(x), g, 2);
+    ck_assert_float_eq(g[0], 1);
+    ck_assert_float_eq(g[1], 2);
+    /* a non-leaf cannot drop requires_grad */
+    ctpu_tensor z = ctpu_exp(x);
+    ck_assert_int_eq(ctpu_set_requires_grad(z, false), CTPU_ERR_STATE);
+}
+END_TEST
+
+START_TEST(t_errors)
+{
+    float v[3] = { 1, 2, 3 };
+    int32_t iv[2] = { 0, 1 };
+    int64_t two = 2;
+    ctpu_tensor x = vec(v, 3);
+    ctpu_tensor ix = ctpu_from_host(iv, CTPU_I32, 1, &two);
+    ck_assert_int_eq(ctpu_set_requires_grad(ix, true), CTPU_ERR_DTYPE);
+    ck_assert_int_eq(ctpu_set_requires_grad(CTPU_NULL, true), CTPU_ERR_NULL_HANDLE);
+    ck_assert_int_eq(ctpu_backward(x), CTPU_ERR_STATE);   /* does not require grad */
+    ctpu_set_requires_grad(x, true);
+    ctpu_tensor y = ctpu_exp(x);
+    ck_assert_int_eq(ctpu_backward(y), CTPU_ERR_SHAPE);   /* not a scalar */
+    ck_assert_ptr_nonnull(strstr(ctpu_last_error(), "f32[3]"));
+    ck_assert_int_eq(ctpu_backward_ex(y, ix, false), CTPU_ERR_SHAPE);
+    ctpu_tensor g3 = ctpu_ones(CTPU_F32, 1, (int64_t[]){ 3 });
+    ck_assert_int_eq(ctpu_backward_ex(y, g3, false), CTPU_OK);
+    float g[3];
+    read(ctpu_grad(x), g, 3);
+    for (int i = 0; i < 3; i++) ck_assert_float_eq_tol(g[i], expf(v[i]), 1e-5 * expf(v[i]));
+    ck_assert(ctpu_is_null(ctpu_grad(CTPU_NULL)));
+    ck_assert(!ctpu_requires_grad(CTPU_NULL));
+    ck_assert(ctpu_is_null(ctpu_matmul_t(x, x, true, false)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_SHAPE);
+    ctpu_tensor m23 = ctpu_ones(CTPU_F32, 2, (int64_t[]){ 2, 3 });
+    ck_assert(ctpu_is_null(ctpu_matmul_t(m23, m23, false, false)));
+    ck_assert_ptr_nonnull(strstr(ctpu_last_error(), "inner dims"));
+    ctpu_tensor r = ctpu_matmul_t(m23, m23, false, true);
+    ck_assert_int_eq(ctpu_dim(r, 0), 2);
+    ck_assert_int_eq(ctpu_dim(r, 1), 2);
+}
+END_TEST
+
+/* A leaf in bf16 gets a bf16 grad; a cast between dtypes passes the gradient. */
+START_TEST(t_bf16_cast)
+{
+    float v[4] = { 1, 2, 3, 4 };
+    ctpu_tensor x = ctpu_cast(vec(v, 4), CTPU_BF16);
+    ctpu_set_requires_grad(x, true);
+    ctpu_tensor y = ctpu_cast(x, CTPU_F32);
+    ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_mul_scalar(y, 3.0), 0, NULL, false)), CTPU_OK);
+    ctpu_tensor g = ctpu_grad(x);
+    ck_assert_int_eq(ctpu_dtype_of(g), CTPU_BF16);
+    float gf[4];
+    read(ctpu_cast(g, CTPU_F32), gf, 4);
+    for (int i = 0; i < 4; i++) ck_assert_float_eq(gf[i], 3);
+}
+END_TEST
+
+/* max ties share the gradient, as PyTorch's amax */
+START_TEST(t_max_ties)
+{
+    float v[4] = { 2, 5, 5, 1 }, g[4];
+    ctpu_tensor x = vec(v, 4);
+    ctpu_set_requires_grad(x, true);
+    ck_assert_int_eq(ctpu_backward(ctpu_max(x, 0, NULL, false)), CTPU_OK);
+    read(ctpu_grad(x), g, 4);
+    ck_assert_float_eq(g[0], 0);
+    ck_assert_float_eq(g[1], 0.5f);
+    ck_assert_float_eq(g[2], 0.5f);
+    ck_assert_float_eq(g[3], 0);
+}
+END_TEST
+
+/* embedding backward adds repeated indices (in input order) */
+START_TEST(t_embedding_repeats)
+{
+    float w[6] = { 0 }, g[6];
+    int32_t ix[5] = { 1, 0, 1, 1, 2 };
+    ctpu_tensor W = ctpu_from_host(w, CTPU_F32, 2, (int64_t[]){ 3, 2 });
+    ctpu_tensor I = ctpu_from_host(ix, CTPU_I32, 1, (int64_t[]){ 5 });
+    ctpu_set_requires_grad(W, true);
+    ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_embedding(W, I), 0, NULL, false)), CTPU_OK);
+    read(ctpu_grad(W), g, 6);
+    float want[6] = { 1, 1, 3, 3, 1, 1 };
+    for (int i = 0; i < 6; i++) ck_assert_float_eq(g[i], want[i]);
+}
+END_TEST
+
+/* A training-like loop leaves no HBM behind: the tape goes with the step. */
+START_TEST(t_no_leak)
+{
+    float wv[6] = { 1, 2, 3, 4, 5, 6 };
+    ctpu_tensor w = ctpu_from_host(wv, CTPU_F32, 2, (int64_t[]){ 2, 3 });
+    ctpu_set_requires_grad(w, true);
+    ctpu_hbm_stats s0, s1;
+    ctpu_sync();
+    for (int it = 0; it < 3; it++) {
+        ctpu_zero_grad(w);
+        ctpu_step_begin();
+        ctpu_tensor x = ctpu_ones(CTPU_F32, 2, (int64_t[]){ 4, 3 });
+        ctpu_tensor l = ctpu_mean(ctpu_relu(ctpu_matmul_t(x, w, false, true)), 0, NULL, false);
+        ctpu_tensor kept = ctpu_exp(l);   /* an unused value depending on the tape */
+        (void)kept;
+        ck_assert_int_eq(ctpu_backward(l), CTPU_OK);
+        ctpu_step_end();
+        ctpu_sync();
+        ctpu_hbm_get_stats(it == 0 ? &s0 : &s1);
+    }
+    ck_assert_uint_eq(s0.in_use, s1.in_use);
+    ctpu_zero_grad(w);
+    ctpu_release(w);
+    ctpu_sync();
+    ctpu_hbm_get_stats(&s1);
+    ck_assert_uint_eq(s1.in_use, 0);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("autograd");
+    TCase *tc = tcase_create("gradcheck");
+    tcase_add_checked_fixture(tc, setup, t_teardown);
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, t_gradcheck, 0, N_CASES);
+    tcase_add_test(tc, t_table_complete);
+    suite_add_tcase(s, tc);
+    TCase *ts = tcase_create("semantics");
+    tcase_add_checked_fixture(ts, setup, t_teardown);
+    tcase_add_test(ts, t_accumulate_zero_grad);
+    tcase_add_test(ts, t_retain_and_released_tape);
+    tcase_add_test(ts, t_tape_survives_released_intermediates);
+    tcase_add_test(ts, t_no_grad_detach);
+    tcase_add_test(ts, t_errors);
+    tcase_add_test(ts, t_bf16_cast);
+    tcase_add_test(ts, t_max_ties);
+    tcase_add_test(ts, t_embedding_repeats);
+    tcase_add_test(ts, t_no_leak);
+    suite_add_tcase(s, ts);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int nf = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return nf ? 1 : 0;
+}
