@@ -337,7 +337,7 @@ static bool reduce_dims(const char *op, ctpu_trec *r, int ndims, const int *dims
     if (ndims == 0) mask = nd ? (1u << nd) - 1 : 0;
     for (int i = 0; i < ndims; i++) {
         int d = dims[i];
-        if (d < -nd || d >= nd || (nd == 0 && d != 0 && d != -1)) {
+        if (nd == 0 ? (d != 0 && d != -1) : (d < -nd || d >= nd)) {   /* a 0-d tensor takes dim 0 / -1 */
             ctpu_set_error(CTPU_ERR_SHAPE, "%s: dims[%d]=%d is out of range for a %s", op, i, d,
                            ctpu_fmt_type(&r->type, tb, sizeof tb));
             return false;
