@@ -404,6 +404,30 @@ ctpu_tensor ctpu_detach(ctpu_tensor t);
  * errors). Used by linear layers (y = x @ Wᵀ) and matmul's backward. */
 ctpu_tensor ctpu_matmul_t(ctpu_tensor a, ctpu_tensor b, bool transpose_a, bool transpose_b);
 
+/* ------------------------------------------------- defer and fuse: the cache
+ * In defer and fuse, each cut trace is keyed by its canonical encoding (ops,
+ * attrs, dtypes, extents, wiring, aliasing, live-out; never host scalars) and
+ * looked up in a bounded LRU cache (TORCH_TPU_CACHE_SIZE entries). A miss
+ * whose structure matches a cached program is a recompile, recorded with the
+ * dim that changed ("input 0 dim 0: 128 -> 96"). */
+typedef struct {
+    uint64_t requests, hits, misses, compiles;
+    uint64_t recompiles;   /* misses whose structure (the key without extents) was cached */
+    uint64_t evictions;    /* programs dropped by the LRU bound */
+    uint64_t thrash;       /* keys compiled again after their eviction */
+    uint64_t entries, capacity;
+} ctpu_cache_info;
+/* Fused-program cache counters. Errors: CTPU_ERR_INVALID_ARG (out NULL). */
+ctpu_status ctpu_cache_get_info(ctpu_cache_info *out);
+/* Cache-only mode: from now on a fused-cache miss is CTPU_ERR_CACHE_MISS at
+ * the cut (mark_step, host read) instead of a compile; the trace's values
+ * carry the error. TORCH_TPU_CACHE_ONLY=N turns it on after N marked steps. */
+ctpu_status ctpu_cache_set_only(bool on);
+/* The recent recompiles (up to 64), one line each, oldest first:
+ * "step 469: program 2 -> 3: input 0 dim 0: 128 -> 96". Writes at most len
+ * bytes (NUL-terminated); returns the number of lines. */
+int ctpu_cache_recompile_log(char *buf, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -439,3 +439,45 @@ ctpu_status ctpu__defer_flush(ctpu_cut_reason why)
     reset_trace();
     return CTPU_OK;
 }
+
+/* ------------------------------------------------------------ public: cache */
+ctpu_status ctpu_cache_get_info(ctpu_cache_info *out)
+{
+    if (!ctpu_check_init("cache_get_info")) return CTPU_ERR_NOT_INITIALIZED;
+    if (!out) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "cache_get_info: out is NULL");
+        return CTPU_ERR_INVALID_ARG;
+    }
+    ctpu_cache_stats st;
+    ctpu_cache_get_stats(ctpu_rt->fused_cache, &st);
+    *out = (ctpu_cache_info){ st.requests, st.hits, st.misses, st.compiles, st.recompiles, st.evictions,
+                              st.thrash, st.entries, st.capacity };
+    return CTPU_OK;
+}
+
+ctpu_status ctpu_cache_set_only(bool on)
+{
+    if (!ctpu_check_init("cache_set_only")) return CTPU_ERR_NOT_INITIALIZED;
+    atomic_store(&ctpu_rt->cache_only, on);
+    return CTPU_OK;
+}
+
+int ctpu_cache_recompile_log(char *buf, size_t len)
+{
+    if (!ctpu_check_init("cache_recompile_log")) return -1;
+    if (!buf && len) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "cache_recompile_log: buf is NULL with len %zu", len);
+        return -1;
+    }
+    ctpu_recompile_rec recs[64];
+    size_t n = ctpu_cache_recompiles(ctpu_rt->fused_cache, recs, 64);
+    size_t k = 0;
+    if (len) buf[0] = 0;
+    for (size_t i = 0; i < n && k < len; i++)
+        k += (size_t)snprintf(buf + k, len - k, "step %llu: program %llu -> %llu: %s\n",
+                              (unsigned long long)recs[i].step, (unsigned long long)recs[i].old_program,
+                              (unsigned long long)recs[i].new_program, recs[i].reason);
+    return (int)n;
+}
+
+ctpu_cache *ctpu__test_fused_cache(void) { return ctpu_rt ? ctpu_rt->fused_cache : NULL; }

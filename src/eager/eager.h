@@ -152,5 +152,6 @@ void ctpu__defer_thread_reset(void);
 /* Test hooks (tests/ only). */
 void ctpu__test_device_hold(bool hold);
 ctpu_cache *ctpu__test_strict_cache(void);
+ctpu_cache *ctpu__test_fused_cache(void);
 
 #endif
