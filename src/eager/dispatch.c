@@ -568,7 +568,7 @@ ctpu_tensor ctpu_slice(ctpu_tensor a, int dim, int64_t start, int64_t end, int64
     if (end < 0) end = end < -e ? 0 : end + e;
     if (start > e) start = e;
     if (end > e) end = e;
-    int64_t len = end > start ? (end - start + step - 1) / step : 0;
+    int64_t len = end > start ? (end - start - 1) / step + 1 : 0;   /* no overflow for a huge step */
     ctpu_node n = { .op = CTPU_OP_SLICE, .n_in = 1, .out = in[0]->type };
     n.out.shape[d] = len;
     n.attr.dims[0] = d;
