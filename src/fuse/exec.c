@@ -383,11 +383,50 @@ static uint32_t dims_mask(const ctpu_attrs *a)
     return m;
 }
 
+/* i32 max/min/argmax compare the integers themselves: through f32,
+ * 16777217 and 16777216 would tie. Visits the input in order, so the first
+ * maximal index wins. */
+static void exec_reduction_i32(const ctpu_step_data *sd, ctpu_exec_ctx *ctx)
+{
+    const ctpu_node *nd = &sd->node;
+    const ctpu_vtype *t = &sd->in[0];
+    const int32_t *x = ctx->ptr[sd->in_slot[0]];
+    int32_t *out = ctx->ptr[sd->out_slot];
+    uint32_t mask = dims_mask(&nd->attr);
+    int64_t on = ctpu_vtype_numel(&nd->out), n = ctpu_vtype_numel(t);
+    bool is_arg = nd->op == CTPU_OP_ARGMAX, is_min = nd->op == CTPU_OP_MIN;
+    int32_t *best = is_arg ? malloc((size_t)(on ? on : 1) * 4) : out;
+    bool *seen = calloc((size_t)(on ? on : 1), 1);
+    int rd = is_arg && nd->attr.n_dims ? nd->attr.dims[0] : -1;
+    int64_t coord[8] = {0};
+    for (int64_t i = 0; i < n; i++) {
+        int64_t o = 0;
+        for (int d = 0; d < t->ndim; d++)
+            if (!(mask & (1u << d))) o = o * t->shape[d] + coord[d];
+        int32_t v = x[i];
+        if (!seen[o] || (is_min ? v < best[o] : v > best[o])) {
+            seen[o] = true;
+            best[o] = v;
+            if (is_arg) out[o] = rd >= 0 ? (int32_t)coord[rd] : 0;
+        }
+        for (int d = t->ndim - 1; d >= 0; d--) {
+            if (++coord[d] < t->shape[d]) break;
+            coord[d] = 0;
+        }
+    }
+    if (is_arg) free(best);
+    free(seen);
+}
+
 static void exec_reduction(const void *data, ctpu_exec_ctx *ctx)
 {
     const ctpu_step_data *sd = data;
     const ctpu_node *nd = &sd->node;
     const ctpu_vtype *t = &sd->in[0];
+    if (t->dtype == CTPU_KDT_I32 && (nd->op == CTPU_OP_MAX || nd->op == CTPU_OP_MIN || nd->op == CTPU_OP_ARGMAX)) {
+        exec_reduction_i32(sd, ctx);
+        return;
+    }
     void *out = ctx->ptr[sd->out_slot];
     int64_t outer, n, inner;
     float *tmp;
