@@ -749,7 +749,8 @@ static void exec_creation(const void *data, ctpu_exec_ctx *ctx)
     } else if (nd->op == CTPU_OP_ARANGE) {
         for (int64_t i = 0; i < n; i++) {
             double v = sc[0] + (double)i * sc[1];
-            if (dt == CTPU_KDT_I32) ((int32_t *)out)[i] = (int32_t)v;
+            if (dt == CTPU_KDT_I32)   /* toward zero, saturating, as every f32 -> i32 (no UB cast) */
+                ((int32_t *)out)[i] = v >= 2147483647.0 ? INT32_MAX : v <= -2147483648.0 ? INT32_MIN : (int32_t)v;
             else if (dt == CTPU_KDT_BF16) ((uint16_t *)out)[i] = ctpu_f32_to_bf16((float)v);
             else ((float *)out)[i] = (float)v;
         }
