@@ -404,6 +404,10 @@ ctpu_tensor ctpu_detach(ctpu_tensor t);
  * errors). Used by linear layers (y = x @ Wᵀ) and matmul's backward. */
 ctpu_tensor ctpu_matmul_t(ctpu_tensor a, ctpu_tensor b, bool transpose_a, bool transpose_b);
 
+/* Set this thread's last error (one line, printf-style) for libraries built
+ * on the public API (src/nn); returns st. */
+ctpu_status ctpu_report_error(ctpu_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* ------------------------------------------------- defer and fuse: the cache
  * In defer and fuse, each cut trace is keyed by its canonical encoding (ops,
  * attrs, dtypes, extents, wiring, aliasing, live-out; never host scalars) and

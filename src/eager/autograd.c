@@ -20,6 +20,8 @@
  * saves, or an explicit "no gradient". tests/test_autograd.c fails when an op
  * has neither. */
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1054,3 +1056,14 @@ ctpu_status ctpu_backward_ex(ctpu_tensor t, ctpu_tensor grad, bool retain_graph)
 
 ctpu_status ctpu_backward(ctpu_tensor loss) { return ctpu_backward_ex(loss, CTPU_NULL, false); }
 ctpu_status ctpu_backward_with(ctpu_tensor t, ctpu_tensor grad) { return ctpu_backward_ex(t, grad, false); }
+
+ctpu_status ctpu_report_error(ctpu_status st, const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt ? fmt : "", ap);
+    va_end(ap);
+    ctpu_set_error(st, "%s", buf);
+    return st;
+}

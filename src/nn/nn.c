@@ -1,0 +1,351 @@
+/* nn: initialisers, layers and losses on the public API (include/ctpu.h). */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ctpu_nn.h"
+#include "nn_internal.h"
+
+/* ------------------------------------------------------------ helpers */
+ctpu_tensor ctpu__nn_global(ctpu_tensor t)
+{
+    /* ctpu_keep moves a handle one scope out (global from the outermost);
+     * scopes nest at most 64 deep */
+    for (int i = 0; i < 64 && !ctpu_is_null(t); i++) ctpu_keep(t);
+    return t;
+}
+
+const char *ctpu__nn_fmt(ctpu_tensor t, char *buf, size_t len)
+{
+    int64_t s[CTPU_MAX_DIMS];
+    int nd;
+    if (ctpu_shape(t, s, &nd) != CTPU_OK) { snprintf(buf, len, "(bad handle)"); return buf; }
+    size_t k = (size_t)snprintf(buf, len, "%s[", ctpu_dtype_name(ctpu_dtype_of(t)));
+    for (int d = 0; d < nd && k < len; d++) k += (size_t)snprintf(buf + k, len - k, d ? ",%lld" : "%lld", (long long)s[d]);
+    if (k < len) snprintf(buf + k, len - k, "]");
+    return buf;
+}
+
+static void release_all(int n, ctpu_tensor *ts)
+{
+    for (int i = 0; i < n; i++)
+        if (ctpu_is_valid(ts[i])) ctpu_release(ts[i]);
+}
+
+/* ------------------------------------------------------------ initialisers */
+static bool fans(const char *op, ctpu_dtype dt, int ndim, const int64_t *shape, double *fan_in, double *fan_out)
+{
+    if (dt != CTPU_F32 && dt != CTPU_BF16) {
+        ctpu_report_error(CTPU_ERR_DTYPE, "%s: dtype %s: initialisers make f32 or bf16 tensors", op,
+                          ctpu_dtype_name(dt));
+        return false;
+    }
+    if (ndim < 2 || ndim > CTPU_MAX_DIMS || !shape) {
+        ctpu_report_error(CTPU_ERR_SHAPE, "%s: ndim=%d: a fan needs a weight of at least 2 dims [out, in, ...]", op, ndim);
+        return false;
+    }
+    double rf = 1;
+    for (int d = 2; d < ndim; d++) rf *= (double)shape[d];
+    *fan_in = (double)shape[1] * rf;
+    *fan_out = (double)shape[0] * rf;
+    if (*fan_in <= 0 || *fan_out <= 0) {
+        ctpu_report_error(CTPU_ERR_SHAPE, "%s: shape [%lld, %lld, ...] has a zero fan", op, (long long)shape[0],
+                          (long long)shape[1]);
+        return false;
+    }
+    return true;
+}
+
+static ctpu_tensor kaiming(const char *op, bool normal, ctpu_dtype dt, int ndim, const int64_t *shape, double a,
+                           ctpu_fan_mode mode)
+{
+    double fi, fo;
+    if (!isfinite(a) || (mode != CTPU_FAN_IN && mode != CTPU_FAN_OUT)) {
+        ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: a=%g, mode=%d are invalid", op, a, (int)mode);
+        return CTPU_NULL;
+    }
+    if (!fans(op, dt, ndim, shape, &fi, &fo)) return CTPU_NULL;
+    double fan = mode == CTPU_FAN_IN ? fi : fo;
+    double gain = sqrt(2.0 / (1.0 + a * a));
+    if (normal) return ctpu_rand_normal(dt, ndim, shape, 0.0, gain / sqrt(fan));
+    double b = gain * sqrt(3.0 / fan);
+    return ctpu_rand_uniform(dt, ndim, shape, -b, b);
+}
+
+ctpu_tensor ctpu_init_kaiming_uniform(ctpu_dtype dt, int ndim, const int64_t *shape, double a, ctpu_fan_mode mode)
+{
+    return kaiming("init_kaiming_uniform", false, dt, ndim, shape, a, mode);
+}
+
+ctpu_tensor ctpu_init_kaiming_normal(ctpu_dtype dt, int ndim, const int64_t *shape, double a, ctpu_fan_mode mode)
+{
+    return kaiming("init_kaiming_normal", true, dt, ndim, shape, a, mode);
+}
+
+static ctpu_tensor xavier(const char *op, bool normal, ctpu_dtype dt, int ndim, const int64_t *shape, double gain)
+{
+    double fi, fo;
+    if (!isfinite(gain) || gain < 0) {
+        ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: gain=%g must be finite and >= 0", op, gain);
+        return CTPU_NULL;
+    }
+    if (!fans(op, dt, ndim, shape, &fi, &fo)) return CTPU_NULL;
+    if (normal) return ctpu_rand_normal(dt, ndim, shape, 0.0, gain * sqrt(2.0 / (fi + fo)));
+    double b = gain * sqrt(6.0 / (fi + fo));
+    return ctpu_rand_uniform(dt, ndim, shape, -b, b);
+}
+
+ctpu_tensor ctpu_init_xavier_uniform(ctpu_dtype dt, int ndim, const int64_t *shape, double gain)
+{
+    return xavier("init_xavier_uniform", false, dt, ndim, shape, gain);
+}
+
+ctpu_tensor ctpu_init_xavier_normal(ctpu_dtype dt, int ndim, const int64_t *shape, double gain)
+{
+    return xavier("init_xavier_normal", true, dt, ndim, shape, gain);
+}
+
+/* ------------------------------------------------------------ layers */
+static ctpu_tensor param(ctpu_tensor t)
+{
+    if (ctpu_is_null(t)) return t;
+    ctpu__nn_global(t);
+    if (ctpu_set_requires_grad(t, true) != CTPU_OK) {
+        ctpu_release(t);
+        return CTPU_NULL;
+    }
+    return t;
+}
+
+ctpu_status ctpu_linear_init(ctpu_linear *l, int64_t in, int64_t out, bool bias, ctpu_dtype dt)
+{
+    if (!l || in < 1 || out < 1)
+        return ctpu_report_error(CTPU_ERR_INVALID_ARG, "linear_init: %s", !l ? "l is NULL" : "in_features and out_features must be >= 1");
+    memset(l, 0, sizeof *l);
+    int64_t ws[2] = { out, in };
+    /* torch.nn.Linear.reset_parameters: kaiming_uniform_(a=sqrt(5)), bias U(±1/sqrt(fan_in)) */
+    l->weight = param(ctpu_init_kaiming_uniform(dt, 2, ws, sqrt(5.0), CTPU_FAN_IN));
+    if (ctpu_is_null(l->weight)) return ctpu_last_status();
+    if (bias) {
+        double b = 1.0 / sqrt((double)in);
+        l->bias = param(ctpu_rand_uniform(dt, 1, &out, -b, b));
+        if (ctpu_is_null(l->bias)) {
+            ctpu_release(l->weight);
+            l->weight = CTPU_NULL;
+            return ctpu_last_status();
+        }
+    }
+    l->in_features = in;
+    l->out_features = out;
+    return CTPU_OK;
+}
+
+ctpu_tensor ctpu_linear_forward(const ctpu_linear *l, ctpu_tensor x)
+{
+    if (!l) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "linear: l is NULL"); return CTPU_NULL; }
+    if (ctpu_is_null(x)) return CTPU_NULL;
+    int nd = ctpu_ndim(x);
+    if (nd < 0) return CTPU_NULL;
+    if (nd < 1 || ctpu_dim(x, -1) != l->in_features) {
+        char b[128];
+        ctpu_report_error(CTPU_ERR_SHAPE, "linear: x is %s: its last dim must be in_features=%lld (layer [%lld -> %lld])",
+                          ctpu__nn_fmt(x, b, sizeof b), (long long)l->in_features, (long long)l->in_features,
+                          (long long)l->out_features);
+        return CTPU_NULL;
+    }
+    ctpu_tensor y;
+    if (nd == 1) {
+        y = ctpu_matmul_t(l->weight, x, false, false);   /* W [out,in] @ x [in] */
+    } else {
+        y = ctpu_matmul_t(x, l->weight, false, true);
+    }
+    if (ctpu_is_null(y) || ctpu_is_null(l->bias)) return y;
+    ctpu_tensor z = ctpu_add(y, l->bias);
+    ctpu_release(y);
+    return z;
+}
+
+void ctpu_linear_free(ctpu_linear *l)
+{
+    if (!l) return;
+    release_all(2, (ctpu_tensor[]){ l->weight, l->bias });
+    memset(l, 0, sizeof *l);
+}
+
+ctpu_status ctpu_layer_norm_init(ctpu_layer_norm *ln, int64_t dim, double eps, bool affine, ctpu_dtype dt)
+{
+    if (!ln || dim < 1 || !(eps >= 0) || !isfinite(eps))
+        return ctpu_report_error(CTPU_ERR_INVALID_ARG, "layer_norm_init: %s", !ln ? "ln is NULL" : "dim must be >= 1 and eps finite >= 0");
+    memset(ln, 0, sizeof *ln);
+    ln->dim = dim;
+    ln->eps = eps;
+    if (affine) {
+        ln->weight = param(ctpu_ones(dt, 1, &dim));
+        ln->bias = param(ctpu_zeros(dt, 1, &dim));
+        if (ctpu_is_null(ln->weight) || ctpu_is_null(ln->bias)) {
+            ctpu_status st = ctpu_last_status();
+            ctpu_layer_norm_free(ln);
+            return st;
+        }
+    }
+    return CTPU_OK;
+}
+
+ctpu_tensor ctpu_layer_norm_forward(const ctpu_layer_norm *ln, ctpu_tensor x)
+{
+    if (!ln) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "layer_norm: ln is NULL"); return CTPU_NULL; }
+    if (ctpu_is_null(x)) return CTPU_NULL;
+    int nd = ctpu_ndim(x);
+    if (nd < 0) return CTPU_NULL;
+    if (nd < 1 || ctpu_dim(x, -1) != ln->dim) {
+        char b[128];
+        ctpu_report_error(CTPU_ERR_SHAPE, "layer_norm: x is %s: its last dim must be %lld", ctpu__nn_fmt(x, b, sizeof b),
+                          (long long)ln->dim);
+        return CTPU_NULL;
+    }
+    int d = -1;
+    ctpu_scope_begin();
+    ctpu_tensor mean = ctpu_mean(x, 1, &d, true);
+    ctpu_tensor var = ctpu_var(x, 1, &d, 0, true);
+    ctpu_tensor y = ctpu_mul(ctpu_sub(x, mean), ctpu_rsqrt(ctpu_add_scalar(var, ln->eps)));
+    if (!ctpu_is_null(ln->weight)) y = ctpu_add(ctpu_mul(y, ln->weight), ln->bias);
+    ctpu_keep(y);
+    ctpu_scope_end();
+    return y;
+}
+
+void ctpu_layer_norm_free(ctpu_layer_norm *ln)
+{
+    if (!ln) return;
+    release_all(2, (ctpu_tensor[]){ ln->weight, ln->bias });
+    memset(ln, 0, sizeof *ln);
+}
+
+ctpu_status ctpu_embedding_layer_init(ctpu_embedding_layer *e, int64_t num, int64_t dim, ctpu_dtype dt)
+{
+    if (!e || num < 1 || dim < 1)
+        return ctpu_report_error(CTPU_ERR_INVALID_ARG, "embedding_layer_init: %s", !e ? "e is NULL" : "num and dim must be >= 1");
+    memset(e, 0, sizeof *e);
+    int64_t s[2] = { num, dim };
+    e->weight = param(ctpu_rand_normal(dt, 2, s, 0.0, 1.0));
+    if (ctpu_is_null(e->weight)) return ctpu_last_status();
+    e->num = num;
+    e->dim = dim;
+    return CTPU_OK;
+}
+
+ctpu_tensor ctpu_embedding_layer_forward(const ctpu_embedding_layer *e, ctpu_tensor indices)
+{
+    if (!e) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "embedding_layer: e is NULL"); return CTPU_NULL; }
+    return ctpu_embedding(e->weight, indices);
+}
+
+void ctpu_embedding_layer_free(ctpu_embedding_layer *e)
+{
+    if (!e) return;
+    release_all(1, &e->weight);
+    memset(e, 0, sizeof *e);
+}
+
+ctpu_tensor ctpu_dropout(ctpu_tensor x, double p, bool training)
+{
+    if (!(p >= 0 && p <= 1)) {
+        ctpu_report_error(CTPU_ERR_INVALID_ARG, "dropout: p=%g must be in [0, 1]", p);
+        return CTPU_NULL;
+    }
+    if (ctpu_is_null(x)) return CTPU_NULL;
+    if (!training || p == 0) return ctpu_contiguous(x);
+    if (p == 1) return ctpu_mul_scalar(x, 0.0);
+    int64_t s[CTPU_MAX_DIMS];
+    int nd;
+    if (ctpu_shape(x, s, &nd) != CTPU_OK) return CTPU_NULL;
+    ctpu_scope_begin();
+    ctpu_tensor u = ctpu_rand_uniform(CTPU_F32, nd, s, 0.0, 1.0);
+    ctpu_tensor y = ctpu_mul_scalar(ctpu_mul(x, ctpu_ge_scalar(u, p)), 1.0 / (1.0 - p));
+    ctpu_keep(y);
+    ctpu_scope_end();
+    return y;
+}
+
+/* ------------------------------------------------------------ losses */
+ctpu_ce_opts ctpu_ce_defaults(void) { return (ctpu_ce_opts){ CTPU_REDUCE_MEAN, -100, 0.0 }; }
+
+ctpu_status ctpu_labels_check(const int32_t *labels, int64_t n, int64_t num_classes, int32_t ignore_index)
+{
+    if ((!labels && n > 0) || n < 0 || num_classes < 1)
+        return ctpu_report_error(CTPU_ERR_INVALID_ARG, "labels_check: labels %s, n=%lld, num_classes=%lld",
+                                 labels ? "given" : "NULL", (long long)n, (long long)num_classes);
+    for (int64_t i = 0; i < n; i++)
+        if (labels[i] != ignore_index && (labels[i] < 0 || labels[i] >= num_classes))
+            return ctpu_report_error(CTPU_ERR_INVALID_ARG,
+                                     "labels_check: label %d at position %lld is out of range [0, %lld)",
+                                     labels[i], (long long)i, (long long)num_classes);
+    return CTPU_OK;
+}
+
+ctpu_tensor ctpu_cross_entropy(ctpu_tensor logits, ctpu_tensor labels, const ctpu_ce_opts *opts)
+{
+    ctpu_ce_opts o = opts ? *opts : ctpu_ce_defaults();
+    if (ctpu_is_null(logits) || ctpu_is_null(labels)) return CTPU_NULL;
+    if ((unsigned)o.reduction > CTPU_REDUCE_NONE || !(o.label_smoothing >= 0 && o.label_smoothing <= 1)) {
+        ctpu_report_error(CTPU_ERR_INVALID_ARG, "cross_entropy: reduction=%d, label_smoothing=%g: need a ctpu_reduction and smoothing in [0, 1]",
+                          (int)o.reduction, o.label_smoothing);
+        return CTPU_NULL;
+    }
+    char a[128], b[128];
+    int nl = ctpu_ndim(logits), ny = ctpu_ndim(labels);
+    if (nl < 0 || ny < 0) return CTPU_NULL;
+    ctpu_dtype dl = ctpu_dtype_of(logits), dy = ctpu_dtype_of(labels);
+    if (nl != 2 || ny != 1 || ctpu_dim(logits, 0) != ctpu_dim(labels, 0) || dl == CTPU_I32 || dy != CTPU_I32) {
+        ctpu_report_error(nl != 2 || ny != 1 || ctpu_dim(logits, 0) != ctpu_dim(labels, 0) ? CTPU_ERR_SHAPE : CTPU_ERR_DTYPE,
+                          "cross_entropy: logits is %s, labels is %s: need f32/bf16 logits [N, C] and i32 labels [N]",
+                          ctpu__nn_fmt(logits, a, sizeof a), ctpu__nn_fmt(labels, b, sizeof b));
+        return CTPU_NULL;
+    }
+    int64_t N = ctpu_dim(logits, 0);
+    int one = 1;
+    ctpu_scope_begin();
+    ctpu_tensor lsm = ctpu_log_softmax(logits, 1);
+    ctpu_tensor valid = ctpu_ne_scalar(labels, (double)o.ignore_index);
+    ctpu_tensor safe = ctpu_where(valid, labels, ctpu_zeros(CTPU_I32, 0, NULL));
+    int64_t col[2] = { N, 1 };
+    ctpu_tensor picked = ctpu_reshape(ctpu_gather(lsm, 1, ctpu_reshape(safe, 2, col)), 1, &N);
+    ctpu_tensor loss = ctpu_neg(picked);
+    if (o.label_smoothing > 0) {
+        ctpu_tensor smooth = ctpu_neg(ctpu_mean(lsm, 1, &one, false));
+        loss = ctpu_add(ctpu_mul_scalar(loss, 1.0 - o.label_smoothing), ctpu_mul_scalar(smooth, o.label_smoothing));
+    }
+    if (ctpu_dtype_of(loss) != CTPU_F32) loss = ctpu_cast(loss, CTPU_F32);
+    loss = ctpu_where(valid, loss, ctpu_zeros(CTPU_F32, 0, NULL));
+    ctpu_tensor r;
+    if (o.reduction == CTPU_REDUCE_NONE) r = loss;
+    else if (o.reduction == CTPU_REDUCE_SUM) r = ctpu_sum(loss, 0, NULL, false);
+    else r = ctpu_div(ctpu_sum(loss, 0, NULL, false), ctpu_sum(valid, 0, NULL, false));
+    ctpu_keep(r);
+    ctpu_scope_end();
+    return r;
+}
+
+ctpu_tensor ctpu_mse_loss(ctpu_tensor pred, ctpu_tensor target, ctpu_reduction reduction)
+{
+    if (ctpu_is_null(pred) || ctpu_is_null(target)) return CTPU_NULL;
+    int64_t s1[CTPU_MAX_DIMS], s2[CTPU_MAX_DIMS];
+    int n1, n2;
+    if (ctpu_shape(pred, s1, &n1) != CTPU_OK || ctpu_shape(target, s2, &n2) != CTPU_OK) return CTPU_NULL;
+    bool same = n1 == n2 && memcmp(s1, s2, sizeof(int64_t) * (size_t)n1) == 0;
+    if (!same || (unsigned)reduction > CTPU_REDUCE_NONE) {
+        char a[128], b[128];
+        ctpu_report_error(same ? CTPU_ERR_INVALID_ARG : CTPU_ERR_SHAPE,
+                          "mse_loss: pred is %s, target is %s: %s", ctpu__nn_fmt(pred, a, sizeof a),
+                          ctpu__nn_fmt(target, b, sizeof b), same ? "bad reduction" : "shapes must match");
+        return CTPU_NULL;
+    }
+    ctpu_scope_begin();
+    ctpu_tensor d = ctpu_sub(pred, target);
+    ctpu_tensor sq = ctpu_mul(d, d);
+    ctpu_tensor r = reduction == CTPU_REDUCE_NONE ? sq
+                    : reduction == CTPU_REDUCE_SUM ? ctpu_sum(sq, 0, NULL, false) : ctpu_mean(sq, 0, NULL, false);
+    ctpu_keep(r);
+    ctpu_scope_end();
+    return r;
+}

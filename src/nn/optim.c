@@ -1,0 +1,214 @@
+/* Optimizers (SGD, AdamW) and learning-rate schedules on the public API.
+ * Every coefficient derived from the learning rate or the step count goes
+ * into a *_scalar op as a runtime scalar, so a schedule never changes a
+ * program's key; updates are written with ctpu_assign under no_grad. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctpu_nn.h"
+#include "nn_internal.h"
+
+enum { OPT_SGD, OPT_ADAMW };
+
+struct ctpu_optim {
+    int kind;
+    int n;
+    int n_state;          /* state tensors per parameter */
+    ctpu_tensor *params;  /* [n], not owned */
+    ctpu_tensor *state;   /* [n * n_state], owned */
+    double lr;
+    int64_t steps;
+    ctpu_sgd_opts sgd;
+    ctpu_adamw_opts adam;
+};
+
+ctpu_adamw_opts ctpu_adamw_defaults(void) { return (ctpu_adamw_opts){ 1e-3, 0.9, 0.999, 1e-8, 1e-2 }; }
+
+static ctpu_optim *create(const char *op, int kind, int n, const ctpu_tensor *params, int n_state)
+{
+    if (n < 1 || !params) {
+        ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: n=%d with params %s: need n >= 1 parameters", op, n,
+                          params ? "given" : "NULL");
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+        if (!ctpu_is_valid(params[i])) {
+            ctpu_report_error(ctpu_is_null(params[i]) ? CTPU_ERR_NULL_HANDLE : CTPU_ERR_STALE_HANDLE,
+                              "%s: params[%d] is a %s handle", op, i, ctpu_is_null(params[i]) ? "null" : "stale");
+            return NULL;
+        }
+        if (ctpu_dtype_of(params[i]) == CTPU_I32) {
+            ctpu_report_error(CTPU_ERR_DTYPE, "%s: params[%d] is i32: parameters are f32 or bf16", op, i);
+            return NULL;
+        }
+    }
+    ctpu_optim *o = calloc(1, sizeof *o);
+    if (o) o->params = malloc(sizeof(ctpu_tensor) * (size_t)n);
+    if (o) o->state = calloc((size_t)(n * n_state > 0 ? n * n_state : 1), sizeof(ctpu_tensor));
+    if (!o || !o->params || !o->state) {
+        if (o) { free(o->params); free(o->state); free(o); }
+        ctpu_report_error(CTPU_ERR_OOM, "%s: out of host memory", op);
+        return NULL;
+    }
+    o->kind = kind;
+    o->n = n;
+    o->n_state = n_state;
+    memcpy(o->params, params, sizeof(ctpu_tensor) * (size_t)n);
+    /* state as zeros now, never lazily at step 1: step 1 and step N record the same ops */
+    for (int i = 0; i < n; i++) {
+        int64_t s[CTPU_MAX_DIMS];
+        int nd;
+        ctpu_shape(params[i], s, &nd);
+        for (int k = 0; k < n_state; k++) {
+            ctpu_tensor z = ctpu__nn_global(ctpu_zeros(ctpu_dtype_of(params[i]), nd, s));
+            if (ctpu_is_null(z)) { ctpu_optim_free(o); return NULL; }
+            o->state[i * n_state + k] = z;
+        }
+    }
+    return o;
+}
+
+ctpu_optim *ctpu_sgd_create(int n, const ctpu_tensor *params, const ctpu_sgd_opts *opts)
+{
+    const char *op = "sgd_create";
+    if (!opts) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: opts is NULL", op); return NULL; }
+    ctpu_sgd_opts s = *opts;
+    if (!(s.lr > 0) || !isfinite(s.lr) || !(s.momentum >= 0) || !isfinite(s.momentum) || !isfinite(s.dampening) ||
+        !(s.weight_decay >= 0) || !isfinite(s.weight_decay) || (s.nesterov && (s.momentum <= 0 || s.dampening != 0))) {
+        ctpu_report_error(CTPU_ERR_INVALID_ARG,
+                          "%s: lr=%g momentum=%g dampening=%g weight_decay=%g nesterov=%d: need lr > 0, momentum >= 0, "
+                          "weight_decay >= 0, and nesterov only with momentum > 0 and dampening 0",
+                          op, s.lr, s.momentum, s.dampening, s.weight_decay, (int)s.nesterov);
+        return NULL;
+    }
+    ctpu_optim *o = create(op, OPT_SGD, n, params, s.momentum > 0 ? 1 : 0);
+    if (!o) return NULL;
+    o->sgd = s;
+    o->lr = s.lr;
+    return o;
+}
+
+ctpu_optim *ctpu_adamw_create(int n, const ctpu_tensor *params, const ctpu_adamw_opts *opts)
+{
+    const char *op = "adamw_create";
+    if (!opts) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: opts is NULL", op); return NULL; }
+    ctpu_adamw_opts a = *opts;
+    if (!(a.lr > 0) || !isfinite(a.lr) || !(a.beta1 >= 0 && a.beta1 < 1) || !(a.beta2 >= 0 && a.beta2 < 1) ||
+        !(a.eps > 0) || !isfinite(a.eps) || !(a.weight_decay >= 0) || !isfinite(a.weight_decay)) {
+        ctpu_report_error(CTPU_ERR_INVALID_ARG,
+                          "%s: lr=%g betas=(%g, %g) eps=%g weight_decay=%g: need lr > 0, betas in [0, 1), eps > 0, "
+                          "weight_decay >= 0", op, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay);
+        return NULL;
+    }
+    ctpu_optim *o = create(op, OPT_ADAMW, n, params, 2);
+    if (!o) return NULL;
+    o->adam = a;
+    o->lr = a.lr;
+    return o;
+}
+
+static ctpu_status sgd_one(ctpu_optim *o, ctpu_tensor p, ctpu_tensor g, ctpu_tensor *buf)
+{
+    const ctpu_sgd_opts *s = &o->sgd;
+    ctpu_tensor d = g;
+    if (s->weight_decay != 0) d = ctpu_add(d, ctpu_mul_scalar(p, s->weight_decay));
+    if (s->momentum != 0) {
+        /* torch: the first step sets buf = d (no dampening); buf starts as zeros here */
+        double c = o->steps == 0 ? 1.0 : 1.0 - s->dampening;
+        ctpu_tensor nb = ctpu_add(ctpu_mul_scalar(*buf, s->momentum), ctpu_mul_scalar(d, c));
+        ctpu_status st = ctpu_is_null(nb) ? ctpu_last_status() : ctpu_assign(*buf, nb);
+        if (st != CTPU_OK) return st;
+        d = s->nesterov ? ctpu_add(d, ctpu_mul_scalar(nb, s->momentum)) : nb;
+    }
+    ctpu_tensor np = ctpu_sub(p, ctpu_mul_scalar(d, o->lr));
+    return ctpu_is_null(np) ? ctpu_last_status() : ctpu_assign(p, np);
+}
+
+static ctpu_status adamw_one(ctpu_optim *o, ctpu_tensor p, ctpu_tensor g, ctpu_tensor *m, ctpu_tensor *v)
+{
+    const ctpu_adamw_opts *a = &o->adam;
+    double t = (double)(o->steps + 1);
+    double bc1 = 1.0 - pow(a->beta1, t), bc2 = 1.0 - pow(a->beta2, t);
+    ctpu_tensor p1 = a->weight_decay != 0 ? ctpu_mul_scalar(p, 1.0 - o->lr * a->weight_decay) : p;
+    ctpu_tensor nm = ctpu_add(ctpu_mul_scalar(*m, a->beta1), ctpu_mul_scalar(g, 1.0 - a->beta1));
+    ctpu_tensor nv = ctpu_add(ctpu_mul_scalar(*v, a->beta2), ctpu_mul_scalar(ctpu_mul(g, g), 1.0 - a->beta2));
+    ctpu_tensor denom = ctpu_add_scalar(ctpu_div_scalar(ctpu_sqrt(nv), sqrt(bc2)), a->eps);
+    ctpu_tensor np = ctpu_sub(p1, ctpu_mul_scalar(ctpu_div(nm, denom), o->lr / bc1));
+    if (ctpu_is_null(np)) return ctpu_last_status();
+    ctpu_status st = ctpu_assign(*m, nm);
+    if (st == CTPU_OK) st = ctpu_assign(*v, nv);
+    if (st == CTPU_OK) st = ctpu_assign(p, np);
+    return st;
+}
+
+ctpu_status ctpu_optim_step(ctpu_optim *o)
+{
+    if (!o) return ctpu_report_error(CTPU_ERR_INVALID_ARG, "optim_step: o is NULL");
+    for (int i = 0; i < o->n; i++)
+        if (!ctpu_is_valid(o->params[i]))
+            return ctpu_report_error(CTPU_ERR_STALE_HANDLE, "optim_step: params[%d] was released", i);
+    ctpu_status st = ctpu_no_grad_begin();
+    if (st != CTPU_OK) return st;
+    for (int i = 0; i < o->n && st == CTPU_OK; i++) {
+        ctpu_tensor g = ctpu_grad(o->params[i]);
+        if (ctpu_is_null(g)) continue;
+        if ((st = ctpu_scope_begin()) != CTPU_OK) break;
+        ctpu_tensor *sv = o->state + i * o->n_state;
+        st = o->kind == OPT_SGD ? sgd_one(o, o->params[i], g, sv) : adamw_one(o, o->params[i], g, sv, sv + 1);
+        ctpu_status se = ctpu_scope_end();
+        if (st == CTPU_OK) st = se;
+    }
+    ctpu_no_grad_end();
+    if (st == CTPU_OK) o->steps++;
+    return st;
+}
+
+ctpu_status ctpu_optim_zero_grad(ctpu_optim *o)
+{
+    if (!o) return ctpu_report_error(CTPU_ERR_INVALID_ARG, "optim_zero_grad: o is NULL");
+    for (int i = 0; i < o->n; i++)
+        if (ctpu_is_valid(o->params[i])) ctpu_zero_grad(o->params[i]);
+    return CTPU_OK;
+}
+
+ctpu_status ctpu_optim_set_lr(ctpu_optim *o, double lr)
+{
+    if (!o || !(lr >= 0) || !isfinite(lr))
+        return ctpu_report_error(CTPU_ERR_INVALID_ARG, "optim_set_lr: %s", o ? "lr must be finite and >= 0" : "o is NULL");
+    o->lr = lr;
+    return CTPU_OK;
+}
+
+double ctpu_optim_lr(const ctpu_optim *o) { return o ? o->lr : 0.0; }
+int64_t ctpu_optim_steps(const ctpu_optim *o) { return o ? o->steps : 0; }
+
+ctpu_tensor ctpu_optim_state(const ctpu_optim *o, int i, int k)
+{
+    if (!o || i < 0 || i >= o->n || k < 0 || k >= o->n_state) return CTPU_NULL;
+    return o->state[i * o->n_state + k];
+}
+
+void ctpu_optim_free(ctpu_optim *o)
+{
+    if (!o) return;
+    for (int i = 0; i < o->n * o->n_state; i++)
+        if (ctpu_is_valid(o->state[i])) ctpu_release(o->state[i]);
+    free(o->state);
+    free(o->params);
+    free(o);
+}
+
+/* ------------------------------------------------------------ schedules */
+double ctpu_lr_cosine(double base_lr, int64_t step, int64_t total, double min_lr)
+{
+    if (total <= 0 || step >= total) return min_lr;
+    if (step < 0) step = 0;
+    return min_lr + (base_lr - min_lr) * (1.0 + cos(M_PI * (double)step / (double)total)) / 2.0;
+}
+
+double ctpu_lr_step(double base_lr, int64_t step, int64_t step_size, double gamma)
+{
+    if (step_size <= 0 || step < 0) return base_lr;
+    return base_lr * pow(gamma, (double)(step / step_size));
+}
