@@ -449,7 +449,9 @@ static void exec_reduction(const void *data, ctpu_exec_ctx *ctx)
         ctpu_k_reduce(CTPU_K_RED_SUM, x, outer, n, inner, mean, ctx->pool);
         ctpu_k_binary_scalar(CTPU_K_B_DIV, mean, (float)n, false, mean, on);
         ctpu_k_sqdev(x, mean, outer, n, inner, y, ctx->pool);
-        ctpu_k_binary_scalar(CTPU_K_B_DIV, y, (float)(n - nd->attr.i64[0]), false, y, on);
+        /* torch: divide by max(0, n - correction), so n <= correction gives NaN, not -0 */
+        int64_t den = n - nd->attr.i64[0];
+        ctpu_k_binary_scalar(CTPU_K_B_DIV, y, (float)(den > 0 ? den : 0), false, y, on);
         free(mean);
         break;
     }
