@@ -28,13 +28,17 @@ size_t ctpu_trace_key(const ctpu_trace *t, uint8_t *buf, size_t cap)
                         (uint32_t)t->precision | ((uint32_t)t->debug_checks << 8) };
     put(&w, hdr, sizeof hdr);
     for (int i = 0; i < t->n_inputs; i++) put_vtype(&w, &t->in_type[i]);
+    static const ctpu_attrs zero_attrs;
     for (int i = 0; i < t->n_nodes; i++) {
         const ctpu_node *n = &t->nodes[i];
-        uint16_t h[2] = { n->op, (uint16_t)(n->n_in | (n->n_scalars << 8)) };
+        /* attrs are written only when set (most elementwise nodes have none) */
+        bool has_attr = memcmp(&n->attr, &zero_attrs, sizeof zero_attrs) != 0;
+        uint8_t h[4] = { (uint8_t)(n->op & 0xff), (uint8_t)(n->op >> 8), (uint8_t)(n->n_in | (has_attr << 7)),
+                         n->n_scalars };
         put(&w, h, sizeof h);
         put(&w, n->in, sizeof(int32_t) * n->n_in);
         put_vtype(&w, &n->out);
-        put(&w, &n->attr, sizeof n->attr);
+        if (has_attr) put(&w, &n->attr, sizeof n->attr);
     }
     put(&w, t->outputs, sizeof(int32_t) * (size_t)t->n_outputs);
     if (t->out_alias) put(&w, t->out_alias, sizeof(int32_t) * (size_t)t->n_outputs);

@@ -202,43 +202,38 @@ bool ctpu_trace_finalize(const ctpu_trace_rec *r, const ctpu_liveout_req *reqs, 
         for (int j = 0; j < n.n_scalars; j++) out->scalars[s++] = r->scal[r->scal_start[i] + j];
     }
 
-    /* outputs: each requested value once, in canonical order */
+    /* outputs: each requested value once, in canonical (node) order */
     for (int i = 0; i < nn; i++) first_req[i] = -1;
+    for (int q = 0; q < nreq; q++)
+        if (reqs[q].v >= 0) first_req[reqs[q].v] = 0;          /* wanted */
     int n_out = 0;
     for (int i = 0; i < nn; i++) {
-        if (!live[i]) continue;
-        for (int q = 0; q < nreq; q++) {
-            if (reqs[q].v != i) continue;
-            if (first_req[i] < 0) {
-                first_req[i] = n_out;
-                t->outputs[n_out] = node_id[i];
-                t->out_alias[n_out] = -1;
-                n_out++;
-            }
-            int o = first_req[i];
-            out->req_out[q] = o;
-            if (reqs[q].alias_buf && t->out_alias[o] == -1) {
-                /* is the parameter's buffer read by this program? */
-                int in_idx = -1;
-                for (int j = 0; j < ni; j++)
-                    if (r->in_buf[j] == reqs[q].alias_buf && r->in_off[j] == reqs[q].alias_off &&
-                        in_id[j] >= 0) { in_idx = j; break; }
-                /* the same storage must not be bound as an input under another view */
-                bool other_view = false;
-                for (int j = 0; j < ni; j++)
-                    if (j != in_idx && in_id[j] >= 0 && r->in_buf[j] == reqs[q].alias_buf) other_view = true;
-                if (other_view) continue;
-                if (in_idx < 0) {
-                    t->out_alias[o] = CTPU_ALIAS_DONATED;
-                } else if (alias_safe(r, live, i, in_idx)) {
-                    t->out_alias[o] = in_id[in_idx];
-                } else {
-                    continue;
-                }
-                out->alias_buf[o] = reqs[q].alias_buf;
-                out->alias_off[o] = reqs[q].alias_off;
-            }
+        if (first_req[i] < 0) continue;
+        first_req[i] = n_out;
+        t->outputs[n_out] = node_id[i];
+        t->out_alias[n_out] = -1;
+        n_out++;
+    }
+    for (int q = 0; q < nreq; q++) {
+        int i = reqs[q].v;
+        if (i < 0) continue;
+        int o = first_req[i];
+        out->req_out[q] = o;
+        if (!reqs[q].alias_buf || t->out_alias[o] != -1) continue;
+        /* is the parameter's buffer read by this program (under this view only)? */
+        int in_idx = -1;
+        bool other_view = false;
+        for (int j = 0; j < ni; j++) {
+            if (in_id[j] < 0 || r->in_buf[j] != reqs[q].alias_buf) continue;
+            if (r->in_off[j] == reqs[q].alias_off && in_idx < 0) in_idx = j;
+            else other_view = true;
         }
+        if (other_view) continue;
+        if (in_idx < 0) t->out_alias[o] = CTPU_ALIAS_DONATED;
+        else if (alias_safe(r, live, i, in_idx)) t->out_alias[o] = in_id[in_idx];
+        else continue;
+        out->alias_buf[o] = reqs[q].alias_buf;
+        out->alias_off[o] = reqs[q].alias_off;
     }
     for (int q = 0; q < nreq; q++)
         if (reqs[q].v < 0) out->req_out[q] = -1;   /* an input value: no output needed */
