@@ -357,7 +357,7 @@ static ctpu_tensor vec(const float *v, int64_t n)
     return ctpu_from_host(v, CTPU_F32, 1, &n);
 }
 
-static void read(ctpu_tensor t, float *out, int64_t n)
+static void readt(ctpu_tensor t, float *out, int64_t n)
 {
     ck_assert_msg(!ctpu_is_null(t), "null tensor: %s", ctpu_last_error());
     ck_assert_int_eq(ctpu_numel(t), n);
@@ -379,14 +379,14 @@ START_TEST(t_accumulate_zero_grad)
         ctpu_step_end();
     }
     ctpu_tensor gh = ctpu_grad(w);
-    read(gh, g, 3);
+    readt(gh, g, 3);
     for (int i = 0; i < 3; i++) ck_assert_float_eq(g[i], 4 * wv[i]);
     /* the .grad handle stays the same across accumulation */
     ctpu_step_begin();
     ck_assert_int_eq(ctpu_backward(ctpu_sum(w, 0, NULL, false)), CTPU_OK);
     ctpu_step_end();
     ck_assert_uint_eq(ctpu_grad(w).id, gh.id);
-    read(gh, g, 3);
+    readt(gh, g, 3);
     for (int i = 0; i < 3; i++) ck_assert_float_eq(g[i], 4 * wv[i] + 1);
     ck_assert_int_eq(ctpu_zero_grad(w), CTPU_OK);
     ck_assert(ctpu_is_null(ctpu_grad(w)));
@@ -394,7 +394,7 @@ START_TEST(t_accumulate_zero_grad)
     ctpu_step_begin();
     ck_assert_int_eq(ctpu_backward(ctpu_sum(w, 0, NULL, false)), CTPU_OK);
     ctpu_step_end();
-    read(ctpu_grad(w), g, 3);
+    readt(ctpu_grad(w), g, 3);
     for (int i = 0; i < 3; i++) ck_assert_float_eq(g[i], 1);
     /* turning requires_grad off drops the grad */
     ck_assert_int_eq(ctpu_set_requires_grad(w, false), CTPU_OK);
@@ -412,7 +412,7 @@ START_TEST(t_retain_and_released_tape)
     ctpu_tensor l = ctpu_sum(ctpu_exp(w), 0, NULL, false);
     ck_assert_int_eq(ctpu_backward_ex(l, CTPU_NULL, true), CTPU_OK);
     ck_assert_int_eq(ctpu_backward(l), CTPU_OK);
-    read(ctpu_grad(w), g, 2);
+    readt(ctpu_grad(w), g, 2);
     for (int i = 0; i < 2; i++) ck_assert_float_eq_tol(g[i], 2 * expf(wv[i]), 1e-5 * expf(wv[i]));
     ck_assert_int_eq(ctpu_backward(l), CTPU_ERR_STATE);
     ck_assert_ptr_nonnull(strstr(ctpu_last_error(), "retain"));
@@ -434,7 +434,7 @@ START_TEST(t_tape_survives_released_intermediates)
     ctpu_scope_end();   /* a and b are released */
     ck_assert(!ctpu_is_valid(a));
     ck_assert_int_eq(ctpu_backward(loss), CTPU_OK);
-    read(ctpu_grad(x), g, 4);
+    readt(ctpu_grad(x), g, 4);
     for (int i = 0; i < 4; i++) {
         double t = tanh(xv[i]), want = t + xv[i] * (1 - t * t);
         ck_assert_float_eq_tol(g[i], want, 1e-5);
@@ -461,7 +461,7 @@ START_TEST(t_no_grad_detach)
     /* d * x: only the x path carries gradient: dl/dx = d = x */
     ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_mul(d, x), 0, NULL, false)), CTPU_OK);
     float g[2];
-    read(ctpu_grad(x), g, 2);
+    readt(ctpu_grad(x), g, 2);
     ck_assert_float_eq(g[0], 1);
     ck_assert_float_eq(g[1], 2);
     /* a non-leaf cannot drop requires_grad */
@@ -488,7 +488,7 @@ START_TEST(t_errors)
     ctpu_tensor g3 = ctpu_ones(CTPU_F32, 1, (int64_t[]){ 3 });
     ck_assert_int_eq(ctpu_backward_ex(y, g3, false), CTPU_OK);
     float g[3];
-    read(ctpu_grad(x), g, 3);
+    readt(ctpu_grad(x), g, 3);
     for (int i = 0; i < 3; i++) ck_assert_float_eq_tol(g[i], expf(v[i]), 1e-5 * expf(v[i]));
     ck_assert(ctpu_is_null(ctpu_grad(CTPU_NULL)));
     ck_assert(!ctpu_requires_grad(CTPU_NULL));
@@ -514,7 +514,7 @@ START_TEST(t_bf16_cast)
     ctpu_tensor g = ctpu_grad(x);
     ck_assert_int_eq(ctpu_dtype_of(g), CTPU_BF16);
     float gf[4];
-    read(ctpu_cast(g, CTPU_F32), gf, 4);
+    readt(ctpu_cast(g, CTPU_F32), gf, 4);
     for (int i = 0; i < 4; i++) ck_assert_float_eq(gf[i], 3);
 }
 END_TEST
@@ -526,7 +526,7 @@ START_TEST(t_max_ties)
     ctpu_tensor x = vec(v, 4);
     ctpu_set_requires_grad(x, true);
     ck_assert_int_eq(ctpu_backward(ctpu_max(x, 0, NULL, false)), CTPU_OK);
-    read(ctpu_grad(x), g, 4);
+    readt(ctpu_grad(x), g, 4);
     ck_assert_float_eq(g[0], 0);
     ck_assert_float_eq(g[1], 0.5f);
     ck_assert_float_eq(g[2], 0.5f);
@@ -543,7 +543,7 @@ START_TEST(t_embedding_repeats)
     ctpu_tensor I = ctpu_from_host(ix, CTPU_I32, 1, (int64_t[]){ 5 });
     ctpu_set_requires_grad(W, true);
     ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_embedding(W, I), 0, NULL, false)), CTPU_OK);
-    read(ctpu_grad(W), g, 6);
+    readt(ctpu_grad(W), g, 6);
     float want[6] = { 1, 1, 3, 3, 1, 1 };
     for (int i = 0; i < 6; i++) ck_assert_float_eq(g[i], want[i]);
 }

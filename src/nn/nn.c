@@ -315,7 +315,7 @@ ctpu_tensor ctpu_cross_entropy(ctpu_tensor logits, ctpu_tensor labels, const ctp
         ctpu_tensor smooth = ctpu_neg(ctpu_mean(lsm, 1, &one, false));
         loss = ctpu_add(ctpu_mul_scalar(loss, 1.0 - o.label_smoothing), ctpu_mul_scalar(smooth, o.label_smoothing));
     }
-    if (ctpu_dtype_of(loss) != CTPU_F32) loss = ctpu_cast(loss, CTPU_F32);
+    if (!ctpu_is_null(loss) && ctpu_dtype_of(loss) != CTPU_F32) loss = ctpu_cast(loss, CTPU_F32);
     loss = ctpu_where(valid, loss, ctpu_zeros(CTPU_F32, 0, NULL));
     ctpu_tensor r;
     if (o.reduction == CTPU_REDUCE_NONE) r = loss;

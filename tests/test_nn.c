@@ -1,0 +1,652 @@
+/* nn (src/nn): optimizers against hand-computed steps, losses (stability,
+ * ignore index, smoothing, bad labels), layers and initialisers, schedules,
+ * the idx reader (good, gzip, truncated, wrong magic, count mismatch) and
+ * the batch iterator. */
+#include <unistd.h>
+#include <zlib.h>
+
+#include "t_core.h"
+#include "ctpu_nn.h"
+
+static void setup(void)
+{
+    t_setup();
+    ctpu_set_matmul_precision(CTPU_PRECISION_HIGHEST);
+}
+
+static ctpu_tensor vec(const float *v, int64_t n) { return ctpu_from_host(v, CTPU_F32, 1, &n); }
+
+static void readt(ctpu_tensor t, float *out, int64_t n)
+{
+    ck_assert_msg(!ctpu_is_null(t), "null tensor: %s", ctpu_last_error());
+    ck_assert_int_eq(ctpu_numel(t), n);
+    ck_assert_int_eq(ctpu_to_host(t, out, (size_t)n * 4), CTPU_OK);
+}
+
+static double item(ctpu_tensor t)
+{
+    double v = 0;
+    ck_assert_msg(!ctpu_is_null(t), "null: %s", ctpu_last_error());
+    ck_assert_msg(ctpu_item(t, &v) == CTPU_OK, "item: %s", ctpu_last_error());
+    return v;
+}
+
+/* Give p the gradient g (as a leaf's .grad) through backward of sum(p * g). */
+static void set_grad(ctpu_tensor p, const float *g, int64_t n)
+{
+    ctpu_zero_grad(p);
+    ctpu_scope_begin();
+    ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_mul(p, vec(g, n)), 0, NULL, false)), CTPU_OK);
+    ctpu_scope_end();
+}
+
+/* ------------------------------------------------------------ optimizers */
+START_TEST(t_sgd_momentum)
+{
+    float p0[3] = { 1.0f, -2.0f, 0.5f };
+    float g1[3] = { 0.1f, 0.2f, -0.3f }, g2[3] = { -0.4f, 0.05f, 0.3f };
+    for (int variant = 0; variant < 3; variant++) {
+        /* 0: momentum 0.9; 1: + nesterov + weight decay; 2: momentum + dampening 0.5 */
+        ctpu_sgd_opts so = { .lr = 0.1, .momentum = 0.9 };
+        if (variant == 1) { so.nesterov = true; so.weight_decay = 0.01; }
+        if (variant == 2) so.dampening = 0.5;
+        ctpu_tensor p = vec(p0, 3);
+        ctpu_set_requires_grad(p, true);
+        ctpu_optim *o = ctpu_sgd_create(1, &p, &so);
+        ck_assert_ptr_nonnull(o);
+        double pe[3], buf[3] = { 0, 0, 0 };
+        for (int i = 0; i < 3; i++) pe[i] = p0[i];
+        for (int step = 0; step < 2; step++) {
+            const float *g = step ? g2 : g1;
+            set_grad(p, g, 3);
+            ck_assert_int_eq(ctpu_optim_step(o), CTPU_OK);
+            for (int i = 0; i < 3; i++) {   /* torch.optim.SGD, in double */
+                double d = g[i] + so.weight_decay * pe[i];
+                buf[i] = step == 0 ? d : so.momentum * buf[i] + (1 - so.dampening) * d;
+                double u = so.nesterov ? d + so.momentum * buf[i] : buf[i];
+                pe[i] -= so.lr * u;
+            }
+            float pv[3], bv[3];
+            readt(p, pv, 3);
+            readt(ctpu_optim_state(o, 0, 0), bv, 3);
+            for (int i = 0; i < 3; i++) {
+                ck_assert_msg(fabs(pv[i] - pe[i]) < 1e-6, "variant %d step %d p[%d]: %g vs %g", variant, step, i, pv[i], pe[i]);
+                ck_assert_msg(fabs(bv[i] - buf[i]) < 1e-6, "variant %d step %d buf[%d]", variant, step, i);
+            }
+        }
+        ck_assert_int_eq(ctpu_optim_steps(o), 2);
+        ctpu_optim_free(o);
+    }
+}
+END_TEST
+
+START_TEST(t_adamw)
+{
+    float p0[3] = { 1.0f, -2.0f, 0.5f };
+    float gs[3][3] = { { 0.1f, 0.2f, -0.3f }, { -0.4f, 0.05f, 0.3f }, { 0.0f, -1.0f, 2.0f } };
+    ctpu_adamw_opts ao = { .lr = 0.01, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0.1 };
+    ctpu_tensor p = vec(p0, 3);
+    ctpu_set_requires_grad(p, true);
+    ctpu_optim *o = ctpu_adamw_create(1, &p, &ao);
+    ck_assert_ptr_nonnull(o);
+    /* state exists (zeros) before the first step */
+    float z[3];
+    readt(ctpu_optim_state(o, 0, 1), z, 3);
+    for (int i = 0; i < 3; i++) ck_assert_float_eq(z[i], 0);
+    double pe[3], m[3] = { 0 }, v[3] = { 0 };
+    for (int i = 0; i < 3; i++) pe[i] = p0[i];
+    for (int t = 1; t <= 3; t++) {
+        double lr = t == 3 ? 0.005 : 0.01;   /* a schedule: the lr is a runtime scalar */
+        ctpu_optim_set_lr(o, lr);
+        set_grad(p, gs[t - 1], 3);
+        ck_assert_int_eq(ctpu_optim_step(o), CTPU_OK);
+        for (int i = 0; i < 3; i++) {   /* torch.optim.AdamW, in double */
+            double g = gs[t - 1][i];
+            pe[i] *= 1 - lr * ao.weight_decay;
+            m[i] = ao.beta1 * m[i] + (1 - ao.beta1) * g;
+            v[i] = ao.beta2 * v[i] + (1 - ao.beta2) * g * g;
+            double bc1 = 1 - pow(ao.beta1, t), bc2 = 1 - pow(ao.beta2, t);
+            pe[i] -= lr / bc1 * m[i] / (sqrt(v[i]) / sqrt(bc2) + ao.eps);
+        }
+        float pv[3];
+        readt(p, pv, 3);
+        for (int i = 0; i < 3; i++)
+            ck_assert_msg(fabs(pv[i] - pe[i]) < 2e-6, "step %d p[%d]: %.8g vs %.8g", t, i, pv[i], pe[i]);
+    }
+    /* a parameter without a .grad is skipped */
+    ctpu_optim_zero_grad(o);
+    ck_assert(ctpu_is_null(ctpu_grad(p)));
+    float before[3], after[3];
+    readt(p, before, 3);
+    ck_assert_int_eq(ctpu_optim_step(o), CTPU_OK);
+    readt(p, after, 3);
+    for (int i = 0; i < 3; i++) ck_assert_float_eq(before[i], after[i]);
+    ctpu_optim_free(o);
+}
+END_TEST
+
+START_TEST(t_optim_errors)
+{
+    float v[2] = { 1, 2 };
+    ctpu_tensor p = vec(v, 2);
+    ctpu_adamw_opts bad = ctpu_adamw_defaults();
+    bad.beta1 = 1.0;
+    ck_assert_ptr_null(ctpu_adamw_create(1, &p, &bad));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(ctpu_last_error(), "betas"));
+    ck_assert_ptr_null(ctpu_sgd_create(0, &p, &(ctpu_sgd_opts){ .lr = 0.1 }));
+    ck_assert_ptr_null(ctpu_sgd_create(1, &p, &(ctpu_sgd_opts){ .lr = 0.1, .nesterov = true }));
+    ctpu_tensor nul = CTPU_NULL;
+    ck_assert_ptr_null(ctpu_sgd_create(1, &nul, &(ctpu_sgd_opts){ .lr = 0.1 }));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_NULL_HANDLE);
+    ctpu_optim *o = ctpu_sgd_create(1, &p, &(ctpu_sgd_opts){ .lr = 0.1 });
+    ck_assert_ptr_nonnull(o);
+    ctpu_release(p);
+    ck_assert_int_eq(ctpu_optim_step(o), CTPU_ERR_STALE_HANDLE);
+    ctpu_optim_free(o);
+    ck_assert_int_eq(ctpu_optim_step(NULL), CTPU_ERR_INVALID_ARG);
+}
+END_TEST
+
+START_TEST(t_schedules)
+{
+    ck_assert_double_eq_tol(ctpu_lr_cosine(1e-3, 0, 100, 0), 1e-3, 1e-15);
+    ck_assert_double_eq_tol(ctpu_lr_cosine(1e-3, 50, 100, 0), 5e-4, 1e-15);
+    ck_assert_double_eq_tol(ctpu_lr_cosine(1e-3, 100, 100, 0), 0, 1e-15);
+    ck_assert_double_eq_tol(ctpu_lr_cosine(1.0, 25, 100, 0.1), 0.1 + 0.9 * (1 + cos(M_PI / 4)) / 2, 1e-12);
+    ck_assert_double_eq_tol(ctpu_lr_step(0.1, 0, 30, 0.1), 0.1, 1e-15);
+    ck_assert_double_eq_tol(ctpu_lr_step(0.1, 29, 30, 0.1), 0.1, 1e-15);
+    ck_assert_double_eq_tol(ctpu_lr_step(0.1, 60, 30, 0.1), 0.001, 1e-15);
+}
+END_TEST
+
+/* ------------------------------------------------------------ losses */
+START_TEST(t_ce_stability)
+{
+    int32_t one = 1, zero = 0;
+    int64_t s12[2] = { 1, 2 }, s1 = 1;
+    float big[2] = { 1e8f, 1e8f };
+    ctpu_tensor y1 = ctpu_from_host(&one, CTPU_I32, 1, &s1);
+    ctpu_tensor l = ctpu_cross_entropy(ctpu_from_host(big, CTPU_F32, 2, s12), y1, NULL);
+    ck_assert_double_eq_tol(item(l), log(2.0), 1e-6);
+    /* huge and -inf logits of other classes: finite loss and gradient */
+    float mixed[2] = { -INFINITY, 3e38f };
+    ctpu_tensor x = ctpu_from_host(mixed, CTPU_F32, 2, s12);
+    ctpu_set_requires_grad(x, true);
+    l = ctpu_cross_entropy(x, y1, NULL);
+    ck_assert_double_eq_tol(item(l), 0.0, 1e-6);
+    ck_assert_int_eq(ctpu_backward(l), CTPU_OK);
+    float g[2];
+    readt(ctpu_grad(x), g, 2);
+    ck_assert(isfinite(g[0]) && isfinite(g[1]));
+    ck_assert_float_eq_tol(g[0], 0, 1e-6);
+    ck_assert_float_eq_tol(g[1], 0, 1e-6);
+    /* the -inf class as the label: an infinite loss, as PyTorch */
+    ctpu_tensor y0 = ctpu_from_host(&zero, CTPU_I32, 1, &s1);
+    ck_assert(isinf(item(ctpu_cross_entropy(ctpu_from_host(mixed, CTPU_F32, 2, s12), y0, NULL))));
+}
+END_TEST
+
+START_TEST(t_ce_values)
+{
+    /* logits [3, 4], labels [2, -100, 0]: against log-softmax in double */
+    float lg[12] = { 1, 2, 3, 4, -1, 0, 5, 2, 0.5f, -0.5f, 0, 1 };
+    int32_t lb[3] = { 2, -100, 0 };
+    int64_t s34[2] = { 3, 4 }, s3 = 3;
+    double lsm[3][4];
+    for (int r = 0; r < 3; r++) {
+        double mx = -1e300, se = 0;
+        for (int c = 0; c < 4; c++) mx = fmax(mx, lg[r * 4 + c]);
+        for (int c = 0; c < 4; c++) se += exp(lg[r * 4 + c] - mx);
+        for (int c = 0; c < 4; c++) lsm[r][c] = lg[r * 4 + c] - mx - log(se);
+    }
+    ctpu_tensor L = ctpu_from_host(lg, CTPU_F32, 2, s34), Y = ctpu_from_host(lb, CTPU_I32, 1, &s3);
+    double nll0 = -lsm[0][2], nll2 = -lsm[2][0];
+    ck_assert_double_eq_tol(item(ctpu_cross_entropy(L, Y, NULL)), (nll0 + nll2) / 2, 1e-5);
+    ctpu_ce_opts o = ctpu_ce_defaults();
+    o.reduction = CTPU_REDUCE_SUM;
+    ck_assert_double_eq_tol(item(ctpu_cross_entropy(L, Y, &o)), nll0 + nll2, 1e-5);
+    o.reduction = CTPU_REDUCE_NONE;
+    float none[3];
+    readt(ctpu_cross_entropy(L, Y, &o), none, 3);
+    ck_assert_float_eq_tol(none[0], nll0, 1e-5);
+    ck_assert_float_eq(none[1], 0);
+    ck_assert_float_eq_tol(none[2], nll2, 1e-5);
+    /* label smoothing 0.1: (1-eps) nll + eps * mean(-lsm) */
+    o = ctpu_ce_defaults();
+    o.label_smoothing = 0.1;
+    double sm0 = 0, sm2 = 0;
+    for (int c = 0; c < 4; c++) { sm0 -= lsm[0][c] / 4; sm2 -= lsm[2][c] / 4; }
+    double want = (0.9 * nll0 + 0.1 * sm0 + 0.9 * nll2 + 0.1 * sm2) / 2;
+    ck_assert_double_eq_tol(item(ctpu_cross_entropy(L, Y, &o)), want, 1e-5);
+    /* gradient of the mean loss: (softmax - onehot) / n_valid, zero on the ignored row */
+    ctpu_set_requires_grad(L, true);
+    ck_assert_int_eq(ctpu_backward(ctpu_cross_entropy(L, Y, NULL)), CTPU_OK);
+    float g[12];
+    readt(ctpu_grad(L), g, 12);
+    for (int c = 0; c < 4; c++) {
+        ck_assert_float_eq_tol(g[c], (exp(lsm[0][c]) - (c == 2)) / 2, 1e-6);
+        ck_assert_float_eq(g[4 + c], 0);
+        ck_assert_float_eq_tol(g[8 + c], (exp(lsm[2][c]) - (c == 0)) / 2, 1e-6);
+    }
+}
+END_TEST
+
+START_TEST(t_ce_bad_labels)
+{
+    float lg[6] = { 0 };
+    int32_t lb[2] = { 1, 7 };
+    int64_t s23[2] = { 2, 3 }, s2 = 2;
+    /* host check: at once, naming the position and value */
+    ck_assert_int_eq(ctpu_labels_check(lb, 2, 3, -100), CTPU_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(ctpu_last_error(), "label 7 at position 1"));
+    int32_t ok[2] = { 2, -100 };
+    ck_assert_int_eq(ctpu_labels_check(ok, 2, 3, -100), CTPU_OK);
+    /* device labels: gather's bounds fault, at the next sync (strict) */
+    ctpu_tensor l = ctpu_cross_entropy(ctpu_from_host(lg, CTPU_F32, 2, s23), ctpu_from_host(lb, CTPU_I32, 1, &s2), NULL);
+    ck_assert(!ctpu_is_null(l));
+    double v;
+    ck_assert_int_eq(ctpu_item(l, &v), CTPU_ERR_DEVICE_FAULT);
+    ck_assert_ptr_nonnull(strstr(ctpu_last_error(), "index 7"));
+    ctpu_sync();
+    /* debug eager: at the call */
+    ctpu_set_mode(CTPU_MODE_DEBUG);
+    l = ctpu_cross_entropy(ctpu_from_host(lg, CTPU_F32, 2, s23), ctpu_from_host(lb, CTPU_I32, 1, &s2), NULL);
+    ck_assert(ctpu_is_null(l));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_DEVICE_FAULT);
+    ctpu_set_mode(CTPU_MODE_STRICT);
+    /* shapes and dtypes */
+    ctpu_tensor L = ctpu_from_host(lg, CTPU_F32, 2, s23);
+    ck_assert(ctpu_is_null(ctpu_cross_entropy(L, L, NULL)));
+    ck_assert_ptr_nonnull(strstr(ctpu_last_error(), "cross_entropy: logits is f32[2,3]"));
+    int64_t s3 = 3;
+    ck_assert(ctpu_is_null(ctpu_cross_entropy(L, ctpu_zeros(CTPU_I32, 1, &s3), NULL)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_SHAPE);
+}
+END_TEST
+
+START_TEST(t_mse)
+{
+    float a[4] = { 1, 2, 3, 4 }, b[4] = { 0, 2, 5, 4 };
+    ctpu_tensor A = vec(a, 4), B = vec(b, 4);
+    ck_assert_double_eq_tol(item(ctpu_mse_loss(A, B, CTPU_REDUCE_MEAN)), 5.0 / 4, 1e-6);
+    ck_assert_double_eq_tol(item(ctpu_mse_loss(A, B, CTPU_REDUCE_SUM)), 5.0, 1e-6);
+    ctpu_set_requires_grad(A, true);
+    ck_assert_int_eq(ctpu_backward(ctpu_mse_loss(A, B, CTPU_REDUCE_MEAN)), CTPU_OK);
+    float g[4];
+    readt(ctpu_grad(A), g, 4);
+    for (int i = 0; i < 4; i++) ck_assert_float_eq_tol(g[i], 2 * (a[i] - b[i]) / 4, 1e-6);
+    int64_t s3 = 3;
+    ck_assert(ctpu_is_null(ctpu_mse_loss(A, ctpu_zeros(CTPU_F32, 1, &s3), CTPU_REDUCE_MEAN)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_SHAPE);
+}
+END_TEST
+
+/* ------------------------------------------------------------ layers, init */
+START_TEST(t_linear)
+{
+    ctpu_manual_seed(7);
+    ctpu_linear l;
+    ck_assert_int_eq(ctpu_linear_init(&l, 400, 30, true, CTPU_F32), CTPU_OK);
+    ck_assert(ctpu_requires_grad(l.weight) && ctpu_requires_grad(l.bias));
+    ck_assert_int_eq(ctpu_dim(l.weight, 0), 30);
+    ck_assert_int_eq(ctpu_dim(l.weight, 1), 400);
+    /* PyTorch's default: U(+-1/sqrt(in)) for both */
+    float *w = malloc(400 * 30 * 4);
+    readt(l.weight, w, 400 * 30);
+    double bound = 1 / sqrt(400.0), mx = 0, sq = 0;
+    for (int i = 0; i < 12000; i++) { mx = fmax(mx, fabs(w[i])); sq += (double)w[i] * w[i]; }
+    ck_assert(mx <= bound);
+    ck_assert(mx > 0.95 * bound);
+    ck_assert_double_eq_tol(sqrt(sq / 12000), bound / sqrt(3.0), 0.03 * bound);
+    /* forward = x Wᵀ + b */
+    float x[2 * 400], b[30], y[2 * 30];
+    for (int i = 0; i < 800; i++) x[i] = (float)((i % 13) - 6) / 7.0f;
+    readt(l.bias, b, 30);
+    ctpu_tensor X = ctpu_from_host(x, CTPU_F32, 2, (int64_t[]){ 2, 400 });
+    readt(ctpu_linear_forward(&l, X), y, 60);
+    for (int r = 0; r < 2; r++)
+        for (int o = 0; o < 30; o++) {
+            double s = b[o];
+            for (int i = 0; i < 400; i++) s += (double)x[r * 400 + i] * w[o * 400 + i];
+            ck_assert_float_eq_tol(y[r * 30 + o], s, 1e-4);
+        }
+    /* a wrong input width names the layer */
+    ck_assert(ctpu_is_null(ctpu_linear_forward(&l, ctpu_zeros(CTPU_F32, 2, (int64_t[]){ 2, 399 }))));
+    ck_assert_ptr_nonnull(strstr(ctpu_last_error(), "linear: x is f32[2,399]"));
+    ctpu_linear nb;
+    ck_assert_int_eq(ctpu_linear_init(&nb, 4, 3, false, CTPU_F32), CTPU_OK);
+    ck_assert(ctpu_is_null(nb.bias));
+    ck_assert_int_eq(ctpu_linear_init(&nb, 0, 3, false, CTPU_F32), CTPU_ERR_INVALID_ARG);
+    /* parameters live in no scope: a scope end leaves them */
+    ctpu_scope_begin();
+    ctpu_linear in_scope;
+    ck_assert_int_eq(ctpu_linear_init(&in_scope, 4, 3, true, CTPU_F32), CTPU_OK);
+    ctpu_scope_end();
+    ck_assert(ctpu_is_valid(in_scope.weight) && ctpu_is_valid(in_scope.bias));
+    ctpu_linear_free(&in_scope);
+    ctpu_linear_free(&l);
+    free(w);
+}
+END_TEST
+
+START_TEST(t_initialisers)
+{
+    int64_t s[2] = { 200, 300 };
+    struct { ctpu_tensor t; double want_std; bool uniform; double bound; } c[4];
+    ctpu_manual_seed(3);
+    double fi = 300, fo = 200;
+    c[0].t = ctpu_init_kaiming_uniform(CTPU_F32, 2, s, 0, CTPU_FAN_IN);
+    c[0].bound = sqrt(2.0) * sqrt(3 / fi);
+    c[1].t = ctpu_init_kaiming_normal(CTPU_F32, 2, s, 0, CTPU_FAN_OUT);
+    c[1].bound = 0;
+    c[1].want_std = sqrt(2.0) / sqrt(fo);
+    c[2].t = ctpu_init_xavier_uniform(CTPU_F32, 2, s, 1.0);
+    c[2].bound = sqrt(6 / (fi + fo));
+    c[3].t = ctpu_init_xavier_normal(CTPU_F32, 2, s, 2.0);
+    c[3].bound = 0;
+    c[3].want_std = 2.0 * sqrt(2 / (fi + fo));
+    float *v = malloc(60000 * 4);
+    for (int k = 0; k < 4; k++) {
+        readt(c[k].t, v, 60000);
+        double sq = 0, mx = 0;
+        for (int i = 0; i < 60000; i++) { sq += (double)v[i] * v[i]; mx = fmax(mx, fabs(v[i])); }
+        double sd = sqrt(sq / 60000), want = c[k].bound ? c[k].bound / sqrt(3.0) : c[k].want_std;
+        ck_assert_msg(fabs(sd - want) < 0.02 * want, "init %d: std %g vs %g", k, sd, want);
+        if (c[k].bound) ck_assert(mx <= c[k].bound);
+    }
+    /* seeded: the same seed gives the same values */
+    float a[4], b[4];
+    ctpu_manual_seed(11);
+    readt(ctpu_init_xavier_normal(CTPU_F32, 2, (int64_t[]){ 2, 2 }, 1), a, 4);
+    ctpu_manual_seed(11);
+    readt(ctpu_init_xavier_normal(CTPU_F32, 2, (int64_t[]){ 2, 2 }, 1), b, 4);
+    ck_assert(memcmp(a, b, sizeof a) == 0);
+    ck_assert(ctpu_is_null(ctpu_init_kaiming_uniform(CTPU_F32, 1, s, 0, CTPU_FAN_IN)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_SHAPE);
+    ck_assert(ctpu_is_null(ctpu_init_xavier_uniform(CTPU_I32, 2, s, 1)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_DTYPE);
+    free(v);
+}
+END_TEST
+
+START_TEST(t_layer_norm_dropout_embedding)
+{
+    ctpu_layer_norm ln;
+    ck_assert_int_eq(ctpu_layer_norm_init(&ln, 4, 1e-5, true, CTPU_F32), CTPU_OK);
+    float x[8] = { 1, 2, 3, 4, -2, 0, 2, 8 }, y[8];
+    ctpu_tensor X = ctpu_from_host(x, CTPU_F32, 2, (int64_t[]){ 2, 4 });
+    readt(ctpu_layer_norm_forward(&ln, X), y, 8);
+    for (int r = 0; r < 2; r++) {
+        double m = 0, v = 0;
+        for (int c = 0; c < 4; c++) m += x[r * 4 + c] / 4.0;
+        for (int c = 0; c < 4; c++) v += (x[r * 4 + c] - m) * (x[r * 4 + c] - m) / 4.0;
+        for (int c = 0; c < 4; c++) ck_assert_float_eq_tol(y[r * 4 + c], (x[r * 4 + c] - m) / sqrt(v + 1e-5), 1e-5);
+    }
+    ck_assert(ctpu_is_null(ctpu_layer_norm_forward(&ln, ctpu_zeros(CTPU_F32, 1, (int64_t[]){ 3 }))));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_SHAPE);
+    ctpu_layer_norm_free(&ln);
+
+    /* dropout: same seed -> same mask; kept entries scaled by 1/(1-p) */
+    float ones[1000], a[1000], b[1000];
+    for (int i = 0; i < 1000; i++) ones[i] = 1;
+    ctpu_tensor O = vec(ones, 1000);
+    ctpu_manual_seed(5);
+    readt(ctpu_dropout(O, 0.25, true), a, 1000);
+    ctpu_manual_seed(5);
+    readt(ctpu_dropout(O, 0.25, true), b, 1000);
+    ck_assert(memcmp(a, b, sizeof a) == 0);
+    int kept = 0;
+    for (int i = 0; i < 1000; i++) {
+        ck_assert(a[i] == 0 || fabsf(a[i] - 1 / 0.75f) < 1e-6);
+        kept += a[i] != 0;
+    }
+    ck_assert(kept > 700 && kept < 800);
+    readt(ctpu_dropout(O, 0.25, false), b, 1000);
+    for (int i = 0; i < 1000; i++) ck_assert_float_eq(b[i], 1);
+    ck_assert(ctpu_is_null(ctpu_dropout(O, 1.5, true)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_INVALID_ARG);
+    /* dropout passes the gradient through the mask */
+    ctpu_set_requires_grad(O, true);
+    ctpu_manual_seed(5);
+    ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_dropout(O, 0.25, true), 0, NULL, false)), CTPU_OK);
+    readt(ctpu_grad(O), b, 1000);
+    ck_assert(memcmp(a, b, sizeof a) == 0);
+
+    ctpu_embedding_layer e;
+    ck_assert_int_eq(ctpu_embedding_layer_init(&e, 5, 3, CTPU_F32), CTPU_OK);
+    int32_t ix[2] = { 4, 0 };
+    ctpu_tensor E = ctpu_embedding_layer_forward(&e, ctpu_from_host(ix, CTPU_I32, 1, (int64_t[]){ 2 }));
+    ck_assert_int_eq(ctpu_dim(E, 0), 2);
+    ck_assert_int_eq(ctpu_dim(E, 1), 3);
+    ctpu_embedding_layer_free(&e);
+}
+END_TEST
+
+/* ------------------------------------------------------------ idx reader */
+static char tmpdir[256];
+
+static void idx_setup(void)
+{
+    setup();
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/ctpu_test_nn_XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+}
+
+static void idx_teardown(void)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    ck_assert_int_eq(system(cmd), 0);
+    t_teardown();
+}
+
+/* An idx u8 file: magic, extents, data; `cut` bytes dropped from the end,
+ * `extra` bytes appended. */
+static void write_idx(const char *name, bool gz, const uint8_t magic[4], int nd, const uint32_t *dims, int cut, int extra)
+{
+    uint8_t buf[4096];
+    size_t k = 0;
+    memcpy(buf, magic, 4);
+    k = 4;
+    size_t n = 1;
+    for (int d = 0; d < nd; d++) {
+        buf[k++] = (uint8_t)(dims[d] >> 24); buf[k++] = (uint8_t)(dims[d] >> 16);
+        buf[k++] = (uint8_t)(dims[d] >> 8); buf[k++] = (uint8_t)dims[d];
+        n *= dims[d];
+    }
+    if (n > 2048) n = 2048;   /* a header may claim more than is written */
+    for (size_t i = 0; i < n; i++) buf[k++] = (uint8_t)(i % 10);
+    for (int i = 0; i < extra; i++) buf[k++] = 1;
+    k -= (size_t)cut;
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+    if (gz) {
+        gzFile f = gzopen(path, "wb");
+        ck_assert_ptr_nonnull(f);
+        ck_assert_int_eq(gzwrite(f, buf, (unsigned)k), (int)k);
+        gzclose(f);
+    } else {
+        FILE *f = fopen(path, "wb");
+        ck_assert_ptr_nonnull(f);
+        ck_assert_uint_eq(fwrite(buf, 1, k, f), k);
+        fclose(f);
+    }
+}
+
+static const char *pth(const char *name)
+{
+    static char p[2][512];
+    static int w;
+    w ^= 1;
+    snprintf(p[w], sizeof p[w], "%s/%s", tmpdir, name);
+    return p[w];
+}
+
+START_TEST(t_idx_reader)
+{
+    const uint8_t m3[4] = { 0, 0, 8, 3 }, m1[4] = { 0, 0, 8, 1 };
+    uint32_t d3[3] = { 6, 4, 5 }, d1[1] = { 6 }, d1b[1] = { 5 };
+    write_idx("img", false, m3, 3, d3, 0, 0);
+    write_idx("img.gz", true, m3, 3, d3, 0, 0);
+    write_idx("lab", false, m1, 1, d1, 0, 0);
+    write_idx("lab5", false, m1, 1, d1b, 0, 0);
+    ctpu_idx x;
+    for (int gz = 0; gz < 2; gz++) {
+        ck_assert_msg(ctpu_idx_read(pth(gz ? "img.gz" : "img"), &x) == CTPU_OK, "%s", ctpu_last_error());
+        ck_assert_int_eq(x.ndim, 3);
+        ck_assert_int_eq(x.shape[0], 6);
+        ck_assert_int_eq(x.shape[2], 5);
+        for (int i = 0; i < 120; i++) ck_assert_int_eq(x.data[i], i % 10);
+        ctpu_idx_free(&x);
+    }
+    /* truncated data, plain and gzip */
+    write_idx("trunc", false, m3, 3, d3, 7, 0);
+    ck_assert_int_eq(ctpu_idx_read(pth("trunc"), &x), CTPU_ERR_IO);
+    ck_assert_ptr_nonnull(strstr(ctpu_last_error(), "truncated"));
+    ck_assert_ptr_null(x.data);
+    write_idx("trunc.gz", true, m3, 3, d3, 7, 0);
+    ck_assert_int_eq(ctpu_idx_read(pth("trunc.gz"), &x), CTPU_ERR_IO);
+    /* a gzip stream cut short */
+    {
+        char src[512], dst[512];
+        snprintf(src, sizeof src, "%s/img.gz", tmpdir);
+        snprintf(dst, sizeof dst, "%s/cut.gz", tmpdir);
+        FILE *f = fopen(src, "rb");
+        uint8_t b[4096];
+        size_t n = fread(b, 1, sizeof b, f);
+        fclose(f);
+        f = fopen(dst, "wb");
+        fwrite(b, 1, n / 2, f);
+        fclose(f);
+        ck_assert_int_eq(ctpu_idx_read(dst, &x), CTPU_ERR_IO);
+    }
+    /* truncated header, empty file */
+    write_idx("hdr", false, m3, 3, d3, 120 + 6, 0);
+    ck_assert_int_eq(ctpu_idx_read(pth("hdr"), &x), CTPU_ERR_IO);
+    ck_assert_ptr_nonnull(strstr(ctpu_last_error(), "header"));
+    write_idx("empty", false, m3, 3, d3, 120 + 16, 0);
+    ck_assert_int_eq(ctpu_idx_read(pth("empty"), &x), CTPU_ERR_IO);
+    /* wrong magic, unsupported type, bad ndim */
+    const uint8_t bad[4] = { 0x1f, 0x00, 8, 3 }, f32t[4] = { 0, 0, 0x0d, 3 }, nd9[4] = { 0, 0, 8, 9 };
+    write_idx("magic", false, bad, 3, d3, 0, 0);
+    ck_assert_int_eq(ctpu_idx_read(pth("magic"), &x), CTPU_ERR_IO);
+    ck_assert_ptr_nonnull(strstr(ctpu_last_error(), "wrong magic"));
+    write_idx("f32", false, f32t, 3, d3, 0, 0);
+    ck_assert_int_eq(ctpu_idx_read(pth("f32"), &x), CTPU_ERR_IO);
+    write_idx("nd9", false, nd9, 3, d3, 0, 0);
+    ck_assert_int_eq(ctpu_idx_read(pth("nd9"), &x), CTPU_ERR_IO);
+    /* trailing bytes: the count in the header does not match the data */
+    write_idx("long", false, m3, 3, d3, 0, 3);
+    ck_assert_int_eq(ctpu_idx_read(pth("long"), &x), CTPU_ERR_IO);
+    ck_assert_ptr_nonnull(strstr(ctpu_last_error(), "count mismatch"));
+    /* a header claiming far more data than any file */
+    uint32_t huge[3] = { 0xffffffffu, 0xffffffffu, 2 };
+    write_idx("huge", false, m3, 3, huge, 0, 0);
+    ck_assert_int_eq(ctpu_idx_read(pth("huge"), &x), CTPU_ERR_IO);
+    ck_assert_int_eq(ctpu_idx_read(pth("missing"), &x), CTPU_ERR_IO);
+    ck_assert_int_eq(ctpu_idx_read(NULL, &x), CTPU_ERR_INVALID_ARG);
+
+    /* image sets: counts must match, labels in range */
+    ctpu_image_set s;
+    ck_assert_msg(ctpu_image_set_load(pth("img.gz"), pth("lab"), 10, &s) == CTPU_OK, "%s", ctpu_last_error());
+    ck_assert_int_eq(s.n, 6);
+    ck_assert_int_eq(s.rows * s.cols, 20);
+    ck_assert_float_eq_tol(s.images[21], 1.0f / 255.0f, 1e-9);
+    ctpu_tensor X, Y;
+    const int64_t pick[2] = { 5, 1 };
+    ck_assert_int_eq(ctpu_image_set_batch(&s, pick, 2, &X, &Y), CTPU_OK);
+    ck_assert_int_eq(ctpu_dim(X, 1), 20);
+    int32_t yv[2];
+    ck_assert_int_eq(ctpu_to_host(Y, yv, sizeof yv), CTPU_OK);
+    ck_assert_int_eq(yv[0], 5);
+    ck_assert_int_eq(yv[1], 1);
+    ctpu_image_set_free(&s);
+    ck_assert_int_eq(ctpu_image_set_load(pth("img"), pth("lab5"), 10, &s), CTPU_ERR_IO);
+    ck_assert_ptr_nonnull(strstr(ctpu_last_error(), "count mismatch"));
+    ck_assert_int_eq(ctpu_image_set_load(pth("img"), pth("lab"), 4, &s), CTPU_ERR_IO);
+    ck_assert_ptr_nonnull(strstr(ctpu_last_error(), "out of range"));
+}
+END_TEST
+
+START_TEST(t_batch_iter)
+{
+    ctpu_batch_iter *it = ctpu_batch_iter_create(10, 4, true, false, 42);
+    ck_assert_ptr_nonnull(it);
+    ck_assert_int_eq(ctpu_batch_iter_batches_per_epoch(it), 3);
+    int seen[10] = { 0 };
+    int64_t sizes[3];
+    const int64_t *ix;
+    int64_t first[10];
+    int nf = 0;
+    for (int b = 0; b < 3; b++) {
+        sizes[b] = ctpu_batch_iter_next(it, &ix);
+        for (int64_t i = 0; i < sizes[b]; i++) { seen[ix[i]]++; first[nf++] = ix[i]; }
+    }
+    ck_assert_int_eq(sizes[0], 4);
+    ck_assert_int_eq(sizes[2], 2);   /* the partial batch is kept */
+    for (int i = 0; i < 10; i++) ck_assert_int_eq(seen[i], 1);
+    ck_assert_int_eq(ctpu_batch_iter_next(it, &ix), 0);
+    /* the next epoch is reshuffled, and the same seed gives the same order */
+    int64_t second[10];
+    int ns = 0;
+    int64_t k;
+    while ((k = ctpu_batch_iter_next(it, &ix)) > 0)
+        for (int64_t i = 0; i < k; i++) second[ns++] = ix[i];
+    ck_assert_int_eq(ns, 10);
+    ck_assert_int_eq(ctpu_batch_iter_epoch(it), 1);
+    ck_assert(memcmp(first, second, sizeof first) != 0);
+    ctpu_batch_iter *it2 = ctpu_batch_iter_create(10, 4, true, false, 42);
+    for (int b = 0, at = 0; b < 3; b++) {
+        k = ctpu_batch_iter_next(it2, &ix);
+        for (int64_t i = 0; i < k; i++) ck_assert_int_eq(ix[i], first[at++]);
+    }
+    ctpu_batch_iter_free(it2);
+    ctpu_batch_iter_free(it);
+    /* drop_last, no shuffle */
+    it = ctpu_batch_iter_create(10, 4, false, true, 0);
+    ck_assert_int_eq(ctpu_batch_iter_batches_per_epoch(it), 2);
+    ck_assert_int_eq(ctpu_batch_iter_next(it, &ix), 4);
+    ck_assert_int_eq(ix[0], 0);
+    ck_assert_int_eq(ctpu_batch_iter_next(it, &ix), 4);
+    ck_assert_int_eq(ix[3], 7);
+    ck_assert_int_eq(ctpu_batch_iter_next(it, &ix), 0);
+    ctpu_batch_iter_free(it);
+    ck_assert_ptr_null(ctpu_batch_iter_create(10, 0, false, false, 0));
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("nn");
+    TCase *tc = tcase_create("nn");
+    tcase_add_checked_fixture(tc, setup, t_teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, t_sgd_momentum);
+    tcase_add_test(tc, t_adamw);
+    tcase_add_test(tc, t_optim_errors);
+    tcase_add_test(tc, t_schedules);
+    tcase_add_test(tc, t_ce_stability);
+    tcase_add_test(tc, t_ce_values);
+    tcase_add_test(tc, t_ce_bad_labels);
+    tcase_add_test(tc, t_mse);
+    tcase_add_test(tc, t_linear);
+    tcase_add_test(tc, t_initialisers);
+    tcase_add_test(tc, t_layer_norm_dropout_embedding);
+    tcase_add_test(tc, t_batch_iter);
+    suite_add_tcase(s, tc);
+    TCase *ti = tcase_create("idx");
+    tcase_add_checked_fixture(ti, idx_setup, idx_teardown);
+    tcase_add_test(ti, t_idx_reader);
+    suite_add_tcase(s, ti);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int nf = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return nf ? 1 : 0;
+}
