@@ -38,6 +38,10 @@ static inline void t_setup(void)
 }
 static inline void t_teardown(void) { ctpu_shutdown(); }
 
+/* An assertion for hot loops: ck_assert* records a mark point (a pipe write
+ * to the parent in fork mode) on every success; this only on failure. */
+#define T_CHECK(cond, ...) do { if (!(cond)) ck_abort_msg(__VA_ARGS__); } while (0)
+
 /* ---------------------------------------------------------------- bits */
 static inline uint32_t t_f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float t_u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }

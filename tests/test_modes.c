@@ -627,7 +627,7 @@ START_TEST(random_split_invariant)
             for (int k = 0; k < 3 && cuts[c][k]; k++) {
                 float *part = draw(CTPU_F32, normal, cuts[c][k]);
                 for (int64_t i = 0; i < cuts[c][k]; i++)
-                    ck_assert_msg(t_same(part[i], all[at + i]), "split %d element %lld", c, (long long)(at + i));
+                    T_CHECK(t_same(part[i], all[at + i]), "split %d element %lld", c, (long long)(at + i));
                 at += cuts[c][k];
                 free(part);
             }
@@ -638,19 +638,19 @@ START_TEST(random_split_invariant)
         float *tail = draw(CTPU_F32, normal, N - 50000);
         ck_assert_int_eq(ctpu_rng_set_state(0xabcdef12345ull, 1000), CTPU_OK);
         float *head = draw(CTPU_F32, normal, 50000);
-        for (int64_t i = 0; i < 50000; i++) ck_assert(t_same(head[i], all[i]));
-        for (int64_t i = 0; i < N - 50000; i++) ck_assert(t_same(tail[i], all[50000 + i]));
+        for (int64_t i = 0; i < 50000; i++) T_CHECK(t_same(head[i], all[i]), "head %lld", (long long)i);
+        for (int64_t i = 0; i < N - 50000; i++) T_CHECK(t_same(tail[i], all[50000 + i]), "tail %lld", (long long)i);
         /* bf16 draws are the f32 draws rounded once */
         ck_assert_int_eq(ctpu_rng_set_state(0xabcdef12345ull, 1000), CTPU_OK);
         float *bf = draw(CTPU_BF16, normal, N);
         for (int64_t i = 0; i < N; i++)
-            ck_assert_msg(t_same(bf[i], ctpu_bf16_to_f32(ctpu_f32_to_bf16(all[i]))), "bf16 element %lld",
+            T_CHECK(t_same(bf[i], ctpu_bf16_to_f32(ctpu_f32_to_bf16(all[i]))), "bf16 element %lld",
                           (long long)i);
         /* the kernel's definition (element i = f(seed, offset + i)) */
         float *k = malloc((size_t)N * 4);
         if (normal) ctpu_k_rand_normal(0xabcdef12345ull, 1000, 0, N, 0.5f, 2.0f, k);
         else ctpu_k_rand_uniform(0xabcdef12345ull, 1000, 0, N, -3.0f, 5.0f, k);
-        for (int64_t i = 0; i < N; i++) ck_assert(t_same(k[i], all[i]));
+        for (int64_t i = 0; i < N; i++) T_CHECK(t_same(k[i], all[i]), "kernel %lld", (long long)i);
         /* two draws in a row differ; manual_seed restarts */
         ctpu_manual_seed(5);
         float *d1 = draw(CTPU_F32, normal, 16), *d2 = draw(CTPU_F32, normal, 16);

@@ -57,20 +57,20 @@ static const shp UNARY_SHAPES[] = {
 static void expect_close(const char *op, int64_t i, float got, double ref, double tol, float xa, float xb)
 {
     if (ref != ref) {
-        ck_assert_msg(got != got, "%s: element %lld (x=%g, %g): got %a, reference NaN", op, (long long)i, xa,
+        T_CHECK(got != got, "%s: element %lld (x=%g, %g): got %a, reference NaN", op, (long long)i, xa,
                       xb, got);
         return;
     }
-    ck_assert_msg(got == got, "%s: element %lld (x=%g, %g): got NaN, reference %a", op, (long long)i, xa, xb,
+    T_CHECK(got == got, "%s: element %lld (x=%g, %g): got NaN, reference %a", op, (long long)i, xa, xb,
                   ref);
     if (isinf(ref) || isinf(got)) {
         float rf = (float)ref;
-        ck_assert_msg(got == rf || fabs((double)got - ref) <= tol, "%s: element %lld (x=%g, %g): got %a, reference %a",
+        T_CHECK(got == rf || fabs((double)got - ref) <= tol, "%s: element %lld (x=%g, %g): got %a, reference %a",
                       op, (long long)i, xa, xb, got, ref);
         return;
     }
     double err = fabs((double)got - ref);
-    ck_assert_msg(err <= tol, "%s: element %lld (x=%a, %a): got %a, reference %a, error %g > tol %g", op,
+    T_CHECK(err <= tol, "%s: element %lld (x=%a, %a): got %a, reference %a, error %g > tol %g", op,
                   (long long)i, xa, xb, got, ref, err, tol);
 }
 
@@ -543,26 +543,26 @@ static void case_cast(int op)
     uint16_t *all = malloc((size_t)n * 2);
     for (int64_t i = 0; i < n; i++) all[i] = (uint16_t)i;
     ctpu_tensor b = ctpu_from_host(all, CTPU_BF16, 1, &n);
-    ck_assert(!ctpu_is_null(b));
+    T_CHECK(!ctpu_is_null(b), "!ctpu_is_null(b)");
     uint32_t *w = t_read_raw(ctpu_cast(b, CTPU_F32), NULL);
     uint16_t *same = t_read_raw(ctpu_cast(b, CTPU_BF16), NULL);
     for (int64_t i = 0; i < n; i++) {
         float f = t_u2f((uint32_t)i << 16);
-        ck_assert_msg(t_same(t_u2f(w[i]), f), "bf16 %#06llx -> f32 %#010x", (long long)i, w[i]);
+        T_CHECK(t_same(t_u2f(w[i]), f), "bf16 %#06llx -> f32 %#010x", (long long)i, w[i]);
         bool isnan_ = (i & 0x7fff) > 0x7f80, sub = (i & 0x7f80) == 0;
-        if (isnan_) ck_assert((same[i] & 0x7fff) > 0x7f80);
-        else if (sub) ck_assert_msg(same[i] == (uint16_t)i || same[i] == (uint16_t)(i & 0x8000),
+        if (isnan_) T_CHECK((same[i] & 0x7fff) > 0x7f80, "(same[i] & 0x7fff) > 0x7f80");
+        else if (sub) T_CHECK(same[i] == (uint16_t)i || same[i] == (uint16_t)(i & 0x8000),
                                     "bf16 -> bf16 of %#06llx = %#06x", (long long)i, same[i]);
-        else ck_assert_msg(same[i] == (uint16_t)i, "bf16 -> bf16 of %#06llx = %#06x", (long long)i, same[i]);
+        else T_CHECK(same[i] == (uint16_t)i, "bf16 -> bf16 of %#06llx = %#06x", (long long)i, same[i]);
     }
     /* f32 -> bf16 of a widened bf16 value is exact (round trip), except
      * subnormal patterns which flush to zero */
     uint16_t *rt = t_read_raw(ctpu_cast(ctpu_cast(b, CTPU_F32), CTPU_BF16), NULL);
     for (int64_t i = 0; i < n; i++) {
         bool isnan_ = (i & 0x7fff) > 0x7f80, sub = (i & 0x7f80) == 0;
-        if (isnan_) ck_assert((rt[i] & 0x7fff) > 0x7f80);
-        else if (sub) ck_assert_int_eq(rt[i], (uint16_t)(i & 0x8000));
-        else ck_assert_int_eq(rt[i], (uint16_t)i);
+        if (isnan_) T_CHECK((rt[i] & 0x7fff) > 0x7f80, "(rt[i] & 0x7fff) > 0x7f80");
+        else if (sub) T_CHECK((rt[i]) == ((uint16_t)(i & 0x8000)), "rt[i] == (uint16_t)(i & 0x8000)");
+        else T_CHECK((rt[i]) == ((uint16_t)i), "rt[i] == (uint16_t)i");
     }
     free(all); free(w); free(same); free(rt);
 
@@ -943,9 +943,9 @@ static void expect_f32_vals(ctpu_tensor t, const float *want, int64_t n, const c
 {
     int64_t gn;
     float *g = t_read(t, &gn);
-    ck_assert_msg(gn == n, "%s: numel %lld want %lld", what, (long long)gn, (long long)n);
+    T_CHECK(gn == n, "%s: numel %lld want %lld", what, (long long)gn, (long long)n);
     for (int64_t i = 0; i < n; i++)
-        ck_assert_msg(t_same(g[i], want[i]), "%s: element %lld: %g want %g", what, (long long)i, g[i], want[i]);
+        T_CHECK(t_same(g[i], want[i]), "%s: element %lld: %g want %g", what, (long long)i, g[i], want[i]);
     free(g);
 }
 
@@ -1398,9 +1398,9 @@ static void case_random(int op)
         double s = 0, s2 = 0;
         for (int64_t i = 0; i < n; i++) {
             float want = dt ? ctpu_bf16_to_f32(ctpu_f32_to_bf16(k[i])) : k[i];
-            ck_assert_msg(t_same(g[i], want), "%s element %lld", ctpu_op_name(op), (long long)i);
-            ck_assert(isfinite(g[i]));
-            if (!normal) ck_assert(g[i] >= -2 && g[i] <= 6);
+            T_CHECK(t_same(g[i], want), "%s element %lld", ctpu_op_name(op), (long long)i);
+            T_CHECK(isfinite(g[i]), "isfinite(g[i])");
+            if (!normal) T_CHECK(g[i] >= -2 && g[i] <= 6, "g[i] >= -2 && g[i] <= 6");
             s += g[i];
             s2 += (double)g[i] * g[i];
         }
