@@ -681,8 +681,25 @@ int ctpu__ag_rule_kind(int op)
 }
 
 /* ------------------------------------------------------------ recording */
+static _Thread_local struct { uint64_t *buf; size_t cap, n; } t_optrace;
+
+void ctpu__test_op_trace(uint64_t *buf, size_t cap)
+{
+    t_optrace.buf = buf;
+    t_optrace.cap = buf ? cap : 0;
+    t_optrace.n = 0;
+}
+
+size_t ctpu__test_op_trace_len(void) { return t_optrace.n; }
+
 void ctpu__ag_record(const ctpu_node *node, const ctpu_tensor *inputs, const double *scalars, ctpu_tensor out)
 {
+    if (t_optrace.buf && t_optrace.n < t_optrace.cap) {
+        uint64_t h = 1469598103934665603ull;
+        for (int d = 0; d < node->out.ndim; d++) h = (h ^ (uint64_t)node->out.shape[d]) * 1099511628211ull;
+        t_optrace.buf[t_optrace.n++] = node->op | (uint64_t)node->out.dtype << 16 | (uint64_t)node->n_in << 24 |
+                                       (h << 32);
+    }
     ag_check_epoch();
     if (t_ag.no_grad > 0 || node->n_in == 0) return;
     const ag_rule *rule = &ag_rules[node->op];

@@ -125,6 +125,11 @@ void ctpu__ag_release(ctpu_trec *rec);
 /* The op table's autograd column (autograd.c): 1 = a backward rule, 2 = no
  * gradient (comparisons, argmax, creation), 0 = missing (a test fails). */
 int ctpu__ag_rule_kind(int op);
+/* Test hook (autograd.c): record every op and view reaching ctpu__ag_record
+ * on this thread (op, dtype, arity, a hash of the output shape) into buf, up
+ * to cap entries; buf NULL stops. */
+void ctpu__test_op_trace(uint64_t *buf, size_t cap);
+size_t ctpu__test_op_trace_len(void);
 ctpu_status ctpu_dispatch_into(ctpu_node *node, ctpu_trec *const *inputs, const double *scalars,
                                ctpu_buffer *out, size_t out_off);
 
