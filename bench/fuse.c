@@ -1,0 +1,303 @@
+/* Strict eager vs defer and fuse, side by side in one run (one kernel thread
+ * unless a name says otherwise): an 8-op elementwise chain over 1M and 16M
+ * floats (with a memcpy of the same bytes), the demo's MLP training step, a
+ * transformer-like block; host cost per recorded op; a cache hit of a
+ * 500-node trace. Each case is checked for bit-identical results between the
+ * two modes before it is timed. Prints `name value unit` lines (medians). */
+#include <ctpu.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return v[n / 2];
+}
+
+#define CHECK(x) do { if (!(x)) { fprintf(stderr, "bench/fuse: %s failed: %s\n", #x, ctpu_last_error()); exit(1); } } while (0)
+
+/* ------------------------------------------------------------ chain */
+static ctpu_tensor chain8(ctpu_tensor x)
+{
+    ctpu_tensor t = ctpu_mul_scalar(x, 1.5);
+    t = ctpu_add_scalar(t, 0.25);
+    t = ctpu_relu(t);
+    t = ctpu_mul(t, x);
+    t = ctpu_sub_scalar(t, 0.125);
+    t = ctpu_abs(t);
+    t = ctpu_maximum_scalar(t, 0.01);
+    return ctpu_mul_scalar(t, 0.5);
+}
+
+static double time_chain(ctpu_mode m, ctpu_tensor x, int reps, float *check, int64_t n)
+{
+    ctpu_set_mode(m);
+    double best[7];
+    for (int r = 0; r < 7; r++) {
+        double t0 = now_s();
+        for (int i = 0; i < reps; i++) {
+            ctpu_step_begin();
+            ctpu_tensor y = ctpu_keep(chain8(x));   /* live-out: the program must compute it */
+            ctpu_step_end();
+            if (i == reps - 1 && r == 6 && check) CHECK(ctpu_to_host(y, check, (size_t)n * 4) == CTPU_OK);
+            ctpu_release(y);
+        }
+        ctpu_sync();
+        best[r] = (now_s() - t0) / reps;
+    }
+    return median(best, 7);
+}
+
+static void bench_chain(int64_t n, const char *tag)
+{
+    float *h = malloc((size_t)n * 4), *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) h[i] = sinf((float)i * 0.001f);
+    ctpu_tensor x = ctpu_keep(ctpu_from_host(h, CTPU_F32, 1, &n));
+    int reps = n > (1 << 22) ? 3 : 20;
+    double ts = time_chain(CTPU_MODE_STRICT, x, reps, a, n);
+    double tf = time_chain(CTPU_MODE_DEFER_FUSE, x, reps, b, n);
+    if (memcmp(a, b, (size_t)n * 4) != 0) { fprintf(stderr, "bench/fuse: chain results differ\n"); exit(1); }
+    /* memcpy of the same bytes (one read of x, one write of y) */
+    double mc[7];
+    for (int r = 0; r < 7; r++) {
+        double t0 = now_s();
+        for (int i = 0; i < reps; i++) { memcpy(a, h, (size_t)n * 4); __asm__ volatile("" ::"r"(a) : "memory"); }
+        mc[r] = (now_s() - t0) / reps;
+    }
+    double tm = median(mc, 7);
+    printf("chain8_strict_%s %.3f ms\n", tag, ts * 1e3);
+    printf("chain8_fused_%s %.3f ms\n", tag, tf * 1e3);
+    printf("memcpy_%s %.3f ms\n", tag, tm * 1e3);
+    printf("ratio_fused_vs_strict_chain_%s %.3f x\n", tag, ts / tf);
+    printf("ratio_chain_fused_vs_memcpy_%s %.3f x\n", tag, tm / tf);
+    ctpu_release(x);
+    free(h);
+    free(a);
+    free(b);
+}
+
+/* ------------------------------------------------------------ MLP step */
+typedef struct { ctpu_tensor p[6], m[6], v[6]; int np; } model;
+
+static ctpu_tensor param(int nd, const int64_t *s, double std)
+{
+    ctpu_tensor t = std > 0 ? ctpu_rand_normal(CTPU_F32, nd, s, 0, std) : ctpu_zeros(CTPU_F32, nd, s);
+    ctpu_keep(t);
+    ctpu_set_requires_grad(t, true);
+    return t;
+}
+
+static void model_init(model *md)
+{
+    ctpu_manual_seed(1);
+    int64_t s1[2] = { 784, 256 }, b1[1] = { 256 }, s2[2] = { 256, 128 }, b2[1] = { 128 }, s3[2] = { 128, 10 }, b3[1] = { 10 };
+    md->np = 6;
+    md->p[0] = param(2, s1, 0.05); md->p[1] = param(1, b1, 0);
+    md->p[2] = param(2, s2, 0.08); md->p[3] = param(1, b2, 0);
+    md->p[4] = param(2, s3, 0.1);  md->p[5] = param(1, b3, 0);
+    for (int i = 0; i < 6; i++) {
+        int64_t s[8];
+        int nd;
+        ctpu_shape(md->p[i], s, &nd);
+        md->m[i] = ctpu_keep(ctpu_zeros(CTPU_F32, nd, s));
+        md->v[i] = ctpu_keep(ctpu_zeros(CTPU_F32, nd, s));
+    }
+    ctpu_mark_step();
+}
+
+static void model_free(model *md)
+{
+    for (int i = 0; i < md->np; i++) { ctpu_release(md->p[i]); ctpu_release(md->m[i]); ctpu_release(md->v[i]); }
+}
+
+/* forward, cross entropy, backward, AdamW (lr/step are runtime scalars) */
+static void mlp_step(model *md, ctpu_tensor x, ctpu_tensor y1h, int step)
+{
+    ctpu_step_begin();
+    ctpu_tensor h = ctpu_relu(ctpu_add(ctpu_matmul(x, md->p[0]), md->p[1]));
+    h = ctpu_relu(ctpu_add(ctpu_matmul(h, md->p[2]), md->p[3]));
+    ctpu_tensor logits = ctpu_add(ctpu_matmul(h, md->p[4]), md->p[5]);
+    ctpu_tensor lp = ctpu_log_softmax(logits, 1);
+    ctpu_tensor loss = ctpu_neg(ctpu_mean(ctpu_sum(ctpu_mul(lp, y1h), 1, (int[]){ 1 }, false), 0, NULL, false));
+    CHECK(ctpu_backward(loss) == CTPU_OK);
+    double lr = 1e-3, b1 = 0.9, b2 = 0.999, t = step + 1;
+    double c1 = 1 - pow(b1, t), c2 = 1 - pow(b2, t);
+    for (int i = 0; i < md->np; i++) {
+        ctpu_tensor g = ctpu_grad(md->p[i]);
+        ctpu_assign(md->m[i], ctpu_add(ctpu_mul_scalar(md->m[i], b1), ctpu_mul_scalar(g, 1 - b1)));
+        ctpu_assign(md->v[i], ctpu_add(ctpu_mul_scalar(md->v[i], b2), ctpu_mul_scalar(ctpu_mul(g, g), 1 - b2)));
+        ctpu_tensor den = ctpu_add_scalar(ctpu_sqrt(ctpu_div_scalar(md->v[i], c2)), 1e-8);
+        ctpu_tensor upd = ctpu_div(ctpu_div_scalar(md->m[i], c1), den);
+        ctpu_tensor decayed = ctpu_mul_scalar(md->p[i], 1 - lr * 1e-4);
+        ctpu_assign(md->p[i], ctpu_sub(decayed, ctpu_mul_scalar(upd, lr)));
+        ctpu_zero_grad(md->p[i]);
+    }
+    CHECK(ctpu_step_end() == CTPU_OK);
+}
+
+static double time_mlp(ctpu_mode m, ctpu_tensor x, ctpu_tensor y, float *w_out)
+{
+    ctpu_set_mode(m);
+    model md;
+    model_init(&md);
+    for (int s = 0; s < 3; s++) mlp_step(&md, x, y, s);   /* warm: compile */
+    ctpu_sync();
+    double r[7];
+    int step = 3;
+    for (int k = 0; k < 7; k++) {
+        double t0 = now_s();
+        for (int i = 0; i < 10; i++) mlp_step(&md, x, y, step++);
+        ctpu_sync();
+        r[k] = (now_s() - t0) / 10;
+    }
+    CHECK(ctpu_to_host(md.p[4], w_out, 128 * 10 * 4) == CTPU_OK);
+    model_free(&md);
+    return median(r, 7);
+}
+
+static void bench_mlp(void)
+{
+    int64_t xs[2] = { 128, 784 }, ys[2] = { 128, 10 };
+    float *xh = malloc(128 * 784 * 4), *yh = calloc(128 * 10, 4);
+    for (int i = 0; i < 128 * 784; i++) xh[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.3f;
+    for (int i = 0; i < 128; i++) yh[i * 10 + (i * 7) % 10] = 1;
+    ctpu_tensor x = ctpu_keep(ctpu_from_host(xh, CTPU_F32, 2, xs)), y = ctpu_keep(ctpu_from_host(yh, CTPU_F32, 2, ys));
+    float wa[1280], wb[1280];
+    double ts = time_mlp(CTPU_MODE_STRICT, x, y, wa);
+    double tf = time_mlp(CTPU_MODE_DEFER_FUSE, x, y, wb);
+    if (memcmp(wa, wb, sizeof wa) != 0) { fprintf(stderr, "bench/fuse: MLP weights differ between modes\n"); exit(1); }
+    printf("mlp_step_strict %.3f ms\n", ts * 1e3);
+    printf("mlp_step_fused %.3f ms\n", tf * 1e3);
+    printf("ratio_fused_vs_strict_mlp_step %.3f x\n", ts / tf);
+    ctpu_release(x);
+    ctpu_release(y);
+    free(xh);
+    free(yh);
+}
+
+/* ------------------------------------------------------------ transformer-like block */
+static ctpu_tensor block(ctpu_tensor x, ctpu_tensor g, ctpu_tensor b, ctpu_tensor w)
+{
+    int last[1] = { 1 };
+    ctpu_tensor mu = ctpu_mean(x, 1, last, true);
+    ctpu_tensor xc = ctpu_sub(x, mu);
+    ctpu_tensor var = ctpu_mean(ctpu_mul(xc, xc), 1, last, true);
+    ctpu_tensor ln = ctpu_add(ctpu_mul(ctpu_mul(xc, ctpu_rsqrt(ctpu_add_scalar(var, 1e-5))), g), b);
+    ctpu_tensor h = ctpu_gelu(ctpu_matmul(ln, w), true);
+    ctpu_tensor scores = ctpu_mul_scalar(ctpu_matmul_t(h, h, false, true), 1.0 / 16.0);
+    ctpu_tensor att = ctpu_softmax(scores, 1);
+    return ctpu_add(ctpu_matmul(att, h), x);
+}
+
+static double time_block(ctpu_mode m, ctpu_tensor x, ctpu_tensor g, ctpu_tensor b, ctpu_tensor w, float *out)
+{
+    ctpu_set_mode(m);
+    double r[7];
+    for (int k = -1; k < 7; k++) {
+        double t0 = now_s();
+        for (int i = 0; i < 10; i++) {
+            ctpu_step_begin();
+            ctpu_tensor y = ctpu_keep(block(x, g, b, w));
+            ctpu_step_end();
+            if (k == 6 && i == 9) CHECK(ctpu_to_host(y, out, 256 * 256 * 4) == CTPU_OK);
+            ctpu_release(y);
+        }
+        ctpu_sync();
+        if (k >= 0) r[k] = (now_s() - t0) / 10;
+    }
+    return median(r, 7);
+}
+
+static void bench_block(void)
+{
+    ctpu_manual_seed(5);
+    int64_t xs[2] = { 256, 256 }, gs[1] = { 256 };
+    ctpu_tensor x = ctpu_keep(ctpu_rand_normal(CTPU_F32, 2, xs, 0, 1));
+    ctpu_tensor g = ctpu_keep(ctpu_rand_uniform(CTPU_F32, 1, gs, 0.5, 1.5));
+    ctpu_tensor b = ctpu_keep(ctpu_rand_uniform(CTPU_F32, 1, gs, -0.1, 0.1));
+    ctpu_tensor w = ctpu_keep(ctpu_rand_normal(CTPU_F32, 2, xs, 0, 0.06));
+    ctpu_sync();
+    float *a = malloc(256 * 256 * 4), *c = malloc(256 * 256 * 4);
+    double ts = time_block(CTPU_MODE_STRICT, x, g, b, w, a);
+    double tf = time_block(CTPU_MODE_DEFER_FUSE, x, g, b, w, c);
+    if (memcmp(a, c, 256 * 256 * 4) != 0) { fprintf(stderr, "bench/fuse: block results differ\n"); exit(1); }
+    printf("block_strict %.3f ms\n", ts * 1e3);
+    printf("block_fused %.3f ms\n", tf * 1e3);
+    printf("ratio_fused_vs_strict_block %.3f x\n", ts / tf);
+    ctpu_release(x); ctpu_release(g); ctpu_release(b); ctpu_release(w);
+    free(a);
+    free(c);
+}
+
+/* ------------------------------------------------------------ host costs */
+static void bench_host_costs(void)
+{
+    ctpu_set_mode(CTPU_MODE_DEFER_FUSE);
+    int64_t n = 16;
+    ctpu_tensor x = ctpu_keep(ctpu_ones(CTPU_F32, 1, &n));
+    ctpu_mark_step();
+    /* recording: ops into the trace (no cut inside the timed region) */
+    double rec[9];
+    for (int k = 0; k < 9; k++) {
+        ctpu_step_begin();
+        ctpu_tensor t = x;
+        double t0 = now_s();
+        for (int i = 0; i < 400; i++) t = ctpu_add_scalar(t, 1.0);
+        rec[k] = (now_s() - t0) / 400;
+        ctpu_keep(t);
+        ctpu_step_end();
+        ctpu_release(t);
+    }
+    /* a 500-node trace: the first cut compiles, later cuts hit the cache */
+    double hit[15];
+    for (int k = -1; k < 15; k++) {
+        ctpu_step_begin();
+        ctpu_tensor t = x;
+        for (int i = 0; i < 500; i++) {
+            ctpu_tensor u = (i % 2) ? ctpu_mul_scalar(t, 0.5) : ctpu_add_scalar(t, 1.0);
+            if (i) ctpu_release(t);   /* only the result stays alive: one live-out */
+            t = u;
+        }
+        ctpu_keep(t);
+        double t0 = now_s();
+        ctpu_step_end();
+        double dt = now_s() - t0;
+        if (k >= 0) hit[k] = dt;
+        ctpu_sync();
+        ctpu_release(t);
+    }
+    ctpu_cache_info ci;
+    ctpu_cache_get_info(&ci);
+    printf("record_ns_per_op %.1f ns\n", median(rec, 9) * 1e9);
+    printf("cache_hit_us_500 %.2f us\n", median(hit, 15) * 1e6);
+    ctpu_release(x);
+}
+
+int main(int argc, char **argv)
+{
+    const char *only = argc > 1 ? argv[1] : NULL;
+    setenv("CTPU_NUM_THREADS", "1", 0);
+    CHECK(ctpu_init() == CTPU_OK);
+    if (!only || strstr("chain", only)) { bench_chain(1 << 20, "1m"); bench_chain(1 << 24, "16m"); }
+    if (!only || strstr("mlp", only)) bench_mlp();
+    if (!only || strstr("block", only)) bench_block();
+    if (!only || strstr("host", only)) bench_host_costs();
+    ctpu_shutdown();
+    return 0;
+}
