@@ -671,6 +671,8 @@ ctpu_tensor ctpu_expand(ctpu_tensor a, int ndim, const int64_t *shape)
         }
         n.out.shape[d] = want;
     }
+    ctpu_vtype chk;   /* the element count must not overflow (2^40 x 2^40 wrapped to 0) */
+    if (!ctpu__validate_shape("expand", ndim, n.out.shape, (ctpu_dtype)t->dtype, &chk)) return CTPU_NULL;
     return ctpu_dispatch(&n, in, &a, NULL);
 }
 
