@@ -243,6 +243,125 @@ static void reset_trace(void)
     t_df.id = atomic_fetch_add(&ctpu_rt->next_trace_id, 1);
 }
 
+/* The launch plan kept with a fused program: how a trace with the same raw
+ * key binds its recorded inputs, scalars and live-out requests. One block. */
+typedef struct {
+    int n_in, n_out, n_scal, n_req;
+    int32_t *in_src;      /* [n_in] recorded input of canonical input k */
+    int32_t *req_out;     /* [n_req] output of request q */
+    int32_t *alias_req;   /* [n_out] request whose buffer output j writes into, or -1 */
+    int32_t *scal_src;    /* [n_scal] recorded scalar index */
+    size_t *out_bytes;    /* [n_out] */
+} launch_plan;
+
+typedef struct {
+    const ctpu_liveout_req *reqs;
+    int nreq;
+    bool dbg;
+    ctpu_trace_final fin;
+    bool have_fin;
+} miss_ctx;
+
+/* Cache miss: finalise the recorded trace (DCE, canonical numbering,
+ * aliasing) for the compiler, and derive the launch plan from it. */
+static bool on_miss(void *vctx, const ctpu_trace **t, void **plan_out, char *err, size_t errlen)
+{
+    miss_ctx *mc = vctx;
+    if (!ctpu_trace_finalize(t_df.rec, mc->reqs, mc->nreq, 0, (uint8_t)mc->dbg, &mc->fin)) {
+        snprintf(err, errlen, "out of host memory finalising the trace");
+        return false;
+    }
+    mc->have_fin = true;
+    const ctpu_trace *ft = &mc->fin.t;
+    int ni = ft->n_inputs, no = ft->n_outputs, ns = ft->n_scalars, nr = mc->nreq;
+    size_t bytes = sizeof(launch_plan) + sizeof(int32_t) * (size_t)(ni + nr + no + ns + 4) +
+                   sizeof(size_t) * (size_t)(no + 1) + 16;
+    launch_plan *p = calloc(1, bytes);
+    if (!p) {
+        snprintf(err, errlen, "out of host memory for a launch plan");
+        return false;
+    }
+    p->n_in = ni;
+    p->n_out = no;
+    p->n_scal = ns;
+    p->n_req = nr;
+    p->out_bytes = (size_t *)(p + 1);
+    p->in_src = (int32_t *)(p->out_bytes + no + 1);
+    p->req_out = p->in_src + ni + 1;
+    p->alias_req = p->req_out + nr + 1;
+    p->scal_src = p->alias_req + no + 1;
+    memcpy(p->in_src, mc->fin.in_src, sizeof(int32_t) * (size_t)ni);
+    memcpy(p->req_out, mc->fin.req_out, sizeof(int32_t) * (size_t)nr);
+    memcpy(p->alias_req, mc->fin.alias_req, sizeof(int32_t) * (size_t)no);
+    memcpy(p->scal_src, mc->fin.scal_src, sizeof(int32_t) * (size_t)ns);
+    for (int j = 0; j < no; j++) {
+        const ctpu_vtype *vt = &ft->nodes[ft->outputs[j] - ni].out;
+        p->out_bytes[j] = (size_t)ctpu_vtype_numel(vt) * ctpu_kdt_size(vt->dtype);
+    }
+    *t = ft;
+    *plan_out = p;
+    return true;
+}
+
+static bool key_append(uint8_t **kb, size_t *len, size_t *cap, const void *p, size_t n)
+{
+    if (*len + n > *cap) {
+        size_t nc = *cap ? *cap * 2 : 1024;
+        while (nc < *len + n) nc *= 2;
+        uint8_t *q = realloc(*kb, nc);
+        if (!q) return false;
+        *kb = q;
+        *cap = nc;
+    }
+    memcpy(*kb + *len, p, n);
+    *len += n;
+    return true;
+}
+
+/* The full raw key: the recorded inputs and nodes, then the live-out
+ * requests with how each assigned parameter's storage relates to the
+ * recorded inputs (which inputs view it, at which offset), and the options. */
+static uint8_t *raw_key(const ctpu_liveout_req *reqs, int nreq, bool dbg, size_t *len_out)
+{
+    const uint8_t *rk;
+    size_t rlen;
+    if (!ctpu_trace_rec_key(t_df.rec, &rk, &rlen)) return NULL;
+    ctpu_buffer *const *ib;
+    const size_t *io;
+    int ni = ctpu_trace_rec_inputs(t_df.rec, &ib, &io, NULL);
+    size_t len = 0, cap = rlen + (size_t)nreq * 8 + 64;
+    uint8_t *kb = malloc(cap);
+    if (!kb) return NULL;
+    bool ok = key_append(&kb, &len, &cap, rk, rlen);
+    uint8_t d = dbg;
+    ok = ok && key_append(&kb, &len, &cap, &d, 1);
+    for (int q = 0; ok && q < nreq; q++) {
+        int32_t v[2] = { reqs[q].v, reqs[q].alias_buf ? 1 : 0 };
+        ok = key_append(&kb, &len, &cap, v, sizeof v);
+        if (!reqs[q].alias_buf) continue;
+        for (int j = 0; ok && j < ni; j++) {
+            if (ib[j] != reqs[q].alias_buf) continue;
+            int32_t e[2] = { j, io[j] == reqs[q].alias_off };
+            ok = key_append(&kb, &len, &cap, e, sizeof e);
+        }
+        int32_t end = -1;
+        ok = ok && key_append(&kb, &len, &cap, &end, sizeof end);
+    }
+    if (!ok) { free(kb); return NULL; }
+    *len_out = len;
+    return kb;
+}
+
+static ctpu_status flush_fail(ctpu_status st, const char *msg, ctpu_liveout_req *reqs, ctpu_trec **rrec)
+{
+    poison_holders(st, msg);
+    free(reqs);
+    free(rrec);
+    reset_trace();
+    ctpu_set_error(st, "%s", msg);
+    return st;
+}
+
 ctpu_status ctpu__defer_flush(ctpu_cut_reason why)
 {
     ctpu_runtime *rt = ctpu_rt;
@@ -256,14 +375,7 @@ ctpu_status ctpu__defer_flush(ctpu_cut_reason why)
     size_t nh = t_df.n_holders;
     ctpu_liveout_req *reqs = malloc(sizeof *reqs * (nh + 1));
     ctpu_trec **rrec = malloc(sizeof *rrec * (nh + 1));
-    if (!reqs || !rrec) {
-        free(reqs);
-        free(rrec);
-        poison_holders(CTPU_ERR_OOM, "defer and fuse: out of host memory at a trace cut");
-        reset_trace();
-        ctpu_set_error(CTPU_ERR_OOM, "mark_step: out of host memory at a trace cut");
-        return CTPU_ERR_OOM;
-    }
+    if (!reqs || !rrec) return flush_fail(CTPU_ERR_OOM, "mark_step: out of host memory at a trace cut", reqs, rrec);
     int nreq = 0;
     bool dbg = ctpu_debug_checks_now();
     for (size_t i = 0; i < nh; i++) {
@@ -274,66 +386,54 @@ ctpu_status ctpu__defer_flush(ctpu_cut_reason why)
         reqs[nreq] = (ctpu_liveout_req){ r->tval, own ? r->buf : NULL, own ? r->off : 0 };
         rrec[nreq++] = r;
     }
-    ctpu_trace_final fin;
-    ctpu_status st = CTPU_OK;
-    char err[256] = "";
-    if (!ctpu_trace_finalize(t_df.rec, reqs, nreq, (uint8_t)0, (uint8_t)dbg, &fin)) {
-        free(reqs);
-        free(rrec);
-        poison_holders(CTPU_ERR_OOM, "defer and fuse: out of host memory at a trace cut");
-        reset_trace();
-        ctpu_set_error(CTPU_ERR_OOM, "mark_step: out of host memory finalising the trace");
-        return CTPU_ERR_OOM;
-    }
-    if (fin.t.n_outputs == 0) {         /* nothing alive needs computing */
-        ctpu_trace_final_free(&fin);
+    if (nreq == 0) {                       /* nothing alive needs computing */
         free(reqs);
         free(rrec);
         reset_trace();
         return CTPU_OK;
     }
-    size_t cap = 256 + (size_t)fin.t.n_inputs * 80 + (size_t)fin.t.n_nodes * 240 + (size_t)fin.t.n_outputs * 8;
-    uint8_t *key = malloc(cap);
-    size_t klen = key ? ctpu_trace_key(&fin.t, key, cap) : 0;
+
+    /* key -> cache (a miss finalises and compiles) */
+    size_t klen = 0;
+    uint8_t *key = raw_key(reqs, nreq, dbg, &klen);
+    if (!key) return flush_fail(CTPU_ERR_OOM, "mark_step: out of host memory keying the trace", reqs, rrec);
     uint64_t step = atomic_load(&rt->marked_steps);
     bool only = atomic_load(&rt->cache_only) ||
                 (rt->cache_only_after >= 0 && step >= (uint64_t)rt->cache_only_after);
+    miss_ctx mc = { .reqs = reqs, .nreq = nreq, .dbg = dbg };
     ctpu_cache_opts opts = { .allow_compile = !only, .track_recompiles = true, .step = step,
-                             .before_evict = wait_device, .ctx = rt->dev };
+                             .before_evict = wait_device, .ctx = rt->dev, .on_miss = on_miss, .miss_ctx = &mc };
     ctpu_cache_result res;
-    ctpu_compiled *prog = klen ? ctpu_cache_lookup(rt->fused_cache, key, klen, &fin.t, &opts, &res, err, sizeof err) : NULL;
+    char err[256] = "";
+    ctpu_compiled *prog = ctpu_cache_lookup(rt->fused_cache, key, klen, NULL, &opts, &res, err, sizeof err);
     free(key);
+    int n_nodes = mc.have_fin ? mc.fin.t.n_nodes : 0;
+    if (mc.have_fin) ctpu_trace_final_free(&mc.fin);
     ctpu_counter_add(m, CTPU_CTR_CACHE_REQUESTS, 1);
     ctpu_counter_add(m, CTPU_CTR_FUSED_CACHE_REQUESTS, 1);
-    if (klen && res.hit) {
-        ctpu_counter_add(m, CTPU_CTR_CACHE_HITS, 1);
-        ctpu_counter_add(m, CTPU_CTR_FUSED_CACHE_HITS, 1);
-    } else {
-        ctpu_counter_add(m, CTPU_CTR_CACHE_MISSES, 1);
-        ctpu_counter_add(m, CTPU_CTR_FUSED_CACHE_MISSES, 1);
-    }
+    ctpu_counter_add(m, res.hit ? CTPU_CTR_CACHE_HITS : CTPU_CTR_CACHE_MISSES, 1);
+    ctpu_counter_add(m, res.hit ? CTPU_CTR_FUSED_CACHE_HITS : CTPU_CTR_FUSED_CACHE_MISSES, 1);
     if (prog && !res.hit) {
         ctpu_counter_add(m, CTPU_CTR_PROGRAMS_COMPILED, 1);
         ctpu_timer_add(m, CTPU_TMR_COMPILE_TIME, prog->compile_ns);
         if (res.recompile) ctpu_counter_add(m, CTPU_CTR_RECOMPILES, 1);
         if (res.thrash) ctpu_counter_add(m, CTPU_CTR_CACHE_THRASH, 1);
     }
-    if (klen && res.evicted) ctpu_counter_add(m, CTPU_CTR_CACHE_EVICTIONS, res.evicted);
+    if (res.evicted) ctpu_counter_add(m, CTPU_CTR_CACHE_EVICTIONS, res.evicted);
     if (!prog) {
-        st = klen && res.refused ? CTPU_ERR_CACHE_MISS : CTPU_ERR_STATE;
         char msg[300];
-        snprintf(msg, sizeof msg, "defer and fuse: %s", klen ? err : "trace key too long");
-        poison_holders(st, msg);
-        ctpu_trace_final_free(&fin);
-        free(reqs);
-        free(rrec);
-        reset_trace();
-        ctpu_set_error(st, "%s", msg);
-        return st;
+        snprintf(msg, sizeof msg, "defer and fuse: %s", err);
+        return flush_fail(res.refused ? CTPU_ERR_CACHE_MISS : CTPU_ERR_STATE, msg, reqs, rrec);
     }
+    (void)n_nodes;
 
-    /* buffers: outputs (fresh or the parameter's own), scratch */
-    int nin = fin.t.n_inputs, no = fin.t.n_outputs;
+    /* buffers: inputs as recorded, outputs (fresh or the parameter's own), scratch */
+    const launch_plan *pl = prog->plan;
+    ctpu_buffer *const *ib;
+    const size_t *io;
+    ctpu_trace_rec_inputs(t_df.rec, &ib, &io, NULL);
+    const double *rs = ctpu_trace_rec_scalars(t_df.rec);
+    int nin = pl->n_in, no = pl->n_out;
     bool scratch = prog->prog.n_virtual > 0;
     int nb = nin + no + (scratch ? 1 : 0);
     ctpu_cmd cmd;
@@ -342,76 +442,54 @@ ctpu_status ctpu__defer_flush(ctpu_cut_reason why)
     cmd.n_bufs = nb;
     cmd.buf = nb <= CTPU_CMD_INLINE_BUFS ? cmd.buf_inl : calloc((size_t)nb, sizeof(ctpu_buffer *));
     cmd.off = nb <= CTPU_CMD_INLINE_BUFS ? cmd.off_inl : calloc((size_t)nb, sizeof(size_t));
-    int n_scal = fin.t.n_scalars;
-    cmd.scalars = n_scal <= CTPU_CMD_MAX_SCALARS ? cmd.scal_inl : malloc(sizeof(double) * (size_t)n_scal);
-    bool ok = cmd.buf && cmd.off && cmd.scalars;
-    for (int i = 0; ok && i < nin; i++) { cmd.buf[i] = fin.in_buf[i]; cmd.off[i] = fin.in_off[i]; }
+    cmd.scalars = pl->n_scal <= CTPU_CMD_MAX_SCALARS ? cmd.scal_inl : malloc(sizeof(double) * (size_t)pl->n_scal);
+    ctpu_buffer **outb = malloc(sizeof *outb * ((size_t)no + 1));
+    size_t *outo = malloc(sizeof *outo * ((size_t)no + 1));
+    bool ok = cmd.buf && cmd.off && cmd.scalars && outb && outo;
+    ctpu_status st = ok ? CTPU_OK : CTPU_ERR_OOM;
     int made = 0;
     for (int j = 0; ok && j < no; j++, made++) {
-        if (fin.alias_buf[j]) {
-            cmd.buf[nin + j] = fin.alias_buf[j];
-            cmd.off[nin + j] = fin.alias_off[j];
-            ctpu_buffer_retain(fin.alias_buf[j]);
+        int q = pl->alias_req[j];
+        if (q >= 0) {
+            outb[j] = reqs[q].alias_buf;
+            outo[j] = reqs[q].alias_off;
+            ctpu_buffer_retain(outb[j]);
             continue;
         }
-        const ctpu_vtype *vt = &fin.t.nodes[fin.t.outputs[j] - nin].out;
-        size_t bytes = (size_t)ctpu_vtype_numel(vt) * ctpu_kdt_size(vt->dtype);
-        cmd.buf[nin + j] = ctpu_buffer_alloc(rt->dev, bytes, err, sizeof err);
-        cmd.off[nin + j] = 0;
-        if (!cmd.buf[nin + j]) { ok = false; st = CTPU_ERR_OOM; }
+        outo[j] = 0;
+        outb[j] = ctpu_buffer_alloc(rt->dev, pl->out_bytes[j], err, sizeof err);
+        if (!outb[j]) { ok = false; st = CTPU_ERR_OOM; }
     }
+    ctpu_buffer *scratch_buf = NULL;
     if (ok && scratch) {
-        cmd.buf[nb - 1] = ctpu_buffer_alloc(rt->dev, prog->prog.scratch_bytes, err, sizeof err);
-        cmd.off[nb - 1] = 0;
-        if (!cmd.buf[nb - 1]) { ok = false; st = CTPU_ERR_OOM; }
+        scratch_buf = ctpu_buffer_alloc(rt->dev, prog->prog.scratch_bytes, err, sizeof err);
+        if (!scratch_buf) { ok = false; st = CTPU_ERR_OOM; }
     }
     if (!ok) {
         for (int j = 0; j < made; j++)
-            if (cmd.buf && cmd.buf[nin + j]) ctpu_buffer_release(rt->dev, cmd.buf[nin + j]);
+            if (outb && outb[j]) ctpu_buffer_release(rt->dev, outb[j]);
         if (cmd.buf != cmd.buf_inl) { free(cmd.buf); free(cmd.off); }
         if (cmd.scalars != cmd.scal_inl) free(cmd.scalars);
-        if (st == CTPU_OK) { st = CTPU_ERR_OOM; snprintf(err, sizeof err, "out of host memory"); }
-        char msg[400];
-        snprintf(msg, sizeof msg, "fused program %llu (%d ops): %s", (unsigned long long)res.program_id,
-                 fin.t.n_nodes, err);
-        poison_holders(st, msg);
-        ctpu_trace_final_free(&fin);
-        free(reqs);
-        free(rrec);
-        reset_trace();
-        ctpu_set_error(st, "%s", msg);
-        return st;
-    }
-    memcpy(cmd.scalars, fin.scalars, sizeof(double) * (size_t)n_scal);
-    cmd.debug_checks = dbg;
-    /* the command owns heap arrays after submit: keep what we need */
-    ctpu_buffer **outb = malloc(sizeof *outb * ((size_t)no + 1));
-    size_t *outo = malloc(sizeof *outo * ((size_t)no + 1));
-    ctpu_buffer *scratch_buf = scratch ? cmd.buf[nb - 1] : NULL;
-    if (!outb || !outo) {
         free(outb);
         free(outo);
-        for (int j = 0; j < no; j++) ctpu_buffer_release(rt->dev, cmd.buf[nin + j]);
-        if (scratch_buf) ctpu_buffer_release(rt->dev, scratch_buf);
-        if (cmd.buf != cmd.buf_inl) { free(cmd.buf); free(cmd.off); }
-        if (cmd.scalars != cmd.scal_inl) free(cmd.scalars);
-        poison_holders(CTPU_ERR_OOM, "defer and fuse: out of host memory at a trace cut");
-        ctpu_trace_final_free(&fin);
-        free(reqs);
-        free(rrec);
-        reset_trace();
-        ctpu_set_error(CTPU_ERR_OOM, "mark_step: out of host memory at a trace cut");
-        return CTPU_ERR_OOM;
+        char msg[400];
+        snprintf(msg, sizeof msg, "fused program %llu: %s", (unsigned long long)res.program_id,
+                 st == CTPU_ERR_OOM && err[0] ? err : "out of host memory");
+        return flush_fail(st, msg, reqs, rrec);
     }
-    for (int j = 0; j < no; j++) { outb[j] = cmd.buf[nin + j]; outo[j] = cmd.off[nin + j]; }
-    ctpu_device_submit(rt->dev, &cmd);
+    for (int k = 0; k < nin; k++) { cmd.buf[k] = ib[pl->in_src[k]]; cmd.off[k] = io[pl->in_src[k]]; }
+    for (int j = 0; j < no; j++) { cmd.buf[nin + j] = outb[j]; cmd.off[nin + j] = outo[j]; }
+    if (scratch) { cmd.buf[nb - 1] = scratch_buf; cmd.off[nb - 1] = 0; }
+    for (int i = 0; i < pl->n_scal; i++) cmd.scalars[i] = rs[pl->scal_src[i]];
+    cmd.debug_checks = dbg;
+    ctpu_device_submit(rt->dev, &cmd);     /* the command owns heap arrays now */
     ctpu_counter_add(m, CTPU_CTR_PROGRAMS_LAUNCHED, 1);
     ctpu_counter_add(m, CTPU_CTR_FUSED_STEPS, prog->prog.n_steps);
 
     /* every live pending handle gets its value's buffer */
     for (int q = 0; q < nreq; q++) {
         ctpu_trec *r = rrec[q];
-        int o = fin.req_out[q];
+        int o = pl->req_out[q];
         ctpu_buffer *b = outb[o];
         r->trace_id = 0;
         if (r->buf == b) {
@@ -433,7 +511,6 @@ ctpu_status ctpu__defer_flush(ctpu_cut_reason why)
     if (scratch_buf) ctpu_buffer_release(rt->dev, scratch_buf);
     free(outb);
     free(outo);
-    ctpu_trace_final_free(&fin);
     free(reqs);
     free(rrec);
     reset_trace();

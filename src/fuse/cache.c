@@ -196,6 +196,15 @@ ctpu_compiled *ctpu_cache_lookup(ctpu_cache *c, const uint8_t *key, size_t len, 
         res->refused = true;
         return NULL;
     }
+    void *plan = NULL;
+    if (o && o->on_miss) {
+        const ctpu_trace *mt = NULL;
+        if (!o->on_miss(o->miss_ctx, &mt, &plan, err, errlen)) {
+            pthread_mutex_unlock(&c->mu);
+            return NULL;
+        }
+        t = mt;
+    }
     /* recompile? thrash? (only fused caches: capacity > 0 or asked) */
     uint64_t sh = 0;
     if (o && o->track_recompiles) {
@@ -218,6 +227,8 @@ ctpu_compiled *ctpu_cache_lookup(ctpu_cache *c, const uint8_t *key, size_t len, 
             if (c->evicted[i] == h) { res->thrash = true; c->st.thrash++; break; }
     }
     ctpu_compiled *p = ctpu_compile(t, err, errlen);
+    if (p) p->plan = plan;
+    else free(plan);
     entry *e = p ? calloc(1, sizeof *e) : NULL;
     uint8_t *k = e ? malloc(len) : NULL;
     size_t nv = (size_t)t->n_inputs + (size_t)t->n_nodes;

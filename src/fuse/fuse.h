@@ -46,6 +46,7 @@ typedef struct ctpu_compiled {
     int n_groups;              /* steps after fusion */
     uint64_t compile_ns;
     uint64_t hits;
+    void *plan;                /* the launcher's binding plan (one malloc block), or NULL */
 } ctpu_compiled;
 
 /* Compile a trace into a program. NULL with a message on failure. */
@@ -69,6 +70,10 @@ typedef struct {
     uint64_t step;                 /* the marked step count, for reports */
     void (*before_evict)(void *ctx); /* called before a program is freed */
     void *ctx;
+    /* On a miss, called (under the cache lock) for the trace to compile and
+     * a plan to keep with the program; false: give up (err is set). */
+    bool (*on_miss)(void *ctx, const ctpu_trace **t, void **plan, char *err, size_t errlen);
+    void *miss_ctx;
 } ctpu_cache_opts;
 
 typedef struct {

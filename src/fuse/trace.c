@@ -14,7 +14,32 @@ struct ctpu_trace_rec {
     int32_t *scal_start;
     int n_scal, cap_scal;
     double *scal;
+    /* the raw key: inputs and nodes encoded as they are recorded */
+    uint8_t *kb;
+    size_t klen, kcap;
+    bool key_oom;
 };
+
+static void key_put(ctpu_trace_rec *r, const void *p, size_t n)
+{
+    if (r->klen + n > r->kcap) {
+        size_t nc = r->kcap ? r->kcap * 2 : 4096;
+        while (nc < r->klen + n) nc *= 2;
+        uint8_t *q = realloc(r->kb, nc);
+        if (!q) { r->key_oom = true; return; }
+        r->kb = q;
+        r->kcap = nc;
+    }
+    memcpy(r->kb + r->klen, p, n);
+    r->klen += n;
+}
+
+static void key_vtype(ctpu_trace_rec *r, char tag, const ctpu_vtype *t)
+{
+    uint8_t h[3] = { (uint8_t)tag, t->dtype, t->ndim };
+    key_put(r, h, 3);
+    key_put(r, t->shape, sizeof(int64_t) * t->ndim);
+}
 
 static bool grow(void **p, int *cap, int need, size_t elem)
 {
@@ -36,6 +61,8 @@ void ctpu_trace_rec_reset(ctpu_trace_rec *r, ctpu_device *dev)
     r->n_in = 0;
     r->n_nodes = 0;
     r->n_scal = 0;
+    r->klen = 0;
+    r->key_oom = false;
 }
 
 void ctpu_trace_rec_destroy(ctpu_trace_rec *r, ctpu_device *dev)
@@ -48,6 +75,7 @@ void ctpu_trace_rec_destroy(ctpu_trace_rec *r, ctpu_device *dev)
     free(r->nodes);
     free(r->scal_start);
     free(r->scal);
+    free(r->kb);
     free(r);
 }
 
@@ -78,6 +106,7 @@ ctpu_vref ctpu_trace_rec_input(ctpu_trace_rec *r, ctpu_buffer *buf, size_t off, 
     r->in_off[r->n_in] = off;
     ctpu_buffer_retain(buf);
     r->n_in++;
+    key_vtype(r, 'I', t);
     return -r->n_in;
 }
 
@@ -92,8 +121,35 @@ ctpu_vref ctpu_trace_rec_node(ctpu_trace_rec *r, const ctpu_node *node, const do
     r->nodes[r->n_nodes] = *node;
     r->scal_start[r->n_nodes] = r->n_scal;
     for (int i = 0; i < node->n_scalars; i++) r->scal[r->n_scal++] = scalars[i];
+    /* key: op, arity, wiring, type, attrs when set (never scalar values) */
+    static const ctpu_attrs zero_attrs;
+    bool has_attr = memcmp(&node->attr, &zero_attrs, sizeof zero_attrs) != 0;
+    uint8_t h[4] = { (uint8_t)(node->op & 0xff), (uint8_t)(node->op >> 8),
+                     (uint8_t)(node->n_in | (has_attr << 7)), node->n_scalars };
+    key_put(r, h, 4);
+    key_put(r, node->in, sizeof(int32_t) * node->n_in);
+    key_vtype(r, 'N', &node->out);
+    if (has_attr) key_put(r, &node->attr, sizeof node->attr);
     return r->n_nodes++;
 }
+
+bool ctpu_trace_rec_key(const ctpu_trace_rec *r, const uint8_t **key, size_t *len)
+{
+    *key = r->kb;
+    *len = r->klen;
+    return !r->key_oom;
+}
+
+int ctpu_trace_rec_inputs(const ctpu_trace_rec *r, ctpu_buffer *const **bufs, const size_t **offs,
+                          const ctpu_vtype **types)
+{
+    *bufs = r->in_buf;
+    *offs = r->in_off;
+    if (types) *types = r->in_type;
+    return r->n_in;
+}
+
+const double *ctpu_trace_rec_scalars(const ctpu_trace_rec *r) { return r->scal; }
 
 const ctpu_vtype *ctpu_trace_rec_type(const ctpu_trace_rec *r, ctpu_vref v)
 {
@@ -112,6 +168,9 @@ void ctpu_trace_final_free(ctpu_trace_final *f)
     free(f->alias_off);
     free(f->scalars);
     free(f->req_out);
+    free(f->in_src);
+    free(f->scal_src);
+    free(f->alias_req);
     memset(f, 0, sizeof *f);
 }
 
@@ -182,14 +241,19 @@ bool ctpu_trace_finalize(const ctpu_trace_rec *r, const ctpu_liveout_req *reqs, 
     out->req_out = malloc(sizeof(int32_t) * ((size_t)nreq + 1));
     t->outputs = malloc(sizeof(int32_t) * ((size_t)nreq + 1));
     t->out_alias = malloc(sizeof(int32_t) * ((size_t)nreq + 1));
+    out->in_src = malloc(sizeof(int32_t) * ((size_t)n_inputs + 1));
+    out->scal_src = malloc(sizeof(int32_t) * ((size_t)n_scal + 1));
+    out->alias_req = malloc(sizeof(int32_t) * ((size_t)nreq + 1));
     out->alias_buf = calloc((size_t)nreq + 1, sizeof(ctpu_buffer *));
     out->alias_off = calloc((size_t)nreq + 1, sizeof(size_t));
     if (!t->in_type || !t->nodes || !out->in_buf || !out->in_off || !out->scalars || !out->req_out ||
-        !t->outputs || !t->out_alias || !out->alias_buf || !out->alias_off)
+        !t->outputs || !t->out_alias || !out->alias_buf || !out->alias_off || !out->in_src ||
+        !out->scal_src || !out->alias_req)
         goto oom;
     for (int i = 0; i < ni; i++) {
         if (in_id[i] < 0) continue;
         t->in_type[in_id[i]] = r->in_type[i];
+        out->in_src[in_id[i]] = i;
         out->in_buf[in_id[i]] = r->in_buf[i];
         out->in_off[in_id[i]] = r->in_off[i];
     }
@@ -199,7 +263,10 @@ bool ctpu_trace_finalize(const ctpu_trace_rec *r, const ctpu_liveout_req *reqs, 
         for (int j = 0; j < n.n_in; j++)
             n.in[j] = n.in[j] < 0 ? in_id[-n.in[j] - 1] : node_id[n.in[j]];
         t->nodes[k++] = n;
-        for (int j = 0; j < n.n_scalars; j++) out->scalars[s++] = r->scal[r->scal_start[i] + j];
+        for (int j = 0; j < n.n_scalars; j++) {
+            out->scal_src[s] = r->scal_start[i] + j;
+            out->scalars[s++] = r->scal[r->scal_start[i] + j];
+        }
     }
 
     /* outputs: each requested value once, in canonical (node) order */
@@ -212,6 +279,7 @@ bool ctpu_trace_finalize(const ctpu_trace_rec *r, const ctpu_liveout_req *reqs, 
         first_req[i] = n_out;
         t->outputs[n_out] = node_id[i];
         t->out_alias[n_out] = -1;
+        out->alias_req[n_out] = -1;
         n_out++;
     }
     for (int q = 0; q < nreq; q++) {
@@ -234,6 +302,7 @@ bool ctpu_trace_finalize(const ctpu_trace_rec *r, const ctpu_liveout_req *reqs, 
         else continue;
         out->alias_buf[o] = reqs[q].alias_buf;
         out->alias_off[o] = reqs[q].alias_off;
+        out->alias_req[o] = q;
     }
     for (int q = 0; q < nreq; q++)
         if (reqs[q].v < 0) out->req_out[q] = -1;   /* an input value: no output needed */

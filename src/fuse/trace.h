@@ -26,6 +26,12 @@ ctpu_vref ctpu_trace_rec_input(ctpu_trace_rec *r, ctpu_buffer *buf, size_t off, 
  * Returns its vref (>= 0), or -0x7fffffff on out of memory. */
 ctpu_vref ctpu_trace_rec_node(ctpu_trace_rec *r, const ctpu_node *node, const double *scalars);
 const ctpu_vtype *ctpu_trace_rec_type(const ctpu_trace_rec *r, ctpu_vref v);
+/* The raw key so far: every input and node in recording order (types,
+ * wiring, attrs; no scalar values). False if it ran out of memory. */
+bool ctpu_trace_rec_key(const ctpu_trace_rec *r, const uint8_t **key, size_t *len);
+int ctpu_trace_rec_inputs(const ctpu_trace_rec *r, ctpu_buffer *const **bufs, const size_t **offs,
+                          const ctpu_vtype **types);
+const double *ctpu_trace_rec_scalars(const ctpu_trace_rec *r);
 #define CTPU_VREF_OOM 0x7fffffff
 
 /* One live-out request: value v is wanted in a buffer; alias_buf (may be
@@ -45,6 +51,10 @@ typedef struct {
     size_t *alias_off;
     double *scalars;           /* [t.n_scalars] */
     int32_t *req_out;          /* [nreq] output index of each request */
+    /* the launch plan: how a later trace with the same raw key binds */
+    int32_t *in_src;           /* [t.n_inputs] recorded input index of canonical input k */
+    int32_t *scal_src;         /* [t.n_scalars] recorded scalar index */
+    int32_t *alias_req;        /* [t.n_outputs] request whose buffer output j writes, or -1 */
 } ctpu_trace_final;
 
 /* Finalise for the given requests. Returns false on out of memory. */
