@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is needed, builds, and runs the main job: the example in each
-# execution mode (strict eager, debug eager, defer and fuse).
+# execution mode (strict eager, debug eager, defer and fuse), then the
+# Fashion-MNIST training demo (examples/fashion_mnist.c; the mode comes from
+# the environment, strict eager by default; extra arguments go to the demo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install-deps.sh
@@ -13,3 +15,4 @@ for mode in strict debug fuse; do
     fuse)   TORCH_TPU_DEFER_AND_FUSE=1 ./build/examples/hello ;;
   esac
 done
+./build/examples/fashion_mnist "$@"
