@@ -32,6 +32,8 @@ static void vm_range(const ctpu_vm_prog *p, ctpu_exec_ctx *ctx, int64_t b0, int6
         for (int i = 0; i < p->n_ins; i++) {
             const ctpu_vm_ins *in = &p->ins[i];
             float *d = in->dst >= 0 ? reg[in->dst] : NULL;
+            /* a stored f32 value is computed straight into its output */
+            if (in->flags & CTPU_VM_DIRECT) d = (float *)ctx->ptr[in->scalar2] + s;
             switch (in->kind) {
             case CTPU_VM_LOAD: {
                 int e = in->a;
@@ -193,9 +195,13 @@ int ctpu_vm_build(ctpu_vm_prog *p, const ctpu_trace *t, const int *nodes, int co
         else I.kind = CTPU_VM_COPY; /* cast between float dtypes */
         if (n->out.dtype == CTPU_KDT_BF16) I.flags |= CTPU_VM_ROUND_BF16;
         ins[ni++] = I;
-        if (store[k])
+        if (store[k] && n->out.dtype == CTPU_KDT_F32) {
+            ins[ni - 1].flags |= CTPU_VM_DIRECT;
+            ins[ni - 1].scalar2 = slot_of[nin + nodes[k]];
+        } else if (store[k]) {
             ins[ni++] = (ctpu_vm_ins){ .kind = CTPU_VM_STORE, .dst = -1, .a = (int16_t)dst,
                                        .kop = n->out.dtype, .scalar = slot_of[nin + nodes[k]] };
+        }
         if (last_use_node[k] < 0) busy[dst] = false;   /* not used later in the group */
     }
 #undef ALLOC_REG

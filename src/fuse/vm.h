@@ -15,15 +15,19 @@ enum {
     CTPU_VM_LOAD, CTPU_VM_STORE, CTPU_VM_UNARY, CTPU_VM_BINARY, CTPU_VM_SCALAR, CTPU_VM_WHERE,
     CTPU_VM_CLAMP, CTPU_VM_COPY,
 };
-enum { CTPU_VM_ROUND_BF16 = 1, CTPU_VM_SCALAR_FIRST = 2 };
+enum { CTPU_VM_ROUND_BF16 = 1, CTPU_VM_SCALAR_FIRST = 2, CTPU_VM_DIRECT = 4 };
 
 /* One instruction. LOAD: dst <- external operand a. STORE: register a -> the
  * bound slot `scalar` in dtype `kop`. Others: dst <- kernel kop over a, b, c;
- * `scalar` indexes the runtime scalars. */
+ * `scalar` indexes the runtime scalars; with DIRECT the result is computed
+ * in place in the f32 slot `scalar2` (block by block, the register then
+ * points there). Safe with in-place parameter writes: a program writes an
+ * input's storage only after its last read (trace.c alias_safe). */
 typedef struct {
     uint8_t kind, kop, flags;
     int16_t dst, a, b, c;
     int32_t scalar;
+    int32_t scalar2;     /* DIRECT: the bound f32 slot the result is written into */
 } ctpu_vm_ins;
 
 typedef struct {
