@@ -342,8 +342,14 @@ ctpu_tensor ctpu_matmul(ctpu_tensor a, ctpu_tensor b);
  * "cache_requests", "cache_hits", "cache_misses", "syncs", "hbm_bytes_allocated").
  * Unknown names give 0. */
 int64_t ctpu_metric_counter(const char *name);
-/* Print the metrics report (counters and timers) to f (stderr if NULL). */
+/* Print the metrics report to f (stderr if NULL), as PyTorch/XLA's
+ * metrics report: every timer (TotalSamples, Accumulator, Mean,
+ * Percentiles in us; "count" distributions such as
+ * fused_kernels_per_program without units), then every non-zero counter,
+ * then HBM in use / peak and the cache hit rate. */
 void ctpu_metrics_report(FILE *f);
+/* Zero counters, timers, the per-step history and the run's cost totals
+ * (the program cache and its entries stay). */
 void ctpu_metrics_clear(void);
 
 
@@ -431,6 +437,125 @@ ctpu_status ctpu_cache_set_only(bool on);
  * "step 469: program 2 -> 3: input 0 dim 0: 128 -> 96". Writes at most len
  * bytes (NUL-terminated); returns the number of lines. */
 int ctpu_cache_recompile_log(char *buf, size_t len);
+
+
+/* ============================================================== reports
+ * Observability (DESIGN.md "Observability"): the metrics registry, the
+ * compile-cache report, a Perfetto/Chrome trace and a TPU cost estimate.
+ *
+ * At ctpu_shutdown: TORCH_TPU_METRICS_FILE=path writes ctpu_metrics_json()
+ * to path; TORCH_TPU_TRACE_FILE=path writes the trace; without a metrics
+ * file, one line on stderr gives the compile-cache totals (requests, hits
+ * and hit rate, compiles, compile time) when anything was compiled;
+ * CTPU_QUIET=1 silences it. tools/ctpu-report renders metrics files. */
+
+/* The metrics as a JSON document (counters, timers with percentiles, HBM,
+ * cache and per-program figures, recompiles, trace cuts, host reads,
+ * matmul shapes, per-op and per-run cost estimates, the per-step history).
+ * Returns a string allocated with malloc: the caller frees it with free().
+ * NULL with CTPU_ERR_NOT_INITIALIZED or CTPU_ERR_OOM. */
+char *ctpu_metrics_json(void);
+/* Write ctpu_metrics_json() to path. Errors: CTPU_ERR_INVALID_ARG (NULL
+ * path), CTPU_ERR_IO (the message names the file and the reason). */
+ctpu_status ctpu_metrics_write(const char *path);
+
+/* The compile-cache report and the cost table of this run, as text, to f
+ * (stdout if NULL): hit rate overall and per program (first ops, input
+ * shapes), compiles, recompiles with the dim that changed and the step,
+ * trace cuts by reason, host reads by label, evictions and thrash, warm-up
+ * steps, advice lines, matmul MXU utilisation, estimated device time, MFU
+ * and cost per chip. Same text as `ctpu-report` on the metrics file. */
+ctpu_status ctpu_cache_report(FILE *f);
+
+/* A call-site label for this thread's host reads (ctpu_to_host, ctpu_item)
+ * from now on, e.g. "loss.item"; the cache report counts reads and the
+ * trace cuts they cause per label. NULL or "" clears it. Copied (up to 63
+ * bytes). Errors: CTPU_ERR_NOT_INITIALIZED. */
+ctpu_status ctpu_set_host_read_label(const char *label);
+
+/* Steps per epoch, for the per-epoch figures of the cost table (default:
+ * the whole run is one epoch). Errors: CTPU_ERR_INVALID_ARG (n < 0; 0
+ * restores the default), CTPU_ERR_NOT_INITIALIZED. */
+ctpu_status ctpu_set_steps_per_epoch(int64_t n);
+
+/* A roofline ESTIMATE of device time (not a measurement). Formula:
+ *   mxu_s    = 2 * padded MACs * passes / peak_bf16_flops, each of M, N, K
+ *              rounded up to a multiple of the MXU side (128 or 256);
+ *              passes 1/3/6 for precision default/high/highest
+ *   vector_s = vector ops / (peak_bf16_flops / 32): 1 op per element for
+ *              simple elementwise ops, 8 for transcendentals and division,
+ *              1 per input element for reductions, 12 for softmax
+ *   hbm_s    = bytes read and written at the program's boundary /
+ *              (hbm_gbps * 1e9)
+ *   total_s  = max(mxu_s, vector_s, hbm_s)
+ * The VPU rate (1/32 of the MXU peak) is an assumption. */
+typedef struct {
+    double mxu_s, vector_s, hbm_s, total_s;  /* seconds */
+    double flops;             /* useful matmul FLOPs (2 per MAC) */
+    double vector_ops;        /* vector-unit operations */
+    double hbm_bytes;         /* bytes moved to and from HBM */
+    double macs_useful;       /* batch * M * N * K */
+    double macs_padded;       /* with M, N, K padded to the MXU side */
+    double mxu_utilization;   /* macs_useful / macs_padded; 0 without matmul */
+} ctpu_cost_estimate;
+
+/* Estimate one matmul [batch x] [m,k] x [k,n] -> [m,n] on a chip profile
+ * ("v5e", "v5p", "v6e", "7x"), operands and result of dtype dt read from and
+ * written to HBM once, at precision p. Example: 256x256x256 bf16 on v5e:
+ * mxu_s = 2*256^3/197e12 = 0.170 us, hbm_s = 3*256*256*2 B / 819 GB/s =
+ * 0.480 us, total 0.480 us. Errors: CTPU_ERR_INVALID_ARG (unknown chip,
+ * negative extent, bad dtype or precision, NULL out). No init needed. */
+ctpu_status ctpu_cost_matmul(const char *chip, int64_t batch, int64_t m, int64_t k, int64_t n, ctpu_dtype dt,
+                             ctpu_precision p, ctpu_cost_estimate *out);
+
+#define CTPU_COST_MAX_CHIPS 8
+/* The run on one chip profile, from the per-op / per-program estimates of
+ * every program launched so far (all modes). */
+typedef struct {
+    const char *chip;          /* profile name */
+    int mxu_size;              /* MXU side */
+    bool price_known;          /* false: no public on-demand price (7x) */
+    double usd_per_chip_hour;  /* on-demand list price; 0 if unknown */
+    double run_s;              /* estimated device seconds for the run */
+    double step_s, epoch_s;    /* per step and per epoch, seconds */
+    double mfu;                /* model FLOPs / (run_s * peak_bf16_flops), in [0,1] */
+    double mxu_utilization;    /* useful / padded MACs on this chip's MXU */
+    double usd_run, usd_epoch; /* one chip; -1 when the price is unknown */
+} ctpu_cost_row;
+
+typedef struct {
+    int n_rows;                /* one per chip profile */
+    ctpu_cost_row rows[CTPU_COST_MAX_CHIPS];
+    int current;               /* the row of the emulated chip */
+    uint64_t steps;            /* marked steps so far (per-step figures divide by max(1, steps)) */
+    uint64_t steps_per_epoch;  /* ctpu_set_steps_per_epoch, else steps */
+    double model_flops;        /* useful matmul FLOPs of the run */
+    double hbm_bytes;          /* estimated HBM traffic of the run on the current chip, bytes */
+    double vector_ops;
+} ctpu_cost_table;
+
+/* The cost table of the run so far. Errors: CTPU_ERR_NOT_INITIALIZED,
+ * CTPU_ERR_INVALID_ARG (out NULL). */
+ctpu_status ctpu_cost_table_get(ctpu_cost_table *out);
+/* Print a cost table (labelled as an estimate) to f (stdout if NULL).
+ * Errors: CTPU_ERR_INVALID_ARG (t NULL or n_rows out of range). */
+ctpu_status ctpu_cost_table_print(const ctpu_cost_table *t, FILE *f);
+
+/* Rendering of metrics JSON documents (what tools/ctpu-report prints). No
+ * init needed. Errors: CTPU_ERR_INVALID_ARG (NULL or bad format),
+ * CTPU_ERR_IO (not JSON, truncated, or not a ctpu metrics document: the
+ * message says which and where). */
+typedef enum { CTPU_REPORT_TEXT = 0, CTPU_REPORT_MARKDOWN = 1, CTPU_REPORT_JSON = 2, CTPU_REPORT_FORMAT_COUNT }
+    ctpu_report_format;
+/* The cache report and cost table of one run; name labels it (may be NULL). */
+ctpu_status ctpu_report_render(const char *json, const char *name, ctpu_report_format fmt, FILE *f);
+/* Two runs side by side (e.g. strict vs fused): counters, hit rates,
+ * compile and execute time, estimated device time, MFU and cost. */
+ctpu_status ctpu_report_compare(const char *json_a, const char *name_a, const char *json_b, const char *name_b,
+                                ctpu_report_format fmt, FILE *f);
+/* An SVG plot of compiles (cumulative) and cache hits per step for n >= 1
+ * runs (from their per-step history). */
+ctpu_status ctpu_report_plot_svg(int n, const char *const *jsons, const char *const *names, FILE *f);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,7 @@
 /* The emulated chip: HBM arena, the stream and its device thread, kernel
  * workers, sticky faults. */
 #include "device.h"
+#include "tracefile.h"
 
 #include <errno.h>
 #include <math.h>
@@ -296,7 +297,9 @@ static void execute(ctpu_device *dev, ctpu_cmd *cmd)
             prog->steps[s].fn(prog->steps[s].data, &ctx);
             if (ctx.fault_status != CTPU_OK) break;
         }
-        ctpu_timer_add(dev->metrics, CTPU_TMR_EXECUTE_TIME, ctpu_now_ns() - t0);
+        uint64_t t1 = ctpu_now_ns();
+        ctpu_timer_add(dev->metrics, CTPU_TMR_EXECUTE_TIME, t1 - t0);
+        if (dev->metrics->trace) ctpu_trace_program(dev->metrics->trace, prog->name, cmd->seq, prog->n_steps, t0, t1);
         if (ctx.fault_status == CTPU_OK && cmd->debug_checks && prog->out_dtype) {
             for (int o = 0; o < prog->n_out; o++) {
                 if (has_nan(ptr[prog->n_in + o], prog->out_dtype[o], prog->out_numel[o])) {

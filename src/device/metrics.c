@@ -10,13 +10,19 @@ static const char *const counter_names[CTPU_CTR_COUNT] = {
 #undef X
 };
 static const char *const timer_names[CTPU_TMR_COUNT] = {
-#define X(e, n) n,
+#define X(e, n, u) n,
+    CTPU_TIMER_TABLE(X)
+#undef X
+};
+static const char *const timer_units[CTPU_TMR_COUNT] = {
+#define X(e, n, u) u,
     CTPU_TIMER_TABLE(X)
 #undef X
 };
 
 const char *ctpu_counter_name(ctpu_counter_id id) { return counter_names[id]; }
 const char *ctpu_timer_name(ctpu_timer_id id) { return timer_names[id]; }
+const char *ctpu_timer_unit(ctpu_timer_id id) { return timer_units[id]; }
 
 uint64_t ctpu_now_ns(void)
 {
@@ -30,6 +36,9 @@ void ctpu_metrics_init(ctpu_metrics *m)
     for (int i = 0; i < CTPU_CTR_COUNT; i++) atomic_init(&m->counters[i], 0);
     pthread_mutex_init(&m->timer_mu, NULL);
     memset(m->timers, 0, sizeof m->timers);
+    memset(&m->hist, 0, sizeof m->hist);
+    m->hist.stride = 1;
+    m->trace = NULL;
 }
 
 void ctpu_metrics_destroy(ctpu_metrics *m) { pthread_mutex_destroy(&m->timer_mu); }
@@ -39,6 +48,57 @@ void ctpu_metrics_reset(ctpu_metrics *m)
     for (int i = 0; i < CTPU_CTR_COUNT; i++) atomic_store(&m->counters[i], 0);
     pthread_mutex_lock(&m->timer_mu);
     memset(m->timers, 0, sizeof m->timers);
+    memset(&m->hist, 0, sizeof m->hist);
+    m->hist.stride = 1;
+    pthread_mutex_unlock(&m->timer_mu);
+}
+
+void ctpu_timer_get(ctpu_metrics *m, ctpu_timer_id id, ctpu_timer *out)
+{
+    pthread_mutex_lock(&m->timer_mu);
+    *out = m->timers[id];
+    pthread_mutex_unlock(&m->timer_mu);
+}
+
+void ctpu_metrics_step(ctpu_metrics *m, uint64_t step)
+{
+    ctpu_step_point p = {
+        .step = step,
+        .requests = (uint64_t)(atomic_load(&m->counters[CTPU_CTR_CACHE_REQUESTS]) +
+                               atomic_load(&m->counters[CTPU_CTR_STRICT_CACHE_REQUESTS])),
+        .hits = (uint64_t)(atomic_load(&m->counters[CTPU_CTR_CACHE_HITS]) +
+                           atomic_load(&m->counters[CTPU_CTR_STRICT_CACHE_HITS])),
+        .compiles = (uint64_t)atomic_load(&m->counters[CTPU_CTR_PROGRAMS_COMPILED]),
+    };
+    pthread_mutex_lock(&m->timer_mu);
+    ctpu_step_history *h = &m->hist;
+    if (h->stride == 0) h->stride = 1;
+    h->steps++;
+    bool compiled = p.compiles != h->last_compiles;
+    h->last_compiles = p.compiles;
+    if (compiled) {
+        h->compile_steps++;
+        h->last_compile_step = step;
+        if (h->warm) h->late_compile_steps++;
+        else h->warmup_steps = h->steps;
+    } else if (p.compiles > 0) {
+        h->warm = true;
+    }
+    if (h->steps % h->stride == 0) {
+        if (h->n == CTPU_HISTORY_CAP) {
+            for (size_t i = 0; i < CTPU_HISTORY_CAP / 2; i++) h->pts[i] = h->pts[2 * i + 1];
+            h->n = CTPU_HISTORY_CAP / 2;
+            h->stride *= 2;
+        }
+        if (h->steps % h->stride == 0) h->pts[h->n++] = p;
+    }
+    pthread_mutex_unlock(&m->timer_mu);
+}
+
+void ctpu_metrics_history(ctpu_metrics *m, ctpu_step_history *out)
+{
+    pthread_mutex_lock(&m->timer_mu);
+    *out = m->hist;
     pthread_mutex_unlock(&m->timer_mu);
 }
 
@@ -86,6 +146,8 @@ static uint64_t percentile_locked(const ctpu_timer *t, double p)
     return tmp[k < n ? k : n - 1];
 }
 
+uint64_t ctpu_timer_sample_percentile(const ctpu_timer *t, double p) { return percentile_locked(t, p); }
+
 uint64_t ctpu_timer_percentile(ctpu_metrics *m, ctpu_timer_id id, double p)
 {
     pthread_mutex_lock(&m->timer_mu);
@@ -101,11 +163,22 @@ void ctpu_metrics_print(ctpu_metrics *m, FILE *f)
     for (int i = 0; i < CTPU_TMR_COUNT; i++) {
         const ctpu_timer *t = &m->timers[i];
         if (t->count == 0) continue;
-        fprintf(f, "Metric: %s\n  TotalSamples: %llu\n  Accumulator: %.3f ms\n"
-                   "  Percentiles: 1%%=%.3f us; 50%%=%.3f us; 95%%=%.3f us; 99%%=%.3f us\n",
+        if (strcmp(timer_units[i], "ns") != 0) {
+            fprintf(f, "Metric: %s\n  TotalSamples: %llu\n  Accumulator: %llu\n  ValueRate: %.3f per sample\n"
+                       "  Percentiles: 1%%=%llu; 50%%=%llu; 95%%=%llu; 99%%=%llu; max=%llu\n",
+                    timer_names[i], (unsigned long long)t->count, (unsigned long long)t->total_ns,
+                    (double)t->total_ns / (double)t->count, (unsigned long long)percentile_locked(t, 1),
+                    (unsigned long long)percentile_locked(t, 50), (unsigned long long)percentile_locked(t, 95),
+                    (unsigned long long)percentile_locked(t, 99), (unsigned long long)t->max_ns);
+            continue;
+        }
+        fprintf(f, "Metric: %s\n  TotalSamples: %llu\n  Accumulator: %.3f ms\n  Mean: %.3f us\n"
+                   "  Percentiles: 1%%=%.3f us; 50%%=%.3f us; 95%%=%.3f us; 99%%=%.3f us; max=%.3f us\n",
                 timer_names[i], (unsigned long long)t->count, (double)t->total_ns / 1e6,
+                (double)t->total_ns / (double)t->count / 1e3,
                 (double)percentile_locked(t, 1) / 1e3, (double)percentile_locked(t, 50) / 1e3,
-                (double)percentile_locked(t, 95) / 1e3, (double)percentile_locked(t, 99) / 1e3);
+                (double)percentile_locked(t, 95) / 1e3, (double)percentile_locked(t, 99) / 1e3,
+                (double)t->max_ns / 1e3);
     }
     pthread_mutex_unlock(&m->timer_mu);
     for (int i = 0; i < CTPU_CTR_COUNT; i++) {

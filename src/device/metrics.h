@@ -1,12 +1,17 @@
 /* Metrics registry: named counters and timers (PyTorch/XLA metrics style).
  * Counters are atomics indexed by an enum generated from one table; timers
  * keep count, total, min, max and a bounded ring of recent samples for
- * percentiles. Thread-safe. */
+ * percentiles (a timer's unit is ns, or "count" for distributions such as
+ * fused kernels per program). A bounded per-step history of cumulative
+ * cache requests / hits / compiles feeds the reports' plots and warm-up
+ * figure. Thread-safe. */
 #ifndef CTPU_METRICS_H
 #define CTPU_METRICS_H
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -50,10 +55,13 @@
     X(CUT_LIMIT,           "trace_cuts_length_limit") \
     X(CUT_MODE,            "trace_cuts_mode_switch")
 
+/* X(ENUM, "name", "unit"): unit "ns" (durations) or "count" (distributions). */
 #define CTPU_TIMER_TABLE(X) \
-    X(COMPILE_TIME,  "compile_time") \
-    X(EXECUTE_TIME,  "execute_time") \
-    X(SYNC_WAIT,     "sync_wait")
+    X(COMPILE_TIME,  "compile_time", "ns") \
+    X(EXECUTE_TIME,  "execute_time", "ns") \
+    X(SYNC_WAIT,     "sync_wait", "ns") \
+    X(PROGRAM_OPS,   "ops_per_program", "count") \
+    X(FUSED_KERNELS, "fused_kernels_per_program", "count")
 
 typedef enum {
 #define X(e, n) CTPU_CTR_##e,
@@ -63,7 +71,7 @@ typedef enum {
 } ctpu_counter_id;
 
 typedef enum {
-#define X(e, n) CTPU_TMR_##e,
+#define X(e, n, u) CTPU_TMR_##e,
     CTPU_TIMER_TABLE(X)
 #undef X
     CTPU_TMR_COUNT
@@ -75,10 +83,35 @@ typedef struct {
     uint64_t samples[CTPU_TIMER_SAMPLES];
 } ctpu_timer;
 
+/* Per-step history: cumulative figures at recorded steps. Bounded: when the
+ * ring is full every other point is dropped and the stride doubles, so the
+ * whole run stays covered at a coarser grain. */
+#define CTPU_HISTORY_CAP 512
+typedef struct {
+    uint64_t step, requests, hits, compiles;
+} ctpu_step_point;
+
+typedef struct {
+    ctpu_step_point pts[CTPU_HISTORY_CAP];
+    size_t n;
+    uint64_t stride;         /* a point every stride-th step */
+    uint64_t steps;          /* steps seen */
+    uint64_t last_compiles;
+    uint64_t warmup_steps;   /* steps up to the last compile before the first all-hit step */
+    uint64_t compile_steps;  /* steps that compiled anything */
+    uint64_t late_compile_steps; /* ... after the cache first went all-hit */
+    uint64_t last_compile_step;
+    bool warm;               /* an all-hit step has been seen */
+} ctpu_step_history;
+
+struct ctpu_tracebuf;
+
 typedef struct ctpu_metrics {
     atomic_llong counters[CTPU_CTR_COUNT];
     pthread_mutex_t timer_mu;
     ctpu_timer timers[CTPU_TMR_COUNT];
+    ctpu_step_history hist;        /* under timer_mu */
+    struct ctpu_tracebuf *trace;   /* Perfetto events, or NULL (not owned; tracefile.h) */
 } ctpu_metrics;
 
 void ctpu_metrics_init(ctpu_metrics *m);
@@ -92,10 +125,21 @@ void ctpu_timer_add(ctpu_metrics *m, ctpu_timer_id id, uint64_t ns);
 long long ctpu_metrics_counter_by_name(ctpu_metrics *m, const char *name);
 /* Percentile p in [0,100] of a timer's recent samples (ns). */
 uint64_t ctpu_timer_percentile(ctpu_metrics *m, ctpu_timer_id id, double p);
+/* The same on a copy (ctpu_timer_get). */
+uint64_t ctpu_timer_sample_percentile(const ctpu_timer *t, double p);
 void ctpu_metrics_print(ctpu_metrics *m, FILE *f);
+/* Zero counters, timers and the history (the trace buffer is kept). */
 void ctpu_metrics_reset(ctpu_metrics *m);
 const char *ctpu_counter_name(ctpu_counter_id id);
 const char *ctpu_timer_name(ctpu_timer_id id);
+const char *ctpu_timer_unit(ctpu_timer_id id);
+/* A consistent copy of a timer (for reports). */
+void ctpu_timer_get(ctpu_metrics *m, ctpu_timer_id id, ctpu_timer *out);
+/* End of a step (mark_step, or a loop-detector cut when no step is marked):
+ * appends the cumulative cache figures to the history. */
+void ctpu_metrics_step(ctpu_metrics *m, uint64_t step);
+/* A copy of the history. */
+void ctpu_metrics_history(ctpu_metrics *m, ctpu_step_history *out);
 
 uint64_t ctpu_now_ns(void);
 

@@ -408,6 +408,7 @@ ctpu_status ctpu__defer_flush(ctpu_cut_reason why)
     ctpu_compiled *prog = ctpu_cache_lookup(rt->fused_cache, key, klen, NULL, &opts, &res, err, sizeof err);
     free(key);
     int n_nodes = mc.have_fin ? mc.fin.t.n_nodes : 0;
+    ctpu__report_cut(why, mc.have_fin ? &mc.fin.t : NULL, &res, prog);   /* report.c: programs, cuts, trace */
     if (mc.have_fin) ctpu_trace_final_free(&mc.fin);
     ctpu_counter_add(m, CTPU_CTR_CACHE_REQUESTS, 1);
     ctpu_counter_add(m, CTPU_CTR_FUSED_CACHE_REQUESTS, 1);

@@ -38,6 +38,7 @@ typedef struct ctpu_runtime {
     atomic_bool user_marks_steps;    /* loop detector 'auto' turns off at the first mark */
     atomic_uint_fast64_t marked_steps;
     atomic_bool cache_only;          /* ctpu_cache_set_only / TORCH_TPU_CACHE_ONLY */
+    struct ctpu_report_state *report; /* reports, cost totals, trace buffer (report.c) */
 
     /* tensor records: pages of slots, never moved */
     pthread_mutex_t slot_mu;
@@ -153,6 +154,21 @@ ctpu_status ctpu__defer_assign(ctpu_trec *dst, ctpu_tensor dst_h, ctpu_trec *src
 /* A new handle for the same pending value (views of pending values). */
 ctpu_tensor ctpu__defer_alias_handle(ctpu_trec *rec, const char *op);
 void ctpu__defer_thread_reset(void);
+
+/* ------------------------------------------------------------ reports (report.c) */
+/* A defer-and-fuse cut (defer.c, after the cache lookup): why is a
+ * ctpu_cut_reason; t the keyed trace (NULL if none: the program's shapes
+ * stay unknown); res NULL when no lookup happened; prog NULL when nothing
+ * launches. */
+void ctpu__report_cut(int why, const ctpu_trace *t, const ctpu_cache_result *res, const ctpu_compiled *prog);
+/* A strict/debug op launched (dispatch.c): the node, its input types. */
+void ctpu__report_op(const ctpu_node *n, const ctpu_vtype *in, bool hit, const ctpu_compiled *prog);
+/* A host read (tensor.c ctpu_to_host), before it waits. */
+void ctpu__report_host_read(size_t bytes);
+/* After a marked step (tensor.c ctpu_mark_step). */
+void ctpu__report_step(void);
+/* ctpu_sync, at its end; t0 = its start. */
+void ctpu__report_sync(uint64_t t0_ns);
 
 /* Test hooks (tests/ only). */
 void ctpu__test_device_hold(bool hold);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "eager.h"
+#include "report.h"
 
 ctpu_runtime *ctpu_rt = NULL;
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -237,6 +238,7 @@ static void runtime_free(ctpu_runtime *rt)
     for (uint32_t p = 0; p < rt->n_pages; p++) free(rt->pages[p]);
     free(rt->pages);
     free(rt->free_list);
+    ctpu__report_free(rt);
     free(rt->metrics_file);
     free(rt->trace_file);
     ctpu_metrics_destroy(&rt->metrics);
@@ -269,6 +271,13 @@ ctpu_status ctpu_init(void)
         ctpu_set_error(CTPU_ERR_ENV, "%s", err);
         return CTPU_ERR_ENV;
     }
+    ctpu_status rst = ctpu__report_init(rt, err, sizeof err);
+    if (rst != CTPU_OK) {
+        runtime_free(rt);
+        pthread_mutex_unlock(&init_mu);
+        ctpu_set_error(rst, "%s", err);
+        return rst;
+    }
     rt->debug_checks = rt->debug_checks_env >= 0 ? rt->debug_checks_env == 1 : rt->mode == CTPU_MODE_DEBUG;
     ctpu_kernels_set_isa(rt->isa);
     rt->pages = calloc(CTPU_MAX_PAGES, sizeof *rt->pages);
@@ -300,6 +309,7 @@ void ctpu_shutdown(void)
     if (!rt) { pthread_mutex_unlock(&init_mu); return; }
     ctpu__defer_thread_reset();     /* an unfinished trace of this thread is dropped */
     ctpu_device_wait(rt->dev, 0);
+    ctpu__report_shutdown(rt);      /* TORCH_TPU_METRICS_FILE / summary line, TORCH_TPU_TRACE_FILE */
     ctpu__tensors_shutdown(rt);
     ctpu_device_wait(rt->dev, 0);
     ctpu_rt = NULL;
@@ -391,12 +401,14 @@ ctpu_precision ctpu_get_matmul_precision(void)
 ctpu_status ctpu_sync(void)
 {
     if (!ctpu_check_init("sync")) return CTPU_ERR_NOT_INITIALIZED;
+    uint64_t t0 = ctpu_now_ns();
     ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_SYNCS, 1);
     ctpu_status fst = ctpu__defer_flush(CTPU_CUT_SYNC);
     ctpu_device_wait(ctpu_rt->dev, 0);
     char msg[256];
     ctpu_status st = ctpu_device_take_error(ctpu_rt->dev, msg, sizeof msg);
     if (st != CTPU_OK) ctpu_set_error(st, "%s", msg);
+    ctpu__report_sync(t0);
     return st != CTPU_OK ? st : fst;
 }
 
@@ -437,17 +449,7 @@ int64_t ctpu_metric_counter(const char *name)
     return v < 0 ? 0 : v;
 }
 
-void ctpu_metrics_report(FILE *f)
-{
-    if (!f) f = stderr;
-    if (!ctpu_rt) { fprintf(f, "ctpu metrics report: runtime not initialised\n"); return; }
-    ctpu_metrics_print(&ctpu_rt->metrics, f);
-}
-
-void ctpu_metrics_clear(void)
-{
-    if (ctpu_rt) ctpu_metrics_reset(&ctpu_rt->metrics);
-}
+/* ctpu_metrics_report, ctpu_metrics_clear: report.c */
 
 /* ------------------------------------------------------------ test hooks */
 void ctpu__test_device_hold(bool hold)

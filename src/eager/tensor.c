@@ -287,6 +287,7 @@ ctpu_status ctpu_mark_step(void)
     atomic_store(&ctpu_rt->user_marks_steps, true);
     ctpu_status st = ctpu__defer_flush(CTPU_CUT_MARK_STEP);
     atomic_fetch_add(&ctpu_rt->marked_steps, 1);
+    ctpu__report_step();   /* report.c: per-step history */
     return st;
 }
 
@@ -388,6 +389,7 @@ ctpu_status ctpu_to_host(ctpu_tensor t, void *dst, size_t dst_bytes)
         return CTPU_ERR_INVALID_ARG;
     }
     ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_HOST_READS, 1);
+    ctpu__report_host_read(bytes);   /* report.c: reads by call-site label */
     if (!ctpu__materialize(r, "to_host", CTPU_CUT_HOST_READ)) return ctpu_last_status();
     ctpu_device_wait(ctpu_rt->dev, 0);
     unsigned f = atomic_load(&r->buf->fault);

@@ -1,0 +1,48 @@
+/* TPU cost model: a roofline ESTIMATE (not a measurement) of device time on
+ * a chip profile (chips.c), per op and per program.
+ *
+ *   mxu_s    = 2 * padded_MACs * passes / peak_bf16_flops
+ *              padded_MACs = batch * pad(M) * pad(N) * pad(K), pad(x) = x
+ *              rounded up to a multiple of the MXU side (128 or 256);
+ *              passes = 1 / 3 / 6 for matmul precision default/high/highest
+ *   vector_s = vector_ops / (peak_bf16_flops / CTPU_COST_VPU_RATIO)
+ *              vector_ops per output element: 1 for simple elementwise ops,
+ *              CTPU_COST_TRANSCENDENTAL for exp/log/tanh/sigmoid/gelu/pow/
+ *              sqrt/rsqrt/div; per input element: 1 for reductions,
+ *              CTPU_COST_SOFTMAX for softmax/log_softmax; 0 for data movement
+ *   hbm_s    = (bytes read + bytes written at the program's boundary) /
+ *              (hbm_gbps * 1e9); a one-op program reads its inputs and
+ *              writes its output; in a fused program intermediates stay on
+ *              chip and only inputs and live-outs count
+ *   total_s  = max(mxu_s, vector_s, hbm_s)   (compute and traffic overlap)
+ *
+ * Utilisation per matmul = useful / padded MACs; MFU of a run = useful
+ * matmul FLOPs / (estimated time * peak_bf16_flops). The VPU ratio is an
+ * assumption (no public per-chip VPU figure is in the profiles). */
+#ifndef CTPU_COSTMODEL_H
+#define CTPU_COSTMODEL_H
+
+#include "ctpu.h"
+#include "ops.h"
+
+#define CTPU_COST_VPU_RATIO 32.0
+#define CTPU_COST_TRANSCENDENTAL 8.0
+#define CTPU_COST_SOFTMAX 12.0
+
+/* Matmul dims of a matmul node (out [..., M, N], K from a); false if n is
+ * not a matmul. */
+bool ctpu_cost_matmul_dims(const ctpu_node *n, const ctpu_vtype *a, int64_t *batch, int64_t *m, int64_t *k,
+                           int64_t *nn);
+/* Add a matmul's MXU work to e (no HBM traffic). */
+void ctpu_cost_add_matmul(const ctpu_chip_info *c, int64_t batch, int64_t m, int64_t k, int64_t n, int passes,
+                          ctpu_cost_estimate *e);
+/* Add one node's compute (MXU or vector; no HBM traffic). in[i] is the type
+ * of input i. */
+void ctpu_cost_add_node(const ctpu_chip_info *c, const ctpu_node *n, const ctpu_vtype *const *in,
+                        ctpu_cost_estimate *e);
+/* Bytes of a value of this type. */
+double ctpu_cost_bytes(const ctpu_vtype *t);
+/* Fill hbm_s, total_s and mxu_utilization from the sums. */
+void ctpu_cost_finish(const ctpu_chip_info *c, ctpu_cost_estimate *e);
+
+#endif

@@ -1,0 +1,869 @@
+/* Reports (DESIGN.md "Observability"): the runtime's report state (programs
+ * seen, host reads by label, matmul shapes, per-op and per-run cost
+ * estimates), the hooks the dispatch / defer / step paths call, the metrics
+ * JSON document, the shutdown summary and files, and the public cost API.
+ * Rendering of JSON documents (text, markdown, comparisons, plots) is in
+ * report_render.c, so the library and tools/ctpu-report print the same. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <cJSON.h>
+
+#include "eager.h"
+#include "report.h"
+#include "device/costmodel.h"
+#include "device/tracefile.h"
+
+#define MAX_LABELS 32
+#define MAX_MMS 64
+#define PROG_MMS 8
+
+typedef struct {
+    int64_t batch, m, k, n;
+} mm_dims;
+
+typedef struct {
+    bool known;                      /* compiled while the report saw its trace */
+    char ops[128];                   /* first ops, "matmul→add→relu→…" */
+    char inputs[200];                /* first input types */
+    int n_ops, n_kernels, n_inputs;
+    uint64_t compile_ns;
+    uint64_t launches, hits, first_step, last_step;
+    double est_s[CTPU_COST_MAX_CHIPS];   /* per launch, per chip profile */
+    double hbm_bytes, flops, vector_ops;
+    double macs_useful[CTPU_COST_MAX_CHIPS], macs_padded[CTPU_COST_MAX_CHIPS];
+    mm_dims mm[PROG_MMS];
+    int n_mm;
+    float *op_s;                     /* [CTPU_OP_COUNT] compute seconds per op on the current chip, or NULL */
+    uint32_t *op_n;                  /* [CTPU_OP_COUNT] nodes per op */
+} prog_rec;
+
+typedef struct {
+    char label[64];
+    uint64_t reads, cuts;
+} label_rec;
+
+typedef struct {
+    mm_dims d;
+    uint64_t count;
+} mm_rec;
+
+struct ctpu_report_state {
+    pthread_mutex_t mu;
+    prog_rec *progs;                 /* index = program id - 1 */
+    size_t n_progs;
+    label_rec labels[MAX_LABELS];
+    int n_labels;
+    mm_rec mms[MAX_MMS];             /* strict-mode matmuls (fused ones are per program) */
+    int n_mms;
+    uint64_t op_count[CTPU_OP_COUNT];
+    double op_s[CTPU_OP_COUNT];      /* compute seconds per op on the current chip */
+    int n_chips, current;
+    const ctpu_chip_info *chips[CTPU_COST_MAX_CHIPS];
+    double run_s[CTPU_COST_MAX_CHIPS];
+    double macs_useful[CTPU_COST_MAX_CHIPS], macs_padded[CTPU_COST_MAX_CHIPS];
+    double flops, hbm_bytes, hbm_s, vector_ops;
+    uint64_t loop_cuts;
+    int64_t steps_per_epoch;
+    bool quiet;
+    ctpu_tracebuf *trace;
+};
+
+static _Thread_local struct {
+    uint64_t epoch;
+    char label[64];
+} t_label;
+
+static const char *const cut_names[CTPU_CUT_COUNT] = {
+    "mark_step", "host_read", "sync", "loop_detector", "length_limit", "mode_switch",
+};
+
+/* ------------------------------------------------------------ lifecycle */
+ctpu_status ctpu__report_init(ctpu_runtime *rt, char *err, size_t len)
+{
+    ctpu_report_state *r = calloc(1, sizeof *r);
+    if (!r) { snprintf(err, len, "ctpu_init: out of host memory"); return CTPU_ERR_OOM; }
+    pthread_mutex_init(&r->mu, NULL);
+    const char *v = getenv("CTPU_QUIET");
+    if (v) {
+        if (strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0) r->quiet = true;
+        else if (!(strcmp(v, "0") == 0 || strcasecmp(v, "false") == 0)) {
+            snprintf(err, len, "ctpu_init: CTPU_QUIET=\"%s\" is not a boolean (use 1/0/true/false)", v);
+            pthread_mutex_destroy(&r->mu);
+            free(r);
+            return CTPU_ERR_ENV;
+        }
+    }
+    int n;
+    const ctpu_chip_info *p = ctpu_chip_profiles(&n);
+    if (n > CTPU_COST_MAX_CHIPS) n = CTPU_COST_MAX_CHIPS;
+    r->n_chips = n;
+    for (int i = 0; i < n; i++) {
+        r->chips[i] = &p[i];
+        if (rt->chip && strcmp(p[i].name, rt->chip->name) == 0) r->current = i;
+    }
+    if (rt->trace_file) {
+        r->trace = ctpu_tracebuf_create(CTPU_TRACE_DEFAULT_EVENTS);
+        if (!r->trace) {
+            snprintf(err, len, "ctpu_init: out of host memory for the trace buffer (TORCH_TPU_TRACE_FILE)");
+            pthread_mutex_destroy(&r->mu);
+            free(r);
+            return CTPU_ERR_OOM;
+        }
+    }
+    rt->metrics.trace = r->trace;
+    rt->report = r;
+    return CTPU_OK;
+}
+
+static void prog_free(prog_rec *p)
+{
+    free(p->op_s);
+    free(p->op_n);
+}
+
+void ctpu__report_free(ctpu_runtime *rt)
+{
+    ctpu_report_state *r = rt ? rt->report : NULL;
+    if (!r) return;
+    for (size_t i = 0; i < r->n_progs; i++) prog_free(&r->progs[i]);
+    free(r->progs);
+    rt->metrics.trace = NULL;
+    ctpu_tracebuf_destroy(r->trace);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+    rt->report = NULL;
+}
+
+static void totals_clear(ctpu_report_state *r)
+{
+    for (size_t i = 0; i < r->n_progs; i++) {
+        r->progs[i].launches = 0;
+        r->progs[i].hits = 0;
+    }
+    for (int i = 0; i < r->n_labels; i++) r->labels[i].reads = r->labels[i].cuts = 0;
+    r->n_mms = 0;
+    memset(r->op_count, 0, sizeof r->op_count);
+    memset(r->op_s, 0, sizeof r->op_s);
+    memset(r->run_s, 0, sizeof r->run_s);
+    memset(r->macs_useful, 0, sizeof r->macs_useful);
+    memset(r->macs_padded, 0, sizeof r->macs_padded);
+    r->flops = r->hbm_bytes = r->hbm_s = r->vector_ops = 0;
+    r->loop_cuts = 0;
+}
+
+/* ------------------------------------------------------------ helpers */
+static const char *label_now(void)
+{
+    if (!ctpu_rt || t_label.epoch != ctpu_rt->epoch) return "";
+    return t_label.label;
+}
+
+static label_rec *label_get(ctpu_report_state *r, const char *label)
+{
+    const char *l = label[0] ? label : "(unlabelled)";
+    for (int i = 0; i < r->n_labels; i++)
+        if (strcmp(r->labels[i].label, l) == 0) return &r->labels[i];
+    if (r->n_labels == MAX_LABELS) l = "(other labels)";
+    for (int i = 0; i < r->n_labels; i++)
+        if (strcmp(r->labels[i].label, l) == 0) return &r->labels[i];
+    int i = r->n_labels < MAX_LABELS ? r->n_labels++ : MAX_LABELS - 1;
+    snprintf(r->labels[i].label, sizeof r->labels[i].label, "%s", l);
+    r->labels[i].reads = r->labels[i].cuts = 0;
+    return &r->labels[i];
+}
+
+static void mm_add(ctpu_report_state *r, mm_dims d, uint64_t n)
+{
+    for (int i = 0; i < r->n_mms; i++)
+        if (memcmp(&r->mms[i].d, &d, sizeof d) == 0) { r->mms[i].count += n; return; }
+    if (r->n_mms == MAX_MMS) return;
+    r->mms[r->n_mms].d = d;
+    r->mms[r->n_mms++].count = n;
+}
+
+static void fmt_types(const ctpu_vtype *types, int n, char *out, size_t len)
+{
+    size_t k = 0;
+    out[0] = 0;
+    char tb[128];
+    for (int i = 0; i < n && k < len; i++) {
+        if (i == 4) { snprintf(out + k, len - k, ", … (%d inputs)", n); return; }
+        k += (size_t)snprintf(out + k, len - k, "%s%s", i ? ", " : "", ctpu_fmt_type(&types[i], tb, sizeof tb));
+    }
+}
+
+/* A node's inputs as types: trace value ids -> types. */
+static const ctpu_vtype *value_type(const ctpu_trace *t, int32_t v)
+{
+    if (v < 0) return NULL;
+    if (v < t->n_inputs) return &t->in_type[v];
+    if (v - t->n_inputs < t->n_nodes) return &t->nodes[v - t->n_inputs].out;
+    return NULL;
+}
+
+static void describe_program(ctpu_report_state *r, prog_rec *p, const ctpu_trace *t, const ctpu_compiled *prog)
+{
+    p->known = true;
+    p->n_ops = t->n_nodes;
+    p->n_inputs = t->n_inputs;
+    p->n_kernels = prog ? prog->prog.n_steps : 0;
+    p->compile_ns = prog ? prog->compile_ns : 0;
+    size_t k = 0;
+    p->ops[0] = 0;
+    for (int i = 0; i < t->n_nodes && k < sizeof p->ops; i++) {
+        if (i == 4) { snprintf(p->ops + k, sizeof p->ops - k, "→…"); break; }
+        k += (size_t)snprintf(p->ops + k, sizeof p->ops - k, "%s%s", i ? "→" : "", ctpu_op_name(t->nodes[i].op));
+    }
+    fmt_types(t->in_type, t->n_inputs, p->inputs, sizeof p->inputs);
+    p->op_s = calloc(CTPU_OP_COUNT, sizeof *p->op_s);
+    p->op_n = calloc(CTPU_OP_COUNT, sizeof *p->op_n);
+    ctpu_cost_estimate e[CTPU_COST_MAX_CHIPS];
+    memset(e, 0, sizeof e);
+    for (int i = 0; i < t->n_nodes; i++) {
+        const ctpu_node *n = &t->nodes[i];
+        const ctpu_vtype *in[CTPU_NODE_MAX_IN];
+        bool ok = true;
+        for (int j = 0; j < n->n_in && j < CTPU_NODE_MAX_IN; j++) {
+            in[j] = value_type(t, n->in[j]);
+            if (!in[j]) ok = false;
+        }
+        if (!ok) continue;
+        for (int c = 0; c < r->n_chips; c++) {
+            ctpu_cost_estimate one;
+            memset(&one, 0, sizeof one);
+            ctpu_cost_add_node(r->chips[c], n, in, &one);
+            e[c].mxu_s += one.mxu_s;
+            e[c].vector_s += one.vector_s;
+            e[c].flops += one.flops;
+            e[c].vector_ops += one.vector_ops;
+            e[c].macs_useful += one.macs_useful;
+            e[c].macs_padded += one.macs_padded;
+            if (c == r->current && p->op_s) {
+                p->op_s[n->op] += (float)(one.mxu_s > one.vector_s ? one.mxu_s : one.vector_s);
+                p->op_n[n->op]++;
+            }
+        }
+        int64_t b, m, kk, nn;
+        if (p->n_mm < PROG_MMS && ctpu_cost_matmul_dims(n, in[0], &b, &m, &kk, &nn))
+            p->mm[p->n_mm++] = (mm_dims){ b, m, kk, nn };
+    }
+    double bytes = 0;
+    for (int i = 0; i < t->n_inputs; i++) bytes += ctpu_cost_bytes(&t->in_type[i]);
+    for (int j = 0; j < t->n_outputs; j++) {
+        const ctpu_vtype *vt = value_type(t, t->outputs[j]);
+        if (vt) bytes += ctpu_cost_bytes(vt);
+    }
+    for (int c = 0; c < r->n_chips; c++) {
+        e[c].hbm_bytes = bytes;
+        ctpu_cost_finish(r->chips[c], &e[c]);
+        p->est_s[c] = e[c].total_s;
+        p->macs_useful[c] = e[c].macs_useful;
+        p->macs_padded[c] = e[c].macs_padded;
+    }
+    p->hbm_bytes = bytes;
+    p->flops = e[r->current].flops;
+    p->vector_ops = e[r->current].vector_ops;
+}
+
+static void launch_add(ctpu_report_state *r, prog_rec *p)
+{
+    for (int c = 0; c < r->n_chips; c++) {
+        r->run_s[c] += p->est_s[c];
+        r->macs_useful[c] += p->macs_useful[c];
+        r->macs_padded[c] += p->macs_padded[c];
+    }
+    r->flops += p->flops;
+    r->vector_ops += p->vector_ops;
+    r->hbm_bytes += p->hbm_bytes;
+    r->hbm_s += p->hbm_bytes / (r->chips[r->current]->hbm_gbps * 1e9);
+    if (p->op_s)
+        for (int o = 0; o < CTPU_OP_COUNT; o++)
+            if (p->op_n[o]) { r->op_s[o] += p->op_s[o]; r->op_count[o] += p->op_n[o]; }
+}
+
+/* ------------------------------------------------------------ hooks */
+void ctpu__report_cut(int why, const ctpu_trace *t, const ctpu_cache_result *res, const ctpu_compiled *prog)
+{
+    ctpu_runtime *rt = ctpu_rt;
+    ctpu_report_state *r = rt ? rt->report : NULL;
+    if (!r || why < 0 || why >= CTPU_CUT_COUNT) return;
+    uint64_t now = ctpu_now_ns();
+    uint64_t step = atomic_load(&rt->marked_steps);
+    const char *label = label_now();
+    pthread_mutex_lock(&r->mu);
+    if (why == CTPU_CUT_HOST_READ) label_get(r, label)->cuts++;
+    prog_rec *p = NULL;
+    if (res && prog && res->program_id > 0) {
+        size_t idx = (size_t)res->program_id - 1;
+        if (idx >= r->n_progs) {
+            size_t nn = idx + 1 > r->n_progs * 2 ? idx + 1 : r->n_progs * 2;
+            prog_rec *np = realloc(r->progs, nn * sizeof *np);
+            if (np) {
+                memset(np + r->n_progs, 0, (nn - r->n_progs) * sizeof *np);
+                r->progs = np;
+                r->n_progs = nn;
+            }
+        }
+        if (idx < r->n_progs) {
+            p = &r->progs[idx];
+            if (!res->hit && t && !p->known) {
+                describe_program(r, p, t, prog);
+                p->first_step = step;
+            }
+            if (!p->known && !res->hit) p->first_step = step;
+            p->launches++;
+            if (res->hit) p->hits++;
+            p->last_step = step;
+            launch_add(r, p);
+        }
+    }
+    if (why == CTPU_CUT_LOOP) r->loop_cuts++;
+    uint64_t loop_cuts = r->loop_cuts;
+    pthread_mutex_unlock(&r->mu);
+
+    if (res && prog && !res->hit) {
+        ctpu_timer_add(&rt->metrics, CTPU_TMR_PROGRAM_OPS, t ? (uint64_t)t->n_nodes : 0);
+        ctpu_timer_add(&rt->metrics, CTPU_TMR_FUSED_KERNELS, (uint64_t)prog->prog.n_steps);
+    }
+    /* no marked steps: each loop-detector cut is a step of the history */
+    if (why == CTPU_CUT_LOOP && !atomic_load(&rt->user_marks_steps)) ctpu_metrics_step(&rt->metrics, loop_cuts - 1);
+
+    if (r->trace) {
+        char args[160], lab[96], name[96];
+        if (why == CTPU_CUT_HOST_READ && label[0]) {
+            snprintf(args, sizeof args, "\"reason\":\"host_read\",\"label\":\"%s\",\"step\":%llu",
+                     ctpu_json_escape(label, lab, sizeof lab), (unsigned long long)step);
+        } else {
+            snprintf(args, sizeof args, "\"reason\":\"%s\",\"step\":%llu", cut_names[why], (unsigned long long)step);
+        }
+        snprintf(name, sizeof name, "trace cut: %s", cut_names[why]);
+        ctpu_trace_instant(r->trace, CTPU_TRACK_HOST, "cut", name, now, args);
+        if (res && prog) {
+            char reason[200];
+            ctpu_json_escape(res->reason, reason, sizeof reason);
+            if (res->hit) {
+                snprintf(name, sizeof name, "cache hit: program %llu", (unsigned long long)res->program_id);
+                snprintf(args, sizeof args, "\"program\":%llu,\"hit\":true,\"ops\":%d", (unsigned long long)res->program_id,
+                         t ? t->n_nodes : 0);
+                ctpu_trace_instant(r->trace, CTPU_TRACK_HOST, "cache", name, now, args);
+            } else {
+                snprintf(name, sizeof name, "compile program %llu%s", (unsigned long long)res->program_id,
+                         res->recompile ? " (recompile)" : "");
+                char a2[400];
+                snprintf(a2, sizeof a2, "\"program\":%llu,\"hit\":false,\"recompile\":%s,\"thrash\":%s,\"ops\":%d,"
+                                        "\"kernels\":%d,\"reason\":\"%s\"",
+                         (unsigned long long)res->program_id, res->recompile ? "true" : "false",
+                         res->thrash ? "true" : "false", t ? t->n_nodes : 0, prog->prog.n_steps,
+                         res->recompile ? reason : "new program");
+                uint64_t t0 = now > prog->compile_ns ? now - prog->compile_ns : now;
+                ctpu_trace_complete(r->trace, CTPU_TRACK_HOST, "compile", name, t0, now, a2);
+            }
+        }
+    }
+}
+
+void ctpu__report_op(const ctpu_node *n, const ctpu_vtype *in, bool hit, const ctpu_compiled *prog)
+{
+    ctpu_runtime *rt = ctpu_rt;
+    ctpu_report_state *r = rt ? rt->report : NULL;
+    if (!r || !n || n->op >= CTPU_OP_COUNT) return;
+    const ctpu_vtype *inp[CTPU_NODE_MAX_IN];
+    double bytes = ctpu_cost_bytes(&n->out);
+    for (int j = 0; j < n->n_in && j < CTPU_NODE_MAX_IN; j++) {
+        inp[j] = &in[j];
+        bytes += ctpu_cost_bytes(&in[j]);
+    }
+    pthread_mutex_lock(&r->mu);
+    for (int c = 0; c < r->n_chips; c++) {
+        ctpu_cost_estimate e;
+        memset(&e, 0, sizeof e);
+        ctpu_cost_add_node(r->chips[c], n, inp, &e);
+        e.hbm_bytes = bytes;
+        ctpu_cost_finish(r->chips[c], &e);
+        r->run_s[c] += e.total_s;
+        r->macs_useful[c] += e.macs_useful;
+        r->macs_padded[c] += e.macs_padded;
+        if (c == r->current) {
+            r->flops += e.flops;
+            r->vector_ops += e.vector_ops;
+            r->hbm_bytes += bytes;
+            r->hbm_s += e.hbm_s;
+            r->op_s[n->op] += e.mxu_s > e.vector_s ? e.mxu_s : e.vector_s;
+            r->op_count[n->op]++;
+        }
+    }
+    int64_t b, m, k, nn;
+    if (ctpu_cost_matmul_dims(n, n->n_in ? &in[0] : NULL, &b, &m, &k, &nn)) mm_add(r, (mm_dims){ b, m, k, nn }, 1);
+    pthread_mutex_unlock(&r->mu);
+    if (r->trace) {
+        uint64_t now = ctpu_now_ns();
+        char args[200], tb[128];
+        snprintf(args, sizeof args, "\"hit\":%s,\"out\":\"%s\"", hit ? "true" : "false",
+                 ctpu_fmt_type(&n->out, tb, sizeof tb));
+        if (!hit && prog) {
+            char name[96];
+            snprintf(name, sizeof name, "compile %s", ctpu_op_name(n->op));
+            ctpu_trace_complete(r->trace, CTPU_TRACK_HOST, "compile", name,
+                                now > prog->compile_ns ? now - prog->compile_ns : now, now, args);
+        }
+        ctpu_trace_instant(r->trace, CTPU_TRACK_HOST, "op", ctpu_op_name(n->op), now, args);
+    }
+}
+
+void ctpu__report_host_read(size_t bytes)
+{
+    ctpu_runtime *rt = ctpu_rt;
+    ctpu_report_state *r = rt ? rt->report : NULL;
+    if (!r) return;
+    const char *label = label_now();
+    pthread_mutex_lock(&r->mu);
+    label_get(r, label)->reads++;
+    pthread_mutex_unlock(&r->mu);
+    if (r->trace) {
+        char args[200], lab[96];
+        snprintf(args, sizeof args, "\"label\":\"%s\",\"bytes\":%zu", ctpu_json_escape(label, lab, sizeof lab), bytes);
+        ctpu_trace_instant(r->trace, CTPU_TRACK_HOST, "host_read", label[0] ? label : "host read", ctpu_now_ns(), args);
+    }
+}
+
+void ctpu__report_step(void)
+{
+    ctpu_runtime *rt = ctpu_rt;
+    if (!rt) return;
+    uint64_t s = atomic_load(&rt->marked_steps);
+    ctpu_metrics_step(&rt->metrics, s ? s - 1 : 0);
+    if (rt->report && rt->report->trace) {
+        char args[64];
+        snprintf(args, sizeof args, "\"step\":%llu", (unsigned long long)(s ? s - 1 : 0));
+        ctpu_trace_instant(rt->report->trace, CTPU_TRACK_HOST, "step", "mark_step", ctpu_now_ns(), args);
+    }
+}
+
+void ctpu__report_sync(uint64_t t0_ns)
+{
+    ctpu_runtime *rt = ctpu_rt;
+    if (rt && rt->report && rt->report->trace)
+        ctpu_trace_complete(rt->report->trace, CTPU_TRACK_HOST, "sync", "sync", t0_ns, ctpu_now_ns(), NULL);
+}
+
+/* ------------------------------------------------------------ public */
+ctpu_status ctpu_set_host_read_label(const char *label)
+{
+    if (!ctpu_check_init("set_host_read_label")) return CTPU_ERR_NOT_INITIALIZED;
+    t_label.epoch = ctpu_rt->epoch;
+    snprintf(t_label.label, sizeof t_label.label, "%s", label ? label : "");
+    return CTPU_OK;
+}
+
+ctpu_status ctpu_set_steps_per_epoch(int64_t n)
+{
+    if (!ctpu_check_init("set_steps_per_epoch")) return CTPU_ERR_NOT_INITIALIZED;
+    if (n < 0) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "set_steps_per_epoch: n=%lld is negative", (long long)n);
+        return CTPU_ERR_INVALID_ARG;
+    }
+    pthread_mutex_lock(&ctpu_rt->report->mu);
+    ctpu_rt->report->steps_per_epoch = n;
+    pthread_mutex_unlock(&ctpu_rt->report->mu);
+    return CTPU_OK;
+}
+
+ctpu_status ctpu_cost_matmul(const char *chip, int64_t batch, int64_t m, int64_t k, int64_t n, ctpu_dtype dt,
+                             ctpu_precision p, ctpu_cost_estimate *out)
+{
+    const ctpu_chip_info *c = ctpu_chip_lookup(chip);
+    if (!c) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "cost_matmul: chip \"%s\" is not a known chip (v5e, v5p, v6e, 7x)",
+                       chip ? chip : "(null)");
+        return CTPU_ERR_INVALID_ARG;
+    }
+    if (!out || batch < 0 || m < 0 || k < 0 || n < 0 || (unsigned)dt >= CTPU_DTYPE_COUNT ||
+        (unsigned)p >= CTPU_PRECISION_COUNT) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG,
+                       "cost_matmul: batch=%lld m=%lld k=%lld n=%lld dtype=%d precision=%d out=%s: extents must be "
+                       ">= 0, dtype and precision valid, out not NULL",
+                       (long long)batch, (long long)m, (long long)k, (long long)n, (int)dt, (int)p,
+                       out ? "set" : "NULL");
+        return CTPU_ERR_INVALID_ARG;
+    }
+    memset(out, 0, sizeof *out);
+    int passes = p == CTPU_PRECISION_HIGHEST ? 6 : p == CTPU_PRECISION_HIGH ? 3 : 1;
+    ctpu_cost_add_matmul(c, batch, m, k, n, passes, out);
+    double es = (double)ctpu_kdt_size(dt);
+    out->hbm_bytes = (double)batch * ((double)m * (double)k + (double)k * (double)n + (double)m * (double)n) * es;
+    ctpu_cost_finish(c, out);
+    return CTPU_OK;
+}
+
+static void cost_table_locked(ctpu_runtime *rt, ctpu_cost_table *out)
+{
+    ctpu_report_state *r = rt->report;
+    memset(out, 0, sizeof *out);
+    uint64_t steps = atomic_load(&rt->marked_steps);
+    if (steps == 0) steps = r->loop_cuts;
+    out->steps = steps;
+    uint64_t den = steps ? steps : 1;
+    out->steps_per_epoch = r->steps_per_epoch > 0 ? (uint64_t)r->steps_per_epoch : den;
+    out->model_flops = r->flops;
+    out->hbm_bytes = r->hbm_bytes;
+    out->vector_ops = r->vector_ops;
+    out->n_rows = r->n_chips;
+    out->current = r->current;
+    for (int c = 0; c < r->n_chips; c++) {
+        const ctpu_chip_info *ci = r->chips[c];
+        ctpu_cost_row *w = &out->rows[c];
+        w->chip = ci->name;
+        w->mxu_size = ci->mxu_size;
+        w->price_known = ci->usd_per_chip_hour > 0;
+        w->usd_per_chip_hour = ci->usd_per_chip_hour;
+        w->run_s = r->run_s[c];
+        w->step_s = r->run_s[c] / (double)den;
+        w->epoch_s = w->step_s * (double)out->steps_per_epoch;
+        w->mfu = r->run_s[c] > 0 ? r->flops / (r->run_s[c] * ci->peak_bf16_flops) : 0;
+        w->mxu_utilization = r->macs_padded[c] > 0 ? r->macs_useful[c] / r->macs_padded[c] : 0;
+        w->usd_run = w->price_known ? w->run_s / 3600.0 * ci->usd_per_chip_hour : -1;
+        w->usd_epoch = w->price_known ? w->epoch_s / 3600.0 * ci->usd_per_chip_hour : -1;
+    }
+}
+
+ctpu_status ctpu_cost_table_get(ctpu_cost_table *out)
+{
+    if (!ctpu_check_init("cost_table_get")) return CTPU_ERR_NOT_INITIALIZED;
+    if (!out) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "cost_table_get: out is NULL");
+        return CTPU_ERR_INVALID_ARG;
+    }
+    pthread_mutex_lock(&ctpu_rt->report->mu);
+    cost_table_locked(ctpu_rt, out);
+    pthread_mutex_unlock(&ctpu_rt->report->mu);
+    return CTPU_OK;
+}
+
+/* ------------------------------------------------------------ JSON */
+static cJSON *timer_json(ctpu_metrics *m, ctpu_timer_id id)
+{
+    ctpu_timer t;
+    ctpu_timer_get(m, id, &t);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "unit", ctpu_timer_unit(id));
+    cJSON_AddNumberToObject(o, "count", (double)t.count);
+    cJSON_AddNumberToObject(o, "total", (double)t.total_ns);
+    cJSON_AddNumberToObject(o, "min", (double)(t.count ? t.min_ns : 0));
+    cJSON_AddNumberToObject(o, "max", (double)t.max_ns);
+    cJSON_AddNumberToObject(o, "p50", (double)ctpu_timer_sample_percentile(&t, 50));
+    cJSON_AddNumberToObject(o, "p95", (double)ctpu_timer_sample_percentile(&t, 95));
+    cJSON_AddNumberToObject(o, "p99", (double)ctpu_timer_sample_percentile(&t, 99));
+    return o;
+}
+
+static double ctr(ctpu_metrics *m, ctpu_counter_id id) { return (double)atomic_load(&m->counters[id]); }
+
+static cJSON *build_json(ctpu_runtime *rt)
+{
+    ctpu_metrics *m = &rt->metrics;
+    ctpu_report_state *r = rt->report;
+    cJSON *doc = cJSON_CreateObject();
+    if (!doc) return NULL;
+    cJSON_AddNumberToObject(doc, "ctpu_metrics_version", 1);
+    cJSON_AddStringToObject(doc, "mode", ctpu_mode_name(rt->mode));
+    cJSON_AddStringToObject(doc, "chip", rt->chip->name);
+    cJSON_AddNumberToObject(doc, "mxu_size", rt->chip->mxu_size);
+
+    cJSON *cs = cJSON_AddObjectToObject(doc, "counters");
+    for (int i = 0; i < CTPU_CTR_COUNT; i++) cJSON_AddNumberToObject(cs, ctpu_counter_name((ctpu_counter_id)i), ctr(m, (ctpu_counter_id)i));
+    cJSON *ts = cJSON_AddObjectToObject(doc, "timers");
+    for (int i = 0; i < CTPU_TMR_COUNT; i++) cJSON_AddItemToObject(ts, ctpu_timer_name((ctpu_timer_id)i), timer_json(m, (ctpu_timer_id)i));
+
+    ctpu_hbm_stats hs;
+    ctpu_hbm_stats_get(rt->dev, &hs);
+    cJSON *h = cJSON_AddObjectToObject(doc, "hbm");
+    cJSON_AddNumberToObject(h, "in_use", (double)hs.in_use);
+    cJSON_AddNumberToObject(h, "peak", (double)hs.peak);
+    cJSON_AddNumberToObject(h, "capacity", (double)hs.capacity);
+
+    ctpu_cache_stats st;
+    ctpu_cache_get_stats(rt->fused_cache, &st);
+    ctpu_step_history hist;
+    ctpu_metrics_history(m, &hist);
+    ctpu_timer ct;
+    ctpu_timer_get(m, CTPU_TMR_COMPILE_TIME, &ct);
+    cJSON *c = cJSON_AddObjectToObject(doc, "cache");
+    cJSON_AddNumberToObject(c, "requests", ctr(m, CTPU_CTR_FUSED_CACHE_REQUESTS));
+    cJSON_AddNumberToObject(c, "hits", ctr(m, CTPU_CTR_FUSED_CACHE_HITS));
+    cJSON_AddNumberToObject(c, "misses", ctr(m, CTPU_CTR_FUSED_CACHE_MISSES));
+    cJSON_AddNumberToObject(c, "compiles", ctr(m, CTPU_CTR_PROGRAMS_COMPILED));
+    cJSON_AddNumberToObject(c, "recompiles", ctr(m, CTPU_CTR_RECOMPILES));
+    cJSON_AddNumberToObject(c, "evictions", ctr(m, CTPU_CTR_CACHE_EVICTIONS));
+    cJSON_AddNumberToObject(c, "thrash", ctr(m, CTPU_CTR_CACHE_THRASH));
+    cJSON_AddNumberToObject(c, "entries", (double)st.entries);
+    cJSON_AddNumberToObject(c, "capacity", (double)st.capacity);
+    cJSON_AddNumberToObject(c, "compile_ns", (double)ct.total_ns);
+    cJSON_AddNumberToObject(c, "strict_requests", ctr(m, CTPU_CTR_STRICT_CACHE_REQUESTS));
+    cJSON_AddNumberToObject(c, "strict_hits", ctr(m, CTPU_CTR_STRICT_CACHE_HITS));
+    cJSON_AddNumberToObject(c, "strict_misses", ctr(m, CTPU_CTR_STRICT_CACHE_MISSES));
+    cJSON_AddNumberToObject(c, "steps", (double)hist.steps);
+    cJSON_AddNumberToObject(c, "warmup_steps", (double)hist.warmup_steps);
+    cJSON_AddNumberToObject(c, "compile_steps", (double)hist.compile_steps);
+    cJSON_AddNumberToObject(c, "late_compile_steps", (double)hist.late_compile_steps);
+    cJSON_AddNumberToObject(c, "last_compile_step", (double)hist.last_compile_step);
+    cJSON_AddBoolToObject(c, "all_hit_reached", hist.warm);
+
+    /* programs: the cache's entries (hits, bytes) merged with what the
+     * report saw (ops, inputs, kernels, launches, estimate) */
+    size_t ne = st.entries;
+    ctpu_cache_entry_info *ei = calloc(ne + 1, sizeof *ei);
+    ne = ei ? ctpu_cache_entries_info(rt->fused_cache, ei, ne) : 0;
+    pthread_mutex_lock(&r->mu);
+    cJSON *ps = cJSON_AddArrayToObject(doc, "programs");
+    uint64_t max_id = r->n_progs;
+    for (size_t i = 0; i < ne; i++) if (ei[i].id > max_id) max_id = ei[i].id;
+    for (uint64_t id = 1; id <= max_id; id++) {
+        const ctpu_cache_entry_info *e = NULL;
+        for (size_t i = 0; i < ne; i++) if (ei[i].id == id) e = &ei[i];
+        const prog_rec *p = id <= r->n_progs ? &r->progs[id - 1] : NULL;
+        if (p && !p->known && !p->launches) p = NULL;
+        if (!e && !p) continue;
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "id", (double)id);
+        cJSON_AddStringToObject(o, "ops", p && p->known ? p->ops : e ? e->summary : "");
+        cJSON_AddStringToObject(o, "inputs", p && p->known ? p->inputs : "");
+        cJSON_AddNumberToObject(o, "n_ops", p && p->known ? p->n_ops : e ? e->n_nodes : 0);
+        cJSON_AddNumberToObject(o, "kernels", p && p->known ? p->n_kernels : e ? e->n_steps : 0);
+        cJSON_AddNumberToObject(o, "launches", p ? (double)p->launches : e ? (double)e->hits + 1 : 0);
+        cJSON_AddNumberToObject(o, "hits", p ? (double)p->hits : e ? (double)e->hits : 0);
+        cJSON_AddNumberToObject(o, "compile_ns", e ? (double)e->compile_ns : p ? (double)p->compile_ns : 0);
+        cJSON_AddNumberToObject(o, "first_step", e ? (double)e->first_use : p ? (double)p->first_step : 0);
+        cJSON_AddNumberToObject(o, "last_step", e ? (double)e->last_use : p ? (double)p->last_step : 0);
+        cJSON_AddNumberToObject(o, "bytes", e ? (double)e->bytes : 0);
+        cJSON_AddBoolToObject(o, "cached", e != NULL);
+        cJSON_AddNumberToObject(o, "est_s", p && p->known ? p->est_s[r->current] : 0);
+        cJSON_AddNumberToObject(o, "hbm_bytes", p && p->known ? p->hbm_bytes : 0);
+        cJSON_AddItemToArray(ps, o);
+    }
+    free(ei);
+
+    ctpu_recompile_rec recs[64];
+    size_t nr = ctpu_cache_recompiles(rt->fused_cache, recs, 64);
+    cJSON *rs = cJSON_AddArrayToObject(doc, "recompiles");
+    for (size_t i = 0; i < nr; i++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "step", (double)recs[i].step);
+        cJSON_AddNumberToObject(o, "old_program", (double)recs[i].old_program);
+        cJSON_AddNumberToObject(o, "program", (double)recs[i].new_program);
+        uint64_t pid = recs[i].new_program;
+        const prog_rec *p = pid >= 1 && pid <= r->n_progs && r->progs[pid - 1].known ? &r->progs[pid - 1] : NULL;
+        if (!p && recs[i].old_program >= 1 && recs[i].old_program <= r->n_progs && r->progs[recs[i].old_program - 1].known)
+            p = &r->progs[recs[i].old_program - 1];
+        cJSON_AddStringToObject(o, "ops", p ? p->ops : "");
+        cJSON_AddStringToObject(o, "reason", recs[i].reason);
+        cJSON_AddItemToArray(rs, o);
+    }
+
+    cJSON *cuts = cJSON_AddObjectToObject(doc, "cuts");
+    static const ctpu_counter_id cut_ctr[CTPU_CUT_COUNT] = {
+        CTPU_CTR_CUT_MARK_STEP, CTPU_CTR_CUT_HOST_READ, CTPU_CTR_CUT_SYNC,
+        CTPU_CTR_CUT_LOOP, CTPU_CTR_CUT_LIMIT, CTPU_CTR_CUT_MODE,
+    };
+    for (int i = 0; i < CTPU_CUT_COUNT; i++) cJSON_AddNumberToObject(cuts, cut_names[i], ctr(m, cut_ctr[i]));
+
+    cJSON *hr = cJSON_AddArrayToObject(doc, "host_reads");
+    for (int i = 0; i < r->n_labels; i++) {
+        if (!r->labels[i].reads && !r->labels[i].cuts) continue;
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "label", r->labels[i].label);
+        cJSON_AddNumberToObject(o, "reads", (double)r->labels[i].reads);
+        cJSON_AddNumberToObject(o, "cuts", (double)r->labels[i].cuts);
+        cJSON_AddItemToArray(hr, o);
+    }
+
+    /* matmul shapes: strict-mode ops plus each program's matmuls x launches */
+    mm_rec all[MAX_MMS];
+    int nall = 0;
+    for (int i = 0; i < r->n_mms; i++) all[nall++] = r->mms[i];
+    for (size_t pi = 0; pi < r->n_progs; pi++) {
+        const prog_rec *p = &r->progs[pi];
+        for (int j = 0; j < p->n_mm && p->launches; j++) {
+            int f = -1;
+            for (int q = 0; q < nall; q++) if (memcmp(&all[q].d, &p->mm[j], sizeof p->mm[j]) == 0) f = q;
+            if (f >= 0) all[f].count += p->launches;
+            else if (nall < MAX_MMS) all[nall++] = (mm_rec){ p->mm[j], p->launches };
+        }
+    }
+    cJSON *mms = cJSON_AddArrayToObject(doc, "matmuls");
+    int q = rt->chip->mxu_size;
+    for (int i = 0; i < nall; i++) {
+        cJSON *o = cJSON_CreateObject();
+        mm_dims d = all[i].d;
+        double pad = (double)((d.m + q - 1) / q * q) * (double)((d.k + q - 1) / q * q) * (double)((d.n + q - 1) / q * q);
+        cJSON_AddNumberToObject(o, "batch", (double)d.batch);
+        cJSON_AddNumberToObject(o, "m", (double)d.m);
+        cJSON_AddNumberToObject(o, "k", (double)d.k);
+        cJSON_AddNumberToObject(o, "n", (double)d.n);
+        cJSON_AddNumberToObject(o, "count", (double)all[i].count);
+        cJSON_AddNumberToObject(o, "useful", pad > 0 ? (double)d.m * (double)d.k * (double)d.n / pad : 0);
+        cJSON_AddItemToArray(mms, o);
+    }
+
+    cJSON *ops = cJSON_AddArrayToObject(doc, "ops");
+    for (int o = 0; o < CTPU_OP_COUNT; o++) {
+        if (!r->op_count[o]) continue;
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "op", ctpu_op_name(o));
+        cJSON_AddNumberToObject(x, "count", (double)r->op_count[o]);
+        cJSON_AddNumberToObject(x, "est_s", r->op_s[o]);
+        cJSON_AddItemToArray(ops, x);
+    }
+
+    ctpu_cost_table tbl;
+    cost_table_locked(rt, &tbl);
+    double hbm_s = r->hbm_s;
+    pthread_mutex_unlock(&r->mu);
+    cJSON *cost = cJSON_AddObjectToObject(doc, "cost");
+    cJSON_AddBoolToObject(cost, "estimate", true);
+    cJSON_AddStringToObject(cost, "model", "roofline: max(MXU with dims padded to the MXU side, vector, HBM traffic)");
+    cJSON_AddNumberToObject(cost, "steps", (double)tbl.steps);
+    cJSON_AddNumberToObject(cost, "steps_per_epoch", (double)tbl.steps_per_epoch);
+    cJSON_AddNumberToObject(cost, "model_flops", tbl.model_flops);
+    cJSON_AddNumberToObject(cost, "hbm_bytes", tbl.hbm_bytes);
+    cJSON_AddNumberToObject(cost, "hbm_s", hbm_s);
+    cJSON_AddNumberToObject(cost, "vector_ops", tbl.vector_ops);
+    cJSON_AddStringToObject(cost, "current", rt->chip->name);
+    cJSON *rows = cJSON_AddArrayToObject(cost, "rows");
+    for (int i = 0; i < tbl.n_rows; i++) {
+        const ctpu_cost_row *w = &tbl.rows[i];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "chip", w->chip);
+        cJSON_AddNumberToObject(o, "mxu_size", w->mxu_size);
+        cJSON_AddBoolToObject(o, "price_known", w->price_known);
+        cJSON_AddNumberToObject(o, "usd_per_chip_hour", w->usd_per_chip_hour);
+        cJSON_AddNumberToObject(o, "run_s", w->run_s);
+        cJSON_AddNumberToObject(o, "step_s", w->step_s);
+        cJSON_AddNumberToObject(o, "epoch_s", w->epoch_s);
+        cJSON_AddNumberToObject(o, "mfu", w->mfu);
+        cJSON_AddNumberToObject(o, "mxu_utilization", w->mxu_utilization);
+        cJSON_AddNumberToObject(o, "usd_run", w->usd_run);
+        cJSON_AddNumberToObject(o, "usd_epoch", w->usd_epoch);
+        cJSON_AddItemToArray(rows, o);
+    }
+
+    cJSON *hj = cJSON_AddObjectToObject(doc, "history");
+    cJSON_AddNumberToObject(hj, "stride", (double)hist.stride);
+    cJSON *hs_step = cJSON_AddArrayToObject(hj, "step");
+    cJSON *hs_req = cJSON_AddArrayToObject(hj, "requests");
+    cJSON *hs_hit = cJSON_AddArrayToObject(hj, "hits");
+    cJSON *hs_cmp = cJSON_AddArrayToObject(hj, "compiles");
+    for (size_t i = 0; i < hist.n; i++) {
+        cJSON_AddItemToArray(hs_step, cJSON_CreateNumber((double)hist.pts[i].step));
+        cJSON_AddItemToArray(hs_req, cJSON_CreateNumber((double)hist.pts[i].requests));
+        cJSON_AddItemToArray(hs_hit, cJSON_CreateNumber((double)hist.pts[i].hits));
+        cJSON_AddItemToArray(hs_cmp, cJSON_CreateNumber((double)hist.pts[i].compiles));
+    }
+    return doc;
+}
+
+char *ctpu_metrics_json(void)
+{
+    if (!ctpu_check_init("metrics_json")) return NULL;
+    cJSON *doc = build_json(ctpu_rt);
+    char *s = doc ? cJSON_Print(doc) : NULL;
+    cJSON_Delete(doc);
+    char *out = s ? strdup(s) : NULL;
+    cJSON_free(s);
+    if (!out) ctpu_set_error(CTPU_ERR_OOM, "metrics_json: out of host memory");
+    return out;
+}
+
+ctpu_status ctpu_metrics_write(const char *path)
+{
+    if (!ctpu_check_init("metrics_write")) return CTPU_ERR_NOT_INITIALIZED;
+    if (!path || !*path) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "metrics_write: path is %s", path ? "empty" : "NULL");
+        return CTPU_ERR_INVALID_ARG;
+    }
+    char *s = ctpu_metrics_json();
+    if (!s) return ctpu_last_status();
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        free(s);
+        ctpu_set_error(CTPU_ERR_IO, "metrics_write: cannot open %s for writing", path);
+        return CTPU_ERR_IO;
+    }
+    bool ok = fputs(s, f) >= 0 && fputc('\n', f) != EOF;
+    ok = fclose(f) == 0 && ok;
+    free(s);
+    if (!ok) {
+        ctpu_set_error(CTPU_ERR_IO, "metrics_write: writing %s failed", path);
+        return CTPU_ERR_IO;
+    }
+    return CTPU_OK;
+}
+
+ctpu_status ctpu_cache_report(FILE *f)
+{
+    if (!ctpu_check_init("cache_report")) return CTPU_ERR_NOT_INITIALIZED;
+    char *s = ctpu_metrics_json();
+    if (!s) return ctpu_last_status();
+    ctpu_status st = ctpu_report_render(s, NULL, CTPU_REPORT_TEXT, f ? f : stdout);
+    free(s);
+    return st;
+}
+
+void ctpu_metrics_report(FILE *f)
+{
+    if (!f) f = stderr;
+    if (!ctpu_rt) { fprintf(f, "ctpu metrics report: runtime not initialised\n"); return; }
+    ctpu_metrics *m = &ctpu_rt->metrics;
+    ctpu_metrics_print(m, f);
+    ctpu_hbm_stats hs;
+    ctpu_hbm_stats_get(ctpu_rt->dev, &hs);
+    fprintf(f, "Metric: hbm\n  InUse: %llu bytes\n  Peak: %llu bytes\n  Capacity: %llu bytes\n",
+            (unsigned long long)hs.in_use, (unsigned long long)hs.peak, (unsigned long long)hs.capacity);
+    double req = ctr(m, CTPU_CTR_FUSED_CACHE_REQUESTS) + ctr(m, CTPU_CTR_STRICT_CACHE_REQUESTS);
+    double hit = ctr(m, CTPU_CTR_FUSED_CACHE_HITS) + ctr(m, CTPU_CTR_STRICT_CACHE_HITS);
+    fprintf(f, "Metric: cache_hit_rate\n  Value: %.1f%% (%.0f of %.0f requests)\n", req > 0 ? 100.0 * hit / req : 0.0,
+            hit, req);
+}
+
+void ctpu_metrics_clear(void)
+{
+    if (!ctpu_rt) return;
+    ctpu_metrics_reset(&ctpu_rt->metrics);
+    pthread_mutex_lock(&ctpu_rt->report->mu);
+    totals_clear(ctpu_rt->report);
+    pthread_mutex_unlock(&ctpu_rt->report->mu);
+}
+
+/* ------------------------------------------------------------ shutdown */
+void ctpu__report_shutdown(ctpu_runtime *rt)
+{
+    ctpu_report_state *r = rt->report;
+    if (!r) return;
+    ctpu_runtime *saved = ctpu_rt;
+    ctpu_rt = rt;   /* the public JSON path checks it */
+    if (rt->metrics_file) {
+        if (ctpu_metrics_write(rt->metrics_file) != CTPU_OK)
+            fprintf(stderr, "ctpu: TORCH_TPU_METRICS_FILE: %s\n", ctpu_last_error());
+    } else if (!r->quiet) {
+        ctpu_metrics *m = &rt->metrics;
+        double req = ctr(m, CTPU_CTR_FUSED_CACHE_REQUESTS) + ctr(m, CTPU_CTR_STRICT_CACHE_REQUESTS);
+        double hit = ctr(m, CTPU_CTR_FUSED_CACHE_HITS) + ctr(m, CTPU_CTR_STRICT_CACHE_HITS);
+        ctpu_timer ct;
+        ctpu_timer_get(m, CTPU_TMR_COMPILE_TIME, &ct);
+        if (req > 0)
+            fprintf(stderr, "ctpu: compile cache: %.0f requests, %.0f hits (%.1f%%), %.0f compiles, %.1f ms compiling [%s, %s]\n",
+                    req, hit, 100.0 * hit / req, ctr(m, CTPU_CTR_PROGRAMS_COMPILED), (double)ct.total_ns / 1e6,
+                    ctpu_mode_name(rt->mode), rt->chip->name);
+    }
+    if (r->trace && rt->trace_file) {
+        char err[256];
+        if (!ctpu_tracebuf_write(r->trace, rt->trace_file, err, sizeof err))
+            fprintf(stderr, "ctpu: TORCH_TPU_TRACE_FILE: %s\n", err);
+        else if (ctpu_tracebuf_dropped(r->trace))
+            fprintf(stderr, "ctpu: trace %s: buffer of %d events full, %llu later events dropped\n", rt->trace_file,
+                    CTPU_TRACE_DEFAULT_EVENTS, (unsigned long long)ctpu_tracebuf_dropped(r->trace));
+    }
+    ctpu_rt = saved;
+}

@@ -1,0 +1,734 @@
+/* Rendering of ctpu metrics JSON documents (ctpu_metrics_json): the cache
+ * report and cost table (text / markdown / summary JSON), two runs side by
+ * side, and an SVG plot of compiles and hits over steps. The library's
+ * ctpu_cache_report and tools/ctpu-report both print through here, so a
+ * live report and a report of the written file are the same text. Every
+ * field is read defensively: a missing or mistyped field reads as 0 / "". */
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cJSON.h>
+
+#include "eager.h"
+
+/* ------------------------------------------------------------ reading */
+static const cJSON *obj(const cJSON *o, const char *k)
+{
+    const cJSON *v = o ? cJSON_GetObjectItemCaseSensitive(o, k) : NULL;
+    return v;
+}
+static double num(const cJSON *o, const char *k)
+{
+    const cJSON *v = obj(o, k);
+    return cJSON_IsNumber(v) && isfinite(v->valuedouble) ? v->valuedouble : 0;
+}
+static const char *str(const cJSON *o, const char *k)
+{
+    const cJSON *v = obj(o, k);
+    return cJSON_IsString(v) && v->valuestring ? v->valuestring : "";
+}
+static bool boolean(const cJSON *o, const char *k) { return cJSON_IsTrue(obj(o, k)); }
+static int arr_n(const cJSON *a) { return cJSON_IsArray(a) ? cJSON_GetArraySize(a) : 0; }
+
+static ctpu_status parse_doc(const char *json, const char *name, cJSON **out)
+{
+    *out = NULL;
+    const char *nm = name ? name : "metrics";
+    if (!json) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "report: %s: json is NULL", nm);
+        return CTPU_ERR_INVALID_ARG;
+    }
+    const char *end = NULL;
+    cJSON *d = cJSON_ParseWithOpts(json, &end, true);
+    if (!d) {
+        size_t len = strlen(json);
+        size_t at = end && end >= json ? (size_t)(end - json) : 0;
+        if (len == 0) ctpu_set_error(CTPU_ERR_IO, "report: %s: empty file (expected a ctpu metrics JSON document)", nm);
+        else if (at >= len) ctpu_set_error(CTPU_ERR_IO, "report: %s: truncated JSON (ends after %zu bytes)", nm, len);
+        else ctpu_set_error(CTPU_ERR_IO, "report: %s: not valid JSON (error near byte %zu of %zu)", nm, at, len);
+        return CTPU_ERR_IO;
+    }
+    if (!cJSON_IsObject(d) || !cJSON_IsNumber(obj(d, "ctpu_metrics_version"))) {
+        cJSON_Delete(d);
+        ctpu_set_error(CTPU_ERR_IO, "report: %s: JSON but not a ctpu metrics document (no ctpu_metrics_version)", nm);
+        return CTPU_ERR_IO;
+    }
+    if (num(d, "ctpu_metrics_version") != 1) {
+        double v = num(d, "ctpu_metrics_version");
+        cJSON_Delete(d);
+        ctpu_set_error(CTPU_ERR_IO, "report: %s: ctpu_metrics_version %g is not supported (this reader knows 1)", nm, v);
+        return CTPU_ERR_IO;
+    }
+    *out = d;
+    return CTPU_OK;
+}
+
+/* ------------------------------------------------------------ output helpers */
+typedef struct {
+    FILE *f;
+    bool md;
+} out_t;
+
+static void heading(out_t *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void heading(out_t *o, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (o->md) fputs("\n### ", o->f);
+    vfprintf(o->f, fmt, ap);
+    fputs(o->md ? "\n\n" : ":\n", o->f);
+    va_end(ap);
+}
+
+static void line(out_t *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void line(out_t *o, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs(o->md ? "- " : "  ", o->f);
+    vfprintf(o->f, fmt, ap);
+    fputc('\n', o->f);
+    va_end(ap);
+}
+
+/* A small table: text (aligned columns) or markdown. */
+#define TBL_COLS 12
+#define TBL_ROWS 80
+typedef struct {
+    int nc, nr;
+    char cell[TBL_ROWS + 1][TBL_COLS][96];
+    bool right[TBL_COLS];
+} table;
+
+static table *tbl_new(int nc, const char *const *hdr)
+{
+    table *t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->nc = nc;
+    for (int c = 0; c < nc; c++) snprintf(t->cell[0][c], sizeof t->cell[0][c], "%s", hdr[c]);
+    return t;
+}
+
+static void tbl_row(table *t, ...)
+{
+    if (!t || t->nr >= TBL_ROWS) return;
+    t->nr++;
+    va_list ap;
+    va_start(ap, t);
+    for (int c = 0; c < t->nc; c++) snprintf(t->cell[t->nr][c], sizeof t->cell[0][c], "%s", va_arg(ap, const char *));
+    va_end(ap);
+}
+
+/* display width: UTF-8 continuation bytes take no column */
+static int width(const char *s)
+{
+    int w = 0;
+    for (; *s; s++) w += ((unsigned char)*s & 0xC0) != 0x80;
+    return w;
+}
+
+static void tbl_print(out_t *o, table *t)
+{
+    if (!t) return;
+    if (o->md) {
+        for (int r = 0; r <= t->nr; r++) {
+            fputs("|", o->f);
+            for (int c = 0; c < t->nc; c++) fprintf(o->f, " %s |", t->cell[r][c]);
+            fputc('\n', o->f);
+            if (r == 0) {
+                fputs("|", o->f);
+                for (int c = 0; c < t->nc; c++) fputs(t->right[c] ? "---:|" : "---|", o->f);
+                fputc('\n', o->f);
+            }
+        }
+        fputc('\n', o->f);
+    } else {
+        int w[TBL_COLS] = {0};
+        for (int r = 0; r <= t->nr; r++)
+            for (int c = 0; c < t->nc; c++) if (width(t->cell[r][c]) > w[c]) w[c] = width(t->cell[r][c]);
+        for (int r = 0; r <= t->nr; r++) {
+            fputs("  ", o->f);
+            for (int c = 0; c < t->nc; c++) {
+                int pad = w[c] - width(t->cell[r][c]);
+                bool last = c == t->nc - 1;
+                if (t->right[c] && r > 0) fprintf(o->f, "%*s%s", pad, "", t->cell[r][c]);
+                else fprintf(o->f, "%s%*s", t->cell[r][c], last ? 0 : pad, "");
+                if (!last) fputs("  ", o->f);
+            }
+            fputc('\n', o->f);
+        }
+    }
+    free(t);
+}
+
+static const char *fmt_time(double s, char *b, size_t n)
+{
+    double a = fabs(s);
+    if (a == 0) snprintf(b, n, "0");
+    else if (a < 1e-6) snprintf(b, n, "%.1f ns", s * 1e9);
+    else if (a < 1e-3) snprintf(b, n, "%.2f us", s * 1e6);
+    else if (a < 1) snprintf(b, n, "%.2f ms", s * 1e3);
+    else if (a < 3600) snprintf(b, n, "%.2f s", s);
+    else snprintf(b, n, "%.2f h", s / 3600);
+    return b;
+}
+
+static const char *fmt_usd(double usd, bool known, char *b, size_t n)
+{
+    if (!known) snprintf(b, n, "n/a");
+    else if (usd < 0.01) snprintf(b, n, "$%.6f", usd);
+    else snprintf(b, n, "$%.2f", usd);
+    return b;
+}
+
+static const char *fmt_bytes(double v, char *b, size_t n)
+{
+    if (v >= 1 << 30) snprintf(b, n, "%.2f GiB", v / (1 << 30));
+    else if (v >= 1 << 20) snprintf(b, n, "%.2f MiB", v / (1 << 20));
+    else if (v >= 1 << 10) snprintf(b, n, "%.1f KiB", v / (1 << 10));
+    else snprintf(b, n, "%.0f B", v);
+    return b;
+}
+
+static double pct(double a, double b) { return b > 0 ? 100.0 * a / b : 0; }
+
+/* ------------------------------------------------------------ advice */
+typedef struct {
+    char text[8][240];
+    int n;
+} advice_t;
+
+static void advise(advice_t *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void advise(advice_t *a, const char *fmt, ...)
+{
+    if (a->n == 8) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(a->text[a->n++], sizeof a->text[0], fmt, ap);
+    va_end(ap);
+}
+
+static void build_advice(const cJSON *d, advice_t *a)
+{
+    memset(a, 0, sizeof *a);
+    const cJSON *c = obj(d, "cache"), *cuts = obj(d, "cuts"), *cs = obj(d, "counters");
+    double steps = num(c, "steps");
+    double marked = num(cs, "marked_steps");
+    /* recompiles grouped by "input I dim D" */
+    const cJSON *rs = obj(d, "recompiles");
+    char seen[8][64];
+    int nseen = 0;
+    for (int i = 0; i < arr_n(rs); i++) {
+        const char *reason = str(cJSON_GetArrayItem(rs, i), "reason");
+        int in, dim;
+        long long from, to;
+        if (sscanf(reason, "input %d dim %d: %lld -> %lld", &in, &dim, &from, &to) != 4) continue;
+        char key[64];
+        snprintf(key, sizeof key, "%d/%d", in, dim);
+        bool dup = false;
+        for (int j = 0; j < nseen; j++) dup |= strcmp(seen[j], key) == 0;
+        if (dup || nseen == 8) continue;
+        snprintf(seen[nseen++], sizeof seen[0], "%s", key);
+        int count = 0;
+        for (int j = 0; j < arr_n(rs); j++) {
+            int i2, d2;
+            long long f2, t2;
+            if (sscanf(str(cJSON_GetArrayItem(rs, j), "reason"), "input %d dim %d: %lld -> %lld", &i2, &d2, &f2, &t2) == 4 &&
+                i2 == in && d2 == dim)
+                count++;
+        }
+        if (dim == 0 && to < from)
+            advise(a, "%d recompile%s per run from dim 0 of input %d (%lld -> %lld, a smaller last batch): "
+                      "drop_last or ctpu_mark_dynamic(x, 0, lo, hi) avoids it",
+                   count, count == 1 ? "" : "s", in, from, to);
+        else
+            advise(a, "%d recompile%s from dim %d of input %d (%lld -> %lld): a shape that varies between steps; "
+                      "pad it to a few fixed sizes or ctpu_mark_dynamic it",
+                   count, count == 1 ? "" : "s", dim, in, from, to);
+    }
+    double host_cuts = num(cuts, "host_read");
+    if (host_cuts > 0 && marked > 0) {
+        const cJSON *hr = obj(d, "host_reads");
+        const char *worst = "";
+        double wc = 0;
+        for (int i = 0; i < arr_n(hr); i++) {
+            const cJSON *h = cJSON_GetArrayItem(hr, i);
+            if (num(h, "cuts") > wc) { wc = num(h, "cuts"); worst = str(h, "label"); }
+        }
+        if (host_cuts >= marked * 0.9)
+            advise(a, "a host read every step%s%s%s cuts the trace in two (%.0f host-read cuts in %.0f steps): "
+                      "each step runs as two programs; read after ctpu_step_end, or every N steps",
+                   worst[0] ? " (" : "", worst, worst[0] ? ")" : "", host_cuts, marked);
+        else
+            advise(a, "%.0f host reads cut a trace mid-step%s%s%s: read values after ctpu_step_end / ctpu_mark_step",
+                   host_cuts, worst[0] ? " (most at " : "", worst, worst[0] ? ")" : "");
+    }
+    double thrash = num(c, "thrash"), ev = num(c, "evictions");
+    if (thrash > 0)
+        advise(a, "%.0f programs were compiled again after their eviction (thrash): the working set exceeds the "
+                  "cache's %.0f entries; raise TORCH_TPU_CACHE_SIZE",
+               thrash, num(c, "capacity"));
+    else if (ev > 0)
+        advise(a, "%.0f programs were evicted (LRU, capacity %.0f) but none was needed again", ev, num(c, "capacity"));
+    double loop = num(cuts, "loop_detector");
+    if (loop > 0 && marked == 0)
+        advise(a, "no step is marked: the loop detector cut %.0f times; ctpu_step_begin/ctpu_step_end (or "
+                  "ctpu_mark_step) gives one program per step", loop);
+    double limit = num(cuts, "length_limit");
+    if (limit > 0)
+        advise(a, "%.0f traces hit the length limit: mark steps more often", limit);
+    double late = num(c, "late_compile_steps");
+    if (steps > 0 && boolean(c, "all_hit_reached") && late > steps * 0.25)
+        advise(a, "%.0f of %.0f steps compiled after warm-up: shapes or control flow vary per step", late, steps);
+    if (strcmp(str(d, "mode"), "defer_fuse") != 0 && num(c, "strict_requests") > 0)
+        advise(a, "strict eager launches one program per op (%.0f launches); TORCH_TPU_DEFER_AND_FUSE=1 fuses each step",
+               num(c, "strict_requests"));
+}
+
+/* ------------------------------------------------------------ the report */
+static void render_cost(out_t *o, const cJSON *d)
+{
+    const cJSON *cost = obj(d, "cost");
+    const cJSON *rows = obj(cost, "rows");
+    char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32];
+    heading(o, "TPU cost estimate (roofline estimate, not a measurement; %.0f steps, %.0f per epoch)",
+            num(cost, "steps"), num(cost, "steps_per_epoch"));
+    static const char *const hdr[] = { "chip", "MXU", "$/chip-h", "per step", "per epoch", "run", "MFU",
+                                       "MXU util", "$/epoch", "$/run" };
+    table *t = tbl_new(10, hdr);
+    if (t) for (int c = 1; c < 10; c++) t->right[c] = true;
+    bool unknown = false;
+    for (int i = 0; i < arr_n(rows); i++) {
+        const cJSON *r = cJSON_GetArrayItem(rows, i);
+        bool known = boolean(r, "price_known");
+        unknown |= !known;
+        char chip[48], mxu[16], price[32], mfu[16], util[16];
+        snprintf(chip, sizeof chip, "%s%s", str(r, "chip"), strcmp(str(r, "chip"), str(cost, "current")) == 0 ? " *" : "");
+        snprintf(mxu, sizeof mxu, "%.0fx%.0f", num(r, "mxu_size"), num(r, "mxu_size"));
+        if (known) snprintf(price, sizeof price, "%.2f", num(r, "usd_per_chip_hour"));
+        else snprintf(price, sizeof price, "n/a");
+        snprintf(mfu, sizeof mfu, "%.1f%%", 100 * num(r, "mfu"));
+        snprintf(util, sizeof util, "%.1f%%", 100 * num(r, "mxu_utilization"));
+        tbl_row(t, chip, mxu, price, fmt_time(num(r, "step_s"), b1, sizeof b1), fmt_time(num(r, "epoch_s"), b2, sizeof b2),
+                fmt_time(num(r, "run_s"), b3, sizeof b3), mfu, util, fmt_usd(num(r, "usd_epoch"), known, b4, sizeof b4),
+                fmt_usd(num(r, "usd_run"), known, b5, sizeof b5));
+    }
+    tbl_print(o, t);
+    line(o, "* = the emulated chip; model FLOPs %.3g, HBM traffic %s (%s at %s's bandwidth), vector ops %.3g",
+         num(cost, "model_flops"), fmt_bytes(num(cost, "hbm_bytes"), b6, sizeof b6),
+         fmt_time(num(cost, "hbm_s"), b7, sizeof b7), str(cost, "current"), num(cost, "vector_ops"));
+    line(o, "estimate = max(MXU time with M, N, K padded to the MXU side, vector time, HBM traffic time) per program");
+    if (unknown) line(o, "7x (Ironwood) has no public on-demand price: its cost columns say n/a");
+}
+
+static void render_doc(out_t *o, const cJSON *d, const char *name)
+{
+    const cJSON *c = obj(d, "cache"), *cs = obj(d, "counters"), *cuts = obj(d, "cuts");
+    char b1[32], b2[32], b3[32];
+    if (o->md) fprintf(o->f, "## ctpu cache report%s%s\n\n", name ? ": " : "", name ? name : "");
+    else fprintf(o->f, "ctpu cache report%s%s\n", name ? ": " : "", name ? name : "");
+    line(o, "mode %s, chip %s (MXU %.0fx%.0f), %.0f steps, %.0f ops dispatched", str(d, "mode"), str(d, "chip"),
+         num(d, "mxu_size"), num(d, "mxu_size"), num(c, "steps"), num(cs, "ops_dispatched"));
+    double req = num(c, "requests"), hits = num(c, "hits");
+    line(o, "fused-program cache: %.0f requests, %.0f hits (%.1f%%), %.0f misses, %.0f recompiles, %.0f evictions, "
+            "%.0f thrash, %.0f of %.0f entries used",
+         req, hits, pct(hits, req), num(c, "misses"), num(c, "recompiles"), num(c, "evictions"), num(c, "thrash"),
+         num(c, "entries"), num(c, "capacity"));
+    double sreq = num(c, "strict_requests"), shit = num(c, "strict_hits");
+    if (sreq > 0)
+        line(o, "one-op program table (strict/debug eager): %.0f requests, %.0f hits (%.1f%%), %.0f misses", sreq, shit,
+             pct(shit, sreq), num(c, "strict_misses"));
+    line(o, "overall: %.0f requests, %.0f hits (%.1f%%), %.0f programs compiled in %s", req + sreq, hits + shit,
+         pct(hits + shit, req + sreq), num(c, "compiles"), fmt_time(num(c, "compile_ns") / 1e9, b1, sizeof b1));
+    if (num(c, "steps") > 0) {
+        if (boolean(c, "all_hit_reached"))
+            line(o, "warm-up: %.0f step%s before the cache went all-hit; %.0f later step%s compiled%s", num(c, "warmup_steps"),
+                 num(c, "warmup_steps") == 1 ? "" : "s", num(c, "late_compile_steps"),
+                 num(c, "late_compile_steps") == 1 ? "" : "s",
+                 num(c, "late_compile_steps") > 0 ? " (see recompiles)" : "");
+        else line(o, "warm-up: the cache never went all-hit (%.0f of %.0f steps compiled)", num(c, "compile_steps"),
+                  num(c, "steps"));
+    }
+
+    const cJSON *ps = obj(d, "programs");
+    if (arr_n(ps) > 0) {
+        heading(o, "programs (%d)", arr_n(ps));
+        static const char *const hdr[] = { "id", "launches", "hits", "hit%", "ops", "kernels", "compile", "est/launch",
+                                           "first ops", "inputs" };
+        table *t = tbl_new(10, hdr);
+        if (t) for (int k = 1; k < 8; k++) t->right[k] = true;
+        for (int i = 0; i < arr_n(ps) && i < TBL_ROWS; i++) {
+            const cJSON *p = cJSON_GetArrayItem(ps, i);
+            char id[24], la[24], hi[24], hp[16], ops[16], ke[16];
+            snprintf(id, sizeof id, "%.0f%s", num(p, "id"), boolean(p, "cached") ? "" : " (evicted)");
+            snprintf(la, sizeof la, "%.0f", num(p, "launches"));
+            snprintf(hi, sizeof hi, "%.0f", num(p, "hits"));
+            snprintf(hp, sizeof hp, "%.1f%%", pct(num(p, "hits"), num(p, "launches")));
+            snprintf(ops, sizeof ops, "%.0f", num(p, "n_ops"));
+            snprintf(ke, sizeof ke, "%.0f", num(p, "kernels"));
+            tbl_row(t, id, la, hi, hp, ops, ke, fmt_time(num(p, "compile_ns") / 1e9, b1, sizeof b1),
+                    fmt_time(num(p, "est_s"), b2, sizeof b2), str(p, "ops"), str(p, "inputs"));
+        }
+        tbl_print(o, t);
+    }
+
+    const cJSON *rs = obj(d, "recompiles");
+    if (arr_n(rs) > 0) {
+        heading(o, "recompiles (%.0f; the last %d listed)", num(c, "recompiles"), arr_n(rs));
+        for (int i = 0; i < arr_n(rs); i++) {
+            const cJSON *r = cJSON_GetArrayItem(rs, i);
+            line(o, "program %.0f (%s): %s, step %.0f (was program %.0f)", num(r, "program"),
+                 str(r, "ops")[0] ? str(r, "ops") : "?", str(r, "reason"), num(r, "step"), num(r, "old_program"));
+        }
+    }
+
+    double ncut = num(cs, "trace_cuts");
+    if (ncut > 0) {
+        heading(o, "trace cuts (%.0f)", ncut);
+        char buf[256];
+        size_t k = 0;
+        buf[0] = 0;
+        for (const cJSON *x = cuts ? cuts->child : NULL; x && k < sizeof buf; x = x->next)
+            if (cJSON_IsNumber(x) && x->valuedouble > 0)
+                k += (size_t)snprintf(buf + k, sizeof buf - k, "%s%s %.0f", k ? ", " : "", x->string, x->valuedouble);
+        line(o, "%s", buf);
+    }
+    const cJSON *hr = obj(d, "host_reads");
+    if (arr_n(hr) > 0) {
+        heading(o, "host reads by call site (ctpu_set_host_read_label)");
+        for (int i = 0; i < arr_n(hr); i++) {
+            const cJSON *h = cJSON_GetArrayItem(hr, i);
+            line(o, "%s: %.0f reads, %.0f trace cuts", str(h, "label"), num(h, "reads"), num(h, "cuts"));
+        }
+    }
+    heading(o, "evictions and thrash");
+    line(o, "%.0f evictions, %.0f thrash (a program compiled again after its eviction); capacity %.0f",
+         num(c, "evictions"), num(c, "thrash"), num(c, "capacity"));
+
+    advice_t a;
+    build_advice(d, &a);
+    if (a.n > 0) {
+        heading(o, "advice");
+        for (int i = 0; i < a.n; i++) line(o, "%s", a.text[i]);
+    }
+
+    const cJSON *mm = obj(d, "matmuls");
+    if (arr_n(mm) > 0) {
+        heading(o, "matmuls on the %.0fx%.0f MXU (%s)", num(d, "mxu_size"), num(d, "mxu_size"), str(d, "chip"));
+        for (int i = 0; i < arr_n(mm); i++) {
+            const cJSON *x = cJSON_GetArrayItem(mm, i);
+            char bt[32] = "";
+            if (num(x, "batch") > 1) snprintf(bt, sizeof bt, "%.0f x ", num(x, "batch"));
+            line(o, "matmul %s[%.0f,%.0f]x[%.0f,%.0f] on %.0fx%.0f MXU: %.1f%% of MACs useful (%.0f launches)", bt,
+                 num(x, "m"), num(x, "k"), num(x, "k"), num(x, "n"), num(d, "mxu_size"), num(d, "mxu_size"),
+                 100 * num(x, "useful"), num(x, "count"));
+        }
+    }
+    const cJSON *ops = obj(d, "ops");
+    if (arr_n(ops) > 0) {
+        /* top 10 by estimated compute time */
+        int n = arr_n(ops), idx[128];
+        if (n > 128) n = 128;
+        for (int i = 0; i < n; i++) idx[i] = i;
+        for (int i = 1; i < n; i++)
+            for (int j = i; j > 0 && num(cJSON_GetArrayItem(ops, idx[j]), "est_s") > num(cJSON_GetArrayItem(ops, idx[j - 1]), "est_s"); j--) {
+                int tmp = idx[j]; idx[j] = idx[j - 1]; idx[j - 1] = tmp;
+            }
+        double tot = 0;
+        for (int i = 0; i < n; i++) tot += num(cJSON_GetArrayItem(ops, i), "est_s");
+        heading(o, "ops by estimated compute time on %s (MXU or vector work; HBM traffic is per program)", str(d, "chip"));
+        static const char *const hdr[] = { "op", "count", "est", "share" };
+        table *t = tbl_new(4, hdr);
+        if (t) t->right[1] = t->right[2] = t->right[3] = true;
+        for (int i = 0; i < n && i < 10; i++) {
+            const cJSON *x = cJSON_GetArrayItem(ops, idx[i]);
+            char cnt[24], sh[16];
+            snprintf(cnt, sizeof cnt, "%.0f", num(x, "count"));
+            snprintf(sh, sizeof sh, "%.1f%%", pct(num(x, "est_s"), tot));
+            tbl_row(t, str(x, "op"), cnt, fmt_time(num(x, "est_s"), b1, sizeof b1), sh);
+        }
+        tbl_print(o, t);
+    }
+    const cJSON *h = obj(d, "hbm");
+    heading(o, "memory");
+    line(o, "HBM peak %s, in use at the report %s, capacity %s; host->device %s, device->host %s",
+         fmt_bytes(num(h, "peak"), b1, sizeof b1), fmt_bytes(num(h, "in_use"), b2, sizeof b2),
+         fmt_bytes(num(h, "capacity"), b3, sizeof b3), fmt_bytes(num(cs, "host_to_device_bytes"), b1, sizeof b1),
+         fmt_bytes(num(cs, "device_to_host_bytes"), b2, sizeof b2));
+    render_cost(o, d);
+}
+
+static cJSON *summary_json(const cJSON *d, const char *name)
+{
+    cJSON *s = cJSON_CreateObject();
+    if (name) cJSON_AddStringToObject(s, "name", name);
+    cJSON_AddStringToObject(s, "mode", str(d, "mode"));
+    cJSON_AddStringToObject(s, "chip", str(d, "chip"));
+    const cJSON *c = obj(d, "cache");
+    double req = num(c, "requests") + num(c, "strict_requests"), hits = num(c, "hits") + num(c, "strict_hits");
+    cJSON_AddNumberToObject(s, "hit_rate", req > 0 ? hits / req : 0);
+    static const char *const keep[] = { "cache", "recompiles", "cuts", "host_reads", "matmuls", "cost", "hbm" };
+    for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++) {
+        const cJSON *x = obj(d, keep[i]);
+        if (x) cJSON_AddItemToObject(s, keep[i], cJSON_Duplicate(x, true));
+    }
+    advice_t a;
+    build_advice(d, &a);
+    cJSON *adv = cJSON_AddArrayToObject(s, "advice");
+    for (int i = 0; i < a.n; i++) cJSON_AddItemToArray(adv, cJSON_CreateString(a.text[i]));
+    return s;
+}
+
+static ctpu_status print_json(cJSON *s, FILE *f)
+{
+    char *txt = s ? cJSON_Print(s) : NULL;
+    cJSON_Delete(s);
+    if (!txt) {
+        ctpu_set_error(CTPU_ERR_OOM, "report: out of host memory");
+        return CTPU_ERR_OOM;
+    }
+    fprintf(f, "%s\n", txt);
+    cJSON_free(txt);
+    return CTPU_OK;
+}
+
+static bool bad_args(ctpu_report_format fmt, FILE *f, const char *fn)
+{
+    if ((unsigned)fmt >= CTPU_REPORT_FORMAT_COUNT || !f) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: %s", fn, !f ? "f is NULL" : "format is not a ctpu_report_format");
+        return true;
+    }
+    return false;
+}
+
+ctpu_status ctpu_report_render(const char *json, const char *name, ctpu_report_format fmt, FILE *f)
+{
+    if (bad_args(fmt, f, "report_render")) return CTPU_ERR_INVALID_ARG;
+    cJSON *d;
+    ctpu_status st = parse_doc(json, name, &d);
+    if (st != CTPU_OK) return st;
+    if (fmt == CTPU_REPORT_JSON) {
+        st = print_json(summary_json(d, name), f);
+    } else {
+        out_t o = { f, fmt == CTPU_REPORT_MARKDOWN };
+        render_doc(&o, d, name);
+    }
+    cJSON_Delete(d);
+    return st;
+}
+
+/* ------------------------------------------------------------ compare */
+ctpu_status ctpu_report_compare(const char *json_a, const char *name_a, const char *json_b, const char *name_b,
+                                ctpu_report_format fmt, FILE *f)
+{
+    if (bad_args(fmt, f, "report_compare")) return CTPU_ERR_INVALID_ARG;
+    cJSON *a, *b;
+    const char *na = name_a ? name_a : "A", *nb = name_b ? name_b : "B";
+    ctpu_status st = parse_doc(json_a, na, &a);
+    if (st != CTPU_OK) return st;
+    st = parse_doc(json_b, nb, &b);
+    if (st != CTPU_OK) { cJSON_Delete(a); return st; }
+    if (fmt == CTPU_REPORT_JSON) {
+        cJSON *s = cJSON_CreateObject();
+        cJSON_AddItemToObject(s, "a", summary_json(a, na));
+        cJSON_AddItemToObject(s, "b", summary_json(b, nb));
+        st = print_json(s, f);
+        cJSON_Delete(a);
+        cJSON_Delete(b);
+        return st;
+    }
+    out_t o = { f, fmt == CTPU_REPORT_MARKDOWN };
+    if (o.md) fprintf(f, "## ctpu: %s vs %s\n\n", na, nb);
+    else fprintf(f, "ctpu: %s vs %s\n", na, nb);
+    static const char *hdr[3];
+    hdr[0] = "";
+    hdr[1] = na;
+    hdr[2] = nb;
+    table *t = tbl_new(3, hdr);
+    if (t) t->right[1] = t->right[2] = true;
+    const cJSON *d[2] = { a, b };
+    char v[2][96];
+#define ROW(label, ...) do { \
+        for (int i = 0; i < 2; i++) { const cJSON *D = d[i]; (void)D; snprintf(v[i], sizeof v[i], __VA_ARGS__); } \
+        tbl_row(t, label, v[0], v[1]); } while (0)
+    char tb[32];
+    ROW("mode", "%s", str(D, "mode"));
+    ROW("chip", "%s", str(D, "chip"));
+    ROW("steps", "%.0f", num(obj(D, "cache"), "steps"));
+    ROW("ops dispatched", "%.0f", num(obj(D, "counters"), "ops_dispatched"));
+    ROW("programs launched", "%.0f",
+        num(obj(D, "counters"), "programs_launched") + num(obj(D, "cache"), "strict_requests"));
+    ROW("programs compiled", "%.0f", num(obj(D, "cache"), "compiles"));
+    ROW("cache requests", "%.0f", num(obj(D, "cache"), "requests") + num(obj(D, "cache"), "strict_requests"));
+    ROW("cache hits", "%.0f (%.1f%%)", num(obj(D, "cache"), "hits") + num(obj(D, "cache"), "strict_hits"),
+        pct(num(obj(D, "cache"), "hits") + num(obj(D, "cache"), "strict_hits"),
+            num(obj(D, "cache"), "requests") + num(obj(D, "cache"), "strict_requests")));
+    ROW("recompiles", "%.0f", num(obj(D, "cache"), "recompiles"));
+    ROW("evictions / thrash", "%.0f / %.0f", num(obj(D, "cache"), "evictions"), num(obj(D, "cache"), "thrash"));
+    ROW("warm-up steps", "%.0f", num(obj(D, "cache"), "warmup_steps"));
+    ROW("trace cuts", "%.0f", num(obj(D, "counters"), "trace_cuts"));
+    ROW("host reads", "%.0f", num(obj(D, "counters"), "host_reads"));
+    ROW("compile time", "%s", fmt_time(num(obj(obj(D, "timers"), "compile_time"), "total") / 1e9, tb, sizeof tb));
+    ROW("execute time (CPU emulation)", "%s",
+        fmt_time(num(obj(obj(D, "timers"), "execute_time"), "total") / 1e9, tb, sizeof tb));
+    ROW("sync wait", "%s", fmt_time(num(obj(obj(D, "timers"), "sync_wait"), "total") / 1e9, tb, sizeof tb));
+    ROW("HBM peak", "%s", fmt_bytes(num(obj(D, "hbm"), "peak"), tb, sizeof tb));
+    ROW("est. HBM traffic", "%s", fmt_bytes(num(obj(D, "cost"), "hbm_bytes"), tb, sizeof tb));
+    /* the emulated chip's cost row of each run */
+    for (int i = 0; i < 2; i++) (void)i;
+    const cJSON *row[2] = { NULL, NULL };
+    for (int i = 0; i < 2; i++) {
+        const cJSON *rows = obj(obj(d[i], "cost"), "rows");
+        for (int j = 0; j < arr_n(rows); j++)
+            if (strcmp(str(cJSON_GetArrayItem(rows, j), "chip"), str(obj(d[i], "cost"), "current")) == 0)
+                row[i] = cJSON_GetArrayItem(rows, j);
+    }
+#define CROW(label, ...) do { \
+        for (int i = 0; i < 2; i++) { const cJSON *R = row[i]; (void)R; snprintf(v[i], sizeof v[i], __VA_ARGS__); } \
+        tbl_row(t, label, v[0], v[1]); } while (0)
+    CROW("est. device time / step", "%s", fmt_time(num(R, "step_s"), tb, sizeof tb));
+    CROW("est. device time / epoch", "%s", fmt_time(num(R, "epoch_s"), tb, sizeof tb));
+    CROW("est. MFU", "%.1f%%", 100 * num(R, "mfu"));
+    CROW("est. MXU utilisation", "%.1f%%", 100 * num(R, "mxu_utilization"));
+    CROW("est. $ / epoch (this chip)", "%s", fmt_usd(num(R, "usd_epoch"), boolean(R, "price_known"), tb, sizeof tb));
+#undef ROW
+#undef CROW
+    tbl_print(&o, t);
+    double sa = row[0] ? num(row[0], "step_s") : 0, sb = row[1] ? num(row[1], "step_s") : 0;
+    if (sa > 0 && sb > 0) line(&o, "estimated device time per step: %s / %s = %.2fx", nb, na, sb / sa);
+    line(&o, "estimates are roofline estimates on the emulated chip's profile, not measurements");
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    return CTPU_OK;
+}
+
+/* ------------------------------------------------------------ plot */
+ctpu_status ctpu_report_plot_svg(int n, const char *const *jsons, const char *const *names, FILE *f)
+{
+    if (n < 1 || n > 16 || !jsons || !f) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "report_plot_svg: n=%d (1..16), jsons %s, f %s", n, jsons ? "set" : "NULL",
+                       f ? "set" : "NULL");
+        return CTPU_ERR_INVALID_ARG;
+    }
+    cJSON *d[16] = { 0 };
+    for (int i = 0; i < n; i++) {
+        ctpu_status st = parse_doc(jsons[i], names ? names[i] : NULL, &d[i]);
+        if (st != CTPU_OK) {
+            for (int j = 0; j < i; j++) cJSON_Delete(d[j]);
+            return st;
+        }
+    }
+    /* ranges */
+    double xmax = 1, cmax = 1, hmax = 1;
+    for (int i = 0; i < n; i++) {
+        const cJSON *h = obj(d[i], "history");
+        const cJSON *st = obj(h, "step"), *cp = obj(h, "compiles"), *hi = obj(h, "hits");
+        int m = arr_n(st);
+        for (int k = 0; k < m; k++) {
+            double x = cJSON_GetArrayItem(st, k)->valuedouble + 1;
+            if (x > xmax) xmax = x;
+            double cv = k < arr_n(cp) ? cJSON_GetArrayItem(cp, k)->valuedouble : 0;
+            if (cv > cmax) cmax = cv;
+            if (k > 0 && k < arr_n(hi)) {
+                double dx = x - (cJSON_GetArrayItem(st, k - 1)->valuedouble + 1);
+                double dh = cJSON_GetArrayItem(hi, k)->valuedouble - cJSON_GetArrayItem(hi, k - 1)->valuedouble;
+                if (dx > 0 && dh / dx > hmax) hmax = dh / dx;
+            } else if (k == 0 && k < arr_n(hi) && cJSON_GetArrayItem(hi, 0)->valuedouble / x > hmax) {
+                hmax = cJSON_GetArrayItem(hi, 0)->valuedouble / x;
+            }
+        }
+    }
+    static const char *const colors[] = { "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b" };
+    const int W = 800, H = 520, L = 70, R = 20, PH = 180;
+    const int top[2] = { 40, 290 };
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" "
+               "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", W, H);
+    const char *titles[2] = { "programs compiled (cumulative)", "cache hits per step" };
+    double ymax[2] = { cmax, hmax };
+    for (int p = 0; p < 2; p++) {
+        int y0 = top[p];
+        fprintf(f, "<text x=\"%d\" y=\"%d\" font-weight=\"bold\">%s</text>\n", L, y0 - 10, titles[p]);
+        fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#888\"/>\n", L, y0,
+                W - L - R, PH);
+        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%.0f</text>\n", L - 5, y0 + 10, ymax[p]);
+        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">0</text>\n", L - 5, y0 + PH);
+        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">step %.0f</text>\n", W - R, y0 + PH + 15, xmax);
+        for (int i = 0; i < n; i++) {
+            const cJSON *h = obj(d[i], "history");
+            const cJSON *st = obj(h, "step"), *ys = obj(h, p == 0 ? "compiles" : "hits");
+            int m = arr_n(st) < arr_n(ys) ? arr_n(st) : arr_n(ys);
+            fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", colors[i % 6]);
+            double px = 0, py = 0;
+            for (int k = 0; k < m; k++) {
+                double x = cJSON_GetArrayItem(st, k)->valuedouble + 1, y = cJSON_GetArrayItem(ys, k)->valuedouble;
+                double v = y;
+                if (p == 1) v = x - px > 0 ? (y - py) / (x - px) : 0;
+                px = x;
+                py = y;
+                double sx = L + (x / xmax) * (W - L - R), sy = y0 + PH - (v / ymax[p]) * PH;
+                fprintf(f, "%.1f,%.1f ", sx, sy);
+            }
+            fprintf(f, "\"/>\n");
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        char esc[128];
+        const char *nm = names && names[i] ? names[i] : str(d[i], "mode");
+        size_t k = 0;
+        for (const char *s = nm; *s && k + 6 < sizeof esc; s++) {
+            if (*s == '<') { memcpy(esc + k, "&lt;", 4); k += 4; }
+            else if (*s == '&') { memcpy(esc + k, "&amp;", 5); k += 5; }
+            else if (*s == '>') { memcpy(esc + k, "&gt;", 4); k += 4; }
+            else if (*s == '"') { memcpy(esc + k, "&quot;", 6); k += 6; }
+            else esc[k++] = *s;
+        }
+        esc[k] = 0;
+        fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"%s\">%s (%s, %s)</text>\n", L + 10 + 250 * (i % 3),
+                H - 10 - 14 * (i / 3), colors[i % 6], esc, str(d[i], "mode"), str(d[i], "chip"));
+    }
+    fprintf(f, "</svg>\n");
+    for (int i = 0; i < n; i++) cJSON_Delete(d[i]);
+    return CTPU_OK;
+}
+
+/* ------------------------------------------------------------ cost table print */
+ctpu_status ctpu_cost_table_print(const ctpu_cost_table *t, FILE *f)
+{
+    if (!t || t->n_rows < 0 || t->n_rows > CTPU_COST_MAX_CHIPS) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "cost_table_print: %s", !t ? "t is NULL" : "n_rows out of range");
+        return CTPU_ERR_INVALID_ARG;
+    }
+    if (!f) f = stdout;
+    cJSON *d = cJSON_CreateObject();
+    cJSON *cost = cJSON_AddObjectToObject(d, "cost");
+    cJSON_AddNumberToObject(cost, "steps", (double)t->steps);
+    cJSON_AddNumberToObject(cost, "steps_per_epoch", (double)t->steps_per_epoch);
+    cJSON_AddNumberToObject(cost, "model_flops", t->model_flops);
+    cJSON_AddNumberToObject(cost, "hbm_bytes", t->hbm_bytes);
+    cJSON_AddNumberToObject(cost, "vector_ops", t->vector_ops);
+    const char *cur = t->current >= 0 && t->current < t->n_rows && t->rows[t->current].chip ? t->rows[t->current].chip : "";
+    cJSON_AddStringToObject(cost, "current", cur);
+    cJSON *rows = cJSON_AddArrayToObject(cost, "rows");
+    for (int i = 0; i < t->n_rows; i++) {
+        const ctpu_cost_row *w = &t->rows[i];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "chip", w->chip ? w->chip : "?");
+        cJSON_AddNumberToObject(o, "mxu_size", w->mxu_size);
+        cJSON_AddBoolToObject(o, "price_known", w->price_known);
+        cJSON_AddNumberToObject(o, "usd_per_chip_hour", w->usd_per_chip_hour);
+        cJSON_AddNumberToObject(o, "run_s", w->run_s);
+        cJSON_AddNumberToObject(o, "step_s", w->step_s);
+        cJSON_AddNumberToObject(o, "epoch_s", w->epoch_s);
+        cJSON_AddNumberToObject(o, "mfu", w->mfu);
+        cJSON_AddNumberToObject(o, "mxu_utilization", w->mxu_utilization);
+        cJSON_AddNumberToObject(o, "usd_run", w->usd_run);
+        cJSON_AddNumberToObject(o, "usd_epoch", w->usd_epoch);
+        cJSON_AddItemToArray(rows, o);
+    }
+    out_t o = { f, false };
+    render_cost(&o, d);
+    cJSON_Delete(d);
+    return CTPU_OK;
+}
