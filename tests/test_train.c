@@ -2,8 +2,8 @@
  * Fashion-MNIST training images when the Debian package is installed, else
  * a synthetic 10-class set): an MLP 784-64-10 with AdamW and a cosine
  * schedule, batch 100, 2 epochs.
- * - the loss sequence is bit-identical in strict and debug eager (and
- *   between two strict runs), and it falls;
+ * - the loss sequence is bit-identical in strict eager, debug eager and
+ *   defer and fuse (and between two strict runs), and it falls;
  * - step 1 and step 2 record the same op sequence (the autograd hook sees
  *   every op and view), and step 2 compiles no new program;
  * - the loop leaves no HBM behind once the model and optimizer are freed. */
@@ -121,14 +121,17 @@ static void train(ctpu_mode m, run_out *out)
     ck_assert_int_eq(ctpu_sync(), CTPU_OK);
 }
 
-static run_out r_strict, r_debug, r_again;
+static run_out r_strict, r_debug, r_again, r_fuse;
 
 START_TEST(t_strict_debug_identical)
 {
     train(CTPU_MODE_STRICT, &r_strict);
     train(CTPU_MODE_DEBUG, &r_debug);
     train(CTPU_MODE_STRICT, &r_again);
+    train(CTPU_MODE_DEFER_FUSE, &r_fuse);
     for (int i = 0; i < STEPS; i++) {
+        ck_assert_msg(t_same(r_strict.loss[i], r_fuse.loss[i]), "step %d: strict %.9g, defer and fuse %.9g", i,
+                      r_strict.loss[i], r_fuse.loss[i]);
         ck_assert_msg(t_same(r_strict.loss[i], r_debug.loss[i]), "step %d: strict %.9g, debug %.9g", i,
                       r_strict.loss[i], r_debug.loss[i]);
         ck_assert_msg(t_same(r_strict.loss[i], r_again.loss[i]), "step %d: two strict runs differ", i);
