@@ -211,6 +211,7 @@ int main(int argc, char **argv)
     ctpu_batch_iter *it = ctpu_batch_iter_create(train.n, o.batch, true, false, o.seed);
     if (!it) return fail("making the batch iterator");
     int64_t per_epoch = ctpu_batch_iter_batches_per_epoch(it), total = per_epoch * o.epochs;
+    ctpu_set_steps_per_epoch(per_epoch);   /* the cost table's per-epoch figures */
 
     FILE *log = NULL;
     if (o.log_path) {
@@ -280,6 +281,9 @@ int main(int argc, char **argv)
     if (log) fclose(log);
     printf("result test_accuracy=%.4f train_loss=%.4f epochs=%d images_per_s=%.0f mode=%s\n", acc, train_loss,
            o.epochs, train_time > 0 ? (double)(train.n * o.epochs) / train_time : 0.0, mode);
+    /* the compile-cache report and the TPU cost table, on stderr (stdout's last line stays the result) */
+    fflush(stdout);
+    ctpu_cache_report(stderr);
     free(losses);
     free(sizes);
     free(lrs);
