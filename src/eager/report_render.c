@@ -178,7 +178,8 @@ static const char *fmt_time(double s, char *b, size_t n)
 static const char *fmt_usd(double usd, bool known, char *b, size_t n)
 {
     if (!known) snprintf(b, n, "n/a");
-    else if (usd < 0.01) snprintf(b, n, "$%.6f", usd);
+    else if (usd == 0) snprintf(b, n, "$0");
+    else if (usd < 0.01) snprintf(b, n, "$%.2g", usd);
     else snprintf(b, n, "$%.2f", usd);
     return b;
 }
@@ -416,15 +417,24 @@ static void render_doc(out_t *o, const cJSON *d, const char *name)
 
     const cJSON *mm = obj(d, "matmuls");
     if (arr_n(mm) > 0) {
+        /* the 12 most launched shapes */
+        int n = arr_n(mm), idx[64];
+        if (n > 64) n = 64;
+        for (int i = 0; i < n; i++) idx[i] = i;
+        for (int i = 1; i < n; i++)
+            for (int j = i; j > 0 && num(cJSON_GetArrayItem(mm, idx[j]), "count") > num(cJSON_GetArrayItem(mm, idx[j - 1]), "count"); j--) {
+                int tmp = idx[j]; idx[j] = idx[j - 1]; idx[j - 1] = tmp;
+            }
         heading(o, "matmuls on the %.0fx%.0f MXU (%s)", num(d, "mxu_size"), num(d, "mxu_size"), str(d, "chip"));
-        for (int i = 0; i < arr_n(mm); i++) {
-            const cJSON *x = cJSON_GetArrayItem(mm, i);
+        for (int i = 0; i < n && i < 12; i++) {
+            const cJSON *x = cJSON_GetArrayItem(mm, idx[i]);
             char bt[32] = "";
             if (num(x, "batch") > 1) snprintf(bt, sizeof bt, "%.0f x ", num(x, "batch"));
             line(o, "matmul %s[%.0f,%.0f]x[%.0f,%.0f] on %.0fx%.0f MXU: %.1f%% of MACs useful (%.0f launches)", bt,
                  num(x, "m"), num(x, "k"), num(x, "k"), num(x, "n"), num(d, "mxu_size"), num(d, "mxu_size"),
                  100 * num(x, "useful"), num(x, "count"));
         }
+        if (n > 12) line(o, "(%d more shapes)", arr_n(mm) - 12);
     }
     const cJSON *ops = obj(d, "ops");
     if (arr_n(ops) > 0) {
@@ -453,10 +463,11 @@ static void render_doc(out_t *o, const cJSON *d, const char *name)
     }
     const cJSON *h = obj(d, "hbm");
     heading(o, "memory");
+    char b4[32], b5[32];
     line(o, "HBM peak %s, in use at the report %s, capacity %s; host->device %s, device->host %s",
          fmt_bytes(num(h, "peak"), b1, sizeof b1), fmt_bytes(num(h, "in_use"), b2, sizeof b2),
-         fmt_bytes(num(h, "capacity"), b3, sizeof b3), fmt_bytes(num(cs, "host_to_device_bytes"), b1, sizeof b1),
-         fmt_bytes(num(cs, "device_to_host_bytes"), b2, sizeof b2));
+         fmt_bytes(num(h, "capacity"), b3, sizeof b3), fmt_bytes(num(cs, "host_to_device_bytes"), b4, sizeof b4),
+         fmt_bytes(num(cs, "device_to_host_bytes"), b5, sizeof b5));
     render_cost(o, d);
 }
 
