@@ -96,12 +96,18 @@ static void hbm_raw_free(ctpu_device *dev, void *p)
     free(p);
 }
 
+/* A buffer is one allocation: a 64-byte header (the ctpu_buffer) followed
+ * by its 64-byte aligned data. */
+#define BUF_HDR 64
+_Static_assert(sizeof(ctpu_buffer) <= BUF_HDR, "buffer header grew past 64 bytes");
+
 ctpu_buffer *ctpu_buffer_alloc(ctpu_device *dev, size_t bytes, char *err, size_t errlen)
 {
     uint64_t need = bytes < 64 ? 64 : (bytes + 63) & ~(uint64_t)63;
+    if (bytes > UINT64_MAX - BUF_HDR - 64) need = UINT64_MAX;
     uint64_t cur = atomic_load(&dev->in_use);
     do {
-        if (cur + need > dev->cap || cur + need < cur) {
+        if (need > dev->cap || cur + need > dev->cap) {
             ctpu_counter_add(dev->metrics, CTPU_CTR_HBM_OOM, 1);
             snprintf(err, errlen,
                      "out of HBM: requested %zu bytes, %llu in use, capacity %llu bytes (%s)",
@@ -109,15 +115,13 @@ ctpu_buffer *ctpu_buffer_alloc(ctpu_device *dev, size_t bytes, char *err, size_t
             return NULL;
         }
     } while (!atomic_compare_exchange_weak(&dev->in_use, &cur, cur + need));
-    ctpu_buffer *b = malloc(sizeof *b);
-    void *p = b ? hbm_raw_alloc(dev, bytes) : NULL;
-    if (!p) {
-        free(b);
+    ctpu_buffer *b = hbm_raw_alloc(dev, (size_t)need + BUF_HDR);
+    if (!b) {
         atomic_fetch_sub(&dev->in_use, need);
         snprintf(err, errlen, "out of host memory for a %zu-byte device buffer", bytes);
         return NULL;
     }
-    b->data = p;
+    b->data = (char *)b + BUF_HDR;
     b->bytes = bytes;
     atomic_init(&b->refs, 1);
     atomic_init(&b->handle_refs, 0);
@@ -136,8 +140,7 @@ void ctpu_buffer_release(ctpu_device *dev, ctpu_buffer *b)
 {
     if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1) return;
     uint64_t need = b->bytes < 64 ? 64 : (b->bytes + 63) & ~(uint64_t)63;
-    hbm_raw_free(dev, b->data);
-    free(b);
+    hbm_raw_free(dev, b);
     atomic_fetch_sub(&dev->in_use, need);
     atomic_fetch_add(&dev->frees, 1);
 }
