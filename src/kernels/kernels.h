@@ -228,8 +228,11 @@ void ctpu_k_rand_normal(uint64_t seed, uint64_t offset, int64_t start, int64_t n
  *   operands rounded to bf16 (ctpu_f32_to_bf16); products exact in f32;
  *   acc = +0; for p = 0, 1, ...: acc = acc + a[2p+1]*b[2p+1] then
  *   acc = acc + a[2p]*b[2p] (as vdpbf16ps: odd index first), each addition
- *   rounded to f32 (RNE); subnormal inputs, products, sums and outputs
- *   flushed to zero (sign kept). Odd K: the last pair's odd partner is 0.
+ *   rounded to f32 (RNE); subnormal inputs are read as zero and a sum whose
+ *   rounded value is below 2^-126 is flushed to zero (sign kept). A product
+ *   is never rounded or flushed on its own: each step is
+ *   acc = FTZ(RNE(acc + a*b)), as measured on this CPU's vdpbf16ps
+ *   (mxu.h; tests/test_k_mxu.c probes the instruction). Odd K: the last pair's odd partner is 0.
  *   The order depends only on K. No split-K.
  * HIGH (3 passes) and HIGHEST (6 passes): defined in mxu.h.
  * i32 matmul (a_dtype == b_dtype == I32) is exact in int64 then wrapped.
