@@ -650,6 +650,35 @@ START_TEST(forced_hash_collisions_still_correct)
 }
 END_TEST
 
+/* matmul -> +bias -> relu -> +residual is one step (the MXU epilogue), with
+ * the same bits as strict eager */
+static void epilogue_prog(ctpu_mode m, float *out)
+{
+    ctpu_set_mode(m);
+    ctpu_manual_seed(9);
+    ctpu_tensor x = ctpu_keep(ctpu_rand_normal(CTPU_F32, 2, (int64_t[]){ 33, 17 }, 0, 1));
+    ctpu_tensor w = ctpu_keep(ctpu_rand_normal(CTPU_F32, 2, (int64_t[]){ 17, 29 }, 0, 1));
+    ctpu_tensor b = ctpu_keep(ctpu_rand_normal(CTPU_F32, 1, (int64_t[]){ 29 }, 0, 1));
+    ctpu_tensor r = ctpu_keep(ctpu_rand_normal(CTPU_F32, 2, (int64_t[]){ 33, 29 }, 0, 1));
+    ctpu_mark_step();
+    int64_t s0 = C("fused_program_steps");
+    ctpu_step_begin();
+    ctpu_tensor y = ctpu_keep(ctpu_add(ctpu_gelu(ctpu_add(ctpu_matmul(x, w), b), true), r));
+    ctpu_step_end();
+    if (m == CTPU_MODE_DEFER_FUSE) ck_assert_int_eq(C("fused_program_steps") - s0, 1);
+    ck_assert_int_eq(ctpu_to_host(y, out, 33 * 29 * 4), CTPU_OK);
+    ctpu_release(x); ctpu_release(w); ctpu_release(b); ctpu_release(r); ctpu_release(y);
+}
+
+START_TEST(matmul_epilogue_fused_and_identical)
+{
+    float a[33 * 29], c[33 * 29];
+    epilogue_prog(CTPU_MODE_STRICT, a);
+    epilogue_prog(CTPU_MODE_DEFER_FUSE, c);
+    ck_assert(same_bits(a, c, 33 * 29));
+}
+END_TEST
+
 /* ------------------------------------------------------------ memory */
 START_TEST(live_bytes_flat_and_fused_peak_lower)
 {
@@ -690,6 +719,7 @@ static Suite *suite(void)
     tcase_add_test(p, every_op_parity);
     tcase_add_test(p, random_programs_parity);
     tcase_add_test(p, training_step_parity);
+    tcase_add_test(p, matmul_epilogue_fused_and_identical);
     suite_add_tcase(s, p);
     TCase *c = tcase_create("cache");
     tcase_add_checked_fixture(c, setup, teardown);

@@ -73,15 +73,54 @@ ctpu_compiled *ctpu_compile(const ctpu_trace *t, char *err, size_t errlen)
     for (int j = 0; j < no; j++) slot_of[t->outputs[j]] = nin + j;
     for (int i = 0, s = 0; i < nn; i++) { scal_base[i] = s; s += t->nodes[i].n_scalars; }
 
-    /* fusion groups: maximal runs of consecutive VM-fusable nodes of one shape,
-     * whose in-group operands have that shape (always: same-shape group) */
+    /* uses of each value (node inputs and program outputs) */
+    int32_t *uses = al_alloc(&al, sizeof(int32_t) * (size_t)(nv + 1));
+    int32_t *epi = al_alloc(&al, sizeof(int32_t) * 3 * (size_t)(nn + 1));  /* per matmul: bias, act, res */
+    if (!uses || !epi) goto oom;
+    for (int i = 0; i < nn; i++)
+        for (int k = 0; k < t->nodes[i].n_in; k++) uses[t->nodes[i].in[k]]++;
+    for (int j = 0; j < no; j++) uses[t->outputs[j]] += 2;   /* an output is never internal */
+
+    /* fusion groups: a 2-D f32 matmul with its bias / activation / residual
+     * epilogue (the MXU kernel applies it to the accumulator, bit-identical to
+     * the separate ops); maximal runs of consecutive VM-fusable nodes of one
+     * shape (their in-group operands have that shape) */
     int n_groups = 0;
     for (int i = 0; i < nn;) {
         const ctpu_node *n = &t->nodes[i];
         const ctpu_vtype *it[CTPU_NODE_MAX_IN];
         for (int k = 0; k < n->n_in; k++) it[k] = type_of(t, n->in[k]);
         int j = i + 1;
-        if (ctpu_vm_fusable(n, it) && !t->debug_checks) {
+        epi[3 * i] = epi[3 * i + 1] = epi[3 * i + 2] = -1;
+        if (n->op == CTPU_OP_MATMUL && n->out.ndim == 2 && n->out.dtype == CTPU_KDT_F32 && !t->debug_checks) {
+            int32_t cur = nin + i;                  /* the value the chain has produced so far */
+            int stage = 0;                          /* 0: bias or residual next, 1: act, 2: residual */
+            while (j < nn && uses[cur] == 1) {
+                const ctpu_node *m = &t->nodes[j];
+                if (!same_shape(&m->out, &n->out) || m->out.dtype != CTPU_KDT_F32) break;
+                if (m->op == CTPU_OP_ADD && (m->in[0] == cur || m->in[1] == cur)) {
+                    int32_t other = m->in[0] == cur ? m->in[1] : m->in[0];
+                    const ctpu_vtype *ot = type_of(t, other);
+                    if (other == cur || ot->dtype != CTPU_KDT_F32) break;
+                    bool is_bias = (ot->ndim == 1 && ot->shape[0] == n->out.shape[1]) ||
+                                   (ot->ndim == 2 && ot->shape[0] == 1 && ot->shape[1] == n->out.shape[1]);
+                    bool is_res = same_shape(ot, &n->out);
+                    if (stage == 0 && is_bias && n->out.shape[0] != 1) { epi[3 * i] = other; stage = 1; }
+                    else if (is_res && epi[3 * i + 2] < 0) { epi[3 * i + 2] = other; stage = 3; }
+                    else break;
+                } else if (stage <= 1 && m->in[0] == cur &&
+                           (m->op == CTPU_OP_RELU || m->op == CTPU_OP_GELU_TANH || m->op == CTPU_OP_GELU_ERF)) {
+                    epi[3 * i + 1] = m->op == CTPU_OP_RELU ? CTPU_K_ACT_RELU
+                                     : m->op == CTPU_OP_GELU_TANH ? CTPU_K_ACT_GELU_TANH : CTPU_K_ACT_GELU_ERF;
+                    stage = 2;
+                } else {
+                    break;
+                }
+                cur = nin + j;
+                j++;
+                if (stage == 3) break;
+            }
+        } else if (ctpu_vm_fusable(n, it) && !t->debug_checks) {
             /* externals: distinct values read from outside the group */
             int32_t ext[CTPU_BCAST_MAX];
             int n_ext = 0;
@@ -182,6 +221,29 @@ ctpu_compiled *ctpu_compile(const ctpu_trace *t, char *err, size_t errlen)
     for (int i = 0, s = 0; i < nn; s++) {
         int j = i;
         while (j < nn && group[j] == group[i]) j++;
+        if (j - i >= 2 && t->nodes[i].op == CTPU_OP_MATMUL) {
+            const ctpu_node *nd = &t->nodes[i];
+            ctpu_step_data *sd = al_alloc(&al, sizeof *sd);
+            if (!sd) goto oom;
+            sd->node = *nd;
+            for (int q = 0; q < nd->n_in; q++) {
+                sd->in[q] = *type_of(t, nd->in[q]);
+                sd->in_slot[q] = slot_of[nd->in[q]];
+            }
+            sd->out_slot = slot_of[nin + j - 1];          /* the chain's last value */
+            sd->scalar_base = scal_base[i];
+            sd->epi_bias_slot = epi[3 * i] >= 0 ? slot_of[epi[3 * i]] : -1;
+            sd->epi_act = (uint8_t)(epi[3 * i + 1] >= 0 ? epi[3 * i + 1] : CTPU_K_ACT_NONE);
+            sd->epi_res_slot = epi[3 * i + 2] >= 0 ? slot_of[epi[3 * i + 2]] : -1;
+            if (sd->out_slot < 0 || sd->in_slot[0] < 0 || sd->in_slot[1] < 0 ||
+                (epi[3 * i] >= 0 && sd->epi_bias_slot < 0) || (epi[3 * i + 2] >= 0 && sd->epi_res_slot < 0)) {
+                snprintf(err, errlen, "compile: matmul epilogue at node %d cannot be bound", i);
+                goto fail;
+            }
+            steps[s] = (ctpu_step){ ctpu_exec_fn_for(CTPU_OP_MATMUL), sd };
+            i = j;
+            continue;
+        }
         if (j - i >= 2) {
             ctpu_vm_prog *vp = al_alloc(&al, sizeof *vp);
             int idx[CTPU_VM_MAX_NODES];
@@ -206,6 +268,7 @@ ctpu_compiled *ctpu_compile(const ctpu_trace *t, char *err, size_t errlen)
         }
         sd->out_slot = slot_of[nin + i];
         sd->scalar_base = scal_base[i];
+        sd->epi_bias_slot = sd->epi_res_slot = -1;
         ctpu_step_fn fn = ctpu_exec_fn_for(nd->op);
         bool bad = fn == NULL || sd->out_slot < 0;
         for (int q = 0; q < nd->n_in; q++) bad |= sd->in_slot[q] < 0;

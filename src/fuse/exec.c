@@ -667,7 +667,11 @@ static void exec_matmul(const void *data, ctpu_exec_ctx *ctx)
         .b_dtype = b->dtype, .b_rs = tb ? 1 : N, .b_cs = tb ? K : 1,
         .c_dtype = o->dtype, .ldc = N,
         .precision = (ctpu_k_precision)nd->attr.extra,
-        .act = CTPU_K_ACT_NONE,
+        .act = (ctpu_k_act)sd->epi_act,
+        .bias = sd->epi_bias_slot >= 0 ? ctx->ptr[sd->epi_bias_slot] : NULL,
+        .bias_dtype = CTPU_KDT_F32,
+        .residual = sd->epi_res_slot >= 0 ? ctx->ptr[sd->epi_res_slot] : NULL,
+        .residual_dtype = CTPU_KDT_F32, .residual_bs = M * N, .residual_ld = N,
     };
     /* batch strides of a and b against the broadcast output batch dims */
     int64_t ast[8] = {0}, bst[8] = {0};
