@@ -430,9 +430,12 @@ static void render_doc(out_t *o, const cJSON *d, const char *name)
             const cJSON *x = cJSON_GetArrayItem(mm, idx[i]);
             char bt[32] = "";
             if (num(x, "batch") > 1) snprintf(bt, sizeof bt, "%.0f x ", num(x, "batch"));
-            line(o, "matmul %s[%.0f,%.0f]x[%.0f,%.0f] on %.0fx%.0f MXU: %.1f%% of MACs useful (%.0f launches)", bt,
-                 num(x, "m"), num(x, "k"), num(x, "k"), num(x, "n"), num(d, "mxu_size"), num(d, "mxu_size"),
-                 100 * num(x, "useful"), num(x, "count"));
+            char u[24];
+            double up = 100 * num(x, "useful");
+            snprintf(u, sizeof u, up >= 1 || up == 0 ? "%.1f%%" : "%.2g%%", up);
+            line(o, "matmul %s[%.0f,%.0f]x[%.0f,%.0f] on %.0fx%.0f MXU: %s of MACs useful (%.0f launch%s)", bt,
+                 num(x, "m"), num(x, "k"), num(x, "k"), num(x, "n"), num(d, "mxu_size"), num(d, "mxu_size"), u,
+                 num(x, "count"), num(x, "count") == 1 ? "" : "es");
         }
         if (n > 12) line(o, "(%d more shapes)", arr_n(mm) - 12);
     }

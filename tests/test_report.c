@@ -1,0 +1,706 @@
+/* Reports (issue 6): exact counters for scripted scenarios, the cache report
+ * text against a golden file, the JSON round trip through tools/ctpu-report,
+ * the Perfetto trace file, the shutdown summary line and metrics file, the
+ * cost model against hand-computed cases, bad input.
+ *
+ * Environment from meson: CTPU_GOLDEN_DIR (tests/golden), CTPU_REPORT_TOOL
+ * (the built ctpu-report). CTPU_UPDATE_GOLDEN=1 rewrites the golden file. */
+#include <cJSON.h>
+#include <unistd.h>
+
+#include "t_core.h"
+#include "device/tracefile.h"
+
+static void env_base(void)
+{
+    t_clear_env();
+    unsetenv("CTPU_QUIET");
+    setenv("TORCH_TPU_HBM_LIMIT", "1G", 1);          /* capacity in the report: not the machine's RAM */
+    setenv("TORCH_TPU_DETECT_LOOPS", "off", 1);
+}
+
+static void init_df(void)
+{
+    env_base();
+    setenv("TORCH_TPU_DEFER_AND_FUSE", "1", 1);
+    setenv("CTPU_QUIET", "1", 1);
+    ck_assert_msg(ctpu_init() == CTPU_OK, "%s", ctpu_last_error());
+}
+
+/* The scripted loop: w [16,8] a device buffer; per step x [b,16] from the
+ * host, y = relu(x @ w), a host read of sum(y) mid-step (label
+ * "loss.item"), then sum(y * 2), kept past the step (so computed at its end). b = 8, except 5 in the
+ * last of `steps` steps. */
+static void scenario(int steps)
+{
+    float wd[16 * 8], xd[8 * 16];
+    for (int i = 0; i < 16 * 8; i++) { wd[i] = (float)((i % 7) - 3) * 0.25f; xd[i] = (float)(i % 5) * 0.5f; }
+    int64_t ws[2] = { 16, 8 };
+    ctpu_tensor w = ctpu_keep(ctpu_from_host(wd, CTPU_F32, 2, ws));
+    ck_assert(!ctpu_is_null(w));
+    ck_assert_int_eq(ctpu_set_host_read_label("loss.item"), CTPU_OK);
+    for (int s = 0; s < steps; s++) {
+        int64_t xs[2] = { s == steps - 1 ? 5 : 8, 16 };
+        ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
+        ctpu_tensor x = ctpu_from_host(xd, CTPU_F32, 2, xs);
+        ctpu_tensor y = ctpu_relu(ctpu_matmul(x, w));
+        double v;
+        ck_assert_msg(ctpu_item(ctpu_sum(y, 0, NULL, false), &v) == CTPU_OK, "%s", ctpu_last_error());
+        ctpu_tensor u = ctpu_keep(ctpu_sum(ctpu_mul_scalar(y, 2.0), 0, NULL, false));   /* live at the cut */
+        ck_assert(!ctpu_is_null(u));
+        ck_assert_int_eq(ctpu_step_end(), CTPU_OK);
+        ctpu_release(u);
+    }
+    ctpu_set_host_read_label(NULL);
+    ctpu_release(w);
+}
+
+static cJSON *metrics_doc(void)
+{
+    char *s = ctpu_metrics_json();
+    ck_assert_ptr_nonnull(s);
+    cJSON *d = cJSON_Parse(s);
+    free(s);
+    ck_assert_ptr_nonnull(d);
+    return d;
+}
+
+static double jnum(const cJSON *o, const char *path)
+{
+    /* "a.b.c" */
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", path);
+    const cJSON *x = o;
+    for (char *save, *tok = strtok_r(buf, ".", &save); tok; tok = strtok_r(NULL, ".", &save))
+        x = cJSON_GetObjectItemCaseSensitive(x, tok);
+    ck_assert_msg(cJSON_IsNumber(x), "%s is not a number", path);
+    return x->valuedouble;
+}
+
+/* ---------------------------------------------------------------- counters */
+START_TEST(counters_scripted_df)
+{
+    init_df();
+    scenario(6);
+    cJSON *d = metrics_doc();
+    /* 2 programs per step (host-read cut + step end); the last step's
+     * smaller batch recompiles both */
+    ck_assert_int_eq((int)jnum(d, "cache.requests"), 12);
+    ck_assert_int_eq((int)jnum(d, "cache.hits"), 8);
+    ck_assert_int_eq((int)jnum(d, "cache.misses"), 4);
+    ck_assert_int_eq((int)jnum(d, "cache.compiles"), 4);
+    ck_assert_int_eq((int)jnum(d, "cache.recompiles"), 2);
+    ck_assert_int_eq((int)jnum(d, "cache.evictions"), 0);
+    ck_assert_int_eq((int)jnum(d, "cache.steps"), 6);
+    ck_assert_int_eq((int)jnum(d, "cache.warmup_steps"), 1);
+    ck_assert_int_eq((int)jnum(d, "cache.late_compile_steps"), 1);
+    ck_assert_int_eq((int)jnum(d, "cuts.host_read"), 6);
+    ck_assert_int_eq((int)jnum(d, "cuts.mark_step"), 6);
+    ck_assert_int_eq((int)jnum(d, "counters.host_reads"), 6);
+    ck_assert_int_eq((int)jnum(d, "timers.fused_kernels_per_program.count"), 4);
+    /* recompile reasons with the step and the program's first ops */
+    const cJSON *rs = cJSON_GetObjectItem(d, "recompiles");
+    ck_assert_int_eq(cJSON_GetArraySize(rs), 2);
+    const cJSON *r0 = cJSON_GetArrayItem(rs, 0);
+    ck_assert_str_eq(cJSON_GetObjectItem(r0, "reason")->valuestring, "input 0 dim 0: 8 -> 5");
+    ck_assert_int_eq((int)jnum(r0, "step"), 5);
+    ck_assert_int_eq((int)jnum(r0, "old_program"), 1);
+    ck_assert_int_eq((int)jnum(r0, "program"), 3);
+    ck_assert_str_eq(cJSON_GetObjectItem(r0, "ops")->valuestring, "matmul→relu→sum");
+    /* host reads by label */
+    const cJSON *hr = cJSON_GetArrayItem(cJSON_GetObjectItem(d, "host_reads"), 0);
+    ck_assert_str_eq(cJSON_GetObjectItem(hr, "label")->valuestring, "loss.item");
+    ck_assert_int_eq((int)jnum(hr, "reads"), 6);
+    ck_assert_int_eq((int)jnum(hr, "cuts"), 6);
+    /* per program: launches and hits; the shapes */
+    const cJSON *ps = cJSON_GetObjectItem(d, "programs");
+    ck_assert_int_eq(cJSON_GetArraySize(ps), 4);
+    const cJSON *p1 = cJSON_GetArrayItem(ps, 0);
+    ck_assert_int_eq((int)jnum(p1, "launches"), 5);
+    ck_assert_int_eq((int)jnum(p1, "hits"), 4);
+    ck_assert_str_eq(cJSON_GetObjectItem(p1, "inputs")->valuestring, "f32[8,16], f32[16,8]");
+    /* history: one point per step, cumulative */
+    const cJSON *hc = cJSON_GetObjectItem(cJSON_GetObjectItem(d, "history"), "compiles");
+    ck_assert_int_eq(cJSON_GetArraySize(hc), 6);
+    ck_assert_int_eq((int)cJSON_GetArrayItem(hc, 0)->valuedouble, 2);
+    ck_assert_int_eq((int)cJSON_GetArrayItem(hc, 4)->valuedouble, 2);
+    ck_assert_int_eq((int)cJSON_GetArrayItem(hc, 5)->valuedouble, 4);
+    /* matmul shapes: [8,16]x[16,8] five times, [5,16]x[16,8] once */
+    const cJSON *mm = cJSON_GetObjectItem(d, "matmuls");
+    ck_assert_int_eq(cJSON_GetArraySize(mm), 2);
+    cJSON_Delete(d);
+
+    /* clear: counters and run totals to zero, the cache stays */
+    ctpu_metrics_clear();
+    d = metrics_doc();
+    ck_assert_int_eq((int)jnum(d, "cache.requests"), 0);
+    ck_assert_int_eq((int)jnum(d, "cache.entries"), 4);
+    ck_assert(jnum(d, "cost.model_flops") == 0);
+    cJSON_Delete(d);
+    ctpu_shutdown();
+}
+END_TEST
+
+START_TEST(counters_strict_and_history)
+{
+    env_base();
+    setenv("CTPU_QUIET", "1", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    float a[4] = { 1, 2, 3, 4 };
+    int64_t sh[2] = { 2, 2 };
+    for (int s = 0; s < 3; s++) {
+        ctpu_step_begin();
+        ctpu_tensor x = ctpu_from_host(a, CTPU_F32, 2, sh);
+        ctpu_tensor y = ctpu_add(ctpu_matmul(x, x), x);
+        ck_assert(!ctpu_is_null(y));
+        ctpu_step_end();
+    }
+    cJSON *d = metrics_doc();
+    ck_assert_int_eq((int)jnum(d, "cache.strict_requests"), 6);
+    ck_assert_int_eq((int)jnum(d, "cache.strict_hits"), 4);
+    ck_assert_int_eq((int)jnum(d, "cache.compiles"), 2);
+    ck_assert_int_eq((int)jnum(d, "cache.requests"), 0);
+    ck_assert_int_eq((int)jnum(d, "cache.warmup_steps"), 1);
+    cJSON_Delete(d);
+    /* a long run: the history stays bounded and covers it */
+    for (int s = 0; s < 1500; s++) ctpu_mark_step();
+    d = metrics_doc();
+    const cJSON *st = cJSON_GetObjectItem(cJSON_GetObjectItem(d, "history"), "step");
+    int n = cJSON_GetArraySize(st);
+    ck_assert_int_le(n, CTPU_HISTORY_CAP);
+    ck_assert_int_ge(n, CTPU_HISTORY_CAP / 4);
+    ck_assert_int_ge((int)cJSON_GetArrayItem(st, n - 1)->valuedouble, 1500 - 8);
+    ck_assert_int_ge((int)jnum(d, "history.stride"), 2);
+    cJSON_Delete(d);
+    ctpu_shutdown();
+}
+END_TEST
+
+/* ---------------------------------------------------------------- golden */
+/* Timing fields zeroed: the rest of the report is a function of the run. */
+static char *deterministic_json(void)
+{
+    cJSON *d = metrics_doc();
+    cJSON_ReplaceItemInObject(cJSON_GetObjectItem(d, "cache"), "compile_ns", cJSON_CreateNumber(0));
+    /* HBM figures depend on when the device thread frees buffers */
+    cJSON_ReplaceItemInObject(cJSON_GetObjectItem(d, "hbm"), "peak", cJSON_CreateNumber(0));
+    cJSON_ReplaceItemInObject(cJSON_GetObjectItem(d, "hbm"), "in_use", cJSON_CreateNumber(0));
+    cJSON *ps = cJSON_GetObjectItem(d, "programs");
+    for (int i = 0; i < cJSON_GetArraySize(ps); i++)
+        cJSON_ReplaceItemInObject(cJSON_GetArrayItem(ps, i), "compile_ns", cJSON_CreateNumber(0));
+    char *s = cJSON_Print(d);
+    cJSON_Delete(d);
+    return s;
+}
+
+static char *render(const char *json, const char *name, ctpu_report_format fmt)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    ck_assert_ptr_nonnull(f);
+    ck_assert_msg(ctpu_report_render(json, name, fmt, f) == CTPU_OK, "%s", ctpu_last_error());
+    fclose(f);
+    return buf;
+}
+
+static char *read_all(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&buf, &len);
+    char chunk[4096];
+    size_t r;
+    while ((r = fread(chunk, 1, sizeof chunk, f)) > 0) fwrite(chunk, 1, r, m);
+    fclose(f);
+    fclose(m);
+    return buf;
+}
+
+START_TEST(golden_report_text)
+{
+    init_df();
+    scenario(6);
+    char *json = deterministic_json();
+    char *text = render(json, "scenario", CTPU_REPORT_TEXT);
+    const char *dir = getenv("CTPU_GOLDEN_DIR");
+    ck_assert_msg(dir, "CTPU_GOLDEN_DIR is not set (run through meson test)");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/report_df.txt", dir);
+    if (getenv("CTPU_UPDATE_GOLDEN")) {
+        FILE *f = fopen(path, "w");
+        ck_assert_ptr_nonnull(f);
+        fputs(text, f);
+        fclose(f);
+    }
+    char *want = read_all(path);
+    ck_assert_msg(want, "cannot read %s", path);
+    if (strcmp(want, text) != 0) {
+        fprintf(stderr, "---- got\n%s---- want (%s)\n%s", text, path, want);
+        ck_abort_msg("the report differs from %s (CTPU_UPDATE_GOLDEN=1 rewrites it)", path);
+    }
+    /* the lines the issue asks for */
+    ck_assert(t_contains(text, "program 3 (matmul→relu→sum): input 0 dim 0: 8 -> 5, step 5 (was program 1)"));
+    ck_assert(t_contains(text, "2 recompiles per run from dim 0 of input 0 (8 -> 5"));
+    ck_assert(t_contains(text, "a host read every step (loss.item) cuts the trace in two"));
+    ck_assert(t_contains(text, "warm-up: 1 step before the cache went all-hit"));
+    ck_assert(t_contains(text, "7x (Ironwood) has no public on-demand price"));
+    /* markdown renders too */
+    char *md = render(json, "scenario", CTPU_REPORT_MARKDOWN);
+    ck_assert(t_contains(md, "| chip | MXU |"));
+    free(md);
+    free(want);
+    free(text);
+    cJSON_free(json);
+    ctpu_shutdown();
+}
+END_TEST
+
+/* ---------------------------------------------------------------- the tool */
+static char *run_tool(const char *args, int *status)
+{
+    const char *tool = getenv("CTPU_REPORT_TOOL");
+    ck_assert_msg(tool, "CTPU_REPORT_TOOL is not set (run through meson test)");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", tool, args);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&buf, &len);
+    char chunk[4096];
+    size_t r;
+    while ((r = fread(chunk, 1, sizeof chunk, p)) > 0) fwrite(chunk, 1, r, m);
+    int st = pclose(p);
+    fclose(m);
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return buf;
+}
+
+START_TEST(tool_round_trip)
+{
+    init_df();
+    scenario(4);
+    char dir[] = "/tmp/ctpu_report_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char path[256], bad[256], args[1024];
+    snprintf(path, sizeof path, "%s/run.json", dir);
+    ck_assert_int_eq(ctpu_metrics_write(path), CTPU_OK);
+    char *json = read_all(path);
+    char *want = render(json, path, CTPU_REPORT_TEXT);
+    int rc;
+    snprintf(args, sizeof args, "'%s'", path);
+    char *got = run_tool(args, &rc);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_str_eq(got, want);
+    free(got);
+    /* json format: a summary that parses and holds the counts */
+    snprintf(args, sizeof args, "--format json '%s'", path);
+    got = run_tool(args, &rc);
+    ck_assert_int_eq(rc, 0);
+    cJSON *s = cJSON_Parse(got);
+    ck_assert_ptr_nonnull(s);
+    ck_assert_int_eq((int)jnum(s, "cache.requests"), 8);
+    ck_assert(fabs(jnum(s, "hit_rate") - 4.0 / 8.0) < 1e-12);
+    ck_assert_int_gt(cJSON_GetArraySize(cJSON_GetObjectItem(s, "advice")), 0);
+    cJSON_Delete(s);
+    free(got);
+    /* compare: both runs side by side */
+    snprintf(args, sizeof args, "--compare '%s' '%s'", path, path);
+    got = run_tool(args, &rc);
+    ck_assert_int_eq(rc, 0);
+    ck_assert(t_contains(got, "est. device time / step"));
+    free(got);
+    /* plot */
+    snprintf(args, sizeof args, "--plot '%s/p.svg' '%s'", dir, path);
+    got = run_tool(args, &rc);
+    ck_assert_int_eq(rc, 0);
+    snprintf(bad, sizeof bad, "%s/p.svg", dir);
+    char *svg = read_all(bad);
+    ck_assert(svg && strncmp(svg, "<svg", 4) == 0 && t_contains(svg, "</svg>"));
+    free(svg);
+    free(got);
+    remove(bad);
+    /* a truncated file: exit 2, one line */
+    snprintf(bad, sizeof bad, "%s/bad.json", dir);
+    FILE *f = fopen(bad, "w");
+    fwrite(json, 1, strlen(json) / 2, f);
+    fclose(f);
+    snprintf(args, sizeof args, "'%s'", bad);
+    got = run_tool(args, &rc);
+    ck_assert_int_eq(rc, 2);
+    ck_assert(t_contains(got, "truncated JSON"));
+    ck_assert_ptr_eq(strchr(got, '\n'), got + strlen(got) - 1);
+    free(got);
+    /* binary garbage and a missing file */
+    f = fopen(bad, "w");
+    fwrite("{\"a\":\0\1\2", 1, 8, f);
+    fclose(f);
+    got = run_tool(args, &rc);
+    ck_assert_int_eq(rc, 2);
+    free(got);
+    snprintf(args, sizeof args, "'%s/missing.json'", dir);
+    got = run_tool(args, &rc);
+    ck_assert_int_eq(rc, 2);
+    free(got);
+    got = run_tool("--format xml x.json", &rc);
+    ck_assert_int_eq(rc, 1);
+    free(got);
+    remove(bad);
+    remove(path);
+    rmdir(dir);
+    free(want);
+    free(json);
+    ctpu_shutdown();
+}
+END_TEST
+
+/* ---------------------------------------------------------------- trace */
+static int count_events(const cJSON *ev, const char *cat, const char *ph, int pid)
+{
+    int n = 0;
+    for (int i = 0; i < cJSON_GetArraySize(ev); i++) {
+        const cJSON *e = cJSON_GetArrayItem(ev, i);
+        const cJSON *c = cJSON_GetObjectItem(e, "cat");
+        if (cat && !(cJSON_IsString(c) && strcmp(c->valuestring, cat) == 0)) continue;
+        if (strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, ph) != 0) continue;
+        if (pid && (int)cJSON_GetObjectItem(e, "pid")->valuedouble != pid) continue;
+        n++;
+    }
+    return n;
+}
+
+START_TEST(trace_file)
+{
+    char dir[] = "/tmp/ctpu_trace_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof path, "%s/trace.json", dir);
+    env_base();
+    setenv("TORCH_TPU_DEFER_AND_FUSE", "1", 1);
+    setenv("CTPU_QUIET", "1", 1);
+    setenv("TORCH_TPU_TRACE_FILE", path, 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    scenario(3);
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    ctpu_set_mode(CTPU_MODE_STRICT);
+    float a[2] = { 1, 2 };
+    int64_t n = 2;
+    ctpu_tensor x = ctpu_from_host(a, CTPU_F32, 1, &n);
+    ck_assert(!ctpu_is_null(ctpu_exp(x)));
+    ctpu_shutdown();
+    unsetenv("TORCH_TPU_TRACE_FILE");
+    char *txt = read_all(path);
+    ck_assert_ptr_nonnull(txt);
+    cJSON *d = cJSON_Parse(txt);
+    ck_assert_msg(d, "the trace file is not JSON");
+    const cJSON *ev = cJSON_GetObjectItem(d, "traceEvents");
+    ck_assert(cJSON_IsArray(ev));
+    ck_assert_int_eq((int)jnum(d, "otherData.dropped_events"), 0);
+    /* fused: 2 compiles in step 0, then hits; a recompile at the last step */
+    ck_assert_int_eq(count_events(ev, "compile", "X", 1), 4 + 1);   /* + the strict exp */
+    ck_assert_int_eq(count_events(ev, "cache", "i", 1), 2);
+    ck_assert_int_eq(count_events(ev, "cut", "i", 1), 6);            /* the sync finds an empty trace: no cut */
+    ck_assert_int_eq(count_events(ev, "host_read", "i", 1), 3);
+    ck_assert_int_eq(count_events(ev, "sync", "X", 1), 1);
+    ck_assert_int_eq(count_events(ev, "op", "i", 1), 1);
+    ck_assert_int_ge(count_events(ev, "program", "X", 2), 7);          /* device track */
+    ck_assert_int_ge(count_events(ev, NULL, "M", 0), 3);
+    /* every event has a name, a numeric ts and pid/tid; a compile says hit/miss and why */
+    bool saw_reason = false;
+    for (int i = 0; i < cJSON_GetArraySize(ev); i++) {
+        const cJSON *e = cJSON_GetArrayItem(ev, i);
+        ck_assert(cJSON_IsString(cJSON_GetObjectItem(e, "name")));
+        ck_assert(cJSON_IsNumber(cJSON_GetObjectItem(e, "pid")) && cJSON_IsNumber(cJSON_GetObjectItem(e, "tid")));
+        if (strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "M") != 0)
+            ck_assert(cJSON_IsNumber(cJSON_GetObjectItem(e, "ts")));
+        const cJSON *args = cJSON_GetObjectItem(e, "args");
+        const cJSON *reason = cJSON_GetObjectItem(args, "reason");
+        if (cJSON_IsString(reason) && strcmp(reason->valuestring, "input 0 dim 0: 8 -> 5") == 0) {
+            ck_assert(cJSON_IsFalse(cJSON_GetObjectItem(args, "hit")));
+            saw_reason = true;
+        }
+    }
+    ck_assert(saw_reason);
+    cJSON_Delete(d);
+    free(txt);
+    remove(path);
+    rmdir(dir);
+}
+END_TEST
+
+START_TEST(trace_buffer_drops)
+{
+    ctpu_tracebuf *tb = ctpu_tracebuf_create(4);
+    ck_assert_ptr_nonnull(tb);
+    uint64_t t = ctpu_now_ns();
+    for (int i = 0; i < 10; i++) ctpu_trace_complete(tb, CTPU_TRACK_HOST, "op", "a \"quoted\" name\n", t, t + 1000, "\"i\":1");
+    ck_assert_uint_eq(ctpu_tracebuf_count(tb), 4);
+    ck_assert_uint_eq(ctpu_tracebuf_dropped(tb), 6);
+    char path[] = "/tmp/ctpu_tb_XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    char err[256];
+    ck_assert(ctpu_tracebuf_write(tb, path, err, sizeof err));
+    char *txt = read_all(path);
+    cJSON *d = cJSON_Parse(txt);
+    ck_assert_ptr_nonnull(d);
+    ck_assert_int_eq((int)jnum(d, "otherData.dropped_events"), 6);
+    ck_assert(t_contains(txt, "6 later events dropped"));
+    ck_assert(!ctpu_tracebuf_write(tb, "/nonexistent-dir/x.json", err, sizeof err));
+    ck_assert(t_contains(err, "/nonexistent-dir/x.json"));
+    cJSON_Delete(d);
+    free(txt);
+    remove(path);
+    ctpu_tracebuf_destroy(tb);
+    /* escaping never splits a UTF-8 character */
+    char out[8];
+    ctpu_json_escape("ab→→", out, sizeof out);
+    ck_assert_str_eq(out, "ab→");
+}
+END_TEST
+
+/* ---------------------------------------------------------------- shutdown */
+static char *stderr_of_run(const char *quiet, const char *metrics_file)
+{
+    char path[] = "/tmp/ctpu_err_XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    int saved = dup(2);
+    dup2(fd, 2);
+    env_base();
+    if (quiet) setenv("CTPU_QUIET", quiet, 1);
+    if (metrics_file) setenv("TORCH_TPU_METRICS_FILE", metrics_file, 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    float a[2] = { 1, 2 };
+    int64_t n = 2;
+    ctpu_tensor x = ctpu_from_host(a, CTPU_F32, 1, &n);
+    ck_assert(!ctpu_is_null(ctpu_exp(ctpu_exp(x))));
+    ctpu_shutdown();
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(fd);
+    unsetenv("TORCH_TPU_METRICS_FILE");
+    char *txt = read_all(path);
+    remove(path);
+    return txt;
+}
+
+START_TEST(shutdown_summary_and_file)
+{
+    char *txt = stderr_of_run(NULL, NULL);
+    ck_assert_msg(strncmp(txt, "ctpu: compile cache: 2 requests, 1 hits (50.0%), 1 compiles, ", 61) == 0, "got: %s", txt);
+    ck_assert_ptr_eq(strchr(txt, '\n'), txt + strlen(txt) - 1);   /* one line */
+    free(txt);
+    txt = stderr_of_run("1", NULL);
+    ck_assert_str_eq(txt, "");
+    free(txt);
+    char path[] = "/tmp/ctpu_mf_XXXXXX";
+    int fd = mkstemp(path);
+    close(fd);
+    txt = stderr_of_run(NULL, path);
+    ck_assert_str_eq(txt, "");                                      /* the file replaces the line */
+    free(txt);
+    char *json = read_all(path);
+    cJSON *d = cJSON_Parse(json);
+    ck_assert_ptr_nonnull(d);
+    ck_assert_int_eq((int)jnum(d, "cache.strict_requests"), 2);
+    ck_assert_str_eq(cJSON_GetObjectItem(d, "mode")->valuestring, "strict");
+    cJSON_Delete(d);
+    free(json);
+    remove(path);
+    /* a bad CTPU_QUIET fails init, naming it */
+    env_base();
+    setenv("CTPU_QUIET", "maybe", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_ERR_ENV);
+    ck_assert(t_contains(ctpu_last_error(), "CTPU_QUIET"));
+    unsetenv("CTPU_QUIET");
+    /* an unwritable metrics file: one line, shutdown goes on */
+    txt = stderr_of_run("1", "/nonexistent-dir/m.json");
+    ck_assert(t_contains(txt, "TORCH_TPU_METRICS_FILE"));
+    free(txt);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- cost model */
+START_TEST(cost_matmul_hand_computed)
+{
+    ctpu_cost_estimate e;
+    /* 256x256x256 bf16 on v5e: 128x128 MXU, 197 TFLOP/s, 819 GB/s */
+    ck_assert_int_eq(ctpu_cost_matmul("v5e", 1, 256, 256, 256, CTPU_BF16, CTPU_PRECISION_DEFAULT, &e), CTPU_OK);
+    double macs = 256.0 * 256 * 256, bytes = 3.0 * 256 * 256 * 2;
+    ck_assert(fabs(e.macs_useful - macs) < 0.5 && fabs(e.macs_padded - macs) < 0.5);
+    ck_assert(fabs(e.flops - 2 * macs) < 0.5);
+    ck_assert(fabs(e.mxu_s - 2 * macs / 197e12) < 1e-18);      /* 0.1703 us */
+    ck_assert(fabs(e.hbm_bytes - bytes) < 0.5);
+    ck_assert(fabs(e.hbm_s - bytes / 819e9) < 1e-18);          /* 0.4801 us */
+    ck_assert(fabs(e.total_s - bytes / 819e9) < 1e-18);        /* HBM-bound */
+    ck_assert(e.vector_s == 0 && e.mxu_utilization == 1.0);
+    /* on v6e: 256x256 MXU, 918 TFLOP/s, 1640 GB/s */
+    ck_assert_int_eq(ctpu_cost_matmul("v6e", 1, 256, 256, 256, CTPU_BF16, CTPU_PRECISION_DEFAULT, &e), CTPU_OK);
+    ck_assert(fabs(e.mxu_s - 2 * macs / 918e12) < 1e-18);      /* 0.0366 us */
+    ck_assert(fabs(e.hbm_s - bytes / 1640e9) < 1e-18);         /* 0.2398 us */
+    ck_assert(fabs(e.total_s - bytes / 1640e9) < 1e-18);
+    ck_assert(e.mxu_utilization == 1.0);
+    /* padding: [128,784]x[784,256] is 87.5% useful on 128x128 (K 784 -> 896) and
+     * 128*784*256 / (256*1024*256) on 256x256 */
+    ck_assert_int_eq(ctpu_cost_matmul("v5e", 1, 128, 784, 256, CTPU_F32, CTPU_PRECISION_DEFAULT, &e), CTPU_OK);
+    ck_assert(fabs(e.mxu_utilization - 0.875) < 1e-12);
+    ck_assert_int_eq(ctpu_cost_matmul("7x", 1, 128, 784, 256, CTPU_F32, CTPU_PRECISION_DEFAULT, &e), CTPU_OK);
+    ck_assert(fabs(e.mxu_utilization - 128.0 * 784 * 256 / (256.0 * 1024 * 256)) < 1e-12);
+    /* precision passes: highest = 6x the MXU time */
+    ctpu_cost_estimate h;
+    ck_assert_int_eq(ctpu_cost_matmul("v5e", 4, 512, 512, 512, CTPU_BF16, CTPU_PRECISION_HIGHEST, &h), CTPU_OK);
+    ck_assert_int_eq(ctpu_cost_matmul("v5e", 4, 512, 512, 512, CTPU_BF16, CTPU_PRECISION_DEFAULT, &e), CTPU_OK);
+    ck_assert(fabs(h.mxu_s - 6 * e.mxu_s) < 1e-15);
+    ck_assert(fabs(e.flops - 2.0 * 4 * 512 * 512 * 512) < 1);
+    /* bad input */
+    ck_assert_int_eq(ctpu_cost_matmul("v9", 1, 1, 1, 1, CTPU_F32, CTPU_PRECISION_DEFAULT, &e), CTPU_ERR_INVALID_ARG);
+    ck_assert(t_contains(ctpu_last_error(), "v9"));
+    ck_assert_int_eq(ctpu_cost_matmul(NULL, 1, 1, 1, 1, CTPU_F32, CTPU_PRECISION_DEFAULT, &e), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_cost_matmul("v5e", 1, -1, 1, 1, CTPU_F32, CTPU_PRECISION_DEFAULT, &e), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_cost_matmul("v5e", 1, 1, 1, 1, CTPU_DTYPE_COUNT, CTPU_PRECISION_DEFAULT, &e), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_cost_matmul("v5e", 1, 1, 1, 1, CTPU_F32, CTPU_PRECISION_COUNT, &e), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_cost_matmul("v5e", 1, 1, 1, 1, CTPU_F32, CTPU_PRECISION_DEFAULT, NULL), CTPU_ERR_INVALID_ARG);
+}
+END_TEST
+
+START_TEST(cost_table_strict_matmul)
+{
+    env_base();
+    setenv("CTPU_QUIET", "1", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    float *a = calloc(256 * 256, sizeof *a);
+    int64_t sh[2] = { 256, 256 };
+    ctpu_tensor x = ctpu_from_host(a, CTPU_F32, 2, sh);
+    ck_assert(!ctpu_is_null(ctpu_matmul(x, x)));
+    ctpu_mark_step();
+    ck_assert_int_eq(ctpu_set_steps_per_epoch(10), CTPU_OK);
+    ctpu_cost_table t;
+    ck_assert_int_eq(ctpu_cost_table_get(&t), CTPU_OK);
+    ck_assert_int_eq(t.n_rows, 4);
+    ck_assert_str_eq(t.rows[t.current].chip, "v5e");
+    ck_assert_uint_eq(t.steps, 1);
+    ck_assert_uint_eq(t.steps_per_epoch, 10);
+    for (int i = 0; i < t.n_rows; i++) {
+        ctpu_cost_estimate e;
+        ck_assert_int_eq(ctpu_cost_matmul(t.rows[i].chip, 1, 256, 256, 256, CTPU_F32, CTPU_PRECISION_DEFAULT, &e), CTPU_OK);
+        ck_assert_msg(fabs(t.rows[i].run_s - e.total_s) < 1e-15, "%s: %g vs %g", t.rows[i].chip, t.rows[i].run_s, e.total_s);
+        ck_assert(fabs(t.rows[i].epoch_s - 10 * e.total_s) < 1e-14);
+        ck_assert(fabs(t.rows[i].mfu - e.flops / (e.total_s * ctpu_chip_lookup(t.rows[i].chip)->peak_bf16_flops)) < 1e-12);
+        bool priced = strcmp(t.rows[i].chip, "7x") != 0;
+        ck_assert(t.rows[i].price_known == priced);
+        if (priced) ck_assert(fabs(t.rows[i].usd_run - e.total_s / 3600 * t.rows[i].usd_per_chip_hour) < 1e-18);
+        else ck_assert(t.rows[i].usd_run < 0);
+    }
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    ck_assert_int_eq(ctpu_cost_table_print(&t, f), CTPU_OK);
+    fclose(f);
+    ck_assert(t_contains(buf, "roofline estimate, not a measurement"));
+    ck_assert(t_contains(buf, "v5e *"));
+    free(buf);
+    ck_assert_int_eq(ctpu_set_steps_per_epoch(-1), CTPU_ERR_INVALID_ARG);
+    free(a);
+    ctpu_shutdown();
+}
+END_TEST
+
+/* ---------------------------------------------------------------- bad input */
+START_TEST(bad_input)
+{
+    t_clear_env();
+    /* before init */
+    ck_assert_ptr_null(ctpu_metrics_json());
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(ctpu_cache_report(NULL), CTPU_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(ctpu_set_host_read_label("x"), CTPU_ERR_NOT_INITIALIZED);
+    ck_assert_int_eq(ctpu_metrics_write("/tmp/x"), CTPU_ERR_NOT_INITIALIZED);
+    ctpu_cost_table t;
+    ck_assert_int_eq(ctpu_cost_table_get(&t), CTPU_ERR_NOT_INITIALIZED);
+    ctpu_metrics_clear();
+    /* renderers (no init needed) */
+    ck_assert_int_eq(ctpu_report_render(NULL, NULL, CTPU_REPORT_TEXT, stdout), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_report_render("{}", NULL, CTPU_REPORT_FORMAT_COUNT, stdout), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_report_render("{}", NULL, CTPU_REPORT_TEXT, NULL), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_report_render("", "e.json", CTPU_REPORT_TEXT, stdout), CTPU_ERR_IO);
+    ck_assert(t_contains(ctpu_last_error(), "e.json: empty"));
+    ck_assert_int_eq(ctpu_report_render("{\"ctpu_metrics_version\": 1, \"cache\": [", "t", CTPU_REPORT_TEXT, stdout), CTPU_ERR_IO);
+    ck_assert(t_contains(ctpu_last_error(), "truncated"));
+    ck_assert_int_eq(ctpu_report_render("{\"x\": 1} junk", "j", CTPU_REPORT_TEXT, stdout), CTPU_ERR_IO);
+    ck_assert(t_contains(ctpu_last_error(), "not valid JSON"));
+    ck_assert_int_eq(ctpu_report_render("{\"ctpu_metrics_version\": 7}", "v", CTPU_REPORT_TEXT, stdout), CTPU_ERR_IO);
+    ck_assert_int_eq(ctpu_report_compare("{}", "a", NULL, "b", CTPU_REPORT_TEXT, stdout), CTPU_ERR_IO);
+    ck_assert_int_eq(ctpu_report_plot_svg(0, NULL, NULL, stdout), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_cost_table_print(NULL, stdout), CTPU_ERR_INVALID_ARG);
+    /* a minimal document with wrong field types renders without crashing */
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    ck_assert_int_eq(ctpu_report_render("{\"ctpu_metrics_version\":1,\"cache\":\"x\",\"programs\":{},\"recompiles\":[1,\"a\",{}],"
+                                        "\"matmuls\":[{\"m\":\"q\"}],\"cost\":{\"rows\":[{},{\"chip\":5}]},"
+                                        "\"history\":{\"step\":[1,2],\"hits\":[\"a\"]}}",
+                                        "odd", CTPU_REPORT_TEXT, f),
+                     CTPU_OK);
+    const char *odd = "{\"ctpu_metrics_version\":1,\"history\":{\"step\":[1,\"x\",3],\"compiles\":[{},2],\"hits\":[5]}}";
+    ck_assert_int_eq(ctpu_report_plot_svg(1, &odd, NULL, f), CTPU_OK);
+    ck_assert_int_eq(ctpu_report_compare(odd, NULL, odd, NULL, CTPU_REPORT_MARKDOWN, f), CTPU_OK);
+    fclose(f);
+    free(buf);
+    /* after init */
+    env_base();
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    ck_assert_int_eq(ctpu_metrics_write(NULL), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_metrics_write("/nonexistent-dir/m.json"), CTPU_ERR_IO);
+    ck_assert(t_contains(ctpu_last_error(), "/nonexistent-dir/m.json"));
+    ck_assert_int_eq(ctpu_cost_table_get(NULL), CTPU_ERR_INVALID_ARG);
+    char longlabel[200];
+    memset(longlabel, 'x', sizeof longlabel - 1);
+    longlabel[sizeof longlabel - 1] = 0;
+    ck_assert_int_eq(ctpu_set_host_read_label(longlabel), CTPU_OK);
+    ck_assert_int_eq(ctpu_set_host_read_label("quote \" and \\ and \n"), CTPU_OK);
+    float a = 1;
+    int64_t n = 1;
+    double v;
+    ck_assert_int_eq(ctpu_item(ctpu_from_host(&a, CTPU_F32, 1, &n), &v), CTPU_OK);
+    char *j = ctpu_metrics_json();
+    cJSON *d = cJSON_Parse(j);
+    ck_assert_ptr_nonnull(d);
+    cJSON_Delete(d);
+    free(j);
+    ctpu_shutdown();
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("report");
+    TCase *tc = tcase_create("report");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, counters_scripted_df);
+    tcase_add_test(tc, counters_strict_and_history);
+    tcase_add_test(tc, golden_report_text);
+    tcase_add_test(tc, tool_round_trip);
+    tcase_add_test(tc, trace_file);
+    tcase_add_test(tc, trace_buffer_drops);
+    tcase_add_test(tc, shutdown_summary_and_file);
+    tcase_add_test(tc, cost_matmul_hand_computed);
+    tcase_add_test(tc, cost_table_strict_matmul);
+    tcase_add_test(tc, bad_input);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *r = srunner_create(suite());
+    srunner_run_all(r, CK_NORMAL);
+    int failed = srunner_ntests_failed(r);
+    srunner_free(r);
+    return failed ? 1 : 0;
+}
