@@ -75,11 +75,37 @@ struct ctpu_device {
 };
 
 /* ------------------------------------------------------------ HBM */
+#ifdef CTPU_USE_JEMALLOC
+/* The HBM arena is created once per process and kept across init/shutdown:
+ * buffers go through the threads' jemalloc caches (tcache: a strict op's
+ * alloc+free costs half as much), and an arena whose regions may still sit in
+ * a thread's cache cannot be destroyed safely (jemalloc's arena.<i>.destroy
+ * requires every such cache flushed first, which only each thread can do).
+ * Shutdown purges its pages instead. */
+static pthread_once_t hbm_arena_once = PTHREAD_ONCE_INIT;
+static unsigned hbm_arena;
+static bool hbm_arena_ok;
+
+static void hbm_arena_create(void)
+{
+    size_t sz = sizeof hbm_arena;
+    if (mallctl("arenas.create", &hbm_arena, &sz, NULL, 0) != 0) return;
+    /* keep freed pages: a step loop reuses them without first-touch faults */
+    ssize_t never = -1;
+    char name[64];
+    snprintf(name, sizeof name, "arena.%u.dirty_decay_ms", hbm_arena);
+    mallctl(name, NULL, NULL, &never, sizeof never);
+    snprintf(name, sizeof name, "arena.%u.muzzy_decay_ms", hbm_arena);
+    mallctl(name, NULL, NULL, &never, sizeof never);
+    hbm_arena_ok = true;
+}
+#endif
+
 static void *hbm_raw_alloc(ctpu_device *dev, size_t bytes)
 {
     size_t n = bytes < 64 ? 64 : (bytes + 63) & ~(size_t)63;
 #ifdef CTPU_USE_JEMALLOC
-    if (dev->have_arena) return mallocx(n, MALLOCX_ARENA(dev->arena) | MALLOCX_ALIGN(64) | MALLOCX_TCACHE_NONE);
+    if (dev->have_arena) return mallocx(n, MALLOCX_ARENA(dev->arena) | MALLOCX_ALIGN(64));
 #else
     (void)dev;
 #endif
@@ -89,7 +115,7 @@ static void *hbm_raw_alloc(ctpu_device *dev, size_t bytes)
 static void hbm_raw_free(ctpu_device *dev, void *p)
 {
 #ifdef CTPU_USE_JEMALLOC
-    if (dev->have_arena) { dallocx(p, MALLOCX_TCACHE_NONE); return; }
+    if (dev->have_arena) { dallocx(p, 0); return; }
 #else
     (void)dev;
 #endif
@@ -442,18 +468,10 @@ ctpu_device *ctpu_device_create(const ctpu_chip_info *chip, uint64_t hbm_cap, in
     dev->metrics = metrics;
     dev->cap = hbm_cap;
 #ifdef CTPU_USE_JEMALLOC
-    {
-        size_t sz = sizeof dev->arena;
-        if (mallctl("arenas.create", &dev->arena, &sz, NULL, 0) == 0) {
-            dev->have_arena = true;
-            /* keep freed pages: a step loop reuses them without first-touch faults */
-            ssize_t never = -1;
-            char name[64];
-            snprintf(name, sizeof name, "arena.%u.dirty_decay_ms", dev->arena);
-            mallctl(name, NULL, NULL, &never, sizeof never);
-            snprintf(name, sizeof name, "arena.%u.muzzy_decay_ms", dev->arena);
-            mallctl(name, NULL, NULL, &never, sizeof never);
-        }
+    pthread_once(&hbm_arena_once, hbm_arena_create);
+    if (hbm_arena_ok) {
+        dev->arena = hbm_arena;
+        dev->have_arena = true;
     }
 #endif
     pthread_mutex_init(&dev->submit_mu, NULL);
@@ -509,8 +527,9 @@ void ctpu_device_destroy(ctpu_device *dev)
     for (int t = 1; t < wp->nthreads; t++) pthread_join(wp->th[t - 1], NULL);
 #ifdef CTPU_USE_JEMALLOC
     if (dev->have_arena) {
+        /* give the pages back; the arena itself stays (see hbm_arena_create) */
         char name[64];
-        snprintf(name, sizeof name, "arena.%u.destroy", dev->arena);
+        snprintf(name, sizeof name, "arena.%u.purge", dev->arena);
         mallctl(name, NULL, NULL, NULL, 0);
     }
 #endif

@@ -19,6 +19,96 @@ bool ctpu__validate_shape(const char *op, int ndim, const int64_t *shape, ctpu_d
 void ctpu__rng_take(uint64_t n, uint64_t *seed, uint64_t *offset);
 
 /* ------------------------------------------------------------ the path */
+/* A per-thread front for the strict program table: a direct-mapped cache of
+ * key -> program (strict programs are never evicted while the runtime
+ * lives), so a repeated op takes no lock. Full key compare on hit. */
+#define TPC_SLOTS 256
+typedef struct {
+    uint64_t h;
+    ctpu_compiled *p;
+    uint8_t *key;
+    size_t len;
+} tpc_slot;
+typedef struct {
+    uint64_t epoch;
+    tpc_slot slot[TPC_SLOTS];
+} tpc_table;
+
+static pthread_once_t tpc_once = PTHREAD_ONCE_INIT;
+static pthread_key_t tpc_key;
+static _Thread_local tpc_table *t_tpc;
+
+static void tpc_free(void *p)
+{
+    tpc_table *t = p;
+    if (!t) return;
+    for (int i = 0; i < TPC_SLOTS; i++) free(t->slot[i].key);
+    free(t);
+}
+static void tpc_key_create(void) { pthread_key_create(&tpc_key, tpc_free); }
+
+static ctpu_compiled *strict_program(const uint8_t *key, size_t klen, const ctpu_trace *tr, bool *hit,
+                                     char *err, size_t errlen)
+{
+    uint64_t h = ctpu_key_hash(key, klen);
+    if (!t_tpc || t_tpc->epoch != ctpu_rt->epoch) {
+        pthread_once(&tpc_once, tpc_key_create);
+        if (t_tpc) tpc_free(t_tpc);
+        t_tpc = calloc(1, sizeof *t_tpc);
+        pthread_setspecific(tpc_key, t_tpc);
+        if (t_tpc) t_tpc->epoch = ctpu_rt->epoch;
+    }
+    tpc_slot *s = t_tpc ? &t_tpc->slot[h & (TPC_SLOTS - 1)] : NULL;
+    if (s && s->p && s->h == h && s->len == klen && memcmp(s->key, key, klen) == 0) {
+        *hit = true;
+        return s->p;
+    }
+    ctpu_compiled *p = ctpu_cache_get(ctpu_rt->strict_cache, key, klen, tr, hit, err, errlen);
+    if (p && s) {
+        uint8_t *k = realloc(s->key, klen);
+        if (k) {
+            memcpy(k, key, klen);
+            *s = (tpc_slot){ h, p, k, klen };
+        }
+    }
+    return p;
+}
+
+/* The strict table's key of a one-node trace: input types, the node (op,
+ * arity, attrs when set, output type), the precision. Straight-line copies:
+ * this is on every strict op's path. */
+static size_t strict_key(const ctpu_trace *tr, uint8_t *key, size_t cap)
+{
+    static const ctpu_attrs zero_attrs;
+    const ctpu_node *n = tr->nodes;
+    size_t need = 8 + (size_t)tr->n_inputs * (2 + 64) + 8 + 64 + sizeof(ctpu_attrs);
+    if (need > cap) return 0;
+    uint8_t *p = key;
+    bool has_attr = memcmp(&n->attr, &zero_attrs, sizeof zero_attrs) != 0;
+    *p++ = (uint8_t)tr->n_inputs;
+    *p++ = tr->precision;
+    *p++ = (uint8_t)(n->op & 0xff);
+    *p++ = (uint8_t)(n->op >> 8);
+    *p++ = n->n_scalars;
+    *p++ = has_attr;
+    for (int i = 0; i < tr->n_inputs; i++) {
+        const ctpu_vtype *t = &tr->in_type[i];
+        *p++ = t->dtype;
+        *p++ = t->ndim;
+        memcpy(p, t->shape, sizeof(int64_t) * t->ndim);
+        p += sizeof(int64_t) * t->ndim;
+    }
+    *p++ = n->out.dtype;
+    *p++ = n->out.ndim;
+    memcpy(p, n->out.shape, sizeof(int64_t) * n->out.ndim);
+    p += sizeof(int64_t) * n->out.ndim;
+    if (has_attr) {
+        memcpy(p, &n->attr, sizeof n->attr);
+        p += sizeof n->attr;
+    }
+    return (size_t)(p - key);
+}
+
 static ctpu_status launch(ctpu_node *node, ctpu_trec *const *inputs, const double *scalars,
                           ctpu_buffer *out, size_t out_off)
 {
@@ -40,10 +130,10 @@ static ctpu_status launch(ctpu_node *node, ctpu_trec *const *inputs, const doubl
         .precision = (uint8_t)rt->precision, .debug_checks = 0,
     };
     uint8_t key[4096];
-    size_t klen = ctpu_trace_key(&tr, key, sizeof key);
+    size_t klen = strict_key(&tr, key, sizeof key);
     char err[256];
     bool hit = false;
-    ctpu_compiled *prog = klen ? ctpu_cache_get(rt->strict_cache, key, klen, &tr, &hit, err, sizeof err) : NULL;
+    ctpu_compiled *prog = klen ? strict_program(key, klen, &tr, &hit, err, sizeof err) : NULL;
     ctpu_counter_add(&rt->metrics, CTPU_CTR_STRICT_CACHE_REQUESTS, 1);
     if (!prog) {
         ctpu_set_error(CTPU_ERR_STATE, "%s: %s", opn, klen ? err : "trace key too long");
