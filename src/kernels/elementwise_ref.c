@@ -73,23 +73,49 @@ static inline float ew_binary1(ctpu_k_binary_op op, float a, float b)
 }
 
 /* ---- reference kernels ------------------------------------------------------ */
+/* One loop per op (the switch on a constant op folds away), so the scalar
+ * variant is not paying for a switch per element. */
 void ctpu_k_unary_ref(ctpu_k_unary_op op, const float *x, float *y, int64_t n)
 {
-    for (int64_t i = 0; i < n; i++) y[i] = ew_unary1(op, x[i]);
+    switch (op) {
+#define X(name)                                                                  \
+    case CTPU_K_U_##name:                                                        \
+        for (int64_t i = 0; i < n; i++) y[i] = ew_unary1(CTPU_K_U_##name, x[i]); \
+        return;
+        CTPU_K_UNARY_OPS(X)
+#undef X
+    case CTPU_K_U_COUNT: break;
+    }
 }
 
 void ctpu_k_binary_ref(ctpu_k_binary_op op, const float *a, const float *b, float *y, int64_t n)
 {
-    for (int64_t i = 0; i < n; i++) y[i] = ew_binary1(op, a[i], b[i]);
+    switch (op) {
+#define X(name)                                                                          \
+    case CTPU_K_B_##name:                                                                \
+        for (int64_t i = 0; i < n; i++) y[i] = ew_binary1(CTPU_K_B_##name, a[i], b[i]); \
+        return;
+        CTPU_K_BINARY_OPS(X)
+#undef X
+    case CTPU_K_B_COUNT: break;
+    }
 }
 
 void ctpu_k_binary_scalar_ref(ctpu_k_binary_op op, const float *a, float s, bool scalar_first,
                               float *y, int64_t n)
 {
-    if (scalar_first)
-        for (int64_t i = 0; i < n; i++) y[i] = ew_binary1(op, s, a[i]);
-    else
-        for (int64_t i = 0; i < n; i++) y[i] = ew_binary1(op, a[i], s);
+    switch (op) {
+#define X(name)                                                                            \
+    case CTPU_K_B_##name:                                                                  \
+        if (scalar_first)                                                                  \
+            for (int64_t i = 0; i < n; i++) y[i] = ew_binary1(CTPU_K_B_##name, s, a[i]);  \
+        else                                                                               \
+            for (int64_t i = 0; i < n; i++) y[i] = ew_binary1(CTPU_K_B_##name, a[i], s);  \
+        return;
+        CTPU_K_BINARY_OPS(X)
+#undef X
+    case CTPU_K_B_COUNT: break;
+    }
 }
 
 void ctpu_k_where_ref(const float *c, const float *a, const float *b, float *y, int64_t n)
