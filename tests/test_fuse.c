@@ -679,6 +679,44 @@ START_TEST(matmul_epilogue_fused_and_identical)
 }
 END_TEST
 
+/* elementwise producers fused into a reduction over trailing dims: sum of
+ * squares over rows longer than a chunk (4096), mean of a difference, max of
+ * a bf16 chain; one step each, the same bits as strict eager */
+static void reduce_prog(ctpu_mode m, float *out, int64_t *steps)
+{
+    ctpu_set_mode(m);
+    ctpu_manual_seed(4);
+    ctpu_tensor x = ctpu_keep(ctpu_rand_normal(CTPU_F32, 2, (int64_t[]){ 3, 9000 }, 0, 1));
+    ctpu_tensor y = ctpu_keep(ctpu_rand_normal(CTPU_F32, 3, (int64_t[]){ 4, 5, 7 }, 0, 1));
+    ctpu_tensor z = ctpu_keep(ctpu_rand_normal(CTPU_BF16, 2, (int64_t[]){ 6, 50 }, 0, 1));
+    ctpu_mark_step();
+    int64_t s0 = C("fused_program_steps");
+    int d1[1] = { 1 }, d12[2] = { 1, 2 };
+    ctpu_step_begin();
+    ctpu_tensor a = ctpu_keep(ctpu_sum(ctpu_mul(x, x), 1, d1, false));
+    ctpu_tensor b = ctpu_keep(ctpu_mean(ctpu_sub(ctpu_exp(y), y), 2, d12, true));
+    ctpu_tensor c = ctpu_keep(ctpu_max(ctpu_tanh(ctpu_add_scalar(z, 0.5)), 1, d1, false));
+    ctpu_step_end();
+    *steps = C("fused_program_steps") - s0;
+    ck_assert_int_eq(ctpu_to_host(a, out, 3 * 4), CTPU_OK);
+    ck_assert_int_eq(ctpu_to_host(b, out + 3, 4 * 4), CTPU_OK);
+    ctpu_tensor cf = ctpu_cast(c, CTPU_F32);
+    ck_assert_int_eq(ctpu_to_host(cf, out + 7, 6 * 4), CTPU_OK);
+    ctpu_release(x); ctpu_release(y); ctpu_release(z); ctpu_release(a); ctpu_release(b); ctpu_release(c);
+    ctpu_release(cf);
+}
+
+START_TEST(producers_fused_into_reductions)
+{
+    float a[13], c[13];
+    int64_t sa, sc;
+    reduce_prog(CTPU_MODE_STRICT, a, &sa);
+    reduce_prog(CTPU_MODE_DEFER_FUSE, c, &sc);
+    ck_assert(same_bits(a, c, 13));
+    ck_assert_int_eq(sc, 3);   /* three reductions, each with its producers */
+}
+END_TEST
+
 /* ------------------------------------------------------------ memory */
 START_TEST(live_bytes_flat_and_fused_peak_lower)
 {
@@ -720,6 +758,7 @@ static Suite *suite(void)
     tcase_add_test(p, random_programs_parity);
     tcase_add_test(p, training_step_parity);
     tcase_add_test(p, matmul_epilogue_fused_and_identical);
+    tcase_add_test(p, producers_fused_into_reductions);
     suite_add_tcase(s, p);
     TCase *c = tcase_create("cache");
     tcase_add_checked_fixture(c, setup, teardown);

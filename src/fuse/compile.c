@@ -48,6 +48,24 @@ static bool same_shape(const ctpu_vtype *a, const ctpu_vtype *b)
     return true;
 }
 
+/* Can reduction node r take value v (its input) straight from a VM group?
+ * sum/mean/max/min over trailing dims (inner == 1) of v's only use. */
+static bool reduce_fusable(const ctpu_trace *t, const ctpu_node *r, int32_t v, const int32_t *uses)
+{
+    if (r->op != CTPU_OP_SUM && r->op != CTPU_OP_MEAN && r->op != CTPU_OP_MAX && r->op != CTPU_OP_MIN) return false;
+    if (r->in[0] != v || uses[v] != 1 || r->attr.n_dims == 0) return false;
+    const ctpu_vtype *x = type_of(t, v);
+    uint32_t mask = 0;
+    for (int i = 0; i < r->attr.n_dims; i++) mask |= 1u << r->attr.dims[i];
+    int first = r->attr.dims[0];
+    int64_t n = 1;
+    for (int d = first; d < x->ndim; d++) {
+        if (!(mask & (1u << d)) && x->shape[d] != 1) return false;   /* inner would be > 1 */
+        n *= x->shape[d];
+    }
+    return n > 0 && r->out.dtype != CTPU_KDT_I32;
+}
+
 ctpu_compiled *ctpu_compile(const ctpu_trace *t, char *err, size_t errlen)
 {
     uint64_t t0 = ctpu_now_ns();
@@ -142,6 +160,8 @@ ctpu_compiled *ctpu_compile(const ctpu_trace *t, char *err, size_t errlen)
                 if (n_ext + n_add > CTPU_BCAST_MAX) break;
                 for (int q = 0; q < n_add; q++) ext[n_ext++] = add[q];
             }
+            /* a reduction over trailing dims of the group's last value, its only use */
+            if (j < nn && reduce_fusable(t, &t->nodes[j], nin + j - 1, uses)) j++;
         }
         for (int k = i; k < j; k++) group[k] = n_groups;
         n_groups++;
@@ -241,6 +261,37 @@ ctpu_compiled *ctpu_compile(const ctpu_trace *t, char *err, size_t errlen)
                 goto fail;
             }
             steps[s] = (ctpu_step){ ctpu_exec_fn_for(CTPU_OP_MATMUL), sd };
+            i = j;
+            continue;
+        }
+        if (j - i >= 2 && ctpu_op_is(t->nodes[j - 1].op, CTPU_OPK_REDUCTION)) {
+            /* producers fused into the reduction (node j-1) */
+            const ctpu_node *rn = &t->nodes[j - 1];
+            ctpu_vm_red_prog *rp = al_alloc(&al, sizeof *rp);
+            int idx[CTPU_VM_MAX_NODES];
+            bool store[CTPU_VM_MAX_NODES];
+            if (!rp) goto oom;
+            int32_t red_slot = nin + no + 1 + n_virtual;   /* no buffer has it */
+            int32_t keep = slot_of[nin + j - 2];
+            slot_of[nin + j - 2] = red_slot;
+            for (int k = i; k < j - 1; k++) { idx[k - i] = k; store[k - i] = used_outside[k] || k == j - 2; }
+            int bad = ctpu_vm_build(&rp->vm, t, idx, j - 1 - i, slot_of, store, scal_base);
+            slot_of[nin + j - 2] = keep;
+            const ctpu_vtype *xt = &t->nodes[j - 2].out;
+            int64_t n = 1;
+            for (int d = rn->attr.dims[0]; d < xt->ndim; d++) n *= xt->shape[d];
+            rp->op = (ctpu_k_red_op)ctpu_op_infos[rn->op].kop;
+            rp->mean = rn->op == CTPU_OP_MEAN;
+            rp->n = n;
+            rp->outer = ctpu_vtype_numel(xt) / n;
+            rp->red_slot = red_slot;
+            rp->out_slot = slot_of[nin + j - 1];
+            rp->out_dtype = rn->out.dtype;
+            if (bad || rp->out_slot < 0) {
+                snprintf(err, errlen, "compile: reduction fusion at node %d cannot be built", j - 1);
+                goto fail;
+            }
+            steps[s] = (ctpu_step){ ctpu_vm_red_exec, rp };
             i = j;
             continue;
         }

@@ -15,7 +15,18 @@ typedef struct {
     ctpu_exec_ctx *ctx;
 } vm_job;
 
+static void vm_range_to(const ctpu_vm_prog *p, ctpu_exec_ctx *ctx, int64_t b0, int64_t b1, int32_t red_slot,
+                        float *red_buf);
 static void vm_range(const ctpu_vm_prog *p, ctpu_exec_ctx *ctx, int64_t b0, int64_t b1)
+{
+    vm_range_to(p, ctx, b0, b1, -1, NULL);
+}
+
+/* Run the program over output elements [b0, b1). A value stored to slot
+ * `red_slot` lands in red_buf[s - b0] instead (a producer fused into a
+ * reduction: the chunk being reduced). */
+static void vm_range_to(const ctpu_vm_prog *p, ctpu_exec_ctx *ctx, int64_t b0, int64_t b1, int32_t red_slot,
+                        float *red_buf)
 {
     float (*reg)[CTPU_K_BLOCK] = malloc(sizeof(float) * CTPU_K_BLOCK * (size_t)(p->n_reg ? p->n_reg : 1));
     const float **rp = malloc(sizeof(float *) * (size_t)(p->n_reg ? p->n_reg : 1));
@@ -33,7 +44,8 @@ static void vm_range(const ctpu_vm_prog *p, ctpu_exec_ctx *ctx, int64_t b0, int6
             const ctpu_vm_ins *in = &p->ins[i];
             float *d = in->dst >= 0 ? reg[in->dst] : NULL;
             /* a stored f32 value is computed straight into its output */
-            if (in->flags & CTPU_VM_DIRECT) d = (float *)ctx->ptr[in->scalar2] + s;
+            if (in->flags & CTPU_VM_DIRECT)
+                d = in->scalar2 == red_slot ? red_buf + (s - b0) : (float *)ctx->ptr[in->scalar2] + s;
             switch (in->kind) {
             case CTPU_VM_LOAD: {
                 int e = in->a;
@@ -42,6 +54,10 @@ static void vm_range(const ctpu_vm_prog *p, ctpu_exec_ctx *ctx, int64_t b0, int6
             }
             case CTPU_VM_STORE: {
                 int dt = in->kop;
+                if (in->scalar == red_slot) {     /* f32 block into the chunk (exact for bf16 values) */
+                    memcpy(red_buf + (s - b0), rp[in->a], sizeof(float) * (size_t)n);
+                    continue;
+                }
                 char *base = ctx->ptr[in->scalar];
                 ctpu_from_f32(rp[in->a], dt, base + (size_t)s * ctpu_kdt_size(dt), n);
                 continue;
@@ -208,4 +224,61 @@ int ctpu_vm_build(ctpu_vm_prog *p, const ctpu_trace *t, const int *nodes, int co
     p->n_ins = ni;
     p->n_reg = n_reg;
     return 0;
+}
+
+/* ------------------------------------------------------------ producer -> reduction */
+typedef struct {
+    const ctpu_vm_red_prog *p;
+    ctpu_exec_ctx *ctx;
+} vm_red_job;
+
+/* Rows [r0, r1): each row's producer values are made one chunk at a time
+ * (CTPU_K_RED_CHUNK elements, in L1), each chunk reduced in the kernels'
+ * lane order, the chunk results combined by the kernels' pairwise tree: the
+ * bits of the unfused reduction, without the producer's output in memory. */
+static void vm_red_rows(const ctpu_vm_red_prog *p, ctpu_exec_ctx *ctx, int64_t r0, int64_t r1)
+{
+    int64_t n = p->n, nchunks = (n + CTPU_K_RED_CHUNK - 1) / CTPU_K_RED_CHUNK;
+    float *chunk = malloc(sizeof(float) * CTPU_K_RED_CHUNK);
+    float *part = malloc(sizeof(float) * (size_t)(nchunks ? nchunks : 1));
+    if (!chunk || !part) {
+        free(chunk);
+        free(part);
+        ctx->fault_status = CTPU_ERR_OOM;
+        snprintf(ctx->fault_msg, sizeof ctx->fault_msg, "fused program: out of host memory in a reduction");
+        return;
+    }
+    for (int64_t r = r0; r < r1; r++) {
+        for (int64_t c = 0; c < nchunks; c++) {
+            int64_t s = r * n + c * CTPU_K_RED_CHUNK;
+            int64_t len = n - c * CTPU_K_RED_CHUNK < CTPU_K_RED_CHUNK ? n - c * CTPU_K_RED_CHUNK : CTPU_K_RED_CHUNK;
+            vm_range_to(&p->vm, ctx, s, s + len, p->red_slot, chunk);
+            ctpu_k_reduce(p->op, chunk, 1, len, 1, &part[c], NULL);
+        }
+        float y = ctpu_k_reduce_chunks(p->op, part, nchunks);
+        if (p->mean) ctpu_k_binary_scalar(CTPU_K_B_DIV, &y, (float)n, false, &y, 1);
+        ctpu_from_f32(&y, p->out_dtype, (char *)ctx->ptr[p->out_slot] + (size_t)r * ctpu_kdt_size(p->out_dtype), 1);
+    }
+    free(chunk);
+    free(part);
+}
+
+static void vm_red_task(void *arg, int tid, int nt)
+{
+    vm_red_job *j = arg;
+    int64_t rows = j->p->outer;
+    int64_t r0 = rows * tid / nt, r1 = rows * (tid + 1) / nt;
+    if (r0 < r1) vm_red_rows(j->p, j->ctx, r0, r1);
+}
+
+void ctpu_vm_red_exec(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_vm_red_prog *p = data;
+    if (p->outer == 0) return;
+    if (p->outer > 1 && p->outer * p->n >= (1 << 16) && ctx->pool && ctx->pool->nthreads > 1) {
+        vm_red_job j = { p, ctx };
+        ctx->pool->run(ctx->pool, vm_red_task, &j);
+    } else {
+        vm_red_rows(p, ctx, 0, p->outer);
+    }
 }

@@ -165,6 +165,11 @@ void ctpu_k_reduce(ctpu_k_red_op op, const float *x, int64_t outer, int64_t n, i
                    float *y, ctpu_k_pool *pool);
 void ctpu_k_reduce_ref(ctpu_k_red_op op, const float *x, int64_t outer, int64_t n, int64_t inner,
                        float *y);
+/* The pairwise chunk tree over m chunk results c[0..m) (in place); returns
+ * the root. Reducing a column chunk by chunk (ctpu_k_reduce on each chunk of
+ * <= CTPU_K_RED_CHUNK elements, then this) gives the bits of one
+ * ctpu_k_reduce over the column. m == 0 -> the identity. */
+float ctpu_k_reduce_chunks(ctpu_k_red_op op, float *c, int64_t m);
 /* argmax/argmin over the middle dim: the first index of the maximal (minimal)
  * value; a NaN counts as maximal (minimal) and the first NaN wins. n == 0 -> 0. */
 void ctpu_k_argmax(const float *x, int64_t outer, int64_t n, int64_t inner, int32_t *y, bool is_min);

@@ -390,3 +390,19 @@ void ctpu_k_softmax(const float *x, int64_t rows, int64_t n, float *y, bool log,
     if (nt > 1 && rows > 1 && rows * n >= RED_PAR_MIN) pool->run(pool, softmax_thread, &J);
     else softmax_thread(&J, 0, 1);
 }
+
+/* The pairwise chunk tree over m chunk results (kernels.h): level by level,
+ * c[i] = c[2i] op c[2i+1], an odd last one carried up. In place; returns the
+ * root (the identity when m == 0). For producers fused into a reduction
+ * (src/fuse/vm.c), which reduce one chunk at a time. */
+float ctpu_k_reduce_chunks(ctpu_k_red_op op, float *c, int64_t m)
+{
+    if (m <= 0) return red_identity((int)op);
+    while (m > 1) {
+        int64_t k = 0;
+        for (int64_t i = 0; i + 1 < m; i += 2) c[k++] = red_combine((int)op, c[i], c[i + 1]);
+        if (m & 1) c[k++] = c[m - 1];
+        m = k;
+    }
+    return c[0];
+}
