@@ -1,4 +1,5 @@
 /* Data movement: generic strided copy and embedding gather. */
+#include <assert.h>
 #include <string.h>
 #include "internal.h"
 
@@ -42,6 +43,7 @@ void ctpu_k_strided_copy(const void *src, const int64_t *src_strides, void *dst,
 {
     int64_t sh[8], ss[8], ds[8];
     int nd = 0;
+    assert(ndim >= 0 && ndim <= 8);
     for (int k = 0; k < ndim; k++) {
         if (shape[k] == 0) return;
         if (shape[k] == 1) continue;
