@@ -115,7 +115,8 @@ ctpu_tensor ctpu_mse_loss(ctpu_tensor pred, ctpu_tensor target, ctpu_reduction r
 
 /* ------------------------------------------------------------ optimizers
  * An optimizer holds its parameters' handles (not owned) and its state
- * (owned, created as zeros at construction, in no scope). A step reads each
+ * (owned, created as zeros at construction, in no scope; a step replaces
+ * the state handles with the new values). A step reads each
  * parameter's .grad (parameters without one are skipped, as PyTorch) and
  * writes the new values with ctpu_assign under no_grad. The learning rate,
  * the step count and every coefficient derived from them are runtime scalars
@@ -154,7 +155,8 @@ ctpu_status ctpu_optim_set_lr(ctpu_optim *o, double lr);
 double ctpu_optim_lr(const ctpu_optim *o);
 int64_t ctpu_optim_steps(const ctpu_optim *o);   /* steps taken so far */
 /* The state tensor k of parameter i (SGD: 0 = momentum buffer; AdamW: 0 =
- * exp_avg, 1 = exp_avg_sq), or a null handle. For tests and checkpoints. */
+ * exp_avg, 1 = exp_avg_sq), or a null handle; valid until the next step.
+ * For tests and checkpoints. */
 ctpu_tensor ctpu_optim_state(const ctpu_optim *o, int i, int k);
 void ctpu_optim_free(ctpu_optim *o);
 

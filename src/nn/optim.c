@@ -108,6 +108,15 @@ ctpu_optim *ctpu_adamw_create(int n, const ctpu_tensor *params, const ctpu_adamw
     return o;
 }
 
+/* A new state value: the handle is replaced (no copy; the state is the
+ * optimizer's own), the old one released. */
+static void replace_state(ctpu_tensor *slot, ctpu_tensor v)
+{
+    ctpu_tensor old = *slot;
+    *slot = ctpu__nn_global(v);
+    ctpu_release(old);
+}
+
 static ctpu_status sgd_one(ctpu_optim *o, ctpu_tensor p, ctpu_tensor g, ctpu_tensor *buf)
 {
     const ctpu_sgd_opts *s = &o->sgd;
@@ -117,9 +126,12 @@ static ctpu_status sgd_one(ctpu_optim *o, ctpu_tensor p, ctpu_tensor g, ctpu_ten
         /* torch: the first step sets buf = d (no dampening); buf starts as zeros here */
         double c = o->steps == 0 ? 1.0 : 1.0 - s->dampening;
         ctpu_tensor nb = ctpu_add(ctpu_mul_scalar(*buf, s->momentum), ctpu_mul_scalar(d, c));
-        ctpu_status st = ctpu_is_null(nb) ? ctpu_last_status() : ctpu_assign(*buf, nb);
-        if (st != CTPU_OK) return st;
+        if (ctpu_is_null(nb)) return ctpu_last_status();
         d = s->nesterov ? ctpu_add(d, ctpu_mul_scalar(nb, s->momentum)) : nb;
+        ctpu_tensor np = ctpu_sub(p, ctpu_mul_scalar(d, o->lr));
+        ctpu_status st = ctpu_is_null(np) ? ctpu_last_status() : ctpu_assign(p, np);
+        if (st == CTPU_OK) replace_state(buf, nb);
+        return st;
     }
     ctpu_tensor np = ctpu_sub(p, ctpu_mul_scalar(d, o->lr));
     return ctpu_is_null(np) ? ctpu_last_status() : ctpu_assign(p, np);
@@ -129,16 +141,19 @@ static ctpu_status adamw_one(ctpu_optim *o, ctpu_tensor p, ctpu_tensor g, ctpu_t
 {
     const ctpu_adamw_opts *a = &o->adam;
     double t = (double)(o->steps + 1);
-    double bc1 = 1.0 - pow(a->beta1, t), bc2 = 1.0 - pow(a->beta2, t);
+    double bc1 = 1.0 - pow(a->beta1, t), bc2s = sqrt(1.0 - pow(a->beta2, t));
+    /* m / (sqrt(v) / sqrt(bc2) + eps) = sqrt(bc2) m / (sqrt(v) + eps sqrt(bc2)): one pass fewer */
     ctpu_tensor p1 = a->weight_decay != 0 ? ctpu_mul_scalar(p, 1.0 - o->lr * a->weight_decay) : p;
     ctpu_tensor nm = ctpu_add(ctpu_mul_scalar(*m, a->beta1), ctpu_mul_scalar(g, 1.0 - a->beta1));
     ctpu_tensor nv = ctpu_add(ctpu_mul_scalar(*v, a->beta2), ctpu_mul_scalar(ctpu_mul(g, g), 1.0 - a->beta2));
-    ctpu_tensor denom = ctpu_add_scalar(ctpu_div_scalar(ctpu_sqrt(nv), sqrt(bc2)), a->eps);
-    ctpu_tensor np = ctpu_sub(p1, ctpu_mul_scalar(ctpu_div(nm, denom), o->lr / bc1));
+    ctpu_tensor denom = ctpu_add_scalar(ctpu_sqrt(nv), a->eps * bc2s);
+    ctpu_tensor np = ctpu_sub(p1, ctpu_mul_scalar(ctpu_div(nm, denom), o->lr * bc2s / bc1));
     if (ctpu_is_null(np)) return ctpu_last_status();
-    ctpu_status st = ctpu_assign(*m, nm);
-    if (st == CTPU_OK) st = ctpu_assign(*v, nv);
-    if (st == CTPU_OK) st = ctpu_assign(p, np);
+    ctpu_status st = ctpu_assign(p, np);
+    if (st == CTPU_OK) {
+        replace_state(m, nm);
+        replace_state(v, nv);
+    }
     return st;
 }
 
