@@ -376,7 +376,10 @@ static void *device_main(void *p)
         }
         execute(dev, &dev->ring[head % CTPU_RING_SIZE]);
         head++;
-        atomic_store_explicit(&dev->completed, head, memory_order_release);
+        /* seq_cst, not release: with the host's host_waiters++ then completed
+         * read, this is Dekker's pattern; a release store lets the
+         * host_waiters load pass it and a host going to sleep is never woken */
+        atomic_store_explicit(&dev->completed, head, memory_order_seq_cst);
         if (atomic_load(&dev->host_waiters) > 0) {
             pthread_mutex_lock(&dev->mu);
             pthread_cond_broadcast(&dev->cv_done);
