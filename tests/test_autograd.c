@@ -335,6 +335,64 @@ START_TEST(t_gradcheck)
 }
 END_TEST
 
+/* Gradients are bit-identical in strict eager, debug eager and defer and
+ * fuse (CONTRACTS.md "Modes and parity"), for every case above. */
+/* tanh(3 y) + 0.5: a non-uniform upstream gradient that needs no host data */
+static ctpu_tensor upstream_of(ctpu_tensor y)
+{
+    return ctpu_add_scalar(ctpu_tanh(ctpu_mul_scalar(ctpu_detach(y), 3.0)), 0.5);
+}
+
+static void grads_in_mode(const gc_case *c, ctpu_mode m, float **out, int64_t *n)
+{
+    ck_assert_int_eq(ctpu_set_mode(m), CTPU_OK);
+    rs = 0x243f6a8885a308d3ull ^ (uint64_t)(c - cases);
+    double *x[4];
+    for (int i = 0; i < c->n_in; i++) {
+        n[i] = numel_of(&c->in[i]);
+        x[i] = malloc((size_t)(n[i] ? n[i] : 1) * sizeof(double));
+        fill(x[i], n[i], &c->in[i]);
+    }
+    ctpu_step_begin();
+    ctpu_tensor t[4];
+    for (int i = 0; i < c->n_in; i++) {
+        t[i] = mk(&c->in[i], x[i]);
+        if (c->in[i].dom != D_IDX) ctpu_set_requires_grad(t[i], true);
+    }
+    ctpu_tensor y = c->f(t);
+    ctpu_tensor loss = ctpu_sum(ctpu_mul(y, upstream_of(y)), 0, NULL, false);
+    ck_assert_msg(ctpu_backward(loss) == CTPU_OK, "%s: %s", c->name, ctpu_last_error());
+    for (int i = 0; i < c->n_in; i++) {
+        out[i] = calloc((size_t)(n[i] ? n[i] : 1), 4);
+        ctpu_tensor g = ctpu_grad(t[i]);
+        if (c->in[i].dom != D_IDX && !ctpu_is_null(g))
+            ck_assert_int_eq(ctpu_to_host(g, out[i], (size_t)n[i] * 4), CTPU_OK);
+        free(x[i]);
+    }
+    ctpu_step_end();
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+}
+
+START_TEST(t_modes_parity)
+{
+    const gc_case *c = &cases[_i];
+    float *gs[4], *gd[4], *gf[4];
+    int64_t n[4];
+    grads_in_mode(c, CTPU_MODE_STRICT, gs, n);
+    grads_in_mode(c, CTPU_MODE_DEBUG, gd, n);
+    grads_in_mode(c, CTPU_MODE_DEFER_FUSE, gf, n);
+    for (int i = 0; i < c->n_in; i++) {
+        for (int64_t j = 0; j < n[i]; j++) {
+            ck_assert_msg(t_same(gs[i][j], gd[i][j]), "%s: input %d [%lld]: strict %a, debug %a", c->name, i,
+                          (long long)j, gs[i][j], gd[i][j]);
+            ck_assert_msg(t_same(gs[i][j], gf[i][j]), "%s: input %d [%lld]: strict %a, defer and fuse %a", c->name,
+                          i, (long long)j, gs[i][j], gf[i][j]);
+        }
+        free(gs[i]); free(gd[i]); free(gf[i]);
+    }
+}
+END_TEST
+
 /* Every op has an autograd entry, and every op with a rule is checked. */
 START_TEST(t_table_complete)
 {
@@ -586,6 +644,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, t_gradcheck, 0, N_CASES);
     tcase_add_test(tc, t_table_complete);
+    tcase_add_loop_test(tc, t_modes_parity, 0, N_CASES);
     suite_add_tcase(s, tc);
     TCase *ts = tcase_create("semantics");
     tcase_add_checked_fixture(ts, setup, t_teardown);
