@@ -1,0 +1,161 @@
+/* The short differential fuzz run of the default suite (issue 7), plus the
+ * minimised cases it has found (regressions). Each program is generated and
+ * run in strict eager, debug eager and defer and fuse in a forked child; a
+ * failure is minimised and printed as a C test (see fz.h).
+ * FUZZ_SEED / FUZZ_COUNT override the seed and the count. */
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fz.h"
+
+/* A minimised case must give the same transcript in every mode. */
+static void fz_expect_parity(const fz_prog *p)
+{
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    char why[512] = "";
+    bool skipped = false;
+    bool ok = fz_check(p, why, sizeof why, &skipped);
+    ctpu_shutdown();
+    ck_assert_msg(ok, "modes differ: %s", why);
+    ck_assert_msg(!skipped, "the case hit a resource error");
+}
+
+#include "regressions.inc"
+
+/* A hand-written program through every path of the harness: data with NaN,
+ * an elementwise chain, a matmul, a reduction, an assign, a host read, a
+ * mark_step, autograd. */
+static const fz_prog selftest_prog = { .seed = 7, .n = 10, .ins = {
+    { .kind = FZ_FROM_HOST, .dt = CTPU_F32, .nd = 2, .a = -1, .b = -1, .c = -1, .data = 1, .shape = { 5, 7 } },
+    { .kind = FZ_REQ_GRAD, .a = 0, .b = -1, .c = -1, .flag = 1 },
+    { .kind = FZ_UNARY, .sub = 6, .a = 0, .b = -1, .c = -1 },                       /* tanh */
+    { .kind = FZ_FROM_HOST, .dt = CTPU_BF16, .nd = 2, .a = -1, .b = -1, .c = -1, .data = 2, .shape = { 7, 3 } },
+    { .kind = FZ_MATMUL, .a = 2, .b = 3, .c = -1 },
+    { .kind = FZ_REDUCE, .sub = 0, .nd = 1, .p = { 1 }, .a = 4, .b = -1, .c = -1 },  /* sum over dim 1 */
+    { .kind = FZ_READ, .a = 5, .b = -1, .c = -1 },
+    { .kind = FZ_MARK_STEP, .a = -1, .b = -1, .c = -1 },
+    { .kind = FZ_BACKWARD, .a = 4, .b = -1, .c = -1 },
+    { .kind = FZ_ASSIGN, .a = 2, .b = 2, .c = -1 },
+} };
+
+START_TEST(harness_selftest)
+{
+    fz_expect_parity(&selftest_prog);
+    /* a difference in one mode is seen, and minimisation keeps it */
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    char why[512] = "";
+    bool skipped;
+    fz_test_corrupt_mode = CTPU_MODE_DEFER_FUSE;
+    ck_assert(!fz_check(&selftest_prog, why, sizeof why, &skipped));
+    ck_assert_msg(strstr(why, "defer_fuse") != NULL, "%s", why);
+    fz_test_corrupt_mode = -1;
+    ck_assert(fz_check(&selftest_prog, why, sizeof why, &skipped));
+    ctpu_shutdown();
+    /* the same program, generated from a seed, twice: the same calls */
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    fz_opts o = { .max_ins = 30, .autograd = true, .invalid = true };
+    fz_rng r1, r2;
+    fz_rng_seed(&r1, 42);
+    fz_rng_seed(&r2, 42);
+    static fz_prog a, b;
+    fz_generate(&r1, &o, &a, NULL);
+    fz_generate(&r2, &o, &b, NULL);
+    ck_assert_int_eq(a.n, 30);
+    ck_assert(memcmp(&a, &b, sizeof a) == 0);
+    ctpu_shutdown();
+}
+END_TEST
+
+static bool fails_in_process(const fz_prog *p, void *ctx)
+{
+    (void)ctx;
+    char why[512];
+    bool skipped;
+    return !fz_check(p, why, sizeof why, &skipped);
+}
+
+START_TEST(minimiser_shrinks)
+{
+    /* with a corrupted transcript every program fails: minimisation must
+     * get a 40-call program down to one call that records a value */
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    fz_opts o = { .max_ins = 40, .autograd = true, .invalid = true };
+    fz_rng r;
+    fz_rng_seed(&r, 9);
+    static fz_prog p;
+    fz_generate(&r, &o, &p, NULL);
+    fz_test_corrupt_mode = CTPU_MODE_DEBUG;
+    ck_assert(fails_in_process(&p, NULL));
+    fz_minimise(&p, fails_in_process, NULL);
+    ck_assert_int_eq(p.n, 1);
+    fz_test_corrupt_mode = -1;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    fz_print_c(&p, "fuzz_case", f);
+    fclose(f);
+    ck_assert_msg(strstr(buf, "START_TEST(fuzz_case_parity)") && strstr(buf, "r0 = ctpu_"), "%s", buf);
+    free(buf);
+    ctpu_shutdown();
+}
+END_TEST
+
+static uint64_t env_u64(const char *name, uint64_t dflt)
+{
+    const char *v = getenv(name);
+    return v && *v ? strtoull(v, NULL, 10) : dflt;
+}
+
+static void campaign(bool autograd, uint64_t seed, int count)
+{
+    fz_opts o = { .max_ins = 40, .autograd = autograd, .invalid = true };
+    int ran = 0, skipped = 0;
+    int failures = fz_campaign(seed, count, &o, stderr, &ran, &skipped);
+    fprintf(stderr, "fuzz: %d programs from seed %llu (autograd %s): %d failing, %d skipped (resource errors)\n",
+            ran, (unsigned long long)seed, autograd ? "on" : "off", failures, skipped);
+    ck_assert_int_eq(failures, 0);
+    ck_assert_int_eq(ran, count);
+    ck_assert_int_le(skipped, count / 10);
+}
+
+START_TEST(short_fuzz_no_grad)
+{
+    campaign(false, env_u64("FUZZ_SEED", 1), (int)env_u64("FUZZ_COUNT", 400));
+}
+END_TEST
+
+START_TEST(short_fuzz_autograd)
+{
+    campaign(true, env_u64("FUZZ_SEED", 1) + 100000, (int)env_u64("FUZZ_COUNT", 400));
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("fuzz");
+    TCase *t = tcase_create("short");
+    tcase_set_timeout(t, 600);
+    tcase_add_test(t, short_fuzz_no_grad);
+    tcase_add_test(t, short_fuzz_autograd);
+    suite_add_tcase(s, t);
+    TCase *h = tcase_create("harness");
+    tcase_set_timeout(h, 120);
+    tcase_add_test(h, harness_selftest);
+    tcase_add_test(h, minimiser_shrinks);
+    suite_add_tcase(s, h);
+    TCase *r = tcase_create("regressions");
+    tcase_set_timeout(r, 120);
+    FZ_REGRESSIONS(r);
+    suite_add_tcase(s, r);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *r = srunner_create(suite());
+    srunner_run_all(r, CK_NORMAL);
+    int failed = srunner_ntests_failed(r);
+    srunner_free(r);
+    return failed ? 1 : 0;
+}
