@@ -469,6 +469,33 @@ static void exec_reduction(const void *data, ctpu_exec_ctx *ctx)
     free(tmp);
 }
 
+/* softmax's input as f32 rows [outer*inner, n] (the softmax dim last):
+ * the input itself when it already is, else a new buffer (NULL: no memory). */
+static float *softmax_input(const void *xin, int dtype, int64_t numel, int64_t n, int64_t inner)
+{
+    if (dtype == CTPU_KDT_F32 && inner == 1) return (float *)xin;
+    float *xf = malloc((size_t)numel * 4);
+    if (!xf) return NULL;
+    if (inner == 1) {
+        to_f32(xin, dtype, xf, numel);
+        return xf;
+    }
+    /* [outer, n, inner] -> [outer, inner, n] */
+    float *conv = NULL;
+    const float *src = xin;
+    if (dtype != CTPU_KDT_F32) {
+        conv = malloc((size_t)numel * 4);
+        if (!conv) { free(xf); return NULL; }
+        to_f32(xin, dtype, conv, numel);
+        src = conv;
+    }
+    int64_t outer = numel / (n * inner);
+    int64_t shape[3] = { outer, inner, n }, sst[3] = { n * inner, 1, inner }, dst[3] = { n * inner, n, 1 };
+    ctpu_k_strided_copy(src, sst, xf, dst, shape, 3, 4);
+    free(conv);
+    return xf;
+}
+
 static void exec_softmax(const void *data, ctpu_exec_ctx *ctx)
 {
     const ctpu_step_data *sd = data;
@@ -483,24 +510,13 @@ static void exec_softmax(const void *data, ctpu_exec_ctx *ctx)
     int64_t n = t->shape[dim], inner = 1;
     for (int d = dim + 1; d < t->ndim; d++) inner *= t->shape[d];
     int64_t rows = numel / n;
-    float *xf = (t->dtype == CTPU_KDT_F32 && inner == 1) ? (float *)xin : malloc((size_t)numel * 4);
-    if (inner == 1) {
-        if (xf != xin) to_f32(xin, t->dtype, xf, numel);
-    } else {
-        /* [outer, n, inner] -> [outer, inner, n] */
-        float *conv = NULL;
-        const float *src = xin;
-        if (t->dtype != CTPU_KDT_F32) {
-            conv = malloc((size_t)numel * 4);
-            to_f32(xin, t->dtype, conv, numel);
-            src = conv;
-        }
-        int64_t outer = numel / (n * inner);
-        int64_t shape[3] = { outer, inner, n }, sst[3] = { n * inner, 1, inner }, dst[3] = { n * inner, n, 1 };
-        ctpu_k_strided_copy(src, sst, xf, dst, shape, 3, 4);
-        free(conv);
-    }
+    float *xf = softmax_input(xin, t->dtype, numel, n, inner);
+    if (!xf) goto oom;
     float *y = malloc((size_t)numel * 4);
+    if (!y) {
+        if (xf != xin) free(xf);
+        goto oom;
+    }
     ctpu_k_softmax(xf, rows, n, y, log, ctx->pool);
     if (inner == 1) {
         ctpu_from_f32(y, nd->out.dtype, out, numel);
@@ -512,6 +528,11 @@ static void exec_softmax(const void *data, ctpu_exec_ctx *ctx)
     }
     free(y);
     if (xf != xin) free(xf);
+    return;
+oom:
+    ctx->fault_status = CTPU_ERR_OOM;
+    snprintf(ctx->fault_msg, sizeof ctx->fault_msg, "%s: out of host memory for a %lld-element temporary",
+             ctpu_op_name(nd->op), (long long)numel);
 }
 
 /* ------------------------------------------------------------ movement */
