@@ -365,39 +365,80 @@ void ctpu__report_cut(int why, const ctpu_trace *t, const ctpu_cache_result *res
     }
 }
 
-void ctpu__report_op(const ctpu_node *n, const ctpu_vtype *in, bool hit, const ctpu_compiled *prog)
+/* A strict op's estimate depends only on its program (op, attrs, shapes):
+ * computed once per program, kept with it, and added up per launch. */
+typedef struct {
+    double total_s[CTPU_COST_MAX_CHIPS], macs_useful[CTPU_COST_MAX_CHIPS], macs_padded[CTPU_COST_MAX_CHIPS];
+    double flops, vector_ops, hbm_bytes, hbm_s, op_s;
+    bool is_mm;
+    mm_dims mm;
+} op_cost;
+
+static op_cost *op_cost_of(ctpu_report_state *r, const ctpu_node *n, const ctpu_vtype *in, const ctpu_compiled *prog)
 {
-    ctpu_runtime *rt = ctpu_rt;
-    ctpu_report_state *r = rt ? rt->report : NULL;
-    if (!r || !n || n->op >= CTPU_OP_COUNT) return;
+    op_cost *oc = prog ? (op_cost *)atomic_load(&((ctpu_compiled *)prog)->op_cost) : NULL;
+    if (oc) return oc;
+    oc = calloc(1, sizeof *oc);
+    if (!oc) return NULL;
     const ctpu_vtype *inp[CTPU_NODE_MAX_IN];
     double bytes = ctpu_cost_bytes(&n->out);
     for (int j = 0; j < n->n_in && j < CTPU_NODE_MAX_IN; j++) {
         inp[j] = &in[j];
         bytes += ctpu_cost_bytes(&in[j]);
     }
-    pthread_mutex_lock(&r->mu);
     for (int c = 0; c < r->n_chips; c++) {
         ctpu_cost_estimate e;
         memset(&e, 0, sizeof e);
         ctpu_cost_add_node(r->chips[c], n, inp, &e);
         e.hbm_bytes = bytes;
         ctpu_cost_finish(r->chips[c], &e);
-        r->run_s[c] += e.total_s;
-        r->macs_useful[c] += e.macs_useful;
-        r->macs_padded[c] += e.macs_padded;
+        oc->total_s[c] = e.total_s;
+        oc->macs_useful[c] = e.macs_useful;
+        oc->macs_padded[c] = e.macs_padded;
         if (c == r->current) {
-            r->flops += e.flops;
-            r->vector_ops += e.vector_ops;
-            r->hbm_bytes += bytes;
-            r->hbm_s += e.hbm_s;
-            r->op_s[n->op] += e.mxu_s > e.vector_s ? e.mxu_s : e.vector_s;
-            r->op_count[n->op]++;
+            oc->flops = e.flops;
+            oc->vector_ops = e.vector_ops;
+            oc->hbm_s = e.hbm_s;
+            oc->op_s = e.mxu_s > e.vector_s ? e.mxu_s : e.vector_s;
         }
     }
+    oc->hbm_bytes = bytes;
     int64_t b, m, k, nn;
-    if (ctpu_cost_matmul_dims(n, n->n_in ? &in[0] : NULL, &b, &m, &k, &nn)) mm_add(r, (mm_dims){ b, m, k, nn }, 1);
+    if (ctpu_cost_matmul_dims(n, n->n_in ? &in[0] : NULL, &b, &m, &k, &nn)) {
+        oc->is_mm = true;
+        oc->mm = (mm_dims){ b, m, k, nn };
+    }
+    if (!prog) return oc;   /* caller frees */
+    void *expect = NULL;
+    if (!atomic_compare_exchange_strong(&((ctpu_compiled *)prog)->op_cost, &expect, (void *)oc)) {
+        free(oc);
+        oc = expect;
+    }
+    return oc;
+}
+
+void ctpu__report_op(const ctpu_node *n, const ctpu_vtype *in, bool hit, const ctpu_compiled *prog)
+{
+    ctpu_runtime *rt = ctpu_rt;
+    ctpu_report_state *r = rt ? rt->report : NULL;
+    if (!r || !n || n->op >= CTPU_OP_COUNT) return;
+    op_cost *oc = op_cost_of(r, n, in, prog);
+    if (!oc) return;
+    pthread_mutex_lock(&r->mu);
+    for (int c = 0; c < r->n_chips; c++) {
+        r->run_s[c] += oc->total_s[c];
+        r->macs_useful[c] += oc->macs_useful[c];
+        r->macs_padded[c] += oc->macs_padded[c];
+    }
+    r->flops += oc->flops;
+    r->vector_ops += oc->vector_ops;
+    r->hbm_bytes += oc->hbm_bytes;
+    r->hbm_s += oc->hbm_s;
+    r->op_s[n->op] += oc->op_s;
+    r->op_count[n->op]++;
+    if (oc->is_mm) mm_add(r, oc->mm, 1);
     pthread_mutex_unlock(&r->mu);
+    if (!prog) free(oc);
     if (r->trace) {
         uint64_t now = ctpu_now_ns();
         char args[200], tb[128];

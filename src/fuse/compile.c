@@ -361,6 +361,7 @@ void ctpu_compiled_free(ctpu_compiled *c)
 {
     if (!c) return;
     free(c->plan);
+    free(atomic_load(&c->op_cost));
     void **m = c->mem;
     int n = c->n_mem;
     for (int i = n - 1; i >= 0; i--) free(m[i]);   /* c itself is m[0] */

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "ops.h"
 #include "device/device.h"
@@ -47,6 +48,7 @@ typedef struct ctpu_compiled {
     uint64_t compile_ns;
     uint64_t hits;
     void *plan;                /* the launcher's binding plan (one malloc block), or NULL */
+    _Atomic(void *) op_cost;   /* the report's per-launch estimate (report.c), or NULL; freed with it */
 } ctpu_compiled;
 
 /* Compile a trace into a program. NULL with a message on failure. */
