@@ -26,10 +26,21 @@ static _Thread_local uint64_t t_mode_epoch = 0;
 void ctpu_set_error(ctpu_status st, const char *fmt, ...)
 {
     t_err.st = st;
+    char raw[sizeof t_err.msg];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(t_err.msg, sizeof t_err.msg, fmt, ap);
+    vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    /* one line, whatever the user's strings hold (an environment value
+     * "1\n", a label): control characters are written as escapes */
+    size_t o = 0;
+    for (const unsigned char *c = (const unsigned char *)raw; *c && o + 5 < sizeof t_err.msg; c++) {
+        if (*c >= 0x20 && *c != 0x7f) t_err.msg[o++] = (char)*c;
+        else if (*c == '\n') { t_err.msg[o++] = '\\'; t_err.msg[o++] = 'n'; }
+        else if (*c == '\t') { t_err.msg[o++] = '\\'; t_err.msg[o++] = 't'; }
+        else o += (size_t)snprintf(t_err.msg + o, sizeof t_err.msg - o, "\\x%02x", *c);
+    }
+    t_err.msg[o] = 0;
 }
 
 const char *ctpu_last_error(void) { return t_err.msg; }
