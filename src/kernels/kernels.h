@@ -98,6 +98,15 @@ static inline int32_t ctpu_f32_to_i32(float f)
  *   WHERE(c,a,b): c != 0 ? a : b  (NaN c counts as true);
  *   CLAMP(x,lo,hi): MIN(MAX(x,lo),hi) with NaN propagation from any side.
  *   ROUND_BF16: x rounded to bf16 and back (ctpu_f32_to_bf16).
+ *
+ * SLEEF variants: _ref calls Sleef_{exp,log,tanh,erf}f1_u10purec and
+ * Sleef_powf1_u10purec; AVX2 the same functions as Sleef_*f8_u10avx, AVX-512
+ * as Sleef_*f16_u10avx512fnofma. Checked bit for bit (SLEEF 3.5.1): exp, log,
+ * tanh and erf over all 2^32 inputs, pow on 3.8e8 pairs (random bits, wide
+ * and near-1 bases, negative bases with integer exponents): no difference, so
+ * every variant calls its own ISA's function. The FMA family does differ
+ * (Sleef_expf8_u10, which dispatches to avx2 FMA code, fails the parity test):
+ * never use it, nor the purecfma / plain scalar entry points.
  */
 #define CTPU_K_BLOCK 1024
 
