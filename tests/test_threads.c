@@ -1,0 +1,182 @@
+/* Concurrency (issue 7; CONTRACTS.md "Threads"): threads with their own
+ * mode overrides (ctpu_set_thread_mode) and their own tensors run a
+ * training-like loop (scopes, steps, autograd, assign, host reads, a
+ * deliberate error) at the same time. Each thread's results equal the same
+ * loop run alone in strict eager, bit for bit; errors, scopes and modes do
+ * not leak between threads; the shared device, caches, allocator and
+ * metrics stay consistent. Run under ThreadSanitizer by tools/run-tests.sh
+ * (build-tsan, --suite threads --setup=tsan). */
+#include "t_core.h"
+
+#include <pthread.h>
+
+#define STEPS 60
+#define N 24
+
+typedef struct {
+    int mode;               /* -1: no override (process mode) */
+    int seed;
+    float w[N], loss[STEPS];
+    int errors_seen;
+    char fail[256];
+} job;
+
+static void job_fail(job *j, const char *what)
+{
+    if (!j->fail[0]) snprintf(j->fail, sizeof j->fail, "%s: %s", what, ctpu_last_error());
+}
+
+/* y = tanh(x * w + b); loss = mean(y^2); SGD on w by autograd; b by hand. */
+static void run_loop(job *j)
+{
+    if (j->mode >= 0 && ctpu_set_thread_mode((ctpu_mode)j->mode) != CTPU_OK) { job_fail(j, "set_thread_mode"); return; }
+    if (j->mode >= 0 && ctpu_get_mode() != (ctpu_mode)j->mode) { job_fail(j, "get_mode"); return; }
+    float x0[N], w0[N];
+    for (int i = 0; i < N; i++) {
+        x0[i] = sinf((float)(i * 3 + j->seed));
+        w0[i] = 0.1f * cosf((float)(i + j->seed));
+    }
+    int64_t n = N;
+    ctpu_tensor x = ctpu_keep(ctpu_from_host(x0, CTPU_F32, 1, &n));
+    ctpu_tensor w = ctpu_keep(ctpu_from_host(w0, CTPU_F32, 1, &n));
+    ctpu_tensor b = ctpu_keep(ctpu_zeros(CTPU_F32, 1, &n));
+    if (ctpu_is_null(x) || ctpu_is_null(w) || ctpu_is_null(b)) { job_fail(j, "setup"); return; }
+    if (ctpu_set_requires_grad(w, true) != CTPU_OK) { job_fail(j, "requires_grad"); return; }
+    for (int s = 0; s < STEPS; s++) {
+        if (ctpu_step_begin() != CTPU_OK) { job_fail(j, "step_begin"); return; }
+        ctpu_tensor y = ctpu_tanh(ctpu_add(ctpu_mul(x, w), b));
+        ctpu_tensor loss = ctpu_mean(ctpu_mul(y, y), 0, NULL, false);
+        if (ctpu_backward(loss) != CTPU_OK) { job_fail(j, "backward"); return; }
+        ctpu_no_grad_begin();
+        ctpu_assign(w, ctpu_sub(w, ctpu_mul_scalar(ctpu_grad(w), 0.1)));
+        ctpu_assign(b, ctpu_sub_scalar(b, 0.001 * (s % 3)));
+        ctpu_no_grad_end();
+        ctpu_zero_grad(w);
+        /* a deliberate error in this thread only */
+        if (s % 7 == j->seed % 7) {
+            ctpu_clear_error();
+            ctpu_tensor bad = ctpu_add(x, ctpu_zeros(CTPU_F32, 1, (int64_t[]){ N + 1 }));
+            if (!ctpu_is_null(bad) || ctpu_last_status() != CTPU_ERR_SHAPE) { job_fail(j, "expected a shape error"); return; }
+            j->errors_seen++;
+            ctpu_clear_error();
+        }
+        double v;
+        if (ctpu_item(loss, &v) != CTPU_OK) { job_fail(j, "item"); return; }   /* a host read every step */
+        j->loss[s] = (float)v;
+        if (ctpu_step_end() != CTPU_OK) { job_fail(j, "step_end"); return; }
+        if (ctpu_last_status() != CTPU_OK) { job_fail(j, "an error leaked in from elsewhere"); return; }
+    }
+    if (ctpu_to_host(w, j->w, sizeof j->w) != CTPU_OK) job_fail(j, "to_host");
+    ctpu_release(x);
+    ctpu_release(w);
+    ctpu_release(b);
+    if (ctpu_sync() != CTPU_OK) job_fail(j, "sync");
+    ctpu_clear_thread_mode();
+}
+
+static void *thread_main(void *p)
+{
+    run_loop(p);
+    return NULL;
+}
+
+static void check_same(const job *a, const job *ref)
+{
+    ck_assert_msg(!a->fail[0], "thread (mode %d): %s", a->mode, a->fail);
+    ck_assert_msg(memcmp(a->w, ref->w, sizeof a->w) == 0, "thread in mode %d: weights differ from strict alone", a->mode);
+    ck_assert_msg(memcmp(a->loss, ref->loss, sizeof a->loss) == 0, "thread in mode %d: losses differ", a->mode);
+    ck_assert_int_eq(a->errors_seen, ref->errors_seen);
+}
+
+START_TEST(threads_with_own_modes)
+{
+    /* references: each loop alone, strict eager, on this thread */
+    static job ref[3], j[3];
+    const int modes[3] = { CTPU_MODE_STRICT, CTPU_MODE_DEFER_FUSE, CTPU_MODE_DEBUG };
+    for (int k = 0; k < 3; k++) {
+        ref[k] = (job){ .mode = CTPU_MODE_STRICT, .seed = k + 1 };
+        run_loop(&ref[k]);
+        ck_assert_msg(!ref[k].fail[0], "%s", ref[k].fail);
+        j[k] = (job){ .mode = modes[k], .seed = k + 1 };
+    }
+    ck_assert(isfinite(ref[0].loss[STEPS - 1]) && ref[0].loss[STEPS - 1] != ref[0].loss[0]);
+    /* two rounds: strict + defer, then defer + debug, with the process mode
+     * set to something else (the override must win) */
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEBUG), CTPU_OK);
+    for (int round = 0; round < 2; round++) {
+        pthread_t th[2];
+        int a = round, b = round + 1;
+        j[a].fail[0] = j[b].fail[0] = 0;
+        j[a].errors_seen = j[b].errors_seen = 0;
+        ck_assert_int_eq(pthread_create(&th[0], NULL, thread_main, &j[a]), 0);
+        ck_assert_int_eq(pthread_create(&th[1], NULL, thread_main, &j[b]), 0);
+        /* the main thread reads shared state meanwhile */
+        for (int k = 0; k < 50; k++) {
+            ctpu_cache_info ci;
+            ctpu_hbm_stats hs;
+            ck_assert_int_eq(ctpu_cache_get_info(&ci), CTPU_OK);
+            ck_assert_int_eq(ctpu_hbm_get_stats(&hs), CTPU_OK);
+            ck_assert_int_ge(ctpu_metric_counter("ops_dispatched"), 0);
+            ck_assert_int_eq(ctpu_get_mode(), CTPU_MODE_DEBUG);   /* other threads' overrides do not leak */
+        }
+        pthread_join(th[0], NULL);
+        pthread_join(th[1], NULL);
+        check_same(&j[a], &ref[a]);
+        check_same(&j[b], &ref[b]);
+    }
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    ctpu_hbm_stats hs;
+    ck_assert_int_eq(ctpu_hbm_get_stats(&hs), CTPU_OK);
+    ck_assert_uint_eq(hs.in_use, 0);
+}
+END_TEST
+
+/* Many threads creating and releasing handles at once: the slot table,
+ * generations and scopes stay consistent (no handle is ever another's). */
+static void *churn(void *p)
+{
+    int id = (int)(intptr_t)p;
+    if (id % 2) ctpu_set_thread_mode(CTPU_MODE_DEFER_FUSE);
+    for (int k = 0; k < 300; k++) {
+        ctpu_scope_begin();
+        ctpu_tensor t = ctpu_full(CTPU_F32, 1, (int64_t[]){ 3 }, (double)(id * 1000 + k));
+        ctpu_tensor u = ctpu_add_scalar(t, 0.5);
+        double v;
+        ctpu_tensor s = ctpu_sum(u, 0, NULL, false);
+        if (ctpu_item(s, &v) != CTPU_OK || v != 3.0 * (id * 1000 + k) + 1.5) return (void *)1;
+        ctpu_scope_end();
+        if (ctpu_is_valid(t)) return (void *)2;
+    }
+    ctpu_clear_thread_mode();
+    return NULL;
+}
+
+START_TEST(handle_churn)
+{
+    pthread_t th[4];
+    for (int k = 0; k < 4; k++) ck_assert_int_eq(pthread_create(&th[k], NULL, churn, (void *)(intptr_t)k), 0);
+    for (int k = 0; k < 4; k++) {
+        void *rv;
+        pthread_join(th[k], &rv);
+        ck_assert_msg(rv == NULL, "thread %d: %s (%d)", k, ctpu_last_error(), (int)(intptr_t)rv);
+    }
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("threads");
+    TCase *t = tcase_create("threads");
+    tcase_add_checked_fixture(t, t_setup, t_teardown);
+    tcase_set_timeout(t, 300);
+    tcase_add_test(t, threads_with_own_modes);
+    tcase_add_test(t, handle_churn);
+    suite_add_tcase(s, t);
+    SRunner *r = srunner_create(s);
+    srunner_run_all(r, CK_NORMAL);
+    int failed = srunner_ntests_failed(r);
+    srunner_free(r);
+    return failed ? 1 : 0;
+}
