@@ -23,7 +23,7 @@ median() { sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+
 i=0
 while [ $i -lt "$runs" ]; do
     env -u TORCH_TPU_LAUNCH_BLOCKING -u TORCH_TPU_DEFER_AND_FUSE \
-        "$exe" --threads "$threads" --epochs "$epochs" --no-progress > "$tmp/c$i" 
+        "$exe" --threads "$threads" --epochs "$epochs" --no-progress > "$tmp/c$i" 2> "$tmp/c$i.err"
     /usr/bin/python3 "$py" --threads "$threads" --epochs "$epochs" > "$tmp/t$i"
     field images_per_s "$tmp/c$i" >> "$tmp/c_ips"
     field images_per_s "$tmp/t$i" >> "$tmp/t_ips"
