@@ -43,7 +43,8 @@ typedef struct ctpu_runtime {
     /* tensor records: pages of slots, never moved */
     pthread_mutex_t slot_mu;
     struct ctpu_trec **pages;
-    uint32_t n_pages, n_slots;
+    uint32_t n_pages;
+    _Atomic uint32_t n_slots;        /* written under slot_mu (release), read without it (acquire) */
     uint32_t *free_list;
     uint32_t n_free, free_cap;
 
@@ -61,8 +62,12 @@ extern ctpu_runtime *ctpu_rt;
 #define CTPU_MAX_PAGES 1024u
 
 typedef struct ctpu_trec {
-    uint32_t gen;                    /* bumped at release */
-    bool live;
+    /* gen and live are read without a lock by threads checking their own
+     * handles (and by the defer flush scanning released ones) while another
+     * thread may be reusing the slot: atomics, written relaxed (slot_mu
+     * orders reuse); a mismatch is all a reader needs to see */
+    _Atomic uint32_t gen;            /* bumped at release */
+    _Atomic bool live;
     ctpu_vtype type;
     ctpu_buffer *buf;
     size_t off;                      /* bytes into buf (views) */

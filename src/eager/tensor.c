@@ -51,7 +51,8 @@ static bool slot_alloc(uint32_t *out)
         pthread_mutex_unlock(&rt->slot_mu);
         return true;
     }
-    if (rt->n_slots == rt->n_pages * CTPU_SLOTS_PER_PAGE) {
+    uint32_t n = atomic_load_explicit(&rt->n_slots, memory_order_relaxed);
+    if (n == rt->n_pages * CTPU_SLOTS_PER_PAGE) {
         if (rt->n_pages == CTPU_MAX_PAGES) { pthread_mutex_unlock(&rt->slot_mu); return false; }
         ctpu_trec *page = calloc(CTPU_SLOTS_PER_PAGE, sizeof *page);
         if (!page) { pthread_mutex_unlock(&rt->slot_mu); return false; }
@@ -61,7 +62,10 @@ static bool slot_alloc(uint32_t *out)
         for (uint32_t i = 0; i < CTPU_SLOTS_PER_PAGE; i++) page[i].gen = gen0;
         rt->pages[rt->n_pages++] = page;
     }
-    *out = rt->n_slots++;
+    /* readers check handles against n_slots without the lock: publish the
+     * new page (and the slot) before the count */
+    *out = n;
+    atomic_store_explicit(&rt->n_slots, n + 1, memory_order_release);
     pthread_mutex_unlock(&rt->slot_mu);
     return true;
 }
@@ -89,7 +93,7 @@ ctpu_trec *ctpu_rec_get(ctpu_tensor t, const char *op, const char *arg, bool qui
         return NULL;
     }
     uint32_t idx = ctpu_handle_slot(t);
-    if (idx >= ctpu_rt->n_slots) {
+    if (idx >= atomic_load_explicit(&ctpu_rt->n_slots, memory_order_acquire)) {
         ctpu_set_error(CTPU_ERR_STALE_HANDLE, "%s: %s is not a handle of this runtime (id %#llx)", op,
                        arg, (unsigned long long)t.id);
         return NULL;
@@ -112,7 +116,7 @@ ctpu_tensor ctpu_handle_new(const ctpu_vtype *type, ctpu_buffer *buf, size_t off
         return CTPU_NULL;
     }
     ctpu_trec *r = ctpu_slot(idx);
-    r->live = true;
+    atomic_store_explicit(&r->live, true, memory_order_relaxed);
     r->type = *type;
     r->buf = buf;
     r->off = off;
@@ -120,7 +124,7 @@ ctpu_tensor ctpu_handle_new(const ctpu_vtype *type, ctpu_buffer *buf, size_t off
     r->trace_id = 0;
     r->tval = -1;
     if (buf) atomic_fetch_add(&buf->handle_refs, 1);
-    ctpu_tensor t = { ((uint64_t)r->gen << 32) | (idx + 1) };
+    ctpu_tensor t = { ((uint64_t)atomic_load_explicit(&r->gen, memory_order_relaxed) << 32) | (idx + 1) };
     scopes_check_epoch();
     if (t_sc.depth > 0) {
         scope_t *s = &t_sc.s[t_sc.depth - 1];
@@ -147,9 +151,9 @@ void ctpu_handle_release_rec(ctpu_trec *r, uint32_t idx)
 {
     ctpu_buffer *b = r->buf;
     if (r->ag) ctpu__ag_release(r);
-    r->live = false;
-    r->gen++;
-    if (r->gen == 0) r->gen = 1;
+    atomic_store_explicit(&r->live, false, memory_order_relaxed);
+    uint32_t g = atomic_load_explicit(&r->gen, memory_order_relaxed) + 1;
+    atomic_store_explicit(&r->gen, g ? g : 1, memory_order_relaxed);
     r->buf = NULL;
     if (b) {
         atomic_fetch_sub(&b->handle_refs, 1);
@@ -170,14 +174,15 @@ bool ctpu_is_valid(ctpu_tensor t)
 {
     if (!ctpu_rt || t.id == 0) return false;
     uint32_t idx = ctpu_handle_slot(t);
-    if (idx >= ctpu_rt->n_slots) return false;
+    if (idx >= atomic_load_explicit(&ctpu_rt->n_slots, memory_order_acquire)) return false;
     ctpu_trec *r = ctpu_slot(idx);
     return r->live && r->gen == ctpu_handle_gen(t);
 }
 
 void ctpu__tensors_shutdown(ctpu_runtime *rt)
 {
-    for (uint32_t i = 0; i < rt->n_slots; i++) {
+    uint32_t n_slots = atomic_load(&rt->n_slots);
+    for (uint32_t i = 0; i < n_slots; i++) {
         ctpu_trec *r = &rt->pages[i / CTPU_SLOTS_PER_PAGE][i % CTPU_SLOTS_PER_PAGE];
         if (r->live) ctpu_handle_release_rec(r, i);
     }
