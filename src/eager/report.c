@@ -24,6 +24,8 @@ typedef struct {
     int64_t batch, m, k, n;
 } mm_dims;
 
+#define MAX_PROG_RECS 4096
+
 typedef struct {
     bool known;                      /* compiled while the report saw its trace */
     char ops[128];                   /* first ops, "matmul→add→relu→…" */
@@ -296,7 +298,9 @@ void ctpu__report_cut(int why, const ctpu_trace *t, const ctpu_cache_result *res
     pthread_mutex_lock(&r->mu);
     if (why == CTPU_CUT_HOST_READ) label_get(r, label)->cuts++;
     prog_rec *p = NULL;
-    if (res && prog && res->program_id > 0) {
+    if (res && prog && res->program_id > 0 && res->program_id <= MAX_PROG_RECS) {
+        /* ids are bounded by distinct programs (a thrashed key keeps its id);
+         * past MAX_PROG_RECS programs, later ones go unrecorded */
         size_t idx = (size_t)res->program_id - 1;
         if (idx >= r->n_progs) {
             size_t nn = idx + 1 > r->n_progs * 2 ? idx + 1 : r->n_progs * 2;

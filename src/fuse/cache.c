@@ -33,7 +33,8 @@ struct ctpu_cache {
     bool force_hash;
     uint64_t forced;
     uint64_t next_id;
-    uint64_t evicted[THRASH_RING];
+    uint64_t evicted[THRASH_RING];     /* key hashes of evicted programs */
+    uint64_t evicted_id[THRASH_RING];  /* and their program ids (reused on thrash) */
     size_t n_evicted;
     ctpu_recompile_rec log[RECOMPILE_LOG];
     size_t n_log;
@@ -206,9 +207,18 @@ ctpu_compiled *ctpu_cache_lookup(ctpu_cache *c, const uint8_t *key, size_t len, 
         t = mt;
     }
     /* recompile? thrash? (only fused caches: capacity > 0 or asked) */
-    uint64_t sh = 0;
+    uint64_t sh = 0, reuse_id = 0;
     if (o && o->track_recompiles) {
         sh = struct_hash_of(t);
+        size_t ne = c->n_evicted < THRASH_RING ? c->n_evicted : THRASH_RING;
+        for (size_t i = 0; i < ne; i++)
+            if (c->evicted[i] == h) {
+                res->thrash = true;
+                c->st.thrash++;
+                reuse_id = c->evicted_id[i];   /* the same program again: the same id in reports */
+                c->evicted[i] = 0;
+                break;
+            }
         for (entry *e = c->lru_head; e; e = e->lru_next) {
             if (e->struct_hash != sh) continue;
             res->recompile = true;
@@ -218,13 +228,10 @@ ctpu_compiled *ctpu_cache_lookup(ctpu_cache *c, const uint8_t *key, size_t len, 
             c->n_log++;
             r->step = o->step;
             r->old_program = e->info.id;
-            r->new_program = c->next_id;
+            r->new_program = reuse_id ? reuse_id : c->next_id;
             snprintf(r->reason, sizeof r->reason, "%s", res->reason);
             break;
         }
-        size_t ne = c->n_evicted < THRASH_RING ? c->n_evicted : THRASH_RING;
-        for (size_t i = 0; i < ne; i++)
-            if (c->evicted[i] == h) { res->thrash = true; c->st.thrash++; break; }
     }
     ctpu_compiled *p = ctpu_compile(t, err, errlen);
     if (p) p->plan = plan;
@@ -255,7 +262,7 @@ ctpu_compiled *ctpu_cache_lookup(ctpu_cache *c, const uint8_t *key, size_t len, 
     e->ops = ops;
     e->n_in = t->n_inputs;
     e->n_nodes = t->n_nodes;
-    e->info.id = c->next_id++;
+    e->info.id = reuse_id ? reuse_id : c->next_id++;
     e->info.compile_ns = p->compile_ns;
     e->info.last_use = o ? o->step : 0;
     e->info.first_use = e->info.last_use;
@@ -274,6 +281,7 @@ ctpu_compiled *ctpu_cache_lookup(ctpu_cache *c, const uint8_t *key, size_t len, 
         if (o && o->before_evict) o->before_evict(o->ctx);   /* no command may still use it */
         lru_unlink(c, v);
         table_remove(c, v);
+        c->evicted_id[c->n_evicted % THRASH_RING] = v->info.id;
         c->evicted[c->n_evicted++ % THRASH_RING] = v->hash;
         c->count--;
         c->st.evictions++;
