@@ -301,6 +301,66 @@ static bool has_nan(const void *p, int dtype, int64_t n)
     return false;
 }
 
+static bool bit_set(const uint64_t *w, int i) { return (w[i >> 6] >> (i & 63)) & 1; }
+
+/* A multi-step program with per-output dependencies: every step runs (each
+ * kernel is bounds-checked, so computing on a poisoned or faulted value is
+ * safe), and each output takes the fault of the first input or step it
+ * depends on, or none. With debug checks, each step's value is checked for
+ * NaN as soon as it is made, naming its op. */
+static void execute_tracked(ctpu_device *dev, ctpu_cmd *cmd, void **ptr)
+{
+    const ctpu_program *prog = cmd->prog;
+    int ns = prog->n_steps;
+    unsigned in_fault_inl[16], step_fault_inl[64];
+    unsigned *in_fault = prog->n_in <= 16 ? in_fault_inl : calloc((size_t)prog->n_in, sizeof(unsigned));
+    unsigned *step_fault = ns <= 64 ? step_fault_inl : calloc((size_t)ns, sizeof(unsigned));
+    if (!in_fault || !step_fault) {
+        unsigned id = fault_record(dev, CTPU_ERR_OOM, "fused program: out of host memory tracking faults");
+        for (int i = prog->n_in; i < cmd->n_bufs; i++) atomic_store(&cmd->buf[i]->fault, id);
+        if (in_fault != in_fault_inl) free(in_fault);
+        if (step_fault != step_fault_inl) free(step_fault);
+        return;
+    }
+    bool any = false;
+    for (int i = 0; i < prog->n_in; i++) any |= (in_fault[i] = atomic_load(&cmd->buf[i]->fault)) != 0;
+    ctpu_exec_ctx ctx = { .ptr = ptr, .scalars = cmd->scalars, .pool = &dev->wp.pool,
+                          .metrics = dev->metrics, .mxu_size = dev->chip->mxu_size, .fault_status = CTPU_OK };
+    bool check = cmd->debug_checks && prog->step_out_slot;
+    uint64_t t0 = ctpu_now_ns();
+    for (int s = 0; s < ns; s++) {
+        step_fault[s] = 0;
+        prog->steps[s].fn(prog->steps[s].data, &ctx);
+        if (ctx.fault_status != CTPU_OK) {
+            step_fault[s] = fault_record(dev, ctx.fault_status, ctx.fault_msg);
+            ctx.fault_status = CTPU_OK;
+            any = true;
+        } else if (check && prog->step_out_slot[s] >= 0 &&
+                   has_nan(ptr[prog->step_out_slot[s]], prog->step_out_dtype[s], prog->step_out_numel[s])) {
+            char msg[256];
+            snprintf(msg, sizeof msg, "%s: debug check: NaN in the output (TORCH_TPU_ENABLE_DEBUG_CHECKS, "
+                     "step %d of program %s)", prog->step_op[s], s, prog->name);
+            step_fault[s] = fault_record(dev, CTPU_ERR_NAN, msg);
+            any = true;
+        }
+    }
+    uint64_t t1 = ctpu_now_ns();
+    ctpu_timer_add(dev->metrics, CTPU_TMR_EXECUTE_TIME, t1 - t0);
+    if (dev->metrics->trace) ctpu_trace_program(dev->metrics->trace, prog->name, cmd->seq, ns, t0, t1);
+    for (int j = 0; j < prog->n_out; j++) {
+        unsigned f = 0;
+        if (any) {
+            const uint64_t *di = prog->out_dep_in + (size_t)j * (size_t)prog->dep_words_in;
+            const uint64_t *ds = prog->out_dep_step + (size_t)j * (size_t)prog->dep_words_step;
+            for (int i = 0; i < prog->n_in && !f; i++) if (in_fault[i] && bit_set(di, i)) f = in_fault[i];
+            for (int s = 0; s < ns && !f; s++) if (step_fault[s] && bit_set(ds, s)) f = step_fault[s];
+        }
+        atomic_store(&cmd->buf[prog->n_in + j]->fault, f);   /* a good result clears an old fault */
+    }
+    if (in_fault != in_fault_inl) free(in_fault);
+    if (step_fault != step_fault_inl) free(step_fault);
+}
+
 static void execute(ctpu_device *dev, ctpu_cmd *cmd)
 {
     const ctpu_program *prog = cmd->prog;
@@ -314,7 +374,9 @@ static void execute(ctpu_device *dev, ctpu_cmd *cmd)
     }
     for (int k = 0; k < prog->n_virtual; k++)
         ptr[cmd->n_bufs + k] = (char *)ptr[prog->scratch_slot] + prog->virt_off[k];
-    if (poison) {
+    if (prog->out_dep_in) {
+        execute_tracked(dev, cmd, ptr);
+    } else if (poison) {
         /* a dependent of a faulted value: poisoned, not computed */
         for (int i = prog->n_in; i < cmd->n_bufs; i++) atomic_store(&cmd->buf[i]->fault, poison);
     } else {

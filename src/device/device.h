@@ -64,6 +64,18 @@ typedef struct ctpu_program {
     const size_t *virt_off;
     int scratch_slot;
     size_t scratch_bytes;
+    /* Faults in multi-step programs (NULL: every output takes any fault).
+     * Output j depends on input i when bit i of out_dep_in[j*dep_words_in]
+     * is set, and on step s when bit s of out_dep_step[j*dep_words_step] is:
+     * a fault poisons only the outputs computed from it. */
+    int dep_words_in, dep_words_step;
+    const uint64_t *out_dep_in, *out_dep_step;
+    /* Debug checks (when a command asks): step s's value is checked for NaN
+     * right after it runs, so the error names the op that made the NaN. */
+    const int32_t *step_out_slot;
+    const uint8_t *step_out_dtype;
+    const int64_t *step_out_numel;
+    const char *const *step_op;
 } ctpu_program;
 
 /* ------------------------------------------------------------ commands */

@@ -337,6 +337,55 @@ ctpu_compiled *ctpu_compile(const ctpu_trace *t, char *err, size_t errlen)
         out_numel[j] = ctpu_vtype_numel(vt);
         out_op[j] = t->outputs[j] >= nin ? ctpu_op_name(t->nodes[t->outputs[j] - nin].op) : "input";
     }
+    /* per-output dependencies on inputs and steps: a fault poisons only the
+     * outputs computed from it (multi-node programs; skipped past ~8 MiB) */
+    int wi = (nin + 63) / 64 + 1, ws = (n_steps + 63) / 64 + 1;
+    uint64_t *odi = NULL, *ods = NULL;
+    if (nn > 1 && (size_t)nv * (size_t)(wi + ws) <= ((size_t)1 << 20)) {
+        uint64_t *dep = calloc((size_t)nv * (size_t)(wi + ws), sizeof(uint64_t));
+        odi = al_alloc(&al, sizeof(uint64_t) * (size_t)wi * ((size_t)no + 1));
+        ods = al_alloc(&al, sizeof(uint64_t) * (size_t)ws * ((size_t)no + 1));
+        if (!dep || !odi || !ods) {
+            free(dep);
+            goto oom;
+        }
+        for (int v = 0; v < nin; v++) dep[(size_t)v * (size_t)(wi + ws) + (size_t)(v >> 6)] |= 1ull << (v & 63);
+        for (int k = 0; k < nn; k++) {
+            uint64_t *d = dep + (size_t)(nin + k) * (size_t)(wi + ws);
+            for (int q = 0; q < t->nodes[k].n_in; q++) {
+                const uint64_t *e = dep + (size_t)t->nodes[k].in[q] * (size_t)(wi + ws);
+                for (int w = 0; w < wi + ws; w++) d[w] |= e[w];
+            }
+            int st = group_step[group[k]];
+            d[wi + (st >> 6)] |= 1ull << (st & 63);
+        }
+        for (int j = 0; j < no; j++) {
+            const uint64_t *d = dep + (size_t)t->outputs[j] * (size_t)(wi + ws);
+            memcpy(odi + (size_t)j * (size_t)wi, d, sizeof(uint64_t) * (size_t)wi);
+            memcpy(ods + (size_t)j * (size_t)ws, d + wi, sizeof(uint64_t) * (size_t)ws);
+        }
+        free(dep);
+    }
+    /* debug checks: each step's value (one node per step when checks are on) */
+    int32_t *so_slot = NULL;
+    uint8_t *so_dt = NULL;
+    int64_t *so_n = NULL;
+    const char **so_op = NULL;
+    if (t->debug_checks && nn > 1) {
+        so_slot = al_alloc(&al, sizeof(int32_t) * ((size_t)n_steps + 1));
+        so_dt = al_alloc(&al, (size_t)n_steps + 1);
+        so_n = al_alloc(&al, sizeof(int64_t) * ((size_t)n_steps + 1));
+        so_op = al_alloc(&al, sizeof(char *) * ((size_t)n_steps + 1));
+        if (!so_slot || !so_dt || !so_n || !so_op) goto oom;
+        for (int st = 0; st < n_steps; st++) so_slot[st] = -1;
+        for (int k = 0; k < nn; k++) {
+            int st = group_step[group[k]];   /* the group's last node names the step */
+            so_slot[st] = slot_of[nin + k];
+            so_dt[st] = t->nodes[k].out.dtype;
+            so_n[st] = ctpu_vtype_numel(&t->nodes[k].out);
+            so_op[st] = ctpu_op_name(t->nodes[k].op);
+        }
+    }
     c->mem = al.p;
     c->n_mem = al.n;
     c->prog = (ctpu_program){
@@ -345,6 +394,8 @@ ctpu_compiled *ctpu_compile(const ctpu_trace *t, char *err, size_t errlen)
         .out_dtype = out_dtype, .out_numel = out_numel, .out_op = out_op,
         .n_virtual = n_virtual ? n_virtual : 0, .virt_off = virt_off,
         .scratch_slot = nin + no, .scratch_bytes = n_virtual ? scratch : 0,
+        .dep_words_in = wi, .dep_words_step = ws, .out_dep_in = odi, .out_dep_step = ods,
+        .step_out_slot = so_slot, .step_out_dtype = so_dt, .step_out_numel = so_n, .step_op = so_op,
     };
     c->n_groups = n_groups;
     c->compile_ns = ctpu_now_ns() - t0;
