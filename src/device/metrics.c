@@ -33,7 +33,7 @@ uint64_t ctpu_now_ns(void)
 
 void ctpu_metrics_init(ctpu_metrics *m)
 {
-    for (int i = 0; i < CTPU_CTR_COUNT; i++) atomic_init(&m->counters[i], 0);
+    for (int i = 0; i < CTPU_CTR_COUNT; i++) atomic_init(&m->counters[i].v, 0);
     pthread_mutex_init(&m->timer_mu, NULL);
     memset(m->timers, 0, sizeof m->timers);
     memset(&m->hist, 0, sizeof m->hist);
@@ -45,7 +45,7 @@ void ctpu_metrics_destroy(ctpu_metrics *m) { pthread_mutex_destroy(&m->timer_mu)
 
 void ctpu_metrics_reset(ctpu_metrics *m)
 {
-    for (int i = 0; i < CTPU_CTR_COUNT; i++) atomic_store(&m->counters[i], 0);
+    for (int i = 0; i < CTPU_CTR_COUNT; i++) atomic_store(&m->counters[i].v, 0);
     pthread_mutex_lock(&m->timer_mu);
     memset(m->timers, 0, sizeof m->timers);
     memset(&m->hist, 0, sizeof m->hist);
@@ -64,11 +64,11 @@ void ctpu_metrics_step(ctpu_metrics *m, uint64_t step)
 {
     ctpu_step_point p = {
         .step = step,
-        .requests = (uint64_t)(atomic_load(&m->counters[CTPU_CTR_CACHE_REQUESTS]) +
-                               atomic_load(&m->counters[CTPU_CTR_STRICT_CACHE_REQUESTS])),
-        .hits = (uint64_t)(atomic_load(&m->counters[CTPU_CTR_CACHE_HITS]) +
-                           atomic_load(&m->counters[CTPU_CTR_STRICT_CACHE_HITS])),
-        .compiles = (uint64_t)atomic_load(&m->counters[CTPU_CTR_PROGRAMS_COMPILED]),
+        .requests = (uint64_t)(atomic_load(&m->counters[CTPU_CTR_CACHE_REQUESTS].v) +
+                               atomic_load(&m->counters[CTPU_CTR_STRICT_CACHE_REQUESTS].v)),
+        .hits = (uint64_t)(atomic_load(&m->counters[CTPU_CTR_CACHE_HITS].v) +
+                           atomic_load(&m->counters[CTPU_CTR_STRICT_CACHE_HITS].v)),
+        .compiles = (uint64_t)atomic_load(&m->counters[CTPU_CTR_PROGRAMS_COMPILED].v),
     };
     pthread_mutex_lock(&m->timer_mu);
     ctpu_step_history *h = &m->hist;
@@ -118,7 +118,7 @@ long long ctpu_metrics_counter_by_name(ctpu_metrics *m, const char *name)
 {
     if (!name) return -1;
     for (int i = 0; i < CTPU_CTR_COUNT; i++)
-        if (strcmp(counter_names[i], name) == 0) return atomic_load(&m->counters[i]);
+        if (strcmp(counter_names[i], name) == 0) return atomic_load(&m->counters[i].v);
     for (int i = 0; i < CTPU_TMR_COUNT; i++)
         if (strcmp(timer_names[i], name) == 0) {
             pthread_mutex_lock(&m->timer_mu);
@@ -182,7 +182,7 @@ void ctpu_metrics_print(ctpu_metrics *m, FILE *f)
     }
     pthread_mutex_unlock(&m->timer_mu);
     for (int i = 0; i < CTPU_CTR_COUNT; i++) {
-        long long v = atomic_load(&m->counters[i]);
+        long long v = atomic_load(&m->counters[i].v);
         if (v) fprintf(f, "Counter: %s\n  Value: %lld\n", counter_names[i], v);
     }
 }

@@ -106,8 +106,15 @@ typedef struct {
 
 struct ctpu_tracebuf;
 
+/* One cache line per counter: the host thread and the device thread bump
+ * different counters at the same time, and a shared line would bounce
+ * between the cores on every op. */
+typedef struct {
+    _Alignas(64) atomic_llong v;
+} ctpu_counter_slot;
+
 typedef struct ctpu_metrics {
-    atomic_llong counters[CTPU_CTR_COUNT];
+    ctpu_counter_slot counters[CTPU_CTR_COUNT];
     pthread_mutex_t timer_mu;
     ctpu_timer timers[CTPU_TMR_COUNT];
     ctpu_step_history hist;        /* under timer_mu */
@@ -118,7 +125,7 @@ void ctpu_metrics_init(ctpu_metrics *m);
 void ctpu_metrics_destroy(ctpu_metrics *m);
 static inline void ctpu_counter_add(ctpu_metrics *m, ctpu_counter_id id, long long v)
 {
-    atomic_fetch_add_explicit(&m->counters[id], v, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->counters[id].v, v, memory_order_relaxed);
 }
 void ctpu_timer_add(ctpu_metrics *m, ctpu_timer_id id, uint64_t ns);
 /* Value of a counter by name; -1 if the name is unknown. */

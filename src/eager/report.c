@@ -604,7 +604,7 @@ static cJSON *timer_json(ctpu_metrics *m, ctpu_timer_id id)
     return o;
 }
 
-static double ctr(ctpu_metrics *m, ctpu_counter_id id) { return (double)atomic_load(&m->counters[id]); }
+static double ctr(ctpu_metrics *m, ctpu_counter_id id) { return (double)atomic_load(&m->counters[id].v); }
 
 static cJSON *build_json(ctpu_runtime *rt)
 {
