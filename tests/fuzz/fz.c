@@ -1206,7 +1206,7 @@ int fz_campaign(uint64_t seed0, int count, const fz_opts *o, FILE *report, int *
         total += sh->done;
         skips += sh->skipped;
         if (rc == 0) break;
-        if (rc != 3 && rc < 128) {
+        if (rc != 3 && rc != 1 && rc < 128) {
             fprintf(report, "fuzz: campaign child exited with %d at seed %llu\n", rc, (unsigned long long)sh->seed);
             failures++;
             break;
@@ -1215,16 +1215,18 @@ int fz_campaign(uint64_t seed0, int count, const fz_opts *o, FILE *report, int *
         total++;
         uint64_t bad = sh->seed;
         fz_prog p = sh->prog;
-        int want = rc == 3 ? 3 : rc;
+        int want = rc;       /* 3: modes differ; 1: a sanitizer report (exitcode 1); >= 128: a signal */
         fprintf(report, "fuzz: seed %llu: %s%s\n", (unsigned long long)bad,
-                rc == 3 ? sh->why : strsignal(rc - 128), rc == 128 + SIGALRM ? " (hung)" : "");
+                rc == 3 ? sh->why : rc == 1 ? "sanitizer report (exit status 1)" : strsignal(rc - 128),
+                rc == 128 + SIGALRM ? " (hung)" : "");
         fflush(report);
         int before = p.n;
         fail_ctx fc = { sh, want };
         if (trial_fails(&p, &fc)) {
             fz_minimise(&p, trial_fails, &fc);
             trial_fails(&p, &fc);   /* leaves the minimal case's description in sh->why */
-            fprintf(report, "fuzz: minimised %d -> %d calls: %s\n", before, p.n, want == 3 ? sh->why : strsignal(want - 128));
+            fprintf(report, "fuzz: minimised %d -> %d calls: %s\n", before, p.n,
+                    want == 3 ? sh->why : want == 1 ? "sanitizer report" : strsignal(want - 128));
         } else {
             fprintf(report, "fuzz: the failure did not reproduce in a fresh process (state from earlier programs)\n");
         }
