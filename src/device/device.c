@@ -63,6 +63,11 @@ struct ctpu_device {
     pthread_t thread;
     bool thread_started;
     ctpu_cmd *ring;
+    /* buffers released while a command that uses them is pending */
+    pthread_mutex_t defer_mu;
+    ctpu_buffer **deferred;
+    size_t n_deferred, cap_deferred;
+    atomic_size_t n_deferred_hint;
     /* faults */
     pthread_mutex_t fault_mu;
     ctpu_fault_rec faults[CTPU_MAX_FAULTS];
@@ -127,8 +132,34 @@ static void hbm_raw_free(ctpu_device *dev, void *p)
 #define BUF_HDR 64
 _Static_assert(sizeof(ctpu_buffer) <= BUF_HDR, "buffer header grew past 64 bytes");
 
+static void buffer_free_now(ctpu_device *dev, ctpu_buffer *b)
+{
+    uint64_t need = b->bytes < 64 ? 64 : (b->bytes + 63) & ~(uint64_t)63;
+    hbm_raw_free(dev, b);
+    atomic_fetch_sub(&dev->in_use, need);
+    atomic_fetch_add(&dev->frees, 1);
+}
+
+/* Free the deferred buffers whose last command has run. */
+static void drain_deferred(ctpu_device *dev)
+{
+    if (atomic_load_explicit(&dev->n_deferred_hint, memory_order_relaxed) == 0) return;
+    pthread_mutex_lock(&dev->defer_mu);
+    uint64_t done = atomic_load(&dev->completed);
+    size_t k = 0;
+    for (size_t i = 0; i < dev->n_deferred; i++) {
+        ctpu_buffer *b = dev->deferred[i];
+        if (atomic_load(&b->last_seq) <= done) buffer_free_now(dev, b);
+        else dev->deferred[k++] = b;
+    }
+    dev->n_deferred = k;
+    atomic_store(&dev->n_deferred_hint, k);
+    pthread_mutex_unlock(&dev->defer_mu);
+}
+
 ctpu_buffer *ctpu_buffer_alloc(ctpu_device *dev, size_t bytes, char *err, size_t errlen)
 {
+    drain_deferred(dev);
     uint64_t need = bytes < 64 ? 64 : (bytes + 63) & ~(uint64_t)63;
     if (bytes > UINT64_MAX - BUF_HDR - 64) need = UINT64_MAX;
     uint64_t cur = atomic_load(&dev->in_use);
@@ -152,6 +183,7 @@ ctpu_buffer *ctpu_buffer_alloc(ctpu_device *dev, size_t bytes, char *err, size_t
     atomic_init(&b->refs, 1);
     atomic_init(&b->handle_refs, 0);
     atomic_init(&b->fault, 0);
+    atomic_init(&b->last_seq, 0);
     uint64_t now = cur + need, pk = atomic_load(&dev->peak);
     while (now > pk && !atomic_compare_exchange_weak(&dev->peak, &pk, now)) {}
     atomic_fetch_add(&dev->allocs, 1);
@@ -165,14 +197,32 @@ void ctpu_buffer_retain(ctpu_buffer *b) { atomic_fetch_add_explicit(&b->refs, 1,
 void ctpu_buffer_release(ctpu_device *dev, ctpu_buffer *b)
 {
     if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1) return;
-    uint64_t need = b->bytes < 64 ? 64 : (b->bytes + 63) & ~(uint64_t)63;
-    hbm_raw_free(dev, b);
-    atomic_fetch_sub(&dev->in_use, need);
-    atomic_fetch_add(&dev->frees, 1);
+    if (atomic_load(&b->last_seq) <= atomic_load(&dev->completed)) {
+        buffer_free_now(dev, b);
+        return;
+    }
+    pthread_mutex_lock(&dev->defer_mu);
+    if (dev->n_deferred == dev->cap_deferred) {
+        size_t nc = dev->cap_deferred ? dev->cap_deferred * 2 : 256;
+        ctpu_buffer **p = realloc(dev->deferred, nc * sizeof *p);
+        if (!p) {
+            /* no memory to defer: wait for the command instead */
+            pthread_mutex_unlock(&dev->defer_mu);
+            ctpu_device_wait(dev, atomic_load(&b->last_seq));
+            buffer_free_now(dev, b);
+            return;
+        }
+        dev->deferred = p;
+        dev->cap_deferred = nc;
+    }
+    dev->deferred[dev->n_deferred++] = b;
+    atomic_store(&dev->n_deferred_hint, dev->n_deferred);
+    pthread_mutex_unlock(&dev->defer_mu);
 }
 
 void ctpu_hbm_stats_get(ctpu_device *dev, ctpu_hbm_stats *out)
 {
+    drain_deferred(dev);
     out->in_use = atomic_load(&dev->in_use);
     out->peak = atomic_load(&dev->peak);
     out->capacity = dev->cap;
@@ -405,9 +455,10 @@ static void execute(ctpu_device *dev, ctpu_cmd *cmd)
         /* a good result replaces whatever fault the output held before
          * (assign in place over a faulted value) */
         unsigned id = ctx.fault_status != CTPU_OK ? fault_record(dev, ctx.fault_status, ctx.fault_msg) : 0;
-        for (int i = prog->n_in; i < cmd->n_bufs; i++) atomic_store(&cmd->buf[i]->fault, id);
+        for (int i = prog->n_in; i < cmd->n_bufs; i++)
+            if (atomic_load_explicit(&cmd->buf[i]->fault, memory_order_relaxed) != id)
+                atomic_store(&cmd->buf[i]->fault, id);
     }
-    for (int i = 0; i < cmd->n_bufs; i++) ctpu_buffer_release(dev, cmd->buf[i]);
     if (ptr != ptr_inl) free(ptr);
     if (cmd->buf != cmd->buf_inl) { free(cmd->buf); free(cmd->off); }
     if (cmd->scalars != cmd->scal_inl) free(cmd->scalars);
@@ -492,7 +543,8 @@ uint64_t ctpu_device_submit(ctpu_device *dev, ctpu_cmd *cmd)
     }
     if (cmd->scalars == cmd->scal_inl) slot->scalars = slot->scal_inl;
     slot->seq = t + 1;
-    for (int i = 0; i < slot->n_bufs; i++) ctpu_buffer_retain(slot->buf[i]);
+    for (int i = 0; i < slot->n_bufs; i++)
+        atomic_store_explicit(&slot->buf[i]->last_seq, t + 1, memory_order_relaxed);
     atomic_store_explicit(&dev->tail, t + 1, memory_order_seq_cst);
     pthread_mutex_unlock(&dev->submit_mu);
     wake_device(dev);
@@ -502,11 +554,13 @@ uint64_t ctpu_device_submit(ctpu_device *dev, ctpu_cmd *cmd)
 void ctpu_device_wait(ctpu_device *dev, uint64_t seq)
 {
     if (seq == 0) seq = atomic_load(&dev->tail);
-    if (atomic_load(&dev->completed) >= seq) return;
-    wake_device(dev);
-    uint64_t t0 = ctpu_now_ns();
-    wait_until(dev, seq, &dev->cv_done);
-    ctpu_timer_add(dev->metrics, CTPU_TMR_SYNC_WAIT, ctpu_now_ns() - t0);
+    if (atomic_load(&dev->completed) < seq) {
+        wake_device(dev);
+        uint64_t t0 = ctpu_now_ns();
+        wait_until(dev, seq, &dev->cv_done);
+        ctpu_timer_add(dev->metrics, CTPU_TMR_SYNC_WAIT, ctpu_now_ns() - t0);
+    }
+    drain_deferred(dev);
 }
 
 uint64_t ctpu_device_done_seq(ctpu_device *dev) { return atomic_load(&dev->completed); }
@@ -542,6 +596,7 @@ ctpu_device *ctpu_device_create(const ctpu_chip_info *chip, uint64_t hbm_cap, in
     pthread_mutex_init(&dev->submit_mu, NULL);
     pthread_mutex_init(&dev->mu, NULL);
     pthread_mutex_init(&dev->fault_mu, NULL);
+    pthread_mutex_init(&dev->defer_mu, NULL);
     pthread_cond_init(&dev->cv_work, NULL);
     pthread_cond_init(&dev->cv_done, NULL);
     pthread_cond_init(&dev->cv_space, NULL);
@@ -583,6 +638,8 @@ void ctpu_device_destroy(ctpu_device *dev)
         pthread_mutex_unlock(&dev->mu);
         pthread_join(dev->thread, NULL);
     }
+    drain_deferred(dev);
+    free(dev->deferred);
     worker_pool *wp = &dev->wp;
     pthread_mutex_lock(&wp->mu);
     wp->stop = true;

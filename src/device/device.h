@@ -19,9 +19,13 @@
 typedef struct ctpu_buffer {
     void *data;
     size_t bytes;
-    atomic_int refs;        /* handles + commands in flight */
+    atomic_int refs;        /* host-side references: handles, traces, launchers */
     atomic_int handle_refs; /* live handles only (assign's in-place test) */
     atomic_uint fault;      /* 0, or 1 + index into the device's fault table */
+    /* the last command that reads or writes it: a buffer whose last
+     * reference goes while that command is pending is freed once it is done
+     * (so the device thread never touches reference counts) */
+    atomic_uint_fast64_t last_seq;
 } ctpu_buffer;
 
 /* ------------------------------------------------------------ programs
@@ -119,7 +123,9 @@ void ctpu_buffer_release(ctpu_device *dev, ctpu_buffer *b);
 void ctpu_hbm_stats_get(ctpu_device *dev, ctpu_hbm_stats *out);
 void ctpu_hbm_peak_reset(ctpu_device *dev);
 
-/* Enqueue a command (takes one ref on each bound buffer; released when done).
+/* Enqueue a command. The caller holds a reference on every bound buffer
+ * while it submits; each buffer records the command as its last use, and is
+ * not freed before that command has run.
  * Returns its sequence number. cmd->buf/off may point at the inline arrays. */
 uint64_t ctpu_device_submit(ctpu_device *dev, ctpu_cmd *cmd);
 /* Wait for command seq (0 = everything submitted so far). */
