@@ -15,6 +15,7 @@
  *  - device faults in defer and fuse: an index out of range inside a fused
  *    program, OOM at a program launch, NaN with debug checks on. Each names
  *    the original op, poisons only dependents, and the runtime recovers.
+ * Open bugs found here are asserted only with CTPU_TEST_KNOWN_BUGS=1.
  * Every error case asserts the status, key words of the message (the op),
  * one line, and that the runtime still computes afterwards. */
 #include <limits.h>
@@ -773,13 +774,9 @@ START_TEST(fused_index_fault_names_op_and_recovers)
 }
 END_TEST
 
-/* KNOWN OPEN BUG (reported, issue 7): device.c's execute() latches a fault
- * found while running a program on every output buffer of the program, and
- * poisons every output when any input is faulted. In strict eager a
- * program is one op, so that is right; a fused program has outputs that do
- * not depend on the faulting op (here the sum of tanh(x)), and they are
- * poisoned too. Fixing it needs per-output dependency sets from the
- * compiler (src/fuse/compile.c). Run with CTPU_TEST_KNOWN_BUGS=1. */
+/* Only the values computed from the faulting op are poisoned, in a fused
+ * program too (found by this suite; fixed in 51b90e8 with per-output
+ * dependency sets from the compiler). */
 START_TEST(fused_fault_spares_independent_values)
 {
     ctpu_tensor x, dep, indep;
@@ -882,10 +879,9 @@ START_TEST(fused_nan_check_reports_and_recovers)
 }
 END_TEST
 
-/* KNOWN OPEN BUG (reported, issue 7): with debug checks on in defer and
- * fuse, only a program's outputs are checked and the error names the op
- * that produced the output (exp), not the op that made the NaN (log, a
- * fused intermediate); and the NaN latches on every output (abs(y) too). */
+/* With debug checks on in defer and fuse, the error names the op that made
+ * the NaN (log, a fused intermediate), not the output's op, and the NaN
+ * poisons only its dependents (found by this suite; fixed in 51b90e8). */
 START_TEST(fused_nan_check_names_original_op)
 {
     ctpu_tensor dep, indep;
@@ -920,16 +916,9 @@ static Suite *suite(void)
     tcase_add_test(t, fused_index_fault_names_op_and_recovers);
     tcase_add_test(t, fused_oom_at_launch_recovers);
     tcase_add_test(t, fused_nan_check_reports_and_recovers);
+    tcase_add_test(t, fused_fault_spares_independent_values);
+    tcase_add_test(t, fused_nan_check_names_original_op);
     suite_add_tcase(s, t);
-    /* known open bugs (reported): run with CTPU_TEST_KNOWN_BUGS=1 */
-    const char *kb = getenv("CTPU_TEST_KNOWN_BUGS");
-    if (kb && !strcmp(kb, "1")) {
-        TCase *k = tcase_create("known_open");
-        tcase_add_checked_fixture(k, t_setup, t_teardown);
-        tcase_add_test(k, fused_fault_spares_independent_values);
-        tcase_add_test(k, fused_nan_check_names_original_op);
-        suite_add_tcase(s, k);
-    }
     return s;
 }
 
