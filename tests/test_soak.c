@@ -11,12 +11,8 @@
  * SOAK_STEPS sets the number of steps (default 100000, 20000 under a
  * sanitizer; the 'long' suite runs 1000000).
  *
- * KNOWN OPEN BUG (reported, issue 7): src/eager/report.c keeps one
- * per-program record (~2 KB) per program id, and the cache gives every
- * compile a new id, so a thrashing LRU cache grows RSS by ~2 KB per compile
- * (14.8 -> 84 MB over 100,000 steps here). Until it is fixed the RSS bound
- * allows 3 KB per compile after warm-up; CTPU_TEST_KNOWN_BUGS=1 asserts it
- * flat. */
+ * This test found report records growing ~2 KB per compile under LRU
+ * thrash (14.8 -> 84 MB over 100,000 steps); fixed in 1907fb0. */
 #include "t_core.h"
 
 #include <unistd.h>
@@ -135,9 +131,7 @@ START_TEST(soak_changing_batch)
             steps, rss0, warm, rss1, rss_max, (unsigned long long)hbm0, (unsigned long long)hbm1,
             (unsigned long long)ci.entries, (unsigned long long)ci.capacity, (unsigned long long)ci.compiles,
             (unsigned long long)ci.evictions, (unsigned long long)ci.thrash);
-    const char *kb = getenv("CTPU_TEST_KNOWN_BUGS");
     long allowed = 8 * 1024;
-    if (!(kb && !strcmp(kb, "1"))) allowed += 3 * (long)(ci.compiles - compiles0);   /* the open report.c bug */
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
     (void)allowed;   /* a sanitizer's quarantine keeps freed memory: RSS says nothing here */
 #else
