@@ -88,6 +88,12 @@ struct ctpu_device {
  * requires every such cache flushed first, which only each thread can do).
  * Shutdown purges its pages instead. */
 static pthread_once_t hbm_arena_once = PTHREAD_ONCE_INIT;
+/* jemalloc sends requests above opt.oversize_threshold (8 MiB by default) to
+ * an automatic arena of its own that returns pages eagerly; the HBM arena must
+ * keep them (a fresh 4 KiB page costs ~11 us to touch here). 0 turns that
+ * routing off. jemalloc reads this symbol once, at its own start; a program
+ * may still set MALLOC_CONF. */
+const char *malloc_conf = "oversize_threshold:0";
 static unsigned hbm_arena;
 static bool hbm_arena_ok;
 
