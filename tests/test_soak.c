@@ -134,6 +134,7 @@ START_TEST(soak_changing_batch)
     long allowed = 8 * 1024;
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
     (void)allowed;   /* a sanitizer's quarantine keeps freed memory: RSS says nothing here */
+    (void)compiles0;
 #else
     ck_assert_msg(rss_max - rss0 < allowed, "RSS grew from %ld kB to %ld kB (%llu compiles since warm-up)", rss0,
                   rss_max, (unsigned long long)(ci.compiles - compiles0));
