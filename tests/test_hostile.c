@@ -15,7 +15,6 @@
  *  - device faults in defer and fuse: an index out of range inside a fused
  *    program, OOM at a program launch, NaN with debug checks on. Each names
  *    the original op, poisons only dependents, and the runtime recovers.
- * Open bugs found here are asserted only with CTPU_TEST_KNOWN_BUGS=1.
  * Every error case asserts the status, key words of the message (the op),
  * one line, and that the runtime still computes afterwards. */
 #include <limits.h>
@@ -428,15 +427,9 @@ START_TEST(nesting_and_autograd_misuse)
 }
 END_TEST
 
-/* KNOWN OPEN BUG (reported, issue 7): a thread's defer-and-fuse trace
- * recorder is never freed when the thread exits; LeakSanitizer ignores it
- * unless CTPU_TEST_KNOWN_BUGS=1. */
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void)
-{
-    const char *kb = getenv("CTPU_TEST_KNOWN_BUGS");
-    return kb && !strcmp(kb, "1") ? "" : "leak:add_holder\nleak:scope_push_item\nleak:state_ready\nleak:fuse/trace.c\n";
-}
+/* (A thread's trace recorder and scope lists used to leak when the thread
+ * exited; they are freed by thread-exit destructors now, and LeakSanitizer
+ * checks it.) */
 
 /* A handle from an earlier runtime, another thread's pending value. */
 static ctpu_tensor other_pending, other_input;
@@ -509,11 +502,9 @@ START_TEST(reports_hostile)
     ERR(ctpu_cost_matmul("v5e", 1, 8, 8, 8, (ctpu_dtype)9, CTPU_PRECISION_DEFAULT, &ce), CTPU_ERR_INVALID_ARG, "cost");
     ERR(ctpu_cost_matmul("v5e", 1, 8, 8, 8, CTPU_F32, (ctpu_precision)9, &ce), CTPU_ERR_INVALID_ARG, "cost");
     ERR(ctpu_cost_matmul("v5e", 1, 8, 8, 8, CTPU_F32, CTPU_PRECISION_DEFAULT, NULL), CTPU_ERR_INVALID_ARG, "cost");
-    /* huge extents do not overflow into nonsense. KNOWN OPEN BUG (reported):
-     * INT64_MAX extents overflow in costmodel.c's pad_to (signed, UBSan);
-     * tried only with CTPU_TEST_KNOWN_BUGS=1 */
-    const char *kb = getenv("CTPU_TEST_KNOWN_BUGS");
-    int64_t huge = kb && !strcmp(kb, "1") ? INT64_MAX : (int64_t)1 << 40;
+    /* huge extents do not overflow into nonsense (INT64_MAX once overflowed
+     * costmodel.c's pad_to: signed overflow under UBSan) */
+    int64_t huge = INT64_MAX;
     ck_assert_int_eq(ctpu_cost_matmul("v5e", huge, huge, huge, huge, CTPU_F32,
                                       CTPU_PRECISION_HIGHEST, &ce) == CTPU_OK ? (ce.total_s >= 0) : 1, 1);
     ctpu_clear_error();

@@ -10,17 +10,9 @@
 
 #include <pthread.h>
 
-/* KNOWN OPEN BUG (reported, issue 7): a thread that used ctpu leaks its
- * thread-local buffers when it exits (defer.c's trace recorder and pending-handle list
- * `holders`, tensor.c's scope item arrays): nothing frees them at thread
- * exit. LeakSanitizer is told to ignore exactly these two unless
- * CTPU_TEST_KNOWN_BUGS=1. */
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void)
-{
-    const char *kb = getenv("CTPU_TEST_KNOWN_BUGS");
-    return kb && !strcmp(kb, "1") ? "" : "leak:add_holder\nleak:scope_push_item\nleak:state_ready\nleak:fuse/trace.c\n";
-}
+/* A thread that used ctpu frees its thread-local state when it exits (the
+ * trace recorder and pending-handle list in defer.c, the scope lists in
+ * tensor.c: pthread key destructors); LeakSanitizer checks it here. */
 
 #define STEPS 60
 #define N 24

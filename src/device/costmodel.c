@@ -1,9 +1,13 @@
 /* Roofline estimates (formula in costmodel.h). */
+#include <math.h>
+
 #include "costmodel.h"
 
 #include <string.h>
 
-static int64_t pad_to(int64_t x, int64_t q) { return (x + q - 1) / q * q; }
+/* x rounded up to a multiple of q, in double (extents up to INT64_MAX must
+ * not overflow: the estimate is a float anyway) */
+static double pad_to(int64_t x, int64_t q) { return ceil((double)x / (double)q) * (double)q; }
 
 bool ctpu_cost_matmul_dims(const ctpu_node *n, const ctpu_vtype *a, int64_t *batch, int64_t *m, int64_t *k,
                            int64_t *nn)

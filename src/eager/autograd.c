@@ -935,7 +935,7 @@ static ctpu_status run_backward(ag_meta *root, ctpu_tensor g0, bool retain, cons
     free(stack.p);
     ag_node **ns = nodes.p;
     if (st == CTPU_OK) {
-        qsort(ns, nodes.n, sizeof *ns, cmp_seq_desc);
+        if (nodes.n > 1) qsort(ns, nodes.n, sizeof *ns, cmp_seq_desc);   /* a leaf root has none */
         if (root->fn) root->fn->gacc = g0;
         else { root->leaf->gacc = g0; root->leaf->touched = pass; vec_push(&leaves, root->leaf); }
     } else {

@@ -31,13 +31,35 @@ static const ctpu_counter_id cut_counter[CTPU_CUT_COUNT] = {
     CTPU_CTR_CUT_LIMIT, CTPU_CTR_CUT_MODE,
 };
 
+/* A thread's trace state goes when the thread exits: its unfinished trace is
+ * dropped and the input buffers it held are released (pthread key destructor;
+ * the value only marks that the thread has state). */
+static pthread_once_t df_key_once = PTHREAD_ONCE_INIT;
+static pthread_key_t df_key;
+
+static void df_free_state(bool runtime_alive)
+{
+    if (t_df.rec) ctpu_trace_rec_destroy(t_df.rec, runtime_alive ? ctpu_rt->dev : NULL);
+    free(t_df.holders);
+    memset(&t_df, 0, sizeof t_df);
+}
+
+static void df_thread_exit(void *p)
+{
+    (void)p;
+    df_free_state(ctpu_rt && t_df.epoch == ctpu_rt->epoch);
+}
+
+static void df_key_create(void) { pthread_key_create(&df_key, df_thread_exit); }
+
 static bool state_ready(void)
 {
     if (t_df.epoch != ctpu_rt->epoch) {
         /* a previous runtime's state: its buffers are gone with it */
-        free(t_df.holders);
-        memset(&t_df, 0, sizeof t_df);
+        df_free_state(false);
         t_df.epoch = ctpu_rt->epoch;
+        pthread_once(&df_key_once, df_key_create);
+        pthread_setspecific(df_key, (void *)1);
     }
     if (!t_df.rec) {
         t_df.rec = ctpu_trace_rec_create();
@@ -50,9 +72,7 @@ static bool state_ready(void)
 void ctpu__defer_thread_reset(void)
 {
     if (!ctpu_rt || t_df.epoch != ctpu_rt->epoch) return;
-    if (t_df.rec) ctpu_trace_rec_destroy(t_df.rec, ctpu_rt->dev);
-    free(t_df.holders);
-    memset(&t_df, 0, sizeof t_df);
+    df_free_state(true);
 }
 
 static bool add_holder(uint64_t id)

@@ -19,12 +19,28 @@ static _Thread_local struct {
     uint64_t epoch;
 } t_sc;
 
+/* A thread's scope lists go when the thread exits (pthread key destructor;
+ * the handles themselves stay in the runtime until released or shutdown). */
+static pthread_once_t sc_key_once = PTHREAD_ONCE_INIT;
+static pthread_key_t sc_key;
+
+static void sc_thread_exit(void *p)
+{
+    (void)p;
+    for (int i = 0; i < MAX_SCOPES; i++) free(t_sc.s[i].items);
+    memset(&t_sc, 0, sizeof t_sc);
+}
+
+static void sc_key_create(void) { pthread_key_create(&sc_key, sc_thread_exit); }
+
 static void scopes_check_epoch(void)
 {
     if (t_sc.epoch != ctpu_rt->epoch) {
         for (int i = 0; i < MAX_SCOPES; i++) free(t_sc.s[i].items);
         memset(&t_sc, 0, sizeof t_sc);
         t_sc.epoch = ctpu_rt->epoch;
+        pthread_once(&sc_key_once, sc_key_create);
+        pthread_setspecific(sc_key, (void *)1);
     }
 }
 

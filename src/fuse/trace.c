@@ -57,7 +57,9 @@ ctpu_trace_rec *ctpu_trace_rec_create(void) { return calloc(1, sizeof(ctpu_trace
 
 void ctpu_trace_rec_reset(ctpu_trace_rec *r, ctpu_device *dev)
 {
-    for (int i = 0; i < r->n_in; i++) ctpu_buffer_release(dev, r->in_buf[i]);
+    /* dev NULL: the runtime is gone, and the buffers with it */
+    if (dev)
+        for (int i = 0; i < r->n_in; i++) ctpu_buffer_release(dev, r->in_buf[i]);
     r->n_in = 0;
     r->n_nodes = 0;
     r->n_scal = 0;

@@ -763,11 +763,9 @@ static int partner(gen *g, const tinfo *ta, bool same_shape, int dt)
     return new_host(g, dt >= 0 ? dt : rand_dtype(g, true), nd, s, 0);
 }
 
-static bool fz_known_bugs_on(void)
-{
-    const char *kb = getenv("CTPU_TEST_KNOWN_BUGS");
-    return kb && !strcmp(kb, "1");
-}
+/* Once gated on CTPU_TEST_KNOWN_BUGS (backward started at a leaf, fixed in
+ * autograd.c): always on now. */
+static bool fz_known_bugs_on(void) { return true; }
 
 static void gen_one(gen *g)
 {
