@@ -242,11 +242,11 @@ static void build_advice(const cJSON *d, advice_t *a)
         }
         if (dim == 0 && to < from)
             advise(a, "%d recompile%s per run from dim 0 of input %d (%lld -> %lld, a smaller last batch): "
-                      "drop_last or ctpu_mark_dynamic(x, 0, lo, hi) avoids it",
+                      "dropping the last partial batch (drop_last) or padding it to the full size avoids it",
                    count, count == 1 ? "" : "s", in, from, to);
         else
             advise(a, "%d recompile%s from dim %d of input %d (%lld -> %lld): a shape that varies between steps; "
-                      "pad it to a few fixed sizes or ctpu_mark_dynamic it",
+                      "pad it to a few fixed sizes",
                    count, count == 1 ? "" : "s", dim, in, from, to);
     }
     double host_cuts = num(cuts, "host_read");
