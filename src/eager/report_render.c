@@ -45,8 +45,16 @@ static ctpu_status parse_doc(const char *json, const char *name, cJSON **out)
     if (!d) {
         size_t len = strlen(json);
         size_t at = end && end >= json ? (size_t)(end - json) : 0;
+        /* a metrics document is one object: a text that does not end with its
+         * closing brace was cut short (cJSON's error position points at the
+         * start of the cut string or number, not at the end) */
+        size_t last = len;
+        while (last > 0 && (json[last - 1] == ' ' || json[last - 1] == '\n' || json[last - 1] == '\r' ||
+                            json[last - 1] == '\t'))
+            last--;
+        bool cut = at >= len || (last > 0 && json[0] == '{' && json[last - 1] != '}');
         if (len == 0) ctpu_set_error(CTPU_ERR_IO, "report: %s: empty file (expected a ctpu metrics JSON document)", nm);
-        else if (at >= len) ctpu_set_error(CTPU_ERR_IO, "report: %s: truncated JSON (ends after %zu bytes)", nm, len);
+        else if (cut) ctpu_set_error(CTPU_ERR_IO, "report: %s: truncated JSON (ends after %zu bytes)", nm, len);
         else ctpu_set_error(CTPU_ERR_IO, "report: %s: not valid JSON (error near byte %zu of %zu)", nm, at, len);
         return CTPU_ERR_IO;
     }
