@@ -52,7 +52,9 @@ static ctpu_status parse_doc(const char *json, const char *name, cJSON **out)
         while (last > 0 && (json[last - 1] == ' ' || json[last - 1] == '\n' || json[last - 1] == '\r' ||
                             json[last - 1] == '\t'))
             last--;
-        bool cut = at >= len || (last > 0 && json[0] == '{' && json[last - 1] != '}');
+        cJSON *head = cJSON_ParseWithOpts(json, NULL, false);   /* a whole value then junk? */
+        bool cut = !head && (at >= len || (last > 0 && json[0] == '{' && json[last - 1] != '}'));
+        cJSON_Delete(head);
         if (len == 0) ctpu_set_error(CTPU_ERR_IO, "report: %s: empty file (expected a ctpu metrics JSON document)", nm);
         else if (cut) ctpu_set_error(CTPU_ERR_IO, "report: %s: truncated JSON (ends after %zu bytes)", nm, len);
         else ctpu_set_error(CTPU_ERR_IO, "report: %s: not valid JSON (error near byte %zu of %zu)", nm, at, len);
