@@ -717,6 +717,45 @@ START_TEST(producers_fused_into_reductions)
 }
 END_TEST
 
+/* a value larger than the whole HBM is refused when it is recorded, naming
+ * the op (as strict eager does at the call), and spoils nothing else */
+START_TEST(too_big_value_refused_at_record)
+{
+    ctpu_set_mode(CTPU_MODE_DEFER_FUSE);
+    ctpu_tensor z = ctpu_zeros(CTPU_F32, 2, (int64_t[]){ 1 << 20, 1 << 20 });
+    ck_assert(ctpu_is_null(z));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_OOM);
+    ck_assert_msg(strstr(ctpu_last_error(), "full") && strstr(ctpu_last_error(), "f32[1048576,1048576]"), "%s",
+                  ctpu_last_error());
+    ctpu_tensor y = ctpu_add_scalar(ctpu_ones(CTPU_F32, 1, (int64_t[]){ 4 }), 1);
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    float h[4];
+    ck_assert_int_eq(ctpu_to_host(y, h, sizeof h), CTPU_OK);
+    ck_assert(h[0] == 2.0f);
+}
+END_TEST
+
+/* a cap that fits the work only if queued work gives its memory back: the
+ * allocation waits for the device instead of failing */
+START_TEST(allocation_waits_for_queued_work)
+{
+    ctpu_shutdown();
+    clear_env();
+    setenv("TORCH_TPU_HBM_LIMIT", "1M", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    unsetenv("TORCH_TPU_HBM_LIMIT");
+    ctpu_tensor x = ctpu_keep(ctpu_ones(CTPU_F32, 1, (int64_t[]){ 100000 }));   /* 400 KB */
+    for (int i = 0; i < 200; i++) {
+        ctpu_scope_begin();
+        ctpu_tensor t = ctpu_exp(x);   /* 400 KB more; last step's may still be queued */
+        ck_assert_msg(!ctpu_is_null(t), "step %d: %s", i, ctpu_last_error());
+        ctpu_scope_end();
+    }
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    ctpu_release(x);
+}
+END_TEST
+
 /* ------------------------------------------------------------ memory */
 START_TEST(live_bytes_flat_and_fused_peak_lower)
 {
@@ -775,6 +814,8 @@ static Suite *suite(void)
     tcase_add_test(c, unmarked_loop_cut_by_detector);
     tcase_add_test(c, dropout_masks_differ_without_recompiling);
     tcase_add_test(c, forced_hash_collisions_still_correct);
+    tcase_add_test(c, too_big_value_refused_at_record);
+    tcase_add_test(c, allocation_waits_for_queued_work);
     suite_add_tcase(s, c);
     TCase *m = tcase_create("memory");
     tcase_add_checked_fixture(m, setup, teardown);

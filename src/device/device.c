@@ -68,6 +68,8 @@ struct ctpu_device {
     ctpu_buffer **deferred;
     size_t n_deferred, cap_deferred;
     atomic_size_t n_deferred_hint;
+    atomic_uint_fast64_t deferred_bytes;   /* HBM held only by pending commands */
+    uint64_t deferred_limit;               /* past it, the host waits for the device */
     /* faults */
     pthread_mutex_t fault_mu;
     ctpu_fault_rec faults[CTPU_MAX_FAULTS];
@@ -155,29 +157,64 @@ static void drain_deferred(ctpu_device *dev)
     size_t k = 0;
     for (size_t i = 0; i < dev->n_deferred; i++) {
         ctpu_buffer *b = dev->deferred[i];
-        if (atomic_load(&b->last_seq) <= done) buffer_free_now(dev, b);
-        else dev->deferred[k++] = b;
+        if (atomic_load(&b->last_seq) <= done) {
+            atomic_fetch_sub(&dev->deferred_bytes, b->bytes < 64 ? 64 : (b->bytes + 63) & ~(uint64_t)63);
+            buffer_free_now(dev, b);
+        } else {
+            dev->deferred[k++] = b;
+        }
     }
     dev->n_deferred = k;
     atomic_store(&dev->n_deferred_hint, k);
     pthread_mutex_unlock(&dev->defer_mu);
 }
 
+/* The newest command that a deferred buffer waits for. */
+static uint64_t deferred_max_seq(ctpu_device *dev)
+{
+    uint64_t m = 0;
+    pthread_mutex_lock(&dev->defer_mu);
+    for (size_t i = 0; i < dev->n_deferred; i++) {
+        uint64_t q = atomic_load(&dev->deferred[i]->last_seq);
+        if (q > m) m = q;
+    }
+    pthread_mutex_unlock(&dev->defer_mu);
+    return m;
+}
+
 ctpu_buffer *ctpu_buffer_alloc(ctpu_device *dev, size_t bytes, char *err, size_t errlen)
 {
     drain_deferred(dev);
+    /* The host may run ahead of the device, but the memory that only queued
+     * commands still hold is bounded: past the limit, wait until the device
+     * is halfway through them. */
+    if (atomic_load(&dev->deferred_bytes) > dev->deferred_limit) {
+        uint64_t done = atomic_load(&dev->completed), last = deferred_max_seq(dev);
+        if (last > done) ctpu_device_wait(dev, done + (last - done + 1) / 2);
+    }
     uint64_t need = bytes < 64 ? 64 : (bytes + 63) & ~(uint64_t)63;
     if (bytes > UINT64_MAX - BUF_HDR - 64) need = UINT64_MAX;
     uint64_t cur = atomic_load(&dev->in_use);
-    do {
+    bool waited = false;
+    for (;;) {
         if (need > dev->cap || cur + need > dev->cap) {
+            /* memory that queued work will give back is not out of memory:
+             * wait for the device once, then decide */
+            if (!waited && need <= dev->cap &&
+                (atomic_load(&dev->completed) < atomic_load(&dev->tail) || atomic_load(&dev->deferred_bytes))) {
+                waited = true;
+                ctpu_device_wait(dev, 0);
+                cur = atomic_load(&dev->in_use);
+                continue;
+            }
             ctpu_counter_add(dev->metrics, CTPU_CTR_HBM_OOM, 1);
             snprintf(err, errlen,
                      "out of HBM: requested %zu bytes, %llu in use, capacity %llu bytes (%s)",
                      bytes, (unsigned long long)cur, (unsigned long long)dev->cap, dev->chip->name);
             return NULL;
         }
-    } while (!atomic_compare_exchange_weak(&dev->in_use, &cur, cur + need));
+        if (atomic_compare_exchange_weak(&dev->in_use, &cur, cur + need)) break;
+    }
     ctpu_buffer *b = hbm_raw_alloc(dev, (size_t)need + BUF_HDR);
     if (!b) {
         atomic_fetch_sub(&dev->in_use, need);
@@ -223,6 +260,7 @@ void ctpu_buffer_release(ctpu_device *dev, ctpu_buffer *b)
     }
     dev->deferred[dev->n_deferred++] = b;
     atomic_store(&dev->n_deferred_hint, dev->n_deferred);
+    atomic_fetch_add(&dev->deferred_bytes, b->bytes < 64 ? 64 : (b->bytes + 63) & ~(uint64_t)63);
     pthread_mutex_unlock(&dev->defer_mu);
 }
 
@@ -592,6 +630,8 @@ ctpu_device *ctpu_device_create(const ctpu_chip_info *chip, uint64_t hbm_cap, in
     dev->chip = chip;
     dev->metrics = metrics;
     dev->cap = hbm_cap;
+    /* run-ahead: at most 64 MiB (or an eighth of the cap) held by queued work */
+    dev->deferred_limit = hbm_cap / 8 < (64u << 20) ? hbm_cap / 8 : (64u << 20);
 #ifdef CTPU_USE_JEMALLOC
     pthread_once(&hbm_arena_once, hbm_arena_create);
     if (hbm_arena_ok) {

@@ -142,6 +142,16 @@ ctpu_tensor ctpu__defer_node(ctpu_node *node, ctpu_trec *const *inputs, const ct
         ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory recording the trace", opn);
         return CTPU_NULL;
     }
+    /* a value larger than the whole HBM can never be computed: say so here,
+     * naming the op, as strict eager does, not at the launch */
+    uint64_t bytes = (uint64_t)ctpu_vtype_numel(&node->out) * ctpu_kdt_size(node->out.dtype);
+    if (bytes > ctpu_rt->hbm_cap) {
+        char tb[128];
+        ctpu_set_error(CTPU_ERR_OOM, "%s: output %s: out of HBM: requested %llu bytes, capacity %llu bytes (%s)",
+                       opn, ctpu_fmt_type(&node->out, tb, sizeof tb), (unsigned long long)bytes,
+                       (unsigned long long)ctpu_rt->hbm_cap, ctpu_rt->chip->name);
+        return CTPU_NULL;
+    }
     for (int i = 0; i < node->n_in; i++)
         if (!input_vref(inputs[i], opn, &node->in[i])) return CTPU_NULL;
     ctpu_vref v = ctpu_trace_rec_node(t_df.rec, node, scalars);
