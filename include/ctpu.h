@@ -92,7 +92,7 @@ typedef enum {
 
 /* ---------------------------------------------------------------- runtime */
 
-/* Start the runtime: reads the environment (DESIGN.md's table) once, starts
+/* Start the runtime: reads the environment (docs/DESIGN.md's table) once, starts
  * the device thread and kernel workers. Errors: CTPU_ERR_ENV (message names the
  * variable and the value), CTPU_ERR_STATE if already initialised. */
 ctpu_status ctpu_init(void);
@@ -285,13 +285,13 @@ ctpu_tensor ctpu_where(ctpu_tensor cond, ctpu_tensor a, ctpu_tensor b);
 /* min(max(a, lo), hi); NaN propagates. lo <= hi is not required (as torch). */
 ctpu_tensor ctpu_clamp(ctpu_tensor a, double lo, double hi);
 /* Convert to dt: f32->bf16 RNE (subnormal -> 0), f32->i32 toward zero,
- * saturating, NaN -> 0 (CONTRACTS.md "Dtypes"). */
+ * saturating, NaN -> 0 (docs/CONTRACTS.md "Dtypes"). */
 ctpu_tensor ctpu_cast(ctpu_tensor a, ctpu_dtype dt);
 
 /* ----------------------------------------------------------- reductions
  * dims: ndims entries in [-ndim, ndim), distinct; ndims == 0 (dims NULL)
  * reduces every dim. keepdim keeps reduced dims as extent 1. Order: the one
- * fixed order of CONTRACTS.md (chunks of 4096, 16 virtual lanes, fixed trees),
+ * fixed order of docs/CONTRACTS.md (chunks of 4096, 16 virtual lanes, fixed trees),
  * depending only on the shape. Result f32 (bf16 input -> bf16 result). */
 ctpu_tensor ctpu_sum(ctpu_tensor a, int ndims, const int *dims, bool keepdim);
 ctpu_tensor ctpu_mean(ctpu_tensor a, int ndims, const int *dims, bool keepdim); /* sum / n */
@@ -330,7 +330,7 @@ ctpu_tensor ctpu_gather(ctpu_tensor a, int dim, ctpu_tensor index);
 
 /* --------------------------------------------------------------- matmul
  * torch.matmul semantics for ndim >= 1 (1-D operands promoted and squeezed,
- * batch dims broadcast). MXU numerics (CONTRACTS.md): operands rounded to
+ * batch dims broadcast). MXU numerics (docs/CONTRACTS.md): operands rounded to
  * bf16 (RNE), exact products, fp32 accumulation in vdpbf16ps pair order,
  * subnormals flushed; precision from ctpu_set_matmul_precision.
  * f32@f32 -> f32; bf16@bf16 -> bf16 (rounded once); mixed -> f32; i32@i32 -> i32 exact.
@@ -354,7 +354,7 @@ void ctpu_metrics_clear(void);
 
 
 /* ============================================================== autograd
- * Reverse mode on a tape (CONTRACTS.md "Scopes, autograd, optimizers").
+ * Reverse mode on a tape (docs/CONTRACTS.md "Scopes, autograd, optimizers").
  * While grad mode is on (the default; see ctpu_no_grad_begin), every op with
  * an input that requires grad records a tape entry holding its own
  * references to what its backward rule needs, so releasing intermediate
@@ -440,7 +440,7 @@ int ctpu_cache_recompile_log(char *buf, size_t len);
 
 
 /* ============================================================== reports
- * Observability (DESIGN.md "Observability"): the metrics registry, the
+ * Observability (docs/DESIGN.md "Observability"): the metrics registry, the
  * compile-cache report, a Perfetto/Chrome trace and a TPU cost estimate.
  *
  * At ctpu_shutdown: TORCH_TPU_METRICS_FILE=path writes ctpu_metrics_json()

@@ -12,7 +12,7 @@
  *   ctpu_optim_step(opt);                            // updates through ctpu_assign
  *   ctpu_step_end();                                 // releases the step's values and tape
  *
- * Parameters and optimizer state live outside step scopes (CONTRACTS.md):
+ * Parameters and optimizer state live outside step scopes (docs/CONTRACTS.md):
  * layers and optimizers make theirs in no scope at all, released by their
  * *_free function (or ctpu_shutdown). Randomness (initialisers, dropout)
  * draws from ctpu's counter-based generator: ctpu_manual_seed(s) makes it

@@ -1,6 +1,6 @@
 /* The emulated chip: HBM buffers, the program format and its executor, the
  * stream drained by the device thread, kernel workers, sticky faults,
- * metrics. Knows nothing of traces or handles (DESIGN.md: device never
+ * metrics. Knows nothing of traces or handles (docs/DESIGN.md: device never
  * includes fuse). */
 #ifndef CTPU_DEVICE_H
 #define CTPU_DEVICE_H

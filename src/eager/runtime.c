@@ -79,7 +79,7 @@ const char *ctpu_dtype_name(ctpu_dtype dt)
 bool ctpu_check_init(const char *op)
 {
     if (ctpu_rt) return true;
-    ctpu_set_error(CTPU_ERR_NOT_INITIALIZED, "%s: ctpu_init has not been called", op);
+    ctpu_set_error(CTPU_ERR_NOT_INITIALIZED, "%s: the runtime is not initialised (call ctpu_init; after ctpu_shutdown, again)", op);
     return false;
 }
 

@@ -2,7 +2,7 @@
  *
  * Strict and debug eager compile each op as a trace of one node through the
  * same key -> cache -> compile path that defer and fuse uses for whole
- * traces (DESIGN.md "One kernel library, one compiler, one executor"). */
+ * traces (docs/DESIGN.md "One kernel library, one compiler, one executor"). */
 #ifndef CTPU_FUSE_H
 #define CTPU_FUSE_H
 

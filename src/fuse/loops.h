@@ -1,4 +1,4 @@
-/* Loop detector (DESIGN.md "Cut points"): watches a window of recent op
+/* Loop detector (docs/DESIGN.md "Cut points"): watches a window of recent op
  * hashes and cuts when a block of ops repeats (TorchTPU: window 256, period
  * 3-128), so an unmarked training loop still compiles once per iteration
  * shape. After the first detection the trace is cut every `period` ops, so

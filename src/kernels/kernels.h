@@ -10,7 +10,7 @@
  * table (see ctpu_kernels_set_isa). Every variant equals `_ref` bit for bit
  * (NaN compared as a class: NaN exactly where `_ref` has NaN).
  *
- * Numerics (CONTRACTS.md):
+ * Numerics (docs/CONTRACTS.md):
  *  - no FMA contraction (-ffp-contract=off), every op rounds to f32;
  *  - transcendentals from SLEEF's non-FMA 1.0-ulp family only
  *    (purec / avx / avx512fnofma), which give the same bits on every ISA;
@@ -55,7 +55,7 @@ struct ctpu_k_pool {
 };
 
 /* ---- bf16 ------------------------------------------------------------------
- * f32 -> bf16, the one rounding function of CONTRACTS.md: round to nearest
+ * f32 -> bf16, the one rounding function of docs/CONTRACTS.md: round to nearest
  * even; a result in the bf16 subnormal range (|x| < 2^-126 after rounding)
  * becomes zero of the same sign; NaN -> quiet NaN (sign kept); overflow -> Inf. */
 static inline uint16_t ctpu_f32_to_bf16(float f)
@@ -238,7 +238,7 @@ void ctpu_k_rand_normal(uint64_t seed, uint64_t offset, int64_t start, int64_t n
  * C is written contiguous with row stride ldc and batch stride c_bs, in
  * c_dtype (f32 or bf16: rounded once from the fp32 accumulator).
  *
- * Numerics (CONTRACTS.md "MXU numerics"), default precision (1 pass):
+ * Numerics (docs/CONTRACTS.md "MXU numerics"), default precision (1 pass):
  *   operands rounded to bf16 (ctpu_f32_to_bf16); products exact in f32;
  *   acc = +0; for p = 0, 1, ...: acc = acc + a[2p+1]*b[2p+1] then
  *   acc = acc + a[2p]*b[2p] (as vdpbf16ps: odd index first), each addition

@@ -1,7 +1,7 @@
 /* MXU matmul, kernel-internal: the precision passes, the accumulation order,
  * the packed operand layout and the per-ISA micro-kernel table.
  *
- * ---- The accumulation step (what vdpbf16ps does; CONTRACTS.md "MXU numerics")
+ * ---- The accumulation step (what vdpbf16ps does; docs/CONTRACTS.md "MXU numerics")
  * One step is acc = FTZ(RNE(DAZ(acc) + a*b)): the product of two bf16 values
  * is exact (never rounded on its own, never flushed on its own), the sum is
  * rounded once to f32 (round to nearest even, whatever MXCSR says), and a
