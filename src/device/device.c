@@ -43,26 +43,31 @@ typedef struct {
 
 typedef struct { worker_pool *wp; int tid; } worker_arg;
 
+/* Fields written by one thread and read by the other sit on cache lines of
+ * their own (the host submits and allocates, the device completes): a shared
+ * line would move between the cores on every op. */
 struct ctpu_device {
+    /* read-mostly */
     const ctpu_chip_info *chip;
     ctpu_metrics *metrics;
-    /* HBM */
     uint64_t cap;
-    atomic_uint_fast64_t in_use, peak, allocs, frees;
     unsigned arena;
     bool have_arena;
-    /* stream */
-    pthread_mutex_t submit_mu;      /* producers */
-    pthread_mutex_t mu;             /* parking */
-    pthread_cond_t cv_work, cv_done, cv_space;
-    atomic_uint_fast64_t tail;      /* commands submitted */
-    atomic_uint_fast64_t completed; /* commands done */
-    atomic_int dev_sleeping;
-    atomic_int host_waiters;
     atomic_bool stop, hold;
     pthread_t thread;
     bool thread_started;
     ctpu_cmd *ring;
+    /* HBM accounting (host threads) */
+    _Alignas(64) atomic_uint_fast64_t in_use;
+    atomic_uint_fast64_t peak, allocs, frees;
+    /* stream */
+    _Alignas(64) atomic_uint_fast64_t tail;      /* commands submitted (host) */
+    _Alignas(64) atomic_uint_fast64_t completed; /* commands done (device) */
+    _Alignas(64) atomic_int dev_sleeping;
+    atomic_int host_waiters;
+    _Alignas(64) pthread_mutex_t submit_mu;      /* producers */
+    pthread_mutex_t mu;                          /* parking */
+    pthread_cond_t cv_work, cv_done, cv_space;
     /* buffers released while a command that uses them is pending */
     pthread_mutex_t defer_mu;
     ctpu_buffer **deferred;
