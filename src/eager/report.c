@@ -778,20 +778,7 @@ static cJSON *build_json(ctpu_runtime *rt)
     cJSON_AddStringToObject(cost, "current", rt->chip->name);
     cJSON *rows = cJSON_AddArrayToObject(cost, "rows");
     for (int i = 0; i < tbl.n_rows; i++) {
-        const ctpu_cost_row *w = &tbl.rows[i];
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "chip", w->chip);
-        cJSON_AddNumberToObject(o, "mxu_size", w->mxu_size);
-        cJSON_AddBoolToObject(o, "price_known", w->price_known);
-        cJSON_AddNumberToObject(o, "usd_per_chip_hour", w->usd_per_chip_hour);
-        cJSON_AddNumberToObject(o, "run_s", w->run_s);
-        cJSON_AddNumberToObject(o, "step_s", w->step_s);
-        cJSON_AddNumberToObject(o, "epoch_s", w->epoch_s);
-        cJSON_AddNumberToObject(o, "mfu", w->mfu);
-        cJSON_AddNumberToObject(o, "mxu_utilization", w->mxu_utilization);
-        cJSON_AddNumberToObject(o, "usd_run", w->usd_run);
-        cJSON_AddNumberToObject(o, "usd_epoch", w->usd_epoch);
-        cJSON_AddItemToArray(rows, o);
+        cJSON_AddItemToArray(rows, ctpu__cost_row_json(&tbl.rows[i]));
     }
 
     cJSON *hj = cJSON_AddObjectToObject(doc, "history");

@@ -16,6 +16,10 @@ ctpu_status ctpu__report_init(ctpu_runtime *rt, char *err, size_t len);
 void ctpu__report_shutdown(ctpu_runtime *rt);
 void ctpu__report_free(ctpu_runtime *rt);
 
+/* One cost-table row as a JSON object (report_render.c). */
+struct cJSON;
+struct cJSON *ctpu__cost_row_json(const ctpu_cost_row *w);
+
 /* The hooks (ctpu__report_cut, _op, _host_read, _step, _sync) are declared
  * in eager.h, so the paths that call them need no other include. */
 

@@ -12,6 +12,26 @@
 #include <cJSON.h>
 
 #include "eager.h"
+#include "report.h"
+
+/* One row of the cost table as a JSON object (the metrics document and the
+ * json output format share it). */
+cJSON *ctpu__cost_row_json(const ctpu_cost_row *w)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "chip", w->chip ? w->chip : "?");
+    cJSON_AddNumberToObject(o, "mxu_size", w->mxu_size);
+    cJSON_AddBoolToObject(o, "price_known", w->price_known);
+    cJSON_AddNumberToObject(o, "usd_per_chip_hour", w->usd_per_chip_hour);
+    cJSON_AddNumberToObject(o, "run_s", w->run_s);
+    cJSON_AddNumberToObject(o, "step_s", w->step_s);
+    cJSON_AddNumberToObject(o, "epoch_s", w->epoch_s);
+    cJSON_AddNumberToObject(o, "mfu", w->mfu);
+    cJSON_AddNumberToObject(o, "mxu_utilization", w->mxu_utilization);
+    cJSON_AddNumberToObject(o, "usd_run", w->usd_run);
+    cJSON_AddNumberToObject(o, "usd_epoch", w->usd_epoch);
+    return o;
+}
 
 /* ------------------------------------------------------------ reading */
 static const cJSON *obj(const cJSON *o, const char *k)
@@ -736,20 +756,7 @@ ctpu_status ctpu_cost_table_print(const ctpu_cost_table *t, FILE *f)
     cJSON_AddStringToObject(cost, "current", cur);
     cJSON *rows = cJSON_AddArrayToObject(cost, "rows");
     for (int i = 0; i < t->n_rows; i++) {
-        const ctpu_cost_row *w = &t->rows[i];
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "chip", w->chip ? w->chip : "?");
-        cJSON_AddNumberToObject(o, "mxu_size", w->mxu_size);
-        cJSON_AddBoolToObject(o, "price_known", w->price_known);
-        cJSON_AddNumberToObject(o, "usd_per_chip_hour", w->usd_per_chip_hour);
-        cJSON_AddNumberToObject(o, "run_s", w->run_s);
-        cJSON_AddNumberToObject(o, "step_s", w->step_s);
-        cJSON_AddNumberToObject(o, "epoch_s", w->epoch_s);
-        cJSON_AddNumberToObject(o, "mfu", w->mfu);
-        cJSON_AddNumberToObject(o, "mxu_utilization", w->mxu_utilization);
-        cJSON_AddNumberToObject(o, "usd_run", w->usd_run);
-        cJSON_AddNumberToObject(o, "usd_epoch", w->usd_epoch);
-        cJSON_AddItemToArray(rows, o);
+        cJSON_AddItemToArray(rows, ctpu__cost_row_json(&t->rows[i]));
     }
     out_t o = { f, false };
     render_cost(&o, d);
