@@ -19,6 +19,7 @@
 #include <ctpu_nn.h>
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,6 +78,11 @@ static int parse_args(int argc, char **argv, opts_t *o)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 1; }
         if (!strcmp(a, "--progress")) { o->progress = 1; continue; }
         if (!strcmp(a, "--no-progress")) { o->progress = 0; continue; }
+        static const char *const with_value[] = { "--data", "--log", "--betas", "--epochs", "--batch", "--lr", "--wd",
+                                                  "--eps", "--seed", "--threads", "--limit", "--test-limit" };
+        bool known = false;
+        for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= !strcmp(a, with_value[k]);
+        if (!known) { fprintf(stderr, "fashion_mnist: unknown option %s (see --help)\n", a); return 2; }
         if (i + 1 >= argc) { fprintf(stderr, "fashion_mnist: %s needs a value (see --help)\n", a); return 2; }
         const char *v = argv[++i];
         double x = 0;
@@ -87,9 +93,9 @@ static int parse_args(int argc, char **argv, opts_t *o)
         else if ((ok = parse_num(v, &x))) {
             if (!strcmp(a, "--epochs")) { o->epochs = (int)x; ok = x >= 1 && x == (int)x; }
             else if (!strcmp(a, "--batch")) { o->batch = (int64_t)x; ok = x >= 1 && x == (int64_t)x; }
-            else if (!strcmp(a, "--lr")) { o->lr = x; ok = x > 0; }
-            else if (!strcmp(a, "--wd")) { o->wd = x; ok = x >= 0; }
-            else if (!strcmp(a, "--eps")) { o->eps = x; ok = x > 0; }
+            else if (!strcmp(a, "--lr")) { o->lr = x; ok = x > 0 && isfinite(x); }
+            else if (!strcmp(a, "--wd")) { o->wd = x; ok = x >= 0 && isfinite(x); }
+            else if (!strcmp(a, "--eps")) { o->eps = x; ok = x > 0 && isfinite(x); }
             else if (!strcmp(a, "--seed")) { o->seed = (uint64_t)x; ok = x >= 0; }
             else if (!strcmp(a, "--threads")) { o->threads = (int)x; ok = x >= 1; }
             else if (!strcmp(a, "--limit")) { o->limit = (int64_t)x; ok = x >= 1; }
