@@ -40,6 +40,22 @@ static void vm_range_to(const ctpu_vm_prog *p, ctpu_exec_ctx *ctx, int64_t b0, i
     const double *sc = ctx->scalars;
     for (int64_t s = b0; s < b1; s += CTPU_K_BLOCK) {
         int64_t n = b1 - s < CTPU_K_BLOCK ? b1 - s : CTPU_K_BLOCK;
+        /* A block of f32 is one 4 KiB page, and the hardware prefetchers stop
+         * at page boundaries: ask for the next block of each contiguous
+         * operand while this one is computed. */
+        if (s + CTPU_K_BLOCK < b1) {
+            for (int e = 0; e < p->n_ext; e++) {
+                if (p->plan.mode[e] != 0 || p->plan.nd == 0) continue;
+                size_t es = ctpu_kdt_size(p->ext_dtype[e]);
+                const char *nx = (const char *)ctx->ptr[p->ext_slot[e]] + (size_t)(s + CTPU_K_BLOCK) * es;
+                for (size_t off = 0; off < CTPU_K_BLOCK * es; off += 64) __builtin_prefetch(nx + off, 0, 3);
+            }
+            for (int i = 0; i < p->n_ins; i++) {
+                if (!(p->ins[i].flags & CTPU_VM_DIRECT) || p->ins[i].scalar2 == red_slot) continue;
+                const char *nx = (const char *)ctx->ptr[p->ins[i].scalar2] + (size_t)(s + CTPU_K_BLOCK) * 4;
+                for (size_t off = 0; off < CTPU_K_BLOCK * 4; off += 64) __builtin_prefetch(nx + off, 1, 3);
+            }
+        }
         for (int i = 0; i < p->n_ins; i++) {
             const ctpu_vm_ins *in = &p->ins[i];
             float *d = in->dst >= 0 ? reg[in->dst] : NULL;
