@@ -1,31 +1,7 @@
 /* Defer and fuse: parity with strict eager (every op, chains, random
  * programs, a training step), cache behaviour with exact counts, loop
  * detection, memory. */
-#include <check.h>
-#include <math.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "ctpu.h"
-#include "eager/eager.h"
-
-static void clear_env(void)
-{
-    const char *vars[] = { "TORCH_TPU_LAUNCH_BLOCKING", "TORCH_TPU_DEFER_AND_FUSE", "TORCH_TPU_ENABLE_DEBUG_CHECKS",
-                           "TORCH_TPU_DETECT_LOOPS", "TORCH_TPU_CHIP", "TORCH_TPU_HBM_LIMIT",
-                           "TORCH_TPU_MATMUL_PRECISION", "TORCH_TPU_CACHE_SIZE", "TORCH_TPU_CACHE_ONLY",
-                           "TORCH_TPU_METRICS_FILE", "TORCH_TPU_TRACE_FILE", "CTPU_NUM_THREADS" };
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
-}
-
-static void setup(void)
-{
-    clear_env();
-    ck_assert_msg(ctpu_init() == CTPU_OK, "%s", ctpu_last_error());
-}
-static void teardown(void) { ctpu_shutdown(); }
+#include "t_core.h"
 
 static int64_t C(const char *n) { return ctpu_metric_counter(n); }
 
@@ -545,7 +521,7 @@ END_TEST
 START_TEST(lru_evictions_and_thrash)
 {
     ctpu_shutdown();
-    clear_env();
+    t_clear_env();
     setenv("TORCH_TPU_CACHE_SIZE", "2", 1);
     setenv("TORCH_TPU_DEFER_AND_FUSE", "1", 1);
     ck_assert_int_eq(ctpu_init(), CTPU_OK);
@@ -740,7 +716,7 @@ END_TEST
 START_TEST(allocation_waits_for_queued_work)
 {
     ctpu_shutdown();
-    clear_env();
+    t_clear_env();
     setenv("TORCH_TPU_HBM_LIMIT", "1M", 1);
     ck_assert_int_eq(ctpu_init(), CTPU_OK);
     unsetenv("TORCH_TPU_HBM_LIMIT");
@@ -793,7 +769,7 @@ static Suite *suite(void)
 {
     Suite *s = suite_create("fuse");
     TCase *p = tcase_create("parity");
-    tcase_add_checked_fixture(p, setup, teardown);
+    tcase_add_checked_fixture(p, t_setup, t_teardown);
     tcase_set_timeout(p, 240);
     tcase_add_test(p, every_op_parity);
     tcase_add_test(p, random_programs_parity);
@@ -802,7 +778,7 @@ static Suite *suite(void)
     tcase_add_test(p, producers_fused_into_reductions);
     suite_add_tcase(s, p);
     TCase *c = tcase_create("cache");
-    tcase_add_checked_fixture(c, setup, teardown);
+    tcase_add_checked_fixture(c, t_setup, t_teardown);
     tcase_set_timeout(c, 240);
     tcase_add_test(c, adamw_loop_compiles_once);
     tcase_add_test(c, epoch_with_partial_batch);
@@ -818,7 +794,7 @@ static Suite *suite(void)
     tcase_add_test(c, allocation_waits_for_queued_work);
     suite_add_tcase(s, c);
     TCase *m = tcase_create("memory");
-    tcase_add_checked_fixture(m, setup, teardown);
+    tcase_add_checked_fixture(m, t_setup, t_teardown);
     tcase_set_timeout(m, 240);
     tcase_add_test(m, live_bytes_flat_and_fused_peak_lower);
     suite_add_tcase(s, m);
