@@ -409,7 +409,7 @@ static bool bit_set(const uint64_t *w, int i) { return (w[i >> 6] >> (i & 63)) &
  * NaN as soon as it is made, naming its op. */
 static void execute_tracked(ctpu_device *dev, ctpu_cmd *cmd, void **ptr)
 {
-    const ctpu_program *prog = cmd->prog;
+    const ctpu_dev_program *prog = cmd->prog;
     int ns = prog->n_steps;
     unsigned in_fault_inl[16], step_fault_inl[64];
     unsigned *in_fault = prog->n_in <= 16 ? in_fault_inl : calloc((size_t)prog->n_in, sizeof(unsigned));
@@ -462,7 +462,7 @@ static void execute_tracked(ctpu_device *dev, ctpu_cmd *cmd, void **ptr)
 
 static void execute(ctpu_device *dev, ctpu_cmd *cmd)
 {
-    const ctpu_program *prog = cmd->prog;
+    const ctpu_dev_program *prog = cmd->prog;
     void *ptr_inl[CTPU_CMD_INLINE_BUFS];
     int nptr = cmd->n_bufs + prog->n_virtual;
     void **ptr = nptr <= CTPU_CMD_INLINE_BUFS ? ptr_inl : malloc(sizeof(void *) * (size_t)nptr);

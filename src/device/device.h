@@ -51,7 +51,7 @@ typedef struct {
     const void *data;
 } ctpu_step;
 
-typedef struct ctpu_program {
+typedef struct ctpu_dev_program {   /* the device's program format */
     int n_steps;
     ctpu_step *steps;
     int n_in, n_out;         /* bound buffers: inputs first, then outputs */
@@ -80,13 +80,13 @@ typedef struct ctpu_program {
     const uint8_t *step_out_dtype;
     const int64_t *step_out_numel;
     const char *const *step_op;
-} ctpu_program;
+} ctpu_dev_program;
 
 /* ------------------------------------------------------------ commands */
 #define CTPU_CMD_INLINE_BUFS 8
 #define CTPU_CMD_MAX_SCALARS 8
 typedef struct {
-    const ctpu_program *prog;
+    const ctpu_dev_program *prog;
     int n_bufs;
     ctpu_buffer *buf_inl[CTPU_CMD_INLINE_BUFS];
     size_t off_inl[CTPU_CMD_INLINE_BUFS];

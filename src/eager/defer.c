@@ -435,7 +435,7 @@ ctpu_status ctpu__defer_flush(ctpu_cut_reason why)
                              .before_evict = wait_device, .ctx = rt->dev, .on_miss = on_miss, .miss_ctx = &mc };
     ctpu_cache_result res;
     char err[256] = "";
-    ctpu_compiled *prog = ctpu_cache_lookup(rt->fused_cache, key, klen, NULL, &opts, &res, err, sizeof err);
+    ctpu_program *prog = ctpu_cache_lookup(rt->fused_cache, key, klen, NULL, &opts, &res, err, sizeof err);
     free(key);
     int n_nodes = mc.have_fin ? mc.fin.t.n_nodes : 0;
     ctpu__report_cut(why, mc.have_fin ? &mc.fin.t : NULL, &res, prog);   /* report.c: programs, cuts, trace */

@@ -25,7 +25,7 @@ void ctpu__rng_take(uint64_t n, uint64_t *seed, uint64_t *offset);
 #define TPC_SLOTS 256
 typedef struct {
     uint64_t h;
-    ctpu_compiled *p;
+    ctpu_program *p;
     uint8_t *key;
     size_t len;
 } tpc_slot;
@@ -47,8 +47,8 @@ static void tpc_free(void *p)
 }
 static void tpc_key_create(void) { pthread_key_create(&tpc_key, tpc_free); }
 
-static ctpu_compiled *strict_program(const uint8_t *key, size_t klen, const ctpu_trace *tr, bool *hit,
-                                     char *err, size_t errlen)
+static ctpu_program *strict_program(const uint8_t *key, size_t klen, const ctpu_trace *tr, bool *hit,
+                                    char *err, size_t errlen)
 {
     uint64_t h = ctpu_key_hash(key, klen);
     if (!t_tpc || t_tpc->epoch != ctpu_rt->epoch) {
@@ -63,7 +63,7 @@ static ctpu_compiled *strict_program(const uint8_t *key, size_t klen, const ctpu
         *hit = true;
         return s->p;
     }
-    ctpu_compiled *p = ctpu_cache_get(ctpu_rt->strict_cache, key, klen, tr, hit, err, errlen);
+    ctpu_program *p = ctpu_cache_get(ctpu_rt->strict_cache, key, klen, tr, hit, err, errlen);
     if (p && s) {
         uint8_t *k = realloc(s->key, klen);
         if (k) {
@@ -133,7 +133,7 @@ static ctpu_status launch(ctpu_node *node, ctpu_trec *const *inputs, const doubl
     size_t klen = strict_key(&tr, key, sizeof key);
     char err[256];
     bool hit = false;
-    ctpu_compiled *prog = klen ? strict_program(key, klen, &tr, &hit, err, sizeof err) : NULL;
+    ctpu_program *prog = klen ? strict_program(key, klen, &tr, &hit, err, sizeof err) : NULL;
     ctpu_counter_add(&rt->metrics, CTPU_CTR_STRICT_CACHE_REQUESTS, 1);
     if (!prog) {
         ctpu_set_error(CTPU_ERR_STATE, "%s: %s", opn, klen ? err : "trace key too long");

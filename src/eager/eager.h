@@ -165,9 +165,9 @@ void ctpu__defer_thread_reset(void);
  * ctpu_cut_reason; t the keyed trace (NULL if none: the program's shapes
  * stay unknown); res NULL when no lookup happened; prog NULL when nothing
  * launches. */
-void ctpu__report_cut(int why, const ctpu_trace *t, const ctpu_cache_result *res, const ctpu_compiled *prog);
+void ctpu__report_cut(int why, const ctpu_trace *t, const ctpu_cache_result *res, const ctpu_program *prog);
 /* A strict/debug op launched (dispatch.c): the node, its input types. */
-void ctpu__report_op(const ctpu_node *n, const ctpu_vtype *in, bool hit, const ctpu_compiled *prog);
+void ctpu__report_op(const ctpu_node *n, const ctpu_vtype *in, bool hit, const ctpu_program *prog);
 /* A host read (tensor.c ctpu_to_host), before it waits. */
 void ctpu__report_host_read(size_t bytes);
 /* After a marked step (tensor.c ctpu_mark_step). */

@@ -206,7 +206,7 @@ static const ctpu_vtype *value_type(const ctpu_trace *t, int32_t v)
     return NULL;
 }
 
-static void describe_program(ctpu_report_state *r, prog_rec *p, const ctpu_trace *t, const ctpu_compiled *prog)
+static void describe_program(ctpu_report_state *r, prog_rec *p, const ctpu_trace *t, const ctpu_program *prog)
 {
     p->known = true;
     p->n_ops = t->n_nodes;
@@ -287,7 +287,7 @@ static void launch_add(ctpu_report_state *r, prog_rec *p)
 }
 
 /* ------------------------------------------------------------ hooks */
-void ctpu__report_cut(int why, const ctpu_trace *t, const ctpu_cache_result *res, const ctpu_compiled *prog)
+void ctpu__report_cut(int why, const ctpu_trace *t, const ctpu_cache_result *res, const ctpu_program *prog)
 {
     ctpu_runtime *rt = ctpu_rt;
     ctpu_report_state *r = rt ? rt->report : NULL;
@@ -378,9 +378,9 @@ typedef struct {
     mm_dims mm;
 } op_cost;
 
-static op_cost *op_cost_of(ctpu_report_state *r, const ctpu_node *n, const ctpu_vtype *in, const ctpu_compiled *prog)
+static op_cost *op_cost_of(ctpu_report_state *r, const ctpu_node *n, const ctpu_vtype *in, const ctpu_program *prog)
 {
-    op_cost *oc = prog ? (op_cost *)atomic_load(&((ctpu_compiled *)prog)->op_cost) : NULL;
+    op_cost *oc = prog ? (op_cost *)atomic_load(&((ctpu_program *)prog)->op_cost) : NULL;
     if (oc) return oc;
     oc = calloc(1, sizeof *oc);
     if (!oc) return NULL;
@@ -414,14 +414,14 @@ static op_cost *op_cost_of(ctpu_report_state *r, const ctpu_node *n, const ctpu_
     }
     if (!prog) return oc;   /* caller frees */
     void *expect = NULL;
-    if (!atomic_compare_exchange_strong(&((ctpu_compiled *)prog)->op_cost, &expect, (void *)oc)) {
+    if (!atomic_compare_exchange_strong(&((ctpu_program *)prog)->op_cost, &expect, (void *)oc)) {
         free(oc);
         oc = expect;
     }
     return oc;
 }
 
-void ctpu__report_op(const ctpu_node *n, const ctpu_vtype *in, bool hit, const ctpu_compiled *prog)
+void ctpu__report_op(const ctpu_node *n, const ctpu_vtype *in, bool hit, const ctpu_program *prog)
 {
     ctpu_runtime *rt = ctpu_rt;
     ctpu_report_state *r = rt ? rt->report : NULL;

@@ -12,7 +12,7 @@ typedef struct entry {
     uint64_t hash, struct_hash;
     size_t len;
     uint8_t *key;
-    ctpu_compiled *prog;
+    ctpu_program *prog;
     struct entry *next;           /* bucket chain */
     struct entry *lru_prev, *lru_next;
     ctpu_cache_entry_info info;
@@ -55,7 +55,7 @@ ctpu_cache *ctpu_cache_create(size_t capacity)
 
 static void entry_free(entry *e)
 {
-    ctpu_compiled_free(e->prog);
+    ctpu_program_free(e->prog);
     free(e->key);
     free(e->types);
     free(e->ops);
@@ -166,8 +166,8 @@ static void describe_diff(const entry *old, const ctpu_trace *t, char *out, size
     }
 }
 
-ctpu_compiled *ctpu_cache_lookup(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_trace *t,
-                                 const ctpu_cache_opts *o, ctpu_cache_result *res, char *err, size_t errlen)
+ctpu_program *ctpu_cache_lookup(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_trace *t,
+                                const ctpu_cache_opts *o, ctpu_cache_result *res, char *err, size_t errlen)
 {
     memset(res, 0, sizeof *res);
     uint64_t h = c->force_hash ? c->forced : ctpu_key_hash(key, len);
@@ -233,7 +233,7 @@ ctpu_compiled *ctpu_cache_lookup(ctpu_cache *c, const uint8_t *key, size_t len, 
             break;
         }
     }
-    ctpu_compiled *p = ctpu_compile(t, err, errlen);
+    ctpu_program *p = ctpu_fuse_compile(t, err, errlen);
     if (p) p->plan = plan;
     else free(plan);
     entry *e = p ? calloc(1, sizeof *e) : NULL;
@@ -245,7 +245,7 @@ ctpu_compiled *ctpu_cache_lookup(ctpu_cache *c, const uint8_t *key, size_t len, 
         free(e);
         free(k);
         free(types);
-        ctpu_compiled_free(p);
+        ctpu_program_free(p);
         pthread_mutex_unlock(&c->mu);
         if (p) snprintf(err, errlen, "out of host memory for the program cache");
         return NULL;
@@ -292,11 +292,11 @@ ctpu_compiled *ctpu_cache_lookup(ctpu_cache *c, const uint8_t *key, size_t len, 
     return p;
 }
 
-ctpu_compiled *ctpu_cache_get(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_trace *t,
-                              bool *hit, char *err, size_t errlen)
+ctpu_program *ctpu_cache_get(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_trace *t,
+                             bool *hit, char *err, size_t errlen)
 {
     ctpu_cache_result r;
-    ctpu_compiled *p = ctpu_cache_lookup(c, key, len, t, NULL, &r, err, errlen);
+    ctpu_program *p = ctpu_cache_lookup(c, key, len, t, NULL, &r, err, errlen);
     *hit = r.hit;
     return p;
 }

@@ -31,7 +31,7 @@ static void *al_alloc(alloc_list *a, size_t bytes)
     return m;
 }
 
-struct ctpu_compiled_mem {
+struct ctpu_program_mem {
     alloc_list al;
 };
 
@@ -66,12 +66,12 @@ static bool reduce_fusable(const ctpu_trace *t, const ctpu_node *r, int32_t v, c
     return n > 0 && r->out.dtype != CTPU_KDT_I32;
 }
 
-ctpu_compiled *ctpu_compile(const ctpu_trace *t, char *err, size_t errlen)
+ctpu_program *ctpu_fuse_compile(const ctpu_trace *t, char *err, size_t errlen)
 {
     uint64_t t0 = ctpu_now_ns();
     int nin = t->n_inputs, nn = t->n_nodes, no = t->n_outputs, nv = nin + nn;
     alloc_list al = { 0 };
-    ctpu_compiled *c = al_alloc(&al, sizeof *c);
+    ctpu_program *c = al_alloc(&al, sizeof *c);
     int32_t *slot_of = al_alloc(&al, sizeof(int32_t) * (size_t)(nv + 1));
     int32_t *group = al_alloc(&al, sizeof(int32_t) * (size_t)(nn + 1));
     int32_t *scal_base = al_alloc(&al, sizeof(int32_t) * (size_t)(nn + 1));
@@ -388,7 +388,7 @@ ctpu_compiled *ctpu_compile(const ctpu_trace *t, char *err, size_t errlen)
     }
     c->mem = al.p;
     c->n_mem = al.n;
-    c->prog = (ctpu_program){
+    c->prog = (ctpu_dev_program){
         .n_steps = n_steps, .steps = steps, .n_in = nin, .n_out = no,
         .name = nn ? ctpu_op_name(t->nodes[0].op) : "empty",
         .out_dtype = out_dtype, .out_numel = out_numel, .out_op = out_op,
@@ -408,7 +408,7 @@ fail:
     return NULL;
 }
 
-void ctpu_compiled_free(ctpu_compiled *c)
+void ctpu_program_free(ctpu_program *c)
 {
     if (!c) return;
     free(c->plan);

@@ -40,8 +40,8 @@ size_t ctpu_trace_key(const ctpu_trace *t, uint8_t *buf, size_t cap);
 uint64_t ctpu_key_hash(const uint8_t *key, size_t len);   /* XXH3-64 */
 
 /* A compiled program with the data its steps point at. */
-typedef struct ctpu_compiled {
-    ctpu_program prog;
+typedef struct ctpu_program {
+    ctpu_dev_program prog;
     void **mem;                /* allocations holding steps and step data */
     int n_mem;
     int n_groups;              /* steps after fusion */
@@ -49,11 +49,11 @@ typedef struct ctpu_compiled {
     uint64_t hits;
     void *plan;                /* the launcher's binding plan (one malloc block), or NULL */
     _Atomic(void *) op_cost;   /* the report's per-launch estimate (report.c), or NULL; freed with it */
-} ctpu_compiled;
+} ctpu_program;
 
 /* Compile a trace into a program. NULL with a message on failure. */
-ctpu_compiled *ctpu_compile(const ctpu_trace *t, char *err, size_t errlen);
-void ctpu_compiled_free(ctpu_compiled *c);
+ctpu_program *ctpu_fuse_compile(const ctpu_trace *t, char *err, size_t errlen);
+void ctpu_program_free(ctpu_program *c);
 
 /* Program cache keyed by the canonical key: full compare on hit. A test hook
  * forces every hash to one value (collisions must still give the right
@@ -63,8 +63,8 @@ ctpu_cache *ctpu_cache_create(size_t capacity);
 void ctpu_cache_destroy(ctpu_cache *c);
 /* Look up a key; on a miss, compile the trace and insert. *hit tells which.
  * NULL on a compile error. */
-ctpu_compiled *ctpu_cache_get(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_trace *t,
-                              bool *hit, char *err, size_t errlen);
+ctpu_program *ctpu_cache_get(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_trace *t,
+                             bool *hit, char *err, size_t errlen);
 
 typedef struct {
     bool allow_compile;            /* false: cache-only, a miss is refused */
@@ -102,8 +102,8 @@ typedef struct {
     char reason[160];
 } ctpu_recompile_rec;
 
-ctpu_compiled *ctpu_cache_lookup(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_trace *t,
-                                 const ctpu_cache_opts *o, ctpu_cache_result *res, char *err, size_t errlen);
+ctpu_program *ctpu_cache_lookup(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_trace *t,
+                                const ctpu_cache_opts *o, ctpu_cache_result *res, char *err, size_t errlen);
 void ctpu_cache_get_stats(ctpu_cache *c, ctpu_cache_stats *out);
 /* Most recently used first; returns the count written. */
 size_t ctpu_cache_entries_info(ctpu_cache *c, ctpu_cache_entry_info *out, size_t max);
