@@ -1,12 +1,26 @@
-/* The compiler: a (finalised) trace -> a program.
+/* The compiler: a finalised trace (dead code already removed by
+ * ctpu_trace_finalize) -> a program the device runs unchecked. It is checked
+ * here once. The passes, in order, over one compile_ctx:
  *
- * Passes: fusion grouping (runs of consecutive elementwise nodes of one
- * output shape become one block-VM step; their intermediates never exist in
- * memory), buffer planning (values used across steps but not live-out get
- * scratch offsets, reused by liveness), and emission (kernel entries for the
- * other nodes). Dead code is removed before, by ctpu_trace_finalize. A strict
- * one-node trace compiles to a single step. The program is checked here once
- * and runs unchecked. */
+ *   group nodes       fusion groups: a 2-D f32 matmul with its bias /
+ *                     activation / residual epilogue; maximal runs of
+ *                     consecutive VM-fusable nodes of one shape (one
+ *                     block-VM step: their intermediates never exist in
+ *                     memory), optionally ending in a reduction over trailing
+ *                     dims; every other node alone
+ *   plan buffers      bound slots (inputs, then outputs), the step order, and
+ *                     scratch offsets for values used across steps but not
+ *                     live-out (first fit, reused by liveness)
+ *   emit steps        one step per group: the matmul with its epilogue, a
+ *                     VM group with its reduction, a VM group, or one node's
+ *                     kernel entry
+ *   fault deps        per output, the inputs and steps it is computed from
+ *                     (a fault poisons only those outputs)
+ *   debug tables      per output and, with debug checks, per step: the value
+ *                     to scan for NaN and the op to name
+ *
+ * A strict one-node trace goes through the same passes and becomes a single
+ * step. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,9 +45,50 @@ static void *al_alloc(alloc_list *a, size_t bytes)
     return m;
 }
 
-struct ctpu_program_mem {
+/* Everything the passes share. Arrays are allocated in `al` (they live as
+ * long as the program: steps point into some of them). */
+typedef struct {
+    const ctpu_trace *t;
+    int nin, nn, no, nv;       /* inputs, nodes, outputs, values (nin + nn) */
     alloc_list al;
-};
+    char *err;
+    size_t errlen;
+    /* group nodes */
+    int32_t *uses;             /* [nv] reads of each value (an output counts 2: never internal) */
+    int32_t *epi;              /* [3 nn] per matmul: bias value, activation, residual value; -1 none */
+    int32_t *group;            /* [nn] fusion group of each node */
+    int n_groups;
+    bool *used_outside;        /* [nn] the node's value is read outside its group (or is an output) */
+    /* plan buffers */
+    int32_t *slot_of;          /* [nv] bound or scratch slot of each value, -1 none */
+    int32_t *scal_base;        /* [nn] first runtime scalar of each node */
+    int32_t *group_step;       /* [n_groups] the step that runs each group */
+    int32_t *def_step;         /* [nv] step defining each value (-1: an input) */
+    int32_t *last_use;         /* [nv] last step reading it from memory, -1 none */
+    int n_steps;
+    int n_virtual;             /* values given scratch offsets */
+    size_t *virt_off;          /* [n_virtual] */
+    size_t scratch;            /* scratch bytes */
+    /* emit steps */
+    ctpu_step *steps;          /* [n_steps] */
+    /* fault deps */
+    int wi, ws;                /* words per output: inputs, steps */
+    uint64_t *odi, *ods;       /* or NULL: every output takes any fault */
+    /* debug tables */
+    uint8_t *out_dtype;
+    int64_t *out_numel;
+    const char **out_op;
+    int32_t *so_slot;          /* per step (debug checks only), or NULL */
+    uint8_t *so_dt;
+    int64_t *so_n;
+    const char **so_op;
+} compile_ctx;
+
+static bool oom(compile_ctx *cx)
+{
+    snprintf(cx->err, cx->errlen, "out of host memory compiling a program");
+    return false;
+}
 
 static const ctpu_vtype *type_of(const ctpu_trace *t, int32_t v)
 {
@@ -48,6 +103,7 @@ static bool same_shape(const ctpu_vtype *a, const ctpu_vtype *b)
     return true;
 }
 
+/* ------------------------------------------------------------ group nodes */
 /* Can reduction node r take value v (its input) straight from a VM group?
  * sum/mean/max/min over trailing dims (inner == 1) of v's only use. */
 static bool reduce_fusable(const ctpu_trace *t, const ctpu_node *r, int32_t v, const int32_t *uses)
@@ -66,105 +122,104 @@ static bool reduce_fusable(const ctpu_trace *t, const ctpu_node *r, int32_t v, c
     return n > 0 && r->out.dtype != CTPU_KDT_I32;
 }
 
-ctpu_program *ctpu_fuse_compile(const ctpu_trace *t, char *err, size_t errlen)
+/* The matmul at node i and the epilogue nodes after it that the MXU kernel
+ * applies to its accumulator (bit-identical to the separate ops): bias add,
+ * then an activation, then a residual add, each the only use of the value
+ * before. Returns the end of the group. */
+static int group_matmul(compile_ctx *cx, int i)
 {
-    uint64_t t0 = ctpu_now_ns();
-    int nin = t->n_inputs, nn = t->n_nodes, no = t->n_outputs, nv = nin + nn;
-    alloc_list al = { 0 };
-    ctpu_program *c = al_alloc(&al, sizeof *c);
-    int32_t *slot_of = al_alloc(&al, sizeof(int32_t) * (size_t)(nv + 1));
-    int32_t *group = al_alloc(&al, sizeof(int32_t) * (size_t)(nn + 1));
-    int32_t *scal_base = al_alloc(&al, sizeof(int32_t) * (size_t)(nn + 1));
-    int32_t *last_use = al_alloc(&al, sizeof(int32_t) * (size_t)(nv + 1));  /* step index */
-    int32_t *def_step = al_alloc(&al, sizeof(int32_t) * (size_t)(nv + 1));
-    bool *used_outside = al_alloc(&al, (size_t)(nn + 1));
-    ctpu_step *steps = al_alloc(&al, sizeof(ctpu_step) * (size_t)(nn + 1));
-    uint8_t *out_dtype = al_alloc(&al, (size_t)no + 1);
-    int64_t *out_numel = al_alloc(&al, sizeof(int64_t) * ((size_t)no + 1));
-    const char **out_op = al_alloc(&al, sizeof(char *) * ((size_t)no + 1));
-    if (!c || !slot_of || !group || !scal_base || !last_use || !def_step || !used_outside || !steps ||
-        !out_dtype || !out_numel || !out_op)
-        goto oom;
+    const ctpu_trace *t = cx->t;
+    const ctpu_node *n = &t->nodes[i];
+    int32_t *epi = cx->epi + 3 * i;
+    int32_t cur = cx->nin + i;              /* the value the chain has produced so far */
+    int stage = 0;                          /* 0: bias or residual next, 1: act, 2: residual */
+    int j = i + 1;
+    while (j < cx->nn && cx->uses[cur] == 1) {
+        const ctpu_node *m = &t->nodes[j];
+        if (!same_shape(&m->out, &n->out) || m->out.dtype != CTPU_KDT_F32) break;
+        if (m->op == CTPU_OP_ADD && (m->in[0] == cur || m->in[1] == cur)) {
+            int32_t other = m->in[0] == cur ? m->in[1] : m->in[0];
+            const ctpu_vtype *ot = type_of(t, other);
+            if (other == cur || ot->dtype != CTPU_KDT_F32) break;
+            bool is_bias = (ot->ndim == 1 && ot->shape[0] == n->out.shape[1]) ||
+                           (ot->ndim == 2 && ot->shape[0] == 1 && ot->shape[1] == n->out.shape[1]);
+            bool is_res = same_shape(ot, &n->out);
+            if (stage == 0 && is_bias && n->out.shape[0] != 1) { epi[0] = other; stage = 1; }
+            else if (is_res && epi[2] < 0) { epi[2] = other; stage = 3; }
+            else break;
+        } else if (stage <= 1 && m->in[0] == cur &&
+                   (m->op == CTPU_OP_RELU || m->op == CTPU_OP_GELU_TANH || m->op == CTPU_OP_GELU_ERF)) {
+            epi[1] = m->op == CTPU_OP_RELU ? CTPU_K_ACT_RELU
+                     : m->op == CTPU_OP_GELU_TANH ? CTPU_K_ACT_GELU_TANH : CTPU_K_ACT_GELU_ERF;
+            stage = 2;
+        } else {
+            break;
+        }
+        cur = cx->nin + j;
+        j++;
+        if (stage == 3) break;
+    }
+    return j;
+}
 
-    /* bound slots: inputs, then outputs */
-    for (int v = 0; v < nv; v++) slot_of[v] = v < nin ? v : -1;
-    for (int j = 0; j < no; j++) slot_of[t->outputs[j]] = nin + j;
-    for (int i = 0, s = 0; i < nn; i++) { scal_base[i] = s; s += t->nodes[i].n_scalars; }
+/* The maximal run of VM-fusable nodes of node i's shape starting at i (at
+ * most CTPU_VM_GROUP_NODES, at most CTPU_BCAST_MAX distinct values read from
+ * outside), plus a reduction over trailing dims of its last value when that
+ * is the value's only use. Returns the end of the group. */
+static int group_vm(compile_ctx *cx, int i)
+{
+    const ctpu_trace *t = cx->t;
+    const ctpu_node *n = &t->nodes[i];
+    int nin = cx->nin, nn = cx->nn;
+    int32_t ext[CTPU_BCAST_MAX];
+    int n_ext = 0, j;
+    for (j = i; j < nn && j - i < CTPU_VM_GROUP_NODES; j++) {
+        const ctpu_node *m = &t->nodes[j];
+        const ctpu_vtype *it[CTPU_NODE_MAX_IN];
+        for (int k = 0; k < m->n_in; k++) it[k] = type_of(t, m->in[k]);
+        if (j > i && (!ctpu_vm_fusable(m, it) || !same_shape(&m->out, &n->out))) break;
+        int32_t add[3];
+        int n_add = 0;
+        for (int k = 0; k < m->n_in; k++) {
+            int32_t v = m->in[k];
+            if (v >= nin + i) continue;                 /* made in the group */
+            bool seen = false;
+            for (int q = 0; q < n_ext; q++) seen |= ext[q] == v;
+            for (int q = 0; q < n_add; q++) seen |= add[q] == v;
+            if (!seen) add[n_add++] = v;
+        }
+        if (n_ext + n_add > CTPU_BCAST_MAX) break;
+        for (int q = 0; q < n_add; q++) ext[n_ext++] = add[q];
+    }
+    if (j < nn && reduce_fusable(t, &t->nodes[j], nin + j - 1, cx->uses)) j++;
+    return j;
+}
 
-    /* uses of each value (node inputs and program outputs) */
-    int32_t *uses = al_alloc(&al, sizeof(int32_t) * (size_t)(nv + 1));
-    int32_t *epi = al_alloc(&al, sizeof(int32_t) * 3 * (size_t)(nn + 1));  /* per matmul: bias, act, res */
-    if (!uses || !epi) goto oom;
+static bool pass_group_nodes(compile_ctx *cx)
+{
+    const ctpu_trace *t = cx->t;
+    int nin = cx->nin, nn = cx->nn;
+    cx->uses = al_alloc(&cx->al, sizeof(int32_t) * (size_t)(cx->nv + 1));
+    cx->epi = al_alloc(&cx->al, sizeof(int32_t) * 3 * (size_t)(nn + 1));
+    cx->group = al_alloc(&cx->al, sizeof(int32_t) * (size_t)(nn + 1));
+    cx->used_outside = al_alloc(&cx->al, (size_t)(nn + 1));
+    if (!cx->uses || !cx->epi || !cx->group || !cx->used_outside) return oom(cx);
     for (int i = 0; i < nn; i++)
-        for (int k = 0; k < t->nodes[i].n_in; k++) uses[t->nodes[i].in[k]]++;
-    for (int j = 0; j < no; j++) uses[t->outputs[j]] += 2;   /* an output is never internal */
+        for (int k = 0; k < t->nodes[i].n_in; k++) cx->uses[t->nodes[i].in[k]]++;
+    for (int j = 0; j < cx->no; j++) cx->uses[t->outputs[j]] += 2;   /* an output is never internal */
 
-    /* fusion groups: a 2-D f32 matmul with its bias / activation / residual
-     * epilogue (the MXU kernel applies it to the accumulator, bit-identical to
-     * the separate ops); maximal runs of consecutive VM-fusable nodes of one
-     * shape (their in-group operands have that shape) */
-    int n_groups = 0;
     for (int i = 0; i < nn;) {
         const ctpu_node *n = &t->nodes[i];
         const ctpu_vtype *it[CTPU_NODE_MAX_IN];
         for (int k = 0; k < n->n_in; k++) it[k] = type_of(t, n->in[k]);
         int j = i + 1;
-        epi[3 * i] = epi[3 * i + 1] = epi[3 * i + 2] = -1;
-        if (n->op == CTPU_OP_MATMUL && n->out.ndim == 2 && n->out.dtype == CTPU_KDT_F32 && !t->debug_checks) {
-            int32_t cur = nin + i;                  /* the value the chain has produced so far */
-            int stage = 0;                          /* 0: bias or residual next, 1: act, 2: residual */
-            while (j < nn && uses[cur] == 1) {
-                const ctpu_node *m = &t->nodes[j];
-                if (!same_shape(&m->out, &n->out) || m->out.dtype != CTPU_KDT_F32) break;
-                if (m->op == CTPU_OP_ADD && (m->in[0] == cur || m->in[1] == cur)) {
-                    int32_t other = m->in[0] == cur ? m->in[1] : m->in[0];
-                    const ctpu_vtype *ot = type_of(t, other);
-                    if (other == cur || ot->dtype != CTPU_KDT_F32) break;
-                    bool is_bias = (ot->ndim == 1 && ot->shape[0] == n->out.shape[1]) ||
-                                   (ot->ndim == 2 && ot->shape[0] == 1 && ot->shape[1] == n->out.shape[1]);
-                    bool is_res = same_shape(ot, &n->out);
-                    if (stage == 0 && is_bias && n->out.shape[0] != 1) { epi[3 * i] = other; stage = 1; }
-                    else if (is_res && epi[3 * i + 2] < 0) { epi[3 * i + 2] = other; stage = 3; }
-                    else break;
-                } else if (stage <= 1 && m->in[0] == cur &&
-                           (m->op == CTPU_OP_RELU || m->op == CTPU_OP_GELU_TANH || m->op == CTPU_OP_GELU_ERF)) {
-                    epi[3 * i + 1] = m->op == CTPU_OP_RELU ? CTPU_K_ACT_RELU
-                                     : m->op == CTPU_OP_GELU_TANH ? CTPU_K_ACT_GELU_TANH : CTPU_K_ACT_GELU_ERF;
-                    stage = 2;
-                } else {
-                    break;
-                }
-                cur = nin + j;
-                j++;
-                if (stage == 3) break;
-            }
-        } else if (ctpu_vm_fusable(n, it) && !t->debug_checks) {
-            /* externals: distinct values read from outside the group */
-            int32_t ext[CTPU_BCAST_MAX];
-            int n_ext = 0;
-            bool ok = true;
-            for (j = i; j < nn && j - i < CTPU_VM_GROUP_NODES && ok; j++) {
-                const ctpu_node *m = &t->nodes[j];
-                for (int k = 0; k < m->n_in; k++) it[k] = type_of(t, m->in[k]);
-                if (j > i && (!ctpu_vm_fusable(m, it) || !same_shape(&m->out, &n->out))) break;
-                int32_t add[3];
-                int n_add = 0;
-                for (int k = 0; k < m->n_in; k++) {
-                    int32_t v = m->in[k];
-                    if (v >= nin + i) continue;                 /* made in the group */
-                    bool seen = false;
-                    for (int q = 0; q < n_ext; q++) seen |= ext[q] == v;
-                    for (int q = 0; q < n_add; q++) seen |= add[q] == v;
-                    if (!seen) add[n_add++] = v;
-                }
-                if (n_ext + n_add > CTPU_BCAST_MAX) break;
-                for (int q = 0; q < n_add; q++) ext[n_ext++] = add[q];
-            }
-            /* a reduction over trailing dims of the group's last value, its only use */
-            if (j < nn && reduce_fusable(t, &t->nodes[j], nin + j - 1, uses)) j++;
-        }
-        for (int k = i; k < j; k++) group[k] = n_groups;
-        n_groups++;
+        cx->epi[3 * i] = cx->epi[3 * i + 1] = cx->epi[3 * i + 2] = -1;
+        if (n->op == CTPU_OP_MATMUL && n->out.ndim == 2 && n->out.dtype == CTPU_KDT_F32 && !t->debug_checks)
+            j = group_matmul(cx, i);
+        else if (ctpu_vm_fusable(n, it) && !t->debug_checks)
+            j = group_vm(cx, i);
+        for (int k = i; k < j; k++) cx->group[k] = cx->n_groups;
+        cx->n_groups++;
         i = j;
     }
     /* values used outside their group (or by a later step) need memory */
@@ -172,240 +227,341 @@ ctpu_program *ctpu_fuse_compile(const ctpu_trace *t, char *err, size_t errlen)
         const ctpu_node *n = &t->nodes[i];
         for (int k = 0; k < n->n_in; k++) {
             int32_t v = n->in[k];
-            if (v >= nin && group[v - nin] != group[i]) used_outside[v - nin] = true;
+            if (v >= nin && cx->group[v - nin] != cx->group[i]) cx->used_outside[v - nin] = true;
         }
     }
-    for (int j = 0; j < no; j++)
-        if (t->outputs[j] >= nin) used_outside[t->outputs[j] - nin] = true;
+    for (int j = 0; j < cx->no; j++)
+        if (t->outputs[j] >= nin) cx->used_outside[t->outputs[j] - nin] = true;
+    return true;
+}
 
-    /* emission: one step per group (VM if it has 2+ nodes) */
-    int n_steps = 0;
-    for (int v = 0; v < nv; v++) { last_use[v] = -1; def_step[v] = -1; }
-    int32_t *group_step = al_alloc(&al, sizeof(int32_t) * (size_t)(n_groups + 1));
-    if (!group_step) goto oom;
+/* ------------------------------------------------------------ plan buffers */
+/* Bound slots: inputs, then outputs; each node's first runtime scalar. */
+static bool bind_slots(compile_ctx *cx)
+{
+    const ctpu_trace *t = cx->t;
+    cx->slot_of = al_alloc(&cx->al, sizeof(int32_t) * (size_t)(cx->nv + 1));
+    cx->scal_base = al_alloc(&cx->al, sizeof(int32_t) * (size_t)(cx->nn + 1));
+    if (!cx->slot_of || !cx->scal_base) return oom(cx);
+    for (int v = 0; v < cx->nv; v++) cx->slot_of[v] = v < cx->nin ? v : -1;
+    for (int j = 0; j < cx->no; j++) cx->slot_of[t->outputs[j]] = cx->nin + j;
+    for (int i = 0, s = 0; i < cx->nn; i++) { cx->scal_base[i] = s; s += t->nodes[i].n_scalars; }
+    return true;
+}
+
+/* One step per group, in node order: the step defining each value and the
+ * last step reading it from memory. */
+static bool order_steps(compile_ctx *cx)
+{
+    const ctpu_trace *t = cx->t;
+    int nin = cx->nin, nn = cx->nn;
+    cx->last_use = al_alloc(&cx->al, sizeof(int32_t) * (size_t)(cx->nv + 1));
+    cx->def_step = al_alloc(&cx->al, sizeof(int32_t) * (size_t)(cx->nv + 1));
+    cx->group_step = al_alloc(&cx->al, sizeof(int32_t) * (size_t)(cx->n_groups + 1));
+    if (!cx->last_use || !cx->def_step || !cx->group_step) return oom(cx);
+    for (int v = 0; v < cx->nv; v++) { cx->last_use[v] = -1; cx->def_step[v] = -1; }
     for (int i = 0; i < nn;) {
         int j = i;
-        while (j < nn && group[j] == group[i]) j++;
-        group_step[group[i]] = n_steps;
+        while (j < nn && cx->group[j] == cx->group[i]) j++;
+        cx->group_step[cx->group[i]] = cx->n_steps;
         for (int k = i; k < j; k++) {
-            def_step[nin + k] = n_steps;
+            cx->def_step[nin + k] = cx->n_steps;
             for (int q = 0; q < t->nodes[k].n_in; q++) {
                 int32_t v = t->nodes[k].in[q];
-                if (v < nin || group[v - nin] != group[k]) last_use[v] = n_steps;
+                if (v < nin || cx->group[v - nin] != cx->group[k]) cx->last_use[v] = cx->n_steps;
             }
         }
-        n_steps++;
+        cx->n_steps++;
         i = j;
     }
+    return true;
+}
 
-    /* buffer planning: values needing memory that are not bound get scratch
-     * offsets; an offset is reused once the value there is dead (first fit) */
-    int n_virtual = 0;
+/* Values needing memory that are not bound get scratch offsets; an offset
+ * is reused once the value there is dead (first fit). */
+static bool plan_scratch(compile_ctx *cx)
+{
+    int nin = cx->nin, nv = cx->nv;
     for (int v = nin; v < nv; v++)
-        if (slot_of[v] < 0 && used_outside[v - nin]) n_virtual++;
-    size_t *virt_off = al_alloc(&al, sizeof(size_t) * ((size_t)n_virtual + 1));
-    int32_t *vv = al_alloc(&al, sizeof(int32_t) * ((size_t)n_virtual + 1));
-    size_t *vsize = al_alloc(&al, sizeof(size_t) * ((size_t)n_virtual + 1));
-    if (!virt_off || !vv || !vsize) goto oom;
-    size_t scratch = 0;
-    {
-        int k = 0;
-        for (int v = nin; v < nv; v++) {
-            if (slot_of[v] >= 0 || !used_outside[v - nin]) continue;
-            const ctpu_vtype *ty = type_of(t, v);
-            size_t sz = ((size_t)ctpu_vtype_numel(ty) * ctpu_kdt_size(ty->dtype) + 63) & ~(size_t)63;
-            /* first fit among offsets of values dead before this one is defined */
-            size_t off = 0;
-            bool moved = true;
-            while (moved) {
-                moved = false;
-                for (int q = 0; q < k; q++) {
-                    /* a value read at or after v's defining step is still alive */
-                    if (last_use[vv[q]] < def_step[v]) continue;
-                    if (off < virt_off[q] + vsize[q] && virt_off[q] < off + sz) {
-                        off = virt_off[q] + vsize[q];
-                        moved = true;
-                    }
+        if (cx->slot_of[v] < 0 && cx->used_outside[v - nin]) cx->n_virtual++;
+    cx->virt_off = al_alloc(&cx->al, sizeof(size_t) * ((size_t)cx->n_virtual + 1));
+    int32_t *vv = al_alloc(&cx->al, sizeof(int32_t) * ((size_t)cx->n_virtual + 1));
+    size_t *vsize = al_alloc(&cx->al, sizeof(size_t) * ((size_t)cx->n_virtual + 1));
+    if (!cx->virt_off || !vv || !vsize) return oom(cx);
+    for (int v = nin, k = 0; v < nv; v++) {
+        if (cx->slot_of[v] >= 0 || !cx->used_outside[v - nin]) continue;
+        const ctpu_vtype *ty = type_of(cx->t, v);
+        size_t sz = ((size_t)ctpu_vtype_numel(ty) * ctpu_kdt_size(ty->dtype) + 63) & ~(size_t)63;
+        /* first fit among offsets of values dead before this one is defined */
+        size_t off = 0;
+        bool moved = true;
+        while (moved) {
+            moved = false;
+            for (int q = 0; q < k; q++) {
+                /* a value read at or after v's defining step is still alive */
+                if (cx->last_use[vv[q]] < cx->def_step[v]) continue;
+                if (off < cx->virt_off[q] + vsize[q] && cx->virt_off[q] < off + sz) {
+                    off = cx->virt_off[q] + vsize[q];
+                    moved = true;
                 }
             }
-            vv[k] = v;
-            vsize[k] = sz;
-            virt_off[k] = off;
-            slot_of[v] = nin + no + 1 + k;    /* after the scratch buffer's own slot */
-            if (off + sz > scratch) scratch = off + sz;
-            k++;
         }
+        vv[k] = v;
+        vsize[k] = sz;
+        cx->virt_off[k] = off;
+        cx->slot_of[v] = cx->nin + cx->no + 1 + k;    /* after the scratch buffer's own slot */
+        if (off + sz > cx->scratch) cx->scratch = off + sz;
+        k++;
     }
+    return true;
+}
 
-    /* steps */
+static bool pass_plan_buffers(compile_ctx *cx)
+{
+    return order_steps(cx) && plan_scratch(cx);
+}
+
+/* ------------------------------------------------------------ emit steps */
+/* Step data of one node: its input types and slots. */
+static ctpu_step_data *node_data(compile_ctx *cx, int i)
+{
+    const ctpu_node *nd = &cx->t->nodes[i];
+    ctpu_step_data *sd = al_alloc(&cx->al, sizeof *sd);
+    if (!sd) return NULL;
+    sd->node = *nd;
+    for (int q = 0; q < nd->n_in; q++) {
+        sd->in[q] = *type_of(cx->t, nd->in[q]);
+        sd->in_slot[q] = cx->slot_of[nd->in[q]];
+    }
+    sd->scalar_base = cx->scal_base[i];
+    return sd;
+}
+
+/* The matmul at node i with its epilogue nodes (i, j). */
+static bool emit_matmul(compile_ctx *cx, int i, int j, ctpu_step *step)
+{
+    const int32_t *epi = cx->epi + 3 * i, *slot_of = cx->slot_of;
+    ctpu_step_data *sd = node_data(cx, i);
+    if (!sd) return oom(cx);
+    sd->out_slot = slot_of[cx->nin + j - 1];          /* the chain's last value */
+    sd->epi_bias_slot = epi[0] >= 0 ? slot_of[epi[0]] : -1;
+    sd->epi_act = (uint8_t)(epi[1] >= 0 ? epi[1] : CTPU_K_ACT_NONE);
+    sd->epi_res_slot = epi[2] >= 0 ? slot_of[epi[2]] : -1;
+    if (sd->out_slot < 0 || sd->in_slot[0] < 0 || sd->in_slot[1] < 0 || (epi[0] >= 0 && sd->epi_bias_slot < 0) ||
+        (epi[2] >= 0 && sd->epi_res_slot < 0)) {
+        snprintf(cx->err, cx->errlen, "compile: matmul epilogue at node %d cannot be bound", i);
+        return false;
+    }
+    *step = (ctpu_step){ ctpu_exec_fn_for(CTPU_OP_MATMUL), sd };
+    return true;
+}
+
+/* Producers [i, j-1) fused into the reduction at node j-1. */
+static bool emit_reduce_group(compile_ctx *cx, int i, int j, ctpu_step *step)
+{
+    int nin = cx->nin;
+    int32_t *slot_of = cx->slot_of;
+    const ctpu_node *rn = &cx->t->nodes[j - 1];
+    ctpu_vm_red_prog *rp = al_alloc(&cx->al, sizeof *rp);
+    int idx[CTPU_VM_MAX_NODES];
+    bool store[CTPU_VM_MAX_NODES];
+    if (!rp) return oom(cx);
+    int32_t red_slot = nin + cx->no + 1 + cx->n_virtual;   /* no buffer has it */
+    int32_t keep = slot_of[nin + j - 2];
+    slot_of[nin + j - 2] = red_slot;
+    for (int k = i; k < j - 1; k++) { idx[k - i] = k; store[k - i] = cx->used_outside[k] || k == j - 2; }
+    int bad = ctpu_vm_build(&rp->vm, cx->t, idx, j - 1 - i, slot_of, store, cx->scal_base);
+    slot_of[nin + j - 2] = keep;
+    const ctpu_vtype *xt = &cx->t->nodes[j - 2].out;
+    int64_t n = 1;
+    for (int d = rn->attr.dims[0]; d < xt->ndim; d++) n *= xt->shape[d];
+    rp->op = (ctpu_k_red_op)ctpu_op_infos[rn->op].kop;
+    rp->mean = rn->op == CTPU_OP_MEAN;
+    rp->n = n;
+    rp->outer = ctpu_vtype_numel(xt) / n;
+    rp->red_slot = red_slot;
+    rp->out_slot = slot_of[nin + j - 1];
+    rp->out_dtype = rn->out.dtype;
+    if (bad || rp->out_slot < 0) {
+        snprintf(cx->err, cx->errlen, "compile: reduction fusion at node %d cannot be built", j - 1);
+        return false;
+    }
+    *step = (ctpu_step){ ctpu_vm_red_exec, rp };
+    return true;
+}
+
+/* Nodes [i, j) as one block-VM step. */
+static bool emit_vm_group(compile_ctx *cx, int i, int j, ctpu_step *step)
+{
+    ctpu_vm_prog *vp = al_alloc(&cx->al, sizeof *vp);
+    int idx[CTPU_VM_MAX_NODES];
+    bool store[CTPU_VM_MAX_NODES];
+    if (!vp) return oom(cx);
+    for (int k = i; k < j; k++) { idx[k - i] = k; store[k - i] = cx->used_outside[k]; }
+    if (ctpu_vm_build(vp, cx->t, idx, j - i, cx->slot_of, store, cx->scal_base) != 0) {
+        snprintf(cx->err, cx->errlen, "compile: fusion group at node %d does not fit the VM", i);
+        return false;
+    }
+    *step = (ctpu_step){ ctpu_vm_exec, vp };
+    return true;
+}
+
+/* Node i alone: its op's kernel entry. */
+static bool emit_node(compile_ctx *cx, int i, ctpu_step *step)
+{
+    const ctpu_node *nd = &cx->t->nodes[i];
+    ctpu_step_data *sd = node_data(cx, i);
+    if (!sd) return oom(cx);
+    sd->out_slot = cx->slot_of[cx->nin + i];
+    sd->epi_bias_slot = sd->epi_res_slot = -1;
+    ctpu_step_fn fn = ctpu_exec_fn_for(nd->op);
+    bool bad = fn == NULL || sd->out_slot < 0;
+    for (int q = 0; q < nd->n_in; q++) bad |= sd->in_slot[q] < 0;
+    if (bad) {
+        snprintf(cx->err, cx->errlen, "compile: node %d (%s) cannot be bound to a program", i, ctpu_op_name(nd->op));
+        return false;
+    }
+    *step = (ctpu_step){ fn, sd };
+    return true;
+}
+
+static bool pass_emit_steps(compile_ctx *cx)
+{
+    const ctpu_trace *t = cx->t;
+    int nn = cx->nn;
+    cx->steps = al_alloc(&cx->al, sizeof(ctpu_step) * (size_t)(nn + 1));
+    if (!cx->steps) return oom(cx);
     for (int i = 0, s = 0; i < nn; s++) {
         int j = i;
-        while (j < nn && group[j] == group[i]) j++;
-        if (j - i >= 2 && t->nodes[i].op == CTPU_OP_MATMUL) {
-            const ctpu_node *nd = &t->nodes[i];
-            ctpu_step_data *sd = al_alloc(&al, sizeof *sd);
-            if (!sd) goto oom;
-            sd->node = *nd;
-            for (int q = 0; q < nd->n_in; q++) {
-                sd->in[q] = *type_of(t, nd->in[q]);
-                sd->in_slot[q] = slot_of[nd->in[q]];
-            }
-            sd->out_slot = slot_of[nin + j - 1];          /* the chain's last value */
-            sd->scalar_base = scal_base[i];
-            sd->epi_bias_slot = epi[3 * i] >= 0 ? slot_of[epi[3 * i]] : -1;
-            sd->epi_act = (uint8_t)(epi[3 * i + 1] >= 0 ? epi[3 * i + 1] : CTPU_K_ACT_NONE);
-            sd->epi_res_slot = epi[3 * i + 2] >= 0 ? slot_of[epi[3 * i + 2]] : -1;
-            if (sd->out_slot < 0 || sd->in_slot[0] < 0 || sd->in_slot[1] < 0 ||
-                (epi[3 * i] >= 0 && sd->epi_bias_slot < 0) || (epi[3 * i + 2] >= 0 && sd->epi_res_slot < 0)) {
-                snprintf(err, errlen, "compile: matmul epilogue at node %d cannot be bound", i);
-                goto fail;
-            }
-            steps[s] = (ctpu_step){ ctpu_exec_fn_for(CTPU_OP_MATMUL), sd };
-            i = j;
-            continue;
-        }
-        if (j - i >= 2 && ctpu_op_is(t->nodes[j - 1].op, CTPU_OPK_REDUCTION)) {
-            /* producers fused into the reduction (node j-1) */
-            const ctpu_node *rn = &t->nodes[j - 1];
-            ctpu_vm_red_prog *rp = al_alloc(&al, sizeof *rp);
-            int idx[CTPU_VM_MAX_NODES];
-            bool store[CTPU_VM_MAX_NODES];
-            if (!rp) goto oom;
-            int32_t red_slot = nin + no + 1 + n_virtual;   /* no buffer has it */
-            int32_t keep = slot_of[nin + j - 2];
-            slot_of[nin + j - 2] = red_slot;
-            for (int k = i; k < j - 1; k++) { idx[k - i] = k; store[k - i] = used_outside[k] || k == j - 2; }
-            int bad = ctpu_vm_build(&rp->vm, t, idx, j - 1 - i, slot_of, store, scal_base);
-            slot_of[nin + j - 2] = keep;
-            const ctpu_vtype *xt = &t->nodes[j - 2].out;
-            int64_t n = 1;
-            for (int d = rn->attr.dims[0]; d < xt->ndim; d++) n *= xt->shape[d];
-            rp->op = (ctpu_k_red_op)ctpu_op_infos[rn->op].kop;
-            rp->mean = rn->op == CTPU_OP_MEAN;
-            rp->n = n;
-            rp->outer = ctpu_vtype_numel(xt) / n;
-            rp->red_slot = red_slot;
-            rp->out_slot = slot_of[nin + j - 1];
-            rp->out_dtype = rn->out.dtype;
-            if (bad || rp->out_slot < 0) {
-                snprintf(err, errlen, "compile: reduction fusion at node %d cannot be built", j - 1);
-                goto fail;
-            }
-            steps[s] = (ctpu_step){ ctpu_vm_red_exec, rp };
-            i = j;
-            continue;
-        }
-        if (j - i >= 2) {
-            ctpu_vm_prog *vp = al_alloc(&al, sizeof *vp);
-            int idx[CTPU_VM_MAX_NODES];
-            bool store[CTPU_VM_MAX_NODES];
-            if (!vp) goto oom;
-            for (int k = i; k < j; k++) { idx[k - i] = k; store[k - i] = used_outside[k]; }
-            if (ctpu_vm_build(vp, t, idx, j - i, slot_of, store, scal_base) != 0) {
-                snprintf(err, errlen, "compile: fusion group at node %d does not fit the VM", i);
-                goto fail;
-            }
-            steps[s] = (ctpu_step){ ctpu_vm_exec, vp };
-            i = j;
-            continue;
-        }
-        const ctpu_node *nd = &t->nodes[i];
-        ctpu_step_data *sd = al_alloc(&al, sizeof *sd);
-        if (!sd) goto oom;
-        sd->node = *nd;
-        for (int q = 0; q < nd->n_in; q++) {
-            sd->in[q] = *type_of(t, nd->in[q]);
-            sd->in_slot[q] = slot_of[nd->in[q]];
-        }
-        sd->out_slot = slot_of[nin + i];
-        sd->scalar_base = scal_base[i];
-        sd->epi_bias_slot = sd->epi_res_slot = -1;
-        ctpu_step_fn fn = ctpu_exec_fn_for(nd->op);
-        bool bad = fn == NULL || sd->out_slot < 0;
-        for (int q = 0; q < nd->n_in; q++) bad |= sd->in_slot[q] < 0;
-        if (bad) {
-            snprintf(err, errlen, "compile: node %d (%s) cannot be bound to a program", i, ctpu_op_name(nd->op));
-            goto fail;
-        }
-        steps[s] = (ctpu_step){ fn, sd };
+        while (j < nn && cx->group[j] == cx->group[i]) j++;
+        bool ok;
+        if (j - i >= 2 && t->nodes[i].op == CTPU_OP_MATMUL) ok = emit_matmul(cx, i, j, &cx->steps[s]);
+        else if (j - i >= 2 && ctpu_op_is(t->nodes[j - 1].op, CTPU_OPK_REDUCTION))
+            ok = emit_reduce_group(cx, i, j, &cx->steps[s]);
+        else if (j - i >= 2) ok = emit_vm_group(cx, i, j, &cx->steps[s]);
+        else ok = emit_node(cx, i, &cx->steps[s]);
+        if (!ok) return false;
         i = j;
     }
+    return true;
+}
 
+/* ------------------------------------------------------------ fault deps */
+/* Per output, the inputs and steps it depends on: a fault poisons only the
+ * outputs computed from it (multi-node programs; skipped past ~8 MiB of
+ * dependency words: then every output takes any fault). */
+static bool pass_fault_deps(compile_ctx *cx)
+{
+    const ctpu_trace *t = cx->t;
+    int nin = cx->nin, nn = cx->nn, no = cx->no;
+    int wi = (nin + 63) / 64 + 1, ws = (cx->n_steps + 63) / 64 + 1;
+    size_t w = (size_t)(wi + ws);
+    cx->wi = wi;
+    cx->ws = ws;
+    if (nn <= 1 || (size_t)cx->nv * w > ((size_t)1 << 20)) return true;
+    uint64_t *dep = calloc((size_t)cx->nv * w, sizeof(uint64_t));
+    cx->odi = al_alloc(&cx->al, sizeof(uint64_t) * (size_t)wi * ((size_t)no + 1));
+    cx->ods = al_alloc(&cx->al, sizeof(uint64_t) * (size_t)ws * ((size_t)no + 1));
+    if (!dep || !cx->odi || !cx->ods) {
+        free(dep);
+        return oom(cx);
+    }
+    for (int v = 0; v < nin; v++) dep[(size_t)v * w + (size_t)(v >> 6)] |= 1ull << (v & 63);
+    for (int k = 0; k < nn; k++) {
+        uint64_t *d = dep + (size_t)(nin + k) * w;
+        for (int q = 0; q < t->nodes[k].n_in; q++) {
+            const uint64_t *e = dep + (size_t)t->nodes[k].in[q] * w;
+            for (size_t x = 0; x < w; x++) d[x] |= e[x];
+        }
+        int st = cx->group_step[cx->group[k]];
+        d[wi + (st >> 6)] |= 1ull << (st & 63);
+    }
+    for (int j = 0; j < no; j++) {
+        const uint64_t *d = dep + (size_t)t->outputs[j] * w;
+        memcpy(cx->odi + (size_t)j * (size_t)wi, d, sizeof(uint64_t) * (size_t)wi);
+        memcpy(cx->ods + (size_t)j * (size_t)ws, d + wi, sizeof(uint64_t) * (size_t)ws);
+    }
+    free(dep);
+    return true;
+}
+
+/* ------------------------------------------------------------ debug tables */
+/* Per output: dtype, element count and the op that made it (the NaN scan of
+ * debug checks); per step, with debug checks on (one node per step), the
+ * value to scan right after it runs. */
+static bool pass_debug_tables(compile_ctx *cx)
+{
+    const ctpu_trace *t = cx->t;
+    int nin = cx->nin, nn = cx->nn, no = cx->no, ns = cx->n_steps;
+    cx->out_dtype = al_alloc(&cx->al, (size_t)no + 1);
+    cx->out_numel = al_alloc(&cx->al, sizeof(int64_t) * ((size_t)no + 1));
+    cx->out_op = al_alloc(&cx->al, sizeof(char *) * ((size_t)no + 1));
+    if (!cx->out_dtype || !cx->out_numel || !cx->out_op) return oom(cx);
     for (int j = 0; j < no; j++) {
         const ctpu_vtype *vt = type_of(t, t->outputs[j]);
-        out_dtype[j] = vt->dtype;
-        out_numel[j] = ctpu_vtype_numel(vt);
-        out_op[j] = t->outputs[j] >= nin ? ctpu_op_name(t->nodes[t->outputs[j] - nin].op) : "input";
+        cx->out_dtype[j] = vt->dtype;
+        cx->out_numel[j] = ctpu_vtype_numel(vt);
+        cx->out_op[j] = t->outputs[j] >= nin ? ctpu_op_name(t->nodes[t->outputs[j] - nin].op) : "input";
     }
-    /* per-output dependencies on inputs and steps: a fault poisons only the
-     * outputs computed from it (multi-node programs; skipped past ~8 MiB) */
-    int wi = (nin + 63) / 64 + 1, ws = (n_steps + 63) / 64 + 1;
-    uint64_t *odi = NULL, *ods = NULL;
-    if (nn > 1 && (size_t)nv * (size_t)(wi + ws) <= ((size_t)1 << 20)) {
-        uint64_t *dep = calloc((size_t)nv * (size_t)(wi + ws), sizeof(uint64_t));
-        odi = al_alloc(&al, sizeof(uint64_t) * (size_t)wi * ((size_t)no + 1));
-        ods = al_alloc(&al, sizeof(uint64_t) * (size_t)ws * ((size_t)no + 1));
-        if (!dep || !odi || !ods) {
-            free(dep);
-            goto oom;
-        }
-        for (int v = 0; v < nin; v++) dep[(size_t)v * (size_t)(wi + ws) + (size_t)(v >> 6)] |= 1ull << (v & 63);
-        for (int k = 0; k < nn; k++) {
-            uint64_t *d = dep + (size_t)(nin + k) * (size_t)(wi + ws);
-            for (int q = 0; q < t->nodes[k].n_in; q++) {
-                const uint64_t *e = dep + (size_t)t->nodes[k].in[q] * (size_t)(wi + ws);
-                for (int w = 0; w < wi + ws; w++) d[w] |= e[w];
-            }
-            int st = group_step[group[k]];
-            d[wi + (st >> 6)] |= 1ull << (st & 63);
-        }
-        for (int j = 0; j < no; j++) {
-            const uint64_t *d = dep + (size_t)t->outputs[j] * (size_t)(wi + ws);
-            memcpy(odi + (size_t)j * (size_t)wi, d, sizeof(uint64_t) * (size_t)wi);
-            memcpy(ods + (size_t)j * (size_t)ws, d + wi, sizeof(uint64_t) * (size_t)ws);
-        }
-        free(dep);
+    if (!t->debug_checks || nn <= 1) return true;
+    cx->so_slot = al_alloc(&cx->al, sizeof(int32_t) * ((size_t)ns + 1));
+    cx->so_dt = al_alloc(&cx->al, (size_t)ns + 1);
+    cx->so_n = al_alloc(&cx->al, sizeof(int64_t) * ((size_t)ns + 1));
+    cx->so_op = al_alloc(&cx->al, sizeof(char *) * ((size_t)ns + 1));
+    if (!cx->so_slot || !cx->so_dt || !cx->so_n || !cx->so_op) return oom(cx);
+    for (int st = 0; st < ns; st++) cx->so_slot[st] = -1;
+    for (int k = 0; k < nn; k++) {
+        int st = cx->group_step[cx->group[k]];   /* the group's last node names the step */
+        cx->so_slot[st] = cx->slot_of[nin + k];
+        cx->so_dt[st] = t->nodes[k].out.dtype;
+        cx->so_n[st] = ctpu_vtype_numel(&t->nodes[k].out);
+        cx->so_op[st] = ctpu_op_name(t->nodes[k].op);
     }
-    /* debug checks: each step's value (one node per step when checks are on) */
-    int32_t *so_slot = NULL;
-    uint8_t *so_dt = NULL;
-    int64_t *so_n = NULL;
-    const char **so_op = NULL;
-    if (t->debug_checks && nn > 1) {
-        so_slot = al_alloc(&al, sizeof(int32_t) * ((size_t)n_steps + 1));
-        so_dt = al_alloc(&al, (size_t)n_steps + 1);
-        so_n = al_alloc(&al, sizeof(int64_t) * ((size_t)n_steps + 1));
-        so_op = al_alloc(&al, sizeof(char *) * ((size_t)n_steps + 1));
-        if (!so_slot || !so_dt || !so_n || !so_op) goto oom;
-        for (int st = 0; st < n_steps; st++) so_slot[st] = -1;
-        for (int k = 0; k < nn; k++) {
-            int st = group_step[group[k]];   /* the group's last node names the step */
-            so_slot[st] = slot_of[nin + k];
-            so_dt[st] = t->nodes[k].out.dtype;
-            so_n[st] = ctpu_vtype_numel(&t->nodes[k].out);
-            so_op[st] = ctpu_op_name(t->nodes[k].op);
-        }
-    }
-    c->mem = al.p;
-    c->n_mem = al.n;
+    return true;
+}
+
+/* ------------------------------------------------------------ the compiler */
+static void program_fill(const compile_ctx *cx, ctpu_program *c)
+{
+    const ctpu_trace *t = cx->t;
+    c->mem = cx->al.p;
+    c->n_mem = cx->al.n;
     c->prog = (ctpu_dev_program){
-        .n_steps = n_steps, .steps = steps, .n_in = nin, .n_out = no,
-        .name = nn ? ctpu_op_name(t->nodes[0].op) : "empty",
-        .out_dtype = out_dtype, .out_numel = out_numel, .out_op = out_op,
-        .n_virtual = n_virtual ? n_virtual : 0, .virt_off = virt_off,
-        .scratch_slot = nin + no, .scratch_bytes = n_virtual ? scratch : 0,
-        .dep_words_in = wi, .dep_words_step = ws, .out_dep_in = odi, .out_dep_step = ods,
-        .step_out_slot = so_slot, .step_out_dtype = so_dt, .step_out_numel = so_n, .step_op = so_op,
+        .n_steps = cx->n_steps, .steps = cx->steps, .n_in = cx->nin, .n_out = cx->no,
+        .name = cx->nn ? ctpu_op_name(t->nodes[0].op) : "empty",
+        .out_dtype = cx->out_dtype, .out_numel = cx->out_numel, .out_op = cx->out_op,
+        .n_virtual = cx->n_virtual, .virt_off = cx->virt_off,
+        .scratch_slot = cx->nin + cx->no, .scratch_bytes = cx->n_virtual ? cx->scratch : 0,
+        .dep_words_in = cx->wi, .dep_words_step = cx->ws, .out_dep_in = cx->odi, .out_dep_step = cx->ods,
+        .step_out_slot = cx->so_slot, .step_out_dtype = cx->so_dt, .step_out_numel = cx->so_n,
+        .step_op = cx->so_op,
     };
-    c->n_groups = n_groups;
+    c->n_groups = cx->n_groups;
+}
+
+ctpu_program *ctpu_fuse_compile(const ctpu_trace *t, char *err, size_t errlen)
+{
+    uint64_t t0 = ctpu_now_ns();
+    compile_ctx cx = {
+        .t = t, .nin = t->n_inputs, .nn = t->n_nodes, .no = t->n_outputs, .nv = t->n_inputs + t->n_nodes,
+        .err = err, .errlen = errlen,
+    };
+    ctpu_program *c = al_alloc(&cx.al, sizeof *c);   /* mem[0]: freed last */
+    bool ok = c ? true : oom(&cx);
+    ok = ok && bind_slots(&cx);
+    ok = ok && pass_group_nodes(&cx);
+    ok = ok && pass_plan_buffers(&cx);
+    ok = ok && pass_emit_steps(&cx);
+    ok = ok && pass_fault_deps(&cx);
+    ok = ok && pass_debug_tables(&cx);
+    if (!ok) {
+        for (int i = 0; i < cx.al.n; i++) free(cx.al.p[i]);
+        free(cx.al.p);
+        return NULL;
+    }
+    program_fill(&cx, c);
     c->compile_ns = ctpu_now_ns() - t0;
     return c;
-oom:
-    snprintf(err, errlen, "out of host memory compiling a program");
-fail:
-    for (int i = 0; i < al.n; i++) free(al.p[i]);
-    free(al.p);
-    return NULL;
 }
 
 void ctpu_program_free(ctpu_program *c)
