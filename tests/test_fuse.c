@@ -2,6 +2,7 @@
  * programs, a training step), cache behaviour with exact counts, loop
  * detection, memory. */
 #include "t_core.h"
+#include "fuse/vm.h"
 
 static int64_t C(const char *n) { return ctpu_metric_counter(n); }
 
@@ -765,12 +766,35 @@ START_TEST(live_bytes_flat_and_fused_peak_lower)
 }
 END_TEST
 
+/* Every op has a kernel entry in exec.c's handler table, every op the VM may
+ * fuse is elementwise (and back), and exactly the CTPU_FUSE_ACT ops have an
+ * epilogue activation in vm.c's table. */
+START_TEST(op_tables_complete)
+{
+    for (int op = 0; op < CTPU_OP_COUNT; op++) {
+        const char *nm = ctpu_op_name(op);
+        ck_assert_msg(ctpu_exec_fn_for(op) != NULL, "op %s has no entry in exec.c's handler table", nm);
+        int fc = ctpu_op_fusion(op);
+        ck_assert_msg(fc >= 0 && fc < CTPU_FUSE_CLASS_COUNT, "op %s: fusion class %d is not a CTPU_FUSE_*", nm, fc);
+        bool vm = fc == CTPU_FUSE_VM || fc == CTPU_FUSE_ADD || fc == CTPU_FUSE_ACT;
+        ck_assert_msg(vm == ctpu_op_is(op, CTPU_OPK_ELEMENTWISE),
+                      "op %s: fusion class %d does not match its elementwise kind (the VM runs elementwise ops)", nm, fc);
+        ck_assert_msg((fc == CTPU_FUSE_REDUCE || fc == CTPU_FUSE_REDUCE_MEAN) <= ctpu_op_is(op, CTPU_OPK_REDUCTION),
+                      "op %s: a reduction fusion class on an op that is not a reduction", nm);
+        ck_assert_msg((fc == CTPU_FUSE_MXU) == ctpu_op_is(op, CTPU_OPK_MATMUL), "op %s: MXU class iff matmul", nm);
+        ck_assert_msg((fc == CTPU_FUSE_ACT) == (ctpu_vm_epi_act(op) != CTPU_K_ACT_NONE),
+                      "op %s: fusion class ACT and vm.c's epilogue activation table disagree", nm);
+    }
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("fuse");
     TCase *p = tcase_create("parity");
     tcase_add_checked_fixture(p, t_setup, t_teardown);
     tcase_set_timeout(p, 240);
+    tcase_add_test(p, op_tables_complete);
     tcase_add_test(p, every_op_parity);
     tcase_add_test(p, random_programs_parity);
     tcase_add_test(p, training_step_parity);

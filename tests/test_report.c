@@ -10,6 +10,7 @@
 
 #include "t_core.h"
 #include "device/tracefile.h"
+#include "device/costmodel.h"
 
 static void env_base(void)
 {
@@ -682,11 +683,30 @@ START_TEST(bad_input)
 }
 END_TEST
 
+/* The cost model's weight table has an entry for exactly the ops whose cost
+ * class counts elements (a new op cannot silently cost nothing). */
+START_TEST(cost_weights_complete)
+{
+    for (int op = 0; op < CTPU_OP_COUNT; op++) {
+        int cc = ctpu_op_cost(op);
+        ck_assert_msg(cc >= 0 && cc < CTPU_CC_CLASS_COUNT, "op %s: cost class %d is not a CTPU_CC_*",
+                      ctpu_op_name(op), cc);
+        bool counted = cc == CTPU_CC_OUT || cc == CTPU_CC_IN;
+        double w = ctpu_cost_op_weight(op);
+        ck_assert_msg(counted ? w > 0 : w == 0, "op %s: cost class %d but weight %g in costmodel.c's table",
+                      ctpu_op_name(op), cc, w);
+        ck_assert_msg((cc == CTPU_CC_MXU) == ctpu_op_is(op, CTPU_OPK_MATMUL), "op %s: MXU cost iff matmul",
+                      ctpu_op_name(op));
+    }
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("report");
     TCase *tc = tcase_create("report");
     tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, cost_weights_complete);
     tcase_add_test(tc, counters_scripted_df);
     tcase_add_test(tc, counters_strict_and_history);
     tcase_add_test(tc, golden_report_text);

@@ -12,7 +12,7 @@ static double pad_to(int64_t x, int64_t q) { return ceil((double)x / (double)q) 
 bool ctpu_cost_matmul_dims(const ctpu_node *n, const ctpu_vtype *a, int64_t *batch, int64_t *m, int64_t *k,
                            int64_t *nn)
 {
-    if (n->op != CTPU_OP_MATMUL || !a) return false;
+    if (ctpu_op_cost(n->op) != CTPU_CC_MXU || !a) return false;
     const ctpu_vtype *o = &n->out;
     bool ta = (n->attr.flags & CTPU_ATTR_TRANS_A) != 0;
     int on = o->ndim;
@@ -39,23 +39,36 @@ void ctpu_cost_add_matmul(const ctpu_chip_info *c, int64_t batch, int64_t m, int
     e->mxu_s += 2.0 * padded * (passes > 0 ? passes : 1) / c->peak_bf16_flops;
 }
 
-static double vector_weight(int op)
-{
-    switch (op) {
-    case CTPU_OP_EXP: case CTPU_OP_LOG: case CTPU_OP_SQRT: case CTPU_OP_RSQRT: case CTPU_OP_TANH:
-    case CTPU_OP_SIGMOID: case CTPU_OP_GELU_TANH: case CTPU_OP_GELU_ERF: case CTPU_OP_POW:
-    case CTPU_OP_POW_SCALAR: case CTPU_OP_DIV: case CTPU_OP_DIV_SCALAR:
-        return CTPU_COST_TRANSCENDENTAL;
-    default:
-        return 1.0;
-    }
-}
+/* Vector-unit operations per counted element (CTPU_CC_OUT: per output
+ * element, CTPU_CC_IN: per input element), one entry per op whose cost class
+ * counts elements (tests/test_report.c checks the table against the classes). */
+#define W_T CTPU_COST_TRANSCENDENTAL
+static const double op_weight[CTPU_OP_COUNT] = {
+    [CTPU_OP_NEG] = 1, [CTPU_OP_ABS] = 1, [CTPU_OP_EXP] = W_T, [CTPU_OP_LOG] = W_T, [CTPU_OP_SQRT] = W_T,
+    [CTPU_OP_RSQRT] = W_T, [CTPU_OP_TANH] = W_T, [CTPU_OP_SIGMOID] = W_T, [CTPU_OP_RELU] = 1,
+    [CTPU_OP_GELU_TANH] = W_T, [CTPU_OP_GELU_ERF] = W_T,
+    [CTPU_OP_ADD] = 1, [CTPU_OP_SUB] = 1, [CTPU_OP_MUL] = 1, [CTPU_OP_DIV] = W_T, [CTPU_OP_POW] = W_T,
+    [CTPU_OP_MAXIMUM] = 1, [CTPU_OP_MINIMUM] = 1,
+    [CTPU_OP_EQ] = 1, [CTPU_OP_NE] = 1, [CTPU_OP_LT] = 1, [CTPU_OP_LE] = 1, [CTPU_OP_GT] = 1, [CTPU_OP_GE] = 1,
+    [CTPU_OP_ADD_SCALAR] = 1, [CTPU_OP_SUB_SCALAR] = 1, [CTPU_OP_MUL_SCALAR] = 1, [CTPU_OP_DIV_SCALAR] = W_T,
+    [CTPU_OP_POW_SCALAR] = W_T, [CTPU_OP_MAXIMUM_SCALAR] = 1, [CTPU_OP_MINIMUM_SCALAR] = 1,
+    [CTPU_OP_EQ_SCALAR] = 1, [CTPU_OP_NE_SCALAR] = 1, [CTPU_OP_LT_SCALAR] = 1, [CTPU_OP_LE_SCALAR] = 1,
+    [CTPU_OP_GT_SCALAR] = 1, [CTPU_OP_GE_SCALAR] = 1,
+    [CTPU_OP_WHERE] = 1, [CTPU_OP_CLAMP] = 1, [CTPU_OP_CAST] = 1,
+    [CTPU_OP_SUM] = 1, [CTPU_OP_MEAN] = 1, [CTPU_OP_MAX] = 1, [CTPU_OP_MIN] = 1, [CTPU_OP_VAR] = 3.0,
+    [CTPU_OP_ARGMAX] = 1, [CTPU_OP_SOFTMAX] = CTPU_COST_SOFTMAX, [CTPU_OP_LOG_SOFTMAX] = CTPU_COST_SOFTMAX,
+    [CTPU_OP_RAND_UNIFORM] = 1, [CTPU_OP_RAND_NORMAL] = 1,
+    [CTPU_OP_EMBEDDING_BACKWARD] = 1, [CTPU_OP_GATHER_BACKWARD] = 1,   /* scatter-add */
+};
+#undef W_T
+
+double ctpu_cost_op_weight(int op) { return op >= 0 && op < CTPU_OP_COUNT ? op_weight[op] : 0; }
 
 void ctpu_cost_add_node(const ctpu_chip_info *c, const ctpu_node *n, const ctpu_vtype *const *in,
                         ctpu_cost_estimate *e)
 {
-    int op = n->op;
-    if (op == CTPU_OP_MATMUL) {
+    int op = n->op, cc = ctpu_op_cost(op);
+    if (cc == CTPU_CC_MXU) {
         int64_t b, m, k, nn;
         if (ctpu_cost_matmul_dims(n, n->n_in > 0 ? in[0] : NULL, &b, &m, &k, &nn)) {
             int passes = n->attr.extra == CTPU_PRECISION_HIGHEST ? 6 : n->attr.extra == CTPU_PRECISION_HIGH ? 3 : 1;
@@ -64,16 +77,8 @@ void ctpu_cost_add_node(const ctpu_chip_info *c, const ctpu_node *n, const ctpu_
         return;
     }
     double ops = 0;
-    if (ctpu_op_is(op, CTPU_OPK_ELEMENTWISE) || ctpu_op_is(op, CTPU_OPK_RANDOM)) {
-        ops = (double)ctpu_vtype_numel(&n->out) * vector_weight(op);
-    } else if (ctpu_op_is(op, CTPU_OPK_REDUCTION)) {
-        double w = op == CTPU_OP_SOFTMAX || op == CTPU_OP_LOG_SOFTMAX ? CTPU_COST_SOFTMAX
-                   : op == CTPU_OP_VAR                                 ? 3.0
-                                                                       : 1.0;
-        ops = (n->n_in > 0 ? (double)ctpu_vtype_numel(in[0]) : 0) * w;
-    } else if (op == CTPU_OP_EMBEDDING_BACKWARD || op == CTPU_OP_GATHER_BACKWARD) {
-        ops = (double)ctpu_vtype_numel(&n->out);   /* scatter-add */
-    }
+    if (cc == CTPU_CC_OUT) ops = (double)ctpu_vtype_numel(&n->out) * op_weight[op];
+    else if (cc == CTPU_CC_IN) ops = (n->n_in > 0 ? (double)ctpu_vtype_numel(in[0]) : 0) * op_weight[op];
     e->vector_ops += ops;
     e->vector_s += ops / (c->peak_bf16_flops / CTPU_COST_VPU_RATIO);
 }

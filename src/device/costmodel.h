@@ -9,7 +9,9 @@
  *              vector_ops per output element: 1 for simple elementwise ops,
  *              CTPU_COST_TRANSCENDENTAL for exp/log/tanh/sigmoid/gelu/pow/
  *              sqrt/rsqrt/div; per input element: 1 for reductions,
- *              CTPU_COST_SOFTMAX for softmax/log_softmax; 0 for data movement
+ *              CTPU_COST_SOFTMAX for softmax/log_softmax, 3 for var; 0 for
+ *              data movement (the op table's cost class picks the term, the
+ *              weights are costmodel.c's table)
  *   hbm_s    = (bytes read + bytes written at the program's boundary) /
  *              (hbm_gbps * 1e9); a one-op program reads its inputs and
  *              writes its output; in a fused program intermediates stay on
@@ -40,6 +42,9 @@ void ctpu_cost_add_matmul(const ctpu_chip_info *c, int64_t batch, int64_t m, int
  * of input i. */
 void ctpu_cost_add_node(const ctpu_chip_info *c, const ctpu_node *n, const ctpu_vtype *const *in,
                         ctpu_cost_estimate *e);
+/* The vector-op weight of an op whose cost class counts elements (CTPU_CC_OUT,
+ * CTPU_CC_IN); 0 for the other classes. */
+double ctpu_cost_op_weight(int op);
 /* Bytes of a value of this type. */
 double ctpu_cost_bytes(const ctpu_vtype *t);
 /* Fill hbm_s, total_s and mxu_utilization from the sums. */

@@ -267,7 +267,6 @@ enum { AG_MISSING = 0, AG_RULE = 1, AG_NOGRAD = 2 };
 enum { S_A = 1, S_B = 2, S_C = 4, S_OUT = 0x80 };
 
 typedef struct {
-    uint8_t kind;
     uint8_t save;
     bw_fn fn;
 } ag_rule;
@@ -616,8 +615,9 @@ static bool bw_matmul(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_te
     return true;
 }
 
-#define R(f, s) { AG_RULE, (s), (f) }
-#define NOGRAD { AG_NOGRAD, 0, NULL }
+/* One rule per op whose row says CTPU_GRAD_RULE (ops.h); ops without a
+ * gradient (CTPU_GRAD_NONE) have no entry. tests/test_autograd.c checks both. */
+#define R(f, s) { (s), (f) }
 
 static const ag_rule ag_rules[CTPU_OP_COUNT] = {
     [CTPU_OP_NEG] = R(bw_neg, 0),
@@ -638,8 +638,6 @@ static const ag_rule ag_rules[CTPU_OP_COUNT] = {
     [CTPU_OP_POW] = R(bw_pow, S_A | S_B | S_OUT),
     [CTPU_OP_MAXIMUM] = R(bw_maxmin, S_A | S_B),
     [CTPU_OP_MINIMUM] = R(bw_maxmin, S_A | S_B),
-    [CTPU_OP_EQ] = NOGRAD, [CTPU_OP_NE] = NOGRAD, [CTPU_OP_LT] = NOGRAD,
-    [CTPU_OP_LE] = NOGRAD, [CTPU_OP_GT] = NOGRAD, [CTPU_OP_GE] = NOGRAD,
     [CTPU_OP_ADD_SCALAR] = R(bw_add_scalar, 0),
     [CTPU_OP_SUB_SCALAR] = R(bw_add_scalar, 0),
     [CTPU_OP_MUL_SCALAR] = R(bw_mul_scalar, 0),
@@ -647,8 +645,6 @@ static const ag_rule ag_rules[CTPU_OP_COUNT] = {
     [CTPU_OP_POW_SCALAR] = R(bw_pow_scalar, S_A | S_OUT),
     [CTPU_OP_MAXIMUM_SCALAR] = R(bw_maxmin_scalar, S_A),
     [CTPU_OP_MINIMUM_SCALAR] = R(bw_maxmin_scalar, S_A),
-    [CTPU_OP_EQ_SCALAR] = NOGRAD, [CTPU_OP_NE_SCALAR] = NOGRAD, [CTPU_OP_LT_SCALAR] = NOGRAD,
-    [CTPU_OP_LE_SCALAR] = NOGRAD, [CTPU_OP_GT_SCALAR] = NOGRAD, [CTPU_OP_GE_SCALAR] = NOGRAD,
     [CTPU_OP_WHERE] = R(bw_where, S_A),
     [CTPU_OP_CLAMP] = R(bw_clamp, S_A),
     [CTPU_OP_CAST] = R(bw_identity, 0),
@@ -657,7 +653,6 @@ static const ag_rule ag_rules[CTPU_OP_COUNT] = {
     [CTPU_OP_MAX] = R(bw_max_red, S_A | S_OUT),
     [CTPU_OP_MIN] = R(bw_max_red, S_A | S_OUT),
     [CTPU_OP_VAR] = R(bw_var, S_A),
-    [CTPU_OP_ARGMAX] = NOGRAD,
     [CTPU_OP_SOFTMAX] = R(bw_softmax, S_OUT),
     [CTPU_OP_LOG_SOFTMAX] = R(bw_log_softmax, S_OUT),
     [CTPU_OP_RESHAPE] = R(bw_reshape, 0),
@@ -668,16 +663,16 @@ static const ag_rule ag_rules[CTPU_OP_COUNT] = {
     [CTPU_OP_EMBEDDING] = R(bw_embedding, S_B),
     [CTPU_OP_GATHER] = R(bw_gather, S_B),
     [CTPU_OP_MATMUL] = R(bw_matmul, S_A | S_B),
-    [CTPU_OP_COPY] = NOGRAD,   /* only assign runs it, and assign records nothing */
-    [CTPU_OP_FULL] = NOGRAD, [CTPU_OP_ARANGE] = NOGRAD,
-    [CTPU_OP_RAND_UNIFORM] = NOGRAD, [CTPU_OP_RAND_NORMAL] = NOGRAD,
-    [CTPU_OP_SLICE_BACKWARD] = NOGRAD, [CTPU_OP_EMBEDDING_BACKWARD] = NOGRAD,
-    [CTPU_OP_GATHER_BACKWARD] = NOGRAD,
 };
 
+/* AG_RULE / AG_NOGRAD as the op's row says, AG_MISSING when this table
+ * disagrees with the row (a rule missing, or one for an op without gradient). */
 int ctpu__ag_rule_kind(int op)
 {
-    return op >= 0 && op < CTPU_OP_COUNT ? ag_rules[op].kind : AG_MISSING;
+    if (op < 0 || op >= CTPU_OP_COUNT) return AG_MISSING;
+    bool has = ag_rules[op].fn != NULL;
+    if (ctpu_op_has_grad(op)) return has ? AG_RULE : AG_MISSING;
+    return has ? AG_MISSING : AG_NOGRAD;
 }
 
 /* ------------------------------------------------------------ recording */
@@ -703,7 +698,7 @@ void ctpu__ag_record(const ctpu_node *node, const ctpu_tensor *inputs, const dou
     ag_check_epoch();
     if (t_ag.no_grad > 0 || node->n_in == 0) return;
     const ag_rule *rule = &ag_rules[node->op];
-    if (rule->kind != AG_RULE || node->out.dtype == CTPU_I32) return;
+    if (!ctpu_op_has_grad(node->op) || !rule->fn || node->out.dtype == CTPU_I32) return;
     int n_in = node->n_in;
     bool any = false;
     for (int i = 0; i < n_in && !any; i++) any = meta_requires(rec_of(inputs[i])->ag);

@@ -8,13 +8,6 @@
 #include "eager.h"
 #include "fuse/exec.h"
 
-const ctpu_op_info ctpu_op_infos[CTPU_OP_COUNT] = {
-#define X(e, n, k, a, ko) { n, k, a, ko },
-    CTPU_OP_TABLE(X)
-#undef X
-};
-_Static_assert(sizeof ctpu_op_infos / sizeof ctpu_op_infos[0] == CTPU_OP_COUNT, "op table drift");
-
 bool ctpu__validate_shape(const char *op, int ndim, const int64_t *shape, ctpu_dtype dt, ctpu_vtype *out);
 void ctpu__rng_take(uint64_t n, uint64_t *seed, uint64_t *offset);
 

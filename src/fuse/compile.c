@@ -108,7 +108,7 @@ static bool same_shape(const ctpu_vtype *a, const ctpu_vtype *b)
  * sum/mean/max/min over trailing dims (inner == 1) of v's only use. */
 static bool reduce_fusable(const ctpu_trace *t, const ctpu_node *r, int32_t v, const int32_t *uses)
 {
-    if (r->op != CTPU_OP_SUM && r->op != CTPU_OP_MEAN && r->op != CTPU_OP_MAX && r->op != CTPU_OP_MIN) return false;
+    if (ctpu_op_fusion(r->op) != CTPU_FUSE_REDUCE && ctpu_op_fusion(r->op) != CTPU_FUSE_REDUCE_MEAN) return false;
     if (r->in[0] != v || uses[v] != 1 || r->attr.n_dims == 0) return false;
     const ctpu_vtype *x = type_of(t, v);
     uint32_t mask = 0;
@@ -137,7 +137,7 @@ static int group_matmul(compile_ctx *cx, int i)
     while (j < cx->nn && cx->uses[cur] == 1) {
         const ctpu_node *m = &t->nodes[j];
         if (!same_shape(&m->out, &n->out) || m->out.dtype != CTPU_KDT_F32) break;
-        if (m->op == CTPU_OP_ADD && (m->in[0] == cur || m->in[1] == cur)) {
+        if (ctpu_op_fusion(m->op) == CTPU_FUSE_ADD && (m->in[0] == cur || m->in[1] == cur)) {
             int32_t other = m->in[0] == cur ? m->in[1] : m->in[0];
             const ctpu_vtype *ot = type_of(t, other);
             if (other == cur || ot->dtype != CTPU_KDT_F32) break;
@@ -147,10 +147,8 @@ static int group_matmul(compile_ctx *cx, int i)
             if (stage == 0 && is_bias && n->out.shape[0] != 1) { epi[0] = other; stage = 1; }
             else if (is_res && epi[2] < 0) { epi[2] = other; stage = 3; }
             else break;
-        } else if (stage <= 1 && m->in[0] == cur &&
-                   (m->op == CTPU_OP_RELU || m->op == CTPU_OP_GELU_TANH || m->op == CTPU_OP_GELU_ERF)) {
-            epi[1] = m->op == CTPU_OP_RELU ? CTPU_K_ACT_RELU
-                     : m->op == CTPU_OP_GELU_TANH ? CTPU_K_ACT_GELU_TANH : CTPU_K_ACT_GELU_ERF;
+        } else if (stage <= 1 && m->in[0] == cur && ctpu_op_fusion(m->op) == CTPU_FUSE_ACT) {
+            epi[1] = ctpu_vm_epi_act(m->op);
             stage = 2;
         } else {
             break;
@@ -214,7 +212,7 @@ static bool pass_group_nodes(compile_ctx *cx)
         for (int k = 0; k < n->n_in; k++) it[k] = type_of(t, n->in[k]);
         int j = i + 1;
         cx->epi[3 * i] = cx->epi[3 * i + 1] = cx->epi[3 * i + 2] = -1;
-        if (n->op == CTPU_OP_MATMUL && n->out.ndim == 2 && n->out.dtype == CTPU_KDT_F32 && !t->debug_checks)
+        if (ctpu_op_fusion(n->op) == CTPU_FUSE_MXU && n->out.ndim == 2 && n->out.dtype == CTPU_KDT_F32 && !t->debug_checks)
             j = group_matmul(cx, i);
         else if (ctpu_vm_fusable(n, it) && !t->debug_checks)
             j = group_vm(cx, i);
@@ -352,7 +350,7 @@ static bool emit_matmul(compile_ctx *cx, int i, int j, ctpu_step *step)
         snprintf(cx->err, cx->errlen, "compile: matmul epilogue at node %d cannot be bound", i);
         return false;
     }
-    *step = (ctpu_step){ ctpu_exec_fn_for(CTPU_OP_MATMUL), sd };
+    *step = (ctpu_step){ ctpu_exec_fn_for(sd->node.op), sd };
     return true;
 }
 
@@ -376,7 +374,7 @@ static bool emit_reduce_group(compile_ctx *cx, int i, int j, ctpu_step *step)
     int64_t n = 1;
     for (int d = rn->attr.dims[0]; d < xt->ndim; d++) n *= xt->shape[d];
     rp->op = (ctpu_k_red_op)ctpu_op_infos[rn->op].kop;
-    rp->mean = rn->op == CTPU_OP_MEAN;
+    rp->mean = ctpu_op_fusion(rn->op) == CTPU_FUSE_REDUCE_MEAN;
     rp->n = n;
     rp->outer = ctpu_vtype_numel(xt) / n;
     rp->red_slot = red_slot;
@@ -435,7 +433,7 @@ static bool pass_emit_steps(compile_ctx *cx)
         int j = i;
         while (j < nn && cx->group[j] == cx->group[i]) j++;
         bool ok;
-        if (j - i >= 2 && t->nodes[i].op == CTPU_OP_MATMUL) ok = emit_matmul(cx, i, j, &cx->steps[s]);
+        if (j - i >= 2 && ctpu_op_fusion(t->nodes[i].op) == CTPU_FUSE_MXU) ok = emit_matmul(cx, i, j, &cx->steps[s]);
         else if (j - i >= 2 && ctpu_op_is(t->nodes[j - 1].op, CTPU_OPK_REDUCTION))
             ok = emit_reduce_group(cx, i, j, &cx->steps[s]);
         else if (j - i >= 2) ok = emit_vm_group(cx, i, j, &cx->steps[s]);

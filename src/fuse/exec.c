@@ -174,10 +174,10 @@ static void ew_compute_float(const ctpu_step_data *sd, const float *const *x, fl
     else if (kind & CTPU_OPK_SCALAR)
         ctpu_k_binary_scalar((ctpu_k_binary_op)kop, x[0], (float)scal[sd->scalar_base],
                              (nd->attr.flags & CTPU_ATTR_SCALAR_FIRST) != 0, y, n);
-    else if (nd->op == CTPU_OP_WHERE) ctpu_k_where(x[0], x[1], x[2], y, n);
-    else if (nd->op == CTPU_OP_CLAMP)
+    else if (kop == CTPU_K_E_WHERE) ctpu_k_where(x[0], x[1], x[2], y, n);
+    else if (kop == CTPU_K_E_CLAMP)
         ctpu_k_clamp(x[0], (float)scal[sd->scalar_base], (float)scal[sd->scalar_base + 1], y, n);
-    else /* CAST */ memcpy(y, x[0], (size_t)n * 4);
+    else /* CTPU_K_E_CAST */ memcpy(y, x[0], (size_t)n * 4);
 }
 
 /* i32 results (and i32-vs-i32 comparisons) are computed exactly in int64
@@ -228,18 +228,18 @@ static void ew_compute_int(const ctpu_step_data *sd, const void *const *in, cons
             case CTPU_K_B_GE: r = ad >= bs; is_int = false; break;
             default: r = 0; is_int = false; break;
             }
-        } else if (nd->op == CTPU_OP_NEG) {
+        } else if ((kind & CTPU_OPK_UNARY) && kop == CTPU_K_U_NEG) {
             ri = (int64_t)(0 - (uint64_t)a);
-        } else if (nd->op == CTPU_OP_ABS) {
+        } else if ((kind & CTPU_OPK_UNARY) && kop == CTPU_K_U_ABS) {
             ri = a < 0 ? (int64_t)(0 - (uint64_t)a) : a;
-        } else if (nd->op == CTPU_OP_RELU) {
+        } else if ((kind & CTPU_OPK_UNARY) && kop == CTPU_K_U_RELU) {
             ri = a > 0 ? a : 0;
-        } else if (nd->op == CTPU_OP_WHERE) {
+        } else if (kind & CTPU_OPK_TERNARY) {   /* where */
             float c = load_f32(in[0], sd->in[0].dtype, off[0]);
             int64_t bb = load_i64(in[2], sd->in[2].dtype, off[2]);
             int64_t aa = load_i64(in[1], sd->in[1].dtype, off[1]);
             ri = c != 0.0f || c != c ? aa : bb;
-        } else if (nd->op == CTPU_OP_CLAMP) {
+        } else if (!(kind & CTPU_OPK_UNARY) && kop == CTPU_K_E_CLAMP) {
             double lo = scal[sd->scalar_base], hi = scal[sd->scalar_base + 1];
             double v = (double)a;
             v = v < lo ? lo : v;
@@ -386,7 +386,7 @@ static uint32_t dims_mask(const ctpu_attrs *a)
 /* i32 max/min/argmax compare the integers themselves: through f32,
  * 16777217 and 16777216 would tie. Visits the input in order, so the first
  * maximal index wins. */
-static void exec_reduction_i32(const ctpu_step_data *sd, ctpu_exec_ctx *ctx)
+static void exec_reduction_i32(const ctpu_step_data *sd, ctpu_exec_ctx *ctx, bool is_arg, bool is_min)
 {
     const ctpu_node *nd = &sd->node;
     const ctpu_vtype *t = &sd->in[0];
@@ -394,7 +394,6 @@ static void exec_reduction_i32(const ctpu_step_data *sd, ctpu_exec_ctx *ctx)
     int32_t *out = ctx->ptr[sd->out_slot];
     uint32_t mask = dims_mask(&nd->attr);
     int64_t on = ctpu_vtype_numel(&nd->out), n = ctpu_vtype_numel(t);
-    bool is_arg = nd->op == CTPU_OP_ARGMAX, is_min = nd->op == CTPU_OP_MIN;
     int32_t *best = is_arg ? malloc((size_t)(on ? on : 1) * 4) : out;
     bool *seen = calloc((size_t)(on ? on : 1), 1);
     int rd = is_arg && nd->attr.n_dims ? nd->attr.dims[0] : -1;
@@ -418,55 +417,87 @@ static void exec_reduction_i32(const ctpu_step_data *sd, ctpu_exec_ctx *ctx)
     free(seen);
 }
 
-static void exec_reduction(const void *data, ctpu_exec_ctx *ctx)
+/* A float reduction's operands: the input as [outer, n, inner] f32 (x; tmp
+ * when a copy was made) and the f32 result y (the output itself when f32). */
+typedef struct {
+    void *out;
+    const float *x;
+    float *tmp, *y;
+    int64_t outer, n, inner, on;
+} red_io;
+
+static void red_begin(const ctpu_step_data *sd, ctpu_exec_ctx *ctx, red_io *r)
+{
+    const ctpu_node *nd = &sd->node;
+    r->out = ctx->ptr[sd->out_slot];
+    r->x = reduce_layout(ctx->ptr[sd->in_slot[0]], &sd->in[0], dims_mask(&nd->attr), &r->outer, &r->n,
+                         &r->inner, &r->tmp);
+    r->on = r->outer * r->inner;
+    r->y = nd->out.dtype == CTPU_KDT_F32 ? r->out : malloc((size_t)(r->on ? r->on : 1) * 4);
+}
+
+/* y into the output's dtype (store false: the kernel wrote the output itself) */
+static void red_end(const ctpu_step_data *sd, red_io *r, bool store)
+{
+    if (r->y != r->out) {
+        if (store) ctpu_from_f32(r->y, sd->node.out.dtype, r->out, r->on);
+        free(r->y);
+    }
+    free(r->tmp);
+}
+
+/* sum, max, min: the op's kernel reduction */
+static void exec_reduce(const void *data, ctpu_exec_ctx *ctx)
 {
     const ctpu_step_data *sd = data;
-    const ctpu_node *nd = &sd->node;
-    const ctpu_vtype *t = &sd->in[0];
-    if (t->dtype == CTPU_KDT_I32 && (nd->op == CTPU_OP_MAX || nd->op == CTPU_OP_MIN || nd->op == CTPU_OP_ARGMAX)) {
-        exec_reduction_i32(sd, ctx);
+    int kop = ctpu_op_kop(sd->node.op);
+    if (sd->in[0].dtype == CTPU_KDT_I32 && kop != CTPU_K_RED_SUM) {
+        exec_reduction_i32(sd, ctx, false, kop == CTPU_K_RED_MIN);
         return;
     }
-    void *out = ctx->ptr[sd->out_slot];
-    int64_t outer, n, inner;
-    float *tmp;
-    const float *x = reduce_layout(ctx->ptr[sd->in_slot[0]], t, dims_mask(&nd->attr), &outer, &n,
-                                   &inner, &tmp);
-    int64_t on = outer * inner;
-    float *y = nd->out.dtype == CTPU_KDT_F32 ? out : malloc((size_t)(on ? on : 1) * 4);
-    switch (nd->op) {
-    case CTPU_OP_SUM:
-        ctpu_k_reduce(CTPU_K_RED_SUM, x, outer, n, inner, y, ctx->pool);
-        break;
-    case CTPU_OP_MEAN:
-        ctpu_k_reduce(CTPU_K_RED_SUM, x, outer, n, inner, y, ctx->pool);
-        ctpu_k_binary_scalar(CTPU_K_B_DIV, y, (float)n, false, y, on);
-        break;
-    case CTPU_OP_MAX: ctpu_k_reduce(CTPU_K_RED_MAX, x, outer, n, inner, y, ctx->pool); break;
-    case CTPU_OP_MIN: ctpu_k_reduce(CTPU_K_RED_MIN, x, outer, n, inner, y, ctx->pool); break;
-    case CTPU_OP_VAR: {
-        float *mean = malloc((size_t)(on ? on : 1) * 4);
-        ctpu_k_reduce(CTPU_K_RED_SUM, x, outer, n, inner, mean, ctx->pool);
-        ctpu_k_binary_scalar(CTPU_K_B_DIV, mean, (float)n, false, mean, on);
-        ctpu_k_sqdev(x, mean, outer, n, inner, y, ctx->pool);
-        /* torch: divide by max(0, n - correction), so n <= correction gives NaN, not -0 */
-        int64_t den = n - nd->attr.i64[0];
-        ctpu_k_binary_scalar(CTPU_K_B_DIV, y, (float)(den > 0 ? den : 0), false, y, on);
-        free(mean);
-        break;
+    red_io r;
+    red_begin(sd, ctx, &r);
+    ctpu_k_reduce((ctpu_k_red_op)kop, r.x, r.outer, r.n, r.inner, r.y, ctx->pool);
+    red_end(sd, &r, true);
+}
+
+static void exec_mean(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_step_data *sd = data;
+    red_io r;
+    red_begin(sd, ctx, &r);
+    ctpu_k_reduce(CTPU_K_RED_SUM, r.x, r.outer, r.n, r.inner, r.y, ctx->pool);
+    ctpu_k_binary_scalar(CTPU_K_B_DIV, r.y, (float)r.n, false, r.y, r.on);
+    red_end(sd, &r, true);
+}
+
+static void exec_var(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_step_data *sd = data;
+    red_io r;
+    red_begin(sd, ctx, &r);
+    float *mean = malloc((size_t)(r.on ? r.on : 1) * 4);
+    ctpu_k_reduce(CTPU_K_RED_SUM, r.x, r.outer, r.n, r.inner, mean, ctx->pool);
+    ctpu_k_binary_scalar(CTPU_K_B_DIV, mean, (float)r.n, false, mean, r.on);
+    ctpu_k_sqdev(r.x, mean, r.outer, r.n, r.inner, r.y, ctx->pool);
+    /* torch: divide by max(0, n - correction), so n <= correction gives NaN, not -0 */
+    int64_t den = r.n - sd->node.attr.i64[0];
+    ctpu_k_binary_scalar(CTPU_K_B_DIV, r.y, (float)(den > 0 ? den : 0), false, r.y, r.on);
+    free(mean);
+    red_end(sd, &r, true);
+}
+
+static void exec_argmax(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_step_data *sd = data;
+    if (sd->in[0].dtype == CTPU_KDT_I32) {
+        exec_reduction_i32(sd, ctx, true, false);
+        return;
     }
-    case CTPU_OP_ARGMAX:
-        ctpu_k_argmax(x, outer, n, inner, (int32_t *)out, false);
-        break;
-    default: break;
-    }
-    if (nd->op != CTPU_OP_ARGMAX && y != out) {
-        ctpu_from_f32(y, nd->out.dtype, out, on);
-        free(y);
-    } else if (y != out) {
-        free(y);
-    }
-    free(tmp);
+    red_io r;
+    red_begin(sd, ctx, &r);
+    ctpu_k_argmax(r.x, r.outer, r.n, r.inner, (int32_t *)r.out, false);
+    red_end(sd, &r, false);
 }
 
 /* softmax's input as f32 rows [outer*inner, n] (the softmax dim last):
@@ -496,15 +527,13 @@ static float *softmax_input(const void *xin, int dtype, int64_t numel, int64_t n
     return xf;
 }
 
-static void exec_softmax(const void *data, ctpu_exec_ctx *ctx)
+static void softmax_rows(const ctpu_step_data *sd, ctpu_exec_ctx *ctx, bool log)
 {
-    const ctpu_step_data *sd = data;
     const ctpu_node *nd = &sd->node;
     const ctpu_vtype *t = &sd->in[0];
     int dim = nd->attr.dims[0];
     int64_t numel = ctpu_vtype_numel(t);
     if (numel == 0) return;
-    bool log = nd->op == CTPU_OP_LOG_SOFTMAX;
     void *out = ctx->ptr[sd->out_slot];
     const void *xin = ctx->ptr[sd->in_slot[0]];
     int64_t n = t->shape[dim], inner = 1;
@@ -534,6 +563,9 @@ oom:
     snprintf(ctx->fault_msg, sizeof ctx->fault_msg, "%s: out of host memory for a %lld-element temporary",
              ctpu_op_name(nd->op), (long long)numel);
 }
+
+static void exec_softmax(const void *data, ctpu_exec_ctx *ctx) { softmax_rows(data, ctx, false); }
+static void exec_log_softmax(const void *data, ctpu_exec_ctx *ctx) { softmax_rows(data, ctx, true); }
 
 /* ------------------------------------------------------------ movement */
 static void exec_copy(const void *data, ctpu_exec_ctx *ctx)
@@ -752,71 +784,61 @@ static void exec_matmul(const void *data, ctpu_exec_ctx *ctx)
 }
 
 /* ------------------------------------------------------------ creation */
-static void exec_creation(const void *data, ctpu_exec_ctx *ctx)
+static void exec_full(const void *data, ctpu_exec_ctx *ctx)
 {
     const ctpu_step_data *sd = data;
-    const ctpu_node *nd = &sd->node;
     const double *sc = ctx->scalars + sd->scalar_base;
-    int64_t n = ctpu_vtype_numel(&nd->out);
+    int64_t n = ctpu_vtype_numel(&sd->node.out);
     void *out = ctx->ptr[sd->out_slot];
-    int dt = nd->out.dtype;
-    if (n == 0) return;
-    if (nd->op == CTPU_OP_FULL) {
-        if (dt == CTPU_KDT_I32) {
-            double v = sc[0];
-            int32_t iv = v != v ? 0 : v >= 2147483647.0 ? INT32_MAX : v <= -2147483648.0 ? INT32_MIN : (int32_t)v;
-            for (int64_t i = 0; i < n; i++) ((int32_t *)out)[i] = iv;
-        } else if (dt == CTPU_KDT_BF16) {
-            uint16_t h = ctpu_f32_to_bf16((float)sc[0]);
-            for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[i] = h;
-        } else {
-            float f = (float)sc[0];
-            for (int64_t i = 0; i < n; i++) ((float *)out)[i] = f;
-        }
-    } else if (nd->op == CTPU_OP_ARANGE) {
-        for (int64_t i = 0; i < n; i++) {
-            double v = sc[0] + (double)i * sc[1];
-            if (dt == CTPU_KDT_I32)   /* toward zero, saturating, as every f32 -> i32 (no UB cast) */
-                ((int32_t *)out)[i] = v >= 2147483647.0 ? INT32_MAX : v <= -2147483648.0 ? INT32_MIN : (int32_t)v;
-            else if (dt == CTPU_KDT_BF16) ((uint16_t *)out)[i] = ctpu_f32_to_bf16((float)v);
-            else ((float *)out)[i] = (float)v;
-        }
+    int dt = sd->node.out.dtype;
+    if (dt == CTPU_KDT_I32) {
+        double v = sc[0];
+        int32_t iv = v != v ? 0 : v >= 2147483647.0 ? INT32_MAX : v <= -2147483648.0 ? INT32_MIN : (int32_t)v;
+        for (int64_t i = 0; i < n; i++) ((int32_t *)out)[i] = iv;
+    } else if (dt == CTPU_KDT_BF16) {
+        uint16_t h = ctpu_f32_to_bf16((float)sc[0]);
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[i] = h;
     } else {
-        uint64_t seed = double_to_bits(sc[0]), offset = double_to_bits(sc[1]);
-        float *y = dt == CTPU_KDT_F32 ? out : malloc((size_t)n * 4);
-        if (nd->op == CTPU_OP_RAND_UNIFORM)
-            ctpu_k_rand_uniform(seed, offset, 0, n, (float)sc[2], (float)sc[3], y);
-        else
-            ctpu_k_rand_normal(seed, offset, 0, n, (float)sc[2], (float)sc[3], y);
-        if (y != out) { ctpu_from_f32(y, dt, out, n); free(y); }
+        float f = (float)sc[0];
+        for (int64_t i = 0; i < n; i++) ((float *)out)[i] = f;
     }
 }
 
-static ctpu_step_fn backward_exec_fn(int op);
-
-ctpu_step_fn ctpu_exec_fn_for(int op)
+static void exec_arange(const void *data, ctpu_exec_ctx *ctx)
 {
-    uint32_t k = ctpu_op_infos[op].kind;
-    if (k & CTPU_OPK_BACKWARD) return backward_exec_fn(op);
-    if (k & CTPU_OPK_ELEMENTWISE) return exec_elementwise;
-    if (k & CTPU_OPK_CREATION) return exec_creation;
-    if (k & CTPU_OPK_MATMUL) return exec_matmul;
-    switch (op) {
-    case CTPU_OP_SOFTMAX:
-    case CTPU_OP_LOG_SOFTMAX: return exec_softmax;
-    case CTPU_OP_RESHAPE:
-    case CTPU_OP_COPY: return exec_copy;
-    case CTPU_OP_PERMUTE: return exec_permute;
-    case CTPU_OP_SLICE: return exec_slice;
-    case CTPU_OP_CONCAT: return exec_concat;
-    case CTPU_OP_EXPAND: return exec_expand;
-    case CTPU_OP_EMBEDDING: return exec_embedding;
-    case CTPU_OP_GATHER: return exec_gather;
-    default: break;
+    const ctpu_step_data *sd = data;
+    const double *sc = ctx->scalars + sd->scalar_base;
+    int64_t n = ctpu_vtype_numel(&sd->node.out);
+    void *out = ctx->ptr[sd->out_slot];
+    int dt = sd->node.out.dtype;
+    for (int64_t i = 0; i < n; i++) {
+        double v = sc[0] + (double)i * sc[1];
+        if (dt == CTPU_KDT_I32)   /* toward zero, saturating, as every f32 -> i32 (no UB cast) */
+            ((int32_t *)out)[i] = v >= 2147483647.0 ? INT32_MAX : v <= -2147483648.0 ? INT32_MIN : (int32_t)v;
+        else if (dt == CTPU_KDT_BF16) ((uint16_t *)out)[i] = ctpu_f32_to_bf16((float)v);
+        else ((float *)out)[i] = (float)v;
     }
-    if (k & CTPU_OPK_REDUCTION) return exec_reduction;
-    return NULL;
 }
+
+/* scalars: seed and offset (as bits), then the distribution's two parameters */
+static void rand_fill(const ctpu_step_data *sd, ctpu_exec_ctx *ctx, bool normal)
+{
+    const double *sc = ctx->scalars + sd->scalar_base;
+    int64_t n = ctpu_vtype_numel(&sd->node.out);
+    void *out = ctx->ptr[sd->out_slot];
+    int dt = sd->node.out.dtype;
+    if (n == 0) return;
+    uint64_t seed = double_to_bits(sc[0]), offset = double_to_bits(sc[1]);
+    float *y = dt == CTPU_KDT_F32 ? out : malloc((size_t)n * 4);
+    if (normal)
+        ctpu_k_rand_normal(seed, offset, 0, n, (float)sc[2], (float)sc[3], y);
+    else
+        ctpu_k_rand_uniform(seed, offset, 0, n, (float)sc[2], (float)sc[3], y);
+    if (y != out) { ctpu_from_f32(y, dt, out, n); free(y); }
+}
+
+static void exec_rand_uniform(const void *data, ctpu_exec_ctx *ctx) { rand_fill(data, ctx, false); }
+static void exec_rand_normal(const void *data, ctpu_exec_ctx *ctx) { rand_fill(data, ctx, true); }
 
 /* ------------------------------------------------------------ backward helpers
  * Ops that only autograd (src/eager/autograd.c) builds. */
@@ -925,12 +947,43 @@ static void exec_gather_backward(const void *data, ctpu_exec_ctx *ctx)
     bw_acc_end(sd, ctx, acc, total);
 }
 
-static ctpu_step_fn backward_exec_fn(int op)
-{
-    switch (op) {
-    case CTPU_OP_SLICE_BACKWARD: return exec_slice_backward;
-    case CTPU_OP_EMBEDDING_BACKWARD: return exec_embedding_backward;
-    case CTPU_OP_GATHER_BACKWARD: return exec_gather_backward;
-    default: return NULL;
-    }
-}
+/* ------------------------------------------------------------ the handler table
+ * One kernel entry per op (tests/test_fuse.c checks that every op has one). */
+#define EW(e) [CTPU_OP_##e] = exec_elementwise
+static const ctpu_step_fn exec_fns[CTPU_OP_COUNT] = {
+    EW(NEG), EW(ABS), EW(EXP), EW(LOG), EW(SQRT), EW(RSQRT), EW(TANH), EW(SIGMOID), EW(RELU),
+    EW(GELU_TANH), EW(GELU_ERF),
+    EW(ADD), EW(SUB), EW(MUL), EW(DIV), EW(POW), EW(MAXIMUM), EW(MINIMUM),
+    EW(EQ), EW(NE), EW(LT), EW(LE), EW(GT), EW(GE),
+    EW(ADD_SCALAR), EW(SUB_SCALAR), EW(MUL_SCALAR), EW(DIV_SCALAR), EW(POW_SCALAR),
+    EW(MAXIMUM_SCALAR), EW(MINIMUM_SCALAR),
+    EW(EQ_SCALAR), EW(NE_SCALAR), EW(LT_SCALAR), EW(LE_SCALAR), EW(GT_SCALAR), EW(GE_SCALAR),
+    EW(WHERE), EW(CLAMP), EW(CAST),
+    [CTPU_OP_SUM] = exec_reduce,
+    [CTPU_OP_MEAN] = exec_mean,
+    [CTPU_OP_MAX] = exec_reduce,
+    [CTPU_OP_MIN] = exec_reduce,
+    [CTPU_OP_VAR] = exec_var,
+    [CTPU_OP_ARGMAX] = exec_argmax,
+    [CTPU_OP_SOFTMAX] = exec_softmax,
+    [CTPU_OP_LOG_SOFTMAX] = exec_log_softmax,
+    [CTPU_OP_RESHAPE] = exec_copy,       /* a view in eager; a copy when a program materialises it */
+    [CTPU_OP_PERMUTE] = exec_permute,
+    [CTPU_OP_SLICE] = exec_slice,
+    [CTPU_OP_CONCAT] = exec_concat,
+    [CTPU_OP_EXPAND] = exec_expand,
+    [CTPU_OP_EMBEDDING] = exec_embedding,
+    [CTPU_OP_GATHER] = exec_gather,
+    [CTPU_OP_MATMUL] = exec_matmul,
+    [CTPU_OP_COPY] = exec_copy,
+    [CTPU_OP_FULL] = exec_full,
+    [CTPU_OP_ARANGE] = exec_arange,
+    [CTPU_OP_RAND_UNIFORM] = exec_rand_uniform,
+    [CTPU_OP_RAND_NORMAL] = exec_rand_normal,
+    [CTPU_OP_SLICE_BACKWARD] = exec_slice_backward,
+    [CTPU_OP_EMBEDDING_BACKWARD] = exec_embedding_backward,
+    [CTPU_OP_GATHER_BACKWARD] = exec_gather_backward,
+};
+#undef EW
+
+ctpu_step_fn ctpu_exec_fn_for(int op) { return op >= 0 && op < CTPU_OP_COUNT ? exec_fns[op] : NULL; }

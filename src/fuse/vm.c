@@ -126,7 +126,8 @@ void ctpu_vm_exec(const void *data, ctpu_exec_ctx *ctx)
 /* ------------------------------------------------------------ building */
 bool ctpu_vm_fusable(const ctpu_node *n, const ctpu_vtype *const *in_types)
 {
-    if (!ctpu_op_is(n->op, CTPU_OPK_ELEMENTWISE)) return false;
+    int fc = ctpu_op_fusion(n->op);
+    if (fc != CTPU_FUSE_VM && fc != CTPU_FUSE_ADD && fc != CTPU_FUSE_ACT) return false;
     if (n->out.dtype == CTPU_KDT_I32) return false;          /* the exact int path */
     if (ctpu_op_is(n->op, CTPU_OPK_COMPARE)) {
         bool all_int = true;
@@ -135,6 +136,16 @@ bool ctpu_vm_fusable(const ctpu_node *n, const ctpu_vtype *const *in_types)
     }
     return true;
 }
+
+/* The fused-epilogue activation of each CTPU_FUSE_ACT op (tests/test_fuse.c
+ * checks this table against the op table's fusion classes). */
+static const uint8_t epi_act[CTPU_OP_COUNT] = {
+    [CTPU_OP_RELU] = CTPU_K_ACT_RELU,
+    [CTPU_OP_GELU_TANH] = CTPU_K_ACT_GELU_TANH,
+    [CTPU_OP_GELU_ERF] = CTPU_K_ACT_GELU_ERF,
+};
+
+int ctpu_vm_epi_act(int op) { return op >= 0 && op < CTPU_OP_COUNT ? epi_act[op] : CTPU_K_ACT_NONE; }
 
 int ctpu_vm_build(ctpu_vm_prog *p, const ctpu_trace *t, const int *nodes, int count, const int32_t *slot_of,
                   const bool *store, const int32_t *scalar_base)
@@ -222,8 +233,8 @@ int ctpu_vm_build(ctpu_vm_prog *p, const ctpu_trace *t, const int *nodes, int co
             I.kind = CTPU_VM_SCALAR;
             I.scalar = scalar_base[nodes[k]];
             if (n->attr.flags & CTPU_ATTR_SCALAR_FIRST) I.flags |= CTPU_VM_SCALAR_FIRST;
-        } else if (n->op == CTPU_OP_WHERE) I.kind = CTPU_VM_WHERE;
-        else if (n->op == CTPU_OP_CLAMP) { I.kind = CTPU_VM_CLAMP; I.scalar = scalar_base[nodes[k]]; }
+        } else if (kind & CTPU_OPK_TERNARY) I.kind = CTPU_VM_WHERE;
+        else if (ctpu_op_kop(n->op) == CTPU_K_E_CLAMP) { I.kind = CTPU_VM_CLAMP; I.scalar = scalar_base[nodes[k]]; }
         else I.kind = CTPU_VM_COPY; /* cast between float dtypes */
         if (n->out.dtype == CTPU_KDT_BF16) I.flags |= CTPU_VM_ROUND_BF16;
         ins[ni++] = I;

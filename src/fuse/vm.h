@@ -43,6 +43,9 @@ typedef struct {
 
 /* Can node n (whose inputs have the given types) run in the VM? */
 bool ctpu_vm_fusable(const ctpu_node *n, const ctpu_vtype *const *in_types);
+/* The matmul-epilogue activation (ctpu_k_act) of a CTPU_FUSE_ACT op;
+ * CTPU_K_ACT_NONE for every other op. */
+int ctpu_vm_epi_act(int op);
 /* Build the VM program for `count` consecutive nodes (indices into t->nodes)
  * of one shape. slot_of maps value ids to bound/virtual slots (-1: none);
  * store[k]: node k's value is needed outside the group. scalar_base: per node,
