@@ -139,7 +139,7 @@ static ctpu_status launch(ctpu_node *node, ctpu_trec *const *inputs, const doubl
         ctpu_counter_add(&rt->metrics, CTPU_CTR_PROGRAMS_COMPILED, 1);
         ctpu_timer_add(&rt->metrics, CTPU_TMR_COMPILE_TIME, prog->compile_ns);
     }
-    ctpu__report_op(node, in_type, hit, prog);   /* report.c: cost estimate, trace */
+    ctpu__report_op(node, hit, prog);   /* report.c: cost estimate, trace */
     ctpu_cmd cmd;
     cmd.prog = &prog->prog;
     cmd.n_bufs = n_in + 1;

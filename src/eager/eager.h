@@ -166,8 +166,9 @@ void ctpu__defer_thread_reset(void);
  * stay unknown); res NULL when no lookup happened; prog NULL when nothing
  * launches. */
 void ctpu__report_cut(int why, const ctpu_trace *t, const ctpu_cache_result *res, const ctpu_program *prog);
-/* A strict/debug op launched (dispatch.c): the node, its input types. */
-void ctpu__report_op(const ctpu_node *n, const ctpu_vtype *in, bool hit, const ctpu_program *prog);
+/* A strict/debug op launched (dispatch.c): the node and its program (whose
+ * estimate it adds up). */
+void ctpu__report_op(const ctpu_node *n, bool hit, const ctpu_program *prog);
 /* A host read (tensor.c ctpu_to_host), before it waits. */
 void ctpu__report_host_read(size_t bytes);
 /* After a marked step (tensor.c ctpu_mark_step). */

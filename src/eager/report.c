@@ -13,16 +13,13 @@
 
 #include "eager.h"
 #include "report.h"
-#include "device/costmodel.h"
+#include "cost/costmodel.h"
 #include "device/tracefile.h"
 
 #define MAX_LABELS 32
 #define MAX_MMS 64
-#define PROG_MMS 8
 
-typedef struct {
-    int64_t batch, m, k, n;
-} mm_dims;
+typedef ctpu_cost_mm mm_dims;
 
 #define MAX_PROG_RECS 4096
 
@@ -36,10 +33,14 @@ typedef struct {
     double est_s[CTPU_COST_MAX_CHIPS];   /* per launch, per chip profile */
     double hbm_bytes, flops, vector_ops;
     double macs_useful[CTPU_COST_MAX_CHIPS], macs_padded[CTPU_COST_MAX_CHIPS];
-    mm_dims mm[PROG_MMS];
+    mm_dims mm[CTPU_COST_PROGRAM_MMS];
     int n_mm;
-    float *op_s;                     /* [CTPU_OP_COUNT] compute seconds per op on the current chip, or NULL */
-    uint32_t *op_n;                  /* [CTPU_OP_COUNT] nodes per op */
+    int n_op_s;
+    struct prog_op {
+        uint16_t op;
+        uint32_t nodes;
+        float s;                     /* its nodes' compute seconds on the current chip */
+    } *op_s;                         /* [n_op_s], one per distinct op */
 } prog_rec;
 
 typedef struct {
@@ -120,11 +121,7 @@ ctpu_status ctpu__report_init(ctpu_runtime *rt, char *err, size_t len)
     return CTPU_OK;
 }
 
-static void prog_free(prog_rec *p)
-{
-    free(p->op_s);
-    free(p->op_n);
-}
+static void prog_free(prog_rec *p) { free(p->op_s); }
 
 void ctpu__report_free(ctpu_runtime *rt)
 {
@@ -197,22 +194,16 @@ static void fmt_types(const ctpu_vtype *types, int n, char *out, size_t len)
     }
 }
 
-/* A node's inputs as types: trace value ids -> types. */
-static const ctpu_vtype *value_type(const ctpu_trace *t, int32_t v)
-{
-    if (v < 0) return NULL;
-    if (v < t->n_inputs) return &t->in_type[v];
-    if (v - t->n_inputs < t->n_nodes) return &t->nodes[v - t->n_inputs].out;
-    return NULL;
-}
-
+/* A program seen compiled: what it runs, and the compiler's estimate of one
+ * launch (per chip; per op on the current chip). */
 static void describe_program(ctpu_report_state *r, prog_rec *p, const ctpu_trace *t, const ctpu_program *prog)
 {
+    const ctpu_cost_program *cp = &prog->cost;
     p->known = true;
     p->n_ops = t->n_nodes;
     p->n_inputs = t->n_inputs;
-    p->n_kernels = prog ? prog->prog.n_steps : 0;
-    p->compile_ns = prog ? prog->compile_ns : 0;
+    p->n_kernels = prog->prog.n_steps;
+    p->compile_ns = prog->compile_ns;
     size_t k = 0;
     p->ops[0] = 0;
     for (int i = 0; i < t->n_nodes && k < sizeof p->ops; i++) {
@@ -220,54 +211,20 @@ static void describe_program(ctpu_report_state *r, prog_rec *p, const ctpu_trace
         k += (size_t)snprintf(p->ops + k, sizeof p->ops - k, "%s%s", i ? "→" : "", ctpu_op_name(t->nodes[i].op));
     }
     fmt_types(t->in_type, t->n_inputs, p->inputs, sizeof p->inputs);
-    p->op_s = calloc(CTPU_OP_COUNT, sizeof *p->op_s);
-    p->op_n = calloc(CTPU_OP_COUNT, sizeof *p->op_n);
-    ctpu_cost_estimate e[CTPU_COST_MAX_CHIPS];
-    memset(e, 0, sizeof e);
-    for (int i = 0; i < t->n_nodes; i++) {
-        const ctpu_node *n = &t->nodes[i];
-        const ctpu_vtype *in[CTPU_NODE_MAX_IN];
-        bool ok = true;
-        for (int j = 0; j < n->n_in && j < CTPU_NODE_MAX_IN; j++) {
-            in[j] = value_type(t, n->in[j]);
-            if (!in[j]) ok = false;
-        }
-        if (!ok) continue;
-        for (int c = 0; c < r->n_chips; c++) {
-            ctpu_cost_estimate one;
-            memset(&one, 0, sizeof one);
-            ctpu_cost_add_node(r->chips[c], n, in, &one);
-            e[c].mxu_s += one.mxu_s;
-            e[c].vector_s += one.vector_s;
-            e[c].flops += one.flops;
-            e[c].vector_ops += one.vector_ops;
-            e[c].macs_useful += one.macs_useful;
-            e[c].macs_padded += one.macs_padded;
-            if (c == r->current && p->op_s) {
-                p->op_s[n->op] += (float)(one.mxu_s > one.vector_s ? one.mxu_s : one.vector_s);
-                p->op_n[n->op]++;
-            }
-        }
-        int64_t b, m, kk, nn;
-        if (p->n_mm < PROG_MMS && ctpu_cost_matmul_dims(n, in[0], &b, &m, &kk, &nn))
-            p->mm[p->n_mm++] = (mm_dims){ b, m, kk, nn };
+    p->op_s = cp->n_ops ? calloc((size_t)cp->n_ops, sizeof *p->op_s) : NULL;
+    p->n_op_s = p->op_s ? cp->n_ops : 0;
+    for (int i = 0; i < p->n_op_s; i++)
+        p->op_s[i] = (struct prog_op){ cp->ops[i].op, cp->ops[i].nodes, cp->ops[i].s_f[r->current] };
+    for (int c = 0; c < r->n_chips && c < cp->n_chips; c++) {
+        p->est_s[c] = cp->chip[c].total_s;
+        p->macs_useful[c] = cp->chip[c].macs_useful;
+        p->macs_padded[c] = cp->chip[c].macs_padded;
     }
-    double bytes = 0;
-    for (int i = 0; i < t->n_inputs; i++) bytes += ctpu_cost_bytes(&t->in_type[i]);
-    for (int j = 0; j < t->n_outputs; j++) {
-        const ctpu_vtype *vt = value_type(t, t->outputs[j]);
-        if (vt) bytes += ctpu_cost_bytes(vt);
-    }
-    for (int c = 0; c < r->n_chips; c++) {
-        e[c].hbm_bytes = bytes;
-        ctpu_cost_finish(r->chips[c], &e[c]);
-        p->est_s[c] = e[c].total_s;
-        p->macs_useful[c] = e[c].macs_useful;
-        p->macs_padded[c] = e[c].macs_padded;
-    }
-    p->hbm_bytes = bytes;
-    p->flops = e[r->current].flops;
-    p->vector_ops = e[r->current].vector_ops;
+    p->n_mm = cp->n_mm;
+    memcpy(p->mm, cp->mm, sizeof p->mm);
+    p->hbm_bytes = cp->chip[r->current].hbm_bytes;
+    p->flops = cp->chip[r->current].flops;
+    p->vector_ops = cp->chip[r->current].vector_ops;
 }
 
 static void launch_add(ctpu_report_state *r, prog_rec *p)
@@ -281,9 +238,10 @@ static void launch_add(ctpu_report_state *r, prog_rec *p)
     r->vector_ops += p->vector_ops;
     r->hbm_bytes += p->hbm_bytes;
     r->hbm_s += p->hbm_bytes / (r->chips[r->current]->hbm_gbps * 1e9);
-    if (p->op_s)
-        for (int o = 0; o < CTPU_OP_COUNT; o++)
-            if (p->op_n[o]) { r->op_s[o] += p->op_s[o]; r->op_count[o] += p->op_n[o]; }
+    for (int i = 0; i < p->n_op_s; i++) {
+        r->op_s[p->op_s[i].op] += p->op_s[i].s;
+        r->op_count[p->op_s[i].op] += p->op_s[i].nodes;
+    }
 }
 
 /* ------------------------------------------------------------ hooks */
@@ -370,85 +328,34 @@ void ctpu__report_cut(int why, const ctpu_trace *t, const ctpu_cache_result *res
 }
 
 /* A strict op's estimate depends only on its program (op, attrs, shapes):
- * computed once per program, kept with it, and added up per launch. */
-typedef struct {
-    double total_s[CTPU_COST_MAX_CHIPS], macs_useful[CTPU_COST_MAX_CHIPS], macs_padded[CTPU_COST_MAX_CHIPS];
-    double flops, vector_ops, hbm_bytes, hbm_s, op_s;
-    bool is_mm;
-    mm_dims mm;
-} op_cost;
-
-static op_cost *op_cost_of(ctpu_report_state *r, const ctpu_node *n, const ctpu_vtype *in, const ctpu_program *prog)
-{
-    op_cost *oc = prog ? (op_cost *)atomic_load(&((ctpu_program *)prog)->op_cost) : NULL;
-    if (oc) return oc;
-    oc = calloc(1, sizeof *oc);
-    if (!oc) return NULL;
-    const ctpu_vtype *inp[CTPU_NODE_MAX_IN];
-    double bytes = ctpu_cost_bytes(&n->out);
-    for (int j = 0; j < n->n_in && j < CTPU_NODE_MAX_IN; j++) {
-        inp[j] = &in[j];
-        bytes += ctpu_cost_bytes(&in[j]);
-    }
-    for (int c = 0; c < r->n_chips; c++) {
-        ctpu_cost_estimate e;
-        memset(&e, 0, sizeof e);
-        ctpu_cost_add_node(r->chips[c], n, inp, &e);
-        e.hbm_bytes = bytes;
-        ctpu_cost_finish(r->chips[c], &e);
-        oc->total_s[c] = e.total_s;
-        oc->macs_useful[c] = e.macs_useful;
-        oc->macs_padded[c] = e.macs_padded;
-        if (c == r->current) {
-            oc->flops = e.flops;
-            oc->vector_ops = e.vector_ops;
-            oc->hbm_s = e.hbm_s;
-            oc->op_s = e.mxu_s > e.vector_s ? e.mxu_s : e.vector_s;
-        }
-    }
-    oc->hbm_bytes = bytes;
-    int64_t b, m, k, nn;
-    if (ctpu_cost_matmul_dims(n, n->n_in ? &in[0] : NULL, &b, &m, &k, &nn)) {
-        oc->is_mm = true;
-        oc->mm = (mm_dims){ b, m, k, nn };
-    }
-    if (!prog) return oc;   /* caller frees */
-    void *expect = NULL;
-    if (!atomic_compare_exchange_strong(&((ctpu_program *)prog)->op_cost, &expect, (void *)oc)) {
-        free(oc);
-        oc = expect;
-    }
-    return oc;
-}
-
-void ctpu__report_op(const ctpu_node *n, const ctpu_vtype *in, bool hit, const ctpu_program *prog)
+ * the compiler made it once; each launch adds it up. */
+void ctpu__report_op(const ctpu_node *n, bool hit, const ctpu_program *prog)
 {
     ctpu_runtime *rt = ctpu_rt;
     ctpu_report_state *r = rt ? rt->report : NULL;
-    if (!r || !n || n->op >= CTPU_OP_COUNT) return;
-    op_cost *oc = op_cost_of(r, n, in, prog);
-    if (!oc) return;
+    if (!r || !n || n->op >= CTPU_OP_COUNT || !prog) return;
+    const ctpu_cost_program *cp = &prog->cost;
+    const ctpu_cost_estimate *cur = &cp->chip[r->current];
     pthread_mutex_lock(&r->mu);
-    for (int c = 0; c < r->n_chips; c++) {
-        r->run_s[c] += oc->total_s[c];
-        r->macs_useful[c] += oc->macs_useful[c];
-        r->macs_padded[c] += oc->macs_padded[c];
+    for (int c = 0; c < r->n_chips && c < cp->n_chips; c++) {
+        r->run_s[c] += cp->chip[c].total_s;
+        r->macs_useful[c] += cp->chip[c].macs_useful;
+        r->macs_padded[c] += cp->chip[c].macs_padded;
     }
-    r->flops += oc->flops;
-    r->vector_ops += oc->vector_ops;
-    r->hbm_bytes += oc->hbm_bytes;
-    r->hbm_s += oc->hbm_s;
-    r->op_s[n->op] += oc->op_s;
+    r->flops += cur->flops;
+    r->vector_ops += cur->vector_ops;
+    r->hbm_bytes += cur->hbm_bytes;
+    r->hbm_s += cur->hbm_s;
+    r->op_s[n->op] += cp->n_ops ? cp->ops[0].s[r->current] : 0;
     r->op_count[n->op]++;
-    if (oc->is_mm) mm_add(r, oc->mm, 1);
+    if (cp->n_mm) mm_add(r, cp->mm[0], 1);
     pthread_mutex_unlock(&r->mu);
-    if (!prog) free(oc);
     if (r->trace) {
         uint64_t now = ctpu_now_ns();
         char args[200], tb[128];
         snprintf(args, sizeof args, "\"hit\":%s,\"out\":\"%s\"", hit ? "true" : "false",
                  ctpu_fmt_type(&n->out, tb, sizeof tb));
-        if (!hit && prog) {
+        if (!hit) {
             char name[96];
             snprintf(name, sizeof name, "compile %s", ctpu_op_name(n->op));
             ctpu_trace_complete(r->trace, CTPU_TRACK_HOST, "compile", name,

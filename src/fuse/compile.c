@@ -18,6 +18,8 @@
  *                     (a fault poisons only those outputs)
  *   debug tables      per output and, with debug checks, per step: the value
  *                     to scan for NaN and the op to name
+ *   estimate cost     the roofline estimate on every chip profile
+ *                     (src/cost), which reports add up per launch
  *
  * A strict one-node trace goes through the same passes and becomes a single
  * step. */
@@ -518,6 +520,37 @@ static bool pass_debug_tables(compile_ctx *cx)
     return true;
 }
 
+/* ------------------------------------------------------------ estimate cost */
+/* The program's estimate on every chip profile: each node's compute, the
+ * traffic of the program's boundary (inputs read, outputs written; the
+ * values inside stay on chip). */
+static bool pass_estimate_cost(compile_ctx *cx, ctpu_cost_program *cost)
+{
+    const ctpu_trace *t = cx->t;
+    int n_chips;
+    const ctpu_chip_info *chips = ctpu_chip_profiles(&n_chips);
+    int16_t entry[CTPU_OP_COUNT];
+    int n_ops = 0;
+    memset(entry, 0xff, sizeof entry);
+    for (int i = 0; i < cx->nn; i++)
+        if (entry[t->nodes[i].op] < 0) entry[t->nodes[i].op] = (int16_t)n_ops++;
+    ctpu_cost_op *ops = al_alloc(&cx->al, sizeof(ctpu_cost_op) * (size_t)(n_ops + 1));
+    if (!ops) return oom(cx);
+    ctpu_cost_program_begin(cost, n_chips, ops);
+    for (int i = 0; i < cx->nn; i++) {
+        const ctpu_node *n = &t->nodes[i];
+        const ctpu_vtype *in[CTPU_NODE_MAX_IN];
+        for (int k = 0; k < n->n_in; k++) in[k] = type_of(t, n->in[k]);
+        int e = entry[n->op];
+        ctpu_cost_program_node(cost, chips, n, in, e < cost->n_ops ? &ops[e] : NULL);
+    }
+    double bytes = 0;
+    for (int i = 0; i < cx->nin; i++) bytes += ctpu_cost_bytes(&t->in_type[i]);
+    for (int j = 0; j < cx->no; j++) bytes += ctpu_cost_bytes(type_of(t, t->outputs[j]));
+    ctpu_cost_program_finish(cost, chips, bytes);
+    return true;
+}
+
 /* ------------------------------------------------------------ the compiler */
 static void program_fill(const compile_ctx *cx, ctpu_program *c)
 {
@@ -552,6 +585,7 @@ ctpu_program *ctpu_fuse_compile(const ctpu_trace *t, char *err, size_t errlen)
     ok = ok && pass_emit_steps(&cx);
     ok = ok && pass_fault_deps(&cx);
     ok = ok && pass_debug_tables(&cx);
+    ok = ok && pass_estimate_cost(&cx, &c->cost);
     if (!ok) {
         for (int i = 0; i < cx.al.n; i++) free(cx.al.p[i]);
         free(cx.al.p);
@@ -566,7 +600,6 @@ void ctpu_program_free(ctpu_program *c)
 {
     if (!c) return;
     free(c->plan);
-    free(atomic_load(&c->op_cost));
     void **m = c->mem;
     int n = c->n_mem;
     for (int i = n - 1; i >= 0; i--) free(m[i]);   /* c itself is m[0] */

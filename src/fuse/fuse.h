@@ -12,6 +12,7 @@
 #include <stdatomic.h>
 
 #include "ops.h"
+#include "cost/costmodel.h"
 #include "device/device.h"
 
 /* A trace: SSA values. Ids [0, n_inputs) are inputs (device buffers bound at
@@ -48,7 +49,7 @@ typedef struct ctpu_program {
     uint64_t compile_ns;
     uint64_t hits;
     void *plan;                /* the launcher's binding plan (one malloc block), or NULL */
-    _Atomic(void *) op_cost;   /* the report's per-launch estimate (report.c), or NULL; freed with it */
+    ctpu_cost_program cost;    /* the roofline estimate of one launch (src/cost) */
 } ctpu_program;
 
 /* Compile a trace into a program. NULL with a message on failure. */

@@ -1,9 +1,8 @@
 /* Roofline estimates (formula in costmodel.h). */
 #include <math.h>
+#include <string.h>
 
 #include "costmodel.h"
-
-#include <string.h>
 
 /* x rounded up to a multiple of q, in double (extents up to INT64_MAX must
  * not overflow: the estimate is a float anyway) */
@@ -96,4 +95,49 @@ void ctpu_cost_finish(const ctpu_chip_info *c, ctpu_cost_estimate *e)
     if (e->hbm_s > t) t = e->hbm_s;
     e->total_s = t;
     e->mxu_utilization = e->macs_padded > 0 ? e->macs_useful / e->macs_padded : 0;
+}
+
+/* ------------------------------------------------------------ programs */
+void ctpu_cost_program_begin(ctpu_cost_program *p, int n_chips, ctpu_cost_op *ops)
+{
+    memset(p, 0, sizeof *p);
+    p->n_chips = n_chips < CTPU_COST_MAX_CHIPS ? n_chips : CTPU_COST_MAX_CHIPS;
+    p->ops = ops;
+}
+
+ctpu_cost_op *ctpu_cost_program_node(ctpu_cost_program *p, const ctpu_chip_info *chips, const ctpu_node *n,
+                                     const ctpu_vtype *const *in, ctpu_cost_op *op)
+{
+    if (!op) {
+        op = &p->ops[p->n_ops++];
+        memset(op, 0, sizeof *op);
+        op->op = (uint16_t)n->op;
+    }
+    op->nodes++;
+    for (int c = 0; c < p->n_chips; c++) {
+        ctpu_cost_estimate one, *e = &p->chip[c];
+        memset(&one, 0, sizeof one);
+        ctpu_cost_add_node(&chips[c], n, in, &one);
+        e->mxu_s += one.mxu_s;
+        e->vector_s += one.vector_s;
+        e->flops += one.flops;
+        e->vector_ops += one.vector_ops;
+        e->macs_useful += one.macs_useful;
+        e->macs_padded += one.macs_padded;
+        double s = one.mxu_s > one.vector_s ? one.mxu_s : one.vector_s;
+        op->s[c] += s;
+        op->s_f[c] += (float)s;
+    }
+    int64_t b, m, k, nn;
+    if (p->n_mm < CTPU_COST_PROGRAM_MMS && ctpu_cost_matmul_dims(n, n->n_in > 0 ? in[0] : NULL, &b, &m, &k, &nn))
+        p->mm[p->n_mm++] = (ctpu_cost_mm){ b, m, k, nn };
+    return op;
+}
+
+void ctpu_cost_program_finish(ctpu_cost_program *p, const ctpu_chip_info *chips, double hbm_bytes)
+{
+    for (int c = 0; c < p->n_chips; c++) {
+        p->chip[c].hbm_bytes = hbm_bytes;
+        ctpu_cost_finish(&chips[c], &p->chip[c]);
+    }
 }

@@ -1,5 +1,7 @@
 /* TPU cost model: a roofline ESTIMATE (not a measurement) of device time on
- * a chip profile (chips.c), per op and per program.
+ * a chip profile (src/device/chips.c), per op and per program. It sits below
+ * the compiler (src/fuse computes each program's estimate when it compiles
+ * it) and knows only the op table and the public types.
  *
  *   mxu_s    = 2 * padded_MACs * passes / peak_bf16_flops
  *              padded_MACs = batch * pad(M) * pad(N) * pad(K), pad(x) = x
@@ -49,5 +51,43 @@ double ctpu_cost_op_weight(int op);
 double ctpu_cost_bytes(const ctpu_vtype *t);
 /* Fill hbm_s, total_s and mxu_utilization from the sums. */
 void ctpu_cost_finish(const ctpu_chip_info *c, ctpu_cost_estimate *e);
+
+/* ------------------------------------------------------------ programs
+ * A program's estimate on every chip profile, made once when it is compiled
+ * and read by the report at each launch. */
+#define CTPU_COST_PROGRAM_MMS 8
+
+typedef struct {
+    int64_t batch, m, k, n;
+} ctpu_cost_mm;
+
+/* One op's nodes in a program: compute seconds per chip (per node the larger
+ * of its MXU and vector time; traffic is the program's), summed in node
+ * order in double (s) and in float (s_f). */
+typedef struct {
+    uint16_t op;
+    uint32_t nodes;
+    double s[CTPU_COST_MAX_CHIPS];
+    float s_f[CTPU_COST_MAX_CHIPS];
+} ctpu_cost_op;
+
+typedef struct {
+    int n_chips;                          /* chip profiles, in their table's order */
+    ctpu_cost_estimate chip[CTPU_COST_MAX_CHIPS];
+    int n_mm;                             /* the first matmuls' dims, in node order */
+    ctpu_cost_mm mm[CTPU_COST_PROGRAM_MMS];
+    int n_ops;                            /* distinct ops, in order of first node */
+    ctpu_cost_op *ops;                    /* storage owned by the program */
+} ctpu_cost_program;
+
+/* Start an estimate over n_chips profiles (at most CTPU_COST_MAX_CHIPS), with
+ * room in ops for one entry per distinct op of the program. */
+void ctpu_cost_program_begin(ctpu_cost_program *p, int n_chips, ctpu_cost_op *ops);
+/* Add node n (in[i]: the type of its input i) to the entry `op` (an entry of
+ * p->ops, or a new one at p->ops[p->n_ops] when op == NULL; returns it). */
+ctpu_cost_op *ctpu_cost_program_node(ctpu_cost_program *p, const ctpu_chip_info *chips, const ctpu_node *n,
+                                     const ctpu_vtype *const *in, ctpu_cost_op *op);
+/* hbm_bytes: the program's boundary traffic (inputs read, outputs written). */
+void ctpu_cost_program_finish(ctpu_cost_program *p, const ctpu_chip_info *chips, double hbm_bytes);
 
 #endif
