@@ -10,7 +10,7 @@
 
 #include "t_core.h"
 #include "device/tracefile.h"
-#include "device/costmodel.h"
+#include "cost/costmodel.h"
 
 static void env_base(void)
 {
