@@ -6,7 +6,15 @@
  *   matmul_{f32in,bf16in}_<n>_{1,2}t     square n^3, n = 128 .. 2048
  *   matmul_mlp_<shape>_{1,2}t            the training demo's shapes, fp32 in
  *   sgemm_openblas_<...>_{1,2}t          OpenBLAS sgemm on the same shapes
- *   ratio_*                              the issue's targets
+ *   sgemm_onednn_<...>_{1,2}t            oneDNN's dnnl_sgemm (f32) on the same shapes
+ *   mxu_probe_ms, mxu_probe_cpu_ms       the init probe that chose the AVX-512
+ *                                        micro-kernel (stderr names the winner)
+ *   ratio_*                              the issue's targets: _vs_limit against
+ *                                        max(peak_fp32_1t, peak_bf16_1t) (the
+ *                                        exact-emulation limit), _vs_openblas /
+ *                                        _vs_onednn per shape (1 thread),
+ *                                        _2t_vs_1t at 1024^3
+ * Each anchor is optional: a `# skip` line on stderr when it is absent.
  * Every ctpu result is validated against ctpu_k_matmul_ref (bit for bit, on
  * sampled rows for the big shapes) before timing; times are medians.
  * OpenBLAS reads OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE when it loads, and this
@@ -23,8 +31,13 @@
 #include <unistd.h>
 #include <immintrin.h>
 #include "kernels.h"
+#include "mxu.h"
 #ifdef CTPU_HAVE_OPENBLAS
 #include <cblas.h>
+#endif
+#ifdef CTPU_HAVE_ONEDNN
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
 #endif
 
 static double now(void)
@@ -262,10 +275,32 @@ static double bench_ctpu(const shape *s, ctpu_k_pool *pool)
     return gf;
 }
 
-#ifdef CTPU_HAVE_OPENBLAS
-static double bench_sgemm(const shape *s, int nt)
+#if defined(CTPU_HAVE_OPENBLAS) || defined(CTPU_HAVE_ONEDNN)
+/* Row-major f32 C = A B (A, B transposed as the shape says) by library `lib`. */
+static void sgemm_call(int lib, const shape *s, const float *a, const float *b, float *c)
 {
-    openblas_set_num_threads(nt);
+    int lda = s->ta ? (int)s->M : (int)s->K, ldb = s->tb ? (int)s->K : (int)s->N;
+#ifdef CTPU_HAVE_OPENBLAS
+    if (lib == 0)
+        cblas_sgemm(CblasRowMajor, s->ta ? CblasTrans : CblasNoTrans, s->tb ? CblasTrans : CblasNoTrans,
+                    (int)s->M, (int)s->N, (int)s->K, 1.0f, a, lda, b, ldb, 0.0f, c, (int)s->N);
+#endif
+#ifdef CTPU_HAVE_ONEDNN
+    if (lib == 1)
+        dnnl_sgemm(s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', s->M, s->N, s->K, 1.0f, a, lda, b, ldb, 0.0f, c, s->N);
+#endif
+    (void)lib; (void)lda; (void)ldb; (void)a; (void)b; (void)c;
+}
+
+/* Median GFLOP/s of library `lib` (0 OpenBLAS, 1 oneDNN) on nt threads. */
+static double bench_sgemm(const shape *s, int nt, int lib)
+{
+#ifdef CTPU_HAVE_OPENBLAS
+    if (lib == 0) openblas_set_num_threads(nt);
+#endif
+#ifdef CTPU_HAVE_ONEDNN
+    if (lib == 1) omp_set_num_threads(nt);
+#endif
     shape f = *s;
     f.dt = CTPU_KDT_F32;
     void *bufs[3];
@@ -275,9 +310,7 @@ static double bench_sgemm(const shape *s, int nt)
     double *t = malloc(sizeof(double) * (size_t)reps);
     for (int r = -1; r < reps; r++) {
         double t0 = now();
-        cblas_sgemm(CblasRowMajor, s->ta ? CblasTrans : CblasNoTrans, s->tb ? CblasTrans : CblasNoTrans,
-                    (int)s->M, (int)s->N, (int)s->K, 1.0f, bufs[0], s->ta ? (int)s->M : (int)s->K,
-                    bufs[1], s->tb ? (int)s->K : (int)s->N, 0.0f, bufs[2], (int)s->N);
+        sgemm_call(lib, s, bufs[0], bufs[1], bufs[2]);
         if (r >= 0) t[r] = now() - t0;
     }
     (void)g;
@@ -323,6 +356,24 @@ int main(int argc, char **argv)
             if (!strcmp(force, ctpu_isa_name((ctpu_isa)i))) isa = (ctpu_isa)i;
     if (!ctpu_kernels_set_isa(isa)) { fprintf(stderr, "matmul: ISA %s unavailable\n", ctpu_isa_name(isa)); return 1; }
     fprintf(stderr, "# isa %s\n", ctpu_isa_name(isa));
+    const ctpu_mxu_impl *mi = ctpu_mxu_current();
+    const ctpu_mxu_probe_info *pi = ctpu_mxu_probe_result();
+    if (pi)
+        fprintf(stderr, "# mxu kernel %s (%s) %dx%d; probe: FMA %.1f, vdpbf16ps %.1f GFLOP/s in %.2f ms (%.2f ms CPU)\n",
+                mi->name, mi == &ctpu_mxu_impl_avx512_dp ? "vdpbf16ps" : "FMA", mi->mr, mi->nr,
+                pi->rate[0] * 1e-9, pi->rate[1] * 1e-9, pi->ms, pi->cpu_ms);
+    else
+        fprintf(stderr, "# mxu kernel %s %dx%d (no probe on this ISA)\n", mi->name, mi->mr, mi->nr);
+    if (pi && want("mxu_probe")) {
+        line("mxu_probe_ms", pi->ms, "ms");
+        line("mxu_probe_cpu_ms", pi->cpu_ms, "ms");
+    }
+#ifndef CTPU_HAVE_OPENBLAS
+    fprintf(stderr, "# skip sgemm_openblas: OpenBLAS not found at build time (tools/install-deps.sh --bench)\n");
+#endif
+#ifndef CTPU_HAVE_ONEDNN
+    fprintf(stderr, "# skip sgemm_onednn: oneDNN not found at build time (tools/install-deps.sh --bench)\n");
+#endif
     bpool p2;
     bpool_start(&p2, 2);
     ctpu_k_pool *pools[3] = { NULL, NULL, &p2.base };
@@ -334,70 +385,84 @@ int main(int argc, char **argv)
         line("peak_bf16_1t", pk_bf16_1, "GFLOP/s");
         line("peak_bf16_2t", pk_bf16_2, "GFLOP/s");
     }
-    if (want("peak")) {
+    if (__builtin_cpu_supports("avx512f") && want("peak")) {
         pk_fp32_1 = peak_rate(NULL, 0);
         pk_fp32_2 = peak_rate(&p2.base, 0);
         line("peak_fp32_1t", pk_fp32_1, "GFLOP/s");
         line("peak_fp32_2t", pk_fp32_2, "GFLOP/s");
     }
+    double limit = pk_fp32_1 > pk_bf16_1 ? pk_fp32_1 : pk_bf16_1;
 
-    char name[128];
-    double f32_1024[3] = { 0 }, bf16_1024[3] = { 0 }, fwd1[3] = { 0 };
-    for (int n = 128; n <= 2048; n *= 2)
-        for (int dt = 0; dt < 2; dt++)
-            for (int nt = 1; nt <= 2; nt++) {
-                shape s = { "square", n, n, n, 0, 0, dt ? CTPU_KDT_BF16 : CTPU_KDT_F32 };
-                snprintf(name, sizeof name, "matmul_%s_%d_%dt", dt ? "bf16in" : "f32in", n, nt);
-                if (!want(name)) continue;
-                double gf = bench_ctpu(&s, pools[nt]);
-                line(name, gf, "GFLOP/s");
-                if (n == 1024) (dt ? bf16_1024 : f32_1024)[nt] = gf;
-            }
+    /* every shape: name, ctpu f32/bf16 results [1t, 2t], anchors [lib][1t, 2t] */
+    enum { NSQ = 5, NDEMO = 8, NSH = NSQ + NDEMO };
     /* The demo MLP 784 -> 256 -> 128 -> 10, batch 128: forward Y = X W,
      * backward dX = dY W^T (B transposed), dW = X^T dY (A transposed). */
-    const shape demo[] = {
-        { "mlp_fwd1", 128, 256, 784, 0, 0, 0 }, { "mlp_fwd2", 128, 128, 256, 0, 0, 0 },
+    shape sh[NSH] = {
+        { "512", 0, 0, 0, 0, 0, 0 },
+        [NSQ] = { "mlp_fwd1", 128, 256, 784, 0, 0, 0 }, { "mlp_fwd2", 128, 128, 256, 0, 0, 0 },
         { "mlp_fwd3", 128, 10, 128, 0, 0, 0 },
         { "mlp_bwd1_dw", 784, 256, 128, 1, 0, 0 },
         { "mlp_bwd2_dx", 128, 256, 128, 0, 1, 0 }, { "mlp_bwd2_dw", 256, 128, 128, 1, 0, 0 },
         { "mlp_bwd3_dx", 128, 128, 10, 0, 1, 0 }, { "mlp_bwd3_dw", 128, 10, 128, 1, 0, 0 },
     };
-    for (size_t i = 0; i < sizeof demo / sizeof demo[0]; i++)
-        for (int nt = 1; nt <= 2; nt++) {
-            snprintf(name, sizeof name, "matmul_%s_%dt", demo[i].name, nt);
-            if (!want(name)) continue;
-            double gf = bench_ctpu(&demo[i], pools[nt]);
-            line(name, gf, "GFLOP/s");
-            if (i == 0) fwd1[nt] = gf;
-        }
-
-    double blas_1024 = 0;
-#ifdef CTPU_HAVE_OPENBLAS
-    for (int n = 128; n <= 2048; n *= 2)
-        for (int nt = 1; nt <= 2; nt++) {
-            shape s = { "square", n, n, n, 0, 0, CTPU_KDT_F32 };
-            snprintf(name, sizeof name, "sgemm_openblas_%d_%dt", n, nt);
-            if (!want(name)) continue;
-            double gf = bench_sgemm(&s, nt);
-            line(name, gf, "GFLOP/s");
-            if (n == 1024 && nt == 1) blas_1024 = gf;
-        }
-    for (size_t i = 0; i < sizeof demo / sizeof demo[0]; i++)
-        for (int nt = 1; nt <= 2; nt++) {
-            snprintf(name, sizeof name, "sgemm_openblas_%s_%dt", demo[i].name, nt);
-            if (!want(name)) continue;
-            double gf = bench_sgemm(&demo[i], nt);
-            line(name, gf, "GFLOP/s");
-        }
-#endif
-    if (pk_bf16_1 > 0 && !filter) {
-        line("ratio_bf16in_vs_peak_1t", bf16_1024[1] / pk_bf16_1, "x");
-        line("ratio_f32in_vs_peak_1t", f32_1024[1] / pk_bf16_1, "x");
-        line("ratio_mlp_fwd1_vs_peak_1t", fwd1[1] / pk_bf16_1, "x");
+    static const char *sq_names[NSQ] = { "128", "256", "512", "1024", "2048" };
+    for (int i = 0; i < NSQ; i++) {
+        int64_t n = 128 << i;
+        sh[i] = (shape){ sq_names[i], n, n, n, 0, 0, CTPU_KDT_F32 };
     }
-    if (blas_1024 > 0 && f32_1024[1] > 0) line("ratio_f32in_vs_openblas_1t", f32_1024[1] / blas_1024, "x");
-    if (f32_1024[1] > 0 && f32_1024[2] > 0) line("ratio_2t_vs_1t", f32_1024[2] / f32_1024[1], "x");
-    if (bf16_1024[1] > 0 && bf16_1024[2] > 0) line("ratio_bf16in_2t_vs_1t", bf16_1024[2] / bf16_1024[1], "x");
+    double ct[NSH][2][3] = { { { 0 } } }, an[NSH][2][3] = { { { 0 } } };
+    char name[128];
+    for (int i = 0; i < NSQ; i++)
+        for (int dt = 0; dt < 2; dt++)
+            for (int nt = 1; nt <= 2; nt++) {
+                shape s = sh[i];
+                s.dt = dt ? CTPU_KDT_BF16 : CTPU_KDT_F32;
+                snprintf(name, sizeof name, "matmul_%s_%s_%dt", dt ? "bf16in" : "f32in", sh[i].name, nt);
+                if (!want(name)) continue;
+                ct[i][dt][nt] = bench_ctpu(&s, pools[nt]);
+                line(name, ct[i][dt][nt], "GFLOP/s");
+            }
+    for (int i = NSQ; i < NSH; i++)
+        for (int nt = 1; nt <= 2; nt++) {
+            snprintf(name, sizeof name, "matmul_%s_%dt", sh[i].name, nt);
+            if (!want(name)) continue;
+            ct[i][0][nt] = bench_ctpu(&sh[i], pools[nt]);
+            line(name, ct[i][0][nt], "GFLOP/s");
+        }
+    static const char *lib_name[2] = { "openblas", "onednn" };
+    for (int lib = 0; lib < 2; lib++) {
+#ifndef CTPU_HAVE_OPENBLAS
+        if (lib == 0) continue;
+#endif
+#ifndef CTPU_HAVE_ONEDNN
+        if (lib == 1) continue;
+#endif
+        for (int i = 0; i < NSH; i++)
+            for (int nt = 1; nt <= 2; nt++) {
+                snprintf(name, sizeof name, "sgemm_%s_%s_%dt", lib_name[lib], sh[i].name, nt);
+                if (!want(name)) continue;
+#if defined(CTPU_HAVE_OPENBLAS) || defined(CTPU_HAVE_ONEDNN)
+                an[i][lib][nt] = bench_sgemm(&sh[i], nt, lib);
+#endif
+                line(name, an[i][lib][nt], "GFLOP/s");
+            }
+    }
+    if (limit > 0)
+        for (int i = 2; i < NSQ; i++)
+            for (int dt = 0; dt < 2; dt++)
+                if (ct[i][dt][1] > 0) {
+                    snprintf(name, sizeof name, "ratio_%s_%s_vs_limit_1t", dt ? "bf16in" : "f32in", sh[i].name);
+                    line(name, ct[i][dt][1] / limit, "x");
+                }
+    if (limit > 0 && ct[NSQ][0][1] > 0) line("ratio_mlp_fwd1_vs_limit_1t", ct[NSQ][0][1] / limit, "x");
+    for (int lib = 0; lib < 2; lib++)
+        for (int i = 0; i < NSH; i++)
+            if (ct[i][0][1] > 0 && an[i][lib][1] > 0) {
+                snprintf(name, sizeof name, "ratio_%s_vs_%s_1t", sh[i].name, lib_name[lib]);
+                line(name, ct[i][0][1] / an[i][lib][1], "x");
+            }
+    if (ct[3][0][1] > 0 && ct[3][0][2] > 0) line("ratio_2t_vs_1t", ct[3][0][2] / ct[3][0][1], "x");
+    if (ct[3][1][1] > 0 && ct[3][1][2] > 0) line("ratio_bf16in_2t_vs_1t", ct[3][1][2] / ct[3][1][1], "x");
     (void)pk_fp32_2; (void)pk_bf16_2;
     bpool_stop(&p2);
     return 0;

@@ -126,8 +126,12 @@ static void inst_free(inst *s)
 }
 
 static const ctpu_isa all_isas[] = { CTPU_ISA_SCALAR, CTPU_ISA_AVX2, CTPU_ISA_AVX512, CTPU_ISA_AVX512 };
-/* Loop index 3: AVX-512 with the vdpbf16ps micro-kernel instead of the FMA one. */
-static const ctpu_mxu_impl *forced_impl(int i) { return i == 3 ? &ctpu_mxu_impl_avx512_dp : NULL; }
+/* Loop indices 2 and 3: AVX-512 with the FMA and with the vdpbf16ps
+ * micro-kernel (whichever the probe chose, both are checked). */
+static const ctpu_mxu_impl *forced_impl(int i)
+{
+    return i == 2 ? &ctpu_mxu_impl_avx512 : i == 3 ? &ctpu_mxu_impl_avx512_dp : NULL;
+}
 static const ctpu_mxu_impl *cur_force = NULL;
 
 /* Run p with the variant `isa` (nt threads) and with _ref; compare bits. */
@@ -147,9 +151,9 @@ static void check_prob(const prob *p, ctpu_isa isa, int nt)
     if (!ok) {
         float r = p->cdt == CTPU_KDT_BF16 ? ctpu_bf16_to_f32(((uint16_t *)s.c1)[w]) : ((float *)s.c1)[w];
         float v = p->cdt == CTPU_KDT_BF16 ? ctpu_bf16_to_f32(((uint16_t *)s.c2)[w]) : ((float *)s.c2)[w];
-        ck_abort_msg("isa %s%s nt %d: batch %lld M %lld N %lld K %lld adt %d bdt %d cdt %d ta %d tb %d "
+        ck_abort_msg("isa %s %s nt %d: batch %lld M %lld N %lld K %lld adt %d bdt %d cdt %d ta %d tb %d "
                      "prec %d act %d bias %d res %d level %d: element %lld ref %a got %a",
-                     ctpu_isa_name(isa), cur_force ? " (vdpbf16ps kernel)" : "", nt, (long long)p->batch, (long long)p->M, (long long)p->N,
+                     ctpu_isa_name(isa), cur_force ? cur_force->name : "", nt, (long long)p->batch, (long long)p->M, (long long)p->N,
                      (long long)p->K, p->adt, p->bdt, p->cdt, p->ta, p->tb, p->prec, p->act,
                      p->bias_dt, p->res_dt, p->level, (long long)w, r, v);
     }

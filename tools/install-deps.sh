@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages ctpu needs to build, test and run its demo.
 # Idempotent: does nothing when everything is already installed.
-# Usage: bash tools/install-deps.sh [--bench]   (--bench adds OpenBLAS and PyTorch)
+# Usage: bash tools/install-deps.sh [--bench]   (--bench adds OpenBLAS, oneDNN and PyTorch)
 set -euo pipefail
 pkgs=(meson ninja-build pkg-config gcc libc6-dev libxxhash-dev libjemalloc-dev check libsubunit-dev
       libsleef-dev zlib1g-dev libcjson-dev dataset-fashion-mnist)
-if [ "${1:-}" = "--bench" ]; then pkgs+=(libopenblas-dev python3-torch); fi
+if [ "${1:-}" = "--bench" ]; then pkgs+=(libopenblas-dev libdnnl-dev python3-torch); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

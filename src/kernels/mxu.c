@@ -14,9 +14,15 @@
 #include <stdlib.h>
 #include "mxu.h"
 
+#ifndef MXU_KC           /* (overridable for tuning builds only) */
 #define MXU_KC 128       /* pairs per chunk: a 32-column planar B micro-panel is 32 KiB */
+#endif
+#ifndef MXU_MC_PANELS
 #define MXU_MC_PANELS 8  /* MR panels per block */
+#endif
+#ifndef MXU_NC_PANELS
 #define MXU_NC_PANELS 16 /* NR panels per block */
+#endif
 
 typedef struct {
     const ctpu_mm_args *g;

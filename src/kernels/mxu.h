@@ -241,6 +241,11 @@ typedef struct {
 extern const ctpu_mxu_impl ctpu_mxu_impl_ref, ctpu_mxu_impl_avx2, ctpu_mxu_impl_avx512,
     ctpu_mxu_impl_avx512_dp;
 const ctpu_mxu_impl *ctpu_mxu_current(void);
+/* The AVX-512 micro-kernel probe (mxu_ref.c): each candidate's best rate in
+ * FLOP/s (0: FMA, 1: vdpbf16ps), the probe's wall and CPU time (ms) and the
+ * winner. NULL until the AVX-512 variant was first selected. */
+typedef struct { double rate[2], ms, cpu_ms; const ctpu_mxu_impl *chosen; } ctpu_mxu_probe_info;
+const ctpu_mxu_probe_info *ctpu_mxu_probe_result(void);
 /* Tests and benchmarks only: use this table (NULL: back to the ISA's). */
 void ctpu_mxu_force_impl(const ctpu_mxu_impl *im);
 /* Tests only: the work (FLOP) below which a call uses fewer threads

@@ -1,5 +1,8 @@
 /* MXU matmul: the specification (ctpu_k_matmul_ref), the scalar micro-kernel
  * and the variant table selection. Numerics and pass order: mxu.h. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <time.h>
 #include "mxu.h"
 
 static void mm_store(void *c, int dt, int64_t off, float v)
@@ -113,10 +116,88 @@ static const ctpu_mxu_impl *mxu_forced = NULL;
 const ctpu_mxu_impl *ctpu_mxu_current(void) { return mxu_forced ? mxu_forced : mxu_cur; }
 void ctpu_mxu_force_impl(const ctpu_mxu_impl *im) { mxu_forced = im; }
 
+/* ---- the AVX-512 micro-kernel: chosen by a calibrated probe ----------------
+ * Which of vfmadd231ps (2 per K pair) and vdpbf16ps (1 per K pair) is faster
+ * depends on the CPU (Sapphire Rapids: FMA 2x; Zen 4: vdpbf16ps 2x), and the
+ * CPU of a machine class can change: time both micro-kernels, on the same
+ * L1-resident tile, alternately for MXU_PROBE_ROUNDS rounds of
+ * MXU_PROBE_SLICE seconds of this thread's CPU time each (so a preemption
+ * neither decides nor stretches the work; the best round of each counts),
+ * once per process: 2.4 ms of CPU in all, fewer rounds if the wall clock
+ * passes MXU_PROBE_WALL. Both give the same bits (tests/test_k_mxu.c), so the
+ * choice changes only speed. */
+#define MXU_PROBE_KP 64
+#define MXU_PROBE_ROUNDS 3
+#define MXU_PROBE_SLICE 4e-4
+#define MXU_PROBE_WALL 4e-3
+
+static double mxu_clock(clockid_t id)
+{
+    struct timespec t;
+    clock_gettime(id, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* FLOP/s of im's micro-kernel for about `slice` seconds of CPU time. */
+static double mxu_probe_rate(const ctpu_mxu_impl *im, const uint32_t *a, const uint32_t *b, float *c,
+                             double slice)
+{
+    double flop = 4.0 * MXU_PROBE_KP * im->mr * im->nr;    /* 2 MACs per pair */
+    long n = 0;
+    double t0 = mxu_clock(CLOCK_THREAD_CPUTIME_ID), t;
+    do {
+        for (int i = 0; i < 32; i++) im->kernel(MXU_PROBE_KP, a, b, c, im->nr, 1);
+        n += 32;
+        t = mxu_clock(CLOCK_THREAD_CPUTIME_ID) - t0;
+    } while (t < slice);
+    return (double)n * flop / t;
+}
+
+static ctpu_mxu_probe_info mxu_probe;
+static _Atomic int mxu_probed;
+
+static const ctpu_mxu_impl *mxu_choose_avx512(void)
+{
+    if (atomic_load(&mxu_probed)) return mxu_probe.chosen;
+    const ctpu_mxu_impl *cand[2] = { &ctpu_mxu_impl_avx512, &ctpu_mxu_impl_avx512_dp };
+    ctpu_mxu_probe_info info = { 0 };
+    /* planar is the larger layout: 2 f32 per pair and row */
+    size_t an = 2 * MXU_PROBE_KP * 16, bn = 2 * MXU_PROBE_KP * 64;
+    uint32_t *a = aligned_alloc(64, (an + bn) * 4 + 64 * 64 * 4);
+    if (!a) return &ctpu_mxu_impl_avx512;
+    uint32_t *b = a + an;
+    float *c = (float *)(b + bn);
+    /* bf16-valued pairs: 1.0 (A) and 2^-20 (B); sums stay normal and finite */
+    for (size_t i = 0; i < an; i++) a[i] = 0x3f803f80u;
+    for (size_t i = 0; i < bn; i++) b[i] = 0x35803580u;
+    memset(c, 0, 64 * 64 * 4);
+    double w0 = mxu_clock(CLOCK_MONOTONIC), c0 = mxu_clock(CLOCK_THREAD_CPUTIME_ID);
+    for (int k = 0; k < 2; k++) cand[k]->kernel(MXU_PROBE_KP, a, b, c, cand[k]->nr, 0);   /* warm */
+    for (int r = 0; r < MXU_PROBE_ROUNDS; r++) {
+        for (int k = 0; k < 2; k++) {
+            double g = mxu_probe_rate(cand[k], a, b, c, MXU_PROBE_SLICE);
+            if (g > info.rate[k]) info.rate[k] = g;
+        }
+        if (mxu_clock(CLOCK_MONOTONIC) - w0 > MXU_PROBE_WALL) break;
+    }
+    info.ms = (mxu_clock(CLOCK_MONOTONIC) - w0) * 1e3;
+    info.cpu_ms = (mxu_clock(CLOCK_THREAD_CPUTIME_ID) - c0) * 1e3;
+    free(a);
+    info.chosen = info.rate[1] > info.rate[0] ? cand[1] : cand[0];
+    mxu_probe = info;
+    atomic_store(&mxu_probed, 1);
+    return info.chosen;
+}
+
+const ctpu_mxu_probe_info *ctpu_mxu_probe_result(void)
+{
+    return atomic_load(&mxu_probed) ? &mxu_probe : NULL;
+}
+
 void ctpu_k_mxu_select(ctpu_isa isa)
 {
     switch (isa) {
-    case CTPU_ISA_AVX512: mxu_cur = &ctpu_mxu_impl_avx512; break;
+    case CTPU_ISA_AVX512: mxu_cur = mxu_choose_avx512(); break;
     case CTPU_ISA_AVX2: mxu_cur = &ctpu_mxu_impl_avx2; break;
     default: mxu_cur = &ctpu_mxu_impl_ref; break;
     }
