@@ -51,6 +51,19 @@ extern "C" {
 
 #define CTPU_MAX_DIMS 8
 
+/* CTPU_API marks every public function declaration, in this header and in
+ * ctpu_nn.h: the library is compiled with -fvisibility=hidden, so a function
+ * is exported from libctpu.so only when its declaration here carries
+ * CTPU_API (a meson test, tests/check_exports.py, compares the two lists).
+ * CTPU_PRINTF(f, a): printf-style checking of argument f against a. */
+#if defined(__GNUC__) || defined(__clang__)
+#define CTPU_API __attribute__((visibility("default")))
+#define CTPU_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define CTPU_API
+#define CTPU_PRINTF(f, a)
+#endif
+
 /* A value handle: slot index + generation. id == 0 is the null handle. */
 typedef struct { uint64_t id; } ctpu_tensor;
 #define CTPU_NULL ((ctpu_tensor){0})
@@ -95,42 +108,45 @@ typedef enum {
 /* Start the runtime: reads the environment (docs/DESIGN.md's table) once, starts
  * the device thread and kernel workers. Errors: CTPU_ERR_ENV (message names the
  * variable and the value), CTPU_ERR_STATE if already initialised. */
-ctpu_status ctpu_init(void);
+CTPU_API ctpu_status ctpu_init(void);
 /* Drain the stream, release every handle and buffer, stop the threads.
  * Safe to call when not initialised. ctpu_init may be called again after. */
-void ctpu_shutdown(void);
-bool ctpu_is_initialized(void);
+CTPU_API void ctpu_shutdown(void);
+CTPU_API bool ctpu_is_initialized(void);
 
 /* The calling thread's last error message (one line) and status; "" / CTPU_OK
  * if none. Successful calls do not clear it; ctpu_clear_error() does. */
-const char *ctpu_last_error(void);
-ctpu_status ctpu_last_status(void);
-void ctpu_clear_error(void);
-const char *ctpu_status_str(ctpu_status s);
+CTPU_API const char *ctpu_last_error(void);
+CTPU_API ctpu_status ctpu_last_status(void);
+CTPU_API void ctpu_clear_error(void);
+CTPU_API const char *ctpu_status_str(ctpu_status s);
+/* Set this thread's last error (one line, printf-style, control characters
+ * escaped) for libraries built on the public API (src/nn); returns st. */
+CTPU_API ctpu_status ctpu_report_error(ctpu_status st, const char *fmt, ...) CTPU_PRINTF(2, 3);
 
 /* Mode: the process-wide mode, and a per-thread override that wins over it.
  * ctpu_set_thread_mode(-1) (or ctpu_clear_thread_mode) removes the override.
  * Changing mode syncs the stream first. Errors: CTPU_ERR_INVALID_ARG. */
-ctpu_status ctpu_set_mode(ctpu_mode m);
-ctpu_status ctpu_set_thread_mode(ctpu_mode m);
-void ctpu_clear_thread_mode(void);
-ctpu_mode ctpu_get_mode(void);           /* effective mode of this thread */
-const char *ctpu_mode_name(ctpu_mode m); /* "strict", "debug", "defer_fuse" */
+CTPU_API ctpu_status ctpu_set_mode(ctpu_mode m);
+CTPU_API ctpu_status ctpu_set_thread_mode(ctpu_mode m);
+CTPU_API void ctpu_clear_thread_mode(void);
+CTPU_API ctpu_mode ctpu_get_mode(void);           /* effective mode of this thread */
+CTPU_API const char *ctpu_mode_name(ctpu_mode m); /* "strict", "debug", "defer_fuse" */
 
 /* Debug checks (NaN in an op's outputs is an error naming the op). Default:
  * on in debug eager, off otherwise; TORCH_TPU_ENABLE_DEBUG_CHECKS sets it. */
-ctpu_status ctpu_set_debug_checks(bool on);
-bool ctpu_debug_checks(void);
+CTPU_API ctpu_status ctpu_set_debug_checks(bool on);
+CTPU_API bool ctpu_debug_checks(void);
 
 /* Matmul precision for ops dispatched from now on (default: from
  * TORCH_TPU_MATMUL_PRECISION, else DEFAULT). Part of every cache key. */
-ctpu_status ctpu_set_matmul_precision(ctpu_precision p);
-ctpu_precision ctpu_get_matmul_precision(void);
+CTPU_API ctpu_status ctpu_set_matmul_precision(ctpu_precision p);
+CTPU_API ctpu_precision ctpu_get_matmul_precision(void);
 
 /* Wait until every enqueued command has run. Returns the first latched device
  * error (CTPU_ERR_DEVICE_FAULT, CTPU_ERR_NAN) since the last sync, with its
  * message naming the op that caused it, and clears it. */
-ctpu_status ctpu_sync(void);
+CTPU_API ctpu_status ctpu_sync(void);
 
 /* ------------------------------------------------------------------ chip */
 
@@ -147,52 +163,52 @@ typedef struct {
 } ctpu_chip_info;
 
 /* The emulated chip (TORCH_TPU_CHIP). NULL before init. */
-const ctpu_chip_info *ctpu_chip(void);
+CTPU_API const ctpu_chip_info *ctpu_chip(void);
 /* A profile by name ("v5e", "v5p", "v6e", "7x"); NULL if unknown. */
-const ctpu_chip_info *ctpu_chip_lookup(const char *name);
+CTPU_API const ctpu_chip_info *ctpu_chip_lookup(const char *name);
 
 /* HBM accounting, bytes. */
 typedef struct {
     uint64_t in_use, peak, capacity;
     uint64_t allocs, frees;
 } ctpu_hbm_stats;
-ctpu_status ctpu_hbm_get_stats(ctpu_hbm_stats *out);
+CTPU_API ctpu_status ctpu_hbm_get_stats(ctpu_hbm_stats *out);
 /* Reset the peak to the current in-use figure. */
-void ctpu_hbm_reset_peak(void);
+CTPU_API void ctpu_hbm_reset_peak(void);
 
 /* ------------------------------------------------------------- handles */
 
 /* Tensor queries. On a bad handle they return -1 / CTPU_DTYPE_COUNT and set
  * the error. ctpu_shape copies up to CTPU_MAX_DIMS extents into out. */
-int ctpu_ndim(ctpu_tensor t);
-int64_t ctpu_dim(ctpu_tensor t, int d);       /* d may be negative */
-int64_t ctpu_numel(ctpu_tensor t);
-ctpu_dtype ctpu_dtype_of(ctpu_tensor t);
-ctpu_status ctpu_shape(ctpu_tensor t, int64_t out[CTPU_MAX_DIMS], int *ndim);
-bool ctpu_is_valid(ctpu_tensor t);            /* live and not stale; sets no error */
-const char *ctpu_dtype_name(ctpu_dtype dt);   /* "f32", "bf16", "i32" */
+CTPU_API int ctpu_ndim(ctpu_tensor t);
+CTPU_API int64_t ctpu_dim(ctpu_tensor t, int d);       /* d may be negative */
+CTPU_API int64_t ctpu_numel(ctpu_tensor t);
+CTPU_API ctpu_dtype ctpu_dtype_of(ctpu_tensor t);
+CTPU_API ctpu_status ctpu_shape(ctpu_tensor t, int64_t out[CTPU_MAX_DIMS], int *ndim);
+CTPU_API bool ctpu_is_valid(ctpu_tensor t);            /* live and not stale; sets no error */
+CTPU_API const char *ctpu_dtype_name(ctpu_dtype dt);   /* "f32", "bf16", "i32" */
 
 /* Release a handle now (its storage is freed when nothing else refers to it).
  * Errors: CTPU_ERR_STALE_HANDLE, CTPU_ERR_NULL_HANDLE. */
-ctpu_status ctpu_release(ctpu_tensor t);
+CTPU_API ctpu_status ctpu_release(ctpu_tensor t);
 
 /* ---------------------------------------------------------------- scopes */
 
 /* Open a scope: handles made from now on belong to it. Scopes nest (up to 64). */
-ctpu_status ctpu_scope_begin(void);
+CTPU_API ctpu_status ctpu_scope_begin(void);
 /* Release every handle of the innermost scope except kept ones, which move to
  * the enclosing scope. Errors: CTPU_ERR_STATE if no scope is open. */
-ctpu_status ctpu_scope_end(void);
+CTPU_API ctpu_status ctpu_scope_end(void);
 /* Keep t past the end of its scope (it moves to the enclosing scope, or
  * becomes global at the outermost). Returns t, or null on a bad handle. */
-ctpu_tensor ctpu_keep(ctpu_tensor t);
+CTPU_API ctpu_tensor ctpu_keep(ctpu_tensor t);
 /* A step scope: ctpu_scope_begin plus, at its end, a trace cut (mark_step).
  * In the eager modes a step end is a scope end. */
-ctpu_status ctpu_step_begin(void);
-ctpu_status ctpu_step_end(void);
+CTPU_API ctpu_status ctpu_step_begin(void);
+CTPU_API ctpu_status ctpu_step_end(void);
 /* Cut the current trace here (defer and fuse); a no-op in the eager modes
  * apart from counting the step. */
-ctpu_status ctpu_mark_step(void);
+CTPU_API ctpu_status ctpu_mark_step(void);
 
 /* ------------------------------------------------------------- creation */
 
@@ -200,133 +216,133 @@ ctpu_status ctpu_mark_step(void);
  * (f32: float, bf16: uint16_t bit patterns, i32: int32_t), row-major.
  * ndim in [0, 8]; extents >= 0; numel*elemsize must not overflow.
  * Errors: CTPU_ERR_INVALID_ARG, CTPU_ERR_SHAPE, CTPU_ERR_OOM. */
-ctpu_tensor ctpu_from_host(const void *data, ctpu_dtype dt, int ndim, const int64_t *shape);
+CTPU_API ctpu_tensor ctpu_from_host(const void *data, ctpu_dtype dt, int ndim, const int64_t *shape);
 /* Copy a tensor to host memory (waits for it). dst_bytes must be at least
  * numel * elemsize. Errors: CTPU_ERR_INVALID_ARG, handle errors, and any device
  * error latched on the tensor (CTPU_ERR_DEVICE_FAULT naming the op). */
-ctpu_status ctpu_to_host(ctpu_tensor t, void *dst, size_t dst_bytes);
+CTPU_API ctpu_status ctpu_to_host(ctpu_tensor t, void *dst, size_t dst_bytes);
 /* The value of a one-element tensor as double (waits for it). */
-ctpu_status ctpu_item(ctpu_tensor t, double *out);
+CTPU_API ctpu_status ctpu_item(ctpu_tensor t, double *out);
 
-ctpu_tensor ctpu_zeros(ctpu_dtype dt, int ndim, const int64_t *shape);
-ctpu_tensor ctpu_ones(ctpu_dtype dt, int ndim, const int64_t *shape);
+CTPU_API ctpu_tensor ctpu_zeros(ctpu_dtype dt, int ndim, const int64_t *shape);
+CTPU_API ctpu_tensor ctpu_ones(ctpu_dtype dt, int ndim, const int64_t *shape);
 /* value is converted to dt (bf16: RNE; i32: toward zero, saturating). */
-ctpu_tensor ctpu_full(ctpu_dtype dt, int ndim, const int64_t *shape, double value);
+CTPU_API ctpu_tensor ctpu_full(ctpu_dtype dt, int ndim, const int64_t *shape, double value);
 /* [start, end) in steps of step (step != 0): 1-D, ceil((end-start)/step) elements. */
-ctpu_tensor ctpu_arange(double start, double end, double step, ctpu_dtype dt);
+CTPU_API ctpu_tensor ctpu_arange(double start, double end, double step, ctpu_dtype dt);
 
 /* Counter-based random numbers (Philox4x32-10): element i depends only on
  * (seed, offset, i). The generator's offset advances by numel per draw, so two
  * draws differ; ctpu_manual_seed resets seed and offset to 0. f32 or bf16. */
-void ctpu_manual_seed(uint64_t seed);
-ctpu_status ctpu_rng_get_state(uint64_t *seed, uint64_t *offset);
-ctpu_status ctpu_rng_set_state(uint64_t seed, uint64_t offset);
-ctpu_tensor ctpu_rand_uniform(ctpu_dtype dt, int ndim, const int64_t *shape, double lo, double hi);
-ctpu_tensor ctpu_rand_normal(ctpu_dtype dt, int ndim, const int64_t *shape, double mean, double std);
+CTPU_API void ctpu_manual_seed(uint64_t seed);
+CTPU_API ctpu_status ctpu_rng_get_state(uint64_t *seed, uint64_t *offset);
+CTPU_API ctpu_status ctpu_rng_set_state(uint64_t seed, uint64_t offset);
+CTPU_API ctpu_tensor ctpu_rand_uniform(ctpu_dtype dt, int ndim, const int64_t *shape, double lo, double hi);
+CTPU_API ctpu_tensor ctpu_rand_normal(ctpu_dtype dt, int ndim, const int64_t *shape, double mean, double std);
 
 /* dst takes the value of src (same shape and dtype, else CTPU_ERR_SHAPE /
  * CTPU_ERR_DTYPE). Writes dst's storage in place when no other live handle
  * shares it (the stream is in order, so reads already enqueued see the old
  * value), otherwise gives dst a new buffer (copy-on-write). */
-ctpu_status ctpu_assign(ctpu_tensor dst, ctpu_tensor src);
+CTPU_API ctpu_status ctpu_assign(ctpu_tensor dst, ctpu_tensor src);
 
 /* --------------------------------------------------------- elementwise
  * NumPy broadcasting; result dtype by PyTorch promotion (f32 wins over bf16,
  * float over i32); a host scalar never changes the tensor's dtype. Every
  * result is rounded to its dtype. Math in f32 (SLEEF non-FMA u10 for
  * transcendentals). Errors: CTPU_ERR_SHAPE (not broadcastable), CTPU_ERR_DTYPE. */
-ctpu_tensor ctpu_neg(ctpu_tensor a);
-ctpu_tensor ctpu_abs(ctpu_tensor a);
-ctpu_tensor ctpu_exp(ctpu_tensor a);     /* float result (i32 input -> f32) */
-ctpu_tensor ctpu_log(ctpu_tensor a);
-ctpu_tensor ctpu_sqrt(ctpu_tensor a);
-ctpu_tensor ctpu_rsqrt(ctpu_tensor a);
-ctpu_tensor ctpu_tanh(ctpu_tensor a);
-ctpu_tensor ctpu_sigmoid(ctpu_tensor a);
-ctpu_tensor ctpu_relu(ctpu_tensor a);
-ctpu_tensor ctpu_gelu(ctpu_tensor a, bool tanh_approx); /* tanh form or exact (erf) */
+CTPU_API ctpu_tensor ctpu_neg(ctpu_tensor a);
+CTPU_API ctpu_tensor ctpu_abs(ctpu_tensor a);
+CTPU_API ctpu_tensor ctpu_exp(ctpu_tensor a);     /* float result (i32 input -> f32) */
+CTPU_API ctpu_tensor ctpu_log(ctpu_tensor a);
+CTPU_API ctpu_tensor ctpu_sqrt(ctpu_tensor a);
+CTPU_API ctpu_tensor ctpu_rsqrt(ctpu_tensor a);
+CTPU_API ctpu_tensor ctpu_tanh(ctpu_tensor a);
+CTPU_API ctpu_tensor ctpu_sigmoid(ctpu_tensor a);
+CTPU_API ctpu_tensor ctpu_relu(ctpu_tensor a);
+CTPU_API ctpu_tensor ctpu_gelu(ctpu_tensor a, bool tanh_approx); /* tanh form or exact (erf) */
 
-ctpu_tensor ctpu_add(ctpu_tensor a, ctpu_tensor b);
-ctpu_tensor ctpu_sub(ctpu_tensor a, ctpu_tensor b);
-ctpu_tensor ctpu_mul(ctpu_tensor a, ctpu_tensor b);
-ctpu_tensor ctpu_div(ctpu_tensor a, ctpu_tensor b);   /* i32/i32 -> f32 (true division) */
-ctpu_tensor ctpu_pow(ctpu_tensor a, ctpu_tensor b);
-ctpu_tensor ctpu_maximum(ctpu_tensor a, ctpu_tensor b); /* NaN from either side */
-ctpu_tensor ctpu_minimum(ctpu_tensor a, ctpu_tensor b);
+CTPU_API ctpu_tensor ctpu_add(ctpu_tensor a, ctpu_tensor b);
+CTPU_API ctpu_tensor ctpu_sub(ctpu_tensor a, ctpu_tensor b);
+CTPU_API ctpu_tensor ctpu_mul(ctpu_tensor a, ctpu_tensor b);
+CTPU_API ctpu_tensor ctpu_div(ctpu_tensor a, ctpu_tensor b);   /* i32/i32 -> f32 (true division) */
+CTPU_API ctpu_tensor ctpu_pow(ctpu_tensor a, ctpu_tensor b);
+CTPU_API ctpu_tensor ctpu_maximum(ctpu_tensor a, ctpu_tensor b); /* NaN from either side */
+CTPU_API ctpu_tensor ctpu_minimum(ctpu_tensor a, ctpu_tensor b);
 /* Comparisons give f32 masks (1.0 / 0.0). */
-ctpu_tensor ctpu_eq(ctpu_tensor a, ctpu_tensor b);
-ctpu_tensor ctpu_ne(ctpu_tensor a, ctpu_tensor b);
-ctpu_tensor ctpu_lt(ctpu_tensor a, ctpu_tensor b);
-ctpu_tensor ctpu_le(ctpu_tensor a, ctpu_tensor b);
-ctpu_tensor ctpu_gt(ctpu_tensor a, ctpu_tensor b);
-ctpu_tensor ctpu_ge(ctpu_tensor a, ctpu_tensor b);
+CTPU_API ctpu_tensor ctpu_eq(ctpu_tensor a, ctpu_tensor b);
+CTPU_API ctpu_tensor ctpu_ne(ctpu_tensor a, ctpu_tensor b);
+CTPU_API ctpu_tensor ctpu_lt(ctpu_tensor a, ctpu_tensor b);
+CTPU_API ctpu_tensor ctpu_le(ctpu_tensor a, ctpu_tensor b);
+CTPU_API ctpu_tensor ctpu_gt(ctpu_tensor a, ctpu_tensor b);
+CTPU_API ctpu_tensor ctpu_ge(ctpu_tensor a, ctpu_tensor b);
 
 /* Scalar forms: the scalar is a runtime argument (never part of a cache key).
  * _rscalar forms put the scalar first (s - a, s / a, s ** a). */
-ctpu_tensor ctpu_add_scalar(ctpu_tensor a, double s);
-ctpu_tensor ctpu_sub_scalar(ctpu_tensor a, double s);
-ctpu_tensor ctpu_mul_scalar(ctpu_tensor a, double s);
-ctpu_tensor ctpu_div_scalar(ctpu_tensor a, double s);
-ctpu_tensor ctpu_pow_scalar(ctpu_tensor a, double s);
-ctpu_tensor ctpu_maximum_scalar(ctpu_tensor a, double s);
-ctpu_tensor ctpu_minimum_scalar(ctpu_tensor a, double s);
-ctpu_tensor ctpu_rsub_scalar(ctpu_tensor a, double s);
-ctpu_tensor ctpu_rdiv_scalar(ctpu_tensor a, double s);
-ctpu_tensor ctpu_rpow_scalar(ctpu_tensor a, double s);
-ctpu_tensor ctpu_eq_scalar(ctpu_tensor a, double s);
-ctpu_tensor ctpu_ne_scalar(ctpu_tensor a, double s);
-ctpu_tensor ctpu_lt_scalar(ctpu_tensor a, double s);
-ctpu_tensor ctpu_le_scalar(ctpu_tensor a, double s);
-ctpu_tensor ctpu_gt_scalar(ctpu_tensor a, double s);
-ctpu_tensor ctpu_ge_scalar(ctpu_tensor a, double s);
+CTPU_API ctpu_tensor ctpu_add_scalar(ctpu_tensor a, double s);
+CTPU_API ctpu_tensor ctpu_sub_scalar(ctpu_tensor a, double s);
+CTPU_API ctpu_tensor ctpu_mul_scalar(ctpu_tensor a, double s);
+CTPU_API ctpu_tensor ctpu_div_scalar(ctpu_tensor a, double s);
+CTPU_API ctpu_tensor ctpu_pow_scalar(ctpu_tensor a, double s);
+CTPU_API ctpu_tensor ctpu_maximum_scalar(ctpu_tensor a, double s);
+CTPU_API ctpu_tensor ctpu_minimum_scalar(ctpu_tensor a, double s);
+CTPU_API ctpu_tensor ctpu_rsub_scalar(ctpu_tensor a, double s);
+CTPU_API ctpu_tensor ctpu_rdiv_scalar(ctpu_tensor a, double s);
+CTPU_API ctpu_tensor ctpu_rpow_scalar(ctpu_tensor a, double s);
+CTPU_API ctpu_tensor ctpu_eq_scalar(ctpu_tensor a, double s);
+CTPU_API ctpu_tensor ctpu_ne_scalar(ctpu_tensor a, double s);
+CTPU_API ctpu_tensor ctpu_lt_scalar(ctpu_tensor a, double s);
+CTPU_API ctpu_tensor ctpu_le_scalar(ctpu_tensor a, double s);
+CTPU_API ctpu_tensor ctpu_gt_scalar(ctpu_tensor a, double s);
+CTPU_API ctpu_tensor ctpu_ge_scalar(ctpu_tensor a, double s);
 
 /* cond != 0 ? a : b, all three broadcast together; cond of any dtype. */
-ctpu_tensor ctpu_where(ctpu_tensor cond, ctpu_tensor a, ctpu_tensor b);
+CTPU_API ctpu_tensor ctpu_where(ctpu_tensor cond, ctpu_tensor a, ctpu_tensor b);
 /* min(max(a, lo), hi); NaN propagates. lo <= hi is not required (as torch). */
-ctpu_tensor ctpu_clamp(ctpu_tensor a, double lo, double hi);
+CTPU_API ctpu_tensor ctpu_clamp(ctpu_tensor a, double lo, double hi);
 /* Convert to dt: f32->bf16 RNE (subnormal -> 0), f32->i32 toward zero,
  * saturating, NaN -> 0 (docs/CONTRACTS.md "Dtypes"). */
-ctpu_tensor ctpu_cast(ctpu_tensor a, ctpu_dtype dt);
+CTPU_API ctpu_tensor ctpu_cast(ctpu_tensor a, ctpu_dtype dt);
 
 /* ----------------------------------------------------------- reductions
  * dims: ndims entries in [-ndim, ndim), distinct; ndims == 0 (dims NULL)
  * reduces every dim. keepdim keeps reduced dims as extent 1. Order: the one
  * fixed order of docs/CONTRACTS.md (chunks of 4096, 16 virtual lanes, fixed trees),
  * depending only on the shape. Result f32 (bf16 input -> bf16 result). */
-ctpu_tensor ctpu_sum(ctpu_tensor a, int ndims, const int *dims, bool keepdim);
-ctpu_tensor ctpu_mean(ctpu_tensor a, int ndims, const int *dims, bool keepdim); /* sum / n */
-ctpu_tensor ctpu_max(ctpu_tensor a, int ndims, const int *dims, bool keepdim);  /* NaN wins */
-ctpu_tensor ctpu_min(ctpu_tensor a, int ndims, const int *dims, bool keepdim);
+CTPU_API ctpu_tensor ctpu_sum(ctpu_tensor a, int ndims, const int *dims, bool keepdim);
+CTPU_API ctpu_tensor ctpu_mean(ctpu_tensor a, int ndims, const int *dims, bool keepdim); /* sum / n */
+CTPU_API ctpu_tensor ctpu_max(ctpu_tensor a, int ndims, const int *dims, bool keepdim);  /* NaN wins */
+CTPU_API ctpu_tensor ctpu_min(ctpu_tensor a, int ndims, const int *dims, bool keepdim);
 /* var = sum((x - mean)^2) / (n - correction) (correction 1: unbiased). */
-ctpu_tensor ctpu_var(ctpu_tensor a, int ndims, const int *dims, int correction, bool keepdim);
+CTPU_API ctpu_tensor ctpu_var(ctpu_tensor a, int ndims, const int *dims, int correction, bool keepdim);
 /* First index of the maximum along dim (a NaN counts as maximal) -> i32. */
-ctpu_tensor ctpu_argmax(ctpu_tensor a, int dim, bool keepdim);
+CTPU_API ctpu_tensor ctpu_argmax(ctpu_tensor a, int dim, bool keepdim);
 /* max-subtracted softmax / log_softmax along dim. */
-ctpu_tensor ctpu_softmax(ctpu_tensor a, int dim);
-ctpu_tensor ctpu_log_softmax(ctpu_tensor a, int dim);
+CTPU_API ctpu_tensor ctpu_softmax(ctpu_tensor a, int dim);
+CTPU_API ctpu_tensor ctpu_log_softmax(ctpu_tensor a, int dim);
 
 /* ------------------------------------------------------- data movement */
 /* New shape with the same numel; one extent may be -1 (inferred). Shares
  * storage when the input is contiguous (always, in ctpu). */
-ctpu_tensor ctpu_reshape(ctpu_tensor a, int ndim, const int64_t *shape);
+CTPU_API ctpu_tensor ctpu_reshape(ctpu_tensor a, int ndim, const int64_t *shape);
 /* perm is a permutation of [0, ndim). */
-ctpu_tensor ctpu_permute(ctpu_tensor a, const int *perm);
-ctpu_tensor ctpu_transpose(ctpu_tensor a, int d0, int d1);
-ctpu_tensor ctpu_contiguous(ctpu_tensor a);
+CTPU_API ctpu_tensor ctpu_permute(ctpu_tensor a, const int *perm);
+CTPU_API ctpu_tensor ctpu_transpose(ctpu_tensor a, int d0, int d1);
+CTPU_API ctpu_tensor ctpu_contiguous(ctpu_tensor a);
 /* Elements start, start+step, ... < end along dim (python slicing: negative
  * start/end count from the end and are clamped; step >= 1). */
-ctpu_tensor ctpu_slice(ctpu_tensor a, int dim, int64_t start, int64_t end, int64_t step);
+CTPU_API ctpu_tensor ctpu_slice(ctpu_tensor a, int dim, int64_t start, int64_t end, int64_t step);
 /* Concatenate n >= 1 tensors of the same dtype, equal extents except dim. */
-ctpu_tensor ctpu_concat(int n, const ctpu_tensor *ts, int dim);
+CTPU_API ctpu_tensor ctpu_concat(int n, const ctpu_tensor *ts, int dim);
 /* Broadcast to shape (extent 1 or new leading dims expand; -1 keeps). */
-ctpu_tensor ctpu_expand(ctpu_tensor a, int ndim, const int64_t *shape);
+CTPU_API ctpu_tensor ctpu_expand(ctpu_tensor a, int ndim, const int64_t *shape);
 /* weight [V, D] (f32/bf16), indices i32 of any shape -> [..., D]. An index
  * outside [0, V) is a device fault naming `embedding` and the index, raised
  * at the next sync (strict eager) or at the call (debug eager); its row is 0. */
-ctpu_tensor ctpu_embedding(ctpu_tensor weight, ctpu_tensor indices);
+CTPU_API ctpu_tensor ctpu_embedding(ctpu_tensor weight, ctpu_tensor indices);
 /* out[i][j] = a[i][index[i][j]] along dim (torch.gather); index i32 with the
  * same ndim as a; bounds checked on the device like embedding. */
-ctpu_tensor ctpu_gather(ctpu_tensor a, int dim, ctpu_tensor index);
+CTPU_API ctpu_tensor ctpu_gather(ctpu_tensor a, int dim, ctpu_tensor index);
 
 /* --------------------------------------------------------------- matmul
  * torch.matmul semantics for ndim >= 1 (1-D operands promoted and squeezed,
@@ -335,22 +351,28 @@ ctpu_tensor ctpu_gather(ctpu_tensor a, int dim, ctpu_tensor index);
  * subnormals flushed; precision from ctpu_set_matmul_precision.
  * f32@f32 -> f32; bf16@bf16 -> bf16 (rounded once); mixed -> f32; i32@i32 -> i32 exact.
  * Errors: CTPU_ERR_SHAPE ("matmul: a is f32[64,100], b is f32[99,10]: inner dims differ"). */
-ctpu_tensor ctpu_matmul(ctpu_tensor a, ctpu_tensor b);
+CTPU_API ctpu_tensor ctpu_matmul(ctpu_tensor a, ctpu_tensor b);
+/* Matmul with transposed operands and no materialised transpose: a is used as
+ * its transpose over the last two dims when transpose_a (a stored [..., K, M]),
+ * b likewise (b stored [..., N, K]); ndim >= 2 for a transposed operand.
+ * Otherwise as ctpu_matmul (same numerics, batch broadcasting, dtypes,
+ * errors). Used by linear layers (y = x @ Wᵀ) and matmul's backward. */
+CTPU_API ctpu_tensor ctpu_matmul_t(ctpu_tensor a, ctpu_tensor b, bool transpose_a, bool transpose_b);
 
 /* ------------------------------------------------------------- metrics */
 /* Counter value by name (e.g. "ops_dispatched", "programs_compiled",
  * "cache_requests", "cache_hits", "cache_misses", "syncs", "hbm_bytes_allocated").
  * Unknown names give 0. */
-int64_t ctpu_metric_counter(const char *name);
+CTPU_API int64_t ctpu_metric_counter(const char *name);
 /* Print the metrics report to f (stderr if NULL), as PyTorch/XLA's
  * metrics report: every timer (TotalSamples, Accumulator, Mean,
  * Percentiles in us; "count" distributions such as
  * fused_kernels_per_program without units), then every non-zero counter,
  * then HBM in use / peak and the cache hit rate. */
-void ctpu_metrics_report(FILE *f);
+CTPU_API void ctpu_metrics_report(FILE *f);
 /* Zero counters, timers, the per-step history and the run's cost totals
  * (the program cache and its entries stay). */
-void ctpu_metrics_clear(void);
+CTPU_API void ctpu_metrics_clear(void);
 
 
 /* ============================================================== autograd
@@ -369,13 +391,13 @@ void ctpu_metrics_clear(void);
 /* Mark a float leaf as requiring grad (or not: dropping it also drops its
  * .grad). Errors: CTPU_ERR_DTYPE (i32), CTPU_ERR_STATE (turning it off on a
  * non-leaf: use ctpu_detach), handle errors. */
-ctpu_status ctpu_set_requires_grad(ctpu_tensor t, bool requires_grad);
+CTPU_API ctpu_status ctpu_set_requires_grad(ctpu_tensor t, bool requires_grad);
 /* A leaf marked above, or a value computed from one under grad mode. False
  * (no error) for a null or stale handle. */
-bool ctpu_requires_grad(ctpu_tensor t);
+CTPU_API bool ctpu_requires_grad(ctpu_tensor t);
 /* Backward from a one-element loss (gradient 1), releasing the tape.
  * Same as ctpu_backward_ex(loss, CTPU_NULL, false). */
-ctpu_status ctpu_backward(ctpu_tensor loss);
+CTPU_API ctpu_status ctpu_backward(ctpu_tensor loss);
 /* Backward from t with upstream gradient grad (t's shape; f32 or bf16, cast
  * to t's dtype), or 1 when grad is null (t must have one element). Leaf
  * gradients accumulate into .grad (added when one exists). retain_graph
@@ -383,36 +405,25 @@ ctpu_status ctpu_backward(ctpu_tensor loss);
  * require grad; the tape was released by an earlier backward), CTPU_ERR_SHAPE
  * (grad's shape, or a non-scalar t without grad), CTPU_ERR_DTYPE, and the
  * errors of the backward ops. */
-ctpu_status ctpu_backward_ex(ctpu_tensor t, ctpu_tensor grad, bool retain_graph);
+CTPU_API ctpu_status ctpu_backward_ex(ctpu_tensor t, ctpu_tensor grad, bool retain_graph);
 /* ctpu_backward_ex(t, grad, false). */
-ctpu_status ctpu_backward_with(ctpu_tensor t, ctpu_tensor grad);
+CTPU_API ctpu_status ctpu_backward_with(ctpu_tensor t, ctpu_tensor grad);
 /* The accumulated .grad of a leaf (same shape and dtype), or a null handle
  * with no error when it has none (never backpropagated, after
  * ctpu_zero_grad, or t is not a leaf). The handle is owned by t: it lives in
  * no scope, stays the same across accumulations, and is released by
  * ctpu_zero_grad or with t; do not release it. */
-ctpu_tensor ctpu_grad(ctpu_tensor t);
+CTPU_API ctpu_tensor ctpu_grad(ctpu_tensor t);
 /* Drop t's .grad (set-to-none, as PyTorch's zero_grad(set_to_none=True)):
  * the next backward creates it afresh, so every step records the same ops. */
-ctpu_status ctpu_zero_grad(ctpu_tensor t);
+CTPU_API ctpu_status ctpu_zero_grad(ctpu_tensor t);
 /* No-grad regions (per thread, nest): ops record nothing. end without begin:
  * CTPU_ERR_STATE. Optimizer updates run in one. */
-ctpu_status ctpu_no_grad_begin(void);
-ctpu_status ctpu_no_grad_end(void);
-bool ctpu_grad_enabled(void);
+CTPU_API ctpu_status ctpu_no_grad_begin(void);
+CTPU_API ctpu_status ctpu_no_grad_end(void);
+CTPU_API bool ctpu_grad_enabled(void);
 /* A new handle (current scope) on t's value that requires no grad. */
-ctpu_tensor ctpu_detach(ctpu_tensor t);
-
-/* Matmul with transposed operands and no materialised transpose: a is used as
- * its transpose over the last two dims when transpose_a (a stored [..., K, M]),
- * b likewise (b stored [..., N, K]); ndim >= 2 for a transposed operand.
- * Otherwise as ctpu_matmul (same numerics, batch broadcasting, dtypes,
- * errors). Used by linear layers (y = x @ Wᵀ) and matmul's backward. */
-ctpu_tensor ctpu_matmul_t(ctpu_tensor a, ctpu_tensor b, bool transpose_a, bool transpose_b);
-
-/* Set this thread's last error (one line, printf-style) for libraries built
- * on the public API (src/nn); returns st. */
-ctpu_status ctpu_report_error(ctpu_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+CTPU_API ctpu_tensor ctpu_detach(ctpu_tensor t);
 
 /* ------------------------------------------------- defer and fuse: the cache
  * In defer and fuse, each cut trace is keyed by its canonical encoding (ops,
@@ -428,15 +439,15 @@ typedef struct {
     uint64_t entries, capacity;
 } ctpu_cache_info;
 /* Fused-program cache counters. Errors: CTPU_ERR_INVALID_ARG (out NULL). */
-ctpu_status ctpu_cache_get_info(ctpu_cache_info *out);
+CTPU_API ctpu_status ctpu_cache_get_info(ctpu_cache_info *out);
 /* Cache-only mode: from now on a fused-cache miss is CTPU_ERR_CACHE_MISS at
  * the cut (mark_step, host read) instead of a compile; the trace's values
  * carry the error. TORCH_TPU_CACHE_ONLY=N turns it on after N marked steps. */
-ctpu_status ctpu_cache_set_only(bool on);
+CTPU_API ctpu_status ctpu_cache_set_only(bool on);
 /* The recent recompiles (up to 64), one line each, oldest first:
  * "step 469: program 2 -> 3: input 0 dim 0: 128 -> 96". Writes at most len
  * bytes (NUL-terminated); returns the number of lines. */
-int ctpu_cache_recompile_log(char *buf, size_t len);
+CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
 
 
 /* ============================================================== reports
@@ -454,10 +465,10 @@ int ctpu_cache_recompile_log(char *buf, size_t len);
  * matmul shapes, per-op and per-run cost estimates, the per-step history).
  * Returns a string allocated with malloc: the caller frees it with free().
  * NULL with CTPU_ERR_NOT_INITIALIZED or CTPU_ERR_OOM. */
-char *ctpu_metrics_json(void);
+CTPU_API char *ctpu_metrics_json(void);
 /* Write ctpu_metrics_json() to path. Errors: CTPU_ERR_INVALID_ARG (NULL
  * path), CTPU_ERR_IO (the message names the file and the reason). */
-ctpu_status ctpu_metrics_write(const char *path);
+CTPU_API ctpu_status ctpu_metrics_write(const char *path);
 
 /* The compile-cache report and the cost table of this run, as text, to f
  * (stdout if NULL): hit rate overall and per program (first ops, input
@@ -465,18 +476,18 @@ ctpu_status ctpu_metrics_write(const char *path);
  * trace cuts by reason, host reads by label, evictions and thrash, warm-up
  * steps, advice lines, matmul MXU utilisation, estimated device time, MFU
  * and cost per chip. Same text as `ctpu-report` on the metrics file. */
-ctpu_status ctpu_cache_report(FILE *f);
+CTPU_API ctpu_status ctpu_cache_report(FILE *f);
 
 /* A call-site label for this thread's host reads (ctpu_to_host, ctpu_item)
  * from now on, e.g. "loss.item"; the cache report counts reads and the
  * trace cuts they cause per label. NULL or "" clears it. Copied (up to 63
  * bytes). Errors: CTPU_ERR_NOT_INITIALIZED. */
-ctpu_status ctpu_set_host_read_label(const char *label);
+CTPU_API ctpu_status ctpu_set_host_read_label(const char *label);
 
 /* Steps per epoch, for the per-epoch figures of the cost table (default:
  * the whole run is one epoch). Errors: CTPU_ERR_INVALID_ARG (n < 0; 0
  * restores the default), CTPU_ERR_NOT_INITIALIZED. */
-ctpu_status ctpu_set_steps_per_epoch(int64_t n);
+CTPU_API ctpu_status ctpu_set_steps_per_epoch(int64_t n);
 
 /* A roofline ESTIMATE of device time (not a measurement). Formula:
  *   mxu_s    = 2 * padded MACs * passes / peak_bf16_flops, each of M, N, K
@@ -505,8 +516,8 @@ typedef struct {
  * mxu_s = 2*256^3/197e12 = 0.170 us, hbm_s = 3*256*256*2 B / 819 GB/s =
  * 0.480 us, total 0.480 us. Errors: CTPU_ERR_INVALID_ARG (unknown chip,
  * negative extent, bad dtype or precision, NULL out). No init needed. */
-ctpu_status ctpu_cost_matmul(const char *chip, int64_t batch, int64_t m, int64_t k, int64_t n, ctpu_dtype dt,
-                             ctpu_precision p, ctpu_cost_estimate *out);
+CTPU_API ctpu_status ctpu_cost_matmul(const char *chip, int64_t batch, int64_t m, int64_t k, int64_t n, ctpu_dtype dt,
+                                      ctpu_precision p, ctpu_cost_estimate *out);
 
 #define CTPU_COST_MAX_CHIPS 8
 /* The run on one chip profile, from the per-op / per-program estimates of
@@ -536,10 +547,10 @@ typedef struct {
 
 /* The cost table of the run so far. Errors: CTPU_ERR_NOT_INITIALIZED,
  * CTPU_ERR_INVALID_ARG (out NULL). */
-ctpu_status ctpu_cost_table_get(ctpu_cost_table *out);
+CTPU_API ctpu_status ctpu_cost_table_get(ctpu_cost_table *out);
 /* Print a cost table (labelled as an estimate) to f (stdout if NULL).
  * Errors: CTPU_ERR_INVALID_ARG (t NULL or n_rows out of range). */
-ctpu_status ctpu_cost_table_print(const ctpu_cost_table *t, FILE *f);
+CTPU_API ctpu_status ctpu_cost_table_print(const ctpu_cost_table *t, FILE *f);
 
 /* Rendering of metrics JSON documents (what tools/ctpu-report prints). No
  * init needed. Errors: CTPU_ERR_INVALID_ARG (NULL or bad format),
@@ -548,14 +559,14 @@ ctpu_status ctpu_cost_table_print(const ctpu_cost_table *t, FILE *f);
 typedef enum { CTPU_REPORT_TEXT = 0, CTPU_REPORT_MARKDOWN = 1, CTPU_REPORT_JSON = 2, CTPU_REPORT_FORMAT_COUNT }
     ctpu_report_format;
 /* The cache report and cost table of one run; name labels it (may be NULL). */
-ctpu_status ctpu_report_render(const char *json, const char *name, ctpu_report_format fmt, FILE *f);
+CTPU_API ctpu_status ctpu_report_render(const char *json, const char *name, ctpu_report_format fmt, FILE *f);
 /* Two runs side by side (e.g. strict vs fused): counters, hit rates,
  * compile and execute time, estimated device time, MFU and cost. */
-ctpu_status ctpu_report_compare(const char *json_a, const char *name_a, const char *json_b, const char *name_b,
-                                ctpu_report_format fmt, FILE *f);
+CTPU_API ctpu_status ctpu_report_compare(const char *json_a, const char *name_a, const char *json_b, const char *name_b,
+                                         ctpu_report_format fmt, FILE *f);
 /* An SVG plot of compiles (cumulative) and cache hits per step for n >= 1
  * runs (from their per-step history). */
-ctpu_status ctpu_report_plot_svg(int n, const char *const *jsons, const char *const *names, FILE *f);
+CTPU_API ctpu_status ctpu_report_plot_svg(int n, const char *const *jsons, const char *const *names, FILE *f);
 
 #ifdef __cplusplus
 }

@@ -34,13 +34,13 @@ extern "C" {
  * CTPU_ERR_INVALID_ARG (a negative or non-finite parameter). */
 typedef enum { CTPU_FAN_IN = 0, CTPU_FAN_OUT = 1 } ctpu_fan_mode;
 /* U(-b, b), b = gain * sqrt(3 / fan), gain = sqrt(2 / (1 + a^2)) (leaky_relu). */
-ctpu_tensor ctpu_init_kaiming_uniform(ctpu_dtype dt, int ndim, const int64_t *shape, double a, ctpu_fan_mode mode);
+CTPU_API ctpu_tensor ctpu_init_kaiming_uniform(ctpu_dtype dt, int ndim, const int64_t *shape, double a, ctpu_fan_mode mode);
 /* N(0, std), std = gain / sqrt(fan). */
-ctpu_tensor ctpu_init_kaiming_normal(ctpu_dtype dt, int ndim, const int64_t *shape, double a, ctpu_fan_mode mode);
+CTPU_API ctpu_tensor ctpu_init_kaiming_normal(ctpu_dtype dt, int ndim, const int64_t *shape, double a, ctpu_fan_mode mode);
 /* U(-b, b), b = gain * sqrt(6 / (fan_in + fan_out)). */
-ctpu_tensor ctpu_init_xavier_uniform(ctpu_dtype dt, int ndim, const int64_t *shape, double gain);
+CTPU_API ctpu_tensor ctpu_init_xavier_uniform(ctpu_dtype dt, int ndim, const int64_t *shape, double gain);
 /* N(0, std), std = gain * sqrt(2 / (fan_in + fan_out)). */
-ctpu_tensor ctpu_init_xavier_normal(ctpu_dtype dt, int ndim, const int64_t *shape, double gain);
+CTPU_API ctpu_tensor ctpu_init_xavier_normal(ctpu_dtype dt, int ndim, const int64_t *shape, double gain);
 
 /* ------------------------------------------------------------ layers */
 /* y = x Wᵀ + b; W [out, in] (PyTorch's layout, used through the
@@ -52,10 +52,10 @@ typedef struct {
     ctpu_tensor weight, bias;   /* bias null when made without one */
     int64_t in_features, out_features;
 } ctpu_linear;
-ctpu_status ctpu_linear_init(ctpu_linear *l, int64_t in_features, int64_t out_features, bool bias, ctpu_dtype dt);
+CTPU_API ctpu_status ctpu_linear_init(ctpu_linear *l, int64_t in_features, int64_t out_features, bool bias, ctpu_dtype dt);
 /* x [..., in] -> [..., out]. Errors: those of matmul (shape names the layer). */
-ctpu_tensor ctpu_linear_forward(const ctpu_linear *l, ctpu_tensor x);
-void ctpu_linear_free(ctpu_linear *l);
+CTPU_API ctpu_tensor ctpu_linear_forward(const ctpu_linear *l, ctpu_tensor x);
+CTPU_API void ctpu_linear_free(ctpu_linear *l);
 
 /* Layer norm over the last dim: (x - mean) / sqrt(var + eps) * w + b
  * (biased variance, as torch.nn.LayerNorm); w = 1, b = 0 at init. */
@@ -64,27 +64,27 @@ typedef struct {
     int64_t dim;
     double eps;
 } ctpu_layer_norm;
-ctpu_status ctpu_layer_norm_init(ctpu_layer_norm *ln, int64_t dim, double eps, bool affine, ctpu_dtype dt);
+CTPU_API ctpu_status ctpu_layer_norm_init(ctpu_layer_norm *ln, int64_t dim, double eps, bool affine, ctpu_dtype dt);
 /* x [..., dim]. Errors: CTPU_ERR_SHAPE (last dim differs). */
-ctpu_tensor ctpu_layer_norm_forward(const ctpu_layer_norm *ln, ctpu_tensor x);
-void ctpu_layer_norm_free(ctpu_layer_norm *ln);
+CTPU_API ctpu_tensor ctpu_layer_norm_forward(const ctpu_layer_norm *ln, ctpu_tensor x);
+CTPU_API void ctpu_layer_norm_free(ctpu_layer_norm *ln);
 
 /* Embedding table [num, dim], init N(0, 1) as torch.nn.Embedding. */
 typedef struct {
     ctpu_tensor weight;
     int64_t num, dim;
 } ctpu_embedding_layer;
-ctpu_status ctpu_embedding_layer_init(ctpu_embedding_layer *e, int64_t num, int64_t dim, ctpu_dtype dt);
+CTPU_API ctpu_status ctpu_embedding_layer_init(ctpu_embedding_layer *e, int64_t num, int64_t dim, ctpu_dtype dt);
 /* indices i32 [...] -> [..., dim]; an index outside [0, num) is a device
  * fault naming embedding (ctpu_embedding). */
-ctpu_tensor ctpu_embedding_layer_forward(const ctpu_embedding_layer *e, ctpu_tensor indices);
-void ctpu_embedding_layer_free(ctpu_embedding_layer *e);
+CTPU_API ctpu_tensor ctpu_embedding_layer_forward(const ctpu_embedding_layer *e, ctpu_tensor indices);
+CTPU_API void ctpu_embedding_layer_free(ctpu_embedding_layer *e);
 
 /* Inverted dropout: in training, x * mask / (1 - p) with mask = (u >= p),
  * u ~ U[0,1) from the counter-based generator (same seed -> same masks in
  * every mode); otherwise (or p == 0) x itself (a new handle). p in [0, 1];
  * p == 1 gives zeros. Errors: CTPU_ERR_INVALID_ARG (p). */
-ctpu_tensor ctpu_dropout(ctpu_tensor x, double p, bool training);
+CTPU_API ctpu_tensor ctpu_dropout(ctpu_tensor x, double p, bool training);
 
 /* ------------------------------------------------------------ losses */
 typedef enum { CTPU_REDUCE_MEAN = 0, CTPU_REDUCE_SUM = 1, CTPU_REDUCE_NONE = 2 } ctpu_reduction;
@@ -94,7 +94,7 @@ typedef struct {
     double label_smoothing;     /* in [0, 1]; default 0 */
 } ctpu_ce_opts;
 /* The defaults: { CTPU_REDUCE_MEAN, -100, 0.0 }. */
-ctpu_ce_opts ctpu_ce_defaults(void);
+CTPU_API ctpu_ce_opts ctpu_ce_defaults(void);
 /* Cross entropy from logits [N, C] (f32/bf16) and i32 labels [N], as
  * torch.nn.functional.cross_entropy: log_softmax (max-subtracted, so
  * ce([[1e8, 1e8]], [1]) == ln 2 and -inf logits of other classes are fine),
@@ -105,13 +105,13 @@ ctpu_ce_opts ctpu_ce_defaults(void);
  * at the next sync (strict eager) or at the call (debug eager); validate
  * host labels with ctpu_labels_check first to get the error at once.
  * Errors: CTPU_ERR_SHAPE, CTPU_ERR_DTYPE, CTPU_ERR_INVALID_ARG (opts). */
-ctpu_tensor ctpu_cross_entropy(ctpu_tensor logits, ctpu_tensor labels, const ctpu_ce_opts *opts);
+CTPU_API ctpu_tensor ctpu_cross_entropy(ctpu_tensor logits, ctpu_tensor labels, const ctpu_ce_opts *opts);
 /* Host-side label check: every labels[i] in [0, num_classes) or equal to
  * ignore_index. Errors: CTPU_ERR_INVALID_ARG naming the first bad position
  * and value. */
-ctpu_status ctpu_labels_check(const int32_t *labels, int64_t n, int64_t num_classes, int32_t ignore_index);
+CTPU_API ctpu_status ctpu_labels_check(const int32_t *labels, int64_t n, int64_t num_classes, int32_t ignore_index);
 /* Mean (or sum, or none) of (pred - target)^2; same shapes. */
-ctpu_tensor ctpu_mse_loss(ctpu_tensor pred, ctpu_tensor target, ctpu_reduction reduction);
+CTPU_API ctpu_tensor ctpu_mse_loss(ctpu_tensor pred, ctpu_tensor target, ctpu_reduction reduction);
 
 /* ------------------------------------------------------------ optimizers
  * An optimizer holds its parameters' handles (not owned) and its state
@@ -137,37 +137,37 @@ typedef struct {
     double weight_decay;    /* decoupled: p *= 1 - lr * wd before the Adam update */
 } ctpu_adamw_opts;
 /* torch defaults: lr 1e-3, betas 0.9 / 0.999, eps 1e-8, weight decay 1e-2. */
-ctpu_adamw_opts ctpu_adamw_defaults(void);
+CTPU_API ctpu_adamw_opts ctpu_adamw_defaults(void);
 
 /* Errors (NULL returned): CTPU_ERR_INVALID_ARG (n < 1, params or opts NULL,
  * a bad hyper-parameter, named), handle errors, CTPU_ERR_DTYPE (i32 param),
  * CTPU_ERR_OOM. */
-ctpu_optim *ctpu_sgd_create(int n, const ctpu_tensor *params, const ctpu_sgd_opts *opts);
+CTPU_API ctpu_optim *ctpu_sgd_create(int n, const ctpu_tensor *params, const ctpu_sgd_opts *opts);
 /* AdamW as torch.optim.AdamW: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
  * p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps). */
-ctpu_optim *ctpu_adamw_create(int n, const ctpu_tensor *params, const ctpu_adamw_opts *opts);
+CTPU_API ctpu_optim *ctpu_adamw_create(int n, const ctpu_tensor *params, const ctpu_adamw_opts *opts);
 /* One update of every parameter with a .grad. Errors: those of the ops, and
  * CTPU_ERR_STALE_HANDLE if a parameter was released. */
-ctpu_status ctpu_optim_step(ctpu_optim *o);
+CTPU_API ctpu_status ctpu_optim_step(ctpu_optim *o);
 /* ctpu_zero_grad (set-to-none) on every parameter. */
-ctpu_status ctpu_optim_zero_grad(ctpu_optim *o);
-ctpu_status ctpu_optim_set_lr(ctpu_optim *o, double lr);
-double ctpu_optim_lr(const ctpu_optim *o);
-int64_t ctpu_optim_steps(const ctpu_optim *o);   /* steps taken so far */
+CTPU_API ctpu_status ctpu_optim_zero_grad(ctpu_optim *o);
+CTPU_API ctpu_status ctpu_optim_set_lr(ctpu_optim *o, double lr);
+CTPU_API double ctpu_optim_lr(const ctpu_optim *o);
+CTPU_API int64_t ctpu_optim_steps(const ctpu_optim *o);   /* steps taken so far */
 /* The state tensor k of parameter i (SGD: 0 = momentum buffer; AdamW: 0 =
  * exp_avg, 1 = exp_avg_sq), or a null handle; valid until the next step.
  * For tests and checkpoints. */
-ctpu_tensor ctpu_optim_state(const ctpu_optim *o, int i, int k);
-void ctpu_optim_free(ctpu_optim *o);
+CTPU_API ctpu_tensor ctpu_optim_state(const ctpu_optim *o, int i, int k);
+CTPU_API void ctpu_optim_free(ctpu_optim *o);
 
 /* ------------------------------------------------------------ schedules
  * Learning rate before optimizer step `step` (0-based) of `total`: */
 /* min_lr + (base_lr - min_lr) * (1 + cos(pi * step / total)) / 2, as
  * torch.optim.lr_scheduler.CosineAnnealingLR(T_max = total) stepped per
  * batch; step >= total gives min_lr. */
-double ctpu_lr_cosine(double base_lr, int64_t step, int64_t total, double min_lr);
+CTPU_API double ctpu_lr_cosine(double base_lr, int64_t step, int64_t total, double min_lr);
 /* base_lr * gamma ^ floor(step / step_size), as StepLR. */
-double ctpu_lr_step(double base_lr, int64_t step, int64_t step_size, double gamma);
+CTPU_API double ctpu_lr_step(double base_lr, int64_t step, int64_t step_size, double gamma);
 
 /* ------------------------------------------------------------ data */
 /* An idx file (the MNIST family's format, yann.lecun.com/exdb/mnist):
@@ -181,8 +181,8 @@ typedef struct {
     int64_t shape[4];
     uint8_t *data;          /* prod(shape) bytes, malloc'd */
 } ctpu_idx;
-ctpu_status ctpu_idx_read(const char *path, ctpu_idx *out);
-void ctpu_idx_free(ctpu_idx *x);
+CTPU_API ctpu_status ctpu_idx_read(const char *path, ctpu_idx *out);
+CTPU_API void ctpu_idx_free(ctpu_idx *x);
 
 /* An image-classification set from an images file [N, rows, cols] and a
  * labels file [N] (e.g. Fashion-MNIST's train-images-idx3-ubyte.gz and
@@ -194,31 +194,31 @@ typedef struct {
     float *images;          /* [n, rows*cols] */
     int32_t *labels;        /* [n] */
 } ctpu_image_set;
-ctpu_status ctpu_image_set_load(const char *images_path, const char *labels_path, int64_t num_classes,
-                                ctpu_image_set *out);
+CTPU_API ctpu_status ctpu_image_set_load(const char *images_path, const char *labels_path, int64_t num_classes,
+                                         ctpu_image_set *out);
 /* Mean and std (population) of every pixel. */
-void ctpu_image_set_stats(const ctpu_image_set *s, double *mean, double *std);
+CTPU_API void ctpu_image_set_stats(const ctpu_image_set *s, double *mean, double *std);
 /* x = (x - mean) / std in place. */
-void ctpu_image_set_normalize(ctpu_image_set *s, double mean, double std);
-void ctpu_image_set_free(ctpu_image_set *s);
+CTPU_API void ctpu_image_set_normalize(ctpu_image_set *s, double mean, double std);
+CTPU_API void ctpu_image_set_free(ctpu_image_set *s);
 
 /* Batches of indices into [0, n): in order, or reshuffled at every epoch
  * (Fisher-Yates driven by splitmix64 of (seed, epoch), so a seed gives the same
  * batches on every machine); the last partial batch is kept or dropped. */
 typedef struct ctpu_batch_iter ctpu_batch_iter;
 /* NULL with CTPU_ERR_INVALID_ARG for n < 0 or batch < 1. */
-ctpu_batch_iter *ctpu_batch_iter_create(int64_t n, int64_t batch, bool shuffle, bool drop_last, uint64_t seed);
+CTPU_API ctpu_batch_iter *ctpu_batch_iter_create(int64_t n, int64_t batch, bool shuffle, bool drop_last, uint64_t seed);
 /* The next batch of this epoch: *idx points at its indices (valid until the
  * next call); returns its size, or 0 at the end of the epoch, after which
  * the next call starts a new epoch (reshuffled). */
-int64_t ctpu_batch_iter_next(ctpu_batch_iter *it, const int64_t **idx);
-int64_t ctpu_batch_iter_batches_per_epoch(const ctpu_batch_iter *it);
-int64_t ctpu_batch_iter_epoch(const ctpu_batch_iter *it);   /* 0-based, of the batch last returned */
-void ctpu_batch_iter_free(ctpu_batch_iter *it);
+CTPU_API int64_t ctpu_batch_iter_next(ctpu_batch_iter *it, const int64_t **idx);
+CTPU_API int64_t ctpu_batch_iter_batches_per_epoch(const ctpu_batch_iter *it);
+CTPU_API int64_t ctpu_batch_iter_epoch(const ctpu_batch_iter *it);   /* 0-based, of the batch last returned */
+CTPU_API void ctpu_batch_iter_free(ctpu_batch_iter *it);
 /* Gather the rows idx[0..n) of an image set into host buffers x [n, rows*cols]
  * and y [n] and copy them to the device (current scope). */
-ctpu_status ctpu_image_set_batch(const ctpu_image_set *s, const int64_t *idx, int64_t n, ctpu_tensor *x,
-                                 ctpu_tensor *y);
+CTPU_API ctpu_status ctpu_image_set_batch(const ctpu_image_set *s, const int64_t *idx, int64_t n, ctpu_tensor *x,
+                                          ctpu_tensor *y);
 
 #ifdef __cplusplus
 }

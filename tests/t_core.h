@@ -13,6 +13,7 @@
 
 #include "ctpu.h"
 #include "eager/eager.h"
+#include "testing.h"
 
 /* Every variable ctpu_init reads (DESIGN.md's table). */
 static const char *const T_ENV_VARS[] = {

@@ -3,7 +3,7 @@
 # Idempotent: does nothing when everything is already installed.
 # Usage: bash tools/install-deps.sh [--bench]   (--bench adds OpenBLAS, oneDNN and PyTorch)
 set -euo pipefail
-pkgs=(meson ninja-build pkg-config gcc libc6-dev libxxhash-dev libjemalloc-dev check libsubunit-dev
+pkgs=(meson ninja-build pkg-config gcc g++ libc6-dev libxxhash-dev libjemalloc-dev check libsubunit-dev
       libsleef-dev zlib1g-dev libcjson-dev dataset-fashion-mnist)
 if [ "${1:-}" = "--bench" ]; then pkgs+=(libopenblas-dev libdnnl-dev python3-torch); fi
 missing=()

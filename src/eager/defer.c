@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "eager.h"
+#include "testing.h"
 #include "fuse/exec.h"
 #include "fuse/loops.h"
 #include "fuse/trace.h"

@@ -8,9 +8,6 @@
 #include "eager.h"
 #include "fuse/exec.h"
 
-bool ctpu__validate_shape(const char *op, int ndim, const int64_t *shape, ctpu_dtype dt, ctpu_vtype *out);
-void ctpu__rng_take(uint64_t n, uint64_t *seed, uint64_t *offset);
-
 /* ------------------------------------------------------------ the path */
 /* A per-thread front for the strict program table: a direct-mapped cache of
  * key -> program (strict programs are never evicted while the runtime
@@ -873,6 +870,69 @@ ctpu_tensor ctpu_matmul(ctpu_tensor a, ctpu_tensor b)
     ctpu_tensor s = ctpu_reshape(r, k, shp);
     ctpu_release(r);
     return s;
+}
+
+/* ------------------------------------------------------------ transposed matmul
+ * Also the matmul backward rule's matmul (autograd.c), at the precision of
+ * the forward op. */
+ctpu_tensor ctpu__matmul_t(ctpu_tensor a, ctpu_tensor b, bool ta, bool tb, int precision)
+{
+    ctpu_tensor ts[2] = { a, b };
+    ctpu_trec *in[2];
+    if (!ctpu_check_init("matmul_t")) return CTPU_NULL;
+    for (int i = 0; i < 2; i++) {
+        in[i] = ctpu_rec_get(ts[i], "matmul_t", i ? "b" : "a", true);
+        if (!in[i]) return CTPU_NULL;
+    }
+    const ctpu_vtype *va = &in[0]->type, *vb = &in[1]->type;
+    char sa[128], sb[128];
+    if (va->ndim < 2 || vb->ndim < 2) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "matmul_t: a is %s, b is %s: a transposed operand needs at least 2 dims",
+                       ctpu_fmt_type(va, sa, sizeof sa), ctpu_fmt_type(vb, sb, sizeof sb));
+        return CTPU_NULL;
+    }
+    if ((va->dtype == CTPU_I32) != (vb->dtype == CTPU_I32)) {
+        ctpu_set_error(CTPU_ERR_DTYPE, "matmul_t: a is %s, b is %s: i32 matmul needs both operands i32",
+                       ctpu_fmt_type(va, sa, sizeof sa), ctpu_fmt_type(vb, sb, sizeof sb));
+        return CTPU_NULL;
+    }
+    int ra = va->ndim, rb = vb->ndim;
+    int64_t M = ta ? va->shape[ra - 1] : va->shape[ra - 2], K = ta ? va->shape[ra - 2] : va->shape[ra - 1];
+    int64_t Kb = tb ? vb->shape[rb - 1] : vb->shape[rb - 2], N = tb ? vb->shape[rb - 2] : vb->shape[rb - 1];
+    if (K != Kb) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "matmul_t: a is %s%s, b is %s%s: inner dims differ (%lld vs %lld)",
+                       ctpu_fmt_type(va, sa, sizeof sa), ta ? " (transposed)" : "",
+                       ctpu_fmt_type(vb, sb, sizeof sb), tb ? " (transposed)" : "", (long long)K, (long long)Kb);
+        return CTPU_NULL;
+    }
+    int ba = ra - 2, bb = rb - 2, nb = ba > bb ? ba : bb;
+    ctpu_node n = { .op = CTPU_OP_MATMUL, .n_in = 2 };
+    n.out.ndim = (uint8_t)(nb + 2);
+    for (int d = 0; d < nb; d++) {
+        int da = d - (nb - ba), db = d - (nb - bb);
+        int64_t xa = da >= 0 ? va->shape[da] : 1, xb = db >= 0 ? vb->shape[db] : 1;
+        if (xa != xb && xa != 1 && xb != 1) {
+            ctpu_set_error(CTPU_ERR_SHAPE, "matmul_t: a is %s, b is %s: batch dims are not broadcastable (%lld vs %lld)",
+                           ctpu_fmt_type(va, sa, sizeof sa), ctpu_fmt_type(vb, sb, sizeof sb), (long long)xa,
+                           (long long)xb);
+            return CTPU_NULL;
+        }
+        n.out.shape[d] = xa == 1 ? xb : xa;
+    }
+    n.out.shape[nb] = M;
+    n.out.shape[nb + 1] = N;
+    n.out.dtype = va->dtype == CTPU_I32 ? CTPU_I32
+                  : (va->dtype == CTPU_BF16 && vb->dtype == CTPU_BF16) ? CTPU_BF16 : CTPU_F32;
+    n.attr.extra = precision;
+    n.attr.flags = (ta ? CTPU_ATTR_TRANS_A : 0) | (tb ? CTPU_ATTR_TRANS_B : 0);
+    return ctpu_dispatch(&n, in, ts, NULL);
+}
+
+ctpu_tensor ctpu_matmul_t(ctpu_tensor a, ctpu_tensor b, bool transpose_a, bool transpose_b)
+{
+    if (!transpose_a && !transpose_b) return ctpu_matmul(a, b);
+    if (!ctpu_check_init("matmul_t")) return CTPU_NULL;
+    return ctpu__matmul_t(a, b, transpose_a, transpose_b, (int)ctpu_rt->precision);
 }
 
 /* ------------------------------------------------------------ creation */

@@ -121,6 +121,15 @@ bool ctpu_debug_checks_now(void);
  * Returns the output handle (out == NULL) or a status through *st. */
 ctpu_tensor ctpu_dispatch(ctpu_node *node, ctpu_trec *const *inputs, const ctpu_tensor *in_h,
                           const double *scalars);
+/* matmul_t's rule (dispatch.c), at an explicit precision (the matmul
+ * backward rule passes the forward op's). */
+ctpu_tensor ctpu__matmul_t(ctpu_tensor a, ctpu_tensor b, bool ta, bool tb, int precision);
+/* tensor.c: validate a creation shape into *out (sets the error naming op);
+ * take n numbers from the global generator (its seed and start offset);
+ * release every record at shutdown. */
+bool ctpu__validate_shape(const char *op, int ndim, const int64_t *shape, ctpu_dtype dt, ctpu_vtype *out);
+void ctpu__rng_take(uint64_t n, uint64_t *seed, uint64_t *offset);
+void ctpu__tensors_shutdown(ctpu_runtime *rt);
 
 /* Autograd (autograd.c): called for every op and view that produced `out`
  * from the handles `inputs` (node->n_in of them) and runtime scalars. Records
@@ -131,11 +140,6 @@ void ctpu__ag_release(ctpu_trec *rec);
 /* The op table's autograd column (autograd.c): 1 = a backward rule, 2 = no
  * gradient (comparisons, argmax, creation), 0 = missing (a test fails). */
 int ctpu__ag_rule_kind(int op);
-/* Test hook (autograd.c): record every op and view reaching ctpu__ag_record
- * on this thread (op, dtype, arity, a hash of the output shape) into buf, up
- * to cap entries; buf NULL stops. */
-void ctpu__test_op_trace(uint64_t *buf, size_t cap);
-size_t ctpu__test_op_trace_len(void);
 ctpu_status ctpu_dispatch_into(ctpu_node *node, ctpu_trec *const *inputs, const double *scalars,
                                ctpu_buffer *out, size_t out_off);
 
@@ -175,10 +179,5 @@ void ctpu__report_host_read(size_t bytes);
 void ctpu__report_step(void);
 /* ctpu_sync, at its end; t0 = its start. */
 void ctpu__report_sync(uint64_t t0_ns);
-
-/* Test hooks (tests/ only). */
-void ctpu__test_device_hold(bool hold);
-ctpu_cache *ctpu__test_strict_cache(void);
-ctpu_cache *ctpu__test_fused_cache(void);
 
 #endif

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "eager.h"
+#include "testing.h"
 #include "report.h"
 
 ctpu_runtime *ctpu_rt = NULL;
@@ -46,6 +47,17 @@ void ctpu_set_error(ctpu_status st, const char *fmt, ...)
 const char *ctpu_last_error(void) { return t_err.msg; }
 ctpu_status ctpu_last_status(void) { return t_err.st; }
 void ctpu_clear_error(void) { t_err.st = CTPU_OK; t_err.msg[0] = 0; }
+
+ctpu_status ctpu_report_error(ctpu_status st, const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt ? fmt : "", ap);
+    va_end(ap);
+    ctpu_set_error(st, "%s", buf);
+    return st;
+}
 
 const char *ctpu_status_str(ctpu_status s)
 {
@@ -238,8 +250,6 @@ static bool read_env(ctpu_runtime *rt, char *err, size_t len)
 }
 
 /* ------------------------------------------------------------ lifecycle */
-void ctpu__tensors_shutdown(ctpu_runtime *rt);   /* tensor.c */
-
 static void runtime_free(ctpu_runtime *rt)
 {
     if (!rt) return;

@@ -1,0 +1,29 @@
+/* Test hooks: functions the Check suites (tests/) call that are not public
+ * API. They are hidden in libctpu.so (built with -fvisibility=hidden, see
+ * include/ctpu.h's CTPU_API), so tests link the static library
+ * (ctpu_internal_dep in src/meson.build). A new hook is declared here, never
+ * in include/, and defined in the layer it inspects. */
+#ifndef CTPU_TESTING_H
+#define CTPU_TESTING_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ctpu_cache ctpu_cache;
+
+/* autograd.c: record every op and view reaching ctpu__ag_record on this
+ * thread (op, dtype, arity, a hash of the output shape) into buf, up to cap
+ * entries; buf NULL stops. _len: entries recorded so far. */
+void ctpu__test_op_trace(uint64_t *buf, size_t cap);
+size_t ctpu__test_op_trace_len(void);
+
+/* runtime.c: hold (true) or release (false) the device thread, so commands
+ * queue up behind it. */
+void ctpu__test_device_hold(bool hold);
+/* runtime.c / defer.c: the strict program table and the fused-program cache
+ * of the running runtime (NULL before init). */
+ctpu_cache *ctpu__test_strict_cache(void);
+ctpu_cache *ctpu__test_fused_cache(void);
+
+#endif
