@@ -233,8 +233,15 @@ CTPU_API ctpu_tensor ctpu_arange(double start, double end, double step, ctpu_dty
 
 /* Counter-based random numbers (Philox4x32-10): element i depends only on
  * (seed, offset, i). The generator's offset advances by numel per draw, so two
- * draws differ; ctpu_manual_seed resets seed and offset to 0. f32 or bf16. */
+ * draws differ; ctpu_manual_seed sets the seed and resets the offset to 0.
+ * f32 or bf16. */
 CTPU_API void ctpu_manual_seed(uint64_t seed);
+/* The generator's whole state is (seed, offset): the offset counts the
+ * elements drawn since the seed was set (taken when a draw is dispatched or,
+ * in defer and fuse, recorded). Setting a state got earlier replays the same
+ * draws from there on, in every mode: this is what a checkpoint saves
+ * (ctpu_checkpoint_save in ctpu_nn.h stores it as metadata). Errors:
+ * CTPU_ERR_NOT_INITIALIZED, CTPU_ERR_INVALID_ARG (a NULL pointer). */
 CTPU_API ctpu_status ctpu_rng_get_state(uint64_t *seed, uint64_t *offset);
 CTPU_API ctpu_status ctpu_rng_set_state(uint64_t seed, uint64_t offset);
 CTPU_API ctpu_tensor ctpu_rand_uniform(ctpu_dtype dt, int ndim, const int64_t *shape, double lo, double hi);
@@ -567,6 +574,106 @@ CTPU_API ctpu_status ctpu_report_compare(const char *json_a, const char *name_a,
 /* An SVG plot of compiles (cumulative) and cache hits per step for n >= 1
  * runs (from their per-step history). */
 CTPU_API ctpu_status ctpu_report_plot_svg(int n, const char *const *jsons, const char *const *names, FILE *f);
+
+/* ========================================================== checkpoints
+ * Tensors to and from safetensors files (the Hugging Face format,
+ * github.com/huggingface/safetensors, readable by its Python package and by
+ * bench/check_safetensors.py):
+ *
+ *   8 bytes   N, the header length, unsigned little-endian
+ *   N bytes   a JSON object: each tensor name -> {"dtype": "F32" | "BF16" |
+ *             "I32", "shape": [extents...], "data_offsets": [begin, end]},
+ *             plus an optional "__metadata__": {string: string}; written
+ *             padded with spaces so the data starts 8-byte aligned
+ *   the rest  the data section: each tensor's elements, row-major,
+ *             little-endian (BF16 as its 16-bit patterns), at
+ *             [begin, end) from the start of the section
+ *
+ * Writing (ctpu_save, ctpu_save_ex): the header is written, then each tensor
+ * is read from the device (waiting for it; in defer and fuse a host read)
+ * into a temporary file beside path ("<path>.tmp.<pid>.<n>"), which is
+ * fsync'd and renamed onto path (then the directory is fsync'd): a crash or
+ * an error leaves the old file (or none) in place, never half a file, and no
+ * temporary file behind. 4-byte tensors come first in the data section (then
+ * BF16), each in the order given.
+ *
+ * Reading checks the whole header before anything is used, as the reference
+ * reader does: a header length above 100,000,000 bytes (the reference
+ * implementation's limit) or past the end of the file, malformed JSON or
+ * trailing bytes other than spaces after it, an entry without dtype / shape
+ * / data_offsets, an unknown dtype string, more than 8 dims, a size that
+ * does not match dtype x shape, offsets that overlap, leave a hole or do not
+ * end exactly at the end of the file (truncated or trailing bytes), a name
+ * given twice, a non-string metadata value: each is CTPU_ERR_IO with one line
+ * naming the op, the file and the tensor. The format's other dtypes (F16,
+ * F64, I64, U8, BOOL, ...) are listed but ctpu cannot make tensors of them
+ * (CTPU_ERR_DTYPE when asked to). A bad file never crashes a reader. */
+
+/* Write n tensors (f32, bf16, i32; any shape, zero-size and 0-d included)
+ * under distinct names to path. Errors: CTPU_ERR_NOT_INITIALIZED,
+ * CTPU_ERR_INVALID_ARG (NULL path / names, a NULL or repeated name,
+ * "__metadata__" as a name), handle errors naming the tensor, a device error
+ * latched on a tensor (its message, prefixed by the file and the tensor),
+ * CTPU_ERR_IO (the temporary file cannot be made or written, fsync or
+ * rename fails: the message names the file and strerror). */
+CTPU_API ctpu_status ctpu_save(const char *path, int n, const char *const *names, const ctpu_tensor *tensors);
+/* ctpu_save with n_meta metadata pairs: meta[2i] is a key, meta[2i+1] its
+ * value (NUL-terminated strings; distinct keys), written as "__metadata__".
+ * Errors: those of ctpu_save, CTPU_ERR_INVALID_ARG for a NULL or repeated key
+ * or a NULL value. */
+CTPU_API ctpu_status ctpu_save_ex(const char *path, int n, const char *const *names, const ctpu_tensor *tensors,
+                                  int n_meta, const char *const *meta);
+/* Load the tensors called names[i] from path into tensors[i], which must
+ * exist with the file's dtype and shape (as ctpu_assign: the destination
+ * keeps its handle and takes the value). The file may hold other tensors
+ * too. Every destination is checked against the header and every byte is
+ * read before any tensor is written, so on an error no tensor has changed
+ * (short of running out of device memory in the copies themselves). Ends
+ * with ctpu_sync (in defer and fuse the writes are a trace of their own).
+ * Errors: CTPU_ERR_NOT_INITIALIZED, CTPU_ERR_INVALID_ARG (NULL arguments; a
+ * name not in the file: "load: ck.safetensors: tensor 'fc1.weight' is not in
+ * the file (4 tensors)"), handle errors, CTPU_ERR_DTYPE / CTPU_ERR_SHAPE
+ * ("tensor 'b' is F32[10] in the file but the destination is f32[12]";
+ * also a dtype ctpu lacks), CTPU_ERR_IO (a bad file, as above). */
+CTPU_API ctpu_status ctpu_load(const char *path, int n, const char *const *names, const ctpu_tensor *tensors);
+
+/* An open safetensors file: its header checked (as above), its tensors
+ * listed, read on demand. Needs no ctpu_init (only making tensors does). */
+typedef struct ctpu_safetensors ctpu_safetensors;
+typedef struct {
+    const char *name;
+    const char *dtype_name;    /* as in the file: "F32", "BF16", "I32", "F16", "I64", ... */
+    ctpu_dtype dtype;          /* CTPU_DTYPE_COUNT for a dtype ctpu has not */
+    int ndim;                  /* 0 for a scalar */
+    int64_t shape[CTPU_MAX_DIMS];
+    uint64_t offset, nbytes;   /* bytes, from the start of the data section */
+} ctpu_safetensors_entry;
+/* Open and check path. NULL with CTPU_ERR_INVALID_ARG (NULL path),
+ * CTPU_ERR_IO (cannot open, not a regular file, a bad file: the message
+ * names the file and the tensor), CTPU_ERR_OOM. */
+CTPU_API ctpu_safetensors *ctpu_safetensors_open(const char *path);
+/* The entries in header order (*n of them); valid until close. NULL with
+ * *n = 0 and CTPU_ERR_INVALID_ARG for a NULL argument. */
+CTPU_API const ctpu_safetensors_entry *ctpu_safetensors_entries(const ctpu_safetensors *f, int *n);
+/* The index of name among the entries, or -1 (no error set) if absent. */
+CTPU_API int ctpu_safetensors_find(const ctpu_safetensors *f, const char *name);
+/* A new tensor (current scope) holding the file's tensor name. Null handle
+ * with CTPU_ERR_INVALID_ARG (absent name), CTPU_ERR_DTYPE (a dtype ctpu
+ * has not), CTPU_ERR_IO (the read fails: the file changed), CTPU_ERR_OOM,
+ * CTPU_ERR_NOT_INITIALIZED. */
+CTPU_API ctpu_tensor ctpu_safetensors_tensor(const ctpu_safetensors *f, const char *name);
+/* ctpu_load from an open file (same checks, same all-or-nothing rule). */
+CTPU_API ctpu_status ctpu_safetensors_load(const ctpu_safetensors *f, int n, const char *const *names,
+                                           const ctpu_tensor *tensors);
+/* Metadata: the value of key (NULL if absent or f NULL; valid until close),
+ * the number of pairs, and pair i in header order (CTPU_ERR_INVALID_ARG for
+ * a NULL argument or i out of range). */
+CTPU_API const char *ctpu_safetensors_metadata(const ctpu_safetensors *f, const char *key);
+CTPU_API int ctpu_safetensors_metadata_count(const ctpu_safetensors *f);
+CTPU_API ctpu_status ctpu_safetensors_metadata_at(const ctpu_safetensors *f, int i, const char **key,
+                                                  const char **value);
+/* Close the file and free the listing (NULL is fine). */
+CTPU_API void ctpu_safetensors_close(ctpu_safetensors *f);
 
 #ifdef __cplusplus
 }

@@ -154,6 +154,10 @@ CTPU_API ctpu_status ctpu_optim_zero_grad(ctpu_optim *o);
 CTPU_API ctpu_status ctpu_optim_set_lr(ctpu_optim *o, double lr);
 CTPU_API double ctpu_optim_lr(const ctpu_optim *o);
 CTPU_API int64_t ctpu_optim_steps(const ctpu_optim *o);   /* steps taken so far */
+/* Set the step count (AdamW's bias corrections use steps + 1; SGD's first
+ * step skips dampening), e.g. when resuming. Errors: CTPU_ERR_INVALID_ARG
+ * (o NULL, steps < 0). */
+CTPU_API ctpu_status ctpu_optim_set_steps(ctpu_optim *o, int64_t steps);
 /* The state tensor k of parameter i (SGD: 0 = momentum buffer; AdamW: 0 =
  * exp_avg, 1 = exp_avg_sq), or a null handle; valid until the next step.
  * For tests and checkpoints. */
@@ -214,11 +218,85 @@ CTPU_API ctpu_batch_iter *ctpu_batch_iter_create(int64_t n, int64_t batch, bool 
 CTPU_API int64_t ctpu_batch_iter_next(ctpu_batch_iter *it, const int64_t **idx);
 CTPU_API int64_t ctpu_batch_iter_batches_per_epoch(const ctpu_batch_iter *it);
 CTPU_API int64_t ctpu_batch_iter_epoch(const ctpu_batch_iter *it);   /* 0-based, of the batch last returned */
+/* Where an iterator is, for checkpoints: its arguments and (epoch,
+ * position), position being the indices of that epoch already handed out
+ * (0 at the start of an epoch, which is also the state right after the
+ * call that returned 0). Setting a state got from an iterator made with
+ * the same arguments makes the next calls return what that iterator's
+ * would have (an epoch's order is a function of (seed, epoch) only).
+ * Errors: CTPU_ERR_INVALID_ARG (a NULL pointer; arguments that differ from
+ * this iterator's, named; epoch < 0; a position outside [0, n] that is
+ * neither a multiple of the batch nor n). */
+typedef struct {
+    int64_t n, batch;
+    bool shuffle, drop_last;
+    uint64_t seed;
+    int64_t epoch, position;
+} ctpu_batch_iter_state;
+CTPU_API ctpu_status ctpu_batch_iter_get_state(const ctpu_batch_iter *it, ctpu_batch_iter_state *out);
+CTPU_API ctpu_status ctpu_batch_iter_set_state(ctpu_batch_iter *it, const ctpu_batch_iter_state *s);
 CTPU_API void ctpu_batch_iter_free(ctpu_batch_iter *it);
 /* Gather the rows idx[0..n) of an image set into host buffers x [n, rows*cols]
  * and y [n] and copy them to the device (current scope). */
 CTPU_API ctpu_status ctpu_image_set_batch(const ctpu_image_set *s, const int64_t *idx, int64_t n, ctpu_tensor *x,
                                           ctpu_tensor *y);
+
+/* ------------------------------------------------------------ checkpoints
+ * Optimizer and whole-run state in safetensors files (ctpu_save_ex, see
+ * ctpu.h "checkpoints"). An optimizer's part of a file:
+ *   tensors   "optim.state.<i>.exp_avg", "optim.state.<i>.exp_avg_sq"
+ *             (AdamW), "optim.state.<i>.momentum_buffer" (SGD with
+ *             momentum), i the parameter's index at creation (as the keys of
+ *             torch's optimizer state_dict), each of its parameter's dtype
+ *             and shape
+ *   metadata  "ctpu.optim.kind" "adamw" | "sgd", "ctpu.optim.n_params",
+ *             "ctpu.optim.step" (steps taken), "ctpu.optim.groups" ("1"),
+ *             and per group g (torch's param_groups): "ctpu.optim.group.<g>.
+ *             params" (the indices, "0,1,2,3"), ".lr" (the current lr),
+ *             ".initial_lr" (the lr at creation), ".beta1", ".beta2", ".eps",
+ *             ".weight_decay" (AdamW) or ".momentum", ".dampening",
+ *             ".weight_decay", ".nesterov" ("true" | "false") (SGD)
+ * Numbers are decimal; doubles with 17 significant digits (%.17g), so they
+ * read back bit for bit. Today an optimizer has one group; the per-group
+ * keys are where parameter groups (issue 12) put theirs. */
+
+/* Write o's state (moments, step count, lr, hyper-parameters) to path, as
+ * above. Errors: those of ctpu_save_ex; CTPU_ERR_INVALID_ARG (o NULL). */
+CTPU_API ctpu_status ctpu_optim_save(const ctpu_optim *o, const char *path);
+/* Load an optimizer file into o, made with the same kind and parameters
+ * (count, dtypes, shapes): moments, step count, lr and hyper-parameters
+ * all come from the file (as torch's load_state_dict). Checked whole before
+ * anything changes; on an error o is as it was. Errors: those of ctpu_load,
+ * CTPU_ERR_IO (a missing or malformed key, another kind, another parameter
+ * count or group layout, an invalid hyper-parameter: the message names the
+ * file and the key). */
+CTPU_API ctpu_status ctpu_optim_load(ctpu_optim *o, const char *path);
+
+/* A whole run in one file, so that stopping after step N and resuming gives
+ * bit-identical losses to the run that did not stop (in every mode): the
+ * parameters under names[i] as ctpu_save writes them (a weights-only
+ * reader sees them as any safetensors file), the optimizer's part as above
+ * (when o is not NULL), the generator's (seed, offset) as "ctpu.rng.seed" /
+ * "ctpu.rng.offset", the batch iterator's state (when it is not NULL) as
+ * "ctpu.data.n", ".batch", ".shuffle", ".drop_last", ".seed", ".epoch",
+ * ".position", "ctpu.checkpoint" = "1" (the layout's version), and n_meta
+ * extra metadata pairs of the caller (meta as in ctpu_save_ex; keys
+ * starting "ctpu." are reserved). One atomic write: the parts never come
+ * from different steps. Errors: those of ctpu_save_ex; CTPU_ERR_INVALID_ARG
+ * (a name starting "optim.state." or a reserved key). */
+CTPU_API ctpu_status ctpu_checkpoint_save(const char *path, int n, const char *const *names, const ctpu_tensor *params,
+                                          const ctpu_optim *o, const ctpu_batch_iter *it, int n_meta,
+                                          const char *const *meta);
+/* Restore what ctpu_checkpoint_save wrote into existing parameters, o (same
+ * kind and parameters) and it (same arguments), and set the generator's
+ * state; o or it NULL skips that part. Every part is checked before any is
+ * written; on an error nothing has changed. Extra metadata: read it with
+ * ctpu_safetensors_open. Errors: those of ctpu_load and ctpu_optim_load;
+ * CTPU_ERR_IO for a file without "ctpu.checkpoint", without the optimizer
+ * or iterator part asked for, or with a malformed key (named);
+ * CTPU_ERR_INVALID_ARG for an iterator with other arguments. */
+CTPU_API ctpu_status ctpu_checkpoint_load(const char *path, int n, const char *const *names, const ctpu_tensor *params,
+                                          ctpu_optim *o, ctpu_batch_iter *it);
 
 #ifdef __cplusplus
 }

@@ -306,6 +306,52 @@ int64_t ctpu_batch_iter_batches_per_epoch(const ctpu_batch_iter *it)
 
 int64_t ctpu_batch_iter_epoch(const ctpu_batch_iter *it) { return it ? it->last_epoch : 0; }
 
+ctpu_status ctpu_batch_iter_get_state(const ctpu_batch_iter *it, ctpu_batch_iter_state *out)
+{
+    if (!it || !out) return ctpu_report_error(CTPU_ERR_INVALID_ARG, "batch_iter_get_state: %s is NULL", it ? "out" : "it");
+    /* fresh: the next call starts epoch `epoch` at position 0 */
+    *out = (ctpu_batch_iter_state){ .n = it->n, .batch = it->batch, .shuffle = it->shuffle, .drop_last = it->drop_last,
+                                    .seed = it->seed, .epoch = it->epoch, .position = it->fresh ? 0 : it->pos };
+    return CTPU_OK;
+}
+
+ctpu_status ctpu__batch_iter_check(const char *op, const ctpu_batch_iter *it, const ctpu_batch_iter_state *s)
+{
+    if (s->n != it->n || s->batch != it->batch || s->shuffle != it->shuffle || s->drop_last != it->drop_last ||
+        s->seed != it->seed)
+        return ctpu_report_error(CTPU_ERR_INVALID_ARG,
+                                 "%s: the state is of an iterator over n=%lld batch=%lld shuffle=%d drop_last=%d "
+                                 "seed=%llu, this one has n=%lld batch=%lld shuffle=%d drop_last=%d seed=%llu", op,
+                                 (long long)s->n, (long long)s->batch, (int)s->shuffle, (int)s->drop_last,
+                                 (unsigned long long)s->seed, (long long)it->n, (long long)it->batch,
+                                 (int)it->shuffle, (int)it->drop_last, (unsigned long long)it->seed);
+    if (s->epoch < 0 || s->position < 0 || s->position > it->n || (s->position % it->batch && s->position != it->n))
+        return ctpu_report_error(CTPU_ERR_INVALID_ARG,
+                                 "%s: epoch=%lld position=%lld: need epoch >= 0 and a position that is a multiple of "
+                                 "the batch (%lld) or n (%lld)", op, (long long)s->epoch, (long long)s->position,
+                                 (long long)it->batch, (long long)it->n);
+    return CTPU_OK;
+}
+
+ctpu_status ctpu_batch_iter_set_state(ctpu_batch_iter *it, const ctpu_batch_iter_state *s)
+{
+    const char *op = "batch_iter_set_state";
+    if (!it || !s) return ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: %s is NULL", op, it ? "s" : "it");
+    ctpu_status st = ctpu__batch_iter_check(op, it, s);
+    if (st != CTPU_OK) return st;
+    it->epoch = s->epoch;
+    if (s->position == 0) {
+        it->fresh = true;
+        it->pos = 0;
+        it->last_epoch = s->epoch > 0 ? s->epoch - 1 : 0;
+    } else {
+        start_epoch(it);   /* the epoch's order is a function of (seed, epoch) */
+        it->pos = s->position;
+        it->last_epoch = s->epoch;
+    }
+    return CTPU_OK;
+}
+
 void ctpu_batch_iter_free(ctpu_batch_iter *it)
 {
     if (!it) return;

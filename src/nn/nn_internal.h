@@ -3,11 +3,30 @@
 #define CTPU_NN_INTERNAL_H
 
 #include <stddef.h>
-#include "ctpu.h"
+#include "ctpu_nn.h"
 
 /* Move t to no scope (parameters, optimizer state); returns t. */
 ctpu_tensor ctpu__nn_global(ctpu_tensor t);
 /* "f32[2,3]" */
 const char *ctpu__nn_fmt(ctpu_tensor t, char *buf, size_t len);
+
+/* An optimizer's scalar state, for checkpoints (optim.c). n_state: state
+ * tensors per parameter (ctpu_optim_state's k). */
+typedef struct {
+    bool adamw;             /* else SGD */
+    int n_params, n_state;
+    double lr;              /* the current learning rate */
+    int64_t steps;
+    ctpu_sgd_opts sgd;      /* the one of the kind */
+    ctpu_adamw_opts adam;
+} ctpu__optim_hp;
+void ctpu__optim_get(const ctpu_optim *o, ctpu__optim_hp *hp);
+/* hyper-parameters as the create functions accept them; lr >= 0, steps >= 0 */
+bool ctpu__optim_hp_valid(const ctpu__optim_hp *hp);
+/* lr, steps and the hyper-parameters of o's kind */
+void ctpu__optim_put(ctpu_optim *o, const ctpu__optim_hp *hp);
+
+/* ctpu_batch_iter_set_state's checks, nothing changed; messages start "op: " (data.c). */
+ctpu_status ctpu__batch_iter_check(const char *op, const ctpu_batch_iter *it, const ctpu_batch_iter_state *s);
 
 #endif

@@ -69,13 +69,24 @@ static ctpu_optim *create(const char *op, int kind, int n, const ctpu_tensor *pa
     return o;
 }
 
+static bool sgd_opts_valid(const ctpu_sgd_opts *s)
+{
+    return s->lr > 0 && isfinite(s->lr) && s->momentum >= 0 && isfinite(s->momentum) && isfinite(s->dampening) &&
+           s->weight_decay >= 0 && isfinite(s->weight_decay) && (!s->nesterov || (s->momentum > 0 && s->dampening == 0));
+}
+
+static bool adamw_opts_valid(const ctpu_adamw_opts *a)
+{
+    return a->lr > 0 && isfinite(a->lr) && a->beta1 >= 0 && a->beta1 < 1 && a->beta2 >= 0 && a->beta2 < 1 &&
+           a->eps > 0 && isfinite(a->eps) && a->weight_decay >= 0 && isfinite(a->weight_decay);
+}
+
 ctpu_optim *ctpu_sgd_create(int n, const ctpu_tensor *params, const ctpu_sgd_opts *opts)
 {
     const char *op = "sgd_create";
     if (!opts) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: opts is NULL", op); return NULL; }
     ctpu_sgd_opts s = *opts;
-    if (!(s.lr > 0) || !isfinite(s.lr) || !(s.momentum >= 0) || !isfinite(s.momentum) || !isfinite(s.dampening) ||
-        !(s.weight_decay >= 0) || !isfinite(s.weight_decay) || (s.nesterov && (s.momentum <= 0 || s.dampening != 0))) {
+    if (!sgd_opts_valid(&s)) {
         ctpu_report_error(CTPU_ERR_INVALID_ARG,
                           "%s: lr=%g momentum=%g dampening=%g weight_decay=%g nesterov=%d: need lr > 0, momentum >= 0, "
                           "weight_decay >= 0, and nesterov only with momentum > 0 and dampening 0",
@@ -94,8 +105,7 @@ ctpu_optim *ctpu_adamw_create(int n, const ctpu_tensor *params, const ctpu_adamw
     const char *op = "adamw_create";
     if (!opts) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: opts is NULL", op); return NULL; }
     ctpu_adamw_opts a = *opts;
-    if (!(a.lr > 0) || !isfinite(a.lr) || !(a.beta1 >= 0 && a.beta1 < 1) || !(a.beta2 >= 0 && a.beta2 < 1) ||
-        !(a.eps > 0) || !isfinite(a.eps) || !(a.weight_decay >= 0) || !isfinite(a.weight_decay)) {
+    if (!adamw_opts_valid(&a)) {
         ctpu_report_error(CTPU_ERR_INVALID_ARG,
                           "%s: lr=%g betas=(%g, %g) eps=%g weight_decay=%g: need lr > 0, betas in [0, 1), eps > 0, "
                           "weight_decay >= 0", op, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay);
@@ -197,6 +207,36 @@ ctpu_status ctpu_optim_set_lr(ctpu_optim *o, double lr)
 
 double ctpu_optim_lr(const ctpu_optim *o) { return o ? o->lr : 0.0; }
 int64_t ctpu_optim_steps(const ctpu_optim *o) { return o ? o->steps : 0; }
+
+ctpu_status ctpu_optim_set_steps(ctpu_optim *o, int64_t steps)
+{
+    if (!o || steps < 0)
+        return ctpu_report_error(CTPU_ERR_INVALID_ARG, "optim_set_steps: %s",
+                                 o ? "steps must be >= 0" : "o is NULL");
+    o->steps = steps;
+    return CTPU_OK;
+}
+
+/* For checkpoints (checkpoint.c): the scalar state, read and written whole. */
+void ctpu__optim_get(const ctpu_optim *o, ctpu__optim_hp *hp)
+{
+    *hp = (ctpu__optim_hp){ .adamw = o->kind == OPT_ADAMW, .n_params = o->n, .n_state = o->n_state, .lr = o->lr,
+                            .steps = o->steps, .sgd = o->sgd, .adam = o->adam };
+}
+
+bool ctpu__optim_hp_valid(const ctpu__optim_hp *hp)
+{
+    return hp->lr >= 0 && isfinite(hp->lr) && hp->steps >= 0 &&
+           (hp->adamw ? adamw_opts_valid(&hp->adam) : sgd_opts_valid(&hp->sgd));
+}
+
+void ctpu__optim_put(ctpu_optim *o, const ctpu__optim_hp *hp)
+{
+    o->lr = hp->lr;
+    o->steps = hp->steps;
+    if (o->kind == OPT_ADAMW) o->adam = hp->adam;
+    else o->sgd = hp->sgd;
+}
 
 ctpu_tensor ctpu_optim_state(const ctpu_optim *o, int i, int k)
 {
