@@ -13,6 +13,14 @@
  * a step: each step's loss is kept on the device and read at the end of the
  * epoch (the progress bar on a terminal reads one every few steps).
  *
+ * Checkpoints: --save PATH writes the whole run (weights, AdamW state, the
+ * generator's state and the batch iterator's place: ctpu_checkpoint_save, a
+ * safetensors file) at the end and, with --save-every K, after every K
+ * steps; --resume PATH continues such a run where it stopped, giving the
+ * losses the unbroken run would have given, bit for bit (same options
+ * needed: the batch, --limit and --seed are checked). The epoch lines of a
+ * resumed run cover the steps it ran.
+ *
  * The last line is machine-readable:
  *   result test_accuracy=0.8841 train_loss=0.3012 epochs=5 images_per_s=52000 mode=strict */
 #include <ctpu.h>
@@ -27,8 +35,9 @@
 #include <unistd.h>
 
 typedef struct {
-    const char *data_dir, *log_path;
+    const char *data_dir, *log_path, *save_path, *resume_path;
     int epochs, threads;
+    int64_t save_every, stop_after;
     int64_t batch, limit, test_limit;
     double lr, wd, beta1, beta2, eps;
     uint64_t seed;
@@ -53,6 +62,10 @@ static void usage(FILE *f)
             "  --limit N        train on the first N images only (default: all)\n"
             "  --test-limit N   evaluate on the first N test images only (default: all)\n"
             "  --log FILE       write the loss curve as CSV (step,epoch,lr,loss)\n"
+            "  --save PATH      write a checkpoint (safetensors) of the whole run at the end\n"
+            "  --save-every K   ... and after every K steps (needs --save)\n"
+            "  --resume PATH    continue the run saved in PATH (same options)\n"
+            "  --stop-after N   stop once N steps of the run are done (the schedule still spans --epochs)\n"
             "  --progress / --no-progress   force the progress bar on or off (default: on a terminal)\n"
             "  --help           this text\n"
             "The mode comes from the environment: TORCH_TPU_LAUNCH_BLOCKING=1 (debug eager),\n"
@@ -79,7 +92,8 @@ static int parse_args(int argc, char **argv, opts_t *o)
         if (!strcmp(a, "--progress")) { o->progress = 1; continue; }
         if (!strcmp(a, "--no-progress")) { o->progress = 0; continue; }
         static const char *const with_value[] = { "--data", "--log", "--betas", "--epochs", "--batch", "--lr", "--wd",
-                                                  "--eps", "--seed", "--threads", "--limit", "--test-limit" };
+                                                  "--eps", "--seed", "--threads", "--limit", "--test-limit",
+                                                  "--save", "--save-every", "--resume", "--stop-after" };
         bool known = false;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= !strcmp(a, with_value[k]);
         if (!known) { fprintf(stderr, "fashion_mnist: unknown option %s (see --help)\n", a); return 2; }
@@ -89,6 +103,8 @@ static int parse_args(int argc, char **argv, opts_t *o)
         bool ok = true;
         if (!strcmp(a, "--data")) o->data_dir = v;
         else if (!strcmp(a, "--log")) o->log_path = v;
+        else if (!strcmp(a, "--save")) o->save_path = v;
+        else if (!strcmp(a, "--resume")) o->resume_path = v;
         else if (!strcmp(a, "--betas")) ok = sscanf(v, "%lf,%lf", &o->beta1, &o->beta2) == 2;
         else if ((ok = parse_num(v, &x))) {
             if (!strcmp(a, "--epochs")) { o->epochs = (int)x; ok = x >= 1 && x == (int)x; }
@@ -100,9 +116,15 @@ static int parse_args(int argc, char **argv, opts_t *o)
             else if (!strcmp(a, "--threads")) { o->threads = (int)x; ok = x >= 1; }
             else if (!strcmp(a, "--limit")) { o->limit = (int64_t)x; ok = x >= 1; }
             else if (!strcmp(a, "--test-limit")) { o->test_limit = (int64_t)x; ok = x >= 1; }
+            else if (!strcmp(a, "--save-every")) { o->save_every = (int64_t)x; ok = x >= 1 && x == (int64_t)x; }
+            else if (!strcmp(a, "--stop-after")) { o->stop_after = (int64_t)x; ok = x >= 1 && x == (int64_t)x; }
             else { fprintf(stderr, "fashion_mnist: unknown option %s (see --help)\n", a); return 2; }
         }
         if (!ok) { fprintf(stderr, "fashion_mnist: bad value '%s' for %s (see --help)\n", v, a); return 2; }
+    }
+    if (o->save_every && !o->save_path) {
+        fprintf(stderr, "fashion_mnist: --save-every needs --save PATH (see --help)\n");
+        return 2;
     }
     return 0;
 }
@@ -218,6 +240,17 @@ int main(int argc, char **argv)
     if (!it) return fail("making the batch iterator");
     int64_t per_epoch = ctpu_batch_iter_batches_per_epoch(it), total = per_epoch * o.epochs;
     ctpu_set_steps_per_epoch(per_epoch);   /* the cost table's per-epoch figures */
+    static const char *const names[6] = { "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias" };
+    static const char *const meta[2] = { "demo", "fashion_mnist" };
+    int first_epoch = 0;
+    if (o.resume_path) {
+        if (ctpu_checkpoint_load(o.resume_path, 6, names, params, opt, it) != CTPU_OK) return fail("resuming");
+        ctpu_batch_iter_state bs;
+        ctpu_batch_iter_get_state(it, &bs);
+        first_epoch = (int)bs.epoch;
+        printf("fashion_mnist: resumed %s at step %lld (epoch %d, %lld images into it)\n", o.resume_path,
+               (long long)ctpu_optim_steps(opt), first_epoch + 1, (long long)bs.position);
+    }
 
     FILE *log = NULL;
     if (o.log_path) {
@@ -236,13 +269,14 @@ int main(int argc, char **argv)
     double *lrs = malloc(sizeof(double) * (size_t)per_epoch);
     if (!losses || !sizes || !lrs) { fprintf(stderr, "fashion_mnist: out of memory\n"); return 1; }
     double train_time = 0, train_loss = 0, acc = 0;
-    int64_t step = 0;
-    for (int ep = 0; ep < o.epochs; ep++) {
+    int64_t step = ctpu_optim_steps(opt), images = 0;
+    bool evaluated = false, stopped = false;
+    for (int ep = first_epoch; ep < o.epochs; ep++) {
         double t0 = now_s();
         int64_t nb = 0, seen = 0;
         const int64_t *idx;
         int64_t k;
-        while ((k = ctpu_batch_iter_next(it, &idx)) > 0) {
+        while (!(stopped = o.stop_after && step >= o.stop_after) && (k = ctpu_batch_iter_next(it, &idx)) > 0) {
             double lr = ctpu_lr_cosine(o.lr, step, total, 0.0);
             ctpu_optim_zero_grad(opt);
             ctpu_step_begin();
@@ -260,6 +294,9 @@ int main(int argc, char **argv)
             nb++;
             seen += k;
             step++;
+            if (o.save_every && step % o.save_every == 0 &&
+                ctpu_checkpoint_save(o.save_path, 6, names, params, opt, it, 1, meta) != CTPU_OK)
+                return fail("saving a checkpoint");
             if (tty && (nb % 25 == 0 || nb == per_epoch)) {
                 double l = 0;
                 if (ctpu_item(losses[nb - 1], &l) != CTPU_OK) return fail("reading the loss");
@@ -275,18 +312,31 @@ int main(int argc, char **argv)
             sum += l * (double)sizes[i];
             if (log) fprintf(log, "%lld,%d,%.9g,%.9g\n", (long long)(step - nb + i), ep + 1, lrs[i], l);
         }
+        if (nb == 0) {   /* resumed at the end of this epoch's batches, or stopped */
+            if (stopped) break;
+            continue;
+        }
         double dt = now_s() - t0;
         train_time += dt;
+        images += seen;
         train_loss = seen ? sum / (double)seen : 0;
         if (tty) fprintf(stderr, "\n");
         if (evaluate(&m, &test, n_test, &acc) != CTPU_OK) return fail("evaluation");
+        evaluated = true;
         printf("epoch %d/%d train_loss=%.4f test_accuracy=%.4f time=%.2fs images_per_s=%.0f\n", ep + 1, o.epochs,
                train_loss, acc, dt, (double)seen / dt);
         fflush(stdout);
+        if (stopped) break;
     }
     if (log) fclose(log);
+    if (!evaluated && evaluate(&m, &test, n_test, &acc) != CTPU_OK) return fail("evaluation");
+    if (o.save_path) {
+        if (ctpu_checkpoint_save(o.save_path, 6, names, params, opt, it, 1, meta) != CTPU_OK)
+            return fail("saving the checkpoint");
+        printf("fashion_mnist: saved %s at step %lld\n", o.save_path, (long long)step);
+    }
     printf("result test_accuracy=%.4f train_loss=%.4f epochs=%d images_per_s=%.0f mode=%s\n", acc, train_loss,
-           o.epochs, train_time > 0 ? (double)(train.n * o.epochs) / train_time : 0.0, mode);
+           o.epochs, train_time > 0 ? (double)images / train_time : 0.0, mode);
     /* the compile-cache report and the TPU cost table, on stderr (stdout's last line stays the result) */
     fflush(stdout);
     ctpu_cache_report(stderr);
