@@ -245,6 +245,23 @@ static void uninitialised_sweep(void)
     ck_assert_int_eq(ctpu_report_compare(NULL, NULL, NULL, NULL, CTPU_REPORT_TEXT, stdout), CTPU_ERR_INVALID_ARG);
     cover("ctpu_report_plot_svg");
     ck_assert_int_eq(ctpu_report_plot_svg(0, NULL, NULL, stdout), CTPU_ERR_INVALID_ARG);
+    /* checkpoints: save and load need the runtime; reading a file's header does not */
+    const char *stn[2] = { "a", "b" };
+    int sn;
+    UN_S(ctpu_save, "save", "/tmp/never-written.safetensors", 2, stn, ts);
+    UN_S(ctpu_save_ex, "save", "/tmp/never-written.safetensors", 2, stn, ts, 0, NULL);
+    UN_S(ctpu_load, "load", "/tmp/never-read.safetensors", 2, stn, ts);
+    UN_OK(ctpu_safetensors_open, ctpu_safetensors_open("/nonexistent-dir/x.safetensors") == NULL &&
+                                 ctpu_last_status() == CTPU_ERR_IO);
+    UN_OK(ctpu_safetensors_entries, ctpu_safetensors_entries(NULL, &sn) == NULL && sn == 0);
+    UN_OK(ctpu_safetensors_find, ctpu_safetensors_find(NULL, "a") == -1);
+    UN_OK(ctpu_safetensors_tensor, ctpu_is_null(ctpu_safetensors_tensor(NULL, "a")));
+    UN_OK(ctpu_safetensors_load, ctpu_safetensors_load(NULL, 2, stn, ts) == CTPU_ERR_INVALID_ARG);
+    UN_OK(ctpu_safetensors_metadata, ctpu_safetensors_metadata(NULL, "a") == NULL);
+    UN_OK(ctpu_safetensors_metadata_count, ctpu_safetensors_metadata_count(NULL) == 0);
+    const char *mk, *mv;
+    UN_OK(ctpu_safetensors_metadata_at, ctpu_safetensors_metadata_at(NULL, 0, &mk, &mv) == CTPU_ERR_INVALID_ARG);
+    UN_OK(ctpu_safetensors_close, (ctpu_safetensors_close(NULL), true));
     ctpu_clear_error();
     ck_assert(!ctpu_is_initialized());
 }
