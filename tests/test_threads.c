@@ -10,9 +10,10 @@
 
 #include <pthread.h>
 
-/* A thread that used ctpu frees its thread-local state when it exits (the
- * trace recorder and pending-handle list in defer.c, the scope lists in
- * tensor.c: pthread key destructors); LeakSanitizer checks it here. */
+/* A thread that used ctpu frees its state when it exits (one struct,
+ * eager.h: the trace recorder and pending-handle list, the scope lists, the
+ * strict front cache; one pthread key destructor); LeakSanitizer checks it
+ * here. */
 
 #define STEPS 60
 #define N 24
@@ -169,6 +170,91 @@ START_TEST(handle_churn)
 }
 END_TEST
 
+/* A thread's state belongs to one runtime: what a thread left open (a
+ * scope, a no-grad region, a mode override, a host-read label, a trace
+ * holding input buffers) is gone after shutdown and init, while its last
+ * error stays readable. A thread that exits with all of that open gives its
+ * buffers back (HBM returns to zero) and leaks nothing (LeakSanitizer). */
+static void *leave_everything_open(void *p)
+{
+    (void)p;
+    if (ctpu_set_thread_mode(CTPU_MODE_DEFER_FUSE) != CTPU_OK) return (void *)1;
+    if (ctpu_scope_begin() != CTPU_OK || ctpu_no_grad_begin() != CTPU_OK) return (void *)2;
+    if (ctpu_set_host_read_label("left.open") != CTPU_OK) return (void *)3;
+    ctpu_tensor a = ctpu_full(CTPU_F32, 1, (int64_t[]){ 1024 }, 2.0);
+    ctpu_tensor b = ctpu_add(a, a);            /* pending: the trace holds a's buffer */
+    if (ctpu_is_null(b) || ctpu_grad_enabled()) return (void *)4;
+    return NULL;                               /* no mark_step, no scope_end, no no_grad_end */
+}
+
+static pthread_barrier_t g_barrier;
+
+static void *open_then_wait(void *p)
+{
+    void *rv = leave_everything_open(p);
+    pthread_barrier_wait(&g_barrier);
+    pthread_barrier_wait(&g_barrier);
+    return rv;
+}
+
+static void expect_two(ctpu_tensor t)
+{
+    float v[4];
+    ck_assert_int_eq(ctpu_to_host(t, v, sizeof v), CTPU_OK);
+    for (int i = 0; i < 4; i++) ck_assert(v[i] == 2.0f);
+}
+
+START_TEST(thread_state_per_runtime)
+{
+    ck_assert_str_eq(ctpu_last_error(), "");
+    /* a thread exits with everything open */
+    pthread_t th;
+    void *rv;
+    ck_assert_int_eq(pthread_create(&th, NULL, leave_everything_open, NULL), 0);
+    pthread_join(th, &rv);
+    ck_assert_msg(rv == NULL, "thread: step %d: %s", (int)(intptr_t)rv, ctpu_last_error());
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    ctpu_hbm_stats hs;
+    ck_assert_int_eq(ctpu_hbm_get_stats(&hs), CTPU_OK);
+    ck_assert_uint_eq(hs.in_use, 0);
+
+    /* this thread leaves the same open across shutdown and init */
+    ck_assert_ptr_null(leave_everything_open(NULL));
+    ck_assert_int_eq(ctpu_get_mode(), CTPU_MODE_DEFER_FUSE);
+    ctpu_tensor bad = ctpu_add(ctpu_zeros(CTPU_F32, 1, (int64_t[]){ 2 }), ctpu_zeros(CTPU_F32, 1, (int64_t[]){ 3 }));
+    ck_assert(ctpu_is_null(bad));
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", ctpu_last_error());
+    ctpu_shutdown();
+    ck_assert_str_eq(ctpu_last_error(), msg);            /* the last error outlives the runtime */
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_SHAPE);
+    t_clear_env();
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    ck_assert_int_eq(ctpu_get_mode(), CTPU_MODE_STRICT);  /* the override was the old runtime's */
+    ck_assert(ctpu_grad_enabled());
+    ck_assert_int_eq(ctpu_no_grad_end(), CTPU_ERR_STATE);
+    ck_assert_int_eq(ctpu_scope_end(), CTPU_ERR_STATE);
+    ck_assert(strstr(ctpu_last_error(), "no scope is open"));
+    ck_assert_int_eq(ctpu_mark_step(), CTPU_OK);          /* no trace of the old runtime is flushed */
+
+    /* a thread whose state is left from the previous runtime exits after
+     * this init: its stale parts are dropped without touching the new one */
+    ck_assert_int_eq(pthread_barrier_init(&g_barrier, NULL, 2), 0);
+    ck_assert_int_eq(pthread_create(&th, NULL, open_then_wait, NULL), 0);
+    pthread_barrier_wait(&g_barrier);          /* it has left everything open */
+    ctpu_shutdown();
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    pthread_barrier_wait(&g_barrier);          /* now it exits */
+    pthread_join(th, &rv);
+    pthread_barrier_destroy(&g_barrier);
+    ck_assert_ptr_null(rv);
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    ck_assert_int_eq(ctpu_hbm_get_stats(&hs), CTPU_OK);
+    ck_assert_uint_eq(hs.in_use, 0);
+    expect_two(ctpu_add_scalar(ctpu_ones(CTPU_F32, 1, (int64_t[]){ 4 }), 1.0));
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("threads");
@@ -177,6 +263,7 @@ int main(void)
     tcase_set_timeout(t, 300);
     tcase_add_test(t, threads_with_own_modes);
     tcase_add_test(t, handle_churn);
+    tcase_add_test(t, thread_state_per_runtime);
     suite_add_tcase(s, t);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);

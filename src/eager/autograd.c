@@ -58,14 +58,12 @@ typedef struct { ag_node *fn; ag_leaf *leaf; } ag_meta;
 
 static atomic_uint_fast64_t ag_seq = 1, ag_pass = 1;
 
-static _Thread_local struct { int no_grad; uint64_t epoch; } t_ag;
-
-static void ag_check_epoch(void)
+/* This thread's no-grad depth: a part of its state (eager.h); 0 for a
+ * thread that has none yet (the epoch is checked only when it is not 0). */
+static int no_grad_depth(void)
 {
-    if (ctpu_rt && t_ag.epoch != ctpu_rt->epoch) {
-        t_ag.no_grad = 0;
-        t_ag.epoch = ctpu_rt->epoch;
-    }
+    const ctpu_thread_state *ts = ctpu__ts;
+    return ts->no_grad > 0 && ctpu_ts_current() == ts ? ts->no_grad : 0;
 }
 
 /* ------------------------------------------------------------ handles */
@@ -616,27 +614,27 @@ int ctpu__ag_rule_kind(int op)
 }
 
 /* ------------------------------------------------------------ recording */
-static _Thread_local struct { uint64_t *buf; size_t cap, n; } t_optrace;
-
 void ctpu__test_op_trace(uint64_t *buf, size_t cap)
 {
-    t_optrace.buf = buf;
-    t_optrace.cap = buf ? cap : 0;
-    t_optrace.n = 0;
+    ctpu_thread_state *ts = ctpu__ts_get();
+    if (!ts) return;
+    ts->op_trace.buf = buf;
+    ts->op_trace.cap = buf ? cap : 0;
+    ts->op_trace.n = 0;
 }
 
-size_t ctpu__test_op_trace_len(void) { return t_optrace.n; }
+size_t ctpu__test_op_trace_len(void) { return ctpu__ts->op_trace.n; }
 
 void ctpu__ag_record(const ctpu_node *node, const ctpu_tensor *inputs, const double *scalars, ctpu_tensor out)
 {
-    if (t_optrace.buf && t_optrace.n < t_optrace.cap) {
+    ctpu_thread_state *ts = ctpu__ts;
+    if (ts->op_trace.buf && ts->op_trace.n < ts->op_trace.cap) {
         uint64_t h = 1469598103934665603ull;
         for (int d = 0; d < node->out.ndim; d++) h = (h ^ (uint64_t)node->out.shape[d]) * 1099511628211ull;
-        t_optrace.buf[t_optrace.n++] = node->op | (uint64_t)node->out.dtype << 16 | (uint64_t)node->n_in << 24 |
-                                       (h << 32);
+        ts->op_trace.buf[ts->op_trace.n++] = node->op | (uint64_t)node->out.dtype << 16 |
+                                             (uint64_t)node->n_in << 24 | (h << 32);
     }
-    ag_check_epoch();
-    if (t_ag.no_grad > 0 || node->n_in == 0) return;
+    if (node->n_in == 0 || no_grad_depth() > 0) return;
     const ag_rule *rule = &ag_rules[node->op];
     if (!ctpu_op_has_grad(node->op) || !rule->fn || node->out.dtype == CTPU_I32) return;
     int n_in = node->n_in;
@@ -749,28 +747,28 @@ ctpu_status ctpu_zero_grad(ctpu_tensor t)
 ctpu_status ctpu_no_grad_begin(void)
 {
     if (!ctpu_check_init("no_grad_begin")) return CTPU_ERR_NOT_INITIALIZED;
-    ag_check_epoch();
-    t_ag.no_grad++;
+    ctpu_thread_state *ts = ctpu_ts();
+    if (!ts) {
+        ctpu_set_error(CTPU_ERR_OOM, "no_grad_begin: out of host memory");
+        return CTPU_ERR_OOM;
+    }
+    ts->no_grad++;
     return CTPU_OK;
 }
 
 ctpu_status ctpu_no_grad_end(void)
 {
     if (!ctpu_check_init("no_grad_end")) return CTPU_ERR_NOT_INITIALIZED;
-    ag_check_epoch();
-    if (t_ag.no_grad == 0) {
+    ctpu_thread_state *ts = ctpu_ts_current();
+    if (!ts || ts->no_grad == 0) {
         ctpu_set_error(CTPU_ERR_STATE, "no_grad_end: no no-grad region is open");
         return CTPU_ERR_STATE;
     }
-    t_ag.no_grad--;
+    ts->no_grad--;
     return CTPU_OK;
 }
 
-bool ctpu_grad_enabled(void)
-{
-    ag_check_epoch();
-    return t_ag.no_grad == 0;
-}
+bool ctpu_grad_enabled(void) { return no_grad_depth() == 0; }
 
 ctpu_tensor ctpu_detach(ctpu_tensor t)
 {
@@ -967,7 +965,6 @@ ctpu_status ctpu_backward_ex(ctpu_tensor t, ctpu_tensor grad, bool retain_graph)
     const char *opn = "backward";
     ctpu_trec *r = ctpu_rec_get(t, opn, "t", false);
     if (!r) return ctpu_last_status();
-    ag_check_epoch();
     char tb[128], gb[128];
     ag_meta *m = r->ag;
     if (!meta_requires(m)) {
@@ -995,13 +992,15 @@ ctpu_status ctpu_backward_ex(ctpu_tensor t, ctpu_tensor grad, bool retain_graph)
     }
     ctpu_status st = ctpu_scope_begin();
     if (st != CTPU_OK) return st;
-    t_ag.no_grad++;
+    ctpu_thread_state *ts = ctpu_ts_current();   /* bound: scope_begin succeeded */
+    CTPU_ASSERT(ts);
+    ts->no_grad++;
     ctpu_tensor g0 = gr ? ctpu_handle_view(gr, &gr->type, gr->off, opn)
                         : ctpu_ones((ctpu_dtype)r->type.dtype, r->type.ndim, r->type.shape);
     if (!ctpu_is_null(g0) && ctpu_dtype_of(g0) != r->type.dtype) g0 = ctpu_cast(g0, (ctpu_dtype)r->type.dtype);
     if (ctpu_is_null(g0)) st = ctpu_last_status();
     else st = run_backward(m, g0, retain_graph, opn);
-    t_ag.no_grad--;
+    ts->no_grad--;
     ctpu_status se = ctpu_scope_end();
     return st != CTPU_OK ? st : se;
 }

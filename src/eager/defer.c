@@ -16,64 +16,25 @@
 
 #define TRACE_MAX_NODES 20000
 
-typedef struct {
-    ctpu_trace_rec *rec;
-    uint64_t id;                 /* current trace id, 0 = none yet */
-    uint64_t *holders;           /* handle ids that became pending in this trace */
-    size_t n_holders, cap_holders;
-    ctpu_loop_det loops;
-    uint64_t epoch;
-} defer_state;
-
-static _Thread_local defer_state t_df;
+/* This thread's trace recorder: a part of its state (eager.h), dropped with
+ * it at thread exit, shutdown or a new runtime. Valid once state_ready() (or
+ * ctpu__defer_flush's check) has passed on the calling path. */
+#define t_df (ctpu__ts->df)
 
 static const ctpu_counter_id cut_counter[CTPU_CUT_COUNT] = {
     CTPU_CTR_CUT_MARK_STEP, CTPU_CTR_CUT_HOST_READ, CTPU_CTR_CUT_SYNC, CTPU_CTR_CUT_LOOP,
     CTPU_CTR_CUT_LIMIT, CTPU_CTR_CUT_MODE,
 };
 
-/* A thread's trace state goes when the thread exits: its unfinished trace is
- * dropped and the input buffers it held are released (pthread key destructor;
- * the value only marks that the thread has state). */
-static pthread_once_t df_key_once = PTHREAD_ONCE_INIT;
-static pthread_key_t df_key;
-
-static void df_free_state(bool runtime_alive)
-{
-    if (t_df.rec) ctpu_trace_rec_destroy(t_df.rec, runtime_alive ? ctpu_rt->dev : NULL);
-    free(t_df.holders);
-    memset(&t_df, 0, sizeof t_df);
-}
-
-static void df_thread_exit(void *p)
-{
-    (void)p;
-    df_free_state(ctpu_rt && t_df.epoch == ctpu_rt->epoch);
-}
-
-static void df_key_create(void) { pthread_key_create(&df_key, df_thread_exit); }
-
 static bool state_ready(void)
 {
-    if (t_df.epoch != ctpu_rt->epoch) {
-        /* a previous runtime's state: its buffers are gone with it */
-        df_free_state(false);
-        t_df.epoch = ctpu_rt->epoch;
-        pthread_once(&df_key_once, df_key_create);
-        pthread_setspecific(df_key, (void *)1);
-    }
+    if (!ctpu_ts()) return false;
     if (!t_df.rec) {
         t_df.rec = ctpu_trace_rec_create();
         if (!t_df.rec) return false;
     }
     if (t_df.id == 0) t_df.id = atomic_fetch_add(&ctpu_rt->next_trace_id, 1);
     return true;
-}
-
-void ctpu__defer_thread_reset(void)
-{
-    if (!ctpu_rt || t_df.epoch != ctpu_rt->epoch) return;
-    df_free_state(true);
 }
 
 static bool add_holder(uint64_t id)
@@ -179,6 +140,10 @@ ctpu_tensor ctpu__defer_node(ctpu_node *node, ctpu_trec *const *inputs, const ct
 
 ctpu_tensor ctpu__defer_alias_handle(ctpu_trec *rec, const char *op)
 {
+    if (!state_ready() || rec->trace_id != t_df.id) {
+        ctpu_set_error(CTPU_ERR_STATE, "%s: the value is pending in another thread's trace (cut it there first)", op);
+        return CTPU_NULL;
+    }
     ctpu_vtype type = rec->type;
     ctpu_vref v = rec->tval;
     return pending_handle(&type, v, op);
@@ -396,7 +361,7 @@ static ctpu_status flush_fail(ctpu_status st, const char *msg, ctpu_liveout_req 
 ctpu_status ctpu__defer_flush(ctpu_cut_reason why)
 {
     ctpu_runtime *rt = ctpu_rt;
-    if (!rt || t_df.epoch != rt->epoch || !t_df.rec) return CTPU_OK;
+    if (!ctpu_ts_current() || !t_df.rec) return CTPU_OK;
     if (ctpu_trace_rec_nodes(t_df.rec) == 0) { reset_trace(); return CTPU_OK; }
     ctpu_metrics *m = &rt->metrics;
     ctpu_counter_add(m, CTPU_CTR_TRACE_CUTS, 1);

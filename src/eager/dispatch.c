@@ -11,7 +11,8 @@
 /* ------------------------------------------------------------ the path */
 /* A per-thread front for the strict program table: a direct-mapped cache of
  * key -> program (strict programs are never evicted while the runtime
- * lives), so a repeated op takes no lock. Full key compare on hit. */
+ * lives), so a repeated op takes no lock. Full key compare on hit. It is a
+ * part of the thread's state (eager.h), allocated at its first strict op. */
 #define TPC_SLOTS 256
 typedef struct {
     uint64_t h;
@@ -19,36 +20,25 @@ typedef struct {
     uint8_t *key;
     size_t len;
 } tpc_slot;
-typedef struct {
-    uint64_t epoch;
+struct ctpu_strict_front {
     tpc_slot slot[TPC_SLOTS];
-} tpc_table;
+};
 
-static pthread_once_t tpc_once = PTHREAD_ONCE_INIT;
-static pthread_key_t tpc_key;
-static _Thread_local tpc_table *t_tpc;
-
-static void tpc_free(void *p)
+void ctpu__strict_front_free(struct ctpu_strict_front *f)
 {
-    tpc_table *t = p;
-    if (!t) return;
-    for (int i = 0; i < TPC_SLOTS; i++) free(t->slot[i].key);
-    free(t);
+    if (!f) return;
+    for (int i = 0; i < TPC_SLOTS; i++) free(f->slot[i].key);
+    free(f);
 }
-static void tpc_key_create(void) { pthread_key_create(&tpc_key, tpc_free); }
 
 static ctpu_program *strict_program(const uint8_t *key, size_t klen, const ctpu_trace *tr, bool *hit,
                                     char *err, size_t errlen)
 {
     uint64_t h = ctpu_key_hash(key, klen);
-    if (!t_tpc || t_tpc->epoch != ctpu_rt->epoch) {
-        pthread_once(&tpc_once, tpc_key_create);
-        if (t_tpc) tpc_free(t_tpc);
-        t_tpc = calloc(1, sizeof *t_tpc);
-        pthread_setspecific(tpc_key, t_tpc);
-        if (t_tpc) t_tpc->epoch = ctpu_rt->epoch;
-    }
-    tpc_slot *s = t_tpc ? &t_tpc->slot[h & (TPC_SLOTS - 1)] : NULL;
+    ctpu_thread_state *ts = ctpu_ts();
+    struct ctpu_strict_front *f = ts ? ts->strict_front : NULL;
+    if (ts && !f) f = ts->strict_front = calloc(1, sizeof *f);
+    tpc_slot *s = f ? &f->slot[h & (TPC_SLOTS - 1)] : NULL;
     if (s && s->p && s->h == h && s->len == klen && memcmp(s->key, key, klen) == 0) {
         *hit = true;
         return s->p;

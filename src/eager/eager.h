@@ -11,6 +11,8 @@
 #include "ops.h"
 #include "device/device.h"
 #include "fuse/fuse.h"
+#include "fuse/loops.h"
+#include "fuse/trace.h"
 
 /* ------------------------------------------------------------ runtime */
 typedef enum { CTPU_LOOPS_AUTO = 0, CTPU_LOOPS_ON, CTPU_LOOPS_OFF } ctpu_detect_loops;
@@ -52,10 +54,94 @@ typedef struct ctpu_runtime {
     uint64_t rng_seed, rng_offset;
 
     atomic_uint_fast64_t next_scope_id;
-    uint64_t epoch;                  /* bumped by every init: stale TLS detection */
+    uint64_t epoch;                  /* bumped by every init: stale thread state detection */
 } ctpu_runtime;
 
 extern ctpu_runtime *ctpu_rt;
+
+/* ------------------------------------------------------------ per-thread state */
+/* Everything the eager layer keeps per thread, in one struct (runtime.c owns
+ * it): allocated at a thread's first call, reached through one initial-exec
+ * thread-local pointer, freed by one pthread key destructor at thread exit.
+ * The parts after `epoch` belong to the runtime whose epoch it holds; when a
+ * thread meets a newer runtime (shutdown, then init), they are dropped in one
+ * place (the one epoch check: ctpu_ts / ctpu_ts_current). The last error and
+ * the op-trace test hook outlive runtimes. The device's trace-file recorder
+ * keeps its own thread id (device/tracefile.c): one thread-local per layer. */
+#define CTPU_MAX_SCOPES 64
+
+typedef struct {                     /* tensor.c */
+    uint64_t id;
+    uint64_t *items;                 /* handle ids made in (or kept into) this scope */
+    size_t n, cap;
+    bool step;
+} ctpu_scope;
+
+typedef struct {                     /* defer.c: this thread's defer-and-fuse trace */
+    ctpu_trace_rec *rec;
+    uint64_t id;                     /* current trace id, 0 = none yet */
+    uint64_t *holders;               /* handle ids that became pending in this trace */
+    size_t n_holders, cap_holders;
+    ctpu_loop_det loops;
+} ctpu_defer_state;
+
+struct ctpu_strict_front;            /* dispatch.c */
+
+typedef struct ctpu_thread_state {
+    /* kept across runtimes */
+    ctpu_status err_status;          /* runtime.c: ctpu_last_status / ctpu_last_error */
+    char err_msg[512];
+    struct { uint64_t *buf; size_t cap, n; } op_trace;  /* autograd.c: ctpu__test_op_trace */
+
+    uint64_t epoch;                  /* runtime the parts below belong to; 0 = none */
+    int mode_override;               /* runtime.c: ctpu_set_thread_mode; -1 = none */
+    int no_grad;                     /* autograd.c: no-grad depth */
+    int scope_depth;                 /* tensor.c: the scope stack */
+    ctpu_scope scopes[CTPU_MAX_SCOPES];
+    ctpu_defer_state df;             /* defer.c: the trace recorder */
+    struct ctpu_strict_front *strict_front; /* dispatch.c: lock-free front of the strict program table */
+    struct {
+        char host_read[64];          /* report.c: ctpu_set_host_read_label */
+    } label;                         /* (the user's region labels go here too) */
+} ctpu_thread_state;
+
+/* This thread's state; until its first call (and after it exits), a shared
+ * read-only state with every default and epoch 0, so readers need no NULL
+ * check and only ctpu__ts_get / ctpu_ts hand out a writable one. */
+extern _Thread_local ctpu_thread_state *ctpu__ts __attribute__((tls_model("initial-exec")));
+/* The state, allocated at the first call, not bound to any runtime (the last
+ * error, test hooks). NULL only when the host is out of memory. */
+ctpu_thread_state *ctpu__ts_get(void);
+/* Slow path of ctpu_ts: allocate the state, or drop a previous runtime's parts. */
+ctpu_thread_state *ctpu__ts_bind(void);
+
+/* The one epoch check: s holds parts of runtime rt (not NULL; runtime
+ * epochs start at 1). */
+static inline bool ctpu__ts_bound(const ctpu_thread_state *s, const ctpu_runtime *rt)
+{
+    return s->epoch == rt->epoch;
+}
+/* This thread's state, bound to the current runtime (ctpu_rt must be set).
+ * NULL only when the host is out of memory. */
+static inline ctpu_thread_state *ctpu_ts(void)
+{
+    ctpu_thread_state *s = ctpu__ts;
+    if (__builtin_expect(ctpu__ts_bound(s, ctpu_rt), 1)) return s;
+    return ctpu__ts_bind();
+}
+/* The state if it is already bound to the current runtime, else NULL (for
+ * readers that must not allocate: a thread without state has defaults). */
+static inline ctpu_thread_state *ctpu_ts_current(void)
+{
+    ctpu_thread_state *s = ctpu__ts;
+    const ctpu_runtime *rt = ctpu_rt;
+    return rt != NULL && ctpu__ts_bound(s, rt) ? s : NULL;
+}
+/* Drop the calling thread's runtime-bound parts while the runtime still
+ * lives (ctpu_shutdown: its unfinished trace releases its input buffers). */
+void ctpu__ts_drop_runtime(void);
+/* dispatch.c: free a strict front table. */
+void ctpu__strict_front_free(struct ctpu_strict_front *f);
 
 /* ------------------------------------------------------------ records */
 #define CTPU_SLOTS_PER_PAGE 4096u
@@ -162,7 +248,6 @@ bool ctpu__materialize(ctpu_trec *rec, const char *op, ctpu_cut_reason why);
 ctpu_status ctpu__defer_assign(ctpu_trec *dst, ctpu_tensor dst_h, ctpu_trec *src);
 /* A new handle for the same pending value (views of pending values). */
 ctpu_tensor ctpu__defer_alias_handle(ctpu_trec *rec, const char *op);
-void ctpu__defer_thread_reset(void);
 
 /* ------------------------------------------------------------ reports (report.c) */
 /* A defer-and-fuse cut (defer.c, after the cache lookup): why is a

@@ -74,11 +74,6 @@ struct ctpu_report_state {
     ctpu_tracebuf *trace;
 };
 
-static _Thread_local struct {
-    uint64_t epoch;
-    char label[64];
-} t_label;
-
 static const char *const cut_names[CTPU_CUT_COUNT] = {
     "mark_step", "host_read", "sync", "loop_detector", "length_limit", "mode_switch",
 };
@@ -154,10 +149,11 @@ static void totals_clear(ctpu_report_state *r)
 }
 
 /* ------------------------------------------------------------ helpers */
+/* This thread's host-read label (a part of its state, eager.h). */
 static const char *label_now(void)
 {
-    if (!ctpu_rt || t_label.epoch != ctpu_rt->epoch) return "";
-    return t_label.label;
+    const ctpu_thread_state *ts = ctpu_ts_current();
+    return ts ? ts->label.host_read : "";
 }
 
 static label_rec *label_get(ctpu_report_state *r, const char *label)
@@ -405,8 +401,12 @@ void ctpu__report_sync(uint64_t t0_ns)
 ctpu_status ctpu_set_host_read_label(const char *label)
 {
     if (!ctpu_check_init("set_host_read_label")) return CTPU_ERR_NOT_INITIALIZED;
-    t_label.epoch = ctpu_rt->epoch;
-    snprintf(t_label.label, sizeof t_label.label, "%s", label ? label : "");
+    ctpu_thread_state *ts = ctpu_ts();
+    if (!ts) {
+        ctpu_set_error(CTPU_ERR_OOM, "set_host_read_label: out of host memory");
+        return CTPU_ERR_OOM;
+    }
+    snprintf(ts->label.host_read, sizeof ts->label.host_read, "%s", label ? label : "");
     return CTPU_OK;
 }
 

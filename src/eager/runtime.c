@@ -15,38 +15,120 @@ ctpu_runtime *ctpu_rt = NULL;
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t epoch_counter = 0;
 
+/* ------------------------------------------------------------ per-thread state */
+static const ctpu_thread_state ts_none = { .mode_override = -1 };   /* never written */
+_Thread_local ctpu_thread_state *ctpu__ts __attribute__((tls_model("initial-exec"))) =
+    (ctpu_thread_state *)&ts_none;
+
+static pthread_once_t ts_once = PTHREAD_ONCE_INIT;
+static pthread_key_t ts_key;
+static bool ts_key_ok;
+
+/* Drop the runtime-bound parts of s; dev is the device of the runtime they
+ * belong to while it lives (an unfinished trace gives its input buffers
+ * back), NULL when that runtime is gone (its buffers went with it). */
+static void ts_drop(ctpu_thread_state *s, ctpu_device *dev)
+{
+    for (int i = 0; i < CTPU_MAX_SCOPES; i++) free(s->scopes[i].items);
+    memset(s->scopes, 0, sizeof s->scopes);
+    s->scope_depth = 0;
+    if (s->df.rec) ctpu_trace_rec_destroy(s->df.rec, dev);
+    free(s->df.holders);
+    memset(&s->df, 0, sizeof s->df);
+    ctpu__strict_front_free(s->strict_front);
+    s->strict_front = NULL;
+    s->no_grad = 0;
+    s->mode_override = -1;
+    memset(&s->label, 0, sizeof s->label);
+    s->epoch = 0;
+}
+
+/* Thread exit (the key's destructor): the state goes with its thread. */
+static void ts_thread_exit(void *p)
+{
+    ctpu_thread_state *s = p;
+    ctpu_runtime *rt = ctpu_rt;
+    ts_drop(s, rt && s->epoch == rt->epoch ? rt->dev : NULL);
+    free(s);
+    ctpu__ts = (ctpu_thread_state *)&ts_none;
+}
+
+static void ts_key_create(void) { ts_key_ok = pthread_key_create(&ts_key, ts_thread_exit) == 0; }
+
+ctpu_thread_state *ctpu__ts_get(void)
+{
+    ctpu_thread_state *s = ctpu__ts;
+    if (s != &ts_none) return s;
+    pthread_once(&ts_once, ts_key_create);
+    if (!ts_key_ok || !(s = calloc(1, sizeof *s))) return NULL;
+    s->mode_override = -1;
+    if (pthread_setspecific(ts_key, s) != 0) {
+        free(s);
+        return NULL;
+    }
+    ctpu__ts = s;
+    return s;
+}
+
+ctpu_thread_state *ctpu__ts_bind(void)
+{
+    ctpu_thread_state *s = ctpu__ts_get();
+    if (s && !ctpu__ts_bound(s, ctpu_rt)) {
+        ts_drop(s, NULL);          /* a previous runtime's parts (or none yet) */
+        s->epoch = ctpu_rt->epoch;
+    }
+    return s;
+}
+
+void ctpu__ts_drop_runtime(void)
+{
+    ctpu_thread_state *s = ctpu_ts_current();
+    if (s) ts_drop(s, ctpu_rt->dev);
+}
+
 /* ------------------------------------------------------------ errors */
-typedef struct {
-    ctpu_status st;
-    char msg[512];
-} err_state;
-static _Thread_local err_state t_err;
-static _Thread_local int t_mode_override = -1;
-static _Thread_local uint64_t t_mode_epoch = 0;
+static const char ts_oom_msg[] = "out of host memory for this thread's ctpu state";
 
 void ctpu_set_error(ctpu_status st, const char *fmt, ...)
 {
-    t_err.st = st;
-    char raw[sizeof t_err.msg];
+    ctpu_thread_state *s = ctpu__ts_get();
+    if (!s) return;                 /* ctpu_last_error says why */
+    s->err_status = st;
+    char raw[sizeof s->err_msg];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
     /* one line, whatever the user's strings hold (an environment value
      * "1\n", a label): control characters are written as escapes */
+    char *msg = s->err_msg;
     size_t o = 0;
-    for (const unsigned char *c = (const unsigned char *)raw; *c && o + 5 < sizeof t_err.msg; c++) {
-        if (*c >= 0x20 && *c != 0x7f) t_err.msg[o++] = (char)*c;
-        else if (*c == '\n') { t_err.msg[o++] = '\\'; t_err.msg[o++] = 'n'; }
-        else if (*c == '\t') { t_err.msg[o++] = '\\'; t_err.msg[o++] = 't'; }
-        else o += (size_t)snprintf(t_err.msg + o, sizeof t_err.msg - o, "\\x%02x", *c);
+    for (const unsigned char *c = (const unsigned char *)raw; *c && o + 5 < sizeof s->err_msg; c++) {
+        if (*c >= 0x20 && *c != 0x7f) msg[o++] = (char)*c;
+        else if (*c == '\n') { msg[o++] = '\\'; msg[o++] = 'n'; }
+        else if (*c == '\t') { msg[o++] = '\\'; msg[o++] = 't'; }
+        else o += (size_t)snprintf(msg + o, sizeof s->err_msg - o, "\\x%02x", *c);
     }
-    t_err.msg[o] = 0;
+    msg[o] = 0;
 }
 
-const char *ctpu_last_error(void) { return t_err.msg; }
-ctpu_status ctpu_last_status(void) { return t_err.st; }
-void ctpu_clear_error(void) { t_err.st = CTPU_OK; t_err.msg[0] = 0; }
+const char *ctpu_last_error(void)
+{
+    ctpu_thread_state *s = ctpu__ts_get();
+    return s ? s->err_msg : ts_oom_msg;
+}
+
+ctpu_status ctpu_last_status(void)
+{
+    ctpu_thread_state *s = ctpu__ts_get();
+    return s ? s->err_status : CTPU_ERR_OOM;
+}
+
+void ctpu_clear_error(void)
+{
+    ctpu_thread_state *s = ctpu__ts;
+    if (s != &ts_none) { s->err_status = CTPU_OK; s->err_msg[0] = 0; }
+}
 
 ctpu_status ctpu_report_error(ctpu_status st, const char *fmt, ...)
 {
@@ -328,7 +410,7 @@ void ctpu_shutdown(void)
     pthread_mutex_lock(&init_mu);
     ctpu_runtime *rt = ctpu_rt;
     if (!rt) { pthread_mutex_unlock(&init_mu); return; }
-    ctpu__defer_thread_reset();     /* an unfinished trace of this thread is dropped */
+    ctpu__ts_drop_runtime();        /* this thread's unfinished trace, scopes, overrides */
     ctpu_device_wait(rt->dev, 0);
     ctpu__report_shutdown(rt);      /* TORCH_TPU_METRICS_FILE / summary line, TORCH_TPU_TRACE_FILE */
     ctpu__tensors_shutdown(rt);
@@ -341,7 +423,9 @@ void ctpu_shutdown(void)
 /* ------------------------------------------------------------ modes */
 ctpu_mode ctpu_mode_now(void)
 {
-    if (t_mode_override >= 0 && ctpu_rt && t_mode_epoch == ctpu_rt->epoch) return (ctpu_mode)t_mode_override;
+    /* on every op's path: the epoch is checked only when an override is set */
+    const ctpu_thread_state *s = ctpu__ts;
+    if (s->mode_override >= 0 && ctpu_ts_current() == s) return (ctpu_mode)s->mode_override;
     return ctpu_rt ? ctpu_rt->mode : CTPU_MODE_STRICT;
 }
 
@@ -368,18 +452,26 @@ ctpu_status ctpu_set_mode(ctpu_mode m)
 ctpu_status ctpu_set_thread_mode(ctpu_mode m)
 {
     if (!ctpu_check_init("set_thread_mode")) return CTPU_ERR_NOT_INITIALIZED;
-    if ((int)m == -1) { t_mode_override = -1; return CTPU_OK; }
+    if ((int)m == -1) { ctpu_clear_thread_mode(); return CTPU_OK; }
     if ((unsigned)m >= CTPU_MODE_COUNT) {
         ctpu_set_error(CTPU_ERR_INVALID_ARG, "set_thread_mode: mode %d is not a ctpu_mode", (int)m);
         return CTPU_ERR_INVALID_ARG;
     }
+    ctpu_thread_state *s = ctpu_ts();
+    if (!s) {
+        ctpu_set_error(CTPU_ERR_OOM, "set_thread_mode: %s", ts_oom_msg);
+        return CTPU_ERR_OOM;
+    }
     ctpu__defer_flush(CTPU_CUT_MODE);
-    t_mode_override = (int)m;
-    t_mode_epoch = ctpu_rt->epoch;
+    s->mode_override = (int)m;
     return CTPU_OK;
 }
 
-void ctpu_clear_thread_mode(void) { t_mode_override = -1; }
+void ctpu_clear_thread_mode(void)
+{
+    ctpu_thread_state *s = ctpu__ts;
+    if (s != &ts_none) s->mode_override = -1;
+}
 
 ctpu_mode ctpu_get_mode(void) { return ctpu_mode_now(); }
 

@@ -5,44 +5,10 @@
 #include "eager.h"
 
 /* ------------------------------------------------------------ scopes (per thread) */
-#define MAX_SCOPES 64
-typedef struct {
-    uint64_t id;
-    uint64_t *items;    /* handle ids made in (or kept into) this scope */
-    size_t n, cap;
-    bool step;
-} scope_t;
-
-static _Thread_local struct {
-    scope_t s[MAX_SCOPES];
-    int depth;
-    uint64_t epoch;
-} t_sc;
-
-/* A thread's scope lists go when the thread exits (pthread key destructor;
- * the handles themselves stay in the runtime until released or shutdown). */
-static pthread_once_t sc_key_once = PTHREAD_ONCE_INIT;
-static pthread_key_t sc_key;
-
-static void sc_thread_exit(void *p)
-{
-    (void)p;
-    for (int i = 0; i < MAX_SCOPES; i++) free(t_sc.s[i].items);
-    memset(&t_sc, 0, sizeof t_sc);
-}
-
-static void sc_key_create(void) { pthread_key_create(&sc_key, sc_thread_exit); }
-
-static void scopes_check_epoch(void)
-{
-    if (t_sc.epoch != ctpu_rt->epoch) {
-        for (int i = 0; i < MAX_SCOPES; i++) free(t_sc.s[i].items);
-        memset(&t_sc, 0, sizeof t_sc);
-        t_sc.epoch = ctpu_rt->epoch;
-        pthread_once(&sc_key_once, sc_key_create);
-        pthread_setspecific(sc_key, (void *)1);
-    }
-}
+/* A thread's scope stack is part of its state (eager.h): its lists go when
+ * the thread exits; the handles themselves stay in the runtime until
+ * released or shutdown. */
+typedef ctpu_scope scope_t;
 
 static bool scope_push_item(scope_t *s, uint64_t id)
 {
@@ -141,9 +107,9 @@ ctpu_tensor ctpu_handle_new(const ctpu_vtype *type, ctpu_buffer *buf, size_t off
     r->tval = -1;
     if (buf) atomic_fetch_add(&buf->handle_refs, 1);
     ctpu_tensor t = { ((uint64_t)atomic_load_explicit(&r->gen, memory_order_relaxed) << 32) | (idx + 1) };
-    scopes_check_epoch();
-    if (t_sc.depth > 0) {
-        scope_t *s = &t_sc.s[t_sc.depth - 1];
+    ctpu_thread_state *ts = ctpu_ts();   /* out of host memory: global, as below */
+    if (ts && ts->scope_depth > 0) {
+        scope_t *s = &ts->scopes[ts->scope_depth - 1];
         r->scope_id = s->id;
         if (!scope_push_item(s, t.id)) r->scope_id = 0; /* falls back to global */
     } else {
@@ -202,10 +168,6 @@ void ctpu__tensors_shutdown(ctpu_runtime *rt)
         ctpu_trec *r = &rt->pages[i / CTPU_SLOTS_PER_PAGE][i % CTPU_SLOTS_PER_PAGE];
         if (r->live) ctpu_handle_release_rec(r, i);
     }
-    if (t_sc.epoch == rt->epoch) {
-        for (int i = 0; i < MAX_SCOPES; i++) free(t_sc.s[i].items);
-        memset(&t_sc, 0, sizeof t_sc);
-    }
 }
 
 /* ------------------------------------------------------------ queries */
@@ -257,12 +219,16 @@ ctpu_status ctpu_shape(ctpu_tensor t, int64_t out[CTPU_MAX_DIMS], int *ndim)
 static ctpu_status scope_begin(bool step, const char *op)
 {
     if (!ctpu_check_init(op)) return CTPU_ERR_NOT_INITIALIZED;
-    scopes_check_epoch();
-    if (t_sc.depth == MAX_SCOPES) {
-        ctpu_set_error(CTPU_ERR_STATE, "%s: scopes nest at most %d deep", op, MAX_SCOPES);
+    ctpu_thread_state *ts = ctpu_ts();
+    if (!ts) {
+        ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory", op);
+        return CTPU_ERR_OOM;
+    }
+    if (ts->scope_depth == CTPU_MAX_SCOPES) {
+        ctpu_set_error(CTPU_ERR_STATE, "%s: scopes nest at most %d deep", op, CTPU_MAX_SCOPES);
         return CTPU_ERR_STATE;
     }
-    scope_t *s = &t_sc.s[t_sc.depth++];
+    scope_t *s = &ts->scopes[ts->scope_depth++];
     s->id = atomic_fetch_add(&ctpu_rt->next_scope_id, 1);
     s->n = 0;
     s->step = step;
@@ -272,12 +238,12 @@ static ctpu_status scope_begin(bool step, const char *op)
 static ctpu_status scope_end(bool step, const char *op)
 {
     if (!ctpu_check_init(op)) return CTPU_ERR_NOT_INITIALIZED;
-    scopes_check_epoch();
-    if (t_sc.depth == 0) {
+    ctpu_thread_state *ts = ctpu_ts_current();
+    if (!ts || ts->scope_depth == 0) {
         ctpu_set_error(CTPU_ERR_STATE, "%s: no scope is open", op);
         return CTPU_ERR_STATE;
     }
-    scope_t *s = &t_sc.s[t_sc.depth - 1];
+    scope_t *s = &ts->scopes[ts->scope_depth - 1];
     if (s->step != step) {
         ctpu_set_error(CTPU_ERR_STATE, "%s: the innermost open scope is a %s scope", op,
                        s->step ? "step" : "plain");
@@ -291,7 +257,7 @@ static ctpu_status scope_end(bool step, const char *op)
         if (r->live && r->gen == ctpu_handle_gen(t) && r->scope_id == s->id) ctpu_handle_release_rec(r, idx);
     }
     s->n = 0;
-    t_sc.depth--;
+    ts->scope_depth--;
     if (step) return ctpu_mark_step();
     return CTPU_OK;
 }
@@ -316,13 +282,13 @@ ctpu_tensor ctpu_keep(ctpu_tensor t)
 {
     ctpu_trec *r = ctpu_rec_get(t, "keep", "t", true);
     if (!r) return CTPU_NULL;
-    scopes_check_epoch();
+    ctpu_thread_state *ts = ctpu_ts_current();   /* none: no scope is open */
     /* find the scope the handle is in now, move it one level out */
-    int level = -1;
-    for (int i = t_sc.depth - 1; i >= 0; i--)
-        if (t_sc.s[i].id == r->scope_id) { level = i; break; }
+    int level = -1, depth = ts ? ts->scope_depth : 0;
+    for (int i = depth - 1; i >= 0; i--)
+        if (ts->scopes[i].id == r->scope_id) { level = i; break; }
     if (level <= 0) { r->scope_id = 0; return t; }     /* to global */
-    scope_t *parent = &t_sc.s[level - 1];
+    scope_t *parent = &ts->scopes[level - 1];
     if (!scope_push_item(parent, t.id)) {
         ctpu_set_error(CTPU_ERR_OOM, "keep: out of host memory");
         return CTPU_NULL;
