@@ -9,6 +9,8 @@
 #include "t_core.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
 
 /* A thread that used ctpu frees its state when it exits (one struct,
  * eager.h: the trace recorder and pending-handle list, the scope lists, the
@@ -255,6 +257,119 @@ START_TEST(thread_state_per_runtime)
 }
 END_TEST
 
+/* ------------------------------------------------------------ one compile per key */
+/* Two threads miss the same key of one program cache: the first compiles
+ * (outside the cache lock), the second waits for that program and hits; if
+ * the first gives up, the second compiles it itself. */
+typedef struct {
+    ctpu_cache *c;
+    ctpu_trace *t;
+    uint8_t key[512];
+    size_t len;
+    atomic_int stage;            /* 1: the first thread holds the miss; 2: the second is looking */
+    atomic_int done;             /* the first thread is inserting (or abandoning) now */
+    bool abandon;
+    ctpu_program *first, *second;
+    bool second_hit, second_after_done;
+} same_key_job;
+
+static void wait_stage(atomic_int *s, int v)
+{
+    while (atomic_load(s) < v) {
+        struct timespec ts = { 0, 1000000 };
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void *first_miss(void *p)
+{
+    same_key_job *j = p;
+    ctpu_cache_result res;
+    ctpu_cache_pending *miss = NULL;
+    char err[256];
+    j->first = ctpu_cache_find(j->c, j->key, j->len, NULL, &res, NULL, &miss, err, sizeof err);
+    if (j->first || !miss) return (void *)1;
+    atomic_store(&j->stage, 1);
+    wait_stage(&j->stage, 2);
+    struct timespec ts = { 0, 50000000 };   /* let the second thread reach its wait */
+    nanosleep(&ts, NULL);
+    atomic_store(&j->done, 1);
+    if (j->abandon) {
+        ctpu_cache_abandon(j->c, miss);
+        return NULL;
+    }
+    ctpu_program *prog = ctpu_fuse_compile(j->t, err, sizeof err);
+    if (!prog) return (void *)2;
+    j->first = ctpu_cache_insert(j->c, miss, j->t, prog, NULL, NULL, &res, err, sizeof err);
+    return j->first ? NULL : (void *)3;
+}
+
+static void *second_miss(void *p)
+{
+    same_key_job *j = p;
+    wait_stage(&j->stage, 1);
+    atomic_store(&j->stage, 2);
+    char err[256];
+    j->second = ctpu_cache_get(j->c, j->key, j->len, j->t, &j->second_hit, err, sizeof err);
+    j->second_after_done = atomic_load(&j->done) == 1;
+    return j->second ? NULL : (void *)1;
+}
+
+static void same_key_run(bool abandon, ctpu_cache_stats *st, same_key_job *j)
+{
+    ctpu_vtype x = { .dtype = CTPU_KDT_F32, .ndim = 1, .shape = { 16 } };
+    ctpu_node n = { .op = CTPU_OP_RELU, .n_in = 1, .in = { 0 }, .out = x };
+    int32_t out = 1;
+    ctpu_trace t = { .n_inputs = 1, .n_nodes = 1, .n_outputs = 1, .in_type = &x, .nodes = &n, .outputs = &out };
+    memset(j, 0, sizeof *j);
+    j->c = ctpu_cache_create(0);
+    ck_assert_ptr_nonnull(j->c);
+    j->t = &t;
+    j->abandon = abandon;
+    j->len = ctpu_trace_key(&t, j->key, sizeof j->key);
+    ck_assert_uint_gt(j->len, 0);
+    pthread_t a, b;
+    void *ra, *rb;
+    ck_assert_int_eq(pthread_create(&a, NULL, first_miss, j), 0);
+    ck_assert_int_eq(pthread_create(&b, NULL, second_miss, j), 0);
+    pthread_join(a, &ra);
+    pthread_join(b, &rb);
+    ck_assert_msg(ra == NULL && rb == NULL, "first thread %d, second thread %d", (int)(intptr_t)ra,
+                  (int)(intptr_t)rb);
+    ck_assert_msg(j->second_after_done, "the second thread returned before the first one's program or give-up");
+    ctpu_cache_get_stats(j->c, st);
+    ctpu_cache_destroy(j->c);
+}
+
+START_TEST(same_key_compiled_once)
+{
+    same_key_job j;
+    ctpu_cache_stats st;
+    same_key_run(false, &st, &j);
+    ck_assert(j.second_hit);
+    ck_assert_ptr_eq(j.first, j.second);
+    ck_assert_uint_eq(st.requests, 2);
+    ck_assert_uint_eq(st.misses, 1);
+    ck_assert_uint_eq(st.hits, 1);
+    ck_assert_uint_eq(st.compiles, 1);
+    ck_assert_uint_eq(st.entries, 1);
+}
+END_TEST
+
+START_TEST(same_key_given_up_compiled_by_the_waiter)
+{
+    same_key_job j;
+    ctpu_cache_stats st;
+    same_key_run(true, &st, &j);
+    ck_assert(!j.second_hit);
+    ck_assert_uint_eq(st.requests, 2);
+    ck_assert_uint_eq(st.misses, 2);
+    ck_assert_uint_eq(st.hits, 0);
+    ck_assert_uint_eq(st.compiles, 1);
+    ck_assert_uint_eq(st.entries, 1);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("threads");
@@ -264,6 +379,8 @@ int main(void)
     tcase_add_test(t, threads_with_own_modes);
     tcase_add_test(t, handle_churn);
     tcase_add_test(t, thread_state_per_runtime);
+    tcase_add_test(t, same_key_compiled_once);
+    tcase_add_test(t, same_key_given_up_compiled_by_the_waiter);
     suite_add_tcase(s, t);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);

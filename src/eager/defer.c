@@ -1,10 +1,12 @@
 /* Defer and fuse (TORCH_TPU_DEFER_AND_FUSE=1): ops are recorded into the
  * calling thread's trace; at a cut (mark_step, end of a step scope, a host
  * read of a pending value, sync, the loop detector, the length limit) the
- * trace is finalised (dead code removed, live-out = values whose handles are
- * alive, assigned parameters written in place), keyed, looked up in the
- * bounded fused-program cache (compiled on a miss, with the recompile reason
- * recorded), and launched as one program on the device stream. */
+ * trace is flushed: its live-out values (pending handles still alive) are
+ * collected, the trace is keyed and looked up in the bounded fused-program
+ * cache (on a miss: finalised -- dead code removed, assigned parameters
+ * written in place -- and compiled, the recompile reason recorded), its
+ * buffers bound, and it is launched as one program on the device stream;
+ * the handles then get their buffers. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -200,8 +202,6 @@ ctpu_status ctpu__defer_assign(ctpu_trec *dst, ctpu_tensor dst_h, ctpu_trec *src
     return CTPU_OK;
 }
 
-static void wait_device(void *ctx) { ctpu_device_wait((ctpu_device *)ctx, 0); }
-
 /* Values that could not be computed (a failed launch): every pending handle
  * of the trace gets its fault, reported when it is read. */
 static void poison_holders(ctpu_status st, const char *msg)
@@ -237,66 +237,6 @@ static void reset_trace(void)
     ctpu_trace_rec_reset(t_df.rec, ctpu_rt->dev);
     t_df.n_holders = 0;
     t_df.id = atomic_fetch_add(&ctpu_rt->next_trace_id, 1);
-}
-
-/* The launch plan kept with a fused program: how a trace with the same raw
- * key binds its recorded inputs, scalars and live-out requests. One block. */
-typedef struct {
-    int n_in, n_out, n_scal, n_req;
-    int32_t *in_src;      /* [n_in] recorded input of canonical input k */
-    int32_t *req_out;     /* [n_req] output of request q */
-    int32_t *alias_req;   /* [n_out] request whose buffer output j writes into, or -1 */
-    int32_t *scal_src;    /* [n_scal] recorded scalar index */
-    size_t *out_bytes;    /* [n_out] */
-} launch_plan;
-
-typedef struct {
-    const ctpu_liveout_req *reqs;
-    int nreq;
-    bool dbg;
-    ctpu_trace_final fin;
-    bool have_fin;
-} miss_ctx;
-
-/* Cache miss: finalise the recorded trace (DCE, canonical numbering,
- * aliasing) for the compiler, and derive the launch plan from it. */
-static bool on_miss(void *vctx, const ctpu_trace **t, void **plan_out, char *err, size_t errlen)
-{
-    miss_ctx *mc = vctx;
-    if (!ctpu_trace_finalize(t_df.rec, mc->reqs, mc->nreq, 0, (uint8_t)mc->dbg, &mc->fin)) {
-        snprintf(err, errlen, "out of host memory finalising the trace");
-        return false;
-    }
-    mc->have_fin = true;
-    const ctpu_trace *ft = &mc->fin.t;
-    int ni = ft->n_inputs, no = ft->n_outputs, ns = ft->n_scalars, nr = mc->nreq;
-    size_t bytes = sizeof(launch_plan) + sizeof(int32_t) * (size_t)(ni + nr + no + ns + 4) +
-                   sizeof(size_t) * (size_t)(no + 1) + 16;
-    launch_plan *p = calloc(1, bytes);
-    if (!p) {
-        snprintf(err, errlen, "out of host memory for a launch plan");
-        return false;
-    }
-    p->n_in = ni;
-    p->n_out = no;
-    p->n_scal = ns;
-    p->n_req = nr;
-    p->out_bytes = (size_t *)(p + 1);
-    p->in_src = (int32_t *)(p->out_bytes + no + 1);
-    p->req_out = p->in_src + ni + 1;
-    p->alias_req = p->req_out + nr + 1;
-    p->scal_src = p->alias_req + no + 1;
-    memcpy(p->in_src, mc->fin.in_src, sizeof(int32_t) * (size_t)ni);
-    memcpy(p->req_out, mc->fin.req_out, sizeof(int32_t) * (size_t)nr);
-    memcpy(p->alias_req, mc->fin.alias_req, sizeof(int32_t) * (size_t)no);
-    memcpy(p->scal_src, mc->fin.scal_src, sizeof(int32_t) * (size_t)ns);
-    for (int j = 0; j < no; j++) {
-        const ctpu_vtype *vt = &ft->nodes[ft->outputs[j] - ni].out;
-        p->out_bytes[j] = (size_t)ctpu_vtype_numel(vt) * ctpu_kdt_size(vt->dtype);
-    }
-    *t = ft;
-    *plan_out = p;
-    return true;
 }
 
 static bool key_append(uint8_t **kb, size_t *len, size_t *cap, const void *p, size_t n)
@@ -358,136 +298,191 @@ static ctpu_status flush_fail(ctpu_status st, const char *msg, ctpu_liveout_req 
     return st;
 }
 
-ctpu_status ctpu__defer_flush(ctpu_cut_reason why)
-{
-    ctpu_runtime *rt = ctpu_rt;
-    if (!ctpu_ts_current() || !t_df.rec) return CTPU_OK;
-    if (ctpu_trace_rec_nodes(t_df.rec) == 0) { reset_trace(); return CTPU_OK; }
-    ctpu_metrics *m = &rt->metrics;
-    ctpu_counter_add(m, CTPU_CTR_TRACE_CUTS, 1);
-    ctpu_counter_add(m, cut_counter[why], 1);
+/* One flush: collect live-outs -> look up or compile -> bind buffers ->
+ * publish. */
+typedef struct {
+    ctpu_runtime *rt;
+    ctpu_cut_reason why;
+    bool dbg;
+    ctpu_liveout_req *reqs;        /* [nreq] the live pending values */
+    ctpu_trec **rrec;              /* [nreq] their handles' records */
+    int nreq;
+    ctpu_program *prog;
+    const ctpu_launch_plan *plan;
+    ctpu_cache_result res;
+    ctpu_cmd cmd;
+    ctpu_buffer **outb;            /* [plan->n_out] output buffers (our refs) */
+    size_t *outo;
+    ctpu_buffer *scratch;
+    char err[256];
+} flush_ctx;
 
-    /* live-out: pending handles still alive */
+/* Live-out: pending handles of this trace still alive; a parameter whose
+ * storage only its handle holds is written in place (not with debug
+ * checks: the old value is kept). */
+static bool collect_live_outs(flush_ctx *f)
+{
     size_t nh = t_df.n_holders;
-    ctpu_liveout_req *reqs = malloc(sizeof *reqs * (nh + 1));
-    ctpu_trec **rrec = malloc(sizeof *rrec * (nh + 1));
-    if (!reqs || !rrec) return flush_fail(CTPU_ERR_OOM, "mark_step: out of host memory at a trace cut", reqs, rrec);
-    int nreq = 0;
-    bool dbg = ctpu_debug_checks_now();
+    f->reqs = malloc(sizeof *f->reqs * (nh + 1));
+    f->rrec = malloc(sizeof *f->rrec * (nh + 1));
+    if (!f->reqs || !f->rrec) return false;
     for (size_t i = 0; i < nh; i++) {
         ctpu_tensor h = { t_df.holders[i] };
         ctpu_trec *r = ctpu_slot(ctpu_handle_slot(h));
         if (!r->live || r->gen != ctpu_handle_gen(h) || r->trace_id != t_df.id) continue;
-        bool own = r->buf && atomic_load(&r->buf->handle_refs) == 1 && !dbg;
-        reqs[nreq] = (ctpu_liveout_req){ r->tval, own ? r->buf : NULL, own ? r->off : 0 };
-        rrec[nreq++] = r;
+        bool own = r->buf && atomic_load(&r->buf->handle_refs) == 1 && !f->dbg;
+        f->reqs[f->nreq] = (ctpu_liveout_req){ r->tval, own ? r->buf : NULL, own ? r->off : 0 };
+        f->rrec[f->nreq++] = r;
     }
-    if (nreq == 0) {                       /* nothing alive needs computing */
-        free(reqs);
-        free(rrec);
-        reset_trace();
-        return CTPU_OK;
-    }
+    return true;
+}
 
-    /* key -> cache (a miss finalises and compiles) */
+/* A miss this thread compiles: finalise the recorded trace (dead code
+ * removed, canonical numbering, aliasing, the launch plan), compile it
+ * outside the cache lock, insert it with its plan. False if there is no
+ * finalised trace (out of memory: err says so). */
+static bool compile_miss(flush_ctx *f, ctpu_cache_pending *miss, const ctpu_cache_opts *o, ctpu_trace_final *fin)
+{
+    ctpu_cache *cache = f->rt->fused_cache;
+    if (!ctpu_trace_finalize(t_df.rec, f->reqs, f->nreq, 0, (uint8_t)f->dbg, fin)) {
+        ctpu_cache_abandon(cache, miss);
+        snprintf(f->err, sizeof f->err, "out of host memory finalising the trace");
+        return false;
+    }
+    ctpu_program *p = ctpu_fuse_compile(&fin->t, f->err, sizeof f->err);
+    if (!p) {
+        ctpu_cache_abandon(cache, miss);
+        return true;
+    }
+    ctpu_launch_plan *plan = fin->plan;
+    fin->plan = NULL;                       /* the cache's now */
+    f->prog = ctpu_cache_insert(cache, miss, &fin->t, p, plan, o, &f->res, f->err, sizeof f->err);
+    f->plan = f->prog ? plan : NULL;
+    return true;
+}
+
+static void count_lookup(const flush_ctx *f)
+{
+    ctpu_metrics *m = &f->rt->metrics;
+    const ctpu_cache_result *res = &f->res;
+    ctpu_counter_add(m, CTPU_CTR_CACHE_REQUESTS, 1);
+    ctpu_counter_add(m, CTPU_CTR_FUSED_CACHE_REQUESTS, 1);
+    ctpu_counter_add(m, res->hit ? CTPU_CTR_CACHE_HITS : CTPU_CTR_CACHE_MISSES, 1);
+    ctpu_counter_add(m, res->hit ? CTPU_CTR_FUSED_CACHE_HITS : CTPU_CTR_FUSED_CACHE_MISSES, 1);
+    if (f->prog && !res->hit) {
+        ctpu_counter_add(m, CTPU_CTR_PROGRAMS_COMPILED, 1);
+        ctpu_timer_add(m, CTPU_TMR_COMPILE_TIME, f->prog->compile_ns);
+        if (res->recompile) ctpu_counter_add(m, CTPU_CTR_RECOMPILES, 1);
+        if (res->thrash) ctpu_counter_add(m, CTPU_CTR_CACHE_THRASH, 1);
+    }
+    if (res->evicted) ctpu_counter_add(m, CTPU_CTR_CACHE_EVICTIONS, res->evicted);
+}
+
+/* Key -> fused cache; a miss is compiled here (or waited for, if another
+ * thread is compiling the same key). */
+static ctpu_status lookup_or_compile(flush_ctx *f)
+{
+    ctpu_runtime *rt = f->rt;
     size_t klen = 0;
-    uint8_t *key = raw_key(reqs, nreq, dbg, &klen);
-    if (!key) return flush_fail(CTPU_ERR_OOM, "mark_step: out of host memory keying the trace", reqs, rrec);
+    uint8_t *key = raw_key(f->reqs, f->nreq, f->dbg, &klen);
+    if (!key) return flush_fail(CTPU_ERR_OOM, "mark_step: out of host memory keying the trace", f->reqs, f->rrec);
     uint64_t step = atomic_load(&rt->marked_steps);
     bool only = atomic_load(&rt->cache_only) ||
                 (rt->cache_only_after >= 0 && step >= (uint64_t)rt->cache_only_after);
-    miss_ctx mc = { .reqs = reqs, .nreq = nreq, .dbg = dbg };
-    ctpu_cache_opts opts = { .allow_compile = !only, .track_recompiles = true, .step = step,
-                             .before_evict = wait_device, .ctx = rt->dev, .on_miss = on_miss, .miss_ctx = &mc };
-    ctpu_cache_result res;
-    char err[256] = "";
-    ctpu_program *prog = ctpu_cache_lookup(rt->fused_cache, key, klen, NULL, &opts, &res, err, sizeof err);
+    ctpu_cache_opts opts = { .allow_compile = !only, .track_recompiles = true, .step = step, .dev = rt->dev };
+    ctpu_cache_pending *miss;
+    f->prog = ctpu_cache_find(rt->fused_cache, key, klen, &opts, &f->res, &f->plan, &miss, f->err, sizeof f->err);
     free(key);
-    int n_nodes = mc.have_fin ? mc.fin.t.n_nodes : 0;
-    ctpu__report_cut(why, mc.have_fin ? &mc.fin.t : NULL, &res, prog);   /* report.c: programs, cuts, trace */
-    if (mc.have_fin) ctpu_trace_final_free(&mc.fin);
-    ctpu_counter_add(m, CTPU_CTR_CACHE_REQUESTS, 1);
-    ctpu_counter_add(m, CTPU_CTR_FUSED_CACHE_REQUESTS, 1);
-    ctpu_counter_add(m, res.hit ? CTPU_CTR_CACHE_HITS : CTPU_CTR_CACHE_MISSES, 1);
-    ctpu_counter_add(m, res.hit ? CTPU_CTR_FUSED_CACHE_HITS : CTPU_CTR_FUSED_CACHE_MISSES, 1);
-    if (prog && !res.hit) {
-        ctpu_counter_add(m, CTPU_CTR_PROGRAMS_COMPILED, 1);
-        ctpu_timer_add(m, CTPU_TMR_COMPILE_TIME, prog->compile_ns);
-        if (res.recompile) ctpu_counter_add(m, CTPU_CTR_RECOMPILES, 1);
-        if (res.thrash) ctpu_counter_add(m, CTPU_CTR_CACHE_THRASH, 1);
-    }
-    if (res.evicted) ctpu_counter_add(m, CTPU_CTR_CACHE_EVICTIONS, res.evicted);
-    if (!prog) {
+    ctpu_trace_final fin;
+    bool have_fin = miss && compile_miss(f, miss, &opts, &fin);
+    ctpu__report_cut(f->why, have_fin ? &fin.t : NULL, &f->res, f->prog);   /* report.c: programs, cuts, trace */
+    if (have_fin) ctpu_trace_final_free(&fin);
+    count_lookup(f);
+    if (!f->prog) {
         char msg[300];
-        snprintf(msg, sizeof msg, "defer and fuse: %s", err);
-        return flush_fail(res.refused ? CTPU_ERR_CACHE_MISS : CTPU_ERR_STATE, msg, reqs, rrec);
+        snprintf(msg, sizeof msg, "defer and fuse: %s", f->err);
+        return flush_fail(f->res.refused ? CTPU_ERR_CACHE_MISS : CTPU_ERR_STATE, msg, f->reqs, f->rrec);
     }
-    (void)n_nodes;
+    return CTPU_OK;
+}
 
-    /* buffers: inputs as recorded, outputs (fresh or the parameter's own), scratch */
-    const launch_plan *pl = prog->plan;
+/* Output buffers: the parameter's own (in place) or fresh ones. */
+static ctpu_status alloc_outputs(flush_ctx *f)
+{
+    const ctpu_launch_plan *pl = f->plan;
+    for (int j = 0; j < pl->n_out; j++) {
+        int q = pl->alias_req[j];
+        if (q >= 0) {
+            f->outb[j] = f->reqs[q].alias_buf;
+            f->outo[j] = f->reqs[q].alias_off;
+            ctpu_buffer_retain(f->outb[j]);
+            continue;
+        }
+        f->outo[j] = 0;
+        f->outb[j] = ctpu_buffer_alloc(f->rt->dev, pl->out_bytes[j], f->err, sizeof f->err);
+        if (!f->outb[j]) return CTPU_ERR_OOM;
+    }
+    if (f->prog->prog.n_virtual > 0) {
+        f->scratch = ctpu_buffer_alloc(f->rt->dev, f->prog->prog.scratch_bytes, f->err, sizeof f->err);
+        if (!f->scratch) return CTPU_ERR_OOM;
+    }
+    return CTPU_OK;
+}
+
+/* The command: inputs as recorded, outputs, scratch; the recorded scalars. */
+static ctpu_status bind_buffers(flush_ctx *f)
+{
+    const ctpu_launch_plan *pl = f->plan;
+    ctpu_cmd *cmd = &f->cmd;
     ctpu_buffer *const *ib;
     const size_t *io;
     ctpu_trace_rec_inputs(t_df.rec, &ib, &io, NULL);
     const double *rs = ctpu_trace_rec_scalars(t_df.rec);
     int nin = pl->n_in, no = pl->n_out;
-    bool scratch = prog->prog.n_virtual > 0;
-    int nb = nin + no + (scratch ? 1 : 0);
-    ctpu_cmd cmd;
-    memset(&cmd, 0, sizeof cmd);
-    cmd.prog = &prog->prog;
-    cmd.n_bufs = nb;
-    cmd.buf = nb <= CTPU_CMD_INLINE_BUFS ? cmd.buf_inl : calloc((size_t)nb, sizeof(ctpu_buffer *));
-    cmd.off = nb <= CTPU_CMD_INLINE_BUFS ? cmd.off_inl : calloc((size_t)nb, sizeof(size_t));
-    cmd.scalars = pl->n_scal <= CTPU_CMD_MAX_SCALARS ? cmd.scal_inl : malloc(sizeof(double) * (size_t)pl->n_scal);
-    ctpu_buffer **outb = malloc(sizeof *outb * ((size_t)no + 1));
-    size_t *outo = malloc(sizeof *outo * ((size_t)no + 1));
-    bool ok = cmd.buf && cmd.off && cmd.scalars && outb && outo;
-    ctpu_status st = ok ? CTPU_OK : CTPU_ERR_OOM;
-    int made = 0;
-    for (int j = 0; ok && j < no; j++, made++) {
-        int q = pl->alias_req[j];
-        if (q >= 0) {
-            outb[j] = reqs[q].alias_buf;
-            outo[j] = reqs[q].alias_off;
-            ctpu_buffer_retain(outb[j]);
-            continue;
-        }
-        outo[j] = 0;
-        outb[j] = ctpu_buffer_alloc(rt->dev, pl->out_bytes[j], err, sizeof err);
-        if (!outb[j]) { ok = false; st = CTPU_ERR_OOM; }
-    }
-    ctpu_buffer *scratch_buf = NULL;
-    if (ok && scratch) {
-        scratch_buf = ctpu_buffer_alloc(rt->dev, prog->prog.scratch_bytes, err, sizeof err);
-        if (!scratch_buf) { ok = false; st = CTPU_ERR_OOM; }
-    }
-    if (!ok) {
-        for (int j = 0; j < made; j++)
-            if (outb && outb[j]) ctpu_buffer_release(rt->dev, outb[j]);
-        if (cmd.buf != cmd.buf_inl) { free(cmd.buf); free(cmd.off); }
-        if (cmd.scalars != cmd.scal_inl) free(cmd.scalars);
-        free(outb);
-        free(outo);
+    int nb = nin + no + (f->prog->prog.n_virtual > 0 ? 1 : 0);
+    memset(cmd, 0, sizeof *cmd);
+    cmd->prog = &f->prog->prog;
+    cmd->n_bufs = nb;
+    cmd->buf = nb <= CTPU_CMD_INLINE_BUFS ? cmd->buf_inl : calloc((size_t)nb, sizeof(ctpu_buffer *));
+    cmd->off = nb <= CTPU_CMD_INLINE_BUFS ? cmd->off_inl : calloc((size_t)nb, sizeof(size_t));
+    cmd->scalars = pl->n_scal <= CTPU_CMD_MAX_SCALARS ? cmd->scal_inl : malloc(sizeof(double) * (size_t)pl->n_scal);
+    f->outb = calloc((size_t)no + 1, sizeof *f->outb);
+    f->outo = malloc(sizeof *f->outo * ((size_t)no + 1));
+    bool ok = cmd->buf && cmd->off && cmd->scalars && f->outb && f->outo;
+    ctpu_status st = ok ? alloc_outputs(f) : CTPU_ERR_OOM;
+    if (st != CTPU_OK) {
+        for (int j = 0; f->outb && j < no; j++)
+            if (f->outb[j]) ctpu_buffer_release(f->rt->dev, f->outb[j]);
+        if (f->scratch) ctpu_buffer_release(f->rt->dev, f->scratch);
+        if (cmd->buf != cmd->buf_inl) { free(cmd->buf); free(cmd->off); }
+        if (cmd->scalars != cmd->scal_inl) free(cmd->scalars);
+        free(f->outb);
+        free(f->outo);
         char msg[400];
-        snprintf(msg, sizeof msg, "fused program %llu: %s", (unsigned long long)res.program_id,
-                 st == CTPU_ERR_OOM && err[0] ? err : "out of host memory");
-        return flush_fail(st, msg, reqs, rrec);
+        snprintf(msg, sizeof msg, "fused program %llu: %s", (unsigned long long)f->res.program_id,
+                 f->err[0] ? f->err : "out of host memory");
+        return flush_fail(st, msg, f->reqs, f->rrec);
     }
-    for (int k = 0; k < nin; k++) { cmd.buf[k] = ib[pl->in_src[k]]; cmd.off[k] = io[pl->in_src[k]]; }
-    for (int j = 0; j < no; j++) { cmd.buf[nin + j] = outb[j]; cmd.off[nin + j] = outo[j]; }
-    if (scratch) { cmd.buf[nb - 1] = scratch_buf; cmd.off[nb - 1] = 0; }
-    for (int i = 0; i < pl->n_scal; i++) cmd.scalars[i] = rs[pl->scal_src[i]];
-    cmd.debug_checks = dbg;
-    ctpu_device_submit(rt->dev, &cmd);     /* the command owns heap arrays now */
-    ctpu_counter_add(m, CTPU_CTR_PROGRAMS_LAUNCHED, 1);
-    ctpu_counter_add(m, CTPU_CTR_FUSED_STEPS, prog->prog.n_steps);
+    for (int k = 0; k < nin; k++) { cmd->buf[k] = ib[pl->in_src[k]]; cmd->off[k] = io[pl->in_src[k]]; }
+    for (int j = 0; j < no; j++) { cmd->buf[nin + j] = f->outb[j]; cmd->off[nin + j] = f->outo[j]; }
+    if (f->scratch) { cmd->buf[nb - 1] = f->scratch; cmd->off[nb - 1] = 0; }
+    for (int i = 0; i < pl->n_scal; i++) cmd->scalars[i] = rs[pl->scal_src[i]];
+    cmd->debug_checks = f->dbg;
+    return CTPU_OK;
+}
 
-    /* every live pending handle gets its value's buffer */
-    for (int q = 0; q < nreq; q++) {
-        ctpu_trec *r = rrec[q];
-        int o = pl->req_out[q];
-        ctpu_buffer *b = outb[o];
+/* Launch, then give every live pending handle its value's buffer. */
+static void publish(flush_ctx *f)
+{
+    ctpu_runtime *rt = f->rt;
+    ctpu_metrics *m = &rt->metrics;
+    ctpu_device_submit(rt->dev, &f->cmd);     /* the command owns heap arrays now */
+    ctpu_counter_add(m, CTPU_CTR_PROGRAMS_LAUNCHED, 1);
+    ctpu_counter_add(m, CTPU_CTR_FUSED_STEPS, f->prog->prog.n_steps);
+    for (int q = 0; q < f->nreq; q++) {
+        ctpu_trec *r = f->rrec[q];
+        int o = f->plan->req_out[q];
+        ctpu_buffer *b = f->outb[o];
         r->trace_id = 0;
         if (r->buf == b) {
             ctpu_counter_add(m, CTPU_CTR_ASSIGN_IN_PLACE, 1);
@@ -501,17 +496,39 @@ ctpu_status ctpu__defer_flush(ctpu_cut_reason why)
         ctpu_buffer_retain(b);
         atomic_fetch_add(&b->handle_refs, 1);
         r->buf = b;
-        r->off = outo[o];
+        r->off = f->outo[o];
     }
     /* our own refs: the command and the handles hold theirs */
-    for (int j = 0; j < no; j++) ctpu_buffer_release(rt->dev, outb[j]);
-    if (scratch_buf) ctpu_buffer_release(rt->dev, scratch_buf);
-    free(outb);
-    free(outo);
-    free(reqs);
-    free(rrec);
+    for (int j = 0; j < f->plan->n_out; j++) ctpu_buffer_release(rt->dev, f->outb[j]);
+    if (f->scratch) ctpu_buffer_release(rt->dev, f->scratch);
+    free(f->outb);
+    free(f->outo);
+    free(f->reqs);
+    free(f->rrec);
     reset_trace();
-    return CTPU_OK;
+}
+
+ctpu_status ctpu__defer_flush(ctpu_cut_reason why)
+{
+    ctpu_runtime *rt = ctpu_rt;
+    if (!ctpu_ts_current() || !t_df.rec) return CTPU_OK;
+    if (ctpu_trace_rec_nodes(t_df.rec) == 0) { reset_trace(); return CTPU_OK; }
+    ctpu_counter_add(&rt->metrics, CTPU_CTR_TRACE_CUTS, 1);
+    ctpu_counter_add(&rt->metrics, cut_counter[why], 1);
+
+    flush_ctx f = { .rt = rt, .why = why, .dbg = ctpu_debug_checks_now() };
+    if (!collect_live_outs(&f))
+        return flush_fail(CTPU_ERR_OOM, "mark_step: out of host memory at a trace cut", f.reqs, f.rrec);
+    if (f.nreq == 0) {                       /* nothing alive needs computing */
+        free(f.reqs);
+        free(f.rrec);
+        reset_trace();
+        return CTPU_OK;
+    }
+    ctpu_status st = lookup_or_compile(&f);
+    if (st == CTPU_OK) st = bind_buffers(&f);
+    if (st == CTPU_OK) publish(&f);
+    return st;
 }
 
 /* ------------------------------------------------------------ public: cache */

@@ -2,7 +2,11 @@
  * table with a full-key compare on hit, an LRU list bounded by capacity
  * (0 = unbounded: strict eager's table), per-entry counters, recompile
  * reasons (a miss whose structural key matches a cached entry), evictions
- * and thrash (a key compiled again after its eviction). */
+ * and thrash (a key compiled again after its eviction).
+ *
+ * Find and insert: the caller compiles a miss between the two, outside the
+ * cache lock; a second thread missing the same key meanwhile waits for that
+ * program instead of compiling it again (as TorchTPU's shared futures do). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,6 +17,7 @@ typedef struct entry {
     size_t len;
     uint8_t *key;
     ctpu_program *prog;
+    ctpu_launch_plan *plan;       /* how a recorded trace binds to it (fused caches), or NULL */
     struct entry *next;           /* bucket chain */
     struct entry *lru_prev, *lru_next;
     ctpu_cache_entry_info info;
@@ -24,8 +29,19 @@ typedef struct entry {
 #define THRASH_RING 4096
 #define RECOMPILE_LOG 64
 
+/* A miss one thread is compiling; others missing the same key wait for it
+ * (`done` is broadcast when it is inserted or abandoned). */
+struct ctpu_cache_pending {
+    struct ctpu_cache_pending *next;
+    uint64_t hash;
+    size_t len;
+    uint8_t *key;
+};
+
 struct ctpu_cache {
     pthread_mutex_t mu;
+    pthread_cond_t done;
+    ctpu_cache_pending *pending;
     entry **buckets;
     size_t nbuckets, count, capacity;
     entry *lru_head, *lru_tail;   /* head = most recent */
@@ -50,12 +66,14 @@ ctpu_cache *ctpu_cache_create(size_t capacity)
     c->capacity = capacity;
     c->next_id = 1;
     pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->done, NULL);
     return c;
 }
 
 static void entry_free(entry *e)
 {
     ctpu_program_free(e->prog);
+    free(e->plan);
     free(e->key);
     free(e->types);
     free(e->ops);
@@ -70,6 +88,7 @@ void ctpu_cache_destroy(ctpu_cache *c)
         entry_free(e);
     }
     free(c->buckets);
+    pthread_cond_destroy(&c->done);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }
@@ -166,28 +185,59 @@ static void describe_diff(const entry *old, const ctpu_trace *t, char *out, size
     }
 }
 
-ctpu_program *ctpu_cache_lookup(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_trace *t,
-                                const ctpu_cache_opts *o, ctpu_cache_result *res, char *err, size_t errlen)
+/* ------------------------------------------------------------ find */
+/* The entry of a key, or NULL; count: add colliding entries to the stats. */
+static entry *table_find(ctpu_cache *c, uint64_t h, const uint8_t *key, size_t len, bool count)
+{
+    for (entry *e = c->buckets[h & (c->nbuckets - 1)]; e; e = e->next) {
+        if (e->hash != h) continue;
+        if (e->len == len && memcmp(e->key, key, len) == 0) return e;
+        if (count) c->st.collisions++;
+    }
+    return NULL;
+}
+
+static bool pending_has(const ctpu_cache *c, uint64_t h, const uint8_t *key, size_t len)
+{
+    for (const ctpu_cache_pending *p = c->pending; p; p = p->next)
+        if (p->hash == h && p->len == len && memcmp(p->key, key, len) == 0) return true;
+    return false;
+}
+
+static void pending_unlink(ctpu_cache *c, ctpu_cache_pending *p)
+{
+    ctpu_cache_pending **pp = &c->pending;
+    while (*pp && *pp != p) pp = &(*pp)->next;
+    if (*pp) *pp = p->next;
+}
+
+ctpu_program *ctpu_cache_find(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_cache_opts *o,
+                              ctpu_cache_result *res, const ctpu_launch_plan **plan, ctpu_cache_pending **miss,
+                              char *err, size_t errlen)
 {
     memset(res, 0, sizeof *res);
+    *miss = NULL;
+    if (plan) *plan = NULL;
     uint64_t h = c->force_hash ? c->forced : ctpu_key_hash(key, len);
     pthread_mutex_lock(&c->mu);
     c->st.requests++;
-    entry **slot = &c->buckets[h & (c->nbuckets - 1)];
-    for (entry *e = *slot; e; e = e->next) {
-        if (e->hash != h) continue;
-        if (e->len == len && memcmp(e->key, key, len) == 0) {
-            e->prog->hits++;
+    for (bool first = true;; first = false) {
+        entry *e = table_find(c, h, key, len, first);
+        if (e) {
             e->info.hits++;
             e->info.last_use = o ? o->step : 0;
             c->st.hits++;
             if (c->capacity && c->lru_head != e) { lru_unlink(c, e); lru_push_front(c, e); }
             res->hit = true;
             res->program_id = e->info.id;
+            if (plan) *plan = e->plan;
             pthread_mutex_unlock(&c->mu);
             return e->prog;
         }
-        c->st.collisions++;
+        /* another thread is compiling this key: wait for its program (or
+         * for it to give up, then compile it here) */
+        if (!pending_has(c, h, key, len)) break;
+        pthread_cond_wait(&c->done, &c->mu);
     }
     c->st.misses++;
     if (o && !o->allow_compile) {
@@ -197,88 +247,98 @@ ctpu_program *ctpu_cache_lookup(ctpu_cache *c, const uint8_t *key, size_t len, c
         res->refused = true;
         return NULL;
     }
-    void *plan = NULL;
-    if (o && o->on_miss) {
-        const ctpu_trace *mt = NULL;
-        if (!o->on_miss(o->miss_ctx, &mt, &plan, err, errlen)) {
-            pthread_mutex_unlock(&c->mu);
-            return NULL;
-        }
-        t = mt;
-    }
-    /* recompile? thrash? (only fused caches: capacity > 0 or asked) */
-    uint64_t sh = 0, reuse_id = 0;
-    if (o && o->track_recompiles) {
-        sh = struct_hash_of(t);
-        size_t ne = c->n_evicted < THRASH_RING ? c->n_evicted : THRASH_RING;
-        for (size_t i = 0; i < ne; i++)
-            if (c->evicted[i] == h) {
-                res->thrash = true;
-                c->st.thrash++;
-                reuse_id = c->evicted_id[i];   /* the same program again: the same id in reports */
-                c->evicted[i] = 0;
-                break;
-            }
-        for (entry *e = c->lru_head; e; e = e->lru_next) {
-            if (e->struct_hash != sh) continue;
-            res->recompile = true;
-            describe_diff(e, t, res->reason, sizeof res->reason);
-            c->st.recompiles++;
-            ctpu_recompile_rec *r = &c->log[c->n_log % RECOMPILE_LOG];
-            c->n_log++;
-            r->step = o->step;
-            r->old_program = e->info.id;
-            r->new_program = reuse_id ? reuse_id : c->next_id;
-            snprintf(r->reason, sizeof r->reason, "%s", res->reason);
-            break;
-        }
-    }
-    ctpu_program *p = ctpu_fuse_compile(t, err, errlen);
-    if (p) p->plan = plan;
-    else free(plan);
-    entry *e = p ? calloc(1, sizeof *e) : NULL;
-    uint8_t *k = e ? malloc(len) : NULL;
-    size_t nv = (size_t)t->n_inputs + (size_t)t->n_nodes;
-    ctpu_vtype *types = k ? malloc(sizeof(ctpu_vtype) * (nv + 1)) : NULL;
-    uint16_t *ops = types ? malloc(sizeof(uint16_t) * ((size_t)t->n_nodes + 1)) : NULL;
-    if (!ops) {
-        free(e);
-        free(k);
-        free(types);
-        ctpu_program_free(p);
+    ctpu_cache_pending *p = malloc(sizeof *p);
+    uint8_t *k = p ? malloc(len ? len : 1) : NULL;
+    if (!k) {
         pthread_mutex_unlock(&c->mu);
-        if (p) snprintf(err, errlen, "out of host memory for the program cache");
+        free(p);
+        snprintf(err, errlen, "out of host memory for the program cache");
         return NULL;
     }
     memcpy(k, key, len);
+    *p = (ctpu_cache_pending){ .next = c->pending, .hash = h, .len = len, .key = k };
+    c->pending = p;
+    pthread_mutex_unlock(&c->mu);
+    *miss = p;
+    return NULL;
+}
+
+void ctpu_cache_abandon(ctpu_cache *c, ctpu_cache_pending *p)
+{
+    if (!p) return;
+    pthread_mutex_lock(&c->mu);
+    pending_unlink(c, p);
+    pthread_cond_broadcast(&c->done);
+    pthread_mutex_unlock(&c->mu);
+    free(p->key);
+    free(p);
+}
+
+/* ------------------------------------------------------------ insert */
+/* The entry for a compiled program, or NULL on out of memory. It takes the
+ * pending miss's key (read-only while the miss is pending). */
+static entry *entry_make(ctpu_cache_pending *p, const ctpu_trace *t, ctpu_program *prog,
+                         ctpu_launch_plan *plan, uint64_t struct_hash)
+{
+    size_t nv = (size_t)t->n_inputs + (size_t)t->n_nodes;
+    entry *e = calloc(1, sizeof *e);
+    ctpu_vtype *types = e ? malloc(sizeof(ctpu_vtype) * (nv + 1)) : NULL;
+    uint16_t *ops = types ? malloc(sizeof(uint16_t) * ((size_t)t->n_nodes + 1)) : NULL;
+    if (!ops) {
+        free(e);
+        free(types);
+        return NULL;
+    }
     for (int i = 0; i < t->n_inputs; i++) types[i] = t->in_type[i];
     for (int i = 0; i < t->n_nodes; i++) { types[t->n_inputs + i] = t->nodes[i].out; ops[i] = t->nodes[i].op; }
-    e->hash = h;
-    e->struct_hash = sh;
-    e->len = len;
-    e->key = k;
-    e->prog = p;
-    e->types = types;
-    e->ops = ops;
-    e->n_in = t->n_inputs;
-    e->n_nodes = t->n_nodes;
-    e->info.id = reuse_id ? reuse_id : c->next_id++;
-    e->info.compile_ns = p->compile_ns;
-    e->info.last_use = o ? o->step : 0;
-    e->info.first_use = e->info.last_use;
+    *e = (entry){ .hash = p->hash, .struct_hash = struct_hash, .len = p->len, .key = p->key, .prog = prog,
+                  .plan = plan, .types = types, .ops = ops, .n_in = t->n_inputs, .n_nodes = t->n_nodes };
+    e->info.compile_ns = prog->compile_ns;
     e->info.n_nodes = t->n_nodes;
-    e->info.n_steps = p->prog.n_steps;
-    e->info.bytes = len + sizeof *e + nv * sizeof(ctpu_vtype) + (size_t)p->n_mem * 64;
-    e->next = *slot;
-    *slot = e;
-    lru_push_front(c, e);
-    c->st.compiles++;
-    res->program_id = e->info.id;
-    if (++c->count > c->nbuckets * 3 / 4) grow(c);
-    /* bounded: evict from the LRU tail */
+    e->info.n_steps = prog->prog.n_steps;
+    e->info.bytes = e->len + sizeof *e + nv * sizeof(ctpu_vtype) + (size_t)prog->n_mem * 64;
+    return e;
+}
+
+/* Recompile? Thrash? (caches that track them): a key evicted before gets its
+ * old program id back; a cached entry of the same structure gives the
+ * reason. Returns the id to reuse, or 0. */
+static uint64_t note_recompile(ctpu_cache *c, const entry *ne, const ctpu_trace *t, const ctpu_cache_opts *o,
+                               ctpu_cache_result *res)
+{
+    uint64_t reuse_id = 0;
+    size_t n = c->n_evicted < THRASH_RING ? c->n_evicted : THRASH_RING;
+    for (size_t i = 0; i < n; i++)
+        if (c->evicted[i] == ne->hash) {
+            res->thrash = true;
+            c->st.thrash++;
+            reuse_id = c->evicted_id[i];   /* the same program again: the same id in reports */
+            c->evicted[i] = 0;
+            break;
+        }
+    for (entry *e = c->lru_head; e; e = e->lru_next) {
+        if (e->struct_hash != ne->struct_hash) continue;
+        res->recompile = true;
+        describe_diff(e, t, res->reason, sizeof res->reason);
+        c->st.recompiles++;
+        ctpu_recompile_rec *r = &c->log[c->n_log % RECOMPILE_LOG];
+        c->n_log++;
+        r->step = o->step;
+        r->old_program = e->info.id;
+        r->new_program = reuse_id ? reuse_id : c->next_id;
+        snprintf(r->reason, sizeof r->reason, "%s", res->reason);
+        break;
+    }
+    return reuse_id;
+}
+
+/* Bounded: unlink entries from the LRU tail (never e); returns them chained
+ * by lru_next, to free once no command can still run them. */
+static entry *evict_over_capacity(ctpu_cache *c, const entry *e, ctpu_cache_result *res)
+{
+    entry *victims = NULL;
     while (c->capacity && c->count > c->capacity && c->lru_tail && c->lru_tail != e) {
         entry *v = c->lru_tail;
-        if (o && o->before_evict) o->before_evict(o->ctx);   /* no command may still use it */
         lru_unlink(c, v);
         table_remove(c, v);
         c->evicted_id[c->n_evicted % THRASH_RING] = v->info.id;
@@ -286,19 +346,64 @@ ctpu_program *ctpu_cache_lookup(ctpu_cache *c, const uint8_t *key, size_t len, c
         c->count--;
         c->st.evictions++;
         res->evicted++;
+        v->lru_next = victims;
+        victims = v;
+    }
+    return victims;
+}
+
+ctpu_program *ctpu_cache_insert(ctpu_cache *c, ctpu_cache_pending *p, const ctpu_trace *t, ctpu_program *prog,
+                                ctpu_launch_plan *plan, const ctpu_cache_opts *o, ctpu_cache_result *res,
+                                char *err, size_t errlen)
+{
+    bool track = o && o->track_recompiles;
+    entry *e = entry_make(p, t, prog, plan, track ? struct_hash_of(t) : 0);
+    if (!e) {
+        ctpu_program_free(prog);
+        free(plan);
+        ctpu_cache_abandon(c, p);
+        snprintf(err, errlen, "out of host memory for the program cache");
+        return NULL;
+    }
+    pthread_mutex_lock(&c->mu);
+    uint64_t reuse_id = track ? note_recompile(c, e, t, o, res) : 0;
+    e->info.id = reuse_id ? reuse_id : c->next_id++;
+    e->info.last_use = o ? o->step : 0;
+    e->info.first_use = e->info.last_use;
+    entry **slot = &c->buckets[e->hash & (c->nbuckets - 1)];
+    e->next = *slot;
+    *slot = e;
+    lru_push_front(c, e);
+    c->st.compiles++;
+    res->program_id = e->info.id;
+    if (++c->count > c->nbuckets * 3 / 4) grow(c);
+    entry *victims = evict_over_capacity(c, e, res);
+    pending_unlink(c, p);
+    pthread_cond_broadcast(&c->done);
+    pthread_mutex_unlock(&c->mu);
+    free(p);                              /* its key is the entry's now */
+    if (victims && o && o->dev) ctpu_device_wait(o->dev, 0);   /* no command may still run them */
+    for (entry *v = victims, *n; v; v = n) {
+        n = v->lru_next;
         entry_free(v);
     }
-    pthread_mutex_unlock(&c->mu);
-    return p;
+    return prog;
 }
 
 ctpu_program *ctpu_cache_get(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_trace *t,
                              bool *hit, char *err, size_t errlen)
 {
     ctpu_cache_result r;
-    ctpu_program *p = ctpu_cache_lookup(c, key, len, t, NULL, &r, err, errlen);
+    ctpu_cache_pending *miss;
+    ctpu_program *p = ctpu_cache_find(c, key, len, NULL, &r, NULL, &miss, err, errlen);
     *hit = r.hit;
-    return p;
+    if (!miss) return p;
+    p = ctpu_fuse_compile(t, err, errlen);   /* outside the cache lock */
+    if (!p) {
+        ctpu_cache_abandon(c, miss);
+        return NULL;
+    }
+    return ctpu_cache_insert(c, miss, t, p, NULL, NULL, &r, err, errlen);
 }
 
 size_t ctpu_cache_entries(ctpu_cache *c)

@@ -567,7 +567,6 @@ static void program_fill(const compile_ctx *cx, ctpu_program *c)
         .step_out_slot = cx->so_slot, .step_out_dtype = cx->so_dt, .step_out_numel = cx->so_n,
         .step_op = cx->so_op,
     };
-    c->n_groups = cx->n_groups;
 }
 
 ctpu_program *ctpu_fuse_compile(const ctpu_trace *t, char *err, size_t errlen)
@@ -599,7 +598,6 @@ ctpu_program *ctpu_fuse_compile(const ctpu_trace *t, char *err, size_t errlen)
 void ctpu_program_free(ctpu_program *c)
 {
     if (!c) return;
-    free(c->plan);
     void **m = c->mem;
     int n = c->n_mem;
     for (int i = n - 1; i >= 0; i--) free(m[i]);   /* c itself is m[0] */

@@ -45,10 +45,7 @@ typedef struct ctpu_program {
     ctpu_dev_program prog;
     void **mem;                /* allocations holding steps and step data */
     int n_mem;
-    int n_groups;              /* steps after fusion */
     uint64_t compile_ns;
-    uint64_t hits;
-    void *plan;                /* the launcher's binding plan (one malloc block), or NULL */
     ctpu_cost_program cost;    /* the roofline estimate of one launch (src/cost) */
 } ctpu_program;
 
@@ -56,27 +53,30 @@ typedef struct ctpu_program {
 ctpu_program *ctpu_fuse_compile(const ctpu_trace *t, char *err, size_t errlen);
 void ctpu_program_free(ctpu_program *c);
 
+/* The launch plan of a fused program (made by ctpu_trace_finalize, kept in
+ * the cache beside the program): how a recorded trace with the same raw key
+ * binds its inputs, scalars and live-out requests. One malloc block. */
+typedef struct ctpu_launch_plan {
+    int n_in, n_out, n_scal, n_req;
+    int32_t *in_src;           /* [n_in] recorded input of canonical input k */
+    int32_t *req_out;          /* [n_req] output of request q (-1: none) */
+    int32_t *alias_req;        /* [n_out] request whose buffer output j writes into, or -1 */
+    int32_t *scal_src;         /* [n_scal] recorded scalar index */
+    size_t *out_bytes;         /* [n_out] */
+} ctpu_launch_plan;
+
 /* Program cache keyed by the canonical key: full compare on hit. A test hook
  * forces every hash to one value (collisions must still give the right
  * program). capacity 0 = unbounded (strict eager's table). */
 typedef struct ctpu_cache ctpu_cache;
 ctpu_cache *ctpu_cache_create(size_t capacity);
 void ctpu_cache_destroy(ctpu_cache *c);
-/* Look up a key; on a miss, compile the trace and insert. *hit tells which.
- * NULL on a compile error. */
-ctpu_program *ctpu_cache_get(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_trace *t,
-                             bool *hit, char *err, size_t errlen);
 
 typedef struct {
     bool allow_compile;            /* false: cache-only, a miss is refused */
     bool track_recompiles;         /* compute structural keys, reasons, thrash */
     uint64_t step;                 /* the marked step count, for reports */
-    void (*before_evict)(void *ctx); /* called before a program is freed */
-    void *ctx;
-    /* On a miss, called (under the cache lock) for the trace to compile and
-     * a plan to keep with the program; false: give up (err is set). */
-    bool (*on_miss)(void *ctx, const ctpu_trace **t, void **plan, char *err, size_t errlen);
-    void *miss_ctx;
+    ctpu_device *dev;              /* evicted programs are freed once its commands are done */
 } ctpu_cache_opts;
 
 typedef struct {
@@ -103,8 +103,31 @@ typedef struct {
     char reason[160];
 } ctpu_recompile_rec;
 
-ctpu_program *ctpu_cache_lookup(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_trace *t,
-                                const ctpu_cache_opts *o, ctpu_cache_result *res, char *err, size_t errlen);
+/* A miss the caller compiles (outside the cache lock), then inserts or
+ * abandons; until then, other threads missing the same key wait. */
+typedef struct ctpu_cache_pending ctpu_cache_pending;
+
+/* Find a key (o may be NULL: compile allowed, no recompile tracking). A hit
+ * returns the program (and its launch plan in *plan, if asked). A miss
+ * returns NULL with *miss set: compile, then ctpu_cache_insert or
+ * ctpu_cache_abandon. NULL with *miss NULL: refused (cache-only: res->refused)
+ * or out of memory; err says which. */
+ctpu_program *ctpu_cache_find(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_cache_opts *o,
+                              ctpu_cache_result *res, const ctpu_launch_plan **plan, ctpu_cache_pending **miss,
+                              char *err, size_t errlen);
+/* Insert the program compiled for a miss from trace t (plan may be NULL),
+ * taking both; evicts past capacity. Returns prog, or NULL on out of memory
+ * (both freed, the miss abandoned). Fills res's recompile, thrash, evicted,
+ * program_id. */
+ctpu_program *ctpu_cache_insert(ctpu_cache *c, ctpu_cache_pending *miss, const ctpu_trace *t, ctpu_program *prog,
+                                ctpu_launch_plan *plan, const ctpu_cache_opts *o, ctpu_cache_result *res,
+                                char *err, size_t errlen);
+void ctpu_cache_abandon(ctpu_cache *c, ctpu_cache_pending *miss);
+/* Find, compile a miss, insert (strict eager's one-node programs). *hit
+ * tells which. NULL on a compile error. */
+ctpu_program *ctpu_cache_get(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_trace *t,
+                             bool *hit, char *err, size_t errlen);
+
 void ctpu_cache_get_stats(ctpu_cache *c, ctpu_cache_stats *out);
 /* Most recently used first; returns the count written. */
 size_t ctpu_cache_entries_info(ctpu_cache *c, ctpu_cache_entry_info *out, size_t max);

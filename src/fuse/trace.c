@@ -153,26 +153,13 @@ int ctpu_trace_rec_inputs(const ctpu_trace_rec *r, ctpu_buffer *const **bufs, co
 
 const double *ctpu_trace_rec_scalars(const ctpu_trace_rec *r) { return r->scal; }
 
-const ctpu_vtype *ctpu_trace_rec_type(const ctpu_trace_rec *r, ctpu_vref v)
-{
-    return v >= 0 ? &r->nodes[v].out : &r->in_type[-v - 1];
-}
-
 void ctpu_trace_final_free(ctpu_trace_final *f)
 {
     free(f->t.in_type);
     free(f->t.nodes);
     free(f->t.outputs);
     free(f->t.out_alias);
-    free(f->in_buf);
-    free(f->in_off);
-    free(f->alias_buf);
-    free(f->alias_off);
-    free(f->scalars);
-    free(f->req_out);
-    free(f->in_src);
-    free(f->scal_src);
-    free(f->alias_req);
+    free(f->plan);
     memset(f, 0, sizeof *f);
 }
 
@@ -196,129 +183,170 @@ static bool alias_safe(const ctpu_trace_rec *r, const bool *live, int p, int in_
     return true;
 }
 
+/* The steps of ctpu_trace_finalize share this. */
+typedef struct {
+    const ctpu_trace_rec *r;
+    const ctpu_liveout_req *reqs;
+    int nreq, nn, ni;
+    bool *live;                /* [nn] reachable from a requested value */
+    int32_t *node_id;          /* [nn] canonical value id of each live node, -1 dead */
+    int32_t *in_id;            /* [ni] canonical input index, -1 unused */
+    int32_t *out_of;           /* [nn] output index of each requested node, -1 none */
+    int n_inputs, n_live, n_scal, n_out;
+} final_ctx;
+
+/* Dead-code elimination: live = reachable from a requested value. */
+static void mark_live(final_ctx *f)
+{
+    const ctpu_trace_rec *r = f->r;
+    for (int i = 0; i < f->nreq; i++)
+        if (f->reqs[i].v >= 0) f->live[f->reqs[i].v] = true;
+    for (int i = f->nn - 1; i >= 0; i--) {
+        if (!f->live[i]) continue;
+        for (int k = 0; k < r->nodes[i].n_in; k++)
+            if (r->nodes[i].in[k] >= 0) f->live[r->nodes[i].in[k]] = true;
+    }
+}
+
+/* Canonical numbering: inputs by first use, then live nodes in order; the
+ * outputs: each requested value once, in node order. */
+static void number_values(final_ctx *f)
+{
+    const ctpu_trace_rec *r = f->r;
+    for (int i = 0; i < f->ni; i++) f->in_id[i] = -1;
+    for (int i = 0; i < f->nn; i++) {
+        if (!f->live[i]) continue;
+        f->n_live++;
+        f->n_scal += r->nodes[i].n_scalars;
+        for (int k = 0; k < r->nodes[i].n_in; k++) {
+            ctpu_vref v = r->nodes[i].in[k];
+            if (v < 0 && f->in_id[-v - 1] < 0) f->in_id[-v - 1] = f->n_inputs++;
+        }
+    }
+    for (int i = 0, k = 0; i < f->nn; i++) f->node_id[i] = f->live[i] ? f->n_inputs + k++ : -1;
+    for (int i = 0; i < f->nn; i++) f->out_of[i] = -1;
+    for (int q = 0; q < f->nreq; q++)
+        if (f->reqs[q].v >= 0) f->out_of[f->reqs[q].v] = 0;          /* wanted */
+    for (int i = 0; i < f->nn; i++)
+        if (f->out_of[i] >= 0) f->out_of[i] = f->n_out++;
+}
+
+/* The canonical trace's arrays and the launch plan (one block). */
+static bool final_alloc(const final_ctx *f, ctpu_trace_final *out)
+{
+    ctpu_trace *t = &out->t;
+    t->in_type = malloc(sizeof(ctpu_vtype) * ((size_t)f->n_inputs + 1));
+    t->nodes = malloc(sizeof(ctpu_node) * ((size_t)f->n_live + 1));
+    t->outputs = malloc(sizeof(int32_t) * ((size_t)f->n_out + 1));
+    t->out_alias = malloc(sizeof(int32_t) * ((size_t)f->n_out + 1));
+    size_t n32 = (size_t)f->n_inputs + (size_t)f->nreq + (size_t)f->n_out + (size_t)f->n_scal + 4;
+    ctpu_launch_plan *p = malloc(sizeof *p + sizeof(size_t) * ((size_t)f->n_out + 1) + sizeof(int32_t) * n32);
+    out->plan = p;
+    if (!t->in_type || !t->nodes || !t->outputs || !t->out_alias || !p) return false;
+    *p = (ctpu_launch_plan){ .n_in = f->n_inputs, .n_out = f->n_out, .n_scal = f->n_scal, .n_req = f->nreq };
+    p->out_bytes = (size_t *)(p + 1);
+    p->in_src = (int32_t *)(p->out_bytes + f->n_out + 1);
+    p->req_out = p->in_src + f->n_inputs + 1;
+    p->alias_req = p->req_out + f->nreq + 1;
+    p->scal_src = p->alias_req + f->n_out + 1;
+    return true;
+}
+
+/* Inputs and live nodes in canonical numbering, and where each input and
+ * runtime scalar comes from in the recording. */
+static void copy_nodes(const final_ctx *f, ctpu_trace_final *out)
+{
+    const ctpu_trace_rec *r = f->r;
+    ctpu_trace *t = &out->t;
+    for (int i = 0; i < f->ni; i++) {
+        if (f->in_id[i] < 0) continue;
+        t->in_type[f->in_id[i]] = r->in_type[i];
+        out->plan->in_src[f->in_id[i]] = i;
+    }
+    for (int i = 0, k = 0, s = 0; i < f->nn; i++) {
+        if (!f->live[i]) continue;
+        ctpu_node n = r->nodes[i];
+        for (int j = 0; j < n.n_in; j++)
+            n.in[j] = n.in[j] < 0 ? f->in_id[-n.in[j] - 1] : f->node_id[n.in[j]];
+        t->nodes[k++] = n;
+        for (int j = 0; j < n.n_scalars; j++) out->plan->scal_src[s++] = r->scal_start[i] + j;
+    }
+}
+
+/* Request q's output, written into its parameter's own buffer when that is
+ * safe: the buffer is read by the program under this view only, and every
+ * read of it comes before the write (alias_safe), or not read at all
+ * (donated). */
+static void alias_output(const final_ctx *f, ctpu_trace_final *out, int q)
+{
+    const ctpu_trace_rec *r = f->r;
+    const ctpu_liveout_req *rq = &f->reqs[q];
+    int i = rq->v, o = f->out_of[i];
+    if (!rq->alias_buf || out->t.out_alias[o] != -1) return;
+    int in_idx = -1;
+    bool other_view = false;
+    for (int j = 0; j < f->ni; j++) {
+        if (f->in_id[j] < 0 || r->in_buf[j] != rq->alias_buf) continue;
+        if (r->in_off[j] == rq->alias_off && in_idx < 0) in_idx = j;
+        else other_view = true;
+    }
+    if (other_view) return;
+    if (in_idx < 0) out->t.out_alias[o] = CTPU_ALIAS_DONATED;
+    else if (alias_safe(r, f->live, i, in_idx)) out->t.out_alias[o] = f->in_id[in_idx];
+    else return;
+    out->plan->alias_req[o] = q;
+}
+
+static void bind_outputs(const final_ctx *f, ctpu_trace_final *out)
+{
+    ctpu_trace *t = &out->t;
+    ctpu_launch_plan *p = out->plan;
+    for (int i = 0; i < f->nn; i++) {
+        int o = f->out_of[i];
+        if (o < 0) continue;
+        t->outputs[o] = f->node_id[i];
+        t->out_alias[o] = -1;
+        p->alias_req[o] = -1;
+    }
+    for (int q = 0; q < f->nreq; q++) {
+        if (f->reqs[q].v < 0) continue;
+        p->req_out[q] = f->out_of[f->reqs[q].v];
+        alias_output(f, out, q);
+    }
+    for (int q = 0; q < f->nreq; q++)
+        if (f->reqs[q].v < 0) p->req_out[q] = -1;   /* an input value: no output needed */
+    t->n_outputs = f->n_out;
+    for (int j = 0; j < f->n_out; j++) {
+        const ctpu_vtype *vt = &t->nodes[t->outputs[j] - t->n_inputs].out;
+        p->out_bytes[j] = (size_t)ctpu_vtype_numel(vt) * ctpu_kdt_size(vt->dtype);
+    }
+}
+
 bool ctpu_trace_finalize(const ctpu_trace_rec *r, const ctpu_liveout_req *reqs, int nreq,
                          uint8_t precision, uint8_t debug_checks, ctpu_trace_final *out)
 {
     memset(out, 0, sizeof *out);
-    int nn = r->n_nodes, ni = r->n_in;
-    bool *live = calloc((size_t)nn + 1, 1);
-    int32_t *node_id = malloc(sizeof(int32_t) * ((size_t)nn + 1));
-    int32_t *in_id = malloc(sizeof(int32_t) * ((size_t)ni + 1));
-    int32_t *first_req = malloc(sizeof(int32_t) * ((size_t)nn + 1));
-    if (!live || !node_id || !in_id || !first_req) goto oom;
-
-    /* dead-code elimination: live = reachable from a requested value */
-    for (int i = 0; i < nreq; i++)
-        if (reqs[i].v >= 0) live[reqs[i].v] = true;
-    for (int i = nn - 1; i >= 0; i--) {
-        if (!live[i]) continue;
-        for (int k = 0; k < r->nodes[i].n_in; k++)
-            if (r->nodes[i].in[k] >= 0) live[r->nodes[i].in[k]] = true;
+    final_ctx f = { .r = r, .reqs = reqs, .nreq = nreq, .nn = r->n_nodes, .ni = r->n_in };
+    f.live = calloc((size_t)f.nn + 1, 1);
+    f.node_id = malloc(sizeof(int32_t) * ((size_t)f.nn + 1));
+    f.in_id = malloc(sizeof(int32_t) * ((size_t)f.ni + 1));
+    f.out_of = malloc(sizeof(int32_t) * ((size_t)f.nn + 1));
+    bool ok = f.live && f.node_id && f.in_id && f.out_of;
+    if (ok) {
+        mark_live(&f);
+        number_values(&f);
+        out->t = (ctpu_trace){ .n_inputs = f.n_inputs, .n_nodes = f.n_live, .n_scalars = f.n_scal,
+                               .precision = precision, .debug_checks = debug_checks };
+        ok = final_alloc(&f, out);
     }
-    /* canonical numbering: inputs by first use, then live nodes in order */
-    for (int i = 0; i < ni; i++) in_id[i] = -1;
-    int n_inputs = 0, n_live = 0, n_scal = 0;
-    for (int i = 0; i < nn; i++) {
-        if (!live[i]) continue;
-        n_live++;
-        n_scal += r->nodes[i].n_scalars;
-        for (int k = 0; k < r->nodes[i].n_in; k++) {
-            ctpu_vref v = r->nodes[i].in[k];
-            if (v < 0 && in_id[-v - 1] < 0) in_id[-v - 1] = n_inputs++;
-        }
+    if (ok) {
+        copy_nodes(&f, out);
+        bind_outputs(&f, out);
     }
-    for (int i = 0, k = 0; i < nn; i++) node_id[i] = live[i] ? n_inputs + k++ : -1;
-
-    ctpu_trace *t = &out->t;
-    t->n_inputs = n_inputs;
-    t->n_nodes = n_live;
-    t->n_scalars = n_scal;
-    t->precision = precision;
-    t->debug_checks = debug_checks;
-    t->in_type = malloc(sizeof(ctpu_vtype) * ((size_t)n_inputs + 1));
-    t->nodes = malloc(sizeof(ctpu_node) * ((size_t)n_live + 1));
-    out->in_buf = malloc(sizeof(ctpu_buffer *) * ((size_t)n_inputs + 1));
-    out->in_off = malloc(sizeof(size_t) * ((size_t)n_inputs + 1));
-    out->scalars = malloc(sizeof(double) * ((size_t)n_scal + 1));
-    out->req_out = malloc(sizeof(int32_t) * ((size_t)nreq + 1));
-    t->outputs = malloc(sizeof(int32_t) * ((size_t)nreq + 1));
-    t->out_alias = malloc(sizeof(int32_t) * ((size_t)nreq + 1));
-    out->in_src = malloc(sizeof(int32_t) * ((size_t)n_inputs + 1));
-    out->scal_src = malloc(sizeof(int32_t) * ((size_t)n_scal + 1));
-    out->alias_req = malloc(sizeof(int32_t) * ((size_t)nreq + 1));
-    out->alias_buf = calloc((size_t)nreq + 1, sizeof(ctpu_buffer *));
-    out->alias_off = calloc((size_t)nreq + 1, sizeof(size_t));
-    if (!t->in_type || !t->nodes || !out->in_buf || !out->in_off || !out->scalars || !out->req_out ||
-        !t->outputs || !t->out_alias || !out->alias_buf || !out->alias_off || !out->in_src ||
-        !out->scal_src || !out->alias_req)
-        goto oom;
-    for (int i = 0; i < ni; i++) {
-        if (in_id[i] < 0) continue;
-        t->in_type[in_id[i]] = r->in_type[i];
-        out->in_src[in_id[i]] = i;
-        out->in_buf[in_id[i]] = r->in_buf[i];
-        out->in_off[in_id[i]] = r->in_off[i];
-    }
-    for (int i = 0, k = 0, s = 0; i < nn; i++) {
-        if (!live[i]) continue;
-        ctpu_node n = r->nodes[i];
-        for (int j = 0; j < n.n_in; j++)
-            n.in[j] = n.in[j] < 0 ? in_id[-n.in[j] - 1] : node_id[n.in[j]];
-        t->nodes[k++] = n;
-        for (int j = 0; j < n.n_scalars; j++) {
-            out->scal_src[s] = r->scal_start[i] + j;
-            out->scalars[s++] = r->scal[r->scal_start[i] + j];
-        }
-    }
-
-    /* outputs: each requested value once, in canonical (node) order */
-    for (int i = 0; i < nn; i++) first_req[i] = -1;
-    for (int q = 0; q < nreq; q++)
-        if (reqs[q].v >= 0) first_req[reqs[q].v] = 0;          /* wanted */
-    int n_out = 0;
-    for (int i = 0; i < nn; i++) {
-        if (first_req[i] < 0) continue;
-        first_req[i] = n_out;
-        t->outputs[n_out] = node_id[i];
-        t->out_alias[n_out] = -1;
-        out->alias_req[n_out] = -1;
-        n_out++;
-    }
-    for (int q = 0; q < nreq; q++) {
-        int i = reqs[q].v;
-        if (i < 0) continue;
-        int o = first_req[i];
-        out->req_out[q] = o;
-        if (!reqs[q].alias_buf || t->out_alias[o] != -1) continue;
-        /* is the parameter's buffer read by this program (under this view only)? */
-        int in_idx = -1;
-        bool other_view = false;
-        for (int j = 0; j < ni; j++) {
-            if (in_id[j] < 0 || r->in_buf[j] != reqs[q].alias_buf) continue;
-            if (r->in_off[j] == reqs[q].alias_off && in_idx < 0) in_idx = j;
-            else other_view = true;
-        }
-        if (other_view) continue;
-        if (in_idx < 0) t->out_alias[o] = CTPU_ALIAS_DONATED;
-        else if (alias_safe(r, live, i, in_idx)) t->out_alias[o] = in_id[in_idx];
-        else continue;
-        out->alias_buf[o] = reqs[q].alias_buf;
-        out->alias_off[o] = reqs[q].alias_off;
-        out->alias_req[o] = q;
-    }
-    for (int q = 0; q < nreq; q++)
-        if (reqs[q].v < 0) out->req_out[q] = -1;   /* an input value: no output needed */
-    t->n_outputs = n_out;
-    free(live);
-    free(node_id);
-    free(in_id);
-    free(first_req);
-    return true;
-oom:
-    free(live);
-    free(node_id);
-    free(in_id);
-    free(first_req);
-    ctpu_trace_final_free(out);
-    return false;
+    free(f.live);
+    free(f.node_id);
+    free(f.in_id);
+    free(f.out_of);
+    if (!ok) ctpu_trace_final_free(out);
+    return ok;
 }

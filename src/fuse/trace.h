@@ -7,8 +7,9 @@
 #include "fuse.h"
 
 /* A value reference while recording: >= 0 is node i's output, < 0 is input
- * -(v+1). */
+ * -(v+1). CTPU_VREF_OOM (and its negation) say "out of memory". */
 typedef int32_t ctpu_vref;
+#define CTPU_VREF_OOM 0x7fffffff
 
 typedef struct ctpu_trace_rec ctpu_trace_rec;
 
@@ -19,20 +20,18 @@ void ctpu_trace_rec_reset(ctpu_trace_rec *r, ctpu_device *dev);
 int ctpu_trace_rec_nodes(const ctpu_trace_rec *r);
 
 /* An input: a device buffer (a ref is taken) viewed at off with type t. The
- * same (buffer, offset, type) gives the same input. -1 vref... never: returns
- * a vref < 0, or 0x7fffffff on out of memory. */
+ * same (buffer, offset, type) gives the same input. Returns its vref (< 0),
+ * or CTPU_VREF_OOM on out of memory. */
 ctpu_vref ctpu_trace_rec_input(ctpu_trace_rec *r, ctpu_buffer *buf, size_t off, const ctpu_vtype *t);
 /* A node; node->in[] hold vrefs; its n_scalars runtime scalars are copied.
- * Returns its vref (>= 0), or -0x7fffffff on out of memory. */
+ * Returns its vref (>= 0), or -CTPU_VREF_OOM on out of memory. */
 ctpu_vref ctpu_trace_rec_node(ctpu_trace_rec *r, const ctpu_node *node, const double *scalars);
-const ctpu_vtype *ctpu_trace_rec_type(const ctpu_trace_rec *r, ctpu_vref v);
 /* The raw key so far: every input and node in recording order (types,
  * wiring, attrs; no scalar values). False if it ran out of memory. */
 bool ctpu_trace_rec_key(const ctpu_trace_rec *r, const uint8_t **key, size_t *len);
 int ctpu_trace_rec_inputs(const ctpu_trace_rec *r, ctpu_buffer *const **bufs, const size_t **offs,
                           const ctpu_vtype **types);
 const double *ctpu_trace_rec_scalars(const ctpu_trace_rec *r);
-#define CTPU_VREF_OOM 0x7fffffff
 
 /* One live-out request: value v is wanted in a buffer; alias_buf (may be
  * NULL) is a buffer it should be written into in place (an assigned
@@ -45,16 +44,8 @@ typedef struct {
 
 typedef struct {
     ctpu_trace t;              /* canonical trace (owns its arrays) */
-    ctpu_buffer **in_buf;      /* [t.n_inputs] buffers to bind (refs held by the recorder) */
-    size_t *in_off;
-    ctpu_buffer **alias_buf;   /* [t.n_outputs] buffer each output is written into, or NULL */
-    size_t *alias_off;
-    double *scalars;           /* [t.n_scalars] */
-    int32_t *req_out;          /* [nreq] output index of each request */
-    /* the launch plan: how a later trace with the same raw key binds */
-    int32_t *in_src;           /* [t.n_inputs] recorded input index of canonical input k */
-    int32_t *scal_src;         /* [t.n_scalars] recorded scalar index */
-    int32_t *alias_req;        /* [t.n_outputs] request whose buffer output j writes, or -1 */
+    ctpu_launch_plan *plan;    /* how a later trace with the same raw key binds (owned; a
+                                  caller may take it and set this NULL) */
 } ctpu_trace_final;
 
 /* Finalise for the given requests. Returns false on out of memory. */
