@@ -675,6 +675,111 @@ CTPU_API ctpu_status ctpu_safetensors_metadata_at(const ctpu_safetensors *f, int
 /* Close the file and free the listing (NULL is fine). */
 CTPU_API void ctpu_safetensors_close(ctpu_safetensors *f);
 
+
+/* ========================================================== distributed
+ * Data parallel over MPI (Open MPI; docs/DESIGN.md "Distributed"). Each
+ * process is one emulated chip (a rank) with its own HBM and kernel
+ * threads; `mpirun -np N prog` starts N of them. ctpu.h never includes
+ * mpi.h: a ctpu built without MPI (meson -Dmpi=disabled) still has every
+ * call below, with a world of one rank.
+ *
+ * Collectives are ops: in strict and debug eager each runs when dispatched
+ * (on the device stream, in order with the ops before it); in defer and
+ * fuse it is a node of the trace, keyed like any op, and by default it cuts
+ * the trace after itself, as TorchTPU materialises at collectives
+ * (ctpu_dist_set_collective_cut(false) keeps collectives inside the step's
+ * program). They run on the device thread, the only thread that calls MPI.
+ *
+ * Determinism beyond MPI's: sums are a left fold in rank order,
+ * ((x0 + x1) + x2) + ..., rounded to the dtype after each addition, on
+ * every rank (MPI's own reduction order is unspecified); a mean is that sum
+ * divided once by N. So a world-size-N step equals, bit for bit, one process
+ * accumulating the same N micro-batches in rank order.
+ *
+ * Faults: the ranks first exchange each collective's shape and dtype; a
+ * mismatch is an error naming the collective and both ranks' types
+ * ("all_reduce: rank 0 has f32[4,3], rank 1 has f32[4,2] (shapes differ
+ * across ranks)"), raised like a device fault (at the next sync or host
+ * read; at the call in debug eager). A rank that stops calling collectives
+ * for CTPU_DIST_TIMEOUT seconds (default 300) ends the job through
+ * MPI_Abort with a line naming the collective. When a rank dies, mpirun
+ * stops the others with SIGTERM and each prints "ctpu: rank R: stopped in
+ * all_reduce (bucket B, step S)". */
+
+typedef enum { CTPU_DIST_SUM = 0, CTPU_DIST_MEAN = 1, CTPU_DIST_OP_COUNT } ctpu_dist_op;
+
+/* Start MPI (MPI_Init_thread, MPI_THREAD_SERIALIZED or better, unless the
+ * program started it) and then the runtime as ctpu_init does, with each
+ * rank's defaults divided among the ranks on this node: HBM cap = the
+ * chip's default cap / local ranks, kernel threads = cores / local ranks
+ * (at least 1); TORCH_TPU_HBM_LIMIT and CTPU_NUM_THREADS still win.
+ * Without mpirun (or without MPI) the world is one rank. Errors: those of
+ * ctpu_init; CTPU_ERR_STATE (already initialised, MPI finalised before,
+ * a thread level below SERIALIZED, or launched as N > 1 ranks by a ctpu
+ * built without MPI); CTPU_ERR_ENV (CTPU_DIST_TIMEOUT not a positive number). */
+CTPU_API ctpu_status ctpu_dist_init(void);
+/* ctpu_shutdown, then MPI_Finalize (when ctpu_dist_init started MPI). MPI
+ * cannot start twice in a process: ctpu_dist_init after this fails. */
+CTPU_API void ctpu_dist_shutdown(void);
+CTPU_API int ctpu_dist_rank(void);          /* 0 .. world_size-1; 0 when not distributed */
+CTPU_API int ctpu_dist_world_size(void);    /* 1 when not distributed */
+CTPU_API int ctpu_dist_local_rank(void);    /* rank among the ranks on this node */
+CTPU_API int ctpu_dist_local_size(void);    /* ranks on this node */
+CTPU_API bool ctpu_dist_available(void);    /* this ctpu was built with MPI */
+CTPU_API bool ctpu_dist_is_initialized(void);
+
+/* ICI cost model: an ESTIMATE of what a collective costs on a TPU pod, from
+ * the public per-chip inter-chip-interconnect figures (sources in
+ * src/dist/ici.c: the Cloud TPU system architecture pages).
+ *   per-dimension bandwidth b = bidirectional ICI bandwidth per chip / D
+ *     (D torus dims: 2 ports of the chip's 2D ports serve each dim)
+ *   ring over n chips: t = 2(n-1)/n * bytes / b + 2(n-1) * hop latency
+ *   D-dim torus k1 x .. x kD (reduce-scatter, then all-gather, one dim at
+ *     a time): t = sum_i 2(k_i-1)/k_i * bytes_i / b + 2(k_i-1) * hop,
+ *     bytes_i = bytes / (k_1 ... k_{i-1})
+ *   all_gather and reduce_scatter are half of that (one pass); broadcast
+ *   is a pipelined pass: bytes / b + (n-1) * hop.
+ * The hop latency (1 us) is an assumption, not a published figure. */
+typedef enum { CTPU_ICI_RING = 0, CTPU_ICI_TORUS = 1, CTPU_ICI_TOPOLOGY_COUNT } ctpu_ici_topology;
+typedef struct {
+    const char *chip;          /* "v5e", "v5p", "v6e", "7x" */
+    double ici_gbytes_s;       /* bidirectional ICI bandwidth per chip, GB/s (1e9 B/s) */
+    int torus_dims;            /* 2 (v5e, v6e) or 3 (v5p, 7x) */
+    int64_t pod_chips;         /* the largest slice (v5p: 6144 of its 8960-chip pod) */
+    const char *source;
+} ctpu_ici_info;
+typedef struct {
+    int64_t n_chips;
+    int dims;                  /* 1 for a ring */
+    int64_t shape[3];          /* the torus shape chosen for n_chips (near-cubic) */
+    double bytes;              /* payload per chip, bytes */
+    double bw_s, latency_s, total_s; /* seconds */
+} ctpu_ici_estimate;
+/* ICI figures of a chip profile; NULL if unknown. */
+CTPU_API const ctpu_ici_info *ctpu_ici_lookup(const char *chip);
+/* Estimate one collective (kind: 0 all_reduce, 1 broadcast, 2 all_gather,
+ * 3 reduce_scatter) of `bytes` per chip over n_chips. Errors:
+ * CTPU_ERR_INVALID_ARG (unknown chip or kind, n_chips outside [1, 2^20], bytes negative or
+ * not finite, bad topology, out NULL). */
+CTPU_API ctpu_status ctpu_ici_estimate_collective(const char *chip, int kind, int64_t n_chips, double bytes,
+                                                  ctpu_ici_topology topo, ctpu_ici_estimate *out);
+
+/* This run's collectives (since ctpu_init or ctpu_metrics_clear) and their
+ * ICI estimates on the emulated chip's torus. */
+typedef struct {
+    uint64_t collectives;          /* dispatched */
+    uint64_t by_kind[4];           /* all_reduce, broadcast, all_gather, reduce_scatter */
+    double bytes;                  /* payload per chip, bytes */
+    uint64_t steps;                /* marked steps */
+    double est_ici_s;              /* at this world size (the torus of world_size chips) */
+    double est_ici_s_8, est_ici_s_256, est_ici_s_pod; /* the same collectives at 8, 256 and the pod's maximum */
+    double est_compute_s;          /* the cost table's device estimate of the run (current chip) */
+} ctpu_dist_stats;
+CTPU_API ctpu_status ctpu_dist_get_stats(ctpu_dist_stats *out);
+/* Print compute against communication per step (estimates) and the ICI
+ * estimate at 8, 256 chips and the pod's maximum, to f (stdout if NULL). */
+CTPU_API ctpu_status ctpu_dist_report(FILE *f);
+
 #ifdef __cplusplus
 }
 #endif

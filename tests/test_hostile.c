@@ -262,6 +262,30 @@ static void uninitialised_sweep(void)
     const char *mk, *mv;
     UN_OK(ctpu_safetensors_metadata_at, ctpu_safetensors_metadata_at(NULL, 0, &mk, &mv) == CTPU_ERR_INVALID_ARG);
     UN_OK(ctpu_safetensors_close, (ctpu_safetensors_close(NULL), true));
+    /* distributed (issue 19): a world of one rank until ctpu_dist_init */
+    UN_OK(ctpu_dist_shutdown, (ctpu_dist_shutdown(), true));   /* safe when not initialised */
+    UN_OK(ctpu_dist_rank, ctpu_dist_rank() == 0);
+    UN_OK(ctpu_dist_world_size, ctpu_dist_world_size() == 1);
+    UN_OK(ctpu_dist_local_rank, ctpu_dist_local_rank() == 0);
+    UN_OK(ctpu_dist_local_size, ctpu_dist_local_size() == 1);
+    UN_OK(ctpu_dist_available, (ctpu_dist_available(), true));
+    UN_OK(ctpu_dist_is_initialized, !ctpu_dist_is_initialized());
+    UN_OK(ctpu_ici_lookup, ctpu_ici_lookup("v4") == NULL && ctpu_ici_lookup(NULL) == NULL &&
+                               ctpu_ici_lookup("7x") != NULL);
+    ctpu_ici_estimate ie;
+    cover("ctpu_ici_estimate_collective");
+    ck_assert_int_eq(ctpu_ici_estimate_collective(NULL, 0, 8, 1, CTPU_ICI_TORUS, &ie), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_ici_estimate_collective("v5e", 0, INT64_MIN, 1, CTPU_ICI_TORUS, &ie), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_ici_estimate_collective("v5e", 0, 8, NAN, CTPU_ICI_TORUS, &ie), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_ici_estimate_collective("v5e", 0, 8, INFINITY, CTPU_ICI_TORUS, &ie), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_ici_estimate_collective("v5e", 0, 8, 1, (ctpu_ici_topology)9, &ie), CTPU_ERR_INVALID_ARG);
+    ck_assert(t_contains(ctpu_last_error(), "ici_estimate_collective"));
+    ck_assert_int_eq(ctpu_ici_estimate_collective("v5e", 0, INT64_MAX, 1, CTPU_ICI_TORUS, &ie), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_ici_estimate_collective("v5p", 0, 1 << 20, 1e30, CTPU_ICI_TORUS, &ie), CTPU_OK);
+    ck_assert_int_eq(ctpu_ici_estimate_collective("v5e", 0, 1048573, 1, CTPU_ICI_TORUS, &ie), CTPU_OK); /* a prime */
+    ctpu_dist_stats ds;
+    UN_S(ctpu_dist_get_stats, "dist_get_stats", &ds);
+    UN_S(ctpu_dist_report, "dist_report", NULL);
     ctpu_clear_error();
     ck_assert(!ctpu_is_initialized());
 }
@@ -307,6 +331,10 @@ START_TEST(entry_points_all_covered)
     cover("ctpu_init");
     ck_assert_int_eq(ctpu_init(), CTPU_ERR_STATE);   /* twice */
     ck_assert(t_contains(ctpu_last_error(), "init"));
+    cover("ctpu_dist_init");
+    ck_assert_int_eq(ctpu_dist_init(), CTPU_ERR_STATE); /* after ctpu_init: MPI is not touched */
+    ck_assert(t_contains(ctpu_last_error(), "ctpu_dist_init"));
+    ck_assert(!ctpu_dist_is_initialized());
     good_op();
     ctpu_shutdown();
     static char names[400][64];

@@ -4,7 +4,8 @@
 # Usage: bash tools/install-deps.sh [--bench]   (--bench adds OpenBLAS, oneDNN and PyTorch)
 set -euo pipefail
 pkgs=(meson ninja-build pkg-config gcc g++ libc6-dev libxxhash-dev libjemalloc-dev check libsubunit-dev
-      libsleef-dev zlib1g-dev libcjson-dev dataset-fashion-mnist python3-numpy)
+      libsleef-dev zlib1g-dev libcjson-dev dataset-fashion-mnist python3-numpy
+      libopenmpi-dev openmpi-bin)   # Open MPI: data parallel (issue 19; meson -Dmpi=auto finds it)
 if [ "${1:-}" = "--bench" ]; then pkgs+=(libopenblas-dev libdnnl-dev python3-torch); fi
 missing=()
 for p in "${pkgs[@]}"; do

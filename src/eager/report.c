@@ -14,6 +14,7 @@
 #include "eager.h"
 #include "report.h"
 #include "cost/costmodel.h"
+#include "dist/dist.h"
 #include "device/tracefile.h"
 
 #define MAX_LABELS 32
@@ -773,6 +774,7 @@ void ctpu_metrics_clear(void)
     pthread_mutex_lock(&ctpu_rt->report->mu);
     totals_clear(ctpu_rt->report);
     pthread_mutex_unlock(&ctpu_rt->report->mu);
+    ctpu__dist_stats_clear();
 }
 
 /* ------------------------------------------------------------ shutdown */

@@ -10,6 +10,7 @@
 #include "eager.h"
 #include "testing.h"
 #include "report.h"
+#include "dist/dist.h"
 
 ctpu_runtime *ctpu_rt = NULL;
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -251,6 +252,10 @@ static bool read_env(ctpu_runtime *rt, char *err, size_t len)
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     uint64_t half_ram = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz / 2 : rt->chip->hbm_bytes;
     rt->hbm_cap = rt->chip->hbm_bytes < half_ram ? rt->chip->hbm_bytes : half_ram;
+    /* ctpu_dist_init: each rank on this node is a chip of its own and gets
+     * its share of the default (issue 19) */
+    int local_ranks = ctpu__dist_local_size();
+    rt->hbm_cap /= (uint64_t)local_ranks;
     v = getenv("TORCH_TPU_HBM_LIMIT");
     if (v) {
         uint64_t lim;
@@ -319,6 +324,7 @@ static bool read_env(ctpu_runtime *rt, char *err, size_t len)
 
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     rt->nthreads = ncpu > 0 ? (int)(ncpu > 64 ? 64 : ncpu) : 1;
+    rt->nthreads = rt->nthreads / local_ranks > 0 ? rt->nthreads / local_ranks : 1;
     v = getenv("CTPU_NUM_THREADS");
     if (v) {
         uint64_t n;

@@ -1,0 +1,171 @@
+/* The dist suite (issue 19): starts mpirun itself and asserts on what the
+ * ranks did. Skips (exit 77, with a line saying why) only where MPI is
+ * absent: no mpirun, or a ctpu built without MPI.
+ *
+ * mpirun runs as root in containers here, so --allow-run-as-root; a 2-core
+ * machine runs 3 ranks, so --oversubscribe; --bind-to none lets the ranks'
+ * device threads move between cores; shared memory through the vader BTL
+ * without a single-copy mechanism (CMA needs ptrace rights containers often
+ * lack). */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ctpu.h"
+
+static const char *mpirun, *worker;
+
+typedef struct {
+    int status;          /* exit code, or 128 + signal */
+    double secs;
+    char *out;           /* stdout + stderr */
+} run_result;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Run argv with extra environment entries ("NAME=value"), capturing its
+ * output; killed (process group) past limit_s. */
+static run_result run(char *const *argv, const char *const *env, double limit_s)
+{
+    run_result r = { .status = -1 };
+    int fd[2];
+    ck_assert(pipe(fd) == 0);
+    double t0 = now_s();
+    pid_t pid = fork();
+    ck_assert(pid >= 0);
+    if (pid == 0) {
+        setpgid(0, 0);
+        for (int i = 0; env && env[i]; i++) putenv((char *)env[i]);
+        dup2(fd[1], 1);
+        dup2(fd[1], 2);
+        close(fd[0]);
+        close(fd[1]);
+        execvp(argv[0], argv);
+        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    close(fd[1]);
+    size_t cap = 1 << 16, len = 0;
+    r.out = malloc(cap);
+    bool killed = false;
+    for (;;) {
+        struct pollfd p = { fd[0], POLLIN, 0 };
+        int pr = poll(&p, 1, 200);
+        if (pr > 0) {
+            if (len + 4096 >= cap) r.out = realloc(r.out, cap *= 2);
+            ssize_t k = read(fd[0], r.out + len, 4096);
+            if (k <= 0) break;
+            len += (size_t)k;
+        }
+        if (!killed && now_s() - t0 > limit_s) {
+            kill(-pid, SIGKILL);
+            killed = true;
+        }
+    }
+    r.out[len] = 0;
+    close(fd[0]);
+    int ws = 0;
+    waitpid(pid, &ws, 0);
+    r.secs = now_s() - t0;
+    r.status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+    if (killed) r.status = -9;
+    return r;
+}
+
+static run_result mpirun_np(int np, const char *const *args, const char *const *env, double limit_s)
+{
+    char nps[16];
+    snprintf(nps, sizeof nps, "%d", np);
+    char *argv[32] = { (char *)mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+                       "--mca", "btl", "self,vader", "--mca", "btl_vader_single_copy_mechanism", "none",
+                       "-np", nps };
+    int k = 13;
+    for (int i = 0; args[i] && k < 30; i++) argv[k++] = (char *)args[i];
+    argv[k] = NULL;
+    return run(argv, env, limit_s);
+}
+
+static void suite_np(int np)
+{
+    const char *args[] = { worker, "suite", NULL };
+    run_result r = mpirun_np(np, args, NULL, 300);
+    ck_assert_msg(r.status == 0, "mpirun -np %d dist_worker suite: status %d after %.1f s\n%s", np, r.status, r.secs,
+                  r.out);
+    ck_assert_msg(strstr(r.out, "100%") != NULL, "no Check summary from rank 0:\n%s", r.out);
+    free(r.out);
+}
+
+START_TEST(ranks_2) { suite_np(2); }
+END_TEST
+START_TEST(ranks_3) { suite_np(3); }
+END_TEST
+
+START_TEST(rank_killed_mid_step)
+{
+    const char *args[] = { worker, "die", NULL };
+    run_result r = mpirun_np(2, args, NULL, 60);
+    ck_assert_msg(r.status != 0, "mpirun exited 0 though rank 1 died\n%s", r.out);
+    ck_assert_msg(r.secs < 10.0, "mpirun took %.1f s to end after a rank died (limit 10 s)\n%s", r.secs, r.out);
+    ck_assert_msg(strstr(r.out, "ctpu: rank 0: stopped in all_reduce (bucket 0, step 3)") != NULL,
+                  "no SIGTERM line from rank 0:\n%s", r.out);
+    /* mpirun names the rank that died */
+    ck_assert_msg(strstr(r.out, "],1]") != NULL, "mpirun does not name rank 1 (process [[job,1],1]):\n%s", r.out);
+    free(r.out);
+}
+END_TEST
+
+START_TEST(rank_hung_times_out)
+{
+    const char *args[] = { worker, "hang", NULL };
+    const char *env[] = { "CTPU_DIST_TIMEOUT=2", NULL };
+    run_result r = mpirun_np(2, args, env, 60);
+    ck_assert_msg(r.status != 0, "mpirun exited 0 though rank 1 hung\n%s", r.out);
+    ck_assert_msg(r.secs < 30.0, "took %.1f s\n%s", r.secs, r.out);
+    ck_assert_msg(strstr(r.out, "ctpu: rank 0: all_reduce (bucket 0, step 3) timed out") != NULL,
+                  "no timeout line naming the collective:\n%s", r.out);
+    ck_assert_msg(strstr(r.out, "MPI_Abort") != NULL, "%s", r.out);
+    free(r.out);
+}
+END_TEST
+
+int main(void)
+{
+    mpirun = getenv("CTPU_MPIRUN");
+    worker = getenv("CTPU_DIST_WORKER");
+    if (!mpirun || !*mpirun) {
+        printf("SKIP: dist: MPI is absent (no mpirun found at configure time: apt-get install openmpi-bin "
+               "libopenmpi-dev, or bash tools/install-deps.sh)\n");
+        return 77;
+    }
+    if (!ctpu_dist_available()) {
+        printf("SKIP: dist: this ctpu was built without MPI (meson -Dmpi=enabled needs libopenmpi-dev)\n");
+        return 77;
+    }
+    if (!worker) { fprintf(stderr, "test_dist: CTPU_DIST_WORKER is not set\n"); return 1; }
+    Suite *s = suite_create("dist");
+    TCase *tc = tcase_create("mpirun");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, ranks_2);
+    tcase_add_test(tc, ranks_3);
+    tcase_add_test(tc, rank_killed_mid_step);
+    tcase_add_test(tc, rank_hung_times_out);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int nf = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return nf ? 1 : 0;
+}
