@@ -492,6 +492,35 @@ START_TEST(test_epilogue_unfused)
 }
 END_TEST
 
+/* The residual in c's own buffer (y = x w + y in place): each variant reads
+ * it before writing c, as _ref does element by element. */
+START_TEST(test_residual_in_place)
+{
+    ctpu_isa isa = all_isas[_i];
+    if (!have_isa(isa)) return;
+    const ctpu_mxu_impl *force = forced_impl(_i);
+    prob p = P(2, 45, 70, 33);
+    p.res_dt = CTPU_KDT_F32;
+    p.bias_dt = CTPU_KDT_F32;
+    p.act = CTPU_K_ACT_RELU;
+    inst s = inst_make(&p);
+    ctpu_k_matmul_ref(&s.g);                      /* c1 = a b + bias, relu, + res */
+    memcpy(s.c2, s.res, sizeof(float) * (size_t)s.cn);
+    s.g.c = s.c2;
+    s.g.residual = s.c2;
+    ctpu_k_mxu_select(isa);
+    ctpu_mxu_force_impl(force);
+    ctpu_k_pool pool = k_pool_make(2);
+    ctpu_k_matmul(&s.g, &pool);
+    ctpu_mxu_force_impl(NULL);
+    ctpu_k_mxu_select(CTPU_ISA_SCALAR);
+    int64_t w;
+    ck_assert_msg(same_bits(s.c1, s.c2, CTPU_KDT_F32, s.cn, &w), "isa %s: element %lld", ctpu_isa_name(isa),
+                  (long long)w);
+    inst_free(&s);
+}
+END_TEST
+
 /* Same bits for 1, 2 and 3 threads, shapes that split over batch, N and M. */
 START_TEST(test_threads)
 {
@@ -585,6 +614,7 @@ static Suite *mxu_suite(void)
     tcase_add_loop_test(tc, test_isa_bitexact, 0, 4);
     tcase_add_loop_test(tc, test_epilogue_bitexact, 0, 4);
     tcase_add_test(tc, test_epilogue_unfused);
+    tcase_add_loop_test(tc, test_residual_in_place, 0, 4);
     tcase_add_test(tc, test_threads);
     tcase_add_test(tc, test_row_of_larger);
     tcase_add_test(tc, test_i32_exact);

@@ -17,6 +17,9 @@
 #ifndef MXU_KC           /* (overridable for tuning builds only) */
 #define MXU_KC 128       /* pairs per chunk: a 32-column planar B micro-panel is 32 KiB */
 #endif
+#ifndef MXU_SCR_PAD
+#define MXU_SCR_PAD 16
+#endif
 #ifndef MXU_MC_PANELS
 #define MXU_MC_PANELS 8  /* MR panels per block */
 #endif
@@ -38,7 +41,15 @@ typedef struct {
     int64_t scr_ld, scr_n;
     int split;                  /* 0 batch, 1 N panels, 2 M panels */
     int lw;                     /* dwords per element pair per row: 1 or 2 (planar) */
+    int direct;                 /* full tiles accumulate in c (f32, not read by the epilogue) */
 } mm_ctx;
+
+/* Do bytes [p, p + n) and [q, q + m) overlap? */
+static int mm_overlap(const void *p, int64_t n, const void *q, int64_t m)
+{
+    uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
+    return a < b + (uintptr_t)m && b < a + (uintptr_t)n;
+}
 
 static void mm_pack_task(void *vctx, int tid, int nt)
 {
@@ -77,6 +88,10 @@ static void mm_finish(const ctpu_mm_args *g, int64_t bi, int64_t m0, int64_t m1,
                       int64_t n1, float *s, int64_t ld)
 {
     int64_t w = n1 - n0;
+    if (m1 <= m0 || w <= 0) return;
+    if (s == (float *)g->c + bi * g->c_bs + m0 * g->ldc + n0 && !g->bias && g->act == CTPU_K_ACT_NONE &&
+        !g->residual)
+        return;                                     /* finished in place */
     static const ctpu_k_unary_op act_op[] = {
         [CTPU_K_ACT_RELU] = CTPU_K_U_RELU, [CTPU_K_ACT_GELU_TANH] = CTPU_K_U_GELU_TANH,
         [CTPU_K_ACT_GELU_ERF] = CTPU_K_U_GELU_ERF };
@@ -106,7 +121,7 @@ static void mm_finish(const ctpu_mm_args *g, int64_t bi, int64_t m0, int64_t m1,
         if (g->c_dtype == CTPU_KDT_BF16) {
             uint16_t *c = (uint16_t *)g->c + coff;
             for (int64_t j = 0; j < w; j++) c[j] = ctpu_f32_to_bf16(v[j]);
-        } else {
+        } else if ((float *)g->c + coff != v) {    /* else accumulated in c itself */
             memcpy((float *)g->c + coff, v, (size_t)w * sizeof(float));
         }
     }
@@ -122,6 +137,10 @@ static void mm_region(mm_ctx *x, float *scr, int64_t bi, int64_t pm0, int64_t pm
     const uint32_t *ab = x->ap + (x->nba > 1 ? bi : 0) * x->mp * x->apd;
     const uint32_t *bb = x->bp + (x->nbb > 1 ? bi : 0) * x->np * x->bpd;
     int64_t ld = x->scr_ld;
+    /* full tiles accumulate in c itself when it can hold them (x->direct);
+     * edge tiles (past M or N) in the scratch */
+    int64_t pmf = x->direct ? g->M / mr : 0, pnf = x->direct ? g->N / nr : 0;
+    float *cb = (float *)g->c + bi * g->c_bs;
     for (int64_t jn = pn0; jn < pn1; jn += MXU_NC_PANELS) {
         int64_t jn1 = jn + MXU_NC_PANELS < pn1 ? jn + MXU_NC_PANELS : pn1;
         for (int64_t im0 = pm0; im0 < pm1; im0 += MXU_MC_PANELS) {
@@ -129,13 +148,22 @@ static void mm_region(mm_ctx *x, float *scr, int64_t bi, int64_t pm0, int64_t pm
             for (int64_t k0 = 0; k0 == 0 || k0 < x->kp; k0 += MXU_KC) {
                 int64_t kc = x->kp - k0 < MXU_KC ? x->kp - k0 : MXU_KC;
                 for (int64_t j = jn; j < jn1; j++)
-                    for (int64_t i = im0; i < im1; i++)
-                        im->kernel(kc, ab + i * x->apd + k0 * mr * x->lw, bb + j * x->bpd + k0 * nr * x->lw,
-                                   scr + (i - im0) * mr * ld + (j - jn) * nr, ld, k0 > 0);
+                    for (int64_t i = im0; i < im1; i++) {
+                        const uint32_t *ai = ab + i * x->apd + k0 * mr * x->lw,
+                                       *bj = bb + j * x->bpd + k0 * nr * x->lw;
+                        if (i < pmf && j < pnf)
+                            im->kernel(kc, ai, bj, cb + i * mr * g->ldc + j * nr, g->ldc, k0 > 0);
+                        else
+                            im->kernel(kc, ai, bj, scr + (i - im0) * mr * ld + (j - jn) * nr, ld, k0 > 0);
+                    }
             }
             int64_t m0 = im0 * mr, m1 = im1 * mr < g->M ? im1 * mr : g->M;
             int64_t n0 = jn * nr, n1 = jn1 * nr < g->N ? jn1 * nr : g->N;
-            mm_finish(g, bi, m0, m1, n0, n1, scr, ld);
+            int64_t mf = im1 < pmf ? m1 : pmf * mr > m0 ? pmf * mr : m0;
+            int64_t nf = jn1 < pnf ? n1 : pnf * nr > n0 ? pnf * nr : n0;
+            mm_finish(g, bi, m0, mf, n0, nf, cb + m0 * g->ldc + n0, g->ldc);
+            mm_finish(g, bi, m0, mf, nf, n1, scr + (nf - n0), ld);
+            mm_finish(g, bi, mf, m1, n0, n1, scr + (mf - m0) * ld, ld);
         }
     }
 }
@@ -230,6 +258,17 @@ void ctpu_k_matmul(const ctpu_mm_args *g, ctpu_k_pool *pool)
     x.apd = ctpu_mxu_panel_dwords(&x.pka) * (x.im->planar ? 2 : 1);
     x.bpd = ctpu_mxu_panel_dwords(&x.pkb) * (x.im->planar ? 2 : 1);
     x.lw = x.im->planar ? 2 : 1;
+    /* c as the accumulator: when K is one chunk (each tile is written once:
+     * no scratch, no copy; over several chunks c's rows, often 4 KiB apart,
+     * would share L1 sets), f32, rows at least N apart, and neither epilogue
+     * input in c's bytes (they are read after c is written) */
+    int64_t cext = ((g->batch - 1) * g->c_bs + (g->M - 1) * g->ldc + g->N) * 4;
+    x.direct = x.kp <= MXU_KC && g->c_dtype == CTPU_KDT_F32 && g->ldc >= g->N && g->c_bs >= 0 &&
+               (!g->bias || !mm_overlap(g->c, cext, g->bias, g->N * (int64_t)ctpu_kdt_size(g->bias_dtype))) &&
+               (!g->residual ||
+                !mm_overlap(g->c, cext, g->residual,
+                            ((g->batch - 1) * g->residual_bs + (g->M - 1) * g->residual_ld + g->N) *
+                                (int64_t)ctpu_kdt_size(g->residual_dtype)));
     int nt = pool && pool->nthreads > 1 ? pool->nthreads : 1;
     /* A waking worker costs ~1-20 us: below ~2 MFLOP per thread one thread
      * is faster. (Bits do not depend on the thread count.) */
@@ -242,7 +281,7 @@ void ctpu_k_matmul(const ctpu_mm_args *g, ctpu_k_pool *pool)
            imm = mm_imbalance(x.mp, nt);
     x.split = ib <= in && ib <= imm ? 0 : in <= imm ? 1 : 2;
 
-    x.scr_ld = (int64_t)MXU_NC_PANELS * x.nr;
+    x.scr_ld = (int64_t)MXU_NC_PANELS * x.nr + MXU_SCR_PAD;   /* rows not 2^k floats apart */
     x.scr_n = (int64_t)MXU_MC_PANELS * x.mr * x.scr_ld;
     size_t abytes = (size_t)(x.nba * x.mp * x.apd) * 4, bbytes = (size_t)(x.nbb * x.np * x.bpd) * 4;
     size_t sbytes = (size_t)(nt * x.scr_n) * sizeof(float);

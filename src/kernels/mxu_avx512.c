@@ -180,6 +180,31 @@ static void mxu_pack_avx512_planar(const ctpu_mxu_pack_args *pa, int64_t q0, int
     }
 }
 
+/* t[j] = column j of the 16 x 16 dword matrix whose rows are r[0..15]. */
+static inline void mxu_transpose16(const __m512i r[16], __m512i t[16])
+{
+    __m512i a[16], u[16];
+    for (int i = 0; i < 8; i++) {                 /* per 128-bit lane: 2x2 of dwords */
+        a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {                 /* u[4i+c] lane L: rows 4i..4i+3 of column 4L+c */
+        u[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+    }
+    for (int c = 0; c < 4; c++) {                /* 4 x 4 of 128-bit lanes */
+        __m512i x0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), x1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee);
+        __m512i y0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44),
+                y1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xee);
+        t[c] = _mm512_shuffle_i32x4(x0, y0, 0x88);
+        t[4 + c] = _mm512_shuffle_i32x4(x0, y0, 0xdd);
+        t[8 + c] = _mm512_shuffle_i32x4(x1, y1, 0x88);
+        t[12 + c] = _mm512_shuffle_i32x4(x1, y1, 0xdd);
+    }
+}
+
 /* Pair-dword packing (mxu.h) for the vdpbf16ps kernel. Default precision
  * with unit stride along i (B row-major, A transposed: the two k rows of a
  * pair are interleaved lane by lane) or along k (A row-major, B transposed:
@@ -223,21 +248,27 @@ static void mxu_pack_avx512_dp(const ctpu_mxu_pack_args *pa, int64_t q0, int64_t
     for (int64_t q = q0; q < q1; q++) {
         uint32_t *d = pa->dst + q * pd;
         int64_t i0 = q * w, n = pa->I - i0 < w ? pa->I - i0 : w;
-        uint32_t tmp[16];
-        for (int64_t k0 = 0; k0 < K; k0 += 32) {   /* k outer: the 16 pairs' slice stays in L1 */
+        /* 16 rows x 32 k -> 16 rows of 16 pair dwords -> transposed to 16
+         * pairs of 16 rows, stored as the panel's consecutive W-dword rows */
+        for (int64_t k0 = 0; k0 < K; k0 += 32) {
             int cnt = K - k0 < 32 ? (int)(K - k0) : 32;
             int np = (cnt + 1) / 2;
             uint32_t *o = d + (k0 / 2) * w;
-            for (int64_t r = 0; r < w; r++) {
-                if (r >= n) {
-                    for (int j = 0; j < np; j++) o[j * w + r] = 0;
-                    continue;
+            for (int r0 = 0; r0 < w; r0 += 16) {
+                __m512i v[16], t[16];
+                for (int rr = 0; rr < 16; rr++) {
+                    int64_t r = r0 + rr;
+                    if (r >= n || r >= w) { v[rr] = _mm512_setzero_si512(); continue; }
+                    int64_t off = (i0 + r) * si + k0;
+                    __m512i x0 = mxu_load16(pa->src, pa->dt, off, cnt < 16 ? cnt : 16);
+                    __m512i x1 = cnt > 16 ? mxu_load16(pa->src, pa->dt, off + 16, cnt - 16)
+                                          : _mm512_setzero_si512();
+                    v[rr] = _mm512_permutex2var_epi16(x0, hiw, x1);   /* odd partner past K: 0 */
                 }
-                int64_t off = (i0 + r) * si + k0;
-                __m512i x0 = mxu_load16(pa->src, pa->dt, off, cnt < 16 ? cnt : 16);
-                __m512i x1 = cnt > 16 ? mxu_load16(pa->src, pa->dt, off + 16, cnt - 16) : _mm512_setzero_si512();
-                _mm512_storeu_si512(tmp, _mm512_permutex2var_epi16(x0, hiw, x1));
-                for (int j = 0; j < np; j++) o[j * w + r] = tmp[j];   /* odd partner past K: 0 */
+                mxu_transpose16(v, t);
+                int wc = w - r0 < 16 ? w - r0 : 16;
+                __mmask16 ms = (__mmask16)(wc >= 16 ? 0xffff : (1u << wc) - 1);
+                for (int j = 0; j < np; j++) _mm512_mask_storeu_epi32(o + j * w + r0, ms, t[j]);
             }
         }
     }
