@@ -19,7 +19,7 @@
  * Facts that only one layer uses live in that layer's table, indexed by op
  * (designated initialisers), each checked complete by a test: exec handlers
  * (src/fuse/exec.c), epilogue activations (src/fuse/vm.c), cost weights
- * (src/device/costmodel.c), backward rules (src/eager/autograd.c). The data
+ * (src/cost/costmodel.c), backward rules (src/eager/autograd.c). The data
  * of this table is in src/ops.c, where its row count is pinned.
  */
 #ifndef CTPU_OPS_H
@@ -104,7 +104,7 @@ enum {
     CTPU_FUSE_CLASS_COUNT
 };
 
-/* Cost classes (src/device/costmodel.c; the weight per op is its table's). */
+/* Cost classes (src/cost/costmodel.c; the weight per op is its table's). */
 enum {
     CTPU_CC_NONE,           /* no compute (movement, views, fills) */
     CTPU_CC_OUT,            /* vector ops: output elements x weight */

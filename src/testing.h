@@ -18,6 +18,10 @@ typedef struct ctpu_cache ctpu_cache;
 void ctpu__test_op_trace(uint64_t *buf, size_t cap);
 size_t ctpu__test_op_trace_len(void);
 
+/* dispatch.c: op's shape rule and dtype rule (its row's ids) have a
+ * function in dispatch's rule tables. */
+bool ctpu__test_op_rules_defined(int op);
+
 /* runtime.c: hold (true) or release (false) the device thread, so commands
  * queue up behind it. */
 void ctpu__test_device_hold(bool hold);

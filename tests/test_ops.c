@@ -1596,11 +1596,33 @@ START_TEST(dtype_promotion)
 }
 END_TEST
 
+/* Dispatch has a shape rule and a dtype rule for every op, and each row's
+ * kind flags agree with its dtype rule. */
+START_TEST(every_op_has_its_rules)
+{
+    for (int op = 0; op < CTPU_OP_COUNT; op++) {
+        const ctpu_op_info *o = &ctpu_op_infos[op];
+        ck_assert_msg(ctpu__test_op_rules_defined(op),
+                      "op %s: its shape rule %d or dtype rule %d has no function in dispatch.c's tables",
+                      ctpu_op_name(op), o->shape_rule, o->dtype_rule);
+        bool fl = o->dtype_rule == CTPU_DT_FLOAT || o->dtype_rule == CTPU_DT_PROMOTE_FLOAT;
+        if (ctpu_op_is(op, CTPU_OPK_ELEMENTWISE))
+            ck_assert_msg(fl == ctpu_op_is(op, CTPU_OPK_FLOAT_OUT), "op %s: FLOAT_OUT kind vs dtype rule %d",
+                          ctpu_op_name(op), o->dtype_rule);
+        ck_assert_msg((o->dtype_rule == CTPU_DT_MASK) == ctpu_op_is(op, CTPU_OPK_COMPARE),
+                      "op %s: COMPARE kind vs dtype rule %d", ctpu_op_name(op), o->dtype_rule);
+        ck_assert_msg((o->shape_rule == CTPU_SH_CREATE) == ctpu_op_is(op, CTPU_OPK_CREATION),
+                      "op %s: CREATION kind vs shape rule %d", ctpu_op_name(op), o->shape_rule);
+    }
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("ops");
     TCase *t = tcase_create("table");
     tcase_add_test(t, every_op_has_a_case);
+    tcase_add_test(t, every_op_has_its_rules);
     suite_add_tcase(s, t);
     TCase *c = tcase_create("conformance");
     tcase_add_checked_fixture(c, t_setup, t_teardown);

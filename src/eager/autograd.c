@@ -836,18 +836,17 @@ static bool vec_push(vec *v, void *x)
     return true;
 }
 
-static ctpu_status run_backward(ag_meta *root, ctpu_tensor g0, bool retain, const char *opn)
+/* The tape reachable from root (its nodes marked with this pass) into nodes. */
+static ctpu_status collect_tape(ag_meta *root, uint64_t pass, vec *nodes, const char *opn)
 {
-    uint64_t pass = atomic_fetch_add(&ag_pass, 1);
-    vec nodes = {0}, leaves = {0}, stack = {0};
+    vec stack = {0};
     ctpu_status st = CTPU_OK;
-    /* collect the graph reachable from the root */
     if (root->fn) {
         root->fn->mark = pass;
         if (!vec_push(&stack, root->fn)) st = CTPU_ERR_OOM;
         while (st == CTPU_OK && stack.n) {
             ag_node *x = ((ag_node **)stack.p)[--stack.n];
-            if (!vec_push(&nodes, x)) { st = CTPU_ERR_OOM; break; }
+            if (!vec_push(nodes, x)) { st = CTPU_ERR_OOM; break; }
             if (x->freed) {
                 ctpu_set_error(CTPU_ERR_STATE,
                                "%s: the tape through `%s` was released by an earlier backward "
@@ -866,6 +865,14 @@ static ctpu_status run_backward(ag_meta *root, ctpu_tensor g0, bool retain, cons
         if (st == CTPU_ERR_OOM) ctpu_set_error(st, "%s: out of host memory", opn);
     }
     free(stack.p);
+    return st;
+}
+
+static ctpu_status run_backward(ag_meta *root, ctpu_tensor g0, bool retain, const char *opn)
+{
+    uint64_t pass = atomic_fetch_add(&ag_pass, 1);
+    vec nodes = {0}, leaves = {0};
+    ctpu_status st = collect_tape(root, pass, &nodes, opn);
     ag_node **ns = nodes.p;
     if (st == CTPU_OK) {
         if (nodes.n > 1) qsort(ns, nodes.n, sizeof *ns, cmp_seq_desc);   /* a leaf root has none */

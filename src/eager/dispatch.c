@@ -7,6 +7,7 @@
 
 #include "eager.h"
 #include "fuse/exec.h"
+#include "testing.h"
 
 /* ------------------------------------------------------------ the path */
 /* A per-thread front for the strict program table: a direct-mapped cache of
@@ -274,127 +275,7 @@ static int norm_dim(const char *op, int dim, const ctpu_trec *r, const char *arg
     return dim < 0 ? dim + lim : dim;
 }
 
-/* ------------------------------------------------------------ elementwise */
-static ctpu_tensor unary(int op, ctpu_tensor a)
-{
-    static const char *const nm[] = { "a" };
-    ctpu_trec *in[1];
-    if (!get_inputs(ctpu_op_name(op), 1, &a, nm, in)) return CTPU_NULL;
-    ctpu_node n = { .op = (uint16_t)op, .n_in = 1, .out = in[0]->type };
-    if (ctpu_op_is(op, CTPU_OPK_FLOAT_OUT) && n.out.dtype == CTPU_I32) n.out.dtype = CTPU_F32;
-    return ctpu_dispatch(&n, in, &a, NULL);
-}
 
-ctpu_tensor ctpu_neg(ctpu_tensor a) { return unary(CTPU_OP_NEG, a); }
-ctpu_tensor ctpu_abs(ctpu_tensor a) { return unary(CTPU_OP_ABS, a); }
-ctpu_tensor ctpu_exp(ctpu_tensor a) { return unary(CTPU_OP_EXP, a); }
-ctpu_tensor ctpu_log(ctpu_tensor a) { return unary(CTPU_OP_LOG, a); }
-ctpu_tensor ctpu_sqrt(ctpu_tensor a) { return unary(CTPU_OP_SQRT, a); }
-ctpu_tensor ctpu_rsqrt(ctpu_tensor a) { return unary(CTPU_OP_RSQRT, a); }
-ctpu_tensor ctpu_tanh(ctpu_tensor a) { return unary(CTPU_OP_TANH, a); }
-ctpu_tensor ctpu_sigmoid(ctpu_tensor a) { return unary(CTPU_OP_SIGMOID, a); }
-ctpu_tensor ctpu_relu(ctpu_tensor a) { return unary(CTPU_OP_RELU, a); }
-ctpu_tensor ctpu_gelu(ctpu_tensor a, bool tanh_approx)
-{
-    return unary(tanh_approx ? CTPU_OP_GELU_TANH : CTPU_OP_GELU_ERF, a);
-}
-
-static ctpu_tensor binary(int op, ctpu_tensor a, ctpu_tensor b)
-{
-    static const char *const nm[] = { "a", "b" };
-    ctpu_tensor ts[2] = { a, b };
-    ctpu_trec *in[2];
-    const char *opn = ctpu_op_name(op);
-    if (!get_inputs(opn, 2, ts, nm, in)) return CTPU_NULL;
-    ctpu_node n = { .op = (uint16_t)op, .n_in = 2 };
-    if (!broadcast(opn, 2, in, nm, &n.out)) return CTPU_NULL;
-    ctpu_dtype dt = promote((ctpu_dtype)in[0]->type.dtype, (ctpu_dtype)in[1]->type.dtype);
-    if (ctpu_op_is(op, CTPU_OPK_COMPARE) || (ctpu_op_is(op, CTPU_OPK_FLOAT_OUT) && dt == CTPU_I32)) dt = CTPU_F32;
-    n.out.dtype = (uint8_t)dt;
-    return ctpu_dispatch(&n, in, ts, NULL);
-}
-
-ctpu_tensor ctpu_add(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_ADD, a, b); }
-ctpu_tensor ctpu_sub(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_SUB, a, b); }
-ctpu_tensor ctpu_mul(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_MUL, a, b); }
-ctpu_tensor ctpu_div(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_DIV, a, b); }
-ctpu_tensor ctpu_pow(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_POW, a, b); }
-ctpu_tensor ctpu_maximum(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_MAXIMUM, a, b); }
-ctpu_tensor ctpu_minimum(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_MINIMUM, a, b); }
-ctpu_tensor ctpu_eq(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_EQ, a, b); }
-ctpu_tensor ctpu_ne(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_NE, a, b); }
-ctpu_tensor ctpu_lt(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_LT, a, b); }
-ctpu_tensor ctpu_le(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_LE, a, b); }
-ctpu_tensor ctpu_gt(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_GT, a, b); }
-ctpu_tensor ctpu_ge(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_GE, a, b); }
-
-static ctpu_tensor scalar_op(int op, ctpu_tensor a, double s, bool scalar_first)
-{
-    static const char *const nm[] = { "a" };
-    ctpu_trec *in[1];
-    if (!get_inputs(ctpu_op_name(op), 1, &a, nm, in)) return CTPU_NULL;
-    ctpu_node n = { .op = (uint16_t)op, .n_in = 1, .n_scalars = 1, .out = in[0]->type };
-    if (scalar_first) n.attr.flags |= CTPU_ATTR_SCALAR_FIRST;
-    if (ctpu_op_is(op, CTPU_OPK_COMPARE) || (ctpu_op_is(op, CTPU_OPK_FLOAT_OUT) && n.out.dtype == CTPU_I32))
-        n.out.dtype = CTPU_F32;
-    return ctpu_dispatch(&n, in, &a, &s);
-}
-
-ctpu_tensor ctpu_add_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_ADD_SCALAR, a, s, false); }
-ctpu_tensor ctpu_sub_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_SUB_SCALAR, a, s, false); }
-ctpu_tensor ctpu_mul_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_MUL_SCALAR, a, s, false); }
-ctpu_tensor ctpu_div_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_DIV_SCALAR, a, s, false); }
-ctpu_tensor ctpu_pow_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_POW_SCALAR, a, s, false); }
-ctpu_tensor ctpu_maximum_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_MAXIMUM_SCALAR, a, s, false); }
-ctpu_tensor ctpu_minimum_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_MINIMUM_SCALAR, a, s, false); }
-ctpu_tensor ctpu_rsub_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_SUB_SCALAR, a, s, true); }
-ctpu_tensor ctpu_rdiv_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_DIV_SCALAR, a, s, true); }
-ctpu_tensor ctpu_rpow_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_POW_SCALAR, a, s, true); }
-ctpu_tensor ctpu_eq_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_EQ_SCALAR, a, s, false); }
-ctpu_tensor ctpu_ne_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_NE_SCALAR, a, s, false); }
-ctpu_tensor ctpu_lt_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_LT_SCALAR, a, s, false); }
-ctpu_tensor ctpu_le_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_LE_SCALAR, a, s, false); }
-ctpu_tensor ctpu_gt_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_GT_SCALAR, a, s, false); }
-ctpu_tensor ctpu_ge_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_GE_SCALAR, a, s, false); }
-
-ctpu_tensor ctpu_where(ctpu_tensor cond, ctpu_tensor a, ctpu_tensor b)
-{
-    static const char *const nm[] = { "cond", "a", "b" };
-    ctpu_tensor ts[3] = { cond, a, b };
-    ctpu_trec *in[3];
-    if (!get_inputs("where", 3, ts, nm, in)) return CTPU_NULL;
-    ctpu_node n = { .op = CTPU_OP_WHERE, .n_in = 3 };
-    if (!broadcast("where", 3, in, nm, &n.out)) return CTPU_NULL;
-    n.out.dtype = (uint8_t)promote((ctpu_dtype)in[1]->type.dtype, (ctpu_dtype)in[2]->type.dtype);
-    return ctpu_dispatch(&n, in, ts, NULL);
-}
-
-ctpu_tensor ctpu_clamp(ctpu_tensor a, double lo, double hi)
-{
-    static const char *const nm[] = { "a" };
-    ctpu_trec *in[1];
-    if (!get_inputs("clamp", 1, &a, nm, in)) return CTPU_NULL;
-    ctpu_node n = { .op = CTPU_OP_CLAMP, .n_in = 1, .n_scalars = 2, .out = in[0]->type };
-    double s[2] = { lo, hi };
-    return ctpu_dispatch(&n, in, &a, s);
-}
-
-ctpu_tensor ctpu_cast(ctpu_tensor a, ctpu_dtype dt)
-{
-    static const char *const nm[] = { "a" };
-    ctpu_trec *in[1];
-    if (!get_inputs("cast", 1, &a, nm, in)) return CTPU_NULL;
-    if ((unsigned)dt >= CTPU_DTYPE_COUNT) {
-        ctpu_set_error(CTPU_ERR_DTYPE, "cast: dt=%d is not a ctpu_dtype", (int)dt);
-        return CTPU_NULL;
-    }
-    ctpu_node n = { .op = CTPU_OP_CAST, .n_in = 1, .out = in[0]->type };
-    n.out.dtype = (uint8_t)dt;
-    n.attr.extra = (int32_t)dt;
-    return ctpu_dispatch(&n, in, &a, NULL);
-}
-
-/* ------------------------------------------------------------ reductions */
 static bool reduce_dims(const char *op, ctpu_trec *r, int ndims, const int *dims, bool keepdim,
                         ctpu_node *n)
 {
@@ -444,24 +325,573 @@ static int64_t reduced_count(const ctpu_trec *r, const ctpu_node *n)
     return c;
 }
 
-static ctpu_tensor reduction(int op, ctpu_tensor a, int ndims, const int *dims, bool keepdim, int64_t corr)
+/* ------------------------------------------------------------ arguments
+ * The non-tensor arguments of an op call, as the shape and dtype rules read
+ * them (zero = unused). */
+typedef struct {
+    const char *opn;            /* the name errors use when not the op's (zeros, matmul_t); NULL: the op's */
+    const char *const *names;   /* the inputs' names when not the shape rule's (where) */
+    int ndim;                   /* reshape, expand, creation: the shape */
+    const int64_t *shape;
+    int n_dims;                 /* reductions: the dims (0: all); permute: the permutation */
+    const int *dims;
+    bool keepdim;
+    bool matmul_t;              /* matmul: the transposed-operand form (operands of >= 2 dims) */
+    int dim;                    /* argmax, softmax, slice, concat, gather */
+    int64_t start, end, step;   /* slice */
+    int64_t correction;         /* var */
+    int dtype;                  /* cast, creation */
+    uint32_t flags;             /* the node's attr flags: CTPU_ATTR_SCALAR_FIRST, CTPU_ATTR_TRANS_A/B */
+    int precision;              /* matmul */
+    int n_scalars;              /* runtime scalars the node takes */
+} op_args;
+
+static const char *const NM_A[] = { "a" };
+static const char *const NM_AB[] = { "a", "b" };
+static const char *const NM_WHERE[] = { "cond", "a", "b" };
+static const char *const NM_EMBEDDING[] = { "weight", "indices" };
+static const char *const NM_GATHER[] = { "a", "index" };
+static const char *const NM_TS[CTPU_NODE_MAX_IN] = {
+    "ts[i]", "ts[i]", "ts[i]", "ts[i]", "ts[i]", "ts[i]", "ts[i]", "ts[i]",
+    "ts[i]", "ts[i]", "ts[i]", "ts[i]", "ts[i]", "ts[i]", "ts[i]", "ts[i]",
+};
+
+/* ------------------------------------------------------------ shape rules
+ * One function per CTPU_SH_* id: validate the arguments against the inputs
+ * and fill the node's output shape and attributes (the error set names the
+ * op, the argument and the shapes). */
+typedef bool (*shape_rule_fn)(const char *opn, const char *const *names, ctpu_trec *const *in,
+                              const op_args *a, ctpu_node *n);
+
+static bool sh_same(const char *opn, const char *const *names, ctpu_trec *const *in, const op_args *a,
+                    ctpu_node *n)
 {
-    static const char *const nm[] = { "a" };
-    ctpu_trec *in[1];
-    const char *opn = ctpu_op_name(op);
-    if (!get_inputs(opn, 1, &a, nm, in)) return CTPU_NULL;
-    ctpu_node n = { .op = (uint16_t)op, .n_in = 1 };
-    if (!reduce_dims(opn, in[0], ndims, dims, keepdim, &n)) return CTPU_NULL;
-    n.out.dtype = in[0]->type.dtype == CTPU_I32 && op != CTPU_OP_MAX && op != CTPU_OP_MIN ? CTPU_F32 : in[0]->type.dtype;
-    n.attr.i64[0] = corr;
-    if ((op == CTPU_OP_MAX || op == CTPU_OP_MIN) && reduced_count(in[0], &n) == 0 &&
-        ctpu_vtype_numel(&n.out) > 0) {
+    (void)opn, (void)names, (void)a;
+    n->out = in[0]->type;
+    return true;
+}
+
+static bool sh_broadcast(const char *opn, const char *const *names, ctpu_trec *const *in, const op_args *a,
+                         ctpu_node *n)
+{
+    (void)a;
+    return broadcast(opn, n->n_in, in, names, &n->out);
+}
+
+static bool sh_reduce(const char *opn, const char *const *names, ctpu_trec *const *in, const op_args *a,
+                      ctpu_node *n)
+{
+    (void)names;
+    if (!reduce_dims(opn, in[0], a->n_dims, a->dims, a->keepdim, n)) return false;
+    n->attr.i64[0] = a->correction;
+    int kop = ctpu_op_kop(n->op);   /* max and min have no identity */
+    if ((kop == CTPU_K_RED_MAX || kop == CTPU_K_RED_MIN) && reduced_count(in[0], n) == 0 &&
+        ctpu_vtype_numel(&n->out) > 0) {
         char tb[128];
         ctpu_set_error(CTPU_ERR_SHAPE, "%s: a is %s: cannot reduce over a zero-size dim (no identity)",
                        opn, ctpu_fmt_type(&in[0]->type, tb, sizeof tb));
-        return CTPU_NULL;
+        return false;
     }
-    return ctpu_dispatch(&n, in, &a, NULL);
+    return true;
+}
+
+static bool sh_argreduce(const char *opn, const char *const *names, ctpu_trec *const *in, const op_args *a,
+                         ctpu_node *n)
+{
+    (void)names;
+    int d = norm_dim(opn, a->dim, in[0], "dim");
+    if (d < 0) return false;
+    if (!reduce_dims(opn, in[0], in[0]->type.ndim ? 1 : 0, &d, a->keepdim, n)) return false;
+    if (in[0]->type.ndim && in[0]->type.shape[d] == 0) {
+        char tb[128];
+        ctpu_set_error(CTPU_ERR_SHAPE, "%s: a is %s: dim %d has extent 0", opn,
+                       ctpu_fmt_type(&in[0]->type, tb, sizeof tb), d);
+        return false;
+    }
+    return true;
+}
+
+static bool sh_along(const char *opn, const char *const *names, ctpu_trec *const *in, const op_args *a,
+                     ctpu_node *n)
+{
+    (void)names;
+    int d = norm_dim(opn, a->dim, in[0], "dim");
+    if (d < 0) return false;
+    n->out = in[0]->type;
+    n->attr.dims[0] = d;
+    n->attr.n_dims = 1;
+    return true;
+}
+
+static bool sh_reshape(const char *opn, const char *const *names, ctpu_trec *const *in, const op_args *a,
+                       ctpu_node *n)
+{
+    (void)names;
+    char tb[128];
+    int ndim = a->ndim;
+    const int64_t *shape = a->shape;
+    if (ndim < 0 || ndim > CTPU_MAX_DIMS || (ndim > 0 && !shape)) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "%s: a is %s: ndim=%d%s", opn, ctpu_fmt_type(&in[0]->type, tb, sizeof tb),
+                       ndim, ndim > 0 && !shape ? " with shape NULL" : " is outside [0, 8]");
+        return false;
+    }
+    ctpu_vtype t = { .dtype = in[0]->type.dtype, .ndim = (uint8_t)ndim };
+    int infer = -1;
+    int64_t known = 1, numel = ctpu_vtype_numel(&in[0]->type);
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] == -1 && infer < 0) { infer = d; continue; }
+        if (shape[d] < 0) {
+            ctpu_set_error(CTPU_ERR_SHAPE, "%s: a is %s: shape[%d]=%lld is invalid", opn,
+                           ctpu_fmt_type(&in[0]->type, tb, sizeof tb), d, (long long)shape[d]);
+            return false;
+        }
+        t.shape[d] = shape[d];
+        if (shape[d] && known > INT64_MAX / shape[d]) known = INT64_MAX;
+        else known *= shape[d];
+    }
+    if (infer >= 0) {
+        if (known == 0 || numel % known) {
+            ctpu_set_error(CTPU_ERR_SHAPE, "%s: a is %s: cannot infer dim %d from %lld elements", opn,
+                           ctpu_fmt_type(&in[0]->type, tb, sizeof tb), infer, (long long)numel);
+            return false;
+        }
+        t.shape[infer] = numel / known;
+        known = numel;
+    }
+    if (known != numel) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "%s: a is %s (%lld elements): the new shape has %lld", opn,
+                       ctpu_fmt_type(&in[0]->type, tb, sizeof tb), (long long)numel, (long long)known);
+        return false;
+    }
+    n->out = t;
+    return true;
+}
+
+static bool sh_permute(const char *opn, const char *const *names, ctpu_trec *const *in, const op_args *a,
+                       ctpu_node *n)
+{
+    (void)names;
+    int nd = in[0]->type.ndim;
+    const int *perm = a->dims;
+    char tb[128];
+    if (!perm && nd > 0) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: perm is NULL for a %s", opn,
+                       ctpu_fmt_type(&in[0]->type, tb, sizeof tb));
+        return false;
+    }
+    n->out = in[0]->type;
+    uint32_t seen = 0;
+    for (int d = 0; d < nd; d++) {
+        int p = perm[d];
+        if (p < 0) p += nd;
+        if (p < 0 || p >= nd || (seen & (1u << p))) {
+            ctpu_set_error(CTPU_ERR_SHAPE, "%s: a is %s: perm[%d]=%d is not a permutation of [0, %d)", opn,
+                           ctpu_fmt_type(&in[0]->type, tb, sizeof tb), d, perm[d], nd);
+            return false;
+        }
+        seen |= 1u << p;
+        n->attr.dims[d] = p;
+        n->out.shape[d] = in[0]->type.shape[p];
+    }
+    n->attr.n_dims = nd;
+    return true;
+}
+
+static bool sh_slice(const char *opn, const char *const *names, ctpu_trec *const *in, const op_args *a,
+                     ctpu_node *n)
+{
+    (void)names;
+    char tb[128];
+    if (in[0]->type.ndim == 0) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "%s: a is %s: cannot slice a 0-d tensor", opn,
+                       ctpu_fmt_type(&in[0]->type, tb, sizeof tb));
+        return false;
+    }
+    int d = norm_dim(opn, a->dim, in[0], "dim");
+    if (d < 0) return false;
+    int64_t start = a->start, end = a->end, step = a->step;
+    if (step < 1) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: step=%lld must be >= 1", opn, (long long)step);
+        return false;
+    }
+    int64_t e = in[0]->type.shape[d];
+    if (start < 0) start = start < -e ? 0 : start + e;
+    if (end < 0) end = end < -e ? 0 : end + e;
+    if (start > e) start = e;
+    if (end > e) end = e;
+    int64_t len = end > start ? (end - start - 1) / step + 1 : 0;   /* no overflow for a huge step */
+    n->out = in[0]->type;
+    n->out.shape[d] = len;
+    n->attr.dims[0] = d;
+    n->attr.n_dims = 1;
+    n->attr.i64[0] = start;
+    n->attr.i64[1] = end;
+    n->attr.i64[2] = step;
+    return true;
+}
+
+static bool sh_concat(const char *opn, const char *const *names, ctpu_trec *const *in, const op_args *a,
+                      ctpu_node *n)
+{
+    (void)names;
+    int d = norm_dim(opn, a->dim, in[0], "dim");
+    if (d < 0) return false;
+    char ta[128], tb[128];
+    if (in[0]->type.ndim == 0) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "%s: ts[0] is %s: cannot concatenate 0-d tensors", opn,
+                       ctpu_fmt_type(&in[0]->type, ta, sizeof ta));
+        return false;
+    }
+    n->out = in[0]->type;
+    n->attr.extra = d;
+    int64_t total = 0;
+    for (int i = 0; i < n->n_in; i++) {
+        const ctpu_vtype *t = &in[i]->type;
+        bool ok = t->dtype == in[0]->type.dtype && t->ndim == in[0]->type.ndim;
+        for (int k = 0; ok && k < t->ndim; k++) ok = k == d || t->shape[k] == in[0]->type.shape[k];
+        if (!ok) {
+            ctpu_set_error(t->dtype != in[0]->type.dtype ? CTPU_ERR_DTYPE : CTPU_ERR_SHAPE,
+                           "%s: ts[0] is %s, ts[%d] is %s: must match in dtype and in every dim but %d", opn,
+                           ctpu_fmt_type(&in[0]->type, ta, sizeof ta), i, ctpu_fmt_type(t, tb, sizeof tb), d);
+            return false;
+        }
+        total += t->shape[d];
+    }
+    n->out.shape[d] = total;
+    return true;
+}
+
+static bool sh_expand(const char *opn, const char *const *names, ctpu_trec *const *in, const op_args *a,
+                      ctpu_node *n)
+{
+    (void)names;
+    const ctpu_vtype *t = &in[0]->type;
+    int ndim = a->ndim;
+    const int64_t *shape = a->shape;
+    char tb[128];
+    if (ndim < t->ndim || ndim > CTPU_MAX_DIMS || (ndim && !shape)) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "%s: a is %s: ndim=%d must be in [%d, 8] with a shape", opn,
+                       ctpu_fmt_type(t, tb, sizeof tb), ndim, t->ndim);
+        return false;
+    }
+    n->out = (ctpu_vtype){ .dtype = t->dtype, .ndim = (uint8_t)ndim };
+    for (int d = 0; d < ndim; d++) {
+        int id = d - (ndim - t->ndim);
+        int64_t want = shape[d];
+        int64_t have = id >= 0 ? t->shape[id] : 1;
+        if (want == -1 && id >= 0) want = have;
+        if (want < 0 || (have != 1 && have != want)) {
+            ctpu_set_error(CTPU_ERR_SHAPE, "%s: a is %s: cannot expand dim %d (extent %lld) to %lld", opn,
+                           ctpu_fmt_type(t, tb, sizeof tb), d, (long long)have, (long long)shape[d]);
+            return false;
+        }
+        n->out.shape[d] = want;
+    }
+    ctpu_vtype chk;   /* the element count must not overflow (2^40 x 2^40 wrapped to 0) */
+    return ctpu__validate_shape(opn, ndim, n->out.shape, (ctpu_dtype)t->dtype, &chk);
+}
+
+static bool sh_embedding(const char *opn, const char *const *names, ctpu_trec *const *in, const op_args *a,
+                         ctpu_node *n)
+{
+    (void)names, (void)a;
+    char ta[128], tb[128];
+    const ctpu_vtype *w = &in[0]->type, *ix = &in[1]->type;
+    if (w->ndim != 2 || w->dtype == CTPU_I32 || ix->dtype != CTPU_I32 || ix->ndim >= CTPU_MAX_DIMS) {
+        ctpu_set_error(w->ndim != 2 || ix->ndim >= CTPU_MAX_DIMS ? CTPU_ERR_SHAPE : CTPU_ERR_DTYPE,
+                       "%s: weight is %s, indices is %s: need weight f32/bf16 [V,D] and i32 indices of < 8 dims",
+                       opn, ctpu_fmt_type(w, ta, sizeof ta), ctpu_fmt_type(ix, tb, sizeof tb));
+        return false;
+    }
+    n->out = *ix;
+    n->out.shape[n->out.ndim++] = w->shape[1];
+    return true;
+}
+
+static bool sh_gather(const char *opn, const char *const *names, ctpu_trec *const *in, const op_args *a,
+                      ctpu_node *n)
+{
+    (void)names;
+    char ta[128], tb[128];
+    const ctpu_vtype *t = &in[0]->type, *ix = &in[1]->type;
+    int d = norm_dim(opn, a->dim, in[0], "dim");
+    if (d < 0) return false;
+    bool ok = ix->dtype == CTPU_I32 && ix->ndim == t->ndim;
+    for (int k = 0; ok && k < t->ndim; k++) ok = k == d || ix->shape[k] <= t->shape[k];
+    if (!ok || t->ndim == 0) {
+        ctpu_set_error(ix->dtype != CTPU_I32 ? CTPU_ERR_DTYPE : CTPU_ERR_SHAPE,
+                       "%s: a is %s, index is %s: index must be i32 with a's ndim and extents <= a's (but dim %d)",
+                       opn, ctpu_fmt_type(t, ta, sizeof ta), ctpu_fmt_type(ix, tb, sizeof tb), d);
+        return false;
+    }
+    n->out = *ix;
+    n->attr.extra = d;
+    return true;
+}
+
+/* torch.matmul: batch dims broadcast; a 1-D a is [1,K] and a 1-D b is [K,1]
+ * (ctpu_matmul squeezes them after). The transposed-operand form (matmul_t:
+ * autograd's rules, ctpu_matmul_t) takes operands of >= 2 dims, a stored
+ * [.., K, M] with CTPU_ATTR_TRANS_A, b stored [.., N, K] with CTPU_ATTR_TRANS_B. */
+static bool sh_matmul(const char *opn, const char *const *names, ctpu_trec *const *in, const op_args *a,
+                      ctpu_node *n)
+{
+    (void)names;
+    const ctpu_vtype *ta = &in[0]->type, *tb = &in[1]->type;
+    bool tra = (a->flags & CTPU_ATTR_TRANS_A) != 0, trb = (a->flags & CTPU_ATTR_TRANS_B) != 0;
+    char sa[128], sb[128];
+    if (a->matmul_t ? ta->ndim < 2 || tb->ndim < 2 : ta->ndim == 0 || tb->ndim == 0) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "%s: a is %s, b is %s: %s", opn, ctpu_fmt_type(ta, sa, sizeof sa),
+                       ctpu_fmt_type(tb, sb, sizeof sb),
+                       a->matmul_t ? "a transposed operand needs at least 2 dims" : "both operands need at least 1 dim");
+        return false;
+    }
+    if ((ta->dtype == CTPU_I32) != (tb->dtype == CTPU_I32)) {
+        ctpu_set_error(CTPU_ERR_DTYPE, "%s: a is %s, b is %s: i32 matmul needs both operands i32", opn,
+                       ctpu_fmt_type(ta, sa, sizeof sa), ctpu_fmt_type(tb, sb, sizeof sb));
+        return false;
+    }
+    ctpu_vtype va = *ta, vb = *tb;
+    if (ta->ndim == 1) { va.ndim = 2; va.shape[0] = 1; va.shape[1] = ta->shape[0]; }
+    if (tb->ndim == 1) { vb.ndim = 2; vb.shape[0] = tb->shape[0]; vb.shape[1] = 1; }
+    int ra = va.ndim, rb = vb.ndim;
+    int64_t M = tra ? va.shape[ra - 1] : va.shape[ra - 2], K = tra ? va.shape[ra - 2] : va.shape[ra - 1];
+    int64_t Kb = trb ? vb.shape[rb - 1] : vb.shape[rb - 2], N = trb ? vb.shape[rb - 2] : vb.shape[rb - 1];
+    if (K != Kb) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "%s: a is %s%s, b is %s%s: inner dims differ (%lld vs %lld)", opn,
+                       ctpu_fmt_type(ta, sa, sizeof sa), tra ? " (transposed)" : "",
+                       ctpu_fmt_type(tb, sb, sizeof sb), trb ? " (transposed)" : "", (long long)K, (long long)Kb);
+        return false;
+    }
+    int ba = ra - 2, bb = rb - 2, nb = ba > bb ? ba : bb;
+    n->out.ndim = (uint8_t)(nb + 2);
+    for (int d = 0; d < nb; d++) {
+        int da = d - (nb - ba), db = d - (nb - bb);
+        int64_t xa = da >= 0 ? va.shape[da] : 1, xb = db >= 0 ? vb.shape[db] : 1;
+        if (xa != xb && xa != 1 && xb != 1) {
+            ctpu_set_error(CTPU_ERR_SHAPE, "%s: a is %s, b is %s: batch dims are not broadcastable (%lld vs %lld)",
+                           opn, ctpu_fmt_type(ta, sa, sizeof sa), ctpu_fmt_type(tb, sb, sizeof sb), (long long)xa,
+                           (long long)xb);
+            return false;
+        }
+        n->out.shape[d] = xa == 1 ? xb : xa;
+    }
+    n->out.shape[nb] = M;
+    n->out.shape[nb + 1] = N;
+    n->attr.extra = a->precision;
+    return true;
+}
+
+static bool sh_create(const char *opn, const char *const *names, ctpu_trec *const *in, const op_args *a,
+                      ctpu_node *n)
+{
+    (void)names, (void)in;
+    return ctpu__validate_shape(opn, a->ndim, a->shape, (ctpu_dtype)a->dtype, &n->out);
+}
+
+/* copy and the backward helpers: their builders set the output type */
+static bool sh_given(const char *opn, const char *const *names, ctpu_trec *const *in, const op_args *a,
+                     ctpu_node *n)
+{
+    (void)names, (void)in, (void)a, (void)n;
+    ctpu_set_error(CTPU_ERR_STATE, "%s: is built with its output type, not dispatched from arguments", opn);
+    return false;
+}
+
+static const struct {
+    shape_rule_fn fn;
+    const char *const *names;   /* the inputs' names in errors */
+} shape_rules[CTPU_SH_RULE_COUNT] = {
+    [CTPU_SH_SAME] = { sh_same, NM_A },
+    [CTPU_SH_BROADCAST] = { sh_broadcast, NM_AB },
+    [CTPU_SH_REDUCE] = { sh_reduce, NM_A },
+    [CTPU_SH_ARGREDUCE] = { sh_argreduce, NM_A },
+    [CTPU_SH_ALONG] = { sh_along, NM_A },
+    [CTPU_SH_RESHAPE] = { sh_reshape, NM_A },
+    [CTPU_SH_PERMUTE] = { sh_permute, NM_A },
+    [CTPU_SH_SLICE] = { sh_slice, NM_A },
+    [CTPU_SH_CONCAT] = { sh_concat, NM_TS },
+    [CTPU_SH_EXPAND] = { sh_expand, NM_A },
+    [CTPU_SH_EMBEDDING] = { sh_embedding, NM_EMBEDDING },
+    [CTPU_SH_GATHER] = { sh_gather, NM_GATHER },
+    [CTPU_SH_MATMUL] = { sh_matmul, NM_AB },
+    [CTPU_SH_CREATE] = { sh_create, NULL },
+    [CTPU_SH_GIVEN] = { sh_given, NULL },
+};
+
+/* ------------------------------------------------------------ dtype rules
+ * One function per CTPU_DT_* id: the output dtype (PyTorch promotion). */
+typedef bool (*dtype_rule_fn)(const char *opn, ctpu_trec *const *in, const op_args *a, ctpu_node *n);
+
+static ctpu_dtype in_dt(ctpu_trec *const *in, int i) { return (ctpu_dtype)in[i]->type.dtype; }
+static ctpu_dtype floated(ctpu_dtype d) { return d == CTPU_I32 ? CTPU_F32 : d; }
+
+#define DT_RULE(name, expr)                                                                       \
+    static bool name(const char *opn, ctpu_trec *const *in, const op_args *a, ctpu_node *n)      \
+    {                                                                                             \
+        (void)opn, (void)in, (void)a;                                                             \
+        n->out.dtype = (uint8_t)(expr);                                                           \
+        return true;                                                                              \
+    }
+DT_RULE(dt_same, in_dt(in, 0))
+DT_RULE(dt_float, floated(in_dt(in, 0)))
+DT_RULE(dt_promote, promote(in_dt(in, 0), in_dt(in, 1)))
+DT_RULE(dt_promote_float, floated(promote(in_dt(in, 0), in_dt(in, 1))))
+DT_RULE(dt_mask, CTPU_F32)
+DT_RULE(dt_where, promote(in_dt(in, 1), in_dt(in, 2)))
+DT_RULE(dt_index, CTPU_I32)
+DT_RULE(dt_matmul, in_dt(in, 0) == CTPU_I32 ? CTPU_I32
+                   : in_dt(in, 0) == CTPU_BF16 && in_dt(in, 1) == CTPU_BF16 ? CTPU_BF16 : CTPU_F32)
+DT_RULE(dt_arg, a->dtype)
+DT_RULE(dt_given, n->out.dtype)
+#undef DT_RULE
+
+static bool dt_cast(const char *opn, ctpu_trec *const *in, const op_args *a, ctpu_node *n)
+{
+    (void)in;
+    if ((unsigned)a->dtype >= CTPU_DTYPE_COUNT) {
+        ctpu_set_error(CTPU_ERR_DTYPE, "%s: dt=%d is not a ctpu_dtype", opn, a->dtype);
+        return false;
+    }
+    n->out.dtype = (uint8_t)a->dtype;
+    n->attr.extra = a->dtype;
+    return true;
+}
+
+static const dtype_rule_fn dtype_rules[CTPU_DT_RULE_COUNT] = {
+    [CTPU_DT_SAME] = dt_same,
+    [CTPU_DT_FLOAT] = dt_float,
+    [CTPU_DT_PROMOTE] = dt_promote,
+    [CTPU_DT_PROMOTE_FLOAT] = dt_promote_float,
+    [CTPU_DT_MASK] = dt_mask,
+    [CTPU_DT_WHERE] = dt_where,
+    [CTPU_DT_INDEX] = dt_index,
+    [CTPU_DT_MATMUL] = dt_matmul,
+    [CTPU_DT_CAST] = dt_cast,
+    [CTPU_DT_ARG] = dt_arg,
+    [CTPU_DT_GIVEN] = dt_given,
+};
+
+bool ctpu__test_op_rules_defined(int op)
+{
+    if (op < 0 || op >= CTPU_OP_COUNT) return false;
+    const ctpu_op_info *o = &ctpu_op_infos[op];
+    return o->shape_rule < CTPU_SH_RULE_COUNT && shape_rules[o->shape_rule].fn &&
+           o->dtype_rule < CTPU_DT_RULE_COUNT && dtype_rules[o->dtype_rule];
+}
+
+/* ------------------------------------------------------------ the op's node */
+/* The node of op applied to n_in resolved inputs: its shape rule, then its
+ * dtype rule (both from the op's row). */
+static bool infer(int op, const char *opn, int n_in, ctpu_trec *const *in, const op_args *a, ctpu_node *n)
+{
+    const ctpu_op_info *o = &ctpu_op_infos[op];
+    *n = (ctpu_node){ .op = (uint16_t)op, .n_in = (uint8_t)n_in, .n_scalars = (uint8_t)a->n_scalars };
+    n->attr.flags = a->flags;
+    const char *const *names = a->names ? a->names : shape_rules[o->shape_rule].names;
+    return shape_rules[o->shape_rule].fn(opn, names, in, a, n) && dtype_rules[o->dtype_rule](opn, in, a, n);
+}
+
+/* Resolve the inputs, build the node, dispatch it (a view for view ops). */
+static ctpu_tensor apply(int op, int n_in, const ctpu_tensor *ts, const op_args *a, const double *scalars)
+{
+    const char *opn = a->opn ? a->opn : ctpu_op_name(op);
+    ctpu_trec *in[CTPU_NODE_MAX_IN];
+    if (n_in == 0) {
+        if (!ctpu_check_init(opn)) return CTPU_NULL;
+    } else {
+        const char *const *names = a->names ? a->names : shape_rules[ctpu_op_infos[op].shape_rule].names;
+        if (!get_inputs(opn, n_in, ts, names, in)) return CTPU_NULL;
+    }
+    ctpu_node n;
+    if (!infer(op, opn, n_in, in, a, &n)) return CTPU_NULL;
+    if (ctpu_op_is(op, CTPU_OPK_VIEW)) return make_view(&n, in[0], ts[0], in[0]->off);
+    return n_in ? ctpu_dispatch(&n, in, ts, scalars) : ctpu_dispatch(&n, NULL, NULL, scalars);
+}
+
+/* ------------------------------------------------------------ elementwise */
+static ctpu_tensor unary(int op, ctpu_tensor a) { return apply(op, 1, &a, &(op_args){ 0 }, NULL); }
+
+ctpu_tensor ctpu_neg(ctpu_tensor a) { return unary(CTPU_OP_NEG, a); }
+ctpu_tensor ctpu_abs(ctpu_tensor a) { return unary(CTPU_OP_ABS, a); }
+ctpu_tensor ctpu_exp(ctpu_tensor a) { return unary(CTPU_OP_EXP, a); }
+ctpu_tensor ctpu_log(ctpu_tensor a) { return unary(CTPU_OP_LOG, a); }
+ctpu_tensor ctpu_sqrt(ctpu_tensor a) { return unary(CTPU_OP_SQRT, a); }
+ctpu_tensor ctpu_rsqrt(ctpu_tensor a) { return unary(CTPU_OP_RSQRT, a); }
+ctpu_tensor ctpu_tanh(ctpu_tensor a) { return unary(CTPU_OP_TANH, a); }
+ctpu_tensor ctpu_sigmoid(ctpu_tensor a) { return unary(CTPU_OP_SIGMOID, a); }
+ctpu_tensor ctpu_relu(ctpu_tensor a) { return unary(CTPU_OP_RELU, a); }
+ctpu_tensor ctpu_gelu(ctpu_tensor a, bool tanh_approx)
+{
+    return unary(tanh_approx ? CTPU_OP_GELU_TANH : CTPU_OP_GELU_ERF, a);
+}
+
+static ctpu_tensor binary(int op, ctpu_tensor a, ctpu_tensor b)
+{
+    ctpu_tensor ts[2] = { a, b };
+    return apply(op, 2, ts, &(op_args){ 0 }, NULL);
+}
+
+ctpu_tensor ctpu_add(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_ADD, a, b); }
+ctpu_tensor ctpu_sub(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_SUB, a, b); }
+ctpu_tensor ctpu_mul(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_MUL, a, b); }
+ctpu_tensor ctpu_div(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_DIV, a, b); }
+ctpu_tensor ctpu_pow(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_POW, a, b); }
+ctpu_tensor ctpu_maximum(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_MAXIMUM, a, b); }
+ctpu_tensor ctpu_minimum(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_MINIMUM, a, b); }
+ctpu_tensor ctpu_eq(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_EQ, a, b); }
+ctpu_tensor ctpu_ne(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_NE, a, b); }
+ctpu_tensor ctpu_lt(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_LT, a, b); }
+ctpu_tensor ctpu_le(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_LE, a, b); }
+ctpu_tensor ctpu_gt(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_GT, a, b); }
+ctpu_tensor ctpu_ge(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_GE, a, b); }
+
+static ctpu_tensor scalar_op(int op, ctpu_tensor a, double s, bool scalar_first)
+{
+    op_args args = { .n_scalars = 1, .flags = scalar_first ? CTPU_ATTR_SCALAR_FIRST : 0 };
+    return apply(op, 1, &a, &args, &s);
+}
+
+ctpu_tensor ctpu_add_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_ADD_SCALAR, a, s, false); }
+ctpu_tensor ctpu_sub_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_SUB_SCALAR, a, s, false); }
+ctpu_tensor ctpu_mul_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_MUL_SCALAR, a, s, false); }
+ctpu_tensor ctpu_div_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_DIV_SCALAR, a, s, false); }
+ctpu_tensor ctpu_pow_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_POW_SCALAR, a, s, false); }
+ctpu_tensor ctpu_maximum_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_MAXIMUM_SCALAR, a, s, false); }
+ctpu_tensor ctpu_minimum_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_MINIMUM_SCALAR, a, s, false); }
+ctpu_tensor ctpu_rsub_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_SUB_SCALAR, a, s, true); }
+ctpu_tensor ctpu_rdiv_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_DIV_SCALAR, a, s, true); }
+ctpu_tensor ctpu_rpow_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_POW_SCALAR, a, s, true); }
+ctpu_tensor ctpu_eq_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_EQ_SCALAR, a, s, false); }
+ctpu_tensor ctpu_ne_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_NE_SCALAR, a, s, false); }
+ctpu_tensor ctpu_lt_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_LT_SCALAR, a, s, false); }
+ctpu_tensor ctpu_le_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_LE_SCALAR, a, s, false); }
+ctpu_tensor ctpu_gt_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_GT_SCALAR, a, s, false); }
+ctpu_tensor ctpu_ge_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_GE_SCALAR, a, s, false); }
+
+
+ctpu_tensor ctpu_where(ctpu_tensor cond, ctpu_tensor a, ctpu_tensor b)
+{
+    ctpu_tensor ts[3] = { cond, a, b };
+    return apply(CTPU_OP_WHERE, 3, ts, &(op_args){ .names = NM_WHERE }, NULL);
+}
+
+ctpu_tensor ctpu_clamp(ctpu_tensor a, double lo, double hi)
+{
+    double s[2] = { lo, hi };
+    return apply(CTPU_OP_CLAMP, 1, &a, &(op_args){ .n_scalars = 2 }, s);
+}
+
+ctpu_tensor ctpu_cast(ctpu_tensor a, ctpu_dtype dt)
+{
+    return apply(CTPU_OP_CAST, 1, &a, &(op_args){ .dtype = (int)dt }, NULL);
+}
+
+/* ------------------------------------------------------------ reductions */
+static ctpu_tensor reduction(int op, ctpu_tensor a, int ndims, const int *dims, bool keepdim, int64_t corr)
+{
+    op_args args = { .n_dims = ndims, .dims = dims, .keepdim = keepdim, .correction = corr };
+    return apply(op, 1, &a, &args, NULL);
 }
 
 ctpu_tensor ctpu_sum(ctpu_tensor a, int nd, const int *d, bool k) { return reduction(CTPU_OP_SUM, a, nd, d, k, 0); }
@@ -479,34 +909,17 @@ ctpu_tensor ctpu_var(ctpu_tensor a, int nd, const int *d, int correction, bool k
 
 ctpu_tensor ctpu_argmax(ctpu_tensor a, int dim, bool keepdim)
 {
-    static const char *const nm[] = { "a" };
-    ctpu_trec *in[1];
-    if (!get_inputs("argmax", 1, &a, nm, in)) return CTPU_NULL;
-    int d = norm_dim("argmax", dim, in[0], "dim");
-    if (d < 0) return CTPU_NULL;
-    ctpu_node n = { .op = CTPU_OP_ARGMAX, .n_in = 1 };
-    if (!reduce_dims("argmax", in[0], in[0]->type.ndim ? 1 : 0, &d, keepdim, &n)) return CTPU_NULL;
-    n.out.dtype = CTPU_I32;
-    if (in[0]->type.ndim && in[0]->type.shape[d] == 0) {
-        char tb[128];
-        ctpu_set_error(CTPU_ERR_SHAPE, "argmax: a is %s: dim %d has extent 0", ctpu_fmt_type(&in[0]->type, tb, sizeof tb), d);
-        return CTPU_NULL;
-    }
-    return ctpu_dispatch(&n, in, &a, NULL);
+    return apply(CTPU_OP_ARGMAX, 1, &a, &(op_args){ .dim = dim, .keepdim = keepdim }, NULL);
 }
 
 static ctpu_tensor softmax_op(int op, ctpu_tensor a, int dim)
 {
-    static const char *const nm[] = { "a" };
-    ctpu_trec *in[1];
     const char *opn = ctpu_op_name(op);
-    if (!get_inputs(opn, 1, &a, nm, in)) return CTPU_NULL;
-    int d = norm_dim(opn, dim, in[0], "dim");
-    if (d < 0) return CTPU_NULL;
-    ctpu_node n = { .op = (uint16_t)op, .n_in = 1, .out = in[0]->type };
-    if (n.out.dtype == CTPU_I32) n.out.dtype = CTPU_F32;
+    ctpu_trec *in[1];
+    if (!get_inputs(opn, 1, &a, NM_A, in)) return CTPU_NULL;
     if (in[0]->type.ndim == 0) {
         /* a 0-d tensor: softmax over its single element, as a [1] */
+        if (norm_dim(opn, dim, in[0], "dim") < 0) return CTPU_NULL;
         int64_t one = 1;
         ctpu_tensor v = ctpu_reshape(a, 1, &one);
         ctpu_tensor r = ctpu_is_null(v) ? v : softmax_op(op, v, 0);
@@ -515,8 +928,8 @@ static ctpu_tensor softmax_op(int op, ctpu_tensor a, int dim)
         if (!ctpu_is_null(r)) ctpu_release(r);
         return o;
     }
-    n.attr.dims[0] = d;
-    n.attr.n_dims = 1;
+    ctpu_node n;
+    if (!infer(op, opn, 1, in, &(op_args){ .dim = dim }, &n)) return CTPU_NULL;
     return ctpu_dispatch(&n, in, &a, NULL);
 }
 
@@ -526,52 +939,13 @@ ctpu_tensor ctpu_log_softmax(ctpu_tensor a, int dim) { return softmax_op(CTPU_OP
 /* ------------------------------------------------------------ data movement */
 ctpu_tensor ctpu_reshape(ctpu_tensor a, int ndim, const int64_t *shape)
 {
-    static const char *const nm[] = { "a" };
-    ctpu_trec *in[1];
-    if (!get_inputs("reshape", 1, &a, nm, in)) return CTPU_NULL;
-    char tb[128];
-    if (ndim < 0 || ndim > CTPU_MAX_DIMS || (ndim > 0 && !shape)) {
-        ctpu_set_error(CTPU_ERR_SHAPE, "reshape: a is %s: ndim=%d%s", ctpu_fmt_type(&in[0]->type, tb, sizeof tb),
-                       ndim, ndim > 0 && !shape ? " with shape NULL" : " is outside [0, 8]");
-        return CTPU_NULL;
-    }
-    ctpu_vtype t = { .dtype = in[0]->type.dtype, .ndim = (uint8_t)ndim };
-    int infer = -1;
-    int64_t known = 1, numel = ctpu_vtype_numel(&in[0]->type);
-    for (int d = 0; d < ndim; d++) {
-        if (shape[d] == -1 && infer < 0) { infer = d; continue; }
-        if (shape[d] < 0) {
-            ctpu_set_error(CTPU_ERR_SHAPE, "reshape: a is %s: shape[%d]=%lld is invalid",
-                           ctpu_fmt_type(&in[0]->type, tb, sizeof tb), d, (long long)shape[d]);
-            return CTPU_NULL;
-        }
-        t.shape[d] = shape[d];
-        if (shape[d] && known > INT64_MAX / shape[d]) known = INT64_MAX;
-        else known *= shape[d];
-    }
-    if (infer >= 0) {
-        if (known == 0 || numel % known) {
-            ctpu_set_error(CTPU_ERR_SHAPE, "reshape: a is %s: cannot infer dim %d from %lld elements",
-                           ctpu_fmt_type(&in[0]->type, tb, sizeof tb), infer, (long long)numel);
-            return CTPU_NULL;
-        }
-        t.shape[infer] = numel / known;
-        known = numel;
-    }
-    if (known != numel) {
-        ctpu_set_error(CTPU_ERR_SHAPE, "reshape: a is %s (%lld elements): the new shape has %lld",
-                       ctpu_fmt_type(&in[0]->type, tb, sizeof tb), (long long)numel, (long long)known);
-        return CTPU_NULL;
-    }
-    ctpu_node n = { .op = CTPU_OP_RESHAPE, .out = t };
-    return make_view(&n, in[0], a, in[0]->off);
+    return apply(CTPU_OP_RESHAPE, 1, &a, &(op_args){ .ndim = ndim, .shape = shape }, NULL);
 }
 
 ctpu_tensor ctpu_contiguous(ctpu_tensor a)
 {
-    static const char *const nm[] = { "a" };
     ctpu_trec *in[1];
-    if (!get_inputs("contiguous", 1, &a, nm, in)) return CTPU_NULL;
+    if (!get_inputs("contiguous", 1, &a, NM_A, in)) return CTPU_NULL;
     /* every ctpu tensor is stored contiguous: a new handle to the same value */
     ctpu_node n = { .op = CTPU_OP_RESHAPE, .out = in[0]->type };
     return make_view(&n, in[0], a, in[0]->off);
@@ -579,31 +953,7 @@ ctpu_tensor ctpu_contiguous(ctpu_tensor a)
 
 ctpu_tensor ctpu_permute(ctpu_tensor a, const int *perm)
 {
-    static const char *const nm[] = { "a" };
-    ctpu_trec *in[1];
-    if (!get_inputs("permute", 1, &a, nm, in)) return CTPU_NULL;
-    int nd = in[0]->type.ndim;
-    char tb[128];
-    if (!perm && nd > 0) {
-        ctpu_set_error(CTPU_ERR_INVALID_ARG, "permute: perm is NULL for a %s", ctpu_fmt_type(&in[0]->type, tb, sizeof tb));
-        return CTPU_NULL;
-    }
-    ctpu_node n = { .op = CTPU_OP_PERMUTE, .n_in = 1, .out = in[0]->type };
-    uint32_t seen = 0;
-    for (int d = 0; d < nd; d++) {
-        int p = perm[d];
-        if (p < 0) p += nd;
-        if (p < 0 || p >= nd || (seen & (1u << p))) {
-            ctpu_set_error(CTPU_ERR_SHAPE, "permute: a is %s: perm[%d]=%d is not a permutation of [0, %d)",
-                           ctpu_fmt_type(&in[0]->type, tb, sizeof tb), d, perm[d], nd);
-            return CTPU_NULL;
-        }
-        seen |= 1u << p;
-        n.attr.dims[d] = p;
-        n.out.shape[d] = in[0]->type.shape[p];
-    }
-    n.attr.n_dims = nd;
-    return ctpu_dispatch(&n, in, &a, NULL);
+    return apply(CTPU_OP_PERMUTE, 1, &a, &(op_args){ .dims = perm }, NULL);
 }
 
 ctpu_tensor ctpu_transpose(ctpu_tensor a, int d0, int d1)
@@ -620,40 +970,20 @@ ctpu_tensor ctpu_transpose(ctpu_tensor a, int d0, int d1)
 
 ctpu_tensor ctpu_slice(ctpu_tensor a, int dim, int64_t start, int64_t end, int64_t step)
 {
-    static const char *const nm[] = { "a" };
     ctpu_trec *in[1];
-    if (!get_inputs("slice", 1, &a, nm, in)) return CTPU_NULL;
-    char tb[128];
-    if (in[0]->type.ndim == 0) {
-        ctpu_set_error(CTPU_ERR_SHAPE, "slice: a is %s: cannot slice a 0-d tensor", ctpu_fmt_type(&in[0]->type, tb, sizeof tb));
-        return CTPU_NULL;
-    }
-    int d = norm_dim("slice", dim, in[0], "dim");
-    if (d < 0) return CTPU_NULL;
-    if (step < 1) {
-        ctpu_set_error(CTPU_ERR_INVALID_ARG, "slice: step=%lld must be >= 1", (long long)step);
-        return CTPU_NULL;
-    }
-    int64_t e = in[0]->type.shape[d];
-    if (start < 0) start = start < -e ? 0 : start + e;
-    if (end < 0) end = end < -e ? 0 : end + e;
-    if (start > e) start = e;
-    if (end > e) end = e;
-    int64_t len = end > start ? (end - start - 1) / step + 1 : 0;   /* no overflow for a huge step */
-    ctpu_node n = { .op = CTPU_OP_SLICE, .n_in = 1, .out = in[0]->type };
-    n.out.shape[d] = len;
-    n.attr.dims[0] = d;
-    n.attr.n_dims = 1;
-    n.attr.i64[0] = start;
-    n.attr.i64[1] = end;
-    n.attr.i64[2] = step;
+    if (!get_inputs("slice", 1, &a, NM_A, in)) return CTPU_NULL;
+    ctpu_node n;
+    op_args args = { .dim = dim, .start = start, .end = end, .step = step };
+    if (!infer(CTPU_OP_SLICE, "slice", 1, in, &args, &n)) return CTPU_NULL;
     /* a contiguous slice is a view: all dims before d have extent 1 */
-    bool view = step == 1 || len <= 1;
+    int d = n.attr.dims[0];
+    int64_t len = n.out.shape[d];
+    bool view = n.attr.i64[2] == 1 || len <= 1;
     for (int k = 0; k < d; k++) if (in[0]->type.shape[k] != 1) view = false;
     if (view) {
         int64_t inner = 1;
         for (int k = d + 1; k < in[0]->type.ndim; k++) inner *= in[0]->type.shape[k];
-        size_t off = in[0]->off + (size_t)(start * inner) * ctpu_kdt_size(in[0]->type.dtype);
+        size_t off = in[0]->off + (size_t)(n.attr.i64[0] * inner) * ctpu_kdt_size(in[0]->type.dtype);
         if (len == 0) off = in[0]->off;
         return make_view(&n, in[0], a, off);
     }
@@ -685,178 +1015,56 @@ ctpu_tensor ctpu_concat(int count, const ctpu_tensor *ts, int dim)
         }
         return acc;
     }
-    ctpu_trec *in[CTPU_NODE_MAX_IN];
-    for (int i = 0; i < count; i++) {
-        in[i] = ctpu_rec_get(ts[i], "concat", "ts[i]", true);
-        if (!in[i]) return CTPU_NULL;
-    }
-    int d = norm_dim("concat", dim, in[0], "dim");
-    if (d < 0) return CTPU_NULL;
-    char ta[128], tb[128];
-    if (in[0]->type.ndim == 0) {
-        ctpu_set_error(CTPU_ERR_SHAPE, "concat: ts[0] is %s: cannot concatenate 0-d tensors",
-                       ctpu_fmt_type(&in[0]->type, ta, sizeof ta));
-        return CTPU_NULL;
-    }
-    ctpu_node n = { .op = CTPU_OP_CONCAT, .n_in = (uint8_t)count, .out = in[0]->type };
-    n.attr.extra = d;
-    int64_t total = 0;
-    for (int i = 0; i < count; i++) {
-        const ctpu_vtype *t = &in[i]->type;
-        bool ok = t->dtype == in[0]->type.dtype && t->ndim == in[0]->type.ndim;
-        for (int k = 0; ok && k < t->ndim; k++) ok = k == d || t->shape[k] == in[0]->type.shape[k];
-        if (!ok) {
-            ctpu_set_error(t->dtype != in[0]->type.dtype ? CTPU_ERR_DTYPE : CTPU_ERR_SHAPE,
-                           "concat: ts[0] is %s, ts[%d] is %s: must match in dtype and in every dim but %d",
-                           ctpu_fmt_type(&in[0]->type, ta, sizeof ta), i, ctpu_fmt_type(t, tb, sizeof tb), d);
-            return CTPU_NULL;
-        }
-        total += t->shape[d];
-    }
-    n.out.shape[d] = total;
-    return ctpu_dispatch(&n, in, ts, NULL);
+    return apply(CTPU_OP_CONCAT, count, ts, &(op_args){ .dim = dim }, NULL);
 }
 
 ctpu_tensor ctpu_expand(ctpu_tensor a, int ndim, const int64_t *shape)
 {
-    static const char *const nm[] = { "a" };
-    ctpu_trec *in[1];
-    if (!get_inputs("expand", 1, &a, nm, in)) return CTPU_NULL;
-    const ctpu_vtype *t = &in[0]->type;
-    char tb[128];
-    if (ndim < t->ndim || ndim > CTPU_MAX_DIMS || (ndim && !shape)) {
-        ctpu_set_error(CTPU_ERR_SHAPE, "expand: a is %s: ndim=%d must be in [%d, 8] with a shape",
-                       ctpu_fmt_type(t, tb, sizeof tb), ndim, t->ndim);
-        return CTPU_NULL;
-    }
-    ctpu_node n = { .op = CTPU_OP_EXPAND, .n_in = 1, .out = { .dtype = t->dtype, .ndim = (uint8_t)ndim } };
-    for (int d = 0; d < ndim; d++) {
-        int id = d - (ndim - t->ndim);
-        int64_t want = shape[d];
-        int64_t have = id >= 0 ? t->shape[id] : 1;
-        if (want == -1 && id >= 0) want = have;
-        if (want < 0 || (have != 1 && have != want)) {
-            ctpu_set_error(CTPU_ERR_SHAPE, "expand: a is %s: cannot expand dim %d (extent %lld) to %lld",
-                           ctpu_fmt_type(t, tb, sizeof tb), d, (long long)have, (long long)shape[d]);
-            return CTPU_NULL;
-        }
-        n.out.shape[d] = want;
-    }
-    ctpu_vtype chk;   /* the element count must not overflow (2^40 x 2^40 wrapped to 0) */
-    if (!ctpu__validate_shape("expand", ndim, n.out.shape, (ctpu_dtype)t->dtype, &chk)) return CTPU_NULL;
-    return ctpu_dispatch(&n, in, &a, NULL);
+    return apply(CTPU_OP_EXPAND, 1, &a, &(op_args){ .ndim = ndim, .shape = shape }, NULL);
 }
 
 ctpu_tensor ctpu_embedding(ctpu_tensor weight, ctpu_tensor indices)
 {
-    static const char *const nm[] = { "weight", "indices" };
     ctpu_tensor ts[2] = { weight, indices };
-    ctpu_trec *in[2];
-    if (!get_inputs("embedding", 2, ts, nm, in)) return CTPU_NULL;
-    char ta[128], tb[128];
-    const ctpu_vtype *w = &in[0]->type, *ix = &in[1]->type;
-    if (w->ndim != 2 || w->dtype == CTPU_I32 || ix->dtype != CTPU_I32 || ix->ndim >= CTPU_MAX_DIMS) {
-        ctpu_set_error(w->ndim != 2 || ix->ndim >= CTPU_MAX_DIMS ? CTPU_ERR_SHAPE : CTPU_ERR_DTYPE,
-                       "embedding: weight is %s, indices is %s: need weight f32/bf16 [V,D] and i32 indices of < 8 dims",
-                       ctpu_fmt_type(w, ta, sizeof ta), ctpu_fmt_type(ix, tb, sizeof tb));
-        return CTPU_NULL;
-    }
-    ctpu_node n = { .op = CTPU_OP_EMBEDDING, .n_in = 2, .out = *ix };
-    n.out.dtype = w->dtype;
-    n.out.shape[n.out.ndim++] = w->shape[1];
-    return ctpu_dispatch(&n, in, ts, NULL);
+    return apply(CTPU_OP_EMBEDDING, 2, ts, &(op_args){ 0 }, NULL);
 }
 
 ctpu_tensor ctpu_gather(ctpu_tensor a, int dim, ctpu_tensor index)
 {
-    static const char *const nm[] = { "a", "index" };
     ctpu_tensor ts[2] = { a, index };
-    ctpu_trec *in[2];
-    if (!get_inputs("gather", 2, ts, nm, in)) return CTPU_NULL;
-    char ta[128], tb[128];
-    const ctpu_vtype *t = &in[0]->type, *ix = &in[1]->type;
-    int d = norm_dim("gather", dim, in[0], "dim");
-    if (d < 0) return CTPU_NULL;
-    bool ok = ix->dtype == CTPU_I32 && ix->ndim == t->ndim;
-    for (int k = 0; ok && k < t->ndim; k++) ok = k == d || ix->shape[k] <= t->shape[k];
-    if (!ok || t->ndim == 0) {
-        ctpu_set_error(ix->dtype != CTPU_I32 ? CTPU_ERR_DTYPE : CTPU_ERR_SHAPE,
-                       "gather: a is %s, index is %s: index must be i32 with a's ndim and extents <= a's (but dim %d)",
-                       ctpu_fmt_type(t, ta, sizeof ta), ctpu_fmt_type(ix, tb, sizeof tb), d);
-        return CTPU_NULL;
-    }
-    ctpu_node n = { .op = CTPU_OP_GATHER, .n_in = 2, .out = *ix };
-    n.out.dtype = t->dtype;
-    n.attr.extra = d;
-    return ctpu_dispatch(&n, in, ts, NULL);
+    return apply(CTPU_OP_GATHER, 2, ts, &(op_args){ .dim = dim }, NULL);
 }
 
 /* ------------------------------------------------------------ matmul */
 ctpu_tensor ctpu_matmul(ctpu_tensor a, ctpu_tensor b)
 {
-    static const char *const nm[] = { "a", "b" };
     ctpu_tensor ts[2] = { a, b };
     ctpu_trec *in[2];
-    if (!get_inputs("matmul", 2, ts, nm, in)) return CTPU_NULL;
-    ctpu_vtype ta = in[0]->type, tb = in[1]->type;
-    char sa[128], sb[128];
-    if (ta.ndim == 0 || tb.ndim == 0) {
-        ctpu_set_error(CTPU_ERR_SHAPE, "matmul: a is %s, b is %s: both operands need at least 1 dim",
-                       ctpu_fmt_type(&ta, sa, sizeof sa), ctpu_fmt_type(&tb, sb, sizeof sb));
+    if (!get_inputs("matmul", 2, ts, NM_AB, in)) return CTPU_NULL;
+    ctpu_node n;
+    if (!infer(CTPU_OP_MATMUL, "matmul", 2, in, &(op_args){ .precision = (int)ctpu_rt->precision }, &n))
         return CTPU_NULL;
-    }
-    bool ia = ta.dtype == CTPU_I32, ib = tb.dtype == CTPU_I32;
-    if (ia != ib) {
-        ctpu_set_error(CTPU_ERR_DTYPE, "matmul: a is %s, b is %s: i32 matmul needs both operands i32",
-                       ctpu_fmt_type(&ta, sa, sizeof sa), ctpu_fmt_type(&tb, sb, sizeof sb));
-        return CTPU_NULL;
-    }
     /* torch.matmul: 1-D a is [1,K] (squeezed after), 1-D b is [K,1] */
-    bool sq_a = ta.ndim == 1, sq_b = tb.ndim == 1;
-    ctpu_vtype va = ta, vb = tb;
-    if (sq_a) { va.ndim = 2; va.shape[0] = 1; va.shape[1] = ta.shape[0]; }
-    if (sq_b) { vb.ndim = 2; vb.shape[0] = tb.shape[0]; vb.shape[1] = 1; }
-    if (va.ndim > CTPU_MAX_DIMS || vb.ndim > CTPU_MAX_DIMS) return CTPU_NULL;
-    int64_t K = va.shape[va.ndim - 1];
-    if (vb.shape[vb.ndim - 2] != K) {
-        ctpu_set_error(CTPU_ERR_SHAPE, "matmul: a is %s, b is %s: inner dims differ (%lld vs %lld)",
-                       ctpu_fmt_type(&ta, sa, sizeof sa), ctpu_fmt_type(&tb, sb, sizeof sb), (long long)K,
-                       (long long)vb.shape[vb.ndim - 2]);
-        return CTPU_NULL;
-    }
-    int ba = va.ndim - 2, bb = vb.ndim - 2, nb = ba > bb ? ba : bb;
-    ctpu_node n = { .op = CTPU_OP_MATMUL, .n_in = 2 };
-    n.out.ndim = (uint8_t)(nb + 2);
-    for (int d = 0; d < nb; d++) {
-        int da = d - (nb - ba), db = d - (nb - bb);
-        int64_t xa = da >= 0 ? va.shape[da] : 1, xb = db >= 0 ? vb.shape[db] : 1;
-        if (xa != xb && xa != 1 && xb != 1) {
-            ctpu_set_error(CTPU_ERR_SHAPE, "matmul: a is %s, b is %s: batch dims are not broadcastable (%lld vs %lld)",
-                           ctpu_fmt_type(&ta, sa, sizeof sa), ctpu_fmt_type(&tb, sb, sizeof sb), (long long)xa, (long long)xb);
-            return CTPU_NULL;
-        }
-        n.out.shape[d] = xa == 1 ? xb : xa;
-    }
-    n.out.shape[nb] = va.shape[va.ndim - 2];
-    n.out.shape[nb + 1] = vb.shape[vb.ndim - 1];
-    n.out.dtype = ia ? CTPU_I32 : (ta.dtype == CTPU_BF16 && tb.dtype == CTPU_BF16) ? CTPU_BF16 : CTPU_F32;
-    n.attr.extra = (int32_t)ctpu_rt->precision;
+    bool sq_a = in[0]->type.ndim == 1, sq_b = in[1]->type.ndim == 1;
+    if (!sq_a && !sq_b) return ctpu_dispatch(&n, in, ts, NULL);
+    int64_t va[2] = { 1, in[0]->type.shape[0] }, vb[2] = { in[1]->type.shape[0], 1 };
     ctpu_tensor vat = a, vbt = b;
-    if (sq_a) vat = ctpu_reshape(a, 2, va.shape);
-    if (sq_b) vbt = ctpu_reshape(b, 2, vb.shape);
+    if (sq_a) vat = ctpu_reshape(a, 2, va);
+    if (sq_b) vbt = ctpu_reshape(b, 2, vb);
     ctpu_tensor vt[2] = { vat, vbt };
     ctpu_trec *use[2] = { ctpu_rec_get(vat, "matmul", "a", true), ctpu_rec_get(vbt, "matmul", "b", true) };
     ctpu_tensor r = use[0] && use[1] ? ctpu_dispatch(&n, use, vt, NULL) : CTPU_NULL;
     if (sq_a && !ctpu_is_null(vat)) ctpu_release(vat);
     if (sq_b && !ctpu_is_null(vbt)) ctpu_release(vbt);
-    if (ctpu_is_null(r) || (!sq_a && !sq_b)) return r;
+    if (ctpu_is_null(r)) return r;
     /* squeeze the promoted dims */
-    ctpu_vtype o = n.out;
+    const ctpu_vtype *o = &n.out;
+    int nb = o->ndim - 2;
     int64_t shp[8];
     int k = 0;
-    for (int d = 0; d < nb; d++) shp[k++] = o.shape[d];
-    if (!sq_a) shp[k++] = o.shape[nb];
-    if (!sq_b) shp[k++] = o.shape[nb + 1];
+    for (int d = 0; d < nb; d++) shp[k++] = o->shape[d];
+    if (!sq_a) shp[k++] = o->shape[nb];
+    if (!sq_b) shp[k++] = o->shape[nb + 1];
     ctpu_tensor s = ctpu_reshape(r, k, shp);
     ctpu_release(r);
     return s;
@@ -864,58 +1072,13 @@ ctpu_tensor ctpu_matmul(ctpu_tensor a, ctpu_tensor b)
 
 /* ------------------------------------------------------------ transposed matmul
  * Also the matmul backward rule's matmul (autograd.c), at the precision of
- * the forward op. */
+ * the forward op: the matmul rule's transposed-operand form. */
 ctpu_tensor ctpu__matmul_t(ctpu_tensor a, ctpu_tensor b, bool ta, bool tb, int precision)
 {
     ctpu_tensor ts[2] = { a, b };
-    ctpu_trec *in[2];
-    if (!ctpu_check_init("matmul_t")) return CTPU_NULL;
-    for (int i = 0; i < 2; i++) {
-        in[i] = ctpu_rec_get(ts[i], "matmul_t", i ? "b" : "a", true);
-        if (!in[i]) return CTPU_NULL;
-    }
-    const ctpu_vtype *va = &in[0]->type, *vb = &in[1]->type;
-    char sa[128], sb[128];
-    if (va->ndim < 2 || vb->ndim < 2) {
-        ctpu_set_error(CTPU_ERR_SHAPE, "matmul_t: a is %s, b is %s: a transposed operand needs at least 2 dims",
-                       ctpu_fmt_type(va, sa, sizeof sa), ctpu_fmt_type(vb, sb, sizeof sb));
-        return CTPU_NULL;
-    }
-    if ((va->dtype == CTPU_I32) != (vb->dtype == CTPU_I32)) {
-        ctpu_set_error(CTPU_ERR_DTYPE, "matmul_t: a is %s, b is %s: i32 matmul needs both operands i32",
-                       ctpu_fmt_type(va, sa, sizeof sa), ctpu_fmt_type(vb, sb, sizeof sb));
-        return CTPU_NULL;
-    }
-    int ra = va->ndim, rb = vb->ndim;
-    int64_t M = ta ? va->shape[ra - 1] : va->shape[ra - 2], K = ta ? va->shape[ra - 2] : va->shape[ra - 1];
-    int64_t Kb = tb ? vb->shape[rb - 1] : vb->shape[rb - 2], N = tb ? vb->shape[rb - 2] : vb->shape[rb - 1];
-    if (K != Kb) {
-        ctpu_set_error(CTPU_ERR_SHAPE, "matmul_t: a is %s%s, b is %s%s: inner dims differ (%lld vs %lld)",
-                       ctpu_fmt_type(va, sa, sizeof sa), ta ? " (transposed)" : "",
-                       ctpu_fmt_type(vb, sb, sizeof sb), tb ? " (transposed)" : "", (long long)K, (long long)Kb);
-        return CTPU_NULL;
-    }
-    int ba = ra - 2, bb = rb - 2, nb = ba > bb ? ba : bb;
-    ctpu_node n = { .op = CTPU_OP_MATMUL, .n_in = 2 };
-    n.out.ndim = (uint8_t)(nb + 2);
-    for (int d = 0; d < nb; d++) {
-        int da = d - (nb - ba), db = d - (nb - bb);
-        int64_t xa = da >= 0 ? va->shape[da] : 1, xb = db >= 0 ? vb->shape[db] : 1;
-        if (xa != xb && xa != 1 && xb != 1) {
-            ctpu_set_error(CTPU_ERR_SHAPE, "matmul_t: a is %s, b is %s: batch dims are not broadcastable (%lld vs %lld)",
-                           ctpu_fmt_type(va, sa, sizeof sa), ctpu_fmt_type(vb, sb, sizeof sb), (long long)xa,
-                           (long long)xb);
-            return CTPU_NULL;
-        }
-        n.out.shape[d] = xa == 1 ? xb : xa;
-    }
-    n.out.shape[nb] = M;
-    n.out.shape[nb + 1] = N;
-    n.out.dtype = va->dtype == CTPU_I32 ? CTPU_I32
-                  : (va->dtype == CTPU_BF16 && vb->dtype == CTPU_BF16) ? CTPU_BF16 : CTPU_F32;
-    n.attr.extra = precision;
-    n.attr.flags = (ta ? CTPU_ATTR_TRANS_A : 0) | (tb ? CTPU_ATTR_TRANS_B : 0);
-    return ctpu_dispatch(&n, in, ts, NULL);
+    op_args args = { .opn = "matmul_t", .matmul_t = true, .precision = precision,
+                     .flags = (ta ? CTPU_ATTR_TRANS_A : 0) | (tb ? CTPU_ATTR_TRANS_B : 0) };
+    return apply(CTPU_OP_MATMUL, 2, ts, &args, NULL);
 }
 
 ctpu_tensor ctpu_matmul_t(ctpu_tensor a, ctpu_tensor b, bool transpose_a, bool transpose_b)
@@ -929,10 +1092,8 @@ ctpu_tensor ctpu_matmul_t(ctpu_tensor a, ctpu_tensor b, bool transpose_a, bool t
 static ctpu_tensor create(const char *opn, int op, ctpu_dtype dt, int ndim, const int64_t *shape,
                           const double *sc, int nsc)
 {
-    if (!ctpu_check_init(opn)) return CTPU_NULL;
-    ctpu_node n = { .op = (uint16_t)op, .n_in = 0, .n_scalars = (uint8_t)nsc };
-    if (!ctpu__validate_shape(opn, ndim, shape, dt, &n.out)) return CTPU_NULL;
-    return ctpu_dispatch(&n, NULL, NULL, sc);
+    op_args args = { .opn = opn, .ndim = ndim, .shape = shape, .dtype = (int)dt, .n_scalars = nsc };
+    return apply(op, 0, NULL, &args, sc);
 }
 
 ctpu_tensor ctpu_full(ctpu_dtype dt, int ndim, const int64_t *shape, double value)
@@ -980,12 +1141,12 @@ static ctpu_tensor rand_op(const char *opn, int op, ctpu_dtype dt, int ndim, con
         ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: parameters %g, %g are invalid", opn, p0, p1);
         return CTPU_NULL;
     }
-    ctpu_vtype vt;
-    if (!ctpu__validate_shape(opn, ndim, shape, dt, &vt)) return CTPU_NULL;
+    ctpu_node n;
+    op_args args = { .opn = opn, .ndim = ndim, .shape = shape, .dtype = (int)dt, .n_scalars = 4 };
+    if (!infer(op, opn, 0, NULL, &args, &n)) return CTPU_NULL;
     uint64_t seed, offset;
-    ctpu__rng_take((uint64_t)ctpu_vtype_numel(&vt), &seed, &offset);
+    ctpu__rng_take((uint64_t)ctpu_vtype_numel(&n.out), &seed, &offset);
     double sc[4] = { ctpu_bits_scalar(seed), ctpu_bits_scalar(offset), p0, p1 };
-    ctpu_node n = { .op = (uint16_t)op, .n_in = 0, .n_scalars = 4, .out = vt };
     return ctpu_dispatch(&n, NULL, NULL, sc);
 }
 

@@ -223,8 +223,9 @@ void ctpu__tensors_shutdown(ctpu_runtime *rt);
 void ctpu__ag_record(const ctpu_node *node, const ctpu_tensor *inputs, const double *scalars, ctpu_tensor out);
 /* Called when a record is released (drops its autograd metadata). */
 void ctpu__ag_release(ctpu_trec *rec);
-/* The op table's autograd column (autograd.c): 1 = a backward rule, 2 = no
- * gradient (comparisons, argmax, creation), 0 = missing (a test fails). */
+/* Autograd's rule table against the op table's gradient column (autograd.c):
+ * 1 = a backward rule, 2 = no gradient (comparisons, argmax, creation),
+ * 0 = the two disagree (a rule missing or extra: a test fails). */
 int ctpu__ag_rule_kind(int op);
 ctpu_status ctpu_dispatch_into(ctpu_node *node, ctpu_trec *const *inputs, const double *scalars,
                                ctpu_buffer *out, size_t out_off);
