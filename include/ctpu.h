@@ -268,6 +268,12 @@ CTPU_API ctpu_tensor ctpu_tanh(ctpu_tensor a);
 CTPU_API ctpu_tensor ctpu_sigmoid(ctpu_tensor a);
 CTPU_API ctpu_tensor ctpu_relu(ctpu_tensor a);
 CTPU_API ctpu_tensor ctpu_gelu(ctpu_tensor a, bool tanh_approx); /* tanh form or exact (erf) */
+/* SiLU (swish), torch.nn.functional.silu: a * sigmoid(a), computed as exactly
+ * those two ops (a composite: its gradient and fusion are theirs). Same shape
+ * as a; f32 or bf16 as a (i32 input -> f32). For bf16 the sigmoid is rounded
+ * to bf16 before the product (two roundings; torch rounds once). Errors: as
+ * ctpu_sigmoid and ctpu_mul (a null or stale handle: named "silu"). */
+CTPU_API ctpu_tensor ctpu_silu(ctpu_tensor a);
 
 CTPU_API ctpu_tensor ctpu_add(ctpu_tensor a, ctpu_tensor b);
 CTPU_API ctpu_tensor ctpu_sub(ctpu_tensor a, ctpu_tensor b);

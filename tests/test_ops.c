@@ -1617,6 +1617,47 @@ START_TEST(every_op_has_its_rules)
 }
 END_TEST
 
+/* silu (a composite) is x * sigmoid(x) bit for bit in every mode and dtype,
+ * with that composition's gradient; its errors name silu. */
+START_TEST(silu_is_its_composition)
+{
+    static const float xs[] = { -90.0f, -8.0f, -2.5f, -1.0f, -0.3f, -0.0f, 0.0f, 1e-8f, 0.5f, 1.0f, 3.25f, 20.0f, 88.5f };
+    static const ctpu_mode modes[] = { CTPU_MODE_STRICT, CTPU_MODE_DEBUG, CTPU_MODE_DEFER_FUSE };
+    int64_t n = (int64_t)(sizeof xs / sizeof xs[0]);
+    for (int m = 0; m < 3; m++) {
+        ck_assert_int_eq(ctpu_set_mode(modes[m]), CTPU_OK);
+        for (int bf = 0; bf < 2; bf++) {
+            ctpu_tensor x = t_f32(xs, 1, &n);
+            if (bf) x = ctpu_cast(x, CTPU_BF16);
+            ctpu_tensor y = ctpu_silu(x), want = ctpu_mul(x, ctpu_sigmoid(x));
+            ck_assert_msg(!ctpu_is_null(y), "silu: %s", ctpu_last_error());
+            ck_assert_int_eq(ctpu_dtype_of(y), bf ? CTPU_BF16 : CTPU_F32);
+            float *got = t_read(y, NULL), *exp = t_read(want, NULL);
+            for (int64_t i = 0; i < n; i++)
+                ck_assert_msg(t_same(got[i], exp[i]), "silu(%g) mode %d bf16 %d: %a, x*sigmoid(x) %a", xs[i], m, bf,
+                              got[i], exp[i]);
+            free(got);
+            free(exp);
+        }
+        /* the gradient: sigmoid(x) + x sigmoid(x) (1 - sigmoid(x)), through the composition */
+        ctpu_tensor x1 = t_f32(xs, 1, &n), x2 = t_f32(xs, 1, &n);
+        ck_assert_int_eq(ctpu_set_requires_grad(x1, true), CTPU_OK);
+        ck_assert_int_eq(ctpu_set_requires_grad(x2, true), CTPU_OK);
+        ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_silu(x1), 0, NULL, false)), CTPU_OK);
+        ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_mul(x2, ctpu_sigmoid(x2)), 0, NULL, false)), CTPU_OK);
+        float *g1 = t_read(ctpu_grad(x1), NULL), *g2 = t_read(ctpu_grad(x2), NULL);
+        for (int64_t i = 0; i < n; i++)
+            ck_assert_msg(t_same(g1[i], g2[i]), "silu'(%g) mode %d: %a vs %a", xs[i], m, g1[i], g2[i]);
+        free(g1);
+        free(g2);
+    }
+    ctpu_tensor x = T_VEC(1, 2);
+    ctpu_release(x);
+    ck_assert(ctpu_is_null(ctpu_silu(x)));
+    ck_assert_msg(t_contains(ctpu_last_error(), "silu"), "error: %s", ctpu_last_error());
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("ops");
@@ -1629,6 +1670,7 @@ static Suite *suite(void)
     tcase_set_timeout(c, 120);
     tcase_add_loop_test(c, op_conformance, 0, CTPU_OP_COUNT);
     tcase_add_test(c, dtype_promotion);
+    tcase_add_test(c, silu_is_its_composition);
     suite_add_tcase(s, c);
     return s;
 }

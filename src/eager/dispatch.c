@@ -887,6 +887,20 @@ ctpu_tensor ctpu_cast(ctpu_tensor a, ctpu_dtype dt)
     return apply(CTPU_OP_CAST, 1, &a, &(op_args){ .dtype = (int)dt }, NULL);
 }
 
+/* ------------------------------------------------------------ composites
+ * Compositions of existing ops (docs/DESIGN.md "Composite ops"): their
+ * gradient and their fusion come from the ops they are made of. */
+ctpu_tensor ctpu_silu(ctpu_tensor a)
+{
+    ctpu_trec *in[1];
+    if (!get_inputs("silu", 1, &a, NM_A, in)) return CTPU_NULL;
+    ctpu_tensor s = ctpu_sigmoid(a);
+    if (ctpu_is_null(s)) return s;
+    ctpu_tensor r = ctpu_mul(a, s);
+    ctpu_release(s);
+    return r;
+}
+
 /* ------------------------------------------------------------ reductions */
 static ctpu_tensor reduction(int op, ctpu_tensor a, int ndims, const int *dims, bool keepdim, int64_t corr)
 {
