@@ -150,6 +150,19 @@ CTPU_API ctpu_status ctpu_sync(void);
 
 /* ------------------------------------------------------------------ chip */
 
+/* Cloud TPU price plans (the pricing page's columns): on demand, DWS
+ * Flex-start, 1-year and 3-year commitments. TORCH_TPU_PRICE_PLAN chooses
+ * the one the cost table prices (default on_demand). */
+typedef enum {
+    CTPU_PRICE_ON_DEMAND = 0, /* "on_demand" */
+    CTPU_PRICE_FLEX_START = 1,/* "flex_start" (Dynamic Workload Scheduler) */
+    CTPU_PRICE_1Y = 2,        /* "1y": 1-year commitment */
+    CTPU_PRICE_3Y = 3,        /* "3y": 3-year commitment */
+    CTPU_PRICE_PLAN_COUNT
+} ctpu_price_plan;
+/* "on_demand", "flex_start", "1y", "3y"; "?" for anything else. */
+CTPU_API const char *ctpu_price_plan_name(ctpu_price_plan p);
+
 typedef struct {
     const char *name;        /* "v5e", "v5p", "v6e", "7x" */
     int mxu_size;            /* systolic array side: 128 or 256 */
@@ -158,8 +171,9 @@ typedef struct {
     uint64_t hbm_bytes;      /* HBM capacity, bytes */
     double hbm_gbps;         /* HBM bandwidth, GB/s (1e9 bytes/s) */
     double peak_bf16_flops;  /* peak dense bf16, FLOP/s */
-    double usd_per_chip_hour;/* on-demand list price, USD */
-    const char *source;      /* where the figures come from */
+    double usd_per_chip_hour[CTPU_PRICE_PLAN_COUNT]; /* list price per chip-hour, USD, by plan */
+    const char *price_region;/* the region the prices are quoted for, e.g. "us-central1" */
+    const char *source;      /* where the figures come from (pages, date checked) */
 } ctpu_chip_info;
 
 /* The emulated chip (TORCH_TPU_CHIP). NULL before init. */
@@ -538,8 +552,9 @@ CTPU_API ctpu_status ctpu_cost_matmul(const char *chip, int64_t batch, int64_t m
 typedef struct {
     const char *chip;          /* profile name */
     int mxu_size;              /* MXU side */
-    bool price_known;          /* false: no public on-demand price (7x) */
-    double usd_per_chip_hour;  /* on-demand list price; 0 if unknown */
+    bool price_known;          /* false: no public price for the plan (every profile has one today) */
+    double usd_per_chip_hour;  /* list price of the table's plan, USD; 0 if unknown */
+    const char *price_region;  /* the region that price is quoted for */
     double run_s;              /* estimated device seconds for the run */
     double step_s, epoch_s;    /* per step and per epoch, seconds */
     double mfu;                /* model FLOPs / (run_s * peak_bf16_flops), in [0,1] */
@@ -556,6 +571,7 @@ typedef struct {
     double model_flops;        /* useful matmul FLOPs of the run */
     double hbm_bytes;          /* estimated HBM traffic of the run on the current chip, bytes */
     double vector_ops;
+    ctpu_price_plan plan;      /* the plan the $ columns use (TORCH_TPU_PRICE_PLAN) */
 } ctpu_cost_table;
 
 /* The cost table of the run so far. Errors: CTPU_ERR_NOT_INITIALIZED,

@@ -238,6 +238,8 @@ static void uninitialised_sweep(void)
     cover("ctpu_cost_matmul");
     ck_assert_int_eq(ctpu_cost_matmul("v4", 1, 8, 8, 8, CTPU_BF16, CTPU_PRECISION_DEFAULT, &ce), CTPU_ERR_INVALID_ARG);
     ck_assert_int_eq(ctpu_cost_matmul("v5e", 1, 8, 8, 8, CTPU_BF16, CTPU_PRECISION_DEFAULT, &ce), CTPU_OK);
+    UN_OK(ctpu_price_plan_name, strcmp(ctpu_price_plan_name((ctpu_price_plan)-7), "?") == 0 &&
+                                    strcmp(ctpu_price_plan_name(CTPU_PRICE_3Y), "3y") == 0);
     cover("ctpu_cost_table_print");
     ck_assert_int_eq(ctpu_cost_table_print(NULL, NULL), CTPU_ERR_INVALID_ARG);
     cover("ctpu_report_render");
@@ -736,6 +738,8 @@ START_TEST(env_hostile_values)
         { "TORCH_TPU_HBM_LIMIT", "16M " },          { "TORCH_TPU_MATMUL_PRECISION", "high\t" },
         { "CTPU_NUM_THREADS", "4294967297" },        { "CTPU_NUM_THREADS", huge },
         { "TORCH_TPU_CACHE_ONLY", "99999999999999999999999" }, { "TORCH_TPU_DETECT_LOOPS", huge },
+        { "TORCH_TPU_PRICE_PLAN", "spot" },          { "TORCH_TPU_PRICE_PLAN", "1y\n" },
+        { "TORCH_TPU_PRICE_PLAN", huge },
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         ctpu_status st = init_with(bad[k].var, bad[k].value);

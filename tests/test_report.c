@@ -252,7 +252,9 @@ START_TEST(golden_report_text)
     ck_assert(t_contains(text, "2 recompiles per run from dim 0 of input 0 (8 -> 5"));
     ck_assert(t_contains(text, "a host read every step (loss.item) cuts the trace in two"));
     ck_assert(t_contains(text, "warm-up: 1 step before the cache went all-hit"));
-    ck_assert(t_contains(text, "7x (Ironwood) has no public on-demand price"));
+    ck_assert(t_contains(text, "$ = on_demand list price per chip-hour"));
+    ck_assert(t_contains(text, "7x us-central1"));
+    ck_assert(!t_contains(text, "n/a"));
     /* markdown renders too */
     char *md = render(json, "scenario", CTPU_REPORT_MARKDOWN);
     ck_assert(t_contains(md, "| chip | MXU |"));
@@ -546,11 +548,11 @@ START_TEST(cost_matmul_hand_computed)
     ck_assert(fabs(e.hbm_s - bytes / 819e9) < 1e-18);          /* 0.4801 us */
     ck_assert(fabs(e.total_s - bytes / 819e9) < 1e-18);        /* HBM-bound */
     ck_assert(e.vector_s == 0 && e.mxu_utilization == 1.0);
-    /* on v6e: 256x256 MXU, 918 TFLOP/s, 1640 GB/s */
+    /* on v6e: 256x256 MXU, 918 TFLOP/s, 1,638 GB/s */
     ck_assert_int_eq(ctpu_cost_matmul("v6e", 1, 256, 256, 256, CTPU_BF16, CTPU_PRECISION_DEFAULT, &e), CTPU_OK);
     ck_assert(fabs(e.mxu_s - 2 * macs / 918e12) < 1e-18);      /* 0.0366 us */
-    ck_assert(fabs(e.hbm_s - bytes / 1640e9) < 1e-18);         /* 0.2398 us */
-    ck_assert(fabs(e.total_s - bytes / 1640e9) < 1e-18);
+    ck_assert(fabs(e.hbm_s - bytes / 1638e9) < 1e-18);         /* 0.2401 us */
+    ck_assert(fabs(e.total_s - bytes / 1638e9) < 1e-18);
     ck_assert(e.mxu_utilization == 1.0);
     /* padding: [128,784]x[784,256] is 87.5% useful on 128x128 (K 784 -> 896) and
      * 128*784*256 / (256*1024*256) on 256x256 */
@@ -598,10 +600,10 @@ START_TEST(cost_table_strict_matmul)
         ck_assert_msg(fabs(t.rows[i].run_s - e.total_s) < 1e-15, "%s: %g vs %g", t.rows[i].chip, t.rows[i].run_s, e.total_s);
         ck_assert(fabs(t.rows[i].epoch_s - 10 * e.total_s) < 1e-14);
         ck_assert(fabs(t.rows[i].mfu - e.flops / (e.total_s * ctpu_chip_lookup(t.rows[i].chip)->peak_bf16_flops)) < 1e-12);
-        bool priced = strcmp(t.rows[i].chip, "7x") != 0;
-        ck_assert(t.rows[i].price_known == priced);
-        if (priced) ck_assert(fabs(t.rows[i].usd_run - e.total_s / 3600 * t.rows[i].usd_per_chip_hour) < 1e-18);
-        else ck_assert(t.rows[i].usd_run < 0);
+        /* every profile has a published price (7x: $12.00 on demand in us-central1) */
+        ck_assert(t.rows[i].price_known);
+        ck_assert(t.rows[i].usd_per_chip_hour == ctpu_chip_lookup(t.rows[i].chip)->usd_per_chip_hour[CTPU_PRICE_ON_DEMAND]);
+        ck_assert(fabs(t.rows[i].usd_run - e.total_s / 3600 * t.rows[i].usd_per_chip_hour) < 1e-18);
     }
     char *buf = NULL;
     size_t len = 0;
@@ -614,6 +616,69 @@ START_TEST(cost_table_strict_matmul)
     ck_assert_int_eq(ctpu_set_steps_per_epoch(-1), CTPU_ERR_INVALID_ARG);
     free(a);
     ctpu_shutdown();
+}
+END_TEST
+
+/* The published Cloud TPU price table (checked 2026-10-25), and
+ * TORCH_TPU_PRICE_PLAN choosing the column the cost table prices. */
+START_TEST(price_plans)
+{
+    static const struct { const char *chip, *region; double usd[4]; double hbm_gbps; } want[] = {
+        { "7x", "us-central1", { 12.00, 6.00, 8.40, 5.40 }, 7380 },
+        { "v6e", "asia-northeast1", { 3.24, 1.35, 2.27, 1.46 }, 1638 },
+        { "v5p", "us-east5", { 4.20, 2.10, 2.94, 1.89 }, 2765 },
+        { "v5e", "us-central1", { 1.20, 0.60, 0.84, 0.54 }, 819 },
+    };
+    for (int i = 0; i < 4; i++) {
+        const ctpu_chip_info *ci = ctpu_chip_lookup(want[i].chip);
+        ck_assert_ptr_nonnull(ci);
+        ck_assert_str_eq(ci->price_region, want[i].region);
+        ck_assert(ci->hbm_gbps == want[i].hbm_gbps);
+        for (int p = 0; p < 4; p++) ck_assert_msg(ci->usd_per_chip_hour[p] == want[i].usd[p], "%s plan %d", want[i].chip, p);
+        ck_assert(t_contains(ci->source, "2026-10-25"));
+    }
+    ck_assert_str_eq(ctpu_price_plan_name(CTPU_PRICE_ON_DEMAND), "on_demand");
+    ck_assert_str_eq(ctpu_price_plan_name(CTPU_PRICE_FLEX_START), "flex_start");
+    ck_assert_str_eq(ctpu_price_plan_name(CTPU_PRICE_1Y), "1y");
+    ck_assert_str_eq(ctpu_price_plan_name(CTPU_PRICE_3Y), "3y");
+    ck_assert_str_eq(ctpu_price_plan_name(CTPU_PRICE_PLAN_COUNT), "?");
+    ck_assert_str_eq(ctpu_price_plan_name((ctpu_price_plan)-1), "?");
+
+    static const char *const plans[] = { "on_demand", "flex_start", "1y", "3Y" };
+    for (int p = 0; p < 4; p++) {
+        env_base();
+        setenv("CTPU_QUIET", "1", 1);
+        setenv("TORCH_TPU_CHIP", "7x", 1);
+        setenv("TORCH_TPU_PRICE_PLAN", plans[p], 1);
+        ck_assert_int_eq(ctpu_init(), CTPU_OK);
+        int64_t sh[2] = { 256, 256 };
+        ctpu_tensor x = ctpu_zeros(CTPU_F32, 2, sh);
+        ck_assert(!ctpu_is_null(ctpu_matmul(x, x)));
+        ctpu_mark_step();
+        ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+        ctpu_cost_table t;
+        ck_assert_int_eq(ctpu_cost_table_get(&t), CTPU_OK);
+        ck_assert_int_eq(t.plan, p);
+        for (int i = 0; i < t.n_rows; i++) {
+            const ctpu_chip_info *ci = ctpu_chip_lookup(t.rows[i].chip);
+            ck_assert(t.rows[i].price_known);
+            ck_assert(t.rows[i].usd_per_chip_hour == ci->usd_per_chip_hour[p]);
+            ck_assert_str_eq(t.rows[i].price_region, ci->price_region);
+            ck_assert(t.rows[i].usd_run > 0);
+        }
+        char *json = ctpu_metrics_json();
+        ck_assert_ptr_nonnull(json);
+        char *text = render(json, NULL, CTPU_REPORT_TEXT);
+        char want_line[128];
+        snprintf(want_line, sizeof want_line, "$ = %s list price per chip-hour", ctpu_price_plan_name((ctpu_price_plan)p));
+        ck_assert_msg(t_contains(text, want_line), "%s", text);
+        ck_assert(!t_contains(text, "n/a"));
+        ck_assert(t_contains(text, p == 0 ? "12.00" : p == 1 ? "6.00" : p == 2 ? "8.40" : "5.40"));
+        free(text);
+        free(json);
+        ctpu_shutdown();
+        unsetenv("TORCH_TPU_PRICE_PLAN");
+    }
 }
 END_TEST
 
@@ -716,6 +781,7 @@ static Suite *suite(void)
     tcase_add_test(tc, shutdown_summary_and_file);
     tcase_add_test(tc, cost_matmul_hand_computed);
     tcase_add_test(tc, cost_table_strict_matmul);
+    tcase_add_test(tc, price_plans);
     tcase_add_test(tc, bad_input);
     suite_add_tcase(s, tc);
     return s;

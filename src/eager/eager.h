@@ -30,6 +30,7 @@ typedef struct ctpu_runtime {
     int nthreads;
     size_t cache_size;
     long cache_only_after;           /* -1 unset */
+    ctpu_price_plan price_plan;      /* TORCH_TPU_PRICE_PLAN */
     char *metrics_file, *trace_file;
 
     ctpu_metrics metrics;

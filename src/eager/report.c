@@ -465,20 +465,22 @@ static void cost_table_locked(ctpu_runtime *rt, ctpu_cost_table *out)
     out->vector_ops = r->vector_ops;
     out->n_rows = r->n_chips;
     out->current = r->current;
+    out->plan = rt->price_plan;
     for (int c = 0; c < r->n_chips; c++) {
         const ctpu_chip_info *ci = r->chips[c];
         ctpu_cost_row *w = &out->rows[c];
         w->chip = ci->name;
         w->mxu_size = ci->mxu_size;
-        w->price_known = ci->usd_per_chip_hour > 0;
-        w->usd_per_chip_hour = ci->usd_per_chip_hour;
+        w->usd_per_chip_hour = ci->usd_per_chip_hour[out->plan];
+        w->price_known = w->usd_per_chip_hour > 0;
+        w->price_region = ci->price_region;
         w->run_s = r->run_s[c];
         w->step_s = r->run_s[c] / (double)den;
         w->epoch_s = w->step_s * (double)out->steps_per_epoch;
         w->mfu = r->run_s[c] > 0 ? r->flops / (r->run_s[c] * ci->peak_bf16_flops) : 0;
         w->mxu_utilization = r->macs_padded[c] > 0 ? r->macs_useful[c] / r->macs_padded[c] : 0;
-        w->usd_run = w->price_known ? w->run_s / 3600.0 * ci->usd_per_chip_hour : -1;
-        w->usd_epoch = w->price_known ? w->epoch_s / 3600.0 * ci->usd_per_chip_hour : -1;
+        w->usd_run = w->price_known ? w->run_s / 3600.0 * w->usd_per_chip_hour : -1;
+        w->usd_epoch = w->price_known ? w->epoch_s / 3600.0 * w->usd_per_chip_hour : -1;
     }
 }
 
@@ -684,6 +686,7 @@ static cJSON *build_json(ctpu_runtime *rt)
     cJSON_AddNumberToObject(cost, "hbm_s", hbm_s);
     cJSON_AddNumberToObject(cost, "vector_ops", tbl.vector_ops);
     cJSON_AddStringToObject(cost, "current", rt->chip->name);
+    cJSON_AddStringToObject(cost, "price_plan", ctpu_price_plan_name(tbl.plan));
     cJSON *rows = cJSON_AddArrayToObject(cost, "rows");
     for (int i = 0; i < tbl.n_rows; i++) {
         cJSON_AddItemToArray(rows, ctpu__cost_row_json(&tbl.rows[i]));

@@ -23,6 +23,7 @@ cJSON *ctpu__cost_row_json(const ctpu_cost_row *w)
     cJSON_AddNumberToObject(o, "mxu_size", w->mxu_size);
     cJSON_AddBoolToObject(o, "price_known", w->price_known);
     cJSON_AddNumberToObject(o, "usd_per_chip_hour", w->usd_per_chip_hour);
+    cJSON_AddStringToObject(o, "price_region", w->price_region ? w->price_region : "");
     cJSON_AddNumberToObject(o, "run_s", w->run_s);
     cJSON_AddNumberToObject(o, "step_s", w->step_s);
     cJSON_AddNumberToObject(o, "epoch_s", w->epoch_s);
@@ -351,7 +352,20 @@ static void render_cost(out_t *o, const cJSON *d)
          num(cost, "model_flops"), fmt_bytes(num(cost, "hbm_bytes"), b6, sizeof b6),
          fmt_time(num(cost, "hbm_s"), b7, sizeof b7), str(cost, "current"), num(cost, "vector_ops"));
     line(o, "estimate = max(MXU time with M, N, K padded to the MXU side, vector time, HBM traffic time) per program");
-    if (unknown) line(o, "7x (Ironwood) has no public on-demand price: its cost columns say n/a");
+    /* which price: the plan and, per chip, the region it is quoted for */
+    char regions[256];
+    size_t k = 0;
+    regions[0] = 0;
+    for (int i = 0; i < arr_n(rows) && k < sizeof regions; i++) {
+        const cJSON *r = cJSON_GetArrayItem(rows, i);
+        if (*str(r, "price_region"))
+            k += (size_t)snprintf(regions + k, sizeof regions - k, "%s%s %s", k ? ", " : "", str(r, "chip"),
+                                  str(r, "price_region"));
+    }
+    const char *plan = *str(cost, "price_plan") ? str(cost, "price_plan") : "on_demand";
+    line(o, "$ = %s list price per chip-hour (Cloud TPU pricing, checked 2026-10-25; TORCH_TPU_PRICE_PLAN: "
+            "on_demand, flex_start, 1y, 3y)%s%s", plan, k ? " in " : "", regions);
+    if (unknown) line(o, "a chip without a published %s price says n/a in its cost columns", plan);
 }
 
 static void render_doc(out_t *o, const cJSON *d, const char *name)
@@ -754,6 +768,7 @@ ctpu_status ctpu_cost_table_print(const ctpu_cost_table *t, FILE *f)
     cJSON_AddNumberToObject(cost, "vector_ops", t->vector_ops);
     const char *cur = t->current >= 0 && t->current < t->n_rows && t->rows[t->current].chip ? t->rows[t->current].chip : "";
     cJSON_AddStringToObject(cost, "current", cur);
+    cJSON_AddStringToObject(cost, "price_plan", ctpu_price_plan_name(t->plan));
     cJSON *rows = cJSON_AddArrayToObject(cost, "rows");
     for (int i = 0; i < t->n_rows; i++) {
         cJSON_AddItemToArray(rows, ctpu__cost_row_json(&t->rows[i]));

@@ -299,6 +299,18 @@ static bool read_env(ctpu_runtime *rt, char *err, size_t len)
         }
         rt->cache_only_after = (long)n;
     }
+    v = getenv("TORCH_TPU_PRICE_PLAN");
+    rt->price_plan = CTPU_PRICE_ON_DEMAND;
+    if (v) {
+        int plan = -1;
+        for (int i = 0; i < CTPU_PRICE_PLAN_COUNT; i++)
+            if (strcasecmp(v, ctpu_price_plan_name((ctpu_price_plan)i)) == 0) plan = i;
+        if (plan < 0) {
+            snprintf(err, len, "ctpu_init: TORCH_TPU_PRICE_PLAN=\"%s\" must be on_demand, flex_start, 1y or 3y", v);
+            return false;
+        }
+        rt->price_plan = (ctpu_price_plan)plan;
+    }
     v = getenv("TORCH_TPU_METRICS_FILE");
     rt->metrics_file = v && *v ? strdup(v) : NULL;
     v = getenv("TORCH_TPU_TRACE_FILE");
