@@ -203,7 +203,8 @@ CTPU_API bool ctpu_is_valid(ctpu_tensor t);            /* live and not stale; se
 CTPU_API const char *ctpu_dtype_name(ctpu_dtype dt);   /* "f32", "bf16", "i32" */
 
 /* Release a handle now (its storage is freed when nothing else refers to it).
- * Errors: CTPU_ERR_STALE_HANDLE, CTPU_ERR_NULL_HANDLE. */
+ * Errors: CTPU_ERR_STALE_HANDLE, CTPU_ERR_NULL_HANDLE, CTPU_ERR_STATE (t is
+ * a leaf's .grad from ctpu_grad, which the leaf owns: use ctpu_zero_grad). */
 CTPU_API ctpu_status ctpu_release(ctpu_tensor t);
 
 /* ---------------------------------------------------------------- scopes */
@@ -439,7 +440,8 @@ CTPU_API ctpu_status ctpu_backward_with(ctpu_tensor t, ctpu_tensor grad);
  * with no error when it has none (never backpropagated, after
  * ctpu_zero_grad, or t is not a leaf). The handle is owned by t: it lives in
  * no scope, stays the same across accumulations, and is released by
- * ctpu_zero_grad or with t; do not release it. */
+ * ctpu_zero_grad or with t. ctpu_release on it is CTPU_ERR_STATE (the
+ * message points to ctpu_zero_grad), and the .grad stays. */
 CTPU_API ctpu_tensor ctpu_grad(ctpu_tensor t);
 /* Drop t's .grad (set-to-none, as PyTorch's zero_grad(set_to_none=True)):
  * the next backward creates it afresh, so every step records the same ops. */

@@ -464,6 +464,12 @@ START_TEST(nesting_and_autograd_misuse)
     float gf[3];
     ck_assert_int_eq(ctpu_to_host(gw, gf, sizeof gf), CTPU_OK);
     ck_assert(gf[0] == 2 && gf[2] == 6);
+    /* the .grad is the leaf's: releasing it is an error, and it stays */
+    ERR(ctpu_release(gw), CTPU_ERR_STATE, "ctpu_zero_grad");
+    ck_assert(ctpu_is_valid(gw));
+    ck_assert(ctpu_grad(w).id == gw.id);
+    ck_assert_int_eq(ctpu_to_host(gw, gf, sizeof gf), CTPU_OK);
+    ck_assert(gf[0] == 2 && gf[2] == 6);
     ck_assert_int_eq(ctpu_zero_grad(w), CTPU_OK);
     ck_assert_int_eq(ctpu_zero_grad(w), CTPU_OK);                     /* twice: still none */
     ck_assert(ctpu_is_null(ctpu_grad(w)));

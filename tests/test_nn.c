@@ -616,6 +616,55 @@ START_TEST(t_batch_iter)
 }
 END_TEST
 
+/* Before ctpu_init every nn call names itself, not the ctpu op it reaches
+ * first (linear_init used to say rand_uniform); OOM inside a layer's init
+ * names the layer's call and the parameter. */
+static void names_call(ctpu_status st, const char *call)
+{
+    ck_assert_msg(st == CTPU_ERR_NOT_INITIALIZED, "%s: %s", call, ctpu_status_str(st));
+    char want[96];
+    snprintf(want, sizeof want, "%s: ", call);
+    ck_assert_msg(strncmp(ctpu_last_error(), want, strlen(want)) == 0, "%s: \"%s\"", call, ctpu_last_error());
+    ck_assert_msg(!strstr(ctpu_last_error(), "rand_") && !strstr(ctpu_last_error(), "full"), "%s", ctpu_last_error());
+    ctpu_clear_error();
+}
+
+START_TEST(t_messages_name_the_call)
+{
+    ctpu_shutdown();
+    int64_t ws[2] = { 4, 3 };
+    ctpu_linear l;
+    ctpu_layer_norm ln;
+    ctpu_embedding_layer e;
+    names_call(ctpu_linear_init(&l, 3, 4, true, CTPU_F32), "linear_init");
+    names_call(ctpu_layer_norm_init(&ln, 4, 1e-5, true, CTPU_F32), "layer_norm_init");
+    names_call(ctpu_embedding_layer_init(&e, 4, 4, CTPU_F32), "embedding_layer_init");
+    ctpu_clear_error();
+    ck_assert(ctpu_is_null(ctpu_init_kaiming_uniform(CTPU_F32, 2, ws, 0, CTPU_FAN_IN)));
+    names_call(ctpu_last_status(), "init_kaiming_uniform");
+    ck_assert(ctpu_is_null(ctpu_init_xavier_normal(CTPU_F32, 2, ws, 1)));
+    names_call(ctpu_last_status(), "init_xavier_normal");
+    ck_assert(ctpu_is_null(ctpu_dropout(CTPU_NULL, 0.5, true)));
+    names_call(ctpu_last_status(), "dropout");
+    ck_assert(ctpu_is_null(ctpu_cross_entropy(CTPU_NULL, CTPU_NULL, NULL)));
+    names_call(ctpu_last_status(), "cross_entropy");
+    ck_assert(ctpu_is_null(ctpu_mse_loss(CTPU_NULL, CTPU_NULL, CTPU_REDUCE_MEAN)));
+    names_call(ctpu_last_status(), "mse_loss");
+    ctpu_adamw_opts ao = ctpu_adamw_defaults();
+    ck_assert_ptr_null(ctpu_adamw_create(0, NULL, &ao));
+    names_call(ctpu_last_status(), "adamw_create");
+    names_call(ctpu_optim_step(NULL), "optim_step");
+    /* a failure inside: OOM making the weight names linear_init and weight */
+    setenv("TORCH_TPU_HBM_LIMIT", "1K", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    ck_assert_int_eq(ctpu_linear_init(&l, 300, 400, true, CTPU_F32), CTPU_ERR_OOM);
+    ck_assert_msg(strncmp(ctpu_last_error(), "linear_init: weight: ", 21) == 0, "%s", ctpu_last_error());
+    ctpu_shutdown();
+    unsetenv("TORCH_TPU_HBM_LIMIT");
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("nn");
@@ -634,6 +683,7 @@ static Suite *suite(void)
     tcase_add_test(tc, t_initialisers);
     tcase_add_test(tc, t_layer_norm_dropout_embedding);
     tcase_add_test(tc, t_batch_iter);
+    tcase_add_test(tc, t_messages_name_the_call);
     suite_add_tcase(s, tc);
     TCase *ti = tcase_create("idx");
     tcase_add_checked_fixture(ti, idx_setup, idx_teardown);

@@ -946,6 +946,7 @@ static ctpu_status run_backward(ag_meta *root, ctpu_tensor g0, bool retain, cons
             if (a != CTPU_OK) st = a;
         } else {
             rec_of(g)->scope_id = 0;   /* .grad lives in no scope */
+            rec_of(g)->leaf_grad = true;
             l->grad = g;
         }
     }

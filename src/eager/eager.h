@@ -165,6 +165,7 @@ typedef struct ctpu_trec {
      * storage the value should be written into (an assigned parameter). */
     uint64_t trace_id;
     int32_t tval;
+    bool leaf_grad;                  /* the .grad handle of a leaf (ctpu_grad): the user may not release it */
 } ctpu_trec;
 
 static inline bool ctpu_rec_pending(const ctpu_trec *r) { return r->trace_id != 0; }

@@ -105,6 +105,7 @@ ctpu_tensor ctpu_handle_new(const ctpu_vtype *type, ctpu_buffer *buf, size_t off
     r->ag = NULL;
     r->trace_id = 0;
     r->tval = -1;
+    r->leaf_grad = false;
     if (buf) atomic_fetch_add(&buf->handle_refs, 1);
     ctpu_tensor t = { ((uint64_t)atomic_load_explicit(&r->gen, memory_order_relaxed) << 32) | (idx + 1) };
     ctpu_thread_state *ts = ctpu_ts();   /* out of host memory: global, as below */
@@ -148,6 +149,13 @@ ctpu_status ctpu_release(ctpu_tensor t)
 {
     ctpu_trec *r = ctpu_rec_get(t, "release", "t", false);
     if (!r) return ctpu_last_status();
+    if (r->leaf_grad) {
+        /* PyTorch has no way to free a .grad behind its leaf's back either:
+         * w.grad = None is zero_grad(set_to_none) */
+        ctpu_set_error(CTPU_ERR_STATE, "release: t is the .grad of a leaf (from ctpu_grad), owned by the leaf: "
+                       "drop it with ctpu_zero_grad(leaf)");
+        return CTPU_ERR_STATE;
+    }
     ctpu_handle_release_rec(r, ctpu_handle_slot(t));
     return CTPU_OK;
 }

@@ -193,6 +193,7 @@ void ctpu_image_set_free(ctpu_image_set *s)
 ctpu_status ctpu_image_set_batch(const ctpu_image_set *s, const int64_t *idx, int64_t n, ctpu_tensor *x,
                                  ctpu_tensor *y)
 {
+    if (!ctpu__nn_ready("image_set_batch")) return CTPU_ERR_NOT_INITIALIZED;
     if (!s || (!idx && n) || n < 0 || !x || !y)
         return ctpu_report_error(CTPU_ERR_INVALID_ARG, "image_set_batch: a NULL argument or n < 0");
     int64_t px = s->rows * s->cols;

@@ -15,6 +15,26 @@ ctpu_tensor ctpu__nn_global(ctpu_tensor t)
     return t;
 }
 
+bool ctpu__nn_ready(const char *op)
+{
+    if (ctpu_is_initialized()) return true;
+    ctpu_report_error(CTPU_ERR_NOT_INITIALIZED, "%s: the runtime is not initialised (call ctpu_init; after ctpu_shutdown, "
+                      "again)", op);
+    return false;
+}
+
+ctpu_status ctpu__nn_blame(const char *op, const char *what)
+{
+    ctpu_status st = ctpu_last_status();
+    if (st == CTPU_OK) return st;
+    const char *msg = ctpu_last_error();
+    size_t n = strlen(op);
+    if (strncmp(msg, op, n) == 0 && msg[n] == ':') return st;
+    char inner[512];
+    snprintf(inner, sizeof inner, "%s", msg);
+    return ctpu_report_error(st, "%s: %s%s%s", op, what ? what : "", what ? ": " : "", inner);
+}
+
 const char *ctpu__nn_fmt(ctpu_tensor t, char *buf, size_t len)
 {
     int64_t s[CTPU_MAX_DIMS];
@@ -60,6 +80,7 @@ static ctpu_tensor kaiming(const char *op, bool normal, ctpu_dtype dt, int ndim,
                            ctpu_fan_mode mode)
 {
     double fi, fo;
+    if (!ctpu__nn_ready(op)) return CTPU_NULL;
     if (!isfinite(a) || (mode != CTPU_FAN_IN && mode != CTPU_FAN_OUT)) {
         ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: a=%g, mode=%d are invalid", op, a, (int)mode);
         return CTPU_NULL;
@@ -67,9 +88,11 @@ static ctpu_tensor kaiming(const char *op, bool normal, ctpu_dtype dt, int ndim,
     if (!fans(op, dt, ndim, shape, &fi, &fo)) return CTPU_NULL;
     double fan = mode == CTPU_FAN_IN ? fi : fo;
     double gain = sqrt(2.0 / (1.0 + a * a));
-    if (normal) return ctpu_rand_normal(dt, ndim, shape, 0.0, gain / sqrt(fan));
     double b = gain * sqrt(3.0 / fan);
-    return ctpu_rand_uniform(dt, ndim, shape, -b, b);
+    ctpu_tensor t = normal ? ctpu_rand_normal(dt, ndim, shape, 0.0, gain / sqrt(fan))
+                           : ctpu_rand_uniform(dt, ndim, shape, -b, b);
+    if (ctpu_is_null(t)) ctpu__nn_blame(op, NULL);
+    return t;
 }
 
 ctpu_tensor ctpu_init_kaiming_uniform(ctpu_dtype dt, int ndim, const int64_t *shape, double a, ctpu_fan_mode mode)
@@ -85,14 +108,17 @@ ctpu_tensor ctpu_init_kaiming_normal(ctpu_dtype dt, int ndim, const int64_t *sha
 static ctpu_tensor xavier(const char *op, bool normal, ctpu_dtype dt, int ndim, const int64_t *shape, double gain)
 {
     double fi, fo;
+    if (!ctpu__nn_ready(op)) return CTPU_NULL;
     if (!isfinite(gain) || gain < 0) {
         ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: gain=%g must be finite and >= 0", op, gain);
         return CTPU_NULL;
     }
     if (!fans(op, dt, ndim, shape, &fi, &fo)) return CTPU_NULL;
-    if (normal) return ctpu_rand_normal(dt, ndim, shape, 0.0, gain * sqrt(2.0 / (fi + fo)));
     double b = gain * sqrt(6.0 / (fi + fo));
-    return ctpu_rand_uniform(dt, ndim, shape, -b, b);
+    ctpu_tensor t = normal ? ctpu_rand_normal(dt, ndim, shape, 0.0, gain * sqrt(2.0 / (fi + fo)))
+                           : ctpu_rand_uniform(dt, ndim, shape, -b, b);
+    if (ctpu_is_null(t)) ctpu__nn_blame(op, NULL);
+    return t;
 }
 
 ctpu_tensor ctpu_init_xavier_uniform(ctpu_dtype dt, int ndim, const int64_t *shape, double gain)
@@ -119,20 +145,22 @@ static ctpu_tensor param(ctpu_tensor t)
 
 ctpu_status ctpu_linear_init(ctpu_linear *l, int64_t in, int64_t out, bool bias, ctpu_dtype dt)
 {
+    if (!ctpu__nn_ready("linear_init")) return CTPU_ERR_NOT_INITIALIZED;
     if (!l || in < 1 || out < 1)
         return ctpu_report_error(CTPU_ERR_INVALID_ARG, "linear_init: %s", !l ? "l is NULL" : "in_features and out_features must be >= 1");
     memset(l, 0, sizeof *l);
     int64_t ws[2] = { out, in };
     /* torch.nn.Linear.reset_parameters: kaiming_uniform_(a=sqrt(5)), bias U(±1/sqrt(fan_in)) */
     l->weight = param(ctpu_init_kaiming_uniform(dt, 2, ws, sqrt(5.0), CTPU_FAN_IN));
-    if (ctpu_is_null(l->weight)) return ctpu_last_status();
+    if (ctpu_is_null(l->weight)) return ctpu__nn_blame("linear_init", "weight");
     if (bias) {
         double b = 1.0 / sqrt((double)in);
         l->bias = param(ctpu_rand_uniform(dt, 1, &out, -b, b));
         if (ctpu_is_null(l->bias)) {
+            ctpu_status st = ctpu__nn_blame("linear_init", "bias");
             ctpu_release(l->weight);
             l->weight = CTPU_NULL;
-            return ctpu_last_status();
+            return st;
         }
     }
     l->in_features = in;
@@ -142,6 +170,7 @@ ctpu_status ctpu_linear_init(ctpu_linear *l, int64_t in, int64_t out, bool bias,
 
 ctpu_tensor ctpu_linear_forward(const ctpu_linear *l, ctpu_tensor x)
 {
+    if (!ctpu__nn_ready("linear")) return CTPU_NULL;
     if (!l) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "linear: l is NULL"); return CTPU_NULL; }
     if (ctpu_is_null(x)) return CTPU_NULL;
     int nd = ctpu_ndim(x);
@@ -174,6 +203,7 @@ void ctpu_linear_free(ctpu_linear *l)
 
 ctpu_status ctpu_layer_norm_init(ctpu_layer_norm *ln, int64_t dim, double eps, bool affine, ctpu_dtype dt)
 {
+    if (!ctpu__nn_ready("layer_norm_init")) return CTPU_ERR_NOT_INITIALIZED;
     if (!ln || dim < 1 || !(eps >= 0) || !isfinite(eps))
         return ctpu_report_error(CTPU_ERR_INVALID_ARG, "layer_norm_init: %s", !ln ? "ln is NULL" : "dim must be >= 1 and eps finite >= 0");
     memset(ln, 0, sizeof *ln);
@@ -183,7 +213,7 @@ ctpu_status ctpu_layer_norm_init(ctpu_layer_norm *ln, int64_t dim, double eps, b
         ln->weight = param(ctpu_ones(dt, 1, &dim));
         ln->bias = param(ctpu_zeros(dt, 1, &dim));
         if (ctpu_is_null(ln->weight) || ctpu_is_null(ln->bias)) {
-            ctpu_status st = ctpu_last_status();
+            ctpu_status st = ctpu__nn_blame("layer_norm_init", ctpu_is_null(ln->weight) ? "weight" : "bias");
             ctpu_layer_norm_free(ln);
             return st;
         }
@@ -193,6 +223,7 @@ ctpu_status ctpu_layer_norm_init(ctpu_layer_norm *ln, int64_t dim, double eps, b
 
 ctpu_tensor ctpu_layer_norm_forward(const ctpu_layer_norm *ln, ctpu_tensor x)
 {
+    if (!ctpu__nn_ready("layer_norm")) return CTPU_NULL;
     if (!ln) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "layer_norm: ln is NULL"); return CTPU_NULL; }
     if (ctpu_is_null(x)) return CTPU_NULL;
     int nd = ctpu_ndim(x);
@@ -223,12 +254,13 @@ void ctpu_layer_norm_free(ctpu_layer_norm *ln)
 
 ctpu_status ctpu_embedding_layer_init(ctpu_embedding_layer *e, int64_t num, int64_t dim, ctpu_dtype dt)
 {
+    if (!ctpu__nn_ready("embedding_layer_init")) return CTPU_ERR_NOT_INITIALIZED;
     if (!e || num < 1 || dim < 1)
         return ctpu_report_error(CTPU_ERR_INVALID_ARG, "embedding_layer_init: %s", !e ? "e is NULL" : "num and dim must be >= 1");
     memset(e, 0, sizeof *e);
     int64_t s[2] = { num, dim };
     e->weight = param(ctpu_rand_normal(dt, 2, s, 0.0, 1.0));
-    if (ctpu_is_null(e->weight)) return ctpu_last_status();
+    if (ctpu_is_null(e->weight)) return ctpu__nn_blame("embedding_layer_init", "weight");
     e->num = num;
     e->dim = dim;
     return CTPU_OK;
@@ -236,6 +268,7 @@ ctpu_status ctpu_embedding_layer_init(ctpu_embedding_layer *e, int64_t num, int6
 
 ctpu_tensor ctpu_embedding_layer_forward(const ctpu_embedding_layer *e, ctpu_tensor indices)
 {
+    if (!ctpu__nn_ready("embedding_layer")) return CTPU_NULL;
     if (!e) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "embedding_layer: e is NULL"); return CTPU_NULL; }
     return ctpu_embedding(e->weight, indices);
 }
@@ -249,6 +282,7 @@ void ctpu_embedding_layer_free(ctpu_embedding_layer *e)
 
 ctpu_tensor ctpu_dropout(ctpu_tensor x, double p, bool training)
 {
+    if (!ctpu__nn_ready("dropout")) return CTPU_NULL;
     if (!(p >= 0 && p <= 1)) {
         ctpu_report_error(CTPU_ERR_INVALID_ARG, "dropout: p=%g must be in [0, 1]", p);
         return CTPU_NULL;
@@ -285,6 +319,7 @@ ctpu_status ctpu_labels_check(const int32_t *labels, int64_t n, int64_t num_clas
 
 ctpu_tensor ctpu_cross_entropy(ctpu_tensor logits, ctpu_tensor labels, const ctpu_ce_opts *opts)
 {
+    if (!ctpu__nn_ready("cross_entropy")) return CTPU_NULL;
     ctpu_ce_opts o = opts ? *opts : ctpu_ce_defaults();
     if (ctpu_is_null(logits) || ctpu_is_null(labels)) return CTPU_NULL;
     if ((unsigned)o.reduction > CTPU_REDUCE_NONE || !(o.label_smoothing >= 0 && o.label_smoothing <= 1)) {
@@ -328,6 +363,7 @@ ctpu_tensor ctpu_cross_entropy(ctpu_tensor logits, ctpu_tensor labels, const ctp
 
 ctpu_tensor ctpu_mse_loss(ctpu_tensor pred, ctpu_tensor target, ctpu_reduction reduction)
 {
+    if (!ctpu__nn_ready("mse_loss")) return CTPU_NULL;
     if (ctpu_is_null(pred) || ctpu_is_null(target)) return CTPU_NULL;
     int64_t s1[CTPU_MAX_DIMS], s2[CTPU_MAX_DIMS];
     int n1, n2;

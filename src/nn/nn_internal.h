@@ -7,6 +7,13 @@
 
 /* Move t to no scope (parameters, optimizer state); returns t. */
 ctpu_tensor ctpu__nn_global(ctpu_tensor t);
+/* Before ctpu_init, an nn call's message names that call (not the ctpu op
+ * it would reach first): false with CTPU_ERR_NOT_INITIALIZED. */
+bool ctpu__nn_ready(const char *op);
+/* A failure inside an nn call: the last error is prefixed with the user's
+ * call and what it was making ("linear_init: weight: rand_uniform: ...")
+ * unless it already starts with op; returns the last status. */
+ctpu_status ctpu__nn_blame(const char *op, const char *what);
 /* "f32[2,3]" */
 const char *ctpu__nn_fmt(ctpu_tensor t, char *buf, size_t len);
 

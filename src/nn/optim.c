@@ -84,6 +84,7 @@ static bool adamw_opts_valid(const ctpu_adamw_opts *a)
 ctpu_optim *ctpu_sgd_create(int n, const ctpu_tensor *params, const ctpu_sgd_opts *opts)
 {
     const char *op = "sgd_create";
+    if (!ctpu__nn_ready(op)) return NULL;
     if (!opts) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: opts is NULL", op); return NULL; }
     ctpu_sgd_opts s = *opts;
     if (!sgd_opts_valid(&s)) {
@@ -103,6 +104,7 @@ ctpu_optim *ctpu_sgd_create(int n, const ctpu_tensor *params, const ctpu_sgd_opt
 ctpu_optim *ctpu_adamw_create(int n, const ctpu_tensor *params, const ctpu_adamw_opts *opts)
 {
     const char *op = "adamw_create";
+    if (!ctpu__nn_ready(op)) return NULL;
     if (!opts) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: opts is NULL", op); return NULL; }
     ctpu_adamw_opts a = *opts;
     if (!adamw_opts_valid(&a)) {
@@ -169,6 +171,7 @@ static ctpu_status adamw_one(ctpu_optim *o, ctpu_tensor p, ctpu_tensor g, ctpu_t
 
 ctpu_status ctpu_optim_step(ctpu_optim *o)
 {
+    if (!ctpu__nn_ready("optim_step")) return CTPU_ERR_NOT_INITIALIZED;
     if (!o) return ctpu_report_error(CTPU_ERR_INVALID_ARG, "optim_step: o is NULL");
     for (int i = 0; i < o->n; i++)
         if (!ctpu_is_valid(o->params[i]))
@@ -186,6 +189,7 @@ ctpu_status ctpu_optim_step(ctpu_optim *o)
     }
     ctpu_no_grad_end();
     if (st == CTPU_OK) o->steps++;
+    else ctpu__nn_blame("optim_step", NULL);
     return st;
 }
 
