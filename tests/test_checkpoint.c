@@ -263,6 +263,9 @@ START_TEST(t_save_errors)
     check_msg(p, "a", "twice");
     const char *md[2] = { "__metadata__", "b" };
     ck_assert_int_eq(ctpu_save(p, 2, md, t), CTPU_ERR_INVALID_ARG);
+    const char *bad8[2] = { "a", "b\xc3" };
+    ck_assert_int_eq(ctpu_save(p, 2, bad8, t), CTPU_ERR_INVALID_ARG);
+    check_msg(p, NULL, "UTF-8");
     const char *nul[2] = { "a", NULL };
     ck_assert_int_eq(ctpu_save(p, 2, nul, t), CTPU_ERR_INVALID_ARG);
     ctpu_tensor stale[2] = { t[0], make(CTPU_F32, 1, (int64_t[]){ 2 }, 3) };
@@ -323,6 +326,10 @@ static const bad_case BAD[] = {
     { "empty header", 0, "", 0, CTPU_ERR_IO, NULL, "too short" },
     { "malformed json", UINT64_MAX, "{\"a\":{\"dtype\":\"F32\",", 24, CTPU_ERR_IO, NULL, "malformed" },
     { "not an object", UINT64_MAX, "[1,2,3]     ", 0, CTPU_ERR_IO, NULL, "malformed" },
+    { "not UTF-8", UINT64_MAX, "{\"a\xff\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]}}", 24,
+      CTPU_ERR_IO, NULL, "UTF-8" },
+    { "overlong UTF-8", UINT64_MAX, "{\"a\xc0\xaf\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]}}",
+      24, CTPU_ERR_IO, NULL, "UTF-8" },
     { "junk after the object", UINT64_MAX, "{" GOOD_A "}x", 24, CTPU_ERR_IO, NULL, "malformed" },
     { "NUL in the header", UINT64_MAX - 1, "{" GOOD_A "}", 24, CTPU_ERR_IO, NULL, "NUL" },
     { "unknown dtype", UINT64_MAX, "{\"a\":{\"dtype\":\"F33\",\"shape\":[2,3],\"data_offsets\":[0,24]}}", 24,

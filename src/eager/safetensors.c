@@ -74,6 +74,29 @@ static const char *fmt_tensor(ctpu_tensor t, char *buf, size_t len)
     return fmt_shape(ctpu_dtype_name(ctpu_dtype_of(t)), nd, s, buf, len);
 }
 
+/* Well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, at most
+ * U+10FFFF), as the reference reader requires of the header. Returns the
+ * offset of the first bad byte, or n. */
+static size_t utf8_check(const unsigned char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        size_t k = c < 0x80 ? 0 : (c & 0xe0) == 0xc0 ? 1 : (c & 0xf0) == 0xe0 ? 2 : (c & 0xf8) == 0xf0 ? 3 : 4;
+        if (k == 4 || i + k >= n + (k == 0)) return i;
+        if (k == 0) { i++; continue; }
+        unsigned cp = c & (0x3f >> k);
+        for (size_t j = 1; j <= k; j++) {
+            if ((s[i + j] & 0xc0) != 0x80) return i;
+            cp = cp << 6 | (s[i + j] & 0x3f);
+        }
+        static const unsigned min[4] = { 0, 0x80, 0x800, 0x10000 };
+        if (cp < min[k] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return i;
+        i += k + 1;
+    }
+    return n;
+}
+
 /* pread the whole range or fail (EOF counts as a failure). */
 static bool read_at(int fd, void *dst, uint64_t n, uint64_t off)
 {
@@ -283,6 +306,11 @@ static ctpu_safetensors *st_open(const char *op, const char *path)
     if (memchr(hdr, 0, (size_t)hn) || hdr[0] != '{') {
         ctpu_report_error(CTPU_ERR_IO, "%s: %s: malformed header: %s", op, path,
                           hdr[0] != '{' ? "it does not start with '{'" : "it holds a NUL byte");
+        goto fail;
+    }
+    size_t bad = utf8_check((const unsigned char *)hdr, (size_t)hn);
+    if (bad != hn) {
+        ctpu_report_error(CTPU_ERR_IO, "%s: %s: malformed header: not valid UTF-8 at byte %zu", op, path, bad);
         goto fail;
     }
     const char *end = NULL;
@@ -641,13 +669,23 @@ ctpu_status ctpu_save_ex(const char *path, int n, const char *const *names, cons
     ctpu_status st = distinct(op, path, "tensor name", n, names, 1);
     if (st == CTPU_OK) st = distinct(op, path, "metadata key", n_meta, meta, 2);
     if (st != CTPU_OK) return st;
-    for (int i = 0; i < n_meta; i++)
+    for (int i = 0; i < n_meta; i++) {
         if (!meta[2 * i + 1])
             return ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: %s: the value of metadata '" NM "' is NULL", op, path,
                                      meta[2 * i]);
+        for (int j = 0; j < 2; j++) {
+            const char *m = meta[2 * i + j];
+            if (utf8_check((const unsigned char *)m, strlen(m)) != strlen(m))
+                return ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: %s: metadata %s '" NM "' is not valid UTF-8 (the "
+                                         "header is UTF-8 JSON)", op, path, j ? "value of" : "key", meta[2 * i]);
+        }
+    }
     for (int i = 0; i < n; i++) {
         if (!strcmp(names[i], "__metadata__"))
             return ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: %s: tensor name '__metadata__' is reserved", op, path);
+        if (utf8_check((const unsigned char *)names[i], strlen(names[i])) != strlen(names[i]))
+            return ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: %s: tensor '" NM "': the name is not valid UTF-8 (the "
+                                     "header is UTF-8 JSON)", op, path, names[i]);
         if (!ctpu_is_valid(tensors[i]))
             return ctpu_report_error(ctpu_is_null(tensors[i]) ? CTPU_ERR_NULL_HANDLE : CTPU_ERR_STALE_HANDLE,
                                      "%s: %s: tensor '" NM "' is a %s handle", op, path, names[i],
