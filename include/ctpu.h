@@ -236,6 +236,31 @@ CTPU_API ctpu_tensor ctpu_from_host(const void *data, ctpu_dtype dt, int ndim, c
  * numel * elemsize. Errors: CTPU_ERR_INVALID_ARG, handle errors, and any device
  * error latched on the tensor (CTPU_ERR_DEVICE_FAULT naming the op). */
 CTPU_API ctpu_status ctpu_to_host(ctpu_tensor t, void *dst, size_t dst_bytes);
+/* Host f32 data as a new bf16 tensor: each float rounded to bf16 by the
+ * rule every bf16 result follows (round to nearest even, bf16 subnormals to
+ * signed zero, NaN stays NaN; docs/CONTRACTS.md), the same bits as
+ * ctpu_cast(ctpu_from_host(data, CTPU_F32, ...), CTPU_BF16). data holds
+ * numel floats. Errors: as ctpu_from_host. */
+CTPU_API ctpu_tensor ctpu_from_host_f32_as_bf16(const float *data, int ndim, const int64_t *shape);
+/* Copy a tensor of any dtype to host memory as numel floats (waits for it):
+ * f32 as is, bf16 widened exactly, i32 converted as (float) (exact up to
+ * 2^24 in magnitude). dst_bytes must be at least numel * 4.
+ * Errors: as ctpu_to_host. */
+CTPU_API ctpu_status ctpu_to_host_as_f32(ctpu_tensor t, float *dst, size_t dst_bytes);
+/* Print t to f (stdout if NULL) as PyTorch prints a tensor, then its shape
+ * and dtype, and a newline (waits for it):
+ *   tensor([[1., 2., 3.],
+ *           [4., 5., 6.]], shape=(2, 3), dtype=f32)
+ * One format for all elements (torch's rules): i32 as integers; floats
+ * "3." when every finite shown value is integral, else 4 decimals
+ * ("0.5000"), or scientific ("1.0000e-05") when the nonzero magnitudes span
+ * more than 1000x, exceed 1e8 or go below 1e-4; nan, inf, -inf; right-aligned
+ * to one width; rows wrapped at 80 columns. Above 1000 elements every dim
+ * shows its first and last 3 entries around "..." (torch's threshold=1000,
+ * edgeitems=3). Errors: handle errors, CTPU_ERR_NOT_INITIALIZED, device
+ * errors latched on t, CTPU_ERR_OOM (host memory for a copy of t),
+ * CTPU_ERR_IO (writing to f failed). */
+CTPU_API ctpu_status ctpu_print(ctpu_tensor t, FILE *f);
 /* The value of a one-element tensor as double (waits for it). */
 CTPU_API ctpu_status ctpu_item(ctpu_tensor t, double *out);
 

@@ -403,6 +403,98 @@ START_TEST(init_shutdown_init)
 }
 END_TEST
 
+/* ctpu_print: PyTorch's layout, shape and dtype. */
+static char *printed(ctpu_tensor t)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    ck_assert_ptr_nonnull(f);
+    ck_assert_msg(ctpu_print(t, f) == CTPU_OK, "%s", ctpu_last_error());
+    fclose(f);
+    return buf;
+}
+#define PRINTS(t, want)                                                                                       \
+    do {                                                                                                      \
+        char *got_ = printed(t);                                                                              \
+        ck_assert_msg(strcmp(got_, want) == 0, "got:\n%s\nwant:\n%s", got_, want);                           \
+        free(got_);                                                                                           \
+    } while (0)
+
+START_TEST(print_like_torch)
+{
+    float a[6] = { 1, 2, 3, 4, 5, 6 };
+    PRINTS(ctpu_from_host(a, CTPU_F32, 2, (int64_t[]){ 2, 3 }),
+           "tensor([[1., 2., 3.],\n        [4., 5., 6.]], shape=(2, 3), dtype=f32)\n");
+    PRINTS(ctpu_from_host((float[]){ 0.5f, -1.25f, 3 }, CTPU_F32, 1, (int64_t[]){ 3 }),
+           "tensor([ 0.5000, -1.2500,  3.0000], shape=(3,), dtype=f32)\n");
+    PRINTS(ctpu_from_host((float[]){ 1e-5f, 1 }, CTPU_F32, 1, (int64_t[]){ 2 }),
+           "tensor([1.0000e-05, 1.0000e+00], shape=(2,), dtype=f32)\n");
+    PRINTS(ctpu_full(CTPU_BF16, 0, NULL, 2.5), "tensor(2.5000, shape=(), dtype=bf16)\n");
+    PRINTS(ctpu_arange(0, 4, 1, CTPU_I32), "tensor([0, 1, 2, 3], shape=(4,), dtype=i32)\n");
+    PRINTS(ctpu_zeros(CTPU_F32, 2, (int64_t[]){ 0, 3 }), "tensor([], shape=(0, 3), dtype=f32)\n");
+    PRINTS(ctpu_div(ctpu_arange(-1, 2, 1, CTPU_F32), ctpu_zeros(CTPU_F32, 1, (int64_t[]){ 3 })),
+           "tensor([-inf,  nan,  inf], shape=(3,), dtype=f32)\n");
+    /* 3-D: a blank line between the first dim's entries */
+    PRINTS(ctpu_reshape(ctpu_arange(0, 8, 1, CTPU_I32), 3, (int64_t[]){ 2, 2, 2 }),
+           "tensor([[[0, 1],\n         [2, 3]],\n\n        [[4, 5],\n         [6, 7]]], shape=(2, 2, 2), dtype=i32)\n");
+    /* past 1000 elements: first and last 3 of each dim around ... */
+    PRINTS(ctpu_arange(0, 2000, 1, CTPU_I32), "tensor([   0,    1,    2, ..., 1997, 1998, 1999], shape=(2000,), dtype=i32)\n");
+    PRINTS(ctpu_reshape(ctpu_arange(0, 1010, 1, CTPU_F32), 2, (int64_t[]){ 101, 10 }),
+           "tensor([[   0.,    1.,    2., ...,    7.,    8.,    9.],\n"
+           "        [  10.,   11.,   12., ...,   17.,   18.,   19.],\n"
+           "        [  20.,   21.,   22., ...,   27.,   28.,   29.],\n"
+           "        ...,\n"
+           "        [ 980.,  981.,  982., ...,  987.,  988.,  989.],\n"
+           "        [ 990.,  991.,  992., ...,  997.,  998.,  999.],\n"
+           "        [1000., 1001., 1002., ..., 1007., 1008., 1009.]], shape=(101, 10), dtype=f32)\n");
+    /* exactly 1000 elements: all of them; a long row wraps at 80 columns */
+    char *all = printed(ctpu_arange(0, 1000, 1, CTPU_I32));
+    ck_assert(!strstr(all, "..."));
+    ck_assert(strstr(all, " 999]"));
+    for (char *l = all; *l; ) {
+        char *nl = strchr(l, '\n');
+        ck_assert_int_le(nl - l, 80 + 30);   /* the last line carries shape and dtype */
+        l = nl + 1;
+    }
+    free(all);
+    /* the same in defer and fuse (a host read cuts the trace) */
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEFER_FUSE), CTPU_OK);
+    PRINTS(ctpu_mul_scalar(ctpu_from_host(a, CTPU_F32, 1, (int64_t[]){ 6 }), 0.5),
+           "tensor([0.5000, 1.0000, 1.5000, 2.0000, 2.5000, 3.0000], shape=(6,), dtype=f32)\n");
+}
+END_TEST
+
+/* Host bf16 data from floats, and any dtype back as floats. */
+START_TEST(host_bf16_helpers)
+{
+    float src[8] = { 1.0f, 1.00390625f, 1.01171875f, -3.14159f, 1e-40f, INFINITY, NAN, 65504.0f };
+    int64_t n = 8;
+    ctpu_tensor h = ctpu_from_host_f32_as_bf16(src, 1, &n);
+    ck_assert_int_eq(ctpu_dtype_of(h), CTPU_BF16);
+    ctpu_tensor c = ctpu_cast(ctpu_from_host(src, CTPU_F32, 1, &n), CTPU_BF16);
+    uint16_t hb[8], cb[8];
+    ck_assert_int_eq(ctpu_to_host(h, hb, sizeof hb), CTPU_OK);
+    ck_assert_int_eq(ctpu_to_host(c, cb, sizeof cb), CTPU_OK);
+    for (int i = 0; i < 8; i++) ck_assert_msg(hb[i] == cb[i], "element %d: %04x vs cast %04x", i, hb[i], cb[i]);
+    ck_assert_uint_eq(hb[0], 0x3f80);
+    ck_assert_uint_eq(hb[1], 0x3f80);        /* a tie rounds to even */
+    ck_assert_uint_eq(hb[4], 0x0000);        /* a bf16 subnormal is zero */
+    float back[8];
+    ck_assert_int_eq(ctpu_to_host_as_f32(h, back, sizeof back), CTPU_OK);
+    for (int i = 0; i < 8; i++) ck_assert(t_same(back[i], ctpu_bf16_to_f32(hb[i])));
+    ck_assert_int_eq(ctpu_to_host_as_f32(h, back, 31), CTPU_ERR_INVALID_ARG);   /* needs 8 floats */
+    ck_assert(t_contains(ctpu_last_error(), "to_host_as_f32"));
+    /* i32 and f32 */
+    float iv[4];
+    ck_assert_int_eq(ctpu_to_host_as_f32(ctpu_arange(-2, 2, 1, CTPU_I32), iv, sizeof iv), CTPU_OK);
+    ck_assert(iv[0] == -2 && iv[3] == 1);
+    float fv[8];
+    ck_assert_int_eq(ctpu_to_host_as_f32(ctpu_from_host(src, CTPU_F32, 1, &n), fv, sizeof fv), CTPU_OK);
+    for (int i = 0; i < 8; i++) ck_assert(t_same(fv[i], src[i]));
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("handles");
@@ -422,6 +514,8 @@ static Suite *suite(void)
     tcase_add_test(t, assign_errors);
     tcase_add_test(t, assign_over_faulted_value);
     tcase_add_test(t, no_leak_after_scope);
+    tcase_add_test(t, print_like_torch);
+    tcase_add_test(t, host_bf16_helpers);
     suite_add_tcase(s, t);
     TCase *l = tcase_create("lifecycle");
     tcase_set_timeout(l, 60);

@@ -162,6 +162,9 @@ static void uninitialised_sweep(void)
     UN_T(ctpu_from_host, "from_host", f, CTPU_F32, 2, sh);
     UN_S(ctpu_to_host, "to_host", t, f, sizeof f);
     UN_S(ctpu_item, "item", t, &v);
+    UN_T(ctpu_from_host_f32_as_bf16, "from_host_f32_as_bf16", f, 2, sh);
+    UN_S(ctpu_to_host_as_f32, "to_host_as_f32", t, f, sizeof f);
+    UN_S(ctpu_print, "print", t, NULL);
     UN_T(ctpu_zeros, "zeros", CTPU_F32, 2, sh);
     UN_T(ctpu_ones, "ones", CTPU_F32, 2, sh);
     UN_T(ctpu_full, "full", CTPU_F32, 2, sh, 1.0);
@@ -397,6 +400,23 @@ START_TEST(extreme_integers_and_values)
     ERR(ctpu_set_steps_per_epoch(-1), CTPU_ERR_INVALID_ARG, "steps_per_epoch");
     ERR(ctpu_set_steps_per_epoch(INT64_MIN), CTPU_ERR_INVALID_ARG, "steps_per_epoch");
     ERR(ctpu_item(a, NULL), CTPU_ERR_INVALID_ARG, "item");
+    /* host helpers and print: bad shapes, NULL data, short buffers, bad handles */
+    NUL(ctpu_from_host_f32_as_bf16(NULL, 1, (int64_t[]){ 4 }), CTPU_ERR_INVALID_ARG, "from_host_f32_as_bf16");
+    NUL(ctpu_from_host_f32_as_bf16((float[]){ 0 }, INT_MAX, (int64_t[]){ 1 }), CTPU_ERR_SHAPE, "from_host_f32_as_bf16");
+    NUL(ctpu_from_host_f32_as_bf16((float[]){ 0 }, 1, (int64_t[]){ INT64_MIN }), CTPU_ERR_SHAPE, "from_host_f32_as_bf16");
+    NUL(ctpu_from_host_f32_as_bf16((float[]){ 0 }, 2, NULL), CTPU_ERR_INVALID_ARG, "from_host_f32_as_bf16");
+    ERR(ctpu_to_host_as_f32(a, NULL, 24), CTPU_ERR_INVALID_ARG, "to_host_as_f32");
+    ERR(ctpu_to_host_as_f32(a, (float[5]){ 0 }, 20), CTPU_ERR_INVALID_ARG, "to_host_as_f32");
+    ERR(ctpu_to_host_as_f32(FAKE, (float[5]){ 0 }, 20), CTPU_ERR_STALE_HANDLE, "to_host_as_f32");
+    ERR(ctpu_to_host_as_f32(CTPU_NULL, (float[5]){ 0 }, 20), CTPU_ERR_NULL_HANDLE, "to_host_as_f32");
+    ERR(ctpu_print(CTPU_NULL, NULL), CTPU_ERR_NULL_HANDLE, "print");
+    ERR(ctpu_print(FAKE, NULL), CTPU_ERR_STALE_HANDLE, "print");
+    {
+        FILE *ro = fopen("/dev/null", "r");   /* a stream that cannot be written */
+        ck_assert_ptr_nonnull(ro);
+        ERR(ctpu_print(a, ro), CTPU_ERR_IO, "print");
+        fclose(ro);
+    }
     float six[6];
     ck_assert_int_eq(ctpu_to_host(a, six, SIZE_MAX), CTPU_OK);         /* a huge dst_bytes is fine */
     /* values that are legal however odd: NaN fill of i32 is 0, Inf clamps */

@@ -177,6 +177,9 @@ static inline ctpu_trec *ctpu_slot(uint32_t idx)
 static inline uint32_t ctpu_handle_slot(ctpu_tensor t) { return (uint32_t)(t.id & 0xffffffffu) - 1u; }
 static inline uint32_t ctpu_handle_gen(ctpu_tensor t) { return (uint32_t)(t.id >> 32); }
 
+/* ctpu_to_host with the user's call named in messages (ctpu_print). */
+ctpu_status ctpu__to_host_op(const char *op, ctpu_tensor t, void *dst, size_t dst_bytes);
+
 /* ------------------------------------------------------------ errors */
 /* Set the thread's error: status + printf-style one-line message. */
 void ctpu_set_error(ctpu_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

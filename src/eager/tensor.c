@@ -346,46 +346,69 @@ bool ctpu__validate_shape(const char *op, int ndim, const int64_t *shape, ctpu_d
     return validate_shape(op, ndim, shape, dt, out);
 }
 
-ctpu_tensor ctpu_from_host(const void *data, ctpu_dtype dt, int ndim, const int64_t *shape)
+/* from_host's body; f32_as_bf16: data is float, rounded to bf16 on the way
+ * (the one rounding function, as ctpu_cast does). */
+static ctpu_tensor from_host_impl(const char *op, const void *data, ctpu_dtype dt, int ndim, const int64_t *shape,
+                                  bool f32_as_bf16)
 {
-    if (!ctpu_check_init("from_host")) return CTPU_NULL;
+    if (!ctpu_check_init(op)) return CTPU_NULL;
     ctpu_vtype vt;
-    if (!validate_shape("from_host", ndim, shape, dt, &vt)) return CTPU_NULL;
+    if (!validate_shape(op, ndim, shape, dt, &vt)) return CTPU_NULL;
     size_t bytes = (size_t)ctpu_vtype_numel(&vt) * ctpu_kdt_size(dt);
     if (!data && bytes) {
-        ctpu_set_error(CTPU_ERR_INVALID_ARG, "from_host: data is NULL for %zu bytes", bytes);
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: data is NULL for %zu bytes", op, bytes);
         return CTPU_NULL;
     }
     char err[256];
     ctpu_buffer *b = ctpu_buffer_alloc(ctpu_rt->dev, bytes, err, sizeof err);
     if (!b) {
         char tb[128];
-        ctpu_set_error(CTPU_ERR_OOM, "from_host: %s: %s", ctpu_fmt_type(&vt, tb, sizeof tb), err);
+        ctpu_set_error(CTPU_ERR_OOM, "%s: %s: %s", op, ctpu_fmt_type(&vt, tb, sizeof tb), err);
         return CTPU_NULL;
     }
-    if (bytes) memcpy(b->data, data, bytes);
-    ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_H2D_BYTES, (long long)bytes);
-    return ctpu_handle_new(&vt, b, 0, "from_host");
+    if (f32_as_bf16) {
+        const float *src = data;
+        uint16_t *dst = b->data;
+        for (int64_t i = 0, n = ctpu_vtype_numel(&vt); i < n; i++) dst[i] = ctpu_f32_to_bf16(src[i]);
+    } else if (bytes) {
+        memcpy(b->data, data, bytes);
+    }
+    ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_H2D_BYTES, (long long)(f32_as_bf16 ? bytes * 2 : bytes));
+    return ctpu_handle_new(&vt, b, 0, op);
 }
 
-ctpu_status ctpu_to_host(ctpu_tensor t, void *dst, size_t dst_bytes)
+ctpu_tensor ctpu_from_host(const void *data, ctpu_dtype dt, int ndim, const int64_t *shape)
 {
-    ctpu_trec *r = ctpu_rec_get(t, "to_host", "t", false);
+    return from_host_impl("from_host", data, dt, ndim, shape, false);
+}
+
+ctpu_tensor ctpu_from_host_f32_as_bf16(const float *data, int ndim, const int64_t *shape)
+{
+    return from_host_impl("from_host_f32_as_bf16", data, CTPU_BF16, ndim, shape, true);
+}
+
+/* to_host's body. as_f32: dst is float[numel] whatever t's dtype (bf16
+ * widened exactly, i32 converted as (float)). */
+static ctpu_status to_host_impl(const char *op, ctpu_tensor t, void *dst, size_t dst_bytes, bool as_f32)
+{
+    ctpu_trec *r = ctpu_rec_get(t, op, "t", false);
     if (!r) return ctpu_last_status();
-    size_t bytes = (size_t)ctpu_vtype_numel(&r->type) * ctpu_kdt_size(r->type.dtype);
+    int64_t numel = ctpu_vtype_numel(&r->type);
+    size_t bytes = (size_t)numel * ctpu_kdt_size(r->type.dtype);
+    size_t need = as_f32 ? (size_t)numel * sizeof(float) : bytes;
     char tb[128];
-    if (!dst && bytes) {
-        ctpu_set_error(CTPU_ERR_INVALID_ARG, "to_host: dst is NULL for t %s", ctpu_fmt_type(&r->type, tb, sizeof tb));
+    if (!dst && need) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: dst is NULL for t %s", op, ctpu_fmt_type(&r->type, tb, sizeof tb));
         return CTPU_ERR_INVALID_ARG;
     }
-    if (dst_bytes < bytes) {
-        ctpu_set_error(CTPU_ERR_INVALID_ARG, "to_host: dst_bytes=%zu is less than the %zu bytes of t %s",
-                       dst_bytes, bytes, ctpu_fmt_type(&r->type, tb, sizeof tb));
+    if (dst_bytes < need) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: dst_bytes=%zu is less than the %zu bytes %sof t %s", op, dst_bytes,
+                       need, as_f32 ? "(as f32) " : "", ctpu_fmt_type(&r->type, tb, sizeof tb));
         return CTPU_ERR_INVALID_ARG;
     }
     ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_HOST_READS, 1);
     ctpu__report_host_read(bytes);   /* report.c: reads by call-site label */
-    if (!ctpu__materialize(r, "to_host", CTPU_CUT_HOST_READ)) return ctpu_last_status();
+    if (!ctpu__materialize(r, op, CTPU_CUT_HOST_READ)) return ctpu_last_status();
     ctpu_device_wait(ctpu_rt->dev, 0);
     unsigned f = atomic_load(&r->buf->fault);
     if (f) {
@@ -394,9 +417,35 @@ ctpu_status ctpu_to_host(ctpu_tensor t, void *dst, size_t dst_bytes)
         ctpu_device_take_error(ctpu_rt->dev, NULL, 0); /* reported here */
         return fr->status;
     }
-    if (bytes) memcpy(dst, (char *)r->buf->data + r->off, bytes);
+    const char *src = (const char *)r->buf->data + r->off;
+    if (!as_f32 || r->type.dtype == CTPU_F32) {
+        if (bytes) memcpy(dst, src, bytes);
+    } else if (r->type.dtype == CTPU_BF16) {
+        const uint16_t *h = (const uint16_t *)(const void *)src;
+        float *o = dst;
+        for (int64_t i = 0; i < numel; i++) o[i] = ctpu_bf16_to_f32(h[i]);
+    } else {
+        const int32_t *v = (const int32_t *)(const void *)src;
+        float *o = dst;
+        for (int64_t i = 0; i < numel; i++) o[i] = (float)v[i];
+    }
     ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_D2H_BYTES, (long long)bytes);
     return CTPU_OK;
+}
+
+ctpu_status ctpu_to_host(ctpu_tensor t, void *dst, size_t dst_bytes)
+{
+    return to_host_impl("to_host", t, dst, dst_bytes, false);
+}
+
+ctpu_status ctpu_to_host_as_f32(ctpu_tensor t, float *dst, size_t dst_bytes)
+{
+    return to_host_impl("to_host_as_f32", t, dst, dst_bytes, true);
+}
+
+ctpu_status ctpu__to_host_op(const char *op, ctpu_tensor t, void *dst, size_t dst_bytes)
+{
+    return to_host_impl(op, t, dst, dst_bytes, false);
 }
 
 ctpu_status ctpu_item(ctpu_tensor t, double *out)
