@@ -27,6 +27,7 @@
 #include <ctpu_nn.h>
 
 #include <errno.h>
+#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +69,8 @@ static void usage(FILE *f)
             "  --stop-after N   stop once N steps of the run are done (the schedule still spans --epochs)\n"
             "  --progress / --no-progress   force the progress bar on or off (default: on a terminal)\n"
             "  --help           this text\n"
+            "  --version        the program's and the library's version\n"
+            "Options take their value as --opt VALUE or --opt=VALUE.\n"
             "The mode comes from the environment: TORCH_TPU_LAUNCH_BLOCKING=1 (debug eager),\n"
             "TORCH_TPU_DEFER_AND_FUSE=1 (defer and fuse); strict eager otherwise.\n");
 }
@@ -86,41 +89,69 @@ static int parse_args(int argc, char **argv, opts_t *o)
 {
     *o = (opts_t){ .data_dir = "/usr/share/datasets/fashion-mnist", .epochs = 5, .batch = 128, .lr = 1e-3,
                    .wd = 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .seed = 1, .progress = -1 };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 1; }
-        if (!strcmp(a, "--progress")) { o->progress = 1; continue; }
-        if (!strcmp(a, "--no-progress")) { o->progress = 0; continue; }
-        static const char *const with_value[] = { "--data", "--log", "--betas", "--epochs", "--batch", "--lr", "--wd",
-                                                  "--eps", "--seed", "--threads", "--limit", "--test-limit",
-                                                  "--save", "--save-every", "--resume", "--stop-after" };
-        bool known = false;
-        for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= !strcmp(a, with_value[k]);
-        if (!known) { fprintf(stderr, "fashion_mnist: unknown option %s (see --help)\n", a); return 2; }
-        if (i + 1 >= argc) { fprintf(stderr, "fashion_mnist: %s needs a value (see --help)\n", a); return 2; }
-        const char *v = argv[++i];
+    /* getopt_long: "--epochs 1", "--epochs=1" and unique prefixes ("--ep=1") */
+    enum { O_DATA = 256, O_LOG, O_BETAS, O_EPOCHS, O_BATCH, O_LR, O_WD, O_EPS, O_SEED, O_THREADS, O_LIMIT,
+           O_TEST_LIMIT, O_SAVE, O_SAVE_EVERY, O_RESUME, O_STOP_AFTER, O_PROGRESS, O_NO_PROGRESS, O_VERSION };
+    static const struct option longopts[] = {
+        { "data", required_argument, NULL, O_DATA },       { "log", required_argument, NULL, O_LOG },
+        { "betas", required_argument, NULL, O_BETAS },     { "epochs", required_argument, NULL, O_EPOCHS },
+        { "batch", required_argument, NULL, O_BATCH },     { "lr", required_argument, NULL, O_LR },
+        { "wd", required_argument, NULL, O_WD },           { "eps", required_argument, NULL, O_EPS },
+        { "seed", required_argument, NULL, O_SEED },       { "threads", required_argument, NULL, O_THREADS },
+        { "limit", required_argument, NULL, O_LIMIT },     { "test-limit", required_argument, NULL, O_TEST_LIMIT },
+        { "save", required_argument, NULL, O_SAVE },       { "save-every", required_argument, NULL, O_SAVE_EVERY },
+        { "resume", required_argument, NULL, O_RESUME },   { "stop-after", required_argument, NULL, O_STOP_AFTER },
+        { "progress", no_argument, NULL, O_PROGRESS },     { "no-progress", no_argument, NULL, O_NO_PROGRESS },
+        { "help", no_argument, NULL, 'h' },                { "version", no_argument, NULL, O_VERSION },
+        { NULL, 0, NULL, 0 },
+    };
+    opterr = 0;   /* our own messages, naming the option */
+    optind = 1;
+    int c, li = -1;
+    while ((c = getopt_long(argc, argv, ":h", longopts, &li)) != -1) {
+        const char *name = li >= 0 ? longopts[li].name : "?";
+        const char *v = optarg;
         double x = 0;
         bool ok = true;
-        if (!strcmp(a, "--data")) o->data_dir = v;
-        else if (!strcmp(a, "--log")) o->log_path = v;
-        else if (!strcmp(a, "--save")) o->save_path = v;
-        else if (!strcmp(a, "--resume")) o->resume_path = v;
-        else if (!strcmp(a, "--betas")) ok = sscanf(v, "%lf,%lf", &o->beta1, &o->beta2) == 2;
-        else if ((ok = parse_num(v, &x))) {
-            if (!strcmp(a, "--epochs")) { o->epochs = (int)x; ok = x >= 1 && x == (int)x; }
-            else if (!strcmp(a, "--batch")) { o->batch = (int64_t)x; ok = x >= 1 && x == (int64_t)x; }
-            else if (!strcmp(a, "--lr")) { o->lr = x; ok = x > 0 && isfinite(x); }
-            else if (!strcmp(a, "--wd")) { o->wd = x; ok = x >= 0 && isfinite(x); }
-            else if (!strcmp(a, "--eps")) { o->eps = x; ok = x > 0 && isfinite(x); }
-            else if (!strcmp(a, "--seed")) { o->seed = (uint64_t)x; ok = x >= 0; }
-            else if (!strcmp(a, "--threads")) { o->threads = (int)x; ok = x >= 1; }
-            else if (!strcmp(a, "--limit")) { o->limit = (int64_t)x; ok = x >= 1; }
-            else if (!strcmp(a, "--test-limit")) { o->test_limit = (int64_t)x; ok = x >= 1; }
-            else if (!strcmp(a, "--save-every")) { o->save_every = (int64_t)x; ok = x >= 1 && x == (int64_t)x; }
-            else if (!strcmp(a, "--stop-after")) { o->stop_after = (int64_t)x; ok = x >= 1 && x == (int64_t)x; }
-            else { fprintf(stderr, "fashion_mnist: unknown option %s (see --help)\n", a); return 2; }
+        switch (c) {
+        case 'h': usage(stdout); return 1;
+        case O_VERSION: printf("fashion_mnist (ctpu %s)\n", ctpu_version()); return 1;
+        case O_PROGRESS: o->progress = 1; break;
+        case O_NO_PROGRESS: o->progress = 0; break;
+        case O_DATA: o->data_dir = v; break;
+        case O_LOG: o->log_path = v; break;
+        case O_SAVE: o->save_path = v; break;
+        case O_RESUME: o->resume_path = v; break;
+        case O_BETAS: ok = sscanf(v, "%lf,%lf", &o->beta1, &o->beta2) == 2; break;
+        case ':':
+            fprintf(stderr, "fashion_mnist: %s needs a value (see --help)\n", argv[optind - 1]);
+            return 2;
+        case '?':
+            fprintf(stderr, "fashion_mnist: unknown option %s (see --help)\n", argv[optind - 1]);
+            return 2;
+        default:
+            if (!(ok = parse_num(v, &x))) break;
+            switch (c) {
+            case O_EPOCHS: o->epochs = (int)x; ok = x >= 1 && x == (int)x; break;
+            case O_BATCH: o->batch = (int64_t)x; ok = x >= 1 && x == (int64_t)x; break;
+            case O_LR: o->lr = x; ok = x > 0 && isfinite(x); break;
+            case O_WD: o->wd = x; ok = x >= 0 && isfinite(x); break;
+            case O_EPS: o->eps = x; ok = x > 0 && isfinite(x); break;
+            case O_SEED: o->seed = (uint64_t)x; ok = x >= 0 && x < 1.8446744073709552e19; break;
+            case O_THREADS: o->threads = (int)x; ok = x >= 1 && x <= 64; break;
+            case O_LIMIT: o->limit = (int64_t)x; ok = x >= 1 && x < 9.2e18; break;
+            case O_TEST_LIMIT: o->test_limit = (int64_t)x; ok = x >= 1 && x < 9.2e18; break;
+            case O_SAVE_EVERY: o->save_every = (int64_t)x; ok = x >= 1 && x == (int64_t)x; break;
+            case O_STOP_AFTER: o->stop_after = (int64_t)x; ok = x >= 1 && x == (int64_t)x; break;
+            default: ok = false; break;
+            }
         }
-        if (!ok) { fprintf(stderr, "fashion_mnist: bad value '%s' for %s (see --help)\n", v, a); return 2; }
+        if (!ok) { fprintf(stderr, "fashion_mnist: bad value '%s' for --%s (see --help)\n", v, name); return 2; }
+        li = -1;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "fashion_mnist: unexpected argument %s (see --help)\n", argv[optind]);
+        return 2;
     }
     if (o->save_every && !o->save_path) {
         fprintf(stderr, "fashion_mnist: --save-every needs --save PATH (see --help)\n");

@@ -113,6 +113,9 @@ CTPU_API ctpu_status ctpu_init(void);
  * Safe to call when not initialised. ctpu_init may be called again after. */
 CTPU_API void ctpu_shutdown(void);
 CTPU_API bool ctpu_is_initialized(void);
+/* The library's version, "MAJOR.MINOR.PATCH" (meson.build's project
+ * version; ctpu.pc carries the same). No init needed. */
+CTPU_API const char *ctpu_version(void);
 
 /* The calling thread's last error message (one line) and status; "" / CTPU_OK
  * if none. Successful calls do not clear it; ctpu_clear_error() does. */

@@ -121,6 +121,7 @@ static void uninitialised_sweep(void)
     ctpu_cost_table tab;
     /* runtime */
     UN_OK(ctpu_is_initialized, !ctpu_is_initialized());
+    UN_OK(ctpu_version, ctpu_version() && strcmp(ctpu_version(), CTPU_VERSION_EXPECTED) == 0);
     UN_OK(ctpu_shutdown, (ctpu_shutdown(), true));             /* safe when not initialised */
     UN_OK(ctpu_last_error, ctpu_last_error() != NULL);
     UN_OK(ctpu_last_status, ctpu_last_status() < CTPU_STATUS_COUNT);

@@ -9,6 +9,7 @@
  * cache hits over steps. Exit status: 0 ok, 1 usage, 2 a file that cannot
  * be read or is not a (complete) ctpu metrics JSON document. */
 #include <errno.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +20,9 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: ctpu-report [--format text|markdown|json] RUN.json [MORE.json ...]\n"
                "       ctpu-report --compare A.json B.json [--format text|markdown|json]\n"
-               "       ctpu-report --plot OUT.svg RUN.json [MORE.json ...]\n");
+               "       ctpu-report --plot OUT.svg RUN.json [MORE.json ...]\n"
+               "       ctpu-report --help | --version\n"
+               "Options take their value as --opt VALUE or --opt=VALUE.\n");
 }
 
 /* The whole file, NUL-terminated; NULL with a message on stderr. */
@@ -65,34 +68,44 @@ int main(int argc, char **argv)
     bool compare = false;
     const char *files[64];
     int nf = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--format") == 0 || strncmp(a, "--format=", 9) == 0) {
-            const char *v = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[++i] : NULL);
-            if (!v) { usage(stderr); return 1; }
-            if (strcmp(v, "text") == 0) fmt = CTPU_REPORT_TEXT;
-            else if (strcmp(v, "markdown") == 0 || strcmp(v, "md") == 0) fmt = CTPU_REPORT_MARKDOWN;
-            else if (strcmp(v, "json") == 0) fmt = CTPU_REPORT_JSON;
+    enum { O_FORMAT = 256, O_COMPARE, O_PLOT, O_VERSION };
+    static const struct option longopts[] = {
+        { "format", required_argument, NULL, O_FORMAT }, { "compare", no_argument, NULL, O_COMPARE },
+        { "plot", required_argument, NULL, O_PLOT },     { "help", no_argument, NULL, 'h' },
+        { "version", no_argument, NULL, O_VERSION },     { NULL, 0, NULL, 0 },
+    };
+    opterr = 0;
+    int c;
+    /* getopt_long: --format json, --format=json, -f json; options may follow the files */
+    while ((c = getopt_long(argc, argv, ":hf:", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'f':
+        case O_FORMAT:
+            if (strcmp(optarg, "text") == 0) fmt = CTPU_REPORT_TEXT;
+            else if (strcmp(optarg, "markdown") == 0 || strcmp(optarg, "md") == 0) fmt = CTPU_REPORT_MARKDOWN;
+            else if (strcmp(optarg, "json") == 0) fmt = CTPU_REPORT_JSON;
             else {
-                fprintf(stderr, "ctpu-report: --format %s: use text, markdown or json\n", v);
+                fprintf(stderr, "ctpu-report: --format %s: use text, markdown or json\n", optarg);
                 return 1;
             }
-        } else if (strcmp(a, "--compare") == 0) {
-            compare = true;
-        } else if (strcmp(a, "--plot") == 0) {
-            if (i + 1 >= argc) { usage(stderr); return 1; }
-            plot = argv[++i];
-        } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            usage(stdout);
-            return 0;
-        } else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "ctpu-report: unknown option %s\n", a);
+            break;
+        case O_COMPARE: compare = true; break;
+        case O_PLOT: plot = optarg; break;
+        case 'h': usage(stdout); return 0;
+        case O_VERSION: printf("ctpu-report (ctpu %s)\n", ctpu_version()); return 0;
+        case ':':
+            fprintf(stderr, "ctpu-report: %s needs a value\n", argv[optind - 1]);
             usage(stderr);
             return 1;
-        } else {
-            if (nf == 64) { fprintf(stderr, "ctpu-report: at most 64 files\n"); return 1; }
-            files[nf++] = a;
+        default:
+            fprintf(stderr, "ctpu-report: unknown option %s\n", argv[optind - 1]);
+            usage(stderr);
+            return 1;
         }
+    }
+    for (int i = optind; i < argc; i++) {
+        if (nf == 64) { fprintf(stderr, "ctpu-report: at most 64 files\n"); return 1; }
+        files[nf++] = argv[i];
     }
     if (nf == 0 || (compare && nf != 2) || (plot && nf > 16)) {
         if (compare && nf != 2) fprintf(stderr, "ctpu-report: --compare takes exactly two files (got %d)\n", nf);

@@ -113,6 +113,8 @@ void ctpu_set_error(ctpu_status st, const char *fmt, ...)
     msg[o] = 0;
 }
 
+const char *ctpu_version(void) { return CTPU_VERSION; }
+
 const char *ctpu_last_error(void)
 {
     ctpu_thread_state *s = ctpu__ts_get();
