@@ -780,6 +780,29 @@ CTPU_API int ctpu_dist_local_size(void);    /* ranks on this node */
 CTPU_API bool ctpu_dist_available(void);    /* this ctpu was built with MPI */
 CTPU_API bool ctpu_dist_is_initialized(void);
 
+/* Sum (or mean) of t over the ranks, on every rank; same shape and dtype.
+ * f32 and bf16 (i32: sum only). Errors: CTPU_ERR_DTYPE (i32 mean),
+ * CTPU_ERR_INVALID_ARG (op), handle errors; across ranks: see above. */
+CTPU_API ctpu_tensor ctpu_all_reduce(ctpu_tensor t, ctpu_dist_op op);
+/* Rank root's t on every rank (every rank passes a t of the same shape and
+ * dtype). Errors: CTPU_ERR_INVALID_ARG (root outside [0, world size)). */
+CTPU_API ctpu_tensor ctpu_broadcast(ctpu_tensor t, int root);
+/* The ranks' t concatenated along dim in rank order: extent(dim) x world
+ * size. ndim >= 1. Errors: CTPU_ERR_SHAPE (dim out of range, 0-d t). */
+CTPU_API ctpu_tensor ctpu_all_gather(ctpu_tensor t, int dim);
+/* Sum (or mean) over the ranks as all_reduce, of which rank r keeps slice r
+ * along dim (extent(dim) / world size rows). Errors: CTPU_ERR_SHAPE (dim
+ * out of range, or extent(dim) not a multiple of the world size), as
+ * ctpu_all_reduce otherwise. */
+CTPU_API ctpu_tensor ctpu_reduce_scatter(ctpu_tensor t, int dim, ctpu_dist_op op);
+/* A bucket number for this thread's collectives from now on (-1: none), for
+ * the SIGTERM line, error messages and the per-step report (DDP sets it). */
+CTPU_API ctpu_status ctpu_dist_set_bucket(int64_t bucket);
+/* Defer and fuse: cut the trace at each collective (true, the default) or
+ * keep collectives inside the step's program (false), so a gradient
+ * reduction can run within the backward's program. */
+CTPU_API ctpu_status ctpu_dist_set_collective_cut(bool cut);
+
 /* ICI cost model: an ESTIMATE of what a collective costs on a TPU pod, from
  * the public per-chip inter-chip-interconnect figures (sources in
  * src/dist/ici.c: the Cloud TPU system architecture pages).

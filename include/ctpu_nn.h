@@ -164,6 +164,50 @@ CTPU_API ctpu_status ctpu_optim_set_steps(ctpu_optim *o, int64_t steps);
 CTPU_API ctpu_tensor ctpu_optim_state(const ctpu_optim *o, int i, int k);
 CTPU_API void ctpu_optim_free(ctpu_optim *o);
 
+/* ------------------------------------------------------------ data parallel
+ * As torch.nn.parallel.DistributedDataParallel, over ctpu_dist_init's ranks
+ * (ctpu.h "distributed"): creating it broadcasts every parameter from rank 0;
+ * after backward, ctpu_ddp_sync_grads averages the gradients over the ranks,
+ * in buckets: the parameters in reverse order (DDP's: the last layers'
+ * gradients are ready first), a new bucket when the dtype changes or the
+ * bucket would pass bucket_bytes; one all_reduce (mean) of the flattened,
+ * concatenated gradients per bucket, labelled with its bucket number. Every
+ * rank must use every parameter (a parameter without a gradient adds zeros
+ * and stays without one, as DDP without find_unused_parameters expects).
+ * The mean is the rank-order left fold divided once by N, so a world-size-N
+ * run equals, bit for bit, one process that accumulates the same N
+ * micro-batches in rank order and divides the gradients by N.
+ * Randomness: between ctpu_ddp_step_begin and ctpu_ddp_sync_grads, rank r's
+ * generator draws the counters micro-batch r would draw in that one process
+ * ([base + r D, base + (r+1) D), D = draws of one micro-batch, from opts or
+ * measured on the first step; until measured, ranks > 0 repeat rank 0's
+ * range), and sync_grads leaves every rank at base + N D. A loop:
+ *   ctpu_optim_zero_grad(opt); ctpu_step_begin(); ctpu_ddp_step_begin(ddp);
+ *   ... forward on this rank's rows (ctpu_ddp_shard), backward ...
+ *   ctpu_ddp_sync_grads(ddp); ctpu_optim_step(opt); ctpu_step_end(); */
+typedef struct ctpu_ddp ctpu_ddp;
+typedef struct {
+    int64_t bucket_bytes;       /* gradient bytes per bucket, >= 1 (default 25 MiB, torch's bucket_cap_mb) */
+    int64_t rng_per_microbatch; /* D above (elements drawn per micro-batch); 0: measure it on the first step */
+    bool broadcast_params;      /* broadcast the parameters from rank 0 at creation (default true) */
+} ctpu_ddp_opts;
+CTPU_API ctpu_ddp_opts ctpu_ddp_defaults(void);
+/* params (not owned) as an optimizer's. opts NULL: the defaults. Errors
+ * (NULL returned): CTPU_ERR_INVALID_ARG (n < 1, params NULL, bucket_bytes
+ * < 1, rng_per_microbatch < 0), handle errors, CTPU_ERR_DTYPE (i32),
+ * CTPU_ERR_OOM, and those of the broadcast. */
+CTPU_API ctpu_ddp *ctpu_ddp_create(int n, const ctpu_tensor *params, const ctpu_ddp_opts *opts);
+/* Start a step: this rank's dropout counter range. Errors: CTPU_ERR_INVALID_ARG (d NULL). */
+CTPU_API ctpu_status ctpu_ddp_step_begin(ctpu_ddp *d);
+/* Average the gradients over the ranks (in place, through ctpu_assign on each
+ * .grad), under no_grad. Errors: those of the ops and collectives. */
+CTPU_API ctpu_status ctpu_ddp_sync_grads(ctpu_ddp *d);
+CTPU_API int ctpu_ddp_buckets(const ctpu_ddp *d);   /* 0 for NULL */
+CTPU_API void ctpu_ddp_free(ctpu_ddp *d);
+/* Rank r's rows of a global batch of n: [n r / N, n (r+1) / N) (the last
+ * partial batch split the same way). Out-of-range rank or world are clamped. */
+CTPU_API void ctpu_ddp_shard(int64_t n, int rank, int world, int64_t *lo, int64_t *hi);
+
 /* ------------------------------------------------------------ schedules
  * Learning rate before optimizer step `step` (0-based) of `total`: */
 /* min_lr + (base_lr - min_lr) * (1 + cos(pi * step / total)) / 2, as

@@ -15,7 +15,8 @@
  * - fusion class (CTPU_FUSE_*): how the compiler may fuse it (src/fuse/);
  * - cost class (CTPU_CC_*): which roofline term counts it (the per-op weight
  *   is in the cost model's own table);
- * - gradient (CTPU_GRAD_*): a backward rule in autograd.c's table, or none.
+ * - gradient (CTPU_GRAD_*): a backward rule in autograd.c's table, or none
+ *   (collectives carry none: DDP reduces gradients under no_grad).
  * Facts that only one layer uses live in that layer's table, indexed by op
  * (designated initialisers), each checked complete by a test: exec handlers
  * (src/fuse/exec.c), epilogue activations (src/fuse/vm.c), cost weights
@@ -51,6 +52,7 @@ enum {
     CTPU_OPK_FLOAT_OUT   = 1u << 12,  /* i32 inputs give f32 (exp, div, ...) */
     CTPU_OPK_FAULTS      = 1u << 13,  /* may raise a device fault (bounds) */
     CTPU_OPK_BACKWARD    = 1u << 14,  /* a helper op used by backward rules */
+    CTPU_OPK_COLLECTIVE  = 1u << 15,  /* across ranks (src/dist/): runs on the device thread, may cut a trace */
 };
 
 /* Output dtype rules (dispatch: out_dtype). */
@@ -199,7 +201,15 @@ enum {
     /* backward helpers (autograd.c builds them; exec at the end of exec.c) */ \
     X(SLICE_BACKWARD,     "slice_backward",     CTPU_OPK__MV | CTPU_OPK_BACKWARD, 1, GIVEN, GIVEN, 0, NONE, NONE, NONE) \
     X(EMBEDDING_BACKWARD, "embedding_backward", CTPU_OPK__MV | CTPU_OPK_BACKWARD, 2, GIVEN, GIVEN, 0, NONE, OUT, NONE) \
-    X(GATHER_BACKWARD,    "gather_backward",    CTPU_OPK__MV | CTPU_OPK_BACKWARD, 2, GIVEN, GIVEN, 0, NONE, OUT, NONE)
+    X(GATHER_BACKWARD,    "gather_backward",    CTPU_OPK__MV | CTPU_OPK_BACKWARD, 2, GIVEN, GIVEN, 0, NONE, OUT, NONE) \
+    /* collectives (src/eager/collective.c builds them; src/dist/ runs them; the ICI \
+     * cost is the dist cost model's, not the roofline's). attr.extra: ctpu_dist_op; \
+     * attr.i64[0]: root (broadcast) or dim; attr.i64[1]: bucket (-1 none); one \
+     * runtime scalar: the marked step at dispatch (for the SIGTERM line) */ \
+    X(ALL_REDUCE,     "all_reduce",     CTPU_OPK_COLLECTIVE, 1, SAME, SAME,  0, NONE, NONE, NONE) \
+    X(BROADCAST,      "broadcast",      CTPU_OPK_COLLECTIVE, 1, SAME, SAME,  0, NONE, NONE, NONE) \
+    X(ALL_GATHER,     "all_gather",     CTPU_OPK_COLLECTIVE, 1, SAME, GIVEN, 0, NONE, NONE, NONE) \
+    X(REDUCE_SCATTER, "reduce_scatter", CTPU_OPK_COLLECTIVE, 1, SAME, GIVEN, 0, NONE, NONE, NONE)
 
 typedef enum {
 #define X(e, n, k, a, dt, sh, ko, fu, co, gr) CTPU_OP_##e,

@@ -125,6 +125,12 @@ static ctpu_tensor apply_op(int op, ctpu_tensor x, ctpu_tensor y, ctpu_tensor w,
         ctpu_tensor g = ctpu_from_host(gi, CTPU_I32, 2, (int64_t[]){ 5, 2 });
         return grad_of(ctpu_tanh(x), f_gather, g);
     }
+    /* a world of one rank: the collectives inside a computation (and, in
+     * defer and fuse, the cut after each) */
+    case CTPU_OP_ALL_REDUCE: return ctpu_add_scalar(ctpu_all_reduce(ctpu_exp(x), CTPU_DIST_MEAN), 1);
+    case CTPU_OP_BROADCAST: return ctpu_mul(ctpu_broadcast(ctpu_tanh(x), 0), x);
+    case CTPU_OP_ALL_GATHER: return ctpu_all_gather(ctpu_relu(x), 1);
+    case CTPU_OP_REDUCE_SCATTER: return ctpu_reduce_scatter(ctpu_mul(x, x), 0, CTPU_DIST_SUM);
     default: return CTPU_NULL;
     }
 }

@@ -290,6 +290,12 @@ static void uninitialised_sweep(void)
     ck_assert_int_eq(ctpu_ici_estimate_collective("v5e", 0, INT64_MAX, 1, CTPU_ICI_TORUS, &ie), CTPU_ERR_INVALID_ARG);
     ck_assert_int_eq(ctpu_ici_estimate_collective("v5p", 0, 1 << 20, 1e30, CTPU_ICI_TORUS, &ie), CTPU_OK);
     ck_assert_int_eq(ctpu_ici_estimate_collective("v5e", 0, 1048573, 1, CTPU_ICI_TORUS, &ie), CTPU_OK); /* a prime */
+    UN_T(ctpu_all_reduce, "all_reduce", t, CTPU_DIST_SUM);
+    UN_T(ctpu_broadcast, "broadcast", t, 0);
+    UN_T(ctpu_all_gather, "all_gather", t, 0);
+    UN_T(ctpu_reduce_scatter, "reduce_scatter", t, 0, CTPU_DIST_MEAN);
+    UN_S(ctpu_dist_set_bucket, "dist_set_bucket", 3);
+    UN_S(ctpu_dist_set_collective_cut, "dist_set_collective_cut", false);
     ctpu_dist_stats ds;
     UN_S(ctpu_dist_get_stats, "dist_get_stats", &ds);
     UN_S(ctpu_dist_report, "dist_report", NULL);
@@ -361,6 +367,37 @@ START_TEST(entry_points_all_covered)
 END_TEST
 
 /* ------------------------------------------------------------ extreme arguments */
+/* Collectives with extreme arguments, in a world of one rank (issue 19). */
+START_TEST(collectives_extreme_arguments)
+{
+    ctpu_tensor a = t_f32((float[]){ 1, 2, 3, 4, 5, 6 }, 2, (int64_t[]){ 2, 3 });
+    NUL(ctpu_broadcast(a, INT_MIN), CTPU_ERR_INVALID_ARG, "broadcast");
+    NUL(ctpu_broadcast(a, INT_MAX), CTPU_ERR_INVALID_ARG, "broadcast");
+    NUL(ctpu_all_gather(a, INT_MIN), CTPU_ERR_SHAPE, "all_gather");
+    NUL(ctpu_all_gather(a, INT_MAX), CTPU_ERR_SHAPE, "all_gather");
+    NUL(ctpu_reduce_scatter(a, INT_MIN, CTPU_DIST_SUM), CTPU_ERR_SHAPE, "reduce_scatter");
+    NUL(ctpu_reduce_scatter(a, 0, (ctpu_dist_op)-1), CTPU_ERR_INVALID_ARG, "reduce_scatter");
+    NUL(ctpu_all_reduce(a, (ctpu_dist_op)INT_MAX), CTPU_ERR_INVALID_ARG, "all_reduce");
+    NUL(ctpu_all_reduce(FAKE, CTPU_DIST_SUM), CTPU_ERR_STALE_HANDLE, "all_reduce");
+    ck_assert_int_eq(ctpu_dist_set_bucket(INT64_MIN), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_dist_set_bucket(INT64_MAX), CTPU_ERR_INVALID_ARG);
+    ck_assert(t_contains(ctpu_last_error(), "dist_set_bucket"));
+    ck_assert_int_eq(ctpu_dist_set_bucket(INT64_MAX - 1), CTPU_OK);
+    ck_assert_int_eq(ctpu_dist_set_collective_cut(false), CTPU_OK);
+    ctpu_tensor y = ctpu_all_reduce(a, CTPU_DIST_SUM);
+    ck_assert(!ctpu_is_null(y));
+    ck_assert_int_eq(ctpu_dist_set_bucket(-1), CTPU_OK);
+    ck_assert_int_eq(ctpu_dist_set_collective_cut(true), CTPU_OK);
+    ctpu_dist_stats ds;
+    ck_assert_int_eq(ctpu_dist_get_stats(NULL), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_dist_get_stats(&ds), CTPU_OK);
+    ck_assert_uint_eq(ds.collectives, 1);   /* failed calls are not counted */
+    FILE *dn = fopen("/dev/null", "w");
+    ck_assert_int_eq(ctpu_dist_report(dn), CTPU_OK);
+    fclose(dn);
+}
+END_TEST
+
 START_TEST(extreme_integers_and_values)
 {
     ctpu_tensor a = t_f32((float[]){ 1, 2, 3, 4, 5, 6 }, 2, (int64_t[]){ 2, 3 });
@@ -977,6 +1014,7 @@ static Suite *suite(void)
     tcase_add_checked_fixture(t, t_setup, t_teardown);
     tcase_set_timeout(t, 120);
     tcase_add_test(t, extreme_integers_and_values);
+    tcase_add_test(t, collectives_extreme_arguments);
     tcase_add_test(t, nesting_and_autograd_misuse);
     tcase_add_test(t, handles_across_runtimes_and_threads);
     tcase_add_test(t, reports_hostile);

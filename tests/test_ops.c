@@ -1492,6 +1492,65 @@ static void case_gather_backward(int op)
     expect_f32_vals(y, (float[]){ 0, 0, 3, 3, 4, 0 }, 6, "gather_backward");
 }
 
+/* Collectives in a world of one rank (no ctpu_dist_init): each is the
+ * identity of its meaning for N = 1, in every dtype it takes; the argument
+ * checks; and the multi-rank semantics are the dist suite's (tests/dist/). */
+static void case_collective(int op)
+{
+    float x[6] = { 1.5f, -2, 3.25f, NAN, -0.0f, 1e30f };
+    int64_t s23[2] = { 2, 3 };
+    ctpu_tensor a = t_f32(x, 2, s23), b = ctpu_cast(a, CTPU_BF16);
+    int32_t iv[6] = { 1, -2, INT32_MAX, 4, 5, INT32_MIN };
+    ctpu_tensor i = t_i32(iv, 2, s23);
+    ctpu_tensor y[3];
+    const char *nm = ctpu_op_name(op);
+    switch (op) {
+    case CTPU_OP_ALL_REDUCE:
+        y[0] = ctpu_all_reduce(a, CTPU_DIST_SUM);
+        y[1] = ctpu_all_reduce(b, CTPU_DIST_MEAN);
+        y[2] = ctpu_all_reduce(i, CTPU_DIST_SUM);
+        ck_assert(ctpu_is_null(ctpu_all_reduce(i, CTPU_DIST_MEAN)) && ctpu_last_status() == CTPU_ERR_DTYPE);
+        ck_assert(ctpu_is_null(ctpu_all_reduce(a, (ctpu_dist_op)7)) && ctpu_last_status() == CTPU_ERR_INVALID_ARG);
+        break;
+    case CTPU_OP_BROADCAST:
+        y[0] = ctpu_broadcast(a, 0);
+        y[1] = ctpu_broadcast(b, 0);
+        y[2] = ctpu_broadcast(i, 0);
+        ck_assert(ctpu_is_null(ctpu_broadcast(a, 1)) && ctpu_last_status() == CTPU_ERR_INVALID_ARG);
+        ck_assert(t_contains(ctpu_last_error(), "broadcast: root=1"));
+        break;
+    case CTPU_OP_ALL_GATHER:
+        y[0] = ctpu_all_gather(a, 1);
+        y[1] = ctpu_all_gather(b, -2);
+        y[2] = ctpu_all_gather(i, 0);
+        ck_assert(ctpu_is_null(ctpu_all_gather(a, 2)) && ctpu_last_status() == CTPU_ERR_SHAPE);
+        ck_assert(ctpu_is_null(ctpu_all_gather(ctpu_sum(a, 0, NULL, false), 0)) && ctpu_last_status() == CTPU_ERR_SHAPE);
+        break;
+    default:
+        y[0] = ctpu_reduce_scatter(a, 1, CTPU_DIST_SUM);
+        y[1] = ctpu_reduce_scatter(b, 0, CTPU_DIST_MEAN);
+        y[2] = ctpu_reduce_scatter(i, -1, CTPU_DIST_SUM);
+        ck_assert(ctpu_is_null(ctpu_reduce_scatter(a, -3, CTPU_DIST_SUM)) && ctpu_last_status() == CTPU_ERR_SHAPE);
+        break;
+    }
+    ctpu_tensor src[3] = { a, b, i };
+    for (int k = 0; k < 3; k++) {
+        ck_assert_msg(!ctpu_is_null(y[k]), "%s: %s", nm, ctpu_last_error());
+        ck_assert_int_eq(ctpu_dtype_of(y[k]), ctpu_dtype_of(src[k]));
+        int64_t sh[8];
+        int nd;
+        ck_assert_int_eq(ctpu_shape(y[k], sh, &nd), CTPU_OK);
+        ck_assert(nd == 2 && sh[0] == 2 && sh[1] == 3);
+        char gb[24], wb[24];
+        size_t bytes = k == 1 ? 12 : 24;
+        ck_assert_int_eq(ctpu_to_host(y[k], gb, sizeof gb), CTPU_OK);
+        ck_assert_int_eq(ctpu_to_host(src[k], wb, sizeof wb), CTPU_OK);
+        ck_assert_msg(memcmp(gb, wb, bytes) == 0, "%s: a world of one rank changed the %s values", nm,
+                      ctpu_dtype_name(ctpu_dtype_of(src[k])));
+    }
+    ck_assert(ctpu_is_null(ctpu_all_reduce(CTPU_NULL, CTPU_DIST_SUM)));
+}
+
 /* ------------------------------------------------------------ the table */
 typedef void (*op_case)(int op);
 static const op_case CASES[CTPU_OP_COUNT] = {
@@ -1520,6 +1579,8 @@ static const op_case CASES[CTPU_OP_COUNT] = {
     [CTPU_OP_RAND_NORMAL] = case_random,
     [CTPU_OP_SLICE_BACKWARD] = case_slice_backward, [CTPU_OP_EMBEDDING_BACKWARD] = case_embedding_backward,
     [CTPU_OP_GATHER_BACKWARD] = case_gather_backward,
+    [CTPU_OP_ALL_REDUCE] = case_collective, [CTPU_OP_BROADCAST] = case_collective,
+    [CTPU_OP_ALL_GATHER] = case_collective, [CTPU_OP_REDUCE_SCATTER] = case_collective,
 };
 
 START_TEST(every_op_has_a_case)

@@ -53,7 +53,8 @@
     X(CUT_SYNC,            "trace_cuts_sync") \
     X(CUT_LOOP,            "trace_cuts_loop_detector") \
     X(CUT_LIMIT,           "trace_cuts_length_limit") \
-    X(CUT_MODE,            "trace_cuts_mode_switch")
+    X(CUT_MODE,            "trace_cuts_mode_switch") \
+    X(CUT_COLLECTIVE,      "trace_cuts_collective")
 
 /* X(ENUM, "name", "unit"): unit "ns" (durations) or "count" (distributions). */
 #define CTPU_TIMER_TABLE(X) \

@@ -25,7 +25,7 @@
 
 static const ctpu_counter_id cut_counter[CTPU_CUT_COUNT] = {
     CTPU_CTR_CUT_MARK_STEP, CTPU_CTR_CUT_HOST_READ, CTPU_CTR_CUT_SYNC, CTPU_CTR_CUT_LOOP,
-    CTPU_CTR_CUT_LIMIT, CTPU_CTR_CUT_MODE,
+    CTPU_CTR_CUT_LIMIT, CTPU_CTR_CUT_MODE, CTPU_CTR_CUT_COLLECTIVE,
 };
 
 static bool state_ready(void)

@@ -104,6 +104,10 @@ typedef struct ctpu_thread_state {
     struct {
         char host_read[64];          /* report.c: ctpu_set_host_read_label */
     } label;                         /* (the user's region labels go here too) */
+    struct {
+        int64_t bucket_plus1;        /* collective.c: ctpu_dist_set_bucket + 1 (0 = none) */
+        bool keep_collectives;       /* collective.c: ctpu_dist_set_collective_cut(false) */
+    } dist;
 } ctpu_thread_state;
 
 /* This thread's state; until its first call (and after it exits), a shared
@@ -238,6 +242,7 @@ ctpu_status ctpu_dispatch_into(ctpu_node *node, ctpu_trec *const *inputs, const 
 /* ------------------------------------------------------------ defer and fuse (defer.c) */
 typedef enum {
     CTPU_CUT_MARK_STEP, CTPU_CUT_HOST_READ, CTPU_CUT_SYNC, CTPU_CUT_LOOP, CTPU_CUT_LIMIT, CTPU_CUT_MODE,
+    CTPU_CUT_COLLECTIVE,             /* after a collective (ctpu_dist_set_collective_cut) */
     CTPU_CUT_COUNT
 } ctpu_cut_reason;
 /* Record a node into this thread's trace; returns the pending output handle. */

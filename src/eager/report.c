@@ -76,7 +76,7 @@ struct ctpu_report_state {
 };
 
 static const char *const cut_names[CTPU_CUT_COUNT] = {
-    "mark_step", "host_read", "sync", "loop_detector", "length_limit", "mode_switch",
+    "mark_step", "host_read", "sync", "loop_detector", "length_limit", "mode_switch", "collective",
 };
 
 /* ------------------------------------------------------------ lifecycle */
@@ -620,7 +620,7 @@ static cJSON *build_json(ctpu_runtime *rt)
     cJSON *cuts = cJSON_AddObjectToObject(doc, "cuts");
     static const ctpu_counter_id cut_ctr[CTPU_CUT_COUNT] = {
         CTPU_CTR_CUT_MARK_STEP, CTPU_CTR_CUT_HOST_READ, CTPU_CTR_CUT_SYNC,
-        CTPU_CTR_CUT_LOOP, CTPU_CTR_CUT_LIMIT, CTPU_CTR_CUT_MODE,
+        CTPU_CTR_CUT_LOOP, CTPU_CTR_CUT_LIMIT, CTPU_CTR_CUT_MODE, CTPU_CTR_CUT_COLLECTIVE,
     };
     for (int i = 0; i < CTPU_CUT_COUNT; i++) cJSON_AddNumberToObject(cuts, cut_names[i], ctr(m, cut_ctr[i]));
 

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "exec.h"
+#include "dist/dist.h"
 
 /* ------------------------------------------------------------ helpers */
 static void contig_strides(const ctpu_vtype *t, int64_t *st)
@@ -947,6 +948,33 @@ static void exec_gather_backward(const void *data, ctpu_exec_ctx *ctx)
     bw_acc_end(sd, ctx, acc, total);
 }
 
+/* ------------------------------------------------------------ collectives
+ * Issue 19: a collective is a step like any other; src/dist/ moves the bytes
+ * (MPI, on this, the device thread) and folds sums in rank order. A failure
+ * (shapes or dtypes that differ across ranks) is a fault on the outputs,
+ * named by the collective; the output is zeros then. */
+static void exec_collective(const ctpu_step_data *sd, ctpu_exec_ctx *ctx, int kind)
+{
+    const ctpu_node *nd = &sd->node;
+    ctpu_coll_call c = {
+        .kind = kind, .op = nd->attr.extra, .dtype = sd->in[0].dtype, .ndim = sd->in[0].ndim,
+        .root = kind == CTPU_COLL_BROADCAST ? (int)nd->attr.i64[0] : 0,
+        .dim = kind == CTPU_COLL_ALL_GATHER || kind == CTPU_COLL_REDUCE_SCATTER ? (int)nd->attr.i64[0] : 0,
+        .bucket = nd->attr.i64[1], .step = nd->n_scalars ? (int64_t)ctx->scalars[sd->scalar_base] : 0,
+        .in = ctx->ptr[sd->in_slot[0]], .out = ctx->ptr[sd->out_slot],
+    };
+    for (int d = 0; d < c.ndim; d++) c.shape[d] = sd->in[0].shape[d];
+    ctpu_status st = ctpu__dist_run(&c, ctx->fault_msg, sizeof ctx->fault_msg);
+    if (st != CTPU_OK) {
+        memset(c.out, 0, (size_t)ctpu_vtype_numel(&nd->out) * ctpu_kdt_size(nd->out.dtype));
+        ctx->fault_status = st;
+    }
+}
+static void exec_all_reduce(const void *d, ctpu_exec_ctx *ctx) { exec_collective(d, ctx, CTPU_COLL_ALL_REDUCE); }
+static void exec_broadcast(const void *d, ctpu_exec_ctx *ctx) { exec_collective(d, ctx, CTPU_COLL_BROADCAST); }
+static void exec_all_gather(const void *d, ctpu_exec_ctx *ctx) { exec_collective(d, ctx, CTPU_COLL_ALL_GATHER); }
+static void exec_reduce_scatter(const void *d, ctpu_exec_ctx *ctx) { exec_collective(d, ctx, CTPU_COLL_REDUCE_SCATTER); }
+
 /* ------------------------------------------------------------ the handler table
  * One kernel entry per op (tests/test_fuse.c checks that every op has one). */
 #define EW(e) [CTPU_OP_##e] = exec_elementwise
@@ -983,6 +1011,10 @@ static const ctpu_step_fn exec_fns[CTPU_OP_COUNT] = {
     [CTPU_OP_SLICE_BACKWARD] = exec_slice_backward,
     [CTPU_OP_EMBEDDING_BACKWARD] = exec_embedding_backward,
     [CTPU_OP_GATHER_BACKWARD] = exec_gather_backward,
+    [CTPU_OP_ALL_REDUCE] = exec_all_reduce,
+    [CTPU_OP_BROADCAST] = exec_broadcast,
+    [CTPU_OP_ALL_GATHER] = exec_all_gather,
+    [CTPU_OP_REDUCE_SCATTER] = exec_reduce_scatter,
 };
 #undef EW
 

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "ctpu.h"
+#include "ctpu_nn.h"
 #include "eager/eager.h"
 #include "dist/dist.h"
 
@@ -155,6 +156,309 @@ START_TEST(engine_shape_mismatch)
 }
 END_TEST
 
+/* ------------------------------------------------------------ ops */
+static const struct { ctpu_mode mode; bool keep; const char *name; } MODES[] = {
+    { CTPU_MODE_STRICT, false, "strict" }, { CTPU_MODE_DEBUG, false, "debug" },
+    { CTPU_MODE_DEFER_FUSE, false, "defer_fuse" }, { CTPU_MODE_DEFER_FUSE, true, "defer_fuse kept in the step" },
+};
+#define N_MODES 4
+
+static void set_mode(int m)
+{
+    ck_assert_int_eq(ctpu_set_mode(MODES[m].mode), CTPU_OK);
+    ck_assert_int_eq(ctpu_dist_set_collective_cut(!MODES[m].keep), CTPU_OK);
+}
+
+static void read_f32(ctpu_tensor t, float *out, int64_t n, const char *what)
+{
+    ck_assert_msg(!ctpu_is_null(t), "%s: %s", what, ctpu_last_error());
+    ck_assert_int_eq(ctpu_numel(t), n);
+    ck_assert_msg(ctpu_to_host(t, out, (size_t)n * 4) == CTPU_OK, "%s: %s", what, ctpu_last_error());
+}
+
+/* Every collective in every mode: the values the rank-order fold gives,
+ * computed here from every rank's (known) inputs. */
+START_TEST(ops_every_mode)
+{
+    enum { M = 5, K = 7 };
+    float mine[M * K], all[8][M * K], want[8 * M * K], got[8 * M * K];
+    const void *blocks[8];
+    for (int r = 0; r < N; r++) {
+        for (int i = 0; i < M * K; i++) all[r][i] = val(r, i) * (i % 2 ? -1.0f : 1.0f);
+        blocks[r] = all[r];
+    }
+    memcpy(mine, all[R], sizeof mine);
+    int64_t shp[2] = { M, K };
+    for (int m = 0; m < N_MODES; m++) {
+        set_mode(m);
+        const char *mn = MODES[m].name;
+        ctpu_scope_begin();
+        ctpu_tensor x = ctpu_from_host(mine, CTPU_F32, 2, shp);
+        /* inside a computation: exp(x) * 0 + x keeps x's bits and puts ops around the collective */
+        ctpu_tensor xin = ctpu_add(ctpu_mul_scalar(ctpu_exp(ctpu_mul_scalar(x, 0.0)), 0.0), x);
+        ctpu__dist_fold(CTPU_F32, CTPU_DIST_SUM, N, blocks, M * K, want);
+        read_f32(ctpu_add_scalar(ctpu_all_reduce(xin, CTPU_DIST_SUM), 0.0), got, M * K, mn);
+        ck_assert_msg(memcmp(got, want, sizeof(float) * M * K) == 0, "%s: all_reduce sum", mn);
+        ctpu__dist_fold(CTPU_F32, CTPU_DIST_MEAN, N, blocks, M * K, want);
+        read_f32(ctpu_all_reduce(x, CTPU_DIST_MEAN), got, M * K, mn);
+        ck_assert_msg(memcmp(got, want, sizeof(float) * M * K) == 0, "%s: all_reduce mean", mn);
+        /* bf16 mean: rounded after each addition and after the division */
+        uint16_t bw[8][M * K], bwant[M * K], bgot[M * K];
+        const void *bb[8];
+        for (int r = 0; r < N; r++) {
+            for (int i = 0; i < M * K; i++) bw[r][i] = ctpu_f32_to_bf16(all[r][i]);
+            bb[r] = bw[r];
+        }
+        ctpu__dist_fold(CTPU_BF16, CTPU_DIST_MEAN, N, bb, M * K, bwant);
+        ctpu_tensor xb = ctpu_all_reduce(ctpu_cast(x, CTPU_BF16), CTPU_DIST_MEAN);
+        ck_assert_int_eq(ctpu_dtype_of(xb), CTPU_BF16);
+        ck_assert_int_eq(ctpu_to_host(xb, bgot, sizeof bgot), CTPU_OK);
+        ck_assert_msg(memcmp(bgot, bwant, sizeof bgot) == 0, "%s: bf16 all_reduce mean", mn);
+        /* all_gather along dim 0: rank r's rows at [r M, (r+1) M) */
+        read_f32(ctpu_all_gather(x, 0), got, (int64_t)N * M * K, mn);
+        for (int r = 0; r < N; r++)
+            ck_assert_msg(memcmp(got + r * M * K, all[r], sizeof(float) * M * K) == 0, "%s: all_gather", mn);
+        /* along dim 1: row o holds every rank's row o in rank order */
+        read_f32(ctpu_all_gather(x, 1), got, (int64_t)N * M * K, mn);
+        for (int o = 0; o < M; o++)
+            for (int r = 0; r < N; r++)
+                ck_assert(memcmp(got + (o * N + r) * K, all[r] + o * K, sizeof(float) * K) == 0);
+        /* reduce_scatter of [N*2, 3] along 0: this rank's two rows of the sum */
+        float rs[8 * 6], rsw[8][8 * 6];
+        const void *rb[8];
+        for (int r = 0; r < N; r++) {
+            for (int i = 0; i < N * 6; i++) rsw[r][i] = val(r, i + 3);
+            rb[r] = rsw[r];
+        }
+        ctpu__dist_fold(CTPU_F32, CTPU_DIST_SUM, N, rb, N * 6, want);
+        ctpu_tensor rt = ctpu_from_host(rsw[R], CTPU_F32, 2, (int64_t[]){ 2 * N, 3 });
+        read_f32(ctpu_reduce_scatter(rt, 0, CTPU_DIST_SUM), rs, 6, mn);
+        ck_assert_msg(memcmp(rs, want + R * 6, sizeof(float) * 6) == 0, "%s: reduce_scatter", mn);
+        /* broadcast from the last rank */
+        read_f32(ctpu_broadcast(x, N - 1), got, M * K, mn);
+        ck_assert_msg(memcmp(got, all[N - 1], sizeof(float) * M * K) == 0, "%s: broadcast", mn);
+        ctpu_scope_end();
+        ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    }
+    set_mode(0);
+    ctpu_dist_stats ds;
+    ck_assert_int_eq(ctpu_dist_get_stats(&ds), CTPU_OK);
+    ck_assert(ds.collectives >= 7 * N_MODES);
+    ck_assert(ds.by_kind[CTPU_COLL_ALL_REDUCE] >= 3 * N_MODES);
+    ck_assert(N == 1 || ds.est_ici_s > 0);
+    ck_assert(ds.est_ici_s_pod >= ds.est_ici_s_8);
+    if (R == 0) ck_assert_int_eq(ctpu_dist_report(stdout), CTPU_OK);
+}
+END_TEST
+
+/* A shape that differs across ranks: every rank's value carries the error
+ * naming the collective and both ranks' shapes, in every mode (debug eager:
+ * at the call). */
+START_TEST(ops_shape_mismatch)
+{
+    float z[12] = { 0 };
+    for (int m = 0; m < N_MODES; m++) {
+        set_mode(m);
+        ctpu_scope_begin();
+        int64_t shp[2] = { 4, R == 1 ? 2 : 3 };
+        ctpu_tensor x = ctpu_from_host(z, CTPU_F32, 2, shp);
+        ctpu_clear_error();
+        ctpu_tensor y = ctpu_all_reduce(x, CTPU_DIST_SUM);
+        ctpu_status st;
+        if (MODES[m].mode == CTPU_MODE_DEBUG) {
+            ck_assert_msg(ctpu_is_null(y), "debug eager: the mismatch is reported at the call");
+            st = ctpu_last_status();
+        } else {
+            ck_assert(!ctpu_is_null(y));
+            float out[12];
+            st = ctpu_to_host(y, out, sizeof out);
+        }
+        ck_assert_msg(st == CTPU_ERR_SHAPE, "%s: status %s (%s)", MODES[m].name, ctpu_status_str(st), ctpu_last_error());
+        ck_assert_msg(strstr(ctpu_last_error(), "all_reduce: rank 0 has f32[4,3], rank 1 has f32[4,2]") != NULL,
+                      "%s: %s", MODES[m].name, ctpu_last_error());
+        ctpu_scope_end();
+        ctpu_sync();
+        ctpu_clear_error();
+        /* and the ranks go on */
+        ctpu_scope_begin();
+        double v;
+        ck_assert_int_eq(ctpu_item(ctpu_all_reduce(ctpu_full(CTPU_F32, 0, NULL, 1.0), CTPU_DIST_SUM), &v), CTPU_OK);
+        ck_assert(v == N);
+        ctpu_scope_end();
+    }
+    set_mode(0);
+}
+END_TEST
+
+/* ------------------------------------------------------------ DDP */
+enum { B = 6, IN = 12, HID = 16, OUT = 4, STEPS = 3 };
+
+typedef struct { ctpu_linear fc1, fc2; } net;
+
+static void net_init(net *m, uint64_t seed)
+{
+    ctpu_manual_seed(seed);
+    ck_assert_int_eq(ctpu_linear_init(&m->fc1, IN, HID, true, CTPU_F32), CTPU_OK);
+    ck_assert_int_eq(ctpu_linear_init(&m->fc2, HID, OUT, true, CTPU_F32), CTPU_OK);
+}
+
+static void batch(int step, int micro, ctpu_tensor *x, ctpu_tensor *y)
+{
+    float xs[B * IN];
+    int32_t ys[B];
+    for (int i = 0; i < B; i++) {
+        int row = (step * 97 + micro * B + i);
+        for (int j = 0; j < IN; j++) xs[i * IN + j] = sinf((float)(row * IN + j) * 0.37f) * 2.0f;
+        ys[i] = (row * 7) % OUT;
+    }
+    *x = ctpu_from_host(xs, CTPU_F32, 2, (int64_t[]){ B, IN });
+    *y = ctpu_from_host(ys, CTPU_I32, 1, (int64_t[]){ B });
+}
+
+static ctpu_tensor loss_of(const net *m, ctpu_tensor x, ctpu_tensor y)
+{
+    ctpu_tensor h = ctpu_dropout(ctpu_relu(ctpu_linear_forward(&m->fc1, x)), 0.25, true);
+    return ctpu_cross_entropy(ctpu_linear_forward(&m->fc2, h), y, NULL);
+}
+
+static void params_of(net *m, ctpu_tensor *p)
+{
+    p[0] = m->fc1.weight;
+    p[1] = m->fc1.bias;
+    p[2] = m->fc2.weight;
+    p[3] = m->fc2.bias;
+}
+
+static void read_params(net *m, float *out)
+{
+    ctpu_tensor p[4];
+    params_of(m, p);
+    size_t at = 0;
+    for (int i = 0; i < 4; i++) {
+        int64_t n = ctpu_numel(p[i]);
+        ck_assert_int_eq(ctpu_to_host(p[i], out + at, (size_t)n * 4), CTPU_OK);
+        at += (size_t)n;
+    }
+}
+
+#define NPARAM (HID * IN + HID + OUT * HID + OUT)
+
+/* One process accumulating the N micro-batches in rank order, gradients
+ * divided by N: the reference (strict eager). */
+static void reference_run(float *params)
+{
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+    net m;
+    net_init(&m, 7);
+    ctpu_tensor p[4];
+    params_of(&m, p);
+    ctpu_adamw_opts ao = ctpu_adamw_defaults();
+    ao.lr = 0.05;
+    ctpu_optim *opt = ctpu_adamw_create(4, p, &ao);
+    for (int s = 0; s < STEPS; s++) {
+        ctpu_optim_zero_grad(opt);
+        ctpu_step_begin();
+        for (int k = 0; k < N; k++) {
+            ctpu_tensor x, y;
+            batch(s, k, &x, &y);
+            ck_assert_int_eq(ctpu_backward(loss_of(&m, x, y)), CTPU_OK);
+        }
+        ctpu_no_grad_begin();
+        for (int i = 0; i < 4; i++) ck_assert_int_eq(ctpu_assign(ctpu_grad(p[i]), ctpu_div_scalar(ctpu_grad(p[i]), N)), CTPU_OK);
+        ctpu_no_grad_end();
+        ck_assert_int_eq(ctpu_optim_step(opt), CTPU_OK);
+        ctpu_step_end();
+    }
+    read_params(&m, params);
+    ctpu_optim_free(opt);
+    ctpu_linear_free(&m.fc1);
+    ctpu_linear_free(&m.fc2);
+}
+
+static void ddp_run(int m_i, int64_t bucket_bytes, float *params)
+{
+    set_mode(m_i);
+    net m;
+    net_init(&m, 7);
+    ctpu_tensor p[4];
+    params_of(&m, p);
+    if (R != 0) {   /* rank 0's parameters must win: spoil the others' */
+        ctpu_no_grad_begin();
+        ctpu_assign(p[0], ctpu_add_scalar(p[0], 1.0));
+        ctpu_no_grad_end();
+    }
+    ctpu_adamw_opts ao = ctpu_adamw_defaults();
+    ao.lr = 0.05;
+    ctpu_optim *opt = ctpu_adamw_create(4, p, &ao);
+    ctpu_ddp_opts dop = ctpu_ddp_defaults();
+    dop.bucket_bytes = bucket_bytes;
+    dop.rng_per_microbatch = B * HID;   /* one dropout of [B, HID] per micro-batch */
+    ctpu_ddp *ddp = ctpu_ddp_create(4, p, &dop);
+    ck_assert_msg(ddp != NULL, "%s", ctpu_last_error());
+    for (int s = 0; s < STEPS; s++) {
+        ctpu_optim_zero_grad(opt);
+        ctpu_step_begin();
+        ck_assert_int_eq(ctpu_ddp_step_begin(ddp), CTPU_OK);
+        ctpu_tensor x, y;
+        batch(s, R, &x, &y);
+        ck_assert_int_eq(ctpu_backward(loss_of(&m, x, y)), CTPU_OK);
+        ck_assert_int_eq(ctpu_ddp_sync_grads(ddp), CTPU_OK);
+        ck_assert_int_eq(ctpu_optim_step(opt), CTPU_OK);
+        ctpu_step_end();
+    }
+    read_params(&m, params);
+    if (bucket_bytes < 1000) ck_assert_int_ge(ctpu_ddp_buckets(ddp), 3);
+    else ck_assert_int_eq(ctpu_ddp_buckets(ddp), 1);
+    ctpu_ddp_free(ddp);
+    ctpu_optim_free(opt);
+    ctpu_linear_free(&m.fc1);
+    ctpu_linear_free(&m.fc2);
+}
+
+/* The world-size-N run equals, bit for bit, the one-process run that
+ * accumulates the same N micro-batches in the same order, dropout included,
+ * in every mode and with one or several buckets. */
+START_TEST(ddp_equals_gradient_accumulation)
+{
+    static float ref[NPARAM], got[NPARAM];
+    reference_run(ref);
+    for (int m = 0; m < N_MODES; m++) {
+        for (int b = 0; b < 2; b++) {
+            ddp_run(m, b ? 256 : 25 << 20, got);
+            for (int i = 0; i < NPARAM; i++)
+                ck_assert_msg(memcmp(&got[i], &ref[i], 4) == 0,
+                              "%s, %s: parameter element %d: DDP %.9g, accumulation %.9g", MODES[m].name,
+                              b ? "small buckets" : "one bucket", i, got[i], ref[i]);
+        }
+    }
+    set_mode(0);
+}
+END_TEST
+
+START_TEST(ddp_shard_rows)
+{
+    int64_t lo, hi, at = 0;
+    for (int r = 0; r < 3; r++) {   /* 96 rows of the last partial batch, 3 ranks: 32 each */
+        ctpu_ddp_shard(96, r, 3, &lo, &hi);
+        ck_assert(lo == at && hi - lo == 32);
+        at = hi;
+    }
+    ctpu_ddp_shard(7, 1, 2, &lo, &hi);
+    ck_assert(lo == 3 && hi == 7);
+    ctpu_ddp_shard(INT64_MAX, 1, 2, &lo, &hi);
+    ck_assert(hi == INT64_MAX && lo == INT64_MAX / 2);
+    ck_assert(ctpu_ddp_create(0, NULL, NULL) == NULL && ctpu_last_status() == CTPU_ERR_INVALID_ARG);
+    ctpu_ddp_opts o = ctpu_ddp_defaults();
+    o.bucket_bytes = 0;
+    ctpu_tensor t = ctpu_zeros(CTPU_F32, 1, (int64_t[]){ 3 });
+    ck_assert(ctpu_ddp_create(1, &t, &o) == NULL && ctpu_last_status() == CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_ddp_step_begin(NULL), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_ddp_sync_grads(NULL), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_ddp_buckets(NULL), 0);
+    ctpu_release(t);
+}
+END_TEST
+
 /* ------------------------------------------------------------ cost model */
 START_TEST(ici_estimates)
 {
@@ -202,6 +506,10 @@ static Suite *suite(void)
     tcase_add_test(tc, engine_all_reduce);
     tcase_add_test(tc, engine_gather_scatter_broadcast);
     if (N >= 2) tcase_add_test(tc, engine_shape_mismatch);
+    tcase_add_test(tc, ops_every_mode);
+    if (N >= 2) tcase_add_test(tc, ops_shape_mismatch);
+    tcase_add_test(tc, ddp_equals_gradient_accumulation);
+    tcase_add_test(tc, ddp_shard_rows);
     tcase_add_test(tc, ici_estimates);
     suite_add_tcase(s, tc);
     return s;
