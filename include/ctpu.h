@@ -512,7 +512,8 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  * compile-cache report, a Perfetto/Chrome trace and a TPU cost estimate.
  *
  * At ctpu_shutdown: TORCH_TPU_METRICS_FILE=path writes ctpu_metrics_json()
- * to path; TORCH_TPU_TRACE_FILE=path writes the trace; without a metrics
+ * to path; TORCH_TPU_TRACE_FILE=path writes the trace (TORCH_TPU_TRACE_EVENTS
+ * events at most; device slices carry the report's program ids); without a metrics
  * file, one line on stderr gives the compile-cache totals (requests, hits
  * and hit rate, compiles, compile time) when anything was compiled;
  * CTPU_QUIET=1 silences it. tools/ctpu-report renders metrics files. */

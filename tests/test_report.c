@@ -6,6 +6,7 @@
  * Environment from meson: CTPU_GOLDEN_DIR (tests/golden), CTPU_REPORT_TOOL
  * (the built ctpu-report). CTPU_UPDATE_GOLDEN=1 rewrites the golden file. */
 #include <cJSON.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "t_core.h"
@@ -432,9 +433,109 @@ START_TEST(trace_file)
         }
     }
     ck_assert(saw_reason);
+    /* device slices: a fused program is "program N: ..." with "program": N,
+     * N one of the ids the compile events (and the report) use */
+    int fused_slices = 0, strict_slices = 0;
+    for (int i = 0; i < cJSON_GetArraySize(ev); i++) {
+        const cJSON *e = cJSON_GetArrayItem(ev, i);
+        const cJSON *cat = cJSON_GetObjectItem(e, "cat");
+        if (!cJSON_IsString(cat) || strcmp(cat->valuestring, "program") != 0) continue;
+        const cJSON *pr = cJSON_GetObjectItem(cJSON_GetObjectItem(e, "args"), "program");
+        const char *nm = cJSON_GetObjectItem(e, "name")->valuestring;
+        if (cJSON_IsNumber(pr)) {
+            char want[32];
+            snprintf(want, sizeof want, "program %d: ", pr->valueint);
+            ck_assert_msg(strncmp(nm, want, strlen(want)) == 0, "%s", nm);
+            bool compiled = false;   /* the same id was compiled on the host track */
+            for (int j = 0; j < cJSON_GetArraySize(ev) && !compiled; j++) {
+                const cJSON *c = cJSON_GetArrayItem(ev, j);
+                const cJSON *cp = cJSON_GetObjectItem(cJSON_GetObjectItem(c, "args"), "program");
+                compiled = cJSON_IsNumber(cp) && cp->valueint == pr->valueint &&
+                           strcmp(cJSON_GetObjectItem(c, "cat")->valuestring, "compile") == 0;
+            }
+            ck_assert_msg(compiled, "program %d ran but no compile event names it", pr->valueint);
+            fused_slices++;
+        } else {
+            ck_assert(cJSON_IsString(pr) && strcmp(pr->valuestring, "strict") == 0);
+            strict_slices++;
+        }
+    }
+    ck_assert_int_ge(fused_slices, 6);
+    ck_assert_int_ge(strict_slices, 1);
     cJSON_Delete(d);
     free(txt);
     remove(path);
+    rmdir(dir);
+}
+END_TEST
+
+/* TORCH_TPU_TRACE_EVENTS sizes the buffer; drops name the setting that avoids them. */
+START_TEST(trace_events_setting)
+{
+    char dir[] = "/tmp/ctpu_trace_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char path[256], errp[256];
+    snprintf(path, sizeof path, "%s/trace.json", dir);
+    snprintf(errp, sizeof errp, "%s/stderr.txt", dir);
+    env_base();
+    setenv("CTPU_QUIET", "1", 1);
+    setenv("TORCH_TPU_TRACE_FILE", path, 1);
+    setenv("TORCH_TPU_TRACE_EVENTS", "16", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    ctpu_tensor x = ctpu_ones(CTPU_F32, 1, (int64_t[]){ 4 });
+    for (int i = 0; i < 40; i++) x = ctpu_exp(ctpu_neg(x));   /* 80 ops: 160+ events */
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    fflush(stderr);
+    int fd = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int saved = dup(2);
+    dup2(fd, 2);
+    ctpu_shutdown();
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(fd);
+    char *err = read_all(errp);
+    ck_assert_msg(t_contains(err, "buffer of 16 events full") && t_contains(err, "TORCH_TPU_TRACE_EVENTS="), "%s", err);
+    char *txt = read_all(path);
+    cJSON *d = cJSON_Parse(txt);
+    ck_assert_ptr_nonnull(d);
+    ck_assert_int_eq((int)jnum(d, "otherData.buffer_events"), 16);
+    int dropped = (int)jnum(d, "otherData.dropped_events");
+    ck_assert_int_gt(dropped, 100);
+    char want[96];
+    snprintf(want, sizeof want, "TORCH_TPU_TRACE_EVENTS=%d keeps them", 16 + dropped);
+    ck_assert_msg(t_contains(txt, want) && t_contains(err, want + 0), "%s / %s", want, err);
+    cJSON_Delete(d);
+    free(txt);
+    free(err);
+    /* with the suggested size nothing is dropped */
+    char nb[32];
+    snprintf(nb, sizeof nb, "%d", 16 + dropped);
+    setenv("TORCH_TPU_TRACE_EVENTS", nb, 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    x = ctpu_ones(CTPU_F32, 1, (int64_t[]){ 4 });
+    for (int i = 0; i < 40; i++) x = ctpu_exp(ctpu_neg(x));
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    ctpu_shutdown();
+    txt = read_all(path);
+    d = cJSON_Parse(txt);
+    ck_assert_int_eq((int)jnum(d, "otherData.dropped_events"), 0);
+    cJSON_Delete(d);
+    free(txt);
+    /* bad values: an error at init naming the variable */
+    static const char *const bad[] = { "0", "15", "16777217", "1G", "lots", "-5" };
+    for (int i = 0; i < 6; i++) {
+        setenv("TORCH_TPU_TRACE_EVENTS", bad[i], 1);
+        ck_assert_int_eq(ctpu_init(), CTPU_ERR_ENV);
+        ck_assert(t_contains(ctpu_last_error(), "TORCH_TPU_TRACE_EVENTS"));
+    }
+    setenv("TORCH_TPU_TRACE_EVENTS", "1M", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    ctpu_shutdown();
+    unsetenv("TORCH_TPU_TRACE_EVENTS");
+    unsetenv("TORCH_TPU_TRACE_FILE");
+    remove(path);
+    remove(errp);
     rmdir(dir);
 }
 END_TEST
@@ -778,6 +879,7 @@ static Suite *suite(void)
     tcase_add_test(tc, tool_round_trip);
     tcase_add_test(tc, trace_file);
     tcase_add_test(tc, trace_buffer_drops);
+    tcase_add_test(tc, trace_events_setting);
     tcase_add_test(tc, shutdown_summary_and_file);
     tcase_add_test(tc, cost_matmul_hand_computed);
     tcase_add_test(tc, cost_table_strict_matmul);

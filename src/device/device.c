@@ -448,7 +448,7 @@ static void execute_tracked(ctpu_device *dev, ctpu_cmd *cmd, void **ptr)
     }
     uint64_t t1 = ctpu_now_ns();
     ctpu_timer_add(dev->metrics, CTPU_TMR_EXECUTE_TIME, t1 - t0);
-    if (dev->metrics->trace) ctpu_trace_program(dev->metrics->trace, prog->name, cmd->seq, ns, t0, t1);
+    if (dev->metrics->trace) ctpu_trace_program(dev->metrics->trace, prog->name, cmd->program_id, cmd->seq, ns, t0, t1);
     for (int j = 0; j < prog->n_out; j++) {
         unsigned f = 0;
         if (any) {
@@ -492,7 +492,7 @@ static void execute(ctpu_device *dev, ctpu_cmd *cmd)
         }
         uint64_t t1 = ctpu_now_ns();
         ctpu_timer_add(dev->metrics, CTPU_TMR_EXECUTE_TIME, t1 - t0);
-        if (dev->metrics->trace) ctpu_trace_program(dev->metrics->trace, prog->name, cmd->seq, prog->n_steps, t0, t1);
+        if (dev->metrics->trace) ctpu_trace_program(dev->metrics->trace, prog->name, cmd->program_id, cmd->seq, prog->n_steps, t0, t1);
         if (ctx.fault_status == CTPU_OK && cmd->debug_checks && prog->out_dtype) {
             for (int o = 0; o < prog->n_out; o++) {
                 if (has_nan(ptr[prog->n_in + o], prog->out_dtype[o], prog->out_numel[o])) {

@@ -96,6 +96,7 @@ typedef struct {
     double *scalars;         /* scal_inl, or a heap array the command owns */
     bool debug_checks;
     uint64_t seq;
+    uint64_t program_id;     /* the report's program id (fused cache); 0: strict eager's one-op program */
 } ctpu_cmd;
 
 /* ------------------------------------------------------------ device */

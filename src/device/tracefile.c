@@ -92,13 +92,23 @@ void ctpu_trace_instant(ctpu_tracebuf *tb, int track, const char *cat, const cha
     add(tb, 'i', track, cat, name, t_ns, t_ns, args);
 }
 
-void ctpu_trace_program(ctpu_tracebuf *tb, const char *name, uint64_t seq, int n_steps, uint64_t t0_ns,
-                        uint64_t t1_ns)
+void ctpu_trace_program(ctpu_tracebuf *tb, const char *name, uint64_t program_id, uint64_t seq, int n_steps,
+                        uint64_t t0_ns, uint64_t t1_ns)
 {
-    char args[96];
-    snprintf(args, sizeof args, "\"seq\":%llu,\"kernels\":%d", (unsigned long long)seq, n_steps);
-    add(tb, 'X', CTPU_TRACK_DEVICE, "program", name ? name : "program", t0_ns, t1_ns, args);
+    char args[128], nm[72];
+    if (program_id) {
+        snprintf(args, sizeof args, "\"program\":%llu,\"seq\":%llu,\"kernels\":%d", (unsigned long long)program_id,
+                 (unsigned long long)seq, n_steps);
+        snprintf(nm, sizeof nm, "program %llu: %.40s", (unsigned long long)program_id, name ? name : "?");
+    } else {
+        snprintf(args, sizeof args, "\"program\":\"strict\",\"seq\":%llu,\"kernels\":%d", (unsigned long long)seq,
+                 n_steps);
+        snprintf(nm, sizeof nm, "%.60s", name ? name : "program");
+    }
+    add(tb, 'X', CTPU_TRACK_DEVICE, "program", nm, t0_ns, t1_ns, args);
 }
+
+size_t ctpu_tracebuf_capacity(ctpu_tracebuf *tb) { return tb->cap; }
 
 size_t ctpu_tracebuf_count(ctpu_tracebuf *tb)
 {
@@ -180,8 +190,10 @@ bool ctpu_tracebuf_write(ctpu_tracebuf *tb, const char *path, char *err, size_t 
     if (tb->dropped) {
         uint64_t last = tb->n ? tb->ev[tb->n - 1].ts : 0;
         fprintf(f, ",\n{\"ph\":\"i\",\"s\":\"g\",\"pid\":1,\"tid\":0,\"ts\":%.3f,\"cat\":\"ctpu\","
-                   "\"name\":\"trace buffer full: %llu later events dropped\",\"args\":{\"dropped_events\":%llu}}",
-                (double)last / 1e3, (unsigned long long)tb->dropped, (unsigned long long)tb->dropped);
+                   "\"name\":\"trace buffer full: %llu later events dropped (TORCH_TPU_TRACE_EVENTS=%llu keeps them)\","
+                   "\"args\":{\"dropped_events\":%llu,\"buffer_events\":%zu,\"events_needed\":%llu}}",
+                (double)last / 1e3, (unsigned long long)tb->dropped, (unsigned long long)(tb->n + tb->dropped),
+                (unsigned long long)tb->dropped, tb->cap, (unsigned long long)(tb->n + tb->dropped));
     }
     fprintf(f, "\n]}\n");
     pthread_mutex_unlock(&tb->mu);

@@ -468,6 +468,7 @@ static ctpu_status bind_buffers(flush_ctx *f)
     if (f->scratch) { cmd->buf[nb - 1] = f->scratch; cmd->off[nb - 1] = 0; }
     for (int i = 0; i < pl->n_scal; i++) cmd->scalars[i] = rs[pl->scal_src[i]];
     cmd->debug_checks = f->dbg;
+    cmd->program_id = f->res.program_id;
     return CTPU_OK;
 }
 

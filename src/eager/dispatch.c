@@ -153,6 +153,7 @@ static ctpu_status launch(ctpu_node *node, ctpu_trec *const *inputs, const doubl
     cmd.scalars = cmd.scal_inl;
     for (int i = 0; i < node->n_scalars; i++) cmd.scalars[i] = scalars[i];
     cmd.debug_checks = dbg;
+    cmd.program_id = 0;
     uint64_t seq = ctpu_device_submit(rt->dev, &cmd);
     ctpu_counter_add(&rt->metrics, CTPU_CTR_OPS_DISPATCHED, 1);
     if (ctpu_mode_now() == CTPU_MODE_DEBUG) {

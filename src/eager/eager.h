@@ -31,6 +31,7 @@ typedef struct ctpu_runtime {
     size_t cache_size;
     long cache_only_after;           /* -1 unset */
     ctpu_price_plan price_plan;      /* TORCH_TPU_PRICE_PLAN */
+    size_t trace_events;             /* TORCH_TPU_TRACE_EVENTS */
     char *metrics_file, *trace_file;
 
     ctpu_metrics metrics;

@@ -104,7 +104,7 @@ ctpu_status ctpu__report_init(ctpu_runtime *rt, char *err, size_t len)
         if (rt->chip && strcmp(p[i].name, rt->chip->name) == 0) r->current = i;
     }
     if (rt->trace_file) {
-        r->trace = ctpu_tracebuf_create(CTPU_TRACE_DEFAULT_EVENTS);
+        r->trace = ctpu_tracebuf_create(rt->trace_events);
         if (!r->trace) {
             snprintf(err, len, "ctpu_init: out of host memory for the trace buffer (TORCH_TPU_TRACE_FILE)");
             pthread_mutex_destroy(&r->mu);
@@ -806,8 +806,10 @@ void ctpu__report_shutdown(ctpu_runtime *rt)
         if (!ctpu_tracebuf_write(r->trace, rt->trace_file, err, sizeof err))
             fprintf(stderr, "ctpu: TORCH_TPU_TRACE_FILE: %s\n", err);
         else if (ctpu_tracebuf_dropped(r->trace))
-            fprintf(stderr, "ctpu: trace %s: buffer of %d events full, %llu later events dropped\n", rt->trace_file,
-                    CTPU_TRACE_DEFAULT_EVENTS, (unsigned long long)ctpu_tracebuf_dropped(r->trace));
+            fprintf(stderr, "ctpu: trace %s: buffer of %zu events full, %llu later events dropped; "
+                    "TORCH_TPU_TRACE_EVENTS=%llu keeps them\n", rt->trace_file, ctpu_tracebuf_capacity(r->trace),
+                    (unsigned long long)ctpu_tracebuf_dropped(r->trace),
+                    (unsigned long long)(ctpu_tracebuf_count(r->trace) + ctpu_tracebuf_dropped(r->trace)));
     }
     ctpu_rt = saved;
 }

@@ -10,6 +10,7 @@
 #include "eager.h"
 #include "testing.h"
 #include "report.h"
+#include "device/tracefile.h"
 #include "dist/dist.h"
 
 ctpu_runtime *ctpu_rt = NULL;
@@ -312,6 +313,17 @@ static bool read_env(ctpu_runtime *rt, char *err, size_t len)
             return false;
         }
         rt->price_plan = (ctpu_price_plan)plan;
+    }
+    rt->trace_events = CTPU_TRACE_DEFAULT_EVENTS;
+    v = getenv("TORCH_TPU_TRACE_EVENTS");
+    if (v) {
+        uint64_t n;
+        if (!parse_u64(v, &n, true) || n < 16 || n > CTPU_TRACE_MAX_EVENTS) {
+            snprintf(err, len, "ctpu_init: TORCH_TPU_TRACE_EVENTS=\"%s\" must be an event count in [16, %u] "
+                     "(K/M suffixes; about 280 bytes an event)", v, CTPU_TRACE_MAX_EVENTS);
+            return false;
+        }
+        rt->trace_events = (size_t)n;
     }
     v = getenv("TORCH_TPU_METRICS_FILE");
     rt->metrics_file = v && *v ? strdup(v) : NULL;
