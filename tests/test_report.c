@@ -783,6 +783,66 @@ START_TEST(price_plans)
 }
 END_TEST
 
+/* The glitches a new user met (issue 20): strict eager's late compiles are
+ * not called recompiles; a hit rate with misses never reads 100.0%; the plot
+ * gives each run its own axes. */
+START_TEST(report_new_user_glitches)
+{
+    env_base();
+    setenv("CTPU_QUIET", "1", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    float a[4] = { 1, 2, 3, 4 };
+    for (int s = 0; s < 4; s++) {
+        ctpu_step_begin();
+        int64_t sh[2] = { 2, s == 3 ? 1 : 2 };    /* the last step: a new shape */
+        ctpu_tensor x = ctpu_from_host(a, CTPU_F32, 2, sh);
+        ck_assert(!ctpu_is_null(ctpu_exp(x)));
+        ctpu_step_end();
+    }
+    char *strict = ctpu_metrics_json();
+    char *text = render(strict, NULL, CTPU_REPORT_TEXT);
+    ck_assert_msg(t_contains(text, "1 later step compiled (one-op programs for an op or shape first seen then)"), "%s", text);
+    ck_assert(!t_contains(text, "see recompiles"));
+    free(text);
+    ctpu_shutdown();
+    /* 59,999 hits of 60,000 requests */
+    cJSON *d = cJSON_Parse(strict);
+    cJSON *c = cJSON_GetObjectItem(d, "cache");
+    cJSON_SetNumberValue(cJSON_GetObjectItem(c, "strict_requests"), 60000);
+    cJSON_SetNumberValue(cJSON_GetObjectItem(c, "strict_hits"), 59999);
+    cJSON_SetNumberValue(cJSON_GetObjectItem(c, "strict_misses"), 1);
+    char *odd = cJSON_PrintUnformatted(d);
+    text = render(odd, NULL, CTPU_REPORT_TEXT);
+    ck_assert_msg(t_contains(text, "60000 requests, 59999 hits (99.9%), 1 misses"), "%s", text);
+    ck_assert_msg(!t_contains(text, "(100.0%)"), "%s", text);
+    free(text);
+    text = render(odd, NULL, CTPU_REPORT_MARKDOWN);
+    ck_assert(!t_contains(text, "(100.0%)"));
+    free(text);
+    /* the plot: one row of panels per run, each with its own y axis */
+    cJSON_SetNumberValue(cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(d, "history"), "compiles"), 0), 500);
+    char *big = cJSON_PrintUnformatted(d);
+    const char *runs[2] = { strict, big };
+    const char *names[2] = { "small.json", "big.json" };
+    char *svg = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&svg, &len);
+    ck_assert_int_eq(ctpu_report_plot_svg(2, runs, names, f), CTPU_OK);
+    fclose(f);
+    int panels = 0;
+    for (const char *p = svg; (p = strstr(p, "stroke=\"#888\"")); p++) panels++;
+    ck_assert_int_eq(panels, 4);
+    ck_assert(t_contains(svg, "small.json (strict") && t_contains(svg, "big.json (strict"));
+    ck_assert(t_contains(svg, ">500</text>"));                 /* big.json's compile axis */
+    ck_assert(t_contains(svg, "text-anchor=\"end\">2</text>"));   /* small.json's: its own 2 compiles */
+    free(svg);
+    free(big);
+    free(odd);
+    cJSON_Delete(d);
+    free(strict);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- bad input */
 START_TEST(bad_input)
 {
@@ -884,6 +944,7 @@ static Suite *suite(void)
     tcase_add_test(tc, cost_matmul_hand_computed);
     tcase_add_test(tc, cost_table_strict_matmul);
     tcase_add_test(tc, price_plans);
+    tcase_add_test(tc, report_new_user_glitches);
     tcase_add_test(tc, bad_input);
     suite_add_tcase(s, tc);
     return s;

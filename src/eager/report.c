@@ -515,6 +515,12 @@ static cJSON *timer_json(ctpu_metrics *m, ctpu_timer_id id)
 }
 
 static double ctr(ctpu_metrics *m, ctpu_counter_id id) { return (double)atomic_load(&m->counters[id].v); }
+/* hits as a percentage of requests for "%.1f%%": never 100.0% with a miss */
+static double hit_pct(double hit, double req)
+{
+    double r = req > 0 ? 100.0 * hit / req : 0.0;
+    return hit < req && r > 99.9 ? 99.9 : r;
+}
 
 static cJSON *build_json(ctpu_runtime *rt)
 {
@@ -766,7 +772,7 @@ void ctpu_metrics_report(FILE *f)
             (unsigned long long)hs.in_use, (unsigned long long)hs.peak, (unsigned long long)hs.capacity);
     double req = ctr(m, CTPU_CTR_FUSED_CACHE_REQUESTS) + ctr(m, CTPU_CTR_STRICT_CACHE_REQUESTS);
     double hit = ctr(m, CTPU_CTR_FUSED_CACHE_HITS) + ctr(m, CTPU_CTR_STRICT_CACHE_HITS);
-    fprintf(f, "Metric: cache_hit_rate\n  Value: %.1f%% (%.0f of %.0f requests)\n", req > 0 ? 100.0 * hit / req : 0.0,
+    fprintf(f, "Metric: cache_hit_rate\n  Value: %.1f%% (%.0f of %.0f requests)\n", hit_pct(hit, req),
             hit, req);
 }
 
@@ -798,7 +804,7 @@ void ctpu__report_shutdown(ctpu_runtime *rt)
         ctpu_timer_get(m, CTPU_TMR_COMPILE_TIME, &ct);
         if (req > 0)
             fprintf(stderr, "ctpu: compile cache: %.0f requests, %.0f hits (%.1f%%), %.0f compiles, %.1f ms compiling [%s, %s]\n",
-                    req, hit, 100.0 * hit / req, ctr(m, CTPU_CTR_PROGRAMS_COMPILED), (double)ct.total_ns / 1e6,
+                    req, hit, hit_pct(hit, req), ctr(m, CTPU_CTR_PROGRAMS_COMPILED), (double)ct.total_ns / 1e6,
                     ctpu_mode_name(rt->mode), rt->chip->name);
     }
     if (r->trace && rt->trace_file) {

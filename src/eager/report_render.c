@@ -45,6 +45,7 @@ static double num(const cJSON *o, const char *k)
     const cJSON *v = obj(o, k);
     return cJSON_IsNumber(v) && isfinite(v->valuedouble) ? v->valuedouble : 0;
 }
+static double val(const cJSON *v) { return cJSON_IsNumber(v) && isfinite(v->valuedouble) ? v->valuedouble : 0; }
 static const char *str(const cJSON *o, const char *k)
 {
     const cJSON *v = obj(o, k);
@@ -224,7 +225,15 @@ static const char *fmt_bytes(double v, char *b, size_t n)
     return b;
 }
 
-static double pct(double a, double b) { return b > 0 ? 100.0 * a / b : 0; }
+/* a as a percentage of b, for "%.1f%%": never 100.0% while a < b (1 miss
+ * in 60,000 requests is 99.9%, not 100.0%) */
+static double pct(double a, double b)
+{
+    if (!(b > 0)) return 0;
+    double r = 100.0 * a / b;
+    if (a < b && r > 99.9) r = 99.9;
+    return r;
+}
 
 /* ------------------------------------------------------------ advice */
 typedef struct {
@@ -392,7 +401,10 @@ static void render_doc(out_t *o, const cJSON *d, const char *name)
             line(o, "warm-up: %.0f step%s before the cache went all-hit; %.0f later step%s compiled%s", num(c, "warmup_steps"),
                  num(c, "warmup_steps") == 1 ? "" : "s", num(c, "late_compile_steps"),
                  num(c, "late_compile_steps") == 1 ? "" : "s",
-                 num(c, "late_compile_steps") > 0 ? " (see recompiles)" : "");
+                 num(c, "late_compile_steps") <= 0 ? ""
+                 : arr_n(obj(d, "recompiles")) > 0 ? " (see recompiles)"
+                 : strcmp(str(d, "mode"), "defer_fuse") != 0 ? " (one-op programs for an op or shape first seen then)"
+                 : " (new programs, listed below)");
         else line(o, "warm-up: the cache never went all-hit (%.0f of %.0f steps compiled)", num(c, "compile_steps"),
                   num(c, "steps"));
     }
@@ -678,73 +690,73 @@ ctpu_status ctpu_report_plot_svg(int n, const char *const *jsons, const char *co
             return st;
         }
     }
-    /* ranges */
-    double xmax = 1, cmax = 1, hmax = 1;
-    for (int i = 0; i < n; i++) {
-        const cJSON *h = obj(d[i], "history");
-        const cJSON *st = obj(h, "step"), *cp = obj(h, "compiles"), *hi = obj(h, "hits");
-        int m = arr_n(st);
-        for (int k = 0; k < m; k++) {
-            double x = cJSON_GetArrayItem(st, k)->valuedouble + 1;
-            if (x > xmax) xmax = x;
-            double cv = k < arr_n(cp) ? cJSON_GetArrayItem(cp, k)->valuedouble : 0;
-            if (cv > cmax) cmax = cv;
-            if (k > 0 && k < arr_n(hi)) {
-                double dx = x - (cJSON_GetArrayItem(st, k - 1)->valuedouble + 1);
-                double dh = cJSON_GetArrayItem(hi, k)->valuedouble - cJSON_GetArrayItem(hi, k - 1)->valuedouble;
-                if (dx > 0 && dh / dx > hmax) hmax = dh / dx;
-            } else if (k == 0 && k < arr_n(hi) && cJSON_GetArrayItem(hi, 0)->valuedouble / x > hmax) {
-                hmax = cJSON_GetArrayItem(hi, 0)->valuedouble / x;
-            }
-        }
-    }
+    /* one row of two panels per run (compiles, hits per step), each panel
+     * with its own axes: runs of very different sizes (strict eager's
+     * thousands of one-op hits per step beside a fused run's one) stay
+     * readable */
     static const char *const colors[] = { "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b" };
-    const int W = 800, H = 520, L = 70, R = 20, PH = 180;
-    const int top[2] = { 40, 290 };
+    const int PW = 360, PH = 150, L = 60, GAP = 70, ROW = PH + 80, TOP = 30;
+    const int W = L + 2 * PW + GAP + 20, H = TOP + n * ROW;
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" "
                "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", W, H);
     const char *titles[2] = { "programs compiled (cumulative)", "cache hits per step" };
-    double ymax[2] = { cmax, hmax };
-    for (int p = 0; p < 2; p++) {
-        int y0 = top[p];
-        fprintf(f, "<text x=\"%d\" y=\"%d\" font-weight=\"bold\">%s</text>\n", L, y0 - 10, titles[p]);
-        fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#888\"/>\n", L, y0,
-                W - L - R, PH);
-        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%.0f</text>\n", L - 5, y0 + 10, ymax[p]);
-        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">0</text>\n", L - 5, y0 + PH);
-        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">step %.0f</text>\n", W - R, y0 + PH + 15, xmax);
-        for (int i = 0; i < n; i++) {
-            const cJSON *h = obj(d[i], "history");
-            const cJSON *st = obj(h, "step"), *ys = obj(h, p == 0 ? "compiles" : "hits");
-            int m = arr_n(st) < arr_n(ys) ? arr_n(st) : arr_n(ys);
-            fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", colors[i % 6]);
+    for (int i = 0; i < n; i++) {
+        const cJSON *h = obj(d[i], "history");
+        const cJSON *st = obj(h, "step");
+        int m = arr_n(st);
+        /* this run's ranges */
+        double xmax = 1, ymax[2] = { 1, 1 };
+        for (int p = 0; p < 2; p++) {
+            const cJSON *ys = obj(h, p == 0 ? "compiles" : "hits");
             double px = 0, py = 0;
-            for (int k = 0; k < m; k++) {
-                double x = cJSON_GetArrayItem(st, k)->valuedouble + 1, y = cJSON_GetArrayItem(ys, k)->valuedouble;
-                double v = y;
-                if (p == 1) v = x - px > 0 ? (y - py) / (x - px) : 0;
+            for (int k = 0; k < m && k < arr_n(ys); k++) {
+                double x = val(cJSON_GetArrayItem(st, k)) + 1;
+                double y = val(cJSON_GetArrayItem(ys, k));
+                double v = p == 1 ? (x - px > 0 ? (y - py) / (x - px) : 0) : y;
                 px = x;
                 py = y;
-                double sx = L + (x / xmax) * (W - L - R), sy = y0 + PH - (v / ymax[p]) * PH;
+                if (x > xmax) xmax = x;
+                if (v > ymax[p]) ymax[p] = v;
+            }
+        }
+        char esc[128];
+        const char *nm = names && names[i] ? names[i] : str(d[i], "mode");
+        size_t k = 0;
+        for (const char *c = nm; *c && k + 6 < sizeof esc; c++) {
+            if (*c == '<') { memcpy(esc + k, "&lt;", 4); k += 4; }
+            else if (*c == '&') { memcpy(esc + k, "&amp;", 5); k += 5; }
+            else if (*c == '>') { memcpy(esc + k, "&gt;", 4); k += 4; }
+            else if (*c == '"') { memcpy(esc + k, "&quot;", 6); k += 6; }
+            else esc[k++] = *c;
+        }
+        esc[k] = 0;
+        int y0 = TOP + i * ROW + 30;
+        const char *color = colors[i % 6];
+        fprintf(f, "<text x=\"%d\" y=\"%d\" font-weight=\"bold\" fill=\"%s\">%s (%s, %s)</text>\n", L,
+                y0 - 22, color, esc, str(d[i], "mode"), str(d[i], "chip"));
+        for (int p = 0; p < 2; p++) {
+            int x0 = L + p * (PW + GAP);
+            fprintf(f, "<text x=\"%d\" y=\"%d\">%s</text>\n", x0, y0 - 6, titles[p]);
+            fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#888\"/>\n", x0, y0,
+                    PW, PH);
+            fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%.0f</text>\n", x0 - 5, y0 + 10, ymax[p]);
+            fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">0</text>\n", x0 - 5, y0 + PH);
+            fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">step %.0f</text>\n", x0 + PW, y0 + PH + 15, xmax);
+            const cJSON *ys = obj(h, p == 0 ? "compiles" : "hits");
+            int mm = m < arr_n(ys) ? m : arr_n(ys);
+            fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", color);
+            double px = 0, py = 0;
+            for (int q = 0; q < mm; q++) {
+                double x = val(cJSON_GetArrayItem(st, q)) + 1;
+                double y = val(cJSON_GetArrayItem(ys, q));
+                double v = p == 1 ? (x - px > 0 ? (y - py) / (x - px) : 0) : y;
+                px = x;
+                py = y;
+                double sx = x0 + (x / xmax) * PW, sy = y0 + PH - (v / ymax[p]) * PH;
                 fprintf(f, "%.1f,%.1f ", sx, sy);
             }
             fprintf(f, "\"/>\n");
         }
-    }
-    for (int i = 0; i < n; i++) {
-        char esc[128];
-        const char *nm = names && names[i] ? names[i] : str(d[i], "mode");
-        size_t k = 0;
-        for (const char *s = nm; *s && k + 6 < sizeof esc; s++) {
-            if (*s == '<') { memcpy(esc + k, "&lt;", 4); k += 4; }
-            else if (*s == '&') { memcpy(esc + k, "&amp;", 5); k += 5; }
-            else if (*s == '>') { memcpy(esc + k, "&gt;", 4); k += 4; }
-            else if (*s == '"') { memcpy(esc + k, "&quot;", 6); k += 6; }
-            else esc[k++] = *s;
-        }
-        esc[k] = 0;
-        fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"%s\">%s (%s, %s)</text>\n", L + 10 + 250 * (i % 3),
-                H - 10 - 14 * (i / 3), colors[i % 6], esc, str(d[i], "mode"), str(d[i], "chip"));
     }
     fprintf(f, "</svg>\n");
     for (int i = 0; i < n; i++) cJSON_Delete(d[i]);
