@@ -21,8 +21,9 @@
  * needed: the batch, --limit and --seed are checked). The epoch lines of a
  * resumed run cover the steps it ran.
  *
- * The last line is machine-readable:
- *   result test_accuracy=0.8841 train_loss=0.3012 epochs=5 images_per_s=52000 mode=strict */
+ * The last line is machine-readable (its figures depend on the run and
+ * the machine; README.md quotes a current one):
+ *   result test_accuracy=A train_loss=L epochs=N images_per_s=R mode=M */
 #include <ctpu.h>
 #include <ctpu_nn.h>
 

@@ -2,6 +2,8 @@
 # Installs what is needed, builds, and runs the whole test suite:
 #   1. the default build (jemalloc device allocator): every Check suite;
 #   2. the core suites again with the AVX2 and scalar kernels forced (CTPU_ISA);
+#      then an install into a temporary root, with examples/hello.c built
+#      against it by pkg-config alone (tools/check-install.sh);
 #   3. an ASan+UBSan build with the system allocator: every suite;
 #   4. a TSan build: the threads suite.
 # The long runs (fuzz campaign, 1,000,000-step soak): meson test -C build --suite long.
@@ -25,6 +27,9 @@ for isa in avx2 scalar; do
     CTPU_ISA=$isa meson test -C build --suite core --print-errorlogs --num-processes 2
   fi
 done
+
+echo "== install into a temporary prefix; hello.c built with pkg-config alone"
+bash tools/check-install.sh build
 
 echo "== ASan+UBSan, system allocator"
 setup build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dallocator=system -Dbuildtype=debugoptimized
