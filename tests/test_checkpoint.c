@@ -969,8 +969,13 @@ START_TEST(t_python_interop)
     ck_assert_int_eq(ctpu_assign(u[0], ctpu_zeros(CTPU_F32, 3, (int64_t[]){ 2, 3, 4 })), CTPU_OK);
     ck_assert_msg(ctpu_load(theirs, N_REF, REF_NAMES, u) == CTPU_OK, "%s", ctpu_last_error());
     for (int i = 0; i < N_REF; i++) ck_assert_msg(same_bits(u[i], t[i]), "tensor %s differs", REF_NAMES[i]);
-    /* the reader also lists the checkpoint of a run */
+    /* the reader lists a file, and refuses what ctpu refuses */
     ck_assert_msg(run_py(py, script, "read", mine) == 0, "check_safetensors.py read %s failed", mine);
+    const char *bad = at("overlap.safetensors");
+    write_st(bad, UINT64_MAX, "{" GOOD_A ",\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[16,24]}}", F6, 24);
+    ck_assert_int_eq(run_py(py, script, "read", bad), 1);
+    ck_assert_ptr_null(ctpu_safetensors_open(bad));
+    ck_assert(ctpu_is_null(ctpu_safetensors_tensor(NULL, "x")));
 }
 END_TEST
 

@@ -497,16 +497,10 @@ ctpu_status ctpu_safetensors_metadata_at(const ctpu_safetensors *f, int i, const
     return CTPU_OK;
 }
 
-/* The entry of name, checked readable by ctpu; its bytes into a new buffer. */
-static ctpu_status read_entry(const char *op, const ctpu_safetensors *f, const ctpu_safetensors_entry *e, void **out)
+/* An entry's bytes into dst (e->nbytes of room). */
+static ctpu_status read_entry(const char *op, const ctpu_safetensors *f, const ctpu_safetensors_entry *e, void *dst)
 {
-    *out = malloc(e->nbytes ? (size_t)e->nbytes : 1);
-    if (!*out)
-        return ctpu_report_error(CTPU_ERR_OOM, "%s: %s: tensor '" NM "': out of host memory for %llu bytes", op,
-                                 f->path, e->name, (unsigned long long)e->nbytes);
-    if (!read_at(f->fd, *out, e->nbytes, f->data_start + e->offset)) {
-        free(*out);
-        *out = NULL;
+    if (!read_at(f->fd, dst, e->nbytes, f->data_start + e->offset)) {
         return ctpu_report_error(CTPU_ERR_IO, "%s: %s: tensor '" NM "': reading %llu bytes at %llu: %s", op, f->path,
                                  e->name, (unsigned long long)e->nbytes,
                                  (unsigned long long)(f->data_start + e->offset),
@@ -533,8 +527,13 @@ ctpu_tensor ctpu_safetensors_tensor(const ctpu_safetensors *f, const char *name)
     }
     const ctpu_safetensors_entry *e = &f->e[i];
     if (e->dtype == CTPU_DTYPE_COUNT) { dtype_unsupported(op, f, e); return CTPU_NULL; }
-    void *buf;
-    if (read_entry(op, f, e, &buf) != CTPU_OK) return CTPU_NULL;
+    void *buf = malloc(e->nbytes ? (size_t)e->nbytes : 1);
+    if (!buf) {
+        ctpu_report_error(CTPU_ERR_OOM, "%s: %s: tensor '" NM "': out of host memory for %llu bytes", op, f->path,
+                          e->name, (unsigned long long)e->nbytes);
+        return CTPU_NULL;
+    }
+    if (read_entry(op, f, e, buf) != CTPU_OK) { free(buf); return CTPU_NULL; }
     ctpu_tensor t = ctpu_from_host(buf, e->dtype, e->ndim, e->shape);
     free(buf);
     if (ctpu_is_null(t))
@@ -551,8 +550,7 @@ static ctpu_status st_load(const char *op, const ctpu_safetensors *f, int n, con
                                  names ? "given" : "NULL", tensors ? "given" : "NULL");
     char sa[160], sb[160];
     const ctpu_safetensors_entry **ent = calloc((size_t)(n ? n : 1), sizeof *ent);
-    void **bufs = calloc((size_t)(n ? n : 1), sizeof *bufs);
-    ctpu_status st = ent && bufs ? CTPU_OK : ctpu_report_error(CTPU_ERR_OOM, "%s: %s: out of host memory", op, f->path);
+    ctpu_status st = ent ? CTPU_OK : ctpu_report_error(CTPU_ERR_OOM, "%s: %s: out of host memory", op, f->path);
     /* 1. every destination against its entry: nothing is written unless all fit */
     for (int i = 0; st == CTPU_OK && i < n; i++) {
         if (!names[i]) { st = ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: %s: names[%d] is NULL", op, f->path, i); break; }
@@ -584,14 +582,21 @@ static ctpu_status st_load(const char *op, const ctpu_safetensors *f, int n, con
             break;
         }
     }
-    /* 2. every byte read */
-    for (int i = 0; st == CTPU_OK && i < n; i++) st = read_entry(op, f, ent[i], &bufs[i]);
-    /* 3. device copies, then the assigns */
+    /* 2. every tensor read into a new device tensor (one host buffer, reused:
+     * fresh pages cost more than the copy), 3. then the assigns */
+    uint64_t max_bytes = 1;
+    for (int i = 0; st == CTPU_OK && i < n; i++)
+        if (ent[i]->nbytes > max_bytes) max_bytes = ent[i]->nbytes;
+    void *buf = st == CTPU_OK ? malloc((size_t)max_bytes) : NULL;
+    if (st == CTPU_OK && !buf)
+        st = ctpu_report_error(CTPU_ERR_OOM, "%s: %s: out of host memory for %llu bytes", op, f->path,
+                               (unsigned long long)max_bytes);
     if (st == CTPU_OK && (st = ctpu_scope_begin()) == CTPU_OK) {
         ctpu_tensor *src = calloc((size_t)(n ? n : 1), sizeof *src);
         if (!src) st = ctpu_report_error(CTPU_ERR_OOM, "%s: %s: out of host memory", op, f->path);
         for (int i = 0; st == CTPU_OK && i < n; i++) {
-            src[i] = ctpu_from_host(bufs[i], ent[i]->dtype, ent[i]->ndim, ent[i]->shape);
+            if ((st = read_entry(op, f, ent[i], buf)) != CTPU_OK) break;
+            src[i] = ctpu_from_host(buf, ent[i]->dtype, ent[i]->ndim, ent[i]->shape);
             if (ctpu_is_null(src[i]))
                 st = ctpu_report_error(ctpu_last_status(), "%s: %s: tensor '" NM "': %s", op, f->path, names[i],
                                        ctpu_last_error());
@@ -605,8 +610,7 @@ static ctpu_status st_load(const char *op, const ctpu_safetensors *f, int n, con
         if (st == CTPU_OK && (st = ctpu_sync()) != CTPU_OK)
             ctpu_report_error(st, "%s: %s: %s", op, f->path, ctpu_last_error());
     }
-    for (int i = 0; bufs && i < n; i++) free(bufs[i]);
-    free(bufs);
+    free(buf);
     free(ent);
     return st;
 }
