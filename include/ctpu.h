@@ -652,7 +652,8 @@ CTPU_API ctpu_status ctpu_report_plot_svg(int n, const char *const *jsons, const
  *
  * Reading checks the whole header before anything is used, as the reference
  * reader does: a header length above 100,000,000 bytes (the reference
- * implementation's limit) or past the end of the file, malformed JSON or
+ * implementation's limit) or past the end of the file, a header that is
+ * not well-formed UTF-8, malformed JSON or
  * trailing bytes other than spaces after it, an entry without dtype / shape
  * / data_offsets, an unknown dtype string, more than 8 dims, a size that
  * does not match dtype x shape, offsets that overlap, leave a hole or do not
@@ -664,25 +665,27 @@ CTPU_API ctpu_status ctpu_report_plot_svg(int n, const char *const *jsons, const
 
 /* Write n tensors (f32, bf16, i32; any shape, zero-size and 0-d included)
  * under distinct names to path. Errors: CTPU_ERR_NOT_INITIALIZED,
- * CTPU_ERR_INVALID_ARG (NULL path / names, a NULL or repeated name,
- * "__metadata__" as a name), handle errors naming the tensor, a device error
+ * CTPU_ERR_INVALID_ARG (NULL path / names, a NULL or repeated name, a name
+ * that is not valid UTF-8, "__metadata__" as a name), handle errors naming the tensor, a device error
  * latched on a tensor (its message, prefixed by the file and the tensor),
  * CTPU_ERR_IO (the temporary file cannot be made or written, fsync or
  * rename fails: the message names the file and strerror). */
 CTPU_API ctpu_status ctpu_save(const char *path, int n, const char *const *names, const ctpu_tensor *tensors);
 /* ctpu_save with n_meta metadata pairs: meta[2i] is a key, meta[2i+1] its
  * value (NUL-terminated strings; distinct keys), written as "__metadata__".
- * Errors: those of ctpu_save, CTPU_ERR_INVALID_ARG for a NULL or repeated key
- * or a NULL value. */
+ * Errors: those of ctpu_save, CTPU_ERR_INVALID_ARG for a NULL or repeated key,
+ * a NULL value, a key or value that is not valid UTF-8. */
 CTPU_API ctpu_status ctpu_save_ex(const char *path, int n, const char *const *names, const ctpu_tensor *tensors,
                                   int n_meta, const char *const *meta);
 /* Load the tensors called names[i] from path into tensors[i], which must
  * exist with the file's dtype and shape (as ctpu_assign: the destination
  * keeps its handle and takes the value). The file may hold other tensors
  * too. Every destination is checked against the header and every byte is
- * read before any tensor is written, so on an error no tensor has changed
- * (short of running out of device memory in the copies themselves). Ends
- * with ctpu_sync (in defer and fuse the writes are a trace of their own).
+ * read (into new device tensors: the destinations' size again in HBM, plus
+ * a host buffer of the largest tensor) before any tensor is written, so on
+ * an error no tensor has changed (short of running out of device memory in
+ * the copies themselves). Ends with ctpu_sync (in defer and fuse the writes
+ * are a trace of their own).
  * Errors: CTPU_ERR_NOT_INITIALIZED, CTPU_ERR_INVALID_ARG (NULL arguments; a
  * name not in the file: "load: ck.safetensors: tensor 'fc1.weight' is not in
  * the file (4 tensors)"), handle errors, CTPU_ERR_DTYPE / CTPU_ERR_SHAPE
