@@ -277,6 +277,12 @@ START_TEST(t_save_errors)
     const char *meta[2] = { "k", NULL };
     ck_assert_int_eq(ctpu_save_ex(p, 2, nm, t, 1, meta), CTPU_ERR_INVALID_ARG);
     ck_assert_int_eq(ctpu_save(NULL, 2, nm, t), CTPU_ERR_INVALID_ARG);
+    char *longp = malloc(5000);
+    memset(longp, 'x', 4999);
+    longp[0] = '/';
+    longp[4999] = 0;
+    ck_assert_int_eq(ctpu_save(longp, 2, nm, t), CTPU_ERR_INVALID_ARG);
+    free(longp);
     ck_assert_int_eq(ctpu_save(p, -1, nm, t), CTPU_ERR_INVALID_ARG);
     ck_assert_int_eq(ctpu_save(p, 2, NULL, t), CTPU_ERR_INVALID_ARG);
     size_t l1;

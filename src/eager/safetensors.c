@@ -666,6 +666,9 @@ ctpu_status ctpu_save_ex(const char *path, int n, const char *const *names, cons
     if (!ctpu_is_initialized())
         return ctpu_report_error(CTPU_ERR_NOT_INITIALIZED, "%s: the runtime is not initialised (call ctpu_init)", op);
     if (!path) return ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: path is NULL", op);
+    if (strlen(path) > 4000)   /* the temporary file's name must fit beside it */
+        return ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: %.64s...: the path has %zu bytes (at most 4000)", op, path,
+                                 strlen(path));
     if (n < 0 || (n > 0 && (!names || !tensors)) || n_meta < 0 || (n_meta > 0 && !meta))
         return ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: %s: n=%d (names %s, tensors %s), n_meta=%d (meta %s)", op,
                                  path, n, names ? "given" : "NULL", tensors ? "given" : "NULL", n_meta,
@@ -765,7 +768,7 @@ ctpu_status ctpu_save_ex(const char *path, int n, const char *const *names, cons
     memset(buf + 8 + jn, ' ', hn - jn);
     /* the temporary file, beside the destination */
     for (int tries = 0; fd < 0 && tries < 100; tries++) {
-        snprintf(tmp, sizeof tmp, "%.4096s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&g_tmp_counter, 1));
+        snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&g_tmp_counter, 1));
         fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
         if (fd < 0 && errno != EEXIST) break;
     }
