@@ -210,6 +210,19 @@ CTPU_API const char *ctpu_dtype_name(ctpu_dtype dt);   /* "f32", "bf16", "i32" *
  * a leaf's .grad from ctpu_grad, which the leaf owns: use ctpu_zero_grad). */
 CTPU_API ctpu_status ctpu_release(ctpu_tensor t);
 
+/* Name a tensor, as a module path names a parameter ("fc1.weight"): the
+ * name appears where the value is reported: recompile reasons and the
+ * recompile log ("input 0 (x) dim 0: 128 -> 96"), cache-only errors, and
+ * host-read events in the trace file ("tensor": "loss"). The name belongs to
+ * the value's storage, so views of it and later handles on the same storage
+ * report it too; NULL or "" removes it. Copied (at most CTPU_NAME_MAX bytes,
+ * no control characters). Errors: handle errors, CTPU_ERR_INVALID_ARG. */
+#define CTPU_NAME_MAX 63
+CTPU_API ctpu_status ctpu_set_name(ctpu_tensor t, const char *name);
+/* t's name, or "" (none, or a bad handle: no error). Valid until t is
+ * released or renamed. */
+CTPU_API const char *ctpu_name(ctpu_tensor t);
+
 /* ---------------------------------------------------------------- scopes */
 
 /* Open a scope: handles made from now on belong to it. Scopes nest (up to 64). */

@@ -164,6 +164,8 @@ static void uninitialised_sweep(void)
     UN_S(ctpu_to_host, "to_host", t, f, sizeof f);
     UN_S(ctpu_item, "item", t, &v);
     UN_T(ctpu_from_host_f32_as_bf16, "from_host_f32_as_bf16", f, 2, sh);
+    UN_S(ctpu_set_name, "set_name", t, "x");
+    UN_OK(ctpu_name, strcmp(ctpu_name(t), "") == 0);
     UN_S(ctpu_to_host_as_f32, "to_host_as_f32", t, f, sizeof f);
     UN_S(ctpu_print, "print", t, NULL);
     UN_T(ctpu_zeros, "zeros", CTPU_F32, 2, sh);
@@ -448,6 +450,19 @@ START_TEST(extreme_integers_and_values)
     ERR(ctpu_to_host_as_f32(FAKE, (float[5]){ 0 }, 20), CTPU_ERR_STALE_HANDLE, "to_host_as_f32");
     ERR(ctpu_to_host_as_f32(CTPU_NULL, (float[5]){ 0 }, 20), CTPU_ERR_NULL_HANDLE, "to_host_as_f32");
     ERR(ctpu_print(CTPU_NULL, NULL), CTPU_ERR_NULL_HANDLE, "print");
+    ERR(ctpu_set_name(FAKE, "x"), CTPU_ERR_STALE_HANDLE, "set_name");
+    ERR(ctpu_set_name(CTPU_NULL, "x"), CTPU_ERR_NULL_HANDLE, "set_name");
+    ERR(ctpu_set_name(a, "\x1b[31mred"), CTPU_ERR_INVALID_ARG, "set_name");
+    {
+        char longname[5000];
+        memset(longname, 'q', sizeof longname - 1);
+        longname[sizeof longname - 1] = 0;
+        ERR(ctpu_set_name(a, longname), CTPU_ERR_INVALID_ARG, "set_name");
+        ck_assert_str_eq(ctpu_name(FAKE), "");
+        ck_assert_int_eq(ctpu_set_name(a, "a"), CTPU_OK);
+        ck_assert_int_eq(ctpu_set_name(a, ""), CTPU_OK);
+        ck_assert_str_eq(ctpu_name(a), "");
+    }
     ERR(ctpu_print(FAKE, NULL), CTPU_ERR_STALE_HANDLE, "print");
     {
         FILE *ro = fopen("/dev/null", "r");   /* a stream that cannot be written */

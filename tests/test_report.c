@@ -843,6 +843,82 @@ START_TEST(report_new_user_glitches)
 }
 END_TEST
 
+/* ctpu_set_name: names in recompile reasons, the recompile log, cache-only
+ * errors (which carry the diff) and trace host-read events. */
+START_TEST(names_and_cache_only_diff)
+{
+    char dir[] = "/tmp/ctpu_names_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof path, "%s/trace.json", dir);
+    init_df();
+    ctpu_shutdown();
+    setenv("TORCH_TPU_TRACE_FILE", path, 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    float wd[16 * 8] = { 0 }, xd[8 * 16] = { 0 };
+    ctpu_tensor w = ctpu_keep(ctpu_from_host(wd, CTPU_F32, 2, (int64_t[]){ 16, 8 }));
+    ck_assert_int_eq(ctpu_set_name(w, "fc1.weight"), CTPU_OK);
+    ck_assert_str_eq(ctpu_name(w), "fc1.weight");
+    for (int s = 0; s < 3; s++) {
+        ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
+        ctpu_tensor x = ctpu_from_host(xd, CTPU_F32, 2, (int64_t[]){ s == 2 ? 5 : 8, 16 });
+        ck_assert_int_eq(ctpu_set_name(x, "batch.x"), CTPU_OK);
+        ctpu_tensor loss = ctpu_sum(ctpu_relu(ctpu_matmul(x, w)), 0, NULL, false);
+        ck_assert_int_eq(ctpu_set_name(loss, "loss"), CTPU_OK);
+        double v;
+        ck_assert_int_eq(ctpu_item(loss, &v), CTPU_OK);
+        ck_assert_int_eq(ctpu_step_end(), CTPU_OK);
+    }
+    char log[2048];
+    ck_assert_int_ge(ctpu_cache_recompile_log(log, sizeof log), 1);
+    ck_assert_msg(t_contains(log, "input 0 (batch.x) dim 0: 8 -> 5"), "%s", log);
+    /* cache-only: the error says what changed */
+    ck_assert_int_eq(ctpu_cache_set_only(true), CTPU_OK);
+    ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
+    ctpu_tensor x = ctpu_from_host(xd, CTPU_F32, 2, (int64_t[]){ 3, 16 });
+    ctpu_set_name(x, "batch.x");
+    double v;
+    ck_assert_int_eq(ctpu_item(ctpu_sum(ctpu_relu(ctpu_matmul(x, w)), 0, NULL, false), &v), CTPU_ERR_CACHE_MISS);
+    ck_assert_msg(t_contains(ctpu_last_error(), "cache-only") &&
+                  t_contains(ctpu_last_error(), "input 0 (batch.x) dim 0: ") &&
+                  t_contains(ctpu_last_error(), "-> 3, was program"), "%s", ctpu_last_error());
+    ctpu_clear_error();
+    ctpu_step_end();
+    /* a structure never seen */
+    ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
+    ck_assert_int_eq(ctpu_item(ctpu_sum(ctpu_exp(ctpu_from_host(xd, CTPU_F32, 1, (int64_t[]){ 7 })), 0, NULL, false), &v),
+                     CTPU_ERR_CACHE_MISS);
+    ck_assert_msg(t_contains(ctpu_last_error(), "no cached program has this structure"), "%s", ctpu_last_error());
+    ctpu_clear_error();
+    ctpu_step_end();
+    ctpu_cache_set_only(false);
+    /* names: cleared, bad ones refused, views report the storage's */
+    ctpu_tensor row = ctpu_slice(w, 0, 0, 1, 1);
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    ck_assert_str_eq(ctpu_name(row), "fc1.weight");
+    char big[CTPU_NAME_MAX + 2];
+    memset(big, 'n', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    ck_assert_int_eq(ctpu_set_name(w, big), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_set_name(w, "a\nb"), CTPU_ERR_INVALID_ARG);
+    ck_assert_str_eq(ctpu_name(w), "fc1.weight");
+    ck_assert_int_eq(ctpu_set_name(w, NULL), CTPU_OK);
+    ck_assert_str_eq(ctpu_name(w), "");
+    ck_assert_str_eq(ctpu_name(CTPU_NULL), "");
+    ctpu_release(row);
+    ctpu_release(w);
+    ctpu_shutdown();
+    unsetenv("TORCH_TPU_TRACE_FILE");
+    char *txt = read_all(path);
+    ck_assert_ptr_nonnull(txt);
+    ck_assert_msg(t_contains(txt, "\"tensor\":\"loss\""), "the trace's host reads do not name the tensor");
+    ck_assert(t_contains(txt, "batch.x"));   /* the recompile event's reason */
+    free(txt);
+    remove(path);
+    rmdir(dir);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- bad input */
 START_TEST(bad_input)
 {
@@ -945,6 +1021,7 @@ static Suite *suite(void)
     tcase_add_test(tc, cost_table_strict_matmul);
     tcase_add_test(tc, price_plans);
     tcase_add_test(tc, report_new_user_glitches);
+    tcase_add_test(tc, names_and_cache_only_diff);
     tcase_add_test(tc, bad_input);
     suite_add_tcase(s, tc);
     return s;

@@ -151,6 +151,7 @@ _Static_assert(sizeof(ctpu_buffer) <= BUF_HDR, "buffer header grew past 64 bytes
 static void buffer_free_now(ctpu_device *dev, ctpu_buffer *b)
 {
     uint64_t need = b->bytes < 64 ? 64 : (b->bytes + 63) & ~(uint64_t)63;
+    free(b->name);
     hbm_raw_free(dev, b);
     atomic_fetch_sub(&dev->in_use, need);
     atomic_fetch_add(&dev->frees, 1);
@@ -235,6 +236,7 @@ ctpu_buffer *ctpu_buffer_alloc(ctpu_device *dev, size_t bytes, char *err, size_t
     atomic_init(&b->handle_refs, 0);
     atomic_init(&b->fault, 0);
     atomic_init(&b->last_seq, 0);
+    b->name = NULL;
     uint64_t now = cur + need, pk = atomic_load(&dev->peak);
     while (now > pk && !atomic_compare_exchange_weak(&dev->peak, &pk, now)) {}
     atomic_fetch_add(&dev->allocs, 1);

@@ -26,6 +26,7 @@ typedef struct ctpu_buffer {
      * reference goes while that command is pending is freed once it is done
      * (so the device thread never touches reference counts) */
     atomic_uint_fast64_t last_seq;
+    char *name;             /* the user's name for the value it holds (ctpu_set_name), malloc'd, or NULL */
 } ctpu_buffer;
 
 /* ------------------------------------------------------------ programs

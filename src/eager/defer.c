@@ -341,6 +341,23 @@ static bool collect_live_outs(flush_ctx *f)
  * removed, canonical numbering, aliasing, the launch plan), compile it
  * outside the cache lock, insert it with its plan. False if there is no
  * finalised trace (out of memory: err says so). */
+/* The user's names (ctpu_set_name) of a finalised trace's canonical inputs,
+ * or NULL when none has one (free() the result). */
+static const char **input_names(const ctpu_trace_final *fin)
+{
+    ctpu_buffer *const *ib;
+    const size_t *io;
+    ctpu_trace_rec_inputs(t_df.rec, &ib, &io, NULL);
+    const ctpu_launch_plan *pl = fin->plan;
+    if (!pl || pl->n_in <= 0) return NULL;
+    bool any = false;
+    for (int k = 0; k < pl->n_in && !any; k++) any = ib[pl->in_src[k]] && ib[pl->in_src[k]]->name;
+    if (!any) return NULL;
+    const char **names = calloc((size_t)pl->n_in, sizeof *names);
+    for (int k = 0; names && k < pl->n_in; k++) names[k] = ib[pl->in_src[k]] ? ib[pl->in_src[k]]->name : NULL;
+    return names;
+}
+
 static bool compile_miss(flush_ctx *f, ctpu_cache_pending *miss, const ctpu_cache_opts *o, ctpu_trace_final *fin)
 {
     ctpu_cache *cache = f->rt->fused_cache;
@@ -354,9 +371,13 @@ static bool compile_miss(flush_ctx *f, ctpu_cache_pending *miss, const ctpu_cach
         ctpu_cache_abandon(cache, miss);
         return true;
     }
+    const char **names = input_names(fin);
+    ctpu_cache_opts on = *o;
+    on.in_names = names;
     ctpu_launch_plan *plan = fin->plan;
     fin->plan = NULL;                       /* the cache's now */
-    f->prog = ctpu_cache_insert(cache, miss, &fin->t, p, plan, o, &f->res, f->err, sizeof f->err);
+    f->prog = ctpu_cache_insert(cache, miss, &fin->t, p, plan, &on, &f->res, f->err, sizeof f->err);
+    free(names);
     f->plan = f->prog ? plan : NULL;
     return true;
 }
@@ -399,8 +420,15 @@ static ctpu_status lookup_or_compile(flush_ctx *f)
     if (have_fin) ctpu_trace_final_free(&fin);
     count_lookup(f);
     if (!f->prog) {
-        char msg[300];
-        snprintf(msg, sizeof msg, "defer and fuse: %s", f->err);
+        char msg[520], diff[200] = "";
+        if (f->res.refused && ctpu_trace_finalize(t_df.rec, f->reqs, f->nreq, 0, (uint8_t)f->dbg, &fin)) {
+            /* what changed: the error says it, as a recompile reason would */
+            const char **names = input_names(&fin);
+            ctpu_cache_describe_miss(rt->fused_cache, &fin.t, names, diff, sizeof diff);
+            free(names);
+            ctpu_trace_final_free(&fin);
+        }
+        snprintf(msg, sizeof msg, "defer and fuse: %s%s%s", f->err, diff[0] ? ": " : "", diff);
         return flush_fail(f->res.refused ? CTPU_ERR_CACHE_MISS : CTPU_ERR_STATE, msg, f->reqs, f->rrec);
     }
     return CTPU_OK;
@@ -498,6 +526,7 @@ static void publish(flush_ctx *f)
         atomic_fetch_add(&b->handle_refs, 1);
         r->buf = b;
         r->off = f->outo[o];
+        ctpu__name_buffer(r, b);
     }
     /* our own refs: the command and the handles hold theirs */
     for (int j = 0; j < f->plan->n_out; j++) ctpu_buffer_release(rt->dev, f->outb[j]);

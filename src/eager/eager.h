@@ -171,6 +171,7 @@ typedef struct ctpu_trec {
     uint64_t trace_id;
     int32_t tval;
     bool leaf_grad;                  /* the .grad handle of a leaf (ctpu_grad): the user may not release it */
+    char *name;                      /* ctpu_set_name (malloc'd; also on buf once it has one), or NULL */
 } ctpu_trec;
 
 static inline bool ctpu_rec_pending(const ctpu_trec *r) { return r->trace_id != 0; }
@@ -181,6 +182,14 @@ static inline ctpu_trec *ctpu_slot(uint32_t idx)
 }
 static inline uint32_t ctpu_handle_slot(ctpu_tensor t) { return (uint32_t)(t.id & 0xffffffffu) - 1u; }
 static inline uint32_t ctpu_handle_gen(ctpu_tensor t) { return (uint32_t)(t.id >> 32); }
+
+/* The user's name of a record's value ("" if none). */
+static inline const char *ctpu_rec_name(const ctpu_trec *r)
+{
+    return r->name ? r->name : r->buf && r->buf->name ? r->buf->name : "";
+}
+/* Give buffer b the record's name (defer and fuse: when a pending value gets its storage). */
+void ctpu__name_buffer(const ctpu_trec *r, ctpu_buffer *b);
 
 /* ctpu_to_host with the user's call named in messages (ctpu_print). */
 ctpu_status ctpu__to_host_op(const char *op, ctpu_tensor t, void *dst, size_t dst_bytes);
@@ -271,7 +280,7 @@ void ctpu__report_cut(int why, const ctpu_trace *t, const ctpu_cache_result *res
  * estimate it adds up). */
 void ctpu__report_op(const ctpu_node *n, bool hit, const ctpu_program *prog);
 /* A host read (tensor.c ctpu_to_host), before it waits. */
-void ctpu__report_host_read(size_t bytes);
+void ctpu__report_host_read(size_t bytes, const char *tensor);
 /* After a marked step (tensor.c ctpu_mark_step). */
 void ctpu__report_step(void);
 /* ctpu_sync, at its end; t0 = its start. */

@@ -362,7 +362,7 @@ void ctpu__report_op(const ctpu_node *n, bool hit, const ctpu_program *prog)
     }
 }
 
-void ctpu__report_host_read(size_t bytes)
+void ctpu__report_host_read(size_t bytes, const char *tensor)
 {
     ctpu_runtime *rt = ctpu_rt;
     ctpu_report_state *r = rt ? rt->report : NULL;
@@ -372,8 +372,10 @@ void ctpu__report_host_read(size_t bytes)
     label_get(r, label)->reads++;
     pthread_mutex_unlock(&r->mu);
     if (r->trace) {
-        char args[200], lab[96];
-        snprintf(args, sizeof args, "\"label\":\"%s\",\"bytes\":%zu", ctpu_json_escape(label, lab, sizeof lab), bytes);
+        char args[320], lab[96], tn[160];
+        snprintf(args, sizeof args, "\"label\":\"%s\",\"bytes\":%zu%s%s%s", ctpu_json_escape(label, lab, sizeof lab), bytes,
+                 tensor && tensor[0] ? ",\"tensor\":\"" : "", tensor && tensor[0] ? ctpu_json_escape(tensor, tn, sizeof tn) : "",
+                 tensor && tensor[0] ? "\"" : "");
         ctpu_trace_instant(r->trace, CTPU_TRACK_HOST, "host_read", label[0] ? label : "host read", ctpu_now_ns(), args);
     }
 }

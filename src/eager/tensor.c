@@ -106,6 +106,7 @@ ctpu_tensor ctpu_handle_new(const ctpu_vtype *type, ctpu_buffer *buf, size_t off
     r->trace_id = 0;
     r->tval = -1;
     r->leaf_grad = false;
+    r->name = NULL;
     if (buf) atomic_fetch_add(&buf->handle_refs, 1);
     ctpu_tensor t = { ((uint64_t)atomic_load_explicit(&r->gen, memory_order_relaxed) << 32) | (idx + 1) };
     ctpu_thread_state *ts = ctpu_ts();   /* out of host memory: global, as below */
@@ -138,6 +139,8 @@ void ctpu_handle_release_rec(ctpu_trec *r, uint32_t idx)
     uint32_t g = atomic_load_explicit(&r->gen, memory_order_relaxed) + 1;
     atomic_store_explicit(&r->gen, g ? g : 1, memory_order_relaxed);
     r->buf = NULL;
+    free(r->name);
+    r->name = NULL;
     if (b) {
         atomic_fetch_sub(&b->handle_refs, 1);
         ctpu_buffer_release(ctpu_rt->dev, b);
@@ -158,6 +161,49 @@ ctpu_status ctpu_release(ctpu_tensor t)
     }
     ctpu_handle_release_rec(r, ctpu_handle_slot(t));
     return CTPU_OK;
+}
+
+void ctpu__name_buffer(const ctpu_trec *r, ctpu_buffer *b)
+{
+    if (!r->name || !b || (b->name && strcmp(b->name, r->name) == 0)) return;
+    char *n = strdup(r->name);
+    if (!n) return;                      /* a name is a courtesy: out of memory keeps the old one */
+    free(b->name);
+    b->name = n;
+}
+
+ctpu_status ctpu_set_name(ctpu_tensor t, const char *name)
+{
+    ctpu_trec *r = ctpu_rec_get(t, "set_name", "t", false);
+    if (!r) return ctpu_last_status();
+    size_t n = name ? strlen(name) : 0;
+    if (n > CTPU_NAME_MAX) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "set_name: the name has %zu bytes (at most %d)", n, CTPU_NAME_MAX);
+        return CTPU_ERR_INVALID_ARG;
+    }
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f) {
+            ctpu_set_error(CTPU_ERR_INVALID_ARG, "set_name: the name has a control character at byte %zu", i);
+            return CTPU_ERR_INVALID_ARG;
+        }
+    char *copy = n ? strdup(name) : NULL;
+    if (n && !copy) {
+        ctpu_set_error(CTPU_ERR_OOM, "set_name: out of host memory");
+        return CTPU_ERR_OOM;
+    }
+    free(r->name);
+    r->name = copy;
+    if (r->buf) {
+        if (copy) ctpu__name_buffer(r, r->buf);
+        else { free(r->buf->name); r->buf->name = NULL; }
+    }
+    return CTPU_OK;
+}
+
+const char *ctpu_name(ctpu_tensor t)
+{
+    if (!ctpu_is_valid(t)) return "";
+    return ctpu_rec_name(ctpu_slot(ctpu_handle_slot(t)));
 }
 
 bool ctpu_is_valid(ctpu_tensor t)
@@ -407,7 +453,7 @@ static ctpu_status to_host_impl(const char *op, ctpu_tensor t, void *dst, size_t
         return CTPU_ERR_INVALID_ARG;
     }
     ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_HOST_READS, 1);
-    ctpu__report_host_read(bytes);   /* report.c: reads by call-site label */
+    ctpu__report_host_read(bytes, ctpu_rec_name(r));   /* report.c: reads by call-site label */
     if (!ctpu__materialize(r, op, CTPU_CUT_HOST_READ)) return ctpu_last_status();
     ctpu_device_wait(ctpu_rt->dev, 0);
     unsigned f = atomic_load(&r->buf->fault);

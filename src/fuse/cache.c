@@ -161,7 +161,7 @@ static uint64_t struct_hash_of(const ctpu_trace *t)
     return h;
 }
 
-static void describe_diff(const entry *old, const ctpu_trace *t, char *out, size_t len)
+static void describe_diff(const entry *old, const ctpu_trace *t, const char *const *in_names, char *out, size_t len)
 {
     snprintf(out, len, "structure matches program %llu; a value's extents changed",
              (unsigned long long)old->info.id);
@@ -169,8 +169,9 @@ static void describe_diff(const entry *old, const ctpu_trace *t, char *out, size
         const ctpu_vtype *a = &old->types[i], *b = &t->in_type[i];
         for (int d = 0; d < a->ndim && d < b->ndim; d++)
             if (a->shape[d] != b->shape[d]) {
-                snprintf(out, len, "input %d dim %d: %lld -> %lld", i, d, (long long)a->shape[d],
-                         (long long)b->shape[d]);
+                const char *nm = in_names && in_names[i] && in_names[i][0] ? in_names[i] : NULL;
+                snprintf(out, len, "input %d%s%.48s%s dim %d: %lld -> %lld", i, nm ? " (" : "", nm ? nm : "",
+                         nm ? ")" : "", d, (long long)a->shape[d], (long long)b->shape[d]);
                 return;
             }
     }
@@ -274,6 +275,30 @@ void ctpu_cache_abandon(ctpu_cache *c, ctpu_cache_pending *p)
     free(p);
 }
 
+void ctpu_cache_describe_miss(ctpu_cache *c, const ctpu_trace *t, const char *const *in_names, char *out, size_t len)
+{
+    uint64_t sh = struct_hash_of(t);
+    pthread_mutex_lock(&c->mu);
+    size_t n = c->count;
+    const entry *same = NULL;
+    for (const entry *e = c->lru_head; e && !same; e = e->lru_next)
+        if (sh && e->struct_hash == sh) same = e;
+    if (same) {
+        char diff[160];
+        describe_diff(same, t, in_names, diff, sizeof diff);
+        snprintf(out, len, "%s, was program %llu", diff, (unsigned long long)same->info.id);
+    } else {
+        char ops[64];
+        size_t k = 0;
+        ops[0] = 0;
+        for (int i = 0; i < t->n_nodes && i < 4 && k < sizeof ops; i++)
+            k += (size_t)snprintf(ops + k, sizeof ops - k, "%s%s", i ? ">" : "", ctpu_op_name(t->nodes[i].op));
+        snprintf(out, len, "no cached program has this structure (%d ops: %s%s; %zu programs cached)", t->n_nodes,
+                 ops, t->n_nodes > 4 ? ">..." : "", n);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
 /* ------------------------------------------------------------ insert */
 /* The entry for a compiled program, or NULL on out of memory. It takes the
  * pending miss's key (read-only while the miss is pending). */
@@ -319,7 +344,7 @@ static uint64_t note_recompile(ctpu_cache *c, const entry *ne, const ctpu_trace 
     for (entry *e = c->lru_head; e; e = e->lru_next) {
         if (e->struct_hash != ne->struct_hash) continue;
         res->recompile = true;
-        describe_diff(e, t, res->reason, sizeof res->reason);
+        describe_diff(e, t, o->in_names, res->reason, sizeof res->reason);
         c->st.recompiles++;
         ctpu_recompile_rec *r = &c->log[c->n_log % RECOMPILE_LOG];
         c->n_log++;

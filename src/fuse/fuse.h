@@ -77,6 +77,7 @@ typedef struct {
     bool track_recompiles;         /* compute structural keys, reasons, thrash */
     uint64_t step;                 /* the marked step count, for reports */
     ctpu_device *dev;              /* evicted programs are freed once its commands are done */
+    const char *const *in_names;   /* [n_inputs] user names of the canonical inputs (ctpu_set_name), or NULL */
 } ctpu_cache_opts;
 
 typedef struct {
@@ -123,6 +124,12 @@ ctpu_program *ctpu_cache_insert(ctpu_cache *c, ctpu_cache_pending *miss, const c
                                 ctpu_launch_plan *plan, const ctpu_cache_opts *o, ctpu_cache_result *res,
                                 char *err, size_t errlen);
 void ctpu_cache_abandon(ctpu_cache *c, ctpu_cache_pending *miss);
+/* What a trace that missed differs in from the cached programs (cache-only
+ * errors): a cached program of the same structure gives the dim that
+ * changed, as a recompile reason does ("input 0 (x) dim 0: 128 -> 96, was
+ * program 2"); otherwise "no cached program has this structure". in_names
+ * as in ctpu_cache_opts (may be NULL). */
+void ctpu_cache_describe_miss(ctpu_cache *c, const ctpu_trace *t, const char *const *in_names, char *out, size_t len);
 /* Find, compile a miss, insert (strict eager's one-node programs). *hit
  * tells which. NULL on a compile error. */
 ctpu_program *ctpu_cache_get(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_trace *t,
