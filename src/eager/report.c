@@ -2,8 +2,9 @@
  * seen, host reads by label, matmul shapes, per-op and per-run cost
  * estimates), the hooks the dispatch / defer / step paths call, the metrics
  * JSON document, the shutdown summary and files, and the public cost API.
- * Rendering of JSON documents (text, markdown, comparisons, plots) is in
- * report_render.c, so the library and tools/ctpu-report print the same. */
+ * Rendering of JSON documents (text, markdown, comparisons, plots, and
+ * ctpu_cache_report) is above eager, in src/report/render.c, so the library
+ * and tools/ctpu-report print the same. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -500,6 +501,26 @@ ctpu_status ctpu_cost_table_get(ctpu_cost_table *out)
 }
 
 /* ------------------------------------------------------------ JSON */
+/* One row of the cost table as a JSON object (the metrics document and the
+ * json output format share it). */
+cJSON *ctpu__cost_row_json(const ctpu_cost_row *w)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "chip", w->chip ? w->chip : "?");
+    cJSON_AddNumberToObject(o, "mxu_size", w->mxu_size);
+    cJSON_AddBoolToObject(o, "price_known", w->price_known);
+    cJSON_AddNumberToObject(o, "usd_per_chip_hour", w->usd_per_chip_hour);
+    cJSON_AddStringToObject(o, "price_region", w->price_region ? w->price_region : "");
+    cJSON_AddNumberToObject(o, "run_s", w->run_s);
+    cJSON_AddNumberToObject(o, "step_s", w->step_s);
+    cJSON_AddNumberToObject(o, "epoch_s", w->epoch_s);
+    cJSON_AddNumberToObject(o, "mfu", w->mfu);
+    cJSON_AddNumberToObject(o, "mxu_utilization", w->mxu_utilization);
+    cJSON_AddNumberToObject(o, "usd_run", w->usd_run);
+    cJSON_AddNumberToObject(o, "usd_epoch", w->usd_epoch);
+    return o;
+}
+
 static cJSON *timer_json(ctpu_metrics *m, ctpu_timer_id id)
 {
     ctpu_timer t;
@@ -524,12 +545,10 @@ static double hit_pct(double hit, double req)
     return hit < req && r > 99.9 ? 99.9 : r;
 }
 
-static cJSON *build_json(ctpu_runtime *rt)
+/* The run: mode, chip, counters, timers, HBM. */
+static void header_json(cJSON *doc, ctpu_runtime *rt)
 {
     ctpu_metrics *m = &rt->metrics;
-    ctpu_report_state *r = rt->report;
-    cJSON *doc = cJSON_CreateObject();
-    if (!doc) return NULL;
     cJSON_AddNumberToObject(doc, "ctpu_metrics_version", 1);
     cJSON_AddStringToObject(doc, "mode", ctpu_mode_name(rt->mode));
     cJSON_AddStringToObject(doc, "chip", rt->chip->name);
@@ -546,11 +565,12 @@ static cJSON *build_json(ctpu_runtime *rt)
     cJSON_AddNumberToObject(h, "in_use", (double)hs.in_use);
     cJSON_AddNumberToObject(h, "peak", (double)hs.peak);
     cJSON_AddNumberToObject(h, "capacity", (double)hs.capacity);
+}
 
-    ctpu_cache_stats st;
-    ctpu_cache_get_stats(rt->fused_cache, &st);
-    ctpu_step_history hist;
-    ctpu_metrics_history(m, &hist);
+/* The caches' totals and the step history's warm-up figures. */
+static void cache_json(cJSON *doc, ctpu_runtime *rt, const ctpu_cache_stats *st, const ctpu_step_history *hist)
+{
+    ctpu_metrics *m = &rt->metrics;
     ctpu_timer ct;
     ctpu_timer_get(m, CTPU_TMR_COMPILE_TIME, &ct);
     cJSON *c = cJSON_AddObjectToObject(doc, "cache");
@@ -561,25 +581,24 @@ static cJSON *build_json(ctpu_runtime *rt)
     cJSON_AddNumberToObject(c, "recompiles", ctr(m, CTPU_CTR_RECOMPILES));
     cJSON_AddNumberToObject(c, "evictions", ctr(m, CTPU_CTR_CACHE_EVICTIONS));
     cJSON_AddNumberToObject(c, "thrash", ctr(m, CTPU_CTR_CACHE_THRASH));
-    cJSON_AddNumberToObject(c, "entries", (double)st.entries);
-    cJSON_AddNumberToObject(c, "capacity", (double)st.capacity);
+    cJSON_AddNumberToObject(c, "entries", (double)st->entries);
+    cJSON_AddNumberToObject(c, "capacity", (double)st->capacity);
     cJSON_AddNumberToObject(c, "compile_ns", (double)ct.total_ns);
     cJSON_AddNumberToObject(c, "strict_requests", ctr(m, CTPU_CTR_STRICT_CACHE_REQUESTS));
     cJSON_AddNumberToObject(c, "strict_hits", ctr(m, CTPU_CTR_STRICT_CACHE_HITS));
     cJSON_AddNumberToObject(c, "strict_misses", ctr(m, CTPU_CTR_STRICT_CACHE_MISSES));
-    cJSON_AddNumberToObject(c, "steps", (double)hist.steps);
-    cJSON_AddNumberToObject(c, "warmup_steps", (double)hist.warmup_steps);
-    cJSON_AddNumberToObject(c, "compile_steps", (double)hist.compile_steps);
-    cJSON_AddNumberToObject(c, "late_compile_steps", (double)hist.late_compile_steps);
-    cJSON_AddNumberToObject(c, "last_compile_step", (double)hist.last_compile_step);
-    cJSON_AddBoolToObject(c, "all_hit_reached", hist.warm);
+    cJSON_AddNumberToObject(c, "steps", (double)hist->steps);
+    cJSON_AddNumberToObject(c, "warmup_steps", (double)hist->warmup_steps);
+    cJSON_AddNumberToObject(c, "compile_steps", (double)hist->compile_steps);
+    cJSON_AddNumberToObject(c, "late_compile_steps", (double)hist->late_compile_steps);
+    cJSON_AddNumberToObject(c, "last_compile_step", (double)hist->last_compile_step);
+    cJSON_AddBoolToObject(c, "all_hit_reached", hist->warm);
+}
 
-    /* programs: the cache's entries (hits, bytes) merged with what the
-     * report saw (ops, inputs, kernels, launches, estimate) */
-    size_t ne = st.entries;
-    ctpu_cache_entry_info *ei = calloc(ne + 1, sizeof *ei);
-    ne = ei ? ctpu_cache_entries_info(rt->fused_cache, ei, ne) : 0;
-    pthread_mutex_lock(&r->mu);
+/* Programs: the cache's entries (hits, bytes) merged with what the report
+ * saw (ops, inputs, kernels, launches, estimate). Under r->mu. */
+static void programs_json(cJSON *doc, ctpu_report_state *r, const ctpu_cache_entry_info *ei, size_t ne)
+{
     cJSON *ps = cJSON_AddArrayToObject(doc, "programs");
     uint64_t max_id = r->n_progs;
     for (size_t i = 0; i < ne; i++) if (ei[i].id > max_id) max_id = ei[i].id;
@@ -606,8 +625,11 @@ static cJSON *build_json(ctpu_runtime *rt)
         cJSON_AddNumberToObject(o, "hbm_bytes", p && p->known ? p->hbm_bytes : 0);
         cJSON_AddItemToArray(ps, o);
     }
-    free(ei);
+}
 
+/* The recompile log, with each program's first ops. Under r->mu. */
+static void recompiles_json(cJSON *doc, ctpu_runtime *rt, ctpu_report_state *r)
+{
     ctpu_recompile_rec recs[64];
     size_t nr = ctpu_cache_recompiles(rt->fused_cache, recs, 64);
     cJSON *rs = cJSON_AddArrayToObject(doc, "recompiles");
@@ -624,7 +646,12 @@ static cJSON *build_json(ctpu_runtime *rt)
         cJSON_AddStringToObject(o, "reason", recs[i].reason);
         cJSON_AddItemToArray(rs, o);
     }
+}
 
+/* Trace cuts by reason, host reads by label. Under r->mu. */
+static void cuts_json(cJSON *doc, ctpu_runtime *rt, ctpu_report_state *r)
+{
+    ctpu_metrics *m = &rt->metrics;
     cJSON *cuts = cJSON_AddObjectToObject(doc, "cuts");
     static const ctpu_counter_id cut_ctr[CTPU_CUT_COUNT] = {
         CTPU_CTR_CUT_MARK_STEP, CTPU_CTR_CUT_HOST_READ, CTPU_CTR_CUT_SYNC,
@@ -641,8 +668,12 @@ static cJSON *build_json(ctpu_runtime *rt)
         cJSON_AddNumberToObject(o, "cuts", (double)r->labels[i].cuts);
         cJSON_AddItemToArray(hr, o);
     }
+}
 
-    /* matmul shapes: strict-mode ops plus each program's matmuls x launches */
+/* Matmul shapes: strict-mode ops plus each program's matmuls x launches;
+ * ops by estimated compute time. Under r->mu. */
+static void shapes_ops_json(cJSON *doc, ctpu_runtime *rt, ctpu_report_state *r)
+{
     mm_rec all[MAX_MMS];
     int nall = 0;
     for (int i = 0; i < r->n_mms; i++) all[nall++] = r->mms[i];
@@ -679,39 +710,70 @@ static cJSON *build_json(ctpu_runtime *rt)
         cJSON_AddNumberToObject(x, "est_s", r->op_s[o]);
         cJSON_AddItemToArray(ops, x);
     }
+}
 
-    ctpu_cost_table tbl;
-    cost_table_locked(rt, &tbl);
-    double hbm_s = r->hbm_s;
-    pthread_mutex_unlock(&r->mu);
+static void cost_json(cJSON *doc, ctpu_runtime *rt, const ctpu_cost_table *tbl, double hbm_s)
+{
     cJSON *cost = cJSON_AddObjectToObject(doc, "cost");
     cJSON_AddBoolToObject(cost, "estimate", true);
     cJSON_AddStringToObject(cost, "model", "roofline: max(MXU with dims padded to the MXU side, vector, HBM traffic)");
-    cJSON_AddNumberToObject(cost, "steps", (double)tbl.steps);
-    cJSON_AddNumberToObject(cost, "steps_per_epoch", (double)tbl.steps_per_epoch);
-    cJSON_AddNumberToObject(cost, "model_flops", tbl.model_flops);
-    cJSON_AddNumberToObject(cost, "hbm_bytes", tbl.hbm_bytes);
+    cJSON_AddNumberToObject(cost, "steps", (double)tbl->steps);
+    cJSON_AddNumberToObject(cost, "steps_per_epoch", (double)tbl->steps_per_epoch);
+    cJSON_AddNumberToObject(cost, "model_flops", tbl->model_flops);
+    cJSON_AddNumberToObject(cost, "hbm_bytes", tbl->hbm_bytes);
     cJSON_AddNumberToObject(cost, "hbm_s", hbm_s);
-    cJSON_AddNumberToObject(cost, "vector_ops", tbl.vector_ops);
+    cJSON_AddNumberToObject(cost, "vector_ops", tbl->vector_ops);
     cJSON_AddStringToObject(cost, "current", rt->chip->name);
-    cJSON_AddStringToObject(cost, "price_plan", ctpu_price_plan_name(tbl.plan));
+    cJSON_AddStringToObject(cost, "price_plan", ctpu_price_plan_name(tbl->plan));
     cJSON *rows = cJSON_AddArrayToObject(cost, "rows");
-    for (int i = 0; i < tbl.n_rows; i++) {
-        cJSON_AddItemToArray(rows, ctpu__cost_row_json(&tbl.rows[i]));
+    for (int i = 0; i < tbl->n_rows; i++) {
+        cJSON_AddItemToArray(rows, ctpu__cost_row_json(&tbl->rows[i]));
     }
+}
 
+static void history_json(cJSON *doc, const ctpu_step_history *hist)
+{
     cJSON *hj = cJSON_AddObjectToObject(doc, "history");
-    cJSON_AddNumberToObject(hj, "stride", (double)hist.stride);
+    cJSON_AddNumberToObject(hj, "stride", (double)hist->stride);
     cJSON *hs_step = cJSON_AddArrayToObject(hj, "step");
     cJSON *hs_req = cJSON_AddArrayToObject(hj, "requests");
     cJSON *hs_hit = cJSON_AddArrayToObject(hj, "hits");
     cJSON *hs_cmp = cJSON_AddArrayToObject(hj, "compiles");
-    for (size_t i = 0; i < hist.n; i++) {
-        cJSON_AddItemToArray(hs_step, cJSON_CreateNumber((double)hist.pts[i].step));
-        cJSON_AddItemToArray(hs_req, cJSON_CreateNumber((double)hist.pts[i].requests));
-        cJSON_AddItemToArray(hs_hit, cJSON_CreateNumber((double)hist.pts[i].hits));
-        cJSON_AddItemToArray(hs_cmp, cJSON_CreateNumber((double)hist.pts[i].compiles));
+    for (size_t i = 0; i < hist->n; i++) {
+        cJSON_AddItemToArray(hs_step, cJSON_CreateNumber((double)hist->pts[i].step));
+        cJSON_AddItemToArray(hs_req, cJSON_CreateNumber((double)hist->pts[i].requests));
+        cJSON_AddItemToArray(hs_hit, cJSON_CreateNumber((double)hist->pts[i].hits));
+        cJSON_AddItemToArray(hs_cmp, cJSON_CreateNumber((double)hist->pts[i].compiles));
     }
+}
+
+static cJSON *build_json(ctpu_runtime *rt)
+{
+    ctpu_report_state *r = rt->report;
+    cJSON *doc = cJSON_CreateObject();
+    if (!doc) return NULL;
+    header_json(doc, rt);
+    ctpu_cache_stats st;
+    ctpu_cache_get_stats(rt->fused_cache, &st);
+    ctpu_step_history hist;
+    ctpu_metrics_history(&rt->metrics, &hist);
+    cache_json(doc, rt, &st, &hist);
+
+    size_t ne = st.entries;
+    ctpu_cache_entry_info *ei = calloc(ne + 1, sizeof *ei);
+    ne = ei ? ctpu_cache_entries_info(rt->fused_cache, ei, ne) : 0;
+    pthread_mutex_lock(&r->mu);
+    programs_json(doc, r, ei, ne);
+    free(ei);
+    recompiles_json(doc, rt, r);
+    cuts_json(doc, rt, r);
+    shapes_ops_json(doc, rt, r);
+    ctpu_cost_table tbl;
+    cost_table_locked(rt, &tbl);
+    double hbm_s = r->hbm_s;
+    pthread_mutex_unlock(&r->mu);
+    cost_json(doc, rt, &tbl, hbm_s);
+    history_json(doc, &hist);
     return doc;
 }
 
@@ -750,16 +812,6 @@ ctpu_status ctpu_metrics_write(const char *path)
         return CTPU_ERR_IO;
     }
     return CTPU_OK;
-}
-
-ctpu_status ctpu_cache_report(FILE *f)
-{
-    if (!ctpu_check_init("cache_report")) return CTPU_ERR_NOT_INITIALIZED;
-    char *s = ctpu_metrics_json();
-    if (!s) return ctpu_last_status();
-    ctpu_status st = ctpu_report_render(s, NULL, CTPU_REPORT_TEXT, f ? f : stdout);
-    free(s);
-    return st;
 }
 
 void ctpu_metrics_report(FILE *f)

@@ -16,7 +16,8 @@ ctpu_status ctpu__report_init(ctpu_runtime *rt, char *err, size_t len);
 void ctpu__report_shutdown(ctpu_runtime *rt);
 void ctpu__report_free(ctpu_runtime *rt);
 
-/* One cost-table row as a JSON object (report_render.c). */
+/* One cost-table row as a JSON object (the metrics document's rows, and
+ * src/report/render.c's json format). */
 struct cJSON;
 struct cJSON *ctpu__cost_row_json(const ctpu_cost_row *w);
 

@@ -3,7 +3,9 @@
  * side, and an SVG plot of compiles and hits over steps. The library's
  * ctpu_cache_report and tools/ctpu-report both print through here, so a
  * live report and a report of the written file are the same text. Every
- * field is read defensively: a missing or mistyped field reads as 0 / "". */
+ * field is read defensively: a missing or mistyped field reads as 0 / "".
+ * This sits above eager: it reads documents eager/report.c writes, and uses
+ * eager only for its error machinery. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -11,28 +13,8 @@
 
 #include <cJSON.h>
 
-#include "eager.h"
-#include "report.h"
-
-/* One row of the cost table as a JSON object (the metrics document and the
- * json output format share it). */
-cJSON *ctpu__cost_row_json(const ctpu_cost_row *w)
-{
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "chip", w->chip ? w->chip : "?");
-    cJSON_AddNumberToObject(o, "mxu_size", w->mxu_size);
-    cJSON_AddBoolToObject(o, "price_known", w->price_known);
-    cJSON_AddNumberToObject(o, "usd_per_chip_hour", w->usd_per_chip_hour);
-    cJSON_AddStringToObject(o, "price_region", w->price_region ? w->price_region : "");
-    cJSON_AddNumberToObject(o, "run_s", w->run_s);
-    cJSON_AddNumberToObject(o, "step_s", w->step_s);
-    cJSON_AddNumberToObject(o, "epoch_s", w->epoch_s);
-    cJSON_AddNumberToObject(o, "mfu", w->mfu);
-    cJSON_AddNumberToObject(o, "mxu_utilization", w->mxu_utilization);
-    cJSON_AddNumberToObject(o, "usd_run", w->usd_run);
-    cJSON_AddNumberToObject(o, "usd_epoch", w->usd_epoch);
-    return o;
-}
+#include "eager/eager.h"
+#include "eager/report.h"
 
 /* ------------------------------------------------------------ reading */
 static const cJSON *obj(const cJSON *o, const char *k)
@@ -377,10 +359,11 @@ static void render_cost(out_t *o, const cJSON *d)
     if (unknown) line(o, "a chip without a published %s price says n/a in its cost columns", plan);
 }
 
-static void render_doc(out_t *o, const cJSON *d, const char *name)
+/* The title, the two caches, compile totals and warm-up. */
+static void render_overview(out_t *o, const cJSON *d, const char *name)
 {
-    const cJSON *c = obj(d, "cache"), *cs = obj(d, "counters"), *cuts = obj(d, "cuts");
-    char b1[32], b2[32], b3[32];
+    const cJSON *c = obj(d, "cache"), *cs = obj(d, "counters");
+    char b1[32];
     if (o->md) fprintf(o->f, "## ctpu cache report%s%s\n\n", name ? ": " : "", name ? name : "");
     else fprintf(o->f, "ctpu cache report%s%s\n", name ? ": " : "", name ? name : "");
     line(o, "mode %s, chip %s (MXU %.0fx%.0f), %.0f steps, %.0f ops dispatched", str(d, "mode"), str(d, "chip"),
@@ -408,7 +391,11 @@ static void render_doc(out_t *o, const cJSON *d, const char *name)
         else line(o, "warm-up: the cache never went all-hit (%.0f of %.0f steps compiled)", num(c, "compile_steps"),
                   num(c, "steps"));
     }
+}
 
+static void render_programs(out_t *o, const cJSON *d)
+{
+    char b1[32], b2[32];
     const cJSON *ps = obj(d, "programs");
     if (arr_n(ps) > 0) {
         heading(o, "programs (%d)", arr_n(ps));
@@ -430,7 +417,12 @@ static void render_doc(out_t *o, const cJSON *d, const char *name)
         }
         tbl_print(o, t);
     }
+}
 
+/* Recompiles, trace cuts, host reads, evictions, and the advice. */
+static void render_cache_events(out_t *o, const cJSON *d)
+{
+    const cJSON *c = obj(d, "cache"), *cs = obj(d, "counters"), *cuts = obj(d, "cuts");
     const cJSON *rs = obj(d, "recompiles");
     if (arr_n(rs) > 0) {
         heading(o, "recompiles (%.0f; the last %d listed)", num(c, "recompiles"), arr_n(rs));
@@ -470,10 +462,13 @@ static void render_doc(out_t *o, const cJSON *d, const char *name)
         heading(o, "advice");
         for (int i = 0; i < a.n; i++) line(o, "%s", a.text[i]);
     }
+}
 
+/* The 12 most launched matmul shapes. */
+static void render_matmuls(out_t *o, const cJSON *d)
+{
     const cJSON *mm = obj(d, "matmuls");
     if (arr_n(mm) > 0) {
-        /* the 12 most launched shapes */
         int n = arr_n(mm), idx[64];
         if (n > 64) n = 64;
         for (int i = 0; i < n; i++) idx[i] = i;
@@ -494,7 +489,13 @@ static void render_doc(out_t *o, const cJSON *d, const char *name)
                  num(x, "count"), num(x, "count") == 1 ? "" : "es");
         }
         if (n > 12) line(o, "(%d more shapes)", arr_n(mm) - 12);
-    }
+    }}
+
+/* The top 10 ops by estimated compute time, and memory. */
+static void render_ops_memory(out_t *o, const cJSON *d)
+{
+    const cJSON *cs = obj(d, "counters");
+    char b1[32], b2[32], b3[32];
     const cJSON *ops = obj(d, "ops");
     if (arr_n(ops) > 0) {
         /* top 10 by estimated compute time */
@@ -527,6 +528,15 @@ static void render_doc(out_t *o, const cJSON *d, const char *name)
          fmt_bytes(num(h, "peak"), b1, sizeof b1), fmt_bytes(num(h, "in_use"), b2, sizeof b2),
          fmt_bytes(num(h, "capacity"), b3, sizeof b3), fmt_bytes(num(cs, "host_to_device_bytes"), b4, sizeof b4),
          fmt_bytes(num(cs, "device_to_host_bytes"), b5, sizeof b5));
+}
+
+static void render_doc(out_t *o, const cJSON *d, const char *name)
+{
+    render_overview(o, d, name);
+    render_programs(o, d);
+    render_cache_events(o, d);
+    render_matmuls(o, d);
+    render_ops_memory(o, d);
     render_cost(o, d);
 }
 
@@ -761,6 +771,18 @@ ctpu_status ctpu_report_plot_svg(int n, const char *const *jsons, const char *co
     fprintf(f, "</svg>\n");
     for (int i = 0; i < n; i++) cJSON_Delete(d[i]);
     return CTPU_OK;
+}
+
+/* ------------------------------------------------------------ the live run */
+/* The live run's cache report: its metrics document, rendered as text. */
+ctpu_status ctpu_cache_report(FILE *f)
+{
+    if (!ctpu_check_init("cache_report")) return CTPU_ERR_NOT_INITIALIZED;
+    char *s = ctpu_metrics_json();
+    if (!s) return ctpu_last_status();
+    ctpu_status st = ctpu_report_render(s, NULL, CTPU_REPORT_TEXT, f ? f : stdout);
+    free(s);
+    return st;
 }
 
 /* ------------------------------------------------------------ cost table print */
