@@ -233,7 +233,7 @@ static ctpu_dtype promote(ctpu_dtype a, ctpu_dtype b)
     return CTPU_I32;
 }
 
-static bool broadcast(const char *op, int n, ctpu_trec *const *in, const char *const *names, ctpu_vtype *out)
+static inline bool broadcast(const char *op, int n, ctpu_trec *const *in, const char *const *names, ctpu_vtype *out)
 {
     int nd = 0;
     for (int i = 0; i < n; i++) if (in[i]->type.ndim > nd) nd = in[i]->type.ndim;
@@ -376,6 +376,8 @@ static bool sh_broadcast(const char *opn, const char *const *names, ctpu_trec *c
                          ctpu_node *n)
 {
     (void)a;
+    /* the two-input case on its own: constant operand count, unrolled (every binary op's path) */
+    if (n->n_in == 2) return broadcast(opn, 2, in, names, &n->out);
     return broadcast(opn, n->n_in, in, names, &n->out);
 }
 
@@ -782,15 +784,28 @@ bool ctpu__test_op_rules_defined(int op)
 }
 
 /* ------------------------------------------------------------ the op's node */
-/* The node of op applied to n_in resolved inputs: its shape rule, then its
- * dtype rule (both from the op's row). */
-static bool infer(int op, const char *opn, int n_in, ctpu_trec *const *in, const op_args *a, ctpu_node *n)
+/* The node of op applied to n_in resolved inputs (in holds CTPU_NODE_MAX_IN):
+ * its shape rule, then its dtype rule (both from the op's row). */
+static inline bool infer(int op, const char *opn, int n_in, ctpu_trec *const *in, const op_args *a, ctpu_node *n)
 {
     const ctpu_op_info *o = &ctpu_op_infos[op];
-    *n = (ctpu_node){ .op = (uint16_t)op, .n_in = (uint8_t)n_in, .n_scalars = (uint8_t)a->n_scalars };
+    memset(n, 0, sizeof *n);   /* (not a compound literal: no temporary to copy on every op) */
+    n->op = (uint16_t)op;
+    n->n_in = (uint8_t)n_in;
+    n->n_scalars = (uint8_t)a->n_scalars;
     n->attr.flags = a->flags;
     const char *const *names = a->names ? a->names : shape_rules[o->shape_rule].names;
-    return shape_rules[o->shape_rule].fn(opn, names, in, a, n) && dtype_rules[o->dtype_rule](opn, in, a, n);
+    /* the elementwise rules called directly (every strict op's path; the same functions the tables hold) */
+    bool ok = o->shape_rule == CTPU_SH_SAME        ? sh_same(opn, names, in, a, n)
+              : o->shape_rule == CTPU_SH_BROADCAST ? sh_broadcast(opn, names, in, a, n)
+                                                   : shape_rules[o->shape_rule].fn(opn, names, in, a, n);
+    if (!ok) return false;
+    switch (o->dtype_rule) {
+    case CTPU_DT_SAME: return dt_same(opn, in, a, n);
+    case CTPU_DT_FLOAT: return dt_float(opn, in, a, n);
+    case CTPU_DT_PROMOTE: return dt_promote(opn, in, a, n);
+    default: return dtype_rules[o->dtype_rule](opn, in, a, n);
+    }
 }
 
 /* Resolve the inputs, build the node, dispatch it (a view for view ops). */
@@ -811,7 +826,9 @@ static ctpu_tensor apply(int op, int n_in, const ctpu_tensor *ts, const op_args 
 }
 
 /* ------------------------------------------------------------ elementwise */
-static ctpu_tensor unary(int op, ctpu_tensor a) { return apply(op, 1, &a, &(op_args){ 0 }, NULL); }
+static const op_args no_args;
+
+static ctpu_tensor unary(int op, ctpu_tensor a) { return apply(op, 1, &a, &no_args, NULL); }
 
 ctpu_tensor ctpu_neg(ctpu_tensor a) { return unary(CTPU_OP_NEG, a); }
 ctpu_tensor ctpu_abs(ctpu_tensor a) { return unary(CTPU_OP_ABS, a); }
@@ -830,7 +847,7 @@ ctpu_tensor ctpu_gelu(ctpu_tensor a, bool tanh_approx)
 static ctpu_tensor binary(int op, ctpu_tensor a, ctpu_tensor b)
 {
     ctpu_tensor ts[2] = { a, b };
-    return apply(op, 2, ts, &(op_args){ 0 }, NULL);
+    return apply(op, 2, ts, &no_args, NULL);
 }
 
 ctpu_tensor ctpu_add(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_ADD, a, b); }
@@ -930,7 +947,7 @@ ctpu_tensor ctpu_argmax(ctpu_tensor a, int dim, bool keepdim)
 static ctpu_tensor softmax_op(int op, ctpu_tensor a, int dim)
 {
     const char *opn = ctpu_op_name(op);
-    ctpu_trec *in[1];
+    ctpu_trec *in[CTPU_NODE_MAX_IN];   /* infer's inputs array: CTPU_NODE_MAX_IN */
     if (!get_inputs(opn, 1, &a, NM_A, in)) return CTPU_NULL;
     if (in[0]->type.ndim == 0) {
         /* a 0-d tensor: softmax over its single element, as a [1] */
@@ -985,7 +1002,7 @@ ctpu_tensor ctpu_transpose(ctpu_tensor a, int d0, int d1)
 
 ctpu_tensor ctpu_slice(ctpu_tensor a, int dim, int64_t start, int64_t end, int64_t step)
 {
-    ctpu_trec *in[1];
+    ctpu_trec *in[CTPU_NODE_MAX_IN];   /* infer's inputs array: CTPU_NODE_MAX_IN */
     if (!get_inputs("slice", 1, &a, NM_A, in)) return CTPU_NULL;
     ctpu_node n;
     op_args args = { .dim = dim, .start = start, .end = end, .step = step };
