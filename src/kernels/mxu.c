@@ -28,7 +28,10 @@
 #endif
 
 typedef struct {
-    const ctpu_mm_args *g;
+    const ctpu_mm_args *g;      /* the problem as computed (transposed when swap) */
+    const ctpu_mm_args *go;     /* the caller's: epilogue and output */
+    int swap;                   /* computing C^T = B^T A^T (skinny N) */
+    int64_t tld;                /* swap: row stride of the transposed block */
     const ctpu_mxu_impl *im;
     int npass, mr, nr;
     int64_t kp;                 /* pairs per panel (all passes) */
@@ -151,16 +154,30 @@ static void mm_region(mm_ctx *x, float *scr, int64_t bi, int64_t pm0, int64_t pm
                     for (int64_t i = im0; i < im1; i++) {
                         const uint32_t *ai = ab + i * x->apd + k0 * mr * x->lw,
                                        *bj = bb + j * x->bpd + k0 * nr * x->lw;
+                        ctpu_mxu_kernel_fn kf = i < x->mp - 1 || !im->kernel_rows || g->M % mr == 0
+                                                    ? im->kernel : im->kernel_rows[g->M % mr];
                         if (i < pmf && j < pnf)
-                            im->kernel(kc, ai, bj, cb + i * mr * g->ldc + j * nr, g->ldc, k0 > 0);
+                            kf(kc, ai, bj, cb + i * mr * g->ldc + j * nr, g->ldc, k0 > 0);
                         else
-                            im->kernel(kc, ai, bj, scr + (i - im0) * mr * ld + (j - jn) * nr, ld, k0 > 0);
+                            kf(kc, ai, bj, scr + (i - im0) * mr * ld + (j - jn) * nr, ld, k0 > 0);
                     }
             }
             int64_t m0 = im0 * mr, m1 = im1 * mr < g->M ? im1 * mr : g->M;
             int64_t n0 = jn * nr, n1 = jn1 * nr < g->N ? jn1 * nr : g->N;
             int64_t mf = im1 < pmf ? m1 : pmf * mr > m0 ? pmf * mr : m0;
             int64_t nf = jn1 < pnf ? n1 : pnf * nr > n0 ? pnf * nr : n0;
+            if (x->swap) {
+                /* the block holds C^T rows m (the caller's columns) x columns
+                 * n (its rows): transpose, then the caller's epilogue */
+                float *t = scr + x->scr_n / 2;
+                for (int64_t n = 0; n < n1 - n0; n++) {
+                    float *tr = t + n * x->tld;
+                    const float *sc = scr + n;
+                    for (int64_t m = 0; m < m1 - m0; m++) tr[m] = sc[m * ld];
+                }
+                mm_finish(x->go, bi, n0, n1, m0, m1, t, x->tld);
+                continue;
+            }
             mm_finish(g, bi, m0, mf, n0, nf, cb + m0 * g->ldc + n0, g->ldc);
             mm_finish(g, bi, m0, mf, nf, n1, scr + (nf - n0), ld);
             mm_finish(g, bi, mf, m1, n0, n1, scr + (mf - m0) * ld, ld);
@@ -237,14 +254,31 @@ static void mm_ws_give(char *p, size_t need)
 static double mm_min_flop = 2e6;
 void ctpu_mxu_set_thread_min_flop(double flop) { mm_min_flop = flop; }
 
-void ctpu_k_matmul(const ctpu_mm_args *g, ctpu_k_pool *pool)
+static int64_t mm_pad(int64_t n, int w) { return (n + w - 1) / w * w; }
+
+void ctpu_k_matmul(const ctpu_mm_args *go, ctpu_k_pool *pool)
 {
-    assert(g->precision >= 0 && g->precision < CTPU_PREC_COUNT);
-    if (g->batch <= 0 || g->M <= 0 || g->N <= 0) return;
-    if (g->a_dtype == CTPU_KDT_I32) { ctpu_k_matmul_ref(g); return; }
-    mm_ctx x = { .g = g, .im = ctpu_mxu_current() };
+    assert(go->precision >= 0 && go->precision < CTPU_PREC_COUNT);
+    if (go->batch <= 0 || go->M <= 0 || go->N <= 0) return;
+    if (go->a_dtype == CTPU_KDT_I32) { ctpu_k_matmul_ref(go); return; }
+    mm_ctx x = { .g = go, .go = go, .im = ctpu_mxu_current() };
     x.mr = x.im->mr;
     x.nr = x.im->nr;
+    /* Skinny N (e.g. [128,128] x [128,10] with 32-wide B panels): compute
+     * C^T = B^T A^T when that pads to fewer MACs by 3/4 or more. Each output
+     * element is the same sum in the same K order (products are exact and
+     * commute), so the bits do not change. */
+    ctpu_mm_args gs;
+    if ((double)mm_pad(go->N, x.mr) * (double)mm_pad(go->M, x.nr) <
+        0.75 * (double)mm_pad(go->M, x.mr) * (double)mm_pad(go->N, x.nr)) {
+        gs = *go;
+        gs.M = go->N; gs.N = go->M;
+        gs.a = go->b; gs.a_dtype = go->b_dtype; gs.a_bs = go->b_bs; gs.a_rs = go->b_cs; gs.a_cs = go->b_rs;
+        gs.b = go->a; gs.b_dtype = go->a_dtype; gs.b_bs = go->a_bs; gs.b_rs = go->a_cs; gs.b_cs = go->a_rs;
+        x.g = &gs;
+        x.swap = 1;
+    }
+    const ctpu_mm_args *g = x.g;
     x.npass = ctpu_mxu_npass[g->precision];
     x.kp = x.npass * ctpu_mxu_kh(g->K);
     x.mp = (g->M + x.mr - 1) / x.mr;
@@ -252,9 +286,11 @@ void ctpu_k_matmul(const ctpu_mm_args *g, ctpu_k_pool *pool)
     x.nba = g->a_bs == 0 ? 1 : g->batch;
     x.nbb = g->b_bs == 0 ? 1 : g->batch;
     x.pka = (ctpu_mxu_pack_args){ .src = g->a, .dt = g->a_dtype, .si = g->a_rs, .sk = g->a_cs,
-        .I = g->M, .K = g->K, .w = x.mr, .npass = x.npass, .parts = ctpu_mxu_pass_a[g->precision] };
+        .I = g->M, .K = g->K, .w = x.mr, .npass = x.npass,
+        .parts = (x.swap ? ctpu_mxu_pass_b : ctpu_mxu_pass_a)[g->precision] };
     x.pkb = (ctpu_mxu_pack_args){ .src = g->b, .dt = g->b_dtype, .si = g->b_cs, .sk = g->b_rs,
-        .I = g->N, .K = g->K, .w = x.nr, .npass = x.npass, .parts = ctpu_mxu_pass_b[g->precision] };
+        .I = g->N, .K = g->K, .w = x.nr, .npass = x.npass,
+        .parts = (x.swap ? ctpu_mxu_pass_a : ctpu_mxu_pass_b)[g->precision] };
     x.apd = ctpu_mxu_panel_dwords(&x.pka) * (x.im->planar ? 2 : 1);
     x.bpd = ctpu_mxu_panel_dwords(&x.pkb) * (x.im->planar ? 2 : 1);
     x.lw = x.im->planar ? 2 : 1;
@@ -263,7 +299,7 @@ void ctpu_k_matmul(const ctpu_mm_args *g, ctpu_k_pool *pool)
      * would share L1 sets), f32, rows at least N apart, and neither epilogue
      * input in c's bytes (they are read after c is written) */
     int64_t cext = ((g->batch - 1) * g->c_bs + (g->M - 1) * g->ldc + g->N) * 4;
-    x.direct = x.kp <= MXU_KC && g->c_dtype == CTPU_KDT_F32 && g->ldc >= g->N && g->c_bs >= 0 &&
+    x.direct = !x.swap && x.kp <= MXU_KC && g->c_dtype == CTPU_KDT_F32 && g->ldc >= g->N && g->c_bs >= 0 &&
                (!g->bias || !mm_overlap(g->c, cext, g->bias, g->N * (int64_t)ctpu_kdt_size(g->bias_dtype))) &&
                (!g->residual ||
                 !mm_overlap(g->c, cext, g->residual,
@@ -283,6 +319,11 @@ void ctpu_k_matmul(const ctpu_mm_args *g, ctpu_k_pool *pool)
 
     x.scr_ld = (int64_t)MXU_NC_PANELS * x.nr + MXU_SCR_PAD;   /* rows not 2^k floats apart */
     x.scr_n = (int64_t)MXU_MC_PANELS * x.mr * x.scr_ld;
+    if (x.swap) {                               /* + the transposed block */
+        x.tld = (int64_t)MXU_MC_PANELS * x.mr + MXU_SCR_PAD;
+        x.scr_n = 2 * (x.scr_n > (int64_t)MXU_NC_PANELS * x.nr * x.tld ? x.scr_n
+                                                                      : (int64_t)MXU_NC_PANELS * x.nr * x.tld);
+    }
     size_t abytes = (size_t)(x.nba * x.mp * x.apd) * 4, bbytes = (size_t)(x.nbb * x.np * x.bpd) * 4;
     size_t sbytes = (size_t)(nt * x.scr_n) * sizeof(float);
     size_t need = ((abytes + 63) / 64 + (bbytes + 63) / 64 + (sbytes + 63) / 64) * 64 + 64;

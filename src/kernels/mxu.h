@@ -233,8 +233,9 @@ typedef struct {
     int mr, nr;                 /* micro-tile */
     int planar;                 /* packed layout: 0 pair dwords, 1 planar f32 */
     ctpu_mxu_kernel_fn kernel;
-    ctpu_mxu_kernel_fn kernel_narrow;   /* MR x nr_narrow tile, or NULL */
-    int nr_narrow;
+    /* [r], 1 <= r < mr: the same tile's rows 0..r-1 only (the last panel
+     * of an M that mr does not divide), or NULL */
+    const ctpu_mxu_kernel_fn *kernel_rows;
     ctpu_mxu_pack_fn pack;
 } ctpu_mxu_impl;
 

@@ -60,5 +60,5 @@ static void mxu_pack_avx2(const ctpu_mxu_pack_args *pa, int64_t q0, int64_t q1)
 
 const ctpu_mxu_impl ctpu_mxu_impl_avx2 = {
     .name = "avx2", .mr = MR, .nr = NR, .kernel = mxu_kernel_avx2,
-    .kernel_narrow = NULL, .nr_narrow = 0, .pack = mxu_pack_avx2,
+    .kernel_rows = NULL, .pack = mxu_pack_avx2,
 };

@@ -18,37 +18,57 @@
 #define NR 32
 #define FMA_MR 12
 
-static void mxu_kernel_avx512_dp(int64_t kp, const uint32_t *a, const uint32_t *b, float *c,
-                                 int64_t ldc, int load)
+/* Rows 0..R-1 of the DP_MR x 32 tile (A panels keep their DP_MR stride):
+ * R = DP_MR is the micro-kernel, smaller R the last panel of an M that is
+ * not a multiple of DP_MR (and the whole of a skinny one). */
+static inline __attribute__((always_inline)) void mxu_dp_rows(int R, int64_t kp, const uint32_t *a,
+                                                              const uint32_t *b, float *c, int64_t ldc,
+                                                              int load)
 {
     __m512 acc[DP_MR][2];
     if (load) {
 #pragma GCC unroll 14
-        for (int r = 0; r < DP_MR; r++) {
+        for (int r = 0; r < R; r++) {
             acc[r][0] = _mm512_loadu_ps(c + r * ldc);
             acc[r][1] = _mm512_loadu_ps(c + r * ldc + 16);
         }
     } else {
 #pragma GCC unroll 14
-        for (int r = 0; r < DP_MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     }
     for (int64_t p = 0; p < kp; p++) {
         __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + p * NR);
         __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + p * NR + 16);
         const uint32_t *ap = a + p * DP_MR;
 #pragma GCC unroll 14
-        for (int r = 0; r < DP_MR; r++) {
+        for (int r = 0; r < R; r++) {
             __m512bh av = (__m512bh)_mm512_set1_epi32((int)ap[r]);
             acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
             acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
         }
     }
 #pragma GCC unroll 14
-    for (int r = 0; r < DP_MR; r++) {
+    for (int r = 0; r < R; r++) {
         _mm512_storeu_ps(c + r * ldc, acc[r][0]);
         _mm512_storeu_ps(c + r * ldc + 16, acc[r][1]);
     }
 }
+
+#define MXU_DP_ROWS(R)                                                                             \
+    static void mxu_kernel_avx512_dp_##R(int64_t kp, const uint32_t *a, const uint32_t *b, float *c, \
+                                         int64_t ldc, int load)                                    \
+    {                                                                                              \
+        mxu_dp_rows(R, kp, a, b, c, ldc, load);                                                    \
+    }
+MXU_DP_ROWS(1) MXU_DP_ROWS(2) MXU_DP_ROWS(3) MXU_DP_ROWS(4) MXU_DP_ROWS(5) MXU_DP_ROWS(6) MXU_DP_ROWS(7)
+MXU_DP_ROWS(8) MXU_DP_ROWS(9) MXU_DP_ROWS(10) MXU_DP_ROWS(11) MXU_DP_ROWS(12) MXU_DP_ROWS(13)
+MXU_DP_ROWS(14)
+static const ctpu_mxu_kernel_fn mxu_dp_kernel_rows[DP_MR + 1] = {
+    NULL, mxu_kernel_avx512_dp_1, mxu_kernel_avx512_dp_2, mxu_kernel_avx512_dp_3, mxu_kernel_avx512_dp_4,
+    mxu_kernel_avx512_dp_5, mxu_kernel_avx512_dp_6, mxu_kernel_avx512_dp_7, mxu_kernel_avx512_dp_8,
+    mxu_kernel_avx512_dp_9, mxu_kernel_avx512_dp_10, mxu_kernel_avx512_dp_11, mxu_kernel_avx512_dp_12,
+    mxu_kernel_avx512_dp_13, mxu_kernel_avx512_dp_14,
+};
 
 static void mxu_kernel_avx512_fma(int64_t kp, const uint32_t *a, const uint32_t *b, float *c,
                                   int64_t ldc, int load)
@@ -113,6 +133,45 @@ static inline __m512i mxu_round16(__m512i u)
     __m512i h = _mm512_mask_mov_epi32(r, nan, q);
     __mmask16 tiny = _mm512_testn_epi32_mask(h, inf);
     return _mm512_mask_and_epi32(h, tiny, h, sign);
+}
+
+/* n (<= 16) elements of an f32 or bf16 row, as f32 bits, not rounded. */
+static inline __m512i mxu_load16_raw(const void *src, int dt, int64_t off, int n)
+{
+    __mmask16 m = (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1);
+    if (dt == CTPU_KDT_F32) return _mm512_maskz_loadu_epi32(m, (const uint32_t *)src + off);
+    __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)src + off);
+    return _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+}
+
+/* Lanes where vcvtne2ps2bf16 and ctpu_f32_to_bf16 may differ: NaN (payload
+ * kept vs truncated) and nonzero subnormals (DAZ vs rounding, which can
+ * reach 2^-126). Elsewhere both round to nearest even, overflow to Inf. */
+static inline __mmask16 mxu_special16(__m512i u)
+{
+    return _mm512_fpclass_ps_mask(_mm512_castsi512_ps(u), 0xa1);   /* QNaN | denormal | SNaN */
+}
+
+/* Raw x0 = X[2j], x1 = X[2j+1] (lanes j) -> 16 pair dwords (low half x0). */
+static inline __m512i mxu_pairs_lanes(__m512i x0, __m512i x1)
+{
+    if (mxu_special16(x0) | mxu_special16(x1))
+        return _mm512_or_si512(_mm512_srli_epi32(mxu_round16(x0), 16), mxu_round16(x1));
+    const __m512i il = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                        23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    __m512i h = (__m512i)_mm512_cvtne2ps_pbh(_mm512_castsi512_ps(x1), _mm512_castsi512_ps(x0));
+    return _mm512_permutexvar_epi16(il, h);
+}
+
+/* Raw 32 consecutive elements (x0: 0..15, x1: 16..31) -> 16 pair dwords. */
+static inline __m512i mxu_pairs_row(__m512i x0, __m512i x1)
+{
+    if (mxu_special16(x0) | mxu_special16(x1)) {
+        const __m512i hiw = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33,
+                                             31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+        return _mm512_permutex2var_epi16(mxu_round16(x0), hiw, mxu_round16(x1));
+    }
+    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_castsi512_ps(x1), _mm512_castsi512_ps(x0));
 }
 
 /* n (<= 16) elements of an f32 or bf16 row, rounded, as f32 bits. */
@@ -217,8 +276,6 @@ static void mxu_pack_avx512_dp(const ctpu_mxu_pack_args *pa, int64_t q0, int64_t
     int64_t pd = kh * w;
     int fast = pa->npass == 1 && pa->parts[0] == 0 && (pa->dt == CTPU_KDT_F32 || pa->dt == CTPU_KDT_BF16);
     if (!fast || (si != 1 && sk != 1)) { ctpu_mxu_pack_generic(pa, q0, q1); return; }
-    const __m512i hiw = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33,
-                                         31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
     if (si == 1 && !(sk == 1 && w < 16)) {
         /* blocks of 16 pairs (32 source rows, read left to right) across the
          * panels: a panel's column of 64 bytes per row, taken down all K at
@@ -234,11 +291,11 @@ static void mxu_pack_avx512_dp(const ctpu_mxu_pack_args *pa, int64_t q0, int64_t
                         int cnt = n - r < 0 ? 0 : n - r > 16 ? 16 : (int)(n - r);
                         int wc = w - r < 16 ? w - r : 16;
                         __mmask16 ms = (__mmask16)(wc >= 16 ? 0xffff : (1u << wc) - 1);
-                        __m512i e = mxu_load16(pa->src, pa->dt, 2 * p * sk + i0 + r, cnt);
+                        __m512i e = mxu_load16_raw(pa->src, pa->dt, 2 * p * sk + i0 + r, cnt);
                         __m512i od = 2 * p + 1 < K
-                            ? mxu_load16(pa->src, pa->dt, (2 * p + 1) * sk + i0 + r, cnt)
+                            ? mxu_load16_raw(pa->src, pa->dt, (2 * p + 1) * sk + i0 + r, cnt)
                             : _mm512_setzero_si512();
-                        _mm512_mask_storeu_epi32(o + r, ms, _mm512_or_si512(_mm512_srli_epi32(e, 16), od));
+                        _mm512_mask_storeu_epi32(o + r, ms, mxu_pairs_lanes(e, od));
                     }
                 }
             }
@@ -260,10 +317,10 @@ static void mxu_pack_avx512_dp(const ctpu_mxu_pack_args *pa, int64_t q0, int64_t
                     int64_t r = r0 + rr;
                     if (r >= n || r >= w) { v[rr] = _mm512_setzero_si512(); continue; }
                     int64_t off = (i0 + r) * si + k0;
-                    __m512i x0 = mxu_load16(pa->src, pa->dt, off, cnt < 16 ? cnt : 16);
-                    __m512i x1 = cnt > 16 ? mxu_load16(pa->src, pa->dt, off + 16, cnt - 16)
+                    __m512i x0 = mxu_load16_raw(pa->src, pa->dt, off, cnt < 16 ? cnt : 16);
+                    __m512i x1 = cnt > 16 ? mxu_load16_raw(pa->src, pa->dt, off + 16, cnt - 16)
                                           : _mm512_setzero_si512();
-                    v[rr] = _mm512_permutex2var_epi16(x0, hiw, x1);   /* odd partner past K: 0 */
+                    v[rr] = mxu_pairs_row(x0, x1);            /* odd partner past K: 0 */
                 }
                 mxu_transpose16(v, t);
                 int wc = w - r0 < 16 ? w - r0 : 16;
@@ -276,9 +333,9 @@ static void mxu_pack_avx512_dp(const ctpu_mxu_pack_args *pa, int64_t q0, int64_t
 
 const ctpu_mxu_impl ctpu_mxu_impl_avx512 = {
     .name = "avx512", .mr = FMA_MR, .nr = NR, .planar = 1, .kernel = mxu_kernel_avx512_fma,
-    .kernel_narrow = NULL, .nr_narrow = 0, .pack = mxu_pack_avx512_planar,
+    .kernel_rows = NULL, .pack = mxu_pack_avx512_planar,
 };
 const ctpu_mxu_impl ctpu_mxu_impl_avx512_dp = {
-    .name = "avx512_dp", .mr = DP_MR, .nr = NR, .planar = 0, .kernel = mxu_kernel_avx512_dp,
-    .kernel_narrow = NULL, .nr_narrow = 0, .pack = mxu_pack_avx512_dp,
+    .name = "avx512_dp", .mr = DP_MR, .nr = NR, .planar = 0, .kernel = mxu_kernel_avx512_dp_14,
+    .kernel_rows = mxu_dp_kernel_rows, .pack = mxu_pack_avx512_dp,
 };

@@ -105,7 +105,7 @@ static void mxu_pack_ref(const ctpu_mxu_pack_args *pa, int64_t q0, int64_t q1)
 
 const ctpu_mxu_impl ctpu_mxu_impl_ref = {
     .name = "scalar", .mr = REF_MR, .nr = REF_NR, .kernel = mxu_kernel_ref,
-    .kernel_narrow = NULL, .nr_narrow = 0, .pack = mxu_pack_ref,
+    .kernel_rows = NULL, .pack = mxu_pack_ref,
 };
 
 /* The variant table in use: the reference until ctpu_k_mxu_select. */
