@@ -21,9 +21,17 @@
  * needed: the batch, --limit and --seed are checked). The epoch lines of a
  * resumed run cover the steps it ran.
  *
+ * Data parallel: --ddp under mpirun (`mpirun -np 2 ./build/examples/fashion_mnist
+ * --ddp`) makes each process a rank of ctpu_dist_init (one emulated chip);
+ * --batch stays the global batch: rank r trains on rows [r b / N, (r+1) b / N)
+ * of each global batch (the last partial batch split the same way), and the
+ * gradients are averaged over the ranks after backward (ctpu_ddp_sync_grads),
+ * so the recipe is the one-process run's. Rank 0 prints, logs and saves; the
+ * test set is split over the ranks and the hits added up.
+ *
  * The last line is machine-readable (its figures depend on the run and
  * the machine; README.md quotes a current one):
- *   result test_accuracy=A train_loss=L epochs=N images_per_s=R mode=M */
+ *   result test_accuracy=A train_loss=L epochs=N images_per_s=R mode=M [world_size=W] */
 #include <ctpu.h>
 #include <ctpu_nn.h>
 
@@ -44,6 +52,7 @@ typedef struct {
     double lr, wd, beta1, beta2, eps;
     uint64_t seed;
     int progress;   /* -1 auto (a terminal), 0 off, 1 on */
+    bool ddp;       /* data parallel over mpirun's ranks */
 } opts_t;
 
 static void usage(FILE *f)
@@ -62,6 +71,8 @@ static void usage(FILE *f)
             "  --seed N         seed for the initialisation and the shuffling (default 1)\n"
             "  --threads N      kernel threads (sets CTPU_NUM_THREADS; default: all cores)\n"
             "  --limit N        train on the first N images only (default: all)\n"
+            "  --ddp            data parallel: run under mpirun, one emulated chip per process;\n"
+            "                   --batch is the global batch, split over the ranks\n"
             "  --test-limit N   evaluate on the first N test images only (default: all)\n"
             "  --log FILE       write the loss curve as CSV (step,epoch,lr,loss)\n"
             "  --save PATH      write a checkpoint (safetensors) of the whole run at the end\n"
@@ -92,7 +103,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
                    .wd = 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .seed = 1, .progress = -1 };
     /* getopt_long: "--epochs 1", "--epochs=1" and unique prefixes ("--ep=1") */
     enum { O_DATA = 256, O_LOG, O_BETAS, O_EPOCHS, O_BATCH, O_LR, O_WD, O_EPS, O_SEED, O_THREADS, O_LIMIT,
-           O_TEST_LIMIT, O_SAVE, O_SAVE_EVERY, O_RESUME, O_STOP_AFTER, O_PROGRESS, O_NO_PROGRESS, O_VERSION };
+           O_TEST_LIMIT, O_SAVE, O_SAVE_EVERY, O_RESUME, O_STOP_AFTER, O_PROGRESS, O_NO_PROGRESS, O_VERSION, O_DDP };
     static const struct option longopts[] = {
         { "data", required_argument, NULL, O_DATA },       { "log", required_argument, NULL, O_LOG },
         { "betas", required_argument, NULL, O_BETAS },     { "epochs", required_argument, NULL, O_EPOCHS },
@@ -104,6 +115,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
         { "resume", required_argument, NULL, O_RESUME },   { "stop-after", required_argument, NULL, O_STOP_AFTER },
         { "progress", no_argument, NULL, O_PROGRESS },     { "no-progress", no_argument, NULL, O_NO_PROGRESS },
         { "help", no_argument, NULL, 'h' },                { "version", no_argument, NULL, O_VERSION },
+        { "ddp", no_argument, NULL, O_DDP },
         { NULL, 0, NULL, 0 },
     };
     opterr = 0;   /* our own messages, naming the option */
@@ -119,6 +131,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
         case O_VERSION: printf("fashion_mnist (ctpu %s)\n", ctpu_version()); return 1;
         case O_PROGRESS: o->progress = 1; break;
         case O_NO_PROGRESS: o->progress = 0; break;
+        case O_DDP: o->ddp = true; break;
         case O_DATA: o->data_dir = v; break;
         case O_LOG: o->log_path = v; break;
         case O_SAVE: o->save_path = v; break;
@@ -194,16 +207,16 @@ static ctpu_tensor mlp_forward(const mlp *m, ctpu_tensor x)
     return ctpu_linear_forward(&m->fc3, h);
 }
 
-/* Test accuracy, counted on the device, read once. */
-static ctpu_status evaluate(const mlp *m, const ctpu_image_set *test, int64_t n, double *acc)
+/* Test hits over rows [lo, hi), counted on the device, read once. */
+static ctpu_status evaluate_rows(const mlp *m, const ctpu_image_set *test, int64_t lo, int64_t hi, double *hits)
 {
     ctpu_no_grad_begin();
     ctpu_scope_begin();
     ctpu_tensor correct = ctpu_zeros(CTPU_F32, 0, NULL);
     int64_t *idx = malloc(sizeof(int64_t) * 1000);
     ctpu_status st = idx ? CTPU_OK : CTPU_ERR_OOM;
-    for (int64_t at = 0; st == CTPU_OK && at < n; at += 1000) {
-        int64_t k = n - at < 1000 ? n - at : 1000;
+    for (int64_t at = lo; st == CTPU_OK && at < hi; at += 1000) {
+        int64_t k = hi - at < 1000 ? hi - at : 1000;
         for (int64_t i = 0; i < k; i++) idx[i] = at + i;
         ctpu_step_begin();
         ctpu_tensor x, y;
@@ -219,7 +232,33 @@ static ctpu_status evaluate(const mlp *m, const ctpu_image_set *test, int64_t n,
     free(idx);
     ctpu_scope_end();
     ctpu_no_grad_end();
-    *acc = n ? c / (double)n : 0;
+    *hits = c;
+    return st;
+}
+
+/* Sum of (a, b) over the ranks (one all_reduce; a world of one rank: (a, b)). */
+static ctpu_status sum_over_ranks(double *a, double *b)
+{
+    if (ctpu_dist_world_size() == 1) return CTPU_OK;
+    float v[2] = { (float)*a, (float)*b }, r[2];
+    int64_t two = 2;
+    ctpu_scope_begin();
+    ctpu_status st = ctpu_to_host(ctpu_all_reduce(ctpu_from_host(v, CTPU_F32, 1, &two), CTPU_DIST_SUM), r, sizeof r);
+    ctpu_scope_end();
+    *a = r[0];
+    *b = r[1];
+    return st;
+}
+
+/* Test accuracy of the first n test images (split over the ranks). */
+static ctpu_status evaluate(const mlp *m, const ctpu_image_set *test, int64_t n, double *acc)
+{
+    int64_t lo, hi;
+    ctpu_ddp_shard(n, ctpu_dist_rank(), ctpu_dist_world_size(), &lo, &hi);
+    double hits = 0, rows = (double)(hi - lo);
+    ctpu_status st = evaluate_rows(m, test, lo, hi, &hits);
+    if (st == CTPU_OK) st = sum_over_ranks(&hits, &rows);
+    *acc = rows > 0 ? hits / rows : 0;
     return st;
 }
 
@@ -245,7 +284,13 @@ int main(int argc, char **argv)
         setenv("CTPU_NUM_THREADS", b, 1);
     }
     bool tty = o.progress < 0 ? isatty(fileno(stderr)) : o.progress == 1;
-    if (ctpu_init() != CTPU_OK) return fail("init");
+    if ((o.ddp ? ctpu_dist_init() : ctpu_init()) != CTPU_OK) return fail("init");
+    int rank = ctpu_dist_rank(), world = ctpu_dist_world_size();
+    if (rank != 0) {   /* rank 0 speaks for the job */
+        if (!freopen("/dev/null", "w", stdout)) return fail("silencing stdout");
+        tty = false;
+        o.log_path = NULL;
+    }
 
     ctpu_image_set train, test;
     if (load_split(o.data_dir, "train", &train) != CTPU_OK) return fail("loading the training set");
@@ -268,6 +313,8 @@ int main(int argc, char **argv)
     ctpu_adamw_opts ao = { o.lr, o.beta1, o.beta2, o.eps, o.wd };
     ctpu_optim *opt = ctpu_adamw_create(6, params, &ao);
     if (!opt) return fail("making the optimizer");
+    ctpu_ddp *ddp = NULL;
+    if (o.ddp && !(ddp = ctpu_ddp_create(6, params, NULL))) return fail("making the DDP wrapper");
     ctpu_batch_iter *it = ctpu_batch_iter_create(train.n, o.batch, true, false, o.seed);
     if (!it) return fail("making the batch iterator");
     int64_t per_epoch = ctpu_batch_iter_batches_per_epoch(it), total = per_epoch * o.epochs;
@@ -292,8 +339,9 @@ int main(int argc, char **argv)
     }
     const char *mode = ctpu_mode_name(ctpu_get_mode());
     printf("fashion_mnist: %lld train / %lld test images, MLP %lld-256-128-10, AdamW lr %g wd %g, batch %lld, "
-           "%d epochs, seed %llu, mode %s\n", (long long)train.n, (long long)n_test, (long long)px, o.lr, o.wd,
-           (long long)o.batch, o.epochs, (unsigned long long)o.seed, mode);
+           "%d epochs, seed %llu, mode %s%s\n", (long long)train.n, (long long)n_test, (long long)px, o.lr, o.wd,
+           (long long)o.batch, o.epochs, (unsigned long long)o.seed, mode, o.ddp ? ", DDP" : "");
+    if (o.ddp) printf("fashion_mnist: data parallel over %d ranks (global batch %lld)\n", world, (long long)o.batch);
     fflush(stdout);
 
     ctpu_tensor *losses = malloc(sizeof(ctpu_tensor) * (size_t)per_epoch);
@@ -312,21 +360,28 @@ int main(int argc, char **argv)
             double lr = ctpu_lr_cosine(o.lr, step, total, 0.0);
             ctpu_optim_zero_grad(opt);
             ctpu_step_begin();
+            int64_t lo = 0, hi = k;   /* this rank's rows of the global batch */
+            if (ddp) {
+                ctpu_ddp_shard(k, rank, world, &lo, &hi);
+                if (hi == lo) { fprintf(stderr, "fashion_mnist: a batch of %lld rows for %d ranks\n", (long long)k, world); return 1; }
+                ctpu_ddp_step_begin(ddp);
+            }
             ctpu_tensor x, y;
-            if (ctpu_image_set_batch(&train, idx, k, &x, &y) != CTPU_OK) return fail("batch");
+            if (ctpu_image_set_batch(&train, idx + lo, hi - lo, &x, &y) != CTPU_OK) return fail("batch");
             ctpu_tensor loss = ctpu_cross_entropy(mlp_forward(&m, x), y, NULL);
             if (ctpu_is_null(loss)) return fail("forward");
             if (ctpu_backward(loss) != CTPU_OK) return fail("backward");
+            if (ddp && ctpu_ddp_sync_grads(ddp) != CTPU_OK) return fail("averaging the gradients");
             ctpu_optim_set_lr(opt, lr);
             if (ctpu_optim_step(opt) != CTPU_OK) return fail("optimizer step");
             losses[nb] = ctpu_keep(ctpu_detach(loss));
             ctpu_step_end();
-            sizes[nb] = k;
+            sizes[nb] = hi - lo;
             lrs[nb] = lr;
             nb++;
             seen += k;
             step++;
-            if (o.save_every && step % o.save_every == 0 &&
+            if (o.save_every && step % o.save_every == 0 && rank == 0 &&
                 ctpu_checkpoint_save(o.save_path, 6, names, params, opt, it, 1, meta) != CTPU_OK)
                 return fail("saving a checkpoint");
             if (tty && (nb % 25 == 0 || nb == per_epoch)) {
@@ -348,10 +403,13 @@ int main(int argc, char **argv)
             if (stopped) break;
             continue;
         }
+        double rows = 0;
+        for (int64_t i = 0; i < nb; i++) rows += (double)sizes[i];
+        if (sum_over_ranks(&sum, &rows) != CTPU_OK) return fail("adding up the losses");
         double dt = now_s() - t0;
         train_time += dt;
         images += seen;
-        train_loss = seen ? sum / (double)seen : 0;
+        train_loss = rows > 0 ? sum / rows : 0;
         if (tty) fprintf(stderr, "\n");
         if (evaluate(&m, &test, n_test, &acc) != CTPU_OK) return fail("evaluation");
         evaluated = true;
@@ -362,16 +420,20 @@ int main(int argc, char **argv)
     }
     if (log) fclose(log);
     if (!evaluated && evaluate(&m, &test, n_test, &acc) != CTPU_OK) return fail("evaluation");
-    if (o.save_path) {
+    if (o.save_path && rank == 0) {
         if (ctpu_checkpoint_save(o.save_path, 6, names, params, opt, it, 1, meta) != CTPU_OK)
             return fail("saving the checkpoint");
         printf("fashion_mnist: saved %s at step %lld\n", o.save_path, (long long)step);
     }
-    printf("result test_accuracy=%.4f train_loss=%.4f epochs=%d images_per_s=%.0f mode=%s\n", acc, train_loss,
-           o.epochs, train_time > 0 ? (double)images / train_time : 0.0, mode);
+    char ws[32] = "";
+    if (o.ddp) snprintf(ws, sizeof ws, " world_size=%d", world);
+    printf("result test_accuracy=%.4f train_loss=%.4f epochs=%d images_per_s=%.0f mode=%s%s\n", acc, train_loss,
+           o.epochs, train_time > 0 ? (double)images / train_time : 0.0, mode, ws);
     /* the compile-cache report and the TPU cost table, on stderr (stdout's last line stays the result) */
     fflush(stdout);
-    ctpu_cache_report(stderr);
+    if (rank == 0) ctpu_cache_report(stderr);
+    if (rank == 0 && o.ddp) ctpu_dist_report(stderr);   /* compute against communication, estimated */
+    ctpu_ddp_free(ddp);
     free(losses);
     free(sizes);
     free(lrs);
@@ -382,6 +444,7 @@ int main(int argc, char **argv)
     ctpu_linear_free(&m.fc3);
     ctpu_image_set_free(&train);
     ctpu_image_set_free(&test);
-    ctpu_shutdown();
+    if (o.ddp) ctpu_dist_shutdown();
+    else ctpu_shutdown();
     return 0;
 }

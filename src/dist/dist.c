@@ -20,6 +20,7 @@
  * ctpu_dist_init prints "ctpu: rank R: stopped in all_reduce (bucket B, step
  * S)" (what the device thread was doing) and ends the process. */
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -82,6 +83,7 @@ typedef struct {
     _Atomic int cur_kind;         /* -1: not in a collective */
     _Atomic int64_t cur_bucket, cur_step;
     _Atomic int64_t last_step;
+    bool force_one_round;         /* test hook: the one-round all_reduce at any size */
 #ifdef CTPU_HAVE_MPI
     MPI_Comm comm;
 #endif
@@ -91,6 +93,7 @@ static dist_state g_dist = { .rank = 0, .size = 1, .local_rank = 0, .local_size 
                              .cur_kind = -1, .cur_bucket = -1 };
 
 int ctpu__dist_local_size(void) { return g_dist.up ? g_dist.local_size : 1; }
+void ctpu__dist_test_one_round(bool on) { g_dist.force_one_round = on; }
 int ctpu_dist_rank(void) { return g_dist.up ? g_dist.rank : 0; }
 int ctpu_dist_world_size(void) { return g_dist.up ? g_dist.size : 1; }
 int ctpu_dist_local_rank(void) { return g_dist.up ? g_dist.local_rank : 0; }
@@ -296,8 +299,11 @@ static double mono_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Wait for a request: spin briefly (the other ranks are usually close), then
- * test with short sleeps so a waiting rank leaves the cores to the others.
+/* Wait for a request. Open MPI moves a non-blocking collective's fragments
+ * only inside MPI_Test, so for the first 20 ms the rank tests continuously,
+ * yielding the core between tests (the other ranks are usually close, and a
+ * sleep costs ~60 us of timer slack per fragment); after that it sleeps
+ * 200 us between tests, leaving the cores to the ranks still computing.
  * Past the timeout the whole job ends: MPI_Abort, naming the collective. */
 static int wait_req(MPI_Request *rq, const ctpu_coll_call *c, const char *phase)
 {
@@ -307,7 +313,10 @@ static int wait_req(MPI_Request *rq, const ctpu_coll_call *c, const char *phase)
         int rc = MPI_Test(rq, &flag, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS) return rc;
         if (flag) return MPI_SUCCESS;
-        if (it < 200) continue;
+        if ((it & 63) != 63) {
+            sched_yield();
+            continue;
+        }
         double el = mono_s() - t0;
         if (el > g_dist.timeout_s) {
             char b[64] = "";
@@ -319,8 +328,10 @@ static int wait_req(MPI_Request *rq, const ctpu_coll_call *c, const char *phase)
             MPI_Abort(MPI_COMM_WORLD, 124);
             _exit(124);
         }
-        struct timespec ts = { 0, el < 1e-3 ? 2000 : 50000 };
-        nanosleep(&ts, NULL);
+        if (el > 0.02) {
+            struct timespec ts = { 0, 200000 };
+            nanosleep(&ts, NULL);
+        }
     }
 }
 
@@ -436,15 +447,46 @@ static int exchange_and_fold(const ctpu_coll_call *c, const char *src, int64_t c
     return rc;
 }
 
+/* Two ranks (or a small buffer): one round instead of two. Every rank gets
+ * every rank's buffer (MPI_Iallgather) and folds all of it in rank order:
+ * the same bits as the two-phase path, half the synchronisations (which is
+ * what costs on a loaded machine), the same bytes at N = 2. */
+static int all_reduce_one_round(const ctpu_coll_call *c, int64_t count)
+{
+    int n = g_dist.size;
+    size_t bytes = (size_t)count * elem_size(c->dtype);
+    char *recv = malloc(bytes * (size_t)n + 1);
+    const void **blocks = malloc(sizeof(void *) * (size_t)n);
+    if (!recv || !blocks) {
+        free(recv);
+        free(blocks);
+        return MPI_ERR_NO_MEM;
+    }
+    MPI_Request rq;
+    int rc = MPI_Iallgather(c->in, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, g_dist.comm, &rq);
+    if (rc == MPI_SUCCESS) rc = wait_req(&rq, c, "gather");
+    if (rc == MPI_SUCCESS) {
+        for (int r = 0; r < n; r++) blocks[r] = recv + (size_t)r * bytes;
+        ctpu__dist_fold(c->dtype, c->op, n, blocks, count, c->out);
+    }
+    free(recv);
+    free(blocks);
+    return rc;
+}
+
 static ctpu_status run_all_reduce(const ctpu_coll_call *c, char *err, size_t errlen)
 {
     int n = g_dist.size;
     size_t es = elem_size(c->dtype);
     int64_t count = numel_of(c->ndim, c->shape);
-    if ((uint64_t)count * es > (uint64_t)INT32_MAX) {
-        snprintf(err, errlen, "%s: %lld bytes is more than one MPI call moves here (2 GiB)", ctpu__coll_name(c->kind),
-                 (long long)((uint64_t)count * es));
+    if ((uint64_t)count * es * (uint64_t)n > (uint64_t)INT32_MAX) {
+        snprintf(err, errlen, "%s: %lld bytes is more than one MPI call moves here (2 GiB over the ranks)",
+                 ctpu__coll_name(c->kind), (long long)((uint64_t)count * es));
         return CTPU_ERR_INVALID_ARG;
+    }
+    if (n == 2 || (uint64_t)count * es * (uint64_t)n <= (256u << 10) || g_dist.force_one_round) {
+        int rc1 = all_reduce_one_round(c, count);
+        return rc1 == MPI_SUCCESS ? CTPU_OK : mpi_fail(c, rc1, "the gather", err, errlen);
     }
     char *mine = malloc((size_t)(count / n + 1) * es);
     int *cnt = malloc(sizeof(int) * (size_t)n * 2);

@@ -57,6 +57,11 @@ ctpu_status ctpu__dist_run(const ctpu_coll_call *c, char *err, size_t errlen);
 ctpu_status ctpu__dist_start(char *err, size_t len);
 void ctpu__dist_stop(void);
 
+/* Test hook: all_reduce always in one round (every buffer to every rank,
+ * folded locally), not only at two ranks or for small buffers; the bits are
+ * the same either way, which tests/dist checks. */
+void ctpu__dist_test_one_round(bool on);
+
 /* Local ranks on this node (1 when not distributed): ctpu_init divides the
  * default HBM cap and kernel thread count by it. */
 int ctpu__dist_local_size(void);

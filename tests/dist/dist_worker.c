@@ -50,9 +50,9 @@ START_TEST(engine_per_rank_share)
 }
 END_TEST
 
-static void engine_all_reduce_dt(int dtype, int op)
+static void engine_all_reduce_dt(int dtype, int op, int64_t n)
 {
-    int64_t n = 1003;   /* not a multiple of the world size */
+    /* n: not a multiple of the world size */
     size_t es = dtype == CTPU_BF16 ? 2 : 4;
     char *in = malloc((size_t)n * es), *out = malloc((size_t)n * es), *want = malloc((size_t)n * es);
     char **all = malloc(sizeof(char *) * (size_t)N);
@@ -90,11 +90,18 @@ static void engine_all_reduce_dt(int dtype, int op)
 
 START_TEST(engine_all_reduce)
 {
-    engine_all_reduce_dt(CTPU_F32, CTPU_DIST_SUM);
-    engine_all_reduce_dt(CTPU_F32, CTPU_DIST_MEAN);
-    engine_all_reduce_dt(CTPU_BF16, CTPU_DIST_SUM);
-    engine_all_reduce_dt(CTPU_BF16, CTPU_DIST_MEAN);
-    engine_all_reduce_dt(CTPU_I32, CTPU_DIST_SUM);
+    /* both algorithms (one round: every buffer to every rank; two phases:
+     * alltoallv, fold, allgatherv, taken at 3+ ranks for buffers over
+     * 256 KB) give the rank-order fold's bits */
+    for (int one = 0; one < 2; one++) {
+        ctpu__dist_test_one_round(one == 1);
+        engine_all_reduce_dt(CTPU_F32, CTPU_DIST_SUM, one ? 1003 : 100003);
+        engine_all_reduce_dt(CTPU_F32, CTPU_DIST_MEAN, 1003);
+        engine_all_reduce_dt(CTPU_BF16, CTPU_DIST_SUM, 1003);
+        engine_all_reduce_dt(CTPU_BF16, CTPU_DIST_MEAN, 200003);
+        engine_all_reduce_dt(CTPU_I32, CTPU_DIST_SUM, 100003);
+    }
+    ctpu__dist_test_one_round(false);
 }
 END_TEST
 
