@@ -169,6 +169,13 @@ static void mm_region(mm_ctx *x, float *scr, int64_t bi, int64_t pm0, int64_t pm
             if (x->swap) {
                 /* the block holds C^T rows m (the caller's columns) x columns
                  * n (its rows): transpose, then the caller's epilogue */
+                const ctpu_mm_args *o = x->go;
+                if (o->c_dtype == CTPU_KDT_F32 && !o->bias && o->act == CTPU_K_ACT_NONE && !o->residual) {
+                    float *c = (float *)o->c + bi * o->c_bs + n0 * o->ldc + m0;   /* no epilogue: straight to c */
+                    for (int64_t n = 0; n < n1 - n0; n++)
+                        for (int64_t m = 0; m < m1 - m0; m++) c[n * o->ldc + m] = scr[m * ld + n];
+                    continue;
+                }
                 float *t = scr + x->scr_n / 2;
                 for (int64_t n = 0; n < n1 - n0; n++) {
                     float *tr = t + n * x->tld;
