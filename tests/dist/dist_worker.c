@@ -62,7 +62,7 @@ static void engine_all_reduce_dt(int dtype, int op, int64_t n)
             float v = val(r, i);
             if (dtype == CTPU_F32) ((float *)all[r])[i] = v;
             else if (dtype == CTPU_BF16) ((uint16_t *)all[r])[i] = ctpu_f32_to_bf16(v);
-            else ((int32_t *)all[r])[i] = (int32_t)(i * 1000003 + r * 7919) * (r + 1);
+            else ((int32_t *)all[r])[i] = (int32_t)((uint32_t)(i * 1000003 + r * 7919) * (uint32_t)(r + 1));  /* wraps */
         }
     }
     memcpy(in, all[R], (size_t)n * es);
