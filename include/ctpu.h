@@ -515,8 +515,14 @@ CTPU_API ctpu_status ctpu_cache_get_info(ctpu_cache_info *out);
  * carry the error. TORCH_TPU_CACHE_ONLY=N turns it on after N marked steps. */
 CTPU_API ctpu_status ctpu_cache_set_only(bool on);
 /* The recent recompiles (up to 64), one line each, oldest first:
- * "step 469: program 2 -> 3: input 0 dim 0: 128 -> 96". Writes at most len
- * bytes (NUL-terminated); returns the number of lines. */
+ * "step 469: program 2 -> 3: input 0 dim 0: 128 -> 96" (a named input
+ * shows its name: "input 0 (batch.x) dim 0: ..."). Also listed (not counted
+ * as recompiles): structure changes between consecutive steps, when a step
+ * compiles a new program one of whose inputs the previous step's program
+ * computed, e.g. an accumulator made between steps that the first step's
+ * program folded in: "step 1: program 2 -> 3: input 0 (acc) was computed by
+ * full in step 0, now a device buffer". Writes at most len bytes
+ * (NUL-terminated); returns the number of lines. */
 CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
 
 

@@ -919,6 +919,57 @@ START_TEST(names_and_cache_only_diff)
 }
 END_TEST
 
+/* An accumulator made between steps folds into the first step's program:
+ * the recompile log and the report say so, with the tensor's name. */
+START_TEST(structure_change_explained)
+{
+    init_df();
+    float xd[8] = { 1, -2, 3, -4, 5, -6, 7, -8 };
+    ctpu_tensor acc = ctpu_zeros(CTPU_F32, 1, (int64_t[]){ 8 });
+    ck_assert_int_eq(ctpu_set_name(acc, "acc"), CTPU_OK);
+    for (int s = 0; s < 4; s++) {
+        ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
+        ctpu_tensor x = ctpu_from_host(xd, CTPU_F32, 1, (int64_t[]){ 8 });
+        ck_assert_int_eq(ctpu_assign(acc, ctpu_add(acc, ctpu_relu(x))), CTPU_OK);
+        ck_assert_int_eq(ctpu_step_end(), CTPU_OK);
+    }
+    char log[1024];
+    ck_assert_int_eq(ctpu_cache_recompile_log(log, sizeof log), 1);
+    ck_assert_msg(t_contains(log, "step 1: program 1 -> 2: input ") &&
+                  t_contains(log, " (acc) was computed by full in step 0, now a device buffer"), "%s", log);
+    ctpu_cache_info ci;
+    ck_assert_int_eq(ctpu_cache_get_info(&ci), CTPU_OK);
+    ck_assert_uint_eq(ci.recompiles, 0);                 /* logged, not counted as a recompile */
+    char *json = ctpu_metrics_json();
+    char *text = render(json, NULL, CTPU_REPORT_TEXT);
+    ck_assert_msg(t_contains(text, "the first step compiled a different program: acc (full, made before the step) "
+                                   "was folded into it"), "%s", text);
+    ck_assert(t_contains(text, "a new structure, not a recompile"));
+    free(text);
+    free(json);
+    float v[8];
+    ck_assert_int_eq(ctpu_to_host(acc, v, sizeof v), CTPU_OK);
+    ck_assert(v[0] == 4 && v[1] == 0 && v[6] == 28);
+    ctpu_release(acc);
+    ctpu_shutdown();
+    /* made and synced before the loop: one program, nothing logged */
+    init_df();
+    acc = ctpu_zeros(CTPU_F32, 1, (int64_t[]){ 8 });
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    for (int s = 0; s < 4; s++) {
+        ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
+        ctpu_tensor x = ctpu_from_host(xd, CTPU_F32, 1, (int64_t[]){ 8 });
+        ck_assert_int_eq(ctpu_assign(acc, ctpu_add(acc, ctpu_relu(x))), CTPU_OK);
+        ck_assert_int_eq(ctpu_step_end(), CTPU_OK);
+    }
+    ck_assert_int_eq(ctpu_cache_recompile_log(log, sizeof log), 0);
+    ck_assert_int_eq(ctpu_cache_get_info(&ci), CTPU_OK);
+    ck_assert_uint_eq(ci.compiles, 2);                   /* the sync's own program (full), then the step's */
+    ctpu_release(acc);
+    ctpu_shutdown();
+}
+END_TEST
+
 /* ---------------------------------------------------------------- bad input */
 START_TEST(bad_input)
 {
@@ -1022,6 +1073,7 @@ static Suite *suite(void)
     tcase_add_test(tc, price_plans);
     tcase_add_test(tc, report_new_user_glitches);
     tcase_add_test(tc, names_and_cache_only_diff);
+    tcase_add_test(tc, structure_change_explained);
     tcase_add_test(tc, bad_input);
     suite_add_tcase(s, tc);
     return s;

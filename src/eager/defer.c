@@ -60,6 +60,7 @@ static ctpu_tensor pending_handle(const ctpu_vtype *type, ctpu_vref v, const cha
     ctpu_trec *r = ctpu_slot(ctpu_handle_slot(h));
     r->trace_id = t_df.id;
     r->tval = v;
+    r->made_by = op;
     if (!add_holder(h.id)) {
         ctpu_release(h);
         ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory recording the trace", op);
@@ -314,6 +315,7 @@ typedef struct {
     ctpu_buffer **outb;            /* [plan->n_out] output buffers (our refs) */
     size_t *outo;
     ctpu_buffer *scratch;
+    uint64_t step;                 /* marked steps at the cut */
     char err[256];
 } flush_ctx;
 
@@ -358,6 +360,34 @@ static const char **input_names(const ctpu_trace_final *fin)
     return names;
 }
 
+/* A new program in the step after another's: if one of its inputs is a
+ * value the last flush computed (a tensor made between steps, such as an accumulator
+ * from ctpu_zeros, is folded into the first step's program and is a device
+ * buffer in the next), the recompile log says so. */
+static void note_structure_change(flush_ctx *f, const ctpu_trace_final *fin, const char **names)
+{
+    ctpu_buffer *const *ib;
+    const size_t *io;
+    ctpu_trace_rec_inputs(t_df.rec, &ib, &io, NULL);
+    const ctpu_launch_plan *pl = fin->plan ? fin->plan : f->plan;
+    if (!pl) return;
+    for (int k = 0; k < pl->n_in; k++) {
+        const ctpu_buffer *b = ib[pl->in_src[k]];
+        for (size_t i = 0; i < t_df.n_made; i++) {
+            if (t_df.made[i].buf != b) continue;
+            ctpu_recompile_rec rec = { .step = f->step, .old_program = t_df.last_program,
+                                       .new_program = f->res.program_id };
+            const char *nm = names && names[k] ? names[k] : t_df.made[i].name;
+            snprintf(rec.made_by, sizeof rec.made_by, "%s", t_df.made[i].op ? t_df.made[i].op : "?");
+            snprintf(rec.tensor, sizeof rec.tensor, "%s", nm);
+            snprintf(rec.reason, sizeof rec.reason, "input %d%s%.64s%s was computed by %s in step %llu, now a device buffer",
+                     k, nm[0] ? " (" : "", nm, nm[0] ? ")" : "", rec.made_by, (unsigned long long)t_df.last_step);
+            ctpu_cache_log_change(f->rt->fused_cache, &rec);
+            return;
+        }
+    }
+}
+
 static bool compile_miss(flush_ctx *f, ctpu_cache_pending *miss, const ctpu_cache_opts *o, ctpu_trace_final *fin)
 {
     ctpu_cache *cache = f->rt->fused_cache;
@@ -377,8 +407,14 @@ static bool compile_miss(flush_ctx *f, ctpu_cache_pending *miss, const ctpu_cach
     ctpu_launch_plan *plan = fin->plan;
     fin->plan = NULL;                       /* the cache's now */
     f->prog = ctpu_cache_insert(cache, miss, &fin->t, p, plan, &on, &f->res, f->err, sizeof f->err);
-    free(names);
     f->plan = f->prog ? plan : NULL;
+    /* a new program in a new step right after the last step's (cuts within
+     * one step, such as a host read's, are a step's parts, not a change; a
+     * last cut that read no device buffer only made values: initialisation) */
+    if (f->prog && !f->res.recompile && t_df.last_program && t_df.last_program != f->res.program_id &&
+        t_df.last_step < f->step && t_df.last_had_inputs)
+        note_structure_change(f, fin, names);
+    free(names);
     return true;
 }
 
@@ -408,6 +444,7 @@ static ctpu_status lookup_or_compile(flush_ctx *f)
     uint8_t *key = raw_key(f->reqs, f->nreq, f->dbg, &klen);
     if (!key) return flush_fail(CTPU_ERR_OOM, "mark_step: out of host memory keying the trace", f->reqs, f->rrec);
     uint64_t step = atomic_load(&rt->marked_steps);
+    f->step = step;
     bool only = atomic_load(&rt->cache_only) ||
                 (rt->cache_only_after >= 0 && step >= (uint64_t)rt->cache_only_after);
     ctpu_cache_opts opts = { .allow_compile = !only, .track_recompiles = true, .step = step, .dev = rt->dev };
@@ -508,11 +545,30 @@ static void publish(flush_ctx *f)
     ctpu_device_submit(rt->dev, &f->cmd);     /* the command owns heap arrays now */
     ctpu_counter_add(m, CTPU_CTR_PROGRAMS_LAUNCHED, 1);
     ctpu_counter_add(m, CTPU_CTR_FUSED_STEPS, f->prog->prog.n_steps);
+    t_df.n_made = 0;
+    t_df.last_program = f->res.program_id;
+    t_df.last_step = f->step;
+    {
+        ctpu_buffer *const *ib;
+        const size_t *io;
+        t_df.last_had_inputs = ctpu_trace_rec_inputs(t_df.rec, &ib, &io, NULL) > 0;
+    }
+    if (t_df.cap_made < (size_t)f->nreq) {
+        struct ctpu_made *nm = realloc(t_df.made, sizeof *nm * (size_t)f->nreq);
+        if (nm) { t_df.made = nm; t_df.cap_made = (size_t)f->nreq; }
+    }
     for (int q = 0; q < f->nreq; q++) {
         ctpu_trec *r = f->rrec[q];
         int o = f->plan->req_out[q];
         ctpu_buffer *b = f->outb[o];
         r->trace_id = 0;
+        if (r->buf != b && t_df.n_made < t_df.cap_made) {
+            struct ctpu_made *md = &t_df.made[t_df.n_made++];
+            md->buf = b;
+            md->op = r->made_by;
+            snprintf(md->name, sizeof md->name, "%s", r->name ? r->name : "");
+        }
+        r->made_by = NULL;
         if (r->buf == b) {
             ctpu_counter_add(m, CTPU_CTR_ASSIGN_IN_PLACE, 1);
             continue;

@@ -85,6 +85,12 @@ typedef struct {                     /* defer.c: this thread's defer-and-fuse tr
     uint64_t *holders;               /* handle ids that became pending in this trace */
     size_t n_holders, cap_holders;
     ctpu_loop_det loops;
+    /* the last flush: its program, step, and the buffers it gave pending
+     * values, with the op that made each (structure changes between cuts) */
+    struct ctpu_made { const ctpu_buffer *buf; const char *op; char name[64]; } *made;
+    size_t n_made, cap_made;
+    uint64_t last_program, last_step;
+    bool last_had_inputs;            /* the last flush read device buffers (a step, not only creation) */
 } ctpu_defer_state;
 
 struct ctpu_strict_front;            /* dispatch.c */
@@ -172,6 +178,7 @@ typedef struct ctpu_trec {
     int32_t tval;
     bool leaf_grad;                  /* the .grad handle of a leaf (ctpu_grad): the user may not release it */
     char *name;                      /* ctpu_set_name (malloc'd; also on buf once it has one), or NULL */
+    const char *made_by;             /* defer and fuse: the op that made a pending value (static), or NULL */
 } ctpu_trec;
 
 static inline bool ctpu_rec_pending(const ctpu_trec *r) { return r->trace_id != 0; }

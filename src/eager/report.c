@@ -644,6 +644,11 @@ static void recompiles_json(cJSON *doc, ctpu_runtime *rt, ctpu_report_state *r)
             p = &r->progs[recs[i].old_program - 1];
         cJSON_AddStringToObject(o, "ops", p ? p->ops : "");
         cJSON_AddStringToObject(o, "reason", recs[i].reason);
+        cJSON_AddBoolToObject(o, "structure", recs[i].structure);
+        if (recs[i].structure) {
+            cJSON_AddStringToObject(o, "made_by", recs[i].made_by);
+            cJSON_AddStringToObject(o, "tensor", recs[i].tensor);
+        }
         cJSON_AddItemToArray(rs, o);
     }
 }

@@ -36,6 +36,7 @@ static void ts_drop(ctpu_thread_state *s, ctpu_device *dev)
     s->scope_depth = 0;
     if (s->df.rec) ctpu_trace_rec_destroy(s->df.rec, dev);
     free(s->df.holders);
+    free(s->df.made);
     memset(&s->df, 0, sizeof s->df);
     ctpu__strict_front_free(s->strict_front);
     s->strict_front = NULL;

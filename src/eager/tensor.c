@@ -107,6 +107,7 @@ ctpu_tensor ctpu_handle_new(const ctpu_vtype *type, ctpu_buffer *buf, size_t off
     r->tval = -1;
     r->leaf_grad = false;
     r->name = NULL;
+    r->made_by = NULL;
     if (buf) atomic_fetch_add(&buf->handle_refs, 1);
     ctpu_tensor t = { ((uint64_t)atomic_load_explicit(&r->gen, memory_order_relaxed) << 32) | (idx + 1) };
     ctpu_thread_state *ts = ctpu_ts();   /* out of host memory: global, as below */

@@ -275,6 +275,15 @@ void ctpu_cache_abandon(ctpu_cache *c, ctpu_cache_pending *p)
     free(p);
 }
 
+void ctpu_cache_log_change(ctpu_cache *c, const ctpu_recompile_rec *rec)
+{
+    pthread_mutex_lock(&c->mu);
+    c->log[c->n_log % RECOMPILE_LOG] = *rec;
+    c->log[c->n_log % RECOMPILE_LOG].structure = true;
+    c->n_log++;
+    pthread_mutex_unlock(&c->mu);
+}
+
 void ctpu_cache_describe_miss(ctpu_cache *c, const ctpu_trace *t, const char *const *in_names, char *out, size_t len)
 {
     uint64_t sh = struct_hash_of(t);
@@ -348,6 +357,7 @@ static uint64_t note_recompile(ctpu_cache *c, const entry *ne, const ctpu_trace 
         c->st.recompiles++;
         ctpu_recompile_rec *r = &c->log[c->n_log % RECOMPILE_LOG];
         c->n_log++;
+        memset(r, 0, sizeof *r);
         r->step = o->step;
         r->old_program = e->info.id;
         r->new_program = reuse_id ? reuse_id : c->next_id;

@@ -102,6 +102,11 @@ typedef struct {
 typedef struct {
     uint64_t step, old_program, new_program;
     char reason[160];
+    /* a structure change between consecutive cuts (not a recompile): the
+     * input that was a value computed by op made_by in the previous program */
+    bool structure;
+    char made_by[24];
+    char tensor[64];               /* that input's name (ctpu_set_name), or "" */
 } ctpu_recompile_rec;
 
 /* A miss the caller compiles (outside the cache lock), then inserts or
@@ -129,6 +134,9 @@ void ctpu_cache_abandon(ctpu_cache *c, ctpu_cache_pending *miss);
  * changed, as a recompile reason does ("input 0 (x) dim 0: 128 -> 96, was
  * program 2"); otherwise "no cached program has this structure". in_names
  * as in ctpu_cache_opts (may be NULL). */
+/* Log a structure change between consecutive cuts in the recompile log
+ * (no recompile counted). */
+void ctpu_cache_log_change(ctpu_cache *c, const ctpu_recompile_rec *rec);
 void ctpu_cache_describe_miss(ctpu_cache *c, const ctpu_trace *t, const char *const *in_names, char *out, size_t len);
 /* Find, compile a miss, insert (strict eager's one-node programs). *hit
  * tells which. NULL on a compile error. */

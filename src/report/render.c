@@ -305,6 +305,20 @@ static void build_advice(const cJSON *d, advice_t *a)
     double late = num(c, "late_compile_steps");
     if (steps > 0 && boolean(c, "all_hit_reached") && late > steps * 0.25)
         advise(a, "%.0f of %.0f steps compiled after warm-up: shapes or control flow vary per step", late, steps);
+    /* a value made between steps (an accumulator from ctpu_zeros or
+     * ctpu_full) folds into the first step's program */
+    const cJSON *rcs = obj(d, "recompiles");
+    for (int i = 0; i < arr_n(rcs); i++) {
+        const cJSON *r = cJSON_GetArrayItem(rcs, i);
+        if (!boolean(r, "structure") || num(r, "step") > 1) continue;
+        const char *tn = str(r, "tensor");
+        char what[96];
+        if (tn[0]) snprintf(what, sizeof what, "%s", tn);
+        else snprintf(what, sizeof what, "a value");
+        advise(a, "the first step compiled a different program: %s (%s, made before the step) was folded into it; "
+                  "ctpu_sync() after making it (before the loop) gives every step one program", what, str(r, "made_by"));
+        break;
+    }
     if (strcmp(str(d, "mode"), "defer_fuse") != 0 && num(c, "strict_requests") > 0)
         advise(a, "strict eager launches one program per op (%.0f launches); TORCH_TPU_DEFER_AND_FUSE=1 fuses each step",
                num(c, "strict_requests"));
@@ -425,11 +439,17 @@ static void render_cache_events(out_t *o, const cJSON *d)
     const cJSON *c = obj(d, "cache"), *cs = obj(d, "counters"), *cuts = obj(d, "cuts");
     const cJSON *rs = obj(d, "recompiles");
     if (arr_n(rs) > 0) {
-        heading(o, "recompiles (%.0f; the last %d listed)", num(c, "recompiles"), arr_n(rs));
+        int nstruct = 0;
+        for (int i = 0; i < arr_n(rs); i++) nstruct += boolean(cJSON_GetArrayItem(rs, i), "structure");
+        if (nstruct)
+            heading(o, "recompiles and structure changes (%.0f recompiles; the last %d entries listed, %d of them "
+                       "structure changes between consecutive cuts)", num(c, "recompiles"), arr_n(rs), nstruct);
+        else heading(o, "recompiles (%.0f; the last %d listed)", num(c, "recompiles"), arr_n(rs));
         for (int i = 0; i < arr_n(rs); i++) {
             const cJSON *r = cJSON_GetArrayItem(rs, i);
-            line(o, "program %.0f (%s): %s, step %.0f (was program %.0f)", num(r, "program"),
-                 str(r, "ops")[0] ? str(r, "ops") : "?", str(r, "reason"), num(r, "step"), num(r, "old_program"));
+            line(o, "program %.0f (%s): %s, step %.0f (was program %.0f%s)", num(r, "program"),
+                 str(r, "ops")[0] ? str(r, "ops") : "?", str(r, "reason"), num(r, "step"), num(r, "old_program"),
+                 boolean(r, "structure") ? ": a new structure, not a recompile" : "");
         }
     }
 
