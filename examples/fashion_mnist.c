@@ -431,8 +431,7 @@ int main(int argc, char **argv)
            o.epochs, train_time > 0 ? (double)images / train_time : 0.0, mode, ws);
     /* the compile-cache report and the TPU cost table, on stderr (stdout's last line stays the result) */
     fflush(stdout);
-    if (rank == 0) ctpu_cache_report(stderr);
-    if (rank == 0 && o.ddp) ctpu_dist_report(stderr);   /* compute against communication, estimated */
+    if (rank == 0) ctpu_cache_report(stderr);   /* with --ddp: compute against communication, estimated */
     ctpu_ddp_free(ddp);
     free(losses);
     free(sizes);

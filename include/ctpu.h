@@ -552,7 +552,8 @@ CTPU_API ctpu_status ctpu_metrics_write(const char *path);
  * shapes), compiles, recompiles with the dim that changed and the step,
  * trace cuts by reason, host reads by label, evictions and thrash, warm-up
  * steps, advice lines, matmul MXU utilisation, estimated device time, MFU
- * and cost per chip. Same text as `ctpu-report` on the metrics file. */
+ * and cost per chip. Same text as `ctpu-report` on the metrics file; a run
+ * that made collectives adds ctpu_dist_report's lines (live runs only). */
 CTPU_API ctpu_status ctpu_cache_report(FILE *f);
 
 /* A call-site label for this thread's host reads (ctpu_to_host, ctpu_item)

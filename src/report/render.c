@@ -802,6 +802,11 @@ ctpu_status ctpu_cache_report(FILE *f)
     if (!s) return ctpu_last_status();
     ctpu_status st = ctpu_report_render(s, NULL, CTPU_REPORT_TEXT, f ? f : stdout);
     free(s);
+    /* data parallel (issue 19): compute against communication per step and
+     * the ICI estimates, when the run made collectives (live runs only: the
+     * metrics document does not carry them) */
+    ctpu_dist_stats ds;
+    if (st == CTPU_OK && ctpu_dist_get_stats(&ds) == CTPU_OK && ds.collectives > 0) st = ctpu_dist_report(f);
     return st;
 }
 
