@@ -5,7 +5,7 @@
  * model) and resuming gives bit-identical losses to the unbroken run, in
  * strict, debug and defer-and-fuse modes, with AdamW, the cosine schedule
  * and dropout. Interop with bench/check_safetensors.py (numpy) when
- * CTPU_PYTHON can import numpy. */
+ * CTPU_TEST_PYTHON can import numpy. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -944,9 +944,9 @@ static int run_py(const char *py, const char *script, const char *cmd, const cha
 
 START_TEST(t_python_interop)
 {
-    const char *py = getenv("CTPU_PYTHON"), *script = getenv("CTPU_CHECK_SAFETENSORS");
+    const char *py = getenv("CTPU_TEST_PYTHON"), *script = getenv("CTPU_TEST_CHECK_SAFETENSORS");
     if (!py || !script || access(py, X_OK) != 0 || access(script, R_OK) != 0) {
-        printf("SKIP t_python_interop: CTPU_PYTHON / CTPU_CHECK_SAFETENSORS not set or not there\n");
+        printf("SKIP t_python_interop: CTPU_TEST_PYTHON / CTPU_TEST_CHECK_SAFETENSORS not set or not there\n");
         return;
     }
     char probe[512];

@@ -669,7 +669,7 @@ START_TEST(reports_hostile)
     ERR(ctpu_report_plot_svg(-1, NULL, NULL, devnull), CTPU_ERR_INVALID_ARG, "");
     ck_assert_int_eq(ctpu_report_render(good, NULL, CTPU_REPORT_JSON, devnull), CTPU_OK);
     /* the ctpu-report tool on garbage files: exit status 2, no crash */
-    const char *tool = getenv("CTPU_REPORT");
+    const char *tool = getenv("CTPU_TEST_REPORT_TOOL");
     if (tool && access(tool, X_OK) == 0) {
         char path[] = "/tmp/ctpu-hostile-XXXXXX";
         int fd = mkstemp(path);
@@ -686,7 +686,7 @@ START_TEST(reports_hostile)
         close(fd);
         unlink(path);
     } else {
-        fprintf(stderr, "hostile: CTPU_REPORT not set: the ctpu-report tool part is skipped\n");
+        fprintf(stderr, "hostile: CTPU_TEST_REPORT_TOOL not set: the ctpu-report tool part is skipped\n");
     }
     free(good);
     free(cut);
@@ -833,12 +833,23 @@ START_TEST(env_hostile_values)
     NUL(ctpu_zeros(CTPU_F32, 1, (int64_t[]){ 1024 }), CTPU_ERR_OOM, "capacity 1024 bytes");   /* op "full" */
     ctpu_tensor small = ctpu_ones(CTPU_F32, 1, (int64_t[]){ 4 });
     ck_assert(!ctpu_is_null(small));
-    /* metrics and trace files that cannot be written: shutdown reports, no crash */
+    /* metrics and trace files that cannot be written: init says which and why */
+    ck_assert_int_eq(init_with("TORCH_TPU_METRICS_FILE", "/nonexistent-dir/m.json"), CTPU_ERR_ENV);
+    ck_assert(t_contains(ctpu_last_error(), "TORCH_TPU_METRICS_FILE") &&
+              t_contains(ctpu_last_error(), "No such file or directory"));
+    ck_assert_int_eq(init_with("TORCH_TPU_TRACE_FILE", "/nonexistent-dir/t.json"), CTPU_ERR_ENV);
+    ck_assert(t_contains(ctpu_last_error(), "TORCH_TPU_TRACE_FILE"));
+    /* ... and when the directory goes away during the run: shutdown reports, no crash */
+    char dir[] = "/tmp/ctpu_gone_XXXXXX", mf[64], tf[64];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(mf, sizeof mf, "%s/m.json", dir);
+    snprintf(tf, sizeof tf, "%s/t.json", dir);
     ctpu_shutdown();
     t_clear_env();
-    setenv("TORCH_TPU_METRICS_FILE", "/nonexistent-dir/m.json", 1);
-    setenv("TORCH_TPU_TRACE_FILE", "/nonexistent-dir/t.json", 1);
+    setenv("TORCH_TPU_METRICS_FILE", mf, 1);
+    setenv("TORCH_TPU_TRACE_FILE", tf, 1);
     ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    ck_assert_int_eq(rmdir(dir), 0);
     good_op();
     ctpu_shutdown();
     t_clear_env();

@@ -3,8 +3,8 @@
  * the Perfetto trace file, the shutdown summary line and metrics file, the
  * cost model against hand-computed cases, bad input.
  *
- * Environment from meson: CTPU_GOLDEN_DIR (tests/golden), CTPU_REPORT_TOOL
- * (the built ctpu-report). CTPU_UPDATE_GOLDEN=1 rewrites the golden file. */
+ * Environment from meson: CTPU_TEST_GOLDEN_DIR (tests/golden), CTPU_TEST_REPORT_TOOL
+ * (the built ctpu-report). CTPU_TEST_UPDATE_GOLDEN=1 rewrites the golden file. */
 #include <cJSON.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -232,11 +232,11 @@ START_TEST(golden_report_text)
     scenario(6);
     char *json = deterministic_json();
     char *text = render(json, "scenario", CTPU_REPORT_TEXT);
-    const char *dir = getenv("CTPU_GOLDEN_DIR");
-    ck_assert_msg(dir, "CTPU_GOLDEN_DIR is not set (run through meson test)");
+    const char *dir = getenv("CTPU_TEST_GOLDEN_DIR");
+    ck_assert_msg(dir, "CTPU_TEST_GOLDEN_DIR is not set (run through meson test)");
     char path[1024];
     snprintf(path, sizeof path, "%s/report_df.txt", dir);
-    if (getenv("CTPU_UPDATE_GOLDEN")) {
+    if (getenv("CTPU_TEST_UPDATE_GOLDEN")) {
         FILE *f = fopen(path, "w");
         ck_assert_ptr_nonnull(f);
         fputs(text, f);
@@ -246,7 +246,7 @@ START_TEST(golden_report_text)
     ck_assert_msg(want, "cannot read %s", path);
     if (strcmp(want, text) != 0) {
         fprintf(stderr, "---- got\n%s---- want (%s)\n%s", text, path, want);
-        ck_abort_msg("the report differs from %s (CTPU_UPDATE_GOLDEN=1 rewrites it)", path);
+        ck_abort_msg("the report differs from %s (CTPU_TEST_UPDATE_GOLDEN=1 rewrites it)", path);
     }
     /* the lines the issue asks for */
     ck_assert(t_contains(text, "program 3 (matmul→relu→sum): input 0 dim 0: 8 -> 5, step 5 (was program 1)"));
@@ -270,8 +270,8 @@ END_TEST
 /* ---------------------------------------------------------------- the tool */
 static char *run_tool(const char *args, int *status)
 {
-    const char *tool = getenv("CTPU_REPORT_TOOL");
-    ck_assert_msg(tool, "CTPU_REPORT_TOOL is not set (run through meson test)");
+    const char *tool = getenv("CTPU_TEST_REPORT_TOOL");
+    ck_assert_msg(tool, "CTPU_TEST_REPORT_TOOL is not set (run through meson test)");
     char cmd[2048];
     snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", tool, args);
     FILE *p = popen(cmd, "r");
@@ -573,7 +573,9 @@ START_TEST(trace_buffer_drops)
 END_TEST
 
 /* ---------------------------------------------------------------- shutdown */
-static char *stderr_of_run(const char *quiet, const char *metrics_file)
+/* stderr of init, two ops, shutdown; gone_dir (if set) is removed before
+ * the shutdown (a metrics file whose directory vanished during the run). */
+static char *stderr_of_run(const char *quiet, const char *metrics_file, const char *gone_dir)
 {
     char path[] = "/tmp/ctpu_err_XXXXXX";
     int fd = mkstemp(path);
@@ -588,6 +590,7 @@ static char *stderr_of_run(const char *quiet, const char *metrics_file)
     int64_t n = 2;
     ctpu_tensor x = ctpu_from_host(a, CTPU_F32, 1, &n);
     ck_assert(!ctpu_is_null(ctpu_exp(ctpu_exp(x))));
+    if (gone_dir) ck_assert_int_eq(rmdir(gone_dir), 0);
     ctpu_shutdown();
     fflush(stderr);
     dup2(saved, 2);
@@ -601,17 +604,17 @@ static char *stderr_of_run(const char *quiet, const char *metrics_file)
 
 START_TEST(shutdown_summary_and_file)
 {
-    char *txt = stderr_of_run(NULL, NULL);
+    char *txt = stderr_of_run(NULL, NULL, NULL);
     ck_assert_msg(strncmp(txt, "ctpu: compile cache: 2 requests, 1 hits (50.0%), 1 compiles, ", 61) == 0, "got: %s", txt);
     ck_assert_ptr_eq(strchr(txt, '\n'), txt + strlen(txt) - 1);   /* one line */
     free(txt);
-    txt = stderr_of_run("1", NULL);
+    txt = stderr_of_run("1", NULL, NULL);
     ck_assert_str_eq(txt, "");
     free(txt);
     char path[] = "/tmp/ctpu_mf_XXXXXX";
     int fd = mkstemp(path);
     close(fd);
-    txt = stderr_of_run(NULL, path);
+    txt = stderr_of_run(NULL, path, NULL);
     ck_assert_str_eq(txt, "");                                      /* the file replaces the line */
     free(txt);
     char *json = read_all(path);
@@ -628,8 +631,12 @@ START_TEST(shutdown_summary_and_file)
     ck_assert_int_eq(ctpu_init(), CTPU_ERR_ENV);
     ck_assert(t_contains(ctpu_last_error(), "CTPU_QUIET"));
     unsetenv("CTPU_QUIET");
-    /* an unwritable metrics file: one line, shutdown goes on */
-    txt = stderr_of_run("1", "/nonexistent-dir/m.json");
+    /* a metrics file that cannot be written at shutdown (its directory was
+     * removed during the run; init checks it exists): one line, shutdown goes on */
+    char dir[] = "/tmp/ctpu_gone_XXXXXX", mf[64];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(mf, sizeof mf, "%s/m.json", dir);
+    txt = stderr_of_run("1", mf, dir);
     ck_assert(t_contains(txt, "TORCH_TPU_METRICS_FILE"));
     free(txt);
 }

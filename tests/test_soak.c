@@ -8,7 +8,7 @@
  *     the pattern);
  *   - the fused parameters equal the strict ones bit for bit at every
  *     checkpoint.
- * SOAK_STEPS sets the number of steps (default 100000, 20000 under a
+ * CTPU_TEST_SOAK_STEPS sets the number of steps (default 100000, 20000 under a
  * sanitizer; the 'long' suite runs 1000000).
  *
  * This test found report records growing ~2 KB per compile under LRU
@@ -60,7 +60,7 @@ START_TEST(soak_changing_batch)
     setenv("TORCH_TPU_DEFER_AND_FUSE", "1", 1);
     ck_assert_msg(ctpu_init() == CTPU_OK, "%s", ctpu_last_error());
     t_clear_env();
-    const char *env = getenv("SOAK_STEPS");
+    const char *env = getenv("CTPU_TEST_SOAK_STEPS");
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
     long steps = env && *env ? atol(env) : 20000;
 #else

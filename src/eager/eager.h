@@ -33,6 +33,7 @@ typedef struct ctpu_runtime {
     ctpu_price_plan price_plan;      /* TORCH_TPU_PRICE_PLAN */
     size_t trace_events;             /* TORCH_TPU_TRACE_EVENTS */
     char *metrics_file, *trace_file;
+    bool quiet;                      /* CTPU_QUIET: no summary line at shutdown */
 
     ctpu_metrics metrics;
     ctpu_device *dev;

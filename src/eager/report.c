@@ -86,16 +86,7 @@ ctpu_status ctpu__report_init(ctpu_runtime *rt, char *err, size_t len)
     ctpu_report_state *r = calloc(1, sizeof *r);
     if (!r) { snprintf(err, len, "ctpu_init: out of host memory"); return CTPU_ERR_OOM; }
     pthread_mutex_init(&r->mu, NULL);
-    const char *v = getenv("CTPU_QUIET");
-    if (v) {
-        if (strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0) r->quiet = true;
-        else if (!(strcmp(v, "0") == 0 || strcasecmp(v, "false") == 0)) {
-            snprintf(err, len, "ctpu_init: CTPU_QUIET=\"%s\" is not a boolean (use 1/0/true/false)", v);
-            pthread_mutex_destroy(&r->mu);
-            free(r);
-            return CTPU_ERR_ENV;
-        }
-    }
+    r->quiet = rt->quiet;
     int n;
     const ctpu_chip_info *p = ctpu_chip_profiles(&n);
     if (n > CTPU_COST_MAX_CHIPS) n = CTPU_COST_MAX_CHIPS;

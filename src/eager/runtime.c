@@ -1,13 +1,15 @@
-/* Runtime lifecycle: environment, errors, modes, chip, metrics API. */
+/* Runtime lifecycle: per-thread state, errors, the environment (env.h), modes, chip, metrics API. */
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "eager.h"
+#include "env.h"
 #include "testing.h"
 #include "report.h"
 #include "device/tracefile.h"
@@ -183,19 +185,30 @@ bool ctpu_check_init(const char *op)
 }
 
 /* ------------------------------------------------------------ environment */
-static bool env_bool(const char *name, int *out, char *err, size_t len)
-{
-    const char *v = getenv(name);
-    *out = -1;
-    if (!v) return true;
-    if (strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0) *out = 1;
-    else if (strcmp(v, "0") == 0 || strcasecmp(v, "false") == 0) *out = 0;
-    else {
-        snprintf(err, len, "ctpu_init: %s=\"%s\" is not a boolean (use 1/0/true/false)", name, v);
-        return false;
-    }
-    return true;
-}
+/* The variables and their kinds are declared once, in env.h. */
+typedef enum {
+    ENV_BOOL, ENV_LOOPS, ENV_CHIP, ENV_BYTES, ENV_PRECISION, ENV_ENTRIES, ENV_STEPS, ENV_PATH, ENV_PLAN, ENV_EVENTS,
+    ENV_ISA, ENV_THREADS,
+    ENV_DIST,                /* read by ctpu_dist_init (src/dist), not here */
+} env_kind;
+
+static const struct {
+    const char *name;
+    env_kind kind;
+} env_vars[CTPU_ENV_COUNT] = {
+#define X(name, kind, dflt, doc) { #name, ENV_##kind },
+    CTPU_ENV_VARS(X)
+#undef X
+};
+
+/* One variable's value, parsed and checked (set false: not in the
+ * environment, or empty where empty means unset). */
+typedef struct {
+    bool set;
+    uint64_t n;              /* booleans 0/1, enums, counts, bytes */
+    const void *p;           /* TORCH_TPU_CHIP: the profile */
+    const char *s;           /* the raw value */
+} env_val;
 
 static bool parse_u64(const char *v, uint64_t *out, bool suffixes)
 {
@@ -222,36 +235,221 @@ static bool parse_u64(const char *v, uint64_t *out, bool suffixes)
     return true;
 }
 
+static bool env_is_bool(const char *v, uint64_t *out)
+{
+    if (strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0) *out = 1;
+    else if (strcmp(v, "0") == 0 || strcasecmp(v, "false") == 0) *out = 0;
+    else return false;
+    return true;
+}
+
+/* A file written at shutdown: its directory must exist and be writable now,
+ * so a wrong path fails ctpu_init with the reason, not the end of a run. */
+static bool check_out_path(const char *name, const char *path, char *err, size_t len)
+{
+    struct stat st;
+    int e = 0;
+    char dir[4096] = "";
+    if (stat(path, &st) == 0) {
+        if (S_ISDIR(st.st_mode)) e = EISDIR;
+        else if (access(path, W_OK) != 0) e = errno;
+    } else if (errno != ENOENT) {
+        e = errno;                                  /* e.g. a file where a directory should be */
+    } else {
+        const char *slash = strrchr(path, '/');
+        size_t dl = slash ? (size_t)(slash - path) : 0;
+        if (!slash) snprintf(dir, sizeof dir, ".");
+        else if (dl == 0) snprintf(dir, sizeof dir, "/");
+        else if (dl < sizeof dir) snprintf(dir, sizeof dir, "%.*s", (int)dl, path);
+        else e = ENAMETOOLONG;
+        if (!e && stat(dir, &st) != 0) e = errno;
+        else if (!e && !S_ISDIR(st.st_mode)) e = ENOTDIR;
+        else if (!e && access(dir, W_OK | X_OK) != 0) e = errno;
+    }
+    if (!e) return true;
+    if (dir[0])
+        snprintf(err, len, "ctpu_init: %s=\"%s\" cannot be written: directory \"%s\": %s", name, path, dir,
+                 strerror(e));
+    else
+        snprintf(err, len, "ctpu_init: %s=\"%s\" cannot be written: %s", name, path, strerror(e));
+    return false;
+}
+
+static bool parse_var(int id, const char *v, env_val *out, char *err, size_t len)
+{
+    const char *name = env_vars[id].name;
+    out->s = v;
+    out->set = true;
+    uint64_t n = 0;
+    switch (env_vars[id].kind) {
+    case ENV_BOOL:
+        if (env_is_bool(v, &out->n)) return true;
+        snprintf(err, len, "ctpu_init: %s=\"%s\" is not a boolean (use 1/0/true/false)", name, v);
+        return false;
+    case ENV_LOOPS:
+        if (strcasecmp(v, "auto") == 0) out->n = CTPU_LOOPS_AUTO;
+        else if (strcasecmp(v, "on") == 0 || (env_is_bool(v, &n) && n == 1)) out->n = CTPU_LOOPS_ON;
+        else if (strcasecmp(v, "off") == 0 || (env_is_bool(v, &n) && n == 0)) out->n = CTPU_LOOPS_OFF;
+        else break;
+        return true;
+    case ENV_CHIP:
+        if ((out->p = ctpu_chip_lookup(v))) return true;
+        break;
+    case ENV_BYTES:
+        if (parse_u64(v, &out->n, true) && out->n > 0) return true;
+        break;
+    case ENV_PRECISION:
+        if (strcasecmp(v, "default") == 0) out->n = CTPU_PRECISION_DEFAULT;
+        else if (strcasecmp(v, "high") == 0) out->n = CTPU_PRECISION_HIGH;
+        else if (strcasecmp(v, "highest") == 0) out->n = CTPU_PRECISION_HIGHEST;
+        else break;
+        return true;
+    case ENV_ENTRIES:
+        if (parse_u64(v, &out->n, false) && out->n >= 1 && out->n <= (1u << 24)) return true;
+        break;
+    case ENV_STEPS:
+        if (!*v) { out->set = false; return true; }  /* empty: unset */
+        if (parse_u64(v, &out->n, false) && out->n <= (1ull << 40)) return true;
+        break;
+    case ENV_PATH:
+        if (!*v) { out->set = false; return true; }  /* empty: unset */
+        return check_out_path(name, v, err, len);
+    case ENV_PLAN:
+        for (int i = 0; i < CTPU_PRICE_PLAN_COUNT; i++)
+            if (strcasecmp(v, ctpu_price_plan_name((ctpu_price_plan)i)) == 0) { out->n = (uint64_t)i; return true; }
+        break;
+    case ENV_EVENTS:
+        if (parse_u64(v, &out->n, true) && out->n >= 16 && out->n <= CTPU_TRACE_MAX_EVENTS) return true;
+        snprintf(err, len, "ctpu_init: %s=\"%s\" must be an event count in [16, %u] "
+                 "(K/M suffixes; about 280 bytes an event)", name, v, CTPU_TRACE_MAX_EVENTS);
+        return false;
+    case ENV_DIST:
+        out->set = false;
+        return true;
+    case ENV_ISA:
+        for (int i = 0; i < CTPU_ISA_COUNT; i++)
+            if (strcasecmp(v, ctpu_isa_name((ctpu_isa)i)) == 0) { out->n = (uint64_t)i; return true; }
+        break;
+    case ENV_THREADS:
+        if (parse_u64(v, &out->n, false) && out->n >= 1 && out->n <= 64) return true;
+        break;
+    }
+    static const char *const what[] = {
+        [ENV_LOOPS] = "must be auto, on or off",
+        [ENV_CHIP] = "is not a known chip (v5e, v5p, v6e, 7x)",
+        [ENV_BYTES] = "is not a positive byte count (digits with an optional K/M/G/T suffix)",
+        [ENV_PRECISION] = "must be default, high or highest",
+        [ENV_ENTRIES] = "must be an entry count in [1, 16777216]",
+        [ENV_STEPS] = "must be a step count",
+        [ENV_PLAN] = "must be on_demand, flex_start, 1y or 3y",
+        [ENV_ISA] = "must be scalar, avx2 or avx512",
+        [ENV_THREADS] = "must be a thread count in [1, 64]",
+    };
+    snprintf(err, len, "ctpu_init: %s=\"%s\" %s", name, v, what[env_vars[id].kind]);
+    return false;
+}
+
+/* ---- names ctpu_init does not know */
+extern char **environ;
+
+static bool has_prefix(const char *s, const char *p) { return strncmp(s, p, strlen(p)) == 0; }
+
+/* Edit distance with adjacent transpositions (optimal string alignment),
+ * over the first 63 characters of each name. */
+static int name_distance(const char *a, const char *b)
+{
+    enum { M = 64 };
+    int la = (int)strnlen(a, M - 1), lb = (int)strnlen(b, M - 1);
+    int d[M][M];
+    for (int i = 0; i <= la; i++) d[i][0] = i;
+    for (int j = 0; j <= lb; j++) d[0][j] = j;
+    for (int i = 1; i <= la; i++)
+        for (int j = 1; j <= lb; j++) {
+            int c = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < c) c = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < c) c = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < c)
+                c = d[i - 2][j - 2] + 1;
+            d[i][j] = c;
+        }
+    return d[la][lb];
+}
+
+static int env_known(const char *name)
+{
+    for (int i = 0; i < CTPU_ENV_COUNT; i++)
+        if (strcmp(name, env_vars[i].name) == 0) return i;
+    return -1;
+}
+
+/* One warning on stderr for each variable named like one of ctpu's (prefix
+ * TORCH_TPU_ or CTPU_, or TorchTPU's own spelling of the mode switches)
+ * that ctpu does not read: a TorchTPU variable ctpu does not implement has
+ * no effect; anything else is most likely a misspelling. CTPU_QUIET does
+ * not silence these (a misspelled variable is a configuration error). */
+static void env_warn_unknown(void)
+{
+    static const char *const prefixes[] = { CTPU_ENV_PREFIXES }, *const reserved[] = { CTPU_ENV_RESERVED };
+    static const char *const torchtpu_only[] = { CTPU_ENV_TORCHTPU_ONLY };
+    static const char *const also[] = { "TPU_DEFER_AND_FUSE", "TPU_LAUNCH_BLOCKING" };
+    for (char **ep = environ; ep && *ep; ep++) {
+        char name[128];
+        size_t n = strcspn(*ep, "=");
+        if (n >= sizeof name) n = sizeof name - 1;
+        for (size_t i = 0; i < n; i++) {              /* one line whatever the name holds */
+            unsigned char c = (unsigned char)(*ep)[i];
+            name[i] = c < 0x20 || c == 0x7f ? '?' : (char)c;
+        }
+        name[n] = 0;
+        bool ours = false;
+        for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes; i++) ours |= has_prefix(name, prefixes[i]);
+        for (size_t i = 0; i < sizeof also / sizeof *also; i++) ours |= strcmp(name, also[i]) == 0;
+        for (size_t i = 0; i < sizeof reserved / sizeof *reserved; i++) ours &= !has_prefix(name, reserved[i]);
+        if (!ours || env_known(name) >= 0) continue;
+        bool theirs = false;
+        for (size_t i = 0; i < sizeof torchtpu_only / sizeof *torchtpu_only; i++) {
+            const char *t = torchtpu_only[i];
+            size_t tl = strlen(t);
+            theirs |= t[tl - 1] == '*' ? strncmp(name, t, tl - 1) == 0 : strcmp(name, t) == 0;
+        }
+        if (theirs) {
+            /* TORCH_TPU_INTERNAL_X where ctpu reads TORCH_TPU_X: say so */
+            char pub[sizeof name];
+            const char *in = "TORCH_TPU_INTERNAL_";
+            bool hint = has_prefix(name, in) &&
+                        snprintf(pub, sizeof pub, "TORCH_TPU_%s", name + strlen(in)) < (int)sizeof pub &&
+                        env_known(pub) >= 0;
+            fprintf(stderr, "ctpu: warning: %s is a TorchTPU variable that has no effect in ctpu%s%s%s\n", name,
+                    hint ? " (ctpu reads " : "", hint ? pub : "", hint ? ")" : "");
+            continue;
+        }
+        int best = 0, bd = name_distance(name, env_vars[0].name);
+        for (int i = 1; i < CTPU_ENV_COUNT; i++) {
+            int d = name_distance(name, env_vars[i].name);
+            if (d < bd) { bd = d; best = i; }
+        }
+        fprintf(stderr, "ctpu: warning: %s is not a ctpu variable; did you mean %s?\n", name, env_vars[best].name);
+    }
+}
+
 static bool read_env(ctpu_runtime *rt, char *err, size_t len)
 {
-    int blocking, fuse, dbg;
-    if (!env_bool("TORCH_TPU_LAUNCH_BLOCKING", &blocking, err, len)) return false;
-    if (!env_bool("TORCH_TPU_DEFER_AND_FUSE", &fuse, err, len)) return false;
-    if (!env_bool("TORCH_TPU_ENABLE_DEBUG_CHECKS", &dbg, err, len)) return false;
+    env_warn_unknown();
+    env_val e[CTPU_ENV_COUNT];
+    memset(e, 0, sizeof e);
+    for (int i = 0; i < CTPU_ENV_COUNT; i++) {
+        const char *v = getenv(env_vars[i].name);
+        if (v && !parse_var(i, v, &e[i], err, len)) return false;
+    }
+#define ENV(name) (&e[CTPU_ENV_##name])
     /* TorchTPU checks LAUNCH_BLOCKING first; it wins */
-    rt->mode = blocking == 1 ? CTPU_MODE_DEBUG : fuse == 1 ? CTPU_MODE_DEFER_FUSE : CTPU_MODE_STRICT;
-    rt->debug_checks_env = dbg;
-
-    const char *v = getenv("TORCH_TPU_DETECT_LOOPS");
-    rt->detect_loops = CTPU_LOOPS_AUTO;
-    if (v) {
-        if (strcasecmp(v, "auto") == 0) rt->detect_loops = CTPU_LOOPS_AUTO;
-        else if (strcasecmp(v, "on") == 0 || strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0)
-            rt->detect_loops = CTPU_LOOPS_ON;
-        else if (strcasecmp(v, "off") == 0 || strcmp(v, "0") == 0 || strcasecmp(v, "false") == 0)
-            rt->detect_loops = CTPU_LOOPS_OFF;
-        else {
-            snprintf(err, len, "ctpu_init: TORCH_TPU_DETECT_LOOPS=\"%s\" must be auto, on or off", v);
-            return false;
-        }
-    }
-
-    v = getenv("TORCH_TPU_CHIP");
-    rt->chip = ctpu_chip_lookup(v ? v : "v5e");
-    if (!rt->chip) {
-        snprintf(err, len, "ctpu_init: TORCH_TPU_CHIP=\"%s\" is not a known chip (v5e, v5p, v6e, 7x)", v);
-        return false;
-    }
+    rt->mode = ENV(TORCH_TPU_LAUNCH_BLOCKING)->n == 1 ? CTPU_MODE_DEBUG
+             : ENV(TORCH_TPU_DEFER_AND_FUSE)->n == 1  ? CTPU_MODE_DEFER_FUSE
+                                                      : CTPU_MODE_STRICT;
+    rt->debug_checks_env = ENV(TORCH_TPU_ENABLE_DEBUG_CHECKS)->set ? (int)ENV(TORCH_TPU_ENABLE_DEBUG_CHECKS)->n : -1;
+    rt->detect_loops = ENV(TORCH_TPU_DETECT_LOOPS)->set ? (ctpu_detect_loops)ENV(TORCH_TPU_DETECT_LOOPS)->n
+                                                        : CTPU_LOOPS_AUTO;
+    rt->chip = ENV(TORCH_TPU_CHIP)->set ? ENV(TORCH_TPU_CHIP)->p : ctpu_chip_lookup("v5e");
 
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     uint64_t half_ram = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz / 2 : rt->chip->hbm_bytes;
@@ -260,89 +458,32 @@ static bool read_env(ctpu_runtime *rt, char *err, size_t len)
      * its share of the default (issue 19) */
     int local_ranks = ctpu__dist_local_size();
     rt->hbm_cap /= (uint64_t)local_ranks;
-    v = getenv("TORCH_TPU_HBM_LIMIT");
-    if (v) {
-        uint64_t lim;
-        if (!parse_u64(v, &lim, true) || lim == 0) {
-            snprintf(err, len, "ctpu_init: TORCH_TPU_HBM_LIMIT=\"%s\" is not a positive byte count "
-                     "(digits with an optional K/M/G/T suffix)", v);
-            return false;
-        }
-        rt->hbm_cap = lim;
-    }
+    if (ENV(TORCH_TPU_HBM_LIMIT)->set) rt->hbm_cap = ENV(TORCH_TPU_HBM_LIMIT)->n;
 
-    v = getenv("TORCH_TPU_MATMUL_PRECISION");
-    rt->precision = CTPU_PRECISION_DEFAULT;
-    if (v) {
-        if (strcasecmp(v, "default") == 0) rt->precision = CTPU_PRECISION_DEFAULT;
-        else if (strcasecmp(v, "high") == 0) rt->precision = CTPU_PRECISION_HIGH;
-        else if (strcasecmp(v, "highest") == 0) rt->precision = CTPU_PRECISION_HIGHEST;
-        else {
-            snprintf(err, len, "ctpu_init: TORCH_TPU_MATMUL_PRECISION=\"%s\" must be default, high or highest", v);
-            return false;
-        }
+    rt->precision = ENV(TORCH_TPU_MATMUL_PRECISION)->set ? (ctpu_precision)ENV(TORCH_TPU_MATMUL_PRECISION)->n
+                                                         : CTPU_PRECISION_DEFAULT;
+    rt->cache_size = ENV(TORCH_TPU_CACHE_SIZE)->set ? (size_t)ENV(TORCH_TPU_CACHE_SIZE)->n : 1024;
+    rt->cache_only_after = ENV(TORCH_TPU_CACHE_ONLY)->set ? (long)ENV(TORCH_TPU_CACHE_ONLY)->n : -1;
+    if (ENV(TORCH_TPU_METRICS_FILE)->set && !(rt->metrics_file = strdup(ENV(TORCH_TPU_METRICS_FILE)->s))) {
+        snprintf(err, len, "ctpu_init: out of host memory");
+        return false;
     }
+    if (ENV(TORCH_TPU_TRACE_FILE)->set && !(rt->trace_file = strdup(ENV(TORCH_TPU_TRACE_FILE)->s))) {
+        snprintf(err, len, "ctpu_init: out of host memory");
+        return false;
+    }
+    rt->quiet = ENV(CTPU_QUIET)->n == 1;
 
-    rt->cache_size = 1024;
-    v = getenv("TORCH_TPU_CACHE_SIZE");
-    if (v) {
-        uint64_t n;
-        if (!parse_u64(v, &n, false) || n == 0 || n > (1u << 24)) {
-            snprintf(err, len, "ctpu_init: TORCH_TPU_CACHE_SIZE=\"%s\" must be an entry count in [1, 16777216]", v);
-            return false;
-        }
-        rt->cache_size = (size_t)n;
-    }
-    rt->cache_only_after = -1;
-    v = getenv("TORCH_TPU_CACHE_ONLY");
-    if (v && *v) {
-        uint64_t n;
-        if (!parse_u64(v, &n, false) || n > (1ull << 40)) {
-            snprintf(err, len, "ctpu_init: TORCH_TPU_CACHE_ONLY=\"%s\" must be a step count", v);
-            return false;
-        }
-        rt->cache_only_after = (long)n;
-    }
-    v = getenv("TORCH_TPU_PRICE_PLAN");
-    rt->price_plan = CTPU_PRICE_ON_DEMAND;
-    if (v) {
-        int plan = -1;
-        for (int i = 0; i < CTPU_PRICE_PLAN_COUNT; i++)
-            if (strcasecmp(v, ctpu_price_plan_name((ctpu_price_plan)i)) == 0) plan = i;
-        if (plan < 0) {
-            snprintf(err, len, "ctpu_init: TORCH_TPU_PRICE_PLAN=\"%s\" must be on_demand, flex_start, 1y or 3y", v);
-            return false;
-        }
-        rt->price_plan = (ctpu_price_plan)plan;
-    }
-    rt->trace_events = CTPU_TRACE_DEFAULT_EVENTS;
-    v = getenv("TORCH_TPU_TRACE_EVENTS");
-    if (v) {
-        uint64_t n;
-        if (!parse_u64(v, &n, true) || n < 16 || n > CTPU_TRACE_MAX_EVENTS) {
-            snprintf(err, len, "ctpu_init: TORCH_TPU_TRACE_EVENTS=\"%s\" must be an event count in [16, %u] "
-                     "(K/M suffixes; about 280 bytes an event)", v, CTPU_TRACE_MAX_EVENTS);
-            return false;
-        }
-        rt->trace_events = (size_t)n;
-    }
-    v = getenv("TORCH_TPU_METRICS_FILE");
-    rt->metrics_file = v && *v ? strdup(v) : NULL;
-    v = getenv("TORCH_TPU_TRACE_FILE");
-    rt->trace_file = v && *v ? strdup(v) : NULL;
+    rt->price_plan = ENV(TORCH_TPU_PRICE_PLAN)->set ? (ctpu_price_plan)ENV(TORCH_TPU_PRICE_PLAN)->n
+                                                 : CTPU_PRICE_ON_DEMAND;
+    rt->trace_events = ENV(TORCH_TPU_TRACE_EVENTS)->set ? (size_t)ENV(TORCH_TPU_TRACE_EVENTS)->n
+                                                     : CTPU_TRACE_DEFAULT_EVENTS;
 
-    v = getenv("CTPU_ISA");
     rt->isa = ctpu_isa_detect();
-    if (v) {
-        ctpu_isa want = CTPU_ISA_COUNT;
-        for (int i = 0; i < CTPU_ISA_COUNT; i++)
-            if (strcasecmp(v, ctpu_isa_name((ctpu_isa)i)) == 0) want = (ctpu_isa)i;
-        if (want == CTPU_ISA_COUNT) {
-            snprintf(err, len, "ctpu_init: CTPU_ISA=\"%s\" must be scalar, avx2 or avx512", v);
-            return false;
-        }
+    if (ENV(CTPU_ISA)->set) {
+        ctpu_isa want = (ctpu_isa)ENV(CTPU_ISA)->n;
         if (want > rt->isa) {
-            snprintf(err, len, "ctpu_init: CTPU_ISA=\"%s\": this CPU supports at most %s", v,
+            snprintf(err, len, "ctpu_init: CTPU_ISA=\"%s\": this CPU supports at most %s", ENV(CTPU_ISA)->s,
                      ctpu_isa_name(rt->isa));
             return false;
         }
@@ -352,15 +493,8 @@ static bool read_env(ctpu_runtime *rt, char *err, size_t len)
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     rt->nthreads = ncpu > 0 ? (int)(ncpu > 64 ? 64 : ncpu) : 1;
     rt->nthreads = rt->nthreads / local_ranks > 0 ? rt->nthreads / local_ranks : 1;
-    v = getenv("CTPU_NUM_THREADS");
-    if (v) {
-        uint64_t n;
-        if (!parse_u64(v, &n, false) || n < 1 || n > 64) {
-            snprintf(err, len, "ctpu_init: CTPU_NUM_THREADS=\"%s\" must be a thread count in [1, 64]", v);
-            return false;
-        }
-        rt->nthreads = (int)n;
-    }
+    if (ENV(CTPU_NUM_THREADS)->set) rt->nthreads = (int)ENV(CTPU_NUM_THREADS)->n;
+#undef ENV
     return true;
 }
 

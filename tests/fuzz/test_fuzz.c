@@ -2,7 +2,7 @@
  * minimised cases it has found (regressions). Each program is generated and
  * run in strict eager, debug eager and defer and fuse in a forked child; a
  * failure is minimised and printed as a C test (see fz.h).
- * FUZZ_SEED / FUZZ_COUNT override the seed and the count. */
+ * CTPU_TEST_FUZZ_SEED / CTPU_TEST_FUZZ_COUNT override the seed and the count. */
 #include <check.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,13 +121,13 @@ static void campaign(bool autograd, uint64_t seed, int count)
 
 START_TEST(short_fuzz_no_grad)
 {
-    campaign(false, env_u64("FUZZ_SEED", 1), (int)env_u64("FUZZ_COUNT", 400));
+    campaign(false, env_u64("CTPU_TEST_FUZZ_SEED", 1), (int)env_u64("CTPU_TEST_FUZZ_COUNT", 400));
 }
 END_TEST
 
 START_TEST(short_fuzz_autograd)
 {
-    campaign(true, env_u64("FUZZ_SEED", 1) + 100000, (int)env_u64("FUZZ_COUNT", 400));
+    campaign(true, env_u64("CTPU_TEST_FUZZ_SEED", 1) + 100000, (int)env_u64("CTPU_TEST_FUZZ_COUNT", 400));
 }
 END_TEST
 
