@@ -228,10 +228,12 @@ ctpu_mode ctpu_mode_now(void);
 bool ctpu_debug_checks_now(void);
 
 /* ------------------------------------------------------------ dispatch */
-/* Run one node on the device: compile (through the strict program table) and
- * enqueue it; the output gets a fresh HBM buffer, or `out` if given
- * (assign's in-place write). In debug eager, waits and reports faults here.
- * Returns the output handle (out == NULL) or a status through *st. */
+/* Run one node (its inputs' records, their handles for autograd, its
+ * runtime scalars): in defer and fuse, record it into this thread's trace
+ * (the output is a pending handle); otherwise compile it through the strict
+ * program table and enqueue it, its output in a fresh HBM buffer (in debug
+ * eager, wait and report a device fault here). Records autograd. Returns
+ * the output handle, or CTPU_NULL with the error set. */
 ctpu_tensor ctpu_dispatch(ctpu_node *node, ctpu_trec *const *inputs, const ctpu_tensor *in_h,
                           const double *scalars);
 /* matmul_t's rule (dispatch.c), at an explicit precision (the matmul
@@ -254,6 +256,8 @@ void ctpu__ag_release(ctpu_trec *rec);
  * 1 = a backward rule, 2 = no gradient (comparisons, argmax, creation),
  * 0 = the two disagree (a rule missing or extra: a test fails). */
 int ctpu__ag_rule_kind(int op);
+/* Strict/debug: run one node into `out` at out_off (assign's in-place write;
+ * no handle, no autograd). Returns the status (the error set). */
 ctpu_status ctpu_dispatch_into(ctpu_node *node, ctpu_trec *const *inputs, const double *scalars,
                                ctpu_buffer *out, size_t out_off);
 
