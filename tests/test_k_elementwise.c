@@ -159,6 +159,47 @@ START_TEST(test_default_table)
 }
 END_TEST
 
+/* Every variant has a loop of its own for every kernel op: no entry is missing
+ * and no SIMD entry is the scalar reference (an op without its SIMD primitive
+ * does not build, since the tables are stamped from the X-macros; this
+ * guards the tables against a hand-made fallback). Likewise the reductions. */
+START_TEST(test_variant_tables_complete)
+{
+    const ctpu_k_ew_variant *sc = ctpu_k_ew_variant_of(CTPU_ISA_SCALAR);
+    const ctpu_k_red_variant *rsc = ctpu_k_red_variant_of(CTPU_ISA_SCALAR);
+    ck_assert_ptr_nonnull(sc);
+    ck_assert_ptr_nonnull(rsc);
+    ck_assert_ptr_null(ctpu_k_ew_variant_of(CTPU_ISA_COUNT));
+    for (int isa = 0; isa < CTPU_ISA_COUNT; isa++) {
+        const ctpu_k_ew_variant *v = ctpu_k_ew_variant_of((ctpu_isa)isa);
+        const ctpu_k_red_variant *r = ctpu_k_red_variant_of((ctpu_isa)isa);
+        ck_assert_msg(v && r, "isa %s has no variant", ctpu_isa_name((ctpu_isa)isa));
+        bool simd = isa != CTPU_ISA_SCALAR;
+        for (int op = 0; op < CTPU_K_U_COUNT; op++) {
+            ck_assert_msg(v->unary[op], "%s: no unary %s", ctpu_isa_name((ctpu_isa)isa), unary_name[op]);
+            ck_assert_msg(!simd || v->unary[op] != sc->unary[op], "%s: unary %s runs the reference",
+                          ctpu_isa_name((ctpu_isa)isa), unary_name[op]);
+        }
+        for (int op = 0; op < CTPU_K_B_COUNT; op++) {
+            ck_assert_msg(v->binary[op] && v->binary_as[op] && v->binary_sa[op], "%s: no binary %s",
+                          ctpu_isa_name((ctpu_isa)isa), binary_name[op]);
+            ck_assert_msg(!simd || (v->binary[op] != sc->binary[op] && v->binary_as[op] != sc->binary_as[op]
+                                    && v->binary_sa[op] != sc->binary_sa[op]),
+                          "%s: binary %s runs the reference", ctpu_isa_name((ctpu_isa)isa), binary_name[op]);
+        }
+        ck_assert(v->where && v->clamp && v->bf16_to_f32 && v->f32_to_bf16 && v->i32_to_f32 && v->f32_to_i32);
+        ck_assert(r->rows1 && r->col1 && r->colv && r->softmax_row);
+        if (simd) {
+            ck_assert(v->where != sc->where && v->clamp != sc->clamp && v->bf16_to_f32 != sc->bf16_to_f32
+                      && v->f32_to_bf16 != sc->f32_to_bf16 && v->i32_to_f32 != sc->i32_to_f32
+                      && v->f32_to_i32 != sc->f32_to_i32);
+            ck_assert(r->rows1 != rsc->rows1 && r->col1 != rsc->col1 && r->colv != rsc->colv
+                      && r->softmax_row != rsc->softmax_row);
+        }
+    }
+}
+END_TEST
+
 /* ---- parity: every variant vs _ref ------------------------------------------------- */
 START_TEST(test_parity_unary)
 {
@@ -953,6 +994,7 @@ static Suite *suite(void)
     TCase *tc = tcase_create("isa");
     tcase_add_test(tc, test_isa_basics);
     tcase_add_test(tc, test_default_table);
+    tcase_add_test(tc, test_variant_tables_complete);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("parity");

@@ -1,13 +1,77 @@
-/* Internal to src/kernels: per-family variant selection.
- * ctpu_kernels_set_isa() (isa.c) calls each family's select function once;
- * each family keeps its own function-pointer table (xxHash-style dispatch). */
+/* Internal to src/kernels: the variant tables of the elementwise and
+ * reduction families and their selection.
+ *
+ * One variant per ISA (ctpu_isa). The scalar one is written in elementwise_ref.c
+ * and reduce_ref.c; the SIMD ones are stamped from the drivers
+ * simd_elementwise.h and simd_reduce.h by each ISA file (simd_avx2.c,
+ * simd_avx512.c: the per-ISA primitives only). A variant's elementwise table
+ * holds one loop per kernel op (CTPU_K_UNARY_OPS / CTPU_K_BINARY_OPS), built
+ * from that X-macro, so an op without its primitive does not build, and
+ * nothing falls back to the reference. isa.c holds the table of variants and
+ * points every family at one of them (xxHash-style dispatch); the MXU family
+ * keeps its own selection (mxu.c). */
 #ifndef CTPU_KERNELS_INTERNAL_H
 #define CTPU_KERNELS_INTERNAL_H
 #include "kernels.h"
 
-void ctpu_k_elementwise_select(ctpu_isa isa);   /* elementwise*.c, conversions */
-void ctpu_k_reduce_select(ctpu_isa isa);        /* reduce*.c, softmax */
-void ctpu_k_mxu_select(ctpu_isa isa);           /* mxu*.c */
+/* ISAs with a stamped SIMD variant: X(ENUM suffix of ctpu_isa, symbol suffix). */
+#define CTPU_K_SIMD_ISAS(X) X(AVX2, avx2) X(AVX512, avx512)
+
+typedef void (*ctpu_k_unary_loop)(const float *x, float *y, int64_t n);
+typedef void (*ctpu_k_binary_loop)(const float *a, const float *b, float *y, int64_t n);
+/* a op s (binary_as) or s op a (binary_sa), s broadcast. */
+typedef void (*ctpu_k_binary_s_loop)(const float *a, float s, float *y, int64_t n);
+
+typedef struct {
+    ctpu_k_unary_loop unary[CTPU_K_U_COUNT];
+    ctpu_k_binary_loop binary[CTPU_K_B_COUNT];
+    ctpu_k_binary_s_loop binary_as[CTPU_K_B_COUNT], binary_sa[CTPU_K_B_COUNT];
+    void (*where)(const float *c, const float *a, const float *b, float *y, int64_t n);
+    void (*clamp)(const float *x, float lo, float hi, float *y, int64_t n);
+    void (*bf16_to_f32)(const uint16_t *x, float *y, int64_t n);
+    void (*f32_to_bf16)(const float *x, uint16_t *y, int64_t n);
+    void (*i32_to_f32)(const int32_t *x, float *y, int64_t n);
+    void (*f32_to_i32)(const float *x, int32_t *y, int64_t n);
+} ctpu_k_ew_variant;
+
+/* Reduction element kinds beyond ctpu_k_red_op: SQDEV sums (x - c)^2, EXPSUM
+ * sums exp(x - c) (softmax's denominator; scalar only). Both combine with +. */
+enum { CTPU_K_RED_SQDEV = CTPU_K_RED_COUNT, CTPU_K_RED_EXPSUM };
+
+/* Column kernels of a reduction variant (the threaded driver in reduce_ref.c
+ * calls them). op: ctpu_k_red_op or CTPU_K_RED_SQDEV (c / cv: the mean).
+ * rows1: `rows` whole contiguous columns (inner == 1, n > 0) of length n,
+ * y[r] = reduction of x[r*n ..]; col1: one contiguous column x[0..n); colv: up
+ * to 16 columns x[j*inner + c], c < ncols. col1 and colv give the tree node
+ * over the aligned chunk range [k0, k1) (k0 a multiple of a power of two
+ * B >= k1 - k0), NaN propagated for max/min. softmax_row: one row of n > 0
+ * elements (y == x allowed). */
+typedef struct {
+    void (*rows1)(int op, const float *x, const float *c, int64_t n, int64_t rows, float *y);
+    float (*col1)(int op, const float *x, float c, int64_t n, int64_t k0, int64_t k1);
+    void (*colv)(int op, const float *x, const float *cv, int64_t n, int64_t inner, int ncols,
+                 int64_t k0, int64_t k1, float *out);
+    void (*softmax_row)(const float *x, int64_t n, float *y, bool log);
+} ctpu_k_red_variant;
+
+extern const ctpu_k_ew_variant ctpu_k_ew_scalar;
+extern const ctpu_k_red_variant ctpu_k_red_scalar;
+#define X(E, s)                                                 \
+    extern const ctpu_k_ew_variant ctpu_k_ew_##s;               \
+    extern const ctpu_k_red_variant ctpu_k_red_##s;
+CTPU_K_SIMD_ISAS(X)
+#undef X
+
+/* isa.c: the variants by ISA (NULL for none), and the ones in use. */
+const ctpu_k_ew_variant *ctpu_k_ew_variant_of(ctpu_isa isa);
+const ctpu_k_red_variant *ctpu_k_red_variant_of(ctpu_isa isa);
+const ctpu_k_red_variant *ctpu_k_red_current(void);
+
+/* Per-family selection (ctpu_kernels_set_isa calls all of them; tests may
+ * select one family alone). A variant the CPU lacks must not be selected. */
+void ctpu_k_elementwise_select(ctpu_isa isa);   /* isa.c */
+void ctpu_k_reduce_select(ctpu_isa isa);        /* isa.c */
+void ctpu_k_mxu_select(ctpu_isa isa);           /* mxu_ref.c */
 bool ctpu_k_cpu_has(ctpu_isa isa);              /* isa.c */
 
 #endif

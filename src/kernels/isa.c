@@ -1,7 +1,12 @@
-/* Runtime ISA detection and selection of the kernel variant tables
- * (xxHash-style dispatch: each family keeps its own function-pointer table,
- * which starts at the scalar reference; ctpu_kernels_set_isa() repoints all of
- * them at once). */
+/* Runtime ISA detection, the table of kernel variants and their selection
+ * (xxHash-style dispatch: one function-pointer table per ISA and family, the
+ * scalar reference until ctpu_kernels_set_isa() repoints them all at once),
+ * and the dispatched elementwise entry points of kernels.h.
+ *
+ * The elementwise and reduction variants are listed here, in one place: the
+ * scalar ones (elementwise_ref.c, reduce_ref.c) and those stamped per ISA
+ * from simd_elementwise.h / simd_reduce.h (simd_avx2.c, simd_avx512.c). The
+ * MXU family keeps its own table (mxu_ref.c). */
 #include <cpuid.h>
 #include "internal.h"
 
@@ -59,9 +64,43 @@ ctpu_isa ctpu_isa_detect(void)
     return c.avx512 ? CTPU_ISA_AVX512 : c.avx2 ? CTPU_ISA_AVX2 : CTPU_ISA_SCALAR;
 }
 
-/* The variant in use; the families' tables start at their references, which
- * is what SCALAR selects. */
+/* ---- the variants ---------------------------------------------------------------- */
+static const ctpu_k_ew_variant *const ew_variants[CTPU_ISA_COUNT] = {
+    [CTPU_ISA_SCALAR] = &ctpu_k_ew_scalar,
+#define X(E, s) [CTPU_ISA_##E] = &ctpu_k_ew_##s,
+    CTPU_K_SIMD_ISAS(X)
+#undef X
+};
+static const ctpu_k_red_variant *const red_variants[CTPU_ISA_COUNT] = {
+    [CTPU_ISA_SCALAR] = &ctpu_k_red_scalar,
+#define X(E, s) [CTPU_ISA_##E] = &ctpu_k_red_##s,
+    CTPU_K_SIMD_ISAS(X)
+#undef X
+};
+
+const ctpu_k_ew_variant *ctpu_k_ew_variant_of(ctpu_isa isa)
+{
+    return (unsigned)isa < CTPU_ISA_COUNT ? ew_variants[isa] : NULL;
+}
+const ctpu_k_red_variant *ctpu_k_red_variant_of(ctpu_isa isa)
+{
+    return (unsigned)isa < CTPU_ISA_COUNT ? red_variants[isa] : NULL;
+}
+
+/* The variants in use: the scalar ones until a select says otherwise. */
 static ctpu_isa isa_current = CTPU_ISA_SCALAR;
+static const ctpu_k_ew_variant *ew_cur = &ctpu_k_ew_scalar;
+static const ctpu_k_red_variant *red_cur = &ctpu_k_red_scalar;
+
+void ctpu_k_elementwise_select(ctpu_isa isa)
+{
+    if ((unsigned)isa < CTPU_ISA_COUNT) ew_cur = ew_variants[isa];
+}
+void ctpu_k_reduce_select(ctpu_isa isa)
+{
+    if ((unsigned)isa < CTPU_ISA_COUNT) red_cur = red_variants[isa];
+}
+const ctpu_k_red_variant *ctpu_k_red_current(void) { return red_cur; }
 
 bool ctpu_kernels_set_isa(ctpu_isa isa)
 {
@@ -85,3 +124,31 @@ const char *ctpu_isa_name(ctpu_isa isa)
     }
     return "unknown";
 }
+
+/* ---- dispatched elementwise entry points (kernels.h) ------------------------------ */
+void ctpu_k_unary(ctpu_k_unary_op op, const float *x, float *y, int64_t n)
+{
+    if ((unsigned)op < CTPU_K_U_COUNT) ew_cur->unary[op](x, y, n);
+}
+void ctpu_k_binary(ctpu_k_binary_op op, const float *a, const float *b, float *y, int64_t n)
+{
+    if ((unsigned)op < CTPU_K_B_COUNT) ew_cur->binary[op](a, b, y, n);
+}
+void ctpu_k_binary_scalar(ctpu_k_binary_op op, const float *a, float s, bool scalar_first,
+                          float *y, int64_t n)
+{
+    if ((unsigned)op >= CTPU_K_B_COUNT) return;
+    (scalar_first ? ew_cur->binary_sa : ew_cur->binary_as)[op](a, s, y, n);
+}
+void ctpu_k_where(const float *c, const float *a, const float *b, float *y, int64_t n)
+{
+    ew_cur->where(c, a, b, y, n);
+}
+void ctpu_k_clamp(const float *x, float lo, float hi, float *y, int64_t n)
+{
+    ew_cur->clamp(x, lo, hi, y, n);
+}
+void ctpu_k_bf16_to_f32(const uint16_t *x, float *y, int64_t n) { ew_cur->bf16_to_f32(x, y, n); }
+void ctpu_k_f32_to_bf16(const float *x, uint16_t *y, int64_t n) { ew_cur->f32_to_bf16(x, y, n); }
+void ctpu_k_i32_to_f32(const int32_t *x, float *y, int64_t n) { ew_cur->i32_to_f32(x, y, n); }
+void ctpu_k_f32_to_i32(const float *x, int32_t *y, int64_t n) { ew_cur->f32_to_i32(x, y, n); }

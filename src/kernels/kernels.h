@@ -5,10 +5,12 @@
  * traces or the device: only pointers, extents, dtypes and a thread pool.
  *
  * Every kernel family has a plain-C `_ref` variant that is the executable
- * specification; SIMD variants (AVX2, AVX-512) are built as separate objects
- * with their own compiler flags and chosen once at runtime through a function
- * table (see ctpu_kernels_set_isa). Every variant equals `_ref` bit for bit
- * (NaN compared as a class: NaN exactly where `_ref` has NaN).
+ * specification; SIMD variants (AVX2, AVX-512) are stamped from one driver per
+ * family (simd_elementwise.h, simd_reduce.h) by each ISA's file of primitives
+ * (simd_avx2.c, simd_avx512.c), built with that ISA's compiler flags, and chosen
+ * once at runtime from the table of variants in isa.c (see
+ * ctpu_kernels_set_isa). Every variant equals `_ref` bit for bit (NaN compared
+ * as a class: NaN exactly where `_ref` has NaN).
  *
  * Numerics (docs/CONTRACTS.md):
  *  - no FMA contraction (-ffp-contract=off), every op rounds to f32;

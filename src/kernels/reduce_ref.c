@@ -4,8 +4,9 @@
  *   - the `_ref` kernels: the executable specification, written as directly
  *     from kernels.h's text as possible (one column at a time, the chunk tree
  *     by its recursive definition);
- *   - the plain-C (CTPU_ISA_SCALAR) column kernels;
- *   - the variant table and the threaded driver shared by every ISA.
+ *   - the plain-C (CTPU_ISA_SCALAR) column kernels (the SIMD ones are
+ *     stamped from simd_reduce.h; isa.c holds the table of variants);
+ *   - the threaded driver shared by every ISA.
  *
  * The order (kernels.h, CTPU_K_RED_*): column of length n -> chunks of 4096;
  * element j of a chunk goes to lane j % 16, lanes accumulate left to right
@@ -29,38 +30,7 @@
 #include <sleef.h>
 #include "internal.h"
 
-/* Internal element kinds beyond ctpu_k_red_op: SQDEV sums (x - c)^2,
- * EXPSUM sums exp(x - c) (softmax's denominator). Both combine with +. */
-enum { RED_SQDEV = CTPU_K_RED_COUNT, RED_EXPSUM };
-
-/* ---- per-ISA column kernels (defined in reduce_avx2.c / reduce_avx512.c).
- * rows1: `rows` whole contiguous columns (inner == 1, n > 0) of length n,
- * y[r] = reduction of x[r*n ..], c[r] the mean for SQDEV (c may be NULL);
- * col1: one contiguous column x[0..n) (inner == 1); colv: up to 16 columns
- * x[j*inner + c], c < ncols. Both return the tree node over the aligned chunk
- * range [k0, k1) (k0 a multiple of a power of two B >= k1 - k0), with NaN
- * propagated for max/min. `c`/`cv` is the mean for RED_SQDEV (else ignored).
- * softmax_row: one row of n > 0 elements (aliasing y == x allowed). */
-typedef struct {
-    void (*rows1)(int op, const float *x, const float *c, int64_t n, int64_t rows, float *y);
-    float (*col1)(int op, const float *x, float c, int64_t n, int64_t k0, int64_t k1);
-    void (*colv)(int op, const float *x, const float *cv, int64_t n, int64_t inner, int ncols,
-                 int64_t k0, int64_t k1, float *out);
-    void (*softmax_row)(const float *x, int64_t n, float *y, bool log);
-} red_table;
-
-void ctpu_k_red_rows1_avx2(int op, const float *x, const float *c, int64_t n, int64_t rows,
-                          float *y);
-float ctpu_k_red_col1_avx2(int op, const float *x, float c, int64_t n, int64_t k0, int64_t k1);
-void ctpu_k_red_colv_avx2(int op, const float *x, const float *cv, int64_t n, int64_t inner,
-                          int ncols, int64_t k0, int64_t k1, float *out);
-void ctpu_k_softmax_row_avx2(const float *x, int64_t n, float *y, bool log);
-void ctpu_k_red_rows1_avx512(int op, const float *x, const float *c, int64_t n, int64_t rows,
-                          float *y);
-float ctpu_k_red_col1_avx512(int op, const float *x, float c, int64_t n, int64_t k0, int64_t k1);
-void ctpu_k_red_colv_avx512(int op, const float *x, const float *cv, int64_t n, int64_t inner,
-                            int ncols, int64_t k0, int64_t k1, float *out);
-void ctpu_k_softmax_row_avx512(const float *x, int64_t n, float *y, bool log);
+enum { RED_SQDEV = CTPU_K_RED_SQDEV, RED_EXPSUM = CTPU_K_RED_EXPSUM };   /* internal.h */
 
 /* ---- scalar definitions ---------------------------------------------------- */
 static inline bool is_nan(float v) { return v != v; }
@@ -240,21 +210,9 @@ static void scalar_softmax_row(const float *x, int64_t n, float *y, bool log)
     }
 }
 
-/* ---- variant table ----------------------------------------------------------- */
-static const red_table red_tables[CTPU_ISA_COUNT] = {
-    [CTPU_ISA_SCALAR] = { scalar_rows1, scalar_col1, scalar_colv, scalar_softmax_row },
-    [CTPU_ISA_AVX2] = { ctpu_k_red_rows1_avx2, ctpu_k_red_col1_avx2, ctpu_k_red_colv_avx2,
-                        ctpu_k_softmax_row_avx2 },
-    [CTPU_ISA_AVX512] = { ctpu_k_red_rows1_avx512, ctpu_k_red_col1_avx512,
-                          ctpu_k_red_colv_avx512, ctpu_k_softmax_row_avx512 },
-};
-/* Before any select: the plain-C variant (equal to _ref by construction). */
-static const red_table *red_cur = &red_tables[CTPU_ISA_SCALAR];
-
-void ctpu_k_reduce_select(ctpu_isa isa)
-{
-    if ((unsigned)isa < CTPU_ISA_COUNT) red_cur = &red_tables[isa];
-}
+/* ---- the scalar variant (isa.c's CTPU_ISA_SCALAR) ------------------------------ */
+const ctpu_k_red_variant ctpu_k_red_scalar = { scalar_rows1, scalar_col1, scalar_colv,
+                                               scalar_softmax_row };
 
 /* ---- threaded driver -------------------------------------------------------------
  * Work unit = (column unit, aligned block of chunks). A column unit is one
@@ -266,7 +224,7 @@ void ctpu_k_reduce_select(ctpu_isa isa)
 enum { RED_PAR_MIN = 1 << 15, RED_MAX_UNITS = 256, RED_VW = 16 };
 
 typedef struct {
-    const red_table *t;
+    const ctpu_k_red_variant *t;
     int op;
     const float *x, *cv;
     int64_t outer, n, inner, m;
@@ -315,7 +273,7 @@ static void red_drive(int op, const float *x, const float *cv, int64_t outer, in
         for (int64_t i = 0; i < outer * inner; i++) y[i] = red_identity(cop);
         return;
     }
-    red_job J = { .t = red_cur, .op = op, .x = x, .cv = cv, .outer = outer, .n = n,
+    red_job J = { .t = ctpu_k_red_current(), .op = op, .x = x, .cv = cv, .outer = outer, .n = n,
                   .inner = inner, .y = y };
     J.m = (n + CTPU_K_RED_CHUNK - 1) / CTPU_K_RED_CHUNK;
     J.ngroups = inner == 1 ? 1 : (inner + RED_VW - 1) / RED_VW;
@@ -368,7 +326,7 @@ void ctpu_k_sqdev(const float *x, const float *mean, int64_t outer, int64_t n, i
 }
 
 typedef struct {
-    const red_table *t;
+    const ctpu_k_red_variant *t;
     const float *x;
     float *y;
     int64_t rows, n;
@@ -385,7 +343,7 @@ static void softmax_thread(void *ctx, int tid, int nt)
 void ctpu_k_softmax(const float *x, int64_t rows, int64_t n, float *y, bool log, ctpu_k_pool *pool)
 {
     if (rows <= 0 || n <= 0) return;
-    softmax_job J = { red_cur, x, y, rows, n, log };
+    softmax_job J = { ctpu_k_red_current(), x, y, rows, n, log };
     int nt = pool && pool->run ? pool->nthreads : 1;
     if (nt > 1 && rows > 1 && rows * n >= RED_PAR_MIN) pool->run(pool, softmax_thread, &J);
     else softmax_thread(&J, 0, 1);

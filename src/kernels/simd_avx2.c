@@ -1,0 +1,70 @@
+/* The AVX2 variant (8 lanes; AVX2+FMA+F16C CPUs): the primitive layer of
+ * simd_x86.h, then the drivers stamped with it. Nothing here uses an FMA
+ * intrinsic (the object is built with -mfma for the MXU family) and
+ * -ffp-contract=off forbids contraction; transcendentals are SLEEF's non-FMA
+ * AVX functions (Sleef_*f8_u10avx), which give the bits of the purec ones used
+ * by the references (kernels.h; checked by tests/test_k_elementwise.c). */
+#include "simd_x86.h"
+
+#define CTPU_K_ISA avx2
+typedef __m256 V;
+typedef __m256i M;
+#define W 8
+
+CTPU_K_SIMD_COMMON(_mm256, f8_u10avx)
+AI M tail_mask(int64_t r)
+{
+    int c = r < 0 ? 0 : r > W ? W : (int)r;
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+/* vmaskmov never touches the masked-off lanes' memory. */
+AI V ld_m(const float *p, M m) { return _mm256_maskload_ps(p, m); }
+AI void st_m(float *p, M m, V v) { _mm256_maskstore_ps(p, m, v); }
+AI M m_zero(void) { return _mm256_setzero_si256(); }
+AI M m_or(M a, M b) { return _mm256_or_si256(a, b); }
+AI bool m_any(M m) { return !_mm256_testz_si256(m, m); }
+
+AI V vsel(M m, V a, V b) { return _mm256_blendv_ps(b, a, _mm256_castsi256_ps(m)); }
+AI V vmaskz(M m, V a) { return _mm256_and_ps(_mm256_castsi256_ps(m), a); }
+#define VCMP(a, b, pred) _mm256_castps_si256(_mm256_cmp_ps((a), (b), (pred)))
+
+/* f32 -> bf16 (ctpu_f32_to_bf16), the result in the high half of each lane. */
+AI M bf16_hi(V x)
+{
+    M u = _mm256_castps_si256(x);
+    M isnan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                 _mm256_set1_epi32(0x7f800000));
+    M lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    M r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb);
+    r = _mm256_and_si256(r, _mm256_set1_epi32((int)0xffff0000u));
+    M expzero = _mm256_cmpeq_epi32(_mm256_and_si256(r, _mm256_set1_epi32(0x7f800000)),
+                                   _mm256_setzero_si256());
+    r = _mm256_andnot_si256(_mm256_and_si256(expzero, _mm256_set1_epi32(0x7fff0000)), r);
+    M q = _mm256_and_si256(_mm256_or_si256(u, _mm256_set1_epi32(0x00400000)),
+                           _mm256_set1_epi32((int)0xffff0000u));
+    return _mm256_blendv_epi8(r, q, isnan);
+}
+AI V vround_bf16(V x) { return _mm256_castsi256_ps(bf16_hi(x)); }
+AI V ld_bf16(const uint16_t *p)
+{
+    M h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+}
+AI void st_bf16(uint16_t *p, V x)
+{
+    M r = _mm256_srli_epi32(bf16_hi(x), 16);   /* <= 0xffff: packus keeps it */
+    _mm_storeu_si128((__m128i *)p,
+                     _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+}
+AI V ld_i32(const int32_t *p) { return _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)p)); }
+/* cvttps2dq gives 0x80000000 for NaN and out of range: fix up +overflow and NaN. */
+AI void st_i32(int32_t *p, V x)
+{
+    M r = _mm256_cvttps_epi32(x);
+    r = _mm256_xor_si256(r, VCMP(x, vset(2147483648.0f), _CMP_GE_OQ));   /* -> 0x7fffffff */
+    _mm256_storeu_si256((__m256i *)p, _mm256_andnot_si256(VCMP(x, x, _CMP_UNORD_Q), r));
+}
+AI __m256 vfold8(int cop, V v) { (void)cop; return v; }
+
+#include "simd_elementwise.h"
+#include "simd_reduce.h"

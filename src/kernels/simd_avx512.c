@@ -1,0 +1,65 @@
+/* The AVX-512 variant (16 lanes; F+BW+DQ+VL+BF16 CPUs): the primitive layer
+ * of simd_x86.h, then the drivers stamped with it. No FMA (-ffp-contract=off);
+ * transcendentals are SLEEF's non-FMA AVX-512 functions
+ * (Sleef_*f16_u10avx512fnofma), which give the bits of the purec ones used by
+ * the references (kernels.h; checked by tests/test_k_elementwise.c). */
+#include "simd_x86.h"
+
+#define CTPU_K_ISA avx512
+typedef __m512 V;
+typedef __mmask16 M;
+#define W 16
+
+CTPU_K_SIMD_COMMON(_mm512, f16_u10avx512fnofma)
+AI M tail_mask(int64_t r) { return r <= 0 ? (M)0 : r >= W ? (M)0xffff : (M)((1u << r) - 1u); }
+/* Masked-off lanes are never read or written. */
+AI V ld_m(const float *p, M m) { return _mm512_maskz_loadu_ps(m, p); }
+AI void st_m(float *p, M m, V v) { _mm512_mask_storeu_ps(p, m, v); }
+AI M m_zero(void) { return 0; }
+AI M m_or(M a, M b) { return (M)(a | b); }
+AI bool m_any(M m) { return m != 0; }
+
+AI V vsel(M m, V a, V b) { return _mm512_mask_mov_ps(b, m, a); }
+AI V vmaskz(M m, V a) { return _mm512_maskz_mov_ps(m, a); }
+#define VCMP(a, b, pred) _mm512_cmp_ps_mask((a), (b), (pred))
+
+AI __m512i iset(uint32_t u) { return _mm512_set1_epi32((int)u); }
+/* f32 -> bf16 (ctpu_f32_to_bf16), the result in the high half of each lane. */
+AI __m512i bf16_hi(V x)
+{
+    __m512i u = _mm512_castps_si512(x);
+    M isnan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, iset(0x7fffffffu)), iset(0x7f800000u));
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), iset(1));
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, iset(0x7fffu)), lsb);
+    r = _mm512_and_si512(r, iset(0xffff0000u));
+    M expzero = _mm512_testn_epi32_mask(r, iset(0x7f800000u));
+    r = _mm512_mask_and_epi32(r, expzero, r, iset(0x80000000u));
+    __m512i q = _mm512_and_si512(_mm512_or_si512(u, iset(0x00400000u)), iset(0xffff0000u));
+    return _mm512_mask_mov_epi32(r, isnan, q);
+}
+AI V vround_bf16(V x) { return _mm512_castsi512_ps(bf16_hi(x)); }
+AI V ld_bf16(const uint16_t *p)
+{
+    __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+}
+AI void st_bf16(uint16_t *p, V x)
+{
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_hi(x), 16)));
+}
+AI V ld_i32(const int32_t *p) { return _mm512_cvtepi32_ps(_mm512_loadu_si512(p)); }
+/* cvttps2dq gives 0x80000000 for NaN and out of range: fix up +overflow and NaN. */
+AI void st_i32(int32_t *p, V x)
+{
+    __m512i r = _mm512_cvttps_epi32(x);
+    r = _mm512_mask_mov_epi32(r, VCMP(x, vset(2147483648.0f), _CMP_GE_OQ), iset(0x7fffffffu));
+    _mm512_storeu_si512(p, _mm512_maskz_mov_epi32((M)~VCMP(x, x, _CMP_UNORD_Q), r));
+}
+/* The lane tree's first step on 16 lanes: l[i] op= l[i+8]. */
+AI __m256 vfold8(int cop, V v)
+{
+    return h_comb(cop, _mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+}
+
+#include "simd_elementwise.h"
+#include "simd_reduce.h"
