@@ -324,6 +324,14 @@ CTPU_API ctpu_tensor ctpu_tanh(ctpu_tensor a);
 CTPU_API ctpu_tensor ctpu_sigmoid(ctpu_tensor a);
 CTPU_API ctpu_tensor ctpu_relu(ctpu_tensor a);
 CTPU_API ctpu_tensor ctpu_gelu(ctpu_tensor a, bool tanh_approx); /* tanh form or exact (erf) */
+/* Softplus, torch.nn.functional.softplus with beta = 1, threshold = 20:
+ * a > 20 ? a : log1p(exp(a)), elementwise, in f32 with SLEEF's non-FMA u10
+ * exp and log1p (the same bits on every ISA); within 1 ulp of the float64
+ * value (checked on every f32 in [-120, 25]), exact above 20. Same shape as
+ * a; f32 or bf16 as a (i32 input -> f32); NaN gives NaN, -Inf gives +0.
+ * Gradient: sigmoid(a), and 1 where a > 20 (PyTorch's rule). Errors: a null
+ * or stale handle (named "softplus"). */
+CTPU_API ctpu_tensor ctpu_softplus(ctpu_tensor a);
 /* SiLU (swish), torch.nn.functional.silu: a * sigmoid(a), computed as exactly
  * those two ops (a composite: its gradient and fusion are theirs). Same shape
  * as a; f32 or bf16 as a (i32 input -> f32). For bf16 the sigmoid is rounded

@@ -148,6 +148,7 @@ enum {
     X(RELU,        "relu",         CTPU_OPK__U,  1, SAME,          SAME,      CTPU_K_U_RELU,      ACT,    OUT, RULE) \
     X(GELU_TANH,   "gelu_tanh",    CTPU_OPK__UF, 1, FLOAT,         SAME,      CTPU_K_U_GELU_TANH, ACT,    OUT, RULE) \
     X(GELU_ERF,    "gelu",         CTPU_OPK__UF, 1, FLOAT,         SAME,      CTPU_K_U_GELU_ERF,  ACT,    OUT, RULE) \
+    X(SOFTPLUS,    "softplus",     CTPU_OPK__UF, 1, FLOAT,         SAME,      CTPU_K_U_SOFTPLUS,  VM,     OUT, RULE) \
     X(ADD,         "add",          CTPU_OPK__B,  2, PROMOTE,       BROADCAST, CTPU_K_B_ADD,       ADD,    OUT, RULE) \
     X(SUB,         "sub",          CTPU_OPK__B,  2, PROMOTE,       BROADCAST, CTPU_K_B_SUB,       VM,     OUT, RULE) \
     X(MUL,         "mul",          CTPU_OPK__B,  2, PROMOTE,       BROADCAST, CTPU_K_B_MUL,       VM,     OUT, RULE) \

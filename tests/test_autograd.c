@@ -175,6 +175,9 @@ static ctpu_tensor f_sigmoid(ctpu_tensor *x) { return ctpu_sigmoid(x[0]); }
 static ctpu_tensor f_relu(ctpu_tensor *x) { return ctpu_relu(x[0]); }
 static ctpu_tensor f_gelu_t(ctpu_tensor *x) { return ctpu_gelu(x[0], true); }
 static ctpu_tensor f_gelu_e(ctpu_tensor *x) { return ctpu_gelu(x[0], false); }
+static ctpu_tensor f_softplus(ctpu_tensor *x) { return ctpu_softplus(x[0]); }
+/* around the threshold: softplus(x + 20) for x in the domain */
+static ctpu_tensor f_softplus_20(ctpu_tensor *x) { return ctpu_softplus(ctpu_add_scalar(x[0], 20.0)); }
 static ctpu_tensor f_add(ctpu_tensor *x) { return ctpu_add(x[0], x[1]); }
 static ctpu_tensor f_sub(ctpu_tensor *x) { return ctpu_sub(x[0], x[1]); }
 static ctpu_tensor f_mul(ctpu_tensor *x) { return ctpu_mul(x[0], x[1]); }
@@ -255,6 +258,8 @@ static const gc_case cases[] = {
     { "relu", f_relu, 1, { SP(D_AWAY, 2, 4) }, OPS(CTPU_OP_RELU) },
     { "gelu tanh", f_gelu_t, 1, { SP(D_ANY, 2, 4) }, OPS(CTPU_OP_GELU_TANH) },
     { "gelu erf", f_gelu_e, 1, { SP(D_ANY, 2, 4) }, OPS(CTPU_OP_GELU_ERF) },
+    { "softplus", f_softplus, 1, { SP(D_ANY, 2, 4) }, OPS(CTPU_OP_SOFTPLUS) },
+    { "softplus near 20", f_softplus_20, 1, { SP(D_AWAY, 2, 4) }, OPS(CTPU_OP_SOFTPLUS) },
     { "add", f_add, 2, { SP(D_ANY, 2, 3), SP(D_ANY, 2, 3) }, OPS(CTPU_OP_ADD) },
     { "add bcast", f_add, 2, { SP(D_ANY, 3, 1, 4), SP(D_ANY, 2, 1) }, OPS(CTPU_OP_ADD) },
     { "add 0-size", f_add, 2, { SP(D_ANY, 0, 3), SP(D_ANY, 1, 3) }, OPS(CTPU_OP_ADD) },
@@ -592,6 +597,29 @@ START_TEST(t_max_ties)
 }
 END_TEST
 
+/* softplus' gradient follows torch's threshold: exactly g above 20 (and the
+ * output is x there), g * sigmoid(x) at and below it. */
+START_TEST(t_softplus_threshold)
+{
+    float v[5] = { 25, 20, 0, -30, 1e30f }, g[5], y[5];
+    ctpu_tensor x = vec(v, 5);
+    ctpu_set_requires_grad(x, true);
+    ctpu_tensor s = ctpu_softplus(x);
+    readt(s, y, 5);
+    ck_assert_float_eq(y[0], 25.0f);
+    ck_assert_float_eq(y[4], 1e30f);
+    ck_assert_int_eq(ctpu_backward(ctpu_sum(s, 0, NULL, false)), CTPU_OK);
+    readt(ctpu_grad(x), g, 5);
+    float sg[5];
+    readt(ctpu_sigmoid(x), sg, 5);
+    ck_assert_float_eq(g[0], 1.0f);
+    ck_assert_float_eq(g[4], 1.0f);
+    ck_assert_float_eq(g[1], sg[1]);   /* 20 is not above the threshold */
+    ck_assert_float_eq(g[2], 0.5f);
+    ck_assert_float_eq(g[3], sg[3]);
+}
+END_TEST
+
 /* embedding backward adds repeated indices (in input order) */
 START_TEST(t_embedding_repeats)
 {
@@ -655,6 +683,7 @@ static Suite *suite(void)
     tcase_add_test(ts, t_errors);
     tcase_add_test(ts, t_bf16_cast);
     tcase_add_test(ts, t_max_ties);
+    tcase_add_test(ts, t_softplus_threshold);
     tcase_add_test(ts, t_embedding_repeats);
     tcase_add_test(ts, t_no_leak);
     suite_add_tcase(s, ts);

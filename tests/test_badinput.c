@@ -65,6 +65,7 @@ typedef struct {
 U(neg, ctpu_neg(t[0])) U(abs, ctpu_abs(t[0])) U(exp, ctpu_exp(t[0])) U(log, ctpu_log(t[0]))
 U(sqrt, ctpu_sqrt(t[0])) U(rsqrt, ctpu_rsqrt(t[0])) U(tanh, ctpu_tanh(t[0])) U(sigmoid, ctpu_sigmoid(t[0]))
 U(relu, ctpu_relu(t[0])) U(gelu_t, ctpu_gelu(t[0], true)) U(gelu_e, ctpu_gelu(t[0], false))
+U(softplus, ctpu_softplus(t[0]))
 U(add, ctpu_add(t[0], t[1])) U(sub, ctpu_sub(t[0], t[1])) U(mul, ctpu_mul(t[0], t[1]))
 U(div, ctpu_div(t[0], t[1])) U(pow, ctpu_pow(t[0], t[1])) U(maximum, ctpu_maximum(t[0], t[1]))
 U(minimum, ctpu_minimum(t[0], t[1])) U(eq, ctpu_eq(t[0], t[1])) U(ne, ctpu_ne(t[0], t[1]))
@@ -90,7 +91,7 @@ U(matmul_t, ctpu_matmul_t(t[0], t[1], false, true)) U(detach, ctpu_detach(t[0]))
 static const op_entry OPS[] = {
     { "neg", "f", f_neg }, { "abs", "f", f_abs }, { "exp", "f", f_exp }, { "log", "f", f_log },
     { "sqrt", "f", f_sqrt }, { "rsqrt", "f", f_rsqrt }, { "tanh", "f", f_tanh }, { "sigmoid", "f", f_sigmoid },
-    { "relu", "f", f_relu }, { "gelu", "f", f_gelu_t }, { "gelu", "f", f_gelu_e },
+    { "relu", "f", f_relu }, { "gelu", "f", f_gelu_t }, { "gelu", "f", f_gelu_e }, { "softplus", "f", f_softplus },
     { "add", "ff", f_add }, { "sub", "ff", f_sub }, { "mul", "ff", f_mul }, { "div", "ff", f_div },
     { "pow", "ff", f_pow }, { "maximum", "ff", f_maximum }, { "minimum", "ff", f_minimum }, { "eq", "ff", f_eq },
     { "ne", "ff", f_ne }, { "lt", "ff", f_lt }, { "le", "ff", f_le }, { "gt", "ff", f_gt }, { "ge", "ff", f_ge },

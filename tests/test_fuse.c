@@ -68,6 +68,7 @@ static ctpu_tensor apply_op(int op, ctpu_tensor x, ctpu_tensor y, ctpu_tensor w,
     case CTPU_OP_RELU: return ctpu_relu(x);
     case CTPU_OP_GELU_TANH: return ctpu_gelu(x, true);
     case CTPU_OP_GELU_ERF: return ctpu_gelu(x, false);
+    case CTPU_OP_SOFTPLUS: return ctpu_softplus(x);
     case CTPU_OP_ADD: return ctpu_add(x, y);
     case CTPU_OP_SUB: return ctpu_sub(x, y);
     case CTPU_OP_MUL: return ctpu_mul(x, y);

@@ -500,6 +500,7 @@ END_TEST
  *   ADD SUB MUL DIV SQRT RECIP SQUARE: 0 (correctly rounded);
  *   RSQRT: 1 (two roundings);  EXP LOG TANH POW: 1 (SLEEF u10: <= 1.0 ulp);
  *   SIGMOID: 3 (exp, +, / each rounded);
+ *   SOFTPLUS: 1 (measured over every f32 in [-120, 25]: at most 1);
  *   GELU_TANH, GELU_ERF: |err| <= 4 ulp(result) + |x| * 2^-23 (1 + tanh/erf
  *   cancels near -1, where the absolute error of tanh/erf dominates). */
 static int64_t ford(float f)
@@ -533,6 +534,7 @@ static double ref_unary_d(int op, float xf)
     case CTPU_K_U_RECIP: return 1.0 / x;
     case CTPU_K_U_SQUARE: return x * x;
     case CTPU_K_U_SIGMOID: return 1.0 / (1.0 + exp(-x));
+    case CTPU_K_U_SOFTPLUS: return x > 20 ? x : log1p(exp(x));
     case CTPU_K_U_GELU_TANH:
         return 0.5 * x * (1.0 + tanh((double)0.7978845608f * (x + (double)0.044715f * x * x * x)));
     case CTPU_K_U_GELU_ERF: return 0.5 * x * (1.0 + erf(x * (double)0.70710678f));
@@ -549,6 +551,8 @@ START_TEST(test_accuracy_unary)
         { CTPU_K_U_SQRT, 0.0f, 1e30f, 0 }, { CTPU_K_U_RSQRT, 1e-30f, 1e30f, 1 },
         { CTPU_K_U_RECIP, -1e30f, 1e30f, 0 }, { CTPU_K_U_SQUARE, -1e15f, 1e15f, 0 },
         { CTPU_K_U_SIGMOID, -80.0f, 80.0f, 3 }, { CTPU_K_U_SIGMOID, -5.0f, 5.0f, 3 },
+        { CTPU_K_U_SOFTPLUS, -110.0f, 40.0f, 1 }, { CTPU_K_U_SOFTPLUS, -3.0f, 3.0f, 1 },
+        { CTPU_K_U_SOFTPLUS, 19.0f, 21.0f, 1 },
         { CTPU_K_U_GELU_TANH, -12.0f, 12.0f, -1 }, { CTPU_K_U_GELU_TANH, -1.0f, 1.0f, -1 },
         { CTPU_K_U_GELU_ERF, -12.0f, 12.0f, -1 }, { CTPU_K_U_GELU_ERF, -1.0f, 1.0f, -1 },
     };
@@ -587,7 +591,8 @@ START_TEST(test_accuracy_unary)
     float e[N_EDGE], ye[N_EDGE];
     memcpy(e, edge_vals, sizeof e);
     static const int eops[] = { CTPU_K_U_EXP, CTPU_K_U_LOG, CTPU_K_U_TANH, CTPU_K_U_SQRT,
-                                CTPU_K_U_RECIP, CTPU_K_U_SQUARE, CTPU_K_U_SIGMOID };
+                                CTPU_K_U_RECIP, CTPU_K_U_SQUARE, CTPU_K_U_SIGMOID,
+                                CTPU_K_U_SOFTPLUS };
     for (size_t k = 0; k < sizeof eops / sizeof eops[0]; k++) {
         ctpu_k_unary_ref((ctpu_k_unary_op)eops[k], e, ye, N_EDGE);
         for (int i = 0; i < N_EDGE; i++) {

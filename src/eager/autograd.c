@@ -274,6 +274,16 @@ static bool bw_sigmoid(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_t
     return true;
 }
 
+/* torch's softplus_backward (beta 1, threshold 20): g where x > 20, else
+ * g * sigmoid(x). */
+static bool bw_softplus(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    ctpu_tensor x = IN(n, 0);
+    gin[0] = ctpu_where(ctpu_gt_scalar(x, 20.0), g, ctpu_mul(g, ctpu_sigmoid(x)));
+    return true;
+}
+
 static bool bw_relu(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
 {
     (void)need;
@@ -566,6 +576,7 @@ static const ag_rule ag_rules[CTPU_OP_COUNT] = {
     [CTPU_OP_RSQRT] = R(bw_rsqrt, S_OUT),
     [CTPU_OP_TANH] = R(bw_tanh, S_OUT),
     [CTPU_OP_SIGMOID] = R(bw_sigmoid, S_OUT),
+    [CTPU_OP_SOFTPLUS] = R(bw_softplus, S_A),
     [CTPU_OP_RELU] = R(bw_relu, S_OUT),
     [CTPU_OP_GELU_TANH] = R(bw_gelu_tanh, S_A),
     [CTPU_OP_GELU_ERF] = R(bw_gelu_erf, S_A | S_OUT),

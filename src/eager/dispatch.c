@@ -843,6 +843,7 @@ ctpu_tensor ctpu_gelu(ctpu_tensor a, bool tanh_approx)
 {
     return unary(tanh_approx ? CTPU_OP_GELU_TANH : CTPU_OP_GELU_ERF, a);
 }
+ctpu_tensor ctpu_softplus(ctpu_tensor a) { return unary(CTPU_OP_SOFTPLUS, a); }
 
 static ctpu_tensor binary(int op, ctpu_tensor a, ctpu_tensor b)
 {

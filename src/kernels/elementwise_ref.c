@@ -50,6 +50,10 @@ static inline float ref_u_GELU_ERF(float x)
 static inline float ref_u_RECIP(float x) { return 1.0f / x; }
 static inline float ref_u_SQUARE(float x) { return x * x; }
 static inline float ref_u_ROUND_BF16(float x) { return ew_round_bf16(x); }
+static inline float ref_u_SOFTPLUS(float x)
+{
+    return x > 20.0f ? x : Sleef_log1pf1_u10purec(Sleef_expf1_u10purec(x));
+}
 
 /* The binary ops (one function per op of CTPU_K_BINARY_OPS). */
 static inline float ref_b_ADD(float a, float b) { return a + b; }

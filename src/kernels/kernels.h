@@ -94,6 +94,8 @@ static inline int32_t ctpu_f32_to_i32(float f)
  *   GELU_TANH 0.5*x*(1+tanh(0.7978845608f*(x+0.044715f*(x*x*x))))  (products
  *     left to right, each rounded);  GELU_ERF 0.5*x*(1+erf(x*0.70710678f));
  *   RECIP 1/x;  SQUARE x*x;
+ *   SOFTPLUS x > 20 ? x : log1p(exp(x))  (torch.nn.functional.softplus with
+ *     beta 1, threshold 20; exp and log1p SLEEF u10);
  *   ADD SUB MUL DIV: IEEE;  POW: SLEEF powf u10;
  *   MAX/MIN: NaN if either is NaN, else (a>b ? a : b) / (a<b ? a : b);
  *   EQ NE LT LE GT GE: 1.0f / 0.0f (IEEE compare, NaN compares false, NE true);
@@ -101,11 +103,12 @@ static inline int32_t ctpu_f32_to_i32(float f)
  *   CLAMP(x,lo,hi): MIN(MAX(x,lo),hi) with NaN propagation from any side.
  *   ROUND_BF16: x rounded to bf16 and back (ctpu_f32_to_bf16).
  *
- * SLEEF variants: _ref calls Sleef_{exp,log,tanh,erf}f1_u10purec and
+ * SLEEF variants: _ref calls Sleef_{exp,log,tanh,erf,log1p}f1_u10purec and
  * Sleef_powf1_u10purec; AVX2 the same functions as Sleef_*f8_u10avx, AVX-512
  * as Sleef_*f16_u10avx512fnofma. Checked bit for bit (SLEEF 3.5.1): exp, log,
  * tanh and erf over all 2^32 inputs, pow on 3.8e8 pairs (random bits, wide
- * and near-1 bases, negative bases with integer exponents): no difference, so
+ * and near-1 bases, negative bases with integer exponents), SOFTPLUS (exp
+ * then log1p) on 2^28 inputs (every 16th bit pattern): no difference, so
  * every variant calls its own ISA's function. The FMA family does differ
  * (Sleef_expf8_u10, which dispatches to avx2 FMA code, fails the parity test):
  * never use it, nor the purecfma / plain scalar entry points.
@@ -114,7 +117,7 @@ static inline int32_t ctpu_f32_to_i32(float f)
 
 #define CTPU_K_UNARY_OPS(X) \
     X(NEG) X(ABS) X(EXP) X(LOG) X(SQRT) X(RSQRT) X(TANH) X(SIGMOID) X(RELU) \
-    X(GELU_TANH) X(GELU_ERF) X(RECIP) X(SQUARE) X(ROUND_BF16)
+    X(GELU_TANH) X(GELU_ERF) X(RECIP) X(SQUARE) X(ROUND_BF16) X(SOFTPLUS)
 #define CTPU_K_BINARY_OPS(X) \
     X(ADD) X(SUB) X(MUL) X(DIV) X(POW) X(MAX) X(MIN) \
     X(EQ) X(NE) X(LT) X(LE) X(GT) X(GE)

@@ -35,6 +35,7 @@ AI V u_GELU_ERF(V x)
 AI V u_RECIP(V x) { return vdiv(vset(1.0f), x); }
 AI V u_SQUARE(V x) { return vmul(x, x); }
 AI V u_ROUND_BF16(V x) { return vround_bf16(x); }
+AI V u_SOFTPLUS(V x) { return vsel(VCMP(x, vset(20.0f), _CMP_GT_OQ), x, vlog1p(vexp(x))); }
 
 /* ---- binary ops ----------------------------------------------------------------- */
 /* MAX/MIN: vmaxps(a, b) is a > b ? a : b (b when either is NaN or both are

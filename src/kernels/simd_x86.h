@@ -57,6 +57,7 @@
     AI V vlog(V x) { return Sleef_log##S(x); }                                              \
     AI V vtanh(V x) { return Sleef_tanh##S(x); }                                            \
     AI V verf(V x) { return Sleef_erf##S(x); }                                              \
+    AI V vlog1p(V x) { return Sleef_log1p##S(x); }                                          \
     AI V vpow(V a, V b) { return Sleef_pow##S(a, b); }
 
 /* The reduction combine of kernels.h without NaN handling (NaN is tracked
