@@ -398,6 +398,27 @@ CTPU_API ctpu_tensor ctpu_argmax(ctpu_tensor a, int dim, bool keepdim);
 CTPU_API ctpu_tensor ctpu_softmax(ctpu_tensor a, int dim);
 CTPU_API ctpu_tensor ctpu_log_softmax(ctpu_tensor a, int dim);
 
+/* ------------------------------------------------------- normalisation
+ * Over the last dim D of x [..., D] (f32 or bf16), as
+ * torch.nn.functional.layer_norm(x, (D,), weight, bias, eps) and
+ * torch.nn.functional.rms_norm(x, (D,), weight, eps). weight and bias are
+ * [D] (f32 or bf16) or CTPU_NULL (elementwise_affine=False). Composites
+ * (docs/DESIGN.md): made of ctpu_mean / ctpu_var / ctpu_sub / ctpu_rsqrt /
+ * ctpu_mul / ctpu_add (their gradients and fusion); a bf16 x, weight or bias
+ * is cast to f32 first and the result cast back to x's dtype once, as torch
+ * computes bf16 norms in f32. Result: x's shape and dtype. Error against a
+ * float64 reference (tests/test_ops.c, D = 37): |y - ref| <= 4e-7 (1 + |ref|)
+ * in f32 (measured 9.3e-8), <= 2^-7 (1 + |ref|) in bf16 (x's and y's
+ * roundings; measured 4.3e-3); the gradient of x <= 2e-7 (1 + |ref|)
+ * (measured 4.6e-8).
+ * Errors: handle errors naming the op and argument; CTPU_ERR_DTYPE (an i32
+ * x, weight or bias); CTPU_ERR_SHAPE (x 0-d or D == 0, weight or bias not
+ * [D]); CTPU_ERR_INVALID_ARG (eps negative or not finite). */
+/* (x - mean) / sqrt(var + eps) * weight + bias; var biased (divides by D). */
+CTPU_API ctpu_tensor ctpu_layer_norm(ctpu_tensor x, ctpu_tensor weight, ctpu_tensor bias, double eps);
+/* x * rsqrt(mean(x^2) + eps) * weight. */
+CTPU_API ctpu_tensor ctpu_rms_norm(ctpu_tensor x, ctpu_tensor weight, double eps);
+
 /* ------------------------------------------------------- data movement */
 /* New shape with the same numel; one extent may be -1 (inferred). Shares
  * storage when the input is contiguous (always, in ctpu). */

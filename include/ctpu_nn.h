@@ -57,17 +57,22 @@ CTPU_API ctpu_status ctpu_linear_init(ctpu_linear *l, int64_t in_features, int64
 CTPU_API ctpu_tensor ctpu_linear_forward(const ctpu_linear *l, ctpu_tensor x);
 CTPU_API void ctpu_linear_free(ctpu_linear *l);
 
-/* Layer norm over the last dim: (x - mean) / sqrt(var + eps) * w + b
- * (biased variance, as torch.nn.LayerNorm); w = 1, b = 0 at init. */
+/* Layer norm over the last dim (torch.nn.LayerNorm(dim, eps,
+ * elementwise_affine)): the layer holding the parameters of ctpu_layer_norm
+ * (ctpu.h), weight = 1, bias = 0 at init, both null without
+ * elementwise_affine. (Before issue 12 this struct was named
+ * ctpu_layer_norm; that name is now the op.) */
 typedef struct {
     ctpu_tensor weight, bias;   /* null without elementwise_affine */
     int64_t dim;
     double eps;
-} ctpu_layer_norm;
-CTPU_API ctpu_status ctpu_layer_norm_init(ctpu_layer_norm *ln, int64_t dim, double eps, bool affine, ctpu_dtype dt);
-/* x [..., dim]. Errors: CTPU_ERR_SHAPE (last dim differs). */
-CTPU_API ctpu_tensor ctpu_layer_norm_forward(const ctpu_layer_norm *ln, ctpu_tensor x);
-CTPU_API void ctpu_layer_norm_free(ctpu_layer_norm *ln);
+} ctpu_layer_norm_layer;
+/* Errors: CTPU_ERR_INVALID_ARG (ln NULL, dim < 1, eps negative or not finite), CTPU_ERR_DTYPE. */
+CTPU_API ctpu_status ctpu_layer_norm_layer_init(ctpu_layer_norm_layer *ln, int64_t dim, double eps, bool affine, ctpu_dtype dt);
+/* ctpu_layer_norm(x, weight, bias, eps); x [..., dim]. Errors: CTPU_ERR_INVALID_ARG (ln NULL),
+ * CTPU_ERR_SHAPE (last dim differs), those of ctpu_layer_norm. */
+CTPU_API ctpu_tensor ctpu_layer_norm_layer_forward(const ctpu_layer_norm_layer *ln, ctpu_tensor x);
+CTPU_API void ctpu_layer_norm_layer_free(ctpu_layer_norm_layer *ln);
 
 /* Embedding table [num, dim], init N(0, 1) as torch.nn.Embedding. */
 typedef struct {
@@ -113,6 +118,44 @@ CTPU_API ctpu_status ctpu_labels_check(const int32_t *labels, int64_t n, int64_t
 /* Mean (or sum, or none) of (pred - target)^2; same shapes. */
 CTPU_API ctpu_tensor ctpu_mse_loss(ctpu_tensor pred, ctpu_tensor target, ctpu_reduction reduction);
 
+typedef struct {
+    ctpu_reduction reduction;   /* default MEAN: over the non-ignored rows */
+    int32_t ignore_index;       /* default -100: rows with this target add nothing */
+} ctpu_nll_opts;
+/* The defaults: { CTPU_REDUCE_MEAN, -100 }. */
+CTPU_API ctpu_nll_opts ctpu_nll_defaults(void);
+/* Negative log likelihood, torch.nn.functional.nll_loss: input [N, C]
+ * (f32/bf16 log-probabilities, e.g. ctpu_log_softmax's), target i32 [N];
+ * row i gives -input[i, target[i]] (0 when target[i] == ignore_index).
+ * Reduction MEAN divides the sum by the count of non-ignored rows (all
+ * ignored: 0/0 = NaN, as torch), SUM adds them, NONE gives [N]. A
+ * composite of gather, neg, where and sum (cross entropy without the
+ * log_softmax); computed in f32 (a bf16 input is exact in f32), result a 0-d
+ * f32 (mean, sum) or [N] f32 (none); error against a float64 reference:
+ * the f32 sum's (docs/CONTRACTS.md order), measured <= 2^-22 relative. A
+ * target outside [0, C) other than ignore_index is a device fault naming
+ * gather, as cross entropy's. opts NULL = defaults. Errors: CTPU_ERR_SHAPE,
+ * CTPU_ERR_DTYPE (i32 input, non-i32 target), CTPU_ERR_INVALID_ARG (a bad
+ * reduction). */
+CTPU_API ctpu_tensor ctpu_nll_loss(ctpu_tensor input, ctpu_tensor target, const ctpu_nll_opts *opts);
+/* torch.nn.functional.binary_cross_entropy_with_logits (no weight or
+ * pos_weight): torch's (1 - y) x + m + log(exp(-m) + exp(-x - m)),
+ * m = max(-x, 0), elementwise, x logits and y targets (f32/bf16, same
+ * shape; y usually in [0, 1]), reduced; its gradient is sigmoid(x) - y
+ * (scaled by the reduction). A composite computed in f32; the log without log1p
+ * loses the tail below 2^-24 (absolute error <= 6e-8 per element, measured
+ * against float64). Result f32: 0-d (mean, sum) or x's shape (none).
+ * Errors: CTPU_ERR_SHAPE (shapes differ), CTPU_ERR_DTYPE (i32),
+ * CTPU_ERR_INVALID_ARG (reduction). */
+CTPU_API ctpu_tensor ctpu_bce_with_logits(ctpu_tensor logits, ctpu_tensor target, ctpu_reduction reduction);
+/* |pred - target| reduced (torch.nn.functional.l1_loss); same shapes;
+ * dtype as ctpu_sub's, the mean/sum as ctpu_mean/ctpu_sum. Errors as mse. */
+CTPU_API ctpu_tensor ctpu_l1_loss(ctpu_tensor pred, ctpu_tensor target, ctpu_reduction reduction);
+/* torch.nn.functional.smooth_l1_loss(beta): d = pred - target;
+ * 0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta; beta == 0 is
+ * l1_loss. beta finite >= 0 (else CTPU_ERR_INVALID_ARG). Errors as mse. */
+CTPU_API ctpu_tensor ctpu_smooth_l1_loss(ctpu_tensor pred, ctpu_tensor target, ctpu_reduction reduction, double beta);
+
 /* ------------------------------------------------------------ optimizers
  * An optimizer holds its parameters' handles (not owned) and its state
  * (owned, created as zeros at construction, in no scope; a step replaces
@@ -138,6 +181,24 @@ typedef struct {
 } ctpu_adamw_opts;
 /* torch defaults: lr 1e-3, betas 0.9 / 0.999, eps 1e-8, weight decay 1e-2. */
 CTPU_API ctpu_adamw_opts ctpu_adamw_defaults(void);
+/* Adam's (torch.optim.Adam) defaults: as AdamW's with weight decay 0. Adam
+ * takes a ctpu_adamw_opts; its weight_decay is L2 (added to the gradient). */
+CTPU_API ctpu_adamw_opts ctpu_adam_defaults(void);
+
+/* A parameter group (torch.optim's param_groups): n parameters that share a
+ * learning-rate scale (the group's lr is the optimizer's lr, as set by
+ * ctpu_optim_set_lr, times lr_scale) and a weight decay (replacing the
+ * opts' weight_decay for the group). nanoGPT's split: every parameter with
+ * >= 2 dims (matmul weights, embeddings, a tied head) in a group with decay,
+ * biases and norm gains in one with weight_decay 0. A parameter is in one
+ * group only; parameters are numbered in group order (the state index i of
+ * ctpu_optim_state and of checkpoints). */
+typedef struct {
+    const ctpu_tensor *params;
+    int n;                      /* >= 1 */
+    double lr_scale;            /* finite >= 0; 1 for the optimizer's lr */
+    double weight_decay;        /* finite >= 0 */
+} ctpu_param_group;
 
 /* Errors (NULL returned): CTPU_ERR_INVALID_ARG (n < 1, params or opts NULL,
  * a bad hyper-parameter, named), handle errors, CTPU_ERR_DTYPE (i32 param),
@@ -146,6 +207,17 @@ CTPU_API ctpu_optim *ctpu_sgd_create(int n, const ctpu_tensor *params, const ctp
 /* AdamW as torch.optim.AdamW: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
  * p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps). */
 CTPU_API ctpu_optim *ctpu_adamw_create(int n, const ctpu_tensor *params, const ctpu_adamw_opts *opts);
+/* Adam as torch.optim.Adam (no decoupled decay): g' = g + wd p, then the
+ * AdamW update above with g' and no p *= 1 - lr wd. */
+CTPU_API ctpu_optim *ctpu_adam_create(int n, const ctpu_tensor *params, const ctpu_adamw_opts *opts);
+/* The same over n_groups parameter groups (each group's lr scale and weight
+ * decay; the other hyper-parameters from opts). Errors: as the flat forms,
+ * and CTPU_ERR_INVALID_ARG for n_groups < 1, groups NULL, a group with
+ * n < 1, params NULL, a negative or non-finite lr_scale / weight_decay, or
+ * a parameter in two groups (each named groups[g].params[i]). */
+CTPU_API ctpu_optim *ctpu_sgd_create_groups(int n_groups, const ctpu_param_group *groups, const ctpu_sgd_opts *opts);
+CTPU_API ctpu_optim *ctpu_adam_create_groups(int n_groups, const ctpu_param_group *groups, const ctpu_adamw_opts *opts);
+CTPU_API ctpu_optim *ctpu_adamw_create_groups(int n_groups, const ctpu_param_group *groups, const ctpu_adamw_opts *opts);
 /* One update of every parameter with a .grad. Errors: those of the ops, and
  * CTPU_ERR_STALE_HANDLE if a parameter was released. */
 CTPU_API ctpu_status ctpu_optim_step(ctpu_optim *o);
@@ -214,6 +286,12 @@ CTPU_API void ctpu_ddp_shard(int64_t n, int rank, int world, int64_t *lo, int64_
  * torch.optim.lr_scheduler.CosineAnnealingLR(T_max = total) stepped per
  * batch; step >= total gives min_lr. */
 CTPU_API double ctpu_lr_cosine(double base_lr, int64_t step, int64_t total, double min_lr);
+/* Linear warmup then cosine decay, as nanoGPT's get_lr: step < warmup gives
+ * base_lr * (step + 1) / (warmup + 1); then min_lr + (base_lr - min_lr) *
+ * (1 + cos(pi * (step - warmup) / (total - warmup))) / 2; step >= total
+ * (or total <= warmup after the warmup) gives min_lr. A negative step counts
+ * as 0. Pure host arithmetic: never fails. */
+CTPU_API double ctpu_lr_warmup_cosine(double base_lr, int64_t step, int64_t warmup, int64_t total, double min_lr);
 /* base_lr * gamma ^ floor(step / step_size), as StepLR. */
 CTPU_API double ctpu_lr_step(double base_lr, int64_t step, int64_t step_size, double gamma);
 
@@ -289,20 +367,24 @@ CTPU_API ctpu_status ctpu_image_set_batch(const ctpu_image_set *s, const int64_t
  * Optimizer and whole-run state in safetensors files (ctpu_save_ex, see
  * ctpu.h "checkpoints"). An optimizer's part of a file:
  *   tensors   "optim.state.<i>.exp_avg", "optim.state.<i>.exp_avg_sq"
- *             (AdamW), "optim.state.<i>.momentum_buffer" (SGD with
- *             momentum), i the parameter's index at creation (as the keys of
- *             torch's optimizer state_dict), each of its parameter's dtype
- *             and shape
- *   metadata  "ctpu.optim.kind" "adamw" | "sgd", "ctpu.optim.n_params",
- *             "ctpu.optim.step" (steps taken), "ctpu.optim.groups" ("1"),
- *             and per group g (torch's param_groups): "ctpu.optim.group.<g>.
- *             params" (the indices, "0,1,2,3"), ".lr" (the current lr),
- *             ".initial_lr" (the lr at creation), ".beta1", ".beta2", ".eps",
- *             ".weight_decay" (AdamW) or ".momentum", ".dampening",
- *             ".weight_decay", ".nesterov" ("true" | "false") (SGD)
+ *             (Adam, AdamW), "optim.state.<i>.momentum_buffer" (SGD with
+ *             momentum), i the parameter's index at creation (in group
+ *             order; as the keys of torch's optimizer state_dict), each of
+ *             its parameter's dtype and shape
+ *   metadata  "ctpu.optim.kind" "adam" | "adamw" | "sgd", "ctpu.optim.n_params",
+ *             "ctpu.optim.step" (steps taken), "ctpu.optim.lr" (the
+ *             optimizer's current lr, before group scales),
+ *             "ctpu.optim.groups" (the group count), and per group g
+ *             (torch's param_groups): "ctpu.optim.group.<g>.params" (its
+ *             indices, "0,1,2,3"), ".lr" (the group's current lr),
+ *             ".lr_scale", ".weight_decay", ".initial_lr" (the group's lr at
+ *             creation), ".beta1", ".beta2", ".eps" (Adam, AdamW) or
+ *             ".momentum", ".dampening", ".nesterov" ("true" | "false") (SGD)
  * Numbers are decimal; doubles with 17 significant digits (%.17g), so they
- * read back bit for bit. Today an optimizer has one group; the per-group
- * keys are where parameter groups (issue 12) put theirs. */
+ * read back bit for bit. A load needs the same group layout (count and
+ * indices per group); each group's lr scale and weight decay come from the
+ * file. Files without "ctpu.optim.lr" / ".lr_scale" (one group, written
+ * before groups existed) read with the group's lr and scale 1. */
 
 /* Write o's state (moments, step count, lr, hyper-parameters) to path, as
  * above. Errors: those of ctpu_save_ex; CTPU_ERR_INVALID_ARG (o NULL). */

@@ -548,6 +548,90 @@ static void fake_grads(const ctpu_tensor *p, int n, double scale)
     ctpu_scope_end();
 }
 
+
+/* Parameter groups and Adam round-trip: per-group params, lr scale and
+ * weight decay are written and read back, and a loaded optimizer continues
+ * bit for bit; another group layout or kind is refused. */
+START_TEST(t_optim_groups_roundtrip)
+{
+    ctpu_manual_seed(4);
+    ctpu_linear l1, l2;
+    ck_assert_int_eq(ctpu_linear_init(&l1, 5, 4, true, CTPU_F32), CTPU_OK);
+    ck_assert_int_eq(ctpu_linear_init(&l2, 4, 3, true, CTPU_F32), CTPU_OK);
+    ctpu_tensor decay[2] = { l1.weight, l2.weight }, nodecay[2] = { l1.bias, l2.bias };
+    ctpu_tensor all[4] = { l1.weight, l2.weight, l1.bias, l2.bias };
+    for (int kind = 0; kind < 2; kind++) {   /* 0: Adam, 1: AdamW */
+        ctpu_param_group g[2] = { { decay, 2, 1.0, 0.1 }, { nodecay, 2, 0.5, 0.0 } };
+        ctpu_adamw_opts ao = { 2e-2, 0.8, 0.95, 1e-6, 0.0 };
+        ctpu_optim *a = kind ? ctpu_adamw_create_groups(2, g, &ao) : ctpu_adam_create_groups(2, g, &ao);
+        ck_assert_msg(a != NULL, "%s", ctpu_last_error());
+        for (int s = 0; s < 3; s++) {
+            ctpu_optim_zero_grad(a);
+            fake_grads(all, 4, 1.0);
+            ck_assert_int_eq(ctpu_optim_set_lr(a, 0.1 / (s + 3)), CTPU_OK);
+            ck_assert_int_eq(ctpu_optim_step(a), CTPU_OK);
+        }
+        const char *f = at(kind ? "groups_adamw" : "groups_adam");
+        ck_assert_msg(ctpu_optim_save(a, f) == CTPU_OK, "%s", ctpu_last_error());
+        ctpu_safetensors *sf = ctpu_safetensors_open(f);
+        ck_assert_ptr_nonnull(sf);
+        ck_assert_str_eq(ctpu_safetensors_metadata(sf, "ctpu.optim.kind"), kind ? "adamw" : "adam");
+        ck_assert_str_eq(ctpu_safetensors_metadata(sf, "ctpu.optim.groups"), "2");
+        ck_assert_str_eq(ctpu_safetensors_metadata(sf, "ctpu.optim.group.0.params"), "0,1");
+        ck_assert_str_eq(ctpu_safetensors_metadata(sf, "ctpu.optim.group.1.params"), "2,3");
+        ck_assert_str_eq(ctpu_safetensors_metadata(sf, "ctpu.optim.group.1.lr_scale"), "0.5");
+        ck_assert_str_eq(ctpu_safetensors_metadata(sf, "ctpu.optim.group.0.weight_decay"), "0.10000000000000001");
+        ck_assert_str_eq(ctpu_safetensors_metadata(sf, "ctpu.optim.group.1.weight_decay"), "0");
+        ctpu_safetensors_close(sf);
+        /* the same layout made with other scales and decays: all come from the file */
+        ctpu_param_group h[2] = { { decay, 2, 3.0, 0.0 }, { nodecay, 2, 1.0, 0.3 } };
+        ctpu_adamw_opts bo = { 1e-3, 0.9, 0.999, 1e-8, 0.0 };
+        ctpu_optim *b = kind ? ctpu_adamw_create_groups(2, h, &bo) : ctpu_adam_create_groups(2, h, &bo);
+        ck_assert_msg(ctpu_optim_load(b, f) == CTPU_OK, "%s", ctpu_last_error());
+        ck_assert_int_eq(ctpu_optim_steps(b), 3);
+        ck_assert(ctpu_optim_lr(b) == 0.1 / 5);
+        for (int i = 0; i < 4; i++)
+            for (int k = 0; k < 2; k++) ck_assert(same_bits(ctpu_optim_state(a, i, k), ctpu_optim_state(b, i, k)));
+        /* a and b continue identically on copies of the parameters' values */
+        float before[4][20];
+        for (int i = 0; i < 4; i++) ck_assert_int_eq(ctpu_to_host(all[i], before[i], sizeof before[i]), CTPU_OK);
+        float after[2][4][20];
+        memset(after, 0, sizeof after);
+        for (int r = 0; r < 2; r++) {
+            for (int i = 0; i < 4; i++) {
+                int64_t sh[CTPU_MAX_DIMS];
+                int nd;
+                ctpu_shape(all[i], sh, &nd);
+                ck_assert_int_eq(ctpu_assign(all[i], ctpu_from_host(before[i], CTPU_F32, nd, sh)), CTPU_OK);
+            }
+            ctpu_manual_seed(9);
+            ctpu_optim_zero_grad(r ? b : a);
+            fake_grads(all, 4, 1.0);
+            ck_assert_int_eq(ctpu_optim_step(r ? b : a), CTPU_OK);
+            for (int i = 0; i < 4; i++) ck_assert_int_eq(ctpu_to_host(all[i], after[r][i], sizeof after[r][i]), CTPU_OK);
+        }
+        ck_assert(memcmp(after[0], after[1], sizeof after[0]) == 0);
+        /* refused: one group where the file has two; the other kind */
+        ctpu_optim *flat = kind ? ctpu_adamw_create(4, all, &bo) : ctpu_adam_create(4, all, &bo);
+        ck_assert_int_eq(ctpu_optim_load(flat, f), CTPU_ERR_IO);
+        check_msg(f, NULL, "parameter groups");
+        ctpu_optim *other = kind ? ctpu_adam_create_groups(2, g, &ao) : ctpu_adamw_create_groups(2, g, &ao);
+        ck_assert_int_eq(ctpu_optim_load(other, f), CTPU_ERR_IO);
+        check_msg(f, NULL, kind ? "'adamw' optimizer" : "'adam' optimizer");
+        ctpu_param_group sw[2] = { { nodecay, 2, 1.0, 0.0 }, { decay, 2, 1.0, 0.0 } };   /* another layout */
+        ctpu_optim *swo = kind ? ctpu_adamw_create_groups(2, sw, &ao) : ctpu_adam_create_groups(2, sw, &ao);
+        ck_assert_int_ne(ctpu_optim_load(swo, f), CTPU_OK);
+        ctpu_optim_free(swo);
+        ctpu_optim_free(other);
+        ctpu_optim_free(flat);
+        ctpu_optim_free(b);
+        ctpu_optim_free(a);
+    }
+    ctpu_linear_free(&l1);
+    ctpu_linear_free(&l2);
+}
+END_TEST
+
 START_TEST(t_optim_roundtrip)
 {
     ctpu_manual_seed(3);
@@ -1002,6 +1086,7 @@ static Suite *suite(void)
     tcase_add_checked_fixture(ts, setup, teardown);
     tcase_set_timeout(ts, 300);
     tcase_add_test(ts, t_optim_roundtrip);
+    tcase_add_test(ts, t_optim_groups_roundtrip);
     tcase_add_test(ts, t_batch_iter_state);
     tcase_add_test(ts, t_checkpoint_errors);
     tcase_add_test(ts, t_resume_strict);

@@ -80,6 +80,213 @@ START_TEST(t_sgd_momentum)
 }
 END_TEST
 
+
+/* Adam (L2 decay, torch.optim.Adam) and AdamW over two parameter groups
+ * (lr scale, weight decay per group), against the update in double. */
+START_TEST(t_adam_groups)
+{
+    float a0[3] = { 1.0f, -2.0f, 0.5f }, b0[2] = { 0.25f, -0.75f };
+    float ga[2][3] = { { 0.1f, 0.2f, -0.3f }, { -0.4f, 0.05f, 0.3f } }, gb[2][2] = { { 0.5f, -0.1f }, { 0.2f, 0.2f } };
+    for (int kind = 0; kind < 2; kind++) {   /* 0: Adam, 1: AdamW */
+        ctpu_tensor pa = vec(a0, 3), pb = vec(b0, 2);
+        ctpu_set_requires_grad(pa, true);
+        ctpu_set_requires_grad(pb, true);
+        ctpu_param_group gs[2] = { { &pa, 1, 1.0, 0.05 }, { &pb, 1, 0.5, 0.0 } };
+        ctpu_adamw_opts ao = kind ? ctpu_adamw_defaults() : ctpu_adam_defaults();
+        ck_assert(ao.weight_decay == (kind ? 1e-2 : 0.0));
+        ao.lr = 0.01;
+        ao.beta2 = 0.99;
+        ctpu_optim *o = kind ? ctpu_adamw_create_groups(2, gs, &ao) : ctpu_adam_create_groups(2, gs, &ao);
+        ck_assert_msg(o != NULL, "%s", ctpu_last_error());
+        double pe[5], m[5] = { 0 }, v[5] = { 0 };
+        for (int i = 0; i < 3; i++) pe[i] = a0[i];
+        for (int i = 0; i < 2; i++) pe[3 + i] = b0[i];
+        for (int step = 0; step < 2; step++) {
+            set_grad(pa, ga[step], 3);
+            set_grad(pb, gb[step], 2);
+            ck_assert_int_eq(ctpu_optim_step(o), CTPU_OK);
+            double t = step + 1;
+            for (int i = 0; i < 5; i++) {   /* torch.optim.Adam / AdamW, in double */
+                int g = i >= 3;
+                double lr = ao.lr * gs[g].lr_scale, wd = gs[g].weight_decay;
+                double gr = g ? gb[step][i - 3] : ga[step][i];
+                if (kind == 0) gr += wd * pe[i];
+                else pe[i] *= 1 - lr * wd;
+                m[i] = ao.beta1 * m[i] + (1 - ao.beta1) * gr;
+                v[i] = ao.beta2 * v[i] + (1 - ao.beta2) * gr * gr;
+                double mh = m[i] / (1 - pow(ao.beta1, t)), vh = v[i] / (1 - pow(ao.beta2, t));
+                pe[i] -= lr * mh / (sqrt(vh) + ao.eps);
+            }
+            float pv[5];
+            readt(pa, pv, 3);
+            readt(pb, pv + 3, 2);
+            for (int i = 0; i < 5; i++)
+                ck_assert_msg(fabs(pv[i] - pe[i]) < 2e-6, "kind %d step %d p[%d]: %.9g vs %.9g", kind, step, i, pv[i], pe[i]);
+        }
+        ctpu_optim_free(o);
+        /* hostile groups: a parameter twice, a negative scale, n 0 */
+        ctpu_param_group dup[2] = { { &pa, 1, 1.0, 0.1 }, { &pa, 1, 1.0, 0.0 } };
+        ck_assert_ptr_null(ctpu_adamw_create_groups(2, dup, &ao));
+        ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_INVALID_ARG);
+        ck_assert(strstr(ctpu_last_error(), "groups[1].params[0]") != NULL);
+        ctpu_param_group neg = { &pa, 1, -1.0, 0.0 }, none = { &pa, 0, 1.0, 0.0 };
+        ck_assert_ptr_null(ctpu_adam_create_groups(1, &neg, &ao));
+        ck_assert(strstr(ctpu_last_error(), "adam_create_groups") != NULL);
+        ck_assert_ptr_null(ctpu_sgd_create_groups(1, &none, &(ctpu_sgd_opts){ .lr = 0.1 }));
+        ck_assert_ptr_null(ctpu_adamw_create_groups(0, gs, &ao));
+        ck_assert_ptr_null(ctpu_adamw_create_groups(1, NULL, &ao));
+        ck_assert_ptr_null(ctpu_adam_create(1, &pa, NULL));
+        ctpu_release(pa);
+        ctpu_release(pb);
+    }
+}
+END_TEST
+
+/* nanoGPT's get_lr, step by step. */
+START_TEST(t_lr_warmup_cosine)
+{
+    double base = 6e-4, mn = 6e-5;
+    int64_t warm = 10, total = 110;
+    for (int64_t it = -2; it < 130; it++) {
+        double want;
+        int64_t i = it < 0 ? 0 : it;
+        if (i < warm) want = base * (double)(i + 1) / (double)(warm + 1);
+        else if (i > total) want = mn;
+        else want = mn + 0.5 * (1.0 + cos(M_PI * (double)(i - warm) / (double)(total - warm))) * (base - mn);
+        ck_assert_msg(fabs(ctpu_lr_warmup_cosine(base, it, warm, total, mn) - want) <= 1e-18, "step %lld", (long long)it);
+    }
+    ck_assert(ctpu_lr_warmup_cosine(base, 10, 10, 110, mn) == base);
+    ck_assert(ctpu_lr_warmup_cosine(base, 5, 0, 0, mn) == mn);
+    ck_assert(ctpu_lr_warmup_cosine(base, 0, 0, 100, mn) == base);
+    ck_assert(ctpu_lr_warmup_cosine(base, 20, 30, 10, mn) == base * 21 / 31);
+}
+END_TEST
+
+/* nll_loss against float64: every reduction, ignore_index, bf16 input, its
+ * gradient (-1/count at the picked entries), a bad target as a fault. */
+START_TEST(t_nll_loss)
+{
+    float lp[4 * 3] = { -0.1f, -2.5f, -3.0f, -1.2f, -0.4f, -2.2f, -0.9f, -0.9f, -1.6f, -5.0f, -0.01f, -7.5f };
+    int32_t y[4] = { 0, 2, -100, 1 };
+    int64_t s2[2] = { 4, 3 }, n4 = 4;
+    double want_none[4] = { 0.1, 2.2, 0, 0.01 };
+    ctpu_tensor X = ctpu_from_host(lp, CTPU_F32, 2, s2), Y = ctpu_from_host(y, CTPU_I32, 1, &n4);
+    for (int r = 0; r < 3; r++) {
+        ctpu_nll_opts o = ctpu_nll_defaults();
+        ck_assert_int_eq(o.ignore_index, -100);
+        o.reduction = (ctpu_reduction)r;
+        ctpu_tensor l = ctpu_nll_loss(X, Y, &o);
+        ck_assert_msg(!ctpu_is_null(l), "%s", ctpu_last_error());
+        ck_assert_int_eq(ctpu_dtype_of(l), CTPU_F32);
+        if (r == CTPU_REDUCE_NONE) {
+            float v[4];
+            readt(l, v, 4);
+            for (int i = 0; i < 4; i++) ck_assert_msg(fabs(v[i] - want_none[i]) <= 1e-7 * (1 + want_none[i]), "row %d", i);
+        } else {
+            double sum = 0.1 + 2.2 + 0.01, want = r == CTPU_REDUCE_SUM ? sum : sum / 3;
+            ck_assert_msg(fabs(item(l) - want) <= 2.4e-7 * want, "reduction %d: %.9g vs %.9g", r, item(l), want);
+        }
+    }
+    /* equals cross entropy of the logits whose log_softmax it is */
+    ctpu_tensor Z = ctpu_from_host(lp, CTPU_F32, 2, s2);
+    ck_assert(item(ctpu_nll_loss(ctpu_log_softmax(Z, 1), Y, NULL)) == item(ctpu_cross_entropy(Z, Y, NULL)));
+    /* bf16 input: exact in f32 */
+    ctpu_tensor Xb = ctpu_cast(X, CTPU_BF16);
+    ck_assert(item(ctpu_nll_loss(Xb, Y, NULL)) == item(ctpu_nll_loss(ctpu_cast(Xb, CTPU_F32), Y, NULL)));
+    /* gradient */
+    ctpu_tensor P = ctpu_from_host(lp, CTPU_F32, 2, s2);
+    ctpu_set_requires_grad(P, true);
+    ck_assert_int_eq(ctpu_backward(ctpu_nll_loss(P, Y, NULL)), CTPU_OK);
+    float g[12];
+    readt(ctpu_grad(P), g, 12);
+    for (int i = 0; i < 4; i++)
+        for (int c = 0; c < 3; c++) {
+            float want = (y[i] == c) ? -1.0f / 3.0f : 0.0f;
+            ck_assert_msg(g[i * 3 + c] == want, "grad[%d][%d] %g", i, c, g[i * 3 + c]);
+        }
+    /* all ignored: NaN (0/0, as torch) */
+    int32_t yi[4] = { 7, 7, 7, 7 };
+    ctpu_tensor Yi = ctpu_from_host(yi, CTPU_I32, 1, &n4);
+    ck_assert(isnan(item(ctpu_nll_loss(X, Yi, &(ctpu_nll_opts){ CTPU_REDUCE_MEAN, 7 }))));
+    /* errors */
+    ck_assert(ctpu_is_null(ctpu_nll_loss(X, vec(lp, 4), NULL)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_DTYPE);
+    ck_assert(strstr(ctpu_last_error(), "nll_loss") != NULL);
+    ck_assert(ctpu_is_null(ctpu_nll_loss(Y, Y, NULL)));
+    ck_assert(ctpu_is_null(ctpu_nll_loss(X, ctpu_from_host(y, CTPU_I32, 1, (int64_t[]){ 3 }), NULL)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_SHAPE);
+    ck_assert(ctpu_is_null(ctpu_nll_loss(X, Y, &(ctpu_nll_opts){ (ctpu_reduction)9, 0 })));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_INVALID_ARG);
+    ck_assert(ctpu_is_null(ctpu_nll_loss(CTPU_NULL, Y, NULL)));
+    int32_t yb[4] = { 0, 3, 0, 0 };
+    double v;
+    ck_assert_int_ne(ctpu_item(ctpu_nll_loss(X, ctpu_from_host(yb, CTPU_I32, 1, &n4), NULL), &v), CTPU_OK);
+    ck_assert(strstr(ctpu_last_error(), "gather") != NULL);
+    ctpu_clear_error();
+}
+END_TEST
+
+/* bce_with_logits, l1 and smooth_l1 against float64 (PyTorch's formulas). */
+START_TEST(t_pointwise_losses)
+{
+    float x[8] = { -30.0f, -3.5f, -0.7f, 0.0f, 0.2f, 1.9f, 17.0f, 90.0f };
+    float t[8] = { 0.0f, 1.0f, 0.3f, 1.0f, 0.0f, 0.5f, 1.0f, 0.0f };
+    ctpu_tensor X = vec(x, 8), T = vec(t, 8);
+    float got[8];
+    readt(ctpu_bce_with_logits(X, T, CTPU_REDUCE_NONE), got, 8);
+    double sum = 0, worst = 0;
+    for (int i = 0; i < 8; i++) {
+        double xi = x[i], ti = t[i];
+        double want = fmax(xi, 0) - xi * ti + log1p(exp(-fabs(xi)));
+        sum += want;
+        worst = fmax(worst, fabs(got[i] - want) / fmax(1.0, fabs(want)));
+    }
+    ck_assert_msg(worst <= 1.2e-7, "bce: worst %g", worst);   /* documented: <= 6e-8 abs + f32 rounding */
+    ck_assert(fabs(item(ctpu_bce_with_logits(X, T, CTPU_REDUCE_SUM)) - sum) <= 1e-6 * sum);
+    ck_assert(fabs(item(ctpu_bce_with_logits(X, T, CTPU_REDUCE_MEAN)) - sum / 8) <= 1e-6 * sum);
+    /* its gradient: (sigmoid(x) - y) / n */
+    ctpu_tensor P = vec(x, 8);
+    ctpu_set_requires_grad(P, true);
+    ck_assert_int_eq(ctpu_backward(ctpu_bce_with_logits(P, T, CTPU_REDUCE_MEAN)), CTPU_OK);
+    readt(ctpu_grad(P), got, 8);
+    for (int i = 0; i < 8; i++) {
+        double want = (1 / (1 + exp(-(double)x[i])) - t[i]) / 8;
+        ck_assert_msg(fabs(got[i] - want) <= 3e-8, "bce grad[%d] %.9g vs %.9g", i, got[i], want);
+    }
+    /* l1, smooth_l1 (beta 1 and 0.25, and 0 = l1) */
+    double betas[3] = { 1.0, 0.25, 0.0 };
+    for (int b = 0; b < 4; b++) {
+        double s = 0;
+        float v[8];
+        readt(b == 3 ? ctpu_l1_loss(X, T, CTPU_REDUCE_NONE) : ctpu_smooth_l1_loss(X, T, CTPU_REDUCE_NONE, betas[b]), v, 8);
+        for (int i = 0; i < 8; i++) {
+            double d = (double)x[i] - t[i], ad = fabs(d), beta = b == 3 ? 0 : betas[b];
+            double want = (beta > 0 && ad < beta) ? 0.5 * d * d / beta : ad - 0.5 * beta;
+            s += want;
+            ck_assert_msg(fabs(v[i] - want) <= 1.2e-7 * fmax(1, fabs(want)), "variant %d elem %d: %.9g vs %.9g", b, i, v[i], want);
+        }
+        double m = item(b == 3 ? ctpu_l1_loss(X, T, CTPU_REDUCE_MEAN) : ctpu_smooth_l1_loss(X, T, CTPU_REDUCE_MEAN, betas[b]));
+        ck_assert_msg(fabs(m - s / 8) <= 1e-6 * (s / 8), "variant %d mean", b);
+    }
+    /* errors */
+    ctpu_tensor S = vec(x, 3);
+    ck_assert(ctpu_is_null(ctpu_l1_loss(X, S, CTPU_REDUCE_MEAN)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_SHAPE);
+    ck_assert(strstr(ctpu_last_error(), "l1_loss") != NULL);
+    ck_assert(ctpu_is_null(ctpu_smooth_l1_loss(X, T, CTPU_REDUCE_MEAN, -1)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_INVALID_ARG);
+    ck_assert(ctpu_is_null(ctpu_smooth_l1_loss(X, T, CTPU_REDUCE_MEAN, NAN)));
+    ck_assert(ctpu_is_null(ctpu_bce_with_logits(X, T, (ctpu_reduction)5)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_INVALID_ARG);
+    int32_t iv[8] = { 0 };
+    int64_t n8 = 8;
+    ck_assert(ctpu_is_null(ctpu_bce_with_logits(ctpu_from_host(iv, CTPU_I32, 1, &n8), T, CTPU_REDUCE_MEAN)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_DTYPE);
+    ck_assert(ctpu_is_null(ctpu_bce_with_logits(CTPU_NULL, T, CTPU_REDUCE_MEAN)));
+    ctpu_clear_error();
+}
+END_TEST
+
 START_TEST(t_adamw)
 {
     float p0[3] = { 1.0f, -2.0f, 0.5f };
@@ -372,20 +579,20 @@ END_TEST
 
 START_TEST(t_layer_norm_dropout_embedding)
 {
-    ctpu_layer_norm ln;
-    ck_assert_int_eq(ctpu_layer_norm_init(&ln, 4, 1e-5, true, CTPU_F32), CTPU_OK);
+    ctpu_layer_norm_layer ln;
+    ck_assert_int_eq(ctpu_layer_norm_layer_init(&ln, 4, 1e-5, true, CTPU_F32), CTPU_OK);
     float x[8] = { 1, 2, 3, 4, -2, 0, 2, 8 }, y[8];
     ctpu_tensor X = ctpu_from_host(x, CTPU_F32, 2, (int64_t[]){ 2, 4 });
-    readt(ctpu_layer_norm_forward(&ln, X), y, 8);
+    readt(ctpu_layer_norm_layer_forward(&ln, X), y, 8);
     for (int r = 0; r < 2; r++) {
         double m = 0, v = 0;
         for (int c = 0; c < 4; c++) m += x[r * 4 + c] / 4.0;
         for (int c = 0; c < 4; c++) v += (x[r * 4 + c] - m) * (x[r * 4 + c] - m) / 4.0;
         for (int c = 0; c < 4; c++) ck_assert_float_eq_tol(y[r * 4 + c], (x[r * 4 + c] - m) / sqrt(v + 1e-5), 1e-5);
     }
-    ck_assert(ctpu_is_null(ctpu_layer_norm_forward(&ln, ctpu_zeros(CTPU_F32, 1, (int64_t[]){ 3 }))));
+    ck_assert(ctpu_is_null(ctpu_layer_norm_layer_forward(&ln, ctpu_zeros(CTPU_F32, 1, (int64_t[]){ 3 }))));
     ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_SHAPE);
-    ctpu_layer_norm_free(&ln);
+    ctpu_layer_norm_layer_free(&ln);
 
     /* dropout: same seed -> same mask; kept entries scaled by 1/(1-p) */
     float ones[1000], a[1000], b[1000];
@@ -634,10 +841,10 @@ START_TEST(t_messages_name_the_call)
     ctpu_shutdown();
     int64_t ws[2] = { 4, 3 };
     ctpu_linear l;
-    ctpu_layer_norm ln;
+    ctpu_layer_norm_layer ln;
     ctpu_embedding_layer e;
     names_call(ctpu_linear_init(&l, 3, 4, true, CTPU_F32), "linear_init");
-    names_call(ctpu_layer_norm_init(&ln, 4, 1e-5, true, CTPU_F32), "layer_norm_init");
+    names_call(ctpu_layer_norm_layer_init(&ln, 4, 1e-5, true, CTPU_F32), "layer_norm_layer_init");
     names_call(ctpu_embedding_layer_init(&e, 4, 4, CTPU_F32), "embedding_layer_init");
     ctpu_clear_error();
     ck_assert(ctpu_is_null(ctpu_init_kaiming_uniform(CTPU_F32, 2, ws, 0, CTPU_FAN_IN)));
@@ -673,6 +880,10 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, t_sgd_momentum);
     tcase_add_test(tc, t_adamw);
+    tcase_add_test(tc, t_adam_groups);
+    tcase_add_test(tc, t_lr_warmup_cosine);
+    tcase_add_test(tc, t_nll_loss);
+    tcase_add_test(tc, t_pointwise_losses);
     tcase_add_test(tc, t_optim_errors);
     tcase_add_test(tc, t_schedules);
     tcase_add_test(tc, t_ce_stability);

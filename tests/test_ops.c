@@ -1723,6 +1723,136 @@ START_TEST(silu_is_its_composition)
 }
 END_TEST
 
+
+/* layer_norm / rms_norm (composites) against float64: forward in f32 and
+ * bf16 (the bound in ctpu.h), every mode bit for bit, the gradients of x,
+ * weight and bias against the analytic float64 backward, and their errors. */
+static void norm_ref(bool rms, const float *x, const float *w, const float *b, int64_t R, int64_t D, double eps,
+                     const float *gy, double *y, double *gx, double *gw, double *gb)
+{
+    for (int64_t k = 0; k < D; k++) { gw[k] = 0; gb[k] = 0; }
+    for (int64_t r = 0; r < R; r++) {
+        const float *xr = x + r * D;
+        double mean = 0, var = 0;
+        for (int64_t k = 0; k < D; k++) mean += xr[k];
+        mean = rms ? 0 : mean / (double)D;
+        for (int64_t k = 0; k < D; k++) var += (xr[k] - mean) * (xr[k] - mean);
+        var /= (double)D;
+        double inv = 1 / sqrt(var + eps), s1 = 0, s2 = 0;
+        for (int64_t k = 0; k < D; k++) {
+            double xh = (xr[k] - mean) * inv, wk = w ? w[k] : 1;
+            y[r * D + k] = xh * wk + (b ? b[k] : 0);
+            double g = gy[r * D + k];
+            gw[k] += g * xh;
+            gb[k] += g;
+            s1 += g * wk;
+            s2 += g * wk * xh;
+        }
+        for (int64_t k = 0; k < D; k++) {
+            double xh = (xr[k] - mean) * inv, gk = gy[r * D + k] * (w ? w[k] : 1);
+            gx[r * D + k] = rms ? inv * (gk - xh * s2 / (double)D) : inv * (gk - s1 / (double)D - xh * s2 / (double)D);
+        }
+    }
+}
+
+START_TEST(norms_against_float64)
+{
+    enum { R = 6, D = 37 };
+    static const ctpu_mode modes[] = { CTPU_MODE_STRICT, CTPU_MODE_DEBUG, CTPU_MODE_DEFER_FUSE };
+    float x[R * D], w[D], b[D], gy[R * D];
+    uint64_t seed = 12;
+    for (int i = 0; i < R * D; i++) { x[i] = t_rand_f(&seed, -3, 5); gy[i] = t_rand_f(&seed, -1, 1); }
+    for (int k = 0; k < D; k++) { w[k] = t_rand_f(&seed, 0.5f, 1.5f); b[k] = t_rand_f(&seed, -0.5f, 0.5f); }
+    int64_t sx[2] = { R, D }, sd = D;
+    double y[R * D], gx[R * D], gw[D], gb[D];
+    double worst_f = 0, worst_b = 0, worst_g = 0;
+    for (int rms = 0; rms < 2; rms++)
+        for (int aff = 0; aff < 2; aff++) {
+            norm_ref(rms, x, aff ? w : NULL, aff && !rms ? b : NULL, R, D, 1e-5, gy, y, gx, gw, gb);
+            float *first = NULL, *firstg = NULL;
+            for (int m = 0; m < 3; m++) {
+                ck_assert_int_eq(ctpu_set_mode(modes[m]), CTPU_OK);
+                for (int bf = 0; bf < 2; bf++) {
+                    ctpu_tensor X = t_f32(x, 2, sx), W = aff ? t_f32(w, 1, &sd) : CTPU_NULL;
+                    ctpu_tensor B = aff && !rms ? t_f32(b, 1, &sd) : CTPU_NULL;
+                    if (!bf) {
+                        ck_assert_int_eq(ctpu_set_requires_grad(X, true), CTPU_OK);
+                        if (aff) ck_assert_int_eq(ctpu_set_requires_grad(W, true), CTPU_OK);
+                        if (aff && !rms) ck_assert_int_eq(ctpu_set_requires_grad(B, true), CTPU_OK);
+                    }
+                    ctpu_tensor Xi = bf ? ctpu_cast(X, CTPU_BF16) : X;
+                    ctpu_tensor Y = rms ? ctpu_rms_norm(Xi, W, 1e-5) : ctpu_layer_norm(Xi, W, B, 1e-5);
+                    ck_assert_msg(!ctpu_is_null(Y), "norm: %s", ctpu_last_error());
+                    ck_assert_int_eq(ctpu_dtype_of(Y), bf ? CTPU_BF16 : CTPU_F32);
+                    t_expect_shape(Y, 2, sx);
+                    float *got = t_read(Y, NULL);
+                    for (int i = 0; i < R * D; i++) {
+                        double e = fabs(got[i] - y[i]) / (1 + fabs(y[i]));
+                        if (bf) {
+                            if (e > worst_b) worst_b = e;
+                        } else if (e > worst_f) worst_f = e;
+                    }
+                    if (!bf) {
+                        if (!first) first = got;
+                        else {
+                            for (int i = 0; i < R * D; i++)
+                                ck_assert_msg(t_same(got[i], first[i]), "norm rms %d mode %d [%d]: %a vs strict %a", rms, m, i,
+                                              got[i], first[i]);
+                            free(got);
+                        }
+                        ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_mul(Y, t_f32(gy, 2, sx)), 0, NULL, false)), CTPU_OK);
+                        float *g = t_read(ctpu_grad(X), NULL);
+                        for (int i = 0; i < R * D; i++) {
+                            double e = fabs(g[i] - gx[i]) / (1 + fabs(gx[i]));
+                            if (e > worst_g) worst_g = e;
+                        }
+                        if (!firstg) firstg = g;
+                        else {
+                            for (int i = 0; i < R * D; i++) ck_assert_msg(t_same(g[i], firstg[i]), "norm grad mode %d", m);
+                            free(g);
+                        }
+                        if (aff) {
+                            float *g2 = t_read(ctpu_grad(W), NULL);
+                            for (int k = 0; k < D; k++) ck_assert_msg(fabs(g2[k] - gw[k]) <= 2e-5 * (1 + fabs(gw[k])), "gw[%d]", k);
+                            free(g2);
+                        }
+                        if (aff && !rms) {
+                            float *g3 = t_read(ctpu_grad(B), NULL);
+                            for (int k = 0; k < D; k++) ck_assert_msg(fabs(g3[k] - gb[k]) <= 2e-5 * (1 + fabs(gb[k])), "gb[%d]", k);
+                            free(g3);
+                        }
+                    } else free(got);
+                }
+            }
+            free(first);
+            free(firstg);
+        }
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+    /* the bounds documented in ctpu.h */
+    ck_assert_msg(worst_f <= 4e-7, "f32 norm error %g", worst_f);
+    ck_assert_msg(worst_b <= 1.0 / 128, "bf16 norm error %g", worst_b);
+    ck_assert_msg(worst_g <= 2e-7, "norm gradient error %g", worst_g);
+    /* errors */
+    ctpu_tensor X = t_f32(x, 2, sx), W3 = T_VEC(1, 2, 3);
+    ck_assert(ctpu_is_null(ctpu_layer_norm(X, W3, CTPU_NULL, 1e-5)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_SHAPE);
+    ck_assert_msg(t_contains(ctpu_last_error(), "layer_norm") && t_contains(ctpu_last_error(), "weight"), "%s", ctpu_last_error());
+    ck_assert(ctpu_is_null(ctpu_rms_norm(X, CTPU_NULL, -1)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_INVALID_ARG);
+    ck_assert(ctpu_is_null(ctpu_rms_norm(X, CTPU_NULL, NAN)));
+    ck_assert(ctpu_is_null(ctpu_layer_norm(ctpu_cast(X, CTPU_I32), CTPU_NULL, CTPU_NULL, 1e-5)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_DTYPE);
+    ck_assert(ctpu_is_null(ctpu_layer_norm(ctpu_full(CTPU_F32, 0, NULL, 1.0), CTPU_NULL, CTPU_NULL, 1e-5)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_SHAPE);
+    ctpu_release(W3);
+    ck_assert(ctpu_is_null(ctpu_layer_norm(X, CTPU_NULL, W3, 1e-5)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_STALE_HANDLE);
+    ck_assert(t_contains(ctpu_last_error(), "bias"));
+    fprintf(stderr, "norms: f32 error %.3g, bf16 %.3g, gradient %.3g (relative to 1 + |ref|)\n", worst_f, worst_b, worst_g);
+    ctpu_clear_error();
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("ops");
@@ -1736,6 +1866,7 @@ static Suite *suite(void)
     tcase_add_loop_test(c, op_conformance, 0, CTPU_OP_COUNT);
     tcase_add_test(c, dtype_promotion);
     tcase_add_test(c, silu_is_its_composition);
+    tcase_add_test(c, norms_against_float64);
     suite_add_tcase(s, c);
     return s;
 }

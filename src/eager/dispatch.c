@@ -920,6 +920,88 @@ ctpu_tensor ctpu_silu(ctpu_tensor a)
     return r;
 }
 
+/* The checks of layer_norm / rms_norm: x [..., D] float, weight / bias [D]
+ * float or null, eps finite >= 0. */
+static bool norm_check(const char *op, ctpu_tensor x, ctpu_tensor w, ctpu_tensor b, double eps, int64_t *D)
+{
+    ctpu_trec *in[1];
+    if (!get_inputs(op, 1, &x, (const char *const[]){ "x" }, in)) return false;
+    char tb[96], tw[96];
+    const ctpu_vtype *xt = &in[0]->type;
+    if (xt->dtype == CTPU_I32) {
+        ctpu_set_error(CTPU_ERR_DTYPE, "%s: x is %s: need f32 or bf16", op, ctpu_fmt_type(xt, tb, sizeof tb));
+        return false;
+    }
+    if (xt->ndim < 1 || xt->shape[xt->ndim - 1] == 0) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "%s: x is %s: need a last dim of extent >= 1", op, ctpu_fmt_type(xt, tb, sizeof tb));
+        return false;
+    }
+    *D = xt->shape[xt->ndim - 1];
+    const ctpu_tensor pw[2] = { w, b };
+    static const char *const pn[2] = { "weight", "bias" };
+    for (int i = 0; i < 2; i++) {
+        if (ctpu_is_null(pw[i])) continue;
+        ctpu_trec *r = ctpu_rec_get(pw[i], op, pn[i], true);
+        if (!r) return false;
+        if (r->type.dtype == CTPU_I32 || r->type.ndim != 1 || r->type.shape[0] != *D) {
+            ctpu_set_error(r->type.dtype == CTPU_I32 ? CTPU_ERR_DTYPE : CTPU_ERR_SHAPE,
+                           "%s: x is %s, %s is %s: need an f32 or bf16 %s of shape [%lld]", op,
+                           ctpu_fmt_type(xt, tb, sizeof tb), pn[i], ctpu_fmt_type(&r->type, tw, sizeof tw), pn[i],
+                           (long long)*D);
+            return false;
+        }
+    }
+    if (!(eps >= 0) || !isfinite(eps)) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: eps=%g must be finite and >= 0", op, eps);
+        return false;
+    }
+    return true;
+}
+
+static ctpu_tensor as_f32(ctpu_tensor t)
+{
+    return ctpu_dtype_of(t) == CTPU_F32 ? t : ctpu_cast(t, CTPU_F32);
+}
+
+/* y (made in a scope of its own) kept into the caller's scope, in x's dtype */
+static ctpu_tensor norm_finish(ctpu_tensor y, ctpu_dtype dt)
+{
+    if (!ctpu_is_null(y) && dt != CTPU_F32) y = ctpu_cast(y, dt);
+    if (!ctpu_is_null(y)) y = ctpu_keep(y);
+    ctpu_scope_end();
+    return y;
+}
+
+ctpu_tensor ctpu_layer_norm(ctpu_tensor x, ctpu_tensor weight, ctpu_tensor bias, double eps)
+{
+    int64_t D;
+    if (!norm_check("layer_norm", x, weight, bias, eps, &D)) return CTPU_NULL;
+    ctpu_dtype dt = ctpu_dtype_of(x);
+    int d = -1;
+    if (ctpu_scope_begin() != CTPU_OK) return CTPU_NULL;
+    ctpu_tensor xf = as_f32(x);
+    ctpu_tensor mean = ctpu_mean(xf, 1, &d, true);
+    ctpu_tensor var = ctpu_var(xf, 1, &d, 0, true);
+    ctpu_tensor y = ctpu_mul(ctpu_sub(xf, mean), ctpu_rsqrt(ctpu_add_scalar(var, eps)));
+    if (!ctpu_is_null(weight)) y = ctpu_mul(y, as_f32(weight));
+    if (!ctpu_is_null(bias)) y = ctpu_add(y, as_f32(bias));
+    return norm_finish(y, dt);
+}
+
+ctpu_tensor ctpu_rms_norm(ctpu_tensor x, ctpu_tensor weight, double eps)
+{
+    int64_t D;
+    if (!norm_check("rms_norm", x, weight, CTPU_NULL, eps, &D)) return CTPU_NULL;
+    ctpu_dtype dt = ctpu_dtype_of(x);
+    int d = -1;
+    if (ctpu_scope_begin() != CTPU_OK) return CTPU_NULL;
+    ctpu_tensor xf = as_f32(x);
+    ctpu_tensor ms = ctpu_mean(ctpu_mul(xf, xf), 1, &d, true);
+    ctpu_tensor y = ctpu_mul(xf, ctpu_rsqrt(ctpu_add_scalar(ms, eps)));
+    if (!ctpu_is_null(weight)) y = ctpu_mul(y, as_f32(weight));
+    return norm_finish(y, dt);
+}
+
 /* ------------------------------------------------------------ reductions */
 static ctpu_tensor reduction(int op, ctpu_tensor a, int ndims, const int *dims, bool keepdim, int64_t corr)
 {

@@ -78,15 +78,21 @@ static void tensor_add(list *l, ctpu_tensor t, const char *fmt, ...)
     l->n++;
 }
 
-/* "0,1,...,n-1": the parameters of the one group */
-static char *index_list(int n)
+/* "0,3,4": the parameters of group g, in order */
+static char *index_list(const ctpu__optim_hp *hp, int g)
 {
-    size_t cap = (size_t)n * 12 + 1, k = 0;
+    size_t cap = (size_t)hp->n_params * 12 + 1, k = 0;
     char *s = malloc(cap);
     if (!s) return NULL;
     s[0] = 0;
-    for (int i = 0; i < n; i++) k += (size_t)snprintf(s + k, cap - k, i ? ",%d" : "%d", i);
+    for (int i = 0; i < hp->n_params; i++)
+        if (hp->group_of[i] == g) k += (size_t)snprintf(s + k, cap - k, k ? ",%d" : "%d", i);
     return s;
+}
+
+static const char *kind_name(const ctpu__optim_hp *hp)
+{
+    return !hp->adamw ? "sgd" : hp->l2 ? "adam" : "adamw";
 }
 
 static const char *const *state_names(const ctpu__optim_hp *hp)
@@ -102,27 +108,33 @@ static void optim_parts(const ctpu_optim *o, list *tl, list *ml)
     const char *const *sn = state_names(&hp);
     for (int i = 0; i < hp.n_params; i++)
         for (int k = 0; k < hp.n_state; k++) tensor_add(tl, ctpu_optim_state(o, i, k), "optim.state.%d.%s", i, sn[k]);
-    char *idx = index_list(hp.n_params);
-    if (!idx) { ml->oom = true; return; }
-    meta_add(ml, "ctpu.optim.kind", "%s", hp.adamw ? "adamw" : "sgd");
+    meta_add(ml, "ctpu.optim.kind", "%s", kind_name(&hp));
     meta_add(ml, "ctpu.optim.n_params", "%d", hp.n_params);
     meta_add(ml, "ctpu.optim.step", "%lld", (long long)hp.steps);
-    meta_add(ml, "ctpu.optim.groups", "1");
-    meta_add(ml, "ctpu.optim.group.0.params", "%s", idx);
-    free(idx);
-    meta_add(ml, "ctpu.optim.group.0.lr", "%.17g", hp.lr);
-    if (hp.adamw) {
-        meta_add(ml, "ctpu.optim.group.0.initial_lr", "%.17g", hp.adam.lr);
-        meta_add(ml, "ctpu.optim.group.0.beta1", "%.17g", hp.adam.beta1);
-        meta_add(ml, "ctpu.optim.group.0.beta2", "%.17g", hp.adam.beta2);
-        meta_add(ml, "ctpu.optim.group.0.eps", "%.17g", hp.adam.eps);
-        meta_add(ml, "ctpu.optim.group.0.weight_decay", "%.17g", hp.adam.weight_decay);
-    } else {
-        meta_add(ml, "ctpu.optim.group.0.initial_lr", "%.17g", hp.sgd.lr);
-        meta_add(ml, "ctpu.optim.group.0.momentum", "%.17g", hp.sgd.momentum);
-        meta_add(ml, "ctpu.optim.group.0.dampening", "%.17g", hp.sgd.dampening);
-        meta_add(ml, "ctpu.optim.group.0.weight_decay", "%.17g", hp.sgd.weight_decay);
-        meta_add(ml, "ctpu.optim.group.0.nesterov", "%s", hp.sgd.nesterov ? "true" : "false");
+    meta_add(ml, "ctpu.optim.lr", "%.17g", hp.lr);
+    meta_add(ml, "ctpu.optim.groups", "%d", hp.n_groups);
+    for (int g = 0; g < hp.n_groups; g++) {
+        char *idx = index_list(&hp, g);
+        if (!idx) { ml->oom = true; return; }
+        char k[64];
+#define GK(name) (snprintf(k, sizeof k, "ctpu.optim.group.%d." name, g), k)
+        meta_add(ml, GK("params"), "%s", idx);
+        free(idx);
+        meta_add(ml, GK("lr"), "%.17g", hp.lr * hp.lr_scale[g]);
+        meta_add(ml, GK("lr_scale"), "%.17g", hp.lr_scale[g]);
+        meta_add(ml, GK("weight_decay"), "%.17g", hp.group_wd[g]);
+        if (hp.adamw) {
+            meta_add(ml, GK("initial_lr"), "%.17g", hp.adam.lr * hp.lr_scale[g]);
+            meta_add(ml, GK("beta1"), "%.17g", hp.adam.beta1);
+            meta_add(ml, GK("beta2"), "%.17g", hp.adam.beta2);
+            meta_add(ml, GK("eps"), "%.17g", hp.adam.eps);
+        } else {
+            meta_add(ml, GK("initial_lr"), "%.17g", hp.sgd.lr * hp.lr_scale[g]);
+            meta_add(ml, GK("momentum"), "%.17g", hp.sgd.momentum);
+            meta_add(ml, GK("dampening"), "%.17g", hp.sgd.dampening);
+            meta_add(ml, GK("nesterov"), "%s", hp.sgd.nesterov ? "true" : "false");
+        }
+#undef GK
     }
 }
 
@@ -257,18 +269,29 @@ static bool get_bool(const reader *r, const char *key, bool *out)
 }
 
 /* The optimizer part of r's file, checked against o: its scalar state into
- * hp, its tensors (with o's state tensors as destinations) added to tl. */
+ * hp (hp->lr_scale and hp->group_wd are allocated: free them with
+ * hp_free), its tensors (with o's state tensors as destinations) added to
+ * tl. Files written before "ctpu.optim.lr" and ".lr_scale" existed (one
+ * group) read with the group's lr and scale 1. */
+static void hp_free(ctpu__optim_hp *hp)
+{
+    free(hp->lr_scale);
+    free(hp->group_wd);
+    hp->lr_scale = hp->group_wd = NULL;
+}
+
 static bool optim_read(const reader *r, const ctpu_optim *o, ctpu__optim_hp *hp, list *tl)
 {
     ctpu__optim_hp cur;
     ctpu__optim_get(o, &cur);
     *hp = cur;
+    hp->lr_scale = hp->group_wd = NULL;
     const char *kind, *params;
     int64_t np, groups;
     if (!get_str(r, "ctpu.optim.kind", &kind)) return false;
-    if (strcmp(kind, cur.adamw ? "adamw" : "sgd")) {
+    if (strcmp(kind, kind_name(&cur))) {
         ctpu_report_error(CTPU_ERR_IO, "%s: %s: the file holds a '%.32s' optimizer, this one is %s", r->op, r->path,
-                          kind, cur.adamw ? "adamw" : "sgd");
+                          kind, kind_name(&cur));
         return false;
     }
     if (!get_i64(r, "ctpu.optim.n_params", 1, &np) || !get_i64(r, "ctpu.optim.step", 0, &hp->steps) ||
@@ -279,45 +302,66 @@ static bool optim_read(const reader *r, const ctpu_optim *o, ctpu__optim_hp *hp,
                           (long long)np, cur.n_params);
         return false;
     }
-    if (groups != 1) {
-        ctpu_report_error(CTPU_ERR_IO, "%s: %s: the file's optimizer has %lld parameter groups, this one 1", r->op,
-                          r->path, (long long)groups);
+    if (groups != cur.n_groups) {
+        ctpu_report_error(CTPU_ERR_IO, "%s: %s: the file's optimizer has %lld parameter groups, this one %d", r->op,
+                          r->path, (long long)groups, cur.n_groups);
         return false;
     }
-    char *idx = index_list(cur.n_params);
-    if (!idx) { ctpu_report_error(CTPU_ERR_OOM, "%s: %s: out of host memory", r->op, r->path); return false; }
-    bool ok = get_str(r, "ctpu.optim.group.0.params", &params);
-    if (ok && strcmp(params, idx)) ok = bad_value(r, "ctpu.optim.group.0.params", params, "every parameter in order");
-    free(idx);
-    if (!ok || !get_f64(r, "ctpu.optim.group.0.lr", &hp->lr)) return false;
-    if (cur.adamw) {
-        ok = get_f64(r, "ctpu.optim.group.0.initial_lr", &hp->adam.lr) &&
-             get_f64(r, "ctpu.optim.group.0.beta1", &hp->adam.beta1) &&
-             get_f64(r, "ctpu.optim.group.0.beta2", &hp->adam.beta2) &&
-             get_f64(r, "ctpu.optim.group.0.eps", &hp->adam.eps) &&
-             get_f64(r, "ctpu.optim.group.0.weight_decay", &hp->adam.weight_decay);
-    } else {
-        ok = get_f64(r, "ctpu.optim.group.0.initial_lr", &hp->sgd.lr) &&
-             get_f64(r, "ctpu.optim.group.0.momentum", &hp->sgd.momentum) &&
-             get_f64(r, "ctpu.optim.group.0.dampening", &hp->sgd.dampening) &&
-             get_f64(r, "ctpu.optim.group.0.weight_decay", &hp->sgd.weight_decay) &&
-             get_bool(r, "ctpu.optim.group.0.nesterov", &hp->sgd.nesterov);
+    hp->lr_scale = malloc(sizeof(double) * (size_t)cur.n_groups);
+    hp->group_wd = malloc(sizeof(double) * (size_t)cur.n_groups);
+    if (!hp->lr_scale || !hp->group_wd) {
+        hp_free(hp);
+        ctpu_report_error(CTPU_ERR_OOM, "%s: %s: out of host memory", r->op, r->path);
+        return false;
     }
-    if (!ok) return false;
+    bool ok = true;
+    double lr0 = 0;
+    for (int g = 0; g < cur.n_groups && ok; g++) {
+        char k[64];
+#define GK(name) (snprintf(k, sizeof k, "ctpu.optim.group.%d." name, g), k)
+        char *idx = index_list(&cur, g);
+        if (!idx) { hp_free(hp); ctpu_report_error(CTPU_ERR_OOM, "%s: %s: out of host memory", r->op, r->path); return false; }
+        ok = get_str(r, GK("params"), &params);
+        if (ok && strcmp(params, idx)) ok = bad_value(r, k, params, "this optimizer's group layout");
+        free(idx);
+        hp->lr_scale[g] = 1.0;
+        if (ok && ctpu_safetensors_metadata(r->f, GK("lr_scale"))) ok = get_f64(r, k, &hp->lr_scale[g]);
+        if (ok) ok = get_f64(r, GK("weight_decay"), &hp->group_wd[g]);
+        if (ok && g == 0) ok = get_f64(r, GK("lr"), &lr0);
+        double ilr = 0;
+        if (ok) ok = get_f64(r, GK("initial_lr"), &ilr);
+        if (cur.adamw) {
+            ok = ok && get_f64(r, GK("beta1"), &hp->adam.beta1) && get_f64(r, GK("beta2"), &hp->adam.beta2) &&
+                 get_f64(r, GK("eps"), &hp->adam.eps);
+            if (g == 0 && hp->lr_scale[0] > 0) hp->adam.lr = ilr / hp->lr_scale[0];
+        } else {
+            ok = ok && get_f64(r, GK("momentum"), &hp->sgd.momentum) && get_f64(r, GK("dampening"), &hp->sgd.dampening) &&
+                 get_bool(r, GK("nesterov"), &hp->sgd.nesterov);
+            if (g == 0 && hp->lr_scale[0] > 0) hp->sgd.lr = ilr / hp->lr_scale[0];
+        }
+#undef GK
+    }
+    if (ok && ctpu_safetensors_metadata(r->f, "ctpu.optim.lr")) ok = get_f64(r, "ctpu.optim.lr", &hp->lr);
+    else if (ok) hp->lr = lr0;
+    if (!ok) { hp_free(hp); return false; }
+    if (cur.adamw) hp->adam.weight_decay = hp->group_wd[0];
+    else hp->sgd.weight_decay = hp->group_wd[0];
     if (!ctpu__optim_hp_valid(hp)) {
         ctpu_report_error(CTPU_ERR_IO, "%s: %s: the file's optimizer hyper-parameters are invalid (lr %g, step %lld)",
                           r->op, r->path, hp->lr, (long long)hp->steps);
+        hp_free(hp);
         return false;
     }
     if (!cur.adamw && (hp->sgd.momentum > 0) != (cur.n_state == 1)) {
         ctpu_report_error(CTPU_ERR_IO, "%s: %s: the file's SGD has momentum %g; this one was made %s momentum "
                           "buffers", r->op, r->path, hp->sgd.momentum, cur.n_state ? "with" : "without");
+        hp_free(hp);
         return false;
     }
     const char *const *sn = state_names(&cur);
     for (int i = 0; i < cur.n_params; i++)
         for (int k = 0; k < cur.n_state; k++) tensor_add(tl, ctpu_optim_state(o, i, k), "optim.state.%d.%s", i, sn[k]);
-    if (tl->oom) { ctpu_report_error(CTPU_ERR_OOM, "%s: %s: out of host memory", r->op, r->path); return false; }
+    if (tl->oom) { hp_free(hp); ctpu_report_error(CTPU_ERR_OOM, "%s: %s: out of host memory", r->op, r->path); return false; }
     return true;
 }
 
@@ -358,9 +402,10 @@ ctpu_status ctpu_optim_load(ctpu_optim *o, const char *path)
     if (!f) return ctpu_last_status();
     reader r = { op, f, path };
     list tl = { 0 };
-    ctpu__optim_hp hp;
+    ctpu__optim_hp hp = { 0 };
     ctpu_status st = optim_read(&r, o, &hp, &tl) ? load_tensors(&r, &tl) : ctpu_last_status();
     if (st == CTPU_OK) ctpu__optim_put(o, &hp);
+    hp_free(&hp);
     list_free(&tl);
     ctpu_safetensors_close(f);
     return st;
@@ -379,7 +424,7 @@ ctpu_status ctpu_checkpoint_load(const char *path, int n, const char *const *nam
     if (!f) return ctpu_last_status();
     reader r = { op, f, path };
     list tl = { 0 };
-    ctpu__optim_hp hp;
+    ctpu__optim_hp hp = { 0 };
     ctpu_batch_iter_state ds = { 0 };
     uint64_t seed = 0, offset = 0;
     int64_t version = 0;
@@ -407,6 +452,7 @@ ctpu_status ctpu_checkpoint_load(const char *path, int n, const char *const *nam
         if (it) ctpu_batch_iter_set_state(it, &ds);
         st = ctpu_rng_set_state(seed, offset);
     }
+    hp_free(&hp);
     list_free(&tl);
     ctpu_safetensors_close(f);
     return st;

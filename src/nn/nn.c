@@ -201,11 +201,12 @@ void ctpu_linear_free(ctpu_linear *l)
     memset(l, 0, sizeof *l);
 }
 
-ctpu_status ctpu_layer_norm_init(ctpu_layer_norm *ln, int64_t dim, double eps, bool affine, ctpu_dtype dt)
+ctpu_status ctpu_layer_norm_layer_init(ctpu_layer_norm_layer *ln, int64_t dim, double eps, bool affine, ctpu_dtype dt)
 {
-    if (!ctpu__nn_ready("layer_norm_init")) return CTPU_ERR_NOT_INITIALIZED;
+    if (!ctpu__nn_ready("layer_norm_layer_init")) return CTPU_ERR_NOT_INITIALIZED;
     if (!ln || dim < 1 || !(eps >= 0) || !isfinite(eps))
-        return ctpu_report_error(CTPU_ERR_INVALID_ARG, "layer_norm_init: %s", !ln ? "ln is NULL" : "dim must be >= 1 and eps finite >= 0");
+        return ctpu_report_error(CTPU_ERR_INVALID_ARG, "layer_norm_layer_init: %s",
+                                 !ln ? "ln is NULL" : "dim must be >= 1 and eps finite >= 0");
     memset(ln, 0, sizeof *ln);
     ln->dim = dim;
     ln->eps = eps;
@@ -213,39 +214,31 @@ ctpu_status ctpu_layer_norm_init(ctpu_layer_norm *ln, int64_t dim, double eps, b
         ln->weight = param(ctpu_ones(dt, 1, &dim));
         ln->bias = param(ctpu_zeros(dt, 1, &dim));
         if (ctpu_is_null(ln->weight) || ctpu_is_null(ln->bias)) {
-            ctpu_status st = ctpu__nn_blame("layer_norm_init", ctpu_is_null(ln->weight) ? "weight" : "bias");
-            ctpu_layer_norm_free(ln);
+            ctpu_status st = ctpu__nn_blame("layer_norm_layer_init", ctpu_is_null(ln->weight) ? "weight" : "bias");
+            ctpu_layer_norm_layer_free(ln);
             return st;
         }
     }
     return CTPU_OK;
 }
 
-ctpu_tensor ctpu_layer_norm_forward(const ctpu_layer_norm *ln, ctpu_tensor x)
+ctpu_tensor ctpu_layer_norm_layer_forward(const ctpu_layer_norm_layer *ln, ctpu_tensor x)
 {
-    if (!ctpu__nn_ready("layer_norm")) return CTPU_NULL;
-    if (!ln) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "layer_norm: ln is NULL"); return CTPU_NULL; }
+    if (!ctpu__nn_ready("layer_norm_layer")) return CTPU_NULL;
+    if (!ln) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "layer_norm_layer: ln is NULL"); return CTPU_NULL; }
     if (ctpu_is_null(x)) return CTPU_NULL;
     int nd = ctpu_ndim(x);
     if (nd < 0) return CTPU_NULL;
     if (nd < 1 || ctpu_dim(x, -1) != ln->dim) {
         char b[128];
-        ctpu_report_error(CTPU_ERR_SHAPE, "layer_norm: x is %s: its last dim must be %lld", ctpu__nn_fmt(x, b, sizeof b),
+        ctpu_report_error(CTPU_ERR_SHAPE, "layer_norm_layer: x is %s: its last dim must be %lld", ctpu__nn_fmt(x, b, sizeof b),
                           (long long)ln->dim);
         return CTPU_NULL;
     }
-    int d = -1;
-    ctpu_scope_begin();
-    ctpu_tensor mean = ctpu_mean(x, 1, &d, true);
-    ctpu_tensor var = ctpu_var(x, 1, &d, 0, true);
-    ctpu_tensor y = ctpu_mul(ctpu_sub(x, mean), ctpu_rsqrt(ctpu_add_scalar(var, ln->eps)));
-    if (!ctpu_is_null(ln->weight)) y = ctpu_add(ctpu_mul(y, ln->weight), ln->bias);
-    ctpu_keep(y);
-    ctpu_scope_end();
-    return y;
+    return ctpu_layer_norm(x, ln->weight, ln->bias, ln->eps);
 }
 
-void ctpu_layer_norm_free(ctpu_layer_norm *ln)
+void ctpu_layer_norm_layer_free(ctpu_layer_norm_layer *ln)
 {
     if (!ln) return;
     release_all(2, (ctpu_tensor[]){ ln->weight, ln->bias });
@@ -357,6 +350,134 @@ ctpu_tensor ctpu_cross_entropy(ctpu_tensor logits, ctpu_tensor labels, const ctp
     else if (o.reduction == CTPU_REDUCE_SUM) r = ctpu_sum(loss, 0, NULL, false);
     else r = ctpu_div(ctpu_sum(loss, 0, NULL, false), ctpu_sum(valid, 0, NULL, false));
     ctpu_keep(r);
+    ctpu_scope_end();
+    return r;
+}
+
+/* pred and target of one shape, a valid reduction (mse, l1, smooth_l1, bce) */
+static bool pair_check(const char *op, ctpu_tensor pred, ctpu_tensor target, ctpu_reduction reduction, bool need_float)
+{
+    if (ctpu_is_null(pred) || ctpu_is_null(target)) {
+        ctpu_report_error(CTPU_ERR_NULL_HANDLE, "%s: %s is a null handle", op, ctpu_is_null(pred) ? "pred" : "target");
+        return false;
+    }
+    int64_t s1[CTPU_MAX_DIMS], s2[CTPU_MAX_DIMS];
+    int n1, n2;
+    if (ctpu_shape(pred, s1, &n1) != CTPU_OK || ctpu_shape(target, s2, &n2) != CTPU_OK) {
+        ctpu__nn_blame(op, NULL);
+        return false;
+    }
+    bool same = n1 == n2 && memcmp(s1, s2, sizeof(int64_t) * (size_t)n1) == 0;
+    bool fl = !need_float || (ctpu_dtype_of(pred) != CTPU_I32 && ctpu_dtype_of(target) != CTPU_I32);
+    if (!same || !fl || (unsigned)reduction > CTPU_REDUCE_NONE) {
+        char a[128], b[128];
+        ctpu_report_error(!same ? CTPU_ERR_SHAPE : !fl ? CTPU_ERR_DTYPE : CTPU_ERR_INVALID_ARG,
+                          "%s: pred is %s, target is %s: %s", op, ctpu__nn_fmt(pred, a, sizeof a),
+                          ctpu__nn_fmt(target, b, sizeof b),
+                          !same ? "shapes must match" : !fl ? "need f32 or bf16" : "bad reduction");
+        return false;
+    }
+    return true;
+}
+
+static ctpu_tensor reduce_as(ctpu_tensor l, ctpu_reduction reduction)
+{
+    return reduction == CTPU_REDUCE_NONE ? l
+           : reduction == CTPU_REDUCE_SUM ? ctpu_sum(l, 0, NULL, false) : ctpu_mean(l, 0, NULL, false);
+}
+
+ctpu_nll_opts ctpu_nll_defaults(void) { return (ctpu_nll_opts){ CTPU_REDUCE_MEAN, -100 }; }
+
+ctpu_tensor ctpu_nll_loss(ctpu_tensor input, ctpu_tensor target, const ctpu_nll_opts *opts)
+{
+    if (!ctpu__nn_ready("nll_loss")) return CTPU_NULL;
+    ctpu_nll_opts o = opts ? *opts : ctpu_nll_defaults();
+    if (ctpu_is_null(input) || ctpu_is_null(target)) {
+        ctpu_report_error(CTPU_ERR_NULL_HANDLE, "nll_loss: %s is a null handle", ctpu_is_null(input) ? "input" : "target");
+        return CTPU_NULL;
+    }
+    if ((unsigned)o.reduction > CTPU_REDUCE_NONE) {
+        ctpu_report_error(CTPU_ERR_INVALID_ARG, "nll_loss: reduction=%d: need a ctpu_reduction", (int)o.reduction);
+        return CTPU_NULL;
+    }
+    char a[128], b[128];
+    int nl = ctpu_ndim(input), ny = ctpu_ndim(target);
+    if (nl < 0 || ny < 0) { ctpu__nn_blame("nll_loss", nl < 0 ? "input" : "target"); return CTPU_NULL; }
+    ctpu_dtype dl = ctpu_dtype_of(input), dy = ctpu_dtype_of(target);
+    bool shape_ok = nl == 2 && ny == 1 && ctpu_dim(input, 0) == ctpu_dim(target, 0);
+    if (!shape_ok || dl == CTPU_I32 || dy != CTPU_I32) {
+        ctpu_report_error(!shape_ok ? CTPU_ERR_SHAPE : CTPU_ERR_DTYPE,
+                          "nll_loss: input is %s, target is %s: need f32/bf16 input [N, C] and i32 target [N]",
+                          ctpu__nn_fmt(input, a, sizeof a), ctpu__nn_fmt(target, b, sizeof b));
+        return CTPU_NULL;
+    }
+    int64_t N = ctpu_dim(input, 0);
+    ctpu_scope_begin();
+    ctpu_tensor valid = ctpu_ne_scalar(target, (double)o.ignore_index);
+    ctpu_tensor safe = ctpu_where(valid, target, ctpu_zeros(CTPU_I32, 0, NULL));
+    int64_t col[2] = { N, 1 };
+    ctpu_tensor picked = ctpu_reshape(ctpu_gather(input, 1, ctpu_reshape(safe, 2, col)), 1, &N);
+    if (!ctpu_is_null(picked) && dl != CTPU_F32) picked = ctpu_cast(picked, CTPU_F32);
+    ctpu_tensor loss = ctpu_where(valid, ctpu_neg(picked), ctpu_zeros(CTPU_F32, 0, NULL));
+    ctpu_tensor r;
+    if (o.reduction == CTPU_REDUCE_NONE) r = loss;
+    else if (o.reduction == CTPU_REDUCE_SUM) r = ctpu_sum(loss, 0, NULL, false);
+    else r = ctpu_div(ctpu_sum(loss, 0, NULL, false), ctpu_sum(valid, 0, NULL, false));
+    if (ctpu_is_null(r)) ctpu__nn_blame("nll_loss", NULL);
+    else r = ctpu_keep(r);
+    ctpu_scope_end();
+    return r;
+}
+
+ctpu_tensor ctpu_bce_with_logits(ctpu_tensor logits, ctpu_tensor target, ctpu_reduction reduction)
+{
+    if (!ctpu__nn_ready("bce_with_logits")) return CTPU_NULL;
+    if (!pair_check("bce_with_logits", logits, target, reduction, true)) return CTPU_NULL;
+    ctpu_scope_begin();
+    ctpu_tensor x = ctpu_dtype_of(logits) == CTPU_F32 ? logits : ctpu_cast(logits, CTPU_F32);
+    ctpu_tensor y = ctpu_dtype_of(target) == CTPU_F32 ? target : ctpu_cast(target, CTPU_F32);
+    /* torch's form: (1 - y) x + m + log(exp(-m) + exp(-x - m)), m = max(-x, 0):
+     * never exp of a positive number, and the gradient through m cancels
+     * (d/dm = 1 - 1), so the kink at x = 0 leaves sigmoid(x) - y exact */
+    ctpu_tensor m = ctpu_relu(ctpu_neg(x));
+    ctpu_tensor lse = ctpu_log(ctpu_add(ctpu_exp(ctpu_neg(m)), ctpu_exp(ctpu_sub(ctpu_neg(x), m))));
+    ctpu_tensor l = ctpu_add(ctpu_add(ctpu_mul(ctpu_rsub_scalar(y, 1.0), x), m), lse);
+    ctpu_tensor r = reduce_as(l, reduction);
+    if (ctpu_is_null(r)) ctpu__nn_blame("bce_with_logits", NULL);
+    else r = ctpu_keep(r);
+    ctpu_scope_end();
+    return r;
+}
+
+ctpu_tensor ctpu_l1_loss(ctpu_tensor pred, ctpu_tensor target, ctpu_reduction reduction)
+{
+    if (!ctpu__nn_ready("l1_loss")) return CTPU_NULL;
+    if (!pair_check("l1_loss", pred, target, reduction, false)) return CTPU_NULL;
+    ctpu_scope_begin();
+    ctpu_tensor r = reduce_as(ctpu_abs(ctpu_sub(pred, target)), reduction);
+    if (ctpu_is_null(r)) ctpu__nn_blame("l1_loss", NULL);
+    else r = ctpu_keep(r);
+    ctpu_scope_end();
+    return r;
+}
+
+ctpu_tensor ctpu_smooth_l1_loss(ctpu_tensor pred, ctpu_tensor target, ctpu_reduction reduction, double beta)
+{
+    if (!ctpu__nn_ready("smooth_l1_loss")) return CTPU_NULL;
+    if (!pair_check("smooth_l1_loss", pred, target, reduction, false)) return CTPU_NULL;
+    if (!(beta >= 0) || !isfinite(beta)) {
+        ctpu_report_error(CTPU_ERR_INVALID_ARG, "smooth_l1_loss: beta=%g must be finite and >= 0", beta);
+        return CTPU_NULL;
+    }
+    if (beta == 0) return ctpu_l1_loss(pred, target, reduction);
+    ctpu_scope_begin();
+    ctpu_tensor d = ctpu_sub(pred, target);
+    ctpu_tensor ad = ctpu_abs(d);
+    ctpu_tensor l = ctpu_where(ctpu_lt_scalar(ad, beta), ctpu_mul_scalar(ctpu_mul(d, d), 0.5 / beta),
+                               ctpu_sub_scalar(ad, 0.5 * beta));
+    ctpu_tensor r = reduce_as(l, reduction);
+    if (ctpu_is_null(r)) ctpu__nn_blame("smooth_l1_loss", NULL);
+    else r = ctpu_keep(r);
     ctpu_scope_end();
     return r;
 }

@@ -20,12 +20,17 @@ const char *ctpu__nn_fmt(ctpu_tensor t, char *buf, size_t len);
 /* An optimizer's scalar state, for checkpoints (optim.c). n_state: state
  * tensors per parameter (ctpu_optim_state's k). */
 typedef struct {
-    bool adamw;             /* else SGD */
+    bool adamw;             /* Adam or AdamW (state exp_avg, exp_avg_sq); else SGD */
+    bool l2;                /* Adam (L2 weight decay), not AdamW */
     int n_params, n_state;
     double lr;              /* the current learning rate */
     int64_t steps;
     ctpu_sgd_opts sgd;      /* the one of the kind */
     ctpu_adamw_opts adam;
+    int n_groups;
+    const int *group_of;    /* [n_params]: each parameter's group (get: the optimizer's own) */
+    double *lr_scale;       /* [n_groups] (get: the optimizer's; a load's: its own copy) */
+    double *group_wd;       /* [n_groups] */
 } ctpu__optim_hp;
 void ctpu__optim_get(const ctpu_optim *o, ctpu__optim_hp *hp);
 /* hyper-parameters as the create functions accept them; lr >= 0, steps >= 0 */

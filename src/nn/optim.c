@@ -1,4 +1,4 @@
-/* Optimizers (SGD, AdamW) and learning-rate schedules on the public API.
+/* Optimizers (SGD, Adam, AdamW; parameter groups) and learning-rate schedules on the public API.
  * Every coefficient derived from the learning rate or the step count goes
  * into a *_scalar op as a runtime scalar, so a schedule never changes a
  * program's key; updates are written with ctpu_assign under no_grad. */
@@ -9,14 +9,18 @@
 #include "ctpu_nn.h"
 #include "nn_internal.h"
 
-enum { OPT_SGD, OPT_ADAMW };
+enum { OPT_SGD, OPT_ADAMW, OPT_ADAM };
 
 struct ctpu_optim {
     int kind;
     int n;
     int n_state;          /* state tensors per parameter */
-    ctpu_tensor *params;  /* [n], not owned */
+    ctpu_tensor *params;  /* [n], not owned (the groups' in group order) */
     ctpu_tensor *state;   /* [n * n_state], owned */
+    int n_groups;
+    int *group_of;        /* [n]: parameter i's group */
+    double *lr_scale;     /* [n_groups]: group lr = lr * lr_scale */
+    double *group_wd;     /* [n_groups]: the group's weight decay */
     double lr;
     int64_t steps;
     ctpu_sgd_opts sgd;
@@ -24,37 +28,90 @@ struct ctpu_optim {
 };
 
 ctpu_adamw_opts ctpu_adamw_defaults(void) { return (ctpu_adamw_opts){ 1e-3, 0.9, 0.999, 1e-8, 1e-2 }; }
+ctpu_adamw_opts ctpu_adam_defaults(void) { return (ctpu_adamw_opts){ 1e-3, 0.9, 0.999, 1e-8, 0.0 }; }
 
-static ctpu_optim *create(const char *op, int kind, int n, const ctpu_tensor *params, int n_state)
+static void free_host(ctpu_optim *o)
 {
-    if (n < 1 || !params) {
-        ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: n=%d with params %s: need n >= 1 parameters", op, n,
-                          params ? "given" : "NULL");
+    free(o->params);
+    free(o->state);
+    free(o->group_of);
+    free(o->lr_scale);
+    free(o->group_wd);
+    free(o);
+}
+
+/* The groups' parameters, checked (each valid, float, in one group only),
+ * flattened in group order. */
+static ctpu_optim *create(const char *op, int kind, int n_groups, const ctpu_param_group *groups, int n_state)
+{
+    if (n_groups < 1 || !groups) {
+        ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: n_groups=%d with groups %s: need n_groups >= 1", op, n_groups,
+                          groups ? "given" : "NULL");
         return NULL;
     }
-    for (int i = 0; i < n; i++) {
-        if (!ctpu_is_valid(params[i])) {
-            ctpu_report_error(ctpu_is_null(params[i]) ? CTPU_ERR_NULL_HANDLE : CTPU_ERR_STALE_HANDLE,
-                              "%s: params[%d] is a %s handle", op, i, ctpu_is_null(params[i]) ? "null" : "stale");
+    int64_t total = 0;
+    for (int g = 0; g < n_groups; g++) {
+        const ctpu_param_group *G = &groups[g];
+        if (G->n < 1 || !G->params || !(G->lr_scale >= 0) || !isfinite(G->lr_scale) || !(G->weight_decay >= 0) ||
+            !isfinite(G->weight_decay)) {
+            ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: groups[%d]: n=%d, params %s, lr_scale=%g, weight_decay=%g: need "
+                              "n >= 1 parameters, lr_scale and weight_decay finite and >= 0", op, g, G->n,
+                              G->params ? "given" : "NULL", G->lr_scale, G->weight_decay);
             return NULL;
         }
-        if (ctpu_dtype_of(params[i]) == CTPU_I32) {
-            ctpu_report_error(CTPU_ERR_DTYPE, "%s: params[%d] is i32: parameters are f32 or bf16", op, i);
-            return NULL;
+        for (int i = 0; i < G->n; i++) {
+            ctpu_tensor p = G->params[i];
+            if (!ctpu_is_valid(p)) {
+                ctpu_report_error(ctpu_is_null(p) ? CTPU_ERR_NULL_HANDLE : CTPU_ERR_STALE_HANDLE,
+                                  n_groups > 1 ? "%s: groups[%d].params[%d] is a %s handle" : "%s: params[%.0d%d] is a %s handle",
+                                  op, n_groups > 1 ? g : 0, i, ctpu_is_null(p) ? "null" : "stale");
+                return NULL;
+            }
+            if (ctpu_dtype_of(p) == CTPU_I32) {
+                ctpu_report_error(CTPU_ERR_DTYPE, n_groups > 1 ? "%s: groups[%d].params[%d] is i32: parameters are f32 or bf16"
+                                                             : "%s: params[%.0d%d] is i32: parameters are f32 or bf16",
+                                  op, n_groups > 1 ? g : 0, i);
+                return NULL;
+            }
+            for (int h = 0; h <= g; h++)
+                for (int j = 0; j < (h == g ? i : groups[h].n); j++)
+                    if (groups[h].params[j].id == p.id) {
+                        ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: groups[%d].params[%d] is also groups[%d].params[%d]: "
+                                          "a parameter belongs to one group (as torch.optim)", op, g, i, h, j);
+                        return NULL;
+                    }
         }
+        total += G->n;
     }
+    if (total > 1 << 24) {
+        ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: %lld parameters: at most 16777216", op, (long long)total);
+        return NULL;
+    }
+    int n = (int)total;
     ctpu_optim *o = calloc(1, sizeof *o);
     if (o) o->params = malloc(sizeof(ctpu_tensor) * (size_t)n);
     if (o) o->state = calloc((size_t)(n * n_state > 0 ? n * n_state : 1), sizeof(ctpu_tensor));
-    if (!o || !o->params || !o->state) {
-        if (o) { free(o->params); free(o->state); free(o); }
+    if (o) o->group_of = malloc(sizeof(int) * (size_t)n);
+    if (o) o->lr_scale = malloc(sizeof(double) * (size_t)n_groups);
+    if (o) o->group_wd = malloc(sizeof(double) * (size_t)n_groups);
+    if (!o || !o->params || !o->state || !o->group_of || !o->lr_scale || !o->group_wd) {
+        if (o) free_host(o);
         ctpu_report_error(CTPU_ERR_OOM, "%s: out of host memory", op);
         return NULL;
     }
     o->kind = kind;
     o->n = n;
     o->n_state = n_state;
-    memcpy(o->params, params, sizeof(ctpu_tensor) * (size_t)n);
+    o->n_groups = n_groups;
+    for (int g = 0, k = 0; g < n_groups; g++) {
+        o->lr_scale[g] = groups[g].lr_scale;
+        o->group_wd[g] = groups[g].weight_decay;
+        for (int i = 0; i < groups[g].n; i++, k++) {
+            o->params[k] = groups[g].params[i];
+            o->group_of[k] = g;
+        }
+    }
+    const ctpu_tensor *params = o->params;
     /* state as zeros now, never lazily at step 1: step 1 and step N record the same ops */
     for (int i = 0; i < n; i++) {
         int64_t s[CTPU_MAX_DIMS];
@@ -81,9 +138,15 @@ static bool adamw_opts_valid(const ctpu_adamw_opts *a)
            a->eps > 0 && isfinite(a->eps) && a->weight_decay >= 0 && isfinite(a->weight_decay);
 }
 
-ctpu_optim *ctpu_sgd_create(int n, const ctpu_tensor *params, const ctpu_sgd_opts *opts)
+static ctpu_param_group one_group(int n, const ctpu_tensor *params, double wd)
 {
-    const char *op = "sgd_create";
+    return (ctpu_param_group){ .params = params, .n = n, .lr_scale = 1.0, .weight_decay = wd };
+}
+
+ctpu_optim *ctpu_sgd_create_groups(int n_groups, const ctpu_param_group *groups, const ctpu_sgd_opts *opts)
+{
+    const char *op = n_groups == -1 ? "sgd_create" : "sgd_create_groups";
+    if (n_groups == -1) n_groups = 1;
     if (!ctpu__nn_ready(op)) return NULL;
     if (!opts) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: opts is NULL", op); return NULL; }
     ctpu_sgd_opts s = *opts;
@@ -94,16 +157,29 @@ ctpu_optim *ctpu_sgd_create(int n, const ctpu_tensor *params, const ctpu_sgd_opt
                           op, s.lr, s.momentum, s.dampening, s.weight_decay, (int)s.nesterov);
         return NULL;
     }
-    ctpu_optim *o = create(op, OPT_SGD, n, params, s.momentum > 0 ? 1 : 0);
+    ctpu_optim *o = create(op, OPT_SGD, n_groups, groups, s.momentum > 0 ? 1 : 0);
     if (!o) return NULL;
     o->sgd = s;
+    o->sgd.weight_decay = o->group_wd[0];
     o->lr = s.lr;
     return o;
 }
 
-ctpu_optim *ctpu_adamw_create(int n, const ctpu_tensor *params, const ctpu_adamw_opts *opts)
+ctpu_optim *ctpu_sgd_create(int n, const ctpu_tensor *params, const ctpu_sgd_opts *opts)
 {
-    const char *op = "adamw_create";
+    if (n < 1 || !params) {
+        if (!ctpu__nn_ready("sgd_create")) return NULL;
+        ctpu_report_error(CTPU_ERR_INVALID_ARG, "sgd_create: n=%d with params %s: need n >= 1 parameters", n,
+                          params ? "given" : "NULL");
+        return NULL;
+    }
+    ctpu_param_group g = one_group(n, params, opts ? opts->weight_decay : 0);
+    return ctpu_sgd_create_groups(-1, &g, opts);
+}
+
+static ctpu_optim *adam_create(const char *op, int kind, int n_groups, const ctpu_param_group *groups,
+                               const ctpu_adamw_opts *opts)
+{
     if (!ctpu__nn_ready(op)) return NULL;
     if (!opts) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: opts is NULL", op); return NULL; }
     ctpu_adamw_opts a = *opts;
@@ -113,11 +189,44 @@ ctpu_optim *ctpu_adamw_create(int n, const ctpu_tensor *params, const ctpu_adamw
                           "weight_decay >= 0", op, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay);
         return NULL;
     }
-    ctpu_optim *o = create(op, OPT_ADAMW, n, params, 2);
+    ctpu_optim *o = create(op, kind, n_groups, groups, 2);
     if (!o) return NULL;
     o->adam = a;
+    o->adam.weight_decay = o->group_wd[0];
     o->lr = a.lr;
     return o;
+}
+
+static ctpu_optim *adam_create_flat(const char *op, int kind, int n, const ctpu_tensor *params, const ctpu_adamw_opts *opts)
+{
+    if (n < 1 || !params) {
+        if (!ctpu__nn_ready(op)) return NULL;
+        ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: n=%d with params %s: need n >= 1 parameters", op, n,
+                          params ? "given" : "NULL");
+        return NULL;
+    }
+    ctpu_param_group g = one_group(n, params, opts ? opts->weight_decay : 0);
+    return adam_create(op, kind, 1, &g, opts);
+}
+
+ctpu_optim *ctpu_adamw_create(int n, const ctpu_tensor *params, const ctpu_adamw_opts *opts)
+{
+    return adam_create_flat("adamw_create", OPT_ADAMW, n, params, opts);
+}
+
+ctpu_optim *ctpu_adam_create(int n, const ctpu_tensor *params, const ctpu_adamw_opts *opts)
+{
+    return adam_create_flat("adam_create", OPT_ADAM, n, params, opts);
+}
+
+ctpu_optim *ctpu_adamw_create_groups(int n_groups, const ctpu_param_group *groups, const ctpu_adamw_opts *opts)
+{
+    return adam_create("adamw_create_groups", OPT_ADAMW, n_groups, groups, opts);
+}
+
+ctpu_optim *ctpu_adam_create_groups(int n_groups, const ctpu_param_group *groups, const ctpu_adamw_opts *opts)
+{
+    return adam_create("adam_create_groups", OPT_ADAM, n_groups, groups, opts);
 }
 
 /* A new state value: the handle is replaced (no copy; the state is the
@@ -129,37 +238,45 @@ static void replace_state(ctpu_tensor *slot, ctpu_tensor v)
     ctpu_release(old);
 }
 
-static ctpu_status sgd_one(ctpu_optim *o, ctpu_tensor p, ctpu_tensor g, ctpu_tensor *buf)
+static ctpu_status sgd_one(ctpu_optim *o, ctpu_tensor p, ctpu_tensor g, ctpu_tensor *buf, double lr, double wd)
 {
     const ctpu_sgd_opts *s = &o->sgd;
     ctpu_tensor d = g;
-    if (s->weight_decay != 0) d = ctpu_add(d, ctpu_mul_scalar(p, s->weight_decay));
+    if (wd != 0) d = ctpu_add(d, ctpu_mul_scalar(p, wd));
     if (s->momentum != 0) {
         /* torch: the first step sets buf = d (no dampening); buf starts as zeros here */
         double c = o->steps == 0 ? 1.0 : 1.0 - s->dampening;
         ctpu_tensor nb = ctpu_add(ctpu_mul_scalar(*buf, s->momentum), ctpu_mul_scalar(d, c));
         if (ctpu_is_null(nb)) return ctpu_last_status();
         d = s->nesterov ? ctpu_add(d, ctpu_mul_scalar(nb, s->momentum)) : nb;
-        ctpu_tensor np = ctpu_sub(p, ctpu_mul_scalar(d, o->lr));
+        ctpu_tensor np = ctpu_sub(p, ctpu_mul_scalar(d, lr));
         ctpu_status st = ctpu_is_null(np) ? ctpu_last_status() : ctpu_assign(p, np);
         if (st == CTPU_OK) replace_state(buf, nb);
         return st;
     }
-    ctpu_tensor np = ctpu_sub(p, ctpu_mul_scalar(d, o->lr));
+    ctpu_tensor np = ctpu_sub(p, ctpu_mul_scalar(d, lr));
     return ctpu_is_null(np) ? ctpu_last_status() : ctpu_assign(p, np);
 }
 
-static ctpu_status adamw_one(ctpu_optim *o, ctpu_tensor p, ctpu_tensor g, ctpu_tensor *m, ctpu_tensor *v)
+/* AdamW (decoupled decay: p *= 1 - lr wd) or Adam (L2: g += wd p, as
+ * torch.optim.Adam); lr and wd are the parameter's group's. */
+static ctpu_status adamw_one(ctpu_optim *o, ctpu_tensor p, ctpu_tensor g, ctpu_tensor *m, ctpu_tensor *v, double lr,
+                             double wd)
 {
     const ctpu_adamw_opts *a = &o->adam;
     double t = (double)(o->steps + 1);
     double bc1 = 1.0 - pow(a->beta1, t), bc2s = sqrt(1.0 - pow(a->beta2, t));
     /* m / (sqrt(v) / sqrt(bc2) + eps) = sqrt(bc2) m / (sqrt(v) + eps sqrt(bc2)): one pass fewer */
-    ctpu_tensor p1 = a->weight_decay != 0 ? ctpu_mul_scalar(p, 1.0 - o->lr * a->weight_decay) : p;
+    ctpu_tensor p1 = p;
+    if (o->kind == OPT_ADAM) {
+        if (wd != 0) g = ctpu_add(g, ctpu_mul_scalar(p, wd));
+    } else if (wd != 0) {
+        p1 = ctpu_mul_scalar(p, 1.0 - lr * wd);
+    }
     ctpu_tensor nm = ctpu_add(ctpu_mul_scalar(*m, a->beta1), ctpu_mul_scalar(g, 1.0 - a->beta1));
     ctpu_tensor nv = ctpu_add(ctpu_mul_scalar(*v, a->beta2), ctpu_mul_scalar(ctpu_mul(g, g), 1.0 - a->beta2));
     ctpu_tensor denom = ctpu_add_scalar(ctpu_sqrt(nv), a->eps * bc2s);
-    ctpu_tensor np = ctpu_sub(p1, ctpu_mul_scalar(ctpu_div(nm, denom), o->lr * bc2s / bc1));
+    ctpu_tensor np = ctpu_sub(p1, ctpu_mul_scalar(ctpu_div(nm, denom), lr * bc2s / bc1));
     if (ctpu_is_null(np)) return ctpu_last_status();
     ctpu_status st = ctpu_assign(p, np);
     if (st == CTPU_OK) {
@@ -183,7 +300,9 @@ ctpu_status ctpu_optim_step(ctpu_optim *o)
         if (ctpu_is_null(g)) continue;
         if ((st = ctpu_scope_begin()) != CTPU_OK) break;
         ctpu_tensor *sv = o->state + i * o->n_state;
-        st = o->kind == OPT_SGD ? sgd_one(o, o->params[i], g, sv) : adamw_one(o, o->params[i], g, sv, sv + 1);
+        int gi = o->group_of[i];
+        double lr = o->lr * o->lr_scale[gi], wd = o->group_wd[gi];
+        st = o->kind == OPT_SGD ? sgd_one(o, o->params[i], g, sv, lr, wd) : adamw_one(o, o->params[i], g, sv, sv + 1, lr, wd);
         ctpu_status se = ctpu_scope_end();
         if (st == CTPU_OK) st = se;
     }
@@ -224,12 +343,17 @@ ctpu_status ctpu_optim_set_steps(ctpu_optim *o, int64_t steps)
 /* For checkpoints (checkpoint.c): the scalar state, read and written whole. */
 void ctpu__optim_get(const ctpu_optim *o, ctpu__optim_hp *hp)
 {
-    *hp = (ctpu__optim_hp){ .adamw = o->kind == OPT_ADAMW, .n_params = o->n, .n_state = o->n_state, .lr = o->lr,
-                            .steps = o->steps, .sgd = o->sgd, .adam = o->adam };
+    *hp = (ctpu__optim_hp){ .adamw = o->kind != OPT_SGD, .l2 = o->kind == OPT_ADAM, .n_params = o->n,
+                            .n_state = o->n_state, .lr = o->lr, .steps = o->steps, .sgd = o->sgd, .adam = o->adam,
+                            .n_groups = o->n_groups, .group_of = o->group_of, .lr_scale = o->lr_scale,
+                            .group_wd = o->group_wd };
 }
 
 bool ctpu__optim_hp_valid(const ctpu__optim_hp *hp)
 {
+    for (int g = 0; g < hp->n_groups; g++)
+        if (!(hp->lr_scale[g] >= 0) || !isfinite(hp->lr_scale[g]) || !(hp->group_wd[g] >= 0) || !isfinite(hp->group_wd[g]))
+            return false;
     return hp->lr >= 0 && isfinite(hp->lr) && hp->steps >= 0 &&
            (hp->adamw ? adamw_opts_valid(&hp->adam) : sgd_opts_valid(&hp->sgd));
 }
@@ -238,8 +362,12 @@ void ctpu__optim_put(ctpu_optim *o, const ctpu__optim_hp *hp)
 {
     o->lr = hp->lr;
     o->steps = hp->steps;
-    if (o->kind == OPT_ADAMW) o->adam = hp->adam;
+    if (o->kind != OPT_SGD) o->adam = hp->adam;
     else o->sgd = hp->sgd;
+    for (int g = 0; g < o->n_groups; g++) {
+        o->lr_scale[g] = hp->lr_scale[g];
+        o->group_wd[g] = hp->group_wd[g];
+    }
 }
 
 ctpu_tensor ctpu_optim_state(const ctpu_optim *o, int i, int k)
@@ -253,9 +381,7 @@ void ctpu_optim_free(ctpu_optim *o)
     if (!o) return;
     for (int i = 0; i < o->n * o->n_state; i++)
         if (ctpu_is_valid(o->state[i])) ctpu_release(o->state[i]);
-    free(o->state);
-    free(o->params);
-    free(o);
+    free_host(o);
 }
 
 /* ------------------------------------------------------------ schedules */
@@ -264,6 +390,17 @@ double ctpu_lr_cosine(double base_lr, int64_t step, int64_t total, double min_lr
     if (total <= 0 || step >= total) return min_lr;
     if (step < 0) step = 0;
     return min_lr + (base_lr - min_lr) * (1.0 + cos(M_PI * (double)step / (double)total)) / 2.0;
+}
+
+double ctpu_lr_warmup_cosine(double base_lr, int64_t step, int64_t warmup, int64_t total, double min_lr)
+{
+    if (step < 0) step = 0;
+    if (warmup > 0 && step < warmup) return base_lr * (double)(step + 1) / (double)(warmup + 1);
+    if (step >= total) return min_lr;
+    int64_t span = total - (warmup > 0 ? warmup : 0);
+    if (span <= 0) return min_lr;
+    double ratio = (double)(step - (warmup > 0 ? warmup : 0)) / (double)span;
+    return min_lr + (base_lr - min_lr) * 0.5 * (1.0 + cos(M_PI * ratio));
 }
 
 double ctpu_lr_step(double base_lr, int64_t step, int64_t step_size, double gamma)
