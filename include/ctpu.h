@@ -434,6 +434,32 @@ CTPU_API ctpu_tensor ctpu_slice(ctpu_tensor a, int dim, int64_t start, int64_t e
 CTPU_API ctpu_tensor ctpu_concat(int n, const ctpu_tensor *ts, int dim);
 /* Broadcast to shape (extent 1 or new leading dims expand; -1 keeps). */
 CTPU_API ctpu_tensor ctpu_expand(ctpu_tensor a, int ndim, const int64_t *shape);
+/* Movement composites (docs/DESIGN.md): reshapes, concat, where over
+ * arange masks; exact (no arithmetic on the values), gradients theirs.
+ * Errors name the op: handle errors, CTPU_ERR_SHAPE for a dim out of range
+ * (named with the valid range), CTPU_ERR_INVALID_ARG for a bad count. */
+/* torch.unsqueeze: a new extent-1 dim at dim in [-ndim-1, ndim] (ndim < 8). */
+CTPU_API ctpu_tensor ctpu_unsqueeze(ctpu_tensor a, int dim);
+/* torch.squeeze(a, dim): drops dim (in [-ndim, ndim)) if its extent is 1,
+ * else the same shape (a new handle), as torch. */
+CTPU_API ctpu_tensor ctpu_squeeze(ctpu_tensor a, int dim);
+/* torch.flatten(a, start, end): dims start..end (inclusive, negative count
+ * from the end, start <= end) merged into one; a 0-d a gives [1]. */
+CTPU_API ctpu_tensor ctpu_flatten(ctpu_tensor a, int start, int end);
+/* torch.stack: n >= 1 tensors of one shape and dtype along a new dim in
+ * [-ndim-1, ndim] (unsqueeze each, then concat). */
+CTPU_API ctpu_tensor ctpu_stack(int n, const ctpu_tensor *ts, int dim);
+/* torch.tril / torch.triu over the last two dims (ndim >= 2): keeps
+ * a[..., i, j] where j - i <= k (tril) or j - i >= k (triu), else 0. */
+CTPU_API ctpu_tensor ctpu_tril(ctpu_tensor a, int64_t k);
+CTPU_API ctpu_tensor ctpu_triu(ctpu_tensor a, int64_t k);
+/* A causal attention mask f32 [T, S]: position (i, j) is allowed when
+ * j <= i (top-left aligned, as torch's tril(ones(T, S)) and
+ * scaled_dot_product_attention(is_causal=True)). CTPU_MASK_ADDITIVE gives 0
+ * where allowed and -inf elsewhere (add it to the scores); CTPU_MASK_BINARY
+ * gives 1 / 0. Errors: CTPU_ERR_INVALID_ARG (T or S < 1, another kind). */
+typedef enum { CTPU_MASK_ADDITIVE = 0, CTPU_MASK_BINARY = 1 } ctpu_mask_kind;
+CTPU_API ctpu_tensor ctpu_causal_mask(int64_t T, int64_t S, ctpu_mask_kind kind);
 /* weight [V, D] (f32/bf16), indices i32 of any shape -> [..., D]. An index
  * outside [0, V) is a device fault naming `embedding` and the index, raised
  * at the next sync (strict eager) or at the call (debug eager); its row is 0. */

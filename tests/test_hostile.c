@@ -184,6 +184,9 @@ static void uninitialised_sweep(void)
     UN_T(ctpu_sigmoid, "sigmoid", t); UN_T(ctpu_relu, "relu", t); UN_T(ctpu_gelu, "gelu", t, true);
     UN_T(ctpu_silu, "silu", t); UN_T(ctpu_softplus, "softplus", t);
     UN_T(ctpu_layer_norm, "layer_norm", t, t, CTPU_NULL, 1e-5); UN_T(ctpu_rms_norm, "rms_norm", t, CTPU_NULL, 1e-5);
+    UN_T(ctpu_unsqueeze, "unsqueeze", t, 0); UN_T(ctpu_squeeze, "squeeze", t, 0); UN_T(ctpu_flatten, "flatten", t, 0, -1);
+    UN_T(ctpu_stack, "stack", 2, ts, 0); UN_T(ctpu_tril, "tril", t, 0); UN_T(ctpu_triu, "triu", t, 0);
+    UN_T(ctpu_causal_mask, "causal_mask", 4, 4, CTPU_MASK_ADDITIVE);
     UN_T(ctpu_add, "add", t, t); UN_T(ctpu_sub, "sub", t, t); UN_T(ctpu_mul, "mul", t, t);
     UN_T(ctpu_div, "div", t, t); UN_T(ctpu_pow, "pow", t, t); UN_T(ctpu_maximum, "maximum", t, t);
     UN_T(ctpu_minimum, "minimum", t, t); UN_T(ctpu_eq, "eq", t, t); UN_T(ctpu_ne, "ne", t, t);

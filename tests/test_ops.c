@@ -1,3 +1,4 @@
+#include <limits.h>
 /* Op conformance, driven by the op table (STYLE.md "Tests and benchmarks",
  * ggml's test-backend-ops): every row of CTPU_OP_TABLE has a case here, and
  * `every_op_has_a_case` fails for a new row without one.
@@ -1853,6 +1854,104 @@ START_TEST(norms_against_float64)
 }
 END_TEST
 
+
+/* Movement composites: squeeze / unsqueeze / flatten shapes, stack, tril /
+ * triu and the causal mask against host loops, in every mode bit for bit,
+ * gradients (stack's and tril's pass the kept entries), errors. */
+START_TEST(movement_composites)
+{
+    static const ctpu_mode modes[] = { CTPU_MODE_STRICT, CTPU_MODE_DEBUG, CTPU_MODE_DEFER_FUSE };
+    float x[2 * 3 * 4];
+    for (int i = 0; i < 24; i++) x[i] = (float)i - 7.5f;
+    int64_t s3[3] = { 2, 3, 4 };
+    for (int m = 0; m < 3; m++) {
+        ck_assert_int_eq(ctpu_set_mode(modes[m]), CTPU_OK);
+        ctpu_tensor X = t_f32(x, 3, s3);
+        t_expect_shape(ctpu_unsqueeze(X, 1), 4, (int64_t[]){ 2, 1, 3, 4 });
+        t_expect_shape(ctpu_unsqueeze(X, -1), 4, (int64_t[]){ 2, 3, 4, 1 });
+        t_expect_shape(ctpu_squeeze(ctpu_unsqueeze(X, 0), 0), 3, s3);
+        t_expect_shape(ctpu_squeeze(X, 1), 3, s3);
+        t_expect_shape(ctpu_flatten(X, 0, -1), 1, (int64_t[]){ 24 });
+        t_expect_shape(ctpu_flatten(X, 1, 2), 2, (int64_t[]){ 2, 12 });
+        t_expect_shape(ctpu_flatten(ctpu_full(CTPU_F32, 0, NULL, 2.0), 0, -1), 1, (int64_t[]){ 1 });
+        /* stack along 1: out[i][s][j][k] = ts[s][i][j][k] */
+        ctpu_tensor A = t_f32(x, 3, s3), B = ctpu_neg(A);
+        ctpu_set_requires_grad(A, true);
+        ctpu_tensor St = ctpu_stack(2, (ctpu_tensor[]){ A, B }, 1);
+        t_expect_shape(St, 4, (int64_t[]){ 2, 2, 3, 4 });
+        float *g = t_read(St, NULL);
+        for (int i = 0; i < 2; i++)
+            for (int sidx = 0; sidx < 2; sidx++)
+                for (int j = 0; j < 12; j++) {
+                    float want = x[i * 12 + j] * (sidx ? -1.0f : 1.0f);
+                    ck_assert_msg(t_same(g[(i * 2 + sidx) * 12 + j], want), "stack mode %d", m);
+                }
+        free(g);
+        /* tril / triu with k in -1, 0, 2 against the rule, and the gradient mask */
+        for (int up = 0; up < 2; up++)
+            for (int kk = -1; kk <= 2; kk += 3) {
+                ctpu_tensor P = t_f32(x, 3, s3);
+                ck_assert_int_eq(ctpu_set_requires_grad(P, true), CTPU_OK);
+                ctpu_tensor T = up ? ctpu_triu(P, kk) : ctpu_tril(P, kk);
+                ck_assert_msg(!ctpu_is_null(T), "%s", ctpu_last_error());
+                float *t = t_read(T, NULL);
+                ck_assert_int_eq(ctpu_backward(ctpu_sum(T, 0, NULL, false)), CTPU_OK);
+                float *gt = t_read(ctpu_grad(P), NULL);
+                for (int b = 0; b < 2; b++)
+                    for (int i = 0; i < 3; i++)
+                        for (int j = 0; j < 4; j++) {
+                            bool keep = up ? j - i >= kk : j - i <= kk;
+                            int o = b * 12 + i * 4 + j;
+                            ck_assert_msg(t_same(t[o], keep ? x[o] : 0.0f), "tri up %d k %d mode %d [%d]", up, kk, m, o);
+                            ck_assert_msg(gt[o] == (keep ? 1.0f : 0.0f), "tri grad up %d k %d [%d]", up, kk, o);
+                        }
+                free(t);
+                free(gt);
+            }
+        ck_assert_int_eq(ctpu_backward(ctpu_sum(St, 0, NULL, false)), CTPU_OK);
+        g = t_read(ctpu_grad(A), NULL);
+        for (int i = 0; i < 24; i++) ck_assert(g[i] == 1.0f);
+        free(g);
+        /* the causal mask, both kinds */
+        for (int kind = 0; kind < 2; kind++) {
+            ctpu_tensor M = ctpu_causal_mask(3, 5, (ctpu_mask_kind)kind);
+            t_expect_shape(M, 2, (int64_t[]){ 3, 5 });
+            float *mv = t_read(M, NULL);
+            for (int i = 0; i < 3; i++)
+                for (int j = 0; j < 5; j++) {
+                    float want = j <= i ? (kind ? 1.0f : 0.0f) : (kind ? 0.0f : -INFINITY);
+                    ck_assert_msg(t_same(mv[i * 5 + j], want), "mask kind %d (%d,%d)", kind, i, j);
+                }
+            free(mv);
+        }
+    }
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+    /* errors name the op */
+    ctpu_tensor X = t_f32(x, 3, s3), V = T_VEC(1, 2);
+    ck_assert(ctpu_is_null(ctpu_unsqueeze(X, 4)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_SHAPE);
+    ck_assert(t_contains(ctpu_last_error(), "unsqueeze"));
+    ck_assert(ctpu_is_null(ctpu_squeeze(X, INT_MIN)));
+    ck_assert(ctpu_is_null(ctpu_flatten(X, 2, 1)));
+    ck_assert(t_contains(ctpu_last_error(), "flatten"));
+    ck_assert(ctpu_is_null(ctpu_stack(2, (ctpu_tensor[]){ X, V }, 0)));
+    ck_assert(t_contains(ctpu_last_error(), "stack") && t_contains(ctpu_last_error(), "ts[1]"));
+    ck_assert(ctpu_is_null(ctpu_stack(0, NULL, 0)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_INVALID_ARG);
+    ck_assert(ctpu_is_null(ctpu_tril(V, 0)));
+    ck_assert(t_contains(ctpu_last_error(), "tril"));
+    ck_assert(ctpu_is_null(ctpu_causal_mask(0, 3, CTPU_MASK_BINARY)));
+    ck_assert(ctpu_is_null(ctpu_causal_mask(2, 3, (ctpu_mask_kind)7)));
+    ck_assert(t_contains(ctpu_last_error(), "causal_mask"));
+    /* a huge k keeps all or nothing */
+    float *all = t_read(ctpu_tril(X, INT64_MAX), NULL), *none = t_read(ctpu_tril(X, INT64_MIN), NULL);
+    for (int i = 0; i < 24; i++) ck_assert(t_same(all[i], x[i]) && none[i] == 0.0f);
+    free(all);
+    free(none);
+    ctpu_clear_error();
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("ops");
@@ -1867,6 +1966,7 @@ static Suite *suite(void)
     tcase_add_test(c, dtype_promotion);
     tcase_add_test(c, silu_is_its_composition);
     tcase_add_test(c, norms_against_float64);
+    tcase_add_test(c, movement_composites);
     suite_add_tcase(s, c);
     return s;
 }

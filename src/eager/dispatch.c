@@ -1002,6 +1002,162 @@ ctpu_tensor ctpu_rms_norm(ctpu_tensor x, ctpu_tensor weight, double eps)
     return norm_finish(y, dt);
 }
 
+/* ------------------------------------------------------------ movement composites */
+static bool dim_in(const char *op, const char *arg, int d, int lo, int hi)
+{
+    if (d >= lo && d <= hi) return true;
+    ctpu_set_error(CTPU_ERR_SHAPE, "%s: %s=%d is out of range (valid: [%d, %d])", op, arg, d, lo, hi);
+    return false;
+}
+
+static ctpu_tensor unsqueeze_as(const char *op, ctpu_tensor a, int dim)
+{
+    ctpu_trec *in[1];
+    if (!get_inputs(op, 1, &a, NM_A, in)) return CTPU_NULL;
+    int nd = in[0]->type.ndim;
+    if (nd >= CTPU_MAX_DIMS) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "%s: a has %d dims: at most %d", op, nd, CTPU_MAX_DIMS);
+        return CTPU_NULL;
+    }
+    if (!dim_in(op, "dim", dim, -nd - 1, nd)) return CTPU_NULL;
+    if (dim < 0) dim += nd + 1;
+    int64_t sh[CTPU_MAX_DIMS];
+    for (int i = 0, j = 0; i <= nd; i++) sh[i] = i == dim ? 1 : in[0]->type.shape[j++];
+    return ctpu_reshape(a, nd + 1, sh);
+}
+
+ctpu_tensor ctpu_unsqueeze(ctpu_tensor a, int dim) { return unsqueeze_as("unsqueeze", a, dim); }
+
+ctpu_tensor ctpu_squeeze(ctpu_tensor a, int dim)
+{
+    ctpu_trec *in[1];
+    if (!get_inputs("squeeze", 1, &a, NM_A, in)) return CTPU_NULL;
+    int nd = in[0]->type.ndim;
+    if (nd == 0 && (dim == 0 || dim == -1)) return ctpu_reshape(a, 0, NULL);
+    if (!dim_in("squeeze", "dim", dim, -nd, nd - 1)) return CTPU_NULL;
+    if (dim < 0) dim += nd;
+    int64_t sh[CTPU_MAX_DIMS];
+    int k = 0;
+    for (int i = 0; i < nd; i++)
+        if (i != dim || in[0]->type.shape[i] != 1) sh[k++] = in[0]->type.shape[i];
+    return ctpu_reshape(a, k, sh);
+}
+
+ctpu_tensor ctpu_flatten(ctpu_tensor a, int start, int end)
+{
+    ctpu_trec *in[1];
+    if (!get_inputs("flatten", 1, &a, NM_A, in)) return CTPU_NULL;
+    int nd = in[0]->type.ndim;
+    if (nd == 0) {
+        int64_t one = 1;
+        if (!dim_in("flatten", "start", start, -1, 0) || !dim_in("flatten", "end", end, -1, 0)) return CTPU_NULL;
+        return ctpu_reshape(a, 1, &one);
+    }
+    if (!dim_in("flatten", "start", start, -nd, nd - 1) || !dim_in("flatten", "end", end, -nd, nd - 1)) return CTPU_NULL;
+    if (start < 0) start += nd;
+    if (end < 0) end += nd;
+    if (start > end) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "flatten: start dim %d comes after end dim %d", start, end);
+        return CTPU_NULL;
+    }
+    int64_t sh[CTPU_MAX_DIMS];
+    int k = 0;
+    for (int i = 0; i < nd; i++) {
+        if (i > start && i <= end) sh[k - 1] *= in[0]->type.shape[i];
+        else sh[k++] = in[0]->type.shape[i];
+    }
+    return ctpu_reshape(a, k, sh);
+}
+
+ctpu_tensor ctpu_stack(int n, const ctpu_tensor *ts, int dim)
+{
+    if (!ctpu_check_init("stack")) return CTPU_NULL;
+    if (n < 1 || n > CTPU_NODE_MAX_IN || !ts) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "stack: n=%d with ts %s: need 1 <= n <= %d tensors", n, ts ? "given" : "NULL",
+                       CTPU_NODE_MAX_IN);
+        return CTPU_NULL;
+    }
+    ctpu_trec *in[CTPU_NODE_MAX_IN];
+    if (!get_inputs("stack", n, ts, NM_TS, in)) return CTPU_NULL;
+    for (int i = 1; i < n; i++)
+        if (in[i]->type.ndim != in[0]->type.ndim ||
+            memcmp(in[i]->type.shape, in[0]->type.shape, sizeof(int64_t) * in[0]->type.ndim) != 0) {
+            char t0[96], ti[96];
+            ctpu_set_error(CTPU_ERR_SHAPE, "stack: ts[0] is %s, ts[%d] is %s: need one shape",
+                           ctpu_fmt_type(&in[0]->type, t0, sizeof t0), i, ctpu_fmt_type(&in[i]->type, ti, sizeof ti));
+            return CTPU_NULL;
+        }
+    int nd = in[0]->type.ndim;
+    if (nd >= CTPU_MAX_DIMS) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "stack: the tensors have %d dims: at most %d", nd, CTPU_MAX_DIMS - 1);
+        return CTPU_NULL;
+    }
+    if (!dim_in("stack", "dim", dim, -nd - 1, nd)) return CTPU_NULL;
+    if (dim < 0) dim += nd + 1;
+    ctpu_tensor u[CTPU_NODE_MAX_IN];
+    for (int i = 0; i < n; i++) {
+        u[i] = unsqueeze_as("stack", ts[i], dim);
+        if (ctpu_is_null(u[i])) {
+            for (int j = 0; j < i; j++) ctpu_release(u[j]);
+            return CTPU_NULL;
+        }
+    }
+    ctpu_tensor r = ctpu_concat(n, u, dim);
+    for (int i = 0; i < n; i++) ctpu_release(u[i]);
+    return r;
+}
+
+/* f32 [R, C]: (j - i) op k as 1 / 0 (op: le for tril, ge for triu) */
+static ctpu_tensor band(int64_t R, int64_t C, int64_t k, bool lower)
+{
+    int64_t r1[2] = { R, 1 }, c1[2] = { 1, C };
+    ctpu_tensor rows = ctpu_reshape(ctpu_arange(0, (double)R, 1, CTPU_F32), 2, r1);
+    ctpu_tensor cols = ctpu_reshape(ctpu_arange(0, (double)C, 1, CTPU_F32), 2, c1);
+    ctpu_tensor d = ctpu_sub(cols, rows);
+    return lower ? ctpu_le_scalar(d, (double)k) : ctpu_ge_scalar(d, (double)k);
+}
+
+static ctpu_tensor tri(const char *op, ctpu_tensor a, int64_t k, bool lower)
+{
+    ctpu_trec *in[1];
+    if (!get_inputs(op, 1, &a, NM_A, in)) return CTPU_NULL;
+    int nd = in[0]->type.ndim;
+    if (nd < 2) {
+        char tb[96];
+        ctpu_set_error(CTPU_ERR_SHAPE, "%s: a is %s: need ndim >= 2", op, ctpu_fmt_type(&in[0]->type, tb, sizeof tb));
+        return CTPU_NULL;
+    }
+    int64_t R = in[0]->type.shape[nd - 2], C = in[0]->type.shape[nd - 1];
+    /* |k| past the matrix means all or nothing: clamp so the f32 compare is exact */
+    int64_t lim = (R > C ? R : C) + 1;
+    if (k > lim) k = lim;
+    if (k < -lim) k = -lim;
+    if (ctpu_scope_begin() != CTPU_OK) return CTPU_NULL;
+    ctpu_tensor r = ctpu_where(band(R, C, k, lower), a, ctpu_zeros(in[0]->type.dtype, 0, NULL));
+    if (!ctpu_is_null(r)) r = ctpu_keep(r);
+    ctpu_scope_end();
+    return r;
+}
+
+ctpu_tensor ctpu_tril(ctpu_tensor a, int64_t k) { return tri("tril", a, k, true); }
+ctpu_tensor ctpu_triu(ctpu_tensor a, int64_t k) { return tri("triu", a, k, false); }
+
+ctpu_tensor ctpu_causal_mask(int64_t T, int64_t S, ctpu_mask_kind kind)
+{
+    if (!ctpu_check_init("causal_mask")) return CTPU_NULL;
+    if (T < 1 || S < 1 || (unsigned)kind > CTPU_MASK_BINARY || T > (1 << 24) || S > (1 << 24)) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "causal_mask: T=%lld S=%lld kind=%d: need 1 <= T, S <= 2^24 and a ctpu_mask_kind",
+                       (long long)T, (long long)S, (int)kind);
+        return CTPU_NULL;
+    }
+    if (ctpu_scope_begin() != CTPU_OK) return CTPU_NULL;
+    ctpu_tensor m = band(T, S, 0, true);
+    if (kind == CTPU_MASK_ADDITIVE) m = ctpu_where(m, ctpu_zeros(CTPU_F32, 0, NULL), ctpu_full(CTPU_F32, 0, NULL, -INFINITY));
+    if (!ctpu_is_null(m)) m = ctpu_keep(m);
+    ctpu_scope_end();
+    return m;
+}
+
 /* ------------------------------------------------------------ reductions */
 static ctpu_tensor reduction(int op, ctpu_tensor a, int ndims, const int *dims, bool keepdim, int64_t corr)
 {
