@@ -29,5 +29,11 @@ void ctpu__test_device_hold(bool hold);
  * of the running runtime (NULL before init). */
 ctpu_cache *ctpu__test_strict_cache(void);
 ctpu_cache *ctpu__test_fused_cache(void);
+/* fuse/cache.c: a cache's entry count; the hash collisions its lookups met
+ * (a matching hash whose full key differed); force every key's hash to
+ * `value` (on) or back to xxHash (off). */
+size_t ctpu_cache_entries(ctpu_cache *c);
+uint64_t ctpu_cache_collisions(ctpu_cache *c);
+void ctpu_cache_force_hash(ctpu_cache *c, bool on, uint64_t value);
 
 #endif

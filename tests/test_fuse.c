@@ -629,7 +629,22 @@ START_TEST(forced_hash_collisions_still_correct)
         ck_assert_msg(fabsf(h[0] - want) <= 1e-5f * fabsf(want), "program %d gave %g", k, h[0]);
         ctpu_release(r);
     }
-    ck_assert_uint_gt(ctpu_cache_collisions(ctpu__test_fused_cache()), 0);
+    uint64_t coll = ctpu_cache_collisions(ctpu__test_fused_cache());
+    ck_assert_uint_gt(coll, 0);
+    ctpu_cache_force_hash(ctpu__test_fused_cache(), false, 0);
+    /* visible: the metrics counter, the "cache" object and the cache report */
+    ck_assert_int_eq(ctpu_metric_counter("cache_collisions"), (int64_t)coll);
+    char *doc = ctpu_metrics_json();
+    ck_assert_ptr_nonnull(doc);
+    ck_assert_ptr_nonnull(strstr(doc, "\"collisions\""));
+    free(doc);
+    char *rep = NULL;
+    size_t rlen = 0;
+    FILE *f = open_memstream(&rep, &rlen);
+    ck_assert_int_eq(ctpu_cache_report(f), CTPU_OK);
+    fclose(f);
+    ck_assert_msg(strstr(rep, "hash collisions: ") && strstr(rep, "the full-key compare told them apart"), "%s", rep);
+    free(rep);
     ctpu_release(a);
 }
 END_TEST

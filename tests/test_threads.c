@@ -310,7 +310,7 @@ static void *second_miss(void *p)
     wait_stage(&j->stage, 1);
     atomic_store(&j->stage, 2);
     char err[256];
-    j->second = ctpu_cache_get(j->c, j->key, j->len, j->t, &j->second_hit, err, sizeof err);
+    j->second = ctpu_cache_get(j->c, j->key, j->len, j->t, &j->second_hit, NULL, err, sizeof err);
     j->second_after_done = atomic_load(&j->done) == 1;
     return j->second ? NULL : (void *)1;
 }

@@ -44,6 +44,7 @@
     X(RECOMPILES,          "recompiles") \
     X(CACHE_EVICTIONS,     "cache_evictions") \
     X(CACHE_THRASH,        "cache_thrash") \
+    X(CACHE_COLLISIONS,    "cache_collisions") \
     X(PROGRAMS_LAUNCHED,   "programs_launched") \
     X(OPS_RECORDED,        "ops_recorded") \
     X(FUSED_STEPS,         "fused_program_steps") \

@@ -433,6 +433,7 @@ static void count_lookup(const flush_ctx *f)
         if (res->thrash) ctpu_counter_add(m, CTPU_CTR_CACHE_THRASH, 1);
     }
     if (res->evicted) ctpu_counter_add(m, CTPU_CTR_CACHE_EVICTIONS, res->evicted);
+    if (res->collisions) ctpu_counter_add(m, CTPU_CTR_CACHE_COLLISIONS, res->collisions);
 }
 
 /* Key -> fused cache; a miss is compiled here (or waited for, if another

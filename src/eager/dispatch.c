@@ -33,7 +33,7 @@ void ctpu__strict_front_free(struct ctpu_strict_front *f)
 }
 
 static ctpu_program *strict_program(const uint8_t *key, size_t klen, const ctpu_trace *tr, bool *hit,
-                                    char *err, size_t errlen)
+                                    int *collisions, char *err, size_t errlen)
 {
     uint64_t h = ctpu_key_hash(key, klen);
     ctpu_thread_state *ts = ctpu_ts();
@@ -44,7 +44,7 @@ static ctpu_program *strict_program(const uint8_t *key, size_t klen, const ctpu_
         *hit = true;
         return s->p;
     }
-    ctpu_program *p = ctpu_cache_get(ctpu_rt->strict_cache, key, klen, tr, hit, err, errlen);
+    ctpu_program *p = ctpu_cache_get(ctpu_rt->strict_cache, key, klen, tr, hit, collisions, err, errlen);
     if (p && s) {
         uint8_t *k = realloc(s->key, klen);
         if (k) {
@@ -114,8 +114,10 @@ static ctpu_status launch(ctpu_node *node, ctpu_trec *const *inputs, const doubl
     size_t klen = strict_key(&tr, key, sizeof key);
     char err[256];
     bool hit = false;
-    ctpu_program *prog = klen ? strict_program(key, klen, &tr, &hit, err, sizeof err) : NULL;
+    int collisions = 0;
+    ctpu_program *prog = klen ? strict_program(key, klen, &tr, &hit, &collisions, err, sizeof err) : NULL;
     ctpu_counter_add(&rt->metrics, CTPU_CTR_STRICT_CACHE_REQUESTS, 1);
+    if (collisions) ctpu_counter_add(&rt->metrics, CTPU_CTR_CACHE_COLLISIONS, collisions);
     if (!prog) {
         ctpu_set_error(CTPU_ERR_STATE, "%s: %s", opn, klen ? err : "trace key too long");
         return CTPU_ERR_STATE;

@@ -572,6 +572,7 @@ static void cache_json(cJSON *doc, ctpu_runtime *rt, const ctpu_cache_stats *st,
     cJSON_AddNumberToObject(c, "recompiles", ctr(m, CTPU_CTR_RECOMPILES));
     cJSON_AddNumberToObject(c, "evictions", ctr(m, CTPU_CTR_CACHE_EVICTIONS));
     cJSON_AddNumberToObject(c, "thrash", ctr(m, CTPU_CTR_CACHE_THRASH));
+    cJSON_AddNumberToObject(c, "collisions", ctr(m, CTPU_CTR_CACHE_COLLISIONS));
     cJSON_AddNumberToObject(c, "entries", (double)st->entries);
     cJSON_AddNumberToObject(c, "capacity", (double)st->capacity);
     cJSON_AddNumberToObject(c, "compile_ns", (double)ct.total_ns);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "fuse.h"
+#include "testing.h"
 
 typedef struct entry {
     uint64_t hash, struct_hash;
@@ -188,12 +189,15 @@ static void describe_diff(const entry *old, const ctpu_trace *t, const char *con
 
 /* ------------------------------------------------------------ find */
 /* The entry of a key, or NULL; count: add colliding entries to the stats. */
-static entry *table_find(ctpu_cache *c, uint64_t h, const uint8_t *key, size_t len, bool count)
+static entry *table_find(ctpu_cache *c, uint64_t h, const uint8_t *key, size_t len, int *count)
 {
     for (entry *e = c->buckets[h & (c->nbuckets - 1)]; e; e = e->next) {
         if (e->hash != h) continue;
         if (e->len == len && memcmp(e->key, key, len) == 0) return e;
-        if (count) c->st.collisions++;
+        if (count) {
+            c->st.collisions++;
+            (*count)++;
+        }
     }
     return NULL;
 }
@@ -223,7 +227,7 @@ ctpu_program *ctpu_cache_find(ctpu_cache *c, const uint8_t *key, size_t len, con
     pthread_mutex_lock(&c->mu);
     c->st.requests++;
     for (bool first = true;; first = false) {
-        entry *e = table_find(c, h, key, len, first);
+        entry *e = table_find(c, h, key, len, first ? &res->collisions : NULL);
         if (e) {
             e->info.hits++;
             e->info.last_use = o ? o->step : 0;
@@ -426,12 +430,13 @@ ctpu_program *ctpu_cache_insert(ctpu_cache *c, ctpu_cache_pending *p, const ctpu
 }
 
 ctpu_program *ctpu_cache_get(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_trace *t,
-                             bool *hit, char *err, size_t errlen)
+                             bool *hit, int *collisions, char *err, size_t errlen)
 {
     ctpu_cache_result r;
     ctpu_cache_pending *miss;
     ctpu_program *p = ctpu_cache_find(c, key, len, NULL, &r, NULL, &miss, err, errlen);
     *hit = r.hit;
+    if (collisions) *collisions = r.collisions;
     if (!miss) return p;
     p = ctpu_fuse_compile(t, err, errlen);   /* outside the cache lock */
     if (!p) {

@@ -66,8 +66,9 @@ typedef struct ctpu_launch_plan {
 } ctpu_launch_plan;
 
 /* Program cache keyed by the canonical key: full compare on hit. A test hook
- * forces every hash to one value (collisions must still give the right
- * program). capacity 0 = unbounded (strict eager's table). */
+ * (src/testing.h) forces every hash to one value (collisions must still give
+ * the right program; they are counted, in the metrics' "cache" object and
+ * the cache report). capacity 0 = unbounded (strict eager's table). */
 typedef struct ctpu_cache ctpu_cache;
 ctpu_cache *ctpu_cache_create(size_t capacity);
 void ctpu_cache_destroy(ctpu_cache *c);
@@ -83,6 +84,7 @@ typedef struct {
 typedef struct {
     bool hit, refused, recompile, thrash;
     int evicted;
+    int collisions;                /* entries whose hash matched but full key did not (the compare kept them apart) */
     uint64_t program_id;
     char reason[160];              /* recompile: "input 0 dim 0: 128 -> 96" */
 } ctpu_cache_result;
@@ -139,17 +141,17 @@ void ctpu_cache_abandon(ctpu_cache *c, ctpu_cache_pending *miss);
 void ctpu_cache_log_change(ctpu_cache *c, const ctpu_recompile_rec *rec);
 void ctpu_cache_describe_miss(ctpu_cache *c, const ctpu_trace *t, const char *const *in_names, char *out, size_t len);
 /* Find, compile a miss, insert (strict eager's one-node programs). *hit
- * tells which. NULL on a compile error. */
+ * tells which; *collisions (may be NULL) gets the hash collisions the
+ * lookup met. NULL on a compile error. */
 ctpu_program *ctpu_cache_get(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_trace *t,
-                             bool *hit, char *err, size_t errlen);
+                             bool *hit, int *collisions, char *err, size_t errlen);
 
 void ctpu_cache_get_stats(ctpu_cache *c, ctpu_cache_stats *out);
 /* Most recently used first; returns the count written. */
 size_t ctpu_cache_entries_info(ctpu_cache *c, ctpu_cache_entry_info *out, size_t max);
 /* The last recompiles (up to 64), oldest first. */
 size_t ctpu_cache_recompiles(ctpu_cache *c, ctpu_recompile_rec *out, size_t max);
-size_t ctpu_cache_entries(ctpu_cache *c);
-uint64_t ctpu_cache_collisions(ctpu_cache *c);
-void ctpu_cache_force_hash(ctpu_cache *c, bool on, uint64_t value);
+/* ctpu_cache_entries, ctpu_cache_collisions, ctpu_cache_force_hash: test
+ * hooks, declared in src/testing.h */
 
 #endif

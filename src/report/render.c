@@ -391,6 +391,10 @@ static void render_overview(out_t *o, const cJSON *d, const char *name)
     if (sreq > 0)
         line(o, "one-op program table (strict/debug eager): %.0f requests, %.0f hits (%.1f%%), %.0f misses", sreq, shit,
              pct(shit, sreq), num(c, "strict_misses"));
+    double coll = num(c, "collisions");
+    if (coll > 0)
+        line(o, "hash collisions: %.0f (a key's hash matched a cached program of another key; the full-key compare "
+                "told them apart, so no lookup returned a wrong program)", coll);
     line(o, "overall: %.0f requests, %.0f hits (%.1f%%), %.0f programs compiled in %s", req + sreq, hits + shit,
          pct(hits + shit, req + sreq), num(c, "compiles"), fmt_time(num(c, "compile_ns") / 1e9, b1, sizeof b1));
     if (num(c, "steps") > 0) {
