@@ -5,7 +5,8 @@
 set -euo pipefail
 pkgs=(meson ninja-build pkg-config gcc g++ libc6-dev libxxhash-dev libjemalloc-dev check libsubunit-dev
       libsleef-dev zlib1g-dev libcjson-dev dataset-fashion-mnist python3-numpy
-      libopenmpi-dev openmpi-bin)   # Open MPI: data parallel (issue 19; meson -Dmpi=auto finds it)
+      libopenmpi-dev openmpi-bin   # Open MPI: data parallel (issue 19; meson -Dmpi=auto finds it)
+      fortunes fortunes-min)   # the char-level GPT demo's corpus (examples/char_gpt.c, issue 14)
 if [ "${1:-}" = "--bench" ]; then pkgs+=(libopenblas-dev libdnnl-dev python3-torch); fi
 missing=()
 for p in "${pkgs[@]}"; do
