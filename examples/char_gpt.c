@@ -1,0 +1,496 @@
+/* A char-level GPT trained on the Debian fortunes corpus, in C (issue 14,
+ * first version).
+ *
+ * Data (examples/corpus.h): --data PATH, a file or a directory (default
+ * /usr/share/games/fortunes, Debian's fortunes and fortunes-min); byte
+ * tokens, every byte kept (control characters such as BEL and backspace
+ * overstrikes are ordinary tokens); fortune i is validation when i % 10 == 9;
+ * the vocabulary is the training split's bytes plus one id for unseen bytes.
+ *
+ * Model: token and position embeddings, --layers pre-norm blocks (causal
+ * self-attention written as matmul -> additive causal mask (-inf above the
+ * diagonal) -> softmax -> matmul, then a GELU (erf) MLP of 4 x dmodel), a
+ * final layer norm and a head tied to the token embedding. q, k and v
+ * project to heads x head_dim (default dmodel / heads). Every linear layer
+ * has a bias. Initialisation as nanoGPT: weights and embeddings N(0, 0.02),
+ * the two projections that write into the residual stream (attention output,
+ * MLP output) N(0, 0.02 / sqrt(2 layers)), biases 0, layer norms 1 / 0.
+ * AdamW (betas 0.9 / 0.95, eps 1e-8) with two groups: the 2-D weights and
+ * embeddings decay (--wd, default 0.1), biases and norms do not; learning
+ * rate: ctpu_lr_warmup_cosine (--warmup steps, then cosine to lr / 10 at
+ * --steps).
+ *
+ * Batch sampler (fixed, so another implementation can draw the same
+ * batches): row b of training step s starts at
+ *   splitmix64(seed + 0x9E3779B97F4A7C15 * (1 + s * batch + b)) % (n - ctx)
+ * in the training tokens (n of them), x = tokens[start, start + ctx),
+ * y = tokens[start + 1, start + ctx + 1); evaluation batch e (of
+ * --eval-batches, the same ones at every evaluation) uses s = 2^40 + e over
+ * the validation tokens. splitmix64 is Steele, Lea and Flood's finaliser
+ * (z += 0x9E3779B97F4A7C15; z = (z ^ z >> 30) * 0xBF58476D1CE4E5B9;
+ * z = (z ^ z >> 27) * 0x94D049BB133111EB; z ^ z >> 31).
+ *
+ * Output: every --eval-every steps (and after the last) a line with the
+ * step, the mean train loss of the interval, the val loss, val bits per
+ * character (val loss / ln 2) and training tokens/s; then
+ *   result val_loss=V train_loss=L steps=N tokens_per_s=R compiles=C recompiles=K mode=M
+ * (compiles: every program compiled up to that line, training and evaluation:
+ * fused programs in defer and fuse, one-op programs in strict and debug;
+ * recompiles: the fused-program cache's)
+ * and the cache report on stderr. --log FILE writes step,lr,train_loss,val_loss
+ * (val_loss empty between evaluations), %.9g, no timing: logs of different
+ * modes compare with cmp.
+ *
+ * Not yet: --dtype bf16 and --by-document are refused with a message; no
+ * generated sample; no SDPA op (attention is written out). */
+#include "corpus.h"
+
+#include <ctpu.h>
+#include <ctpu_nn.h>
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_LAYERS 64
+
+typedef struct {
+    const char *data, *log_path;
+    int64_t layers, heads, dmodel, head_dim, ctx, batch, steps, warmup, eval_every, eval_batches;
+    double lr, wd, dropout;
+    uint64_t seed;
+    int threads, progress;
+} opts_t;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: char_gpt [options]\n"
+            "Train a char-level GPT on the fortunes corpus with AdamW (warmup + cosine).\n"
+            "  --data PATH       a fortunes file or directory (default /usr/share/games/fortunes)\n"
+            "  --layers N        transformer blocks (default 4)\n"
+            "  --heads N         attention heads (default 4)\n"
+            "  --dmodel N        model width (default 128)\n"
+            "  --head-dim N      q/k/v width per head (default dmodel / heads)\n"
+            "  --ctx N           context length (default 128)\n"
+            "  --batch N         sequences per step (default 32)\n"
+            "  --steps N         optimizer steps (default 2000)\n"
+            "  --lr X            peak learning rate (default 1e-3; cosine to lr/10)\n"
+            "  --warmup N        linear warmup steps (default 100)\n"
+            "  --wd X            weight decay of the 2-D weights (default 0.1)\n"
+            "  --dropout P       dropout after attention, projections and embeddings (default 0)\n"
+            "  --seed N          initialisation, dropout and batch seed (default 1)\n"
+            "  --threads N       kernel threads (sets CTPU_NUM_THREADS)\n"
+            "  --eval-every N    evaluate every N steps (default 100)\n"
+            "  --eval-batches N  validation batches per evaluation (default 8)\n"
+            "  --log FILE        CSV step,lr,train_loss,val_loss\n"
+            "  --dtype f32       (bf16: not yet supported)\n"
+            "  --by-document     (not yet supported)\n"
+            "  --progress / --no-progress   progress bar on or off (default: on a terminal)\n"
+            "  --help, --version\n"
+            "The mode comes from the environment: TORCH_TPU_LAUNCH_BLOCKING=1 (debug eager),\n"
+            "TORCH_TPU_DEFER_AND_FUSE=1 (defer and fuse); strict eager otherwise.\n");
+}
+
+static bool parse_num(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end) return false;
+    *out = v;
+    return true;
+}
+
+static bool pos_int(double x, double max) { return x >= 1 && x <= max && x == floor(x); }
+
+static int parse_args(int argc, char **argv, opts_t *o)
+{
+    *o = (opts_t){ .data = "/usr/share/games/fortunes", .layers = 4, .heads = 4, .dmodel = 128, .ctx = 128,
+                   .batch = 32, .steps = 2000, .warmup = 100, .eval_every = 100, .eval_batches = 8, .lr = 1e-3,
+                   .wd = 0.1, .seed = 1, .progress = -1 };
+    enum { O_DATA = 256, O_LOG, O_LAYERS, O_HEADS, O_DMODEL, O_HEAD_DIM, O_CTX, O_BATCH, O_STEPS, O_LR, O_WARMUP,
+           O_WD, O_DROPOUT, O_SEED, O_THREADS, O_EVAL_EVERY, O_EVAL_BATCHES, O_DTYPE, O_BY_DOC, O_PROGRESS,
+           O_NO_PROGRESS, O_VERSION };
+    static const struct option longopts[] = {
+        { "data", required_argument, NULL, O_DATA },         { "log", required_argument, NULL, O_LOG },
+        { "layers", required_argument, NULL, O_LAYERS },     { "heads", required_argument, NULL, O_HEADS },
+        { "dmodel", required_argument, NULL, O_DMODEL },     { "head-dim", required_argument, NULL, O_HEAD_DIM },
+        { "ctx", required_argument, NULL, O_CTX },           { "batch", required_argument, NULL, O_BATCH },
+        { "steps", required_argument, NULL, O_STEPS },       { "lr", required_argument, NULL, O_LR },
+        { "warmup", required_argument, NULL, O_WARMUP },     { "wd", required_argument, NULL, O_WD },
+        { "dropout", required_argument, NULL, O_DROPOUT },   { "seed", required_argument, NULL, O_SEED },
+        { "threads", required_argument, NULL, O_THREADS },   { "eval-every", required_argument, NULL, O_EVAL_EVERY },
+        { "eval-batches", required_argument, NULL, O_EVAL_BATCHES }, { "dtype", required_argument, NULL, O_DTYPE },
+        { "by-document", no_argument, NULL, O_BY_DOC },      { "progress", no_argument, NULL, O_PROGRESS },
+        { "no-progress", no_argument, NULL, O_NO_PROGRESS }, { "help", no_argument, NULL, 'h' },
+        { "version", no_argument, NULL, O_VERSION },         { NULL, 0, NULL, 0 },
+    };
+    opterr = 0;
+    optind = 1;
+    int c, li = -1;
+    while ((c = getopt_long(argc, argv, ":h", longopts, &li)) != -1) {
+        const char *name = li >= 0 ? longopts[li].name : "?";
+        const char *v = optarg;
+        double x = 0;
+        bool ok = true;
+        switch (c) {
+        case 'h': usage(stdout); return 1;
+        case O_VERSION: printf("char_gpt (ctpu %s)\n", ctpu_version()); return 1;
+        case O_PROGRESS: o->progress = 1; break;
+        case O_NO_PROGRESS: o->progress = 0; break;
+        case O_DATA: o->data = v; break;
+        case O_LOG: o->log_path = v; break;
+        case O_DTYPE:
+            if (strcmp(v, "f32") == 0) break;
+            if (strcmp(v, "bf16") == 0) {
+                fprintf(stderr, "char_gpt: --dtype bf16 is not supported yet (issue 14); use --dtype f32\n");
+                return 2;
+            }
+            ok = false;
+            break;
+        case O_BY_DOC:
+            fprintf(stderr, "char_gpt: --by-document is not supported yet (issue 14)\n");
+            return 2;
+        case ':': fprintf(stderr, "char_gpt: %s needs a value (see --help)\n", argv[optind - 1]); return 2;
+        case '?': fprintf(stderr, "char_gpt: unknown option %s (see --help)\n", argv[optind - 1]); return 2;
+        default:
+            if (!(ok = parse_num(v, &x))) break;
+            switch (c) {
+            case O_LAYERS: o->layers = (int64_t)x; ok = pos_int(x, MAX_LAYERS); break;
+            case O_HEADS: o->heads = (int64_t)x; ok = pos_int(x, 4096); break;
+            case O_DMODEL: o->dmodel = (int64_t)x; ok = pos_int(x, 65536); break;
+            case O_HEAD_DIM: o->head_dim = (int64_t)x; ok = pos_int(x, 65536); break;
+            case O_CTX: o->ctx = (int64_t)x; ok = pos_int(x, 65536); break;
+            case O_BATCH: o->batch = (int64_t)x; ok = pos_int(x, 65536); break;
+            case O_STEPS: o->steps = (int64_t)x; ok = pos_int(x, 1e12); break;
+            case O_WARMUP: o->warmup = (int64_t)x; ok = x >= 0 && x == floor(x) && x < 1e12; break;
+            case O_EVAL_EVERY: o->eval_every = (int64_t)x; ok = pos_int(x, 1e12); break;
+            case O_EVAL_BATCHES: o->eval_batches = (int64_t)x; ok = pos_int(x, 1e6); break;
+            case O_LR: o->lr = x; ok = x > 0 && isfinite(x); break;
+            case O_WD: o->wd = x; ok = x >= 0 && isfinite(x); break;
+            case O_DROPOUT: o->dropout = x; ok = x >= 0 && x < 1; break;
+            case O_SEED: o->seed = (uint64_t)x; ok = x >= 0 && x < 1.8446744073709552e19; break;
+            case O_THREADS: o->threads = (int)x; ok = pos_int(x, 64); break;
+            default: ok = false; break;
+            }
+        }
+        if (!ok) { fprintf(stderr, "char_gpt: bad value '%s' for --%s (see --help)\n", v, name); return 2; }
+        li = -1;
+    }
+    if (optind < argc) { fprintf(stderr, "char_gpt: unexpected argument %s (see --help)\n", argv[optind]); return 2; }
+    if (!o->head_dim) {
+        if (o->dmodel % o->heads) {
+            fprintf(stderr, "char_gpt: --dmodel %lld is not a multiple of --heads %lld (or give --head-dim)\n",
+                    (long long)o->dmodel, (long long)o->heads);
+            return 2;
+        }
+        o->head_dim = o->dmodel / o->heads;
+    }
+    return 0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int fail(const char *what)
+{
+    fprintf(stderr, "char_gpt: %s: %s\n", what, ctpu_last_error());
+    return 1;
+}
+
+static uint64_t splitmix64(uint64_t z)
+{
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* The batch of sampler step s over tokens[0, n): x, y [batch, ctx] i32. */
+static ctpu_status make_batch(const int32_t *tok, int64_t n, const opts_t *o, uint64_t s, int32_t *hx, int32_t *hy,
+                              ctpu_tensor *x, ctpu_tensor *y)
+{
+    for (int64_t b = 0; b < o->batch; b++) {
+        uint64_t start = splitmix64(o->seed + 0x9E3779B97F4A7C15ull * (1 + s * (uint64_t)o->batch + (uint64_t)b)) %
+                         (uint64_t)(n - o->ctx);
+        memcpy(hx + b * o->ctx, tok + start, sizeof(int32_t) * (size_t)o->ctx);
+        memcpy(hy + b * o->ctx, tok + start + 1, sizeof(int32_t) * (size_t)o->ctx);
+    }
+    int64_t shape[2] = { o->batch, o->ctx };
+    *x = ctpu_from_host(hx, CTPU_I32, 2, shape);
+    *y = ctpu_from_host(hy, CTPU_I32, 2, shape);
+    return ctpu_is_null(*x) || ctpu_is_null(*y) ? CTPU_ERR_INVALID_ARG : CTPU_OK;
+}
+
+typedef struct {
+    ctpu_tensor ln1_w, ln1_b, wq, bq, wk, bk, wv, bv, wo, bo, ln2_w, ln2_b, w1, b1, w2, b2;
+} block;
+
+typedef struct {
+    int64_t L, H, D, hd, T, V;
+    double dropout;
+    ctpu_tensor wte, wpe, lnf_w, lnf_b, mask;
+    block blk[MAX_LAYERS];
+    ctpu_tensor decay[4 * MAX_LAYERS + 2], no_decay[8 * MAX_LAYERS + 2];
+    int n_decay, n_no_decay;
+} gpt;
+
+static ctpu_tensor param_normal(gpt *g, int64_t r, int64_t c, double std)
+{
+    int64_t shape[2] = { r, c };
+    ctpu_tensor t = ctpu_rand_normal(CTPU_F32, 2, shape, 0.0, std);
+    ctpu_set_requires_grad(t, true);
+    g->decay[g->n_decay++] = t;
+    return t;
+}
+
+static ctpu_tensor param_const(gpt *g, int64_t n, double v)
+{
+    ctpu_tensor t = ctpu_full(CTPU_F32, 1, &n, v);
+    ctpu_set_requires_grad(t, true);
+    g->no_decay[g->n_no_decay++] = t;
+    return t;
+}
+
+static ctpu_status gpt_init(gpt *g, const opts_t *o, int64_t vocab)
+{
+    memset(g, 0, sizeof *g);
+    g->L = o->layers, g->H = o->heads, g->D = o->dmodel, g->hd = o->head_dim, g->T = o->ctx, g->V = vocab;
+    g->dropout = o->dropout;
+    int64_t D = g->D, HD = g->H * g->hd;
+    double proj_std = 0.02 / sqrt(2.0 * (double)g->L);
+    g->wte = param_normal(g, vocab, D, 0.02);
+    g->wpe = param_normal(g, g->T, D, 0.02);
+    for (int64_t l = 0; l < g->L; l++) {
+        block *b = &g->blk[l];
+        b->ln1_w = param_const(g, D, 1), b->ln1_b = param_const(g, D, 0);
+        b->wq = param_normal(g, D, HD, 0.02), b->bq = param_const(g, HD, 0);
+        b->wk = param_normal(g, D, HD, 0.02), b->bk = param_const(g, HD, 0);
+        b->wv = param_normal(g, D, HD, 0.02), b->bv = param_const(g, HD, 0);
+        b->wo = param_normal(g, HD, D, proj_std), b->bo = param_const(g, D, 0);
+        b->ln2_w = param_const(g, D, 1), b->ln2_b = param_const(g, D, 0);
+        b->w1 = param_normal(g, D, 4 * D, 0.02), b->b1 = param_const(g, 4 * D, 0);
+        b->w2 = param_normal(g, 4 * D, D, proj_std), b->b2 = param_const(g, D, 0);
+    }
+    g->lnf_w = param_const(g, D, 1), g->lnf_b = param_const(g, D, 0);
+    /* the additive causal mask [T, T]: 0 on and below the diagonal, -inf above */
+    float *m = malloc(sizeof(float) * (size_t)(g->T * g->T));
+    if (!m) return CTPU_ERR_OOM;
+    for (int64_t i = 0; i < g->T; i++)
+        for (int64_t j = 0; j < g->T; j++) m[i * g->T + j] = j <= i ? 0.0f : -INFINITY;
+    int64_t ms[2] = { g->T, g->T };
+    g->mask = ctpu_from_host(m, CTPU_F32, 2, ms);
+    free(m);
+    for (int i = 0; i < g->n_decay; i++)
+        if (ctpu_is_null(g->decay[i])) return CTPU_ERR_INVALID_ARG;
+    for (int i = 0; i < g->n_no_decay; i++)
+        if (ctpu_is_null(g->no_decay[i])) return CTPU_ERR_INVALID_ARG;
+    return ctpu_is_null(g->mask) ? CTPU_ERR_INVALID_ARG : CTPU_OK;
+}
+
+/* [B, T, H*hd] -> [B, H, T, hd] */
+static ctpu_tensor split_heads(const gpt *g, ctpu_tensor t, int64_t B)
+{
+    int64_t s[4] = { B, g->T, g->H, g->hd };
+    static const int perm[4] = { 0, 2, 1, 3 };
+    return ctpu_permute(ctpu_reshape(t, 4, s), perm);
+}
+
+static ctpu_tensor linear(ctpu_tensor x, ctpu_tensor w, ctpu_tensor b) { return ctpu_add(ctpu_matmul(x, w), b); }
+
+/* Mean cross entropy of the next-token logits for x, y [B, T]. */
+static ctpu_tensor gpt_loss(const gpt *g, ctpu_tensor x, ctpu_tensor y, int64_t B, bool training)
+{
+    double p = g->dropout;
+    ctpu_tensor h = ctpu_add(ctpu_embedding(g->wte, x), g->wpe);   /* [B, T, D] + [T, D] */
+    h = ctpu_dropout(h, p, training);
+    double scale = 1.0 / sqrt((double)g->hd);
+    static const int perm[4] = { 0, 2, 1, 3 };
+    for (int64_t l = 0; l < g->L; l++) {
+        const block *b = &g->blk[l];
+        ctpu_tensor a = ctpu_layer_norm(h, b->ln1_w, b->ln1_b, 1e-5);
+        ctpu_tensor q = split_heads(g, linear(a, b->wq, b->bq), B);
+        ctpu_tensor k = split_heads(g, linear(a, b->wk, b->bk), B);
+        ctpu_tensor v = split_heads(g, linear(a, b->wv, b->bv), B);
+        ctpu_tensor att = ctpu_add(ctpu_mul_scalar(ctpu_matmul_t(q, k, false, true), scale), g->mask);
+        att = ctpu_dropout(ctpu_softmax(att, -1), p, training);
+        ctpu_tensor o = ctpu_contiguous(ctpu_permute(ctpu_matmul(att, v), perm));   /* [B, T, H, hd] */
+        int64_t s3[3] = { B, g->T, g->H * g->hd };
+        o = linear(ctpu_reshape(o, 3, s3), b->wo, b->bo);
+        h = ctpu_add(h, ctpu_dropout(o, p, training));
+        ctpu_tensor m = ctpu_layer_norm(h, b->ln2_w, b->ln2_b, 1e-5);
+        m = linear(ctpu_gelu(linear(m, b->w1, b->b1), false), b->w2, b->b2);
+        h = ctpu_add(h, ctpu_dropout(m, p, training));
+    }
+    h = ctpu_layer_norm(h, g->lnf_w, g->lnf_b, 1e-5);
+    ctpu_tensor logits = ctpu_matmul_t(h, g->wte, false, true);   /* [B, T, V], tied head */
+    int64_t s2[2] = { B * g->T, g->V }, s1 = B * g->T;
+    return ctpu_cross_entropy(ctpu_reshape(logits, 2, s2), ctpu_reshape(y, 1, &s1), NULL);
+}
+
+/* Mean val loss over the fixed evaluation batches (no grad, no dropout). */
+static ctpu_status evaluate(const gpt *g, const corpus *c, const opts_t *o, int32_t *hx, int32_t *hy, double *out)
+{
+    ctpu_no_grad_begin();
+    ctpu_tensor *ls = malloc(sizeof(ctpu_tensor) * (size_t)o->eval_batches);
+    ctpu_status st = ls ? CTPU_OK : CTPU_ERR_OOM;
+    int64_t done = 0;
+    for (int64_t e = 0; st == CTPU_OK && e < o->eval_batches; e++) {
+        ctpu_step_begin();
+        ctpu_tensor x, y;
+        st = make_batch(c->val, c->n_val, o, (1ull << 40) + (uint64_t)e, hx, hy, &x, &y);
+        if (st == CTPU_OK) {
+            ls[e] = ctpu_keep(gpt_loss(g, x, y, o->batch, false));
+            if (ctpu_is_null(ls[e])) st = CTPU_ERR_INVALID_ARG;
+            else done++;
+        }
+        ctpu_step_end();
+    }
+    double sum = 0;
+    for (int64_t e = 0; e < done; e++) {
+        double l = 0;
+        if (st == CTPU_OK) st = ctpu_item(ls[e], &l);
+        sum += l;
+        ctpu_release(ls[e]);
+    }
+    free(ls);
+    ctpu_no_grad_end();
+    *out = sum / (double)o->eval_batches;
+    return st;
+}
+
+int main(int argc, char **argv)
+{
+    opts_t o;
+    int pr = parse_args(argc, argv, &o);
+    if (pr) return pr == 1 ? 0 : 2;
+    if (o.threads > 0) {
+        char b[32];
+        snprintf(b, sizeof b, "%d", o.threads);
+        setenv("CTPU_NUM_THREADS", b, 1);
+    }
+    bool tty = o.progress < 0 ? isatty(fileno(stderr)) : o.progress == 1;
+    corpus c;
+    char err[512];
+    if (corpus_load(o.data, &c, err, sizeof err) != 0) { fprintf(stderr, "char_gpt: %s\n", err); return 1; }
+    if (c.n_train <= o.ctx || c.n_val <= o.ctx) {
+        fprintf(stderr, "char_gpt: %s: %lld train / %lld val tokens, --ctx %lld needs more than that\n", o.data,
+                (long long)c.n_train, (long long)c.n_val, (long long)o.ctx);
+        corpus_free(&c);
+        return 1;
+    }
+    if (ctpu_init() != CTPU_OK) return fail("init");
+    ctpu_manual_seed(o.seed);
+    gpt *g = malloc(sizeof *g);
+    if (!g) { fprintf(stderr, "char_gpt: out of memory\n"); return 1; }
+    if (gpt_init(g, &o, c.vocab) != CTPU_OK) return fail("making the model");
+    ctpu_param_group groups[2] = { { g->decay, g->n_decay, 1.0, o.wd }, { g->no_decay, g->n_no_decay, 1.0, 0.0 } };
+    ctpu_adamw_opts ao = { o.lr, 0.9, 0.95, 1e-8, o.wd };
+    ctpu_optim *opt = ctpu_adamw_create_groups(2, groups, &ao);
+    if (!opt) return fail("making the optimizer");
+    FILE *log = NULL;
+    if (o.log_path) {
+        if (!(log = fopen(o.log_path, "w"))) {
+            fprintf(stderr, "char_gpt: cannot write %s: %s\n", o.log_path, strerror(errno));
+            return 1;
+        }
+        fprintf(log, "step,lr,train_loss,val_loss\n");
+    }
+    const char *mode = ctpu_mode_name(ctpu_get_mode());
+    int64_t nparams = 0;
+    for (int i = 0; i < g->n_decay; i++) nparams += ctpu_numel(g->decay[i]);
+    for (int i = 0; i < g->n_no_decay; i++) nparams += ctpu_numel(g->no_decay[i]);
+    printf("char_gpt: %s: %lld files, %lld/%lld fortunes, %lld/%lld train/val tokens, vocab %d; GPT %lld layers, "
+           "%lld heads x %lld, dmodel %lld, ctx %lld, %lld parameters; batch %lld, %lld steps, lr %g, warmup %lld, "
+           "dropout %g, seed %llu, mode %s\n",
+           o.data, (long long)c.files, (long long)c.fortunes_train, (long long)c.fortunes_val, (long long)c.n_train,
+           (long long)c.n_val, c.vocab, (long long)o.layers, (long long)o.heads, (long long)o.head_dim,
+           (long long)o.dmodel, (long long)o.ctx, (long long)nparams, (long long)o.batch, (long long)o.steps, o.lr,
+           (long long)o.warmup, o.dropout, (unsigned long long)o.seed, mode);
+    fflush(stdout);
+
+    int32_t *hx = malloc(sizeof(int32_t) * (size_t)(o.batch * o.ctx));
+    int32_t *hy = malloc(sizeof(int32_t) * (size_t)(o.batch * o.ctx));
+    ctpu_tensor *losses = malloc(sizeof(ctpu_tensor) * (size_t)o.eval_every);
+    double *lrs = malloc(sizeof(double) * (size_t)o.eval_every);
+    if (!hx || !hy || !losses || !lrs) { fprintf(stderr, "char_gpt: out of memory\n"); return 1; }
+    double train_time = 0, train_loss = 0, val_loss = 0, min_lr = o.lr / 10;
+    int64_t tokens = 0, nb = 0;
+    double t0 = now_s();
+    for (int64_t step = 0; step < o.steps; step++) {
+        double lr = ctpu_lr_warmup_cosine(o.lr, step, o.warmup, o.steps, min_lr);
+        ctpu_optim_zero_grad(opt);
+        ctpu_step_begin();
+        ctpu_tensor x, y;
+        if (make_batch(c.train, c.n_train, &o, (uint64_t)step, hx, hy, &x, &y) != CTPU_OK) return fail("batch");
+        ctpu_tensor loss = gpt_loss(g, x, y, o.batch, true);
+        if (ctpu_is_null(loss)) return fail("forward");
+        if (ctpu_backward(loss) != CTPU_OK) return fail("backward");
+        ctpu_optim_set_lr(opt, lr);
+        if (ctpu_optim_step(opt) != CTPU_OK) return fail("optimizer step");
+        losses[nb] = ctpu_keep(ctpu_detach(loss));
+        ctpu_step_end();
+        lrs[nb++] = lr;
+        tokens += o.batch * o.ctx;
+        if (tty) {
+            fprintf(stderr, "\rstep %lld/%lld", (long long)step + 1, (long long)o.steps);
+            fflush(stderr);
+        }
+        if (nb < o.eval_every && step + 1 < o.steps) continue;
+        double sum = 0;   /* the interval's losses: read once (waits for the device) */
+        double *ls = malloc(sizeof(double) * (size_t)nb);
+        if (!ls) { fprintf(stderr, "char_gpt: out of memory\n"); return 1; }
+        for (int64_t i = 0; i < nb; i++) {
+            if (ctpu_item(losses[i], &ls[i]) != CTPU_OK) return fail("reading the losses");
+            ctpu_release(losses[i]);
+            sum += ls[i];
+        }
+        train_time += now_s() - t0;
+        train_loss = sum / (double)nb;
+        if (evaluate(g, &c, &o, hx, hy, &val_loss) != CTPU_OK) return fail("evaluation");
+        if (log) {
+            for (int64_t i = 0; i < nb; i++) {
+                fprintf(log, "%lld,%.9g,%.9g,", (long long)(step + 1 - nb + i), lrs[i], ls[i]);
+                if (i == nb - 1) fprintf(log, "%.9g", val_loss);
+                fprintf(log, "\n");
+            }
+        }
+        free(ls);
+        if (tty) fprintf(stderr, "\n");
+        printf("step %lld/%lld train_loss=%.4f val_loss=%.4f val_bpc=%.4f tokens_per_s=%.0f\n", (long long)step + 1,
+               (long long)o.steps, train_loss, val_loss, val_loss / M_LN2, (double)tokens / train_time);
+        fflush(stdout);
+        nb = 0;
+        t0 = now_s();
+    }
+    if (log) fclose(log);
+    ctpu_cache_info ci;
+    if (ctpu_cache_get_info(&ci) != CTPU_OK) return fail("cache counters");
+    printf("result val_loss=%.4f train_loss=%.4f steps=%lld tokens_per_s=%.0f compiles=%llu recompiles=%llu mode=%s\n",
+           val_loss, train_loss, (long long)o.steps, train_time > 0 ? (double)tokens / train_time : 0.0,
+           (unsigned long long)ctpu_metric_counter("programs_compiled"), (unsigned long long)ci.recompiles, mode);
+    fflush(stdout);
+    ctpu_cache_report(stderr);
+    free(hx);
+    free(hy);
+    free(losses);
+    free(lrs);
+    ctpu_optim_free(opt);
+    for (int i = 0; i < g->n_decay; i++) ctpu_release(g->decay[i]);
+    for (int i = 0; i < g->n_no_decay; i++) ctpu_release(g->no_decay[i]);
+    ctpu_release(g->mask);
+    free(g);
+    corpus_free(&c);
+    ctpu_shutdown();
+    return 0;
+}
