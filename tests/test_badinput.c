@@ -357,9 +357,21 @@ START_TEST(ops_bad_dims)
     EXPECT_NULL(ctpu_var(a, 9, (int[]){ 0, 1, 0, 1, 0, 1, 0, 1, 0 }, 1, false), CTPU_ERR_INVALID_ARG, "var");
     EXPECT_NULL(ctpu_var(a, 0, NULL, -1, false), CTPU_ERR_INVALID_ARG, "var");
     EXPECT_NULL(ctpu_max(ctpu_zeros(CTPU_F32, 2, (int64_t[]){ 2, 0 }), 1, (int[]){ 1 }, false), CTPU_ERR_SHAPE, "max");
+    /* the error names the zero-size dim */
+    ck_assert(ctpu_is_null(ctpu_max(ctpu_zeros(CTPU_F32, 2, (int64_t[]){ 2, 0 }), 1, (int[]){ 1 }, false)));
+    ck_assert_msg(strstr(ctpu_last_error(), "cannot reduce over dim 1, of size 0"), "%s", ctpu_last_error());
+    ck_assert(ctpu_is_null(ctpu_min(ctpu_zeros(CTPU_F32, 2, (int64_t[]){ 0, 3 }), 1, (int[]){ 0 }, false)));
+    ck_assert_msg(strstr(ctpu_last_error(), "over dim 0, of size 0 (min has no identity)"), "%s", ctpu_last_error());
+    ctpu_clear_error();
     EXPECT_NULL(ctpu_argmax(a, 2, false), CTPU_ERR_SHAPE, "argmax");
     EXPECT_NULL(ctpu_argmax(a, -3, false), CTPU_ERR_SHAPE, "argmax");
     EXPECT_NULL(ctpu_argmax(ctpu_zeros(CTPU_F32, 2, (int64_t[]){ 2, 0 }), 1, false), CTPU_ERR_SHAPE, "argmax");
+    /* the 65th nested scope names the likely cause */
+    for (int i = 0; i < 64; i++) ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+    ck_assert_int_eq(ctpu_scope_begin(), CTPU_ERR_STATE);
+    ck_assert_msg(strstr(ctpu_last_error(), "scopes nest at most 64 deep; likely cause: a missing ctpu_scope_end"), "%s",
+                  ctpu_last_error());
+    for (int i = 0; i < 64; i++) ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
     EXPECT_NULL(ctpu_softmax(a, 2), CTPU_ERR_SHAPE, "softmax");
     EXPECT_NULL(ctpu_log_softmax(a, -4), CTPU_ERR_SHAPE, "log_softmax");
     EXPECT_NULL(ctpu_transpose(a, 0, 7), CTPU_ERR_SHAPE, "transpose");

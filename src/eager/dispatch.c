@@ -393,8 +393,11 @@ static bool sh_reduce(const char *opn, const char *const *names, ctpu_trec *cons
     if ((kop == CTPU_K_RED_MAX || kop == CTPU_K_RED_MIN) && reduced_count(in[0], n) == 0 &&
         ctpu_vtype_numel(&n->out) > 0) {
         char tb[128];
-        ctpu_set_error(CTPU_ERR_SHAPE, "%s: a is %s: cannot reduce over a zero-size dim (no identity)",
-                       opn, ctpu_fmt_type(&in[0]->type, tb, sizeof tb));
+        int zd = 0;
+        for (int i = 0; i < n->attr.n_dims; i++)
+            if (in[0]->type.shape[n->attr.dims[i]] == 0) { zd = n->attr.dims[i]; break; }
+        ctpu_set_error(CTPU_ERR_SHAPE, "%s: a is %s: cannot reduce over dim %d, of size 0 (%s has no identity)",
+                       opn, ctpu_fmt_type(&in[0]->type, tb, sizeof tb), zd, kop == CTPU_K_RED_MAX ? "max" : "min");
         return false;
     }
     return true;

@@ -280,7 +280,8 @@ static ctpu_status scope_begin(bool step, const char *op)
         return CTPU_ERR_OOM;
     }
     if (ts->scope_depth == CTPU_MAX_SCOPES) {
-        ctpu_set_error(CTPU_ERR_STATE, "%s: scopes nest at most %d deep", op, CTPU_MAX_SCOPES);
+        ctpu_set_error(CTPU_ERR_STATE, "%s: scopes nest at most %d deep; likely cause: a missing ctpu_scope_end "
+                       "(every ctpu_scope_begin needs one, on error paths too)", op, CTPU_MAX_SCOPES);
         return CTPU_ERR_STATE;
     }
     scope_t *s = &ts->scopes[ts->scope_depth++];
