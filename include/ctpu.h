@@ -338,6 +338,31 @@ CTPU_API ctpu_tensor ctpu_softplus(ctpu_tensor a);
  * to bf16 before the product (two roundings; torch rounds once). Errors: as
  * ctpu_sigmoid and ctpu_mul (a null or stale handle: named "silu"). */
 CTPU_API ctpu_tensor ctpu_silu(ctpu_tensor a);
+/* Primitives (own rows and kernels; SLEEF non-FMA u10 functions, the same bits
+ * on every ISA: erf, log1p, expm1 in f32; sin, cos in double, rounded once). Same shape as a; f32 or bf16 as a (i32 input -> f32).
+ * Measured error vs float64 (tests/test_k_elementwise.c, test_ops.c), f32:
+ * erf <= 1 ulp; sin, cos <= 1 ulp for |x| <= 1e4 (torch.sin, cos; rotary
+ * embeddings); log1p (x > -1; -1 -> -inf, below -> NaN) and expm1 <= 1 ulp
+ * (accurate near 0, where log(1 + x) and exp(x) - 1 cancel). Gradients:
+ * 2/sqrt(pi) exp(-x^2); cos x; -sin x; 1/(1 + x); expm1(x) + 1.
+ * Errors: CTPU_ERR_NULL_HANDLE / CTPU_ERR_STALE_HANDLE, named by the op. */
+CTPU_API ctpu_tensor ctpu_erf(ctpu_tensor a);
+CTPU_API ctpu_tensor ctpu_sin(ctpu_tensor a);
+CTPU_API ctpu_tensor ctpu_cos(ctpu_tensor a);
+CTPU_API ctpu_tensor ctpu_log1p(ctpu_tensor a);
+CTPU_API ctpu_tensor ctpu_expm1(ctpu_tensor a);
+/* torch.nn.functional.leaky_relu: x > 0 ? x : x * negative_slope (NaN stays
+ * NaN). A composite: where(gt_scalar(x, 0), x, mul_scalar(x, slope)); the
+ * gradient is 1 / slope (slope at 0, as torch). Same shape and dtype as x
+ * (i32 stays i32 when the slope product does). Errors: as its ops, and
+ * CTPU_ERR_INVALID_ARG for a non-finite slope; named "leaky_relu". */
+CTPU_API ctpu_tensor ctpu_leaky_relu(ctpu_tensor a, double negative_slope);
+/* torch.nn.functional.elu: x > 0 ? x : alpha * (exp(x) - 1). A composite:
+ * where(gt_scalar(x, 0), x, alpha * expm1(minimum_scalar(x, 0))) (the minimum
+ * keeps the untaken branch finite, so its gradient is an exact 0). Gradient
+ * 1 / alpha * exp(x). Error vs float64: <= 2 ulp (expm1 and one product).
+ * Errors: as its ops, CTPU_ERR_INVALID_ARG for a non-finite alpha; "elu". */
+CTPU_API ctpu_tensor ctpu_elu(ctpu_tensor a, double alpha);
 
 CTPU_API ctpu_tensor ctpu_add(ctpu_tensor a, ctpu_tensor b);
 CTPU_API ctpu_tensor ctpu_sub(ctpu_tensor a, ctpu_tensor b);

@@ -149,6 +149,11 @@ enum {
     X(GELU_TANH,   "gelu_tanh",    CTPU_OPK__UF, 1, FLOAT,         SAME,      CTPU_K_U_GELU_TANH, ACT,    OUT, RULE) \
     X(GELU_ERF,    "gelu",         CTPU_OPK__UF, 1, FLOAT,         SAME,      CTPU_K_U_GELU_ERF,  ACT,    OUT, RULE) \
     X(SOFTPLUS,    "softplus",     CTPU_OPK__UF, 1, FLOAT,         SAME,      CTPU_K_U_SOFTPLUS,  VM,     OUT, RULE) \
+    X(ERF,         "erf",          CTPU_OPK__UF, 1, FLOAT,         SAME,      CTPU_K_U_ERF,       VM,     OUT, RULE) \
+    X(SIN,         "sin",          CTPU_OPK__UF, 1, FLOAT,         SAME,      CTPU_K_U_SIN,       VM,     OUT, RULE) \
+    X(COS,         "cos",          CTPU_OPK__UF, 1, FLOAT,         SAME,      CTPU_K_U_COS,       VM,     OUT, RULE) \
+    X(LOG1P,       "log1p",        CTPU_OPK__UF, 1, FLOAT,         SAME,      CTPU_K_U_LOG1P,     VM,     OUT, RULE) \
+    X(EXPM1,       "expm1",        CTPU_OPK__UF, 1, FLOAT,         SAME,      CTPU_K_U_EXPM1,     VM,     OUT, RULE) \
     X(ADD,         "add",          CTPU_OPK__B,  2, PROMOTE,       BROADCAST, CTPU_K_B_ADD,       ADD,    OUT, RULE) \
     X(SUB,         "sub",          CTPU_OPK__B,  2, PROMOTE,       BROADCAST, CTPU_K_B_SUB,       VM,     OUT, RULE) \
     X(MUL,         "mul",          CTPU_OPK__B,  2, PROMOTE,       BROADCAST, CTPU_K_B_MUL,       VM,     OUT, RULE) \

@@ -173,6 +173,13 @@ static ctpu_tensor f_rsqrt(ctpu_tensor *x) { return ctpu_rsqrt(x[0]); }
 static ctpu_tensor f_tanh(ctpu_tensor *x) { return ctpu_tanh(x[0]); }
 static ctpu_tensor f_sigmoid(ctpu_tensor *x) { return ctpu_sigmoid(x[0]); }
 static ctpu_tensor f_relu(ctpu_tensor *x) { return ctpu_relu(x[0]); }
+static ctpu_tensor f_erf(ctpu_tensor *x) { return ctpu_erf(x[0]); }
+static ctpu_tensor f_sin(ctpu_tensor *x) { return ctpu_sin(x[0]); }
+static ctpu_tensor f_cos(ctpu_tensor *x) { return ctpu_cos(x[0]); }
+static ctpu_tensor f_log1p(ctpu_tensor *x) { return ctpu_log1p(x[0]); }
+static ctpu_tensor f_expm1(ctpu_tensor *x) { return ctpu_expm1(x[0]); }
+static ctpu_tensor f_leaky_relu(ctpu_tensor *x) { return ctpu_leaky_relu(x[0], 0.1); }
+static ctpu_tensor f_elu(ctpu_tensor *x) { return ctpu_elu(x[0], 1.5); }
 static ctpu_tensor f_gelu_t(ctpu_tensor *x) { return ctpu_gelu(x[0], true); }
 static ctpu_tensor f_gelu_e(ctpu_tensor *x) { return ctpu_gelu(x[0], false); }
 static ctpu_tensor f_softplus(ctpu_tensor *x) { return ctpu_softplus(x[0]); }
@@ -256,6 +263,13 @@ static const gc_case cases[] = {
     { "tanh", f_tanh, 1, { SP(D_ANY, 2, 3) }, OPS(CTPU_OP_TANH) },
     { "sigmoid", f_sigmoid, 1, { SP(D_ANY, 2, 3) }, OPS(CTPU_OP_SIGMOID) },
     { "relu", f_relu, 1, { SP(D_AWAY, 2, 4) }, OPS(CTPU_OP_RELU) },
+    { "erf", f_erf, 1, { SP(D_ANY, 2, 3) }, OPS(CTPU_OP_ERF) },
+    { "sin", f_sin, 1, { SP(D_ANY, 2, 3) }, OPS(CTPU_OP_SIN) },
+    { "cos", f_cos, 1, { SP(D_ANY, 2, 3) }, OPS(CTPU_OP_COS) },
+    { "log1p", f_log1p, 1, { SP(D_POS, 2, 3) }, OPS(CTPU_OP_LOG1P) },
+    { "expm1", f_expm1, 1, { SP(D_ANY, 2, 3) }, OPS(CTPU_OP_EXPM1) },
+    { "leaky_relu", f_leaky_relu, 1, { SP(D_AWAY, 2, 4) }, OPS(CTPU_OP_WHERE) },
+    { "elu", f_elu, 1, { SP(D_AWAY, 2, 4) }, OPS(CTPU_OP_EXPM1) },
     { "gelu tanh", f_gelu_t, 1, { SP(D_ANY, 2, 4) }, OPS(CTPU_OP_GELU_TANH) },
     { "gelu erf", f_gelu_e, 1, { SP(D_ANY, 2, 4) }, OPS(CTPU_OP_GELU_ERF) },
     { "softplus", f_softplus, 1, { SP(D_ANY, 2, 4) }, OPS(CTPU_OP_SOFTPLUS) },

@@ -69,6 +69,11 @@ static ctpu_tensor apply_op(int op, ctpu_tensor x, ctpu_tensor y, ctpu_tensor w,
     case CTPU_OP_GELU_TANH: return ctpu_gelu(x, true);
     case CTPU_OP_GELU_ERF: return ctpu_gelu(x, false);
     case CTPU_OP_SOFTPLUS: return ctpu_softplus(x);
+    case CTPU_OP_ERF: return ctpu_erf(x);
+    case CTPU_OP_SIN: return ctpu_sin(x);
+    case CTPU_OP_COS: return ctpu_cos(x);
+    case CTPU_OP_LOG1P: return ctpu_log1p(x);
+    case CTPU_OP_EXPM1: return ctpu_expm1(x);
     case CTPU_OP_ADD: return ctpu_add(x, y);
     case CTPU_OP_SUB: return ctpu_sub(x, y);
     case CTPU_OP_MUL: return ctpu_mul(x, y);

@@ -11,7 +11,8 @@
  *     (double rounding is innocuous for these: 53 >= 2*24+2);
  *   exp log tanh pow: <= 2 ulp;  rsqrt: <= 2 ulp;  sigmoid: <= 4 ulp;
  *   softplus: <= 2 ulp (the kernel is within 1 ulp on every f32 in [-120, 25]);
- *   gelu (both forms): <= 8 ulp + 8 eps |x| (cancellation in 1 + tanh / erf);
+ *   gelu_tanh: <= 8 ulp + 8 eps |x| (cancellation in 1 + tanh);
+ *   gelu (exact, in double), erf sin cos log1p expm1: <= 2 ulp;
  *   results in the subnormal range may differ by up to 2^-126 (flush);
  *   sum: n eps sum|x|;  mean: (n + 2) eps sum|x| / n;  var: 4 (n + 2) eps
  *     sum (|x| + |mean|)^2 / (n - c);  max min argmax: exact;
@@ -90,7 +91,12 @@ static double ref_unary(int op, double x)
     case CTPU_OP_SIGMOID: return 1.0 / (1.0 + exp(-x));
     case CTPU_OP_RELU: return x > 0 ? x : (x != x ? x : 0.0);
     case CTPU_OP_GELU_TANH: return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
-    case CTPU_OP_GELU_ERF: return 0.5 * x * (1.0 + erf(x * 0.7071067811865476));
+    case CTPU_OP_GELU_ERF: return 0.5 * x * erfc(-x * 0.7071067811865476);
+    case CTPU_OP_ERF: return erf(x);
+    case CTPU_OP_SIN: return sin(x);
+    case CTPU_OP_COS: return cos(x);
+    case CTPU_OP_LOG1P: return log1p(x);
+    case CTPU_OP_EXPM1: return expm1(x);
     case CTPU_OP_SOFTPLUS: return x > 20 ? x : log1p(exp(x));
     default: ck_abort_msg("no unary reference for %s", ctpu_op_name(op)); return 0;
     }
@@ -104,7 +110,9 @@ static double tol_unary(int op, double x, double ref)
     case CTPU_OP_EXP: case CTPU_OP_LOG: case CTPU_OP_TANH: case CTPU_OP_RSQRT: return 2 * u + floor_;
     case CTPU_OP_SIGMOID: return 4 * u + floor_;
     case CTPU_OP_SOFTPLUS: return 2 * u + floor_;
-    case CTPU_OP_GELU_TANH: case CTPU_OP_GELU_ERF: return 8 * u + 8 * EPS * fabs(x) + floor_;
+    case CTPU_OP_GELU_TANH: return 8 * u + 8 * EPS * fabs(x) + floor_;
+    case CTPU_OP_GELU_ERF: case CTPU_OP_ERF: case CTPU_OP_SIN: case CTPU_OP_COS: case CTPU_OP_LOG1P:
+    case CTPU_OP_EXPM1: return 2 * u + floor_;
     default: return 0;
     }
 }
@@ -124,6 +132,11 @@ static ctpu_tensor apply_unary(int op, ctpu_tensor a)
     case CTPU_OP_GELU_TANH: return ctpu_gelu(a, true);
     case CTPU_OP_GELU_ERF: return ctpu_gelu(a, false);
     case CTPU_OP_SOFTPLUS: return ctpu_softplus(a);
+    case CTPU_OP_ERF: return ctpu_erf(a);
+    case CTPU_OP_SIN: return ctpu_sin(a);
+    case CTPU_OP_COS: return ctpu_cos(a);
+    case CTPU_OP_LOG1P: return ctpu_log1p(a);
+    case CTPU_OP_EXPM1: return ctpu_expm1(a);
     default: return CTPU_NULL;
     }
 }
@@ -1563,6 +1576,7 @@ static const op_case CASES[CTPU_OP_COUNT] = {
     [CTPU_OP_LOG] = case_unary, [CTPU_OP_SQRT] = case_unary, [CTPU_OP_RSQRT] = case_unary,
     [CTPU_OP_TANH] = case_unary, [CTPU_OP_SIGMOID] = case_unary, [CTPU_OP_RELU] = case_unary,
     [CTPU_OP_GELU_TANH] = case_unary, [CTPU_OP_GELU_ERF] = case_unary, [CTPU_OP_SOFTPLUS] = case_unary,
+    [CTPU_OP_ERF] = case_unary, [CTPU_OP_SIN] = case_unary, [CTPU_OP_COS] = case_unary, [CTPU_OP_LOG1P] = case_unary, [CTPU_OP_EXPM1] = case_unary,
     [CTPU_OP_ADD] = case_binary, [CTPU_OP_SUB] = case_binary, [CTPU_OP_MUL] = case_binary,
     [CTPU_OP_DIV] = case_binary, [CTPU_OP_POW] = case_binary, [CTPU_OP_MAXIMUM] = case_binary,
     [CTPU_OP_MINIMUM] = case_binary, [CTPU_OP_EQ] = case_binary, [CTPU_OP_NE] = case_binary,

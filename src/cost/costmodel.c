@@ -46,6 +46,7 @@ static const double op_weight[CTPU_OP_COUNT] = {
     [CTPU_OP_NEG] = 1, [CTPU_OP_ABS] = 1, [CTPU_OP_EXP] = W_T, [CTPU_OP_LOG] = W_T, [CTPU_OP_SQRT] = W_T,
     [CTPU_OP_RSQRT] = W_T, [CTPU_OP_TANH] = W_T, [CTPU_OP_SIGMOID] = W_T, [CTPU_OP_RELU] = 1,
     [CTPU_OP_GELU_TANH] = W_T, [CTPU_OP_GELU_ERF] = W_T, [CTPU_OP_SOFTPLUS] = W_T,
+    [CTPU_OP_ERF] = W_T, [CTPU_OP_SIN] = W_T, [CTPU_OP_COS] = W_T, [CTPU_OP_LOG1P] = W_T, [CTPU_OP_EXPM1] = W_T,
     [CTPU_OP_ADD] = 1, [CTPU_OP_SUB] = 1, [CTPU_OP_MUL] = 1, [CTPU_OP_DIV] = W_T, [CTPU_OP_POW] = W_T,
     [CTPU_OP_MAXIMUM] = 1, [CTPU_OP_MINIMUM] = 1,
     [CTPU_OP_EQ] = 1, [CTPU_OP_NE] = 1, [CTPU_OP_LT] = 1, [CTPU_OP_LE] = 1, [CTPU_OP_GT] = 1, [CTPU_OP_GE] = 1,

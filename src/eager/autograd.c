@@ -315,6 +315,44 @@ static bool bw_gelu_erf(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_
     return true;
 }
 
+/* d/dx erf(x) = 2/sqrt(pi) exp(-x^2) */
+static bool bw_erf(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    ctpu_tensor x = IN(n, 0);
+    gin[0] = ctpu_mul(g, ctpu_mul_scalar(ctpu_exp(ctpu_neg(ctpu_mul(x, x))), 1.1283791670955126));
+    return true;
+}
+
+static bool bw_sin(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    gin[0] = ctpu_mul(g, ctpu_cos(IN(n, 0)));
+    return true;
+}
+
+static bool bw_cos(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    gin[0] = ctpu_mul(g, ctpu_neg(ctpu_sin(IN(n, 0))));
+    return true;
+}
+
+static bool bw_log1p(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    gin[0] = ctpu_div(g, ctpu_add_scalar(IN(n, 0), 1.0));
+    return true;
+}
+
+/* d/dx expm1(x) = exp(x) = expm1(x) + 1 */
+static bool bw_expm1(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    gin[0] = ctpu_mul(g, ctpu_add_scalar(OUT(n), 1.0));
+    return true;
+}
+
 static bool bw_add(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
 {
     (void)n;
@@ -580,6 +618,11 @@ static const ag_rule ag_rules[CTPU_OP_COUNT] = {
     [CTPU_OP_RELU] = R(bw_relu, S_OUT),
     [CTPU_OP_GELU_TANH] = R(bw_gelu_tanh, S_A),
     [CTPU_OP_GELU_ERF] = R(bw_gelu_erf, S_A | S_OUT),
+    [CTPU_OP_ERF] = R(bw_erf, S_A),
+    [CTPU_OP_SIN] = R(bw_sin, S_A),
+    [CTPU_OP_COS] = R(bw_cos, S_A),
+    [CTPU_OP_LOG1P] = R(bw_log1p, S_A),
+    [CTPU_OP_EXPM1] = R(bw_expm1, S_OUT),
     [CTPU_OP_ADD] = R(bw_add, 0),
     [CTPU_OP_SUB] = R(bw_sub, 0),
     [CTPU_OP_MUL] = R(bw_mul, S_A | S_B),

@@ -842,6 +842,11 @@ ctpu_tensor ctpu_log(ctpu_tensor a) { return unary(CTPU_OP_LOG, a); }
 ctpu_tensor ctpu_sqrt(ctpu_tensor a) { return unary(CTPU_OP_SQRT, a); }
 ctpu_tensor ctpu_rsqrt(ctpu_tensor a) { return unary(CTPU_OP_RSQRT, a); }
 ctpu_tensor ctpu_tanh(ctpu_tensor a) { return unary(CTPU_OP_TANH, a); }
+ctpu_tensor ctpu_erf(ctpu_tensor a) { return unary(CTPU_OP_ERF, a); }
+ctpu_tensor ctpu_sin(ctpu_tensor a) { return unary(CTPU_OP_SIN, a); }
+ctpu_tensor ctpu_cos(ctpu_tensor a) { return unary(CTPU_OP_COS, a); }
+ctpu_tensor ctpu_log1p(ctpu_tensor a) { return unary(CTPU_OP_LOG1P, a); }
+ctpu_tensor ctpu_expm1(ctpu_tensor a) { return unary(CTPU_OP_EXPM1, a); }
 ctpu_tensor ctpu_sigmoid(ctpu_tensor a) { return unary(CTPU_OP_SIGMOID, a); }
 ctpu_tensor ctpu_relu(ctpu_tensor a) { return unary(CTPU_OP_RELU, a); }
 ctpu_tensor ctpu_gelu(ctpu_tensor a, bool tanh_approx)
@@ -1161,6 +1166,44 @@ ctpu_tensor ctpu_causal_mask(int64_t T, int64_t S, ctpu_mask_kind kind)
     if (!ctpu_is_null(m)) m = ctpu_keep(m);
     ctpu_scope_end();
     return m;
+}
+
+/* where(x > 0, x, x * slope) */
+ctpu_tensor ctpu_leaky_relu(ctpu_tensor a, double negative_slope)
+{
+    ctpu_trec *in[1];
+    if (!get_inputs("leaky_relu", 1, &a, NM_A, in)) return CTPU_NULL;
+    if (!isfinite(negative_slope))
+        {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "leaky_relu: negative_slope is %g (must be finite)", negative_slope);
+        return CTPU_NULL;
+    }
+    ctpu_tensor pos = ctpu_gt_scalar(a, 0.0);
+    ctpu_tensor neg = ctpu_mul_scalar(a, negative_slope);
+    ctpu_tensor r = ctpu_is_null(pos) || ctpu_is_null(neg) ? CTPU_NULL : ctpu_where(pos, a, neg);
+    if (!ctpu_is_null(pos)) ctpu_release(pos);
+    if (!ctpu_is_null(neg)) ctpu_release(neg);
+    return r;
+}
+
+/* where(x > 0, x, alpha * expm1(min(x, 0))): the min keeps expm1 finite where
+ * the branch is not taken, so the gradient there is an exact 0, never 0 * inf */
+ctpu_tensor ctpu_elu(ctpu_tensor a, double alpha)
+{
+    ctpu_trec *in[1];
+    if (!get_inputs("elu", 1, &a, NM_A, in)) return CTPU_NULL;
+    if (!isfinite(alpha)) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "elu: alpha is %g (must be finite)", alpha);
+        return CTPU_NULL;
+    }
+    ctpu_tensor pos = ctpu_gt_scalar(a, 0.0);
+    ctpu_tensor m = ctpu_minimum_scalar(a, 0.0);
+    ctpu_tensor e = ctpu_expm1(m);
+    ctpu_tensor neg = ctpu_mul_scalar(e, alpha);
+    ctpu_tensor r = ctpu_is_null(pos) || ctpu_is_null(neg) ? CTPU_NULL : ctpu_where(pos, a, neg);
+    ctpu_tensor tmp[4] = { pos, m, e, neg };
+    for (int i = 0; i < 4; i++) if (!ctpu_is_null(tmp[i])) ctpu_release(tmp[i]);
+    return r;
 }
 
 /* ------------------------------------------------------------ reductions */

@@ -981,6 +981,7 @@ static void exec_reduce_scatter(const void *d, ctpu_exec_ctx *ctx) { exec_collec
 static const ctpu_step_fn exec_fns[CTPU_OP_COUNT] = {
     EW(NEG), EW(ABS), EW(EXP), EW(LOG), EW(SQRT), EW(RSQRT), EW(TANH), EW(SIGMOID), EW(RELU),
     EW(GELU_TANH), EW(GELU_ERF), EW(SOFTPLUS),
+    EW(ERF), EW(SIN), EW(COS), EW(LOG1P), EW(EXPM1),
     EW(ADD), EW(SUB), EW(MUL), EW(DIV), EW(POW), EW(MAXIMUM), EW(MINIMUM),
     EW(EQ), EW(NE), EW(LT), EW(LE), EW(GT), EW(GE),
     EW(ADD_SCALAR), EW(SUB_SCALAR), EW(MUL_SCALAR), EW(DIV_SCALAR), EW(POW_SCALAR),

@@ -45,11 +45,18 @@ static inline float ref_u_GELU_TANH(float x)
 }
 static inline float ref_u_GELU_ERF(float x)
 {
-    return 0.5f * x * (1.0f + Sleef_erff1_u10purec(x * 0.70710678f));
+    double xd = x;   /* exact GELU in double, rounded once */
+    return (float)((0.5 * xd) * Sleef_erfcd1_u15purec(xd * -0.70710678118654752));
 }
 static inline float ref_u_RECIP(float x) { return 1.0f / x; }
 static inline float ref_u_SQUARE(float x) { return x * x; }
 static inline float ref_u_ROUND_BF16(float x) { return ew_round_bf16(x); }
+static inline float ref_u_ERF(float x) { return Sleef_erff1_u10purec(x); }
+static inline float ref_u_SIN(float x) { return (float)Sleef_sind1_u10purec((double)x); }
+static inline float ref_u_COS(float x) { return (float)Sleef_cosd1_u10purec((double)x); }
+/* SLEEF's log1pf overflows above 1e38; log(x) equals log1p(x) in f32 there */
+static inline float ref_u_LOG1P(float x) { return x > 1e38f ? Sleef_logf1_u10purec(x) : Sleef_log1pf1_u10purec(x); }
+static inline float ref_u_EXPM1(float x) { return Sleef_expm1f1_u10purec(x); }
 static inline float ref_u_SOFTPLUS(float x)
 {
     return x > 20.0f ? x : Sleef_log1pf1_u10purec(Sleef_expf1_u10purec(x));

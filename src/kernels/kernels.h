@@ -92,10 +92,14 @@ static inline int32_t ctpu_f32_to_i32(float f)
  *   NEG -x;  ABS |x|;  EXP/LOG/TANH/SQRT: SLEEF u10 (sqrt: IEEE sqrt);
  *   RSQRT 1/sqrt(x);  SIGMOID 1/(1+exp(-x));  RELU x>0 ? x : (x!=x ? x : +0);
  *   GELU_TANH 0.5*x*(1+tanh(0.7978845608f*(x+0.044715f*(x*x*x))))  (products
- *     left to right, each rounded);  GELU_ERF 0.5*x*(1+erf(x*0.70710678f));
+ *     left to right, each rounded);  GELU_ERF in double: (float)((0.5*x) * erfc(x * -0.70710678118654752))
+ *     (SLEEF erfc double u15; <= 1 ulp of exact GELU on [-12, 12], tail included);
  *   RECIP 1/x;  SQUARE x*x;
  *   SOFTPLUS x > 20 ? x : log1p(exp(x))  (torch.nn.functional.softplus with
  *     beta 1, threshold 20; exp and log1p SLEEF u10);
+ *   ERF LOG1P EXPM1: SLEEF f32 u10 (LOG1P: log above
+ *     1e38, where SLEEF's log1pf overflows);  SIN COS: SLEEF double u10 of the
+ *     widened x, rounded once (SLEEF 3.5.1's f32 sin/cos differ across ISAs);
  *   ADD SUB MUL DIV: IEEE;  POW: SLEEF powf u10;
  *   MAX/MIN: NaN if either is NaN, else (a>b ? a : b) / (a<b ? a : b);
  *   EQ NE LT LE GT GE: 1.0f / 0.0f (IEEE compare, NaN compares false, NE true);
@@ -117,7 +121,8 @@ static inline int32_t ctpu_f32_to_i32(float f)
 
 #define CTPU_K_UNARY_OPS(X) \
     X(NEG) X(ABS) X(EXP) X(LOG) X(SQRT) X(RSQRT) X(TANH) X(SIGMOID) X(RELU) \
-    X(GELU_TANH) X(GELU_ERF) X(RECIP) X(SQUARE) X(ROUND_BF16) X(SOFTPLUS)
+    X(GELU_TANH) X(GELU_ERF) X(RECIP) X(SQUARE) X(ROUND_BF16) X(SOFTPLUS) \
+    X(ERF) X(SIN) X(COS) X(LOG1P) X(EXPM1)
 #define CTPU_K_BINARY_OPS(X) \
     X(ADD) X(SUB) X(MUL) X(DIV) X(POW) X(MAX) X(MIN) \
     X(EQ) X(NE) X(LT) X(LE) X(GT) X(GE)

@@ -27,14 +27,15 @@ AI V u_GELU_TANH(V x)
     V inner = vmul(vset(0.7978845608f), vadd(x, vmul(vset(0.044715f), x3)));
     return vmul(vmul(vset(0.5f), x), vadd(vset(1.0f), vtanh(inner)));
 }
-AI V u_GELU_ERF(V x)
-{
-    V e = verf(vmul(x, vset(0.70710678f)));
-    return vmul(vmul(vset(0.5f), x), vadd(vset(1.0f), e));
-}
+AI V u_GELU_ERF(V x) { return vgelu_erf(x); }
 AI V u_RECIP(V x) { return vdiv(vset(1.0f), x); }
 AI V u_SQUARE(V x) { return vmul(x, x); }
 AI V u_ROUND_BF16(V x) { return vround_bf16(x); }
+AI V u_ERF(V x) { return verf(x); }
+AI V u_SIN(V x) { return vsin(x); }
+AI V u_COS(V x) { return vcos(x); }
+AI V u_LOG1P(V x) { return vsel(VCMP(x, vset(1e38f), _CMP_GT_OQ), vlog(x), vlog1p(x)); }
+AI V u_EXPM1(V x) { return vexpm1(x); }
 AI V u_SOFTPLUS(V x) { return vsel(VCMP(x, vset(20.0f), _CMP_GT_OQ), x, vlog1p(vexp(x))); }
 
 /* ---- binary ops ----------------------------------------------------------------- */

@@ -19,7 +19,9 @@
  *   vmax_raw vmin_raw         vmaxps/vminps: a > b ? a : b (b when either is NaN);
  *   vsel(m, a, b)             m ? a : b;   vmaskz(m, a)  m ? a : +0;
  *   VCMP(a, b, pred)          IEEE compare with an _CMP_* predicate -> M;
- *   vexp vlog vtanh verf vlog1p vpow  SLEEF's non-FMA u10 functions of the ISA;
+ *   vexp vlog vtanh verf vlog1p vexpm1 vpow  SLEEF's non-FMA u10 functions of the ISA;
+ *   vgelu_erf vsin vcos       in double per lane (widen, SLEEF double non-FMA
+ *                             erfc u15 / sin / cos u10, round once), as _ref;
  *   vround_bf16(x)            ctpu_f32_to_bf16 as f32 bits (low half zero);
  *   ld_bf16 st_bf16           W bf16 <-> W f32 (ctpu_bf16_to_f32 / ctpu_f32_to_bf16);
  *   ld_i32 st_i32             W i32 -> f32 (RNE), W f32 -> i32 (ctpu_f32_to_i32);
@@ -58,6 +60,7 @@
     AI V vtanh(V x) { return Sleef_tanh##S(x); }                                            \
     AI V verf(V x) { return Sleef_erf##S(x); }                                              \
     AI V vlog1p(V x) { return Sleef_log1p##S(x); }                                          \
+    AI V vexpm1(V x) { return Sleef_expm1##S(x); }                                          \
     AI V vpow(V a, V b) { return Sleef_pow##S(a, b); }
 
 /* The reduction combine of kernels.h without NaN handling (NaN is tracked
