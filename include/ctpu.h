@@ -478,6 +478,13 @@ CTPU_API ctpu_tensor ctpu_stack(int n, const ctpu_tensor *ts, int dim);
  * a[..., i, j] where j - i <= k (tril) or j - i >= k (triu), else 0. */
 CTPU_API ctpu_tensor ctpu_tril(ctpu_tensor a, int64_t k);
 CTPU_API ctpu_tensor ctpu_triu(ctpu_tensor a, int64_t k);
+/* torch.index_select: index i32 [n] (1-D) picks slices of a along dim (in
+ * [-ndim, ndim)); result a's shape with extent n at dim. A composite: the
+ * index reshaped and expanded to the result's shape, then ctpu_gather (its
+ * gradient; an index outside [0, extent) is gather's device fault, never an
+ * out-of-bounds read). Errors: CTPU_ERR_DTYPE (index not i32),
+ * CTPU_ERR_SHAPE (index not 1-D, a 0-d, dim out of range). */
+CTPU_API ctpu_tensor ctpu_index_select(ctpu_tensor a, int dim, ctpu_tensor index);
 /* A causal attention mask f32 [T, S]: position (i, j) is allowed when
  * j <= i (top-left aligned, as torch's tril(ones(T, S)) and
  * scaled_dot_product_attention(is_causal=True)). CTPU_MASK_ADDITIVE gives 0

@@ -186,7 +186,7 @@ static void uninitialised_sweep(void)
     UN_T(ctpu_layer_norm, "layer_norm", t, t, CTPU_NULL, 1e-5); UN_T(ctpu_rms_norm, "rms_norm", t, CTPU_NULL, 1e-5);
     UN_T(ctpu_unsqueeze, "unsqueeze", t, 0); UN_T(ctpu_squeeze, "squeeze", t, 0); UN_T(ctpu_flatten, "flatten", t, 0, -1);
     UN_T(ctpu_stack, "stack", 2, ts, 0); UN_T(ctpu_tril, "tril", t, 0); UN_T(ctpu_triu, "triu", t, 0);
-    UN_T(ctpu_causal_mask, "causal_mask", 4, 4, CTPU_MASK_ADDITIVE);
+    UN_T(ctpu_causal_mask, "causal_mask", 4, 4, CTPU_MASK_ADDITIVE); UN_T(ctpu_index_select, "index_select", t, 0, t);
     UN_T(ctpu_erf, "erf", t); UN_T(ctpu_sin, "sin", t); UN_T(ctpu_cos, "cos", t); UN_T(ctpu_log1p, "log1p", t); UN_T(ctpu_expm1, "expm1", t);
     UN_T(ctpu_leaky_relu, "leaky_relu", t, 0.01); UN_T(ctpu_elu, "elu", t, 1.0);
     UN_T(ctpu_add, "add", t, t); UN_T(ctpu_sub, "sub", t, t); UN_T(ctpu_mul, "mul", t, t);

@@ -1940,6 +1940,49 @@ START_TEST(movement_composites)
         }
     }
     ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+    /* index_select along each dim against a host loop, its gradient (index_add of ones), a bad index */
+    for (int m = 0; m < 3; m++) {
+        ck_assert_int_eq(ctpu_set_mode(modes[m]), CTPU_OK);
+        int32_t idx[3] = { 1, 0, 1 };
+        int64_t n3 = 3;
+        for (int d = 0; d < 3; d++) {
+            ctpu_tensor P = t_f32(x, 3, s3);
+            ck_assert_int_eq(ctpu_set_requires_grad(P, true), CTPU_OK);
+            ctpu_tensor I = ctpu_from_host(idx, CTPU_I32, 1, &n3);
+            ctpu_tensor R = ctpu_index_select(P, d, I);
+            ck_assert_msg(!ctpu_is_null(R), "index_select: %s", ctpu_last_error());
+            int64_t os[3] = { 2, 3, 4 };
+            os[d] = 3;
+            t_expect_shape(R, 3, os);
+            float *r = t_read(R, NULL);
+            for (int i = 0; i < os[0]; i++)
+                for (int j = 0; j < os[1]; j++)
+                    for (int k = 0; k < os[2]; k++) {
+                        int si = d == 0 ? idx[i] : i, sj = d == 1 ? idx[j] : j, sk = d == 2 ? idx[k] : k;
+                        ck_assert_msg(t_same(r[(i * os[1] + j) * os[2] + k], x[(si * 3 + sj) * 4 + sk]), "index_select dim %d", d);
+                    }
+            free(r);
+            ck_assert_int_eq(ctpu_backward(ctpu_sum(R, 0, NULL, false)), CTPU_OK);
+            float *g = t_read(ctpu_grad(P), NULL);
+            for (int i = 0; i < 24; i++) {
+                int c = d == 0 ? i / 12 : d == 1 ? (i / 4) % 3 : i % 4;
+                float want = (float)((c == 1 ? 2 : 0) + (c == 0 ? 1 : 0));
+                ck_assert_msg(g[i] == want, "index_select grad dim %d [%d]: %g", d, i, g[i]);
+            }
+            free(g);
+        }
+        int32_t bad[2] = { 0, 5 };
+        int64_t n2 = 2;
+        double v;
+        ctpu_tensor Rb = ctpu_index_select(t_f32(x, 3, s3), 1, ctpu_from_host(bad, CTPU_I32, 1, &n2));
+        /* debug eager faults at the call, the others at the read */
+        if (!ctpu_is_null(Rb)) ck_assert_int_ne(ctpu_item(ctpu_sum(Rb, 0, NULL, false), &v), CTPU_OK);
+        ck_assert_msg(t_contains(ctpu_last_error(), "gather"), "%s", ctpu_last_error());
+        ctpu_clear_error();
+        ctpu_sync();
+        ctpu_clear_error();
+    }
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
     /* errors name the op */
     ctpu_tensor X = t_f32(x, 3, s3), V = T_VEC(1, 2);
     ck_assert(ctpu_is_null(ctpu_unsqueeze(X, 4)));
@@ -1952,6 +1995,11 @@ START_TEST(movement_composites)
     ck_assert(t_contains(ctpu_last_error(), "stack") && t_contains(ctpu_last_error(), "ts[1]"));
     ck_assert(ctpu_is_null(ctpu_stack(0, NULL, 0)));
     ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_INVALID_ARG);
+    ck_assert(ctpu_is_null(ctpu_index_select(X, 0, V)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_DTYPE);
+    ck_assert(t_contains(ctpu_last_error(), "index_select"));
+    ck_assert(ctpu_is_null(ctpu_index_select(X, 3, ctpu_cast(V, CTPU_I32))));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_SHAPE);
     ck_assert(ctpu_is_null(ctpu_tril(V, 0)));
     ck_assert(t_contains(ctpu_last_error(), "tril"));
     ck_assert(ctpu_is_null(ctpu_causal_mask(0, 3, CTPU_MASK_BINARY)));

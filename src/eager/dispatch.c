@@ -1117,6 +1117,32 @@ ctpu_tensor ctpu_stack(int n, const ctpu_tensor *ts, int dim)
     return r;
 }
 
+ctpu_tensor ctpu_index_select(ctpu_tensor a, int dim, ctpu_tensor index)
+{
+    ctpu_trec *in[2];
+    if (!get_inputs("index_select", 2, (ctpu_tensor[]){ a, index }, NM_GATHER, in)) return CTPU_NULL;
+    int nd = in[0]->type.ndim;
+    char ta[96], ti[96];
+    if (in[1]->type.dtype != CTPU_I32 || in[1]->type.ndim != 1 || nd < 1) {
+        ctpu_set_error(in[1]->type.dtype != CTPU_I32 ? CTPU_ERR_DTYPE : CTPU_ERR_SHAPE,
+                       "index_select: a is %s, index is %s: need a of ndim >= 1 and an i32 index [n]",
+                       ctpu_fmt_type(&in[0]->type, ta, sizeof ta), ctpu_fmt_type(&in[1]->type, ti, sizeof ti));
+        return CTPU_NULL;
+    }
+    if (!dim_in("index_select", "dim", dim, -nd, nd - 1)) return CTPU_NULL;
+    if (dim < 0) dim += nd;
+    int64_t col[CTPU_MAX_DIMS], out[CTPU_MAX_DIMS];
+    for (int i = 0; i < nd; i++) {
+        col[i] = i == dim ? in[1]->type.shape[0] : 1;
+        out[i] = i == dim ? in[1]->type.shape[0] : in[0]->type.shape[i];
+    }
+    if (ctpu_scope_begin() != CTPU_OK) return CTPU_NULL;
+    ctpu_tensor r = ctpu_gather(a, dim, ctpu_expand(ctpu_reshape(index, nd, col), nd, out));
+    if (!ctpu_is_null(r)) r = ctpu_keep(r);
+    ctpu_scope_end();
+    return r;
+}
+
 /* f32 [R, C]: (j - i) op k as 1 / 0 (op: le for tril, ge for triu) */
 static ctpu_tensor band(int64_t R, int64_t C, int64_t k, bool lower)
 {
