@@ -24,12 +24,26 @@ static const char *const T_ENV_VARS[] = {
 };
 #define T_N_ENV ((int)(sizeof T_ENV_VARS / sizeof T_ENV_VARS[0]))
 
+/* CTPU_ISA as the test process was started with it: tools/run-tests.sh runs
+ * the suites again with CTPU_ISA=avx2 and scalar, and every fixture keeps
+ * that choice (NULL when it was not set). */
+static char t_isa_at_start_[16];
+static bool t_isa_forced_;
+__attribute__((constructor)) static void t_isa_capture_(void)
+{
+    const char *v = getenv("CTPU_ISA");
+    if (v && strlen(v) < sizeof t_isa_at_start_) { strcpy(t_isa_at_start_, v); t_isa_forced_ = true; }
+}
+static inline const char *t_forced_isa(void) { return t_isa_forced_ ? t_isa_at_start_ : NULL; }
+
 /* Unset all of them but CTPU_QUIET, which changes only what shutdown
- * prints (meson sets it for the suites whose output it keeps short). */
+ * prints (meson sets it for the suites whose output it keeps short); then
+ * CTPU_ISA back to the value the process started with. */
 static inline void t_clear_env(void)
 {
     for (int i = 0; i < T_N_ENV; i++)
         if (strcmp(T_ENV_VARS[i], "CTPU_QUIET") != 0) unsetenv(T_ENV_VARS[i]);
+    if (t_forced_isa()) setenv("CTPU_ISA", t_forced_isa(), 1);
 }
 
 /* Fixtures (checked: they run in the forked child). */

@@ -248,57 +248,50 @@ static bool parse_entry(const char *op, const char *path, const cJSON *j, ctpu_s
     return true;
 }
 
-static ctpu_safetensors *st_open(const char *op, const char *path)
+/* Opens the file and reads its header into a NUL-terminated buffer, checking
+ * the length word, the size limit, the first byte and UTF-8. NULL on error. */
+static char *st_read_header(const char *op, const char *path, ctpu_safetensors *f, uint64_t *hn_out)
 {
-    if (!path) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: path is NULL", op); return NULL; }
-    ctpu_safetensors *f = calloc(1, sizeof *f);
-    if (!f || !(f->path = strdup(path))) {
-        free(f);
-        ctpu_report_error(CTPU_ERR_OOM, "%s: %s: out of host memory", op, path);
-        return NULL;
-    }
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    char *hdr = NULL;
-    cJSON *root = NULL;
-    strpool pool = { 0 };
     struct stat sb;
+    f->fd = open(path, O_RDONLY | O_CLOEXEC);
     if (f->fd < 0 || fstat(f->fd, &sb) != 0) {
         ctpu_report_error(CTPU_ERR_IO, "%s: %s: cannot open: %s", op, path, strerror(errno));
-        goto fail;
+        return NULL;
     }
     if (!S_ISREG(sb.st_mode)) {
         ctpu_report_error(CTPU_ERR_IO, "%s: %s: not a regular file", op, path);
-        goto fail;
+        return NULL;
     }
     uint64_t size = (uint64_t)sb.st_size;
     unsigned char lenb[8];
     if (size < 8 || !read_at(f->fd, lenb, 8, 0)) {
         ctpu_report_error(CTPU_ERR_IO, "%s: %s: %llu bytes: truncated before the 8-byte header length", op, path,
                           (unsigned long long)size);
-        goto fail;
+        return NULL;
     }
     uint64_t hn = 0;
     for (int i = 7; i >= 0; i--) hn = hn << 8 | lenb[i];
     if (hn > ST_MAX_HEADER) {
         ctpu_report_error(CTPU_ERR_IO, "%s: %s: header length %llu is above the %llu-byte limit", op, path,
                           (unsigned long long)hn, ST_MAX_HEADER);
-        goto fail;
+        return NULL;
     }
     if (hn > size - 8) {
         ctpu_report_error(CTPU_ERR_IO, "%s: %s: header length %llu runs past the end of the file (%llu bytes): "
                           "truncated", op, path, (unsigned long long)hn, (unsigned long long)size);
-        goto fail;
+        return NULL;
     }
     if (hn < 2) {
         ctpu_report_error(CTPU_ERR_IO, "%s: %s: header length %llu: too short for a JSON object", op, path,
                           (unsigned long long)hn);
-        goto fail;
+        return NULL;
     }
-    hdr = malloc((size_t)hn + 1);
-    if (!hdr) { ctpu_report_error(CTPU_ERR_OOM, "%s: %s: out of host memory for the header", op, path); goto fail; }
+    char *hdr = malloc((size_t)hn + 1);
+    if (!hdr) { ctpu_report_error(CTPU_ERR_OOM, "%s: %s: out of host memory for the header", op, path); return NULL; }
     if (!read_at(f->fd, hdr, hn, 8)) {
         ctpu_report_error(CTPU_ERR_IO, "%s: %s: reading the header: %s", op, path, errno ? strerror(errno) : "end of file");
-        goto fail;
+        free(hdr);
+        return NULL;
     }
     hdr[hn] = 0;
     f->data_start = 8 + hn;
@@ -306,17 +299,26 @@ static ctpu_safetensors *st_open(const char *op, const char *path)
     if (memchr(hdr, 0, (size_t)hn) || hdr[0] != '{') {
         ctpu_report_error(CTPU_ERR_IO, "%s: %s: malformed header: %s", op, path,
                           hdr[0] != '{' ? "it does not start with '{'" : "it holds a NUL byte");
-        goto fail;
+        free(hdr);
+        return NULL;
     }
     size_t bad = utf8_check((const unsigned char *)hdr, (size_t)hn);
     if (bad != hn) {
         ctpu_report_error(CTPU_ERR_IO, "%s: %s: malformed header: not valid UTF-8 at byte %zu", op, path, bad);
-        goto fail;
+        free(hdr);
+        return NULL;
     }
+    *hn_out = hn;
+    return hdr;
+}
+
+/* Parses the header text as one JSON object (trailing spaces allowed: the
+ * format's padding). NULL on error. */
+static cJSON *st_parse_json(const char *op, const char *path, const char *hdr, uint64_t hn)
+{
     const char *end = NULL;
-    root = cJSON_ParseWithLengthOpts(hdr, (size_t)hn, &end, false);
+    cJSON *root = cJSON_ParseWithLengthOpts(hdr, (size_t)hn, &end, false);
     if (root) {
-        /* the format allows trailing spaces (padding); nothing else */
         for (const char *c = end; c < hdr + hn; c++)
             if (*c != ' ') { cJSON_Delete(root); root = NULL; break; }
     }
@@ -324,25 +326,41 @@ static ctpu_safetensors *st_open(const char *op, const char *path)
         long at = end && end >= hdr && end <= hdr + hn ? (long)(end - hdr) : -1;
         ctpu_report_error(CTPU_ERR_IO, "%s: %s: malformed header: not one JSON object (error near byte %ld of %llu)",
                           op, path, at, (unsigned long long)hn);
-        goto fail;
+        cJSON_Delete(root);
+        return NULL;
     }
+    return root;
+}
+
+/* Counts the tensor entries and metadata strings; false if __metadata__ is malformed. */
+static bool st_count(const char *op, const char *path, const cJSON *root, int *n_out, int *n_meta_out)
+{
     int n = 0, n_meta = 0;
     for (const cJSON *c = root->child; c; c = c->next) {
-        if (!strcmp(c->string, "__metadata__")) {
-            if (!cJSON_IsObject(c)) {
-                ctpu_report_error(CTPU_ERR_IO, "%s: %s: __metadata__ is not a JSON object", op, path);
-                goto fail;
+        if (strcmp(c->string, "__metadata__")) { n++; continue; }
+        if (!cJSON_IsObject(c)) {
+            ctpu_report_error(CTPU_ERR_IO, "%s: %s: __metadata__ is not a JSON object", op, path);
+            return false;
+        }
+        for (const cJSON *m = c->child; m; m = m->next) {
+            if (!cJSON_IsString(m)) {
+                ctpu_report_error(CTPU_ERR_IO, "%s: %s: __metadata__ '" NM "' is not a string", op, path, m->string);
+                return false;
             }
-            for (const cJSON *m = c->child; m; m = m->next) {
-                if (!cJSON_IsString(m)) {
-                    ctpu_report_error(CTPU_ERR_IO, "%s: %s: __metadata__ '" NM "' is not a string", op, path, m->string);
-                    goto fail;
-                }
-                n_meta++;
-            }
-        } else
-            n++;
+            n_meta++;
+        }
     }
+    *n_out = n;
+    *n_meta_out = n_meta;
+    return true;
+}
+
+/* Fills f's entries and metadata from the parsed header; names live in one string pool. */
+static bool st_fill(const char *op, const char *path, ctpu_safetensors *f, const cJSON *root)
+{
+    int n = 0, n_meta = 0;
+    if (!st_count(op, path, root, &n, &n_meta)) return false;
+    strpool pool = { 0 };
     f->e = calloc((size_t)(n ? n : 1), sizeof *f->e);
     f->by_name = calloc((size_t)(n ? n : 1), sizeof(int));
     f->meta = calloc((size_t)(n_meta ? 2 * n_meta : 1), sizeof(char *));
@@ -388,24 +406,35 @@ static ctpu_safetensors *st_open(const char *op, const char *path)
     }
     free(name_at);
     free(meta_at);
-    if (!ok) goto fail;
-    /* duplicate names (JSON allows them; the format does not) */
-    qsort_r(f->by_name, (size_t)n, sizeof(int), cmp_name, f);
-    for (int t = 1; t < n; t++)
+    free(pool.buf);
+    return ok;
+}
+
+/* Duplicate names (JSON allows them; the format does not). */
+static bool st_check_unique(const char *op, const char *path, ctpu_safetensors *f)
+{
+    qsort_r(f->by_name, (size_t)f->n, sizeof(int), cmp_name, f);
+    for (int t = 1; t < f->n; t++)
         if (!strcmp(f->e[f->by_name[t]].name, f->e[f->by_name[t - 1]].name)) {
             ctpu_report_error(CTPU_ERR_IO, "%s: %s: tensor '" NM "' appears twice in the header", op, path,
                               f->e[f->by_name[t]].name);
-            goto fail;
+            return false;
         }
-    for (int a = 0; a < n_meta; a++)
-        for (int b = a + 1; b < n_meta; b++)
+    for (int a = 0; a < f->n_meta; a++)
+        for (int b = a + 1; b < f->n_meta; b++)
             if (!strcmp(f->meta[2 * a], f->meta[2 * b])) {
                 ctpu_report_error(CTPU_ERR_IO, "%s: %s: __metadata__ '" NM "' appears twice", op, path, f->meta[2 * a]);
-                goto fail;
+                return false;
             }
-    /* offsets: in order, no overlap, no hole, covering the data section exactly */
+    return true;
+}
+
+/* Offsets: in order, no overlap, no hole, covering the data section exactly. */
+static bool st_check_offsets(const char *op, const char *path, ctpu_safetensors *f)
+{
+    int n = f->n;
     int *ord = malloc(sizeof(int) * (size_t)(n ? n : 1));
-    if (!ord) { ctpu_report_error(CTPU_ERR_OOM, "%s: %s: out of host memory", op, path); goto fail; }
+    if (!ord) { ctpu_report_error(CTPU_ERR_OOM, "%s: %s: out of host memory", op, path); return false; }
     for (int t = 0; t < n; t++) ord[t] = t;
     qsort_r(ord, (size_t)n, sizeof(int), cmp_offset, f);
     uint64_t at = 0;
@@ -421,7 +450,7 @@ static ctpu_safetensors *st_open(const char *op, const char *path)
                                   "byte %llu (tensors must cover the data section)", op, path, e->name,
                                   (unsigned long long)e->offset, (unsigned long long)at);
             free(ord);
-            goto fail;
+            return false;
         }
         at = e->offset + e->nbytes;
     }
@@ -429,15 +458,28 @@ static ctpu_safetensors *st_open(const char *op, const char *path)
     if (at != f->data_size) {
         ctpu_report_error(CTPU_ERR_IO, "%s: %s: the data section has %llu bytes but the tensors cover %llu", op, path,
                           (unsigned long long)f->data_size, (unsigned long long)at);
-        goto fail;
+        return false;
     }
+    return true;
+}
+
+static ctpu_safetensors *st_open(const char *op, const char *path)
+{
+    if (!path) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: path is NULL", op); return NULL; }
+    ctpu_safetensors *f = calloc(1, sizeof *f);
+    if (!f || !(f->path = strdup(path))) {
+        free(f);
+        ctpu_report_error(CTPU_ERR_OOM, "%s: %s: out of host memory", op, path);
+        return NULL;
+    }
+    f->fd = -1;
+    uint64_t hn = 0;
+    char *hdr = st_read_header(op, path, f, &hn);
+    cJSON *root = hdr ? st_parse_json(op, path, hdr, hn) : NULL;
+    bool ok = root && st_fill(op, path, f, root) && st_check_unique(op, path, f) && st_check_offsets(op, path, f);
     cJSON_Delete(root);
     free(hdr);
-    return f;
-fail:
-    cJSON_Delete(root);
-    free(hdr);
-    free(pool.buf);
+    if (ok) return f;
     ctpu_safetensors_close(f);
     return NULL;
 }
@@ -659,10 +701,10 @@ static ctpu_status distinct(const char *op, const char *path, const char *what, 
 
 static _Atomic unsigned g_tmp_counter;
 
-ctpu_status ctpu_save_ex(const char *path, int n, const char *const *names, const ctpu_tensor *tensors, int n_meta,
-                         const char *const *meta)
+/* Every argument checked before anything is written. */
+static ctpu_status save_check_args(const char *op, const char *path, int n, const char *const *names,
+                                   const ctpu_tensor *tensors, int n_meta, const char *const *meta)
 {
-    const char *op = "save";
     if (!ctpu_is_initialized())
         return ctpu_report_error(CTPU_ERR_NOT_INITIALIZED, "%s: the runtime is not initialised (call ctpu_init)", op);
     if (!path) return ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: path is NULL", op);
@@ -698,61 +740,143 @@ ctpu_status ctpu_save_ex(const char *path, int n, const char *const *names, cons
                                      "%s: %s: tensor '" NM "' is a %s handle", op, path, names[i],
                                      ctpu_is_null(tensors[i]) ? "null" : "stale");
     }
+    return CTPU_OK;
+}
+
+/* One tensor's header entry: dtype, shape and data_offsets [at, at + bytes). */
+static bool save_entry(cJSON *root, const char *name, ctpu_tensor t, uint64_t at, uint64_t bytes)
+{
+    int64_t s[CTPU_MAX_DIMS];
+    int nd = 0;
+    ctpu_shape(t, s, &nd);
+    char num[2][32];
+    snprintf(num[0], sizeof num[0], "%llu", (unsigned long long)at);
+    snprintf(num[1], sizeof num[1], "%llu", (unsigned long long)(at + bytes));
+    cJSON *e = cJSON_CreateObject(), *sh = cJSON_CreateArray(), *of = cJSON_CreateArray();
+    bool ok = e && sh && of && cJSON_AddStringToObject(e, "dtype", st_dtype_name(ctpu_dtype_of(t)));
+    for (int d = 0; ok && d < nd; d++) {
+        char x[32];
+        snprintf(x, sizeof x, "%lld", (long long)s[d]);
+        cJSON *r = cJSON_CreateRaw(x);   /* integers verbatim: never "1e+15" */
+        ok = r && cJSON_AddItemToArray(sh, r);
+    }
+    for (int d = 0; ok && d < 2; d++) {
+        cJSON *r = cJSON_CreateRaw(num[d]);
+        ok = r && cJSON_AddItemToArray(of, r);
+    }
+    ok = ok && cJSON_AddItemToObject(e, "shape", sh);
+    if (ok) sh = NULL;
+    ok = ok && cJSON_AddItemToObject(e, "data_offsets", of);
+    if (ok) of = NULL;
+    ok = ok && cJSON_AddItemToObject(root, name, e);
+    if (ok) e = NULL;
+    cJSON_Delete(e);
+    cJSON_Delete(sh);
+    cJSON_Delete(of);
+    return ok;
+}
+
+/* The header as JSON text, tensors in data order `ord`; *max_bytes gets the
+ * largest tensor's size. NULL when out of host memory. */
+static char *save_header(int n, const char *const *names, const ctpu_tensor *tensors, int n_meta,
+                         const char *const *meta, const int *ord, uint64_t *max_bytes)
+{
+    cJSON *root = cJSON_CreateObject();
+    bool ok = root != NULL;
+    if (ok && n_meta > 0) {
+        cJSON *m = cJSON_AddObjectToObject(root, "__metadata__");
+        for (int i = 0; m && i < n_meta; i++)
+            if (!cJSON_AddStringToObject(m, meta[2 * i], meta[2 * i + 1])) m = NULL;
+        ok = m != NULL;
+    }
+    uint64_t at = 0;
+    *max_bytes = 0;
+    for (int j = 0; ok && j < n; j++) {
+        int i = ord[j];
+        uint64_t bytes = (uint64_t)ctpu_numel(tensors[i]) * elem_size(ctpu_dtype_of(tensors[i]));
+        ok = save_entry(root, names[i], tensors[i], at, bytes);
+        at += bytes;
+        if (bytes > *max_bytes) *max_bytes = bytes;
+    }
+    char *json = ok ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    return json;
+}
+
+/* Creates a temporary file beside path (its name in tmp); -1 on error, reported. */
+static int save_tmp_open(const char *op, const char *path, char *tmp, size_t tmp_len)
+{
+    int fd = -1;
+    for (int tries = 0; fd < 0 && tries < 100; tries++) {
+        snprintf(tmp, tmp_len, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&g_tmp_counter, 1));
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0 && errno != EEXIST) break;
+    }
+    if (fd < 0) {
+        ctpu_report_error(CTPU_ERR_IO, "%s: %s: cannot create the temporary file %s: %s", op, path, tmp,
+                          strerror(errno));
+        tmp[0] = 0;
+    }
+    return fd;
+}
+
+/* Writes the header (buf holds its 8 + hn bytes) and every tensor's data in
+ * order `ord` through buf, then fsyncs. */
+static ctpu_status save_write(const char *op, const char *path, int fd, char *buf, size_t hn, int n,
+                              const char *const *names, const ctpu_tensor *tensors, const int *ord)
+{
+    ctpu_status st;
+    if (!write_all(fd, buf, 8 + hn))
+        return ctpu_report_error(CTPU_ERR_IO, "%s: %s: writing the header: %s", op, path, strerror(errno));
+    for (int j = 0; j < n; j++) {
+        int i = ord[j];
+        uint64_t bytes = (uint64_t)ctpu_numel(tensors[i]) * elem_size(ctpu_dtype_of(tensors[i]));
+        if ((st = ctpu_to_host(tensors[i], buf, (size_t)bytes)) != CTPU_OK)
+            return ctpu_report_error(st, "%s: %s: tensor '" NM "': %s", op, path, names[i], ctpu_last_error());
+        if (!write_all(fd, buf, (size_t)bytes))
+            return ctpu_report_error(CTPU_ERR_IO, "%s: %s: tensor '" NM "': writing %llu bytes: %s", op, path, names[i],
+                                     (unsigned long long)bytes, strerror(errno));
+    }
+    if (fsync(fd) != 0) return ctpu_report_error(CTPU_ERR_IO, "%s: %s: fsync: %s", op, path, strerror(errno));
+    return CTPU_OK;
+}
+
+/* The rename made durable: fsync the directory that holds path. */
+static void fsync_dir_of(const char *path)
+{
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path < 4095 ? slash - path : 4095), path);
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+}
+
+ctpu_status ctpu_save_ex(const char *path, int n, const char *const *names, const ctpu_tensor *tensors, int n_meta,
+                         const char *const *meta)
+{
+    const char *op = "save";
+    ctpu_status st = save_check_args(op, path, n, names, tensors, n_meta, meta);
+    if (st != CTPU_OK) return st;
     /* data order: wider elements first (4-byte before 2-byte), so each tensor
      * starts aligned to its element size; otherwise as given */
     int *ord = malloc(sizeof(int) * (size_t)(n ? n : 1));
-    cJSON *root = cJSON_CreateObject();
     char *json = NULL, *buf = NULL;
     int fd = -1;
     char tmp[4096 + 64];
     tmp[0] = 0;
-    if (!ord || !root) { st = ctpu_report_error(CTPU_ERR_OOM, "%s: %s: out of host memory", op, path); goto done; }
-    int k = 0;
-    for (int pass = 0; pass < 2; pass++)
-        for (int i = 0; i < n; i++)
-            if ((elem_size(ctpu_dtype_of(tensors[i])) == 4) == (pass == 0)) ord[k++] = i;
-    if (n_meta > 0) {
-        cJSON *m = cJSON_AddObjectToObject(root, "__metadata__");
-        for (int i = 0; m && i < n_meta; i++)
-            if (!cJSON_AddStringToObject(m, meta[2 * i], meta[2 * i + 1])) m = NULL;
-        if (!m) { st = ctpu_report_error(CTPU_ERR_OOM, "%s: %s: out of host memory", op, path); goto done; }
+    uint64_t max_bytes = 0;
+    if (ord) {
+        int k = 0;
+        for (int pass = 0; pass < 2; pass++)
+            for (int i = 0; i < n; i++)
+                if ((elem_size(ctpu_dtype_of(tensors[i])) == 4) == (pass == 0)) ord[k++] = i;
+        json = save_header(n, names, tensors, n_meta, meta, ord, &max_bytes);
     }
-    uint64_t at = 0, max_bytes = 0;
-    for (int j = 0; j < n; j++) {
-        int i = ord[j];
-        int64_t s[CTPU_MAX_DIMS];
-        int nd = 0;
-        ctpu_shape(tensors[i], s, &nd);
-        uint64_t bytes = (uint64_t)ctpu_numel(tensors[i]) * elem_size(ctpu_dtype_of(tensors[i]));
-        char num[2][32];
-        snprintf(num[0], sizeof num[0], "%llu", (unsigned long long)at);
-        snprintf(num[1], sizeof num[1], "%llu", (unsigned long long)(at + bytes));
-        cJSON *e = cJSON_CreateObject(), *sh = cJSON_CreateArray(), *of = cJSON_CreateArray();
-        bool ok = e && sh && of && cJSON_AddStringToObject(e, "dtype", st_dtype_name(ctpu_dtype_of(tensors[i])));
-        for (int d = 0; ok && d < nd; d++) {
-            char x[32];
-            snprintf(x, sizeof x, "%lld", (long long)s[d]);
-            cJSON *r = cJSON_CreateRaw(x);   /* integers verbatim: never "1e+15" */
-            ok = r && cJSON_AddItemToArray(sh, r);
-        }
-        for (int d = 0; ok && d < 2; d++) {
-            cJSON *r = cJSON_CreateRaw(num[d]);
-            ok = r && cJSON_AddItemToArray(of, r);
-        }
-        ok = ok && cJSON_AddItemToObject(e, "shape", sh);
-        if (ok) sh = NULL;
-        ok = ok && cJSON_AddItemToObject(e, "data_offsets", of);
-        if (ok) of = NULL;
-        ok = ok && cJSON_AddItemToObject(root, names[i], e);
-        if (ok) e = NULL;
-        cJSON_Delete(e);
-        cJSON_Delete(sh);
-        cJSON_Delete(of);
-        if (!ok) { st = ctpu_report_error(CTPU_ERR_OOM, "%s: %s: out of host memory", op, path); goto done; }
-        at += bytes;
-        if (bytes > max_bytes) max_bytes = bytes;
-    }
-    json = cJSON_PrintUnformatted(root);
     if (!json) { st = ctpu_report_error(CTPU_ERR_OOM, "%s: %s: out of host memory", op, path); goto done; }
     size_t jn = strlen(json);
     size_t hn = (jn + 7) / 8 * 8;   /* spaces up to 8-byte alignment of the data section */
@@ -766,39 +890,8 @@ ctpu_status ctpu_save_ex(const char *path, int n, const char *const *names, cons
     for (int b = 0; b < 8; b++) buf[b] = (char)(((uint64_t)hn >> (8 * b)) & 0xff);
     memcpy(buf + 8, json, jn);
     memset(buf + 8 + jn, ' ', hn - jn);
-    /* the temporary file, beside the destination */
-    for (int tries = 0; fd < 0 && tries < 100; tries++) {
-        snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&g_tmp_counter, 1));
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd < 0 && errno != EEXIST) break;
-    }
-    if (fd < 0) {
-        st = ctpu_report_error(CTPU_ERR_IO, "%s: %s: cannot create the temporary file %s: %s", op, path, tmp,
-                               strerror(errno));
-        tmp[0] = 0;
-        goto done;
-    }
-    if (!write_all(fd, buf, 8 + hn)) {
-        st = ctpu_report_error(CTPU_ERR_IO, "%s: %s: writing the header: %s", op, path, strerror(errno));
-        goto done;
-    }
-    for (int j = 0; j < n; j++) {
-        int i = ord[j];
-        uint64_t bytes = (uint64_t)ctpu_numel(tensors[i]) * elem_size(ctpu_dtype_of(tensors[i]));
-        if ((st = ctpu_to_host(tensors[i], buf, (size_t)bytes)) != CTPU_OK) {
-            ctpu_report_error(st, "%s: %s: tensor '" NM "': %s", op, path, names[i], ctpu_last_error());
-            goto done;
-        }
-        if (!write_all(fd, buf, (size_t)bytes)) {
-            st = ctpu_report_error(CTPU_ERR_IO, "%s: %s: tensor '" NM "': writing %llu bytes: %s", op, path, names[i],
-                                   (unsigned long long)bytes, strerror(errno));
-            goto done;
-        }
-    }
-    if (fsync(fd) != 0) {
-        st = ctpu_report_error(CTPU_ERR_IO, "%s: %s: fsync: %s", op, path, strerror(errno));
-        goto done;
-    }
+    if ((fd = save_tmp_open(op, path, tmp, sizeof tmp)) < 0) { st = CTPU_ERR_IO; goto done; }
+    if ((st = save_write(op, path, fd, buf, hn, n, names, tensors, ord)) != CTPU_OK) goto done;
     int cr = close(fd);
     fd = -1;
     if (cr != 0 || rename(tmp, path) != 0) {
@@ -807,23 +900,12 @@ ctpu_status ctpu_save_ex(const char *path, int n, const char *const *names, cons
         goto done;
     }
     tmp[0] = 0;
-    /* the rename itself made durable: fsync the directory */
-    char dir[4096];
-    const char *slash = strrchr(path, '/');
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == path) snprintf(dir, sizeof dir, "/");
-    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path < 4095 ? slash - path : 4095), path);
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-    }
+    fsync_dir_of(path);
 done:
     if (fd >= 0) close(fd);
     if (tmp[0]) unlink(tmp);
     free(buf);
     cJSON_free(json);
-    cJSON_Delete(root);
     free(ord);
     return st;
 }
