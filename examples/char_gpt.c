@@ -41,6 +41,22 @@
  * (val_loss empty between evaluations), %.9g, no timing: logs of different
  * modes compare with cmp.
  *
+ * Checkpoints: --save PATH writes the whole run at the end (and, with
+ * --save-every K, after every K steps): the parameters (named as the model,
+ * "wte", "h.0.attn.wq", ...), the AdamW state with its two parameter groups
+ * and the generator's state (dropout), by ctpu_checkpoint_save, a
+ * safetensors file. The batch sampler needs no state of its own: step s's
+ * batch is a function of --seed and s, and s is the optimizer's step count;
+ * the seed and what the loop carries between evaluations (the current
+ * interval's train-loss sum and count, the last train and val loss) go in
+ * the file's metadata as "char_gpt.*" strings (doubles %.17g, so they read
+ * back bit for bit). --resume PATH continues such a run where it stopped
+ * (same options needed; the shapes and the seed are checked), giving the
+ * unbroken run's losses bit for bit; --stop-after N stops once N steps of
+ * the run are done (the schedule still spans --steps), writing the log rows
+ * of the unfinished interval (val_loss empty). The --log of a stopped run
+ * followed by its resumed run's (headers aside) is the unbroken run's.
+ *
  * Not yet: --dtype bf16 and --by-document are refused with a message; no
  * generated sample; no SDPA op (attention is written out). */
 #include "corpus.h"
@@ -60,7 +76,8 @@
 #define MAX_LAYERS 64
 
 typedef struct {
-    const char *data, *log_path;
+    const char *data, *log_path, *save_path, *resume_path;
+    int64_t save_every, stop_after;
     int64_t layers, heads, dmodel, head_dim, ctx, batch, steps, warmup, eval_every, eval_batches;
     double lr, wd, dropout;
     uint64_t seed;
@@ -89,6 +106,10 @@ static void usage(FILE *f)
             "  --eval-every N    evaluate every N steps (default 100)\n"
             "  --eval-batches N  validation batches per evaluation (default 8)\n"
             "  --log FILE        CSV step,lr,train_loss,val_loss\n"
+            "  --save PATH       write a checkpoint (safetensors) of the whole run at the end\n"
+            "  --save-every K    ... and after every K steps (needs --save)\n"
+            "  --resume PATH     continue the run saved in PATH (same options)\n"
+            "  --stop-after N    stop once N steps of the run are done (the schedule still spans --steps)\n"
             "  --dtype f32       (bf16: not yet supported)\n"
             "  --by-document     (not yet supported)\n"
             "  --progress / --no-progress   progress bar on or off (default: on a terminal)\n"
@@ -116,7 +137,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
                    .wd = 0.1, .seed = 1, .progress = -1 };
     enum { O_DATA = 256, O_LOG, O_LAYERS, O_HEADS, O_DMODEL, O_HEAD_DIM, O_CTX, O_BATCH, O_STEPS, O_LR, O_WARMUP,
            O_WD, O_DROPOUT, O_SEED, O_THREADS, O_EVAL_EVERY, O_EVAL_BATCHES, O_DTYPE, O_BY_DOC, O_PROGRESS,
-           O_NO_PROGRESS, O_VERSION };
+           O_NO_PROGRESS, O_VERSION, O_SAVE, O_SAVE_EVERY, O_RESUME, O_STOP_AFTER };
     static const struct option longopts[] = {
         { "data", required_argument, NULL, O_DATA },         { "log", required_argument, NULL, O_LOG },
         { "layers", required_argument, NULL, O_LAYERS },     { "heads", required_argument, NULL, O_HEADS },
@@ -129,7 +150,9 @@ static int parse_args(int argc, char **argv, opts_t *o)
         { "eval-batches", required_argument, NULL, O_EVAL_BATCHES }, { "dtype", required_argument, NULL, O_DTYPE },
         { "by-document", no_argument, NULL, O_BY_DOC },      { "progress", no_argument, NULL, O_PROGRESS },
         { "no-progress", no_argument, NULL, O_NO_PROGRESS }, { "help", no_argument, NULL, 'h' },
-        { "version", no_argument, NULL, O_VERSION },         { NULL, 0, NULL, 0 },
+        { "version", no_argument, NULL, O_VERSION },         { "save", required_argument, NULL, O_SAVE },
+        { "save-every", required_argument, NULL, O_SAVE_EVERY }, { "resume", required_argument, NULL, O_RESUME },
+        { "stop-after", required_argument, NULL, O_STOP_AFTER }, { NULL, 0, NULL, 0 },
     };
     opterr = 0;
     optind = 1;
@@ -146,6 +169,8 @@ static int parse_args(int argc, char **argv, opts_t *o)
         case O_NO_PROGRESS: o->progress = 0; break;
         case O_DATA: o->data = v; break;
         case O_LOG: o->log_path = v; break;
+        case O_SAVE: o->save_path = v; break;
+        case O_RESUME: o->resume_path = v; break;
         case O_DTYPE:
             if (strcmp(v, "f32") == 0) break;
             if (strcmp(v, "bf16") == 0) {
@@ -177,6 +202,8 @@ static int parse_args(int argc, char **argv, opts_t *o)
             case O_DROPOUT: o->dropout = x; ok = x >= 0 && x < 1; break;
             case O_SEED: o->seed = (uint64_t)x; ok = x >= 0 && x < 1.8446744073709552e19; break;
             case O_THREADS: o->threads = (int)x; ok = pos_int(x, 64); break;
+            case O_SAVE_EVERY: o->save_every = (int64_t)x; ok = pos_int(x, 1e12); break;
+            case O_STOP_AFTER: o->stop_after = (int64_t)x; ok = pos_int(x, 1e12); break;
             default: ok = false; break;
             }
         }
@@ -184,6 +211,10 @@ static int parse_args(int argc, char **argv, opts_t *o)
         li = -1;
     }
     if (optind < argc) { fprintf(stderr, "char_gpt: unexpected argument %s (see --help)\n", argv[optind]); return 2; }
+    if (o->save_every && !o->save_path) {
+        fprintf(stderr, "char_gpt: --save-every needs --save PATH (see --help)\n");
+        return 2;
+    }
     if (!o->head_dim) {
         if (o->dmodel % o->heads) {
             fprintf(stderr, "char_gpt: --dmodel %lld is not a multiple of --heads %lld (or give --head-dim)\n",
@@ -243,22 +274,38 @@ typedef struct {
     block blk[MAX_LAYERS];
     ctpu_tensor decay[4 * MAX_LAYERS + 2], no_decay[8 * MAX_LAYERS + 2];
     int n_decay, n_no_decay;
+    /* every parameter in creation order, and its checkpoint name */
+    ctpu_tensor params[12 * MAX_LAYERS + 4];
+    char names[12 * MAX_LAYERS + 4][32];
+    const char *name_ptrs[12 * MAX_LAYERS + 4];
+    int n_params;
 } gpt;
 
-static ctpu_tensor param_normal(gpt *g, int64_t r, int64_t c, double std)
+static void param_name(gpt *g, int l, const char *name, ctpu_tensor t)
+{
+    int i = g->n_params++;
+    g->params[i] = t;
+    g->name_ptrs[i] = g->names[i];
+    if (l < 0) snprintf(g->names[i], sizeof g->names[i], "%s", name);
+    else snprintf(g->names[i], sizeof g->names[i], "h.%d.%s", l, name);
+}
+
+static ctpu_tensor param_normal(gpt *g, int l, const char *name, int64_t r, int64_t c, double std)
 {
     int64_t shape[2] = { r, c };
     ctpu_tensor t = ctpu_rand_normal(CTPU_F32, 2, shape, 0.0, std);
     ctpu_set_requires_grad(t, true);
     g->decay[g->n_decay++] = t;
+    param_name(g, l, name, t);
     return t;
 }
 
-static ctpu_tensor param_const(gpt *g, int64_t n, double v)
+static ctpu_tensor param_const(gpt *g, int l, const char *name, int64_t n, double v)
 {
     ctpu_tensor t = ctpu_full(CTPU_F32, 1, &n, v);
     ctpu_set_requires_grad(t, true);
     g->no_decay[g->n_no_decay++] = t;
+    param_name(g, l, name, t);
     return t;
 }
 
@@ -269,20 +316,20 @@ static ctpu_status gpt_init(gpt *g, const opts_t *o, int64_t vocab)
     g->dropout = o->dropout;
     int64_t D = g->D, HD = g->H * g->hd;
     double proj_std = 0.02 / sqrt(2.0 * (double)g->L);
-    g->wte = param_normal(g, vocab, D, 0.02);
-    g->wpe = param_normal(g, g->T, D, 0.02);
-    for (int64_t l = 0; l < g->L; l++) {
+    g->wte = param_normal(g, -1, "wte", vocab, D, 0.02);
+    g->wpe = param_normal(g, -1, "wpe", g->T, D, 0.02);
+    for (int l = 0; l < (int)g->L; l++) {
         block *b = &g->blk[l];
-        b->ln1_w = param_const(g, D, 1), b->ln1_b = param_const(g, D, 0);
-        b->wq = param_normal(g, D, HD, 0.02), b->bq = param_const(g, HD, 0);
-        b->wk = param_normal(g, D, HD, 0.02), b->bk = param_const(g, HD, 0);
-        b->wv = param_normal(g, D, HD, 0.02), b->bv = param_const(g, HD, 0);
-        b->wo = param_normal(g, HD, D, proj_std), b->bo = param_const(g, D, 0);
-        b->ln2_w = param_const(g, D, 1), b->ln2_b = param_const(g, D, 0);
-        b->w1 = param_normal(g, D, 4 * D, 0.02), b->b1 = param_const(g, 4 * D, 0);
-        b->w2 = param_normal(g, 4 * D, D, proj_std), b->b2 = param_const(g, D, 0);
+        b->ln1_w = param_const(g, l, "ln1.weight", D, 1), b->ln1_b = param_const(g, l, "ln1.bias", D, 0);
+        b->wq = param_normal(g, l, "attn.wq", D, HD, 0.02), b->bq = param_const(g, l, "attn.bq", HD, 0);
+        b->wk = param_normal(g, l, "attn.wk", D, HD, 0.02), b->bk = param_const(g, l, "attn.bk", HD, 0);
+        b->wv = param_normal(g, l, "attn.wv", D, HD, 0.02), b->bv = param_const(g, l, "attn.bv", HD, 0);
+        b->wo = param_normal(g, l, "attn.wo", HD, D, proj_std), b->bo = param_const(g, l, "attn.bo", D, 0);
+        b->ln2_w = param_const(g, l, "ln2.weight", D, 1), b->ln2_b = param_const(g, l, "ln2.bias", D, 0);
+        b->w1 = param_normal(g, l, "mlp.w1", D, 4 * D, 0.02), b->b1 = param_const(g, l, "mlp.b1", 4 * D, 0);
+        b->w2 = param_normal(g, l, "mlp.w2", 4 * D, D, proj_std), b->b2 = param_const(g, l, "mlp.b2", D, 0);
     }
-    g->lnf_w = param_const(g, D, 1), g->lnf_b = param_const(g, D, 0);
+    g->lnf_w = param_const(g, -1, "lnf.weight", D, 1), g->lnf_b = param_const(g, -1, "lnf.bias", D, 0);
     /* the additive causal mask [T, T]: 0 on and below the diagonal, -inf above */
     float *m = malloc(sizeof(float) * (size_t)(g->T * g->T));
     if (!m) return CTPU_ERR_OOM;
@@ -369,6 +416,83 @@ static ctpu_status evaluate(const gpt *g, const corpus *c, const opts_t *o, int3
     return st;
 }
 
+/* What the loop carries from one evaluation to the next, saved with the
+ * checkpoint: the current interval's train losses so far (their sum, added
+ * in step order, and count) and the last evaluation's train and val loss. */
+typedef struct {
+    double isum, train_loss, val_loss;
+    int64_t in;
+} loop_state;
+
+static ctpu_status save_run(const gpt *g, const ctpu_optim *opt, const opts_t *o, const loop_state *ls,
+                            const ctpu_tensor *losses, int64_t nb)
+{
+    double sum = ls->isum;   /* the unread losses of this interval: read (waits for the device) */
+    for (int64_t i = 0; i < nb; i++) {
+        double l;
+        ctpu_status st = ctpu_item(losses[i], &l);
+        if (st != CTPU_OK) return st;
+        sum += l;
+    }
+    char v[5][32];
+    snprintf(v[0], sizeof v[0], "%llu", (unsigned long long)o->seed);
+    snprintf(v[1], sizeof v[1], "%.17g", sum);
+    snprintf(v[2], sizeof v[2], "%lld", (long long)(ls->in + nb));
+    snprintf(v[3], sizeof v[3], "%.17g", ls->train_loss);
+    snprintf(v[4], sizeof v[4], "%.17g", ls->val_loss);
+    const char *meta[12] = { "demo", "char_gpt", "char_gpt.seed", v[0], "char_gpt.interval_sum", v[1],
+                             "char_gpt.interval_n", v[2], "char_gpt.train_loss", v[3], "char_gpt.val_loss", v[4] };
+    return ctpu_checkpoint_save(o->save_path, g->n_params, g->name_ptrs, g->params, opt, NULL, 6, meta);
+}
+
+/* One "char_gpt.*" number of an open checkpoint; false (with a message) if
+ * absent or malformed. */
+static bool meta_num(const ctpu_safetensors *f, const char *path, const char *key, double *d, uint64_t *u)
+{
+    const char *v = ctpu_safetensors_metadata(f, key);
+    char *end = NULL;
+    errno = 0;
+    if (v && d) *d = strtod(v, &end);
+    if (v && u) *u = strtoull(v, &end, 10);
+    if (!v || errno || end == v || *end) {
+        fprintf(stderr, "char_gpt: %s: %s metadata \"%s\" (not a char_gpt checkpoint?)\n", path,
+                v ? "malformed" : "no", key);
+        return false;
+    }
+    return true;
+}
+
+/* Restore a run saved by save_run into g, opt and *ls. */
+static int resume_run(gpt *g, ctpu_optim *opt, const opts_t *o, loop_state *ls)
+{
+    ctpu_safetensors *f = ctpu_safetensors_open(o->resume_path);
+    if (!f) return fail("resuming");
+    uint64_t seed = 0, n = 0;
+    bool ok = meta_num(f, o->resume_path, "char_gpt.seed", NULL, &seed) &&
+              meta_num(f, o->resume_path, "char_gpt.interval_sum", &ls->isum, NULL) &&
+              meta_num(f, o->resume_path, "char_gpt.interval_n", NULL, &n) &&
+              meta_num(f, o->resume_path, "char_gpt.train_loss", &ls->train_loss, NULL) &&
+              meta_num(f, o->resume_path, "char_gpt.val_loss", &ls->val_loss, NULL);
+    ctpu_safetensors_close(f);
+    if (!ok) return 1;
+    ls->in = (int64_t)n;
+    if (seed != o->seed) {
+        fprintf(stderr, "char_gpt: %s was saved with --seed %llu, not %llu\n", o->resume_path,
+                (unsigned long long)seed, (unsigned long long)o->seed);
+        return 1;
+    }
+    if (ctpu_checkpoint_load(o->resume_path, g->n_params, g->name_ptrs, g->params, opt, NULL) != CTPU_OK)
+        return fail("resuming");
+    int64_t step = ctpu_optim_steps(opt);
+    if (step > o->steps || ls->in < 0 || ls->in > step || ls->in >= o->eval_every) {
+        fprintf(stderr, "char_gpt: %s: step %lld, %lld steps into an interval: not a run of --steps %lld "
+                "--eval-every %lld\n", o->resume_path, (long long)step, (long long)ls->in, (long long)o->steps,
+                (long long)o->eval_every);
+        return 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     opts_t o;
@@ -398,6 +522,12 @@ int main(int argc, char **argv)
     ctpu_adamw_opts ao = { o.lr, 0.9, 0.95, 1e-8, o.wd };
     ctpu_optim *opt = ctpu_adamw_create_groups(2, groups, &ao);
     if (!opt) return fail("making the optimizer");
+    loop_state lst = { 0 };
+    if (o.resume_path) {
+        if (resume_run(g, opt, &o, &lst)) return 1;
+        printf("char_gpt: resumed %s at step %lld (%lld steps into the interval)\n", o.resume_path,
+               (long long)ctpu_optim_steps(opt), (long long)lst.in);
+    }
     FILE *log = NULL;
     if (o.log_path) {
         if (!(log = fopen(o.log_path, "w"))) {
@@ -424,10 +554,10 @@ int main(int argc, char **argv)
     ctpu_tensor *losses = malloc(sizeof(ctpu_tensor) * (size_t)o.eval_every);
     double *lrs = malloc(sizeof(double) * (size_t)o.eval_every);
     if (!hx || !hy || !losses || !lrs) { fprintf(stderr, "char_gpt: out of memory\n"); return 1; }
-    double train_time = 0, train_loss = 0, val_loss = 0, min_lr = o.lr / 10;
-    int64_t tokens = 0, nb = 0;
+    double train_time = 0, min_lr = o.lr / 10;
+    int64_t tokens = 0, nb = 0, step = ctpu_optim_steps(opt);
     double t0 = now_s();
-    for (int64_t step = 0; step < o.steps; step++) {
+    for (; step < o.steps && !(o.stop_after && step >= o.stop_after); step++) {
         double lr = ctpu_lr_warmup_cosine(o.lr, step, o.warmup, o.steps, min_lr);
         ctpu_optim_zero_grad(opt);
         ctpu_step_begin();
@@ -446,38 +576,63 @@ int main(int argc, char **argv)
             fprintf(stderr, "\rstep %lld/%lld", (long long)step + 1, (long long)o.steps);
             fflush(stderr);
         }
-        if (nb < o.eval_every && step + 1 < o.steps) continue;
-        double sum = 0;   /* the interval's losses: read once (waits for the device) */
-        double *ls = malloc(sizeof(double) * (size_t)nb);
-        if (!ls) { fprintf(stderr, "char_gpt: out of memory\n"); return 1; }
-        for (int64_t i = 0; i < nb; i++) {
-            if (ctpu_item(losses[i], &ls[i]) != CTPU_OK) return fail("reading the losses");
-            ctpu_release(losses[i]);
-            sum += ls[i];
-        }
-        train_time += now_s() - t0;
-        train_loss = sum / (double)nb;
-        if (evaluate(g, &c, &o, hx, hy, &val_loss) != CTPU_OK) return fail("evaluation");
-        if (log) {
+        if ((step + 1) % o.eval_every == 0 || step + 1 == o.steps) {   /* the interval ends */
+            double sum = lst.isum;   /* the interval's losses: read once (waits for the device) */
+            double *ls = malloc(sizeof(double) * (size_t)nb);
+            if (!ls) { fprintf(stderr, "char_gpt: out of memory\n"); return 1; }
             for (int64_t i = 0; i < nb; i++) {
-                fprintf(log, "%lld,%.9g,%.9g,", (long long)(step + 1 - nb + i), lrs[i], ls[i]);
-                if (i == nb - 1) fprintf(log, "%.9g", val_loss);
-                fprintf(log, "\n");
+                if (ctpu_item(losses[i], &ls[i]) != CTPU_OK) return fail("reading the losses");
+                ctpu_release(losses[i]);
+                sum += ls[i];
             }
+            train_time += now_s() - t0;
+            lst.train_loss = sum / (double)(lst.in + nb);
+            if (evaluate(g, &c, &o, hx, hy, &lst.val_loss) != CTPU_OK) return fail("evaluation");
+            if (log) {
+                for (int64_t i = 0; i < nb; i++) {
+                    fprintf(log, "%lld,%.9g,%.9g,", (long long)(step + 1 - nb + i), lrs[i], ls[i]);
+                    if (i == nb - 1) fprintf(log, "%.9g", lst.val_loss);
+                    fprintf(log, "\n");
+                }
+            }
+            free(ls);
+            if (tty) fprintf(stderr, "\n");
+            printf("step %lld/%lld train_loss=%.4f val_loss=%.4f val_bpc=%.4f tokens_per_s=%.0f\n",
+                   (long long)step + 1, (long long)o.steps, lst.train_loss, lst.val_loss, lst.val_loss / M_LN2,
+                   (double)tokens / train_time);
+            fflush(stdout);
+            nb = 0;
+            lst.isum = 0;
+            lst.in = 0;
+            t0 = now_s();
         }
-        free(ls);
+        if (o.save_every && (step + 1) % o.save_every == 0 && save_run(g, opt, &o, &lst, losses, nb) != CTPU_OK)
+            return fail("saving a checkpoint");
+    }
+    if (nb > 0) {   /* stopped inside an interval: log its steps so far (no val loss) and carry their sum */
         if (tty) fprintf(stderr, "\n");
-        printf("step %lld/%lld train_loss=%.4f val_loss=%.4f val_bpc=%.4f tokens_per_s=%.0f\n", (long long)step + 1,
-               (long long)o.steps, train_loss, val_loss, val_loss / M_LN2, (double)tokens / train_time);
-        fflush(stdout);
+        train_time += now_s() - t0;
+        for (int64_t i = 0; i < nb; i++) {
+            double l;
+            if (ctpu_item(losses[i], &l) != CTPU_OK) return fail("reading the losses");
+            ctpu_release(losses[i]);
+            lst.isum += l;
+            if (log) fprintf(log, "%lld,%.9g,%.9g,\n", (long long)(step - nb + i), lrs[i], l);
+        }
+        lst.in += nb;
         nb = 0;
-        t0 = now_s();
+    }
+    if (o.stop_after && step < o.steps)
+        printf("char_gpt: stopped after step %lld of %lld\n", (long long)step, (long long)o.steps);
+    if (o.save_path) {
+        if (save_run(g, opt, &o, &lst, losses, 0) != CTPU_OK) return fail("saving the checkpoint");
+        printf("char_gpt: saved %s at step %lld\n", o.save_path, (long long)step);
     }
     if (log) fclose(log);
     ctpu_cache_info ci;
     if (ctpu_cache_get_info(&ci) != CTPU_OK) return fail("cache counters");
     printf("result val_loss=%.4f train_loss=%.4f steps=%lld tokens_per_s=%.0f compiles=%llu recompiles=%llu mode=%s\n",
-           val_loss, train_loss, (long long)o.steps, train_time > 0 ? (double)tokens / train_time : 0.0,
+           lst.val_loss, lst.train_loss, (long long)step, train_time > 0 ? (double)tokens / train_time : 0.0,
            (unsigned long long)ctpu_metric_counter("programs_compiled"), (unsigned long long)ci.recompiles, mode);
     fflush(stdout);
     ctpu_cache_report(stderr);
