@@ -875,10 +875,14 @@ ctpu_tensor ctpu_le(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_LE, a,
 ctpu_tensor ctpu_gt(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_GT, a, b); }
 ctpu_tensor ctpu_ge(ctpu_tensor a, ctpu_tensor b) { return binary(CTPU_OP_GE, a, b); }
 
+/* The two argument sets of a scalar op, built once (an op_args made on the
+ * stack cost every recorded scalar op ~25 instructions of zeroing). */
+static const op_args scalar_args = { .n_scalars = 1 };
+static const op_args rscalar_args = { .n_scalars = 1, .flags = CTPU_ATTR_SCALAR_FIRST };
+
 static ctpu_tensor scalar_op(int op, ctpu_tensor a, double s, bool scalar_first)
 {
-    op_args args = { .n_scalars = 1, .flags = scalar_first ? CTPU_ATTR_SCALAR_FIRST : 0 };
-    return apply(op, 1, &a, &args, &s);
+    return apply(op, 1, &a, scalar_first ? &rscalar_args : &scalar_args, &s);
 }
 
 ctpu_tensor ctpu_add_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_ADD_SCALAR, a, s, false); }
