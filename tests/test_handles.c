@@ -421,6 +421,21 @@ static char *printed(ctpu_tensor t)
         free(got_);                                                                                           \
     } while (0)
 
+/* A write error the stream buffers (a full device) is CTPU_ERR_IO, as the
+ * docstring promises: found by a new-user trial (print checked ferror before
+ * fflush, so it returned OK). */
+START_TEST(print_write_error_is_io)
+{
+    FILE *f = fopen("/dev/full", "w");
+    if (!f) return;   /* no /dev/full here: nothing to check */
+    ctpu_tensor t = ctpu_from_host((float[]){ 1, 2 }, CTPU_F32, 1, (int64_t[]){ 2 });
+    ck_assert_int_eq(ctpu_print(t, f), CTPU_ERR_IO);
+    ck_assert_ptr_nonnull(strstr(ctpu_last_error(), "print"));
+    fclose(f);
+    ck_assert(!ctpu_is_null(ctpu_neg(t)));   /* the runtime stays usable */
+}
+END_TEST
+
 START_TEST(print_like_torch)
 {
     float a[6] = { 1, 2, 3, 4, 5, 6 };
@@ -515,6 +530,7 @@ static Suite *suite(void)
     tcase_add_test(t, assign_over_faulted_value);
     tcase_add_test(t, no_leak_after_scope);
     tcase_add_test(t, print_like_torch);
+    tcase_add_test(t, print_write_error_is_io);
     tcase_add_test(t, host_bf16_helpers);
     suite_add_tcase(s, t);
     TCase *l = tcase_create("lifecycle");

@@ -201,7 +201,7 @@ ctpu_status ctpu_print(ctpu_tensor t, FILE *f)
     }
     fprintf(f, ", %s)\n", tail);
     free(v);
-    if (ferror(f)) {
+    if (fflush(f) != 0 || ferror(f)) {   /* a buffered write fails only at the flush (e.g. /dev/full) */
         ctpu_set_error(CTPU_ERR_IO, "print: writing to the stream failed");
         return CTPU_ERR_IO;
     }
