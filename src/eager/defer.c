@@ -567,7 +567,11 @@ static void publish(flush_ctx *f)
             struct ctpu_made *md = &t_df.made[t_df.n_made++];
             md->buf = b;
             md->op = r->made_by;
-            snprintf(md->name, sizeof md->name, "%s", r->name ? r->name : "");
+            /* a bounded copy, not snprintf: this runs for every live-out of every flush */
+            const char *nm = r->name ? r->name : "";
+            size_t len = strnlen(nm, sizeof md->name - 1);
+            memcpy(md->name, nm, len);
+            md->name[len] = 0;
         }
         r->made_by = NULL;
         if (r->buf == b) {
