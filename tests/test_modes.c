@@ -269,6 +269,63 @@ START_TEST(oom_message_and_recovery)
 }
 END_TEST
 
+/* A request that cannot fit even once every queued command has given its
+ * buffers back fails at once (it used to wait for the whole queue: 10.6 s
+ * for one 64M-element add under a 600 MiB cap), naming requested, in-use,
+ * held-by-queue and capacity bytes. The device is held, so a wait would
+ * never end. */
+START_TEST(oom_fails_at_once_naming_the_queue)
+{
+    ctpu_shutdown();
+    t_clear_env();
+    setenv("TORCH_TPU_HBM_LIMIT", "1M", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    ctpu__test_device_hold(true);
+    int64_t big = 200000, mid = 25000, more = 100000;   /* 800,000, 100,000 and 400,000 bytes */
+    ctpu_tensor a = ctpu_zeros(CTPU_F32, 1, &big);
+    ctpu_tensor b = ctpu_ones(CTPU_F32, 1, &mid);
+    ck_assert_msg(!ctpu_is_null(a) && !ctpu_is_null(b), "%s", ctpu_last_error());
+    ck_assert_int_eq(ctpu_release(b), CTPU_OK);         /* held only by its queued command */
+    ctpu_tensor c = ctpu_ones(CTPU_F32, 1, &more);
+    ck_assert(ctpu_is_null(c));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_OOM);
+    const char *m = ctpu_last_error();
+    ck_assert_msg(t_contains(m, "full: output f32[100000]: out of HBM: requested 400000 bytes, 900032 in use "
+                                "(100032 of them held only by queued commands), capacity 1048576 bytes"),
+                  "%s", m);
+    ctpu__test_device_hold(false);
+    /* what fits once the queue gives its buffers back waits for it */
+    ctpu_tensor d = ctpu_ones(CTPU_F32, 1, &mid);
+    ck_assert_msg(!ctpu_is_null(d), "%s", ctpu_last_error());
+    ck_assert_int_eq(ctpu_release(d), CTPU_OK);
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+}
+END_TEST
+
+/* In defer and fuse the message names the op whose value did not fit. */
+START_TEST(oom_defer_names_the_op)
+{
+    ctpu_shutdown();
+    t_clear_env();
+    setenv("TORCH_TPU_HBM_LIMIT", "1M", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    int64_t big = 200000;
+    ctpu_tensor a = ctpu_zeros(CTPU_F32, 1, &big);
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEFER_FUSE), CTPU_OK);
+    ctpu_tensor t = ctpu_add_scalar(a, 1.0);
+    ctpu_tensor x = ctpu_exp(t);
+    ck_assert(!ctpu_is_null(x));
+    ck_assert_int_eq(ctpu_release(t), CTPU_OK);
+    ck_assert_int_eq(ctpu_set_name(x, "x"), CTPU_OK);
+    ck_assert_int_eq(ctpu_mark_step(), CTPU_ERR_OOM);
+    const char *m = ctpu_last_error();
+    ck_assert_msg(t_contains(m, "the value of exp (x), f32[200000]: out of HBM: requested 800000 bytes"), "%s", m);
+    ck_assert_msg(t_contains(m, "capacity 1048576 bytes"), "%s", m);
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+}
+END_TEST
+
 /* ------------------------------------------------------------ environment */
 typedef struct {
     const char *var, *value;
@@ -701,6 +758,8 @@ static Suite *suite(void)
     tcase_add_test(t, debug_checks_name_first_nan_op);
     tcase_add_test(t, debug_checks_env_off_in_debug);
     tcase_add_test(t, oom_message_and_recovery);
+    tcase_add_test(t, oom_fails_at_once_naming_the_queue);
+    tcase_add_test(t, oom_defer_names_the_op);
     tcase_add_test(t, env_bad_values);
     tcase_add_test(t, env_good_values);
     tcase_add_test(t, env_launch_blocking_wins);

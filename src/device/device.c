@@ -207,10 +207,14 @@ ctpu_buffer *ctpu_buffer_alloc(ctpu_device *dev, size_t bytes, char *err, size_t
     bool waited = false;
     for (;;) {
         if (need > dev->cap || cur + need > dev->cap) {
-            /* memory that queued work will give back is not out of memory:
-             * wait for the device once, then decide */
-            if (!waited && need <= dev->cap &&
-                (atomic_load(&dev->completed) < atomic_load(&dev->tail) || atomic_load(&dev->deferred_bytes))) {
+            /* memory that queued work will give back (buffers released
+             * while a pending command still uses them) is not out of
+             * memory: wait for the device once, then decide. A request
+             * that cannot fit even then fails at once. */
+            uint64_t held = atomic_load(&dev->deferred_bytes);
+            if (held > cur) held = cur;
+            bool fits_later = need <= dev->cap && cur - held <= dev->cap - need;
+            if (!waited && fits_later && held) {
                 waited = true;
                 ctpu_device_wait(dev, 0);
                 cur = atomic_load(&dev->in_use);
@@ -218,8 +222,10 @@ ctpu_buffer *ctpu_buffer_alloc(ctpu_device *dev, size_t bytes, char *err, size_t
             }
             ctpu_counter_add(dev->metrics, CTPU_CTR_HBM_OOM, 1);
             snprintf(err, errlen,
-                     "out of HBM: requested %zu bytes, %llu in use, capacity %llu bytes (%s)",
-                     bytes, (unsigned long long)cur, (unsigned long long)dev->cap, dev->chip->name);
+                     "out of HBM: requested %zu bytes, %llu in use (%llu of them held only by queued commands), "
+                     "capacity %llu bytes (%s)",
+                     bytes, (unsigned long long)cur, (unsigned long long)held, (unsigned long long)dev->cap,
+                     dev->chip->name);
             return NULL;
         }
         if (atomic_compare_exchange_weak(&dev->in_use, &cur, cur + need)) break;

@@ -316,7 +316,7 @@ typedef struct {
     size_t *outo;
     ctpu_buffer *scratch;
     uint64_t step;                 /* marked steps at the cut */
-    char err[256];
+    char err[384];
 } flush_ctx;
 
 /* Live-out: pending handles of this trace still alive; a parameter whose
@@ -472,6 +472,23 @@ static ctpu_status lookup_or_compile(flush_ctx *f)
     return CTPU_OK;
 }
 
+/* Output j did not fit: f->err gets the op that made its value (and the
+ * value's name and type) in front of the allocator's message e. */
+static void oom_names_value(flush_ctx *f, int j, const char *e)
+{
+    const ctpu_trec *r = NULL;
+    for (int q = 0; q < f->nreq && !r; q++)
+        if (f->plan->req_out[q] == j) r = f->rrec[q];
+    if (!r) {
+        snprintf(f->err, sizeof f->err, "output %d: %s", j, e);
+        return;
+    }
+    char tb[96];
+    const char *nm = ctpu_rec_name(r);
+    snprintf(f->err, sizeof f->err, "the value of %s%s%.48s%s, %s: %s", r->made_by ? r->made_by : "assign",
+             nm[0] ? " (" : "", nm, nm[0] ? ")" : "", ctpu_fmt_type(&r->type, tb, sizeof tb), e);
+}
+
 /* Output buffers: the parameter's own (in place) or fresh ones. */
 static ctpu_status alloc_outputs(flush_ctx *f)
 {
@@ -485,12 +502,20 @@ static ctpu_status alloc_outputs(flush_ctx *f)
             continue;
         }
         f->outo[j] = 0;
-        f->outb[j] = ctpu_buffer_alloc(f->rt->dev, pl->out_bytes[j], f->err, sizeof f->err);
-        if (!f->outb[j]) return CTPU_ERR_OOM;
+        char e[256];
+        f->outb[j] = ctpu_buffer_alloc(f->rt->dev, pl->out_bytes[j], e, sizeof e);
+        if (!f->outb[j]) {
+            oom_names_value(f, j, e);
+            return CTPU_ERR_OOM;
+        }
     }
     if (f->prog->prog.n_virtual > 0) {
-        f->scratch = ctpu_buffer_alloc(f->rt->dev, f->prog->prog.scratch_bytes, f->err, sizeof f->err);
-        if (!f->scratch) return CTPU_ERR_OOM;
+        char e[256];
+        f->scratch = ctpu_buffer_alloc(f->rt->dev, f->prog->prog.scratch_bytes, e, sizeof e);
+        if (!f->scratch) {
+            snprintf(f->err, sizeof f->err, "its scratch (the values that live only inside it): %s", e);
+            return CTPU_ERR_OOM;
+        }
     }
     return CTPU_OK;
 }
@@ -524,7 +549,7 @@ static ctpu_status bind_buffers(flush_ctx *f)
         if (cmd->scalars != cmd->scal_inl) free(cmd->scalars);
         free(f->outb);
         free(f->outo);
-        char msg[400];
+        char msg[512];
         snprintf(msg, sizeof msg, "fused program %llu: %s", (unsigned long long)f->res.program_id,
                  f->err[0] ? f->err : "out of host memory");
         return flush_fail(st, msg, f->reqs, f->rrec);
