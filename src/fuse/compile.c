@@ -2,8 +2,8 @@
  * ctpu_trace_finalize) -> a program the device runs unchecked. It is checked
  * here once. The passes, in order, over one compile_ctx:
  *
- *   group nodes       fusion groups: a 2-D f32 matmul with its bias /
- *                     activation / residual epilogue; maximal runs of
+ *   group nodes       fusion groups: an f32 matmul (batched too) with its
+ *                     scale / bias / activation / residual epilogue; maximal runs of
  *                     consecutive VM-fusable nodes of one shape (one
  *                     block-VM step: their intermediates never exist in
  *                     memory), optionally ending in a reduction over trailing
@@ -57,7 +57,7 @@ typedef struct {
     size_t errlen;
     /* group nodes */
     int32_t *uses;             /* [nv] reads of each value (an output counts 2: never internal) */
-    int32_t *epi;              /* [3 nn] per matmul: bias value, activation, residual value; -1 none */
+    int32_t *epi;              /* [4 nn] per matmul: bias value, activation, residual value, scale node; -1 none */
     int32_t *group;            /* [nn] fusion group of each node */
     int n_groups;
     bool *used_outside;        /* [nn] the node's value is read outside its group (or is an output) */
@@ -124,17 +124,29 @@ static bool reduce_fusable(const ctpu_trace *t, const ctpu_node *r, int32_t v, c
     return n > 0 && r->out.dtype != CTPU_KDT_I32;
 }
 
+/* Is value v of type ot a bias for a matmul output o: a row vector [N]
+ * (any leading extents 1) against o's last dim, o having more than one row? */
+static bool is_bias(const ctpu_vtype *ot, const ctpu_vtype *o)
+{
+    if (ot->ndim < 1 || ot->ndim > o->ndim || ot->shape[ot->ndim - 1] != o->shape[o->ndim - 1]) return false;
+    for (int d = 0; d < ot->ndim - 1; d++)
+        if (ot->shape[d] != 1) return false;
+    return ctpu_vtype_numel(o) != o->shape[o->ndim - 1];
+}
+
 /* The matmul at node i and the epilogue nodes after it that the MXU kernel
- * applies to its accumulator (bit-identical to the separate ops): bias add,
- * then an activation, then a residual add, each the only use of the value
- * before. Returns the end of the group. */
+ * applies to its accumulator (bit-identical to the separate ops), in the
+ * kernel's order: x a scalar (mul_scalar), + bias, an activation, +
+ * residual, each the only use of the value before. Batched matmuls too:
+ * the bias is a row vector, the residual has the output's shape. Returns
+ * the end of the group. */
 static int group_matmul(compile_ctx *cx, int i)
 {
     const ctpu_trace *t = cx->t;
     const ctpu_node *n = &t->nodes[i];
-    int32_t *epi = cx->epi + 3 * i;
+    int32_t *epi = cx->epi + 4 * i;
     int32_t cur = cx->nin + i;              /* the value the chain has produced so far */
-    int stage = 0;                          /* 0: bias or residual next, 1: act, 2: residual */
+    int stage = 0;                          /* 0: anything next, 1: bias, act or residual, 2: act or residual, 3: residual */
     int j = i + 1;
     while (j < cx->nn && cx->uses[cur] == 1) {
         const ctpu_node *m = &t->nodes[j];
@@ -143,21 +155,21 @@ static int group_matmul(compile_ctx *cx, int i)
             int32_t other = m->in[0] == cur ? m->in[1] : m->in[0];
             const ctpu_vtype *ot = type_of(t, other);
             if (other == cur || ot->dtype != CTPU_KDT_F32) break;
-            bool is_bias = (ot->ndim == 1 && ot->shape[0] == n->out.shape[1]) ||
-                           (ot->ndim == 2 && ot->shape[0] == 1 && ot->shape[1] == n->out.shape[1]);
-            bool is_res = same_shape(ot, &n->out);
-            if (stage == 0 && is_bias && n->out.shape[0] != 1) { epi[0] = other; stage = 1; }
-            else if (is_res && epi[2] < 0) { epi[2] = other; stage = 3; }
+            if (stage <= 1 && is_bias(ot, &n->out)) { epi[0] = other; stage = 2; }
+            else if (same_shape(ot, &n->out) && epi[2] < 0) { epi[2] = other; stage = 4; }
             else break;
-        } else if (stage <= 1 && m->in[0] == cur && ctpu_op_fusion(m->op) == CTPU_FUSE_ACT) {
+        } else if (stage <= 2 && m->in[0] == cur && ctpu_op_fusion(m->op) == CTPU_FUSE_ACT) {
             epi[1] = ctpu_vm_epi_act(m->op);
-            stage = 2;
+            stage = 3;
+        } else if (stage == 0 && m->op == CTPU_OP_MUL_SCALAR && m->in[0] == cur) {
+            epi[3] = j;
+            stage = 1;
         } else {
             break;
         }
         cur = cx->nin + j;
         j++;
-        if (stage == 3) break;
+        if (stage == 4) break;
     }
     return j;
 }
@@ -200,7 +212,7 @@ static bool pass_group_nodes(compile_ctx *cx)
     const ctpu_trace *t = cx->t;
     int nin = cx->nin, nn = cx->nn;
     cx->uses = al_alloc(&cx->al, sizeof(int32_t) * (size_t)(cx->nv + 1));
-    cx->epi = al_alloc(&cx->al, sizeof(int32_t) * 3 * (size_t)(nn + 1));
+    cx->epi = al_alloc(&cx->al, sizeof(int32_t) * 4 * (size_t)(nn + 1));
     cx->group = al_alloc(&cx->al, sizeof(int32_t) * (size_t)(nn + 1));
     cx->used_outside = al_alloc(&cx->al, (size_t)(nn + 1));
     if (!cx->uses || !cx->epi || !cx->group || !cx->used_outside) return oom(cx);
@@ -213,8 +225,8 @@ static bool pass_group_nodes(compile_ctx *cx)
         const ctpu_vtype *it[CTPU_NODE_MAX_IN];
         for (int k = 0; k < n->n_in; k++) it[k] = type_of(t, n->in[k]);
         int j = i + 1;
-        cx->epi[3 * i] = cx->epi[3 * i + 1] = cx->epi[3 * i + 2] = -1;
-        if (ctpu_op_fusion(n->op) == CTPU_FUSE_MXU && n->out.ndim == 2 && n->out.dtype == CTPU_KDT_F32 && !t->debug_checks)
+        for (int q = 0; q < 4; q++) cx->epi[4 * i + q] = -1;
+        if (ctpu_op_fusion(n->op) == CTPU_FUSE_MXU && n->out.ndim >= 2 && n->out.dtype == CTPU_KDT_F32 && !t->debug_checks)
             j = group_matmul(cx, i);
         else if (ctpu_vm_fusable(n, it) && !t->debug_checks)
             j = group_vm(cx, i);
@@ -334,19 +346,21 @@ static ctpu_step_data *node_data(compile_ctx *cx, int i)
         sd->in_slot[q] = cx->slot_of[nd->in[q]];
     }
     sd->scalar_base = cx->scal_base[i];
+    sd->epi_bias_slot = sd->epi_res_slot = sd->epi_scale = -1;
     return sd;
 }
 
 /* The matmul at node i with its epilogue nodes (i, j). */
 static bool emit_matmul(compile_ctx *cx, int i, int j, ctpu_step *step)
 {
-    const int32_t *epi = cx->epi + 3 * i, *slot_of = cx->slot_of;
+    const int32_t *epi = cx->epi + 4 * i, *slot_of = cx->slot_of;
     ctpu_step_data *sd = node_data(cx, i);
     if (!sd) return oom(cx);
     sd->out_slot = slot_of[cx->nin + j - 1];          /* the chain's last value */
     sd->epi_bias_slot = epi[0] >= 0 ? slot_of[epi[0]] : -1;
     sd->epi_act = (uint8_t)(epi[1] >= 0 ? epi[1] : CTPU_K_ACT_NONE);
     sd->epi_res_slot = epi[2] >= 0 ? slot_of[epi[2]] : -1;
+    sd->epi_scale = epi[3] >= 0 ? cx->scal_base[epi[3]] : -1;
     if (sd->out_slot < 0 || sd->in_slot[0] < 0 || sd->in_slot[1] < 0 || (epi[0] >= 0 && sd->epi_bias_slot < 0) ||
         (epi[2] >= 0 && sd->epi_res_slot < 0)) {
         snprintf(cx->err, cx->errlen, "compile: matmul epilogue at node %d cannot be bound", i);
@@ -413,7 +427,6 @@ static bool emit_node(compile_ctx *cx, int i, ctpu_step *step)
     ctpu_step_data *sd = node_data(cx, i);
     if (!sd) return oom(cx);
     sd->out_slot = cx->slot_of[cx->nin + i];
-    sd->epi_bias_slot = sd->epi_res_slot = -1;
     ctpu_step_fn fn = ctpu_exec_fn_for(nd->op);
     bool bad = fn == NULL || sd->out_slot < 0;
     for (int q = 0; q < nd->n_in; q++) bad |= sd->in_slot[q] < 0;

@@ -721,6 +721,7 @@ static void exec_matmul(const void *data, ctpu_exec_ctx *ctx)
         .b_dtype = b->dtype, .b_rs = tb ? 1 : N, .b_cs = tb ? K : 1,
         .c_dtype = o->dtype, .ldc = N,
         .precision = (ctpu_k_precision)nd->attr.extra,
+        .scaled = sd->epi_scale >= 0, .scale = sd->epi_scale >= 0 ? (float)ctx->scalars[sd->epi_scale] : 0.0f,
         .act = (ctpu_k_act)sd->epi_act,
         .bias = sd->epi_bias_slot >= 0 ? ctx->ptr[sd->epi_bias_slot] : NULL,
         .bias_dtype = CTPU_KDT_F32,
@@ -769,6 +770,7 @@ static void exec_matmul(const void *data, ctpu_exec_ctx *ctx)
             args.a = (const char *)ctx->ptr[sd->in_slot[0]] + (size_t)oa * ea;
             args.b = (const char *)ctx->ptr[sd->in_slot[1]] + (size_t)ob * eb;
             args.c = (char *)ctx->ptr[sd->out_slot] + (size_t)(i * M * N) * ec;
+            if (sd->epi_res_slot >= 0) args.residual = (const float *)ctx->ptr[sd->epi_res_slot] + i * M * N;
             ctpu_k_matmul(&args, ctx->pool);
             for (int d = nb - 1; d >= 0; d--) {
                 if (++pos[d] < o->shape[d]) break;

@@ -12,9 +12,10 @@ typedef struct {
     int32_t in_slot[CTPU_NODE_MAX_IN];
     int32_t out_slot;
     int32_t scalar_base;
-    /* a matmul with a fused epilogue (compile.c): bias [N] f32, activation,
-     * residual [M,N] f32; slots -1 when absent. 2-D matmuls only. */
-    int32_t epi_bias_slot, epi_res_slot;
+    /* a matmul with a fused epilogue (compile.c): x a runtime scalar (a
+     * mul_scalar: its index, -1 none), + bias [N] f32, activation, +
+     * residual [..., M, N] f32 (the output's shape); slots -1 when absent */
+    int32_t epi_bias_slot, epi_res_slot, epi_scale;
     uint8_t epi_act;           /* ctpu_k_act */
 } ctpu_step_data;
 

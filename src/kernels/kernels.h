@@ -263,8 +263,9 @@ void ctpu_k_rand_normal(uint64_t seed, uint64_t offset, int64_t start, int64_t n
  *
  * Epilogue (applied to the f32 accumulator before the output rounding, in
  * this order, each step rounded to f32 exactly as the separate op would be):
- *   + bias[n] (f32 or bf16 vector, if bias != NULL), activation, + residual
- *   (contiguous [M,N] per batch, residual_dtype, if residual != NULL). */
+ *   x scale (if scaled: a mul_scalar), + bias[n] (f32 or bf16 vector, if
+ *   bias != NULL), activation, + residual (contiguous [M,N] per batch,
+ *   residual_dtype, if residual != NULL). */
 typedef enum { CTPU_PREC_DEFAULT = 0, CTPU_PREC_HIGH = 1, CTPU_PREC_HIGHEST = 2, CTPU_PREC_COUNT } ctpu_k_precision;
 typedef enum { CTPU_K_ACT_NONE = 0, CTPU_K_ACT_RELU, CTPU_K_ACT_GELU_TANH, CTPU_K_ACT_GELU_ERF } ctpu_k_act;
 
@@ -275,6 +276,7 @@ typedef struct {
     void *c; int c_dtype; int64_t c_bs, ldc;
     ctpu_k_precision precision;
     /* epilogue */
+    int scaled; float scale;
     const void *bias; int bias_dtype;
     ctpu_k_act act;
     const void *residual; int residual_dtype; int64_t residual_bs, residual_ld;

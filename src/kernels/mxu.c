@@ -92,14 +92,15 @@ static void mm_finish(const ctpu_mm_args *g, int64_t bi, int64_t m0, int64_t m1,
 {
     int64_t w = n1 - n0;
     if (m1 <= m0 || w <= 0) return;
-    if (s == (float *)g->c + bi * g->c_bs + m0 * g->ldc + n0 && !g->bias && g->act == CTPU_K_ACT_NONE &&
-        !g->residual)
+    if (s == (float *)g->c + bi * g->c_bs + m0 * g->ldc + n0 && !g->scaled && !g->bias &&
+        g->act == CTPU_K_ACT_NONE && !g->residual)
         return;                                     /* finished in place */
     static const ctpu_k_unary_op act_op[] = {
         [CTPU_K_ACT_RELU] = CTPU_K_U_RELU, [CTPU_K_ACT_GELU_TANH] = CTPU_K_U_GELU_TANH,
         [CTPU_K_ACT_GELU_ERF] = CTPU_K_U_GELU_ERF };
     for (int64_t m = m0; m < m1; m++) {
         float *v = s + (m - m0) * ld;
+        if (g->scaled) ctpu_k_binary_scalar(CTPU_K_B_MUL, v, g->scale, false, v, w);
         if (g->bias) {
             if (g->bias_dtype == CTPU_KDT_BF16) {
                 const uint16_t *bb = (const uint16_t *)g->bias + n0;
@@ -170,7 +171,8 @@ static void mm_region(mm_ctx *x, float *scr, int64_t bi, int64_t pm0, int64_t pm
                 /* the block holds C^T rows m (the caller's columns) x columns
                  * n (its rows): transpose, then the caller's epilogue */
                 const ctpu_mm_args *o = x->go;
-                if (o->c_dtype == CTPU_KDT_F32 && !o->bias && o->act == CTPU_K_ACT_NONE && !o->residual) {
+                if (o->c_dtype == CTPU_KDT_F32 && !o->scaled && !o->bias && o->act == CTPU_K_ACT_NONE &&
+                    !o->residual) {
                     float *c = (float *)o->c + bi * o->c_bs + n0 * o->ldc + m0;   /* no epilogue: straight to c */
                     for (int64_t n = 0; n < n1 - n0; n++)
                         for (int64_t m = 0; m < m1 - m0; m++) c[n * o->ldc + m] = scr[m * ld + n];

@@ -65,6 +65,7 @@ void ctpu_k_matmul_ref(const ctpu_mm_args *g)
                     }
                 }
                 float v = acc;
+                if (g->scaled) v = v * g->scale;
                 if (g->bias) v = v + ctpu_mxu_load(g->bias, g->bias_dtype, n);
                 if (g->act != CTPU_K_ACT_NONE) ctpu_k_unary_ref(mm_act_op(g->act), &v, &v, 1);
                 if (g->residual)

@@ -1,0 +1,154 @@
+/* Fusion coverage (issue 13): each pattern runs in strict eager and in
+ * defer and fuse; the outputs must be bit-identical (NaN as a class) and the
+ * fused program must have the pinned number of steps (kernels). In the core
+ * suite, so tools/run-tests.sh runs it again with CTPU_ISA=avx2 and scalar
+ * (and meson runs test_fusion_scalar). */
+#include "t_core.h"
+
+static int64_t C(const char *n) { return ctpu_metric_counter(n); }
+
+/* inputs a pattern made (kept; released by the harness) */
+static ctpu_tensor pins[16];
+static int n_pins;
+static int64_t steps_at_begin;
+
+static ctpu_tensor pin(ctpu_tensor t)
+{
+    ck_assert_msg(!ctpu_is_null(t), "input: %s", ctpu_last_error());
+    ck_assert_int_lt(n_pins, 16);
+    pins[n_pins++] = ctpu_keep(t);
+    return t;
+}
+
+static ctpu_tensor randn(int nd, const int64_t *s, double sd) { return pin(ctpu_rand_normal(CTPU_F32, nd, s, 0, sd)); }
+
+/* the pattern's step: inputs made before it are flushed by the mark */
+static void pat_begin(void)
+{
+    ctpu_mark_step();
+    steps_at_begin = C("fused_program_steps");
+    ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
+}
+
+static void pat_end(void) { ck_assert_int_eq(ctpu_step_end(), CTPU_OK); }
+
+static ctpu_tensor out(ctpu_tensor t)
+{
+    ck_assert_msg(!ctpu_is_null(t), "pattern: %s", ctpu_last_error());
+    return ctpu_keep(t);
+}
+
+typedef int (*pattern_fn)(ctpu_tensor *outs);
+
+static float *host_f32(ctpu_tensor t, int64_t *n)
+{
+    int64_t k = ctpu_numel(t);
+    ck_assert_int_ge(k, 0);
+    *n = k;
+    float *o = malloc(sizeof(float) * (size_t)(k + 1));
+    ctpu_tensor f = ctpu_dtype_of(t) == CTPU_F32 ? t : ctpu_cast(t, CTPU_F32);
+    ck_assert_msg(ctpu_to_host(f, o, (size_t)k * 4) == CTPU_OK, "to_host: %s", ctpu_last_error());
+    if (f.id != t.id) ctpu_release(f);
+    return o;
+}
+
+/* Run fn in strict eager and in defer and fuse: same bits, and the fused
+ * step has `want` kernels (program steps). */
+static void check_pattern(const char *name, pattern_fn fn, int64_t want)
+{
+    float *res[2][8];
+    int64_t len[2][8];
+    int nout[2];
+    int64_t steps = -1;
+    for (int m = 0; m < 2; m++) {
+        ctpu_set_mode(m ? CTPU_MODE_DEFER_FUSE : CTPU_MODE_STRICT);
+        ctpu_manual_seed(11);
+        n_pins = 0;
+        ctpu_tensor outs[8];
+        nout[m] = fn(outs);
+        if (m) steps = C("fused_program_steps") - steps_at_begin;
+        for (int k = 0; k < nout[m]; k++) {
+            res[m][k] = host_f32(outs[k], &len[m][k]);
+            ctpu_release(outs[k]);
+        }
+        for (int k = 0; k < n_pins; k++) ctpu_release(pins[k]);
+    }
+    ck_assert_int_eq(nout[0], nout[1]);
+    for (int k = 0; k < nout[0]; k++) {
+        ck_assert_int_eq(len[0][k], len[1][k]);
+        for (int64_t i = 0; i < len[0][k]; i++) {
+            float a = res[0][k][i], b = res[1][k][i];
+            if (a != a && b != b) continue;
+            ck_assert_msg(memcmp(&a, &b, 4) == 0, "%s: output %d element %lld: strict %a, fused %a", name, k,
+                          (long long)i, (double)a, (double)b);
+        }
+        free(res[0][k]);
+        free(res[1][k]);
+    }
+    ck_assert_msg(steps == want, "%s: the fused step has %lld kernels, want %lld", name, (long long)steps,
+                  (long long)want);
+}
+
+/* ------------------------------------------------------------ matmul epilogues */
+/* batched [3,33,17] @ [17,29]: x 0.125, + bias [29], gelu, + residual */
+static int p_bmm_epilogue(ctpu_tensor *o)
+{
+    ctpu_tensor a = randn(3, (int64_t[]){ 3, 33, 17 }, 1), w = randn(2, (int64_t[]){ 17, 29 }, 1);
+    ctpu_tensor b = randn(1, (int64_t[]){ 29 }, 1), r = randn(3, (int64_t[]){ 3, 33, 29 }, 1);
+    pat_begin();
+    o[0] = out(ctpu_add(ctpu_gelu(ctpu_add(ctpu_mul_scalar(ctpu_matmul(a, w), 0.125), b), false), r));
+    pat_end();
+    return 1;
+}
+
+/* attention scores q @ k^T x scale, 4-D [2,3,20,16] (and + an additive mask
+ * as the residual) */
+static int p_scores_scale(ctpu_tensor *o)
+{
+    ctpu_tensor q = randn(4, (int64_t[]){ 2, 3, 20, 16 }, 1), k = randn(4, (int64_t[]){ 2, 3, 24, 16 }, 1);
+    ctpu_tensor m = randn(4, (int64_t[]){ 2, 3, 20, 24 }, 1);
+    pat_begin();
+    o[0] = out(ctpu_add(ctpu_mul_scalar(ctpu_matmul_t(q, k, false, true), 0.25), m));
+    pat_end();
+    return 1;
+}
+
+/* a 2-D matmul, x scale, relu (tanh GELU), + residual, with the scale first */
+static int p_mm_scale_act(ctpu_tensor *o)
+{
+    ctpu_tensor a = randn(2, (int64_t[]){ 40, 70 }, 1), w = randn(2, (int64_t[]){ 70, 50 }, 1);
+    ctpu_tensor r = randn(2, (int64_t[]){ 40, 50 }, 1);
+    pat_begin();
+    o[0] = out(ctpu_add(ctpu_gelu(ctpu_mul_scalar(ctpu_matmul(a, w), 3.0), true), r));
+    o[1] = out(ctpu_relu(ctpu_mul_scalar(ctpu_matmul(a, w), -0.5)));
+    pat_end();
+    return 2;
+}
+
+START_TEST(matmul_epilogues)
+{
+    check_pattern("bmm scale+bias+gelu+residual", p_bmm_epilogue, 1);
+    check_pattern("scores x scale + mask", p_scores_scale, 1);
+    check_pattern("mm scale+gelu+residual, scale+relu", p_mm_scale_act, 2);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("fusion");
+    TCase *p = tcase_create("patterns");
+    tcase_add_checked_fixture(p, t_setup, t_teardown);
+    tcase_set_timeout(p, 240);
+    tcase_add_test(p, matmul_epilogues);
+    suite_add_tcase(s, p);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *r = srunner_create(suite());
+    srunner_run_all(r, CK_NORMAL);
+    int failed = srunner_ntests_failed(r);
+    srunner_free(r);
+    return failed ? 1 : 0;
+}
