@@ -133,6 +133,42 @@ START_TEST(matmul_epilogues)
 }
 END_TEST
 
+/* ------------------------------------------------------------ small broadcast producers */
+/* a*(1-w)+b*w with a (1,) weight: one kernel (1 - w is computed at every
+ * element); a [1,7] producer of a [5,7] chain too */
+static int p_lerp(ctpu_tensor *o)
+{
+    ctpu_tensor a = randn(2, (int64_t[]){ 50, 70 }, 1), b = randn(2, (int64_t[]){ 50, 70 }, 1);
+    ctpu_tensor w = pin(ctpu_rand_uniform(CTPU_F32, 1, (int64_t[]){ 1 }, 0, 1));
+    ctpu_tensor v = randn(2, (int64_t[]){ 1, 70 }, 1);
+    pat_begin();
+    o[0] = out(ctpu_add(ctpu_mul(a, ctpu_rsub_scalar(w, 1.0)), ctpu_mul(b, w)));
+    o[1] = out(ctpu_mul(ctpu_exp(ctpu_mul_scalar(v, 0.5)), ctpu_sub(a, b)));
+    pat_end();
+    return 2;
+}
+
+/* the small producer is also a live-out: it cannot be recomputed inside the
+ * chain's kernel (it keeps its own) */
+static int p_lerp_live(ctpu_tensor *o)
+{
+    ctpu_tensor a = randn(1, (int64_t[]){ 3000 }, 1), b = randn(1, (int64_t[]){ 3000 }, 1);
+    ctpu_tensor w = pin(ctpu_rand_uniform(CTPU_F32, 1, (int64_t[]){ 1 }, 0, 1));
+    pat_begin();
+    ctpu_tensor om = ctpu_rsub_scalar(w, 1.0);
+    o[0] = out(ctpu_add(ctpu_mul(a, om), ctpu_mul(b, w)));
+    o[1] = out(om);
+    pat_end();
+    return 2;
+}
+
+START_TEST(small_broadcast_producers)
+{
+    check_pattern("a*(1-w)+b*w, w (1,); exp(v [1,70]) * [50,70]", p_lerp, 1);
+    check_pattern("1-w also live-out", p_lerp_live, 2);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("fusion");
@@ -140,6 +176,7 @@ static Suite *suite(void)
     tcase_add_checked_fixture(p, t_setup, t_teardown);
     tcase_set_timeout(p, 240);
     tcase_add_test(p, matmul_epilogues);
+    tcase_add_test(p, small_broadcast_producers);
     suite_add_tcase(s, p);
     return s;
 }

@@ -174,22 +174,51 @@ static int group_matmul(compile_ctx *cx, int i)
     return j;
 }
 
-/* The maximal run of VM-fusable nodes of node i's shape starting at i (at
- * most CTPU_VM_GROUP_NODES, at most CTPU_BCAST_MAX distinct values read from
- * outside), plus a reduction over trailing dims of its last value when that
- * is the value's only use. Returns the end of the group. */
-static int group_vm(compile_ctx *cx, int i)
+/* Does a broadcast into b (NumPy rules, right-aligned) with fewer elements? */
+static bool bcasts_into(const ctpu_vtype *a, const ctpu_vtype *b)
+{
+    if (a->ndim > b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++) {
+        int64_t x = a->shape[d], y = b->shape[b->ndim - a->ndim + d];
+        if (x != y && x != 1) return false;
+    }
+    return ctpu_vtype_numel(a) < ctpu_vtype_numel(b);
+}
+
+/* A small producer in a VM group of another shape: at most a block of
+ * elements, recomputed at every element of the group. */
+static bool small_producer(const ctpu_vtype *a, const ctpu_vtype *group)
+{
+    return ctpu_vtype_numel(a) <= CTPU_K_BLOCK && bcasts_into(a, group);
+}
+
+/* The maximal run of VM-fusable nodes starting at i (at most
+ * CTPU_VM_GROUP_NODES, at most CTPU_BCAST_MAX distinct values read from
+ * outside) of one shape, the group's; a small producer of a shape that
+ * broadcasts into it (the (1,) weight of a*(1-w)+b*w) joins when every use
+ * of its value is in the group. Then a reduction over trailing dims of its
+ * last value when that is the value's only use. Returns the end. */
+static int group_vm_run(compile_ctx *cx, int i, bool allow_small)
 {
     const ctpu_trace *t = cx->t;
-    const ctpu_node *n = &t->nodes[i];
     int nin = cx->nin, nn = cx->nn;
+    const ctpu_vtype *S = &t->nodes[i].out;
+    bool any_small = false;
     int32_t ext[CTPU_BCAST_MAX];
     int n_ext = 0, j;
     for (j = i; j < nn && j - i < CTPU_VM_GROUP_NODES; j++) {
         const ctpu_node *m = &t->nodes[j];
         const ctpu_vtype *it[CTPU_NODE_MAX_IN];
         for (int k = 0; k < m->n_in; k++) it[k] = type_of(t, m->in[k]);
-        if (j > i && (!ctpu_vm_fusable(m, it) || !same_shape(&m->out, &n->out))) break;
+        if (j > i && !ctpu_vm_fusable(m, it)) break;
+        if (j > i && !same_shape(&m->out, S)) {
+            bool grow = true;   /* every node so far is a small producer of m's shape */
+            for (int k = i; k < j && grow; k++) grow = small_producer(&t->nodes[k].out, &m->out);
+            if (!allow_small) break;
+            if (small_producer(&m->out, S)) any_small = true;
+            else if (grow) { S = &m->out; any_small = true; }
+            else break;
+        }
         int32_t add[3];
         int n_add = 0;
         for (int k = 0; k < m->n_in; k++) {
@@ -203,8 +232,25 @@ static int group_vm(compile_ctx *cx, int i)
         if (n_ext + n_add > CTPU_BCAST_MAX) break;
         for (int q = 0; q < n_add; q++) ext[n_ext++] = add[q];
     }
+    while (any_small && j > i + 1 && !same_shape(&t->nodes[j - 1].out, S)) j--;   /* end on the group's shape */
+    if (any_small) {
+        /* each small producer's value is read only inside [i, j) */
+        for (int k = i; k < j; k++) {
+            if (same_shape(&t->nodes[k].out, S)) continue;
+            int in_group = 0;
+            for (int q = k + 1; q < j; q++)
+                for (int r = 0; r < t->nodes[q].n_in; r++) in_group += t->nodes[q].in[r] == nin + k;
+            if (in_group != cx->uses[nin + k]) return -1;
+        }
+    }
     if (j < nn && reduce_fusable(t, &t->nodes[j], nin + j - 1, cx->uses)) j++;
     return j;
+}
+
+static int group_vm(compile_ctx *cx, int i)
+{
+    int j = group_vm_run(cx, i, true);
+    return j > i ? j : group_vm_run(cx, i, false);
 }
 
 static bool pass_group_nodes(compile_ctx *cx)

@@ -158,7 +158,7 @@ int ctpu_vm_build(ctpu_vm_prog *p, const ctpu_trace *t, const int *nodes, int co
     const ctpu_vtype *ext_types[CTPU_BCAST_MAX] = { 0 };
     int n_ext = 0;
     memset(p, 0, sizeof *p);
-    p->shape = t->nodes[nodes[0]].out;
+    p->shape = t->nodes[nodes[count - 1]].out;   /* the group's shape (small producers broadcast into it) */
     p->numel = ctpu_vtype_numel(&p->shape);
     /* last use (instruction position) of each group value and external, for register reuse */
     int last_use_node[CTPU_VM_MAX_NODES];

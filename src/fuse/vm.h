@@ -47,7 +47,10 @@ bool ctpu_vm_fusable(const ctpu_node *n, const ctpu_vtype *const *in_types);
  * CTPU_K_ACT_NONE for every other op. */
 int ctpu_vm_epi_act(int op);
 /* Build the VM program for `count` consecutive nodes (indices into t->nodes)
- * of one shape. slot_of maps value ids to bound/virtual slots (-1: none);
+ * of the last node's shape, or of a shape that broadcasts into it (small
+ * producers, computed at every element of the group: elementwise ops are
+ * functions of their operands, so the bits are those of the broadcast
+ * value). slot_of maps value ids to bound/virtual slots (-1: none);
  * store[k]: node k's value is needed outside the group. scalar_base: per node,
  * its first runtime scalar. Returns 0, or -1 if the group is too big (too
  * many externals, registers or instructions): split it and retry. */
