@@ -11,10 +11,11 @@
  *
  * Every handle belongs to the scope open when it was made; ending the scope
  * releases it unless kept. Ops never mutate their inputs; ctpu_assign is the
- * one mutation. A failing call returns a null handle (id == 0) or a status,
- * and ctpu_last_error() names the op, the argument and the shapes. An op given
- * a null handle returns a null handle without a new message, so an
- * expression can be checked once at its end.
+ * one mutation. A failing call returns a status, or an error handle (a null
+ * handle that remembers why: see ctpu_tensor), and ctpu_last_error() names
+ * the op, the argument and the shapes. An op given a null or error handle
+ * returns it unchanged without a new message, so an expression can be
+ * checked once at its end: the call that reads it reports the first cause.
  *
  * Example (runs as written; link with -lctpu):
  *
@@ -64,10 +65,20 @@ extern "C" {
 #define CTPU_PRINTF(f, a)
 #endif
 
-/* A value handle: slot index + generation. id == 0 is the null handle. */
+/* A value handle: slot index + 1 in the low 32 bits, generation in the high
+ * 32. Low 32 bits 0: a null handle. id == 0 is CTPU_NULL; a null handle
+ * with a non-zero high half is an *error handle*, returned by a failing call:
+ * it carries the id of a record of that failure (status and message) in a
+ * per-thread ring of the 32 most recent failures. Ops given an error handle
+ * return it unchanged; every other call given one fails with the record's
+ * status and a message ending in its cause, e.g. "item: t is the result of a
+ * failed call (from matmul: a is f32[2,3], b is f32[2,3]: inner dims differ
+ * (3 vs 2))". CTPU_NULL itself gives CTPU_ERR_NULL_HANDLE. A record pushed
+ * out of the ring (or made by another thread) gives CTPU_ERR_NULL_HANDLE and
+ * says so. */
 typedef struct { uint64_t id; } ctpu_tensor;
 #define CTPU_NULL ((ctpu_tensor){0})
-static inline bool ctpu_is_null(ctpu_tensor t) { return t.id == 0; }
+static inline bool ctpu_is_null(ctpu_tensor t) { return (uint32_t)t.id == 0; }
 
 typedef enum { CTPU_F32 = 0, CTPU_BF16 = 1, CTPU_I32 = 2, CTPU_DTYPE_COUNT } ctpu_dtype;
 
@@ -126,6 +137,10 @@ CTPU_API const char *ctpu_status_str(ctpu_status s);
 /* Set this thread's last error (one line, printf-style, control characters
  * escaped) for libraries built on the public API (src/nn); returns st. */
 CTPU_API ctpu_status ctpu_report_error(ctpu_status st, const char *fmt, ...) CTPU_PRINTF(2, 3);
+/* The error handle of this thread's most recent failure (ctpu_report_error
+ * makes one too), for such libraries to return from a failing call that
+ * yields a tensor; CTPU_NULL if that call was given CTPU_NULL itself. */
+CTPU_API ctpu_tensor ctpu_error_handle(void);
 
 /* Mode: the process-wide mode, and a per-thread override that wins over it.
  * ctpu_set_thread_mode(-1) (or ctpu_clear_thread_mode) removes the override.

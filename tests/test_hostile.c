@@ -228,6 +228,7 @@ static void uninitialised_sweep(void)
     UN_OK(ctpu_grad_enabled, ctpu_grad_enabled());
     UN_T(ctpu_detach, "detach", t);
     UN_OK(ctpu_report_error, ctpu_report_error(CTPU_ERR_IO, "%s", "x") == CTPU_ERR_IO);
+    UN_OK(ctpu_error_handle, ctpu_is_null(ctpu_error_handle()) && ctpu_error_handle().id != 0);
     ctpu_clear_error();
     /* cache */
     UN_S(ctpu_cache_get_info, "cache", &ci);

@@ -189,7 +189,7 @@ static ctpu_tensor dispatch_node(ctpu_node *nd, int n_in, const ctpu_tensor *ts)
     ctpu_trec *in[CTPU_NODE_MAX_IN];
     for (int i = 0; i < n_in; i++) {
         in[i] = ctpu_rec_get(ts[i], ctpu_op_name(nd->op), "input", true);
-        if (!in[i]) return CTPU_NULL;
+        if (!in[i]) return ctpu_failed();
     }
     nd->n_in = (uint8_t)n_in;
     return ctpu_dispatch(nd, in, ts, NULL);
@@ -779,9 +779,9 @@ bool ctpu_requires_grad(ctpu_tensor t)
 ctpu_tensor ctpu_grad(ctpu_tensor t)
 {
     ctpu_trec *r = ctpu_rec_get(t, "grad", "t", true);
-    if (!r) return CTPU_NULL;
+    if (!r) return ctpu_failed();
     ag_meta *m = r->ag;
-    if (!m || !m->leaf || !ctpu_is_valid(m->leaf->grad)) return CTPU_NULL;
+    if (!m || !m->leaf || !ctpu_is_valid(m->leaf->grad)) return CTPU_NULL;   /* no gradient: not an error */
     return m->leaf->grad;
 }
 
@@ -827,7 +827,7 @@ bool ctpu_grad_enabled(void) { return no_grad_depth() == 0; }
 ctpu_tensor ctpu_detach(ctpu_tensor t)
 {
     ctpu_trec *r = ctpu_rec_get(t, "detach", "t", true);
-    if (!r) return CTPU_NULL;
+    if (!r) return ctpu_failed();
     return ctpu_handle_view(r, &r->type, r->off, "detach");
 }
 
@@ -836,7 +836,7 @@ ctpu_tensor ctpu_detach(ctpu_tensor t)
 static ctpu_tensor fit(ctpu_tensor g, const ctpu_vtype *to)
 {
     ctpu_trec *r = ctpu_rec_get(g, "backward", "grad", true);
-    if (!r) return CTPU_NULL;
+    if (!r) return ctpu_failed();
     ctpu_vtype gt = r->type;
     bool same = gt.ndim == to->ndim;
     for (int d = 0; same && d < to->ndim; d++) same = gt.shape[d] == to->shape[d];
@@ -847,7 +847,7 @@ static ctpu_tensor fit(ctpu_tensor g, const ctpu_vtype *to)
             char a[128], b[128];
             ctpu_set_error(CTPU_ERR_STATE, "backward: a gradient %s has fewer dims than its input %s",
                            ctpu_fmt_type(&gt, a, sizeof a), ctpu_fmt_type(to, b, sizeof b));
-            return CTPU_NULL;
+            return ctpu_failed();
         }
         for (int d = 0; d < gt.ndim; d++)
             if (d < lead || (to->shape[d - lead] == 1 && gt.shape[d] != 1)) dims[k++] = d;
@@ -1036,7 +1036,7 @@ ctpu_status ctpu_backward_ex(ctpu_tensor t, ctpu_tensor grad, bool retain_graph)
         return CTPU_ERR_STATE;
     }
     ctpu_trec *gr = NULL;
-    if (!ctpu_is_null(grad)) {
+    if (!ctpu_absent(grad)) {
         gr = ctpu_rec_get(grad, opn, "grad", false);
         if (!gr) return ctpu_last_status();
         bool same = gr->type.ndim == r->type.ndim;

@@ -29,7 +29,7 @@ static ctpu_tensor collective(int op, int kind, ctpu_trec *r, ctpu_tensor t, con
     ctpu_thread_state *ts = ctpu_ts();
     if (!ts) {
         ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory", ctpu_op_name(op));
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     ctpu_node n = { .op = (uint16_t)op, .n_in = 1, .n_scalars = 1, .out = *out };
     n.attr.extra = extra;
@@ -46,21 +46,21 @@ static ctpu_tensor collective(int op, int kind, ctpu_trec *r, ctpu_tensor t, con
 
 ctpu_tensor ctpu_all_reduce(ctpu_tensor t, ctpu_dist_op op)
 {
-    if (!ctpu_check_init("all_reduce")) return CTPU_NULL;
+    if (!ctpu_check_init("all_reduce")) return ctpu_failed();
     ctpu_trec *r = ctpu_rec_get(t, "all_reduce", "t", true);
-    if (!r || !dist_op_ok("all_reduce", op, r)) return CTPU_NULL;
+    if (!r || !dist_op_ok("all_reduce", op, r)) return ctpu_failed();
     return collective(CTPU_OP_ALL_REDUCE, CTPU_COLL_ALL_REDUCE, r, t, &r->type, (int)op, 0);
 }
 
 ctpu_tensor ctpu_broadcast(ctpu_tensor t, int root)
 {
-    if (!ctpu_check_init("broadcast")) return CTPU_NULL;
+    if (!ctpu_check_init("broadcast")) return ctpu_failed();
     ctpu_trec *r = ctpu_rec_get(t, "broadcast", "t", true);
-    if (!r) return CTPU_NULL;
+    if (!r) return ctpu_failed();
     if (root < 0 || root >= ctpu_dist_world_size()) {
         ctpu_set_error(CTPU_ERR_INVALID_ARG, "broadcast: root=%d is not a rank (world size %d)", root,
                        ctpu_dist_world_size());
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     return collective(CTPU_OP_BROADCAST, CTPU_COLL_BROADCAST, r, t, &r->type, 0, root);
 }
@@ -84,18 +84,18 @@ static int along(const char *name, const ctpu_trec *r, int dim)
 
 ctpu_tensor ctpu_all_gather(ctpu_tensor t, int dim)
 {
-    if (!ctpu_check_init("all_gather")) return CTPU_NULL;
+    if (!ctpu_check_init("all_gather")) return ctpu_failed();
     ctpu_trec *r = ctpu_rec_get(t, "all_gather", "t", true);
-    if (!r) return CTPU_NULL;
+    if (!r) return ctpu_failed();
     int d = along("all_gather", r, dim);
-    if (d < 0) return CTPU_NULL;
+    if (d < 0) return ctpu_failed();
     ctpu_vtype out = r->type;
     int n = ctpu_dist_world_size();
     if (out.shape[d] > INT64_MAX / n || ctpu_vtype_numel(&r->type) > INT64_MAX / 4 / n) {
         char tb[128];
         ctpu_set_error(CTPU_ERR_SHAPE, "all_gather: t is %s: %d ranks of it overflow a size",
                        ctpu_fmt_type(&r->type, tb, sizeof tb), n);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     out.shape[d] *= n;
     return collective(CTPU_OP_ALL_GATHER, CTPU_COLL_ALL_GATHER, r, t, &out, 0, d);
@@ -103,17 +103,17 @@ ctpu_tensor ctpu_all_gather(ctpu_tensor t, int dim)
 
 ctpu_tensor ctpu_reduce_scatter(ctpu_tensor t, int dim, ctpu_dist_op op)
 {
-    if (!ctpu_check_init("reduce_scatter")) return CTPU_NULL;
+    if (!ctpu_check_init("reduce_scatter")) return ctpu_failed();
     ctpu_trec *r = ctpu_rec_get(t, "reduce_scatter", "t", true);
-    if (!r || !dist_op_ok("reduce_scatter", op, r)) return CTPU_NULL;
+    if (!r || !dist_op_ok("reduce_scatter", op, r)) return ctpu_failed();
     int d = along("reduce_scatter", r, dim);
-    if (d < 0) return CTPU_NULL;
+    if (d < 0) return ctpu_failed();
     int n = ctpu_dist_world_size();
     if (r->type.shape[d] % n != 0) {
         char tb[128];
         ctpu_set_error(CTPU_ERR_SHAPE, "reduce_scatter: t is %s: dim %d (%lld) is not a multiple of the world size %d",
                        ctpu_fmt_type(&r->type, tb, sizeof tb), d, (long long)r->type.shape[d], n);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     ctpu_vtype out = r->type;
     out.shape[d] /= n;

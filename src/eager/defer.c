@@ -64,7 +64,7 @@ static ctpu_tensor pending_handle(const ctpu_vtype *type, ctpu_vref v, const cha
     if (!add_holder(h.id)) {
         ctpu_release(h);
         ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory recording the trace", op);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     return h;
 }
@@ -105,7 +105,7 @@ ctpu_tensor ctpu__defer_node(ctpu_node *node, ctpu_trec *const *inputs, const ct
     const char *opn = ctpu_op_name(node->op);
     if (!state_ready()) {
         ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory recording the trace", opn);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     /* a value larger than the whole HBM can never be computed: say so here,
      * naming the op, as strict eager does, not at the launch */
@@ -115,14 +115,14 @@ ctpu_tensor ctpu__defer_node(ctpu_node *node, ctpu_trec *const *inputs, const ct
         ctpu_set_error(CTPU_ERR_OOM, "%s: output %s: out of HBM: requested %llu bytes, capacity %llu bytes (%s)",
                        opn, ctpu_fmt_type(&node->out, tb, sizeof tb), (unsigned long long)bytes,
                        (unsigned long long)ctpu_rt->hbm_cap, ctpu_rt->chip->name);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     for (int i = 0; i < node->n_in; i++)
-        if (!input_vref(inputs[i], opn, &node->in[i])) return CTPU_NULL;
+        if (!input_vref(inputs[i], opn, &node->in[i])) return ctpu_failed();
     ctpu_vref v = ctpu_trace_rec_node(t_df.rec, node, scalars);
     if (v < 0) {
         ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory recording the trace", opn);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     ctpu_tensor out = pending_handle(&node->out, v, opn);
     if (ctpu_is_null(out)) return out;
@@ -145,7 +145,7 @@ ctpu_tensor ctpu__defer_alias_handle(ctpu_trec *rec, const char *op)
 {
     if (!state_ready() || rec->trace_id != t_df.id) {
         ctpu_set_error(CTPU_ERR_STATE, "%s: the value is pending in another thread's trace (cut it there first)", op);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     ctpu_vtype type = rec->type;
     ctpu_vref v = rec->tval;

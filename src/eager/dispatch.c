@@ -188,12 +188,12 @@ ctpu_tensor ctpu_dispatch(ctpu_node *node, ctpu_trec *const *inputs, const ctpu_
         char tb[128];
         ctpu_set_error(CTPU_ERR_OOM, "%s: output %s: %s", ctpu_op_name(node->op),
                        ctpu_fmt_type(&node->out, tb, sizeof tb), err);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     ctpu_status st = launch(node, inputs, scalars, b, 0);
     if (st != CTPU_OK) {
         ctpu_buffer_release(ctpu_rt->dev, b);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     ctpu_tensor out = ctpu_handle_new(&node->out, b, 0, ctpu_op_name(node->op));
     if (!ctpu_is_null(out)) ctpu__ag_record(node, in_h, scalars, out);
@@ -819,13 +819,13 @@ static ctpu_tensor apply(int op, int n_in, const ctpu_tensor *ts, const op_args 
     const char *opn = a->opn ? a->opn : ctpu_op_name(op);
     ctpu_trec *in[CTPU_NODE_MAX_IN];
     if (n_in == 0) {
-        if (!ctpu_check_init(opn)) return CTPU_NULL;
+        if (!ctpu_check_init(opn)) return ctpu_failed();
     } else {
         const char *const *names = a->names ? a->names : shape_rules[ctpu_op_infos[op].shape_rule].names;
-        if (!get_inputs(opn, n_in, ts, names, in)) return CTPU_NULL;
+        if (!get_inputs(opn, n_in, ts, names, in)) return ctpu_failed();
     }
     ctpu_node n;
-    if (!infer(op, opn, n_in, in, a, &n)) return CTPU_NULL;
+    if (!infer(op, opn, n_in, in, a, &n)) return ctpu_failed();
     if (ctpu_op_is(op, CTPU_OPK_VIEW)) return make_view(&n, in[0], ts[0], in[0]->off);
     return n_in ? ctpu_dispatch(&n, in, ts, scalars) : ctpu_dispatch(&n, NULL, NULL, scalars);
 }
@@ -926,7 +926,7 @@ ctpu_tensor ctpu_cast(ctpu_tensor a, ctpu_dtype dt)
 ctpu_tensor ctpu_silu(ctpu_tensor a)
 {
     ctpu_trec *in[1];
-    if (!get_inputs("silu", 1, &a, NM_A, in)) return CTPU_NULL;
+    if (!get_inputs("silu", 1, &a, NM_A, in)) return ctpu_failed();
     ctpu_tensor s = ctpu_sigmoid(a);
     if (ctpu_is_null(s)) return s;
     ctpu_tensor r = ctpu_mul(a, s);
@@ -954,7 +954,7 @@ static bool norm_check(const char *op, ctpu_tensor x, ctpu_tensor w, ctpu_tensor
     const ctpu_tensor pw[2] = { w, b };
     static const char *const pn[2] = { "weight", "bias" };
     for (int i = 0; i < 2; i++) {
-        if (ctpu_is_null(pw[i])) continue;
+        if (ctpu_absent(pw[i])) continue;
         ctpu_trec *r = ctpu_rec_get(pw[i], op, pn[i], true);
         if (!r) return false;
         if (r->type.dtype == CTPU_I32 || r->type.ndim != 1 || r->type.shape[0] != *D) {
@@ -989,10 +989,10 @@ static ctpu_tensor norm_finish(ctpu_tensor y, ctpu_dtype dt)
 ctpu_tensor ctpu_layer_norm(ctpu_tensor x, ctpu_tensor weight, ctpu_tensor bias, double eps)
 {
     int64_t D;
-    if (!norm_check("layer_norm", x, weight, bias, eps, &D)) return CTPU_NULL;
+    if (!norm_check("layer_norm", x, weight, bias, eps, &D)) return ctpu_failed();
     ctpu_dtype dt = ctpu_dtype_of(x);
     int d = -1;
-    if (ctpu_scope_begin() != CTPU_OK) return CTPU_NULL;
+    if (ctpu_scope_begin() != CTPU_OK) return ctpu_failed();
     ctpu_tensor xf = as_f32(x);
     ctpu_tensor mean = ctpu_mean(xf, 1, &d, true);
     ctpu_tensor var = ctpu_var(xf, 1, &d, 0, true);
@@ -1005,10 +1005,10 @@ ctpu_tensor ctpu_layer_norm(ctpu_tensor x, ctpu_tensor weight, ctpu_tensor bias,
 ctpu_tensor ctpu_rms_norm(ctpu_tensor x, ctpu_tensor weight, double eps)
 {
     int64_t D;
-    if (!norm_check("rms_norm", x, weight, CTPU_NULL, eps, &D)) return CTPU_NULL;
+    if (!norm_check("rms_norm", x, weight, CTPU_NULL, eps, &D)) return ctpu_failed();
     ctpu_dtype dt = ctpu_dtype_of(x);
     int d = -1;
-    if (ctpu_scope_begin() != CTPU_OK) return CTPU_NULL;
+    if (ctpu_scope_begin() != CTPU_OK) return ctpu_failed();
     ctpu_tensor xf = as_f32(x);
     ctpu_tensor ms = ctpu_mean(ctpu_mul(xf, xf), 1, &d, true);
     ctpu_tensor y = ctpu_mul(xf, ctpu_rsqrt(ctpu_add_scalar(ms, eps)));
@@ -1027,13 +1027,13 @@ static bool dim_in(const char *op, const char *arg, int d, int lo, int hi)
 static ctpu_tensor unsqueeze_as(const char *op, ctpu_tensor a, int dim)
 {
     ctpu_trec *in[1];
-    if (!get_inputs(op, 1, &a, NM_A, in)) return CTPU_NULL;
+    if (!get_inputs(op, 1, &a, NM_A, in)) return ctpu_failed();
     int nd = in[0]->type.ndim;
     if (nd >= CTPU_MAX_DIMS) {
         ctpu_set_error(CTPU_ERR_SHAPE, "%s: a has %d dims: at most %d", op, nd, CTPU_MAX_DIMS);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
-    if (!dim_in(op, "dim", dim, -nd - 1, nd)) return CTPU_NULL;
+    if (!dim_in(op, "dim", dim, -nd - 1, nd)) return ctpu_failed();
     if (dim < 0) dim += nd + 1;
     int64_t sh[CTPU_MAX_DIMS];
     for (int i = 0, j = 0; i <= nd; i++) sh[i] = i == dim ? 1 : in[0]->type.shape[j++];
@@ -1045,10 +1045,10 @@ ctpu_tensor ctpu_unsqueeze(ctpu_tensor a, int dim) { return unsqueeze_as("unsque
 ctpu_tensor ctpu_squeeze(ctpu_tensor a, int dim)
 {
     ctpu_trec *in[1];
-    if (!get_inputs("squeeze", 1, &a, NM_A, in)) return CTPU_NULL;
+    if (!get_inputs("squeeze", 1, &a, NM_A, in)) return ctpu_failed();
     int nd = in[0]->type.ndim;
     if (nd == 0 && (dim == 0 || dim == -1)) return ctpu_reshape(a, 0, NULL);
-    if (!dim_in("squeeze", "dim", dim, -nd, nd - 1)) return CTPU_NULL;
+    if (!dim_in("squeeze", "dim", dim, -nd, nd - 1)) return ctpu_failed();
     if (dim < 0) dim += nd;
     int64_t sh[CTPU_MAX_DIMS];
     int k = 0;
@@ -1060,19 +1060,19 @@ ctpu_tensor ctpu_squeeze(ctpu_tensor a, int dim)
 ctpu_tensor ctpu_flatten(ctpu_tensor a, int start, int end)
 {
     ctpu_trec *in[1];
-    if (!get_inputs("flatten", 1, &a, NM_A, in)) return CTPU_NULL;
+    if (!get_inputs("flatten", 1, &a, NM_A, in)) return ctpu_failed();
     int nd = in[0]->type.ndim;
     if (nd == 0) {
         int64_t one = 1;
-        if (!dim_in("flatten", "start", start, -1, 0) || !dim_in("flatten", "end", end, -1, 0)) return CTPU_NULL;
+        if (!dim_in("flatten", "start", start, -1, 0) || !dim_in("flatten", "end", end, -1, 0)) return ctpu_failed();
         return ctpu_reshape(a, 1, &one);
     }
-    if (!dim_in("flatten", "start", start, -nd, nd - 1) || !dim_in("flatten", "end", end, -nd, nd - 1)) return CTPU_NULL;
+    if (!dim_in("flatten", "start", start, -nd, nd - 1) || !dim_in("flatten", "end", end, -nd, nd - 1)) return ctpu_failed();
     if (start < 0) start += nd;
     if (end < 0) end += nd;
     if (start > end) {
         ctpu_set_error(CTPU_ERR_SHAPE, "flatten: start dim %d comes after end dim %d", start, end);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     int64_t sh[CTPU_MAX_DIMS];
     int k = 0;
@@ -1085,35 +1085,35 @@ ctpu_tensor ctpu_flatten(ctpu_tensor a, int start, int end)
 
 ctpu_tensor ctpu_stack(int n, const ctpu_tensor *ts, int dim)
 {
-    if (!ctpu_check_init("stack")) return CTPU_NULL;
+    if (!ctpu_check_init("stack")) return ctpu_failed();
     if (n < 1 || n > CTPU_NODE_MAX_IN || !ts) {
         ctpu_set_error(CTPU_ERR_INVALID_ARG, "stack: n=%d with ts %s: need 1 <= n <= %d tensors", n, ts ? "given" : "NULL",
                        CTPU_NODE_MAX_IN);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     ctpu_trec *in[CTPU_NODE_MAX_IN];
-    if (!get_inputs("stack", n, ts, NM_TS, in)) return CTPU_NULL;
+    if (!get_inputs("stack", n, ts, NM_TS, in)) return ctpu_failed();
     for (int i = 1; i < n; i++)
         if (in[i]->type.ndim != in[0]->type.ndim ||
             memcmp(in[i]->type.shape, in[0]->type.shape, sizeof(int64_t) * in[0]->type.ndim) != 0) {
             char t0[96], ti[96];
             ctpu_set_error(CTPU_ERR_SHAPE, "stack: ts[0] is %s, ts[%d] is %s: need one shape",
                            ctpu_fmt_type(&in[0]->type, t0, sizeof t0), i, ctpu_fmt_type(&in[i]->type, ti, sizeof ti));
-            return CTPU_NULL;
+            return ctpu_failed();
         }
     int nd = in[0]->type.ndim;
     if (nd >= CTPU_MAX_DIMS) {
         ctpu_set_error(CTPU_ERR_SHAPE, "stack: the tensors have %d dims: at most %d", nd, CTPU_MAX_DIMS - 1);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
-    if (!dim_in("stack", "dim", dim, -nd - 1, nd)) return CTPU_NULL;
+    if (!dim_in("stack", "dim", dim, -nd - 1, nd)) return ctpu_failed();
     if (dim < 0) dim += nd + 1;
     ctpu_tensor u[CTPU_NODE_MAX_IN];
     for (int i = 0; i < n; i++) {
         u[i] = unsqueeze_as("stack", ts[i], dim);
         if (ctpu_is_null(u[i])) {
             for (int j = 0; j < i; j++) ctpu_release(u[j]);
-            return CTPU_NULL;
+            return ctpu_failed();
         }
     }
     ctpu_tensor r = ctpu_concat(n, u, dim);
@@ -1124,23 +1124,23 @@ ctpu_tensor ctpu_stack(int n, const ctpu_tensor *ts, int dim)
 ctpu_tensor ctpu_index_select(ctpu_tensor a, int dim, ctpu_tensor index)
 {
     ctpu_trec *in[2];
-    if (!get_inputs("index_select", 2, (ctpu_tensor[]){ a, index }, NM_GATHER, in)) return CTPU_NULL;
+    if (!get_inputs("index_select", 2, (ctpu_tensor[]){ a, index }, NM_GATHER, in)) return ctpu_failed();
     int nd = in[0]->type.ndim;
     char ta[96], ti[96];
     if (in[1]->type.dtype != CTPU_I32 || in[1]->type.ndim != 1 || nd < 1) {
         ctpu_set_error(in[1]->type.dtype != CTPU_I32 ? CTPU_ERR_DTYPE : CTPU_ERR_SHAPE,
                        "index_select: a is %s, index is %s: need a of ndim >= 1 and an i32 index [n]",
                        ctpu_fmt_type(&in[0]->type, ta, sizeof ta), ctpu_fmt_type(&in[1]->type, ti, sizeof ti));
-        return CTPU_NULL;
+        return ctpu_failed();
     }
-    if (!dim_in("index_select", "dim", dim, -nd, nd - 1)) return CTPU_NULL;
+    if (!dim_in("index_select", "dim", dim, -nd, nd - 1)) return ctpu_failed();
     if (dim < 0) dim += nd;
     int64_t col[CTPU_MAX_DIMS], out[CTPU_MAX_DIMS];
     for (int i = 0; i < nd; i++) {
         col[i] = i == dim ? in[1]->type.shape[0] : 1;
         out[i] = i == dim ? in[1]->type.shape[0] : in[0]->type.shape[i];
     }
-    if (ctpu_scope_begin() != CTPU_OK) return CTPU_NULL;
+    if (ctpu_scope_begin() != CTPU_OK) return ctpu_failed();
     ctpu_tensor r = ctpu_gather(a, dim, ctpu_expand(ctpu_reshape(index, nd, col), nd, out));
     if (!ctpu_is_null(r)) r = ctpu_keep(r);
     ctpu_scope_end();
@@ -1160,19 +1160,19 @@ static ctpu_tensor band(int64_t R, int64_t C, int64_t k, bool lower)
 static ctpu_tensor tri(const char *op, ctpu_tensor a, int64_t k, bool lower)
 {
     ctpu_trec *in[1];
-    if (!get_inputs(op, 1, &a, NM_A, in)) return CTPU_NULL;
+    if (!get_inputs(op, 1, &a, NM_A, in)) return ctpu_failed();
     int nd = in[0]->type.ndim;
     if (nd < 2) {
         char tb[96];
         ctpu_set_error(CTPU_ERR_SHAPE, "%s: a is %s: need ndim >= 2", op, ctpu_fmt_type(&in[0]->type, tb, sizeof tb));
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     int64_t R = in[0]->type.shape[nd - 2], C = in[0]->type.shape[nd - 1];
     /* |k| past the matrix means all or nothing: clamp so the f32 compare is exact */
     int64_t lim = (R > C ? R : C) + 1;
     if (k > lim) k = lim;
     if (k < -lim) k = -lim;
-    if (ctpu_scope_begin() != CTPU_OK) return CTPU_NULL;
+    if (ctpu_scope_begin() != CTPU_OK) return ctpu_failed();
     ctpu_tensor r = ctpu_where(band(R, C, k, lower), a, ctpu_zeros(in[0]->type.dtype, 0, NULL));
     if (!ctpu_is_null(r)) r = ctpu_keep(r);
     ctpu_scope_end();
@@ -1184,13 +1184,13 @@ ctpu_tensor ctpu_triu(ctpu_tensor a, int64_t k) { return tri("triu", a, k, false
 
 ctpu_tensor ctpu_causal_mask(int64_t T, int64_t S, ctpu_mask_kind kind)
 {
-    if (!ctpu_check_init("causal_mask")) return CTPU_NULL;
+    if (!ctpu_check_init("causal_mask")) return ctpu_failed();
     if (T < 1 || S < 1 || (unsigned)kind > CTPU_MASK_BINARY || T > (1 << 24) || S > (1 << 24)) {
         ctpu_set_error(CTPU_ERR_INVALID_ARG, "causal_mask: T=%lld S=%lld kind=%d: need 1 <= T, S <= 2^24 and a ctpu_mask_kind",
                        (long long)T, (long long)S, (int)kind);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
-    if (ctpu_scope_begin() != CTPU_OK) return CTPU_NULL;
+    if (ctpu_scope_begin() != CTPU_OK) return ctpu_failed();
     ctpu_tensor m = band(T, S, 0, true);
     if (kind == CTPU_MASK_ADDITIVE) m = ctpu_where(m, ctpu_zeros(CTPU_F32, 0, NULL), ctpu_full(CTPU_F32, 0, NULL, -INFINITY));
     if (!ctpu_is_null(m)) m = ctpu_keep(m);
@@ -1202,15 +1202,15 @@ ctpu_tensor ctpu_causal_mask(int64_t T, int64_t S, ctpu_mask_kind kind)
 ctpu_tensor ctpu_leaky_relu(ctpu_tensor a, double negative_slope)
 {
     ctpu_trec *in[1];
-    if (!get_inputs("leaky_relu", 1, &a, NM_A, in)) return CTPU_NULL;
+    if (!get_inputs("leaky_relu", 1, &a, NM_A, in)) return ctpu_failed();
     if (!isfinite(negative_slope))
         {
         ctpu_set_error(CTPU_ERR_INVALID_ARG, "leaky_relu: negative_slope is %g (must be finite)", negative_slope);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     ctpu_tensor pos = ctpu_gt_scalar(a, 0.0);
     ctpu_tensor neg = ctpu_mul_scalar(a, negative_slope);
-    ctpu_tensor r = ctpu_is_null(pos) || ctpu_is_null(neg) ? CTPU_NULL : ctpu_where(pos, a, neg);
+    ctpu_tensor r = ctpu_is_null(pos) || ctpu_is_null(neg) ? ctpu_failed() : ctpu_where(pos, a, neg);
     if (!ctpu_is_null(pos)) ctpu_release(pos);
     if (!ctpu_is_null(neg)) ctpu_release(neg);
     return r;
@@ -1221,16 +1221,16 @@ ctpu_tensor ctpu_leaky_relu(ctpu_tensor a, double negative_slope)
 ctpu_tensor ctpu_elu(ctpu_tensor a, double alpha)
 {
     ctpu_trec *in[1];
-    if (!get_inputs("elu", 1, &a, NM_A, in)) return CTPU_NULL;
+    if (!get_inputs("elu", 1, &a, NM_A, in)) return ctpu_failed();
     if (!isfinite(alpha)) {
         ctpu_set_error(CTPU_ERR_INVALID_ARG, "elu: alpha is %g (must be finite)", alpha);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     ctpu_tensor pos = ctpu_gt_scalar(a, 0.0);
     ctpu_tensor m = ctpu_minimum_scalar(a, 0.0);
     ctpu_tensor e = ctpu_expm1(m);
     ctpu_tensor neg = ctpu_mul_scalar(e, alpha);
-    ctpu_tensor r = ctpu_is_null(pos) || ctpu_is_null(neg) ? CTPU_NULL : ctpu_where(pos, a, neg);
+    ctpu_tensor r = ctpu_is_null(pos) || ctpu_is_null(neg) ? ctpu_failed() : ctpu_where(pos, a, neg);
     ctpu_tensor tmp[4] = { pos, m, e, neg };
     for (int i = 0; i < 4; i++) if (!ctpu_is_null(tmp[i])) ctpu_release(tmp[i]);
     return r;
@@ -1251,7 +1251,7 @@ ctpu_tensor ctpu_var(ctpu_tensor a, int nd, const int *d, int correction, bool k
 {
     if (correction < 0) {
         ctpu_set_error(CTPU_ERR_INVALID_ARG, "var: correction=%d is negative", correction);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     return reduction(CTPU_OP_VAR, a, nd, d, k, correction);
 }
@@ -1265,10 +1265,10 @@ static ctpu_tensor softmax_op(int op, ctpu_tensor a, int dim)
 {
     const char *opn = ctpu_op_name(op);
     ctpu_trec *in[CTPU_NODE_MAX_IN];   /* infer's inputs array: CTPU_NODE_MAX_IN */
-    if (!get_inputs(opn, 1, &a, NM_A, in)) return CTPU_NULL;
+    if (!get_inputs(opn, 1, &a, NM_A, in)) return ctpu_failed();
     if (in[0]->type.ndim == 0) {
         /* a 0-d tensor: softmax over its single element, as a [1] */
-        if (norm_dim(opn, dim, in[0], "dim") < 0) return CTPU_NULL;
+        if (norm_dim(opn, dim, in[0], "dim") < 0) return ctpu_failed();
         int64_t one = 1;
         ctpu_tensor v = ctpu_reshape(a, 1, &one);
         ctpu_tensor r = ctpu_is_null(v) ? v : softmax_op(op, v, 0);
@@ -1278,7 +1278,7 @@ static ctpu_tensor softmax_op(int op, ctpu_tensor a, int dim)
         return o;
     }
     ctpu_node n;
-    if (!infer(op, opn, 1, in, &(op_args){ .dim = dim }, &n)) return CTPU_NULL;
+    if (!infer(op, opn, 1, in, &(op_args){ .dim = dim }, &n)) return ctpu_failed();
     return ctpu_dispatch(&n, in, &a, NULL);
 }
 
@@ -1294,7 +1294,7 @@ ctpu_tensor ctpu_reshape(ctpu_tensor a, int ndim, const int64_t *shape)
 ctpu_tensor ctpu_contiguous(ctpu_tensor a)
 {
     ctpu_trec *in[1];
-    if (!get_inputs("contiguous", 1, &a, NM_A, in)) return CTPU_NULL;
+    if (!get_inputs("contiguous", 1, &a, NM_A, in)) return ctpu_failed();
     /* every ctpu tensor is stored contiguous: a new handle to the same value */
     ctpu_node n = { .op = CTPU_OP_RESHAPE, .out = in[0]->type };
     return make_view(&n, in[0], a, in[0]->off);
@@ -1308,9 +1308,9 @@ ctpu_tensor ctpu_permute(ctpu_tensor a, const int *perm)
 ctpu_tensor ctpu_transpose(ctpu_tensor a, int d0, int d1)
 {
     ctpu_trec *r = ctpu_rec_get(a, "transpose", "a", true);
-    if (!r) return CTPU_NULL;
+    if (!r) return ctpu_failed();
     int x = norm_dim("transpose", d0, r, "d0"), y = x < 0 ? -1 : norm_dim("transpose", d1, r, "d1");
-    if (x < 0 || y < 0) return CTPU_NULL;
+    if (x < 0 || y < 0) return ctpu_failed();
     int perm[8];
     for (int d = 0; d < r->type.ndim; d++) perm[d] = d;
     if (r->type.ndim) { perm[x] = y; perm[y] = x; }
@@ -1320,10 +1320,10 @@ ctpu_tensor ctpu_transpose(ctpu_tensor a, int d0, int d1)
 ctpu_tensor ctpu_slice(ctpu_tensor a, int dim, int64_t start, int64_t end, int64_t step)
 {
     ctpu_trec *in[CTPU_NODE_MAX_IN];   /* infer's inputs array: CTPU_NODE_MAX_IN */
-    if (!get_inputs("slice", 1, &a, NM_A, in)) return CTPU_NULL;
+    if (!get_inputs("slice", 1, &a, NM_A, in)) return ctpu_failed();
     ctpu_node n;
     op_args args = { .dim = dim, .start = start, .end = end, .step = step };
-    if (!infer(CTPU_OP_SLICE, "slice", 1, in, &args, &n)) return CTPU_NULL;
+    if (!infer(CTPU_OP_SLICE, "slice", 1, in, &args, &n)) return ctpu_failed();
     /* a contiguous slice is a view: all dims before d have extent 1 */
     int d = n.attr.dims[0];
     int64_t len = n.out.shape[d];
@@ -1341,10 +1341,10 @@ ctpu_tensor ctpu_slice(ctpu_tensor a, int dim, int64_t start, int64_t end, int64
 
 ctpu_tensor ctpu_concat(int count, const ctpu_tensor *ts, int dim)
 {
-    if (!ctpu_check_init("concat")) return CTPU_NULL;
+    if (!ctpu_check_init("concat")) return ctpu_failed();
     if (count < 1 || !ts) {
         ctpu_set_error(CTPU_ERR_INVALID_ARG, "concat: n=%d with ts %s: need n >= 1 tensors", count, ts ? "given" : "NULL");
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     if (count > CTPU_NODE_MAX_IN) {
         /* chain: concat the first 16, then the rest onto it */
@@ -1389,10 +1389,10 @@ ctpu_tensor ctpu_matmul(ctpu_tensor a, ctpu_tensor b)
 {
     ctpu_tensor ts[2] = { a, b };
     ctpu_trec *in[2];
-    if (!get_inputs("matmul", 2, ts, NM_AB, in)) return CTPU_NULL;
+    if (!get_inputs("matmul", 2, ts, NM_AB, in)) return ctpu_failed();
     ctpu_node n;
     if (!infer(CTPU_OP_MATMUL, "matmul", 2, in, &(op_args){ .precision = (int)ctpu_rt->precision }, &n))
-        return CTPU_NULL;
+        return ctpu_failed();
     /* torch.matmul: 1-D a is [1,K] (squeezed after), 1-D b is [K,1] */
     bool sq_a = in[0]->type.ndim == 1, sq_b = in[1]->type.ndim == 1;
     if (!sq_a && !sq_b) return ctpu_dispatch(&n, in, ts, NULL);
@@ -1402,7 +1402,7 @@ ctpu_tensor ctpu_matmul(ctpu_tensor a, ctpu_tensor b)
     if (sq_b) vbt = ctpu_reshape(b, 2, vb);
     ctpu_tensor vt[2] = { vat, vbt };
     ctpu_trec *use[2] = { ctpu_rec_get(vat, "matmul", "a", true), ctpu_rec_get(vbt, "matmul", "b", true) };
-    ctpu_tensor r = use[0] && use[1] ? ctpu_dispatch(&n, use, vt, NULL) : CTPU_NULL;
+    ctpu_tensor r = use[0] && use[1] ? ctpu_dispatch(&n, use, vt, NULL) : ctpu_failed();
     if (sq_a && !ctpu_is_null(vat)) ctpu_release(vat);
     if (sq_b && !ctpu_is_null(vbt)) ctpu_release(vbt);
     if (ctpu_is_null(r)) return r;
@@ -1433,7 +1433,7 @@ ctpu_tensor ctpu__matmul_t(ctpu_tensor a, ctpu_tensor b, bool ta, bool tb, int p
 ctpu_tensor ctpu_matmul_t(ctpu_tensor a, ctpu_tensor b, bool transpose_a, bool transpose_b)
 {
     if (!transpose_a && !transpose_b) return ctpu_matmul(a, b);
-    if (!ctpu_check_init("matmul_t")) return CTPU_NULL;
+    if (!ctpu_check_init("matmul_t")) return ctpu_failed();
     return ctpu__matmul_t(a, b, transpose_a, transpose_b, (int)ctpu_rt->precision);
 }
 
@@ -1462,17 +1462,17 @@ ctpu_tensor ctpu_ones(ctpu_dtype dt, int ndim, const int64_t *shape)
 
 ctpu_tensor ctpu_arange(double start, double end, double step, ctpu_dtype dt)
 {
-    if (!ctpu_check_init("arange")) return CTPU_NULL;
+    if (!ctpu_check_init("arange")) return ctpu_failed();
     if (step == 0 || !isfinite(start) || !isfinite(end) || !isfinite(step)) {
         ctpu_set_error(CTPU_ERR_INVALID_ARG, "arange: start=%g end=%g step=%g: need finite values and step != 0",
                        start, end, step);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     double cnt = ceil((end - start) / step);
     if (cnt < 0) cnt = 0;
     if (cnt > 72057594037927936.0) {
         ctpu_set_error(CTPU_ERR_SHAPE, "arange: start=%g end=%g step=%g gives too many elements", start, end, step);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     int64_t shape[1] = { (int64_t)cnt };
     double sc[2] = { start, step };
@@ -1481,18 +1481,18 @@ ctpu_tensor ctpu_arange(double start, double end, double step, ctpu_dtype dt)
 
 static ctpu_tensor rand_op(const char *opn, int op, ctpu_dtype dt, int ndim, const int64_t *shape, double p0, double p1)
 {
-    if (!ctpu_check_init(opn)) return CTPU_NULL;
+    if (!ctpu_check_init(opn)) return ctpu_failed();
     if (dt == CTPU_I32) {
         ctpu_set_error(CTPU_ERR_DTYPE, "%s: dtype i32 is not supported (f32 or bf16)", opn);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     if (!isfinite(p0) || !isfinite(p1) || (op == CTPU_OP_RAND_NORMAL && p1 < 0)) {
         ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: parameters %g, %g are invalid", opn, p0, p1);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     ctpu_node n;
     op_args args = { .opn = opn, .ndim = ndim, .shape = shape, .dtype = (int)dt, .n_scalars = 4 };
-    if (!infer(op, opn, 0, NULL, &args, &n)) return CTPU_NULL;
+    if (!infer(op, opn, 0, NULL, &args, &n)) return ctpu_failed();
     uint64_t seed, offset;
     ctpu__rng_take((uint64_t)ctpu_vtype_numel(&n.out), &seed, &offset);
     double sc[4] = { ctpu_bits_scalar(seed), ctpu_bits_scalar(offset), p0, p1 };

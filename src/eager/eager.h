@@ -72,6 +72,7 @@ extern ctpu_runtime *ctpu_rt;
  * the op-trace test hook outlive runtimes. The device's trace-file recorder
  * keeps its own thread id (device/tracefile.c): one thread-local per layer. */
 #define CTPU_MAX_SCOPES 64
+#define CTPU_FAIL_RING 32            /* failures an error handle can name (ctpu.h) */
 
 typedef struct {                     /* tensor.c */
     uint64_t id;
@@ -100,6 +101,10 @@ typedef struct ctpu_thread_state {
     /* kept across runtimes */
     ctpu_status err_status;          /* runtime.c: ctpu_last_status / ctpu_last_error */
     char err_msg[512];
+    /* runtime.c: the ring of recent failures an error handle names (id in
+     * its high 32 bits), and the handle the last failing call returns */
+    struct ctpu_fail { uint32_t id; ctpu_status st; uint16_t cause; char msg[512]; } fails[CTPU_FAIL_RING];
+    uint64_t fail_handle;
     struct { uint64_t *buf; size_t cap, n; } op_trace;  /* autograd.c: ctpu__test_op_trace */
 
     uint64_t epoch;                  /* runtime the parts below belong to; 0 = none */
@@ -208,11 +213,24 @@ void ctpu_set_error(ctpu_status st, const char *fmt, ...) __attribute__((format(
 /* Format a value type as "f32[2,3]" into buf. */
 const char *ctpu_fmt_type(const ctpu_vtype *t, char *buf, size_t len);
 
+/* The handle a call that just failed returns: the error handle of the
+ * failure ctpu_set_error recorded, or the null or error handle an op was
+ * given (ctpu_rec_get with quiet_null), returned unchanged. */
+static inline ctpu_tensor ctpu_failed(void) { return (ctpu_tensor){ ctpu__ts->fail_handle }; }
+/* A null handle t given for op's argument arg (tensor.c's ctpu_rec_get):
+ * an error handle's message, or with quiet its record put back. */
+void ctpu__fail_from(ctpu_tensor t, const char *op, const char *arg, bool quiet);
+/* A literal CTPU_NULL (an optional argument left out), not an error handle. */
+static inline bool ctpu_absent(ctpu_tensor t) { return t.id == 0; }
+
 /* Check the runtime is up; sets CTPU_ERR_NOT_INITIALIZED naming `op`. */
 bool ctpu_check_init(const char *op);
 
-/* Resolve a handle for op's argument `arg`. On failure sets the error
- * (null: CTPU_ERR_NULL_HANDLE unless quiet_null) and returns NULL. */
+/* Resolve a handle for op's argument `arg`. On failure sets the error and
+ * returns NULL: CTPU_NULL is CTPU_ERR_NULL_HANDLE, an error handle its
+ * record's status with a message ending "(from <cause>)"; with quiet_null
+ * neither sets a new message (an error handle puts its record back as the
+ * last error) and ctpu_failed() returns the handle given. */
 ctpu_trec *ctpu_rec_get(ctpu_tensor t, const char *op, const char *arg, bool quiet_null);
 
 /* Make a handle for a new record owning one handle ref on buf (buf's

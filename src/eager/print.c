@@ -137,14 +137,7 @@ ctpu_status ctpu_print(ctpu_tensor t, FILE *f)
     if (!f) f = stdout;
     int64_t shape[CTPU_MAX_DIMS];
     int nd;
-    if (ctpu_is_null(t)) {
-        ctpu_set_error(CTPU_ERR_NULL_HANDLE, "print: t is a null handle");
-        return CTPU_ERR_NULL_HANDLE;
-    }
-    if (!ctpu_is_valid(t)) {
-        ctpu_set_error(CTPU_ERR_STALE_HANDLE, "print: t is a released (stale) handle");
-        return CTPU_ERR_STALE_HANDLE;
-    }
+    if (!ctpu_rec_get(t, "print", "t", false)) return ctpu_last_status();
     ctpu_status st = ctpu_shape(t, shape, &nd);
     if (st != CTPU_OK) return st;
     ctpu_dtype dt = ctpu_dtype_of(t);

@@ -94,6 +94,24 @@ void ctpu__ts_drop_runtime(void)
 /* ------------------------------------------------------------ errors */
 static const char ts_oom_msg[] = "out of host memory for this thread's ctpu state";
 
+/* Failure ids, unique across threads (an error handle met in another
+ * thread finds no record, rather than another failure's). */
+static _Atomic uint32_t fail_seq;
+
+/* Record s's current error as a failure and make it what ctpu_failed returns;
+ * cause: where the first cause starts in the message. */
+static void fail_push(ctpu_thread_state *s, uint16_t cause)
+{
+    uint32_t id = atomic_fetch_add_explicit(&fail_seq, 1, memory_order_relaxed) + 1;
+    if (id == 0) id = atomic_fetch_add_explicit(&fail_seq, 1, memory_order_relaxed) + 1;
+    struct ctpu_fail *f = &s->fails[id % CTPU_FAIL_RING];
+    f->id = id;
+    f->st = s->err_status;
+    f->cause = cause;
+    memcpy(f->msg, s->err_msg, sizeof f->msg);
+    s->fail_handle = (uint64_t)id << 32;
+}
+
 void ctpu_set_error(ctpu_status st, const char *fmt, ...)
 {
     ctpu_thread_state *s = ctpu__ts_get();
@@ -115,7 +133,54 @@ void ctpu_set_error(ctpu_status st, const char *fmt, ...)
         else o += (size_t)snprintf(msg + o, sizeof s->err_msg - o, "\\x%02x", *c);
     }
     msg[o] = 0;
+    fail_push(s, 0);
 }
+
+/* The failure record an error handle names, if this thread still has it. */
+static const struct ctpu_fail *fail_find(const ctpu_thread_state *s, uint64_t handle)
+{
+    uint32_t id = (uint32_t)(handle >> 32);
+    const struct ctpu_fail *f = &s->fails[id % CTPU_FAIL_RING];
+    return id && f->id == id ? f : NULL;
+}
+
+void ctpu__fail_from(ctpu_tensor t, const char *op, const char *arg, bool quiet)
+{
+    ctpu_thread_state *s = ctpu__ts_get();
+    if (!s) return;
+    const struct ctpu_fail *f = fail_find(s, t.id);
+    if (quiet) {
+        /* an op passes it along: the handle unchanged, its cause the last error */
+        if (f) {
+            s->err_status = f->st;
+            memcpy(s->err_msg, f->msg, sizeof s->err_msg);
+        }
+        s->fail_handle = t.id;
+        return;
+    }
+    if (!f) {
+        ctpu_set_error(CTPU_ERR_NULL_HANDLE, "%s: %s is the result of a failed call that is no longer recorded "
+                       "(this thread keeps its last %d failures; or it failed in another thread)", op, arg,
+                       CTPU_FAIL_RING);
+        return;
+    }
+    /* "<op>: <arg> is the result of a failed call (from <first cause>)": the
+     * cause of a cause is the first one, so chains do not nest */
+    const char *cause = f->msg + f->cause;
+    size_t len = strlen(cause) - (f->cause ? 1 : 0);   /* a derived record's cause is followed by ')' */
+    char *msg = s->err_msg;
+    int n = snprintf(msg, sizeof s->err_msg, "%s: %s is the result of a failed call (from ", op, arg);
+    if (n < 0 || (size_t)n > sizeof s->err_msg - 2) n = 0;
+    size_t room = sizeof s->err_msg - (size_t)n - 2;
+    if (len > room) len = room;
+    memmove(msg + n, cause, len);
+    msg[n + len] = ')';
+    msg[n + len + 1] = 0;
+    s->err_status = f->st;
+    fail_push(s, (uint16_t)n);
+}
+
+ctpu_tensor ctpu_error_handle(void) { return ctpu_failed(); }
 
 const char *ctpu_version(void) { return CTPU_VERSION; }
 

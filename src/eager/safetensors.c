@@ -560,26 +560,28 @@ static ctpu_status dtype_unsupported(const char *op, const ctpu_safetensors *f, 
 ctpu_tensor ctpu_safetensors_tensor(const ctpu_safetensors *f, const char *name)
 {
     const char *op = "safetensors_tensor";
-    if (!f || !name) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: %s is NULL", op, f ? "name" : "f"); return CTPU_NULL; }
+    if (!f || !name) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: %s is NULL", op, f ? "name" : "f"); return ctpu_error_handle(); }
     int i = find(f, name);
     if (i < 0) {
         ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: %s: tensor '" NM "' is not in the file (%d tensors)", op, f->path,
                           name, f->n);
-        return CTPU_NULL;
+        return ctpu_error_handle();
     }
     const ctpu_safetensors_entry *e = &f->e[i];
-    if (e->dtype == CTPU_DTYPE_COUNT) { dtype_unsupported(op, f, e); return CTPU_NULL; }
+    if (e->dtype == CTPU_DTYPE_COUNT) { dtype_unsupported(op, f, e); return ctpu_error_handle(); }
     void *buf = malloc(e->nbytes ? (size_t)e->nbytes : 1);
     if (!buf) {
         ctpu_report_error(CTPU_ERR_OOM, "%s: %s: tensor '" NM "': out of host memory for %llu bytes", op, f->path,
                           e->name, (unsigned long long)e->nbytes);
-        return CTPU_NULL;
+        return ctpu_error_handle();
     }
-    if (read_entry(op, f, e, buf) != CTPU_OK) { free(buf); return CTPU_NULL; }
+    if (read_entry(op, f, e, buf) != CTPU_OK) { free(buf); return ctpu_error_handle(); }
     ctpu_tensor t = ctpu_from_host(buf, e->dtype, e->ndim, e->shape);
     free(buf);
-    if (ctpu_is_null(t))
+    if (ctpu_is_null(t)) {
         ctpu_report_error(ctpu_last_status(), "%s: %s: tensor '" NM "': %s", op, f->path, name, ctpu_last_error());
+        return ctpu_error_handle();
+    }
     return t;
 }
 
@@ -596,10 +598,9 @@ static ctpu_status st_load(const char *op, const ctpu_safetensors *f, int n, con
     /* 1. every destination against its entry: nothing is written unless all fit */
     for (int i = 0; st == CTPU_OK && i < n; i++) {
         if (!names[i]) { st = ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: %s: names[%d] is NULL", op, f->path, i); break; }
-        if (!ctpu_is_valid(tensors[i])) {
-            st = ctpu_report_error(ctpu_is_null(tensors[i]) ? CTPU_ERR_NULL_HANDLE : CTPU_ERR_STALE_HANDLE,
-                                   "%s: %s: tensor '" NM "': the destination is a %s handle", op, f->path, names[i],
-                                   ctpu_is_null(tensors[i]) ? "null" : "stale");
+        if (ctpu_ndim(tensors[i]) < 0) {   /* "ndim: t is <why>" */
+            st = ctpu_report_error(ctpu_last_status(), "%s: %s: tensor '" NM "': the destination is %s", op, f->path,
+                                   names[i], ctpu_last_error() + 11);
             break;
         }
         int k = find(f, names[i]);
@@ -735,10 +736,9 @@ static ctpu_status save_check_args(const char *op, const char *path, int n, cons
         if (utf8_check((const unsigned char *)names[i], strlen(names[i])) != strlen(names[i]))
             return ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: %s: tensor '" NM "': the name is not valid UTF-8 (the "
                                      "header is UTF-8 JSON)", op, path, names[i]);
-        if (!ctpu_is_valid(tensors[i]))
-            return ctpu_report_error(ctpu_is_null(tensors[i]) ? CTPU_ERR_NULL_HANDLE : CTPU_ERR_STALE_HANDLE,
-                                     "%s: %s: tensor '" NM "' is a %s handle", op, path, names[i],
-                                     ctpu_is_null(tensors[i]) ? "null" : "stale");
+        if (ctpu_ndim(tensors[i]) < 0)     /* "ndim: t is <why>" */
+            return ctpu_report_error(ctpu_last_status(), "%s: %s: tensor '" NM "' is %s", op, path, names[i],
+                                     ctpu_last_error() + 11);
     }
     return CTPU_OK;
 }

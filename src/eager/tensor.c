@@ -70,8 +70,10 @@ static void slot_free(uint32_t idx)
 ctpu_trec *ctpu_rec_get(ctpu_tensor t, const char *op, const char *arg, bool quiet_null)
 {
     if (!ctpu_check_init(op)) return NULL;
-    if (t.id == 0) {
-        if (!quiet_null) ctpu_set_error(CTPU_ERR_NULL_HANDLE, "%s: %s is a null handle", op, arg);
+    if (ctpu_is_null(t)) {
+        if (t.id != 0) ctpu__fail_from(t, op, arg, quiet_null);
+        else if (!quiet_null) ctpu_set_error(CTPU_ERR_NULL_HANDLE, "%s: %s is a null handle", op, arg);
+        else if (ctpu__ts->fail_handle != 0) ctpu__ts_get()->fail_handle = 0; /* passed along as given */
         return NULL;
     }
     uint32_t idx = ctpu_handle_slot(t);
@@ -95,7 +97,7 @@ ctpu_tensor ctpu_handle_new(const ctpu_vtype *type, ctpu_buffer *buf, size_t off
     if (!slot_alloc(&idx)) {
         ctpu_set_error(CTPU_ERR_OOM, "%s: out of tensor handles", op);
         if (buf) ctpu_buffer_release(ctpu_rt->dev, buf);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     ctpu_trec *r = ctpu_slot(idx);
     atomic_store_explicit(&r->live, true, memory_order_relaxed);
@@ -337,7 +339,7 @@ ctpu_status ctpu_mark_step(void)
 ctpu_tensor ctpu_keep(ctpu_tensor t)
 {
     ctpu_trec *r = ctpu_rec_get(t, "keep", "t", true);
-    if (!r) return CTPU_NULL;
+    if (!r) return ctpu_failed();
     ctpu_thread_state *ts = ctpu_ts_current();   /* none: no scope is open */
     /* find the scope the handle is in now, move it one level out */
     int level = -1, depth = ts ? ts->scope_depth : 0;
@@ -347,7 +349,7 @@ ctpu_tensor ctpu_keep(ctpu_tensor t)
     scope_t *parent = &ts->scopes[level - 1];
     if (!scope_push_item(parent, t.id)) {
         ctpu_set_error(CTPU_ERR_OOM, "keep: out of host memory");
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     r->scope_id = parent->id;
     return t;
@@ -399,20 +401,20 @@ bool ctpu__validate_shape(const char *op, int ndim, const int64_t *shape, ctpu_d
 static ctpu_tensor from_host_impl(const char *op, const void *data, ctpu_dtype dt, int ndim, const int64_t *shape,
                                   bool f32_as_bf16)
 {
-    if (!ctpu_check_init(op)) return CTPU_NULL;
+    if (!ctpu_check_init(op)) return ctpu_failed();
     ctpu_vtype vt;
-    if (!validate_shape(op, ndim, shape, dt, &vt)) return CTPU_NULL;
+    if (!validate_shape(op, ndim, shape, dt, &vt)) return ctpu_failed();
     size_t bytes = (size_t)ctpu_vtype_numel(&vt) * ctpu_kdt_size(dt);
     if (!data && bytes) {
         ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: data is NULL for %zu bytes", op, bytes);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     char err[256];
     ctpu_buffer *b = ctpu_buffer_alloc(ctpu_rt->dev, bytes, err, sizeof err);
     if (!b) {
         char tb[128];
         ctpu_set_error(CTPU_ERR_OOM, "%s: %s: %s", op, ctpu_fmt_type(&vt, tb, sizeof tb), err);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     if (f32_as_bf16) {
         const float *src = data;

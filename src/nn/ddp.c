@@ -60,8 +60,10 @@ ctpu_ddp *ctpu_ddp_create(int n, const ctpu_tensor *params, const ctpu_ddp_opts 
     }
     for (int i = 0; i < n; i++) {
         if (!ctpu_is_valid(params[i])) {
-            ctpu_report_error(ctpu_is_null(params[i]) ? CTPU_ERR_NULL_HANDLE : CTPU_ERR_STALE_HANDLE,
-                              "ddp_create: params[%d] is a %s handle", i, ctpu_is_null(params[i]) ? "null" : "stale");
+            ctpu_status st;
+            char why[512];
+            ctpu__nn_why(params[i], &st, why, sizeof why);
+            ctpu_report_error(st, "ddp_create: params[%d] is %s", i, why);
             return NULL;
         }
         if (ctpu_dtype_of(params[i]) == CTPU_I32) {

@@ -35,6 +35,16 @@ ctpu_status ctpu__nn_blame(const char *op, const char *what)
     return ctpu_report_error(st, "%s: %s%s%s", op, what ? what : "", what ? ": " : "", inner);
 }
 
+const char *ctpu__nn_why(ctpu_tensor t, ctpu_status *st, char *buf, size_t len)
+{
+    /* ctpu_ndim's message is "ndim: t is <why>" */
+    ctpu_ndim(t);
+    *st = ctpu_last_status();
+    const char *m = ctpu_last_error();
+    snprintf(buf, len, "%s", strncmp(m, "ndim: t is ", 11) == 0 ? m + 11 : m);
+    return buf;
+}
+
 const char *ctpu__nn_fmt(ctpu_tensor t, char *buf, size_t len)
 {
     int64_t s[CTPU_MAX_DIMS];
@@ -80,18 +90,18 @@ static ctpu_tensor kaiming(const char *op, bool normal, ctpu_dtype dt, int ndim,
                            ctpu_fan_mode mode)
 {
     double fi, fo;
-    if (!ctpu__nn_ready(op)) return CTPU_NULL;
+    if (!ctpu__nn_ready(op)) return ctpu_error_handle();
     if (!isfinite(a) || (mode != CTPU_FAN_IN && mode != CTPU_FAN_OUT)) {
         ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: a=%g, mode=%d are invalid", op, a, (int)mode);
-        return CTPU_NULL;
+        return ctpu_error_handle();
     }
-    if (!fans(op, dt, ndim, shape, &fi, &fo)) return CTPU_NULL;
+    if (!fans(op, dt, ndim, shape, &fi, &fo)) return ctpu_error_handle();
     double fan = mode == CTPU_FAN_IN ? fi : fo;
     double gain = sqrt(2.0 / (1.0 + a * a));
     double b = gain * sqrt(3.0 / fan);
     ctpu_tensor t = normal ? ctpu_rand_normal(dt, ndim, shape, 0.0, gain / sqrt(fan))
                            : ctpu_rand_uniform(dt, ndim, shape, -b, b);
-    if (ctpu_is_null(t)) ctpu__nn_blame(op, NULL);
+    if (ctpu_is_null(t)) { ctpu__nn_blame(op, NULL); t = ctpu_error_handle(); }
     return t;
 }
 
@@ -108,16 +118,16 @@ ctpu_tensor ctpu_init_kaiming_normal(ctpu_dtype dt, int ndim, const int64_t *sha
 static ctpu_tensor xavier(const char *op, bool normal, ctpu_dtype dt, int ndim, const int64_t *shape, double gain)
 {
     double fi, fo;
-    if (!ctpu__nn_ready(op)) return CTPU_NULL;
+    if (!ctpu__nn_ready(op)) return ctpu_error_handle();
     if (!isfinite(gain) || gain < 0) {
         ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: gain=%g must be finite and >= 0", op, gain);
-        return CTPU_NULL;
+        return ctpu_error_handle();
     }
-    if (!fans(op, dt, ndim, shape, &fi, &fo)) return CTPU_NULL;
+    if (!fans(op, dt, ndim, shape, &fi, &fo)) return ctpu_error_handle();
     double b = gain * sqrt(6.0 / (fi + fo));
     ctpu_tensor t = normal ? ctpu_rand_normal(dt, ndim, shape, 0.0, gain * sqrt(2.0 / (fi + fo)))
                            : ctpu_rand_uniform(dt, ndim, shape, -b, b);
-    if (ctpu_is_null(t)) ctpu__nn_blame(op, NULL);
+    if (ctpu_is_null(t)) { ctpu__nn_blame(op, NULL); t = ctpu_error_handle(); }
     return t;
 }
 
@@ -138,7 +148,7 @@ static ctpu_tensor param(ctpu_tensor t)
     ctpu__nn_global(t);
     if (ctpu_set_requires_grad(t, true) != CTPU_OK) {
         ctpu_release(t);
-        return CTPU_NULL;
+        return ctpu_error_handle();
     }
     return t;
 }
@@ -170,17 +180,17 @@ ctpu_status ctpu_linear_init(ctpu_linear *l, int64_t in, int64_t out, bool bias,
 
 ctpu_tensor ctpu_linear_forward(const ctpu_linear *l, ctpu_tensor x)
 {
-    if (!ctpu__nn_ready("linear")) return CTPU_NULL;
-    if (!l) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "linear: l is NULL"); return CTPU_NULL; }
-    if (ctpu_is_null(x)) return CTPU_NULL;
+    if (!ctpu__nn_ready("linear")) return ctpu_error_handle();
+    if (!l) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "linear: l is NULL"); return ctpu_error_handle(); }
+    if (ctpu_is_null(x)) return x;
     int nd = ctpu_ndim(x);
-    if (nd < 0) return CTPU_NULL;
+    if (nd < 0) return ctpu_error_handle();
     if (nd < 1 || ctpu_dim(x, -1) != l->in_features) {
         char b[128];
         ctpu_report_error(CTPU_ERR_SHAPE, "linear: x is %s: its last dim must be in_features=%lld (layer [%lld -> %lld])",
                           ctpu__nn_fmt(x, b, sizeof b), (long long)l->in_features, (long long)l->in_features,
                           (long long)l->out_features);
-        return CTPU_NULL;
+        return ctpu_error_handle();
     }
     ctpu_tensor y;
     if (nd == 1) {
@@ -224,16 +234,16 @@ ctpu_status ctpu_layer_norm_layer_init(ctpu_layer_norm_layer *ln, int64_t dim, d
 
 ctpu_tensor ctpu_layer_norm_layer_forward(const ctpu_layer_norm_layer *ln, ctpu_tensor x)
 {
-    if (!ctpu__nn_ready("layer_norm_layer")) return CTPU_NULL;
-    if (!ln) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "layer_norm_layer: ln is NULL"); return CTPU_NULL; }
-    if (ctpu_is_null(x)) return CTPU_NULL;
+    if (!ctpu__nn_ready("layer_norm_layer")) return ctpu_error_handle();
+    if (!ln) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "layer_norm_layer: ln is NULL"); return ctpu_error_handle(); }
+    if (ctpu_is_null(x)) return x;
     int nd = ctpu_ndim(x);
-    if (nd < 0) return CTPU_NULL;
+    if (nd < 0) return ctpu_error_handle();
     if (nd < 1 || ctpu_dim(x, -1) != ln->dim) {
         char b[128];
         ctpu_report_error(CTPU_ERR_SHAPE, "layer_norm_layer: x is %s: its last dim must be %lld", ctpu__nn_fmt(x, b, sizeof b),
                           (long long)ln->dim);
-        return CTPU_NULL;
+        return ctpu_error_handle();
     }
     return ctpu_layer_norm(x, ln->weight, ln->bias, ln->eps);
 }
@@ -261,8 +271,8 @@ ctpu_status ctpu_embedding_layer_init(ctpu_embedding_layer *e, int64_t num, int6
 
 ctpu_tensor ctpu_embedding_layer_forward(const ctpu_embedding_layer *e, ctpu_tensor indices)
 {
-    if (!ctpu__nn_ready("embedding_layer")) return CTPU_NULL;
-    if (!e) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "embedding_layer: e is NULL"); return CTPU_NULL; }
+    if (!ctpu__nn_ready("embedding_layer")) return ctpu_error_handle();
+    if (!e) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "embedding_layer: e is NULL"); return ctpu_error_handle(); }
     return ctpu_embedding(e->weight, indices);
 }
 
@@ -275,17 +285,17 @@ void ctpu_embedding_layer_free(ctpu_embedding_layer *e)
 
 ctpu_tensor ctpu_dropout(ctpu_tensor x, double p, bool training)
 {
-    if (!ctpu__nn_ready("dropout")) return CTPU_NULL;
+    if (!ctpu__nn_ready("dropout")) return ctpu_error_handle();
     if (!(p >= 0 && p <= 1)) {
         ctpu_report_error(CTPU_ERR_INVALID_ARG, "dropout: p=%g must be in [0, 1]", p);
-        return CTPU_NULL;
+        return ctpu_error_handle();
     }
-    if (ctpu_is_null(x)) return CTPU_NULL;
+    if (ctpu_is_null(x)) return x;
     if (!training || p == 0) return ctpu_contiguous(x);
     if (p == 1) return ctpu_mul_scalar(x, 0.0);
     int64_t s[CTPU_MAX_DIMS];
     int nd;
-    if (ctpu_shape(x, s, &nd) != CTPU_OK) return CTPU_NULL;
+    if (ctpu_shape(x, s, &nd) != CTPU_OK) return ctpu_error_handle();
     ctpu_scope_begin();
     ctpu_tensor u = ctpu_rand_uniform(CTPU_F32, nd, s, 0.0, 1.0);
     ctpu_tensor y = ctpu_mul_scalar(ctpu_mul(x, ctpu_ge_scalar(u, p)), 1.0 / (1.0 - p));
@@ -312,23 +322,23 @@ ctpu_status ctpu_labels_check(const int32_t *labels, int64_t n, int64_t num_clas
 
 ctpu_tensor ctpu_cross_entropy(ctpu_tensor logits, ctpu_tensor labels, const ctpu_ce_opts *opts)
 {
-    if (!ctpu__nn_ready("cross_entropy")) return CTPU_NULL;
+    if (!ctpu__nn_ready("cross_entropy")) return ctpu_error_handle();
     ctpu_ce_opts o = opts ? *opts : ctpu_ce_defaults();
-    if (ctpu_is_null(logits) || ctpu_is_null(labels)) return CTPU_NULL;
+    if (ctpu_is_null(logits) || ctpu_is_null(labels)) return ctpu_is_null(logits) ? logits : labels;
     if ((unsigned)o.reduction > CTPU_REDUCE_NONE || !(o.label_smoothing >= 0 && o.label_smoothing <= 1)) {
         ctpu_report_error(CTPU_ERR_INVALID_ARG, "cross_entropy: reduction=%d, label_smoothing=%g: need a ctpu_reduction and smoothing in [0, 1]",
                           (int)o.reduction, o.label_smoothing);
-        return CTPU_NULL;
+        return ctpu_error_handle();
     }
     char a[128], b[128];
     int nl = ctpu_ndim(logits), ny = ctpu_ndim(labels);
-    if (nl < 0 || ny < 0) return CTPU_NULL;
+    if (nl < 0 || ny < 0) return ctpu_error_handle();
     ctpu_dtype dl = ctpu_dtype_of(logits), dy = ctpu_dtype_of(labels);
     if (nl != 2 || ny != 1 || ctpu_dim(logits, 0) != ctpu_dim(labels, 0) || dl == CTPU_I32 || dy != CTPU_I32) {
         ctpu_report_error(nl != 2 || ny != 1 || ctpu_dim(logits, 0) != ctpu_dim(labels, 0) ? CTPU_ERR_SHAPE : CTPU_ERR_DTYPE,
                           "cross_entropy: logits is %s, labels is %s: need f32/bf16 logits [N, C] and i32 labels [N]",
                           ctpu__nn_fmt(logits, a, sizeof a), ctpu__nn_fmt(labels, b, sizeof b));
-        return CTPU_NULL;
+        return ctpu_error_handle();
     }
     int64_t N = ctpu_dim(logits, 0);
     int one = 1;
@@ -355,6 +365,13 @@ ctpu_tensor ctpu_cross_entropy(ctpu_tensor logits, ctpu_tensor labels, const ctp
 }
 
 /* pred and target of one shape, a valid reduction (mse, l1, smooth_l1, bce) */
+/* An error handle among a loss's two arguments is passed along unchanged. */
+#define PASS_ERROR(a, b)                                                                                      \
+    do {                                                                                                      \
+        if ((a).id != 0 && ctpu_is_null(a)) return (a);                                                       \
+        if ((b).id != 0 && ctpu_is_null(b)) return (b);                                                       \
+    } while (0)
+
 static bool pair_check(const char *op, ctpu_tensor pred, ctpu_tensor target, ctpu_reduction reduction, bool need_float)
 {
     if (ctpu_is_null(pred) || ctpu_is_null(target)) {
@@ -390,26 +407,28 @@ ctpu_nll_opts ctpu_nll_defaults(void) { return (ctpu_nll_opts){ CTPU_REDUCE_MEAN
 
 ctpu_tensor ctpu_nll_loss(ctpu_tensor input, ctpu_tensor target, const ctpu_nll_opts *opts)
 {
-    if (!ctpu__nn_ready("nll_loss")) return CTPU_NULL;
+    if (!ctpu__nn_ready("nll_loss")) return ctpu_error_handle();
     ctpu_nll_opts o = opts ? *opts : ctpu_nll_defaults();
+    if (input.id != 0 && ctpu_is_null(input)) return input;      /* an error handle: passed along */
+    if (target.id != 0 && ctpu_is_null(target)) return target;
     if (ctpu_is_null(input) || ctpu_is_null(target)) {
         ctpu_report_error(CTPU_ERR_NULL_HANDLE, "nll_loss: %s is a null handle", ctpu_is_null(input) ? "input" : "target");
-        return CTPU_NULL;
+        return ctpu_error_handle();
     }
     if ((unsigned)o.reduction > CTPU_REDUCE_NONE) {
         ctpu_report_error(CTPU_ERR_INVALID_ARG, "nll_loss: reduction=%d: need a ctpu_reduction", (int)o.reduction);
-        return CTPU_NULL;
+        return ctpu_error_handle();
     }
     char a[128], b[128];
     int nl = ctpu_ndim(input), ny = ctpu_ndim(target);
-    if (nl < 0 || ny < 0) { ctpu__nn_blame("nll_loss", nl < 0 ? "input" : "target"); return CTPU_NULL; }
+    if (nl < 0 || ny < 0) { ctpu__nn_blame("nll_loss", nl < 0 ? "input" : "target"); return ctpu_error_handle(); }
     ctpu_dtype dl = ctpu_dtype_of(input), dy = ctpu_dtype_of(target);
     bool shape_ok = nl == 2 && ny == 1 && ctpu_dim(input, 0) == ctpu_dim(target, 0);
     if (!shape_ok || dl == CTPU_I32 || dy != CTPU_I32) {
         ctpu_report_error(!shape_ok ? CTPU_ERR_SHAPE : CTPU_ERR_DTYPE,
                           "nll_loss: input is %s, target is %s: need f32/bf16 input [N, C] and i32 target [N]",
                           ctpu__nn_fmt(input, a, sizeof a), ctpu__nn_fmt(target, b, sizeof b));
-        return CTPU_NULL;
+        return ctpu_error_handle();
     }
     int64_t N = ctpu_dim(input, 0);
     ctpu_scope_begin();
@@ -423,7 +442,7 @@ ctpu_tensor ctpu_nll_loss(ctpu_tensor input, ctpu_tensor target, const ctpu_nll_
     if (o.reduction == CTPU_REDUCE_NONE) r = loss;
     else if (o.reduction == CTPU_REDUCE_SUM) r = ctpu_sum(loss, 0, NULL, false);
     else r = ctpu_div(ctpu_sum(loss, 0, NULL, false), ctpu_sum(valid, 0, NULL, false));
-    if (ctpu_is_null(r)) ctpu__nn_blame("nll_loss", NULL);
+    if (ctpu_is_null(r)) { ctpu__nn_blame("nll_loss", NULL); r = ctpu_error_handle(); }
     else r = ctpu_keep(r);
     ctpu_scope_end();
     return r;
@@ -431,8 +450,9 @@ ctpu_tensor ctpu_nll_loss(ctpu_tensor input, ctpu_tensor target, const ctpu_nll_
 
 ctpu_tensor ctpu_bce_with_logits(ctpu_tensor logits, ctpu_tensor target, ctpu_reduction reduction)
 {
-    if (!ctpu__nn_ready("bce_with_logits")) return CTPU_NULL;
-    if (!pair_check("bce_with_logits", logits, target, reduction, true)) return CTPU_NULL;
+    if (!ctpu__nn_ready("bce_with_logits")) return ctpu_error_handle();
+    PASS_ERROR(logits, target);
+    if (!pair_check("bce_with_logits", logits, target, reduction, true)) return ctpu_error_handle();
     ctpu_scope_begin();
     ctpu_tensor x = ctpu_dtype_of(logits) == CTPU_F32 ? logits : ctpu_cast(logits, CTPU_F32);
     ctpu_tensor y = ctpu_dtype_of(target) == CTPU_F32 ? target : ctpu_cast(target, CTPU_F32);
@@ -443,7 +463,7 @@ ctpu_tensor ctpu_bce_with_logits(ctpu_tensor logits, ctpu_tensor target, ctpu_re
     ctpu_tensor lse = ctpu_log(ctpu_add(ctpu_exp(ctpu_neg(m)), ctpu_exp(ctpu_sub(ctpu_neg(x), m))));
     ctpu_tensor l = ctpu_add(ctpu_add(ctpu_mul(ctpu_rsub_scalar(y, 1.0), x), m), lse);
     ctpu_tensor r = reduce_as(l, reduction);
-    if (ctpu_is_null(r)) ctpu__nn_blame("bce_with_logits", NULL);
+    if (ctpu_is_null(r)) { ctpu__nn_blame("bce_with_logits", NULL); r = ctpu_error_handle(); }
     else r = ctpu_keep(r);
     ctpu_scope_end();
     return r;
@@ -451,11 +471,12 @@ ctpu_tensor ctpu_bce_with_logits(ctpu_tensor logits, ctpu_tensor target, ctpu_re
 
 ctpu_tensor ctpu_l1_loss(ctpu_tensor pred, ctpu_tensor target, ctpu_reduction reduction)
 {
-    if (!ctpu__nn_ready("l1_loss")) return CTPU_NULL;
-    if (!pair_check("l1_loss", pred, target, reduction, false)) return CTPU_NULL;
+    if (!ctpu__nn_ready("l1_loss")) return ctpu_error_handle();
+    PASS_ERROR(pred, target);
+    if (!pair_check("l1_loss", pred, target, reduction, false)) return ctpu_error_handle();
     ctpu_scope_begin();
     ctpu_tensor r = reduce_as(ctpu_abs(ctpu_sub(pred, target)), reduction);
-    if (ctpu_is_null(r)) ctpu__nn_blame("l1_loss", NULL);
+    if (ctpu_is_null(r)) { ctpu__nn_blame("l1_loss", NULL); r = ctpu_error_handle(); }
     else r = ctpu_keep(r);
     ctpu_scope_end();
     return r;
@@ -463,11 +484,12 @@ ctpu_tensor ctpu_l1_loss(ctpu_tensor pred, ctpu_tensor target, ctpu_reduction re
 
 ctpu_tensor ctpu_smooth_l1_loss(ctpu_tensor pred, ctpu_tensor target, ctpu_reduction reduction, double beta)
 {
-    if (!ctpu__nn_ready("smooth_l1_loss")) return CTPU_NULL;
-    if (!pair_check("smooth_l1_loss", pred, target, reduction, false)) return CTPU_NULL;
+    if (!ctpu__nn_ready("smooth_l1_loss")) return ctpu_error_handle();
+    PASS_ERROR(pred, target);
+    if (!pair_check("smooth_l1_loss", pred, target, reduction, false)) return ctpu_error_handle();
     if (!(beta >= 0) || !isfinite(beta)) {
         ctpu_report_error(CTPU_ERR_INVALID_ARG, "smooth_l1_loss: beta=%g must be finite and >= 0", beta);
-        return CTPU_NULL;
+        return ctpu_error_handle();
     }
     if (beta == 0) return ctpu_l1_loss(pred, target, reduction);
     ctpu_scope_begin();
@@ -476,7 +498,7 @@ ctpu_tensor ctpu_smooth_l1_loss(ctpu_tensor pred, ctpu_tensor target, ctpu_reduc
     ctpu_tensor l = ctpu_where(ctpu_lt_scalar(ad, beta), ctpu_mul_scalar(ctpu_mul(d, d), 0.5 / beta),
                                ctpu_sub_scalar(ad, 0.5 * beta));
     ctpu_tensor r = reduce_as(l, reduction);
-    if (ctpu_is_null(r)) ctpu__nn_blame("smooth_l1_loss", NULL);
+    if (ctpu_is_null(r)) { ctpu__nn_blame("smooth_l1_loss", NULL); r = ctpu_error_handle(); }
     else r = ctpu_keep(r);
     ctpu_scope_end();
     return r;
@@ -484,18 +506,18 @@ ctpu_tensor ctpu_smooth_l1_loss(ctpu_tensor pred, ctpu_tensor target, ctpu_reduc
 
 ctpu_tensor ctpu_mse_loss(ctpu_tensor pred, ctpu_tensor target, ctpu_reduction reduction)
 {
-    if (!ctpu__nn_ready("mse_loss")) return CTPU_NULL;
-    if (ctpu_is_null(pred) || ctpu_is_null(target)) return CTPU_NULL;
+    if (!ctpu__nn_ready("mse_loss")) return ctpu_error_handle();
+    if (ctpu_is_null(pred) || ctpu_is_null(target)) return ctpu_is_null(pred) ? pred : target;
     int64_t s1[CTPU_MAX_DIMS], s2[CTPU_MAX_DIMS];
     int n1, n2;
-    if (ctpu_shape(pred, s1, &n1) != CTPU_OK || ctpu_shape(target, s2, &n2) != CTPU_OK) return CTPU_NULL;
+    if (ctpu_shape(pred, s1, &n1) != CTPU_OK || ctpu_shape(target, s2, &n2) != CTPU_OK) return ctpu_error_handle();
     bool same = n1 == n2 && memcmp(s1, s2, sizeof(int64_t) * (size_t)n1) == 0;
     if (!same || (unsigned)reduction > CTPU_REDUCE_NONE) {
         char a[128], b[128];
         ctpu_report_error(same ? CTPU_ERR_INVALID_ARG : CTPU_ERR_SHAPE,
                           "mse_loss: pred is %s, target is %s: %s", ctpu__nn_fmt(pred, a, sizeof a),
                           ctpu__nn_fmt(target, b, sizeof b), same ? "bad reduction" : "shapes must match");
-        return CTPU_NULL;
+        return ctpu_error_handle();
     }
     ctpu_scope_begin();
     ctpu_tensor d = ctpu_sub(pred, target);

@@ -14,6 +14,10 @@ bool ctpu__nn_ready(const char *op);
  * call and what it was making ("linear_init: weight: rand_uniform: ...")
  * unless it already starts with op; returns the last status. */
 ctpu_status ctpu__nn_blame(const char *op, const char *what);
+/* Why t (not a valid handle) cannot be used: "a null handle", "a released
+ * (stale) handle: ...", "the result of a failed call (from <cause>)"; *st the
+ * status to report. */
+const char *ctpu__nn_why(ctpu_tensor t, ctpu_status *st, char *buf, size_t len);
 /* "f32[2,3]" */
 const char *ctpu__nn_fmt(ctpu_tensor t, char *buf, size_t len);
 

@@ -62,9 +62,11 @@ static ctpu_optim *create(const char *op, int kind, int n_groups, const ctpu_par
         for (int i = 0; i < G->n; i++) {
             ctpu_tensor p = G->params[i];
             if (!ctpu_is_valid(p)) {
-                ctpu_report_error(ctpu_is_null(p) ? CTPU_ERR_NULL_HANDLE : CTPU_ERR_STALE_HANDLE,
-                                  n_groups > 1 ? "%s: groups[%d].params[%d] is a %s handle" : "%s: params[%.0d%d] is a %s handle",
-                                  op, n_groups > 1 ? g : 0, i, ctpu_is_null(p) ? "null" : "stale");
+                ctpu_status st;
+                char why[512];
+                ctpu__nn_why(p, &st, why, sizeof why);
+                ctpu_report_error(st, n_groups > 1 ? "%s: groups[%d].params[%d] is %s" : "%s: params[%.0d%d] is %s",
+                                  op, n_groups > 1 ? g : 0, i, why);
                 return NULL;
             }
             if (ctpu_dtype_of(p) == CTPU_I32) {
