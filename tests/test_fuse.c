@@ -4,6 +4,8 @@
 #include "t_core.h"
 #include "fuse/vm.h"
 
+#include <unistd.h>
+
 static int64_t C(const char *n) { return ctpu_metric_counter(n); }
 
 /* host copy of any tensor as f32 values (i32 and bf16 converted) */
@@ -815,6 +817,139 @@ START_TEST(op_tables_complete)
 }
 END_TEST
 
+/* ------------------------------------------------------------ recompile limit */
+/* stderr of fn() (captured in a file). */
+static char *stderr_of(void (*fn)(void *), void *arg)
+{
+    char path[] = "/tmp/ctpu_limit_XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fd, 2);
+    fn(arg);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    FILE *f = fdopen(fd, "r");
+    fseek(f, 0, SEEK_SET);
+    static char buf[4096];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    remove(path);
+    return buf;
+}
+
+/* A number of the metrics document's "cache" object. */
+static long json_cache_number(const char *name)
+{
+    char *doc = ctpu_metrics_json();
+    ck_assert_ptr_nonnull(doc);
+    char want[96];
+    snprintf(want, sizeof want, "\"%s\":", name);
+    const char *c = strstr(doc, "\"cache\":");
+    const char *p = c ? strstr(c, want) : NULL;
+    ck_assert_msg(p != NULL, "no cache.%s in the metrics document", name);
+    long v = strtol(p + strlen(want), NULL, 10);
+    free(doc);
+    return v;
+}
+
+/* rand_normal -> relu -> sum for n = first .. last rows; sums[n] the results. */
+typedef struct { int first, last; double sums[40]; } shapes_job;
+
+static void shapes_run(void *p)
+{
+    shapes_job *j = p;
+    ctpu_manual_seed(7);
+    for (int n = j->first; n <= j->last; n++) {
+        ctpu_step_begin();
+        ctpu_tensor s = ctpu_keep(ctpu_sum(ctpu_relu(ctpu_rand_normal(CTPU_F32, 2, (int64_t[]){ n, 3 }, 0, 1)), 0,
+                                           NULL, false));
+        ck_assert_int_eq(ctpu_step_end(), CTPU_OK);
+        ck_assert_int_eq(ctpu_item(s, &j->sums[n]), CTPU_OK);
+        ctpu_release(s);
+    }
+}
+
+START_TEST(recompile_limit_runs_op_by_op)
+{
+    shapes_job ref = { .first = 1, .last = 12 }, got = { .first = 1, .last = 12 };
+    ctpu_set_mode(CTPU_MODE_STRICT);
+    shapes_run(&ref);
+    ctpu_set_mode(CTPU_MODE_DEFER_FUSE);
+    int64_t c0 = C("programs_compiled");
+    const char *err = stderr_of(shapes_run, &got);
+    /* 8 shapes compiled, the 9th to 12th op by op, one warning */
+    ck_assert_msg(strcmp(err, "ctpu: warning: program 1 (rand_normal\u2192relu\u2192sum) passed "
+                              "TORCH_TPU_RECOMPILE_LIMIT=8: dim 0 varies: 7 -> 8 -> 9; running it op by op in "
+                              "strict eager\n") == 0, "stderr: %s", err);
+    ck_assert_int_eq(C("recompile_limit_fallbacks"), 4);
+    /* the strict run above compiled the one-op programs the fallback uses */
+    ck_assert_int_eq(C("programs_compiled") - c0, 8);
+    for (int n = 1; n <= 12; n++) ck_assert_msg(ref.sums[n] == got.sums[n], "n %d: %.9g vs %.9g", n, ref.sums[n], got.sums[n]);
+    ck_assert_int_eq(json_cache_number("recompile_limit_fallbacks"), 4);
+    /* a cached shape still hits; another new one falls back without a second warning */
+    shapes_job again = { .first = 3, .last = 3 }, more = { .first = 20, .last = 20 };
+    ck_assert_str_eq(stderr_of(shapes_run, &again), "");
+    ck_assert_str_eq(stderr_of(shapes_run, &more), "");
+    ck_assert_int_eq(C("recompile_limit_fallbacks"), 5);
+    /* cache-only: a miss stays an error, no fallback */
+    ck_assert_int_eq(ctpu_cache_set_only(true), CTPU_OK);
+    ctpu_step_begin();
+    ctpu_tensor s = ctpu_keep(ctpu_sum(ctpu_relu(ctpu_rand_normal(CTPU_F32, 2, (int64_t[]){ 21, 3 }, 0, 1)), 0, NULL,
+                                       false));
+    ck_assert_int_eq(ctpu_step_end(), CTPU_ERR_CACHE_MISS);
+    ctpu_release(s);
+    ck_assert_int_eq(C("recompile_limit_fallbacks"), 5);
+    ctpu_cache_set_only(false);
+}
+END_TEST
+
+/* TORCH_TPU_RECOMPILE_LIMIT=0: no limit. */
+START_TEST(recompile_limit_off)
+{
+    ctpu_shutdown();
+    t_clear_env();
+    setenv("TORCH_TPU_RECOMPILE_LIMIT", "0", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    ctpu_set_mode(CTPU_MODE_DEFER_FUSE);
+    shapes_job got = { .first = 1, .last = 12 };
+    ck_assert_str_eq(stderr_of(shapes_run, &got), "");
+    ck_assert_int_eq(C("recompile_limit_fallbacks"), 0);
+    unsetenv("TORCH_TPU_RECOMPILE_LIMIT");
+}
+END_TEST
+
+/* Strict eager's one-op table is a bounded LRU (CTPU_STRICT_CACHE_SIZE). */
+START_TEST(strict_table_bounded)
+{
+    ctpu_shutdown();
+    t_clear_env();
+    setenv("CTPU_STRICT_CACHE_SIZE", "4", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    for (int round = 0; round < 3; round++)
+        for (int n = 1; n <= 300; n++) {   /* past the 256 front slots: some programs reach the table again */
+            ctpu_tensor x = ctpu_full(CTPU_F32, 1, (int64_t[]){ n }, 0.5);
+            double v;
+            ck_assert_int_eq(ctpu_item(ctpu_sum(ctpu_exp(x), 0, NULL, false), &v), CTPU_OK);
+            ck_assert_msg(fabs(v - n * exp(0.5)) < 1e-3 * n, "n %d: %g", n, v);
+            ctpu_release(x);
+        }
+    ctpu_cache_stats st;
+    ctpu_cache_get_stats(ctpu__test_strict_cache(), &st);
+    ck_assert_uint_eq(st.entries, 4);
+    ck_assert_uint_eq(st.capacity, 4);
+    ck_assert_int_eq(C("strict_cache_entries"), 4);
+    ck_assert_int_ge(C("strict_cache_evictions"), 900 - 4);
+    ck_assert_int_eq(C("strict_cache_evictions"), (int64_t)st.evictions);
+    ck_assert_uint_le(st.orphans, 256 + 1);   /* this thread's front slots hold the rest */
+    ck_assert_int_eq(json_cache_number("strict_cache_entries"), 4);
+    unsetenv("CTPU_STRICT_CACHE_SIZE");
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("fuse");
@@ -843,6 +978,9 @@ static Suite *suite(void)
     tcase_add_test(c, forced_hash_collisions_still_correct);
     tcase_add_test(c, too_big_value_refused_at_record);
     tcase_add_test(c, allocation_waits_for_queued_work);
+    tcase_add_test(c, recompile_limit_runs_op_by_op);
+    tcase_add_test(c, recompile_limit_off);
+    tcase_add_test(c, strict_table_bounded);
     suite_add_tcase(s, c);
     TCase *m = tcase_create("memory");
     tcase_add_checked_fixture(m, t_setup, t_teardown);

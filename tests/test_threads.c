@@ -172,6 +172,54 @@ START_TEST(handle_churn)
 }
 END_TEST
 
+/* Strict eager's one-op table as a tiny LRU (CTPU_STRICT_CACHE_SIZE=2)
+ * under four threads with shapes of their own and shared ones: a program
+ * one thread found (its front slot, or between lookup and submit) may be
+ * evicted by another thread's insert at any moment, and must stay alive
+ * until it is submitted and run (ThreadSanitizer and ASan watch). Defer and
+ * fuse threads with a 2-entry fused cache evict their programs the same way. */
+static void *lru_churn(void *p)
+{
+    int id = (int)(intptr_t)p;
+    if (id >= 4) ctpu_set_thread_mode(CTPU_MODE_DEFER_FUSE);
+    for (int k = 0; k < 400; k++) {
+        int64_t n = 1 + (k * 7 + id * 13) % 37;       /* 37 shapes, threads overlapping */
+        ctpu_scope_begin();
+        ctpu_tensor t = ctpu_full(CTPU_F32, 1, &n, 1.0 + id);
+        double v;
+        if (ctpu_item(ctpu_sum(ctpu_mul_scalar(ctpu_exp(t), 0.5), 0, NULL, false), &v) != CTPU_OK) return (void *)1;
+        double want = (double)n * 0.5 * exp(1.0 + id);
+        if (fabs(v - want) > 1e-5 * want) return (void *)2;
+        ctpu_scope_end();
+    }
+    ctpu_clear_thread_mode();
+    return NULL;
+}
+
+START_TEST(bounded_tables_under_threads)
+{
+    ctpu_shutdown();
+    t_clear_env();
+    setenv("CTPU_STRICT_CACHE_SIZE", "2", 1);
+    setenv("TORCH_TPU_CACHE_SIZE", "2", 1);
+    setenv("TORCH_TPU_RECOMPILE_LIMIT", "0", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    pthread_t th[6];
+    for (int k = 0; k < 6; k++) ck_assert_int_eq(pthread_create(&th[k], NULL, lru_churn, (void *)(intptr_t)k), 0);
+    for (int k = 0; k < 6; k++) {
+        void *rv;
+        pthread_join(th[k], &rv);
+        ck_assert_msg(rv == NULL, "thread %d: %s (%d)", k, ctpu_last_error(), (int)(intptr_t)rv);
+    }
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    ck_assert_int_gt(ctpu_metric_counter("strict_cache_evictions"), 100);
+    ck_assert_int_gt(ctpu_metric_counter("cache_evictions"), 100);
+    unsetenv("CTPU_STRICT_CACHE_SIZE");
+    unsetenv("TORCH_TPU_CACHE_SIZE");
+    unsetenv("TORCH_TPU_RECOMPILE_LIMIT");
+}
+END_TEST
+
 /* A thread's state belongs to one runtime: what a thread left open (a
  * scope, a no-grad region, a mode override, a host-read label, a trace
  * holding input buffers) is gone after shutdown and init, while its last
@@ -310,7 +358,9 @@ static void *second_miss(void *p)
     wait_stage(&j->stage, 1);
     atomic_store(&j->stage, 2);
     char err[256];
-    j->second = ctpu_cache_get(j->c, j->key, j->len, j->t, &j->second_hit, NULL, err, sizeof err);
+    ctpu_cache_result res;
+    j->second = ctpu_cache_get(j->c, j->key, j->len, j->t, &res, err, sizeof err);
+    j->second_hit = res.hit;
     j->second_after_done = atomic_load(&j->done) == 1;
     return j->second ? NULL : (void *)1;
 }
@@ -322,7 +372,7 @@ static void same_key_run(bool abandon, ctpu_cache_stats *st, same_key_job *j)
     int32_t out = 1;
     ctpu_trace t = { .n_inputs = 1, .n_nodes = 1, .n_outputs = 1, .in_type = &x, .nodes = &n, .outputs = &out };
     memset(j, 0, sizeof *j);
-    j->c = ctpu_cache_create(0);
+    j->c = ctpu_cache_create(0, 0);
     ck_assert_ptr_nonnull(j->c);
     j->t = &t;
     j->abandon = abandon;
@@ -378,6 +428,7 @@ int main(void)
     tcase_set_timeout(t, 300);
     tcase_add_test(t, threads_with_own_modes);
     tcase_add_test(t, handle_churn);
+    tcase_add_test(t, bounded_tables_under_threads);
     tcase_add_test(t, thread_state_per_runtime);
     tcase_add_test(t, same_key_compiled_once);
     tcase_add_test(t, same_key_given_up_compiled_by_the_waiter);

@@ -24,6 +24,9 @@
     X(STRICT_CACHE_REQUESTS, "strict_cache_requests") \
     X(STRICT_CACHE_HITS,   "strict_cache_hits") \
     X(STRICT_CACHE_MISSES, "strict_cache_misses") \
+    X(STRICT_CACHE_ENTRIES, "strict_cache_entries") \
+    X(STRICT_CACHE_EVICTIONS, "strict_cache_evictions") \
+    X(RECOMPILE_LIMIT_FALLBACKS, "recompile_limit_fallbacks") \
     X(SYNCS,               "syncs") \
     X(HOST_READS,          "host_reads") \
     X(COMMANDS_EXECUTED,   "commands_executed") \

@@ -315,6 +315,7 @@ typedef struct {
     ctpu_buffer **outb;            /* [plan->n_out] output buffers (our refs) */
     size_t *outo;
     ctpu_buffer *scratch;
+    bool op_by_op;                 /* past the recompile limit: run through strict eager, node by node */
     uint64_t step;                 /* marked steps at the cut */
     char err[384];
 } flush_ctx;
@@ -396,6 +397,14 @@ static bool compile_miss(flush_ctx *f, ctpu_cache_pending *miss, const ctpu_cach
         snprintf(f->err, sizeof f->err, "out of host memory finalising the trace");
         return false;
     }
+    bool first = false;
+    char lim[320];
+    if (!ctpu_cache_shape_allowed(cache, miss, &fin->t, &first, lim, sizeof lim)) {
+        ctpu_cache_abandon(cache, miss);
+        if (first) fprintf(stderr, "ctpu: warning: %s; running it op by op in strict eager\n", lim);
+        f->op_by_op = true;
+        return true;
+    }
     ctpu_program *p = ctpu_fuse_compile(&fin->t, f->err, sizeof f->err);
     if (!p) {
         ctpu_cache_abandon(cache, miss);
@@ -457,6 +466,10 @@ static ctpu_status lookup_or_compile(flush_ctx *f)
     ctpu__report_cut(f->why, have_fin ? &fin.t : NULL, &f->res, f->prog);   /* report.c: programs, cuts, trace */
     if (have_fin) ctpu_trace_final_free(&fin);
     count_lookup(f);
+    if (f->op_by_op) {
+        ctpu_counter_add(&rt->metrics, CTPU_CTR_RECOMPILE_LIMIT_FALLBACKS, 1);
+        return CTPU_OK;
+    }
     if (!f->prog) {
         char msg[520], diff[200] = "";
         if (f->res.refused && ctpu_trace_finalize(t_df.rec, f->reqs, f->nreq, 0, (uint8_t)f->dbg, &fin)) {
@@ -552,6 +565,7 @@ static ctpu_status bind_buffers(flush_ctx *f)
         char msg[512];
         snprintf(msg, sizeof msg, "fused program %llu: %s", (unsigned long long)f->res.program_id,
                  f->err[0] ? f->err : "out of host memory");
+        ctpu_cache_release(f->rt->fused_cache, f->prog);
         return flush_fail(st, msg, f->reqs, f->rrec);
     }
     for (int k = 0; k < nin; k++) { cmd->buf[k] = ib[pl->in_src[k]]; cmd->off[k] = io[pl->in_src[k]]; }
@@ -568,9 +582,14 @@ static void publish(flush_ctx *f)
 {
     ctpu_runtime *rt = f->rt;
     ctpu_metrics *m = &rt->metrics;
-    ctpu_device_submit(rt->dev, &f->cmd);     /* the command owns heap arrays now */
-    ctpu_counter_add(m, CTPU_CTR_PROGRAMS_LAUNCHED, 1);
-    ctpu_counter_add(m, CTPU_CTR_FUSED_STEPS, f->prog->prog.n_steps);
+    if (!f->op_by_op) {
+        uint64_t seq = ctpu_device_submit(rt->dev, &f->cmd);   /* the command owns heap arrays now */
+        ctpu_program_note_submit(f->prog, seq);
+        ctpu_counter_add(m, CTPU_CTR_PROGRAMS_LAUNCHED, 1);
+        ctpu_counter_add(m, CTPU_CTR_FUSED_STEPS, f->prog->prog.n_steps);
+        ctpu_cache_release(rt->fused_cache, f->prog);   /* the command runs it; the cache may evict it now */
+        f->prog = NULL;
+    }
     t_df.n_made = 0;
     t_df.last_program = f->res.program_id;
     t_df.last_step = f->step;
@@ -616,12 +635,130 @@ static void publish(flush_ctx *f)
     }
     /* our own refs: the command and the handles hold theirs */
     for (int j = 0; j < f->plan->n_out; j++) ctpu_buffer_release(rt->dev, f->outb[j]);
+    f->plan = NULL;
     if (f->scratch) ctpu_buffer_release(rt->dev, f->scratch);
     free(f->outb);
     free(f->outo);
     free(f->reqs);
     free(f->rrec);
     reset_trace();
+}
+
+/* ------------------------------------------------------------ past the recompile limit */
+/* The recorded trace, node by node, through strict eager's program table
+ * (ctpu__strict_launch): only the nodes a live-out needs, each value's
+ * buffer released after its last read; the same kernels, so the same bits.
+ * Then publish gives the live handles their buffers (a one-to-one plan). */
+typedef struct {
+    ctpu_buffer **buf;             /* [n] node outputs (our refs), NULL: not computed or released */
+    int *last;                     /* [n] the last node reading it, or n: a live-out */
+    bool *need;                    /* [n] */
+    int32_t *req_out;              /* [nreq] identity: request q is output q */
+    ctpu_launch_plan plan;
+} obo_ctx;
+
+static void obo_free(obo_ctx *o, int n, ctpu_device *dev)
+{
+    for (int i = 0; o->buf && i < n; i++)
+        if (o->buf[i]) ctpu_buffer_release(dev, o->buf[i]);
+    free(o->buf);
+    free(o->last);
+    free(o->need);
+    free(o->req_out);
+}
+
+/* need[] (a live-out reads it, directly or not) and last[] (its last reader). */
+static void obo_plan(flush_ctx *f, obo_ctx *o, int n)
+{
+    for (int q = 0; q < f->nreq; q++)
+        if (f->reqs[q].v >= 0) { o->need[f->reqs[q].v] = true; o->last[f->reqs[q].v] = n; }
+    for (int i = n - 1; i >= 0; i--) {
+        const double *sc;
+        const ctpu_node *nd = ctpu_trace_rec_node_at(t_df.rec, i, &sc);
+        if (!o->need[i]) continue;
+        for (int k = 0; k < nd->n_in; k++) {
+            int v = nd->in[k];
+            if (v < 0) continue;
+            o->need[v] = true;
+            if (o->last[v] < i) o->last[v] = i;
+        }
+    }
+}
+
+/* Run node i: its inputs from the recorded inputs or earlier nodes. */
+static ctpu_status obo_node(flush_ctx *f, obo_ctx *o, int i)
+{
+    ctpu_buffer *const *ib;
+    const size_t *io;
+    const ctpu_vtype *it;
+    ctpu_trace_rec_inputs(t_df.rec, &ib, &io, &it);
+    const double *sc, *vs;
+    ctpu_node nd = *ctpu_trace_rec_node_at(t_df.rec, i, &sc);
+    ctpu_vtype ty[CTPU_NODE_MAX_IN];
+    ctpu_buffer *bf[CTPU_NODE_MAX_IN];
+    size_t of[CTPU_NODE_MAX_IN];
+    for (int k = 0; k < nd.n_in; k++) {
+        int v = nd.in[k];
+        if (v < 0) { ty[k] = it[-v - 1]; bf[k] = ib[-v - 1]; of[k] = io[-v - 1]; }
+        else { ty[k] = ctpu_trace_rec_node_at(t_df.rec, v, &vs)->out; bf[k] = o->buf[v]; of[k] = 0; }
+    }
+    char e[256];
+    size_t bytes = (size_t)ctpu_vtype_numel(&nd.out) * ctpu_kdt_size(nd.out.dtype);
+    o->buf[i] = ctpu_buffer_alloc(f->rt->dev, bytes, e, sizeof e);
+    if (!o->buf[i]) {
+        char tb[96];
+        ctpu_set_error(CTPU_ERR_OOM, "%s: output %s: %s", ctpu_op_name(nd.op), ctpu_fmt_type(&nd.out, tb, sizeof tb), e);
+        return CTPU_ERR_OOM;
+    }
+    ctpu_status st = ctpu__strict_launch(&nd, ty, bf, of, sc, o->buf[i], 0);
+    if (st != CTPU_OK) return st;
+    const ctpu_node *rn = ctpu_trace_rec_node_at(t_df.rec, i, &sc);
+    for (int k = 0; k < rn->n_in; k++) {
+        int v = rn->in[k];
+        if (v >= 0 && o->last[v] == i && o->buf[v]) {
+            ctpu_buffer_release(f->rt->dev, o->buf[v]);
+            o->buf[v] = NULL;
+        }
+    }
+    return CTPU_OK;
+}
+
+static ctpu_status run_op_by_op(flush_ctx *f)
+{
+    int n = ctpu_trace_rec_nodes(t_df.rec);
+    obo_ctx o = { .buf = calloc((size_t)n + 1, sizeof *o.buf), .last = calloc((size_t)n + 1, sizeof *o.last),
+                  .need = calloc((size_t)n + 1, sizeof *o.need),
+                  .req_out = malloc(sizeof *o.req_out * ((size_t)f->nreq + 1)) };
+    f->outb = calloc((size_t)f->nreq + 1, sizeof *f->outb);
+    f->outo = calloc((size_t)f->nreq + 1, sizeof *f->outo);
+    ctpu_status st = o.buf && o.last && o.need && o.req_out && f->outb && f->outo ? CTPU_OK : CTPU_ERR_OOM;
+    if (st == CTPU_ERR_OOM) ctpu_set_error(st, "mark_step: out of host memory running a trace op by op");
+    if (st == CTPU_OK) obo_plan(f, &o, n);
+    for (int i = 0; st == CTPU_OK && i < n; i++)
+        if (o.need[i]) st = obo_node(f, &o, i);
+    if (st != CTPU_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", ctpu_last_error());
+        obo_free(&o, n, f->rt->dev);
+        free(f->outb);
+        free(f->outo);
+        return flush_fail(st, msg, f->reqs, f->rrec);
+    }
+    ctpu_buffer *const *ib;
+    const size_t *io;
+    ctpu_trace_rec_inputs(t_df.rec, &ib, &io, NULL);
+    for (int q = 0; q < f->nreq; q++) {
+        int v = f->reqs[q].v;
+        f->outb[q] = v < 0 ? ib[-v - 1] : o.buf[v];
+        f->outo[q] = v < 0 ? io[-v - 1] : 0;
+        ctpu_buffer_retain(f->outb[q]);     /* publish lets go of one per output */
+        o.req_out[q] = q;
+    }
+    o.plan = (ctpu_launch_plan){ .n_out = f->nreq, .n_req = f->nreq, .req_out = o.req_out };
+    f->plan = &o.plan;
+    publish(f);
+    obo_free(&o, n, f->rt->dev);
+    return CTPU_OK;
 }
 
 ctpu_status ctpu__defer_flush(ctpu_cut_reason why)
@@ -642,6 +779,7 @@ ctpu_status ctpu__defer_flush(ctpu_cut_reason why)
         return CTPU_OK;
     }
     ctpu_status st = lookup_or_compile(&f);
+    if (st == CTPU_OK && f.op_by_op) return run_op_by_op(&f);   /* it publishes */
     if (st == CTPU_OK) st = bind_buffers(&f);
     if (st == CTPU_OK) publish(&f);
     return st;

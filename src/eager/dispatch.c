@@ -11,9 +11,13 @@
 
 /* ------------------------------------------------------------ the path */
 /* A per-thread front for the strict program table: a direct-mapped cache of
- * key -> program (strict programs are never evicted while the runtime
- * lives), so a repeated op takes no lock. Full key compare on hit. It is a
- * part of the thread's state (eager.h), allocated at its first strict op. */
+ * key -> program, so a repeated op takes no lock. Full key compare on hit.
+ * Each slot holds a reference on its program: the table may evict it (a
+ * bounded LRU, CTPU_STRICT_CACHE_SIZE) while this thread still runs it
+ * from here; it is freed once no slot, caller or queued command uses it
+ * (fuse.h). So at most TPC_SLOTS evicted programs per thread stay alive.
+ * It is a part of the thread's state (eager.h), allocated at its first
+ * strict op. */
 #define TPC_SLOTS 256
 typedef struct {
     uint64_t h;
@@ -25,31 +29,43 @@ struct ctpu_strict_front {
     tpc_slot slot[TPC_SLOTS];
 };
 
-void ctpu__strict_front_free(struct ctpu_strict_front *f)
+void ctpu__strict_front_free(struct ctpu_strict_front *f, ctpu_cache *c)
 {
     if (!f) return;
-    for (int i = 0; i < TPC_SLOTS; i++) free(f->slot[i].key);
+    for (int i = 0; i < TPC_SLOTS; i++) {
+        free(f->slot[i].key);
+        if (c && f->slot[i].p) ctpu_cache_release(c, f->slot[i].p);
+    }
     free(f);
 }
 
-static ctpu_program *strict_program(const uint8_t *key, size_t klen, const ctpu_trace *tr, bool *hit,
-                                    int *collisions, char *err, size_t errlen)
+/* The program of a strict key; *owned: the caller holds a reference to let
+ * go of after its submit (false: this thread's front slot holds it). */
+static ctpu_program *strict_program(const uint8_t *key, size_t klen, const ctpu_trace *tr, ctpu_cache_result *res,
+                                    bool *owned, char *err, size_t errlen)
 {
     uint64_t h = ctpu_key_hash(key, klen);
     ctpu_thread_state *ts = ctpu_ts();
     struct ctpu_strict_front *f = ts ? ts->strict_front : NULL;
     if (ts && !f) f = ts->strict_front = calloc(1, sizeof *f);
     tpc_slot *s = f ? &f->slot[h & (TPC_SLOTS - 1)] : NULL;
+    *owned = false;
     if (s && s->p && s->h == h && s->len == klen && memcmp(s->key, key, klen) == 0) {
-        *hit = true;
+        res->hit = true;
+        res->collisions = res->evicted = 0;
         return s->p;
     }
-    ctpu_program *p = ctpu_cache_get(ctpu_rt->strict_cache, key, klen, tr, hit, collisions, err, errlen);
+    ctpu_cache *cache = ctpu_rt->strict_cache;
+    ctpu_program *p = ctpu_cache_get(cache, key, klen, tr, res, err, errlen);
+    *owned = p != NULL;
     if (p && s) {
         uint8_t *k = realloc(s->key, klen);
         if (k) {
             memcpy(k, key, klen);
-            *s = (tpc_slot){ h, p, k, klen };
+            ctpu_program *old = s->p;
+            *s = (tpc_slot){ h, p, k, klen };   /* our reference is the slot's now */
+            *owned = false;
+            if (old) ctpu_cache_release(cache, old);
         }
     }
     return p;
@@ -90,34 +106,29 @@ static size_t strict_key(const ctpu_trace *tr, uint8_t *key, size_t cap)
     return (size_t)(p - key);
 }
 
-static ctpu_status launch(ctpu_node *node, ctpu_trec *const *inputs, const double *scalars,
-                          ctpu_buffer *out, size_t out_off)
+ctpu_status ctpu__strict_launch(ctpu_node *node, const ctpu_vtype *in_type, ctpu_buffer *const *in_buf,
+                                const size_t *in_off, const double *scalars, ctpu_buffer *out, size_t out_off)
 {
     ctpu_runtime *rt = ctpu_rt;
     const char *opn = ctpu_op_name(node->op);
     int n_in = node->n_in;
-    ctpu_vtype in_type[CTPU_NODE_MAX_IN];
-    for (int i = 0; i < n_in; i++) {
-        /* a value still pending in this thread's trace (the mode changed) */
-        if (!ctpu__materialize(inputs[i], opn, CTPU_CUT_MODE)) return ctpu_last_status();
-        in_type[i] = inputs[i]->type;
-        node->in[i] = i;
-    }
+    for (int i = 0; i < n_in; i++) node->in[i] = i;
     int32_t outv = n_in;
     bool dbg = ctpu_debug_checks_now();
     ctpu_trace tr = {
-        .n_inputs = n_in, .n_nodes = 1, .n_outputs = 1, .in_type = in_type, .nodes = node,
+        .n_inputs = n_in, .n_nodes = 1, .n_outputs = 1, .in_type = (ctpu_vtype *)in_type, .nodes = node,
         .outputs = &outv, .n_scalars = node->n_scalars,
         .precision = (uint8_t)rt->precision, .debug_checks = 0,
     };
     uint8_t key[4096];
     size_t klen = strict_key(&tr, key, sizeof key);
     char err[256];
-    bool hit = false;
-    int collisions = 0;
-    ctpu_program *prog = klen ? strict_program(key, klen, &tr, &hit, &collisions, err, sizeof err) : NULL;
+    ctpu_cache_result res = { 0 };
+    bool owned = false;
+    ctpu_program *prog = klen ? strict_program(key, klen, &tr, &res, &owned, err, sizeof err) : NULL;
+    bool hit = res.hit;
     ctpu_counter_add(&rt->metrics, CTPU_CTR_STRICT_CACHE_REQUESTS, 1);
-    if (collisions) ctpu_counter_add(&rt->metrics, CTPU_CTR_CACHE_COLLISIONS, collisions);
+    if (res.collisions) ctpu_counter_add(&rt->metrics, CTPU_CTR_CACHE_COLLISIONS, res.collisions);
     if (!prog) {
         ctpu_set_error(CTPU_ERR_STATE, "%s: %s", opn, klen ? err : "trace key too long");
         return CTPU_ERR_STATE;
@@ -127,6 +138,8 @@ static ctpu_status launch(ctpu_node *node, ctpu_trec *const *inputs, const doubl
     } else {
         ctpu_counter_add(&rt->metrics, CTPU_CTR_STRICT_CACHE_MISSES, 1);
         ctpu_counter_add(&rt->metrics, CTPU_CTR_PROGRAMS_COMPILED, 1);
+        ctpu_counter_add(&rt->metrics, CTPU_CTR_STRICT_CACHE_ENTRIES, 1 - res.evicted);
+        if (res.evicted) ctpu_counter_add(&rt->metrics, CTPU_CTR_STRICT_CACHE_EVICTIONS, res.evicted);
         ctpu_timer_add(&rt->metrics, CTPU_TMR_COMPILE_TIME, prog->compile_ns);
     }
     ctpu__report_op(node, hit, prog);   /* report.c: cost estimate, trace */
@@ -142,13 +155,14 @@ static ctpu_status launch(ctpu_node *node, ctpu_trec *const *inputs, const doubl
         if (!cmd.buf || !cmd.off) {
             free(cmd.buf);
             free(cmd.off);
+            if (owned) ctpu_cache_release(rt->strict_cache, prog);
             ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory", opn);
             return CTPU_ERR_OOM;
         }
     }
     for (int i = 0; i < n_in; i++) {
-        cmd.buf[i] = inputs[i]->buf;
-        cmd.off[i] = inputs[i]->off;
+        cmd.buf[i] = in_buf[i];
+        cmd.off[i] = in_off[i];
     }
     cmd.buf[n_in] = out;
     cmd.off[n_in] = out_off;
@@ -157,6 +171,8 @@ static ctpu_status launch(ctpu_node *node, ctpu_trec *const *inputs, const doubl
     cmd.debug_checks = dbg;
     cmd.program_id = 0;
     uint64_t seq = ctpu_device_submit(rt->dev, &cmd);
+    ctpu_program_note_submit(prog, seq);
+    if (owned) ctpu_cache_release(rt->strict_cache, prog);
     ctpu_counter_add(&rt->metrics, CTPU_CTR_OPS_DISPATCHED, 1);
     if (ctpu_mode_now() == CTPU_MODE_DEBUG) {
         ctpu_device_wait(rt->dev, seq);
@@ -169,6 +185,23 @@ static ctpu_status launch(ctpu_node *node, ctpu_trec *const *inputs, const doubl
         }
     }
     return CTPU_OK;
+}
+
+static ctpu_status launch(ctpu_node *node, ctpu_trec *const *inputs, const double *scalars,
+                          ctpu_buffer *out, size_t out_off)
+{
+    const char *opn = ctpu_op_name(node->op);
+    ctpu_vtype in_type[CTPU_NODE_MAX_IN];
+    ctpu_buffer *in_buf[CTPU_NODE_MAX_IN];
+    size_t in_off[CTPU_NODE_MAX_IN];
+    for (int i = 0; i < node->n_in; i++) {
+        /* a value still pending in this thread's trace (the mode changed) */
+        if (!ctpu__materialize(inputs[i], opn, CTPU_CUT_MODE)) return ctpu_last_status();
+        in_type[i] = inputs[i]->type;
+        in_buf[i] = inputs[i]->buf;
+        in_off[i] = inputs[i]->off;
+    }
+    return ctpu__strict_launch(node, in_type, in_buf, in_off, scalars, out, out_off);
 }
 
 ctpu_status ctpu_dispatch_into(ctpu_node *node, ctpu_trec *const *inputs, const double *scalars,

@@ -29,6 +29,8 @@ typedef struct ctpu_runtime {
     ctpu_isa isa;
     int nthreads;
     size_t cache_size;
+    size_t strict_cache_size;        /* CTPU_STRICT_CACHE_SIZE */
+    size_t recompile_limit;          /* TORCH_TPU_RECOMPILE_LIMIT, 0 = none */
     long cache_only_after;           /* -1 unset */
     ctpu_price_plan price_plan;      /* TORCH_TPU_PRICE_PLAN */
     size_t trace_events;             /* TORCH_TPU_TRACE_EVENTS */
@@ -158,8 +160,9 @@ static inline ctpu_thread_state *ctpu_ts_current(void)
 /* Drop the calling thread's runtime-bound parts while the runtime still
  * lives (ctpu_shutdown: its unfinished trace releases its input buffers). */
 void ctpu__ts_drop_runtime(void);
-/* dispatch.c: free a strict front table. */
-void ctpu__strict_front_free(struct ctpu_strict_front *f);
+/* dispatch.c: free a strict front table; c: the live runtime's strict
+ * table, whose programs it lets go of (NULL: that runtime is gone). */
+void ctpu__strict_front_free(struct ctpu_strict_front *f, ctpu_cache *c);
 
 /* ------------------------------------------------------------ records */
 #define CTPU_SLOTS_PER_PAGE 4096u
@@ -278,6 +281,13 @@ int ctpu__ag_rule_kind(int op);
  * no handle, no autograd). Returns the status (the error set). */
 ctpu_status ctpu_dispatch_into(ctpu_node *node, ctpu_trec *const *inputs, const double *scalars,
                                ctpu_buffer *out, size_t out_off);
+
+/* Strict eager's path for one node on device buffers (dispatch.c): the
+ * one-op program table, then the stream (in debug eager, wait and report a
+ * device fault here). node->in[] is overwritten. Defer and fuse runs a
+ * trace past the recompile limit through it, op by op. */
+ctpu_status ctpu__strict_launch(ctpu_node *node, const ctpu_vtype *in_type, ctpu_buffer *const *in_buf,
+                                const size_t *in_off, const double *scalars, ctpu_buffer *out, size_t out_off);
 
 /* ------------------------------------------------------------ defer and fuse (defer.c) */
 typedef enum {

@@ -28,6 +28,12 @@
     X(TORCH_TPU_CACHE_SIZE, ENTRIES, "1024",                                                                        \
       "fused-program cache capacity (entries); LRU beyond it. Strict eager's one-node programs have their own "     \
       "table and never evict fused programs")                                                                      \
+    X(TORCH_TPU_RECOMPILE_LIMIT, LIMIT, "8",                                                                        \
+      "distinct shapes one program structure (the key without extents) compiles for, evicted ones included "        \
+      "(torch.compile's cache size limit); a trace of that structure in a new shape then runs op by op in strict "  \
+      "eager, with one warning. `0`: no limit")                                                                    \
+    X(CTPU_STRICT_CACHE_SIZE, ENTRIES, "4096",                                                                      \
+      "strict eager's one-op program table capacity (entries, about 10 KiB each); LRU beyond it")                  \
     X(TORCH_TPU_CACHE_ONLY, STEPS, "unset",                                                                         \
       "`N`: after N marked steps, a fused-cache miss is an error (as `ctpu_cache_set_only(true)` does from the "    \
       "moment it is called)")                                                                                      \

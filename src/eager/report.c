@@ -579,6 +579,13 @@ static void cache_json(cJSON *doc, ctpu_runtime *rt, const ctpu_cache_stats *st,
     cJSON_AddNumberToObject(c, "strict_requests", ctr(m, CTPU_CTR_STRICT_CACHE_REQUESTS));
     cJSON_AddNumberToObject(c, "strict_hits", ctr(m, CTPU_CTR_STRICT_CACHE_HITS));
     cJSON_AddNumberToObject(c, "strict_misses", ctr(m, CTPU_CTR_STRICT_CACHE_MISSES));
+    ctpu_cache_stats ss;
+    ctpu_cache_get_stats(rt->strict_cache, &ss);
+    cJSON_AddNumberToObject(c, "strict_cache_entries", (double)ss.entries);
+    cJSON_AddNumberToObject(c, "strict_cache_capacity", (double)ss.capacity);
+    cJSON_AddNumberToObject(c, "strict_cache_evictions", ctr(m, CTPU_CTR_STRICT_CACHE_EVICTIONS));
+    cJSON_AddNumberToObject(c, "recompile_limit", (double)rt->recompile_limit);
+    cJSON_AddNumberToObject(c, "recompile_limit_fallbacks", ctr(m, CTPU_CTR_RECOMPILE_LIMIT_FALLBACKS));
     cJSON_AddNumberToObject(c, "steps", (double)hist->steps);
     cJSON_AddNumberToObject(c, "warmup_steps", (double)hist->warmup_steps);
     cJSON_AddNumberToObject(c, "compile_steps", (double)hist->compile_steps);
@@ -831,6 +838,10 @@ void ctpu_metrics_clear(void)
 {
     if (!ctpu_rt) return;
     ctpu_metrics_reset(&ctpu_rt->metrics);
+    /* a gauge, not a count of events: the table keeps its entries */
+    ctpu_cache_stats ss;
+    ctpu_cache_get_stats(ctpu_rt->strict_cache, &ss);
+    ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_STRICT_CACHE_ENTRIES, (long long)ss.entries);
     pthread_mutex_lock(&ctpu_rt->report->mu);
     totals_clear(ctpu_rt->report);
     pthread_mutex_unlock(&ctpu_rt->report->mu);

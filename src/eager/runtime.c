@@ -28,11 +28,13 @@ static pthread_once_t ts_once = PTHREAD_ONCE_INIT;
 static pthread_key_t ts_key;
 static bool ts_key_ok;
 
-/* Drop the runtime-bound parts of s; dev is the device of the runtime they
- * belong to while it lives (an unfinished trace gives its input buffers
- * back), NULL when that runtime is gone (its buffers went with it). */
-static void ts_drop(ctpu_thread_state *s, ctpu_device *dev)
+/* Drop the runtime-bound parts of s; rt is the runtime they belong to
+ * while it lives (an unfinished trace gives its input buffers back, the
+ * strict front its program references), NULL when that runtime is gone
+ * (its buffers and programs went with it). */
+static void ts_drop(ctpu_thread_state *s, const ctpu_runtime *rt)
 {
+    ctpu_device *dev = rt ? rt->dev : NULL;
     for (int i = 0; i < CTPU_MAX_SCOPES; i++) free(s->scopes[i].items);
     memset(s->scopes, 0, sizeof s->scopes);
     s->scope_depth = 0;
@@ -40,7 +42,7 @@ static void ts_drop(ctpu_thread_state *s, ctpu_device *dev)
     free(s->df.holders);
     free(s->df.made);
     memset(&s->df, 0, sizeof s->df);
-    ctpu__strict_front_free(s->strict_front);
+    ctpu__strict_front_free(s->strict_front, rt ? rt->strict_cache : NULL);
     s->strict_front = NULL;
     s->no_grad = 0;
     s->mode_override = -1;
@@ -53,7 +55,7 @@ static void ts_thread_exit(void *p)
 {
     ctpu_thread_state *s = p;
     ctpu_runtime *rt = ctpu_rt;
-    ts_drop(s, rt && s->epoch == rt->epoch ? rt->dev : NULL);
+    ts_drop(s, rt && s->epoch == rt->epoch ? rt : NULL);
     free(s);
     ctpu__ts = (ctpu_thread_state *)&ts_none;
 }
@@ -88,7 +90,7 @@ ctpu_thread_state *ctpu__ts_bind(void)
 void ctpu__ts_drop_runtime(void)
 {
     ctpu_thread_state *s = ctpu_ts_current();
-    if (s) ts_drop(s, ctpu_rt->dev);
+    if (s) ts_drop(s, ctpu_rt);
 }
 
 /* ------------------------------------------------------------ errors */
@@ -253,7 +255,7 @@ bool ctpu_check_init(const char *op)
 /* The variables and their kinds are declared once, in env.h. */
 typedef enum {
     ENV_BOOL, ENV_LOOPS, ENV_CHIP, ENV_BYTES, ENV_PRECISION, ENV_ENTRIES, ENV_STEPS, ENV_PATH, ENV_PLAN, ENV_EVENTS,
-    ENV_ISA, ENV_THREADS,
+    ENV_ISA, ENV_THREADS, ENV_LIMIT,
     ENV_DIST,                /* read by ctpu_dist_init (src/dist), not here */
 } env_kind;
 
@@ -398,6 +400,9 @@ static bool parse_var(int id, const char *v, env_val *out, char *err, size_t len
     case ENV_THREADS:
         if (parse_u64(v, &out->n, false) && out->n >= 1 && out->n <= 64) return true;
         break;
+    case ENV_LIMIT:
+        if (parse_u64(v, &out->n, false) && out->n <= 65536) return true;
+        break;
     }
     static const char *const what[] = {
         [ENV_LOOPS] = "must be auto, on or off",
@@ -409,6 +414,7 @@ static bool parse_var(int id, const char *v, env_val *out, char *err, size_t len
         [ENV_PLAN] = "must be on_demand, flex_start, 1y or 3y",
         [ENV_ISA] = "must be scalar, avx2 or avx512",
         [ENV_THREADS] = "must be a thread count in [1, 64]",
+        [ENV_LIMIT] = "must be a shape count in [0, 65536] (0: no limit)",
     };
     snprintf(err, len, "ctpu_init: %s=\"%s\" %s", name, v, what[env_vars[id].kind]);
     return false;
@@ -528,6 +534,8 @@ static bool read_env(ctpu_runtime *rt, char *err, size_t len)
     rt->precision = ENV(TORCH_TPU_MATMUL_PRECISION)->set ? (ctpu_precision)ENV(TORCH_TPU_MATMUL_PRECISION)->n
                                                          : CTPU_PRECISION_DEFAULT;
     rt->cache_size = ENV(TORCH_TPU_CACHE_SIZE)->set ? (size_t)ENV(TORCH_TPU_CACHE_SIZE)->n : 1024;
+    rt->strict_cache_size = ENV(CTPU_STRICT_CACHE_SIZE)->set ? (size_t)ENV(CTPU_STRICT_CACHE_SIZE)->n : 4096;
+    rt->recompile_limit = ENV(TORCH_TPU_RECOMPILE_LIMIT)->set ? (size_t)ENV(TORCH_TPU_RECOMPILE_LIMIT)->n : 8;
     rt->cache_only_after = ENV(TORCH_TPU_CACHE_ONLY)->set ? (long)ENV(TORCH_TPU_CACHE_ONLY)->n : -1;
     if (ENV(TORCH_TPU_METRICS_FILE)->set && !(rt->metrics_file = strdup(ENV(TORCH_TPU_METRICS_FILE)->s))) {
         snprintf(err, len, "ctpu_init: out of host memory");
@@ -616,8 +624,8 @@ ctpu_status ctpu_init(void)
     rt->debug_checks = rt->debug_checks_env >= 0 ? rt->debug_checks_env == 1 : rt->mode == CTPU_MODE_DEBUG;
     ctpu_kernels_set_isa(rt->isa);
     rt->pages = calloc(CTPU_MAX_PAGES, sizeof *rt->pages);
-    rt->strict_cache = ctpu_cache_create(0);
-    rt->fused_cache = ctpu_cache_create(rt->cache_size);
+    rt->strict_cache = ctpu_cache_create(rt->strict_cache_size, 0);
+    rt->fused_cache = ctpu_cache_create(rt->cache_size, rt->recompile_limit);
     rt->dev = rt->pages && rt->strict_cache && rt->fused_cache
                   ? ctpu_device_create(rt->chip, rt->hbm_cap, rt->nthreads, &rt->metrics, err, sizeof err)
                   : NULL;
@@ -627,6 +635,8 @@ ctpu_status ctpu_init(void)
         ctpu_set_error(CTPU_ERR_OOM, "ctpu_init: %s", err[0] ? err : "out of host memory");
         return CTPU_ERR_OOM;
     }
+    ctpu_cache_set_device(rt->strict_cache, rt->dev);
+    ctpu_cache_set_device(rt->fused_cache, rt->dev);
     atomic_init(&rt->next_scope_id, 1);
     atomic_init(&rt->next_trace_id, 1);
     rt->epoch = ++epoch_counter;

@@ -1,8 +1,10 @@
 /* Program caches keyed by the canonical key (DESIGN.md "Cache"): a hash
  * table with a full-key compare on hit, an LRU list bounded by capacity
- * (0 = unbounded: strict eager's table), per-entry counters, recompile
- * reasons (a miss whose structural key matches a cached entry), evictions
- * and thrash (a key compiled again after its eviction).
+ * (0 = unbounded), per-entry counters, recompile reasons (a miss whose
+ * structural key matches a cached entry), evictions and thrash (a key
+ * compiled again after its eviction), the recompile limit (per structure,
+ * the distinct keys it compiled), and programs' lifetime past eviction
+ * (orphans, fuse.h).
  *
  * Find and insert: the caller compiles a miss between the two, outside the
  * cache lock; a second thread missing the same key meanwhile waits for that
@@ -17,8 +19,7 @@ typedef struct entry {
     uint64_t hash, struct_hash;
     size_t len;
     uint8_t *key;
-    ctpu_program *prog;
-    ctpu_launch_plan *plan;       /* how a recorded trace binds to it (fused caches), or NULL */
+    ctpu_program *prog;           /* the entry's reference; prog->plan: how a recorded trace binds to it */
     struct entry *next;           /* bucket chain */
     struct entry *lru_prev, *lru_next;
     ctpu_cache_entry_info info;
@@ -29,6 +30,21 @@ typedef struct entry {
 
 #define THRASH_RING 4096
 #define RECOMPILE_LOG 64
+#define SHAPE_HISTORY_MAX 65536   /* extents kept per structure for the limit's message */
+
+/* A program structure (the key without extents) over the cache's lifetime:
+ * the distinct keys it compiled (up to the limit) and the extents of the
+ * last two, for the recompile limit's message. */
+typedef struct srec {
+    struct srec *next;
+    uint64_t struct_hash;
+    uint64_t first_id;            /* its first program */
+    uint32_t n_keys;
+    bool warned;
+    uint64_t *keys;               /* [limit] key hashes */
+    int64_t *ext[2];              /* [n_ext] extents, ext[0] the newest (NULL: none) */
+    size_t n_ext;
+} srec;
 
 /* A miss one thread is compiling; others missing the same key wait for it
  * (`done` is broadcast when it is inserted or abandoned). */
@@ -55,9 +71,14 @@ struct ctpu_cache {
     size_t n_evicted;
     ctpu_recompile_rec log[RECOMPILE_LOG];
     size_t n_log;
+    ctpu_device *dev;
+    ctpu_program *orphans;        /* evicted, freed once unreferenced and run */
+    size_t n_orphans;
+    size_t limit;                 /* recompile limit, 0 = none */
+    srec *structs[256];           /* by struct hash */
 };
 
-ctpu_cache *ctpu_cache_create(size_t capacity)
+ctpu_cache *ctpu_cache_create(size_t capacity, size_t recompile_limit)
 {
     ctpu_cache *c = calloc(1, sizeof *c);
     if (!c) return NULL;
@@ -65,20 +86,62 @@ ctpu_cache *ctpu_cache_create(size_t capacity)
     c->buckets = calloc(c->nbuckets, sizeof *c->buckets);
     if (!c->buckets) { free(c); return NULL; }
     c->capacity = capacity;
+    c->limit = recompile_limit;
     c->next_id = 1;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->done, NULL);
     return c;
 }
 
+void ctpu_cache_set_device(ctpu_cache *c, ctpu_device *dev) { c->dev = dev; }
+
+static void prog_free(ctpu_program *p)
+{
+    free(p->plan);
+    ctpu_program_free(p);
+}
+
+/* The entry without its program (freed or orphaned by the caller). */
 static void entry_free(entry *e)
 {
-    ctpu_program_free(e->prog);
-    free(e->plan);
     free(e->key);
     free(e->types);
     free(e->ops);
     free(e);
+}
+
+void ctpu_cache_release(ctpu_cache *c, ctpu_program *p)
+{
+    (void)c;   /* an orphan is freed by the next eviction's sweep (or destroy) */
+    if (p) atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel);
+}
+
+/* Orphans nobody holds whose last command has run, unlinked (under c->mu)
+ * and returned chained, to free outside the lock. */
+static ctpu_program *orphans_take_done(ctpu_cache *c)
+{
+    uint64_t done = c->dev ? ctpu_device_done_seq(c->dev) : UINT64_MAX;
+    ctpu_program *freed = NULL, **pp = &c->orphans;
+    while (*pp) {
+        ctpu_program *p = *pp;
+        if (atomic_load_explicit(&p->refs, memory_order_acquire) == 0 && atomic_load(&p->last_seq) <= done) {
+            *pp = p->orphan_next;
+            c->n_orphans--;
+            p->orphan_next = freed;
+            freed = p;
+        } else {
+            pp = &p->orphan_next;
+        }
+    }
+    return freed;
+}
+
+static void progs_free_chain(ctpu_program *p)
+{
+    for (ctpu_program *n; p; p = n) {
+        n = p->orphan_next;
+        prog_free(p);
+    }
 }
 
 void ctpu_cache_destroy(ctpu_cache *c)
@@ -86,8 +149,18 @@ void ctpu_cache_destroy(ctpu_cache *c)
     if (!c) return;
     for (entry *e = c->lru_head, *n; e; e = n) {
         n = e->lru_next;
+        prog_free(e->prog);
         entry_free(e);
     }
+    progs_free_chain(c->orphans);
+    for (size_t i = 0; i < sizeof c->structs / sizeof c->structs[0]; i++)
+        for (srec *r = c->structs[i], *n; r; r = n) {
+            n = r->next;
+            free(r->keys);
+            free(r->ext[0]);
+            free(r->ext[1]);
+            free(r);
+        }
     free(c->buckets);
     pthread_cond_destroy(&c->done);
     pthread_mutex_destroy(&c->mu);
@@ -235,7 +308,8 @@ ctpu_program *ctpu_cache_find(ctpu_cache *c, const uint8_t *key, size_t len, con
             if (c->capacity && c->lru_head != e) { lru_unlink(c, e); lru_push_front(c, e); }
             res->hit = true;
             res->program_id = e->info.id;
-            if (plan) *plan = e->plan;
+            if (plan) *plan = e->prog->plan;
+            ctpu_program_retain(e->prog);      /* the caller's, until it has submitted */
             pthread_mutex_unlock(&c->mu);
             return e->prog;
         }
@@ -329,8 +403,9 @@ static entry *entry_make(ctpu_cache_pending *p, const ctpu_trace *t, ctpu_progra
     }
     for (int i = 0; i < t->n_inputs; i++) types[i] = t->in_type[i];
     for (int i = 0; i < t->n_nodes; i++) { types[t->n_inputs + i] = t->nodes[i].out; ops[i] = t->nodes[i].op; }
+    prog->plan = plan;
     *e = (entry){ .hash = p->hash, .struct_hash = struct_hash, .len = p->len, .key = p->key, .prog = prog,
-                  .plan = plan, .types = types, .ops = ops, .n_in = t->n_inputs, .n_nodes = t->n_nodes };
+                  .types = types, .ops = ops, .n_in = t->n_inputs, .n_nodes = t->n_nodes };
     e->info.compile_ns = prog->compile_ns;
     e->info.n_nodes = t->n_nodes;
     e->info.n_steps = prog->prog.n_steps;
@@ -371,8 +446,136 @@ static uint64_t note_recompile(ctpu_cache *c, const entry *ne, const ctpu_trace 
     return reuse_id;
 }
 
-/* Bounded: unlink entries from the LRU tail (never e); returns them chained
- * by lru_next, to free once no command can still run them. */
+/* ------------------------------------------------------------ recompile limit */
+/* The record of structure sh (under c->mu), made if asked; NULL if not
+ * found (or out of memory). */
+static srec *struct_find(ctpu_cache *c, uint64_t sh, bool make)
+{
+    srec **b = &c->structs[sh % (sizeof c->structs / sizeof c->structs[0])];
+    for (srec *r = *b; r; r = r->next)
+        if (r->struct_hash == sh) return r;
+    if (!make) return NULL;
+    srec *r = calloc(1, sizeof *r);
+    uint64_t *keys = r ? calloc(c->limit, sizeof *keys) : NULL;
+    if (!keys) { free(r); return NULL; }
+    r->struct_hash = sh;
+    r->keys = keys;
+    r->next = *b;
+    *b = r;
+    return r;
+}
+
+static void struct_note_program(ctpu_cache *c, const entry *e)
+{
+    srec *r = c->limit && e->struct_hash ? struct_find(c, e->struct_hash, false) : NULL;
+    if (r && !r->first_id) r->first_id = e->info.id;
+}
+
+/* Every extent of t's values in order (inputs, then node outputs); n_ext 0
+ * past SHAPE_HISTORY_MAX. */
+static int64_t *extents_of(const ctpu_trace *t, size_t *n_ext)
+{
+    size_t n = 0;
+    for (int i = 0; i < t->n_inputs; i++) n += t->in_type[i].ndim;
+    for (int i = 0; i < t->n_nodes; i++) n += t->nodes[i].out.ndim;
+    *n_ext = 0;
+    int64_t *x = n && n <= SHAPE_HISTORY_MAX ? malloc(n * sizeof *x) : NULL;
+    if (!x) return NULL;
+    size_t k = 0;
+    for (int i = 0; i < t->n_inputs; i++)
+        for (int d = 0; d < t->in_type[i].ndim; d++) x[k++] = t->in_type[i].shape[d];
+    for (int i = 0; i < t->n_nodes; i++)
+        for (int d = 0; d < t->nodes[i].out.ndim; d++) x[k++] = t->nodes[i].out.shape[d];
+    *n_ext = n;
+    return x;
+}
+
+/* The dim of extent position k in t's value order. */
+static int dim_at(const ctpu_trace *t, size_t k)
+{
+    for (int i = 0; i < t->n_inputs; i++) {
+        if (k < t->in_type[i].ndim) return (int)k;
+        k -= t->in_type[i].ndim;
+    }
+    for (int i = 0; i < t->n_nodes; i++) {
+        if (k < t->nodes[i].out.ndim) return (int)k;
+        k -= t->nodes[i].out.ndim;
+    }
+    return -1;
+}
+
+/* "program 2 (rand_normal→relu→sum) passed TORCH_TPU_RECOMPILE_LIMIT=8:
+ * dim 0 varies: 7 -> 8 -> 9" */
+static void limit_message(const ctpu_cache *c, const srec *r, const ctpu_trace *t, const int64_t *now, size_t n_ext,
+                          char *msg, size_t len)
+{
+    char ops[160];
+    size_t k = 0;
+    ops[0] = 0;
+    for (int i = 0; i < t->n_nodes && i < 6 && k < sizeof ops; i++)
+        k += (size_t)snprintf(ops + k, sizeof ops - k, "%s%s", i ? "\u2192" : "", ctpu_op_name(t->nodes[i].op));
+    if (t->n_nodes > 6 && k < sizeof ops) snprintf(ops + k, sizeof ops - k, "\u2192\u2026 (%d ops)", t->n_nodes);
+    char prog[32] = "a program";
+    if (r->first_id) snprintf(prog, sizeof prog, "program %llu", (unsigned long long)r->first_id);
+    char vary[96] = "its extents vary";
+    if (now && r->ext[0] && r->n_ext == n_ext) {
+        for (size_t i = 0; i < n_ext; i++) {
+            if (now[i] == r->ext[0][i]) continue;
+            int o = 0;
+            o += snprintf(vary + o, sizeof vary - (size_t)o, "dim %d varies: ", dim_at(t, i));
+            if (r->ext[1]) o += snprintf(vary + o, sizeof vary - (size_t)o, "%lld -> ", (long long)r->ext[1][i]);
+            snprintf(vary + o, sizeof vary - (size_t)o, "%lld -> %lld", (long long)r->ext[0][i], (long long)now[i]);
+            break;
+        }
+    }
+    snprintf(msg, len, "%s (%s) passed TORCH_TPU_RECOMPILE_LIMIT=%zu: %s", prog, ops, c->limit, vary);
+}
+
+bool ctpu_cache_shape_allowed(ctpu_cache *c, const ctpu_cache_pending *miss, const ctpu_trace *t, bool *first,
+                              char *msg, size_t len)
+{
+    *first = false;
+    if (!c->limit) return true;
+    uint64_t sh = struct_hash_of(t);
+    if (!sh) return true;
+    size_t n_ext;
+    int64_t *now = extents_of(t, &n_ext);
+    bool ok = true;
+    pthread_mutex_lock(&c->mu);
+    srec *r = struct_find(c, sh, true);
+    if (r) {
+        bool known = false;
+        for (uint32_t i = 0; i < r->n_keys && !known; i++) known = r->keys[i] == miss->hash;
+        if (!known && r->n_keys < c->limit) {
+            r->keys[r->n_keys++] = miss->hash;
+            known = true;
+        } else if (!known) {
+            ok = false;
+            c->st.limit_fallbacks++;
+            if (!r->warned) {
+                r->warned = *first = true;
+                limit_message(c, r, t, now, n_ext, msg, len);
+                free(r->ext[0]);                  /* no further message needs them */
+                free(r->ext[1]);
+                r->ext[0] = r->ext[1] = NULL;
+            }
+        }
+        if (known && !r->warned && now) {          /* the newest shape first */
+            free(r->ext[1]);
+            r->ext[1] = r->ext[0];
+            r->ext[0] = now;
+            r->n_ext = n_ext;
+            now = NULL;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    free(now);
+    return ok;
+}
+
+/* Bounded: unlink entries from the LRU tail (never e), their programs
+ * orphaned (the entry's reference dropped); returns the entries chained by
+ * lru_next, to free outside the lock. */
 static entry *evict_over_capacity(ctpu_cache *c, const entry *e, ctpu_cache_result *res)
 {
     entry *victims = NULL;
@@ -385,6 +588,11 @@ static entry *evict_over_capacity(ctpu_cache *c, const entry *e, ctpu_cache_resu
         c->count--;
         c->st.evictions++;
         res->evicted++;
+        v->prog->orphan_next = c->orphans;
+        c->orphans = v->prog;
+        c->n_orphans++;
+        atomic_fetch_sub_explicit(&v->prog->refs, 1, memory_order_acq_rel);
+        v->prog = NULL;
         v->lru_next = victims;
         victims = v;
     }
@@ -415,35 +623,38 @@ ctpu_program *ctpu_cache_insert(ctpu_cache *c, ctpu_cache_pending *p, const ctpu
     lru_push_front(c, e);
     c->st.compiles++;
     res->program_id = e->info.id;
+    if (track) struct_note_program(c, e);
     if (++c->count > c->nbuckets * 3 / 4) grow(c);
+    ctpu_program_retain(prog);            /* the caller's; the compiler's is the entry's */
     entry *victims = evict_over_capacity(c, e, res);
+    ctpu_program *freed = c->orphans ? orphans_take_done(c) : NULL;
     pending_unlink(c, p);
     pthread_cond_broadcast(&c->done);
     pthread_mutex_unlock(&c->mu);
     free(p);                              /* its key is the entry's now */
-    if (victims && o && o->dev) ctpu_device_wait(o->dev, 0);   /* no command may still run them */
     for (entry *v = victims, *n; v; v = n) {
         n = v->lru_next;
         entry_free(v);
     }
+    progs_free_chain(freed);
     return prog;
 }
 
 ctpu_program *ctpu_cache_get(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_trace *t,
-                             bool *hit, int *collisions, char *err, size_t errlen)
+                             ctpu_cache_result *res, char *err, size_t errlen)
 {
-    ctpu_cache_result r;
     ctpu_cache_pending *miss;
-    ctpu_program *p = ctpu_cache_find(c, key, len, NULL, &r, NULL, &miss, err, errlen);
-    *hit = r.hit;
-    if (collisions) *collisions = r.collisions;
+    ctpu_program *p = ctpu_cache_find(c, key, len, NULL, res, NULL, &miss, err, errlen);
     if (!miss) return p;
     p = ctpu_fuse_compile(t, err, errlen);   /* outside the cache lock */
     if (!p) {
         ctpu_cache_abandon(c, miss);
         return NULL;
     }
-    return ctpu_cache_insert(c, miss, t, p, NULL, NULL, &r, err, errlen);
+    int coll = res->collisions;
+    p = ctpu_cache_insert(c, miss, t, p, NULL, NULL, res, err, errlen);
+    res->collisions = coll;
+    return p;
 }
 
 size_t ctpu_cache_entries(ctpu_cache *c)
@@ -468,6 +679,7 @@ void ctpu_cache_get_stats(ctpu_cache *c, ctpu_cache_stats *out)
     *out = c->st;
     out->entries = c->count;
     out->capacity = c->capacity;
+    out->orphans = c->n_orphans;
     pthread_mutex_unlock(&c->mu);
 }
 

@@ -650,6 +650,8 @@ ctpu_program *ctpu_fuse_compile(const ctpu_trace *t, char *err, size_t errlen)
         return NULL;
     }
     program_fill(&cx, c);
+    atomic_init(&c->refs, 1);
+    atomic_init(&c->last_seq, 0);
     c->compile_ns = ctpu_now_ns() - t0;
     return c;
 }

@@ -40,18 +40,38 @@ typedef struct {
 size_t ctpu_trace_key(const ctpu_trace *t, uint8_t *buf, size_t cap);
 uint64_t ctpu_key_hash(const uint8_t *key, size_t len);   /* XXH3-64 */
 
-/* A compiled program with the data its steps point at. */
+/* A compiled program with the data its steps point at.
+ *
+ * Lifetime: counted references, one held by its cache entry, one by each
+ * thread's strict front slot holding it (dispatch.c), one by each caller
+ * between a cache lookup and its submit (ctpu_cache_release). An evicted
+ * program is an orphan of its cache, freed once no reference is left and
+ * the device has run its last command (last_seq), so eviction never frees
+ * a program another thread is about to submit or the device is running. */
 typedef struct ctpu_program {
     ctpu_dev_program prog;
     void **mem;                /* allocations holding steps and step data */
     int n_mem;
     uint64_t compile_ns;
     ctpu_cost_program cost;    /* the roofline estimate of one launch (src/cost) */
+    atomic_int refs;           /* 1 at compile: the compiler's caller's */
+    atomic_uint_fast64_t last_seq;  /* the newest command submitted with it */
+    struct ctpu_program *orphan_next;
+    struct ctpu_launch_plan *plan;  /* the cache's: a fused entry's launch plan, freed with the program */
 } ctpu_program;
 
-/* Compile a trace into a program. NULL with a message on failure. */
+/* Compile a trace into a program (one reference, the caller's). NULL with
+ * a message on failure. */
 ctpu_program *ctpu_fuse_compile(const ctpu_trace *t, char *err, size_t errlen);
 void ctpu_program_free(ctpu_program *c);
+/* A command running p was submitted as seq (before its submitter lets go
+ * of its reference). */
+static inline void ctpu_program_note_submit(ctpu_program *p, uint64_t seq)
+{
+    uint_fast64_t cur = atomic_load_explicit(&p->last_seq, memory_order_relaxed);
+    while (cur < seq && !atomic_compare_exchange_weak(&p->last_seq, &cur, seq)) {}
+}
+static inline void ctpu_program_retain(ctpu_program *p) { atomic_fetch_add(&p->refs, 1); }
 
 /* The launch plan of a fused program (made by ctpu_trace_finalize, kept in
  * the cache beside the program): how a recorded trace with the same raw key
@@ -68,10 +88,18 @@ typedef struct ctpu_launch_plan {
 /* Program cache keyed by the canonical key: full compare on hit. A test hook
  * (src/testing.h) forces every hash to one value (collisions must still give
  * the right program; they are counted, in the metrics' "cache" object and
- * the cache report). capacity 0 = unbounded (strict eager's table). */
+ * the cache report). capacity 0 = unbounded. recompile_limit: distinct
+ * shapes a structure may compile for (ctpu_cache_shape_allowed; 0 = no
+ * limit). */
 typedef struct ctpu_cache ctpu_cache;
-ctpu_cache *ctpu_cache_create(size_t capacity);
+ctpu_cache *ctpu_cache_create(size_t capacity, size_t recompile_limit);
+/* The device whose commands run this cache's programs (orphans are freed
+ * once it has run their last command); NULL: freed with their last ref. */
+void ctpu_cache_set_device(ctpu_cache *c, ctpu_device *dev);
+/* Frees every program, referenced or not (the device is idle or gone). */
 void ctpu_cache_destroy(ctpu_cache *c);
+/* Let go of a reference got from find, insert or get (or retained). */
+void ctpu_cache_release(ctpu_cache *c, ctpu_program *p);
 
 typedef struct {
     bool allow_compile;            /* false: cache-only, a miss is refused */
@@ -91,7 +119,9 @@ typedef struct {
 
 typedef struct {
     uint64_t requests, hits, misses, compiles, recompiles, evictions, thrash, collisions;
+    uint64_t limit_fallbacks;      /* misses refused by the recompile limit */
     size_t entries, capacity;
+    size_t orphans;                /* evicted programs not freed yet */
 } ctpu_cache_stats;
 
 typedef struct {
@@ -116,7 +146,8 @@ typedef struct {
 typedef struct ctpu_cache_pending ctpu_cache_pending;
 
 /* Find a key (o may be NULL: compile allowed, no recompile tracking). A hit
- * returns the program (and its launch plan in *plan, if asked). A miss
+ * returns the program with a reference for the caller (and its launch plan
+ * in *plan, if asked: valid while that reference is held). A miss
  * returns NULL with *miss set: compile, then ctpu_cache_insert or
  * ctpu_cache_abandon. NULL with *miss NULL: refused (cache-only: res->refused)
  * or out of memory; err says which. */
@@ -124,13 +155,24 @@ ctpu_program *ctpu_cache_find(ctpu_cache *c, const uint8_t *key, size_t len, con
                               ctpu_cache_result *res, const ctpu_launch_plan **plan, ctpu_cache_pending **miss,
                               char *err, size_t errlen);
 /* Insert the program compiled for a miss from trace t (plan may be NULL),
- * taking both; evicts past capacity. Returns prog, or NULL on out of memory
+ * taking both (the program's reference becomes the entry's); evicts past
+ * capacity. Returns prog with a reference for the caller, or NULL on out of memory
  * (both freed, the miss abandoned). Fills res's recompile, thrash, evicted,
  * program_id. */
 ctpu_program *ctpu_cache_insert(ctpu_cache *c, ctpu_cache_pending *miss, const ctpu_trace *t, ctpu_program *prog,
                                 ctpu_launch_plan *plan, const ctpu_cache_opts *o, ctpu_cache_result *res,
                                 char *err, size_t errlen);
 void ctpu_cache_abandon(ctpu_cache *c, ctpu_cache_pending *miss);
+/* Recompile limit (tracked caches): before compiling a miss from trace t,
+ * count its shape against its structure's (the key without extents) over
+ * the cache's lifetime, evicted programs included; a key compiled before
+ * counts once. True: compile it. False: the structure has compiled
+ * recompile_limit shapes and this is a new one (the caller abandons the
+ * miss and runs the trace op by op); the first time for a structure,
+ * *first is set and msg says which ("program 2 (rand_normal→relu→sum)
+ * passed TORCH_TPU_RECOMPILE_LIMIT=8: dim 0 varies: 7 -> 8 -> 9"). */
+bool ctpu_cache_shape_allowed(ctpu_cache *c, const ctpu_cache_pending *miss, const ctpu_trace *t, bool *first,
+                              char *msg, size_t len);
 /* What a trace that missed differs in from the cached programs (cache-only
  * errors): a cached program of the same structure gives the dim that
  * changed, as a recompile reason does ("input 0 (x) dim 0: 128 -> 96, was
@@ -140,11 +182,11 @@ void ctpu_cache_abandon(ctpu_cache *c, ctpu_cache_pending *miss);
  * (no recompile counted). */
 void ctpu_cache_log_change(ctpu_cache *c, const ctpu_recompile_rec *rec);
 void ctpu_cache_describe_miss(ctpu_cache *c, const ctpu_trace *t, const char *const *in_names, char *out, size_t len);
-/* Find, compile a miss, insert (strict eager's one-node programs). *hit
- * tells which; *collisions (may be NULL) gets the hash collisions the
- * lookup met. NULL on a compile error. */
+/* Find, compile a miss, insert (strict eager's one-node programs), the
+ * program returned with a reference for the caller. res (hit, collisions
+ * the lookup met, evicted) is filled. NULL on a compile error. */
 ctpu_program *ctpu_cache_get(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_trace *t,
-                             bool *hit, int *collisions, char *err, size_t errlen);
+                             ctpu_cache_result *res, char *err, size_t errlen);
 
 void ctpu_cache_get_stats(ctpu_cache *c, ctpu_cache_stats *out);
 /* Most recently used first; returns the count written. */

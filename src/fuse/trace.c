@@ -153,6 +153,12 @@ int ctpu_trace_rec_inputs(const ctpu_trace_rec *r, ctpu_buffer *const **bufs, co
 
 const double *ctpu_trace_rec_scalars(const ctpu_trace_rec *r) { return r->scal; }
 
+const ctpu_node *ctpu_trace_rec_node_at(const ctpu_trace_rec *r, int i, const double **scalars)
+{
+    *scalars = r->scal + r->scal_start[i];
+    return &r->nodes[i];
+}
+
 void ctpu_trace_final_free(ctpu_trace_final *f)
 {
     free(f->t.in_type);

@@ -389,8 +389,15 @@ static void render_overview(out_t *o, const cJSON *d, const char *name)
          num(c, "entries"), num(c, "capacity"));
     double sreq = num(c, "strict_requests"), shit = num(c, "strict_hits");
     if (sreq > 0)
-        line(o, "one-op program table (strict/debug eager): %.0f requests, %.0f hits (%.1f%%), %.0f misses", sreq, shit,
-             pct(shit, sreq), num(c, "strict_misses"));
+        line(o, "one-op program table (strict/debug eager): %.0f requests, %.0f hits (%.1f%%), %.0f misses, "
+                "%.0f evictions, %.0f of %.0f entries used",
+             sreq, shit, pct(shit, sreq), num(c, "strict_misses"), num(c, "strict_cache_evictions"),
+             num(c, "strict_cache_entries"), num(c, "strict_cache_capacity"));
+    double fb = num(c, "recompile_limit_fallbacks");
+    if (fb > 0)
+        line(o, "recompile limit: %.0f trace%s of a structure past TORCH_TPU_RECOMPILE_LIMIT=%.0f ran op by op in "
+                "strict eager (pad the varying dim to a few sizes, drop_last for a partial batch, or raise the limit)",
+             fb, fb == 1 ? "" : "s", num(c, "recompile_limit"));
     double coll = num(c, "collisions");
     if (coll > 0)
         line(o, "hash collisions: %.0f (a key's hash matched a cached program of another key; the full-key compare "
@@ -671,6 +678,9 @@ ctpu_status ctpu_report_compare(const char *json_a, const char *name_a, const ch
             num(obj(D, "cache"), "requests") + num(obj(D, "cache"), "strict_requests")));
     ROW("recompiles", "%.0f", num(obj(D, "cache"), "recompiles"));
     ROW("evictions / thrash", "%.0f / %.0f", num(obj(D, "cache"), "evictions"), num(obj(D, "cache"), "thrash"));
+    ROW("one-op table entries / evictions", "%.0f / %.0f", num(obj(D, "cache"), "strict_cache_entries"),
+        num(obj(D, "cache"), "strict_cache_evictions"));
+    ROW("recompile-limit fallbacks", "%.0f", num(obj(D, "cache"), "recompile_limit_fallbacks"));
     ROW("warm-up steps", "%.0f", num(obj(D, "cache"), "warmup_steps"));
     ROW("trace cuts", "%.0f", num(obj(D, "counters"), "trace_cuts"));
     ROW("host reads", "%.0f", num(obj(D, "counters"), "host_reads"));
