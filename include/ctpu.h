@@ -317,6 +317,40 @@ CTPU_API ctpu_status ctpu_rng_get_state(uint64_t *seed, uint64_t *offset);
 CTPU_API ctpu_status ctpu_rng_set_state(uint64_t seed, uint64_t offset);
 CTPU_API ctpu_tensor ctpu_rand_uniform(ctpu_dtype dt, int ndim, const int64_t *shape, double lo, double hi);
 CTPU_API ctpu_tensor ctpu_rand_normal(ctpu_dtype dt, int ndim, const int64_t *shape, double mean, double std);
+/* torch.randint(low, high, shape): integers uniform in [low, high), low <
+ * high, both in [-2^31, 2^31]; dt i32, f32 or bf16 (the integer rounded to
+ * it). Element i is low + (b mod (high - low)), b the 64 bits of words 0 and
+ * 1 of Philox block (seed, offset + i): the same bits in every mode, ISA and
+ * thread count (the modulo bias is below (high - low) / 2^64). Draws from the
+ * generator like ctpu_rand_uniform. Errors: CTPU_ERR_INVALID_ARG (low,
+ * high), CTPU_ERR_DTYPE, CTPU_ERR_SHAPE (a bad shape). */
+CTPU_API ctpu_tensor ctpu_randint(ctpu_dtype dt, int ndim, const int64_t *shape, int64_t low, int64_t high);
+/* Creators shaped like a (a's shape and dtype; torch's *_like): composites of
+ * ctpu_full / ctpu_rand_uniform (U[0, 1)) / ctpu_rand_normal (N(0, 1)) /
+ * ctpu_randint. rand_like and randn_like need a float a (CTPU_ERR_DTYPE for
+ * i32, as torch). Errors: handle errors naming the call. */
+CTPU_API ctpu_tensor ctpu_zeros_like(ctpu_tensor a);
+CTPU_API ctpu_tensor ctpu_ones_like(ctpu_tensor a);
+CTPU_API ctpu_tensor ctpu_full_like(ctpu_tensor a, double value);
+CTPU_API ctpu_tensor ctpu_rand_like(ctpu_tensor a);
+CTPU_API ctpu_tensor ctpu_randn_like(ctpu_tensor a);
+CTPU_API ctpu_tensor ctpu_randint_like(ctpu_tensor a, int64_t low, int64_t high);
+/* torch.eye(n, m): [n, m] with ones where i == j, zeros elsewhere, in dt. A
+ * composite (ctpu_eq of two i32 aranges, exact at any size; cast to dt).
+ * Errors: CTPU_ERR_INVALID_ARG (n or m negative or >= 2^31), CTPU_ERR_DTYPE,
+ * CTPU_ERR_SHAPE (too many elements). */
+CTPU_API ctpu_tensor ctpu_eye(int64_t n, int64_t m, ctpu_dtype dt);
+/* torch.linspace(start, end, steps): 1-D [steps], f32 or bf16, by the
+ * formula of torch's CPU kernel in dt's arithmetic: step = (end - start) /
+ * (steps - 1); element i < steps / 2 is start + step * i, the others end -
+ * step * (steps - 1 - i) (so both ends are exact); start, end and step are
+ * rounded to dt first; steps == 1 gives [start], 0 an empty tensor. A
+ * composite (ctpu_arange, ctpu_mul_scalar, ctpu_add_scalar, ctpu_rsub_scalar,
+ * ctpu_where). Error against float64 start + i (end - start) / (steps - 1)
+ * (tests/test_ops.c): <= 2 ulp of max(|start|, |end|) in f32 (the step's
+ * rounding times the index). Errors: CTPU_ERR_INVALID_ARG (start or end not
+ * finite, steps outside [0, 2^24]), CTPU_ERR_DTYPE (i32). */
+CTPU_API ctpu_tensor ctpu_linspace(double start, double end, int64_t steps, ctpu_dtype dt);
 
 /* dst takes the value of src (same shape and dtype, else CTPU_ERR_SHAPE /
  * CTPU_ERR_DTYPE). Writes dst's storage in place when no other live handle
@@ -432,8 +466,41 @@ CTPU_API ctpu_tensor ctpu_max(ctpu_tensor a, int ndims, const int *dims, bool ke
 CTPU_API ctpu_tensor ctpu_min(ctpu_tensor a, int ndims, const int *dims, bool keepdim);
 /* var = sum((x - mean)^2) / (n - correction) (correction 1: unbiased). */
 CTPU_API ctpu_tensor ctpu_var(ctpu_tensor a, int ndims, const int *dims, int correction, bool keepdim);
+/* Product over dims (torch.prod; here over any set of dims like ctpu_sum):
+ * a primitive with ctpu_sum's order (chunks of 4096 into 16 lanes, each
+ * lane multiplying left to right from 1, the fixed trees), every product
+ * rounded to f32. An empty slice gives 1; i32 input gives f32 (as ctpu_sum).
+ * Gradient: torch's prod_backward (y / x without zeros; the product of the
+ * nonzeros at a single zero; 0 with two or more zeros). Error against
+ * float64 (tests/test_ops.c, factors of magnitude in [0.9, 1.1], up to 20000
+ * of them): |y - ref| <= (n + 1) 2^-24 |ref| + 1 ulp. Errors: as ctpu_sum. */
+CTPU_API ctpu_tensor ctpu_prod(ctpu_tensor a, int ndims, const int *dims, bool keepdim);
 /* First index of the maximum along dim (a NaN counts as maximal) -> i32. */
 CTPU_API ctpu_tensor ctpu_argmax(ctpu_tensor a, int dim, bool keepdim);
+/* First index of the minimum along dim -> i32 (torch.argmin). The NaN rule
+ * is argmax's: a NaN counts as minimal, the first NaN wins. i32 input is
+ * compared as integers. Errors: CTPU_ERR_SHAPE (dim out of range, the dim of
+ * extent 0), handle errors. */
+CTPU_API ctpu_tensor ctpu_argmin(ctpu_tensor a, int dim, bool keepdim);
+/* torch.logsumexp over dims (ndims == 0: every dim; keepdim as ctpu_sum):
+ * log(sum(exp(a - m))) + m with m the max over the dims, set to 0 where it
+ * is infinite (an all -inf slice gives -inf, a +inf gives +inf, a NaN NaN;
+ * an empty slice -inf). A composite (docs/DESIGN.md) of ctpu_max (of a
+ * detached a), ctpu_where, ctpu_sub, ctpu_exp, ctpu_sum, ctpu_log and
+ * ctpu_add, in f32: a bf16 a is cast to f32 and the result rounded to bf16
+ * once; i32 gives f32. Gradient: softmax(a) * g (through exp and sum; m
+ * carries none). Error against float64 (tests/test_ops.c, n up to 9001):
+ * |y - ref| <= (n + 8) 2^-24 + 2 ulp(ref) (measured 1.4e-6 at n = 9001, |x| <= 30).
+ * Errors: as ctpu_sum, naming logsumexp. */
+CTPU_API ctpu_tensor ctpu_logsumexp(ctpu_tensor a, int ndims, const int *dims, bool keepdim);
+/* torch.cumsum along dim (in [-ndim, ndim); a 0-d a takes 0 / -1): y_j =
+ * x_0 + ... + x_j added left to right into an f32 accumulator from +0 (one
+ * rounding per addition, so element j equals a left-to-right sum of j + 1
+ * terms; not ctpu_sum's tree order), each y_j rounded to the output dtype
+ * (bf16 in -> bf16 out; i32 in -> f32 out). A primitive; its gradient is the
+ * cumsum of g from the end. Error against float64: |y_j - ref_j| <=
+ * (j + 1) 2^-24 sum_k<=j |x_k|. Errors: CTPU_ERR_SHAPE (dim), handle errors. */
+CTPU_API ctpu_tensor ctpu_cumsum(ctpu_tensor a, int dim);
 /* max-subtracted softmax / log_softmax along dim. */
 CTPU_API ctpu_tensor ctpu_softmax(ctpu_tensor a, int dim);
 CTPU_API ctpu_tensor ctpu_log_softmax(ctpu_tensor a, int dim);
@@ -514,6 +581,30 @@ CTPU_API ctpu_tensor ctpu_embedding(ctpu_tensor weight, ctpu_tensor indices);
 /* out[i][j] = a[i][index[i][j]] along dim (torch.gather); index i32 with the
  * same ndim as a; bounds checked on the device like embedding. */
 CTPU_API ctpu_tensor ctpu_gather(ctpu_tensor a, int dim, ctpu_tensor index);
+/* torch.scatter_add (out of place): a copy of self with, for every position p
+ * of index (row-major order), out[.., index[p], ..] += src[p] along dim (in
+ * [-ndim, ndim)). self, index (i32) and src have one ndim >= 1; src has
+ * self's dtype; index.shape[d] <= src.shape[d] for every d and <=
+ * self.shape[d] for d != dim (src's elements beyond index's extents are not
+ * used). A primitive. Order (docs/CONTRACTS.md): deterministic, no atomics:
+ * f32 / bf16 add into an f32 copy of self in index order, one rounding per
+ * addition, and round once to self's dtype at the end (bf16: one rounding,
+ * not one per addition as torch); i32 adds wrap. An index outside [0,
+ * self.shape[dim]) is a device fault naming scatter_add and the index (at
+ * the next sync in strict eager, at the call in debug eager); it adds
+ * nothing. Gradient: g for self, gather(g, dim, index) for src (zeros
+ * beyond index's extents). Errors: CTPU_ERR_DTYPE (index not i32, src's
+ * dtype not self's), CTPU_ERR_SHAPE (ndims, extents, dim), handle errors. */
+CTPU_API ctpu_tensor ctpu_scatter_add(ctpu_tensor self, int dim, ctpu_tensor index, ctpu_tensor src);
+/* torch.index_add (out of place): out[.., index[i], ..] += alpha * source[.., i, ..]
+ * along dim, index i32 [n], source self's shape with extent n at dim, of
+ * self's dtype; alpha finite. A composite: index reshaped and expanded to
+ * source's shape, then ctpu_scatter_add (so its order: i ascending for each
+ * destination, and its fault and gradient); alpha != 1 multiplies source
+ * first (ctpu_mul_scalar: one more rounding, as torch's alpha * source).
+ * Errors: CTPU_ERR_DTYPE, CTPU_ERR_SHAPE, CTPU_ERR_INVALID_ARG (alpha not
+ * finite), handle errors, all naming index_add. */
+CTPU_API ctpu_tensor ctpu_index_add(ctpu_tensor self, int dim, ctpu_tensor index, ctpu_tensor source, double alpha);
 
 /* --------------------------------------------------------------- matmul
  * torch.matmul semantics for ndim >= 1 (1-D operands promoted and squeezed,

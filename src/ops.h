@@ -77,7 +77,7 @@ enum {
     CTPU_SH_BROADCAST,      /* NumPy broadcasting of every input */
     CTPU_SH_REDUCE,         /* the reduced dims dropped (or kept as 1) */
     CTPU_SH_ARGREDUCE,      /* one reduced dim (argmax) */
-    CTPU_SH_ALONG,          /* in[0]'s shape, one normalised dim in attrs (softmax) */
+    CTPU_SH_ALONG,          /* in[0]'s shape, one normalised dim in attrs (softmax, cumsum) */
     CTPU_SH_RESHAPE,
     CTPU_SH_PERMUTE,
     CTPU_SH_SLICE,
@@ -85,6 +85,7 @@ enum {
     CTPU_SH_EXPAND,
     CTPU_SH_EMBEDDING,
     CTPU_SH_GATHER,
+    CTPU_SH_SCATTER,        /* scatter_add: self's shape (index and src checked against it) */
     CTPU_SH_MATMUL,         /* plain and transposed operands (attr flags) */
     CTPU_SH_CREATE,         /* the shape argument */
     CTPU_SH_GIVEN,          /* set by the op's builder (copy, backward helpers) */
@@ -189,6 +190,9 @@ enum {
     X(MIN,         "min",          CTPU_OPK__R,  1, SAME,          REDUCE,    CTPU_K_RED_MIN,     REDUCE, IN,  RULE) \
     X(VAR,         "var",          CTPU_OPK__R,  1, FLOAT,         REDUCE,    CTPU_K_RED_SUM,     NONE,   IN,  RULE) \
     X(ARGMAX,      "argmax",       CTPU_OPK__R,  1, INDEX,         ARGREDUCE, 0,                  NONE,   IN,  NONE) \
+    X(ARGMIN,      "argmin",       CTPU_OPK__R,  1, INDEX,         ARGREDUCE, 0,                  NONE,   IN,  NONE) \
+    X(PROD,        "prod",         CTPU_OPK__R,  1, FLOAT,         REDUCE,    CTPU_K_RED_PROD,    NONE,   IN,  RULE) \
+    X(CUMSUM,      "cumsum",       CTPU_OPK__R,  1, FLOAT,         ALONG,     0,                  NONE,   IN,  RULE) \
     X(SOFTMAX,     "softmax",      CTPU_OPK__R,  1, FLOAT,         ALONG,     0,                  NONE,   IN,  RULE) \
     X(LOG_SOFTMAX, "log_softmax",  CTPU_OPK__R,  1, FLOAT,         ALONG,     0,                  NONE,   IN,  RULE) \
     X(RESHAPE,     "reshape",      CTPU_OPK__MV | CTPU_OPK_VIEW, 1, SAME, RESHAPE, 0,             NONE,   NONE, RULE) \
@@ -198,12 +202,14 @@ enum {
     X(EXPAND,      "expand",       CTPU_OPK__MV, 1, SAME,          EXPAND,    0,                  NONE,   NONE, RULE) \
     X(EMBEDDING,   "embedding",    CTPU_OPK__MV | CTPU_OPK_FAULTS, 2, SAME, EMBEDDING, 0,         NONE,   NONE, RULE) \
     X(GATHER,      "gather",       CTPU_OPK__MV | CTPU_OPK_FAULTS, 2, SAME, GATHER, 0,            NONE,   NONE, RULE) \
+    X(SCATTER_ADD, "scatter_add",  CTPU_OPK__MV | CTPU_OPK_FAULTS, 3, SAME, SCATTER, 0,           NONE,   OUT, RULE) \
     X(MATMUL,      "matmul",       CTPU_OPK_MATMUL, 2, MATMUL,     MATMUL,    0,                  MXU,    MXU, RULE) \
     X(COPY,        "copy",         CTPU_OPK__MV, 1, GIVEN,         GIVEN,     0,                  NONE,   NONE, NONE) \
     X(FULL,        "full",         CTPU_OPK__CR, 0, ARG,           CREATE,    0,                  NONE,   NONE, NONE) \
     X(ARANGE,      "arange",       CTPU_OPK__CR, 0, ARG,           CREATE,    0,                  NONE,   NONE, NONE) \
     X(RAND_UNIFORM,"rand_uniform", CTPU_OPK__CR | CTPU_OPK_RANDOM, 0, ARG, CREATE, 0,             NONE,   OUT, NONE) \
     X(RAND_NORMAL, "rand_normal",  CTPU_OPK__CR | CTPU_OPK_RANDOM, 0, ARG, CREATE, 0,             NONE,   OUT, NONE) \
+    X(RAND_INT,    "randint",      CTPU_OPK__CR | CTPU_OPK_RANDOM, 0, ARG, CREATE, 0,             NONE,   OUT, NONE) \
     /* backward helpers (autograd.c builds them; exec at the end of exec.c) */ \
     X(SLICE_BACKWARD,     "slice_backward",     CTPU_OPK__MV | CTPU_OPK_BACKWARD, 1, GIVEN, GIVEN, 0, NONE, NONE, NONE) \
     X(EMBEDDING_BACKWARD, "embedding_backward", CTPU_OPK__MV | CTPU_OPK_BACKWARD, 2, GIVEN, GIVEN, 0, NONE, OUT, NONE) \
@@ -261,6 +267,7 @@ enum {
     CTPU_ATTR_SCALAR_FIRST = 1u << 1,   /* s op a */
     CTPU_ATTR_TRANS_A      = 1u << 2,   /* matmul: a is stored [.., K, M] (used as its transpose) */
     CTPU_ATTR_TRANS_B      = 1u << 3,   /* matmul: b is stored [.., N, K] */
+    CTPU_ATTR_REVERSE      = 1u << 4,   /* cumsum: from the end of the dim (its backward) */
 };
 
 /* A value's type: dtype + shape. */

@@ -15,6 +15,7 @@
  *   retain_graph and the released-tape error, no_grad, detach, a tape that
  *   survives the release of every intermediate handle, errors, no leaks. */
 #include "t_core.h"
+#include "ctpu_nn.h"
 
 /* ------------------------------------------------------------ rng */
 static uint64_t rs = 0x243f6a8885a308d3ull;
@@ -234,6 +235,44 @@ static ctpu_tensor f_matmul(ctpu_tensor *x) { return ctpu_matmul(x[0], x[1]); }
 static ctpu_tensor f_mm_tn(ctpu_tensor *x) { return ctpu_matmul_t(x[0], x[1], true, false); }
 static ctpu_tensor f_mm_nt(ctpu_tensor *x) { return ctpu_matmul_t(x[0], x[1], false, true); }
 static ctpu_tensor f_mm_tt(ctpu_tensor *x) { return ctpu_matmul_t(x[0], x[1], true, true); }
+/* issue 12: primitives */
+static ctpu_tensor f_prod_d(ctpu_tensor *x) { int d = 1; return ctpu_prod(x[0], 1, &d, false); }
+static ctpu_tensor f_prod_all(ctpu_tensor *x) { return ctpu_prod(x[0], 0, NULL, true); }
+/* one exact zero per row of x * (0, 1, 1), two in the last: every case of the rule */
+static ctpu_tensor f_prod_zeros(ctpu_tensor *x)
+{
+    int d = 1;
+    ctpu_tensor m = ctpu_from_host((const float[]){ 0, 1, 1, 1, 1, 1, 0, 0, 1 }, CTPU_F32, 2, (const int64_t[]){ 3, 3 });
+    return ctpu_prod(ctpu_mul(x[0], m), 1, &d, false);
+}
+static ctpu_tensor f_cumsum0(ctpu_tensor *x) { return ctpu_cumsum(x[0], 0); }
+static ctpu_tensor f_cumsum1(ctpu_tensor *x) { return ctpu_cumsum(x[0], -1); }
+static ctpu_tensor f_scatter(ctpu_tensor *x) { return ctpu_scatter_add(x[0], 0, x[2], x[1]); }
+/* composites */
+static ctpu_tensor f_lse(ctpu_tensor *x) { int d = 1; return ctpu_logsumexp(x[0], 1, &d, false); }
+static ctpu_tensor f_lse_all(ctpu_tensor *x) { return ctpu_logsumexp(x[0], 0, NULL, true); }
+static ctpu_tensor f_index_add(ctpu_tensor *x) { return ctpu_index_add(x[0], 1, x[2], x[1], 0.5); }
+static ctpu_tensor f_silu(ctpu_tensor *x) { return ctpu_silu(x[0]); }
+static ctpu_tensor f_layer_norm(ctpu_tensor *x) { return ctpu_layer_norm(x[0], x[1], x[2], 1e-5); }
+static ctpu_tensor f_rms_norm(ctpu_tensor *x) { return ctpu_rms_norm(x[0], x[1], 1e-6); }
+static ctpu_tensor f_stack(ctpu_tensor *x) { return ctpu_stack(2, (ctpu_tensor[]){ x[0], x[1] }, 1); }
+static ctpu_tensor f_squeeze(ctpu_tensor *x) { return ctpu_flatten(ctpu_squeeze(ctpu_unsqueeze(x[0], 0), 0), 0, -1); }
+static ctpu_tensor f_tril(ctpu_tensor *x) { return ctpu_tril(x[0], 0); }
+static ctpu_tensor f_triu(ctpu_tensor *x) { return ctpu_triu(x[0], 1); }
+static ctpu_tensor f_index_select(ctpu_tensor *x) { return ctpu_index_select(x[0], 0, x[1]); }
+/* losses (ctpu_nn.h composites) */
+static ctpu_tensor f_nll(ctpu_tensor *x) { return ctpu_nll_loss(ctpu_log_softmax(x[0], 1), x[1], NULL); }
+static ctpu_tensor f_nll_sum(ctpu_tensor *x)
+{
+    ctpu_nll_opts o = { CTPU_REDUCE_SUM, 2 };   /* label 2 is ignored */
+    return ctpu_nll_loss(x[0], x[1], &o);
+}
+static ctpu_tensor f_bce(ctpu_tensor *x) { return ctpu_bce_with_logits(x[0], x[1], CTPU_REDUCE_MEAN); }
+static ctpu_tensor f_l1(ctpu_tensor *x) { return ctpu_l1_loss(x[0], x[1], CTPU_REDUCE_SUM); }
+static ctpu_tensor f_smooth_l1(ctpu_tensor *x) { return ctpu_smooth_l1_loss(x[0], x[1], CTPU_REDUCE_NONE, 0.5); }
+static ctpu_tensor f_mse(ctpu_tensor *x) { return ctpu_mse_loss(x[0], x[1], CTPU_REDUCE_MEAN); }
+static ctpu_tensor f_ce(ctpu_tensor *x) { return ctpu_cross_entropy(x[0], x[1], NULL); }
+
 /* a small MLP-like chain: several ops, shared inputs, broadcasting */
 static ctpu_tensor f_chain(ctpu_tensor *x)
 {
@@ -336,6 +375,36 @@ static const gc_case cases[] = {
     { "matmul_t a", f_mm_tn, 2, { SP(D_ANY, 2, 3, 2), SP(D_ANY, 3, 4) }, OPS(CTPU_OP_MATMUL) },
     { "matmul_t b", f_mm_nt, 2, { SP(D_ANY, 2, 3), SP(D_ANY, 2, 4, 3) }, OPS(CTPU_OP_MATMUL) },
     { "matmul_t ab", f_mm_tt, 2, { SP(D_ANY, 3, 2), SP(D_ANY, 4, 3) }, OPS(CTPU_OP_MATMUL) },
+    { "prod dim", f_prod_d, 1, { SP(D_AWAY, 3, 4) }, OPS(CTPU_OP_PROD) },
+    { "prod all", f_prod_all, 1, { SP(D_AWAY, 2, 3) }, OPS(CTPU_OP_PROD) },
+    { "prod zeros", f_prod_zeros, 1, { SP(D_AWAY, 3, 3) }, OPS(CTPU_OP_PROD) },
+    { "cumsum dim0", f_cumsum0, 1, { SP(D_ANY, 4, 3) }, OPS(CTPU_OP_CUMSUM) },
+    { "cumsum last", f_cumsum1, 1, { SP(D_ANY, 2, 3, 5) }, OPS(CTPU_OP_CUMSUM) },
+    { "cumsum 0-d", f_cumsum0, 1, { S0(D_ANY) }, OPS(CTPU_OP_CUMSUM) },
+    { "scatter_add", f_scatter, 3, { SP(D_ANY, 3, 4), SP(D_ANY, 3, 5), { .nd = 2, .s = { 2, 4 }, .dom = D_IDX, .irange = 3 } },
+      OPS(CTPU_OP_SCATTER_ADD) },
+    { "logsumexp", f_lse, 1, { SP(D_ANY, 3, 5) }, OPS(CTPU_OP_EXP) },
+    { "logsumexp all", f_lse_all, 1, { SP(D_ANY, 2, 3) }, OPS(CTPU_OP_EXP) },
+    { "index_add", f_index_add, 3, { SP(D_ANY, 2, 4), SP(D_ANY, 2, 5), { .nd = 1, .s = { 5 }, .dom = D_IDX, .irange = 4 } },
+      OPS(CTPU_OP_SCATTER_ADD) },
+    { "silu", f_silu, 1, { SP(D_ANY, 2, 3) }, OPS(CTPU_OP_SIGMOID) },
+    { "layer_norm", f_layer_norm, 3, { SP(D_ANY, 3, 5), SP(D_ANY, 5), SP(D_ANY, 5) }, OPS(CTPU_OP_VAR) },
+    { "rms_norm", f_rms_norm, 2, { SP(D_AWAY, 2, 6), SP(D_ANY, 6) }, OPS(CTPU_OP_RSQRT) },
+    { "stack", f_stack, 2, { SP(D_ANY, 2, 3), SP(D_ANY, 2, 3) }, OPS(CTPU_OP_CONCAT) },
+    { "squeeze unsqueeze flatten", f_squeeze, 1, { SP(D_ANY, 2, 3) }, OPS(CTPU_OP_RESHAPE) },
+    { "tril", f_tril, 1, { SP(D_ANY, 2, 3, 4) }, OPS(CTPU_OP_WHERE) },
+    { "triu", f_triu, 1, { SP(D_ANY, 4, 3) }, OPS(CTPU_OP_WHERE) },
+    { "index_select", f_index_select, 2, { SP(D_ANY, 4, 3), { .nd = 1, .s = { 5 }, .dom = D_IDX, .irange = 4 } },
+      OPS(CTPU_OP_GATHER) },
+    { "nll_loss", f_nll, 2, { SP(D_ANY, 4, 3), { .nd = 1, .s = { 4 }, .dom = D_IDX, .irange = 3 } }, OPS(CTPU_OP_GATHER) },
+    { "nll_loss sum ignore", f_nll_sum, 2, { SP(D_ANY, 5, 4), { .nd = 1, .s = { 5 }, .dom = D_IDX, .irange = 4 } },
+      OPS(CTPU_OP_GATHER) },
+    { "bce_with_logits", f_bce, 2, { SP(D_ANY, 3, 4), SP(D_POS, 3, 4) }, OPS(CTPU_OP_SOFTPLUS) },
+    { "l1_loss", f_l1, 2, { SP(D_Q1, 3, 4), SP(D_Q2, 3, 4) }, OPS(CTPU_OP_ABS) },
+    { "smooth_l1_loss", f_smooth_l1, 2, { SP(D_Q1, 3, 4), SP(D_Q2, 3, 4) }, OPS(CTPU_OP_ABS) },
+    { "mse_loss", f_mse, 2, { SP(D_ANY, 3, 4), SP(D_ANY, 3, 4) }, OPS(CTPU_OP_MUL) },
+    { "cross_entropy", f_ce, 2, { SP(D_ANY, 4, 5), { .nd = 1, .s = { 4 }, .dom = D_IDX, .irange = 5 } },
+      OPS(CTPU_OP_LOG_SOFTMAX) },
     { "chain", f_chain, 3, { SP(D_ANY, 3, 4), SP(D_ANY, 5, 4), SP(D_ANY, 5) }, OPS(CTPU_OP_MATMUL) },
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))

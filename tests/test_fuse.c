@@ -111,6 +111,9 @@ static ctpu_tensor apply_op(int op, ctpu_tensor x, ctpu_tensor y, ctpu_tensor w,
     case CTPU_OP_MIN: return ctpu_min(x, 0, NULL, false);
     case CTPU_OP_VAR: return ctpu_var(x, 1, d1, 1, false);
     case CTPU_OP_ARGMAX: return ctpu_argmax(x, 1, false);
+    case CTPU_OP_ARGMIN: return ctpu_argmin(x, 0, true);
+    case CTPU_OP_PROD: return ctpu_prod(ctpu_add_scalar(ctpu_tanh(x), 1.0), 1, d1, false);
+    case CTPU_OP_CUMSUM: return ctpu_cumsum(ctpu_exp(x), 1);
     case CTPU_OP_SOFTMAX: return ctpu_softmax(x, 1);
     case CTPU_OP_LOG_SOFTMAX: return ctpu_log_softmax(x, 0);
     case CTPU_OP_RESHAPE: return ctpu_reshape(ctpu_exp(x), 2, shp);
@@ -120,12 +123,18 @@ static ctpu_tensor apply_op(int op, ctpu_tensor x, ctpu_tensor y, ctpu_tensor w,
     case CTPU_OP_EXPAND: return ctpu_expand(y, 3, ex);
     case CTPU_OP_EMBEDDING: return ctpu_embedding(w, idx);
     case CTPU_OP_GATHER: return ctpu_gather(x, 1, ctpu_reshape(ctpu_slice(ctpu_concat(3, (ctpu_tensor[]){ idx, idx, idx }, 0), 0, 0, 5, 1), 2, (int64_t[]){ 5, 1 }));
+    case CTPU_OP_SCATTER_ADD: {
+        int32_t si[14] = { 0, 4, 1, 1, 2, 3, 0, 4, 4, 4, 0, 2, 1, 3 };
+        ctpu_tensor ix = ctpu_from_host(si, CTPU_I32, 2, (int64_t[]){ 2, 7 });
+        return ctpu_scatter_add(ctpu_tanh(x), 0, ix, ctpu_exp(ctpu_slice(x, 0, 1, 3, 1)));
+    }
     case CTPU_OP_MATMUL: return ctpu_matmul(x, w);
     case CTPU_OP_COPY: { ctpu_tensor z = ctpu_zeros(CTPU_F32, 2, (int64_t[]){ 5, 7 }); ctpu_assign(z, ctpu_tanh(x)); return z; }
     case CTPU_OP_FULL: return ctpu_full(CTPU_BF16, 2, (int64_t[]){ 3, 3 }, 1.3);
     case CTPU_OP_ARANGE: return ctpu_arange(-2, 5, 0.7, CTPU_F32);
     case CTPU_OP_RAND_UNIFORM: return ctpu_rand_uniform(CTPU_F32, 1, (int64_t[]){ 100 }, -1, 2);
     case CTPU_OP_RAND_NORMAL: return ctpu_rand_normal(CTPU_BF16, 1, (int64_t[]){ 100 }, 1, 2);
+    case CTPU_OP_RAND_INT: return ctpu_add(ctpu_randint(CTPU_I32, 1, (int64_t[]){ 100 }, -5, 1000), ctpu_randint(CTPU_F32, 1, (int64_t[]){ 100 }, 0, 7));
     case CTPU_OP_SLICE_BACKWARD: return grad_of(ctpu_exp(x), f_slice, x);
     case CTPU_OP_EMBEDDING_BACKWARD: return grad_of(w, f_embed, ctpu_concat(2, (ctpu_tensor[]){ idx, idx }, 0));
     case CTPU_OP_GATHER_BACKWARD: {

@@ -177,6 +177,11 @@ static void uninitialised_sweep(void)
     UN_S(ctpu_rng_set_state, "rng_set_state", 1, 2);
     UN_T(ctpu_rand_uniform, "rand_uniform", CTPU_F32, 2, sh, 0, 1);
     UN_T(ctpu_rand_normal, "rand_normal", CTPU_F32, 2, sh, 0, 1);
+    UN_T(ctpu_randint, "randint", CTPU_I32, 2, sh, 0, 10);
+    UN_T(ctpu_zeros_like, "zeros_like", t); UN_T(ctpu_ones_like, "ones_like", t); UN_T(ctpu_full_like, "full_like", t, 2);
+    UN_T(ctpu_rand_like, "rand_like", t); UN_T(ctpu_randn_like, "randn_like", t);
+    UN_T(ctpu_randint_like, "randint_like", t, 0, 3);
+    UN_T(ctpu_eye, "eye", 3, 3, CTPU_F32); UN_T(ctpu_linspace, "linspace", 0, 1, 5, CTPU_F32);
     UN_S(ctpu_assign, "assign", t, t);
     /* elementwise */
     UN_T(ctpu_neg, "neg", t); UN_T(ctpu_abs, "abs", t); UN_T(ctpu_exp, "exp", t); UN_T(ctpu_log, "log", t);
@@ -204,6 +209,9 @@ static void uninitialised_sweep(void)
     UN_T(ctpu_sum, "sum", t, 1, dims, false); UN_T(ctpu_mean, "mean", t, 0, NULL, true);
     UN_T(ctpu_max, "max", t, 1, dims, false); UN_T(ctpu_min, "min", t, 1, dims, false);
     UN_T(ctpu_var, "var", t, 1, dims, 1, false); UN_T(ctpu_argmax, "argmax", t, 0, false);
+    UN_T(ctpu_prod, "prod", t, 1, dims, false); UN_T(ctpu_argmin, "argmin", t, 0, false);
+    UN_T(ctpu_logsumexp, "logsumexp", t, 1, dims, false); UN_T(ctpu_cumsum, "cumsum", t, 0);
+    UN_T(ctpu_scatter_add, "scatter_add", t, 0, t, t); UN_T(ctpu_index_add, "index_add", t, 0, t, t, 1.0);
     UN_T(ctpu_softmax, "softmax", t, 0); UN_T(ctpu_log_softmax, "log_softmax", t, 0);
     UN_T(ctpu_reshape, "reshape", t, 2, sh); UN_T(ctpu_permute, "permute", t, perm);
     UN_T(ctpu_transpose, "transpose", t, 0, 1); UN_T(ctpu_contiguous, "contiguous", t);
@@ -419,6 +427,36 @@ START_TEST(extreme_integers_and_values)
     NUL(ctpu_var(a, 1, (int[]){ 0 }, INT_MIN, false), CTPU_ERR_INVALID_ARG, "var");
     NUL(ctpu_sum(a, INT_MAX, (int[]){ 0 }, false), CTPU_ERR_INVALID_ARG, "sum");
     NUL(ctpu_argmax(a, INT_MIN, false), CTPU_ERR_SHAPE, "argmax");
+    /* issue 12's reductions, scans, scatters and creators */
+    NUL(ctpu_argmin(a, INT_MAX, false), CTPU_ERR_SHAPE, "argmin");
+    NUL(ctpu_prod(a, 1, (int[]){ INT_MIN }, false), CTPU_ERR_SHAPE, "prod");
+    NUL(ctpu_prod(a, INT_MIN, (int[]){ 0 }, false), CTPU_ERR_INVALID_ARG, "prod");
+    NUL(ctpu_logsumexp(a, 1, (int[]){ INT_MAX }, true), CTPU_ERR_SHAPE, "logsumexp");
+    NUL(ctpu_logsumexp(a, 3, NULL, true), CTPU_ERR_INVALID_ARG, "logsumexp");
+    NUL(ctpu_cumsum(a, INT_MIN), CTPU_ERR_SHAPE, "cumsum");
+    NUL(ctpu_scatter_add(a, INT_MIN, i, a), CTPU_ERR_SHAPE, "scatter_add");
+    NUL(ctpu_scatter_add(a, 0, a, a), CTPU_ERR_DTYPE, "scatter_add");
+    NUL(ctpu_scatter_add(a, 0, i, i), CTPU_ERR_DTYPE, "scatter_add");
+    NUL(ctpu_scatter_add(a, 0, t_i32((int32_t[]){ 0 }, 1, (int64_t[]){ 1 }), a), CTPU_ERR_SHAPE, "scatter_add");
+    NUL(ctpu_index_add(a, INT_MIN, t_i32((int32_t[]){ 0 }, 1, (int64_t[]){ 1 }), a, 1), CTPU_ERR_SHAPE, "index_add");
+    NUL(ctpu_index_add(a, 0, t_i32((int32_t[]){ 0, 1 }, 1, (int64_t[]){ 2 }), a, INFINITY), CTPU_ERR_INVALID_ARG,
+        "index_add");
+    NUL(ctpu_index_add(a, 0, i, a, 1), CTPU_ERR_SHAPE, "index_add");
+    NUL(ctpu_randint(CTPU_I32, 1, (int64_t[]){ 4 }, INT64_MIN, INT64_MAX), CTPU_ERR_INVALID_ARG, "randint");
+    NUL(ctpu_randint(CTPU_I32, 1, (int64_t[]){ 4 }, INT64_MAX, INT64_MIN), CTPU_ERR_INVALID_ARG, "randint");
+    NUL(ctpu_randint(CTPU_I32, 1, (int64_t[]){ INT64_MIN }, 0, 2), CTPU_ERR_SHAPE, "randint");
+    NUL(ctpu_randint((ctpu_dtype)INT_MIN, 1, (int64_t[]){ 4 }, 0, 2), CTPU_ERR_DTYPE, "randint");
+    NUL(ctpu_randint_like(a, 3, 3), CTPU_ERR_INVALID_ARG, "randint");
+    NUL(ctpu_randn_like(i), CTPU_ERR_DTYPE, "randn_like");
+    NUL(ctpu_full_like(FAKE, 1), CTPU_ERR_STALE_HANDLE, "full_like");
+    NUL(ctpu_eye(INT64_MIN, 2, CTPU_F32), CTPU_ERR_INVALID_ARG, "eye");
+    NUL(ctpu_eye(INT64_MAX, INT64_MAX, CTPU_F32), CTPU_ERR_INVALID_ARG, "eye");
+    NUL(ctpu_eye(2147483647, 2147483647, CTPU_F32), CTPU_ERR_SHAPE, "eye");
+    NUL(ctpu_eye(2, 2, (ctpu_dtype)77), CTPU_ERR_DTYPE, "eye");
+    NUL(ctpu_linspace(0, 1, INT64_MIN, CTPU_F32), CTPU_ERR_INVALID_ARG, "linspace");
+    NUL(ctpu_linspace(0, 1, INT64_MAX, CTPU_F32), CTPU_ERR_INVALID_ARG, "linspace");
+    NUL(ctpu_linspace(-INFINITY, 1, 3, CTPU_F32), CTPU_ERR_INVALID_ARG, "linspace");
+    NUL(ctpu_linspace(0, 1, 3, (ctpu_dtype)-1), CTPU_ERR_DTYPE, "linspace");
     NUL(ctpu_softmax(a, INT_MAX), CTPU_ERR_SHAPE, "softmax");
     NUL(ctpu_transpose(a, INT_MIN, 0), CTPU_ERR_SHAPE, "transpose");
     NUL(ctpu_transpose(a, 0, INT_MAX), CTPU_ERR_SHAPE, "transpose");

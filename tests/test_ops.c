@@ -654,6 +654,7 @@ static ctpu_tensor apply_red(int op, ctpu_tensor a, int nd, const int *d, bool k
     case CTPU_OP_MAX: return ctpu_max(a, nd, d, keep);
     case CTPU_OP_MIN: return ctpu_min(a, nd, d, keep);
     case CTPU_OP_VAR: return ctpu_var(a, nd, d, corr, keep);
+    case CTPU_OP_PROD: return ctpu_prod(a, nd, d, keep);
     default: return CTPU_NULL;
     }
 }
@@ -691,6 +692,10 @@ static void case_reduction(int op)
         int64_t n = t_numel(rc->s.nd, rc->s.s);
         float *x = malloc((size_t)(n + 1) * 4);
         fill(x, n, (uint64_t)(ci * 3 + op), -3.0f, 5.0f, false);
+        if (op == CTPU_OP_PROD) {   /* factors of magnitude [0.9, 1.1], either sign: no overflow at 20000 */
+            fill(x, n, (uint64_t)(ci * 3 + op), 0.9f, 1.1f, false);
+            for (int64_t i = 0; i < n; i += 3) x[i] = -x[i];
+        }
         for (int keep = 0; keep < 2; keep++) {
             for (int dt = 0; dt < 2; dt++) {
                 uint32_t mask;
@@ -709,12 +714,15 @@ static void case_reduction(int op)
                 t_expect_shape(y, os.nd, os.s);
                 double *sum = calloc((size_t)(no + 1), sizeof(double)), *sabs = calloc((size_t)(no + 1), sizeof(double));
                 double *mx = malloc((size_t)(no + 1) * sizeof(double)), *sq = calloc((size_t)(no + 1), sizeof(double));
+                double *pr = malloc((size_t)(no + 1) * sizeof(double));
                 for (int64_t o = 0; o < no; o++) mx[o] = op == CTPU_OP_MAX ? -INFINITY : INFINITY;
+                for (int64_t o = 0; o < no; o++) pr[o] = 1.0;
                 for (int64_t i = 0; i < n; i++) {
                     double v = dt ? bf16_round(x[i]) : x[i];
                     int64_t o = red_out_index(i, &rc->s, mask);
                     sum[o] += v;
                     sabs[o] += fabs(v);
+                    pr[o] *= v;
                     mx[o] = ref_binary(op == CTPU_OP_MAX ? CTPU_K_B_MAX : CTPU_K_B_MIN, mx[o], v);
                 }
                 if (op == CTPU_OP_VAR) {
@@ -742,6 +750,7 @@ static void case_reduction(int op)
                         tol = cnt ? 4.0 * (double)(cnt + 2) * EPS * (sabs[o] + (double)cnt * m) * (sabs[o] / (double)cnt + m) / den : 0;
                         break;
                     }
+                    case CTPU_OP_PROD: r = pr[o]; tol = (double)(cnt + 1) * EPS * fabs(r); break;
                     default: r = mx[o]; tol = 0; break;
                     }
                     tol += t_ulp_of(r);
@@ -751,7 +760,7 @@ static void case_reduction(int op)
                     snprintf(what, sizeof what, "%s case %d keep %d dt %d", name, ci, keep, dt);
                     expect_close(what, o, g[o], r, tol, 0, 0);
                 }
-                free(g); free(sum); free(sabs); free(mx); free(sq);
+                free(g); free(sum); free(sabs); free(mx); free(sq); free(pr);
                 ctpu_release(y);
             }
         }
@@ -784,9 +793,10 @@ static void case_reduction(int op)
      * (as torch) */
     int64_t z = 0;
     ctpu_tensor e = ctpu_zeros(CTPU_F32, 1, &z);
-    if (op == CTPU_OP_SUM || op == CTPU_OP_MEAN || op == CTPU_OP_VAR) {
+    if (op == CTPU_OP_SUM || op == CTPU_OP_MEAN || op == CTPU_OP_VAR || op == CTPU_OP_PROD) {
         ck_assert_int_eq(ctpu_item(apply_red(op, e, 0, NULL, false, 1), &r), CTPU_OK);
         if (op == CTPU_OP_SUM) ck_assert(r == 0 && !signbit(r));
+        else if (op == CTPU_OP_PROD) ck_assert_msg(r == 1, "prod of an empty tensor = %g, want 1", r);
         else ck_assert_msg(r != r, "%s of an empty tensor = %g, want NaN", name, r);
     }
     if (op == CTPU_OP_VAR) {
@@ -813,39 +823,47 @@ static void case_reduction(int op)
     }
 }
 
+static ctpu_tensor argx(bool mn, ctpu_tensor a, int dim, bool keep)
+{
+    return mn ? ctpu_argmin(a, dim, keep) : ctpu_argmax(a, dim, keep);
+}
+
+/* argmax and argmin */
 static void case_argmax(int op)
 {
-    (void)op;
-    /* first maximal index; NaN counts as maximal (first NaN wins) */
-    static const struct { float v[6]; int n; int want; } c1[] = {
-        { { 1, 3, 3, 2, 0, 0 }, 5, 1 },
-        { { 1, NAN, 3, NAN, 0, 0 }, 4, 1 },
-        { { -INFINITY, -INFINITY, 0, 0, 0, 0 }, 2, 0 },
-        { { 5, 1, 2, 9, INFINITY, 9 }, 6, 4 },
-        { { -0.0f, 0.0f, 0, 0, 0, 0 }, 2, 0 },
-        { { 7, 0, 0, 0, 0, 0 }, 1, 0 },
+    bool mn = op == CTPU_OP_ARGMIN;
+    /* first maximal (minimal) index; NaN counts as maximal (minimal): first NaN wins */
+    static const struct { float v[6]; int n; int want, want_min; } c1[] = {
+        { { 1, 3, 3, 2, 0, 0 }, 5, 1, 4 },
+        { { 1, NAN, 3, NAN, 0, 0 }, 4, 1, 1 },
+        { { -INFINITY, -INFINITY, 0, 0, 0, 0 }, 2, 0, 0 },
+        { { 5, 1, 2, 9, INFINITY, 9 }, 6, 4, 1 },
+        { { -0.0f, 0.0f, 0, 0, 0, 0 }, 2, 0, 0 },
+        { { 7, 0, 0, 0, 0, 0 }, 1, 0, 0 },
+        { { 2, -INFINITY, 1, -INFINITY, NAN, 0 }, 6, 4, 4 },
     };
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 7; i++) {
         int64_t n = c1[i].n;
-        ctpu_tensor y = ctpu_argmax(t_f32(c1[i].v, 1, &n), 0, false);
+        ctpu_tensor y = argx(mn, t_f32(c1[i].v, 1, &n), 0, false);
         ck_assert_msg(!ctpu_is_null(y), "argmax: %s", ctpu_last_error());
         ck_assert_int_eq(ctpu_dtype_of(y), CTPU_I32);
         ck_assert_int_eq(ctpu_ndim(y), 0);
         int32_t g;
         ck_assert_int_eq(ctpu_to_host(y, &g, 4), CTPU_OK);
-        ck_assert_msg(g == c1[i].want, "argmax case %d: %d want %d", i, g, c1[i].want);
+        int want = mn ? c1[i].want_min : c1[i].want;
+        ck_assert_msg(g == want, "%s case %d: %d want %d", ctpu_op_name(op), i, g, want);
     }
     /* along each dim of a [2,3,4], keepdim, bf16, vs a reference */
     int64_t s[3] = { 2, 3, 4 };
     float x[24];
     fill(x, 24, 5, -2, 2, false);
-    x[5] = x[9] = 100;   /* a tie */
+    x[5] = x[9] = mn ? -100 : 100;   /* a tie */
     for (int d = -3; d < 3; d++) {
         for (int keep = 0; keep < 2; keep++) {
             for (int dt = 0; dt < 2; dt++) {
                 ctpu_tensor a = t_f32(x, 3, s);
                 if (dt) a = ctpu_cast(a, CTPU_BF16);
-                ctpu_tensor y = ctpu_argmax(a, d, keep);
+                ctpu_tensor y = argx(mn, a, d, keep);
                 ck_assert_msg(!ctpu_is_null(y), "argmax: %s", ctpu_last_error());
                 int dd = d < 0 ? d + 3 : d;
                 ck_assert_int_eq(ctpu_ndim(y), keep ? 3 : 2);
@@ -856,11 +874,11 @@ static void case_argmax(int op)
                 for (int64_t o = 0; o < outer; o++)
                     for (int64_t in = 0; in < inner; in++) {
                         int best = 0;
-                        double bv = -INFINITY;
+                        double bv = mn ? INFINITY : -INFINITY;
                         for (int j = 0; j < s[dd]; j++) {
                             double v = x[(o * s[dd] + j) * inner + in];
                             if (dt) v = bf16_round(v);
-                            if (v > bv) { bv = v; best = j; }
+                            if (mn ? v < bv : v > bv) { bv = v; best = j; }
                         }
                         ck_assert_int_eq(g[o * inner + in], best);
                     }
@@ -869,18 +887,20 @@ static void case_argmax(int op)
         }
     }
     /* i32 input: exact comparison (16777217 > 16777216 though equal in f32) */
-    int32_t iv[3] = { 16777216, 16777217, -1 };
+    int32_t iv[3] = { 16777216, 16777217, -1 }, ivm[3] = { 16777217, 16777216, 16777218 };
     int64_t s3 = 3;
     int32_t g;
-    ck_assert_int_eq(ctpu_to_host(ctpu_argmax(t_i32(iv, 1, &s3), 0, false), &g, 4), CTPU_OK);
-    ck_assert_msg(g == 1, "argmax of i32 [16777216, 16777217, -1] = %d, want 1", g);
+    ck_assert_int_eq(ctpu_to_host(argx(mn, t_i32(mn ? ivm : iv, 1, &s3), 0, false), &g, 4), CTPU_OK);
+    ck_assert_msg(g == 1, "%s of i32 = %d, want 1", ctpu_op_name(op), g);
     /* a 0-d tensor -> 0 */
     float one = 3;
-    ck_assert_int_eq(ctpu_to_host(ctpu_argmax(ctpu_from_host(&one, CTPU_F32, 0, NULL), 0, false), &g, 4), CTPU_OK);
+    ck_assert_int_eq(ctpu_to_host(argx(mn, ctpu_from_host(&one, CTPU_F32, 0, NULL), 0, false), &g, 4), CTPU_OK);
     ck_assert_int_eq(g, 0);
-    /* [4, 0] along dim 0 is an empty result, fine */
+    /* [4, 0] along dim 0 is an empty result, fine; along dim 1 an error */
     int64_t s40[2] = { 4, 0 };
-    ctpu_tensor e = ctpu_argmax(ctpu_zeros(CTPU_F32, 2, s40), 0, false);
+    ck_assert(ctpu_is_null(argx(mn, ctpu_zeros(CTPU_F32, 2, s40), 1, false)));
+    ck_assert(t_contains(ctpu_last_error(), ctpu_op_name(op)));
+    ctpu_tensor e = argx(mn, ctpu_zeros(CTPU_F32, 2, s40), 0, false);
     ck_assert(!ctpu_is_null(e));
     ck_assert_int_eq(ctpu_numel(e), 0);
 }
@@ -1571,6 +1591,173 @@ static void case_collective(int op)
 
 /* ------------------------------------------------------------ the table */
 typedef void (*op_case)(int op);
+/* ------------------------------------------------------------ scans, scatter, randint */
+/* cumsum: the bits of a left-to-right f32 accumulation from +0 (exact), and
+ * within (j + 1) eps sum|x| of float64; bf16 in, bf16 out; i32 gives f32. */
+static void case_cumsum(int op)
+{
+    (void)op;
+    static const struct { shp s; int dim; } cs[] = {
+        { { 1, { 7 } }, 0 },  { { 2, { 3, 5 } }, 0 },  { { 2, { 3, 5 } }, -1 }, { { 3, { 2, 3, 9 } }, 1 },
+        { { 1, { 5000 } }, 0 }, { { 2, { 2, 0 } }, 1 }, { { 0, { 0 } }, 0 },  { { 1, { 1 } }, -1 },
+    };
+    for (int ci = 0; ci < 8; ci++) {
+        int nd = cs[ci].s.nd, d = nd ? (cs[ci].dim < 0 ? cs[ci].dim + nd : cs[ci].dim) : 0;
+        int64_t n = t_numel(nd, cs[ci].s.s);
+        float *x = malloc((size_t)(n + 1) * 4);
+        fill(x, n, (uint64_t)ci + 40, -3, 5, false);
+        if (n > 2) x[1] = -0.0f;
+        for (int dt = 0; dt < 2; dt++) {
+            ctpu_tensor a = t_f32(x, nd, cs[ci].s.s);
+            if (dt) a = ctpu_cast(a, CTPU_BF16);
+            ctpu_tensor y = ctpu_cumsum(a, cs[ci].dim);
+            ck_assert_msg(!ctpu_is_null(y), "cumsum: %s", ctpu_last_error());
+            ck_assert_int_eq(ctpu_dtype_of(y), dt ? CTPU_BF16 : CTPU_F32);
+            t_expect_shape(y, nd, cs[ci].s.s);
+            float *g = t_read(y, NULL);
+            int64_t len = nd ? cs[ci].s.s[d] : 1, inner = 1;
+            for (int k = d + 1; k < nd; k++) inner *= cs[ci].s.s[k];
+            int64_t outer = len && inner ? n / (len * inner) : 0;
+            for (int64_t o = 0; o < outer; o++)
+                for (int64_t in = 0; in < inner; in++) {
+                    float acc = 0.0f;
+                    double ref = 0, sabs = 0;
+                    for (int64_t j = 0; j < len; j++) {
+                        int64_t i = (o * len + j) * inner + in;
+                        float v = dt ? (float)bf16_round(x[i]) : x[i];
+                        acc += v;
+                        ref += v;
+                        sabs += fabs(v);
+                        float want = dt ? (float)bf16_round(acc) : acc;
+                        ck_assert_msg(t_same(g[i], want), "cumsum case %d dt %d [%lld]: %a, want %a", ci, dt,
+                                      (long long)i, g[i], want);
+                        double tol = (double)(j + 1) * EPS * sabs + t_ulp_of(ref) + (dt ? bf16_ulp(ref) : 0);
+                        expect_close("cumsum", i, g[i], ref, tol, v, 0);
+                    }
+                }
+            free(g);
+        }
+        free(x);
+    }
+    int32_t iv[3] = { 16777216, 1, 2 };
+    int64_t s3 = 3;
+    ctpu_tensor y = ctpu_cumsum(t_i32(iv, 1, &s3), 0);
+    ck_assert_int_eq(ctpu_dtype_of(y), CTPU_F32);
+    float *g = t_read(y, NULL);
+    ck_assert(g[0] == 16777216.0f && g[2] == 16777218.0f);
+    free(g);
+    float nv[4] = { 1, NAN, 2, INFINITY };
+    int64_t s4 = 4;
+    g = t_read(ctpu_cumsum(t_f32(nv, 1, &s4), 0), NULL);
+    ck_assert(g[0] == 1 && g[1] != g[1] && g[3] != g[3]);
+    free(g);
+    ck_assert(ctpu_is_null(ctpu_cumsum(t_f32(nv, 1, &s4), 1)));
+    ck_assert(t_contains(ctpu_last_error(), "cumsum"));
+}
+
+/* scatter_add against a host loop in the documented order (f32 adds in index
+ * order into a copy of self, one rounding at the end for bf16), along each
+ * dim, src larger than index; i32 wraps; a bad index faults. */
+static void case_scatter_add(int op)
+{
+    (void)op;
+    int64_t ss[2] = { 3, 4 }, is[2] = { 2, 4 }, rs[2] = { 3, 5 };
+    float self[12], src[15];
+    fill(self, 12, 71, -2, 2, false);
+    fill(src, 15, 72, -2, 2, false);
+    int32_t idx[8] = { 0, 2, 1, 3, 2, 2, 0, 1 };
+    for (int dim = 0; dim < 2; dim++) {
+        for (int dt = 0; dt < 2; dt++) {
+            int32_t ix[8];
+            for (int i = 0; i < 8; i++) ix[i] = dim == 0 ? idx[i] % 3 : idx[i];
+            ctpu_tensor a = t_f32(self, 2, ss), b = t_f32(src, 2, rs);
+            if (dt) { a = ctpu_cast(a, CTPU_BF16); b = ctpu_cast(b, CTPU_BF16); }
+            ctpu_tensor y = ctpu_scatter_add(a, dim - 2, t_i32(ix, 2, is), b);
+            ck_assert_msg(!ctpu_is_null(y), "scatter_add: %s", ctpu_last_error());
+            ck_assert_int_eq(ctpu_dtype_of(y), dt ? CTPU_BF16 : CTPU_F32);
+            t_expect_shape(y, 2, ss);
+            float want[12];
+            for (int i = 0; i < 12; i++) want[i] = dt ? (float)bf16_round(self[i]) : self[i];
+            for (int r = 0; r < 2; r++)
+                for (int c = 0; c < 4; c++) {
+                    int v = ix[r * 4 + c];
+                    int o = dim == 0 ? v * 4 + c : r * 4 + v;
+                    want[o] += dt ? (float)bf16_round(src[r * 5 + c]) : src[r * 5 + c];
+                }
+            float *g = t_read(y, NULL);
+            for (int i = 0; i < 12; i++) {
+                float w = dt ? (float)bf16_round(want[i]) : want[i];
+                ck_assert_msg(t_same(g[i], w), "scatter_add dim %d dt %d [%d]: %a want %a", dim, dt, i, g[i], w);
+            }
+            free(g);
+        }
+    }
+    /* i32: integer adds that wrap */
+    int32_t si[2] = { INT32_MAX, 5 }, sv[3] = { 1, 2, 3 }, sx[3] = { 0, 1, 1 };
+    int64_t s2 = 2, s3 = 3;
+    int32_t *gi = t_read_raw(ctpu_scatter_add(t_i32(si, 1, &s2), 0, t_i32(sx, 1, &s3), t_i32(sv, 1, &s3)), NULL);
+    ck_assert(gi[0] == INT32_MIN && gi[1] == 10);
+    free(gi);
+    /* a bad index: a device fault naming scatter_add, at the next sync */
+    int32_t bad[3] = { 0, 9, 1 };
+    ctpu_tensor f = ctpu_scatter_add(T_VEC(1, 2), 0, t_i32(bad, 1, &s3), T_VEC(1, 1, 1));
+    ck_assert(!ctpu_is_null(f));
+    ck_assert_int_eq(ctpu_sync(), CTPU_ERR_DEVICE_FAULT);
+    ck_assert_msg(t_contains(ctpu_last_error(), "scatter_add") && t_contains(ctpu_last_error(), "9"), "%s",
+                  ctpu_last_error());
+    ctpu_clear_error();
+    /* errors */
+    ck_assert(ctpu_is_null(ctpu_scatter_add(T_VEC(1, 2), 0, T_VEC(0, 1), T_VEC(1, 1))));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_DTYPE);
+    ck_assert(t_contains(ctpu_last_error(), "scatter_add"));
+    ck_assert(ctpu_is_null(ctpu_scatter_add(T_VEC(1, 2), 0, t_i32(sx, 1, &s3), T_VEC(1, 1))));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_SHAPE);
+    ck_assert(ctpu_is_null(ctpu_scatter_add(T_VEC(1, 2), 3, t_i32(sx, 1, &s3), T_VEC(1, 1, 1))));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_SHAPE);
+}
+
+/* randint: element i is low + (w0 | w1 << 32) mod range of Philox (seed,
+ * offset + i), in every dtype; about uniform. */
+static void case_randint(int op)
+{
+    (void)op;
+    ctpu_manual_seed(1234);
+    uint64_t seed, off;
+    ck_assert_int_eq(ctpu_rng_get_state(&seed, &off), CTPU_OK);
+    int64_t n = 7000;
+    ctpu_tensor y = ctpu_randint(CTPU_I32, 1, &n, -3, 4);
+    ck_assert_msg(!ctpu_is_null(y), "randint: %s", ctpu_last_error());
+    ck_assert_int_eq(ctpu_dtype_of(y), CTPU_I32);
+    int32_t *g = t_read_raw(y, NULL);
+    int cnt[7] = { 0 };
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t w[4];
+        ctpu_k_philox4x32(seed, off + (uint64_t)i, w);
+        int64_t want = -3 + (int64_t)(((uint64_t)w[0] | (uint64_t)w[1] << 32) % 7);
+        ck_assert_msg(g[i] == want, "randint [%lld] = %d, want %lld", (long long)i, g[i], (long long)want);
+        cnt[g[i] + 3]++;
+    }
+    for (int k = 0; k < 7; k++) ck_assert_msg(cnt[k] > 850 && cnt[k] < 1150, "randint: value %d drawn %d times", k - 3, cnt[k]);
+    free(g);
+    /* the full i32 range; f32 and bf16 outputs */
+    ctpu_tensor wide = ctpu_randint(CTPU_I32, 1, &n, INT32_MIN, (int64_t)INT32_MAX + 1);
+    ck_assert(!ctpu_is_null(wide));
+    float *f = t_read(ctpu_randint(CTPU_F32, 1, &n, 0, 3), NULL);
+    for (int64_t i = 0; i < n; i++) ck_assert(f[i] == 0 || f[i] == 1 || f[i] == 2);
+    free(f);
+    f = t_read(ctpu_randint(CTPU_BF16, 1, &n, 100, 102), NULL);
+    for (int64_t i = 0; i < n; i++) ck_assert(f[i] == 100 || f[i] == 101);
+    free(f);
+    /* the generator advanced by the draws */
+    uint64_t s2, o2;
+    ck_assert_int_eq(ctpu_rng_get_state(&s2, &o2), CTPU_OK);
+    ck_assert(s2 == seed && o2 == off + 4 * (uint64_t)n);
+    ck_assert(ctpu_is_null(ctpu_randint(CTPU_I32, 1, &n, 5, 5)));
+    ck_assert(t_contains(ctpu_last_error(), "randint"));
+    ck_assert(ctpu_is_null(ctpu_randint(CTPU_I32, 1, &n, 0, (int64_t)INT32_MAX + 2)));
+    ck_assert(ctpu_is_null(ctpu_randint((ctpu_dtype)9, 1, &n, 0, 2)));
+}
+
 static const op_case CASES[CTPU_OP_COUNT] = {
     [CTPU_OP_NEG] = case_unary, [CTPU_OP_ABS] = case_unary, [CTPU_OP_EXP] = case_unary,
     [CTPU_OP_LOG] = case_unary, [CTPU_OP_SQRT] = case_unary, [CTPU_OP_RSQRT] = case_unary,
@@ -1590,6 +1777,8 @@ static const op_case CASES[CTPU_OP_COUNT] = {
     [CTPU_OP_WHERE] = case_where, [CTPU_OP_CLAMP] = case_clamp, [CTPU_OP_CAST] = case_cast,
     [CTPU_OP_SUM] = case_reduction, [CTPU_OP_MEAN] = case_reduction, [CTPU_OP_MAX] = case_reduction,
     [CTPU_OP_MIN] = case_reduction, [CTPU_OP_VAR] = case_reduction, [CTPU_OP_ARGMAX] = case_argmax,
+    [CTPU_OP_ARGMIN] = case_argmax, [CTPU_OP_PROD] = case_reduction, [CTPU_OP_CUMSUM] = case_cumsum,
+    [CTPU_OP_SCATTER_ADD] = case_scatter_add, [CTPU_OP_RAND_INT] = case_randint,
     [CTPU_OP_SOFTMAX] = case_softmax, [CTPU_OP_LOG_SOFTMAX] = case_softmax,
     [CTPU_OP_RESHAPE] = case_reshape, [CTPU_OP_PERMUTE] = case_permute, [CTPU_OP_SLICE] = case_slice,
     [CTPU_OP_CONCAT] = case_concat, [CTPU_OP_EXPAND] = case_expand, [CTPU_OP_EMBEDDING] = case_embedding,
@@ -2014,6 +2203,193 @@ START_TEST(movement_composites)
 }
 END_TEST
 
+/* logsumexp against float64 in every mode (bits equal across modes), its
+ * special slices and gradient; index_add against a host loop; the *_like
+ * creators, eye and linspace (float64 bound and the kernel formula's bits). */
+static double lse_ref(const float *x, int64_t n, int64_t stride, bool bf)
+{
+    double m = -INFINITY, s = 0;
+    for (int64_t j = 0; j < n; j++) {
+        double v = bf ? bf16_round(x[j * stride]) : x[j * stride];
+        if (v != v) return NAN;
+        if (v > m) m = v;
+    }
+    if (isinf(m)) m = 0;
+    for (int64_t j = 0; j < n; j++) s += exp((bf ? bf16_round(x[j * stride]) : x[j * stride]) - m);
+    return log(s) + m;
+}
+
+START_TEST(reduction_and_creator_composites)
+{
+    static const ctpu_mode modes[] = { CTPU_MODE_STRICT, CTPU_MODE_DEBUG, CTPU_MODE_DEFER_FUSE };
+    static const struct { int64_t r, n; } ls[] = { { 3, 5 }, { 2, 9001 }, { 4, 1 } };
+    double worst = 0;
+    for (int c = 0; c < 3; c++) {
+        int64_t R = ls[c].r, N = ls[c].n, shp2[2] = { R, N };
+        float *x = malloc((size_t)(R * N) * 4);
+        fill(x, R * N, (uint64_t)c + 90, -30, 30, false);
+        float *prev = NULL;
+        for (int m = 0; m < 3; m++)
+            for (int dt = 0; dt < 2; dt++) {
+                ck_assert_int_eq(ctpu_set_mode(modes[m]), CTPU_OK);
+                ctpu_tensor a = t_f32(x, 2, shp2);
+                if (dt) a = ctpu_cast(a, CTPU_BF16);
+                int d = 1;
+                ctpu_tensor y = ctpu_logsumexp(a, 1, &d, dt == 1);
+                ck_assert_msg(!ctpu_is_null(y), "logsumexp: %s", ctpu_last_error());
+                ck_assert_int_eq(ctpu_dtype_of(y), dt ? CTPU_BF16 : CTPU_F32);
+                if (dt) t_expect_shape(y, 2, (int64_t[]){ R, 1 });
+                else t_expect_shape(y, 1, &R);
+                float *g = t_read(y, NULL);
+                for (int64_t r = 0; r < R; r++) {
+                    double ref = lse_ref(x + r * N, N, 1, dt);
+                    double tol = (double)(N + 8) * EPS + 2 * t_ulp_of(ref);
+                    if (dt) { tol += bf16_ulp(ref); ref = bf16_round(ref); }
+                    else if (fabs(g[r] - ref) > worst) worst = fabs(g[r] - ref);
+                    expect_close("logsumexp", r, g[r], ref, tol, 0, 0);
+                }
+                if (dt == 0) {
+                    if (prev) for (int64_t r = 0; r < R; r++) ck_assert_msg(t_same(prev[r], g[r]), "logsumexp: mode %d differs", m);
+                    free(prev);
+                    prev = g;
+                } else {
+                    free(g);
+                }
+            }
+        free(prev);
+        free(x);
+    }
+    fprintf(stderr, "logsumexp: f32 max abs error %.3g vs float64\n", worst);
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+    /* special slices (torch): all -inf -> -inf, a +inf -> +inf, a NaN -> NaN; dims over all; empty -> -inf */
+    float sp[12] = { -INFINITY, -INFINITY, -INFINITY, 1, INFINITY, 2, 3, NAN, 4, 1000, 1000, -1000 };
+    ctpu_tensor S = t_f32(sp, 2, (int64_t[]){ 4, 3 });
+    int d1 = 1;
+    float *g = t_read(ctpu_logsumexp(S, 1, &d1, false), NULL);
+    ck_assert(g[0] == -INFINITY && g[1] == INFINITY && g[2] != g[2]);
+    ck_assert_msg(fabsf(g[3] - (1000.0f + logf(2.0f))) <= 1e-4f, "logsumexp of large values: %g", g[3]);
+    free(g);
+    double v;
+    ck_assert_int_eq(ctpu_item(ctpu_logsumexp(T_VEC(0, 0, 0, 0), 0, NULL, false), &v), CTPU_OK);
+    ck_assert(fabs(v - log(4.0)) < 1e-6);
+    int64_t z[2] = { 2, 0 };
+    g = t_read(ctpu_logsumexp(ctpu_zeros(CTPU_F32, 2, z), 1, &d1, false), NULL);
+    ck_assert(g[0] == -INFINITY && g[1] == -INFINITY);
+    free(g);
+    ck_assert(ctpu_is_null(ctpu_logsumexp(S, 1, (int[]){ 2 }, false)));
+    ck_assert(t_contains(ctpu_last_error(), "logsumexp"));
+    /* gradient: softmax */
+    ctpu_tensor P = T_VEC(1, 2, -1, 0.5f);
+    ctpu_set_requires_grad(P, true);
+    ck_assert_int_eq(ctpu_backward(ctpu_logsumexp(P, 0, NULL, false)), CTPU_OK);
+    g = t_read(ctpu_grad(P), NULL);
+    double den = exp(1) + exp(2) + exp(-1) + exp(0.5);
+    const double px[4] = { 1, 2, -1, 0.5 };
+    for (int i = 0; i < 4; i++) ck_assert_msg(fabs(g[i] - exp(px[i]) / den) < 1e-6, "logsumexp grad %d: %g", i, g[i]);
+    free(g);
+
+    /* index_add: out[:, index[i]] += alpha * source[:, i], in every mode */
+    float self[8] = { 1, 2, 3, 4, 5, 6, 7, 8 }, src[6] = { 0.5f, 0.25f, 2, -1, 3, 0.125f };
+    int32_t ix[3] = { 3, 0, 3 };
+    for (int m = 0; m < 3; m++) {
+        ck_assert_int_eq(ctpu_set_mode(modes[m]), CTPU_OK);
+        ctpu_tensor Y = ctpu_index_add(t_f32(self, 2, (int64_t[]){ 2, 4 }), 1, t_i32(ix, 1, (int64_t[]){ 3 }),
+                                       t_f32(src, 2, (int64_t[]){ 2, 3 }), 2.0);
+        ck_assert_msg(!ctpu_is_null(Y), "index_add: %s", ctpu_last_error());
+        float want[8];
+        memcpy(want, self, sizeof want);
+        for (int r = 0; r < 2; r++)
+            for (int i = 0; i < 3; i++) want[r * 4 + ix[i]] += 2.0f * src[r * 3 + i];
+        expect_f32_vals(Y, want, 8, "index_add");
+    }
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+    ck_assert(ctpu_is_null(ctpu_index_add(T_VEC(1, 2), 0, t_i32(ix, 1, (int64_t[]){ 3 }), T_VEC(1, 2), 1)));
+    ck_assert(t_contains(ctpu_last_error(), "index_add"));
+    ck_assert(ctpu_is_null(ctpu_index_add(T_VEC(1, 2), 0, t_i32(ix, 1, (int64_t[]){ 2 }), T_VEC(1, 2), NAN)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_INVALID_ARG);
+    ck_assert(ctpu_is_null(ctpu_index_add(T_VEC(1, 2), 0, T_VEC(0, 1), T_VEC(1, 2), 1)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_DTYPE);
+
+    /* *_like: a's shape and dtype */
+    ctpu_tensor B = ctpu_cast(t_f32(self, 2, (int64_t[]){ 2, 4 }), CTPU_BF16);
+    ctpu_tensor likes[6] = { ctpu_zeros_like(B), ctpu_ones_like(B), ctpu_full_like(B, 2.5), ctpu_rand_like(B),
+                             ctpu_randn_like(B), ctpu_randint_like(B, 3, 6) };
+    const double lv[3] = { 0, 1, 2.5 };
+    for (int k = 0; k < 6; k++) {
+        ck_assert_msg(!ctpu_is_null(likes[k]), "like %d: %s", k, ctpu_last_error());
+        ck_assert_int_eq(ctpu_dtype_of(likes[k]), CTPU_BF16);
+        t_expect_shape(likes[k], 2, (int64_t[]){ 2, 4 });
+        g = t_read(likes[k], NULL);
+        for (int i = 0; i < 8; i++) {
+            if (k < 3) ck_assert(g[i] == lv[k]);
+            if (k == 3) ck_assert(g[i] >= 0 && g[i] <= 1);
+            if (k == 5) ck_assert(g[i] == 3 || g[i] == 4 || g[i] == 5);
+        }
+        free(g);
+    }
+    ck_assert(ctpu_is_null(ctpu_rand_like(t_i32(ix, 1, (int64_t[]){ 3 }))));
+    ck_assert(t_contains(ctpu_last_error(), "rand_like"));
+    ctpu_tensor dead = T_VEC(1);
+    ctpu_release(dead);
+    ck_assert(ctpu_is_null(ctpu_zeros_like(dead)));
+    ck_assert(t_contains(ctpu_last_error(), "zeros_like"));
+
+    /* eye */
+    for (int dt = 0; dt < 3; dt++) {
+        ctpu_tensor E = ctpu_eye(3, 5, (ctpu_dtype)dt);
+        ck_assert_msg(!ctpu_is_null(E), "eye: %s", ctpu_last_error());
+        ck_assert_int_eq(ctpu_dtype_of(E), dt);
+        t_expect_shape(E, 2, (int64_t[]){ 3, 5 });
+        g = t_read(E, NULL);
+        for (int i = 0; i < 15; i++) ck_assert(g[i] == (i / 5 == i % 5 ? 1.0f : 0.0f));
+        free(g);
+    }
+    ck_assert_int_eq(ctpu_numel(ctpu_eye(0, 4, CTPU_F32)), 0);
+    ck_assert(ctpu_is_null(ctpu_eye(-1, 4, CTPU_F32)));
+    ck_assert(t_contains(ctpu_last_error(), "eye"));
+
+    /* linspace: the kernel formula's bits (f32 arithmetic), float64 within 2 ulp of max(|start|, |end|) */
+    static const struct { double a, b; int64_t n; } lc[] = {
+        { 0, 1, 5 }, { -3, 7.5, 1000 }, { 1e6, -2, 33 }, { 0.1, 0.7, 7 }, { 5, 5, 4 }, { -1, 1, 2 },
+    };
+    double lworst = 0;
+    for (int c = 0; c < 6; c++) {
+        int64_t n = lc[c].n;
+        float fs = (float)lc[c].a, fe = (float)lc[c].b, st = (fe - fs) / (float)(n - 1);
+        for (int m = 0; m < 3; m++) {
+            ck_assert_int_eq(ctpu_set_mode(modes[m]), CTPU_OK);
+            ctpu_tensor L = ctpu_linspace(lc[c].a, lc[c].b, n, CTPU_F32);
+            ck_assert_msg(!ctpu_is_null(L), "linspace: %s", ctpu_last_error());
+            t_expect_shape(L, 1, &n);
+            g = t_read(L, NULL);
+            double big = fmax(fabs(lc[c].a), fabs(lc[c].b));
+            for (int64_t i = 0; i < n; i++) {
+                float want = i < n / 2 ? fs + st * (float)i : fe - st * (float)(n - 1 - i);
+                ck_assert_msg(t_same(g[i], want), "linspace case %d [%lld]: %a want %a", c, (long long)i, g[i], want);
+                double ref = lc[c].a + (double)i * (lc[c].b - lc[c].a) / (double)(n - 1);
+                double err = fabs(g[i] - ref) / t_ulp_of(big);
+                if (err > lworst) lworst = err;
+                ck_assert_msg(err <= 2, "linspace case %d [%lld]: %.9g vs %.9g (%.2f ulp)", c, (long long)i, g[i], ref, err);
+            }
+            ck_assert(g[0] == fs && g[n - 1] == fe);
+            free(g);
+        }
+    }
+    fprintf(stderr, "linspace: f32 max error %.2f ulp of max(|start|, |end|)\n", lworst);
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+    g = t_read(ctpu_linspace(-1, 1, 5, CTPU_BF16), NULL);
+    ck_assert(g[0] == -1 && g[1] == -0.5f && g[2] == 0 && g[3] == 0.5f && g[4] == 1);
+    free(g);
+    ck_assert_int_eq(ctpu_item(ctpu_linspace(3, 9, 1, CTPU_F32), &v), CTPU_OK);
+    ck_assert(v == 3);
+    ck_assert_int_eq(ctpu_numel(ctpu_linspace(3, 9, 0, CTPU_F32)), 0);
+    ck_assert(ctpu_is_null(ctpu_linspace(0, NAN, 3, CTPU_F32)));
+    ck_assert(t_contains(ctpu_last_error(), "linspace"));
+    ck_assert(ctpu_is_null(ctpu_linspace(0, 1, 3, CTPU_I32)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_DTYPE);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("ops");
@@ -2029,6 +2405,7 @@ static Suite *suite(void)
     tcase_add_test(c, silu_is_its_composition);
     tcase_add_test(c, norms_against_float64);
     tcase_add_test(c, movement_composites);
+    tcase_add_test(c, reduction_and_creator_composites);
     suite_add_tcase(s, c);
     return s;
 }

@@ -502,6 +502,37 @@ static bool bw_max_red(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_t
     return true;
 }
 
+/* d prod / dx_i = prod of the others: y / x_i without zeros in the slice; with
+ * one zero, the product of the nonzeros at the zero and 0 elsewhere; with
+ * more, 0 (torch's prod_backward cases, as masks). */
+static bool bw_prod(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    ctpu_tensor x = IN(n, 0);
+    int nd = n->node.attr.n_dims;
+    const int *dims = n->node.attr.dims;
+    ctpu_tensor zero = ctpu_eq_scalar(x, 0.0);
+    ctpu_tensor one = ctpu_ones(ctpu_dtype_of(x), 0, NULL);
+    ctpu_tensor x_nz = ctpu_where(zero, one, x);
+    ctpu_tensor nz = ctpu_sum(zero, nd, dims, true);
+    ctpu_tensor p_nz = ctpu_prod(x_nz, nd, dims, true);
+    ctpu_tensor at_zero = ctpu_mul(p_nz, ctpu_eq_scalar(nz, 1.0));
+    ctpu_tensor others = ctpu_where(zero, at_zero, ctpu_div(to_keepdim(n, OUT(n)), x_nz));
+    gin[0] = ctpu_mul(others, to_keepdim(n, g));
+    return true;
+}
+
+/* cumsum's gradient: the cumsum of g from the end of the dim */
+static bool bw_cumsum(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)need;
+    ctpu_node nd = { .op = CTPU_OP_CUMSUM, .out = n->in_type[0], .attr = n->node.attr };
+    nd.attr.flags ^= CTPU_ATTR_REVERSE;
+    nd.out.dtype = (uint8_t)ctpu_dtype_of(g);
+    gin[0] = dispatch_node(&nd, 1, &g);
+    return true;
+}
+
 static bool bw_var(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
 {
     (void)need;
@@ -589,6 +620,28 @@ static bool bw_gather(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_te
     return true;
 }
 
+/* scatter_add: d self = g; d src = g gathered at the index (zeros where src
+ * is larger than the index, as those elements are not added). */
+static bool bw_scatter_add(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    if (need[0]) gin[0] = g;
+    if (!need[2]) return true;
+    int dim = n->node.attr.extra;
+    ctpu_tensor gs = ctpu_gather(g, dim, IN(n, 1));
+    const ctpu_vtype *st = &n->in_type[2], *it = &n->in_type[1];
+    for (int d = 0; d < st->ndim && !ctpu_is_null(gs); d++) {
+        if (it->shape[d] == st->shape[d]) continue;
+        int64_t zs[CTPU_MAX_DIMS];
+        int znd;
+        ctpu_shape(gs, zs, &znd);
+        zs[d] = st->shape[d] - it->shape[d];
+        ctpu_tensor parts[2] = { gs, ctpu_zeros(ctpu_dtype_of(gs), znd, zs) };
+        gs = ctpu_concat(2, parts, d);
+    }
+    gin[2] = gs;
+    return true;
+}
+
 /* C = op(A) op(B): d op(A) = g op(B)ᵀ, d op(B) = op(A)ᵀ g, through the
  * transposed-operand kernels; broadcast batch dims are summed by the caller. */
 static bool bw_matmul(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
@@ -645,6 +698,8 @@ static const ag_rule ag_rules[CTPU_OP_COUNT] = {
     [CTPU_OP_MAX] = R(bw_max_red, S_A | S_OUT),
     [CTPU_OP_MIN] = R(bw_max_red, S_A | S_OUT),
     [CTPU_OP_VAR] = R(bw_var, S_A),
+    [CTPU_OP_PROD] = R(bw_prod, S_A | S_OUT),
+    [CTPU_OP_CUMSUM] = R(bw_cumsum, 0),
     [CTPU_OP_SOFTMAX] = R(bw_softmax, S_OUT),
     [CTPU_OP_LOG_SOFTMAX] = R(bw_log_softmax, S_OUT),
     [CTPU_OP_RESHAPE] = R(bw_reshape, 0),
@@ -654,6 +709,7 @@ static const ag_rule ag_rules[CTPU_OP_COUNT] = {
     [CTPU_OP_EXPAND] = R(bw_identity, 0),
     [CTPU_OP_EMBEDDING] = R(bw_embedding, S_B),
     [CTPU_OP_GATHER] = R(bw_gather, S_B),
+    [CTPU_OP_SCATTER_ADD] = R(bw_scatter_add, S_B),
     [CTPU_OP_MATMUL] = R(bw_matmul, S_A | S_B),
 };
 

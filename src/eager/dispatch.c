@@ -387,6 +387,7 @@ static const char *const NM_AB[] = { "a", "b" };
 static const char *const NM_WHERE[] = { "cond", "a", "b" };
 static const char *const NM_EMBEDDING[] = { "weight", "indices" };
 static const char *const NM_GATHER[] = { "a", "index" };
+static const char *const NM_SCATTER[] = { "self", "index", "src" };
 static const char *const NM_TS[CTPU_NODE_MAX_IN] = {
     "ts[i]", "ts[i]", "ts[i]", "ts[i]", "ts[i]", "ts[i]", "ts[i]", "ts[i]",
     "ts[i]", "ts[i]", "ts[i]", "ts[i]", "ts[i]", "ts[i]", "ts[i]", "ts[i]",
@@ -670,6 +671,33 @@ static bool sh_gather(const char *opn, const char *const *names, ctpu_trec *cons
     return true;
 }
 
+/* torch.scatter_add: self, index (i32) and src of one ndim >= 1; src's dtype
+ * is self's; index.shape[d] <= src.shape[d] for every d and <= self.shape[d]
+ * for d != dim. The result has self's type. */
+static bool sh_scatter(const char *opn, const char *const *names, ctpu_trec *const *in, const op_args *a,
+                       ctpu_node *n)
+{
+    (void)names;
+    char ts[96], ti[96], tr[96];
+    const ctpu_vtype *t = &in[0]->type, *ix = &in[1]->type, *src = &in[2]->type;
+    int d = norm_dim(opn, a->dim, in[0], "dim");
+    if (d < 0) return false;
+    bool ok = t->ndim >= 1 && ix->ndim == t->ndim && src->ndim == t->ndim;
+    for (int k = 0; ok && k < t->ndim; k++)
+        ok = ix->shape[k] <= src->shape[k] && (k == d || ix->shape[k] <= t->shape[k]);
+    int st = ix->dtype != CTPU_I32 || src->dtype != t->dtype ? CTPU_ERR_DTYPE : CTPU_ERR_SHAPE;
+    if (!ok || st == CTPU_ERR_DTYPE) {
+        ctpu_set_error(st, "%s: self is %s, index is %s, src is %s: need an i32 index and src of self's dtype, all of "
+                       "one ndim >= 1, index's extents <= src's and (but dim %d) <= self's", opn,
+                       ctpu_fmt_type(t, ts, sizeof ts), ctpu_fmt_type(ix, ti, sizeof ti),
+                       ctpu_fmt_type(src, tr, sizeof tr), d);
+        return false;
+    }
+    n->out = *t;
+    n->attr.extra = d;
+    return true;
+}
+
 /* torch.matmul: batch dims broadcast; a 1-D a is [1,K] and a 1-D b is [K,1]
  * (ctpu_matmul squeezes them after). The transposed-operand form (matmul_t:
  * autograd's rules, ctpu_matmul_t) takes operands of >= 2 dims, a stored
@@ -755,6 +783,7 @@ static const struct {
     [CTPU_SH_EXPAND] = { sh_expand, NM_A },
     [CTPU_SH_EMBEDDING] = { sh_embedding, NM_EMBEDDING },
     [CTPU_SH_GATHER] = { sh_gather, NM_GATHER },
+    [CTPU_SH_SCATTER] = { sh_scatter, NM_SCATTER },
     [CTPU_SH_MATMUL] = { sh_matmul, NM_AB },
     [CTPU_SH_CREATE] = { sh_create, NULL },
     [CTPU_SH_GIVEN] = { sh_given, NULL },
@@ -1180,6 +1209,48 @@ ctpu_tensor ctpu_index_select(ctpu_tensor a, int dim, ctpu_tensor index)
     return r;
 }
 
+ctpu_tensor ctpu_scatter_add(ctpu_tensor self, int dim, ctpu_tensor index, ctpu_tensor src)
+{
+    ctpu_tensor ts[3] = { self, index, src };
+    return apply(CTPU_OP_SCATTER_ADD, 3, ts, &(op_args){ .dim = dim }, NULL);
+}
+
+/* scatter_add with the index [n] reshaped to [1, .., n, .., 1] (n at dim)
+ * and expanded to source's shape: source's elements in row-major order are
+ * index_add's order, i ascending for each destination. */
+ctpu_tensor ctpu_index_add(ctpu_tensor self, int dim, ctpu_tensor index, ctpu_tensor source, double alpha)
+{
+    ctpu_trec *in[3];
+    static const char *const nm[3] = { "self", "index", "source" };
+    if (!get_inputs("index_add", 3, (ctpu_tensor[]){ self, index, source }, nm, in)) return CTPU_NULL;
+    const ctpu_vtype *t = &in[0]->type, *ix = &in[1]->type, *sr = &in[2]->type;
+    int nd = t->ndim;
+    char ta[96], ti[96], tr[96];
+    if (!isfinite(alpha)) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "index_add: alpha=%g must be finite", alpha);
+        return CTPU_NULL;
+    }
+    bool ok = nd >= 1 && ix->ndim == 1 && sr->ndim == nd && dim >= -nd && dim < nd;
+    int d = dim < 0 ? dim + nd : dim;
+    for (int k = 0; ok && k < nd; k++) ok = sr->shape[k] == (k == d ? ix->shape[0] : t->shape[k]);
+    if (ix->dtype != CTPU_I32 || sr->dtype != t->dtype || !ok) {
+        ctpu_set_error(ix->dtype != CTPU_I32 || sr->dtype != t->dtype ? CTPU_ERR_DTYPE : CTPU_ERR_SHAPE,
+                       "index_add: self is %s, index is %s, source is %s, dim=%d: need an i32 index [n], source of "
+                       "self's dtype and shape with extent n at dim (in [%d, %d])",
+                       ctpu_fmt_type(t, ta, sizeof ta), ctpu_fmt_type(ix, ti, sizeof ti),
+                       ctpu_fmt_type(sr, tr, sizeof tr), dim, -nd, nd - 1);
+        return CTPU_NULL;
+    }
+    int64_t col[CTPU_MAX_DIMS];
+    for (int k = 0; k < nd; k++) col[k] = k == d ? ix->shape[0] : 1;
+    if (ctpu_scope_begin() != CTPU_OK) return CTPU_NULL;
+    ctpu_tensor src = alpha == 1.0 ? source : ctpu_mul_scalar(source, alpha);
+    ctpu_tensor r = ctpu_scatter_add(self, d, ctpu_expand(ctpu_reshape(index, nd, col), nd, sr->shape), src);
+    if (!ctpu_is_null(r)) r = ctpu_keep(r);
+    ctpu_scope_end();
+    return r;
+}
+
 /* f32 [R, C]: (j - i) op k as 1 / 0 (op: le for tril, ge for triu) */
 static ctpu_tensor band(int64_t R, int64_t C, int64_t k, bool lower)
 {
@@ -1289,9 +1360,51 @@ ctpu_tensor ctpu_var(ctpu_tensor a, int nd, const int *d, int correction, bool k
     return reduction(CTPU_OP_VAR, a, nd, d, k, correction);
 }
 
+ctpu_tensor ctpu_prod(ctpu_tensor a, int nd, const int *d, bool k) { return reduction(CTPU_OP_PROD, a, nd, d, k, 0); }
+
 ctpu_tensor ctpu_argmax(ctpu_tensor a, int dim, bool keepdim)
 {
     return apply(CTPU_OP_ARGMAX, 1, &a, &(op_args){ .dim = dim, .keepdim = keepdim }, NULL);
+}
+
+ctpu_tensor ctpu_argmin(ctpu_tensor a, int dim, bool keepdim)
+{
+    return apply(CTPU_OP_ARGMIN, 1, &a, &(op_args){ .dim = dim, .keepdim = keepdim }, NULL);
+}
+
+ctpu_tensor ctpu_cumsum(ctpu_tensor a, int dim)
+{
+    return apply(CTPU_OP_CUMSUM, 1, &a, &(op_args){ .dim = dim }, NULL);
+}
+
+/* m = max over dims of detach(a) (its gradient is not needed: d/da of
+ * m + log(sum(exp(a - m))) does not depend on m), set to 0 where infinite
+ * (torch's rule: an all -inf or a +inf slice stays -inf / +inf, not NaN);
+ * log(sum(exp(a - m))) + m, in f32. */
+ctpu_tensor ctpu_logsumexp(ctpu_tensor a, int ndims, const int *dims, bool keepdim)
+{
+    ctpu_trec *in[CTPU_NODE_MAX_IN];
+    if (!get_inputs("logsumexp", 1, &a, NM_A, in)) return CTPU_NULL;
+    ctpu_node probe;   /* the dims checked, the reduced count and the result's shape */
+    if (!infer(CTPU_OP_SUM, "logsumexp", 1, in, &(op_args){ .n_dims = ndims, .dims = dims, .keepdim = keepdim }, &probe))
+        return CTPU_NULL;
+    ctpu_dtype dt = ctpu_dtype_of(a);
+    if (ctpu_scope_begin() != CTPU_OK) return CTPU_NULL;
+    ctpu_tensor x = as_f32(a), mk;
+    if (reduced_count(in[0], &probe) > 0) {
+        ctpu_tensor m = ctpu_max(ctpu_detach(x), ndims, dims, true);
+        mk = ctpu_where(ctpu_eq_scalar(ctpu_abs(m), INFINITY), ctpu_zeros(CTPU_F32, 0, NULL), m);
+    } else {
+        mk = ctpu_zeros(CTPU_F32, 0, NULL);   /* an empty slice: log(0) = -inf */
+    }
+    ctpu_tensor s = ctpu_sum(ctpu_exp(ctpu_sub(x, mk)), ndims, dims, keepdim);
+    ctpu_tensor m_out = ctpu_reshape(mk, probe.out.ndim, probe.out.shape);
+    if (reduced_count(in[0], &probe) == 0) m_out = mk;
+    ctpu_tensor y = ctpu_add(ctpu_log(s), m_out);
+    if (!ctpu_is_null(y) && dt == CTPU_BF16) y = ctpu_cast(y, CTPU_BF16);
+    if (!ctpu_is_null(y)) y = ctpu_keep(y);
+    ctpu_scope_end();
+    return y;
 }
 
 static ctpu_tensor softmax_op(int op, ctpu_tensor a, int dim)
@@ -1530,6 +1643,135 @@ static ctpu_tensor rand_op(const char *opn, int op, ctpu_dtype dt, int ndim, con
     ctpu__rng_take((uint64_t)ctpu_vtype_numel(&n.out), &seed, &offset);
     double sc[4] = { ctpu_bits_scalar(seed), ctpu_bits_scalar(offset), p0, p1 };
     return ctpu_dispatch(&n, NULL, NULL, sc);
+}
+
+/* torch.randint: low + (64 random bits mod (high - low)), the bits words 0
+ * and 1 of element i's Philox block (seed, offset + i). */
+ctpu_tensor ctpu_randint(ctpu_dtype dt, int ndim, const int64_t *shape, int64_t low, int64_t high)
+{
+    const char *opn = "randint";
+    if (!ctpu_check_init(opn)) return CTPU_NULL;
+    if ((unsigned)dt >= CTPU_DTYPE_COUNT) {
+        ctpu_set_error(CTPU_ERR_DTYPE, "%s: dt=%d is not a ctpu_dtype", opn, (int)dt);
+        return CTPU_NULL;
+    }
+    if (low >= high || low < INT32_MIN || high > (int64_t)INT32_MAX + 1) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: low=%lld high=%lld: need low < high, both in [-2^31, 2^31]", opn,
+                       (long long)low, (long long)high);
+        return CTPU_NULL;
+    }
+    ctpu_node n;
+    op_args args = { .opn = opn, .ndim = ndim, .shape = shape, .dtype = (int)dt, .n_scalars = 4 };
+    if (!infer(CTPU_OP_RAND_INT, opn, 0, NULL, &args, &n)) return CTPU_NULL;
+    uint64_t seed, offset;
+    ctpu__rng_take((uint64_t)ctpu_vtype_numel(&n.out), &seed, &offset);
+    double sc[4] = { ctpu_bits_scalar(seed), ctpu_bits_scalar(offset), (double)low, (double)high };
+    return ctpu_dispatch(&n, NULL, NULL, sc);
+}
+
+/* ------------------------------------------------------------ creator composites */
+/* a's dtype and shape (a resolved, its error named by op) */
+static bool like_of(const char *op, ctpu_tensor a, ctpu_vtype *t)
+{
+    ctpu_trec *in[1];
+    if (!get_inputs(op, 1, &a, NM_A, in)) return false;
+    *t = in[0]->type;
+    return true;
+}
+
+ctpu_tensor ctpu_full_like(ctpu_tensor a, double value)
+{
+    ctpu_vtype t;
+    if (!like_of("full_like", a, &t)) return CTPU_NULL;
+    return create("full_like", CTPU_OP_FULL, (ctpu_dtype)t.dtype, t.ndim, t.shape, &value, 1);
+}
+
+ctpu_tensor ctpu_zeros_like(ctpu_tensor a)
+{
+    ctpu_vtype t;
+    if (!like_of("zeros_like", a, &t)) return CTPU_NULL;
+    return create("zeros_like", CTPU_OP_FULL, (ctpu_dtype)t.dtype, t.ndim, t.shape, (const double[]){ 0 }, 1);
+}
+
+ctpu_tensor ctpu_ones_like(ctpu_tensor a)
+{
+    ctpu_vtype t;
+    if (!like_of("ones_like", a, &t)) return CTPU_NULL;
+    return create("ones_like", CTPU_OP_FULL, (ctpu_dtype)t.dtype, t.ndim, t.shape, (const double[]){ 1 }, 1);
+}
+
+ctpu_tensor ctpu_rand_like(ctpu_tensor a)
+{
+    ctpu_vtype t;
+    if (!like_of("rand_like", a, &t)) return CTPU_NULL;
+    return rand_op("rand_like", CTPU_OP_RAND_UNIFORM, (ctpu_dtype)t.dtype, t.ndim, t.shape, 0, 1);
+}
+
+ctpu_tensor ctpu_randn_like(ctpu_tensor a)
+{
+    ctpu_vtype t;
+    if (!like_of("randn_like", a, &t)) return CTPU_NULL;
+    return rand_op("randn_like", CTPU_OP_RAND_NORMAL, (ctpu_dtype)t.dtype, t.ndim, t.shape, 0, 1);
+}
+
+ctpu_tensor ctpu_randint_like(ctpu_tensor a, int64_t low, int64_t high)
+{
+    ctpu_vtype t;
+    if (!like_of("randint_like", a, &t)) return CTPU_NULL;
+    return ctpu_randint((ctpu_dtype)t.dtype, t.ndim, t.shape, low, high);
+}
+
+/* eq(arange(m) as [1, m], arange(n) as [n, 1]) in i32 (exact at any size), cast to dt */
+ctpu_tensor ctpu_eye(int64_t n, int64_t m, ctpu_dtype dt)
+{
+    if (!ctpu_check_init("eye")) return CTPU_NULL;
+    if (n < 0 || m < 0 || n > INT32_MAX || m > INT32_MAX || (unsigned)dt >= CTPU_DTYPE_COUNT) {
+        ctpu_set_error(n < 0 || m < 0 || n > INT32_MAX || m > INT32_MAX ? CTPU_ERR_INVALID_ARG : CTPU_ERR_DTYPE,
+                       "eye: n=%lld m=%lld dt=%d: need 0 <= n, m < 2^31 and a ctpu_dtype", (long long)n, (long long)m, (int)dt);
+        return CTPU_NULL;
+    }
+    ctpu_vtype chk;
+    if (!ctpu__validate_shape("eye", 2, (int64_t[]){ n, m }, dt, &chk)) return CTPU_NULL;
+    if (ctpu_scope_begin() != CTPU_OK) return CTPU_NULL;
+    ctpu_tensor r = ctpu_reshape(ctpu_arange(0, (double)n, 1, CTPU_I32), 2, (int64_t[]){ n, 1 });
+    ctpu_tensor c = ctpu_reshape(ctpu_arange(0, (double)m, 1, CTPU_I32), 2, (int64_t[]){ 1, m });
+    ctpu_tensor y = ctpu_eq(r, c);
+    if (!ctpu_is_null(y) && dt != CTPU_F32) y = ctpu_cast(y, dt);
+    if (!ctpu_is_null(y)) y = ctpu_keep(y);
+    ctpu_scope_end();
+    return y;
+}
+
+/* torch's CPU linspace, in dt's arithmetic: step = (end - start) / (steps - 1);
+ * element i < steps / 2 is start + step * i, the others end - step * (steps - 1 - i)
+ * (start, end and step rounded to dt first, as torch holds them in scalar_t). */
+ctpu_tensor ctpu_linspace(double start, double end, int64_t steps, ctpu_dtype dt)
+{
+    if (!ctpu_check_init("linspace")) return CTPU_NULL;
+    if (!isfinite(start) || !isfinite(end) || steps < 0 || steps > (1 << 24)) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "linspace: start=%g end=%g steps=%lld: need finite ends and 0 <= steps <= 2^24",
+                       start, end, (long long)steps);
+        return CTPU_NULL;
+    }
+    if (dt != CTPU_F32 && dt != CTPU_BF16) {
+        ctpu_set_error(CTPU_ERR_DTYPE, "linspace: dt=%d: f32 or bf16", (int)dt);
+        return CTPU_NULL;
+    }
+    float fs = (float)start, fe = (float)end;
+    if (dt == CTPU_BF16) { fs = ctpu_bf16_to_f32(ctpu_f32_to_bf16(fs)); fe = ctpu_bf16_to_f32(ctpu_f32_to_bf16(fe)); }
+    if (steps <= 1) return ctpu_full(dt, 1, &steps, fs);
+    float st = (fe - fs) / (float)(steps - 1);
+    if (dt == CTPU_BF16) st = ctpu_bf16_to_f32(ctpu_f32_to_bf16(st));
+    if (ctpu_scope_begin() != CTPU_OK) return CTPU_NULL;
+    ctpu_tensor i = ctpu_arange(0, (double)steps, 1, dt == CTPU_BF16 ? CTPU_F32 : dt);
+    ctpu_tensor lo = ctpu_add_scalar(ctpu_mul_scalar(dt == CTPU_BF16 ? ctpu_cast(i, CTPU_BF16) : i, st), fs);
+    ctpu_tensor back = ctpu_rsub_scalar(i, (double)(steps - 1));   /* steps - 1 - i, exact below 2^24 */
+    if (dt == CTPU_BF16) back = ctpu_cast(back, CTPU_BF16);
+    ctpu_tensor hi = ctpu_rsub_scalar(ctpu_mul_scalar(back, st), fe);
+    ctpu_tensor y = ctpu_where(ctpu_lt_scalar(i, (double)(steps / 2)), lo, hi);
+    if (!ctpu_is_null(y)) y = ctpu_keep(y);
+    ctpu_scope_end();
+    return y;
 }
 
 ctpu_tensor ctpu_rand_uniform(ctpu_dtype dt, int ndim, const int64_t *shape, double lo, double hi)

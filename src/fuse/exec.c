@@ -452,7 +452,7 @@ static void exec_reduce(const void *data, ctpu_exec_ctx *ctx)
 {
     const ctpu_step_data *sd = data;
     int kop = ctpu_op_kop(sd->node.op);
-    if (sd->in[0].dtype == CTPU_KDT_I32 && kop != CTPU_K_RED_SUM) {
+    if (sd->in[0].dtype == CTPU_KDT_I32 && (kop == CTPU_K_RED_MAX || kop == CTPU_K_RED_MIN)) {
         exec_reduction_i32(sd, ctx, false, kop == CTPU_K_RED_MIN);
         return;
     }
@@ -488,17 +488,54 @@ static void exec_var(const void *data, ctpu_exec_ctx *ctx)
     red_end(sd, &r, true);
 }
 
+/* argmax and argmin */
 static void exec_argmax(const void *data, ctpu_exec_ctx *ctx)
 {
     const ctpu_step_data *sd = data;
+    bool is_min = sd->node.op == CTPU_OP_ARGMIN;
     if (sd->in[0].dtype == CTPU_KDT_I32) {
-        exec_reduction_i32(sd, ctx, true, false);
+        exec_reduction_i32(sd, ctx, true, is_min);
         return;
     }
     red_io r;
     red_begin(sd, ctx, &r);
-    ctpu_k_argmax(r.x, r.outer, r.n, r.inner, (int32_t *)r.out, false);
+    ctpu_k_argmax(r.x, r.outer, r.n, r.inner, (int32_t *)r.out, is_min);
     red_end(sd, &r, false);
+}
+
+/* cumsum along attr.dims[0] (from the end with CTPU_ATTR_REVERSE): per
+ * [outer, len, inner] column an f32 accumulator from +0, one rounding per
+ * addition, each partial sum stored (rounded to the output dtype). */
+static void exec_cumsum(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_step_data *sd = data;
+    const ctpu_node *nd = &sd->node;
+    const ctpu_vtype *t = &sd->in[0];
+    int64_t numel = ctpu_vtype_numel(t);
+    if (numel == 0) return;
+    int d = t->ndim ? nd->attr.dims[0] : 0;
+    int64_t len = t->ndim ? t->shape[d] : 1, inner = 1;
+    for (int k = d + 1; k < t->ndim; k++) inner *= t->shape[k];
+    int64_t outer = numel / (len * inner);
+    bool rev = (nd->attr.flags & CTPU_ATTR_REVERSE) != 0;
+    const void *x = ctx->ptr[sd->in_slot[0]];
+    void *out = ctx->ptr[sd->out_slot];
+    float *y = nd->out.dtype == CTPU_KDT_F32 ? out : malloc((size_t)numel * 4);
+    if (!y) return;
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t i = 0; i < inner; i++) {
+            float acc = 0.0f;
+            for (int64_t k = 0; k < len; k++) {
+                int64_t j = rev ? len - 1 - k : k;
+                int64_t at = (o * len + j) * inner + i;
+                acc += load_f32(x, t->dtype, at);
+                y[at] = acc;
+            }
+        }
+    if (y != out) {
+        ctpu_from_f32(y, nd->out.dtype, out, numel);
+        free(y);
+    }
 }
 
 /* softmax's input as f32 rows [outer*inner, n] (the softmax dim last):
@@ -701,6 +738,63 @@ static void exec_gather(const void *data, ctpu_exec_ctx *ctx)
     }
 }
 
+/* scatter_add: out = self, then out[.., index[p], ..] += src[p] (dim extra)
+ * for every position p of index in row-major order (src read at p's
+ * coordinates). Floats add into an f32 copy of self, rounded once to the
+ * output dtype at the end; i32 adds wrap (two's complement). An index outside
+ * [0, self.shape[dim]) is skipped and faults naming scatter_add. */
+static void exec_scatter_add(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_step_data *sd = data;
+    const ctpu_node *nd = &sd->node;
+    const ctpu_vtype *it = &sd->in[1], *st = &sd->in[2];
+    int dim = nd->attr.extra, ndim = nd->out.ndim, dt = nd->out.dtype;
+    int64_t total = ctpu_vtype_numel(&nd->out);
+    int64_t os[8], ss[8];
+    contig_strides(&nd->out, os);
+    contig_strides(st, ss);
+    const void *self = ctx->ptr[sd->in_slot[0]], *src = ctx->ptr[sd->in_slot[2]];
+    const int32_t *idx = ctx->ptr[sd->in_slot[1]];
+    void *out = ctx->ptr[sd->out_slot];
+    float *acc = NULL;
+    if (dt == CTPU_KDT_I32) {
+        if (out != self && total) memcpy(out, self, (size_t)total * 4);
+    } else {
+        acc = dt == CTPU_KDT_F32 ? out : malloc((size_t)(total ? total : 1) * 4);
+        if (!acc) return;
+        if ((const void *)acc != self) to_f32(self, dt, acc, total);
+    }
+    int64_t n = ctpu_vtype_numel(it), pos[8] = {0}, nbad = 0, bad_pos = 0, bad_val = 0;
+    for (int64_t p = 0; p < n; p++) {
+        int64_t v = idx[p];
+        if (v < 0 || v >= nd->out.shape[dim]) {
+            if (nbad++ == 0) { bad_pos = p; bad_val = v; }
+        } else {
+            int64_t o = 0, s = 0;
+            for (int d = 0; d < ndim; d++) {
+                o += (d == dim ? v : pos[d]) * os[d];
+                s += pos[d] * ss[d];
+            }
+            if (acc) acc[o] += load_f32(src, dt, s);
+            else ((int32_t *)out)[o] = (int32_t)((uint32_t)((int32_t *)out)[o] + (uint32_t)((const int32_t *)src)[s]);
+        }
+        for (int d = ndim - 1; d >= 0; d--) {
+            if (++pos[d] < it->shape[d]) break;
+            pos[d] = 0;
+        }
+    }
+    if (acc && (void *)acc != out) {
+        ctpu_from_f32(acc, dt, out, total);
+        free(acc);
+    }
+    if (nbad) {
+        ctx->fault_status = CTPU_ERR_DEVICE_FAULT;
+        snprintf(ctx->fault_msg, sizeof ctx->fault_msg,
+                 "scatter_add: index %lld at position %lld is out of range [0, %lld) along dim %d (%lld bad indices)",
+                 (long long)bad_val, (long long)bad_pos, (long long)nd->out.shape[dim], dim, (long long)nbad);
+    }
+}
+
 /* ------------------------------------------------------------ matmul */
 static void exec_matmul(const void *data, ctpu_exec_ctx *ctx)
 {
@@ -841,6 +935,27 @@ static void rand_fill(const ctpu_step_data *sd, ctpu_exec_ctx *ctx, bool normal)
 }
 
 static void exec_rand_uniform(const void *data, ctpu_exec_ctx *ctx) { rand_fill(data, ctx, false); }
+
+/* scalars: seed, offset (bits), low, high (integers as doubles) */
+static void exec_rand_int(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_step_data *sd = data;
+    const double *sc = ctx->scalars + sd->scalar_base;
+    int64_t n = ctpu_vtype_numel(&sd->node.out);
+    void *out = ctx->ptr[sd->out_slot];
+    int dt = sd->node.out.dtype;
+    int64_t low = (int64_t)sc[2], range = (int64_t)sc[3] - low;
+    int64_t blk[CTPU_K_BLOCK];
+    for (int64_t b = 0; b < n; b += CTPU_K_BLOCK) {
+        int64_t m = n - b < CTPU_K_BLOCK ? n - b : CTPU_K_BLOCK;
+        ctpu_k_rand_int(double_to_bits(sc[0]), double_to_bits(sc[1]), b, m, low, (uint64_t)range, blk);
+        for (int64_t j = 0; j < m; j++) {
+            if (dt == CTPU_KDT_I32) ((int32_t *)out)[b + j] = (int32_t)blk[j];
+            else if (dt == CTPU_KDT_BF16) ((uint16_t *)out)[b + j] = ctpu_f32_to_bf16((float)blk[j]);
+            else ((float *)out)[b + j] = (float)blk[j];
+        }
+    }
+}
 static void exec_rand_normal(const void *data, ctpu_exec_ctx *ctx) { rand_fill(data, ctx, true); }
 
 /* ------------------------------------------------------------ backward helpers
@@ -996,6 +1111,9 @@ static const ctpu_step_fn exec_fns[CTPU_OP_COUNT] = {
     [CTPU_OP_MIN] = exec_reduce,
     [CTPU_OP_VAR] = exec_var,
     [CTPU_OP_ARGMAX] = exec_argmax,
+    [CTPU_OP_ARGMIN] = exec_argmax,
+    [CTPU_OP_PROD] = exec_reduce,
+    [CTPU_OP_CUMSUM] = exec_cumsum,
     [CTPU_OP_SOFTMAX] = exec_softmax,
     [CTPU_OP_LOG_SOFTMAX] = exec_log_softmax,
     [CTPU_OP_RESHAPE] = exec_copy,       /* a view in eager; a copy when a program materialises it */
@@ -1005,12 +1123,14 @@ static const ctpu_step_fn exec_fns[CTPU_OP_COUNT] = {
     [CTPU_OP_EXPAND] = exec_expand,
     [CTPU_OP_EMBEDDING] = exec_embedding,
     [CTPU_OP_GATHER] = exec_gather,
+    [CTPU_OP_SCATTER_ADD] = exec_scatter_add,
     [CTPU_OP_MATMUL] = exec_matmul,
     [CTPU_OP_COPY] = exec_copy,
     [CTPU_OP_FULL] = exec_full,
     [CTPU_OP_ARANGE] = exec_arange,
     [CTPU_OP_RAND_UNIFORM] = exec_rand_uniform,
     [CTPU_OP_RAND_NORMAL] = exec_rand_normal,
+    [CTPU_OP_RAND_INT] = exec_rand_int,
     [CTPU_OP_SLICE_BACKWARD] = exec_slice_backward,
     [CTPU_OP_EMBEDDING_BACKWARD] = exec_embedding_backward,
     [CTPU_OP_GATHER_BACKWARD] = exec_gather_backward,

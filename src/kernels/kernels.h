@@ -173,12 +173,12 @@ void ctpu_k_f32_to_bf16_ref(const float *x, uint16_t *y, int64_t n);
  *   combined by the fixed tree l[i] = l[i] op l[i+8], then +4, +2, +1;
  *   chunk results c[0..m) are combined pairwise: while m > 1,
  *   c[i] = c[2i] op c[2i+1] (an odd last one carried up unchanged).
- * sum: identity +0.0f, op +.  max/min: identity -Inf/+Inf, op as MAX/MIN above
+ * sum: identity +0.0f, op +.  prod: identity 1.0f, op * (each product rounded).  max/min: identity -Inf/+Inf, op as MAX/MIN above
  * (NaN propagates). The pool may split outer*inner columns or chunks, never
  * the order.  */
 #define CTPU_K_RED_CHUNK 4096
 #define CTPU_K_RED_LANES 16
-typedef enum { CTPU_K_RED_SUM, CTPU_K_RED_MAX, CTPU_K_RED_MIN, CTPU_K_RED_COUNT } ctpu_k_red_op;
+typedef enum { CTPU_K_RED_SUM, CTPU_K_RED_MAX, CTPU_K_RED_MIN, CTPU_K_RED_PROD, CTPU_K_RED_COUNT } ctpu_k_red_op;
 
 void ctpu_k_reduce(ctpu_k_red_op op, const float *x, int64_t outer, int64_t n, int64_t inner,
                    float *y, ctpu_k_pool *pool);
@@ -239,6 +239,9 @@ void ctpu_k_rand_uniform(uint64_t seed, uint64_t offset, int64_t start, int64_t 
                          float hi, float *y);
 void ctpu_k_rand_normal(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float mean,
                         float std, float *y);
+/* Integers: y[j] = low + ((w1 << 32 | w0) mod range), range >= 1 (randint). */
+void ctpu_k_rand_int(uint64_t seed, uint64_t offset, int64_t start, int64_t n, int64_t low,
+                     uint64_t range, int64_t *y);
 
 /* ---- MXU matmul -------------------------------------------------------------
  * C[b] = A[b] @ B[b] for b < batch; A [M,K], B [K,N], C [M,N].

@@ -64,3 +64,17 @@ void ctpu_k_rand_normal(uint64_t seed, uint64_t offset, int64_t start, int64_t n
         y[j] = mean + std * z;
     }
 }
+
+/* y[j] = low + (w0 | w1 << 32) mod range for element start + j (torch's
+ * random_from_to takes 64 random bits for a range of 2^32 or more, 32 below:
+ * here always 64, so the modulo bias is below range / 2^64). */
+void ctpu_k_rand_int(uint64_t seed, uint64_t offset, int64_t start, int64_t n, int64_t low,
+                     uint64_t range, int64_t *y)
+{
+    for (int64_t j = 0; j < n; j++) {
+        uint32_t w[4];
+        ctpu_k_philox4x32(seed, offset + (uint64_t)start + (uint64_t)j, w);
+        uint64_t bits = (uint64_t)w[0] | (uint64_t)w[1] << 32;
+        y[j] = low + (int64_t)(bits % range);
+    }
+}

@@ -37,7 +37,7 @@ static inline bool is_nan(float v) { return v != v; }
 
 static inline float red_identity(int op)
 {
-    return op == CTPU_K_RED_MAX ? -INFINITY : op == CTPU_K_RED_MIN ? INFINITY : 0.0f;
+    return op == CTPU_K_RED_MAX ? -INFINITY : op == CTPU_K_RED_MIN ? INFINITY : op == CTPU_K_RED_PROD ? 1.0f : 0.0f;
 }
 
 /* kernels.h MAX/MIN: NaN if either is NaN, else a > b ? a : b / a < b ? a : b. */
@@ -46,6 +46,7 @@ static inline float red_combine(int op, float a, float b)
     switch (op) {
     case CTPU_K_RED_MAX: return is_nan(a) ? a : is_nan(b) ? b : (a > b ? a : b);
     case CTPU_K_RED_MIN: return is_nan(a) ? a : is_nan(b) ? b : (a < b ? a : b);
+    case CTPU_K_RED_PROD: return a * b;
     default: return a + b;
     }
 }

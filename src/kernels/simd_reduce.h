@@ -16,8 +16,9 @@
  * `a < b ? a : b` for non-NaN inputs (the +-0 choice included); NaN is tracked
  * in a mask and forced at the end, since a NaN anywhere makes the column NaN.
  * Tail lanes are padded with the identity, which leaves every lane unchanged
- * (a sum lane is never -0: it starts at +0). No FMA: sub, mul, add are
- * separate roundings, as in _ref. */
+ * (a sum lane is never -0: it starts at +0; a prod lane times 1 is itself,
+ * -0 and NaN included). No FMA: sub, mul, add are separate roundings, as in
+ * _ref. */
 
 #define RH (CTPU_K_RED_LANES / W)
 _Static_assert(RH == 1 || RH == 2, "the 16 lanes are one or two vectors");
@@ -27,15 +28,17 @@ AI int comb_op(int op) { return op >= CTPU_K_RED_SQDEV ? CTPU_K_RED_SUM : op; }
 AI bool is_minmax(int op) { return op == CTPU_K_RED_MAX || op == CTPU_K_RED_MIN; }
 AI float s_ident(int cop)
 {
-    return cop == CTPU_K_RED_MAX ? -INFINITY : cop == CTPU_K_RED_MIN ? INFINITY : 0.0f;
+    return cop == CTPU_K_RED_MAX ? -INFINITY : cop == CTPU_K_RED_MIN ? INFINITY : cop == CTPU_K_RED_PROD ? 1.0f : 0.0f;
 }
 AI float s_comb(int cop, float a, float b)
 {
-    return cop == CTPU_K_RED_MAX ? (a > b ? a : b) : cop == CTPU_K_RED_MIN ? (a < b ? a : b) : a + b;
+    return cop == CTPU_K_RED_MAX ? (a > b ? a : b) : cop == CTPU_K_RED_MIN ? (a < b ? a : b)
+         : cop == CTPU_K_RED_PROD ? a * b : a + b;
 }
 AI V v_comb(int cop, V a, V b)
 {
-    return cop == CTPU_K_RED_MAX ? vmax_raw(a, b) : cop == CTPU_K_RED_MIN ? vmin_raw(a, b) : vadd(a, b);
+    return cop == CTPU_K_RED_MAX ? vmax_raw(a, b) : cop == CTPU_K_RED_MIN ? vmin_raw(a, b)
+         : cop == CTPU_K_RED_PROD ? vmul(a, b) : vadd(a, b);
 }
 /* The element transform of `op` (x -> (x - c)^2 for SQDEV). */
 AI V v_elem(int op, V v, V vc)
@@ -266,6 +269,7 @@ AI void colv_impl(int op, const float *x, const float *cv, int64_t n, int64_t in
     case CTPU_K_RED_SUM: CALL(CTPU_K_RED_SUM); break;                                       \
     case CTPU_K_RED_MAX: CALL(CTPU_K_RED_MAX); break;                                       \
     case CTPU_K_RED_MIN: CALL(CTPU_K_RED_MIN); break;                                       \
+    case CTPU_K_RED_PROD: CALL(CTPU_K_RED_PROD); break;                                     \
     default: CALL(CTPU_K_RED_SQDEV); break;                                                 \
     }
 

@@ -68,12 +68,14 @@
 AI __m256 h_comb(int cop, __m256 a, __m256 b)
 {
     return cop == CTPU_K_RED_MAX ? _mm256_max_ps(a, b)
-         : cop == CTPU_K_RED_MIN ? _mm256_min_ps(a, b) : _mm256_add_ps(a, b);
+         : cop == CTPU_K_RED_MIN ? _mm256_min_ps(a, b)
+         : cop == CTPU_K_RED_PROD ? _mm256_mul_ps(a, b) : _mm256_add_ps(a, b);
 }
 AI __m128 q_comb(int cop, __m128 a, __m128 b)
 {
     return cop == CTPU_K_RED_MAX ? _mm_max_ps(a, b)
-         : cop == CTPU_K_RED_MIN ? _mm_min_ps(a, b) : _mm_add_ps(a, b);
+         : cop == CTPU_K_RED_MIN ? _mm_min_ps(a, b)
+         : cop == CTPU_K_RED_PROD ? _mm_mul_ps(a, b) : _mm_add_ps(a, b);
 }
 /* The lane tree's last steps on 8 lanes: l[i] op= l[i+4], +2, +1. */
 AI float tree8(int cop, __m256 b)
