@@ -161,6 +161,13 @@ static void sweep(void)
     EP_T(ctpu_sum, E, 1, dims, false); EP_T(ctpu_mean, E, 0, NULL, false); EP_T(ctpu_max, E, 1, dims, false);
     EP_T(ctpu_min, E, 1, dims, false); EP_T(ctpu_var, E, 1, dims, 1, false); EP_T(ctpu_argmax, E, 0, false);
     EP_T(ctpu_softmax, E, 0); EP_T(ctpu_log_softmax, E, 0);
+    EP_T(ctpu_prod, E, 1, dims, false); EP_T(ctpu_argmin, E, 0, true); EP_T(ctpu_logsumexp, E, 1, dims, false);
+    EP_T(ctpu_cumsum, E, 0);
+    EP_T(ctpu_scatter_add, E, 0, idx, ok); EP_T(ctpu_scatter_add, ok, 0, E, ok); EP_T(ctpu_scatter_add, ok, 0, idx, E);
+    EP_T(ctpu_index_add, E, 0, idx, ok, 1.0); EP_T(ctpu_index_add, ok, 0, E, ok, 1.0);
+    EP_T(ctpu_index_add, ok, 0, idx, E, 2.0);
+    EP_T(ctpu_zeros_like, E); EP_T(ctpu_ones_like, E); EP_T(ctpu_full_like, E, 3); EP_T(ctpu_rand_like, E);
+    EP_T(ctpu_randn_like, E); EP_T(ctpu_randint_like, E, 0, 5);
     ctpu_tensor w2 = T_VEC(1, 1);
     EP_T(ctpu_layer_norm, E, CTPU_NULL, CTPU_NULL, 1e-5); EP_T(ctpu_layer_norm, ok, E, CTPU_NULL, 1e-5);
     EP_T(ctpu_layer_norm, ok, w2, E, 1e-5);

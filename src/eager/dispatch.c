@@ -1222,13 +1222,13 @@ ctpu_tensor ctpu_index_add(ctpu_tensor self, int dim, ctpu_tensor index, ctpu_te
 {
     ctpu_trec *in[3];
     static const char *const nm[3] = { "self", "index", "source" };
-    if (!get_inputs("index_add", 3, (ctpu_tensor[]){ self, index, source }, nm, in)) return CTPU_NULL;
+    if (!get_inputs("index_add", 3, (ctpu_tensor[]){ self, index, source }, nm, in)) return ctpu_failed();
     const ctpu_vtype *t = &in[0]->type, *ix = &in[1]->type, *sr = &in[2]->type;
     int nd = t->ndim;
     char ta[96], ti[96], tr[96];
     if (!isfinite(alpha)) {
         ctpu_set_error(CTPU_ERR_INVALID_ARG, "index_add: alpha=%g must be finite", alpha);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     bool ok = nd >= 1 && ix->ndim == 1 && sr->ndim == nd && dim >= -nd && dim < nd;
     int d = dim < 0 ? dim + nd : dim;
@@ -1239,11 +1239,11 @@ ctpu_tensor ctpu_index_add(ctpu_tensor self, int dim, ctpu_tensor index, ctpu_te
                        "self's dtype and shape with extent n at dim (in [%d, %d])",
                        ctpu_fmt_type(t, ta, sizeof ta), ctpu_fmt_type(ix, ti, sizeof ti),
                        ctpu_fmt_type(sr, tr, sizeof tr), dim, -nd, nd - 1);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     int64_t col[CTPU_MAX_DIMS];
     for (int k = 0; k < nd; k++) col[k] = k == d ? ix->shape[0] : 1;
-    if (ctpu_scope_begin() != CTPU_OK) return CTPU_NULL;
+    if (ctpu_scope_begin() != CTPU_OK) return ctpu_failed();
     ctpu_tensor src = alpha == 1.0 ? source : ctpu_mul_scalar(source, alpha);
     ctpu_tensor r = ctpu_scatter_add(self, d, ctpu_expand(ctpu_reshape(index, nd, col), nd, sr->shape), src);
     if (!ctpu_is_null(r)) r = ctpu_keep(r);
@@ -1384,12 +1384,12 @@ ctpu_tensor ctpu_cumsum(ctpu_tensor a, int dim)
 ctpu_tensor ctpu_logsumexp(ctpu_tensor a, int ndims, const int *dims, bool keepdim)
 {
     ctpu_trec *in[CTPU_NODE_MAX_IN];
-    if (!get_inputs("logsumexp", 1, &a, NM_A, in)) return CTPU_NULL;
+    if (!get_inputs("logsumexp", 1, &a, NM_A, in)) return ctpu_failed();
     ctpu_node probe;   /* the dims checked, the reduced count and the result's shape */
     if (!infer(CTPU_OP_SUM, "logsumexp", 1, in, &(op_args){ .n_dims = ndims, .dims = dims, .keepdim = keepdim }, &probe))
-        return CTPU_NULL;
+        return ctpu_failed();
     ctpu_dtype dt = ctpu_dtype_of(a);
-    if (ctpu_scope_begin() != CTPU_OK) return CTPU_NULL;
+    if (ctpu_scope_begin() != CTPU_OK) return ctpu_failed();
     ctpu_tensor x = as_f32(a), mk;
     if (reduced_count(in[0], &probe) > 0) {
         ctpu_tensor m = ctpu_max(ctpu_detach(x), ndims, dims, true);
@@ -1650,19 +1650,19 @@ static ctpu_tensor rand_op(const char *opn, int op, ctpu_dtype dt, int ndim, con
 ctpu_tensor ctpu_randint(ctpu_dtype dt, int ndim, const int64_t *shape, int64_t low, int64_t high)
 {
     const char *opn = "randint";
-    if (!ctpu_check_init(opn)) return CTPU_NULL;
+    if (!ctpu_check_init(opn)) return ctpu_failed();
     if ((unsigned)dt >= CTPU_DTYPE_COUNT) {
         ctpu_set_error(CTPU_ERR_DTYPE, "%s: dt=%d is not a ctpu_dtype", opn, (int)dt);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     if (low >= high || low < INT32_MIN || high > (int64_t)INT32_MAX + 1) {
         ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: low=%lld high=%lld: need low < high, both in [-2^31, 2^31]", opn,
                        (long long)low, (long long)high);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     ctpu_node n;
     op_args args = { .opn = opn, .ndim = ndim, .shape = shape, .dtype = (int)dt, .n_scalars = 4 };
-    if (!infer(CTPU_OP_RAND_INT, opn, 0, NULL, &args, &n)) return CTPU_NULL;
+    if (!infer(CTPU_OP_RAND_INT, opn, 0, NULL, &args, &n)) return ctpu_failed();
     uint64_t seed, offset;
     ctpu__rng_take((uint64_t)ctpu_vtype_numel(&n.out), &seed, &offset);
     double sc[4] = { ctpu_bits_scalar(seed), ctpu_bits_scalar(offset), (double)low, (double)high };
@@ -1682,57 +1682,57 @@ static bool like_of(const char *op, ctpu_tensor a, ctpu_vtype *t)
 ctpu_tensor ctpu_full_like(ctpu_tensor a, double value)
 {
     ctpu_vtype t;
-    if (!like_of("full_like", a, &t)) return CTPU_NULL;
+    if (!like_of("full_like", a, &t)) return ctpu_failed();
     return create("full_like", CTPU_OP_FULL, (ctpu_dtype)t.dtype, t.ndim, t.shape, &value, 1);
 }
 
 ctpu_tensor ctpu_zeros_like(ctpu_tensor a)
 {
     ctpu_vtype t;
-    if (!like_of("zeros_like", a, &t)) return CTPU_NULL;
+    if (!like_of("zeros_like", a, &t)) return ctpu_failed();
     return create("zeros_like", CTPU_OP_FULL, (ctpu_dtype)t.dtype, t.ndim, t.shape, (const double[]){ 0 }, 1);
 }
 
 ctpu_tensor ctpu_ones_like(ctpu_tensor a)
 {
     ctpu_vtype t;
-    if (!like_of("ones_like", a, &t)) return CTPU_NULL;
+    if (!like_of("ones_like", a, &t)) return ctpu_failed();
     return create("ones_like", CTPU_OP_FULL, (ctpu_dtype)t.dtype, t.ndim, t.shape, (const double[]){ 1 }, 1);
 }
 
 ctpu_tensor ctpu_rand_like(ctpu_tensor a)
 {
     ctpu_vtype t;
-    if (!like_of("rand_like", a, &t)) return CTPU_NULL;
+    if (!like_of("rand_like", a, &t)) return ctpu_failed();
     return rand_op("rand_like", CTPU_OP_RAND_UNIFORM, (ctpu_dtype)t.dtype, t.ndim, t.shape, 0, 1);
 }
 
 ctpu_tensor ctpu_randn_like(ctpu_tensor a)
 {
     ctpu_vtype t;
-    if (!like_of("randn_like", a, &t)) return CTPU_NULL;
+    if (!like_of("randn_like", a, &t)) return ctpu_failed();
     return rand_op("randn_like", CTPU_OP_RAND_NORMAL, (ctpu_dtype)t.dtype, t.ndim, t.shape, 0, 1);
 }
 
 ctpu_tensor ctpu_randint_like(ctpu_tensor a, int64_t low, int64_t high)
 {
     ctpu_vtype t;
-    if (!like_of("randint_like", a, &t)) return CTPU_NULL;
+    if (!like_of("randint_like", a, &t)) return ctpu_failed();
     return ctpu_randint((ctpu_dtype)t.dtype, t.ndim, t.shape, low, high);
 }
 
 /* eq(arange(m) as [1, m], arange(n) as [n, 1]) in i32 (exact at any size), cast to dt */
 ctpu_tensor ctpu_eye(int64_t n, int64_t m, ctpu_dtype dt)
 {
-    if (!ctpu_check_init("eye")) return CTPU_NULL;
+    if (!ctpu_check_init("eye")) return ctpu_failed();
     if (n < 0 || m < 0 || n > INT32_MAX || m > INT32_MAX || (unsigned)dt >= CTPU_DTYPE_COUNT) {
         ctpu_set_error(n < 0 || m < 0 || n > INT32_MAX || m > INT32_MAX ? CTPU_ERR_INVALID_ARG : CTPU_ERR_DTYPE,
                        "eye: n=%lld m=%lld dt=%d: need 0 <= n, m < 2^31 and a ctpu_dtype", (long long)n, (long long)m, (int)dt);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     ctpu_vtype chk;
-    if (!ctpu__validate_shape("eye", 2, (int64_t[]){ n, m }, dt, &chk)) return CTPU_NULL;
-    if (ctpu_scope_begin() != CTPU_OK) return CTPU_NULL;
+    if (!ctpu__validate_shape("eye", 2, (int64_t[]){ n, m }, dt, &chk)) return ctpu_failed();
+    if (ctpu_scope_begin() != CTPU_OK) return ctpu_failed();
     ctpu_tensor r = ctpu_reshape(ctpu_arange(0, (double)n, 1, CTPU_I32), 2, (int64_t[]){ n, 1 });
     ctpu_tensor c = ctpu_reshape(ctpu_arange(0, (double)m, 1, CTPU_I32), 2, (int64_t[]){ 1, m });
     ctpu_tensor y = ctpu_eq(r, c);
@@ -1747,22 +1747,22 @@ ctpu_tensor ctpu_eye(int64_t n, int64_t m, ctpu_dtype dt)
  * (start, end and step rounded to dt first, as torch holds them in scalar_t). */
 ctpu_tensor ctpu_linspace(double start, double end, int64_t steps, ctpu_dtype dt)
 {
-    if (!ctpu_check_init("linspace")) return CTPU_NULL;
+    if (!ctpu_check_init("linspace")) return ctpu_failed();
     if (!isfinite(start) || !isfinite(end) || steps < 0 || steps > (1 << 24)) {
         ctpu_set_error(CTPU_ERR_INVALID_ARG, "linspace: start=%g end=%g steps=%lld: need finite ends and 0 <= steps <= 2^24",
                        start, end, (long long)steps);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     if (dt != CTPU_F32 && dt != CTPU_BF16) {
         ctpu_set_error(CTPU_ERR_DTYPE, "linspace: dt=%d: f32 or bf16", (int)dt);
-        return CTPU_NULL;
+        return ctpu_failed();
     }
     float fs = (float)start, fe = (float)end;
     if (dt == CTPU_BF16) { fs = ctpu_bf16_to_f32(ctpu_f32_to_bf16(fs)); fe = ctpu_bf16_to_f32(ctpu_f32_to_bf16(fe)); }
     if (steps <= 1) return ctpu_full(dt, 1, &steps, fs);
     float st = (fe - fs) / (float)(steps - 1);
     if (dt == CTPU_BF16) st = ctpu_bf16_to_f32(ctpu_f32_to_bf16(st));
-    if (ctpu_scope_begin() != CTPU_OK) return CTPU_NULL;
+    if (ctpu_scope_begin() != CTPU_OK) return ctpu_failed();
     ctpu_tensor i = ctpu_arange(0, (double)steps, 1, dt == CTPU_BF16 ? CTPU_F32 : dt);
     ctpu_tensor lo = ctpu_add_scalar(ctpu_mul_scalar(dt == CTPU_BF16 ? ctpu_cast(i, CTPU_BF16) : i, st), fs);
     ctpu_tensor back = ctpu_rsub_scalar(i, (double)(steps - 1));   /* steps - 1 - i, exact below 2^24 */
