@@ -4,6 +4,7 @@
  * suite, so tools/run-tests.sh runs it again with CTPU_ISA=avx2 and scalar
  * (and meson runs test_fusion_scalar). */
 #include "t_core.h"
+#include "ctpu_nn.h"
 
 static int64_t C(const char *n) { return ctpu_metric_counter(n); }
 
@@ -169,6 +170,140 @@ START_TEST(small_broadcast_producers)
 }
 END_TEST
 
+/* ------------------------------------------------------------ row groups */
+static ctpu_tensor lastdim_mean(ctpu_tensor x, bool keep) { return ctpu_mean(x, 1, (int[]){ -1 }, keep); }
+
+/* layer norm (weight, bias) over rows of 200 and of 5000 (past a 4096
+ * reduction chunk), rms norm, each one kernel */
+static int p_layer_norm(ctpu_tensor *o)
+{
+    ctpu_tensor x = randn(3, (int64_t[]){ 4, 30, 200 }, 2), y = randn(2, (int64_t[]){ 6, 5000 }, 1);
+    ctpu_tensor w = randn(1, (int64_t[]){ 200 }, 1), b = randn(1, (int64_t[]){ 200 }, 1);
+    ctpu_tensor w2 = randn(1, (int64_t[]){ 5000 }, 1);
+    pat_begin();
+    o[0] = out(ctpu_layer_norm(x, w, b, 1e-5));
+    o[1] = out(ctpu_layer_norm(y, w2, CTPU_NULL, 1e-6));
+    pat_end();
+    return 2;
+}
+
+static int p_rms_norm(ctpu_tensor *o)
+{
+    ctpu_tensor x = randn(2, (int64_t[]){ 64, 96 }, 3), w = randn(1, (int64_t[]){ 96 }, 1);
+    pat_begin();
+    o[0] = out(ctpu_rms_norm(x, w, 1e-6));
+    pat_end();
+    return 1;
+}
+
+/* residual + norm: h = x + a is live (the residual stream) and normalised */
+static int p_residual_norm(ctpu_tensor *o)
+{
+    ctpu_tensor x = randn(2, (int64_t[]){ 48, 128 }, 1), a = randn(2, (int64_t[]){ 48, 128 }, 1);
+    ctpu_tensor w = randn(1, (int64_t[]){ 128 }, 1), b = randn(1, (int64_t[]){ 128 }, 1);
+    pat_begin();
+    ctpu_tensor h = ctpu_add(x, a);
+    o[0] = out(h);
+    o[1] = out(ctpu_layer_norm(h, w, b, 1e-5));
+    o[2] = out(ctpu_rms_norm(h, w, 1e-5));
+    pat_end();
+    return 3;
+}
+
+/* bf16 input: the norms' casts are in the kernel too */
+static int p_norm_bf16(ctpu_tensor *o)
+{
+    ctpu_tensor x = pin(ctpu_rand_normal(CTPU_BF16, 2, (int64_t[]){ 40, 64 }, 0, 2));
+    ctpu_tensor w = pin(ctpu_rand_normal(CTPU_BF16, 1, (int64_t[]){ 64 }, 1, 0.2));
+    pat_begin();
+    o[0] = out(ctpu_layer_norm(x, w, CTPU_NULL, 1e-5));
+    pat_end();
+    return 1;
+}
+
+/* mean and var (correction 1, not kept: stored beside) feeding consumers;
+ * the layer norm of bench/fuse's block written with ops */
+static int p_mean_var_consumers(ctpu_tensor *o)
+{
+    ctpu_tensor x = randn(2, (int64_t[]){ 33, 300 }, 1), g = randn(1, (int64_t[]){ 300 }, 1);
+    ctpu_tensor b = randn(1, (int64_t[]){ 300 }, 1);
+    pat_begin();
+    ctpu_tensor mu = lastdim_mean(x, true);
+    ctpu_tensor xc = ctpu_sub(x, mu);
+    ctpu_tensor var = lastdim_mean(ctpu_mul(xc, xc), true);
+    o[0] = out(ctpu_add(ctpu_mul(ctpu_mul(xc, ctpu_rsqrt(ctpu_add_scalar(var, 1e-5))), g), b));
+    ctpu_tensor v1 = ctpu_var(x, 1, (int[]){ 1 }, 1, true);
+    o[1] = out(ctpu_div(ctpu_sub(x, lastdim_mean(x, true)), ctpu_sqrt(v1)));
+    o[2] = out(ctpu_var(x, 1, (int[]){ 1 }, 1, false));
+    o[3] = out(ctpu_sum(ctpu_exp(ctpu_sub(x, ctpu_max(x, 1, (int[]){ 1 }, true))), 1, (int[]){ 1 }, false));
+    pat_end();
+    return 4;
+}
+
+/* softmax with its producers (scale, additive mask) and a consumer; a
+ * large block (threads: rows x n >= 65536) */
+static int p_softmax_chain(ctpu_tensor *o)
+{
+    ctpu_tensor s = randn(3, (int64_t[]){ 4, 64, 300 }, 3), m = randn(2, (int64_t[]){ 64, 300 }, 1);
+    pat_begin();
+    ctpu_tensor p = ctpu_softmax(ctpu_add(ctpu_mul_scalar(s, 0.125), m), -1);
+    o[0] = out(ctpu_mul_scalar(p, 0.9));
+    o[1] = out(ctpu_log_softmax(ctpu_neg(s), 2));
+    pat_end();
+    return 2;
+}
+
+/* cross entropy's forward: log_softmax and the loss */
+static int p_cross_entropy(ctpu_tensor *o)
+{
+    ctpu_tensor x = randn(2, (int64_t[]){ 32, 50 }, 2);
+    int32_t lab[32];
+    for (int i = 0; i < 32; i++) lab[i] = (i * 7) % 50;
+    lab[3] = -100;
+    ctpu_tensor y = pin(ctpu_from_host(lab, CTPU_I32, 1, (int64_t[]){ 32 }));
+    pat_begin();
+    o[0] = out(ctpu_cross_entropy(x, y, NULL));
+    pat_end();
+    return 1;
+}
+
+/* layer norm / rms norm backward: the gradients of x, weight, bias */
+static ctpu_tensor leaf(ctpu_tensor t)
+{
+    ctpu_set_requires_grad(t, true);
+    return t;
+}
+
+static int norm_backward(ctpu_tensor *o, bool rms)
+{
+    ctpu_tensor x = leaf(randn(2, (int64_t[]){ 40, 96 }, 2)), w = leaf(randn(1, (int64_t[]){ 96 }, 1));
+    ctpu_tensor b = leaf(randn(1, (int64_t[]){ 96 }, 1)), r = randn(2, (int64_t[]){ 40, 96 }, 1);
+    pat_begin();
+    ctpu_tensor y = rms ? ctpu_rms_norm(x, w, 1e-6) : ctpu_layer_norm(x, w, b, 1e-5);
+    ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_mul(y, r), 0, NULL, false)), CTPU_OK);
+    o[0] = out(ctpu_grad(x));
+    o[1] = out(ctpu_grad(w));
+    if (!rms) o[2] = out(ctpu_grad(b));
+    pat_end();
+    return rms ? 2 : 3;
+}
+static int p_ln_backward(ctpu_tensor *o) { return norm_backward(o, false); }
+static int p_rms_backward(ctpu_tensor *o) { return norm_backward(o, true); }
+
+START_TEST(row_groups)
+{
+    check_pattern("layer_norm (rows of 200 and 5000)", p_layer_norm, 2);
+    check_pattern("rms_norm", p_rms_norm, 1);
+    check_pattern("residual + layer_norm + rms_norm", p_residual_norm, 1);
+    check_pattern("bf16 layer_norm", p_norm_bf16, 1);
+    check_pattern("mean/var producers and consumers", p_mean_var_consumers, 1);
+    check_pattern("scale + mask -> softmax -> scale; log_softmax", p_softmax_chain, 1);
+    check_pattern("cross_entropy forward", p_cross_entropy, 11);
+    check_pattern("layer_norm forward + backward", p_ln_backward, 22);
+    check_pattern("rms_norm forward + backward", p_rms_backward, 13);   /* not fused yet: the label path (i32), gather, the sums over rows */
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("fusion");
@@ -177,6 +312,7 @@ static Suite *suite(void)
     tcase_set_timeout(p, 240);
     tcase_add_test(p, matmul_epilogues);
     tcase_add_test(p, small_broadcast_producers);
+    tcase_add_test(p, row_groups);
     suite_add_tcase(s, p);
     return s;
 }

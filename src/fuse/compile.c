@@ -7,7 +7,10 @@
  *                     consecutive VM-fusable nodes of one shape (one
  *                     block-VM step: their intermediates never exist in
  *                     memory), optionally ending in a reduction over trailing
- *                     dims; every other node alone
+ *                     dims; row groups (rows.c: reductions over trailing
+ *                     dims and softmax with their producers and
+ *                     consumers) when they take more nodes; every other
+ *                     node alone
  *   plan buffers      bound slots (inputs, then outputs), the step order, and
  *                     scratch offsets for values used across steps but not
  *                     live-out (first fit, reused by liveness)
@@ -60,6 +63,7 @@ typedef struct {
     int32_t *epi;              /* [4 nn] per matmul: bias value, activation, residual value, scale node; -1 none */
     int32_t *group;            /* [nn] fusion group of each node */
     int n_groups;
+    bool *row_group;           /* [nn] per group: a row group (rows.c) */
     bool *used_outside;        /* [nn] the node's value is read outside its group (or is an output) */
     /* plan buffers */
     int32_t *slot_of;          /* [nv] bound or scratch slot of each value, -1 none */
@@ -261,7 +265,8 @@ static bool pass_group_nodes(compile_ctx *cx)
     cx->epi = al_alloc(&cx->al, sizeof(int32_t) * 4 * (size_t)(nn + 1));
     cx->group = al_alloc(&cx->al, sizeof(int32_t) * (size_t)(nn + 1));
     cx->used_outside = al_alloc(&cx->al, (size_t)(nn + 1));
-    if (!cx->uses || !cx->epi || !cx->group || !cx->used_outside) return oom(cx);
+    cx->row_group = al_alloc(&cx->al, (size_t)(nn + 1));
+    if (!cx->uses || !cx->epi || !cx->group || !cx->used_outside || !cx->row_group) return oom(cx);
     for (int i = 0; i < nn; i++)
         for (int k = 0; k < t->nodes[i].n_in; k++) cx->uses[t->nodes[i].in[k]]++;
     for (int j = 0; j < cx->no; j++) cx->uses[t->outputs[j]] += 2;   /* an output is never internal */
@@ -274,8 +279,18 @@ static bool pass_group_nodes(compile_ctx *cx)
         for (int q = 0; q < 4; q++) cx->epi[4 * i + q] = -1;
         if (ctpu_op_fusion(n->op) == CTPU_FUSE_MXU && n->out.ndim >= 2 && n->out.dtype == CTPU_KDT_F32 && !t->debug_checks)
             j = group_matmul(cx, i);
-        else if (ctpu_vm_fusable(n, it) && !t->debug_checks)
-            j = group_vm(cx, i);
+        else if (!t->debug_checks) {
+            /* a row group when it takes more nodes than the VM group (or the node alone) would */
+            int jv = ctpu_vm_fusable(n, it) ? group_vm(cx, i) : i + 1;
+            ctpu_row_scan_info rs;
+            ctpu_row_scan(t, i, cx->uses, &rs);
+            if (rs.n_rowops > 0 && rs.end > jv) {
+                j = rs.end;
+                cx->row_group[cx->n_groups] = true;
+            } else {
+                j = jv;
+            }
+        }
         for (int k = i; k < j; k++) cx->group[k] = cx->n_groups;
         cx->n_groups++;
         i = j;
@@ -450,6 +465,21 @@ static bool emit_reduce_group(compile_ctx *cx, int i, int j, ctpu_step *step)
     return true;
 }
 
+/* Nodes [i, j) as one row-group step (rows.c). */
+static bool emit_row_group(compile_ctx *cx, int i, int j, ctpu_step *step)
+{
+    ctpu_row_prog *rp = al_alloc(&cx->al, sizeof *rp);
+    ctpu_row_scan_info rs;
+    if (!rp) return oom(cx);
+    ctpu_row_scan(cx->t, i, cx->uses, &rs);
+    if (rs.end != j || ctpu_row_build(rp, cx->t, i, &rs, cx->slot_of, cx->used_outside + i, cx->scal_base) != 0) {
+        snprintf(cx->err, cx->errlen, "compile: row group at node %d cannot be built", i);
+        return false;
+    }
+    *step = (ctpu_step){ ctpu_row_exec, rp };
+    return true;
+}
+
 /* Nodes [i, j) as one block-VM step. */
 static bool emit_vm_group(compile_ctx *cx, int i, int j, ctpu_step *step)
 {
@@ -494,7 +524,8 @@ static bool pass_emit_steps(compile_ctx *cx)
         int j = i;
         while (j < nn && cx->group[j] == cx->group[i]) j++;
         bool ok;
-        if (j - i >= 2 && ctpu_op_fusion(t->nodes[i].op) == CTPU_FUSE_MXU) ok = emit_matmul(cx, i, j, &cx->steps[s]);
+        if (cx->row_group[cx->group[i]]) ok = emit_row_group(cx, i, j, &cx->steps[s]);
+        else if (j - i >= 2 && ctpu_op_fusion(t->nodes[i].op) == CTPU_FUSE_MXU) ok = emit_matmul(cx, i, j, &cx->steps[s]);
         else if (j - i >= 2 && ctpu_op_is(t->nodes[j - 1].op, CTPU_OPK_REDUCTION))
             ok = emit_reduce_group(cx, i, j, &cx->steps[s]);
         else if (j - i >= 2) ok = emit_vm_group(cx, i, j, &cx->steps[s]);

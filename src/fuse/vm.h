@@ -71,4 +71,75 @@ typedef struct {
 } ctpu_vm_red_prog;
 void ctpu_vm_red_exec(const void *data, ctpu_exec_ctx *ctx);
 
+/* ------------------------------------------------------------ row groups (rows.c)
+ * A fusion group over rows: every value of the group has the group's shape R
+ * (FULL), or R with its trailing dims [first, ndim) set to 1 (ROW: one value
+ * per row; a keepdim reduction's result), or is a non-keepdim reduction's
+ * result (ROWOUT: stored, not read in the group), or is a producer of a
+ * shape that broadcasts into R, computed from outside values at every
+ * element of R and read only in the group (BCAST: a weight's cast). Its
+ * nodes are
+ * elementwise (FULL or ROW), reductions over the trailing dims (sum, mean,
+ * max, min, var) and softmax / log_softmax over the last dim, so everything
+ * a row needs is in that row: the step runs the nodes row by row on row
+ * buffers in cache, each reduction and softmax the kernel the node alone
+ * would run (ctpu_k_reduce, ctpu_k_sqdev, ctpu_k_softmax on that row: the
+ * same order, the same bits). Layer norm, RMS norm, a residual add before
+ * them, mean / var feeding their consumers, softmax with its producers and
+ * consumers. */
+enum { CTPU_ROW_FULL, CTPU_ROW_ROW, CTPU_ROW_ROWOUT, CTPU_ROW_BCAST };
+#define CTPU_ROW_MAX_N 32768       /* the row length (elements) a row group may have */
+
+typedef struct {
+    int end;                       /* the group is nodes [i, end) */
+    int n_rowops;                  /* reductions and softmaxes in it */
+    int first;                     /* first reduced dim */
+    int64_t rows, n;
+    ctpu_vtype R, P;
+    uint8_t cls[CTPU_VM_GROUP_NODES];
+} ctpu_row_scan_info;
+
+/* The longest row group starting at node i (uses: reads of each value, as
+ * compile.c counts them; an output counts 2). */
+void ctpu_row_scan(const ctpu_trace *t, int i, const int32_t *uses, ctpu_row_scan_info *info);
+
+enum { CTPU_ROWI_EW_FULL, CTPU_ROWI_EW_ROW, CTPU_ROWI_REDUCE, CTPU_ROWI_SOFTMAX };
+enum { CTPU_ROWF_MEAN = 8, CTPU_ROWF_VAR = 16, CTPU_ROWF_LOG = 32 };   /* beside CTPU_VM_ROUND_BF16, _SCALAR_FIRST */
+/* value kinds: an in-group FULL value (a row buffer), an in-group ROW value
+ * (a per-row register), an external read by FULL nodes (plan against R)
+ * or by ROW nodes (plan against P) */
+enum { CTPU_ROWV_BUF, CTPU_ROWV_REG, CTPU_ROWV_EXT_FULL, CTPU_ROWV_EXT_ROW };
+
+typedef struct {
+    uint8_t kind, vkind, kop, flags;   /* vkind, kop: as the VM's instruction (elementwise) or ctpu_k_red_op */
+    int16_t dst, src[3];               /* value indices (src[1..2] -1 when absent) */
+    int32_t scalar;                    /* the node's first runtime scalar */
+    int32_t store_slot;                /* -1: not needed outside the group */
+    uint8_t store_dtype, n_src;
+    int64_t den;                       /* var: the divisor, max(0, n - correction) */
+} ctpu_row_ins;
+
+typedef struct {
+    uint8_t kind;
+    int16_t idx;                       /* buffer, register or external operand index */
+} ctpu_row_val;
+
+typedef struct {
+    int64_t rows, n;
+    int n_ins, n_vals, n_buf, n_reg;
+    ctpu_row_ins ins[CTPU_VM_GROUP_NODES];
+    ctpu_row_val val[CTPU_VM_GROUP_NODES + 2 * CTPU_BCAST_MAX];
+    int n_ef, n_er;                    /* externals read by FULL / by ROW nodes */
+    int32_t ef_slot[CTPU_BCAST_MAX], er_slot[CTPU_BCAST_MAX];
+    uint8_t ef_dtype[CTPU_BCAST_MAX], er_dtype[CTPU_BCAST_MAX];
+    bcast_plan plan_full, plan_row;
+} ctpu_row_prog;
+
+/* Build the row program of nodes [i, end) as ctpu_row_scan classified them
+ * (slot_of, store, scalar_base as ctpu_vm_build's). 0, or -1 when it does
+ * not fit (too many externals). */
+int ctpu_row_build(ctpu_row_prog *p, const ctpu_trace *t, int i, const ctpu_row_scan_info *info,
+                   const int32_t *slot_of, const bool *store, const int32_t *scalar_base);
+void ctpu_row_exec(const void *data, ctpu_exec_ctx *ctx);
+
 #endif

@@ -1,0 +1,416 @@
+/* Row groups (vm.h): reductions over trailing dims and softmax fused with
+ * their elementwise producers and consumers, run row by row.
+ *
+ * Bits: an elementwise node computes the same f32 kernel over the same
+ * operands as alone (rounded to its dtype after each op, as the block VM
+ * does); a reduction or softmax calls, on one row, the kernel the node alone
+ * calls on all rows (ctpu_k_reduce, ctpu_k_sqdev, ctpu_k_softmax): their
+ * order depends only on the row length (CONTRACTS.md "Reductions"), never on
+ * how many rows a call covers or on threads, so a row alone gives the row's
+ * bits. mean and var divide as exec.c's exec_mean and exec_var do. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "vm.h"
+
+static const ctpu_vtype *vtype(const ctpu_trace *t, int32_t v)
+{
+    return v < t->n_inputs ? &t->in_type[v] : &t->nodes[v - t->n_inputs].out;
+}
+
+static bool same(const ctpu_vtype *a, const ctpu_vtype *b)
+{
+    if (a->ndim != b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return false;
+    return true;
+}
+
+static bool is_softmax(int op) { return op == CTPU_OP_SOFTMAX || op == CTPU_OP_LOG_SOFTMAX; }
+
+/* A reduction over exactly the trailing dims [first, ndim) of x, or a
+ * softmax over its last dim, with a float result: first; else -1. */
+static int rowop_first(const ctpu_node *m, const ctpu_vtype *x)
+{
+    if (m->n_in != 1 || m->out.dtype == CTPU_KDT_I32 || x->ndim < 1) return -1;
+    if (is_softmax(m->op)) return m->attr.dims[0] == x->ndim - 1 ? x->ndim - 1 : -1;
+    int fc = ctpu_op_fusion(m->op);
+    if (fc != CTPU_FUSE_REDUCE && fc != CTPU_FUSE_REDUCE_MEAN && m->op != CTPU_OP_VAR) return -1;
+    if (m->attr.n_dims < 1) return -1;
+    uint32_t mask = 0;
+    for (int k = 0; k < m->attr.n_dims; k++) mask |= 1u << m->attr.dims[k];
+    int first = __builtin_ctz(mask);
+    uint32_t want = ((1u << x->ndim) - 1) & ~((1u << first) - 1);
+    return mask == want ? first : -1;
+}
+
+/* R's rows and row length for reductions from dim `first`; false when the
+ * row is empty or longer than a row group takes. */
+static bool set_rows(ctpu_row_scan_info *f, int first)
+{
+    int64_t rows = 1, n = 1;
+    for (int d = 0; d < first; d++) rows *= f->R.shape[d];
+    for (int d = first; d < f->R.ndim; d++) n *= f->R.shape[d];
+    if (n < 1 || n > CTPU_ROW_MAX_N) return false;
+    f->first = first;
+    f->rows = rows;
+    f->n = n;
+    f->P = f->R;
+    for (int d = first; d < f->R.ndim; d++) f->P.shape[d] = 1;
+    return true;
+}
+
+/* Can a node of class `reader` read in-group value v (class of node v - base)? */
+static bool reads_ok(const ctpu_row_scan_info *f, const ctpu_node *m, int base, int i, int reader)
+{
+    for (int q = 0; q < m->n_in; q++) {
+        int32_t v = m->in[q];
+        if (v < base + i) continue;                       /* from outside: broadcasts into m */
+        int c = f->cls[v - base - i];
+        if (c == CTPU_ROW_ROWOUT || (reader == CTPU_ROW_ROW && c != CTPU_ROW_ROW)) return false;
+        if (reader == CTPU_ROW_BCAST && c != CTPU_ROW_BCAST) return false;   /* computed from outside values only */
+        if (reader == -1 && c != CTPU_ROW_FULL) return false;   /* a reduction's or softmax's input */
+    }
+    return true;
+}
+
+/* a broadcasts into b (right-aligned) with fewer elements */
+static bool bcasts_into(const ctpu_vtype *a, const ctpu_vtype *b)
+{
+    if (a->ndim > b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++) {
+        int64_t x = a->shape[d], y = b->shape[b->ndim - a->ndim + d];
+        if (x != y && x != 1) return false;
+    }
+    return ctpu_vtype_numel(a) < ctpu_vtype_numel(b);
+}
+
+static void scan_nodes(const ctpu_trace *t, int i, int max_end, ctpu_row_scan_info *f);
+
+void ctpu_row_scan(const ctpu_trace *t, int i, const int32_t *uses, ctpu_row_scan_info *f)
+{
+    int nin = t->n_inputs;
+    scan_nodes(t, i, t->n_nodes, f);
+    /* a BCAST value read outside the group ends the group before it */
+    for (int k = i; k < f->end; k++) {
+        if (f->cls[k - i] != CTPU_ROW_BCAST) continue;
+        int reads = 0;
+        for (int q = k + 1; q < f->end; q++)
+            for (int r = 0; r < t->nodes[q].n_in; r++) reads += t->nodes[q].in[r] == nin + k;
+        if (reads != uses[nin + k]) {
+            scan_nodes(t, i, k, f);
+            k = i - 1;
+        }
+    }
+}
+
+static void scan_nodes(const ctpu_trace *t, int i, int max_end, ctpu_row_scan_info *f)
+{
+    int nin = t->n_inputs, j;
+    bool has_R = false;
+    memset(f, 0, sizeof *f);
+    f->first = -1;
+    for (j = i; j < max_end && j - i < CTPU_VM_GROUP_NODES; j++) {
+        const ctpu_node *m = &t->nodes[j];
+        const ctpu_vtype *it[CTPU_NODE_MAX_IN];
+        for (int k = 0; k < m->n_in; k++) it[k] = vtype(t, m->in[k]);
+        int rf = rowop_first(m, m->n_in ? it[0] : NULL), cls;
+        if (rf >= 0) {
+            if (!has_R) { f->R = *it[0]; has_R = true; }
+            if (!same(it[0], &f->R)) break;
+            if (f->first < 0 && !set_rows(f, rf)) break;
+            if (rf != f->first || !reads_ok(f, m, nin, i, -1)) break;
+            cls = is_softmax(m->op) ? CTPU_ROW_FULL : (m->attr.flags & CTPU_ATTR_KEEPDIM) ? CTPU_ROW_ROW : CTPU_ROW_ROWOUT;
+            f->n_rowops++;
+        } else if (ctpu_vm_fusable(m, it)) {
+            if (!has_R) { f->R = m->out; has_R = true; }
+            if (same(&m->out, &f->R)) cls = CTPU_ROW_FULL;
+            else if (f->first >= 0 && same(&m->out, &f->P)) cls = CTPU_ROW_ROW;
+            else if (has_R && bcasts_into(&m->out, &f->R)) cls = CTPU_ROW_BCAST;
+            else break;
+            if (!reads_ok(f, m, nin, i, cls)) break;
+        } else {
+            break;
+        }
+        f->cls[j - i] = (uint8_t)cls;
+    }
+    f->end = j;
+}
+
+/* ------------------------------------------------------------ building */
+typedef struct {
+    int n;
+    int32_t val[CTPU_BCAST_MAX];
+    const ctpu_vtype *type[CTPU_BCAST_MAX];
+} ext_list;
+
+/* the operand index of external v in list e (added if new), -1 when full */
+static int ext_index(ext_list *e, const ctpu_trace *t, int32_t v)
+{
+    for (int q = 0; q < e->n; q++)
+        if (e->val[q] == v) return q;
+    if (e->n == CTPU_BCAST_MAX) return -1;
+    e->val[e->n] = v;
+    e->type[e->n] = vtype(t, v);
+    return e->n++;
+}
+
+/* an elementwise node's VM instruction kind and kernel */
+static void ew_fields(const ctpu_node *n, ctpu_row_ins *I)
+{
+    uint32_t kind = ctpu_op_infos[n->op].kind;
+    I->kop = (uint8_t)ctpu_op_kop(n->op);
+    if (kind & CTPU_OPK_UNARY) I->vkind = CTPU_VM_UNARY;
+    else if (kind & CTPU_OPK_BINARY) I->vkind = CTPU_VM_BINARY;
+    else if (kind & CTPU_OPK_SCALAR) {
+        I->vkind = CTPU_VM_SCALAR;
+        if (n->attr.flags & CTPU_ATTR_SCALAR_FIRST) I->flags |= CTPU_VM_SCALAR_FIRST;
+    } else if (kind & CTPU_OPK_TERNARY) I->vkind = CTPU_VM_WHERE;
+    else if (ctpu_op_kop(n->op) == CTPU_K_E_CLAMP) I->vkind = CTPU_VM_CLAMP;
+    else I->vkind = CTPU_VM_COPY;   /* a cast between float dtypes */
+}
+
+/* node k's instruction fields but its operands */
+static void row_fields(const ctpu_node *m, int cls, int64_t n, ctpu_row_ins *I)
+{
+    if (is_softmax(m->op)) {
+        I->kind = CTPU_ROWI_SOFTMAX;
+        if (m->op == CTPU_OP_LOG_SOFTMAX) I->flags |= CTPU_ROWF_LOG;
+    } else if (ctpu_op_is(m->op, CTPU_OPK_REDUCTION)) {
+        I->kind = CTPU_ROWI_REDUCE;
+        I->kop = (uint8_t)ctpu_op_kop(m->op);
+        if (ctpu_op_fusion(m->op) == CTPU_FUSE_REDUCE_MEAN) I->flags |= CTPU_ROWF_MEAN;
+        if (m->op == CTPU_OP_VAR) {
+            I->flags |= CTPU_ROWF_VAR;
+            I->den = n - m->attr.i64[0] > 0 ? n - m->attr.i64[0] : 0;
+        }
+    } else {
+        I->kind = cls == CTPU_ROW_ROW ? CTPU_ROWI_EW_ROW : CTPU_ROWI_EW_FULL;
+        ew_fields(m, I);
+    }
+    if (m->out.dtype == CTPU_KDT_BF16) I->flags |= CTPU_VM_ROUND_BF16;
+}
+
+int ctpu_row_build(ctpu_row_prog *p, const ctpu_trace *t, int i, const ctpu_row_scan_info *f,
+                   const int32_t *slot_of, const bool *store, const int32_t *scalar_base)
+{
+    int nin = t->n_inputs, count = f->end - i;
+    ext_list ef = { 0 }, er = { 0 };
+    int last[CTPU_VM_GROUP_NODES];
+    bool busy[CTPU_VM_GROUP_NODES] = { false };
+    memset(p, 0, sizeof *p);
+    p->rows = f->rows;
+    p->n = f->n;
+    for (int k = 0; k < count; k++) last[k] = -1;
+    for (int k = 0; k < count; k++)
+        for (int q = 0; q < t->nodes[i + k].n_in; q++) {
+            int32_t v = t->nodes[i + k].in[q];
+            if (v >= nin + i) last[v - nin - i] = k;
+        }
+    for (int k = 0; k < count; k++) {
+        const ctpu_node *m = &t->nodes[i + k];
+        ctpu_row_ins *I = &p->ins[k];
+        int cls = f->cls[k];
+        bool full_reader = cls != CTPU_ROW_ROW && cls != CTPU_ROW_ROWOUT;   /* elementwise FULL / BCAST, softmax, reductions */
+        if (ctpu_op_is(m->op, CTPU_OPK_REDUCTION)) full_reader = true;
+        row_fields(m, cls, f->n, I);
+        I->n_src = m->n_in;
+        I->src[1] = I->src[2] = -1;
+        for (int q = 0; q < m->n_in && q < 3; q++) {
+            int32_t v = m->in[q];
+            if (v >= nin + i) { I->src[q] = (int16_t)(v - nin - i); continue; }
+            int e = ext_index(full_reader ? &ef : &er, t, v);
+            if (e < 0) return -1;
+            int vi = count + (full_reader ? e : CTPU_BCAST_MAX + e);
+            p->val[vi] = (ctpu_row_val){ (uint8_t)(full_reader ? CTPU_ROWV_EXT_FULL : CTPU_ROWV_EXT_ROW), (int16_t)e };
+            I->src[q] = (int16_t)vi;
+        }
+        /* buffers whose last read is here are free for the result (kernels may run in place) */
+        for (int g = 0; g < k; g++)
+            if (last[g] == k && p->val[g].kind == CTPU_ROWV_BUF) busy[p->val[g].idx] = false;
+        if (cls == CTPU_ROW_FULL || cls == CTPU_ROW_BCAST) {
+            int b = 0;
+            while (busy[b]) b++;
+            busy[b] = true;
+            if (b + 1 > p->n_buf) p->n_buf = b + 1;
+            p->val[k] = (ctpu_row_val){ CTPU_ROWV_BUF, (int16_t)b };
+            if (last[k] < 0) busy[b] = false;
+        } else {
+            p->val[k] = (ctpu_row_val){ CTPU_ROWV_REG, (int16_t)p->n_reg++ };
+        }
+        I->dst = (int16_t)k;
+        I->scalar = scalar_base[i + k];
+        I->store_slot = store[k] ? slot_of[nin + i + k] : -1;
+        I->store_dtype = m->out.dtype;
+        if (store[k] && I->store_slot < 0) return -1;
+    }
+    p->n_ins = count;
+    p->n_vals = count + 2 * CTPU_BCAST_MAX;
+    p->n_ef = ef.n;
+    p->n_er = er.n;
+    for (int e = 0; e < ef.n; e++) { p->ef_slot[e] = slot_of[ef.val[e]]; p->ef_dtype[e] = ef.type[e]->dtype; }
+    for (int e = 0; e < er.n; e++) { p->er_slot[e] = slot_of[er.val[e]]; p->er_dtype[e] = er.type[e]->dtype; }
+    for (int e = 0; e < ef.n; e++) if (p->ef_slot[e] < 0) return -1;
+    for (int e = 0; e < er.n; e++) if (p->er_slot[e] < 0) return -1;
+    ctpu_bcast_plan_make(&f->R, ef.type, ef.n, &p->plan_full);
+    ctpu_bcast_plan_make(&f->P, er.type, er.n, &p->plan_row);
+    return 0;
+}
+
+/* ------------------------------------------------------------ running */
+typedef struct {
+    const ctpu_row_prog *p;
+    ctpu_exec_ctx *ctx;
+    float *buf[CTPU_VM_GROUP_NODES];
+    float reg[CTPU_VM_GROUP_NODES];
+    float *tmp[3], *rowtmp;
+} row_state;
+
+/* value v for elements [o, o + len) of row r (a register broadcast; an
+ * external loaded against R, or against P when it is read by a ROW node) */
+static const float *operand(row_state *s, int v, int64_t r, int64_t o, int64_t len, float *tmp)
+{
+    const ctpu_row_prog *p = s->p;
+    const ctpu_row_val *x = &p->val[v];
+    switch (x->kind) {
+    case CTPU_ROWV_BUF: return s->buf[x->idx] + o;
+    case CTPU_ROWV_REG:
+        for (int64_t j = 0; j < len; j++) tmp[j] = s->reg[x->idx];
+        return tmp;
+    case CTPU_ROWV_EXT_FULL:
+        return ctpu_load_block(s->ctx->ptr[p->ef_slot[x->idx]], p->ef_dtype[x->idx], &p->plan_full, x->idx,
+                               r * p->n + o, len, tmp);
+    default:
+        return ctpu_load_block(s->ctx->ptr[p->er_slot[x->idx]], p->er_dtype[x->idx], &p->plan_row, x->idx, r, 1,
+                               tmp);
+    }
+}
+
+static void ew_apply(const ctpu_row_ins *I, const float *const *x, float *d, int64_t n, const double *sc)
+{
+    switch (I->vkind) {
+    case CTPU_VM_UNARY: ctpu_k_unary((ctpu_k_unary_op)I->kop, x[0], d, n); break;
+    case CTPU_VM_BINARY: ctpu_k_binary((ctpu_k_binary_op)I->kop, x[0], x[1], d, n); break;
+    case CTPU_VM_SCALAR:
+        ctpu_k_binary_scalar((ctpu_k_binary_op)I->kop, x[0], (float)sc[I->scalar], (I->flags & CTPU_VM_SCALAR_FIRST) != 0,
+                             d, n);
+        break;
+    case CTPU_VM_WHERE: ctpu_k_where(x[0], x[1], x[2], d, n); break;
+    case CTPU_VM_CLAMP: ctpu_k_clamp(x[0], (float)sc[I->scalar], (float)sc[I->scalar + 1], d, n); break;
+    default:
+        if (x[0] != d) memcpy(d, x[0], sizeof(float) * (size_t)n);
+        break;
+    }
+    if (I->flags & CTPU_VM_ROUND_BF16) ctpu_k_unary(CTPU_K_U_ROUND_BF16, d, d, n);
+}
+
+static void store(const ctpu_row_ins *I, ctpu_exec_ctx *ctx, const float *v, int64_t at, int64_t len)
+{
+    if (I->store_slot < 0) return;
+    int dt = I->store_dtype;
+    ctpu_from_f32(v, dt, (char *)ctx->ptr[I->store_slot] + (size_t)at * ctpu_kdt_size(dt), len);
+}
+
+/* one reduction of row r: as exec_reduce / exec_mean / exec_var */
+static float reduce_row(row_state *s, const ctpu_row_ins *I, int64_t r)
+{
+    int64_t n = s->p->n;
+    const float *x = operand(s, I->src[0], r, 0, n, s->rowtmp);
+    float y;
+    if (I->flags & CTPU_ROWF_VAR) {
+        float mean;
+        ctpu_k_reduce(CTPU_K_RED_SUM, x, 1, n, 1, &mean, NULL);
+        ctpu_k_binary_scalar(CTPU_K_B_DIV, &mean, (float)n, false, &mean, 1);
+        ctpu_k_sqdev(x, &mean, 1, n, 1, &y, NULL);
+        ctpu_k_binary_scalar(CTPU_K_B_DIV, &y, (float)I->den, false, &y, 1);
+    } else {
+        ctpu_k_reduce((ctpu_k_red_op)I->kop, x, 1, n, 1, &y, NULL);
+        if (I->flags & CTPU_ROWF_MEAN) ctpu_k_binary_scalar(CTPU_K_B_DIV, &y, (float)n, false, &y, 1);
+    }
+    if (I->flags & CTPU_VM_ROUND_BF16) ctpu_k_unary(CTPU_K_U_ROUND_BF16, &y, &y, 1);
+    return y;
+}
+
+static void run_row(row_state *s, int64_t r)
+{
+    const ctpu_row_prog *p = s->p;
+    ctpu_exec_ctx *ctx = s->ctx;
+    int64_t n = p->n;
+    for (int k = 0; k < p->n_ins; k++) {
+        const ctpu_row_ins *I = &p->ins[k];
+        const ctpu_row_val *dv = &p->val[I->dst];
+        const float *x[3] = { NULL, NULL, NULL };
+        switch (I->kind) {
+        case CTPU_ROWI_EW_FULL:
+            for (int64_t o = 0; o < n; o += CTPU_K_BLOCK) {
+                int64_t len = n - o < CTPU_K_BLOCK ? n - o : CTPU_K_BLOCK;
+                for (int q = 0; q < I->n_src; q++) x[q] = operand(s, I->src[q], r, o, len, s->tmp[q]);
+                float *d = s->buf[dv->idx] + o;
+                ew_apply(I, x, d, len, ctx->scalars);
+                store(I, ctx, d, r * n + o, len);
+            }
+            break;
+        case CTPU_ROWI_EW_ROW: {
+            for (int q = 0; q < I->n_src; q++) x[q] = operand(s, I->src[q], r, 0, 1, s->tmp[q]);
+            float *d = &s->reg[dv->idx];
+            ew_apply(I, x, d, 1, ctx->scalars);
+            store(I, ctx, d, r, 1);
+            break;
+        }
+        case CTPU_ROWI_REDUCE:
+            s->reg[dv->idx] = reduce_row(s, I, r);
+            store(I, ctx, &s->reg[dv->idx], r, 1);
+            break;
+        default: {   /* softmax / log_softmax of the row */
+            float *d = s->buf[dv->idx];
+            ctpu_k_softmax(operand(s, I->src[0], r, 0, n, s->rowtmp), 1, n, d, (I->flags & CTPU_ROWF_LOG) != 0, NULL);
+            if (I->flags & CTPU_VM_ROUND_BF16) ctpu_k_unary(CTPU_K_U_ROUND_BF16, d, d, n);
+            store(I, ctx, d, r * n, n);
+            break;
+        }
+        }
+    }
+}
+
+static void row_range(const ctpu_row_prog *p, ctpu_exec_ctx *ctx, int64_t r0, int64_t r1)
+{
+    size_t nf = (size_t)p->n_buf * (size_t)p->n + 3 * CTPU_K_BLOCK + (size_t)p->n;
+    float *mem = malloc(sizeof(float) * nf);
+    if (!mem) {
+        ctx->fault_status = CTPU_ERR_OOM;
+        snprintf(ctx->fault_msg, sizeof ctx->fault_msg, "fused program: out of host memory for row buffers");
+        return;
+    }
+    row_state s = { .p = p, .ctx = ctx };
+    for (int b = 0; b < p->n_buf; b++) s.buf[b] = mem + (size_t)b * (size_t)p->n;
+    float *at = mem + (size_t)p->n_buf * (size_t)p->n;
+    for (int q = 0; q < 3; q++) s.tmp[q] = at + q * CTPU_K_BLOCK;
+    s.rowtmp = at + 3 * CTPU_K_BLOCK;
+    for (int64_t r = r0; r < r1; r++) run_row(&s, r);
+    free(mem);
+}
+
+typedef struct {
+    const ctpu_row_prog *p;
+    ctpu_exec_ctx *ctx;
+} row_job;
+
+static void row_task(void *arg, int tid, int nt)
+{
+    row_job *j = arg;
+    int64_t rows = j->p->rows;
+    int64_t r0 = rows * tid / nt, r1 = rows * (tid + 1) / nt;
+    if (r0 < r1) row_range(j->p, j->ctx, r0, r1);
+}
+
+void ctpu_row_exec(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_row_prog *p = data;
+    if (p->rows == 0) return;
+    if (p->rows > 1 && p->rows * p->n >= (1 << 16) && ctx->pool && ctx->pool->nthreads > 1) {
+        row_job j = { p, ctx };
+        ctx->pool->run(ctx->pool, row_task, &j);
+    } else {
+        row_range(p, ctx, 0, p->rows);
+    }
+}
