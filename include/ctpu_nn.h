@@ -235,6 +235,25 @@ CTPU_API ctpu_status ctpu_optim_set_steps(ctpu_optim *o, int64_t steps);
  * For tests and checkpoints. */
 CTPU_API ctpu_tensor ctpu_optim_state(const ctpu_optim *o, int i, int k);
 CTPU_API void ctpu_optim_free(ctpu_optim *o);
+/* torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type): the total
+ * norm of the n parameters' gradients (parameters without a .grad are
+ * skipped; none: 0), the norm of the per-gradient norms (norm_type 2:
+ * sqrt(sum g^2); 1: sum |g|; inf: max |g|; p: (sum |g|^p)^(1/p)), computed in
+ * f32 (bf16 gradients cast first); then every gradient is multiplied by
+ * min(max_norm / (total + 1e-6), 1) (as torch, the quotient is the
+ * reciprocal times max_norm) and written back with ctpu_assign, under
+ * no_grad (bf16 gradients: the product rounded to bf16). Returns the total
+ * as an f32 0-d tensor in the caller's scope. Every step is an op, with no
+ * host read: in defer and fuse the whole call records into the current
+ * trace, so between two marked steps it is one program (the loop detector,
+ * on while a program never marks steps, may still cut repeating per-layer
+ * blocks). Same bits in every mode. Errors (a handle naming clip_grad_norm):
+ * CTPU_ERR_INVALID_ARG (n < 0, params NULL, max_norm negative or NaN,
+ * norm_type <= 0 or NaN), a handle error for a null or released
+ * params[i]; a params[i] that is the result of a failed call is returned
+ * (its cause the last error, as ops pass error handles along); an
+ * infinite or NaN total is not an error (torch's error_if_nonfinite=False). */
+CTPU_API ctpu_tensor ctpu_clip_grad_norm(int n, const ctpu_tensor *params, double max_norm, double norm_type);
 
 /* ------------------------------------------------------------ data parallel
  * As torch.nn.parallel.DistributedDataParallel, over ctpu_dist_init's ranks

@@ -457,6 +457,13 @@ START_TEST(extreme_integers_and_values)
     NUL(ctpu_linspace(0, 1, INT64_MAX, CTPU_F32), CTPU_ERR_INVALID_ARG, "linspace");
     NUL(ctpu_linspace(-INFINITY, 1, 3, CTPU_F32), CTPU_ERR_INVALID_ARG, "linspace");
     NUL(ctpu_linspace(0, 1, 3, (ctpu_dtype)-1), CTPU_ERR_DTYPE, "linspace");
+    NUL(ctpu_clip_grad_norm(INT_MIN, &a, 1, 2), CTPU_ERR_INVALID_ARG, "clip_grad_norm");
+    NUL(ctpu_clip_grad_norm(INT_MAX, NULL, 1, 2), CTPU_ERR_INVALID_ARG, "clip_grad_norm");
+    NUL(ctpu_clip_grad_norm(1, &a, -INFINITY, 2), CTPU_ERR_INVALID_ARG, "clip_grad_norm");
+    NUL(ctpu_clip_grad_norm(1, &a, 1, -INFINITY), CTPU_ERR_INVALID_ARG, "clip_grad_norm");
+    NUL(ctpu_clip_grad_norm(1, &a, 1, -0.0), CTPU_ERR_INVALID_ARG, "clip_grad_norm");
+    NUL(ctpu_clip_grad_norm(1, &FAKE, 1, 2), CTPU_ERR_STALE_HANDLE, "clip_grad_norm");
+    NUL(ctpu_clip_grad_norm(2, (ctpu_tensor[]){ a, CTPU_NULL }, 1, 2), CTPU_ERR_NULL_HANDLE, "clip_grad_norm");
     NUL(ctpu_softmax(a, INT_MAX), CTPU_ERR_SHAPE, "softmax");
     NUL(ctpu_transpose(a, INT_MIN, 0), CTPU_ERR_SHAPE, "transpose");
     NUL(ctpu_transpose(a, 0, INT_MAX), CTPU_ERR_SHAPE, "transpose");

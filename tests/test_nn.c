@@ -872,6 +872,201 @@ START_TEST(t_messages_name_the_call)
 }
 END_TEST
 
+/* ------------------------------------------------------------ clip_grad_norm */
+/* Against torch.nn.utils.clip_grad_norm_ in double: the total norm (2, 1,
+ * inf, 3), the gradients scaled by min(max_norm / (total + 1e-6), 1), a
+ * parameter without a gradient skipped, a bf16 gradient, none at all. */
+START_TEST(t_clip_grad_norm)
+{
+    float ga[4] = { 3, -4, 0.5f, 2 }, gb[3] = { -1, 0.25f, 6 };
+    const double types[4] = { 2, 1, INFINITY, 3 };
+    for (int t = 0; t < 4; t++)
+        for (int clip = 0; clip < 2; clip++) {
+            double p = types[t];
+            ctpu_tensor A = vec(ga, 4), B = vec(gb, 3), C = vec(gb, 3);
+            ctpu_tensor ps[3] = { A, C, B };   /* C gets no gradient */
+            for (int i = 0; i < 3; i++) ctpu_set_requires_grad(ps[i], true);
+            set_grad(A, ga, 4);
+            set_grad(B, gb, 3);
+            double na = 0, nb = 0;
+            for (int i = 0; i < 4; i++) na = isinf(p) ? fmax(na, fabs(ga[i])) : na + pow(fabs(ga[i]), p);
+            for (int i = 0; i < 3; i++) nb = isinf(p) ? fmax(nb, fabs(gb[i])) : nb + pow(fabs(gb[i]), p);
+            if (!isinf(p)) { na = pow(na, 1 / p); nb = pow(nb, 1 / p); }
+            double total = isinf(p) ? fmax(na, nb) : pow(pow(na, p) + pow(nb, p), 1 / p);
+            double max_norm = clip ? total / 4 : total * 2;
+            double coef = fmin(max_norm / (total + 1e-6), 1.0);
+            ctpu_tensor tn = ctpu_clip_grad_norm(3, ps, max_norm, p);
+            ck_assert_msg(!ctpu_is_null(tn), "clip_grad_norm: %s", ctpu_last_error());
+            ck_assert_int_eq(ctpu_ndim(tn), 0);
+            double got = item(tn);
+            ck_assert_msg(fabs(got - total) <= 4e-7 * total, "norm %g: total %.9g, want %.9g", p, got, total);
+            float a2[4], b2[3];
+            readt(ctpu_grad(A), a2, 4);
+            readt(ctpu_grad(B), b2, 3);
+            for (int i = 0; i < 4; i++)
+                ck_assert_msg(clip ? fabs(a2[i] - ga[i] * coef) <= 1e-6 * fabs(ga[i]) : a2[i] == ga[i],
+                              "norm %g clip %d: grad a[%d] = %.9g, want %.9g", p, clip, i, a2[i], ga[i] * coef);
+            for (int i = 0; i < 3; i++)
+                ck_assert(clip ? fabs(b2[i] - gb[i] * coef) <= 1e-6 * fabs(gb[i]) : b2[i] == gb[i]);
+            ck_assert(ctpu_is_null(ctpu_grad(C)));
+        }
+    /* bf16: the norm in f32, the product rounded to bf16 */
+    ctpu_tensor H = ctpu_cast(vec(ga, 4), CTPU_BF16);
+    ctpu_set_requires_grad(H, true);
+    ctpu_scope_begin();
+    ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_mul(H, ctpu_cast(vec(ga, 4), CTPU_BF16)), 0, NULL, false)), CTPU_OK);
+    ctpu_scope_end();
+    double nh = sqrt(9 + 16 + 0.25 + 4);
+    ck_assert(fabs(item(ctpu_clip_grad_norm(1, &H, 1.0, 2)) - nh) < 1e-5);
+    ck_assert_int_eq(ctpu_dtype_of(ctpu_grad(H)), CTPU_BF16);
+    float hv[4];
+    ck_assert_int_eq(ctpu_to_host_as_f32(ctpu_grad(H), hv, sizeof hv), CTPU_OK);
+    ck_assert(fabs(hv[0] - 3 / nh) < 1e-2 && fabs(hv[1] + 4 / nh) < 1e-2);
+    /* no gradients: 0; n == 0: 0 */
+    ctpu_tensor N = vec(ga, 4);
+    ck_assert(item(ctpu_clip_grad_norm(1, &N, 1.0, 2)) == 0);
+    ck_assert(item(ctpu_clip_grad_norm(0, NULL, 1.0, 2)) == 0);
+    /* errors name the call */
+    ck_assert(ctpu_is_null(ctpu_clip_grad_norm(-1, &N, 1.0, 2)));
+    ck_assert(strstr(ctpu_last_error(), "clip_grad_norm") != NULL);
+    ck_assert(ctpu_is_null(ctpu_clip_grad_norm(1, NULL, 1.0, 2)));
+    ck_assert(ctpu_is_null(ctpu_clip_grad_norm(1, &N, NAN, 2)));
+    ck_assert(ctpu_is_null(ctpu_clip_grad_norm(1, &N, -1, 2)));
+    ck_assert(ctpu_is_null(ctpu_clip_grad_norm(1, &N, 1, 0)));
+    ck_assert(ctpu_is_null(ctpu_clip_grad_norm(1, &N, 1, -INFINITY)));
+    ck_assert(ctpu_is_null(ctpu_clip_grad_norm(1, &N, 1, NAN)));
+    ctpu_tensor dead = vec(ga, 4);
+    ctpu_release(dead);
+    ck_assert(ctpu_is_null(ctpu_clip_grad_norm(1, &dead, 1, 2)));
+    ck_assert(strstr(ctpu_last_error(), "clip_grad_norm: params[0]") != NULL);
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_STALE_HANDLE);
+    ck_assert(!ctpu_is_null(ctpu_clip_grad_norm(1, &N, INFINITY, INFINITY)));
+}
+END_TEST
+
+/* ------------------------------------------------------------ mode parity */
+/* A two-layer model, a loss, backward, clip_grad_norm and an optimizer step,
+ * 3 steps, in one mode: the losses, totals and parameters (bits). */
+typedef struct { float loss[3], total[3], w[24], b[4], st[24]; } run_out;
+
+static void train_in_mode(ctpu_mode m, int kind, int loss_kind, run_out *o)
+{
+    ck_assert_int_eq(ctpu_set_mode(m), CTPU_OK);
+    float w0[24], x0[24];
+    for (int i = 0; i < 24; i++) { w0[i] = sinf((float)i * 0.7f) * 0.5f; x0[i] = cosf((float)i * 1.3f); }
+    ctpu_tensor W = ctpu_from_host(w0, CTPU_F32, 2, (int64_t[]){ 4, 6 });
+    ctpu_tensor Bv = ctpu_zeros(CTPU_F32, 1, (int64_t[]){ 4 });
+    ctpu_set_requires_grad(W, true);
+    ctpu_set_requires_grad(Bv, true);
+    ctpu_tensor ps[2] = { W, Bv };
+    ctpu_param_group gs[2] = { { .n = 1, .params = &ps[0], .lr_scale = 1.0, .weight_decay = 0.1 },
+                               { .n = 1, .params = &ps[1], .lr_scale = 0.5, .weight_decay = 0.0 } };
+    ctpu_adamw_opts ao = ctpu_adamw_defaults();
+    ao.lr = 0.05;
+    ctpu_sgd_opts so = { .lr = 0.1, .momentum = 0.9, .nesterov = true, .weight_decay = 0.01 };
+    ctpu_optim *opt = kind == 0 ? ctpu_adam_create_groups(2, gs, &ao)
+                    : kind == 1 ? ctpu_adamw_create_groups(2, gs, &ao) : ctpu_sgd_create_groups(2, gs, &so);
+    ck_assert_ptr_nonnull(opt);
+    int32_t yl[4] = { 0, 3, 1, 3 };
+    for (int step = 0; step < 3; step++) {
+        ctpu_optim_zero_grad(opt);
+        ctpu_step_begin();
+        ctpu_tensor X = ctpu_from_host(x0, CTPU_F32, 2, (int64_t[]){ 4, 6 });
+        ctpu_tensor z = ctpu_add(ctpu_matmul_t(X, W, false, true), Bv);   /* [4, 4] */
+        ctpu_tensor Y = ctpu_from_host(yl, CTPU_I32, 1, (int64_t[]){ 4 });
+        ctpu_tensor T = ctpu_sigmoid(ctpu_mul_scalar(X, 0.5));
+        ctpu_tensor T4 = ctpu_slice(T, 1, 0, 4, 1);
+        ctpu_tensor loss;
+        switch (loss_kind) {
+        case 0: loss = ctpu_nll_loss(ctpu_log_softmax(z, 1), Y, NULL); break;
+        case 1: loss = ctpu_bce_with_logits(z, T4, CTPU_REDUCE_MEAN); break;
+        case 2: loss = ctpu_l1_loss(z, T4, CTPU_REDUCE_SUM); break;
+        case 3: loss = ctpu_smooth_l1_loss(z, T4, CTPU_REDUCE_MEAN, 0.5); break;
+        default: loss = ctpu_cross_entropy(z, Y, NULL); break;
+        }
+        ck_assert_msg(ctpu_backward(loss) == CTPU_OK, "%s", ctpu_last_error());
+        ctpu_tensor total = ctpu_clip_grad_norm(2, ps, 0.5, 2.0);
+        ck_assert_msg(!ctpu_is_null(total), "%s", ctpu_last_error());
+        ck_assert_int_eq(ctpu_optim_set_lr(opt, ctpu_lr_warmup_cosine(0.05, step, 1, 3, 0.005)), CTPU_OK);
+        ck_assert_int_eq(ctpu_optim_step(opt), CTPU_OK);
+        ck_assert_int_eq(ctpu_to_host(loss, &o->loss[step], 4), CTPU_OK);
+        ck_assert_int_eq(ctpu_to_host(total, &o->total[step], 4), CTPU_OK);
+        ctpu_step_end();
+    }
+    readt(W, o->w, 24);
+    readt(Bv, o->b, 4);
+    readt(ctpu_optim_state(opt, 0, 0), o->st, 24);
+    ctpu_optim_free(opt);
+    ctpu_release(W);
+    ctpu_release(Bv);
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+}
+
+/* Losses, clip_grad_norm and the optimizers (Adam, AdamW, SGD over groups,
+ * warmup-cosine): strict, debug and defer and fuse give the same bits. */
+START_TEST(t_losses_optimizers_mode_parity)
+{
+    int kind = _i / 5, loss_kind = _i % 5;
+    run_out r[3];
+    static const ctpu_mode modes[3] = { CTPU_MODE_STRICT, CTPU_MODE_DEBUG, CTPU_MODE_DEFER_FUSE };
+    for (int m = 0; m < 3; m++) train_in_mode(modes[m], kind, loss_kind, &r[m]);
+    for (int m = 1; m < 3; m++) {
+        for (int i = 0; i < 3; i++) {
+            ck_assert_msg(t_same(r[0].loss[i], r[m].loss[i]), "optim %d loss %d mode %d step %d: %a vs %a", kind,
+                          loss_kind, m, i, r[0].loss[i], r[m].loss[i]);
+            ck_assert_msg(t_same(r[0].total[i], r[m].total[i]), "optim %d loss %d mode %d step %d: total", kind,
+                          loss_kind, m, i);
+        }
+        for (int i = 0; i < 24; i++)
+            ck_assert_msg(t_same(r[0].w[i], r[m].w[i]) && t_same(r[0].st[i], r[m].st[i]),
+                          "optim %d loss %d mode %d: w[%d] %a vs %a", kind, loss_kind, m, i, r[0].w[i], r[m].w[i]);
+        for (int i = 0; i < 4; i++) ck_assert(t_same(r[0].b[i], r[m].b[i]));
+    }
+    ck_assert(r[0].loss[2] < r[0].loss[0] || loss_kind == 2);   /* it trains */
+}
+END_TEST
+
+/* In defer and fuse, clip_grad_norm over all gradients is one program. */
+START_TEST(t_clip_grad_norm_one_program)
+{
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEFER_FUSE), CTPU_OK);
+    enum { NP = 12 };
+    ctpu_tensor ps[NP];
+    for (int i = 0; i < NP; i++) {
+        int64_t sh[2] = { 3 + i % 4, 5 };
+        ps[i] = ctpu_rand_normal(CTPU_F32, 2, sh, 0, 1);
+        ctpu_set_requires_grad(ps[i], true);
+    }
+    ctpu_step_begin();
+    ctpu_tensor l = ctpu_zeros(CTPU_F32, 0, NULL);
+    for (int i = 0; i < NP; i++) l = ctpu_add(l, ctpu_sum(ctpu_mul(ps[i], ps[i]), 0, NULL, false));
+    ck_assert_int_eq(ctpu_backward(l), CTPU_OK);
+    ctpu_step_end();
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    int64_t p0 = ctpu_metric_counter("programs_launched");
+    ctpu_step_begin();
+    ctpu_tensor total = ctpu_clip_grad_norm(NP, ps, 1.0, 2.0);
+    ck_assert(!ctpu_is_null(total));
+    ctpu_keep(total);
+    ctpu_step_end();
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    int64_t p1 = ctpu_metric_counter("programs_launched");
+    ck_assert_msg(p1 - p0 == 1, "clip_grad_norm over %d gradients launched %lld programs", NP, (long long)(p1 - p0));
+    double v = item(total);
+    ck_assert(v > 1);
+    /* the gradients now have norm max_norm (within the 1e-6 and roundings) */
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+    double ss = 0;
+    for (int i = 0; i < NP; i++) {
+        double s2 = item(ctpu_sum(ctpu_mul(ctpu_grad(ps[i]), ctpu_grad(ps[i])), 0, NULL, false));
+        ss += s2;
+    }
+    ck_assert_msg(fabs(sqrt(ss) - 1.0) < 1e-5, "clipped norm %g", sqrt(ss));
+    for (int i = 0; i < NP; i++) ctpu_release(ps[i]);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("nn");
@@ -881,6 +1076,9 @@ static Suite *suite(void)
     tcase_add_test(tc, t_sgd_momentum);
     tcase_add_test(tc, t_adamw);
     tcase_add_test(tc, t_adam_groups);
+    tcase_add_test(tc, t_clip_grad_norm);
+    tcase_add_test(tc, t_clip_grad_norm_one_program);
+    tcase_add_loop_test(tc, t_losses_optimizers_mode_parity, 0, 15);
     tcase_add_test(tc, t_lr_warmup_cosine);
     tcase_add_test(tc, t_nll_loss);
     tcase_add_test(tc, t_pointwise_losses);

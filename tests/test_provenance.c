@@ -231,6 +231,7 @@ static void sweep(void)
     EP_V(ctpu_adamw_create, "adamw", NULL, 1, one, &ao);
     ao = ctpu_adam_defaults();
     EP_V(ctpu_adam_create, "adam", NULL, 1, one, &ao);
+    EP_T(ctpu_clip_grad_norm, 1, one, 1.0, 2.0);
     ctpu_ddp_opts dopt = ctpu_ddp_defaults();
     EP_V(ctpu_ddp_create, "ddp_create", NULL, 1, one, &dopt);
     EP_S(ctpu_checkpoint_save, "save", tmpl, 1, names, one, NULL, NULL, 0, NULL);

@@ -410,3 +410,82 @@ double ctpu_lr_step(double base_lr, int64_t step, int64_t step_size, double gamm
     if (step_size <= 0 || step < 0) return base_lr;
     return base_lr * pow(gamma, (double)(step / step_size));
 }
+
+/* ------------------------------------------------------------ gradient clipping */
+/* One gradient's norm, f32 0-d: max |g| (inf), sum |g| (1), sqrt(sum g*g)
+ * (2), (sum |g|^p)^(1/p) otherwise (torch.linalg.vector_norm). */
+static ctpu_tensor grad_norm(ctpu_tensor g, double p)
+{
+    if (ctpu_numel(g) == 0) return ctpu_zeros(CTPU_F32, 0, NULL);
+    ctpu_tensor x = ctpu_dtype_of(g) == CTPU_F32 ? g : ctpu_cast(g, CTPU_F32);
+    if (isinf(p)) return ctpu_max(ctpu_abs(x), 0, NULL, false);
+    if (p == 1) return ctpu_sum(ctpu_abs(x), 0, NULL, false);
+    if (p == 2) return ctpu_sqrt(ctpu_sum(ctpu_mul(x, x), 0, NULL, false));
+    return ctpu_pow_scalar(ctpu_sum(ctpu_pow_scalar(ctpu_abs(x), p), 0, NULL, false), 1.0 / p);
+}
+
+/* torch.nn.utils.clip_grad_norm_: the norm of the gradients' norms; every
+ * gradient times min(max_norm / (total + 1e-6), 1), written back with
+ * ctpu_assign under no_grad. Every step is an op (no host read). */
+ctpu_tensor ctpu_clip_grad_norm(int n, const ctpu_tensor *params, double max_norm, double norm_type)
+{
+    const char *op = "clip_grad_norm";
+    if (!ctpu__nn_ready(op)) return ctpu_error_handle();
+    if (n < 0 || (n > 0 && !params) || !(max_norm >= 0) || !(norm_type > 0) || isnan(norm_type) ||
+        (isinf(norm_type) && norm_type < 0)) {
+        ctpu_report_error(CTPU_ERR_INVALID_ARG, "%s: n=%d, params %s, max_norm=%g, norm_type=%g: need n >= 0 "
+                          "parameters, max_norm >= 0 (inf allowed) and norm_type > 0 (inf allowed)", op, n,
+                          params ? "given" : "NULL", max_norm, norm_type);
+        return ctpu_error_handle();
+    }
+    for (int i = 0; i < n; i++) {
+        if (ctpu_is_valid(params[i])) continue;
+        ctpu_status st;
+        char why[512];
+        ctpu__nn_why(params[i], &st, why, sizeof why);
+        /* the result of a failed call is passed along, as ops do (ctpu_keep
+         * returns it and makes its cause the last error again) */
+        if (params[i].id != 0 && st != CTPU_ERR_STALE_HANDLE) return ctpu_keep(params[i]);
+        ctpu_report_error(st, "%s: params[%d] is %s", op, i, why);
+        return ctpu_error_handle();
+    }
+    if (ctpu_scope_begin() != CTPU_OK) return ctpu_error_handle();
+    ctpu_no_grad_begin();
+    int k = 0;
+    ctpu_tensor *norms = malloc(sizeof(ctpu_tensor) * (size_t)(n ? n : 1));
+    ctpu_tensor total = norms ? CTPU_NULL : ctpu_error_handle();
+    if (!norms) ctpu_report_error(CTPU_ERR_OOM, "%s: out of host memory", op);
+    for (int i = 0; norms && i < n; i++) {
+        ctpu_tensor g = ctpu_grad(params[i]);
+        if (!ctpu_is_valid(g)) continue;   /* no gradient: skipped, as torch */
+        norms[k++] = ctpu_reshape(grad_norm(g, norm_type), 1, (const int64_t[]){ 1 });
+    }
+    if (norms && k == 0) {
+        total = ctpu_zeros(CTPU_F32, 0, NULL);
+    } else if (norms) {
+        ctpu_tensor all = ctpu_concat(k, norms, 0);
+        total = grad_norm(all, norm_type);
+        /* torch: max_norm / (total + 1e-6) is (total + 1e-6).reciprocal() * max_norm, then clamp(max=1) */
+        ctpu_tensor rec = ctpu_rdiv_scalar(ctpu_add_scalar(total, 1e-6), 1.0);
+        ctpu_tensor coef = ctpu_minimum_scalar(ctpu_mul_scalar(rec, max_norm), 1.0);
+        ctpu_status st = ctpu_is_valid(coef) ? CTPU_OK : ctpu_last_status();
+        for (int i = 0; st == CTPU_OK && i < n; i++) {
+            ctpu_tensor g = ctpu_grad(params[i]);
+            if (!ctpu_is_valid(g)) continue;
+            ctpu_tensor s = ctpu_mul(g, coef);
+            if (ctpu_dtype_of(g) != CTPU_F32) s = ctpu_cast(s, ctpu_dtype_of(g));
+            st = ctpu_is_valid(s) ? ctpu_assign(g, s) : ctpu_last_status();
+        }
+        if (st != CTPU_OK) total = CTPU_NULL;
+    }
+    free(norms);
+    ctpu_no_grad_end();
+    if (ctpu_is_valid(total)) {
+        total = ctpu_keep(total);
+    } else {
+        ctpu__nn_blame(op, NULL);
+        total = ctpu_error_handle();
+    }
+    ctpu_scope_end();
+    return total;
+}
