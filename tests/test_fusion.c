@@ -290,6 +290,19 @@ static int norm_backward(ctpu_tensor *o, bool rms)
 static int p_ln_backward(ctpu_tensor *o) { return norm_backward(o, false); }
 static int p_rms_backward(ctpu_tensor *o) { return norm_backward(o, true); }
 
+/* a parameter normalised in place (assign: the row group writes the
+ * input's buffer, each tile after its own reads) */
+static int p_inplace_norm(ctpu_tensor *o)
+{
+    ctpu_tensor x = ctpu_keep(ctpu_rand_normal(CTPU_F32, 2, (int64_t[]){ 70, 300 }, 0, 2));
+    ctpu_tensor r = randn(2, (int64_t[]){ 70, 300 }, 1), w = randn(1, (int64_t[]){ 300 }, 1);
+    pat_begin();
+    ck_assert_int_eq(ctpu_assign(x, ctpu_rms_norm(ctpu_add(x, r), w, 1e-6)), CTPU_OK);
+    pat_end();
+    o[0] = x;
+    return 1;
+}
+
 START_TEST(row_groups)
 {
     check_pattern("layer_norm (rows of 200 and 5000)", p_layer_norm, 2);
@@ -298,6 +311,7 @@ START_TEST(row_groups)
     check_pattern("bf16 layer_norm", p_norm_bf16, 1);
     check_pattern("mean/var producers and consumers", p_mean_var_consumers, 1);
     check_pattern("scale + mask -> softmax -> scale; log_softmax", p_softmax_chain, 1);
+    check_pattern("rms_norm assigned in place", p_inplace_norm, 1);
     check_pattern("cross_entropy forward", p_cross_entropy, 11);
     check_pattern("layer_norm forward + backward", p_ln_backward, 22);
     check_pattern("rms_norm forward + backward", p_rms_backward, 13);   /* not fused yet: the label path (i32), gather, the sums over rows */

@@ -579,13 +579,17 @@ static void softmax_rows(const ctpu_step_data *sd, ctpu_exec_ctx *ctx, bool log)
     int64_t rows = numel / n;
     float *xf = softmax_input(xin, t->dtype, numel, n, inner);
     if (!xf) goto oom;
-    float *y = malloc((size_t)numel * 4);
+    /* f32 rows: straight into the output (the kernel may run in place) */
+    bool direct = inner == 1 && nd->out.dtype == CTPU_KDT_F32;
+    float *y = direct ? out : malloc((size_t)numel * 4);
     if (!y) {
         if (xf != xin) free(xf);
         goto oom;
     }
     ctpu_k_softmax(xf, rows, n, y, log, ctx->pool);
-    if (inner == 1) {
+    if (direct) {
+        /* written */
+    } else if (inner == 1) {
         ctpu_from_f32(y, nd->out.dtype, out, numel);
     } else {
         int64_t outer = numel / (n * inner);
@@ -593,7 +597,7 @@ static void softmax_rows(const ctpu_step_data *sd, ctpu_exec_ctx *ctx, bool log)
         ctpu_k_strided_copy(y, sst, xf, dst, shape, 3, 4);
         ctpu_from_f32(xf, nd->out.dtype, out, numel);
     }
-    free(y);
+    if (!direct) free(y);
     if (xf != xin) free(xf);
     return;
 oom:

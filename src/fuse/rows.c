@@ -228,7 +228,9 @@ int ctpu_row_build(ctpu_row_prog *p, const ctpu_trace *t, int i, const ctpu_row_
         /* buffers whose last read is here are free for the result (kernels may run in place) */
         for (int g = 0; g < k; g++)
             if (last[g] == k && p->val[g].kind == CTPU_ROWV_BUF) busy[p->val[g].idx] = false;
-        if (cls == CTPU_ROW_FULL || cls == CTPU_ROW_BCAST) {
+        if (cls == CTPU_ROW_FULL && store[k] && m->out.dtype == CTPU_KDT_F32) {
+            p->val[k] = (ctpu_row_val){ CTPU_ROWV_OUT, (int16_t)k };
+        } else if (cls == CTPU_ROW_FULL || cls == CTPU_ROW_BCAST) {
             int b = 0;
             while (busy[b]) b++;
             busy[b] = true;
@@ -257,31 +259,49 @@ int ctpu_row_build(ctpu_row_prog *p, const ctpu_trace *t, int i, const ctpu_row_
     return 0;
 }
 
-/* ------------------------------------------------------------ running */
+/* ------------------------------------------------------------ running
+ * Rows go in tiles of T rows (T x n about 8K elements): a FULL value's tile
+ * is T x n contiguous floats, a ROW value's T floats, so each kernel call
+ * covers a tile (reductions and softmax take T rows at once: the same order
+ * per row). */
+enum { ROW_TILE_ELEMS = 8192 };
+
 typedef struct {
     const ctpu_row_prog *p;
     ctpu_exec_ctx *ctx;
-    float *buf[CTPU_VM_GROUP_NODES];
-    float reg[CTPU_VM_GROUP_NODES];
-    float *tmp[3], *rowtmp;
+    int64_t T;                         /* rows per tile */
+    float *buf[CTPU_VM_GROUP_NODES];   /* [T * n] each */
+    float *reg[CTPU_VM_GROUP_NODES];   /* [T] each */
+    float *tmp[3], *rowtmp;            /* [max(BLOCK, T)] each; [T * n] */
 } row_state;
 
-/* value v for elements [o, o + len) of row r (a register broadcast; an
- * external loaded against R, or against P when it is read by a ROW node) */
-static const float *operand(row_state *s, int v, int64_t r, int64_t o, int64_t len, float *tmp)
+/* value v for tile elements [o, o + len) of the tile at row r (FULL
+ * readers: o counts T x n elements; ROW readers: o = 0, len = the tile's
+ * rows). A register read by a FULL reader is broadcast along its row. */
+static const float *operand(row_state *s, int v, bool full, int64_t r, int64_t o, int64_t len, float *tmp)
 {
     const ctpu_row_prog *p = s->p;
     const ctpu_row_val *x = &p->val[v];
+    int64_t n = p->n;
     switch (x->kind) {
     case CTPU_ROWV_BUF: return s->buf[x->idx] + o;
-    case CTPU_ROWV_REG:
-        for (int64_t j = 0; j < len; j++) tmp[j] = s->reg[x->idx];
+    case CTPU_ROWV_OUT: return (const float *)s->ctx->ptr[p->ins[x->idx].store_slot] + r * n + o;
+    case CTPU_ROWV_REG: {
+        const float *g = s->reg[x->idx];
+        if (!full) return g;
+        for (int64_t j = 0; j < len;) {
+            int64_t row = (o + j) / n, run = (row + 1) * n - (o + j);
+            if (run > len - j) run = len - j;
+            for (int64_t q = 0; q < run; q++) tmp[j + q] = g[row];
+            j += run;
+        }
         return tmp;
+    }
     case CTPU_ROWV_EXT_FULL:
         return ctpu_load_block(s->ctx->ptr[p->ef_slot[x->idx]], p->ef_dtype[x->idx], &p->plan_full, x->idx,
-                               r * p->n + o, len, tmp);
+                               r * n + o, len, tmp);
     default:
-        return ctpu_load_block(s->ctx->ptr[p->er_slot[x->idx]], p->er_dtype[x->idx], &p->plan_row, x->idx, r, 1,
+        return ctpu_load_block(s->ctx->ptr[p->er_slot[x->idx]], p->er_dtype[x->idx], &p->plan_row, x->idx, r, len,
                                tmp);
     }
 }
@@ -304,68 +324,75 @@ static void ew_apply(const ctpu_row_ins *I, const float *const *x, float *d, int
     if (I->flags & CTPU_VM_ROUND_BF16) ctpu_k_unary(CTPU_K_U_ROUND_BF16, d, d, n);
 }
 
+/* where FULL value v's elements [o, o + len) of the tile at row r go */
+static float *full_dst(row_state *s, const ctpu_row_val *v, int64_t r, int64_t o)
+{
+    if (v->kind == CTPU_ROWV_OUT) return (float *)s->ctx->ptr[s->p->ins[v->idx].store_slot] + r * s->p->n + o;
+    return s->buf[v->idx] + o;
+}
+
 static void store(const ctpu_row_ins *I, ctpu_exec_ctx *ctx, const float *v, int64_t at, int64_t len)
 {
-    if (I->store_slot < 0) return;
+    if (I->store_slot < 0) return;   /* (ctpu_from_f32 of f32 in place is a no-op) */
     int dt = I->store_dtype;
     ctpu_from_f32(v, dt, (char *)ctx->ptr[I->store_slot] + (size_t)at * ctpu_kdt_size(dt), len);
 }
 
-/* one reduction of row r: as exec_reduce / exec_mean / exec_var */
-static float reduce_row(row_state *s, const ctpu_row_ins *I, int64_t r)
+/* the reductions of rows [r, r + t) into y: as exec_reduce / exec_mean / exec_var */
+static void reduce_tile(row_state *s, const ctpu_row_ins *I, int64_t r, int64_t t, float *y)
 {
     int64_t n = s->p->n;
-    const float *x = operand(s, I->src[0], r, 0, n, s->rowtmp);
-    float y;
+    const float *x = operand(s, I->src[0], true, r, 0, t * n, s->rowtmp);
     if (I->flags & CTPU_ROWF_VAR) {
-        float mean;
-        ctpu_k_reduce(CTPU_K_RED_SUM, x, 1, n, 1, &mean, NULL);
-        ctpu_k_binary_scalar(CTPU_K_B_DIV, &mean, (float)n, false, &mean, 1);
-        ctpu_k_sqdev(x, &mean, 1, n, 1, &y, NULL);
-        ctpu_k_binary_scalar(CTPU_K_B_DIV, &y, (float)I->den, false, &y, 1);
+        float *mean = s->tmp[0];
+        ctpu_k_reduce(CTPU_K_RED_SUM, x, t, n, 1, mean, NULL);
+        ctpu_k_binary_scalar(CTPU_K_B_DIV, mean, (float)n, false, mean, t);
+        ctpu_k_sqdev(x, mean, t, n, 1, y, NULL);
+        ctpu_k_binary_scalar(CTPU_K_B_DIV, y, (float)I->den, false, y, t);
     } else {
-        ctpu_k_reduce((ctpu_k_red_op)I->kop, x, 1, n, 1, &y, NULL);
-        if (I->flags & CTPU_ROWF_MEAN) ctpu_k_binary_scalar(CTPU_K_B_DIV, &y, (float)n, false, &y, 1);
+        ctpu_k_reduce((ctpu_k_red_op)I->kop, x, t, n, 1, y, NULL);
+        if (I->flags & CTPU_ROWF_MEAN) ctpu_k_binary_scalar(CTPU_K_B_DIV, y, (float)n, false, y, t);
     }
-    if (I->flags & CTPU_VM_ROUND_BF16) ctpu_k_unary(CTPU_K_U_ROUND_BF16, &y, &y, 1);
-    return y;
+    if (I->flags & CTPU_VM_ROUND_BF16) ctpu_k_unary(CTPU_K_U_ROUND_BF16, y, y, t);
 }
 
-static void run_row(row_state *s, int64_t r)
+/* rows [r, r + t) through every instruction */
+static void run_tile(row_state *s, int64_t r, int64_t t)
 {
     const ctpu_row_prog *p = s->p;
     ctpu_exec_ctx *ctx = s->ctx;
-    int64_t n = p->n;
+    int64_t n = p->n, tn = t * n;
     for (int k = 0; k < p->n_ins; k++) {
         const ctpu_row_ins *I = &p->ins[k];
         const ctpu_row_val *dv = &p->val[I->dst];
         const float *x[3] = { NULL, NULL, NULL };
         switch (I->kind) {
         case CTPU_ROWI_EW_FULL:
-            for (int64_t o = 0; o < n; o += CTPU_K_BLOCK) {
-                int64_t len = n - o < CTPU_K_BLOCK ? n - o : CTPU_K_BLOCK;
-                for (int q = 0; q < I->n_src; q++) x[q] = operand(s, I->src[q], r, o, len, s->tmp[q]);
-                float *d = s->buf[dv->idx] + o;
+            for (int64_t o = 0; o < tn; o += CTPU_K_BLOCK) {
+                int64_t len = tn - o < CTPU_K_BLOCK ? tn - o : CTPU_K_BLOCK;
+                for (int q = 0; q < I->n_src; q++) x[q] = operand(s, I->src[q], true, r, o, len, s->tmp[q]);
+                float *d = full_dst(s, dv, r, o);
                 ew_apply(I, x, d, len, ctx->scalars);
                 store(I, ctx, d, r * n + o, len);
             }
             break;
         case CTPU_ROWI_EW_ROW: {
-            for (int q = 0; q < I->n_src; q++) x[q] = operand(s, I->src[q], r, 0, 1, s->tmp[q]);
-            float *d = &s->reg[dv->idx];
-            ew_apply(I, x, d, 1, ctx->scalars);
-            store(I, ctx, d, r, 1);
+            for (int q = 0; q < I->n_src; q++) x[q] = operand(s, I->src[q], false, r, 0, t, s->tmp[q]);
+            float *d = s->reg[dv->idx];
+            ew_apply(I, x, d, t, ctx->scalars);
+            store(I, ctx, d, r, t);
             break;
         }
         case CTPU_ROWI_REDUCE:
-            s->reg[dv->idx] = reduce_row(s, I, r);
-            store(I, ctx, &s->reg[dv->idx], r, 1);
+            reduce_tile(s, I, r, t, s->reg[dv->idx]);
+            store(I, ctx, s->reg[dv->idx], r, t);
             break;
-        default: {   /* softmax / log_softmax of the row */
-            float *d = s->buf[dv->idx];
-            ctpu_k_softmax(operand(s, I->src[0], r, 0, n, s->rowtmp), 1, n, d, (I->flags & CTPU_ROWF_LOG) != 0, NULL);
-            if (I->flags & CTPU_VM_ROUND_BF16) ctpu_k_unary(CTPU_K_U_ROUND_BF16, d, d, n);
-            store(I, ctx, d, r * n, n);
+        default: {   /* softmax / log_softmax of the rows */
+            float *d = full_dst(s, dv, r, 0);
+            ctpu_k_softmax(operand(s, I->src[0], true, r, 0, tn, s->rowtmp), t, n, d, (I->flags & CTPU_ROWF_LOG) != 0,
+                           NULL);
+            if (I->flags & CTPU_VM_ROUND_BF16) ctpu_k_unary(CTPU_K_U_ROUND_BF16, d, d, tn);
+            store(I, ctx, d, r * n, tn);
             break;
         }
         }
@@ -374,19 +401,23 @@ static void run_row(row_state *s, int64_t r)
 
 static void row_range(const ctpu_row_prog *p, ctpu_exec_ctx *ctx, int64_t r0, int64_t r1)
 {
-    size_t nf = (size_t)p->n_buf * (size_t)p->n + 3 * CTPU_K_BLOCK + (size_t)p->n;
+    int64_t T = p->n >= ROW_TILE_ELEMS ? 1 : ROW_TILE_ELEMS / p->n;
+    if (T > r1 - r0) T = r1 - r0;
+    size_t tn = (size_t)(T * p->n), tw = (size_t)(T > CTPU_K_BLOCK ? T : CTPU_K_BLOCK);
+    size_t nf = (size_t)p->n_buf * tn + (size_t)p->n_reg * (size_t)T + 3 * tw + tn;
     float *mem = malloc(sizeof(float) * nf);
     if (!mem) {
         ctx->fault_status = CTPU_ERR_OOM;
         snprintf(ctx->fault_msg, sizeof ctx->fault_msg, "fused program: out of host memory for row buffers");
         return;
     }
-    row_state s = { .p = p, .ctx = ctx };
-    for (int b = 0; b < p->n_buf; b++) s.buf[b] = mem + (size_t)b * (size_t)p->n;
-    float *at = mem + (size_t)p->n_buf * (size_t)p->n;
-    for (int q = 0; q < 3; q++) s.tmp[q] = at + q * CTPU_K_BLOCK;
-    s.rowtmp = at + 3 * CTPU_K_BLOCK;
-    for (int64_t r = r0; r < r1; r++) run_row(&s, r);
+    row_state s = { .p = p, .ctx = ctx, .T = T };
+    float *at = mem;
+    for (int b = 0; b < p->n_buf; b++, at += tn) s.buf[b] = at;
+    for (int g = 0; g < p->n_reg; g++, at += T) s.reg[g] = at;
+    for (int q = 0; q < 3; q++, at += tw) s.tmp[q] = at;
+    s.rowtmp = at;
+    for (int64_t r = r0; r < r1; r += T) run_tile(&s, r, r1 - r < T ? r1 - r : T);
     free(mem);
 }
 

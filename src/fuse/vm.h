@@ -108,7 +108,9 @@ enum { CTPU_ROWF_MEAN = 8, CTPU_ROWF_VAR = 16, CTPU_ROWF_LOG = 32 };   /* beside
 /* value kinds: an in-group FULL value (a row buffer), an in-group ROW value
  * (a per-row register), an external read by FULL nodes (plan against R)
  * or by ROW nodes (plan against P) */
-enum { CTPU_ROWV_BUF, CTPU_ROWV_REG, CTPU_ROWV_EXT_FULL, CTPU_ROWV_EXT_ROW };
+enum { CTPU_ROWV_BUF, CTPU_ROWV_REG, CTPU_ROWV_EXT_FULL, CTPU_ROWV_EXT_ROW,
+       CTPU_ROWV_OUT };   /* a stored f32 FULL value computed in its output (idx: its instruction); safe
+                             with in-place writes as the VM's DIRECT is (a tile's rows only) */
 
 typedef struct {
     uint8_t kind, vkind, kop, flags;   /* vkind, kop: as the VM's instruction (elementwise) or ctpu_k_red_op */
@@ -121,7 +123,7 @@ typedef struct {
 
 typedef struct {
     uint8_t kind;
-    int16_t idx;                       /* buffer, register or external operand index */
+    int16_t idx;                       /* buffer, register, external operand or instruction index */
 } ctpu_row_val;
 
 typedef struct {
