@@ -3,6 +3,7 @@
  * detection, memory. */
 #include "t_core.h"
 #include "fuse/vm.h"
+#include "ctpu_nn.h"
 
 #include <unistd.h>
 
@@ -959,6 +960,64 @@ START_TEST(strict_table_bounded)
 }
 END_TEST
 
+/* ------------------------------------------------------------ loop detector and marked steps */
+/* A 4-identical-layer MLP trained with SGD in auto loop detection (a fresh
+ * runtime: the program has not marked a step yet when step 1 runs). The
+ * layers repeat inside a step; the detector must not cut there: step 1 is
+ * one program, later steps hit it, and the report counts the marked steps.
+ * scopes: step scopes; else plain scopes and ctpu_mark_step at the end. */
+static void mlp_marked_steps(bool scopes)
+{
+    ctpu_shutdown();
+    t_clear_env();
+    setenv("TORCH_TPU_DEFER_AND_FUSE", "1", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    ctpu_manual_seed(3);
+    ctpu_linear l[4];
+    ctpu_tensor ps[8];
+    for (int i = 0; i < 4; i++) {
+        ck_assert_int_eq(ctpu_linear_init(&l[i], 32, 32, true, CTPU_F32), CTPU_OK);
+        ps[2 * i] = l[i].weight;
+        ps[2 * i + 1] = l[i].bias;
+    }
+    ctpu_sgd_opts so = { .lr = 0.01, .momentum = 0.9 };
+    ctpu_optim *opt = ctpu_sgd_create(8, ps, &so);
+    ck_assert_ptr_nonnull(opt);
+    ctpu_tensor x = ctpu_rand_normal(CTPU_F32, 2, (int64_t[]){ 128, 32 }, 0, 1);
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);          /* the parameters and batch exist before step 1 */
+    int64_t m0 = C("fused_cache_misses");
+    for (int s = 0; s < 5; s++) {
+        ck_assert_int_eq(scopes ? ctpu_step_begin() : ctpu_scope_begin(), CTPU_OK);
+        ctpu_tensor h = x;
+        for (int i = 0; i < 4; i++) h = ctpu_relu(ctpu_linear_forward(&l[i], h));
+        ctpu_tensor loss = ctpu_mean(ctpu_mul(h, h), 0, NULL, false);
+        ck_assert_int_eq(ctpu_backward(loss), CTPU_OK);
+        ck_assert_int_eq(ctpu_optim_step(opt), CTPU_OK);
+        ck_assert_int_eq(ctpu_optim_zero_grad(opt), CTPU_OK);
+        if (scopes) {
+            ck_assert_int_eq(ctpu_step_end(), CTPU_OK);
+        } else {
+            ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+            ck_assert_int_eq(ctpu_mark_step(), CTPU_OK);
+        }
+        if (s == 0) ck_assert_msg(C("fused_cache_misses") - m0 == 1, "step 1 compiled %lld programs (%lld loop cuts)",
+                                  (long long)(C("fused_cache_misses") - m0), (long long)C("trace_cuts_loop_detector"));
+    }
+    ck_assert_int_eq(C("fused_cache_misses") - m0, 1);   /* steps 2-5 hit it */
+    ck_assert_int_eq(C("trace_cuts_loop_detector"), 0);
+    ck_assert_int_eq(C("recompiles"), 0);
+    ck_assert_int_eq(json_cache_number("steps"), 5);
+    ctpu_optim_free(opt);
+    for (int i = 0; i < 4; i++) ctpu_linear_free(&l[i]);
+    ctpu_release(x);
+    unsetenv("TORCH_TPU_DEFER_AND_FUSE");
+}
+
+START_TEST(marked_mlp_step_one_program_mark_step) { mlp_marked_steps(false); }
+END_TEST
+START_TEST(marked_mlp_step_one_program_step_scope) { mlp_marked_steps(true); }
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("fuse");
@@ -990,6 +1049,8 @@ static Suite *suite(void)
     tcase_add_test(c, recompile_limit_runs_op_by_op);
     tcase_add_test(c, recompile_limit_off);
     tcase_add_test(c, strict_table_bounded);
+    tcase_add_test(c, marked_mlp_step_one_program_mark_step);
+    tcase_add_test(c, marked_mlp_step_one_program_step_scope);
     suite_add_tcase(s, c);
     TCase *m = tcase_create("memory");
     tcase_add_checked_fixture(m, t_setup, t_teardown);

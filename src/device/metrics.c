@@ -53,6 +53,16 @@ void ctpu_metrics_reset(ctpu_metrics *m)
     pthread_mutex_unlock(&m->timer_mu);
 }
 
+void ctpu_metrics_history_reset(ctpu_metrics *m)
+{
+    pthread_mutex_lock(&m->timer_mu);
+    uint64_t last = m->hist.last_compiles;
+    memset(&m->hist, 0, sizeof m->hist);
+    m->hist.stride = 1;
+    m->hist.last_compiles = last;
+    pthread_mutex_unlock(&m->timer_mu);
+}
+
 void ctpu_timer_get(ctpu_metrics *m, ctpu_timer_id id, ctpu_timer *out)
 {
     pthread_mutex_lock(&m->timer_mu);

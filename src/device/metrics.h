@@ -149,6 +149,9 @@ const char *ctpu_timer_unit(ctpu_timer_id id);
 void ctpu_timer_get(ctpu_metrics *m, ctpu_timer_id id, ctpu_timer *out);
 /* End of a step (mark_step, or a loop-detector cut when no step is marked):
  * appends the cumulative cache figures to the history. */
+/* Forget the step history (the per-step points and warm-up figures), not the
+ * counters: the first marked step after loop-detector steps starts it over. */
+void ctpu_metrics_history_reset(ctpu_metrics *m);
 void ctpu_metrics_step(ctpu_metrics *m, uint64_t step);
 /* A copy of the history. */
 void ctpu_metrics_history(ctpu_metrics *m, ctpu_step_history *out);

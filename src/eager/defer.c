@@ -133,7 +133,7 @@ ctpu_tensor ctpu__defer_node(ctpu_node *node, ctpu_trec *const *inputs, const ct
     /* loop boundaries the program did not mark */
     ctpu_detect_loops dl = ctpu_rt->detect_loops;
     bool detect = dl == CTPU_LOOPS_ON || (dl == CTPU_LOOPS_AUTO && !atomic_load(&ctpu_rt->user_marks_steps));
-    if (detect && ctpu_loop_feed(&t_df.loops, op_hash(node))) {
+    if (detect && ctpu_loop_feed(&t_df.loops, op_hash(node), dl == CTPU_LOOPS_AUTO)) {
         ctpu__defer_flush(CTPU_CUT_LOOP);
     } else if (ctpu_trace_rec_nodes(t_df.rec) >= TRACE_MAX_NODES) {
         ctpu__defer_flush(CTPU_CUT_LIMIT);

@@ -377,6 +377,14 @@ void ctpu__report_step(void)
     ctpu_runtime *rt = ctpu_rt;
     if (!rt) return;
     uint64_t s = atomic_load(&rt->marked_steps);
+    /* the program marks its steps: the loop detector's cuts before the
+     * first mark were not steps (the history counts marked steps only) */
+    if (s == 1 && rt->report) {
+        pthread_mutex_lock(&rt->report->mu);
+        uint64_t loop_cuts = rt->report->loop_cuts;
+        pthread_mutex_unlock(&rt->report->mu);
+        if (loop_cuts) ctpu_metrics_history_reset(&rt->metrics);
+    }
     ctpu_metrics_step(&rt->metrics, s ? s - 1 : 0);
     if (rt->report && rt->report->trace) {
         char args[64];

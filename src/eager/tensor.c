@@ -290,6 +290,9 @@ static ctpu_status scope_begin(bool step, const char *op)
     s->id = atomic_fetch_add(&ctpu_rt->next_scope_id, 1);
     s->n = 0;
     s->step = step;
+    /* the program marks its steps: the loop detector (auto) stops before
+     * the first step's ops, not at its end */
+    if (step) atomic_store(&ctpu_rt->user_marks_steps, true);
     return CTPU_OK;
 }
 

@@ -4,7 +4,7 @@
 
 void ctpu_loop_reset(ctpu_loop_det *d) { memset(d, 0, sizeof *d); }
 
-bool ctpu_loop_feed(ctpu_loop_det *d, uint64_t h)
+bool ctpu_loop_feed(ctpu_loop_det *d, uint64_t h, bool cautious)
 {
     uint64_t pos = d->count++;
     d->hist[pos % CTPU_LOOP_WINDOW] = h;
@@ -25,7 +25,8 @@ bool ctpu_loop_feed(ctpu_loop_det *d, uint64_t h)
         return false;
     }
     for (int p = CTPU_LOOP_MIN_PERIOD; p <= CTPU_LOOP_MAX_PERIOD; p++) {
-        if (d->match[p] >= p) {              /* a whole period repeated */
+        /* a whole period repeated (cautious: that many times) */
+        if (d->match[p] >= (cautious ? p * (CTPU_LOOP_CAUTIOUS_REPEATS - 1) : p)) {
             d->period = p;
             d->since_cut = 0;
             return true;

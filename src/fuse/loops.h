@@ -21,8 +21,17 @@ typedef struct {
     int since_cut;
 } ctpu_loop_det;
 
+/* Cautious detection (TORCH_TPU_DETECT_LOOPS=auto, before the program has
+ * marked a step): the first period is taken only after it has repeated
+ * CTPU_LOOP_CAUTIOUS_REPEATS times in a row, not twice. A step the program
+ * will mark at its end often repeats a block inside it (identical layers, an
+ * optimizer's per-parameter update): cutting there would split the step
+ * into programs the next (marked) step never uses. An unmarked loop pays
+ * with a first program of that many iterations. */
+#define CTPU_LOOP_CAUTIOUS_REPEATS 32
+
 void ctpu_loop_reset(ctpu_loop_det *d);
 /* Feed one op hash; true when the trace should be cut after this op. */
-bool ctpu_loop_feed(ctpu_loop_det *d, uint64_t h);
+bool ctpu_loop_feed(ctpu_loop_det *d, uint64_t h, bool cautious);
 
 #endif
