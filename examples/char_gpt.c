@@ -1,11 +1,11 @@
-/* A char-level GPT trained on the Debian fortunes corpus, in C (issue 14,
- * first version).
+/* A char-level GPT trained on the Debian fortunes corpus, in C (issue 14).
  *
  * Data (examples/corpus.h): --data PATH, a file or a directory (default
  * /usr/share/games/fortunes, Debian's fortunes and fortunes-min); byte
  * tokens, every byte kept (control characters such as BEL and backspace
- * overstrikes are ordinary tokens); fortune i is validation when i % 10 == 9;
- * the vocabulary is the training split's bytes plus one id for unseen bytes.
+ * overstrikes are ordinary tokens; the sample prints them escaped); fortune
+ * i is validation when i % 10 == 9; the vocabulary is the training split's
+ * bytes plus one id for unseen bytes.
  *
  * Model: token and position embeddings, --layers pre-norm blocks (causal
  * self-attention written as matmul -> additive causal mask (-inf above the
@@ -17,8 +17,12 @@
  * MLP output) N(0, 0.02 / sqrt(2 layers)), biases 0, layer norms 1 / 0.
  * AdamW (betas 0.9 / 0.95, eps 1e-8) with two groups: the 2-D weights and
  * embeddings decay (--wd, default 0.1), biases and norms do not; learning
- * rate: ctpu_lr_warmup_cosine (--warmup steps, then cosine to lr / 10 at
- * --steps).
+ * rate: ctpu_lr_warmup_cosine (--warmup steps, default min(100, steps / 10),
+ * then cosine to lr / 10 at --steps). --dtype bf16: the forward (and so the
+ * backward) runs on bf16 copies of the f32 parameters (one ctpu_cast each
+ * per step; the tied embedding cast once) with bf16 activations; the
+ * gradients reach the f32 parameters through the casts, and AdamW updates
+ * those f32 master weights. Layer norms and the loss compute in f32 inside.
  *
  * Batch sampler (fixed, so another implementation can draw the same
  * batches): row b of training step s starts at
@@ -28,16 +32,21 @@
  * --eval-batches, the same ones at every evaluation) uses s = 2^40 + e over
  * the validation tokens. splitmix64 is Steele, Lea and Flood's finaliser
  * (z += 0x9E3779B97F4A7C15; z = (z ^ z >> 30) * 0xBF58476D1CE4E5B9;
- * z = (z ^ z >> 27) * 0x94D049BB133111EB; z ^ z >> 31).
+ * z = (z ^ z >> 27) * 0x94D049BB133111EB; z ^ z >> 31). --by-document:
+ * examples/docbatch.h's batches of whole fortunes (training: stream 1, step
+ * s; evaluation batch e: stream 2, step e), padded, the padding's targets
+ * ignore_index; the training tokens/s then counts real (unpadded) tokens.
  *
  * Output: every --eval-every steps (and after the last) a line with the
  * step, the mean train loss of the interval, the val loss, val bits per
  * character (val loss / ln 2) and training tokens/s; then
  *   result val_loss=V train_loss=L steps=N tokens_per_s=R compiles=C recompiles=K mode=M
- * (compiles: every program compiled up to that line, training and evaluation:
- * fused programs in defer and fuse, one-op programs in strict and debug;
- * recompiles: the fused-program cache's)
- * and the cache report on stderr. --log FILE writes step,lr,train_loss,val_loss
+ * (compiles: the programs compiled for the training and evaluation steps up
+ * to that line, not those that made or loaded the model: fused programs in
+ * defer and fuse, one-op programs in strict and debug; recompiles: those of
+ * them whose structure was cached with other shapes, the fused cache's
+ * count, as strict eager's one-op table does not classify its compiles),
+ * then the generated sample (see generate()) and the cache report on stderr. --log FILE writes step,lr,train_loss,val_loss
  * (val_loss empty between evaluations), %.9g, no timing: logs of different
  * modes compare with cmp.
  *
@@ -57,9 +66,9 @@
  * of the unfinished interval (val_loss empty). The --log of a stopped run
  * followed by its resumed run's (headers aside) is the unbroken run's.
  *
- * Not yet: --dtype bf16 and --by-document are refused with a message; no
- * generated sample; no SDPA op (attention is written out). */
+ * Not yet: no SDPA op (attention() writes it out). */
 #include "corpus.h"
+#include "docbatch.h"
 
 #include <ctpu.h>
 #include <ctpu_nn.h>
@@ -79,9 +88,13 @@ typedef struct {
     const char *data, *log_path, *save_path, *resume_path;
     int64_t save_every, stop_after;
     int64_t layers, heads, dmodel, head_dim, ctx, batch, steps, warmup, eval_every, eval_batches;
-    double lr, wd, dropout;
+    int64_t sample_len;
+    double lr, wd, dropout, temperature;
     uint64_t seed;
     int threads, progress;
+    bool by_doc, warmup_given;
+    ctpu_dtype dtype;
+    const char *prompt;
 } opts_t;
 
 static void usage(FILE *f)
@@ -98,7 +111,7 @@ static void usage(FILE *f)
             "  --batch N         sequences per step (default 32)\n"
             "  --steps N         optimizer steps (default 2000)\n"
             "  --lr X            peak learning rate (default 1e-3; cosine to lr/10)\n"
-            "  --warmup N        linear warmup steps (default 100)\n"
+            "  --warmup N        linear warmup steps (default 100, or steps / 10 if that is less)\n"
             "  --wd X            weight decay of the 2-D weights (default 0.1)\n"
             "  --dropout P       dropout after attention, projections and embeddings (default 0)\n"
             "  --seed N          initialisation, dropout and batch seed (default 1)\n"
@@ -110,12 +123,18 @@ static void usage(FILE *f)
             "  --save-every K    ... and after every K steps (needs --save)\n"
             "  --resume PATH     continue the run saved in PATH (same options)\n"
             "  --stop-after N    stop once N steps of the run are done (the schedule still spans --steps)\n"
-            "  --dtype f32       (bf16: not yet supported)\n"
-            "  --by-document     (not yet supported)\n"
+            "  --dtype f32|bf16  parameters and activations (bf16: the optimizer keeps f32 master weights)\n"
+            "  --by-document     batches of whole fortunes of similar length, padded (T varies in [2, ctx])\n"
+            "  --sample N        bytes to generate after the result line (default 300; 0: none)\n"
+            "  --temperature X   sampling temperature (default 0.8; 0: the most likely byte)\n"
+            "  --prompt TEXT     the sample's start (default a newline)\n"
             "  --progress / --no-progress   progress bar on or off (default: on a terminal)\n"
             "  --help, --version\n"
             "The mode comes from the environment: TORCH_TPU_LAUNCH_BLOCKING=1 (debug eager),\n"
-            "TORCH_TPU_DEFER_AND_FUSE=1 (defer and fuse); strict eager otherwise.\n");
+            "TORCH_TPU_DEFER_AND_FUSE=1 (defer and fuse); strict eager otherwise.\n"
+            "Tokens are bytes, kept as they are: the corpus's control characters (BEL, the\n"
+            "backspaces of overstruck text) are ordinary tokens the model learns; the sample\n"
+            "prints control bytes other than newline and tab as \\a, \\b or \\xNN escapes.\n");
 }
 
 static bool parse_num(const char *s, double *out)
@@ -134,10 +153,12 @@ static int parse_args(int argc, char **argv, opts_t *o)
 {
     *o = (opts_t){ .data = "/usr/share/games/fortunes", .layers = 4, .heads = 4, .dmodel = 128, .ctx = 128,
                    .batch = 32, .steps = 2000, .warmup = 100, .eval_every = 100, .eval_batches = 8, .lr = 1e-3,
-                   .wd = 0.1, .seed = 1, .progress = -1 };
+                   .wd = 0.1, .seed = 1, .progress = -1, .dtype = CTPU_F32, .sample_len = 300,
+                   .temperature = 0.8, .prompt = "\n" };
     enum { O_DATA = 256, O_LOG, O_LAYERS, O_HEADS, O_DMODEL, O_HEAD_DIM, O_CTX, O_BATCH, O_STEPS, O_LR, O_WARMUP,
            O_WD, O_DROPOUT, O_SEED, O_THREADS, O_EVAL_EVERY, O_EVAL_BATCHES, O_DTYPE, O_BY_DOC, O_PROGRESS,
-           O_NO_PROGRESS, O_VERSION, O_SAVE, O_SAVE_EVERY, O_RESUME, O_STOP_AFTER };
+           O_NO_PROGRESS, O_VERSION, O_SAVE, O_SAVE_EVERY, O_RESUME, O_STOP_AFTER, O_SAMPLE, O_TEMPERATURE,
+           O_PROMPT };
     static const struct option longopts[] = {
         { "data", required_argument, NULL, O_DATA },         { "log", required_argument, NULL, O_LOG },
         { "layers", required_argument, NULL, O_LAYERS },     { "heads", required_argument, NULL, O_HEADS },
@@ -152,7 +173,9 @@ static int parse_args(int argc, char **argv, opts_t *o)
         { "no-progress", no_argument, NULL, O_NO_PROGRESS }, { "help", no_argument, NULL, 'h' },
         { "version", no_argument, NULL, O_VERSION },         { "save", required_argument, NULL, O_SAVE },
         { "save-every", required_argument, NULL, O_SAVE_EVERY }, { "resume", required_argument, NULL, O_RESUME },
-        { "stop-after", required_argument, NULL, O_STOP_AFTER }, { NULL, 0, NULL, 0 },
+        { "stop-after", required_argument, NULL, O_STOP_AFTER }, { "sample", required_argument, NULL, O_SAMPLE },
+        { "temperature", required_argument, NULL, O_TEMPERATURE }, { "prompt", required_argument, NULL, O_PROMPT },
+        { NULL, 0, NULL, 0 },
     };
     opterr = 0;
     optind = 1;
@@ -171,17 +194,16 @@ static int parse_args(int argc, char **argv, opts_t *o)
         case O_LOG: o->log_path = v; break;
         case O_SAVE: o->save_path = v; break;
         case O_RESUME: o->resume_path = v; break;
-        case O_DTYPE:
-            if (strcmp(v, "f32") == 0) break;
-            if (strcmp(v, "bf16") == 0) {
-                fprintf(stderr, "char_gpt: --dtype bf16 is not supported yet (issue 14); use --dtype f32\n");
-                return 2;
-            }
-            ok = false;
+        case O_PROMPT:
+            if (!*v || strlen(v) > 4096) ok = false;
+            o->prompt = v;
             break;
-        case O_BY_DOC:
-            fprintf(stderr, "char_gpt: --by-document is not supported yet (issue 14)\n");
-            return 2;
+        case O_DTYPE:
+            if (strcmp(v, "f32") == 0) o->dtype = CTPU_F32;
+            else if (strcmp(v, "bf16") == 0) o->dtype = CTPU_BF16;
+            else ok = false;
+            break;
+        case O_BY_DOC: o->by_doc = true; break;
         case ':': fprintf(stderr, "char_gpt: %s needs a value (see --help)\n", argv[optind - 1]); return 2;
         case '?': fprintf(stderr, "char_gpt: unknown option %s (see --help)\n", argv[optind - 1]); return 2;
         default:
@@ -194,7 +216,9 @@ static int parse_args(int argc, char **argv, opts_t *o)
             case O_CTX: o->ctx = (int64_t)x; ok = pos_int(x, 65536); break;
             case O_BATCH: o->batch = (int64_t)x; ok = pos_int(x, 65536); break;
             case O_STEPS: o->steps = (int64_t)x; ok = pos_int(x, 1e12); break;
-            case O_WARMUP: o->warmup = (int64_t)x; ok = x >= 0 && x == floor(x) && x < 1e12; break;
+            case O_WARMUP: o->warmup = (int64_t)x; o->warmup_given = true; ok = x >= 0 && x == floor(x) && x < 1e12; break;
+            case O_SAMPLE: o->sample_len = (int64_t)x; ok = x >= 0 && x == floor(x) && x <= 1e7; break;
+            case O_TEMPERATURE: o->temperature = x; ok = x >= 0 && x <= 100; break;
             case O_EVAL_EVERY: o->eval_every = (int64_t)x; ok = pos_int(x, 1e12); break;
             case O_EVAL_BATCHES: o->eval_batches = (int64_t)x; ok = pos_int(x, 1e6); break;
             case O_LR: o->lr = x; ok = x > 0 && isfinite(x); break;
@@ -213,6 +237,11 @@ static int parse_args(int argc, char **argv, opts_t *o)
     if (optind < argc) { fprintf(stderr, "char_gpt: unexpected argument %s (see --help)\n", argv[optind]); return 2; }
     if (o->save_every && !o->save_path) {
         fprintf(stderr, "char_gpt: --save-every needs --save PATH (see --help)\n");
+        return 2;
+    }
+    if (!o->warmup_given && o->warmup > o->steps / 10) o->warmup = o->steps / 10;
+    if (o->by_doc && o->ctx < 2) {
+        fprintf(stderr, "char_gpt: --by-document needs --ctx 2 or more\n");
         return 2;
     }
     if (!o->head_dim) {
@@ -239,27 +268,59 @@ static int fail(const char *what)
     return 1;
 }
 
-static uint64_t splitmix64(uint64_t z)
+static uint64_t splitmix64(uint64_t z) { return docbatch_splitmix64(z); }
+
+/* The batches of one split: the fixed-window sampler over its tokens, or
+ * (--by-document) docbatch.h's batches of its fortunes. */
+typedef struct {
+    const int32_t *tok;
+    int64_t n;
+    bool by_doc;
+    docbatch db;
+    int32_t *hx, *hy;   /* [batch * ctx] host staging */
+} batcher;
+
+static int batcher_init(batcher *bt, const int32_t *tok, int64_t n, const int64_t *doc, int64_t n_docs,
+                        const opts_t *o, uint64_t stream, char *err, int errlen)
 {
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    memset(bt, 0, sizeof *bt);
+    bt->tok = tok, bt->n = n, bt->by_doc = o->by_doc;
+    bt->hx = malloc(sizeof(int32_t) * (size_t)(o->batch * o->ctx));
+    bt->hy = malloc(sizeof(int32_t) * (size_t)(o->batch * o->ctx));
+    if (!bt->hx || !bt->hy) {
+        snprintf(err, (size_t)errlen, "out of memory");
+        return -1;
+    }
+    return o->by_doc ? docbatch_init(&bt->db, tok, doc, n_docs, o->batch, o->ctx, o->seed, stream, err, errlen) : 0;
 }
 
-/* The batch of sampler step s over tokens[0, n): x, y [batch, ctx] i32. */
-static ctpu_status make_batch(const int32_t *tok, int64_t n, const opts_t *o, uint64_t s, int32_t *hx, int32_t *hy,
-                              ctpu_tensor *x, ctpu_tensor *y)
+static void batcher_free(batcher *bt)
 {
-    for (int64_t b = 0; b < o->batch; b++) {
-        uint64_t start = splitmix64(o->seed + 0x9E3779B97F4A7C15ull * (1 + s * (uint64_t)o->batch + (uint64_t)b)) %
-                         (uint64_t)(n - o->ctx);
-        memcpy(hx + b * o->ctx, tok + start, sizeof(int32_t) * (size_t)o->ctx);
-        memcpy(hy + b * o->ctx, tok + start + 1, sizeof(int32_t) * (size_t)o->ctx);
+    if (bt->by_doc) docbatch_free(&bt->db);
+    free(bt->hx);
+    free(bt->hy);
+}
+
+/* The batch of sampler step s: x, y [batch, T] i32 (T = ctx, or the
+ * batch's length with --by-document); *real = its non-padding targets. */
+static ctpu_status make_batch(batcher *bt, const opts_t *o, uint64_t s, ctpu_tensor *x, ctpu_tensor *y, int64_t *T,
+                              int64_t *real)
+{
+    if (bt->by_doc) {
+        *real = docbatch_get(&bt->db, (int64_t)s, bt->hx, bt->hy, T);
+    } else {
+        for (int64_t b = 0; b < o->batch; b++) {
+            uint64_t start = splitmix64(o->seed + 0x9E3779B97F4A7C15ull * (1 + s * (uint64_t)o->batch + (uint64_t)b)) %
+                             (uint64_t)(bt->n - o->ctx);
+            memcpy(bt->hx + b * o->ctx, bt->tok + start, sizeof(int32_t) * (size_t)o->ctx);
+            memcpy(bt->hy + b * o->ctx, bt->tok + start + 1, sizeof(int32_t) * (size_t)o->ctx);
+        }
+        *T = o->ctx;
+        *real = o->batch * o->ctx;
     }
-    int64_t shape[2] = { o->batch, o->ctx };
-    *x = ctpu_from_host(hx, CTPU_I32, 2, shape);
-    *y = ctpu_from_host(hy, CTPU_I32, 2, shape);
+    int64_t shape[2] = { o->batch, *T };
+    *x = ctpu_from_host(bt->hx, CTPU_I32, 2, shape);
+    *y = ctpu_from_host(bt->hy, CTPU_I32, 2, shape);
     return ctpu_is_null(*x) || ctpu_is_null(*y) ? CTPU_ERR_INVALID_ARG : CTPU_OK;
 }
 
@@ -269,6 +330,7 @@ typedef struct {
 
 typedef struct {
     int64_t L, H, D, hd, T, V;
+    ctpu_dtype dt;   /* of the forward's parameters and activations */
     double dropout;
     ctpu_tensor wte, wpe, lnf_w, lnf_b, mask;
     block blk[MAX_LAYERS];
@@ -314,6 +376,7 @@ static ctpu_status gpt_init(gpt *g, const opts_t *o, int64_t vocab)
     memset(g, 0, sizeof *g);
     g->L = o->layers, g->H = o->heads, g->D = o->dmodel, g->hd = o->head_dim, g->T = o->ctx, g->V = vocab;
     g->dropout = o->dropout;
+    g->dt = o->dtype;
     int64_t D = g->D, HD = g->H * g->hd;
     double proj_std = 0.02 / sqrt(2.0 * (double)g->L);
     g->wte = param_normal(g, -1, "wte", vocab, D, 0.02);
@@ -338,6 +401,11 @@ static ctpu_status gpt_init(gpt *g, const opts_t *o, int64_t vocab)
     int64_t ms[2] = { g->T, g->T };
     g->mask = ctpu_from_host(m, CTPU_F32, 2, ms);
     free(m);
+    if (g->dt == CTPU_BF16) {   /* 0 and -inf are exact in bf16 */
+        ctpu_tensor m16 = ctpu_cast(g->mask, CTPU_BF16);
+        ctpu_release(g->mask);
+        g->mask = m16;
+    }
     for (int i = 0; i < g->n_decay; i++)
         if (ctpu_is_null(g->decay[i])) return CTPU_ERR_INVALID_ARG;
     for (int i = 0; i < g->n_no_decay; i++)
@@ -346,47 +414,81 @@ static ctpu_status gpt_init(gpt *g, const opts_t *o, int64_t vocab)
 }
 
 /* [B, T, H*hd] -> [B, H, T, hd] */
-static ctpu_tensor split_heads(const gpt *g, ctpu_tensor t, int64_t B)
+static ctpu_tensor split_heads(const gpt *g, ctpu_tensor t, int64_t B, int64_t T)
 {
-    int64_t s[4] = { B, g->T, g->H, g->hd };
+    int64_t s[4] = { B, T, g->H, g->hd };
     static const int perm[4] = { 0, 2, 1, 3 };
     return ctpu_permute(ctpu_reshape(t, 4, s), perm);
 }
 
-static ctpu_tensor linear(ctpu_tensor x, ctpu_tensor w, ctpu_tensor b) { return ctpu_add(ctpu_matmul(x, w), b); }
+/* A parameter as the forward uses it: with --dtype bf16 a bf16 copy of the
+ * f32 master (ctpu_cast; its gradient flows back to the master as f32, so
+ * the optimizer updates f32 weights), else the parameter itself. */
+static ctpu_tensor P(const gpt *g, ctpu_tensor t) { return g->dt == CTPU_BF16 ? ctpu_cast(t, CTPU_BF16) : t; }
 
-/* Mean cross entropy of the next-token logits for x, y [B, T]. */
-static ctpu_tensor gpt_loss(const gpt *g, ctpu_tensor x, ctpu_tensor y, int64_t B, bool training)
+static ctpu_tensor linear(const gpt *g, ctpu_tensor x, ctpu_tensor w, ctpu_tensor b)
+{
+    return ctpu_add(ctpu_matmul(x, P(g, w)), P(g, b));
+}
+
+static ctpu_tensor norm(const gpt *g, ctpu_tensor x, ctpu_tensor w, ctpu_tensor b)
+{
+    return ctpu_layer_norm(x, P(g, w), P(g, b), 1e-5);
+}
+
+/* Causal self-attention: q, k, v [B, H, T, hd] -> [B, H, T, hd], written out
+ * as matmul -> scale -> additive causal mask (-inf above the diagonal) ->
+ * softmax -> dropout -> matmul. Self-contained, so that an SDPA op can
+ * replace it. */
+static ctpu_tensor attention(const gpt *g, ctpu_tensor q, ctpu_tensor k, ctpu_tensor v, int64_t T, bool training)
+{
+    double scale = 1.0 / sqrt((double)g->hd);
+    ctpu_tensor mask = T == g->T ? g->mask : ctpu_slice(ctpu_slice(g->mask, 0, 0, T, 1), 1, 0, T, 1);
+    ctpu_tensor att = ctpu_add(ctpu_mul_scalar(ctpu_matmul_t(q, k, false, true), scale), mask);
+    att = ctpu_dropout(ctpu_softmax(att, -1), g->dropout, training);
+    return ctpu_matmul(att, v);
+}
+
+/* Next-token logits [B, T, V] of x [B, T] (T <= ctx). */
+static ctpu_tensor gpt_logits(const gpt *g, ctpu_tensor x, int64_t B, int64_t T, bool training)
 {
     double p = g->dropout;
-    ctpu_tensor h = ctpu_add(ctpu_embedding(g->wte, x), g->wpe);   /* [B, T, D] + [T, D] */
+    ctpu_tensor wte = P(g, g->wte);   /* cast once: the embedding and the tied head */
+    ctpu_tensor wpe = P(g, T == g->T ? g->wpe : ctpu_slice(g->wpe, 0, 0, T, 1));
+    ctpu_tensor h = ctpu_add(ctpu_embedding(wte, x), wpe);   /* [B, T, D] + [T, D] */
     h = ctpu_dropout(h, p, training);
-    double scale = 1.0 / sqrt((double)g->hd);
     static const int perm[4] = { 0, 2, 1, 3 };
     for (int64_t l = 0; l < g->L; l++) {
         const block *b = &g->blk[l];
-        ctpu_tensor a = ctpu_layer_norm(h, b->ln1_w, b->ln1_b, 1e-5);
-        ctpu_tensor q = split_heads(g, linear(a, b->wq, b->bq), B);
-        ctpu_tensor k = split_heads(g, linear(a, b->wk, b->bk), B);
-        ctpu_tensor v = split_heads(g, linear(a, b->wv, b->bv), B);
-        ctpu_tensor att = ctpu_add(ctpu_mul_scalar(ctpu_matmul_t(q, k, false, true), scale), g->mask);
-        att = ctpu_dropout(ctpu_softmax(att, -1), p, training);
-        ctpu_tensor o = ctpu_contiguous(ctpu_permute(ctpu_matmul(att, v), perm));   /* [B, T, H, hd] */
-        int64_t s3[3] = { B, g->T, g->H * g->hd };
-        o = linear(ctpu_reshape(o, 3, s3), b->wo, b->bo);
+        ctpu_tensor a = norm(g, h, b->ln1_w, b->ln1_b);
+        ctpu_tensor q = split_heads(g, linear(g, a, b->wq, b->bq), B, T);
+        ctpu_tensor k = split_heads(g, linear(g, a, b->wk, b->bk), B, T);
+        ctpu_tensor v = split_heads(g, linear(g, a, b->wv, b->bv), B, T);
+        ctpu_tensor o = ctpu_contiguous(ctpu_permute(attention(g, q, k, v, T, training), perm));   /* [B, T, H, hd] */
+        int64_t s3[3] = { B, T, g->H * g->hd };
+        o = linear(g, ctpu_reshape(o, 3, s3), b->wo, b->bo);
         h = ctpu_add(h, ctpu_dropout(o, p, training));
-        ctpu_tensor m = ctpu_layer_norm(h, b->ln2_w, b->ln2_b, 1e-5);
-        m = linear(ctpu_gelu(linear(m, b->w1, b->b1), false), b->w2, b->b2);
+        ctpu_tensor m = norm(g, h, b->ln2_w, b->ln2_b);
+        m = linear(g, ctpu_gelu(linear(g, m, b->w1, b->b1), false), b->w2, b->b2);
         h = ctpu_add(h, ctpu_dropout(m, p, training));
     }
-    h = ctpu_layer_norm(h, g->lnf_w, g->lnf_b, 1e-5);
-    ctpu_tensor logits = ctpu_matmul_t(h, g->wte, false, true);   /* [B, T, V], tied head */
-    int64_t s2[2] = { B * g->T, g->V }, s1 = B * g->T;
-    return ctpu_cross_entropy(ctpu_reshape(logits, 2, s2), ctpu_reshape(y, 1, &s1), NULL);
+    h = norm(g, h, g->lnf_w, g->lnf_b);
+    return ctpu_matmul_t(h, wte, false, true);   /* [B, T, V], tied head */
+}
+
+/* Mean cross entropy of the next-token logits for x, y [B, T] over the
+ * targets other than DOCBATCH_IGNORE (--by-document's padding). */
+static ctpu_tensor gpt_loss(const gpt *g, ctpu_tensor x, ctpu_tensor y, int64_t B, int64_t T, bool training)
+{
+    ctpu_tensor logits = gpt_logits(g, x, B, T, training);
+    int64_t s2[2] = { B * T, g->V }, s1 = B * T;
+    ctpu_ce_opts ce = ctpu_ce_defaults();
+    ce.ignore_index = DOCBATCH_IGNORE;
+    return ctpu_cross_entropy(ctpu_reshape(logits, 2, s2), ctpu_reshape(y, 1, &s1), &ce);
 }
 
 /* Mean val loss over the fixed evaluation batches (no grad, no dropout). */
-static ctpu_status evaluate(const gpt *g, const corpus *c, const opts_t *o, int32_t *hx, int32_t *hy, double *out)
+static ctpu_status evaluate(const gpt *g, batcher *bv, const opts_t *o, double *out)
 {
     ctpu_no_grad_begin();
     ctpu_tensor *ls = malloc(sizeof(ctpu_tensor) * (size_t)o->eval_batches);
@@ -395,9 +497,10 @@ static ctpu_status evaluate(const gpt *g, const corpus *c, const opts_t *o, int3
     for (int64_t e = 0; st == CTPU_OK && e < o->eval_batches; e++) {
         ctpu_step_begin();
         ctpu_tensor x, y;
-        st = make_batch(c->val, c->n_val, o, (1ull << 40) + (uint64_t)e, hx, hy, &x, &y);
+        int64_t T, real;
+        st = make_batch(bv, o, o->by_doc ? (uint64_t)e : (1ull << 40) + (uint64_t)e, &x, &y, &T, &real);
         if (st == CTPU_OK) {
-            ls[e] = ctpu_keep(gpt_loss(g, x, y, o->batch, false));
+            ls[e] = ctpu_keep(gpt_loss(g, x, y, o->batch, T, false));
             if (ctpu_is_null(ls[e])) st = CTPU_ERR_INVALID_ARG;
             else done++;
         }
@@ -493,6 +596,76 @@ static int resume_run(gpt *g, ctpu_optim *opt, const opts_t *o, loop_state *ls)
     return 0;
 }
 
+/* One byte of the sample as printed: newline, tab and printable bytes as
+ * they are (bytes >= 0x80 too: pieces of UTF-8), other control bytes as C
+ * escapes so that no BEL rings and no backspace overstrikes the terminal. */
+static void put_sample_byte(uint8_t b)
+{
+    if (b == 0x07) fputs("\\a", stdout);
+    else if (b == 0x08) fputs("\\b", stdout);
+    else if ((b < 0x20 && b != '\n' && b != '\t') || b == 0x7f) printf("\\x%02x", b);
+    else putchar(b);
+}
+
+/* The sample after the result line: --sample bytes after --prompt, drawn at
+ * --temperature from the model (eval mode, no dropout, no grad) through a
+ * fixed [1, ctx] window: the last ctx tokens so far, left-aligned and padded
+ * with DOCBATCH_PAD_ID (causal attention: the padding after position n - 1
+ * changes nothing before it), so every step runs one program shape; the
+ * logits of position n - 1 are read on the host. Draw i takes
+ * u = (splitmix64(key + 0x9E3779B97F4A7C15 (1 + i)) >> 11) 2^-53 with
+ * key = splitmix64(seed + 3) and picks the first byte whose cumulative
+ * softmax(logits / temperature) (double) passes u; temperature 0 picks the
+ * largest logit. The unseen-byte id is never drawn. */
+static int generate(const gpt *g, const corpus *c, const opts_t *o)
+{
+    int64_t T = g->T, V = g->V, cap = (int64_t)strlen(o->prompt) + o->sample_len;
+    int32_t *seq = malloc(sizeof(int32_t) * (size_t)cap), *win = malloc(sizeof(int32_t) * (size_t)T);
+    float *lg = malloc(sizeof(float) * (size_t)(T * V));
+    double *pr = malloc(sizeof(double) * (size_t)V);
+    if (!seq || !win || !lg || !pr) { fprintf(stderr, "char_gpt: out of memory\n"); return 1; }
+    int64_t n = 0;
+    for (const char *q = o->prompt; *q; q++) seq[n++] = c->id_of[(uint8_t)*q];
+    printf("sample (temperature %g, seed %llu, %lld bytes after the prompt):\n", o->temperature,
+           (unsigned long long)o->seed, (long long)o->sample_len);
+    for (int64_t i = 0; i < n; i++) put_sample_byte(seq[i] == V - 1 ? '?' : c->byte_of[seq[i]]);
+    uint64_t key = splitmix64(o->seed + 3);
+    int rc = 0;
+    ctpu_no_grad_begin();
+    for (int64_t i = 0; i < o->sample_len && !rc; i++) {
+        int64_t w = n < T ? n : T, shape[2] = { 1, T };
+        for (int64_t j = 0; j < T; j++) win[j] = j < w ? seq[n - w + j] : DOCBATCH_PAD_ID;
+        ctpu_step_begin();
+        ctpu_tensor x = ctpu_from_host(win, CTPU_I32, 2, shape);
+        ctpu_tensor logits = gpt_logits(g, x, 1, T, false);
+        if (ctpu_to_host_as_f32(logits, lg, sizeof(float) * (size_t)(T * V)) != CTPU_OK) rc = fail("sampling");
+        ctpu_step_end();
+        if (rc) break;
+        const float *l = lg + (w - 1) * V;
+        int64_t best = 0;
+        for (int64_t v = 1; v < V - 1; v++)
+            if (l[v] > l[best]) best = v;
+        int64_t pick = best;
+        if (o->temperature > 0) {
+            double sum = 0, acc = 0;
+            for (int64_t v = 0; v < V - 1; v++) sum += pr[v] = exp(((double)l[v] - (double)l[best]) / o->temperature);
+            double u = (double)(splitmix64(key + 0x9E3779B97F4A7C15ull * (1 + (uint64_t)i)) >> 11) * 0x1p-53 * sum;
+            for (pick = 0; pick < V - 2; pick++)
+                if ((acc += pr[pick]) > u) break;
+        }
+        seq[n++] = (int32_t)pick;
+        put_sample_byte(c->byte_of[pick]);
+    }
+    ctpu_no_grad_end();
+    printf("\n");
+    fflush(stdout);
+    free(seq);
+    free(win);
+    free(lg);
+    free(pr);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     opts_t o;
@@ -507,7 +680,7 @@ int main(int argc, char **argv)
     corpus c;
     char err[512];
     if (corpus_load(o.data, &c, err, sizeof err) != 0) { fprintf(stderr, "char_gpt: %s\n", err); return 1; }
-    if (c.n_train <= o.ctx || c.n_val <= o.ctx) {
+    if (!o.by_doc && (c.n_train <= o.ctx || c.n_val <= o.ctx)) {
         fprintf(stderr, "char_gpt: %s: %lld train / %lld val tokens, --ctx %lld needs more than that\n", o.data,
                 (long long)c.n_train, (long long)c.n_val, (long long)o.ctx);
         corpus_free(&c);
@@ -518,6 +691,12 @@ int main(int argc, char **argv)
     gpt *g = malloc(sizeof *g);
     if (!g) { fprintf(stderr, "char_gpt: out of memory\n"); return 1; }
     if (gpt_init(g, &o, c.vocab) != CTPU_OK) return fail("making the model");
+    batcher btr, bva;
+    if (batcher_init(&btr, c.train, c.n_train, c.doc_train, c.fortunes_train, &o, 1, err, sizeof err) ||
+        batcher_init(&bva, c.val, c.n_val, c.doc_val, c.fortunes_val, &o, 2, err, sizeof err)) {
+        fprintf(stderr, "char_gpt: %s: %s\n", o.data, err);
+        return 1;
+    }
     ctpu_param_group groups[2] = { { g->decay, g->n_decay, 1.0, o.wd }, { g->no_decay, g->n_no_decay, 1.0, 0.0 } };
     ctpu_adamw_opts ao = { o.lr, 0.9, 0.95, 1e-8, o.wd };
     ctpu_optim *opt = ctpu_adamw_create_groups(2, groups, &ao);
@@ -541,29 +720,33 @@ int main(int argc, char **argv)
     for (int i = 0; i < g->n_decay; i++) nparams += ctpu_numel(g->decay[i]);
     for (int i = 0; i < g->n_no_decay; i++) nparams += ctpu_numel(g->no_decay[i]);
     printf("char_gpt: %s: %lld files, %lld/%lld fortunes, %lld/%lld train/val tokens, vocab %d; GPT %lld layers, "
-           "%lld heads x %lld, dmodel %lld, ctx %lld, %lld parameters; batch %lld, %lld steps, lr %g, warmup %lld, "
-           "dropout %g, seed %llu, mode %s\n",
+           "%lld heads x %lld, dmodel %lld, ctx %lld, %lld parameters, %s; batch %lld%s, %lld steps, lr %g, "
+           "warmup %lld, dropout %g, seed %llu, mode %s\n",
            o.data, (long long)c.files, (long long)c.fortunes_train, (long long)c.fortunes_val, (long long)c.n_train,
            (long long)c.n_val, c.vocab, (long long)o.layers, (long long)o.heads, (long long)o.head_dim,
-           (long long)o.dmodel, (long long)o.ctx, (long long)nparams, (long long)o.batch, (long long)o.steps, o.lr,
+           (long long)o.dmodel, (long long)o.ctx, (long long)nparams, ctpu_dtype_name(o.dtype), (long long)o.batch,
+           o.by_doc ? " (by document)" : "", (long long)o.steps, o.lr,
            (long long)o.warmup, o.dropout, (unsigned long long)o.seed, mode);
     fflush(stdout);
 
-    int32_t *hx = malloc(sizeof(int32_t) * (size_t)(o.batch * o.ctx));
-    int32_t *hy = malloc(sizeof(int32_t) * (size_t)(o.batch * o.ctx));
     ctpu_tensor *losses = malloc(sizeof(ctpu_tensor) * (size_t)o.eval_every);
     double *lrs = malloc(sizeof(double) * (size_t)o.eval_every);
-    if (!hx || !hy || !losses || !lrs) { fprintf(stderr, "char_gpt: out of memory\n"); return 1; }
+    if (!losses || !lrs) { fprintf(stderr, "char_gpt: out of memory\n"); return 1; }
     double train_time = 0, min_lr = o.lr / 10;
     int64_t tokens = 0, nb = 0, step = ctpu_optim_steps(opt);
+    /* the result line's compiles / recompiles: the training and evaluation steps' programs (not those
+     * that made and loaded the model: they run before this, and ctpu_sync compiles a pending trace) */
+    if (ctpu_sync() != CTPU_OK) return fail("making the model");
+    int64_t compiles0 = ctpu_metric_counter("programs_compiled"), recompiles0 = ctpu_metric_counter("recompiles");
     double t0 = now_s();
     for (; step < o.steps && !(o.stop_after && step >= o.stop_after); step++) {
         double lr = ctpu_lr_warmup_cosine(o.lr, step, o.warmup, o.steps, min_lr);
         ctpu_optim_zero_grad(opt);
         ctpu_step_begin();
         ctpu_tensor x, y;
-        if (make_batch(c.train, c.n_train, &o, (uint64_t)step, hx, hy, &x, &y) != CTPU_OK) return fail("batch");
-        ctpu_tensor loss = gpt_loss(g, x, y, o.batch, true);
+        int64_t T, real;
+        if (make_batch(&btr, &o, (uint64_t)step, &x, &y, &T, &real) != CTPU_OK) return fail("batch");
+        ctpu_tensor loss = gpt_loss(g, x, y, o.batch, T, true);
         if (ctpu_is_null(loss)) return fail("forward");
         if (ctpu_backward(loss) != CTPU_OK) return fail("backward");
         ctpu_optim_set_lr(opt, lr);
@@ -571,7 +754,7 @@ int main(int argc, char **argv)
         losses[nb] = ctpu_keep(ctpu_detach(loss));
         ctpu_step_end();
         lrs[nb++] = lr;
-        tokens += o.batch * o.ctx;
+        tokens += real;
         if (tty) {
             fprintf(stderr, "\rstep %lld/%lld", (long long)step + 1, (long long)o.steps);
             fflush(stderr);
@@ -587,7 +770,7 @@ int main(int argc, char **argv)
             }
             train_time += now_s() - t0;
             lst.train_loss = sum / (double)(lst.in + nb);
-            if (evaluate(g, &c, &o, hx, hy, &lst.val_loss) != CTPU_OK) return fail("evaluation");
+            if (evaluate(g, &bva, &o, &lst.val_loss) != CTPU_OK) return fail("evaluation");
             if (log) {
                 for (int64_t i = 0; i < nb; i++) {
                     fprintf(log, "%lld,%.9g,%.9g,", (long long)(step + 1 - nb + i), lrs[i], ls[i]);
@@ -629,15 +812,15 @@ int main(int argc, char **argv)
         printf("char_gpt: saved %s at step %lld\n", o.save_path, (long long)step);
     }
     if (log) fclose(log);
-    ctpu_cache_info ci;
-    if (ctpu_cache_get_info(&ci) != CTPU_OK) return fail("cache counters");
-    printf("result val_loss=%.4f train_loss=%.4f steps=%lld tokens_per_s=%.0f compiles=%llu recompiles=%llu mode=%s\n",
+    printf("result val_loss=%.4f train_loss=%.4f steps=%lld tokens_per_s=%.0f compiles=%lld recompiles=%lld mode=%s\n",
            lst.val_loss, lst.train_loss, (long long)step, train_time > 0 ? (double)tokens / train_time : 0.0,
-           (unsigned long long)ctpu_metric_counter("programs_compiled"), (unsigned long long)ci.recompiles, mode);
+           (long long)(ctpu_metric_counter("programs_compiled") - compiles0),
+           (long long)(ctpu_metric_counter("recompiles") - recompiles0), mode);
     fflush(stdout);
+    if (o.sample_len > 0 && generate(g, &c, &o)) return 1;
     ctpu_cache_report(stderr);
-    free(hx);
-    free(hy);
+    batcher_free(&btr);
+    batcher_free(&bva);
     free(losses);
     free(lrs);
     ctpu_optim_free(opt);

@@ -26,7 +26,22 @@ static bool buf_put(buf *b, const uint8_t *s, int64_t n)
     return true;
 }
 
-typedef struct { buf tr, va; int64_t nf_tr, nf_va, index; } split;
+typedef struct { int64_t *p; int64_t n, cap; } offs;
+
+static bool offs_put(offs *o, int64_t v)
+{
+    if (o->n == o->cap) {
+        int64_t cap = o->cap ? o->cap * 2 : 1024;
+        int64_t *q = realloc(o->p, sizeof(int64_t) * (size_t)cap);
+        if (!q) return false;
+        o->p = q;
+        o->cap = cap;
+    }
+    o->p[o->n++] = v;
+    return true;
+}
+
+typedef struct { buf tr, va; offs otr, ova; int64_t nf_tr, nf_va, index; } split;
 
 static bool add_fortune(split *s, const uint8_t *p, int64_t n)
 {
@@ -34,7 +49,8 @@ static bool add_fortune(split *s, const uint8_t *p, int64_t n)
     bool val = s->index++ % 10 == 9;
     if (val) s->nf_va++;
     else s->nf_tr++;
-    return buf_put(val ? &s->va : &s->tr, p, n);
+    buf *b = val ? &s->va : &s->tr;
+    return offs_put(val ? &s->ova : &s->otr, b->n) && buf_put(b, p, n);
 }
 
 static int read_file(const char *path, split *s, char *err, int errlen)
@@ -145,7 +161,11 @@ int corpus_load(const char *path, corpus *c, char *err, int errlen)
         c->vocab = v + 1;
         c->train = malloc(sizeof(int32_t) * (size_t)s.tr.n);
         c->val = malloc(sizeof(int32_t) * (size_t)(s.va.n ? s.va.n : 1));
-        if (!c->train || !c->val) { snprintf(err, (size_t)errlen, "corpus: out of memory"); rc = -1; }
+        bool offs_ok = offs_put(&s.otr, s.tr.n) && offs_put(&s.ova, s.va.n);   /* the end offsets */
+        c->doc_train = s.otr.p;
+        c->doc_val = s.ova.p;
+        s.otr.p = s.ova.p = NULL;
+        if (!c->train || !c->val || !offs_ok) { snprintf(err, (size_t)errlen, "corpus: out of memory"); rc = -1; }
         else {
             for (int64_t i = 0; i < s.tr.n; i++) c->train[i] = c->id_of[s.tr.p[i]];
             for (int64_t i = 0; i < s.va.n; i++) c->val[i] = c->id_of[s.va.p[i]];
@@ -157,6 +177,8 @@ int corpus_load(const char *path, corpus *c, char *err, int errlen)
     }
     free(s.tr.p);
     free(s.va.p);
+    free(s.otr.p);
+    free(s.ova.p);
     if (rc) corpus_free(c);
     return rc;
 }
@@ -165,5 +187,8 @@ void corpus_free(corpus *c)
 {
     free(c->train);
     free(c->val);
+    free(c->doc_train);
+    free(c->doc_val);
     c->train = c->val = NULL;
+    c->doc_train = c->doc_val = NULL;
 }

@@ -24,6 +24,8 @@
 typedef struct {
     int32_t *train, *val;        /* token ids, the split's fortunes concatenated */
     int64_t n_train, n_val;      /* tokens */
+    /* fortune i of a split is tokens [doc[i], doc[i + 1]) (fortunes_* + 1 offsets) */
+    int64_t *doc_train, *doc_val;
     int64_t fortunes_train, fortunes_val, files;
     int vocab;                   /* V: seen bytes + 1 */
     int32_t id_of[256];          /* byte -> id (V-1 for unseen) */

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The char-level GPT demo (issue 14) in a tiny configuration: the --log CSVs
 # of strict, debug (TORCH_TPU_LAUNCH_BLOCKING=1) and defer and fuse
-# (TORCH_TPU_DEFER_AND_FUSE=1) are identical bytes, and the val loss after 20
-# steps is below the one after 10. Usage: char_gpt_modes.sh path/to/char_gpt
+# (TORCH_TPU_DEFER_AND_FUSE=1) are identical bytes, so are the generated
+# samples after the result line, and the val loss after 20 steps is below the
+# one after 10. Usage: char_gpt_modes.sh path/to/char_gpt
 set -euo pipefail
 demo=$1
 data=/usr/share/games/fortunes
@@ -13,7 +14,7 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 args=(--data "$data" --layers 1 --heads 2 --dmodel 16 --ctx 16 --batch 2 --steps 20 --lr 1e-2 --warmup 0
-      --eval-every 10 --eval-batches 2 --no-progress)
+      --eval-every 10 --eval-batches 2 --no-progress --sample 40)
 env -u TORCH_TPU_LAUNCH_BLOCKING -u TORCH_TPU_DEFER_AND_FUSE "$demo" "${args[@]}" --log "$tmp/strict.csv" > "$tmp/strict.out" 2>&1
 TORCH_TPU_LAUNCH_BLOCKING=1 "$demo" "${args[@]}" --log "$tmp/debug.csv" > "$tmp/debug.out" 2>&1
 TORCH_TPU_DEFER_AND_FUSE=1 "$demo" "${args[@]}" --log "$tmp/fused.csv" > "$tmp/fused.out" 2>&1
@@ -29,8 +30,13 @@ for m in debug fused; do
     exit 1
   fi
 done
+for m in strict debug fused; do sed -n '/^sample (/,/^ctpu cache report/p' "$tmp/$m.out" | grep -av '^ctpu cache report' > "$tmp/$m.sample"; done
+[ "$(wc -c < "$tmp/strict.sample")" -gt 40 ] || { echo "char_gpt_modes: no sample after the result line"; cat "$tmp/strict.out"; exit 1; }
+for m in debug fused; do
+  cmp -s "$tmp/strict.sample" "$tmp/$m.sample" || { echo "char_gpt_modes: $m's sample differs from strict's"; diff "$tmp/strict.sample" "$tmp/$m.sample"; exit 1; }
+done
 # val losses logged at steps 10 and 20 (rows 10 and 20 of the CSV)
 v=$(awk -F, 'NR > 1 && $4 != "" { print $4 }' "$tmp/strict.csv")
 awk -v a="$(echo "$v" | head -1)" -v b="$(echo "$v" | tail -1)" 'BEGIN { exit !(b < a) }' ||
   { echo "char_gpt_modes: val loss did not decrease: $v"; exit 1; }
-echo "char_gpt_modes: strict, debug and defer_fuse logs identical; val loss $(echo $v | tr '\n' ' ')"
+echo "char_gpt_modes: strict, debug and defer_fuse logs and samples identical; val loss $(echo $v | tr '\n' ' ')"

@@ -15,7 +15,7 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 args=(--data "$data" --layers 1 --heads 2 --dmodel 16 --ctx 16 --batch 2 --steps 20 --lr 1e-2 --warmup 2
-      --eval-every 10 --eval-batches 2 --dropout 0.1 --no-progress)
+      --eval-every 10 --eval-batches 2 --dropout 0.1 --no-progress --sample 0)
 "$demo" "${args[@]}" --log "$tmp/whole.csv" > "$tmp/whole.out" 2>&1
 "$demo" "${args[@]}" --log "$tmp/a.csv" --save "$tmp/run.safetensors" --save-every 4 --stop-after 13 > "$tmp/a.out" 2>&1
 "$demo" "${args[@]}" --log "$tmp/b.csv" --resume "$tmp/run.safetensors" > "$tmp/b.out" 2>&1

@@ -66,6 +66,14 @@ START_TEST(directory_order_dat_symlink_split)
     ck_assert_int_eq(c.id_of['D'], c.vocab - 1);
     ck_assert_int_eq(c.byte_of[0], 0x07);
     ck_assert_int_eq(c.byte_of[1], 0x08);
+    /* document offsets (for --by-document): A0's 4 bytes, then A1's 3, ..., B10 ends the split */
+    ck_assert_int_eq(c.doc_train[0], 0);
+    ck_assert_int_eq(c.doc_train[1], 4);
+    ck_assert_int_eq(c.doc_train[2], 7);
+    ck_assert_int_eq(c.doc_train[9], c.n_train - 3);
+    ck_assert_int_eq(c.doc_train[10], c.n_train);
+    ck_assert_int_eq(c.doc_val[0], 0);
+    ck_assert_int_eq(c.doc_val[1], c.n_val);
     corpus_free(&c);
     /* a single file; and errors */
     put("one", "x\n%\ny\n");
