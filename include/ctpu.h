@@ -718,6 +718,80 @@ CTPU_API ctpu_status ctpu_cache_set_only(bool on);
  * (NUL-terminated); returns the number of lines. */
 CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
 
+/* ------------------------------------------------- compiled steps
+ * The fourth TorchTPU mode, torch.compile's: a step function is captured
+ * once and replayed with no per-op host work. The first ctpu_compiled_call
+ * (and any call whose guards fail) runs fn in capture mode: every op it
+ * makes (forward, backward, the optimizer's update, assigns) is recorded
+ * into one trace, whatever the thread's mode, and compiled whole by the
+ * defer-and-fuse compiler into a program of the fused-program cache. Later
+ * calls check the guards and launch that program with the new inputs and
+ * scalars: fn does not run, and nothing is recorded or keyed.
+ *
+ * What a replay reads and writes:
+ * - in[i]: bound by position each call (guard: the same dtype and exact
+ *   shape as at the capture; dynamic ranges, the dynamic-dims issue, would
+ *   widen this guard to a range).
+ * - scalars[i]: runtime arguments of the program. A recorded *_scalar
+ *   operand, creation value or clamp bound whose value equals scalars[i]
+ *   bit for bit reads argument i at every call (the lowest such i; so give
+ *   distinct values distinct slots). A value fn computes on the host from
+ *   a scalar (scalars[0] * 0.5) is a new double and is baked in: pass it as
+ *   its own scalar.
+ * - tensors made before the call (parameters, optimizer state, .grad):
+ *   read and assigned through their handles, so eager and compiled calls
+ *   mix on the same tensors (guard: each handle still live).
+ * - random ops draw from the global generator at every replay, as fn would.
+ * - any other host state fn reads (globals, fields of ctx, a branch on a
+ *   step counter, an optimizer's host-side lr or step count) is baked into
+ *   the capture, as torch.compile specialises Python values.
+ * - out[j]: fn's results, new handles in the caller's scope at each call
+ *   (detached: the step's backward is inside fn).
+ * A graph break (a host read such as ctpu_item or ctpu_to_host, a mode
+ * change, a nested ctpu_compiled_call inside fn) makes that call run as
+ * defer and fuse around it and is reported with its op number; a
+ * compiled step that broke runs every later call that way. With
+ * opts->fullgraph it is an error instead. Guard failures recapture, up to
+ * the recompile limit (8); past it, calls run fn in the current mode.
+ * TORCH_COMPILE_DISABLE=1 makes every call run fn in the current mode.
+ * Results are bit-identical to running fn in strict eager. */
+typedef struct ctpu_compiled ctpu_compiled;
+/* A step: reads in[0..n_in) and scalars[0..n_scalars), writes out[0..n_out)
+ * (every slot NULL-initialised by the caller of fn). Returns CTPU_OK or the
+ * error of the op that failed. */
+typedef ctpu_status (*ctpu_step_fn)(void *ctx, const ctpu_tensor *in, const double *scalars, ctpu_tensor *out);
+typedef struct {
+    const char *name;      /* the report row's label, copied (up to 63 bytes); NULL: "step <n>" */
+    bool fullgraph;        /* a graph break is an error (torch.compile fullgraph=True) */
+} ctpu_compile_opts;
+/* A compiled step for fn (opts may be NULL: no name, fullgraph off). Nothing
+ * is captured until the first call. NULL with CTPU_ERR_INVALID_ARG (fn
+ * NULL), CTPU_ERR_NOT_INITIALIZED or CTPU_ERR_OOM. Freed by
+ * ctpu_compiled_free, or with the runtime at ctpu_shutdown (a call after
+ * that is CTPU_ERR_STATE). */
+CTPU_API ctpu_compiled *ctpu_compile(ctpu_step_fn fn, void *ctx, const ctpu_compile_opts *opts);
+/* Run the step: capture and compile (first call, guard failure) or replay.
+ * n_in tensors in (0..4096), n_scalars doubles (0..4096), n_out slots out
+ * (0..4096; each set to a new handle, or CTPU_NULL on error). Errors:
+ * CTPU_ERR_INVALID_ARG (c NULL or freed, a count out of range, a NULL array
+ * with a count > 0), handle errors on in[i], fn's own error (its ops'),
+ * CTPU_ERR_STATE (a graph break under fullgraph: nothing changed; c from a
+ * previous runtime), CTPU_ERR_OOM. A pending trace of this thread (defer
+ * and fuse) is cut first. */
+CTPU_API ctpu_status ctpu_compiled_call(ctpu_compiled *c, int n_in, const ctpu_tensor *in, int n_scalars,
+                                        const double *scalars, int n_out, ctpu_tensor *out);
+/* What a compiled step did so far. host_ns is the calling thread's CPU time
+ * (CLOCK_THREAD_CPUTIME_ID) in its calls, captures included. */
+typedef struct {
+    uint64_t calls, captures, replays, guard_failures, graph_breaks, eager_calls;
+    uint64_t host_ns;
+    char last_reason[192];   /* the last guard failure or graph break, "" if none */
+} ctpu_compiled_info;
+/* Errors: CTPU_ERR_INVALID_ARG (c or out NULL). */
+CTPU_API ctpu_status ctpu_compiled_get_info(const ctpu_compiled *c, ctpu_compiled_info *out);
+/* Free a compiled step (NULL: no-op). Its programs stay in the cache. */
+CTPU_API void ctpu_compiled_free(ctpu_compiled *c);
+
 
 /* ============================================================== reports
  * Observability (docs/DESIGN.md "Observability"): the metrics registry, the

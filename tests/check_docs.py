@@ -64,7 +64,7 @@ else:
         fails.append("hello's shutdown line %r does not have README's form %r" % (err, m.group(1)))
 
 # 4. one set of environment variables
-read_vars = set(re.findall(r'\bX\(((?:TORCH_TPU|CTPU)_[A-Z0-9_]+),', read("src/eager/env.h")))
+read_vars = set(re.findall(r"\bX\(((?:TORCH_TPU|TORCH_COMPILE|CTPU)_[A-Z0-9_]+),", read("src/eager/env.h")))
 if not read_vars:
     fails.append("src/eager/env.h declares no variables")
 

@@ -106,6 +106,32 @@ static void un_status(const char *fn, const char *key, ctpu_status st)
 /* A handle that looks plausible (slot 0, generation 1). */
 static const ctpu_tensor FAKE = { ((uint64_t)1 << 32) | 1 };
 
+/* A step for the compiled-step cases: out[0] = in[0] * 2. */
+static ctpu_status hostile_step(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)ctx;
+    (void)sc;
+    out[0] = ctpu_mul_scalar(in[0], 2);
+    return ctpu_is_null(out[0]) ? ctpu_last_status() : CTPU_OK;
+}
+
+/* A step that fails, one that leaves garbage in out[], one reading out of range. */
+static ctpu_status failing_step(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)ctx;
+    (void)sc;
+    out[0] = ctpu_reshape(in[0], 1, (int64_t[]){ 4 });   /* [3] as [4]: a shape error */
+    return ctpu_is_null(out[0]) ? ctpu_last_status() : CTPU_OK;
+}
+static ctpu_status garbage_step(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)ctx;
+    (void)in;
+    (void)sc;
+    out[0] = (ctpu_tensor){ 0xdeadbeefcafeull };
+    return CTPU_OK;
+}
+
 static void uninitialised_sweep(void)
 {
     ck_assert(!ctpu_is_initialized());
@@ -244,6 +270,16 @@ static void uninitialised_sweep(void)
     ctpu_clear_error();
     ck_assert_int_eq(ctpu_cache_recompile_log(buf, sizeof buf), -1);
     un_status("ctpu_cache_recompile_log", "cache_recompile_log", ctpu_last_status());
+    /* compiled steps */
+    ctpu_clear_error();
+    ck_assert_ptr_null(ctpu_compile(hostile_step, NULL, NULL));
+    un_status("ctpu_compile", "compile", ctpu_last_status());
+    ctpu_tensor co[1];
+    UN_S(ctpu_compiled_call, "compiled_call", NULL, 1, &t, 0, NULL, 1, co);
+    ctpu_compiled_info cinfo;
+    UN_OK(ctpu_compiled_get_info, ctpu_compiled_get_info(NULL, &cinfo) == CTPU_ERR_INVALID_ARG);
+    UN_OK(ctpu_compiled_free, (ctpu_compiled_free(NULL), true));
+    ctpu_clear_error();
     /* reports */
     ctpu_clear_error();
     char *js = ctpu_metrics_json();
@@ -412,6 +448,54 @@ START_TEST(collectives_extreme_arguments)
     FILE *dn = fopen("/dev/null", "w");
     ck_assert_int_eq(ctpu_dist_report(dn), CTPU_OK);
     fclose(dn);
+}
+END_TEST
+
+START_TEST(compiled_steps_hostile)
+{
+    ctpu_tensor x = ctpu_keep(ctpu_from_host((float[]){ 1, 2, 3 }, CTPU_F32, 1, (int64_t[]){ 3 })), out[2];
+    ctpu_compiled *c = ctpu_compile(hostile_step, NULL, NULL);
+    ck_assert_ptr_nonnull(c);
+    int bad_n[4] = { -1, INT_MIN, 4097, INT_MAX };
+    for (int k = 0; k < 4; k++) {
+        ck_assert_int_eq(ctpu_compiled_call(c, bad_n[k], &x, 0, NULL, 1, out), CTPU_ERR_INVALID_ARG);
+        ck_assert(t_contains(ctpu_last_error(), "n_in"));
+        ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, bad_n[k], NULL, 1, out), CTPU_ERR_INVALID_ARG);
+        ck_assert(t_contains(ctpu_last_error(), "n_scalars"));
+        ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, bad_n[k], out), CTPU_ERR_INVALID_ARG);
+        ck_assert(t_contains(ctpu_last_error(), "n_out"));
+        good_op();
+    }
+    ctpu_tensor junk[2] = { FAKE, CTPU_NULL };
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, junk, 0, NULL, 1, out), CTPU_ERR_STALE_HANDLE);
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, junk + 1, 0, NULL, 1, out), CTPU_ERR_NULL_HANDLE);
+    ck_assert(ctpu_is_null(out[0]));
+    /* a call with fewer outputs than fn writes would be fn's bug; 1 is what it writes */
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_OK);
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_OK);   /* replayed */
+    ctpu_compiled_info info;
+    ck_assert_int_eq(ctpu_compiled_get_info(c, &info), CTPU_OK);
+    ck_assert_int_eq(info.replays, 1);
+    ctpu_compiled_free(c);
+    /* fn's own error comes back, and nothing is kept */
+    c = ctpu_compile(failing_step, NULL, NULL);
+    for (int k = 0; k < 2; k++) {
+        ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_ERR_SHAPE);
+        ck_assert_msg(t_contains(ctpu_last_error(), "reshape"), "%s", ctpu_last_error());
+        ck_assert(ctpu_is_null(out[0]));
+    }
+    ctpu_compiled_free(c);
+    /* a garbage handle in out[] is dropped */
+    c = ctpu_compile(garbage_step, NULL, NULL);
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_OK);
+    ck_assert(ctpu_is_null(out[0]));
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_OK);
+    ck_assert(ctpu_is_null(out[0]));
+    ctpu_compiled_free(c);
+    ck_assert_ptr_null(ctpu_compile(NULL, NULL, &(ctpu_compile_opts){ .name = "x", .fullgraph = true }));
+    ck_assert(t_contains(ctpu_last_error(), "compile: fn is NULL"));
+    good_op();
+    ctpu_release(x);
 }
 END_TEST
 
@@ -1092,6 +1176,7 @@ static Suite *suite(void)
     tcase_add_checked_fixture(t, t_setup, t_teardown);
     tcase_set_timeout(t, 120);
     tcase_add_test(t, extreme_integers_and_values);
+    tcase_add_test(t, compiled_steps_hostile);
     tcase_add_test(t, collectives_extreme_arguments);
     tcase_add_test(t, nesting_and_autograd_misuse);
     tcase_add_test(t, handles_across_runtimes_and_threads);

@@ -25,6 +25,15 @@ static ctpu_tensor make_error(void)
     return e;
 }
 
+/* a compiled step's fn (never reached: the call fails on its input) */
+static ctpu_status prov_step(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)ctx;
+    (void)sc;
+    out[0] = ctpu_add(in[0], in[1]);
+    return CTPU_OK;
+}
+
 static bool ends_with(const char *s, const char *tail)
 {
     size_t n = strlen(s), m = strlen(tail);
@@ -142,6 +151,11 @@ static void sweep(void)
     EP_S(ctpu_item, "item", E, &v);
     EP_S(ctpu_assign, "assign", E, ok);
     EP_S(ctpu_assign, "assign", ok, E);
+    ctpu_compiled *cs = ctpu_compile(prov_step, NULL, NULL);
+    ctpu_tensor couts[1];
+    EP_S(ctpu_compiled_call, "compiled_call: in[1]", cs, 2, pair, 0, NULL, 1, couts);
+    ck_assert(ctpu_is_null(couts[0]));
+    ctpu_compiled_free(cs);
     /* elementwise */
     EP_T(ctpu_neg, E); EP_T(ctpu_abs, E); EP_T(ctpu_exp, E); EP_T(ctpu_log, E); EP_T(ctpu_sqrt, E);
     EP_T(ctpu_rsqrt, E); EP_T(ctpu_tanh, E); EP_T(ctpu_sigmoid, E); EP_T(ctpu_relu, E); EP_T(ctpu_gelu, E, false);

@@ -45,10 +45,10 @@ typedef struct ctpu_exec_ctx {
     char fault_msg[256];
 } ctpu_exec_ctx;
 
-typedef void (*ctpu_step_fn)(const void *data, ctpu_exec_ctx *ctx);
+typedef void (*ctpu_dev_step_fn)(const void *data, ctpu_exec_ctx *ctx);
 
 typedef struct {
-    ctpu_step_fn fn;
+    ctpu_dev_step_fn fn;
     const void *data;
 } ctpu_step;
 

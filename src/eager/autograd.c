@@ -32,6 +32,7 @@
 typedef struct ag_leaf {
     atomic_int refs;
     bool alive;                 /* the leaf's record still exists */
+    uint64_t self;              /* the leaf's handle id (compiled steps name it) */
     ctpu_tensor grad;           /* .grad (global handle) or null */
     ctpu_tensor gacc;           /* backward: this pass's sum */
     uint64_t touched;           /* backward pass id */
@@ -811,6 +812,7 @@ ctpu_status ctpu_set_requires_grad(ctpu_tensor t, bool requires_grad)
         }
         atomic_init(&l->refs, 1);
         l->alive = true;
+        l->self = t.id;
         m->leaf = l;
         r->ag = m;
         return CTPU_OK;
@@ -850,8 +852,23 @@ ctpu_status ctpu_zero_grad(ctpu_tensor t)
         ctpu_tensor g = m->leaf->grad;
         m->leaf->grad = CTPU_NULL;
         release_quiet(g);
+        if (ctpu__capturing()) ctpu__capture_note_zero_grad(t.id);
     }
     return CTPU_OK;
+}
+
+bool ctpu__ag_set_grad(ctpu_tensor leaf, ctpu_tensor g)
+{
+    if (!ctpu_is_valid(leaf) || !ctpu_is_valid(g)) return false;
+    ag_meta *m = rec_of(leaf)->ag;
+    if (!m || !m->leaf) return false;
+    ctpu_tensor old = m->leaf->grad;
+    m->leaf->grad = CTPU_NULL;
+    release_quiet(old);
+    rec_of(g)->scope_id = 0;
+    rec_of(g)->leaf_grad = true;
+    m->leaf->grad = g;
+    return true;
 }
 
 ctpu_status ctpu_no_grad_begin(void)
@@ -1058,6 +1075,7 @@ static ctpu_status run_backward(ag_meta *root, ctpu_tensor g0, bool retain, cons
             rec_of(g)->scope_id = 0;   /* .grad lives in no scope */
             rec_of(g)->leaf_grad = true;
             l->grad = g;
+            if (ctpu__capturing()) ctpu__capture_note_grad(l->self, g.id);
         }
     }
     /* drop what is left of the pass, free the tape unless retained */

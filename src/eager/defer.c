@@ -119,6 +119,9 @@ ctpu_tensor ctpu__defer_node(ctpu_node *node, ctpu_trec *const *inputs, const ct
     }
     for (int i = 0; i < node->n_in; i++)
         if (!input_vref(inputs[i], opn, &node->in[i])) return ctpu_failed();
+    bool capturing = ctpu__capturing() != NULL;
+    if (capturing && (node->op == CTPU_OP_RAND_UNIFORM || node->op == CTPU_OP_RAND_NORMAL))
+        ctpu__capture_note_rng(ctpu_trace_rec_n_scalars(t_df.rec), (uint64_t)ctpu_vtype_numel(&node->out));
     ctpu_vref v = ctpu_trace_rec_node(t_df.rec, node, scalars);
     if (v < 0) {
         ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory recording the trace", opn);
@@ -132,7 +135,8 @@ ctpu_tensor ctpu__defer_node(ctpu_node *node, ctpu_trec *const *inputs, const ct
 
     /* loop boundaries the program did not mark */
     ctpu_detect_loops dl = ctpu_rt->detect_loops;
-    bool detect = dl == CTPU_LOOPS_ON || (dl == CTPU_LOOPS_AUTO && !atomic_load(&ctpu_rt->user_marks_steps));
+    bool detect = !capturing &&   /* a capture is one step: no loop inside it */
+                  (dl == CTPU_LOOPS_ON || (dl == CTPU_LOOPS_AUTO && !atomic_load(&ctpu_rt->user_marks_steps)));
     if (detect && ctpu_loop_feed(&t_df.loops, op_hash(node), dl == CTPU_LOOPS_AUTO)) {
         ctpu__defer_flush(CTPU_CUT_LOOP);
     } else if (ctpu_trace_rec_nodes(t_df.rec) >= TRACE_MAX_NODES) {
@@ -200,6 +204,7 @@ ctpu_status ctpu__defer_assign(ctpu_trec *dst, ctpu_tensor dst_h, ctpu_trec *src
         ctpu_set_error(CTPU_ERR_OOM, "assign: out of host memory recording the trace");
         return CTPU_ERR_OOM;
     }
+    if (!was_pending && ctpu__capturing()) ctpu__capture_note_assign(dst_h.id);
     return CTPU_OK;
 }
 
@@ -307,6 +312,8 @@ typedef struct {
     bool dbg;
     ctpu_liveout_req *reqs;        /* [nreq] the live pending values */
     ctpu_trec **rrec;              /* [nreq] their handles' records */
+    uint64_t *rh;                  /* [nreq] their handle ids (a capture's flush only) */
+    bool sink;                     /* a capture's own flush: hand the replay its facts */
     int nreq;
     ctpu_program *prog;
     const ctpu_launch_plan *plan;
@@ -328,13 +335,15 @@ static bool collect_live_outs(flush_ctx *f)
     size_t nh = t_df.n_holders;
     f->reqs = malloc(sizeof *f->reqs * (nh + 1));
     f->rrec = malloc(sizeof *f->rrec * (nh + 1));
-    if (!f->reqs || !f->rrec) return false;
+    if (f->sink) f->rh = malloc(sizeof *f->rh * (nh + 1));
+    if (!f->reqs || !f->rrec || (f->sink && !f->rh)) return false;
     for (size_t i = 0; i < nh; i++) {
         ctpu_tensor h = { t_df.holders[i] };
         ctpu_trec *r = ctpu_slot(ctpu_handle_slot(h));
         if (!r->live || r->gen != ctpu_handle_gen(h) || r->trace_id != t_df.id) continue;
         bool own = r->buf && atomic_load(&r->buf->handle_refs) == 1 && !f->dbg;
         f->reqs[f->nreq] = (ctpu_liveout_req){ r->tval, own ? r->buf : NULL, own ? r->off : 0 };
+        if (f->rh) f->rh[f->nreq] = h.id;
         f->rrec[f->nreq++] = r;
     }
     return true;
@@ -587,6 +596,14 @@ static void publish(flush_ctx *f)
         ctpu_program_note_submit(f->prog, seq);
         ctpu_counter_add(m, CTPU_CTR_PROGRAMS_LAUNCHED, 1);
         ctpu_counter_add(m, CTPU_CTR_FUSED_STEPS, f->prog->prog.n_steps);
+        if (f->sink) {                        /* before the handles change: owners still hold the inputs */
+            ctpu_capture_sink cs = { .program_id = f->res.program_id, .prog = f->prog, .plan = f->plan,
+                                     .nreq = f->nreq, .reqs = f->reqs, .rrec = f->rrec, .rh = f->rh };
+            cs.n_rin = ctpu_trace_rec_inputs(t_df.rec, &cs.rin_buf, &cs.rin_off, &cs.rin_type);
+            cs.rscal = ctpu_trace_rec_scalars(t_df.rec);
+            cs.n_rscal = ctpu_trace_rec_n_scalars(t_df.rec);
+            ctpu__capture_sink(&cs);
+        }
         ctpu_cache_release(rt->fused_cache, f->prog);   /* the command runs it; the cache may evict it now */
         f->prog = NULL;
     }
@@ -641,6 +658,7 @@ static void publish(flush_ctx *f)
     free(f->outo);
     free(f->reqs);
     free(f->rrec);
+    free(f->rh);
     reset_trace();
 }
 
@@ -761,20 +779,24 @@ static ctpu_status run_op_by_op(flush_ctx *f)
     return CTPU_OK;
 }
 
-ctpu_status ctpu__defer_flush(ctpu_cut_reason why)
+static ctpu_status flush(ctpu_cut_reason why, bool sink)
 {
     ctpu_runtime *rt = ctpu_rt;
     if (!ctpu_ts_current() || !t_df.rec) return CTPU_OK;
     if (ctpu_trace_rec_nodes(t_df.rec) == 0) { reset_trace(); return CTPU_OK; }
+    if (!sink && ctpu__capturing()) ctpu__capture_cut(why);   /* a graph break */
     ctpu_counter_add(&rt->metrics, CTPU_CTR_TRACE_CUTS, 1);
     ctpu_counter_add(&rt->metrics, cut_counter[why], 1);
 
-    flush_ctx f = { .rt = rt, .why = why, .dbg = ctpu_debug_checks_now() };
-    if (!collect_live_outs(&f))
+    flush_ctx f = { .rt = rt, .why = why, .dbg = ctpu_debug_checks_now(), .sink = sink };
+    if (!collect_live_outs(&f)) {
+        free(f.rh);
         return flush_fail(CTPU_ERR_OOM, "mark_step: out of host memory at a trace cut", f.reqs, f.rrec);
+    }
     if (f.nreq == 0) {                       /* nothing alive needs computing */
         free(f.reqs);
         free(f.rrec);
+        free(f.rh);
         reset_trace();
         return CTPU_OK;
     }
@@ -782,7 +804,34 @@ ctpu_status ctpu__defer_flush(ctpu_cut_reason why)
     if (st == CTPU_OK && f.op_by_op) return run_op_by_op(&f);   /* it publishes */
     if (st == CTPU_OK) st = bind_buffers(&f);
     if (st == CTPU_OK) publish(&f);
+    else free(f.rh);
     return st;
+}
+
+ctpu_status ctpu__defer_flush(ctpu_cut_reason why) { return flush(why, false); }
+
+ctpu_status ctpu__defer_flush_capture(void) { return flush(CTPU_CUT_MARK_STEP, true); }
+
+bool ctpu__defer_has_nodes(void)
+{
+    return ctpu_ts_current() && t_df.rec && ctpu_trace_rec_nodes(t_df.rec) > 0;
+}
+
+void ctpu__defer_abandon(void)
+{
+    if (!ctpu_ts_current() || !t_df.rec) return;
+    /* a tensor assigned in the trace keeps its storage, which still holds
+     * its old value: it is simply not pending any more */
+    for (size_t i = 0; i < t_df.n_holders; i++) {
+        ctpu_tensor h = { t_df.holders[i] };
+        ctpu_trec *r = ctpu_slot(ctpu_handle_slot(h));
+        if (r->live && r->gen == ctpu_handle_gen(h) && r->trace_id == t_df.id && r->buf) {
+            r->trace_id = 0;
+            r->made_by = NULL;
+        }
+    }
+    poison_holders(CTPU_ERR_STATE, "compiled step: the value was made by a call that stopped at a graph break");
+    reset_trace();
 }
 
 /* ------------------------------------------------------------ public: cache */

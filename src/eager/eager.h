@@ -46,6 +46,10 @@ typedef struct ctpu_runtime {
     atomic_uint_fast64_t marked_steps;
     atomic_bool cache_only;          /* ctpu_cache_set_only / TORCH_TPU_CACHE_ONLY */
     struct ctpu_report_state *report; /* reports, cost totals, trace buffer (report.c) */
+    bool compile_disable;            /* TORCH_COMPILE_DISABLE: compiled calls run fn in the current mode */
+    pthread_mutex_t compiled_mu;     /* compiled.c: the list of compiled steps */
+    struct ctpu_compiled *compiled;
+    uint64_t next_compiled_id;
 
     /* tensor records: pages of slots, never moved */
     pthread_mutex_t slot_mu;
@@ -98,6 +102,7 @@ typedef struct {                     /* defer.c: this thread's defer-and-fuse tr
 } ctpu_defer_state;
 
 struct ctpu_strict_front;            /* dispatch.c */
+struct ctpu_capture;                 /* compiled.c: a compiled step's capture in progress */
 
 typedef struct ctpu_thread_state {
     /* kept across runtimes */
@@ -116,6 +121,7 @@ typedef struct ctpu_thread_state {
     ctpu_scope scopes[CTPU_MAX_SCOPES];
     ctpu_defer_state df;             /* defer.c: the trace recorder */
     struct ctpu_strict_front *strict_front; /* dispatch.c: lock-free front of the strict program table */
+    struct ctpu_capture *cap;        /* compiled.c: the capture fn is running in, or NULL */
     struct {
         char host_read[64];          /* report.c: ctpu_set_host_read_label */
     } label;                         /* (the user's region labels go here too) */
@@ -309,6 +315,58 @@ bool ctpu__materialize(ctpu_trec *rec, const char *op, ctpu_cut_reason why);
 ctpu_status ctpu__defer_assign(ctpu_trec *dst, ctpu_tensor dst_h, ctpu_trec *src);
 /* A new handle for the same pending value (views of pending values). */
 ctpu_tensor ctpu__defer_alias_handle(ctpu_trec *rec, const char *op);
+
+/* What a capture's flush hands the compiled step (defer.c -> compiled.c),
+ * after the launch and before the live handles get their buffers. */
+typedef struct {
+    uint64_t program_id;
+    struct ctpu_program *prog;       /* the caller's reference (retain it to keep it) */
+    const ctpu_launch_plan *plan;
+    int n_rin;                       /* recorded inputs */
+    ctpu_buffer *const *rin_buf;
+    const size_t *rin_off;
+    const ctpu_vtype *rin_type;
+    int n_rscal;                     /* recorded scalars */
+    const double *rscal;
+    int nreq;                        /* live-out requests */
+    const ctpu_liveout_req *reqs;
+    ctpu_trec *const *rrec;
+    const uint64_t *rh;              /* [nreq] their handle ids */
+} ctpu_capture_sink;
+
+/* ------------------------------------------------------------ compiled steps (compiled.c) */
+/* The capture of this thread, or NULL (cheap: one load). */
+static inline struct ctpu_capture *ctpu__capturing(void)
+{
+    const ctpu_thread_state *s = ctpu__ts;
+    return s->cap && ctpu_ts_current() == s ? s->cap : NULL;
+}
+/* A graph break inside a capture (what: "host read of loss", "set_mode";
+ * why a ctpu_cut_reason). True: recorded, the call goes on as defer and
+ * fuse. False: the capture is fullgraph, the error is set; the caller fails. */
+bool ctpu__capture_break(int why, const char *what);
+/* defer.c: a trace cut during a capture (not the capture's own flush). */
+void ctpu__capture_cut(int why);
+/* defer.c: a recorded random node's scalars start at index s (n draws). */
+void ctpu__capture_note_rng(int s, uint64_t n);
+/* defer.c: handle h, made before the capture, was assigned in it. */
+void ctpu__capture_note_assign(uint64_t h);
+/* autograd.c: ctpu_zero_grad(leaf); backward made leaf's .grad g. */
+void ctpu__capture_note_zero_grad(uint64_t leaf);
+void ctpu__capture_note_grad(uint64_t leaf, uint64_t g);
+/* defer.c -> compiled.c: the capture's own flush launched; build the replay. */
+void ctpu__capture_sink(const ctpu_capture_sink *s);
+/* autograd.c: make g (a handle of no scope) leaf's .grad, releasing the old
+ * one. False if leaf is not a live leaf. */
+bool ctpu__ag_set_grad(ctpu_tensor leaf, ctpu_tensor g);
+/* defer.c: flush with a sink (the capture's own cut); abandon the trace
+ * (fullgraph break): assigned tensors keep their old values, the rest is
+ * poisoned. */
+ctpu_status ctpu__defer_flush_capture(void);
+void ctpu__defer_abandon(void);
+bool ctpu__defer_has_nodes(void);
+/* runtime.c at shutdown: free every compiled step's hold on the cache. */
+void ctpu__compiled_shutdown(ctpu_runtime *rt);
 
 /* ------------------------------------------------------------ reports (report.c) */
 /* A defer-and-fuse cut (defer.c, after the cache lookup): why is a

@@ -46,6 +46,8 @@
       "size that keeps them")                                                                                      \
     X(TORCH_TPU_PRICE_PLAN, PLAN, "`on_demand`",                                                                    \
       "the Cloud TPU price plan of the cost table: `on_demand`, `flex_start`, `1y`, `3y`")                         \
+    X(TORCH_COMPILE_DISABLE, BOOL, "0",                                                                             \
+      "`1`: every `ctpu_compiled_call` runs its step function in the current mode (PyTorch's switch, for debugging)") \
     X(CTPU_QUIET, BOOL, "0",                                                                                        \
       "`1`: no compile-cache summary line on stderr at shutdown (warnings about the environment stay)")            \
     X(CTPU_ISA, ISA, "best", "force a kernel variant: `scalar`, `avx2`, `avx512`")                                  \

@@ -44,6 +44,7 @@ static void ts_drop(ctpu_thread_state *s, const ctpu_runtime *rt)
     memset(&s->df, 0, sizeof s->df);
     ctpu__strict_front_free(s->strict_front, rt ? rt->strict_cache : NULL);
     s->strict_front = NULL;
+    s->cap = NULL;
     s->no_grad = 0;
     s->mode_override = -1;
     memset(&s->label, 0, sizeof s->label);
@@ -546,6 +547,7 @@ static bool read_env(ctpu_runtime *rt, char *err, size_t len)
         return false;
     }
     rt->quiet = ENV(CTPU_QUIET)->n == 1;
+    rt->compile_disable = ENV(TORCH_COMPILE_DISABLE)->n == 1;
 
     rt->price_plan = ENV(TORCH_TPU_PRICE_PLAN)->set ? (ctpu_price_plan)ENV(TORCH_TPU_PRICE_PLAN)->n
                                                  : CTPU_PRICE_ON_DEMAND;
@@ -587,6 +589,7 @@ static void runtime_free(ctpu_runtime *rt)
     ctpu_metrics_destroy(&rt->metrics);
     pthread_mutex_destroy(&rt->slot_mu);
     pthread_mutex_destroy(&rt->rng_mu);
+    pthread_mutex_destroy(&rt->compiled_mu);
     free(rt);
 }
 
@@ -607,6 +610,7 @@ ctpu_status ctpu_init(void)
     }
     pthread_mutex_init(&rt->slot_mu, NULL);
     pthread_mutex_init(&rt->rng_mu, NULL);
+    pthread_mutex_init(&rt->compiled_mu, NULL);
     ctpu_metrics_init(&rt->metrics);
     if (!read_env(rt, err, sizeof err)) {
         runtime_free(rt);
@@ -654,6 +658,7 @@ void ctpu_shutdown(void)
     if (!rt) { pthread_mutex_unlock(&init_mu); return; }
     ctpu__ts_drop_runtime();        /* this thread's unfinished trace, scopes, overrides */
     ctpu_device_wait(rt->dev, 0);
+    ctpu__compiled_shutdown(rt);    /* compiled steps let go of their programs and tensors */
     ctpu__report_shutdown(rt);      /* TORCH_TPU_METRICS_FILE / summary line, TORCH_TPU_TRACE_FILE */
     ctpu__tensors_shutdown(rt);
     ctpu_device_wait(rt->dev, 0);
@@ -685,6 +690,7 @@ ctpu_status ctpu_set_mode(ctpu_mode m)
         ctpu_set_error(CTPU_ERR_INVALID_ARG, "set_mode: mode %d is not a ctpu_mode", (int)m);
         return CTPU_ERR_INVALID_ARG;
     }
+    if (ctpu__capturing() && !ctpu__capture_break(CTPU_CUT_MODE, "set_mode")) return ctpu_last_status();
     ctpu__defer_flush(CTPU_CUT_MODE);
     ctpu_device_wait(ctpu_rt->dev, 0);
     ctpu_rt->mode = m;
@@ -704,6 +710,7 @@ ctpu_status ctpu_set_thread_mode(ctpu_mode m)
         ctpu_set_error(CTPU_ERR_OOM, "set_thread_mode: %s", ts_oom_msg);
         return CTPU_ERR_OOM;
     }
+    if (ctpu__capturing() && !ctpu__capture_break(CTPU_CUT_MODE, "set_thread_mode")) return ctpu_last_status();
     ctpu__defer_flush(CTPU_CUT_MODE);
     s->mode_override = (int)m;
     return CTPU_OK;
@@ -711,6 +718,7 @@ ctpu_status ctpu_set_thread_mode(ctpu_mode m)
 
 void ctpu_clear_thread_mode(void)
 {
+    if (ctpu__capturing() && !ctpu__capture_break(CTPU_CUT_MODE, "clear_thread_mode")) return;
     ctpu_thread_state *s = ctpu__ts;
     if (s != &ts_none) s->mode_override = -1;
 }

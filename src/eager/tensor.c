@@ -459,6 +459,12 @@ static ctpu_status to_host_impl(const char *op, ctpu_tensor t, void *dst, size_t
                        need, as_f32 ? "(as f32) " : "", ctpu_fmt_type(&r->type, tb, sizeof tb));
         return CTPU_ERR_INVALID_ARG;
     }
+    if (ctpu__capturing()) {           /* a host read inside a compiled step: a graph break */
+        char what[128];
+        const char *nm = ctpu_rec_name(r);
+        snprintf(what, sizeof what, "host read (%s) of %.48s", op, nm[0] ? nm : ctpu_fmt_type(&r->type, tb, sizeof tb));
+        if (!ctpu__capture_break(CTPU_CUT_HOST_READ, what)) return ctpu_last_status();
+    }
     ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_HOST_READS, 1);
     ctpu__report_host_read(bytes, ctpu_rec_name(r));   /* report.c: reads by call-site label */
     if (!ctpu__materialize(r, op, CTPU_CUT_HOST_READ)) return ctpu_last_status();

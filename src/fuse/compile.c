@@ -503,7 +503,7 @@ static bool emit_node(compile_ctx *cx, int i, ctpu_step *step)
     ctpu_step_data *sd = node_data(cx, i);
     if (!sd) return oom(cx);
     sd->out_slot = cx->slot_of[cx->nin + i];
-    ctpu_step_fn fn = ctpu_exec_fn_for(nd->op);
+    ctpu_dev_step_fn fn = ctpu_exec_fn_for(nd->op);
     bool bad = fn == NULL || sd->out_slot < 0;
     for (int q = 0; q < nd->n_in; q++) bad |= sd->in_slot[q] < 0;
     if (bad) {

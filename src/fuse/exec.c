@@ -1099,7 +1099,7 @@ static void exec_reduce_scatter(const void *d, ctpu_exec_ctx *ctx) { exec_collec
 /* ------------------------------------------------------------ the handler table
  * One kernel entry per op (tests/test_fuse.c checks that every op has one). */
 #define EW(e) [CTPU_OP_##e] = exec_elementwise
-static const ctpu_step_fn exec_fns[CTPU_OP_COUNT] = {
+static const ctpu_dev_step_fn exec_fns[CTPU_OP_COUNT] = {
     EW(NEG), EW(ABS), EW(EXP), EW(LOG), EW(SQRT), EW(RSQRT), EW(TANH), EW(SIGMOID), EW(RELU),
     EW(GELU_TANH), EW(GELU_ERF), EW(SOFTPLUS),
     EW(ERF), EW(SIN), EW(COS), EW(LOG1P), EW(EXPM1),
@@ -1145,4 +1145,4 @@ static const ctpu_step_fn exec_fns[CTPU_OP_COUNT] = {
 };
 #undef EW
 
-ctpu_step_fn ctpu_exec_fn_for(int op) { return op >= 0 && op < CTPU_OP_COUNT ? exec_fns[op] : NULL; }
+ctpu_dev_step_fn ctpu_exec_fn_for(int op) { return op >= 0 && op < CTPU_OP_COUNT ? exec_fns[op] : NULL; }

@@ -39,7 +39,7 @@ const float *ctpu_load_block(const void *base, int dt, const bcast_plan *p, int 
 void ctpu_from_f32(const float *src, int dt, void *dst, int64_t n);
 
 /* The kernel entry for an op, or NULL if the op has none (views). */
-ctpu_step_fn ctpu_exec_fn_for(int op);
+ctpu_dev_step_fn ctpu_exec_fn_for(int op);
 
 /* Runtime scalars are doubles; 64-bit integers (seeds, offsets) travel as
  * their bit patterns. */

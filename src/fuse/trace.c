@@ -152,6 +152,7 @@ int ctpu_trace_rec_inputs(const ctpu_trace_rec *r, ctpu_buffer *const **bufs, co
 }
 
 const double *ctpu_trace_rec_scalars(const ctpu_trace_rec *r) { return r->scal; }
+int ctpu_trace_rec_n_scalars(const ctpu_trace_rec *r) { return r->n_scal; }
 
 const ctpu_node *ctpu_trace_rec_node_at(const ctpu_trace_rec *r, int i, const double **scalars)
 {

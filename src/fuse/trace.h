@@ -34,6 +34,7 @@ int ctpu_trace_rec_inputs(const ctpu_trace_rec *r, ctpu_buffer *const **bufs, co
 const double *ctpu_trace_rec_scalars(const ctpu_trace_rec *r);
 /* Node i as recorded (its in[] are vrefs) and its runtime scalars. */
 const ctpu_node *ctpu_trace_rec_node_at(const ctpu_trace_rec *r, int i, const double **scalars);
+int ctpu_trace_rec_n_scalars(const ctpu_trace_rec *r);
 
 /* One live-out request: value v is wanted in a buffer; alias_buf (may be
  * NULL) is a buffer it should be written into in place (an assigned

@@ -1,0 +1,1156 @@
+/* Compiled steps (issue 17): the fourth TorchTPU mode, torch.compile's.
+ *
+ * Capture: the first call of a compiled step (and a call whose guards fail)
+ * runs fn with this thread in defer and fuse and a capture set (eager.h
+ * ctpu__capturing): no loop detection, every op recorded into one trace;
+ * the hooks note what a replay must redo (random draws, assigns to tensors
+ * made before the call, .grads backward made, zero_grads) and what breaks
+ * the graph (a host read, a mode change, a nested compiled call, any other
+ * cut). At fn's end the trace is flushed like any defer-and-fuse cut (the
+ * fused cache compiles or finds its program) with a sink: before the live
+ * handles get their buffers, the replay plan is built (ctpu__capture_sink):
+ * for each program input, whether it is in[i] (at an offset), a tensor made
+ * before the call (its handle, read at each replay: eager and compiled
+ * calls mix on the same tensors) or a buffer no handle owns (kept as a
+ * constant); for each runtime scalar, a constant, argument i (its value was
+ * scalars[i], bit for bit) or a random node's seed/offset; for each
+ * live-out, out[j], an assigned tensor (in place or rebound), or a leaf's
+ * new .grad. The program is held through a cache ref (it stays in the
+ * bounded LRU; an evicted one fails the guard and recaptures).
+ *
+ * Replay: the guards (the inputs' dtypes and exact shapes -- the
+ * dynamic-dims issue will widen the shape guard to ranges --, how the
+ * inputs share storage, the scalar count, precision and debug checks, each
+ * handle's liveness, in-place targets still unshared, .grad presence) and
+ * one command: no fn, no recording, no key. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "eager.h"
+#include "fuse/exec.h"
+
+#define COMPILED_MAGIC 0x6374707573746570ull   /* "ctpustep" */
+#define MAX_ARGS 4096
+
+enum { IN_USER, IN_OWNER, IN_CONST };
+typedef struct {
+    uint8_t kind;
+    int32_t idx;               /* IN_USER: in[idx] */
+    uint64_t owner;            /* IN_OWNER: the handle whose storage it is */
+    int64_t delta;             /* bytes from the handle's offset */
+    ctpu_buffer *buf;          /* IN_CONST: our ref */
+} in_src;
+
+enum { SC_CONST, SC_ARG, SC_SEED, SC_OFF };
+typedef struct {
+    uint8_t kind;
+    int32_t idx;               /* SC_ARG: scalars[idx]; SC_SEED/SC_OFF: random draw idx */
+    double v;                  /* SC_CONST */
+} sc_src;
+
+enum { RQ_NONE, RQ_OUT, RQ_INPLACE, RQ_REBIND, RQ_GRAD };
+typedef struct {
+    uint8_t kind;
+    int32_t out;               /* the program output it gets */
+    uint64_t h;                /* RQ_INPLACE / RQ_REBIND: the tensor; RQ_GRAD: the leaf */
+    ctpu_vtype type;
+} rq_t;
+
+typedef struct { int s; uint64_t n; } rng_note;
+
+/* One capture: a program and how a call binds to it. */
+typedef struct version {
+    struct version *next;
+    ctpu_program *prog;        /* our reference: an evicted program lives on for us */
+    uint64_t program_id;
+    int n_user, n_scalars, n_out_user;
+    ctpu_vtype *user_type;     /* [n_user] guard: dtype and exact shape */
+    int32_t *user_same;        /* [n_user] the first input sharing its storage at the capture */
+    uint8_t precision;
+    bool dbg;
+    int n_pin, n_pout, n_psc, nreq, n_rng, n_no_grad;
+    in_src *in;                /* [n_pin] */
+    sc_src *sc;                /* [n_psc] */
+    rq_t *rq;                  /* [nreq] */
+    int32_t *alias_req;        /* [n_pout] request written in place, or -1 */
+    int32_t *grad_rq;          /* [n_pout] the one RQ_GRAD request it feeds, or -1 */
+    size_t *out_bytes;         /* [n_pout] */
+    rng_note *rng;             /* [n_rng] */
+    uint64_t *no_grad_leaf;    /* [n_no_grad] guard: no .grad at the call's start */
+    int32_t *out_rq;           /* [n_out_user] request giving out[j], or -1 */
+    uint64_t *out_fixed;       /* [n_out_user] a handle made before the call fn returned, or 0 */
+    double *arg_val;           /* [n_scalars] scalars[i] at the capture */
+    bool *arg_conf;            /* [n_scalars] seen to follow scalars[i] across two captures */
+} version;
+
+struct ctpu_compiled {
+    uint64_t magic, epoch, id;
+    struct ctpu_compiled *next;    /* the runtime's list */
+    ctpu_step_fn fn;
+    void *ctx;
+    char name[64];
+    bool fullgraph;
+    bool broken;                   /* a graph break: every call runs as defer and fuse */
+    bool limited;                  /* past the recompile limit: every call runs fn in the current mode */
+    version *versions;
+    ctpu_compiled_info info;
+};
+
+typedef struct { uint64_t leaf, g; bool zeroed; } grad_note;
+
+struct ctpu_capture {
+    ctpu_compiled *c;
+    bool broken, refused, in_final;
+    char reason[192];
+    int n_in, n_scalars, n_out;
+    const double *scalars;
+    ctpu_tensor *out;
+    ctpu_trec *const *inrec;
+    rng_note *rng;
+    int n_rng, cap_rng;
+    uint64_t *assigned;
+    int n_assigned, cap_assigned;
+    uint64_t *zeroed;
+    int n_zeroed, cap_zeroed;
+    grad_note *grads;
+    int n_grads, cap_grads;
+    version *made;                 /* built by the sink */
+    char fail[192];                /* why the capture cannot be replayed (not a break) */
+};
+
+static bool push(void **arr, int *n, int *cap, size_t elem, const void *v)
+{
+    if (*n == *cap) {
+        int nc = *cap ? *cap * 2 : 16;
+        void *p = realloc(*arr, (size_t)nc * elem);
+        if (!p) return false;
+        *arr = p;
+        *cap = nc;
+    }
+    memcpy((char *)*arr + (size_t)*n * elem, v, elem);
+    (*n)++;
+    return true;
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* A handle's record if the handle is live (no error set). */
+static ctpu_trec *live_rec(uint64_t id)
+{
+    ctpu_tensor t = { id };
+    if (id == 0) return NULL;
+    uint32_t idx = ctpu_handle_slot(t);
+    if (idx >= atomic_load_explicit(&ctpu_rt->n_slots, memory_order_acquire)) return NULL;
+    ctpu_trec *r = ctpu_slot(idx);
+    if (!atomic_load_explicit(&r->live, memory_order_relaxed) ||
+        atomic_load_explicit(&r->gen, memory_order_relaxed) != ctpu_handle_gen(t))
+        return NULL;
+    return r;
+}
+
+static bool vtype_eq(const ctpu_vtype *a, const ctpu_vtype *b)
+{
+    if (a->dtype != b->dtype || a->ndim != b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return false;
+    return true;
+}
+
+static void version_free(version *v)
+{
+    if (!v) return;
+    if (v->prog) ctpu_cache_release(ctpu_rt->fused_cache, v->prog);
+    for (int k = 0; v->in && k < v->n_pin; k++)
+        if (v->in[k].kind == IN_CONST && v->in[k].buf) ctpu_buffer_release(ctpu_rt->dev, v->in[k].buf);
+    free(v->user_type);
+    free(v->user_same);
+    free(v->in);
+    free(v->sc);
+    free(v->rq);
+    free(v->alias_req);
+    free(v->grad_rq);
+    free(v->out_bytes);
+    free(v->rng);
+    free(v->no_grad_leaf);
+    free(v->out_rq);
+    free(v->out_fixed);
+    free(v->arg_val);
+    free(v->arg_conf);
+    free(v);
+}
+
+static void versions_free(ctpu_compiled *c)
+{
+    for (version *v = c->versions, *n; v; v = n) {
+        n = v->next;
+        version_free(v);
+    }
+    c->versions = NULL;
+}
+
+static const char *step_name(const ctpu_compiled *c) { return c->name; }
+
+/* ------------------------------------------------------------ capture hooks */
+static struct ctpu_capture *cap_now(void) { return ctpu__capturing(); }
+
+static int ops_recorded(void)
+{
+    const ctpu_thread_state *s = ctpu__ts;
+    return s->df.rec ? ctpu_trace_rec_nodes(s->df.rec) : 0;
+}
+
+bool ctpu__capture_break(int why, const char *what)
+{
+    (void)why;
+    struct ctpu_capture *cap = cap_now();
+    if (!cap || cap->in_final) return true;
+    const char *label = ctpu__ts->label.host_read;
+    char reason[192];
+    snprintf(reason, sizeof reason, "graph break at op %d%s%.48s%s: %.96s", ops_recorded(), label[0] ? " (" : "",
+             label, label[0] ? ")" : "", what);
+    if (cap->c->fullgraph) {
+        if (!cap->refused) snprintf(cap->reason, sizeof cap->reason, "%s", reason);
+        cap->refused = cap->broken = true;
+        ctpu_set_error(CTPU_ERR_STATE, "compiled step %s: fullgraph: %s", step_name(cap->c), reason);
+        return false;
+    }
+    if (!cap->broken) snprintf(cap->reason, sizeof cap->reason, "%s", reason);
+    cap->broken = true;
+    return true;
+}
+
+void ctpu__capture_cut(int why)
+{
+    static const char *const names[CTPU_CUT_COUNT] = { "mark_step", "host read", "sync", "loop", "trace length limit",
+                                                       "mode change", "collective" };
+    struct ctpu_capture *cap = cap_now();
+    if (!cap || cap->in_final || cap->broken) return;
+    char what[64];
+    snprintf(what, sizeof what, "a trace cut (%s)", why >= 0 && why < CTPU_CUT_COUNT ? names[why] : "?");
+    if (!ctpu__capture_break(why, what)) {
+        /* the cut happens anyway (it was not asked for: a limit, a collective) */
+        cap->broken = true;
+    }
+}
+
+void ctpu__capture_note_rng(int s, uint64_t n)
+{
+    struct ctpu_capture *cap = cap_now();
+    rng_note r = { s, n };
+    if (cap && !push((void **)&cap->rng, &cap->n_rng, &cap->cap_rng, sizeof r, &r))
+        snprintf(cap->fail, sizeof cap->fail, "out of host memory");
+}
+
+void ctpu__capture_note_assign(uint64_t h)
+{
+    struct ctpu_capture *cap = cap_now();
+    if (cap && !push((void **)&cap->assigned, &cap->n_assigned, &cap->cap_assigned, sizeof h, &h))
+        snprintf(cap->fail, sizeof cap->fail, "out of host memory");
+}
+
+void ctpu__capture_note_zero_grad(uint64_t leaf)
+{
+    struct ctpu_capture *cap = cap_now();
+    if (cap && !push((void **)&cap->zeroed, &cap->n_zeroed, &cap->cap_zeroed, sizeof leaf, &leaf))
+        snprintf(cap->fail, sizeof cap->fail, "out of host memory");
+}
+
+void ctpu__capture_note_grad(uint64_t leaf, uint64_t g)
+{
+    struct ctpu_capture *cap = cap_now();
+    if (!cap) return;
+    grad_note n = { leaf, g, false };
+    for (int i = 0; i < cap->n_zeroed; i++) n.zeroed |= cap->zeroed[i] == leaf;
+    if (!push((void **)&cap->grads, &cap->n_grads, &cap->cap_grads, sizeof n, &n))
+        snprintf(cap->fail, sizeof cap->fail, "out of host memory");
+}
+
+/* ------------------------------------------------------------ the sink: building a version */
+typedef struct {
+    struct ctpu_capture *cap;
+    const ctpu_capture_sink *s;
+    version *v;
+    in_src *rsrc;                  /* [n_rin] per recorded input */
+    bool *resolved;
+} build_ctx;
+
+static bool contains(const uint64_t *a, int n, uint64_t x)
+{
+    for (int i = 0; i < n; i++)
+        if (a[i] == x) return true;
+    return false;
+}
+
+/* Each recorded input: in[i], an assigned tensor's own storage, or (one
+ * pass over the handle table) a tensor made before the call; else a
+ * constant buffer. */
+static void classify_inputs(build_ctx *b)
+{
+    const ctpu_capture_sink *s = b->s;
+    struct ctpu_capture *cap = b->cap;
+    int unresolved = 0;
+    for (int r = 0; r < s->n_rin; r++) {
+        in_src *x = &b->rsrc[r];
+        for (int i = 0; i < cap->n_in && !b->resolved[r]; i++)
+            if (cap->inrec[i]->buf == s->rin_buf[r]) {
+                *x = (in_src){ .kind = IN_USER, .idx = i,
+                               .delta = (int64_t)s->rin_off[r] - (int64_t)cap->inrec[i]->off };
+                b->resolved[r] = true;
+            }
+        for (int q = 0; q < s->nreq && !b->resolved[r]; q++)
+            if (s->reqs[q].alias_buf == s->rin_buf[r]) {
+                *x = (in_src){ .kind = IN_OWNER, .owner = s->rh[q],
+                               .delta = (int64_t)s->rin_off[r] - (int64_t)s->rrec[q]->off };
+                b->resolved[r] = true;
+            }
+        unresolved += !b->resolved[r];
+    }
+    if (unresolved) {
+        uint32_t n = atomic_load_explicit(&ctpu_rt->n_slots, memory_order_acquire);
+        for (uint32_t idx = 0; idx < n && unresolved; idx++) {
+            ctpu_trec *rec = ctpu_slot(idx);
+            if (!atomic_load_explicit(&rec->live, memory_order_relaxed) || ctpu_rec_pending(rec) || !rec->buf) continue;
+            uint64_t id = ((uint64_t)atomic_load_explicit(&rec->gen, memory_order_relaxed) << 32) | (idx + 1);
+            for (int r = 0; r < s->n_rin; r++) {
+                if (b->resolved[r] || s->rin_buf[r] != rec->buf) continue;
+                b->rsrc[r] = (in_src){ .kind = IN_OWNER, .owner = id,
+                                       .delta = (int64_t)s->rin_off[r] - (int64_t)rec->off };
+                b->resolved[r] = true;
+                unresolved--;
+            }
+        }
+    }
+    for (int r = 0; r < s->n_rin; r++) {
+        if (b->resolved[r]) continue;
+        ctpu_buffer_retain(s->rin_buf[r]);
+        b->rsrc[r] = (in_src){ .kind = IN_CONST, .buf = s->rin_buf[r], .delta = (int64_t)s->rin_off[r] };
+    }
+}
+
+static sc_src classify_scalar(const struct ctpu_capture *cap, int r, double val)
+{
+    for (int k = 0; k < cap->n_rng; k++) {
+        if (r == cap->rng[k].s) return (sc_src){ .kind = SC_SEED, .idx = k };
+        if (r == cap->rng[k].s + 1) return (sc_src){ .kind = SC_OFF, .idx = k };
+    }
+    uint64_t bits = ctpu_scalar_bits(val);
+    for (int i = 0; i < cap->n_scalars; i++)
+        if (ctpu_scalar_bits(cap->scalars[i]) == bits) return (sc_src){ .kind = SC_ARG, .idx = i, .v = val };
+    return (sc_src){ .kind = SC_CONST, .v = val };
+}
+
+/* Each live-out request: out[j], an assigned tensor made before the call
+ * (in place or rebound), or a leaf's new .grad. False (cap->fail says why)
+ * for anything else: a tensor made in the step that outlives it. */
+static bool classify_requests(build_ctx *b)
+{
+    const ctpu_capture_sink *s = b->s;
+    struct ctpu_capture *cap = b->cap;
+    version *v = b->v;
+    for (int q = 0; q < s->nreq; q++) {
+        rq_t *x = &v->rq[q];
+        int o = s->plan->req_out[q];
+        *x = (rq_t){ .kind = RQ_NONE, .out = o, .type = s->rrec[q]->type };
+        if (o < 0) continue;
+        uint64_t h = s->rh[q];
+        for (int j = 0; j < cap->n_out; j++)
+            if (cap->out[j].id == h) { v->out_rq[j] = q; x->kind = RQ_OUT; }
+        if (x->kind == RQ_OUT) continue;
+        for (int g = 0; g < cap->n_grads && x->kind == RQ_NONE; g++) {
+            if (cap->grads[g].g != h) continue;
+            x->kind = RQ_GRAD;
+            x->h = cap->grads[g].leaf;
+            if (!cap->grads[g].zeroed) v->no_grad_leaf[v->n_no_grad++] = cap->grads[g].leaf;
+        }
+        if (x->kind != RQ_NONE) continue;
+        if (contains(cap->assigned, cap->n_assigned, h)) {
+            x->kind = s->plan->alias_req[o] == q ? RQ_INPLACE : RQ_REBIND;
+            x->h = h;
+            continue;
+        }
+        const char *nm = ctpu_rec_name(s->rrec[q]);
+        char tb[96];
+        snprintf(cap->fail, sizeof cap->fail, "a tensor made in the step outlives it and is not an output: %s%s%s (made by %s)",
+                 nm, nm[0] ? " " : "", ctpu_fmt_type(&x->type, tb, sizeof tb),
+                 s->rrec[q]->made_by ? s->rrec[q]->made_by : "?");
+        return false;
+    }
+    return true;
+}
+
+/* An in-place target must be the tensor itself, never in[i]'s storage. */
+static bool check_inplace(build_ctx *b)
+{
+    version *v = b->v;
+    for (int k = 0; k < v->n_pin; k++)
+        for (int q = 0; q < v->nreq; q++) {
+            if (v->rq[q].kind != RQ_INPLACE || b->s->reqs[q].alias_buf != b->s->rin_buf[b->s->plan->in_src[k]]) continue;
+            if (v->in[k].kind != IN_OWNER) {
+                snprintf(b->cap->fail, sizeof b->cap->fail, "in[%d]'s storage is assigned by the step", v->in[k].idx);
+                return false;
+            }
+            v->in[k].owner = v->rq[q].h;
+        }
+    return true;
+}
+
+static bool version_alloc(version *v, const ctpu_capture_sink *s, const struct ctpu_capture *cap)
+{
+    const ctpu_launch_plan *pl = s->plan;
+    v->n_user = cap->n_in;
+    v->n_scalars = cap->n_scalars;
+    v->n_out_user = cap->n_out;
+    v->n_pin = pl->n_in;
+    v->n_pout = pl->n_out;
+    v->n_psc = pl->n_scal;
+    v->nreq = s->nreq;
+    v->n_rng = cap->n_rng;
+    v->user_type = malloc(sizeof *v->user_type * ((size_t)v->n_user + 1));
+    v->user_same = malloc(sizeof *v->user_same * ((size_t)v->n_user + 1));
+    v->in = calloc((size_t)v->n_pin + 1, sizeof *v->in);
+    v->sc = calloc((size_t)v->n_psc + 1, sizeof *v->sc);
+    v->rq = calloc((size_t)v->nreq + 1, sizeof *v->rq);
+    v->alias_req = malloc(sizeof *v->alias_req * ((size_t)v->n_pout + 1));
+    v->grad_rq = malloc(sizeof *v->grad_rq * ((size_t)v->n_pout + 1));
+    v->out_bytes = malloc(sizeof *v->out_bytes * ((size_t)v->n_pout + 1));
+    v->rng = malloc(sizeof *v->rng * ((size_t)v->n_rng + 1));
+    v->no_grad_leaf = malloc(sizeof *v->no_grad_leaf * ((size_t)cap->n_grads + 1));
+    v->out_rq = malloc(sizeof *v->out_rq * ((size_t)v->n_out_user + 1));
+    v->out_fixed = calloc((size_t)v->n_out_user + 1, sizeof *v->out_fixed);
+    v->arg_val = malloc(sizeof *v->arg_val * ((size_t)v->n_scalars + 1));
+    v->arg_conf = calloc((size_t)v->n_scalars + 1, sizeof *v->arg_conf);
+    return v->user_type && v->user_same && v->in && v->sc && v->rq && v->alias_req && v->grad_rq && v->out_bytes &&
+           v->rng && v->no_grad_leaf && v->out_rq && v->out_fixed && v->arg_val && v->arg_conf;
+}
+
+/* The guards' facts and the plan's copies. */
+static void version_fill(version *v, const ctpu_capture_sink *s, const struct ctpu_capture *cap)
+{
+    const ctpu_launch_plan *pl = s->plan;
+    for (int i = 0; i < v->n_user; i++) {
+        v->user_type[i] = cap->inrec[i]->type;
+        v->user_same[i] = i;
+        for (int j = 0; j < i; j++)
+            if (cap->inrec[j]->buf == cap->inrec[i]->buf) { v->user_same[i] = j; break; }
+    }
+    v->precision = (uint8_t)ctpu_rt->precision;
+    v->dbg = ctpu_debug_checks_now();   /* in the capture's defer and fuse: the runtime's setting, as dbg_now() */
+    for (int o = 0; o < v->n_pout; o++) {
+        v->alias_req[o] = pl->alias_req[o];
+        v->out_bytes[o] = pl->out_bytes[o];
+        v->grad_rq[o] = -1;
+    }
+    memcpy(v->rng, cap->rng, sizeof *v->rng * (size_t)v->n_rng);
+    for (int i = 0; i < v->n_scalars; i++) v->arg_val[i] = cap->scalars[i];
+    for (int j = 0; j < v->n_out_user; j++) {
+        v->out_rq[j] = -1;
+        ctpu_trec *r = live_rec(cap->out[j].id);
+        if (r && !ctpu_rec_pending(r)) v->out_fixed[j] = cap->out[j].id;   /* fn returned a tensor made before */
+    }
+}
+
+/* Outputs that feed exactly one new .grad may reuse the old .grad's storage. */
+static void map_grads(version *v)
+{
+    for (int o = 0; o < v->n_pout; o++) {
+        int n = 0, g = -1;
+        for (int q = 0; q < v->nreq; q++)
+            if (v->rq[q].out == o && v->rq[q].kind != RQ_NONE) {
+                n++;
+                if (v->rq[q].kind == RQ_GRAD) g = q;
+            }
+        v->grad_rq[o] = n == 1 ? g : -1;
+    }
+}
+
+void ctpu__capture_sink(const ctpu_capture_sink *s)
+{
+    struct ctpu_capture *cap = ctpu__ts->cap;
+    if (!cap || cap->fail[0]) return;
+    version *v = calloc(1, sizeof *v);
+    build_ctx b = { .cap = cap, .s = s, .v = v };
+    b.rsrc = calloc((size_t)s->n_rin + 1, sizeof *b.rsrc);
+    b.resolved = calloc((size_t)s->n_rin + 1, 1);
+    bool ok = v && b.rsrc && b.resolved && version_alloc(v, s, cap);
+    if (!ok) snprintf(cap->fail, sizeof cap->fail, "out of host memory");
+    if (ok) {
+        v->program_id = s->program_id;
+        version_fill(v, s, cap);
+        classify_inputs(&b);
+        for (int k = 0; k < v->n_pin; k++) {
+            v->in[k] = b.rsrc[s->plan->in_src[k]];
+            if (v->in[k].kind == IN_CONST) ctpu_buffer_retain(v->in[k].buf);   /* one ref per program input */
+        }
+        for (int r = 0; r < s->n_rin; r++)
+            if (b.rsrc[r].kind == IN_CONST) ctpu_buffer_release(ctpu_rt->dev, b.rsrc[r].buf);
+        for (int i = 0; i < v->n_psc; i++) {
+            int r = s->plan->scal_src[i];
+            v->sc[i] = classify_scalar(cap, r, s->rscal[r]);
+        }
+        ok = classify_requests(&b) && check_inplace(&b);
+    }
+    if (ok) {
+        map_grads(v);
+        ctpu_program_retain(s->prog);
+        v->prog = s->prog;
+    }
+    free(b.rsrc);
+    free(b.resolved);
+    if (!ok) {
+        version_free(v);
+        return;
+    }
+    cap->made = v;
+}
+
+/* ------------------------------------------------------------ guards */
+static void describe_type_change(int i, const ctpu_vtype *was, const ctpu_vtype *now, const ctpu_trec *r, char *why,
+                                 size_t len)
+{
+    const char *nm = ctpu_rec_name(r);
+    char nb[80] = "";
+    if (nm[0]) snprintf(nb, sizeof nb, " (%.64s)", nm);
+    if (was->dtype != now->dtype) {
+        snprintf(why, len, "input %d%s dtype: %s -> %s", i, nb, ctpu_dtype_name((ctpu_dtype)was->dtype),
+                 ctpu_dtype_name((ctpu_dtype)now->dtype));
+        return;
+    }
+    if (was->ndim != now->ndim) {
+        snprintf(why, len, "input %d%s ndim: %d -> %d", i, nb, was->ndim, now->ndim);
+        return;
+    }
+    for (int d = 0; d < was->ndim; d++)
+        if (was->shape[d] != now->shape[d]) {
+            snprintf(why, len, "input %d%s dim %d: %lld -> %lld", i, nb, d, (long long)was->shape[d],
+                     (long long)now->shape[d]);
+            return;
+        }
+}
+
+/* The tensors a version reads and writes through handles still fit it.
+ * False with the reason (the cache report's diff format). */
+static bool guards_hold(const version *v, int n_in, ctpu_trec *const *inrec, int n_scalars, int n_out, char *why,
+                        size_t len)
+{
+    if (n_in != v->n_user || n_scalars != v->n_scalars || n_out != v->n_out_user) {
+        snprintf(why, len, "%s: %d -> %d", n_in != v->n_user ? "n_in" : n_scalars != v->n_scalars ? "n_scalars" : "n_out",
+                 n_in != v->n_user ? v->n_user : n_scalars != v->n_scalars ? v->n_scalars : v->n_out_user,
+                 n_in != v->n_user ? n_in : n_scalars != v->n_scalars ? n_scalars : n_out);
+        return false;
+    }
+    for (int i = 0; i < n_in; i++) {
+        if (!vtype_eq(&v->user_type[i], &inrec[i]->type)) {
+            describe_type_change(i, &v->user_type[i], &inrec[i]->type, inrec[i], why, len);
+            return false;
+        }
+        int same = i;
+        for (int j = 0; j < i; j++)
+            if (inrec[j]->buf == inrec[i]->buf) { same = j; break; }
+        if (same != v->user_same[i]) {
+            snprintf(why, len, "input %d: shares storage with input %d, was %d", i, same, v->user_same[i]);
+            return false;
+        }
+    }
+    if (v->precision != (uint8_t)ctpu_rt->precision || v->dbg != ctpu_rt->debug_checks) {
+        snprintf(why, len, "%s changed", v->dbg != ctpu_rt->debug_checks ? "debug checks" : "matmul precision");
+        return false;
+    }
+    for (int k = 0; k < v->n_pin; k++) {
+        if (v->in[k].kind != IN_OWNER) continue;
+        ctpu_trec *r = live_rec(v->in[k].owner);
+        if (!r || ctpu_rec_pending(r) || !r->buf) {
+            snprintf(why, len, "a tensor the step reads (program input %d) was released or is pending elsewhere", k);
+            return false;
+        }
+    }
+    for (int q = 0; q < v->nreq; q++) {
+        if (v->rq[q].kind != RQ_INPLACE && v->rq[q].kind != RQ_REBIND) continue;
+        ctpu_trec *r = live_rec(v->rq[q].h);
+        if (!r || ctpu_rec_pending(r) || !r->buf) {
+            snprintf(why, len, "a tensor the step assigns was released or is pending elsewhere");
+            return false;
+        }
+        if (v->rq[q].kind != RQ_INPLACE) continue;
+        if (atomic_load(&r->buf->handle_refs) != 1) {
+            const char *nm = ctpu_rec_name(r);
+            snprintf(why, len, "tensor %.64s%sassigned in place shares its storage now", nm, nm[0] ? " " : "");
+            return false;
+        }
+        for (int i = 0; i < n_in; i++)
+            if (inrec[i]->buf == r->buf) {
+                snprintf(why, len, "input %d is the storage of a tensor the step assigns in place", i);
+                return false;
+            }
+    }
+    for (int i = 0; i < v->n_no_grad; i++) {
+        ctpu_tensor leaf = { v->no_grad_leaf[i] };
+        if (!ctpu_is_valid(leaf)) {
+            snprintf(why, len, "a leaf whose .grad the step makes was released");
+            return false;
+        }
+        if (!ctpu_is_null(ctpu_grad(leaf))) {
+            const char *nm = ctpu_name(leaf);
+            snprintf(why, len, "leaf %.64s%shas a .grad now, none at the capture (backward would accumulate)",
+                     nm ? nm : "", nm && nm[0] ? " " : "");
+            return false;
+        }
+    }
+    return true;
+}
+
+/* ------------------------------------------------------------ replay */
+typedef struct {
+    const version *v;
+    ctpu_trec *const *inrec;
+    ctpu_buffer **outb;
+    size_t *outo;
+    bool *reused;
+    ctpu_buffer *scratch;
+    ctpu_cmd cmd;
+    char err[256];
+} replay_ctx;
+
+static void replay_unwind(replay_ctx *x)
+{
+    for (int o = 0; o < x->v->n_pout; o++)
+        if (x->outb[o]) ctpu_buffer_release(ctpu_rt->dev, x->outb[o]);
+    if (x->scratch) ctpu_buffer_release(ctpu_rt->dev, x->scratch);
+    ctpu_cmd *cmd = &x->cmd;
+    if (cmd->buf && cmd->buf != cmd->buf_inl) { free(cmd->buf); free(cmd->off); }
+    if (cmd->scalars && cmd->scalars != cmd->scal_inl) free(cmd->scalars);
+}
+
+/* Output buffers: an assigned tensor's own, the old .grad's (nothing else
+ * holds it), or fresh. */
+static bool replay_outputs(replay_ctx *x, const ctpu_program *prog)
+{
+    const version *v = x->v;
+    for (int o = 0; o < v->n_pout; o++) {
+        int q = v->alias_req[o];
+        if (q >= 0) {
+            ctpu_trec *r = live_rec(v->rq[q].h);
+            x->outb[o] = r->buf;
+            x->outo[o] = r->off;
+            ctpu_buffer_retain(r->buf);
+            continue;
+        }
+        if (v->grad_rq[o] >= 0) {
+            ctpu_tensor g = ctpu_grad((ctpu_tensor){ v->rq[v->grad_rq[o]].h });
+            ctpu_trec *gr = ctpu_is_null(g) ? NULL : live_rec(g.id);
+            if (gr && !ctpu_rec_pending(gr) && gr->buf && atomic_load(&gr->buf->handle_refs) == 1 &&
+                vtype_eq(&gr->type, &v->rq[v->grad_rq[o]].type)) {
+                x->outb[o] = gr->buf;
+                x->outo[o] = gr->off;
+                x->reused[o] = true;
+                ctpu_buffer_retain(gr->buf);
+                continue;
+            }
+        }
+        x->outo[o] = 0;
+        x->outb[o] = ctpu_buffer_alloc(ctpu_rt->dev, v->out_bytes[o], x->err, sizeof x->err);
+        if (!x->outb[o]) return false;
+    }
+    if (prog->prog.n_virtual > 0) {
+        x->scratch = ctpu_buffer_alloc(ctpu_rt->dev, prog->prog.scratch_bytes, x->err, sizeof x->err);
+        if (!x->scratch) return false;
+    }
+    return true;
+}
+
+static bool replay_cmd(replay_ctx *x, const ctpu_program *prog, const double *scalars)
+{
+    const version *v = x->v;
+    ctpu_cmd *cmd = &x->cmd;
+    int nb = v->n_pin + v->n_pout + (x->scratch ? 1 : 0);
+    cmd->prog = &prog->prog;
+    cmd->n_bufs = nb;
+    cmd->buf = nb <= CTPU_CMD_INLINE_BUFS ? cmd->buf_inl : malloc(sizeof(ctpu_buffer *) * (size_t)nb);
+    cmd->off = nb <= CTPU_CMD_INLINE_BUFS ? cmd->off_inl : malloc(sizeof(size_t) * (size_t)nb);
+    cmd->scalars = v->n_psc <= CTPU_CMD_MAX_SCALARS ? cmd->scal_inl : malloc(sizeof(double) * (size_t)v->n_psc);
+    if (!cmd->buf || !cmd->off || !cmd->scalars) {
+        snprintf(x->err, sizeof x->err, "out of host memory");
+        return false;
+    }
+    for (int k = 0; k < v->n_pin; k++) {
+        const in_src *s = &v->in[k];
+        const ctpu_trec *r = s->kind == IN_USER ? x->inrec[s->idx] : s->kind == IN_OWNER ? live_rec(s->owner) : NULL;
+        cmd->buf[k] = r ? r->buf : s->buf;
+        cmd->off[k] = (size_t)((int64_t)(r ? r->off : 0) + s->delta);
+    }
+    for (int o = 0; o < v->n_pout; o++) {
+        cmd->buf[v->n_pin + o] = x->outb[o];
+        cmd->off[v->n_pin + o] = x->outo[o];
+    }
+    if (x->scratch) { cmd->buf[nb - 1] = x->scratch; cmd->off[nb - 1] = 0; }
+    uint64_t seed_inl[8], off_inl[8];
+    uint64_t *seed = v->n_rng <= 8 ? seed_inl : malloc(sizeof *seed * (size_t)v->n_rng);
+    uint64_t *off = v->n_rng <= 8 ? off_inl : malloc(sizeof *off * (size_t)v->n_rng);
+    if (!seed || !off) {
+        if (seed != seed_inl) free(seed);
+        if (off != off_inl) free(off);
+        snprintf(x->err, sizeof x->err, "out of host memory");
+        return false;
+    }
+    for (int k = 0; k < v->n_rng; k++) ctpu__rng_take(v->rng[k].n, &seed[k], &off[k]);   /* as fn would, in order */
+    for (int i = 0; i < v->n_psc; i++) {
+        const sc_src *s = &v->sc[i];
+        cmd->scalars[i] = s->kind == SC_CONST ? s->v
+                        : s->kind == SC_ARG   ? scalars[s->idx]
+                        : s->kind == SC_SEED  ? ctpu_bits_scalar(seed[s->idx])
+                                              : ctpu_bits_scalar(off[s->idx]);
+    }
+    if (seed != seed_inl) free(seed);
+    if (off != off_inl) free(off);
+    cmd->debug_checks = v->dbg;
+    cmd->program_id = v->program_id;
+    return true;
+}
+
+/* After the launch: out[j] handles, rebound tensors, new .grads. */
+static void replay_publish(replay_ctx *x, ctpu_tensor *out)
+{
+    const version *v = x->v;
+    ctpu_device *dev = ctpu_rt->dev;
+    for (int q = 0; q < v->nreq; q++) {
+        const rq_t *r = &v->rq[q];
+        if (r->kind == RQ_NONE || r->kind == RQ_INPLACE || r->kind == RQ_OUT) continue;
+        ctpu_buffer *b = x->outb[r->out];
+        size_t bo = x->outo[r->out];
+        if (r->kind == RQ_REBIND) {
+            ctpu_trec *t = live_rec(r->h);
+            if (t->buf == b) continue;
+            ctpu_buffer_retain(b);
+            atomic_fetch_add(&b->handle_refs, 1);
+            atomic_fetch_sub(&t->buf->handle_refs, 1);
+            ctpu_buffer_release(dev, t->buf);
+            t->buf = b;
+            t->off = bo;
+            continue;
+        }
+        if (x->reused[r->out]) continue;       /* RQ_GRAD written into the old .grad */
+        ctpu_buffer_retain(b);
+        ctpu_tensor g = ctpu_handle_new(&r->type, b, bo, "compiled_call");
+        if (!ctpu_is_null(g) && !ctpu__ag_set_grad((ctpu_tensor){ r->h }, g)) ctpu_release(g);
+    }
+    for (int j = 0; j < v->n_out_user; j++) {
+        out[j] = (ctpu_tensor){ v->out_fixed[j] };
+        int q = v->out_rq[j];
+        if (q < 0) continue;
+        int first = j;
+        for (int i = 0; i < j; i++)
+            if (v->out_rq[i] == q) { first = i; break; }
+        if (first != j) { out[j] = out[first]; continue; }
+        ctpu_buffer *b = x->outb[v->rq[q].out];
+        ctpu_buffer_retain(b);
+        out[j] = ctpu_handle_new(&v->rq[q].type, b, x->outo[v->rq[q].out], "compiled_call");
+    }
+}
+
+/* One launch of a version's program (held by the version: an evicted one
+ * still runs, freed after its holder lets go and its last command ran). */
+static ctpu_status replay(const version *v, ctpu_trec *const *inrec, const double *scalars, ctpu_tensor *out)
+{
+    ctpu_runtime *rt = ctpu_rt;
+    ctpu_program *prog = v->prog;
+    ctpu_buffer *outb_inl[16];
+    size_t outo_inl[16];
+    bool reused_inl[16];
+    bool heap = v->n_pout > 16;
+    replay_ctx x = { .v = v, .inrec = inrec };
+    x.outb = heap ? calloc((size_t)v->n_pout, sizeof *x.outb) : outb_inl;
+    x.outo = heap ? calloc((size_t)v->n_pout, sizeof *x.outo) : outo_inl;
+    x.reused = heap ? calloc((size_t)v->n_pout, sizeof *x.reused) : reused_inl;
+    if (!heap) {
+        memset(outb_inl, 0, sizeof outb_inl);
+        memset(reused_inl, 0, sizeof reused_inl);
+    }
+    ctpu_status st = CTPU_OK;
+    if (!x.outb || !x.outo || !x.reused) {
+        snprintf(x.err, sizeof x.err, "out of host memory");
+        st = CTPU_ERR_OOM;
+    } else if (!replay_outputs(&x, prog) || !replay_cmd(&x, prog, scalars)) {
+        st = CTPU_ERR_OOM;
+        replay_unwind(&x);
+    }
+    if (st == CTPU_OK) {
+        uint64_t seq = ctpu_device_submit(rt->dev, &x.cmd);   /* the command owns heap arrays now */
+        ctpu_program_note_submit(prog, seq);
+        ctpu_metrics *m = &rt->metrics;
+        ctpu_counter_add(m, CTPU_CTR_PROGRAMS_LAUNCHED, 1);
+        ctpu_counter_add(m, CTPU_CTR_FUSED_STEPS, prog->prog.n_steps);
+        ctpu_counter_add(m, CTPU_CTR_CACHE_REQUESTS, 1);
+        ctpu_counter_add(m, CTPU_CTR_FUSED_CACHE_REQUESTS, 1);
+        ctpu_counter_add(m, CTPU_CTR_CACHE_HITS, 1);
+        ctpu_counter_add(m, CTPU_CTR_FUSED_CACHE_HITS, 1);
+        replay_publish(&x, out);
+        for (int o = 0; o < v->n_pout; o++) ctpu_buffer_release(rt->dev, x.outb[o]);
+        if (x.scratch) ctpu_buffer_release(rt->dev, x.scratch);
+    } else {
+        ctpu_set_error(st, "compiled_call: program %llu: %s", (unsigned long long)v->program_id, x.err);
+    }
+    if (heap) { free(x.outb); free(x.outo); free(x.reused); }
+    return st;
+}
+
+/* ------------------------------------------------------------ running fn */
+/* out[j]: kept into the caller's scope; detached when it requires grad (a
+ * replay's outputs have no tape: the step's backward is inside fn). */
+static void finish_outputs(ctpu_tensor *out, int n_out)
+{
+    for (int j = 0; j < n_out; j++) {
+        if (ctpu_is_null(out[j]) || !ctpu_is_valid(out[j])) { out[j] = CTPU_NULL; continue; }
+        if (ctpu_requires_grad(out[j])) out[j] = ctpu_detach(out[j]);
+        for (int i = 0; i < j; i++)
+            if (out[i].id == out[j].id) goto kept;
+        ctpu_keep(out[j]);
+    kept:;
+    }
+}
+
+/* fn in its own scope (the current mode, or mode >= 0 for the call). */
+static ctpu_status run_fn(ctpu_compiled *c, const ctpu_tensor *in, const double *scalars, int n_out, ctpu_tensor *out)
+{
+    for (int j = 0; j < n_out; j++) out[j] = CTPU_NULL;
+    ctpu_status st = ctpu_scope_begin();
+    if (st != CTPU_OK) return st;
+    st = c->fn(c->ctx, in, scalars, out);
+    if (st == CTPU_OK) finish_outputs(out, n_out);
+    ctpu_status se = ctpu_scope_end();
+    if (st != CTPU_OK) for (int j = 0; j < n_out; j++) out[j] = CTPU_NULL;
+    return st != CTPU_OK ? st : se;
+}
+
+/* A call as defer and fuse (a step that broke its graph): fn recorded, cut
+ * where it reads the host, flushed at its end. */
+static ctpu_status run_deferred(ctpu_compiled *c, const ctpu_tensor *in, const double *scalars, int n_out,
+                                ctpu_tensor *out)
+{
+    ctpu_thread_state *ts = ctpu__ts;
+    int saved = ts->mode_override;
+    ts->mode_override = CTPU_MODE_DEFER_FUSE;
+    ctpu_status st = run_fn(c, in, scalars, n_out, out);
+    ctpu_status fs = ctpu__defer_flush(CTPU_CUT_MARK_STEP);
+    ts->mode_override = saved;
+    return st != CTPU_OK ? st : fs;
+}
+
+static void capture_free(struct ctpu_capture *cap)
+{
+    free(cap->rng);
+    free(cap->assigned);
+    free(cap->zeroed);
+    free(cap->grads);
+}
+
+static void note_reason(ctpu_compiled *c, const char *what, const char *reason)
+{
+    size_t n = strlen(what) < sizeof c->info.last_reason ? strlen(what) : 0;
+    memcpy(c->info.last_reason, what, n);
+    snprintf(c->info.last_reason + n, sizeof c->info.last_reason - n, "%.*s", (int)(sizeof c->info.last_reason - n - 1),
+             reason);
+}
+
+/* Capture: fn with the thread in defer and fuse, one trace, compiled whole. */
+static ctpu_status run_capture(ctpu_compiled *c, int n_in, const ctpu_tensor *in, ctpu_trec *const *inrec, int n_scalars,
+                               const double *scalars, int n_out, ctpu_tensor *out)
+{
+    ctpu_thread_state *ts = ctpu__ts;
+    struct ctpu_capture cap = { .c = c, .n_in = n_in, .n_scalars = n_scalars, .n_out = n_out, .scalars = scalars,
+                                .out = out, .inrec = inrec };
+    int saved = ts->mode_override;
+    ts->mode_override = CTPU_MODE_DEFER_FUSE;
+    ts->cap = &cap;
+    ctpu_status st = run_fn(c, in, scalars, n_out, out);
+    cap.in_final = true;
+    if (cap.refused) {
+        /* fullgraph: nothing ran; assigned tensors keep their values */
+        char msg[sizeof ts->err_msg];
+        snprintf(msg, sizeof msg, "%s", ctpu_last_error());
+        ctpu__defer_abandon();
+        for (int j = 0; j < n_out; j++) {
+            if (ctpu_is_valid(out[j])) ctpu_release(out[j]);
+            out[j] = CTPU_NULL;
+        }
+        ctpu_set_error(CTPU_ERR_STATE, "compiled step %s: fullgraph: %s", step_name(c), cap.reason);
+        (void)msg;
+        st = CTPU_ERR_STATE;
+    } else if (st != CTPU_OK || cap.broken) {
+        ctpu_status fs = ctpu__defer_flush(CTPU_CUT_MARK_STEP);
+        if (st == CTPU_OK) st = fs;
+    } else {
+        st = ctpu__defer_flush_capture();
+    }
+    ts->cap = NULL;
+    ts->mode_override = saved;
+    c->info.captures++;
+    if (cap.broken) {
+        c->broken = true;
+        c->info.graph_breaks++;
+        note_reason(c, "", cap.reason);
+    }
+    if (st == CTPU_OK && cap.made && !cap.fail[0] && !cap.broken) {
+        cap.made->next = c->versions;
+        c->versions = cap.made;
+    } else {
+        version_free(cap.made);
+        if (st == CTPU_OK && !cap.fail[0] && !cap.broken) {
+            /* the flush ran it op by op: the cache's TORCH_TPU_RECOMPILE_LIMIT */
+            c->limited = true;
+            note_reason(c, "", "past TORCH_TPU_RECOMPILE_LIMIT: the step's program structure compiled its limit of shapes");
+        } else if (st == CTPU_OK && cap.fail[0]) {
+            /* the call ran as defer and fuse; later calls will too */
+            c->broken = true;
+            c->info.graph_breaks++;
+            note_reason(c, "not replayable: ", cap.fail);
+        }
+    }
+    capture_free(&cap);
+    return st;
+}
+
+/* ------------------------------------------------------------ public */
+static void compiled_unlink(ctpu_compiled *c)
+{
+    ctpu_runtime *rt = ctpu_rt;
+    pthread_mutex_lock(&rt->compiled_mu);
+    ctpu_compiled **pp = &rt->compiled;
+    while (*pp && *pp != c) pp = &(*pp)->next;
+    if (*pp) *pp = c->next;
+    pthread_mutex_unlock(&rt->compiled_mu);
+}
+
+ctpu_compiled *ctpu_compile(ctpu_step_fn fn, void *ctx, const ctpu_compile_opts *opts)
+{
+    if (!ctpu_check_init("compile")) return NULL;
+    if (!fn) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "compile: fn is NULL");
+        return NULL;
+    }
+    ctpu_compiled *c = calloc(1, sizeof *c);
+    if (!c) {
+        ctpu_set_error(CTPU_ERR_OOM, "compile: out of host memory");
+        return NULL;
+    }
+    ctpu_runtime *rt = ctpu_rt;
+    c->magic = COMPILED_MAGIC;
+    c->epoch = rt->epoch;
+    c->fn = fn;
+    c->ctx = ctx;
+    c->fullgraph = opts && opts->fullgraph;
+    pthread_mutex_lock(&rt->compiled_mu);
+    c->id = ++rt->next_compiled_id;
+    c->next = rt->compiled;
+    rt->compiled = c;
+    pthread_mutex_unlock(&rt->compiled_mu);
+    if (opts && opts->name && opts->name[0]) snprintf(c->name, sizeof c->name, "%s", opts->name);
+    else snprintf(c->name, sizeof c->name, "step %llu", (unsigned long long)c->id);
+    return c;
+}
+
+static ctpu_status bad_arg(const char *fmt, int v)
+{
+    ctpu_set_error(CTPU_ERR_INVALID_ARG, fmt, v);
+    return CTPU_ERR_INVALID_ARG;
+}
+
+static ctpu_status check_call_args(const ctpu_compiled *c, int n_in, const ctpu_tensor *in, int n_scalars,
+                                   const double *scalars, int n_out, const ctpu_tensor *out)
+{
+    if (!ctpu_check_init("compiled_call")) return CTPU_ERR_NOT_INITIALIZED;
+    if (!c || c->magic != COMPILED_MAGIC) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "compiled_call: c is %s", c ? "not a compiled step (freed?)" : "NULL");
+        return CTPU_ERR_INVALID_ARG;
+    }
+    if (c->epoch != ctpu_rt->epoch) {
+        ctpu_set_error(CTPU_ERR_STATE, "compiled_call: compiled step %s belongs to a runtime that was shut down", c->name);
+        return CTPU_ERR_STATE;
+    }
+    if (n_in < 0 || n_in > MAX_ARGS) return bad_arg("compiled_call: n_in=%d is outside [0, 4096]", n_in);
+    if (n_scalars < 0 || n_scalars > MAX_ARGS) return bad_arg("compiled_call: n_scalars=%d is outside [0, 4096]", n_scalars);
+    if (n_out < 0 || n_out > MAX_ARGS) return bad_arg("compiled_call: n_out=%d is outside [0, 4096]", n_out);
+    if (n_in > 0 && !in) return bad_arg("compiled_call: in is NULL with n_in=%d", n_in);
+    if (n_scalars > 0 && !scalars) return bad_arg("compiled_call: scalars is NULL with n_scalars=%d", n_scalars);
+    if (n_out > 0 && !out) return bad_arg("compiled_call: out is NULL with n_out=%d", n_out);
+    return CTPU_OK;
+}
+
+/* in[i]'s records, computed (a pending trace of this thread was cut). */
+static ctpu_status resolve_inputs(int n_in, const ctpu_tensor *in, ctpu_trec **inrec)
+{
+    char arg[24];
+    for (int i = 0; i < n_in; i++) {
+        snprintf(arg, sizeof arg, "in[%d]", i);
+        ctpu_trec *r = ctpu_rec_get(in[i], "compiled_call", arg, false);
+        if (!r) return ctpu_last_status();
+        if (ctpu_rec_pending(r) && !ctpu__materialize(r, "compiled_call", CTPU_CUT_MODE)) return ctpu_last_status();
+        inrec[i] = r;
+    }
+    return CTPU_OK;
+}
+
+/* Guards of each version, newest first; the first that holds, or NULL with
+ * the newest one's reason. */
+/* A slot is argument i when its value was scalars[i] bit for bit; until it
+ * has followed scalars[i] across two captures it may be a constant that
+ * happened to be equal (1 - 0.9 beside a bias correction 1 - 0.9^1): a call
+ * with a new value for such an argument captures again to tell them apart. */
+static bool needs_confirm(const version *v, const double *scalars)
+{
+    for (int k = 0; k < v->n_psc; k++) {
+        const sc_src *s = &v->sc[k];
+        if (s->kind == SC_ARG && !v->arg_conf[s->idx] &&
+            ctpu_scalar_bits(scalars[s->idx]) != ctpu_scalar_bits(v->arg_val[s->idx]))
+            return true;
+    }
+    return false;
+}
+
+/* Two captures of one program with different scalars: a slot is an
+ * argument when both say so, a constant otherwise; old is dropped. */
+static void merge_confirmed(ctpu_compiled *c, version *old, version *nv)
+{
+    if (old->program_id != nv->program_id || old->n_psc != nv->n_psc || old->n_scalars != nv->n_scalars) return;
+    for (int k = 0; k < nv->n_psc; k++) {
+        sc_src *s = &nv->sc[k];
+        const sc_src *o = &old->sc[k];
+        if (s->kind != SC_ARG) continue;
+        if (o->kind != SC_ARG || o->idx != s->idx) s->kind = SC_CONST;   /* .v holds its value */
+    }
+    for (int i = 0; i < nv->n_scalars; i++)
+        nv->arg_conf[i] = old->arg_conf[i] || ctpu_scalar_bits(old->arg_val[i]) != ctpu_scalar_bits(nv->arg_val[i]);
+    version **pp = &c->versions;
+    while (*pp && *pp != old) pp = &(*pp)->next;
+    if (*pp) *pp = old->next;
+    version_free(old);
+}
+
+static version *find_version(ctpu_compiled *c, int n_in, ctpu_trec *const *inrec, int n_scalars, int n_out,
+                             char *why, size_t len)
+{
+    why[0] = 0;
+    char w[192];
+    for (version *v = c->versions; v; v = v->next) {
+        if (guards_hold(v, n_in, inrec, n_scalars, n_out, w, sizeof w)) return v;
+        if (!why[0]) snprintf(why, len, "%s", w);
+    }
+    return NULL;
+}
+
+static ctpu_status call_dispatch(ctpu_compiled *c, int n_in, const ctpu_tensor *in, ctpu_trec **inrec, int n_scalars,
+                                 const double *scalars, int n_out, ctpu_tensor *out)
+{
+    ctpu_runtime *rt = ctpu_rt;
+    if (rt->compile_disable) { c->info.eager_calls++; return run_fn(c, in, scalars, n_out, out); }
+    if (ctpu__capturing()) {
+        /* nested inside another step's capture: a graph break there; this
+         * step's fn runs inline, as defer and fuse */
+        if (!ctpu__capture_break(CTPU_CUT_MODE, "a nested compiled_call")) return ctpu_last_status();
+        c->info.eager_calls++;
+        return run_fn(c, in, scalars, n_out, out);
+    }
+    if (ctpu__defer_has_nodes()) {
+        ctpu_status fs = ctpu__defer_flush(CTPU_CUT_MODE);
+        if (fs != CTPU_OK) return fs;
+    }
+    ctpu_status st = resolve_inputs(n_in, in, inrec);
+    if (st != CTPU_OK) return st;
+    if (c->limited) { c->info.eager_calls++; return run_fn(c, in, scalars, n_out, out); }
+    if (c->broken) { c->info.eager_calls++; return run_deferred(c, in, scalars, n_out, out); }
+    char why[192];
+    version *v = find_version(c, n_in, inrec, n_scalars, n_out, why, sizeof why);
+    if (v && needs_confirm(v, scalars)) {
+        st = run_capture(c, n_in, in, inrec, n_scalars, scalars, n_out, out);
+        if (st == CTPU_OK && c->versions && c->versions != v) merge_confirmed(c, v, c->versions);
+        return st;
+    }
+    if (v) {
+        st = replay(v, inrec, scalars, out);
+        if (st == CTPU_OK) c->info.replays++;
+        return st;
+    }
+    if (c->versions) {
+        c->info.guard_failures++;
+        note_reason(c, "guard failed: ", why);
+        if (rt->recompile_limit && c->info.guard_failures > (uint64_t)rt->recompile_limit) {
+            /* torch: past cache_size_limit the frame runs without compiling */
+            c->limited = true;
+            c->info.eager_calls++;
+            return run_fn(c, in, scalars, n_out, out);
+        }
+    }
+    return run_capture(c, n_in, in, inrec, n_scalars, scalars, n_out, out);
+}
+
+ctpu_status ctpu_compiled_call(ctpu_compiled *c, int n_in, const ctpu_tensor *in, int n_scalars, const double *scalars,
+                               int n_out, ctpu_tensor *out)
+{
+    ctpu_status st = check_call_args(c, n_in, in, n_scalars, scalars, n_out, out);
+    if (st != CTPU_OK) {
+        for (int j = 0; out && n_out > 0 && n_out <= MAX_ARGS && j < n_out; j++) out[j] = CTPU_NULL;
+        return st;
+    }
+    if (!ctpu_ts()) {
+        ctpu_set_error(CTPU_ERR_OOM, "compiled_call: out of host memory for this thread's state");
+        return CTPU_ERR_OOM;
+    }
+    uint64_t t0 = now_ns();
+    ctpu_trec *inrec_inl[16];
+    ctpu_trec **inrec = n_in <= 16 ? inrec_inl : malloc(sizeof *inrec * (size_t)n_in);
+    if (!inrec) {
+        ctpu_set_error(CTPU_ERR_OOM, "compiled_call: out of host memory");
+        return CTPU_ERR_OOM;
+    }
+    ctpu_mode outer = ctpu_mode_now();
+    st = call_dispatch(c, n_in, in, inrec, n_scalars, scalars, n_out, out);
+    if (inrec != inrec_inl) free(inrec);
+    if (st == CTPU_OK && outer == CTPU_MODE_DEBUG) {
+        /* debug eager: wait, and report a device fault at the call */
+        ctpu_device_wait(ctpu_rt->dev, 0);
+        char msg[256];
+        st = ctpu_device_take_error(ctpu_rt->dev, msg, sizeof msg);
+        if (st != CTPU_OK) ctpu_set_error(st, "compiled_call: %s", msg);
+    }
+    if (st != CTPU_OK)
+        for (int j = 0; j < n_out; j++) out[j] = ctpu_failed();   /* error handles: later ops keep the cause */
+    c->info.calls++;
+    c->info.host_ns += now_ns() - t0;
+    return st;
+}
+
+ctpu_status ctpu_compiled_get_info(const ctpu_compiled *c, ctpu_compiled_info *out)
+{
+    if (!c || c->magic != COMPILED_MAGIC || !out) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "compiled_get_info: %s is NULL", out ? "c" : "out");
+        return CTPU_ERR_INVALID_ARG;
+    }
+    *out = c->info;
+    return CTPU_OK;
+}
+
+void ctpu_compiled_free(ctpu_compiled *c)
+{
+    if (!c || c->magic != COMPILED_MAGIC) return;
+    if (ctpu_rt && c->epoch == ctpu_rt->epoch) {
+        compiled_unlink(c);
+        versions_free(c);
+    }
+    c->magic = 0;
+    free(c);
+}
+
+void ctpu__compiled_shutdown(ctpu_runtime *rt)
+{
+    pthread_mutex_lock(&rt->compiled_mu);
+    for (ctpu_compiled *c = rt->compiled; c; c = c->next) {
+        versions_free(c);
+        c->epoch = 0;     /* a later call is CTPU_ERR_STATE; free only frees it */
+    }
+    rt->compiled = NULL;
+    pthread_mutex_unlock(&rt->compiled_mu);
+}

@@ -1,0 +1,568 @@
+/* Compiled steps (issue 17): capture once, replay with new inputs and
+ * scalars; bit-identical to strict eager; guards and their reasons; graph
+ * breaks; host state baked into the capture; TORCH_COMPILE_DISABLE. */
+#include "t_core.h"
+
+static int64_t C(const char *n) { return ctpu_metric_counter(n); }
+
+/* ------------------------------------------------------------ an MLP step */
+#define NB 8
+#define NI 12
+#define NH 16
+#define NO 5
+
+typedef struct {
+    ctpu_tensor p[4], m[4], v[4];
+    double baked;          /* host state fn reads (baked into a capture) */
+    int fn_runs;
+} mlp;
+
+static ctpu_tensor param(int nd, const int64_t *s, double std)
+{
+    ctpu_tensor t = std > 0 ? ctpu_rand_normal(CTPU_F32, nd, s, 0, std) : ctpu_zeros(CTPU_F32, nd, s);
+    ctpu_keep(t);
+    ck_assert_int_eq(ctpu_set_requires_grad(t, true), CTPU_OK);
+    return t;
+}
+
+static void mlp_init(mlp *md)
+{
+    memset(md, 0, sizeof *md);
+    ctpu_manual_seed(7);
+    int64_t s1[2] = { NI, NH }, b1[1] = { NH }, s2[2] = { NH, NO }, b2[1] = { NO };
+    md->p[0] = param(2, s1, 0.3);
+    md->p[1] = param(1, b1, 0);
+    md->p[2] = param(2, s2, 0.3);
+    md->p[3] = param(1, b2, 0);
+    for (int i = 0; i < 4; i++) {
+        int64_t s[8];
+        int nd;
+        ctpu_shape(md->p[i], s, &nd);
+        md->m[i] = ctpu_keep(ctpu_zeros(CTPU_F32, nd, s));
+        md->v[i] = ctpu_keep(ctpu_zeros(CTPU_F32, nd, s));
+    }
+    md->baked = 1.0;
+    ctpu_sync();
+}
+
+static void mlp_free(mlp *md)
+{
+    for (int i = 0; i < 4; i++) {
+        ctpu_zero_grad(md->p[i]);
+        ctpu_release(md->p[i]);
+        ctpu_release(md->m[i]);
+        ctpu_release(md->v[i]);
+    }
+}
+
+/* forward, cross entropy, backward, Adam with bias corrections c1, c2 and
+ * lr as runtime scalars (scalars[0..2]), dropout on the hidden layer */
+static ctpu_status mlp_step(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    mlp *md = ctx;
+    md->fn_runs++;
+    for (int i = 0; i < 4; i++) ctpu_zero_grad(md->p[i]);
+    ctpu_tensor h = ctpu_relu(ctpu_add(ctpu_matmul(in[0], md->p[0]), md->p[1]));
+    int64_t hs[2] = { ctpu_dim(in[0], 0), NH };
+    ctpu_tensor keep = ctpu_ge_scalar(ctpu_rand_uniform(CTPU_F32, 2, hs, 0, 1), 0.25);
+    h = ctpu_mul(h, ctpu_mul_scalar(keep, 1.0 / 0.75));
+    ctpu_tensor logits = ctpu_add(ctpu_matmul(h, md->p[2]), md->p[3]);
+    ctpu_tensor lp = ctpu_log_softmax(logits, 1);
+    ctpu_tensor loss = ctpu_neg(ctpu_mean(ctpu_sum(ctpu_mul(lp, in[1]), 1, (int[]){ 1 }, false), 0, NULL, false));
+    ctpu_status st = ctpu_backward(loss);
+    if (st != CTPU_OK) return st;
+    double c1 = sc[0], c2 = sc[1], lr = sc[2];
+    ctpu_no_grad_begin();
+    for (int i = 0; i < 4; i++) {
+        ctpu_tensor g = ctpu_grad(md->p[i]);
+        ctpu_assign(md->m[i], ctpu_add(ctpu_mul_scalar(md->m[i], 0.9), ctpu_mul_scalar(g, 1 - 0.9)));
+        ctpu_assign(md->v[i], ctpu_add(ctpu_mul_scalar(md->v[i], 0.999), ctpu_mul_scalar(ctpu_mul(g, g), 1 - 0.999)));
+        ctpu_tensor den = ctpu_add_scalar(ctpu_sqrt(ctpu_div_scalar(md->v[i], c2)), 1e-8);
+        ctpu_tensor upd = ctpu_div(ctpu_div_scalar(md->m[i], c1), den);
+        /* md->baked: host state, baked into the capture */
+        ctpu_assign(md->p[i], ctpu_sub(ctpu_mul_scalar(md->p[i], md->baked), ctpu_mul_scalar(upd, lr)));
+    }
+    ctpu_no_grad_end();
+    out[0] = loss;
+    out[1] = ctpu_argmax(logits, 1, false);
+    return CTPU_OK;
+}
+
+static void batch(int step, int nb, float *x, float *y)
+{
+    uint64_t s = 0x1234567ull + (uint64_t)step * 7919u;
+    for (int i = 0; i < nb * NI; i++) x[i] = t_rand_f(&s, -1, 1);
+    memset(y, 0, sizeof(float) * (size_t)nb * NO);
+    for (int i = 0; i < nb; i++) y[i * NO + (i + step) % NO] = 1;
+}
+
+static void scalars_of(int step, double *sc)
+{
+    double t = step + 1;
+    sc[0] = 1 - pow(0.9, t);
+    sc[1] = 1 - pow(0.999, t);
+    sc[2] = 1e-2 * (1.0 - 0.05 * step);   /* a schedule */
+}
+
+typedef struct { float w[NI * NH + NH + NH * NO + NO]; float loss[16]; int32_t am[16][NB]; } run_out;
+
+static void read_params(mlp *md, float *w)
+{
+    size_t o = 0;
+    for (int i = 0; i < 4; i++) {
+        int64_t n;
+        float *p = t_read(md->p[i], &n);
+        memcpy(w + o, p, sizeof(float) * (size_t)n);
+        o += (size_t)n;
+        free(p);
+    }
+}
+
+/* steps of the MLP: by calling fn in strict eager (compiled = NULL) or
+ * through a compiled step, from mode m */
+static void run_mlp(ctpu_mode m, bool compiled, int steps, run_out *r, ctpu_compiled_info *info)
+{
+    memset(r, 0, sizeof *r);
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+    mlp md;
+    mlp_init(&md);
+    ck_assert_int_eq(ctpu_set_mode(m), CTPU_OK);
+    ctpu_compiled *c = compiled ? ctpu_compile(mlp_step, &md, NULL) : NULL;
+    if (compiled) ck_assert_ptr_nonnull(c);
+    for (int s = 0; s < steps; s++) {
+        float x[NB * NI], y[NB * NO];
+        batch(s, NB, x, y);
+        ctpu_scope_begin();
+        ctpu_tensor in[2] = { t_f32(x, 2, (int64_t[]){ NB, NI }), t_f32(y, 2, (int64_t[]){ NB, NO }) };
+        double sc[3];
+        scalars_of(s, sc);
+        ctpu_tensor out[2];
+        if (compiled) {
+            ck_assert_msg(ctpu_compiled_call(c, 2, in, 3, sc, 2, out) == CTPU_OK, "call: %s", ctpu_last_error());
+        } else {
+            ctpu_scope_begin();
+            out[0] = out[1] = CTPU_NULL;
+            ck_assert_int_eq(mlp_step(&md, in, sc, out), CTPU_OK);
+            ctpu_keep(out[0]);
+            ctpu_keep(out[1]);
+            ctpu_scope_end();
+        }
+        double l;
+        ck_assert_int_eq(ctpu_item(out[0], &l), CTPU_OK);
+        r->loss[s] = (float)l;
+        ck_assert_int_eq(ctpu_to_host(out[1], r->am[s], sizeof r->am[s]), CTPU_OK);
+        ctpu_scope_end();
+    }
+    read_params(&md, r->w);
+    if (c) {
+        ck_assert_int_eq(ctpu_compiled_get_info(c, info), CTPU_OK);
+        ctpu_compiled_free(c);
+    }
+    mlp_free(&md);
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+}
+
+static void expect_same(const run_out *a, const run_out *b, int steps)
+{
+    for (size_t i = 0; i < sizeof a->w / sizeof a->w[0]; i++)
+        ck_assert_msg(t_same(a->w[i], b->w[i]), "weight %zu: %.9g vs %.9g", i, a->w[i], b->w[i]);
+    for (int s = 0; s < steps; s++) {
+        ck_assert_msg(t_same(a->loss[s], b->loss[s]), "loss %d: %.9g vs %.9g", s, a->loss[s], b->loss[s]);
+        ck_assert(memcmp(a->am[s], b->am[s], sizeof a->am[s]) == 0);
+    }
+}
+
+START_TEST(mlp_step_bit_identical_to_strict)
+{
+    run_out ref, got;
+    ctpu_compiled_info info;
+    run_mlp(CTPU_MODE_STRICT, false, 6, &ref, NULL);
+    ck_assert(ref.loss[5] == ref.loss[5]);
+    ctpu_mode modes[3] = { CTPU_MODE_STRICT, CTPU_MODE_DEBUG, CTPU_MODE_DEFER_FUSE };
+    for (int k = 0; k < 3; k++) {
+        run_mlp(modes[k], true, 6, &got, &info);
+        expect_same(&ref, &got, 6);
+        ck_assert_msg(info.captures == 2, "mode %d: captures %d replays %d gf %d gb %d eager %d: %s", k, (int)info.captures, (int)info.replays, (int)info.guard_failures, (int)info.graph_breaks, (int)info.eager_calls, info.last_reason);
+        ck_assert_int_eq(info.calls, 6);
+        ck_assert_int_eq(info.captures, 2);      /* the second tells the scalar arguments from equal constants */
+        ck_assert_int_eq(info.replays, 4);
+        ck_assert_int_eq(info.guard_failures, 0);
+        ck_assert_int_eq(info.graph_breaks, 0);
+    }
+}
+END_TEST
+
+/* replays do not run fn, record no op and build no key */
+START_TEST(replay_runs_no_fn_and_records_nothing)
+{
+    mlp md;
+    mlp_init(&md);
+    ctpu_compiled *c = ctpu_compile(mlp_step, &md, &(ctpu_compile_opts){ .name = "mlp" });
+    float x[NB * NI], y[NB * NO];
+    for (int s = 0; s < 4; s++) {
+        batch(s, NB, x, y);
+        ctpu_scope_begin();
+        ctpu_tensor in[2] = { t_f32(x, 2, (int64_t[]){ NB, NI }), t_f32(y, 2, (int64_t[]){ NB, NO }) };
+        double sc[3];
+        scalars_of(s, sc);
+        ctpu_tensor out[2];
+        int64_t rec0 = C("ops_recorded"), disp0 = C("ops_dispatched");
+        ck_assert_msg(ctpu_compiled_call(c, 2, in, 3, sc, 2, out) == CTPU_OK, "%s", ctpu_last_error());
+        if (s > 1) {
+            ck_assert_int_eq(C("ops_recorded"), rec0);
+            ck_assert_int_eq(C("ops_dispatched"), disp0);
+        } else {
+            ck_assert_int_gt(C("ops_recorded"), rec0 + 20);
+        }
+        ck_assert_int_eq(md.fn_runs, s == 0 ? 1 : 2);
+        ck_assert(!ctpu_is_null(out[0]) && !ctpu_requires_grad(out[0]));
+        ctpu_scope_end();
+    }
+    /* the .grads exist after a replay, as after fn */
+    for (int i = 0; i < 4; i++) ck_assert(!ctpu_is_null(ctpu_grad(md.p[i])));
+    ctpu_compiled_free(c);
+    mlp_free(&md);
+}
+END_TEST
+
+/* a new batch size fails the guard: recaptured, the reason in the cache
+ * report's diff format, and still bit-identical */
+START_TEST(guard_failure_recaptures_with_reason)
+{
+    mlp md;
+    mlp_init(&md);
+    ctpu_compiled *c = ctpu_compile(mlp_step, &md, NULL);
+    int sizes[5] = { NB, NB, 4, 4, NB };
+    for (int s = 0; s < 5; s++) {
+        float x[NB * NI], y[NB * NO];
+        batch(s, sizes[s], x, y);
+        ctpu_scope_begin();
+        ctpu_tensor in[2] = { t_f32(x, 2, (int64_t[]){ sizes[s], NI }), t_f32(y, 2, (int64_t[]){ sizes[s], NO }) };
+        double sc[3];
+        scalars_of(s, sc);
+        ctpu_tensor out[2];
+        ck_assert_msg(ctpu_compiled_call(c, 2, in, 3, sc, 2, out) == CTPU_OK, "%s", ctpu_last_error());
+        ctpu_scope_end();
+        ctpu_compiled_info info;
+        ctpu_compiled_get_info(c, &info);
+        if (s == 2) ck_assert_msg(t_contains(info.last_reason, "input 0 dim 0: 8 -> 4"), "%s", info.last_reason);
+    }
+    ctpu_compiled_info info;
+    ctpu_compiled_get_info(c, &info);
+    /* 8: captured, confirmed; 4: captured (a guard failure), confirmed; 8 again: replayed */
+    ck_assert_int_eq(info.captures, 4);
+    ck_assert_int_eq(info.guard_failures, 1);
+    ck_assert_int_eq(info.replays, 1);
+    ctpu_compiled_free(c);
+    mlp_free(&md);
+}
+END_TEST
+
+/* host state fn reads is baked into the capture: md->baked changes after
+ * the capture, and the replay still multiplies by the captured value */
+START_TEST(host_state_is_baked)
+{
+    mlp md;
+    mlp_init(&md);
+    ctpu_compiled *c = ctpu_compile(mlp_step, &md, NULL);
+    float x[NB * NI], y[NB * NO];
+    batch(0, NB, x, y);
+    ctpu_tensor in[2] = { t_f32(x, 2, (int64_t[]){ NB, NI }), t_f32(y, 2, (int64_t[]){ NB, NO }) };
+    double sc[3] = { 1, 1, 0 };                 /* lr 0: p = p * baked */
+    ctpu_tensor out[2];
+    md.baked = 0.75;
+    ck_assert_int_eq(ctpu_compiled_call(c, 2, in, 3, sc, 2, out), CTPU_OK);
+    int64_t n;
+    float *w0 = t_read(md.p[0], &n);
+    md.baked = 0.5;                             /* fn would now halve the weights */
+    ck_assert_int_eq(ctpu_compiled_call(c, 2, in, 3, sc, 2, out), CTPU_OK);
+    float *w1 = t_read(md.p[0], &n);
+    for (int64_t i = 0; i < n; i++) ck_assert(t_same(w0[i] * 0.75f, w1[i]));   /* by 0.75, as captured */
+    ck_assert_int_eq(md.fn_runs, 1);
+    free(w0);
+    free(w1);
+    ctpu_compiled_free(c);
+    mlp_free(&md);
+}
+END_TEST
+
+/* eager ops between compiled calls act on the same tensors */
+START_TEST(eager_and_compiled_mix)
+{
+    run_out ref, got;
+    for (int pass = 0; pass < 2; pass++) {
+        run_out *r = pass ? &got : &ref;
+        mlp md;
+        mlp_init(&md);
+        ctpu_compiled *c = pass ? ctpu_compile(mlp_step, &md, NULL) : NULL;
+        for (int s = 0; s < 4; s++) {
+            float x[NB * NI], y[NB * NO];
+            batch(s, NB, x, y);
+            ctpu_scope_begin();
+            ctpu_tensor in[2] = { t_f32(x, 2, (int64_t[]){ NB, NI }), t_f32(y, 2, (int64_t[]){ NB, NO }) };
+            double sc[3];
+            scalars_of(s, sc);
+            ctpu_tensor out[2] = { CTPU_NULL, CTPU_NULL };
+            if (c) ck_assert_int_eq(ctpu_compiled_call(c, 2, in, 3, sc, 2, out), CTPU_OK);
+            else ck_assert_int_eq(mlp_step(&md, in, sc, out), CTPU_OK);
+            /* an eager update of a parameter and of optimizer state */
+            ctpu_assign(md.p[1], ctpu_add_scalar(md.p[1], 0.125));
+            ctpu_assign(md.m[0], ctpu_mul_scalar(md.m[0], 0.5));
+            ctpu_scope_end();
+        }
+        read_params(&md, r->w);
+        ctpu_compiled_free(c);
+        mlp_free(&md);
+    }
+    for (size_t i = 0; i < sizeof ref.w / sizeof ref.w[0]; i++) ck_assert(t_same(ref.w[i], got.w[i]));
+}
+END_TEST
+
+/* ------------------------------------------------------------ graph breaks */
+typedef struct { ctpu_tensor w; double seen; int runs; } brk;
+
+static ctpu_status step_with_item(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    brk *b = ctx;
+    b->runs++;
+    ctpu_tensor s = ctpu_sum(ctpu_mul(in[0], b->w), 0, NULL, false);
+    ctpu_set_host_read_label("s.item");
+    ctpu_status st = ctpu_item(s, &b->seen);    /* a graph break */
+    ctpu_set_host_read_label(NULL);
+    if (st != CTPU_OK) return st;
+    ctpu_assign(b->w, ctpu_add_scalar(b->w, sc[0] * (b->seen > 0 ? 1 : -1)));
+    out[0] = ctpu_mul_scalar(s, 2.0);
+    return CTPU_OK;
+}
+
+START_TEST(graph_break_runs_as_defer_and_fuse)
+{
+    brk b = { .w = ctpu_keep(T_VEC(1, 2, 3)) };
+    ctpu_compiled *c = ctpu_compile(step_with_item, &b, NULL);
+    ctpu_tensor x = ctpu_keep(T_VEC(1, -1, 1));
+    double sc[1] = { 0.5 };
+    for (int s = 0; s < 3; s++) {
+        ctpu_tensor out[1];
+        ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 1, sc, 1, out), CTPU_OK);
+        double v;
+        ck_assert_int_eq(ctpu_item(out[0], &v), CTPU_OK);
+        ck_assert(v == 2 * b.seen);
+        ctpu_release(out[0]);
+    }
+    ck_assert_int_eq(b.runs, 3);                /* fn runs at every call */
+    float *w = t_read(b.w, NULL);               /* 1,2,3: sum 2 -> +0.5; 2.5 -> +0.5; 3 -> +0.5 */
+    ck_assert(w[0] == 2.5f && w[1] == 3.5f && w[2] == 4.5f);
+    free(w);
+    ctpu_compiled_info info;
+    ctpu_compiled_get_info(c, &info);
+    ck_assert_int_eq(info.graph_breaks, 1);
+    ck_assert_int_eq(info.replays, 0);
+    ck_assert_int_eq(info.eager_calls, 2);
+    ck_assert_msg(t_contains(info.last_reason, "graph break at op 2 (s.item): host read (to_host)"), "%s",
+                  info.last_reason);
+    ctpu_compiled_free(c);
+    ctpu_release(x);
+    ctpu_release(b.w);
+}
+END_TEST
+
+START_TEST(fullgraph_break_is_an_error_and_changes_nothing)
+{
+    brk b = { .w = ctpu_keep(T_VEC(1, 2, 3)) };
+    ctpu_compiled *c = ctpu_compile(step_with_item, &b, &(ctpu_compile_opts){ .name = "strict_graph", .fullgraph = true });
+    ctpu_tensor x = ctpu_keep(T_VEC(1, -1, 1));
+    double sc[1] = { 0.5 };
+    ctpu_tensor out[1] = { { 99 } };
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 1, sc, 1, out), CTPU_ERR_STATE);
+    ck_assert_msg(t_contains(ctpu_last_error(), "compiled step strict_graph: fullgraph: graph break at op 2 (s.item)"), "%s",
+                  ctpu_last_error());
+    ck_assert(ctpu_is_null(out[0]));
+    float *w = t_read(b.w, NULL);
+    ck_assert(w[0] == 1 && w[1] == 2 && w[2] == 3);
+    free(w);
+    ctpu_compiled_free(c);
+    ctpu_release(x);
+    ctpu_release(b.w);
+}
+END_TEST
+
+static ctpu_status step_nested(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    ctpu_compiled *inner = ctx;
+    ctpu_tensor t[1];
+    ctpu_status st = ctpu_compiled_call(inner, 1, in, 1, sc, 1, t);
+    if (st != CTPU_OK) return st;
+    out[0] = ctpu_add_scalar(t[0], 1);
+    return CTPU_OK;
+}
+
+static ctpu_status step_scale(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)ctx;
+    out[0] = ctpu_mul_scalar(in[0], sc[0]);
+    return CTPU_OK;
+}
+
+START_TEST(nested_compiled_call_is_a_graph_break)
+{
+    ctpu_compiled *inner = ctpu_compile(step_scale, NULL, NULL);
+    ctpu_compiled *outer = ctpu_compile(step_nested, inner, NULL);
+    ctpu_tensor x = ctpu_keep(T_VEC(1, 2));
+    for (int s = 0; s < 2; s++) {
+        double sc[1] = { 3.0 + s };
+        ctpu_tensor out[1];
+        ck_assert_int_eq(ctpu_compiled_call(outer, 1, &x, 1, sc, 1, out), CTPU_OK);
+        float *v = t_read(out[0], NULL);
+        ck_assert(v[0] == (float)(sc[0] + 1) && v[1] == (float)(2 * sc[0] + 1));
+        free(v);
+        ctpu_release(out[0]);
+    }
+    ctpu_compiled_info info;
+    ctpu_compiled_get_info(outer, &info);
+    ck_assert_int_eq(info.graph_breaks, 1);
+    ck_assert_msg(t_contains(info.last_reason, "a nested compiled_call"), "%s", info.last_reason);
+    ctpu_compiled_free(outer);
+    ctpu_compiled_free(inner);
+    ctpu_release(x);
+}
+END_TEST
+
+/* scalars are program arguments: one capture serves every value */
+START_TEST(scalars_are_runtime_arguments)
+{
+    ctpu_compiled *c = ctpu_compile(step_scale, NULL, NULL);
+    ctpu_tensor x = ctpu_keep(T_VEC(1, 2, 4));
+    for (int s = 0; s < 5; s++) {
+        double sc[1] = { 0.5 * s - 1 };
+        ctpu_tensor out[1];
+        ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 1, sc, 1, out), CTPU_OK);
+        float *v = t_read(out[0], NULL);
+        for (int i = 0; i < 3; i++) ck_assert(v[i] == (float)((double)(1 << i) * sc[0]));
+        free(v);
+        ctpu_release(out[0]);
+    }
+    ctpu_compiled_info info;
+    ctpu_compiled_get_info(c, &info);
+    ck_assert_int_eq(info.captures, 2);
+    ck_assert_int_eq(info.replays, 3);
+    /* a different number of scalars fails the guard */
+    double two[2] = { 1, 2 };
+    ctpu_tensor out[1];
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 2, two, 1, out), CTPU_OK);
+    ctpu_compiled_get_info(c, &info);
+    ck_assert_msg(t_contains(info.last_reason, "n_scalars: 1 -> 2"), "%s", info.last_reason);
+    ctpu_compiled_free(c);
+    ctpu_release(x);
+}
+END_TEST
+
+START_TEST(recompile_limit_then_eager)
+{
+    ctpu_compiled *c = ctpu_compile(step_scale, NULL, NULL);
+    double sc[1] = { 2 };
+    for (int n = 1; n <= 12; n++) {
+        ctpu_scope_begin();
+        float d[12] = { 0 };
+        ctpu_tensor x = t_f32(d, 1, (int64_t[]){ n });
+        ctpu_tensor out[1];
+        ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 1, sc, 1, out), CTPU_OK);
+        ck_assert_int_eq(ctpu_numel(out[0]), n);
+        ctpu_scope_end();
+    }
+    ctpu_compiled_info info;
+    ctpu_compiled_get_info(c, &info);
+    /* 1..8: a capture each; 9: the 9th shape of one program structure passes
+     * TORCH_TPU_RECOMPILE_LIMIT=8 (the cache runs it op by op); 10..12: fn
+     * in the current mode */
+    ck_assert_int_eq(info.guard_failures, 8);
+    ck_assert_int_eq(info.captures, 9);
+    ck_assert_int_eq(info.eager_calls, 3);
+    ck_assert_int_eq(info.graph_breaks, 0);
+    ck_assert_msg(t_contains(info.last_reason, "TORCH_TPU_RECOMPILE_LIMIT"), "%s", info.last_reason);
+    ctpu_compiled_free(c);
+}
+END_TEST
+
+START_TEST(compile_disable_runs_fn)
+{
+    ctpu_shutdown();
+    setenv("TORCH_COMPILE_DISABLE", "1", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    unsetenv("TORCH_COMPILE_DISABLE");
+    ctpu_compiled *c = ctpu_compile(step_scale, NULL, NULL);
+    ctpu_tensor x = ctpu_keep(T_VEC(1, 2));
+    double sc[1] = { 3 };
+    for (int s = 0; s < 3; s++) {
+        ctpu_tensor out[1];
+        ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 1, sc, 1, out), CTPU_OK);
+        ctpu_release(out[0]);
+    }
+    ctpu_compiled_info info;
+    ctpu_compiled_get_info(c, &info);
+    ck_assert_int_eq(info.captures, 0);
+    ck_assert_int_eq(info.eager_calls, 3);
+    ctpu_compiled_free(c);
+    ctpu_release(x);
+}
+END_TEST
+
+START_TEST(bad_calls_are_errors)
+{
+    ck_assert_ptr_null(ctpu_compile(NULL, NULL, NULL));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_INVALID_ARG);
+    ctpu_compiled *c = ctpu_compile(step_scale, NULL, NULL);
+    ctpu_tensor x = ctpu_keep(T_VEC(1, 2)), out[1];
+    double sc[1] = { 1 };
+    ck_assert_int_eq(ctpu_compiled_call(NULL, 1, &x, 1, sc, 1, out), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_compiled_call(c, -1, &x, 1, sc, 1, out), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, NULL, 1, sc, 1, out), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 1, NULL, 1, out), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 1, sc, 1, NULL), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 1, sc, 5000, out), CTPU_ERR_INVALID_ARG);
+    ctpu_tensor stale = ctpu_add_scalar(x, 1);
+    ctpu_release(stale);
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, &stale, 1, sc, 1, out), CTPU_ERR_STALE_HANDLE);
+    ck_assert_msg(t_contains(ctpu_last_error(), "compiled_call: in[0]"), "%s", ctpu_last_error());
+    ctpu_compiled_info info;
+    ck_assert_int_eq(ctpu_compiled_get_info(NULL, &info), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_compiled_get_info(c, NULL), CTPU_ERR_INVALID_ARG);
+    ctpu_compiled_free(NULL);
+    /* a step kept past shutdown */
+    ctpu_shutdown();
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    ctpu_tensor y = T_VEC(1);
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, &y, 1, sc, 1, out), CTPU_ERR_STATE);
+    ctpu_compiled_free(c);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("compile");
+    TCase *t = tcase_create("compile");
+    tcase_add_checked_fixture(t, t_setup, t_teardown);
+    tcase_set_timeout(t, 120);
+    tcase_add_test(t, mlp_step_bit_identical_to_strict);
+    tcase_add_test(t, replay_runs_no_fn_and_records_nothing);
+    tcase_add_test(t, guard_failure_recaptures_with_reason);
+    tcase_add_test(t, host_state_is_baked);
+    tcase_add_test(t, eager_and_compiled_mix);
+    tcase_add_test(t, graph_break_runs_as_defer_and_fuse);
+    tcase_add_test(t, fullgraph_break_is_an_error_and_changes_nothing);
+    tcase_add_test(t, nested_compiled_call_is_a_graph_break);
+    tcase_add_test(t, scalars_are_runtime_arguments);
+    tcase_add_test(t, recompile_limit_then_eager);
+    tcase_add_test(t, compile_disable_runs_fn);
+    tcase_add_test(t, bad_calls_are_errors);
+    suite_add_tcase(s, t);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *r = srunner_create(suite());
+    srunner_run_all(r, CK_NORMAL);
+    int failed = srunner_ntests_failed(r);
+    srunner_free(r);
+    return failed ? 1 : 0;
+}
