@@ -167,7 +167,8 @@ static void ew_fields(const ctpu_node *n, ctpu_row_ins *I)
         if (n->attr.flags & CTPU_ATTR_SCALAR_FIRST) I->flags |= CTPU_VM_SCALAR_FIRST;
     } else if (kind & CTPU_OPK_TERNARY) I->vkind = CTPU_VM_WHERE;
     else if (ctpu_op_kop(n->op) == CTPU_K_E_CLAMP) I->vkind = CTPU_VM_CLAMP;
-    else I->vkind = CTPU_VM_COPY;   /* a cast between float dtypes */
+    else if (n->op == CTPU_OP_FULL) I->vkind = CTPU_VM_FILL;
+    else I->vkind = CTPU_VM_COPY;   /* a cast between float dtypes, expand, reshape */
 }
 
 /* node k's instruction fields but its operands */
@@ -317,6 +318,9 @@ static void ew_apply(const ctpu_row_ins *I, const float *const *x, float *d, int
         break;
     case CTPU_VM_WHERE: ctpu_k_where(x[0], x[1], x[2], d, n); break;
     case CTPU_VM_CLAMP: ctpu_k_clamp(x[0], (float)sc[I->scalar], (float)sc[I->scalar + 1], d, n); break;
+    case CTPU_VM_FILL:
+        for (int64_t q = 0; q < n; q++) d[q] = (float)sc[I->scalar];
+        break;
     default:
         if (x[0] != d) memcpy(d, x[0], sizeof(float) * (size_t)n);
         break;

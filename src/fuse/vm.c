@@ -91,6 +91,11 @@ static void vm_range_to(const ctpu_vm_prog *p, ctpu_exec_ctx *ctx, int64_t b0, i
             case CTPU_VM_COPY:
                 if (rp[in->a] != d) memcpy(d, rp[in->a], sizeof(float) * (size_t)n);
                 break;
+            case CTPU_VM_FILL: {   /* as exec_full: (float) of the scalar, then the dtype's rounding */
+                float v = (float)sc[in->scalar];
+                for (int64_t q = 0; q < n; q++) d[q] = v;
+                break;
+            }
             default: break;
             }
             if (in->flags & CTPU_VM_ROUND_BF16) ctpu_k_unary(CTPU_K_U_ROUND_BF16, d, d, n);
@@ -124,9 +129,30 @@ void ctpu_vm_exec(const void *data, ctpu_exec_ctx *ctx)
 }
 
 /* ------------------------------------------------------------ building */
+/* Equal after their leading 1s are dropped (or one element): a reshape
+ * between them broadcasts as its input does (NumPy aligns on the right). */
+static bool bcast_equivalent(const ctpu_vtype *a, const ctpu_vtype *b)
+{
+    if (ctpu_vtype_numel(a) == 1 && ctpu_vtype_numel(b) == 1) return true;
+    int i = 0, j = 0;
+    while (i < a->ndim && a->shape[i] == 1) i++;
+    while (j < b->ndim && b->shape[j] == 1) j++;
+    if (a->ndim - i != b->ndim - j) return false;
+    for (; i < a->ndim; i++, j++)
+        if (a->shape[i] != b->shape[j]) return false;
+    return true;
+}
+
 bool ctpu_vm_fusable(const ctpu_node *n, const ctpu_vtype *const *in_types)
 {
     int fc = ctpu_op_fusion(n->op);
+    /* movement the VM does as a copy of a broadcast operand (expand; a
+     * reshape that changes only leading 1s), f32 only: they copy bits, and
+     * a bf16 value through an f32 register is rounded again (its
+     * subnormals flushed; fuzz seed 350); and a constant fill (full) */
+    if (n->op == CTPU_OP_EXPAND || (n->op == CTPU_OP_RESHAPE && bcast_equivalent(in_types[0], &n->out)))
+        return n->out.dtype == CTPU_KDT_F32;
+    if (n->op == CTPU_OP_FULL) return n->out.dtype != CTPU_KDT_I32;
     if (fc != CTPU_FUSE_VM && fc != CTPU_FUSE_ADD && fc != CTPU_FUSE_ACT) return false;
     if (n->out.dtype == CTPU_KDT_I32) return false;          /* the exact int path */
     if (ctpu_op_is(n->op, CTPU_OPK_COMPARE)) {
@@ -235,7 +261,8 @@ int ctpu_vm_build(ctpu_vm_prog *p, const ctpu_trace *t, const int *nodes, int co
             if (n->attr.flags & CTPU_ATTR_SCALAR_FIRST) I.flags |= CTPU_VM_SCALAR_FIRST;
         } else if (kind & CTPU_OPK_TERNARY) I.kind = CTPU_VM_WHERE;
         else if (ctpu_op_kop(n->op) == CTPU_K_E_CLAMP) { I.kind = CTPU_VM_CLAMP; I.scalar = scalar_base[nodes[k]]; }
-        else I.kind = CTPU_VM_COPY; /* cast between float dtypes */
+        else if (n->op == CTPU_OP_FULL) { I.kind = CTPU_VM_FILL; I.scalar = scalar_base[nodes[k]]; }
+        else I.kind = CTPU_VM_COPY; /* cast between float dtypes, expand, reshape */
         if (n->out.dtype == CTPU_KDT_BF16) I.flags |= CTPU_VM_ROUND_BF16;
         ins[ni++] = I;
         if (store[k] && n->out.dtype == CTPU_KDT_F32) {
