@@ -666,6 +666,48 @@ static int generate(const gpt *g, const corpus *c, const opts_t *o)
     return rc;
 }
 
+/* The attention products' MXU utilisation on each TPU generation (stderr,
+ * before the cache report): per layer, the forward's two batched products
+ * q@k^T [T, hd] x [hd, T] and p@v [T, T] x [T, hd] over batch x heads, at
+ * T = ctx, estimated by ctpu_cost_matmul (include/ctpu.h: each of M, K, N
+ * padded up to the MXU side, utilisation = useful / padded MACs). A head_dim
+ * below the MXU side pads K of q@k^T and N of p@v: --head-dim 64 against 128
+ * shows the waste on v5e (128x128) and v6e (256x256). tests/char_gpt_mxu.sh
+ * pins these figures to the formula. */
+static int attention_cost_report(const gpt *g, int64_t batch)
+{
+    static const char *const chips[] = { "v5e", "v5p", "v6e", "7x" };
+    int64_t T = g->T, hd = g->hd, bh = batch * g->H;
+    fprintf(stderr, "attention products on the MXU (per layer, forward; %lld x %lld heads, T %lld, head_dim %lld, %s; "
+            "estimate):\n", (long long)batch, (long long)g->H, (long long)T, (long long)hd, ctpu_dtype_name(g->dt));
+    for (size_t i = 0; i < sizeof chips / sizeof *chips; i++) {
+        ctpu_cost_estimate qk, pv;
+        const ctpu_chip_info *ci = ctpu_chip_lookup(chips[i]);
+        if (!ci || ctpu_cost_matmul(chips[i], bh, T, hd, T, g->dt, CTPU_PRECISION_DEFAULT, &qk) != CTPU_OK ||
+            ctpu_cost_matmul(chips[i], bh, T, T, hd, g->dt, CTPU_PRECISION_DEFAULT, &pv) != CTPU_OK)
+            return fail("attention cost");
+        fprintf(stderr, "  %s, %dx%d MXU: q@k^T [%lld,%lld]x[%lld,%lld] %.1f%% of MACs useful (%.3g us); "
+                "p@v [%lld,%lld]x[%lld,%lld] %.1f%% of MACs useful (%.3g us)\n", chips[i], ci->mxu_size,
+                ci->mxu_size, (long long)T, (long long)hd, (long long)hd, (long long)T, 100 * qk.mxu_utilization,
+                1e6 * qk.mxu_s, (long long)T, (long long)T, (long long)T, (long long)hd, 100 * pv.mxu_utilization,
+                1e6 * pv.mxu_s);
+    }
+    return 0;
+}
+
+/* The progress bar (stderr, on a terminal or with --progress): the run's
+ * steps dispatched so far and the learning rate; it reads no value from the
+ * device (the losses are read once per interval). */
+static void progress_bar(int64_t done, int64_t total, double lr)
+{
+    char bar[31];
+    int w = (int)(30 * done / total);
+    for (int i = 0; i < 30; i++) bar[i] = i < w ? '=' : i == w ? '>' : ' ';
+    bar[30] = 0;
+    fprintf(stderr, "\r[%s] step %lld/%lld lr %.2e ", bar, (long long)done, (long long)total, lr);
+    fflush(stderr);
+}
+
 int main(int argc, char **argv)
 {
     opts_t o;
@@ -755,10 +797,7 @@ int main(int argc, char **argv)
         ctpu_step_end();
         lrs[nb++] = lr;
         tokens += real;
-        if (tty) {
-            fprintf(stderr, "\rstep %lld/%lld", (long long)step + 1, (long long)o.steps);
-            fflush(stderr);
-        }
+        if (tty) progress_bar(step + 1, o.steps, lr);
         if ((step + 1) % o.eval_every == 0 || step + 1 == o.steps) {   /* the interval ends */
             double sum = lst.isum;   /* the interval's losses: read once (waits for the device) */
             double *ls = malloc(sizeof(double) * (size_t)nb);
@@ -818,6 +857,7 @@ int main(int argc, char **argv)
            (long long)(ctpu_metric_counter("recompiles") - recompiles0), mode);
     fflush(stdout);
     if (o.sample_len > 0 && generate(g, &c, &o)) return 1;
+    if (attention_cost_report(g, o.batch)) return 1;
     ctpu_cache_report(stderr);
     batcher_free(&btr);
     batcher_free(&bva);
