@@ -728,17 +728,21 @@ int main(int argc, char **argv)
         corpus_free(&c);
         return 1;
     }
+    batcher btr, bva;
+    memset(&bva, 0, sizeof bva);
+    if (batcher_init(&btr, c.train, c.n_train, c.doc_train, c.fortunes_train, &o, 1, err, sizeof err) ||
+        batcher_init(&bva, c.val, c.n_val, c.doc_val, c.fortunes_val, &o, 2, err, sizeof err)) {
+        fprintf(stderr, "char_gpt: %s: %s\n", o.data, err);
+        batcher_free(&btr);
+        batcher_free(&bva);
+        corpus_free(&c);
+        return 1;
+    }
     if (ctpu_init() != CTPU_OK) return fail("init");
     ctpu_manual_seed(o.seed);
     gpt *g = malloc(sizeof *g);
     if (!g) { fprintf(stderr, "char_gpt: out of memory\n"); return 1; }
     if (gpt_init(g, &o, c.vocab) != CTPU_OK) return fail("making the model");
-    batcher btr, bva;
-    if (batcher_init(&btr, c.train, c.n_train, c.doc_train, c.fortunes_train, &o, 1, err, sizeof err) ||
-        batcher_init(&bva, c.val, c.n_val, c.doc_val, c.fortunes_val, &o, 2, err, sizeof err)) {
-        fprintf(stderr, "char_gpt: %s: %s\n", o.data, err);
-        return 1;
-    }
     ctpu_param_group groups[2] = { { g->decay, g->n_decay, 1.0, o.wd }, { g->no_decay, g->n_no_decay, 1.0, 0.0 } };
     ctpu_adamw_opts ao = { o.lr, 0.9, 0.95, 1e-8, o.wd };
     ctpu_optim *opt = ctpu_adamw_create_groups(2, groups, &ao);

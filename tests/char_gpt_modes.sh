@@ -40,3 +40,17 @@ v=$(awk -F, 'NR > 1 && $4 != "" { print $4 }' "$tmp/strict.csv")
 awk -v a="$(echo "$v" | head -1)" -v b="$(echo "$v" | tail -1)" 'BEGIN { exit !(b < a) }' ||
   { echo "char_gpt_modes: val loss did not decrease: $v"; exit 1; }
 echo "char_gpt_modes: strict, debug and defer_fuse logs and samples identical; val loss $(echo $v | tr '\n' ' ')"
+# bad input: a one-line message naming the option, exit status 2 (usage) or 1 (data), nothing else
+check_bad() { # want-status want-text args...
+  local want=$1 text=$2; shift 2
+  local st=0
+  "$demo" "$@" > "$tmp/bad.out" 2>&1 || st=$?
+  [ "$st" -eq "$want" ] && grep -q -- "$text" "$tmp/bad.out" ||
+    { echo "char_gpt_modes: $* gave status $st (want $want, '$text')"; cat "$tmp/bad.out"; exit 1; }
+}
+check_bad 2 "bad value 'f16' for --dtype" --dtype f16
+check_bad 2 "bad value '' for --prompt" --prompt ''
+check_bad 2 "bad value '-1' for --temperature" --temperature -1
+check_bad 2 "--by-document needs --ctx 2" --by-document --ctx 1
+check_bad 1 "fewer than --batch 20000" --data "$data" --by-document --batch 20000 --ctx 16
+echo "char_gpt_modes: bad options refused"
