@@ -28,6 +28,7 @@
 
 #include <stdint.h>
 #include <stdbool.h>
+#include <string.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include "kernels.h"
@@ -261,6 +262,22 @@ typedef struct {
     int32_t n_dims;
     int32_t extra;        /* cast dtype, concat dim, gather dim, precision */
 } ctpu_attrs;
+
+/* attrs all zero (node builders zero a node whole, padding included, so
+ * this is memcmp against zeroes), as word loads rather than a libc call:
+ * on every op's path (strict keys, trace keys) */
+static inline bool ctpu_attrs_zero(const ctpu_attrs *a)
+{
+    _Static_assert(sizeof(ctpu_attrs) % sizeof(uint64_t) == 0, "ctpu_attrs is whole words");
+    const unsigned char *b = (const unsigned char *)a;
+    uint64_t acc = 0;
+    for (size_t i = 0; i < sizeof(ctpu_attrs); i += sizeof(uint64_t)) {
+        uint64_t w;
+        memcpy(&w, b + i, sizeof w);
+        acc |= w;
+    }
+    return acc == 0;
+}
 
 enum {
     CTPU_ATTR_KEEPDIM      = 1u << 0,

@@ -337,15 +337,18 @@ static bool collect_live_outs(flush_ctx *f)
     f->rrec = malloc(sizeof *f->rrec * (nh + 1));
     if (f->sink) f->rh = malloc(sizeof *f->rh * (nh + 1));
     if (!f->reqs || !f->rrec || (f->sink && !f->rh)) return false;
+    const uint64_t *holders = t_df.holders, id = t_df.id;
+    ctpu_trec *const *pages = f->rt->pages;
+    int nreq = 0;
     for (size_t i = 0; i < nh; i++) {
-        ctpu_tensor h = { t_df.holders[i] };
-        ctpu_trec *r = ctpu_slot(ctpu_handle_slot(h));
-        if (!r->live || r->gen != ctpu_handle_gen(h) || r->trace_id != t_df.id) continue;
+        ctpu_trec *r = ctpu_slot_if_live(pages, holders[i]);
+        if (!r || r->trace_id != id) continue;
         bool own = r->buf && atomic_load(&r->buf->handle_refs) == 1 && !f->dbg;
-        f->reqs[f->nreq] = (ctpu_liveout_req){ r->tval, own ? r->buf : NULL, own ? r->off : 0 };
-        if (f->rh) f->rh[f->nreq] = h.id;
-        f->rrec[f->nreq++] = r;
+        f->reqs[nreq] = (ctpu_liveout_req){ r->tval, own ? r->buf : NULL, own ? r->off : 0 };
+        if (f->rh) f->rh[nreq] = holders[i];
+        f->rrec[nreq++] = r;
     }
+    f->nreq = nreq;
     return true;
 }
 
@@ -728,7 +731,9 @@ static ctpu_status obo_node(flush_ctx *f, obo_ctx *o, int i)
         ctpu_set_error(CTPU_ERR_OOM, "%s: output %s: %s", ctpu_op_name(nd.op), ctpu_fmt_type(&nd.out, tb, sizeof tb), e);
         return CTPU_ERR_OOM;
     }
-    ctpu_status st = ctpu__strict_launch(&nd, ty, bf, of, sc, o->buf[i], 0);
+    const ctpu_vtype *tp[CTPU_NODE_MAX_IN];
+    for (int k = 0; k < nd.n_in; k++) tp[k] = &ty[k];
+    ctpu_status st = ctpu__strict_launch(&nd, tp, bf, of, sc, o->buf[i], 0);
     if (st != CTPU_OK) return st;
     const ctpu_node *rn = ctpu_trace_rec_node_at(t_df.rec, i, &sc);
     for (int k = 0; k < rn->n_in; k++) {

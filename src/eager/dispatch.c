@@ -41,8 +41,8 @@ void ctpu__strict_front_free(struct ctpu_strict_front *f, ctpu_cache *c)
 
 /* The program of a strict key; *owned: the caller holds a reference to let
  * go of after its submit (false: this thread's front slot holds it). */
-static ctpu_program *strict_program(const uint8_t *key, size_t klen, const ctpu_trace *tr, ctpu_cache_result *res,
-                                    bool *owned, char *err, size_t errlen)
+static ctpu_program *strict_program(const uint8_t *key, size_t klen, ctpu_trace *tr, const ctpu_vtype *const *in_type,
+                                    ctpu_cache_result *res, bool *owned, char *err, size_t errlen)
 {
     uint64_t h = ctpu_key_hash(key, klen);
     ctpu_thread_state *ts = ctpu_ts();
@@ -56,7 +56,11 @@ static ctpu_program *strict_program(const uint8_t *key, size_t klen, const ctpu_
         return s->p;
     }
     ctpu_cache *cache = ctpu_rt->strict_cache;
+    ctpu_vtype types[CTPU_NODE_MAX_IN];   /* the trace's input types, for a compile */
+    for (int i = 0; i < tr->n_inputs; i++) types[i] = *in_type[i];
+    tr->in_type = types;
     ctpu_program *p = ctpu_cache_get(cache, key, klen, tr, res, err, errlen);
+    tr->in_type = NULL;
     *owned = p != NULL;
     if (p && s) {
         uint8_t *k = realloc(s->key, klen);
@@ -73,15 +77,15 @@ static ctpu_program *strict_program(const uint8_t *key, size_t klen, const ctpu_
 
 /* The strict table's key of a one-node trace: input types, the node (op,
  * arity, attrs when set, output type), the precision. Straight-line copies:
- * this is on every strict op's path. */
-static size_t strict_key(const ctpu_trace *tr, uint8_t *key, size_t cap)
+ * this is on every strict op's path (shapes are copied whole, 64 bytes, and
+ * p advances by the extents used: key has room for every dim). */
+static size_t strict_key(const ctpu_trace *tr, const ctpu_vtype *const *in_type, uint8_t *key, size_t cap)
 {
-    static const ctpu_attrs zero_attrs;
     const ctpu_node *n = tr->nodes;
     size_t need = 8 + (size_t)tr->n_inputs * (2 + 64) + 8 + 64 + sizeof(ctpu_attrs);
     if (need > cap) return 0;
     uint8_t *p = key;
-    bool has_attr = memcmp(&n->attr, &zero_attrs, sizeof zero_attrs) != 0;
+    bool has_attr = !ctpu_attrs_zero(&n->attr);
     *p++ = (uint8_t)tr->n_inputs;
     *p++ = tr->precision;
     *p++ = (uint8_t)(n->op & 0xff);
@@ -89,15 +93,15 @@ static size_t strict_key(const ctpu_trace *tr, uint8_t *key, size_t cap)
     *p++ = n->n_scalars;
     *p++ = has_attr;
     for (int i = 0; i < tr->n_inputs; i++) {
-        const ctpu_vtype *t = &tr->in_type[i];
+        const ctpu_vtype *t = in_type[i];
         *p++ = t->dtype;
         *p++ = t->ndim;
-        memcpy(p, t->shape, sizeof(int64_t) * t->ndim);
+        memcpy(p, t->shape, sizeof t->shape);
         p += sizeof(int64_t) * t->ndim;
     }
     *p++ = n->out.dtype;
     *p++ = n->out.ndim;
-    memcpy(p, n->out.shape, sizeof(int64_t) * n->out.ndim);
+    memcpy(p, n->out.shape, sizeof n->out.shape);
     p += sizeof(int64_t) * n->out.ndim;
     if (has_attr) {
         memcpy(p, &n->attr, sizeof n->attr);
@@ -106,7 +110,7 @@ static size_t strict_key(const ctpu_trace *tr, uint8_t *key, size_t cap)
     return (size_t)(p - key);
 }
 
-ctpu_status ctpu__strict_launch(ctpu_node *node, const ctpu_vtype *in_type, ctpu_buffer *const *in_buf,
+ctpu_status ctpu__strict_launch(ctpu_node *node, const ctpu_vtype *const *in_type, ctpu_buffer *const *in_buf,
                                 const size_t *in_off, const double *scalars, ctpu_buffer *out, size_t out_off)
 {
     ctpu_runtime *rt = ctpu_rt;
@@ -116,16 +120,18 @@ ctpu_status ctpu__strict_launch(ctpu_node *node, const ctpu_vtype *in_type, ctpu
     int32_t outv = n_in;
     bool dbg = ctpu_debug_checks_now();
     ctpu_trace tr = {
-        .n_inputs = n_in, .n_nodes = 1, .n_outputs = 1, .in_type = (ctpu_vtype *)in_type, .nodes = node,
+        .n_inputs = n_in, .n_nodes = 1, .n_outputs = 1, .nodes = node,
         .outputs = &outv, .n_scalars = node->n_scalars,
         .precision = (uint8_t)rt->precision, .debug_checks = 0,
     };
     uint8_t key[4096];
-    size_t klen = strict_key(&tr, key, sizeof key);
+    size_t klen = strict_key(&tr, in_type, key, sizeof key);
     char err[256];
-    ctpu_cache_result res = { 0 };
+    ctpu_cache_result res;   /* (not zeroed whole: its reason is 160 bytes; a lookup clears it) */
+    res.hit = false;
+    res.collisions = res.evicted = 0;
     bool owned = false;
-    ctpu_program *prog = klen ? strict_program(key, klen, &tr, &res, &owned, err, sizeof err) : NULL;
+    ctpu_program *prog = klen ? strict_program(key, klen, &tr, in_type, &res, &owned, err, sizeof err) : NULL;
     bool hit = res.hit;
     ctpu_counter_add(&rt->metrics, CTPU_CTR_STRICT_CACHE_REQUESTS, 1);
     if (res.collisions) ctpu_counter_add(&rt->metrics, CTPU_CTR_CACHE_COLLISIONS, res.collisions);
@@ -190,16 +196,17 @@ ctpu_status ctpu__strict_launch(ctpu_node *node, const ctpu_vtype *in_type, ctpu
 static ctpu_status launch(ctpu_node *node, ctpu_trec *const *inputs, const double *scalars,
                           ctpu_buffer *out, size_t out_off)
 {
-    const char *opn = ctpu_op_name(node->op);
-    ctpu_vtype in_type[CTPU_NODE_MAX_IN];
+    const ctpu_vtype *in_type[CTPU_NODE_MAX_IN];
     ctpu_buffer *in_buf[CTPU_NODE_MAX_IN];
     size_t in_off[CTPU_NODE_MAX_IN];
     for (int i = 0; i < node->n_in; i++) {
+        ctpu_trec *r = inputs[i];
         /* a value still pending in this thread's trace (the mode changed) */
-        if (!ctpu__materialize(inputs[i], opn, CTPU_CUT_MODE)) return ctpu_last_status();
-        in_type[i] = inputs[i]->type;
-        in_buf[i] = inputs[i]->buf;
-        in_off[i] = inputs[i]->off;
+        if (ctpu_rec_pending(r) && !ctpu__materialize(r, ctpu_op_name(node->op), CTPU_CUT_MODE))
+            return ctpu_last_status();
+        in_type[i] = &r->type;
+        in_buf[i] = r->buf;
+        in_off[i] = r->off;
     }
     return ctpu__strict_launch(node, in_type, in_buf, in_off, scalars, out, out_off);
 }
@@ -253,7 +260,7 @@ static ctpu_tensor make_view(ctpu_node *node, ctpu_trec *rec, ctpu_tensor in_h, 
  * it null is already set). */
 static bool get_inputs(const char *op, int n, const ctpu_tensor *ts, const char *const *names, ctpu_trec **out)
 {
-    if (!ctpu_check_init(op)) return false;
+    if (n <= 0 && !ctpu_check_init(op)) return false;   /* (ctpu_rec_get checks it for each input) */
     for (int i = 0; i < n; i++) {
         out[i] = ctpu_rec_get(ts[i], op, names[i], true);
         if (!out[i]) return false;
@@ -853,7 +860,13 @@ bool ctpu__test_op_rules_defined(int op)
 /* ------------------------------------------------------------ the op's node */
 /* The node of op applied to n_in resolved inputs (in holds CTPU_NODE_MAX_IN):
  * its shape rule, then its dtype rule (both from the op's row). */
-static inline bool infer(int op, const char *opn, int n_in, ctpu_trec *const *in, const op_args *a, ctpu_node *n)
+static inline const char *const *input_names(const ctpu_op_info *o, const op_args *a)
+{
+    return a->names ? a->names : shape_rules[o->shape_rule].names;
+}
+
+static inline bool infer_named(int op, const char *opn, const char *const *names, int n_in, ctpu_trec *const *in,
+                               const op_args *a, ctpu_node *n)
 {
     const ctpu_op_info *o = &ctpu_op_infos[op];
     memset(n, 0, sizeof *n);   /* (not a compound literal: no temporary to copy on every op) */
@@ -861,7 +874,6 @@ static inline bool infer(int op, const char *opn, int n_in, ctpu_trec *const *in
     n->n_in = (uint8_t)n_in;
     n->n_scalars = (uint8_t)a->n_scalars;
     n->attr.flags = a->flags;
-    const char *const *names = a->names ? a->names : shape_rules[o->shape_rule].names;
     /* the elementwise rules called directly (every strict op's path; the same functions the tables hold) */
     bool ok = o->shape_rule == CTPU_SH_SAME        ? sh_same(opn, names, in, a, n)
               : o->shape_rule == CTPU_SH_BROADCAST ? sh_broadcast(opn, names, in, a, n)
@@ -875,19 +887,21 @@ static inline bool infer(int op, const char *opn, int n_in, ctpu_trec *const *in
     }
 }
 
+static inline bool infer(int op, const char *opn, int n_in, ctpu_trec *const *in, const op_args *a, ctpu_node *n)
+{
+    return infer_named(op, opn, input_names(&ctpu_op_infos[op], a), n_in, in, a, n);
+}
+
 /* Resolve the inputs, build the node, dispatch it (a view for view ops). */
 static ctpu_tensor apply(int op, int n_in, const ctpu_tensor *ts, const op_args *a, const double *scalars)
 {
-    const char *opn = a->opn ? a->opn : ctpu_op_name(op);
+    const ctpu_op_info *o = &ctpu_op_infos[op];
+    const char *opn = a->opn ? a->opn : o->name;
+    const char *const *names = input_names(o, a);
     ctpu_trec *in[CTPU_NODE_MAX_IN];
-    if (n_in == 0) {
-        if (!ctpu_check_init(opn)) return ctpu_failed();
-    } else {
-        const char *const *names = a->names ? a->names : shape_rules[ctpu_op_infos[op].shape_rule].names;
-        if (!get_inputs(opn, n_in, ts, names, in)) return ctpu_failed();
-    }
+    if (!get_inputs(opn, n_in, ts, names, in)) return ctpu_failed();
     ctpu_node n;
-    if (!infer(op, opn, n_in, in, a, &n)) return ctpu_failed();
+    if (!infer_named(op, opn, names, n_in, in, a, &n)) return ctpu_failed();
     if (ctpu_op_is(op, CTPU_OPK_VIEW)) return make_view(&n, in[0], ts[0], in[0]->off);
     return n_in ? ctpu_dispatch(&n, in, ts, scalars) : ctpu_dispatch(&n, NULL, NULL, scalars);
 }

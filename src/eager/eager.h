@@ -79,6 +79,7 @@ extern ctpu_runtime *ctpu_rt;
  * keeps its own thread id (device/tracefile.c): one thread-local per layer. */
 #define CTPU_MAX_SCOPES 64
 #define CTPU_FAIL_RING 32            /* failures an error handle can name (ctpu.h) */
+#define CTPU_SLOT_STASH 64           /* free slots a thread keeps (half go back when it overflows) */
 
 typedef struct {                     /* tensor.c */
     uint64_t id;
@@ -123,6 +124,10 @@ typedef struct ctpu_thread_state {
     struct ctpu_strict_front *strict_front; /* dispatch.c: lock-free front of the strict program table */
     struct ctpu_capture *cap;        /* compiled.c: the capture fn is running in, or NULL */
     struct {
+        uint32_t idx[CTPU_SLOT_STASH];
+        int n;
+    } slots;                         /* tensor.c: free handle slots this thread reuses without slot_mu */
+    struct {
         char host_read[64];          /* report.c: ctpu_set_host_read_label */
     } label;                         /* (the user's region labels go here too) */
     struct {
@@ -166,6 +171,9 @@ static inline ctpu_thread_state *ctpu_ts_current(void)
 /* Drop the calling thread's runtime-bound parts while the runtime still
  * lives (ctpu_shutdown: its unfinished trace releases its input buffers). */
 void ctpu__ts_drop_runtime(void);
+/* tensor.c: give s's stashed free slots back to the runtime they belong to
+ * (ctpu_rt, still alive); rt NULL: that runtime is gone, they are dropped. */
+void ctpu__slots_drop(ctpu_thread_state *s, ctpu_runtime *rt);
 /* dispatch.c: free a strict front table; c: the live runtime's strict
  * table, whose programs it lets go of (NULL: that runtime is gone). */
 void ctpu__strict_front_free(struct ctpu_strict_front *f, ctpu_cache *c);
@@ -204,6 +212,19 @@ static inline ctpu_trec *ctpu_slot(uint32_t idx)
 }
 static inline uint32_t ctpu_handle_slot(ctpu_tensor t) { return (uint32_t)(t.id & 0xffffffffu) - 1u; }
 static inline uint32_t ctpu_handle_gen(ctpu_tensor t) { return (uint32_t)(t.id >> 32); }
+/* The record of handle id h if h still names it, else NULL: for loops over
+ * handle ids a thread made (scope items, trace holders), with pages =
+ * ctpu_rt->pages read once. Relaxed reads: another thread may be reusing a
+ * released slot, and a mismatch is all this needs to see (a seq_cst load
+ * here made every iteration reload the loop's state). */
+static inline ctpu_trec *ctpu_slot_if_live(ctpu_trec *const *pages, uint64_t h)
+{
+    ctpu_tensor t = { h };
+    uint32_t idx = ctpu_handle_slot(t);
+    ctpu_trec *r = &pages[idx / CTPU_SLOTS_PER_PAGE][idx % CTPU_SLOTS_PER_PAGE];
+    bool live = atomic_load_explicit(&r->live, memory_order_relaxed);
+    return live && atomic_load_explicit(&r->gen, memory_order_relaxed) == ctpu_handle_gen(t) ? r : NULL;
+}
 
 /* The user's name of a record's value ("" if none). */
 static inline const char *ctpu_rec_name(const ctpu_trec *r)
@@ -292,7 +313,7 @@ ctpu_status ctpu_dispatch_into(ctpu_node *node, ctpu_trec *const *inputs, const 
  * one-op program table, then the stream (in debug eager, wait and report a
  * device fault here). node->in[] is overwritten. Defer and fuse runs a
  * trace past the recompile limit through it, op by op. */
-ctpu_status ctpu__strict_launch(ctpu_node *node, const ctpu_vtype *in_type, ctpu_buffer *const *in_buf,
+ctpu_status ctpu__strict_launch(ctpu_node *node, const ctpu_vtype *const *in_type, ctpu_buffer *const *in_buf,
                                 const size_t *in_off, const double *scalars, ctpu_buffer *out, size_t out_off);
 
 /* ------------------------------------------------------------ defer and fuse (defer.c) */

@@ -35,6 +35,7 @@ static bool ts_key_ok;
 static void ts_drop(ctpu_thread_state *s, const ctpu_runtime *rt)
 {
     ctpu_device *dev = rt ? rt->dev : NULL;
+    ctpu__slots_drop(s, rt ? ctpu_rt : NULL);
     for (int i = 0; i < CTPU_MAX_SCOPES; i++) free(s->scopes[i].items);
     memset(s->scopes, 0, sizeof s->scopes);
     s->scope_depth = 0;

@@ -24,12 +24,32 @@ static bool scope_push_item(scope_t *s, uint64_t id)
 }
 
 /* ------------------------------------------------------------ records */
-static bool slot_alloc(uint32_t *out)
+/* Slots: a runtime-wide free list under slot_mu, and in front of it each
+ * thread's stash of free slots (its state, eager.h), so making and
+ * releasing a handle takes no lock on most ops: a thread refills half a
+ * stash at a time and gives half back when it overflows. A slot freed into
+ * a stash is reused by that thread (program order); one crossing threads
+ * goes through slot_mu, which orders the reuse as before. */
+#define SLOT_BATCH (CTPU_SLOT_STASH / 2)
+
+static bool slot_alloc(ctpu_thread_state *ts, uint32_t *out)
 {
+    if (ts && ts->slots.n > 0) {
+        *out = ts->slots.idx[--ts->slots.n];
+        return true;
+    }
     ctpu_runtime *rt = ctpu_rt;
     pthread_mutex_lock(&rt->slot_mu);
     if (rt->n_free) {
-        *out = rt->free_list[--rt->n_free];
+        if (ts) {   /* this one, and a batch for the next ones (the oldest last, as the list hands them out) */
+            uint32_t k = rt->n_free - 1 < SLOT_BATCH ? rt->n_free - 1 : SLOT_BATCH;
+            for (uint32_t i = 0; i < k; i++) ts->slots.idx[k - 1 - i] = rt->free_list[rt->n_free - 2 - i];
+            *out = rt->free_list[rt->n_free - 1];
+            rt->n_free -= k + 1;
+            ts->slots.n = (int)k;
+        } else {
+            *out = rt->free_list[--rt->n_free];
+        }
         pthread_mutex_unlock(&rt->slot_mu);
         return true;
     }
@@ -52,19 +72,48 @@ static bool slot_alloc(uint32_t *out)
     return true;
 }
 
-static void slot_free(uint32_t idx)
+/* Onto the global list (slot_mu held). False: no memory for the list (the slot leaks, never reused). */
+static bool slot_push_locked(ctpu_runtime *rt, uint32_t idx)
 {
-    ctpu_runtime *rt = ctpu_rt;
-    pthread_mutex_lock(&rt->slot_mu);
     if (rt->n_free == rt->free_cap) {
         uint32_t nc = rt->free_cap ? rt->free_cap * 2 : 1024;
         uint32_t *p = realloc(rt->free_list, nc * sizeof *p);
-        if (!p) { pthread_mutex_unlock(&rt->slot_mu); return; } /* slot leaks, never reused */
+        if (!p) return false;
         rt->free_list = p;
         rt->free_cap = nc;
     }
     rt->free_list[rt->n_free++] = idx;
+    return true;
+}
+
+static void slot_free(uint32_t idx)
+{
+    ctpu_thread_state *ts = ctpu_ts_current();   /* none (or another runtime's): the global list */
+    if (ts && ts->slots.n < CTPU_SLOT_STASH) {
+        ts->slots.idx[ts->slots.n++] = idx;
+        return;
+    }
+    ctpu_runtime *rt = ctpu_rt;
+    pthread_mutex_lock(&rt->slot_mu);
+    if (ts) {   /* the stash is full: its older half goes back, this one stays */
+        for (int i = 0; i < SLOT_BATCH; i++) slot_push_locked(rt, ts->slots.idx[i]);
+        memmove(ts->slots.idx, ts->slots.idx + SLOT_BATCH, sizeof(uint32_t) * (CTPU_SLOT_STASH - SLOT_BATCH));
+        ts->slots.n = CTPU_SLOT_STASH - SLOT_BATCH;
+        ts->slots.idx[ts->slots.n++] = idx;
+    } else {
+        slot_push_locked(rt, idx);
+    }
     pthread_mutex_unlock(&rt->slot_mu);
+}
+
+void ctpu__slots_drop(ctpu_thread_state *s, ctpu_runtime *rt)
+{
+    if (rt && s->slots.n > 0) {
+        pthread_mutex_lock(&rt->slot_mu);
+        for (int i = 0; i < s->slots.n; i++) slot_push_locked(rt, s->slots.idx[i]);
+        pthread_mutex_unlock(&rt->slot_mu);
+    }
+    s->slots.n = 0;
 }
 
 ctpu_trec *ctpu_rec_get(ctpu_tensor t, const char *op, const char *arg, bool quiet_null)
@@ -93,8 +142,9 @@ ctpu_trec *ctpu_rec_get(ctpu_tensor t, const char *op, const char *arg, bool qui
 
 ctpu_tensor ctpu_handle_new(const ctpu_vtype *type, ctpu_buffer *buf, size_t off, const char *op)
 {
+    ctpu_thread_state *ts = ctpu_ts();   /* out of host memory: global, as below */
     uint32_t idx;
-    if (!slot_alloc(&idx)) {
+    if (!slot_alloc(ts, &idx)) {
         ctpu_set_error(CTPU_ERR_OOM, "%s: out of tensor handles", op);
         if (buf) ctpu_buffer_release(ctpu_rt->dev, buf);
         return ctpu_failed();
@@ -112,7 +162,6 @@ ctpu_tensor ctpu_handle_new(const ctpu_vtype *type, ctpu_buffer *buf, size_t off
     r->made_by = NULL;
     if (buf) atomic_fetch_add(&buf->handle_refs, 1);
     ctpu_tensor t = { ((uint64_t)atomic_load_explicit(&r->gen, memory_order_relaxed) << 32) | (idx + 1) };
-    ctpu_thread_state *ts = ctpu_ts();   /* out of host memory: global, as below */
     if (ts && ts->scope_depth > 0) {
         scope_t *s = &ts->scopes[ts->scope_depth - 1];
         r->scope_id = s->id;
@@ -311,11 +360,11 @@ static ctpu_status scope_end(bool step, const char *op)
         return CTPU_ERR_STATE;
     }
     /* release first: at a step's end only kept values are live-out */
-    for (size_t i = 0; i < s->n; i++) {
-        ctpu_tensor t = { s->items[i] };
-        uint32_t idx = ctpu_handle_slot(t);
-        ctpu_trec *r = ctpu_slot(idx);
-        if (r->live && r->gen == ctpu_handle_gen(t) && r->scope_id == s->id) ctpu_handle_release_rec(r, idx);
+    ctpu_trec *const *pages = ctpu_rt->pages;
+    const uint64_t *items = s->items, sid = s->id;
+    for (size_t i = 0, n = s->n; i < n; i++) {
+        ctpu_trec *r = ctpu_slot_if_live(pages, items[i]);
+        if (r && r->scope_id == sid) ctpu_handle_release_rec(r, ctpu_handle_slot((ctpu_tensor){ items[i] }));
     }
     s->n = 0;
     ts->scope_depth--;

@@ -20,17 +20,25 @@ struct ctpu_trace_rec {
     bool key_oom;
 };
 
-static void key_put(ctpu_trace_rec *r, const void *p, size_t n)
+/* Room for n more key bytes (NULL and key_oom set when out of memory). */
+static inline uint8_t *key_room(ctpu_trace_rec *r, size_t n)
 {
     if (r->klen + n > r->kcap) {
         size_t nc = r->kcap ? r->kcap * 2 : 4096;
         while (nc < r->klen + n) nc *= 2;
         uint8_t *q = realloc(r->kb, nc);
-        if (!q) { r->key_oom = true; return; }
+        if (!q) { r->key_oom = true; return NULL; }
         r->kb = q;
         r->kcap = nc;
     }
-    memcpy(r->kb + r->klen, p, n);
+    return r->kb + r->klen;
+}
+
+static void key_put(ctpu_trace_rec *r, const void *p, size_t n)
+{
+    uint8_t *q = key_room(r, n);
+    if (!q) return;
+    memcpy(q, p, n);
     r->klen += n;
 }
 
@@ -114,25 +122,55 @@ ctpu_vref ctpu_trace_rec_input(ctpu_trace_rec *r, ctpu_buffer *buf, size_t off, 
 
 ctpu_vref ctpu_trace_rec_node(ctpu_trace_rec *r, const ctpu_node *node, const double *scalars)
 {
-    int cap = r->cap_nodes;
-    if (!grow((void **)&r->nodes, &cap, r->n_nodes + 1, sizeof *r->nodes)) return -CTPU_VREF_OOM;
-    cap = r->cap_nodes;
-    if (!grow((void **)&r->scal_start, &cap, r->n_nodes + 1, sizeof *r->scal_start)) return -CTPU_VREF_OOM;
-    r->cap_nodes = cap;
-    if (!grow((void **)&r->scal, &r->cap_scal, r->n_scal + node->n_scalars, sizeof *r->scal)) return -CTPU_VREF_OOM;
-    r->nodes[r->n_nodes] = *node;
-    r->scal_start[r->n_nodes] = r->n_scal;
-    for (int i = 0; i < node->n_scalars; i++) r->scal[r->n_scal++] = scalars[i];
-    /* key: op, arity, wiring, type, attrs when set (never scalar values) */
-    static const ctpu_attrs zero_attrs;
-    bool has_attr = memcmp(&node->attr, &zero_attrs, sizeof zero_attrs) != 0;
-    uint8_t h[4] = { (uint8_t)(node->op & 0xff), (uint8_t)(node->op >> 8),
-                     (uint8_t)(node->n_in | (has_attr << 7)), node->n_scalars };
-    key_put(r, h, 4);
-    key_put(r, node->in, sizeof(int32_t) * node->n_in);
-    key_vtype(r, 'N', &node->out);
-    if (has_attr) key_put(r, &node->attr, sizeof node->attr);
-    return r->n_nodes++;
+    int id = r->n_nodes, ns = node->n_scalars, s0 = r->n_scal;
+    if (id == r->cap_nodes) {
+        int cap = r->cap_nodes;
+        if (!grow((void **)&r->nodes, &cap, id + 1, sizeof *r->nodes)) return -CTPU_VREF_OOM;
+        cap = r->cap_nodes;
+        if (!grow((void **)&r->scal_start, &cap, id + 1, sizeof *r->scal_start)) return -CTPU_VREF_OOM;
+        r->cap_nodes = cap;
+    }
+    if (s0 + ns > r->cap_scal && !grow((void **)&r->scal, &r->cap_scal, s0 + ns, sizeof *r->scal))
+        return -CTPU_VREF_OOM;
+    r->nodes[id] = *node;
+    r->scal_start[id] = s0;
+    double *sc = r->scal + s0;
+    _Static_assert(CTPU_NODE_MAX_SCALARS == 4, "the copy below takes at most 4 scalars");
+    switch (ns) {   /* (a loop here is a vectorised loop's set-up for one scalar) */
+    case 4: sc[3] = scalars[3]; /* fall through */
+    case 3: sc[2] = scalars[2]; /* fall through */
+    case 2: sc[1] = scalars[1]; /* fall through */
+    case 1: sc[0] = scalars[0]; /* fall through */
+    default: break;
+    }
+    r->n_scal = s0 + ns;
+    r->n_nodes = id + 1;
+    /* key: op, arity, wiring, type, attrs when set (never scalar values);
+     * the bytes key_vtype would write for the output, in one reservation.
+     * The wiring and the shape are copied whole (fixed-size copies, no libc
+     * call): the room has slack for them, and klen counts only the bytes used. */
+    bool has_attr = !ctpu_attrs_zero(&node->attr);
+    int n_in = node->n_in, nd = node->out.ndim;
+    size_t win = sizeof(int32_t) * (size_t)n_in, wsh = sizeof(int64_t) * (size_t)nd;
+    size_t need = 4 + win + 3 + wsh + (has_attr ? sizeof node->attr : 0);
+    uint8_t *p = key_room(r, need + sizeof node->in + sizeof node->out.shape);
+    if (!p) return id;
+    p[0] = (uint8_t)(node->op & 0xff);
+    p[1] = (uint8_t)(node->op >> 8);
+    p[2] = (uint8_t)(n_in | (has_attr << 7));
+    p[3] = node->n_scalars;
+    p += 4;
+    memcpy(p, node->in, sizeof node->in);
+    p += win;
+    p[0] = 'N';
+    p[1] = node->out.dtype;
+    p[2] = (uint8_t)nd;
+    p += 3;
+    memcpy(p, node->out.shape, sizeof node->out.shape);
+    p += wsh;
+    if (has_attr) memcpy(p, &node->attr, sizeof node->attr);
+    r->klen += need;
+    return id;
 }
 
 bool ctpu_trace_rec_key(const ctpu_trace_rec *r, const uint8_t **key, size_t *len)
