@@ -789,6 +789,10 @@ typedef struct {
 } ctpu_compiled_info;
 /* Errors: CTPU_ERR_INVALID_ARG (c or out NULL). */
 CTPU_API ctpu_status ctpu_compiled_get_info(const ctpu_compiled *c, ctpu_compiled_info *out);
+/* True while this thread runs a compiled step's fn in capture mode (as
+ * torch.compiler.is_compiling()): libraries use it to refuse host state a
+ * replay would not see. */
+CTPU_API bool ctpu_is_compiling(void);
 /* Free a compiled step (NULL: no-op). Its programs stay in the cache. */
 CTPU_API void ctpu_compiled_free(ctpu_compiled *c);
 

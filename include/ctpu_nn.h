@@ -179,6 +179,20 @@ typedef struct {
     double eps;             /* > 0 */
     double weight_decay;    /* decoupled: p *= 1 - lr * wd before the Adam update */
 } ctpu_adamw_opts;
+/* Capturable (torch.optim's capturable=True; see ctpu_optim_set_capturable): the optimizer keeps its
+ * learning rate and step count as 0-d f32 device tensors, updated by the
+ * step's own ops (step + 1, the bias corrections 1 - beta^step, the lr of
+ * ctpu_optim_set_lr written into its tensor), and its state is assigned in
+ * place. In every mode, so results stay bit-identical across modes; the
+ * update follows torch's capturable Adam: step_size = lr / (1 - b1^t),
+ * denom = sqrt(v) / (sqrt(1 - b2^t) * -step_size) + eps / -step_size,
+ * p += m / denom (AdamW first p *= 1 - lr wd), all in f32 on the device
+ * (the non-capturable form computes the coefficients in double on the
+ * host, so the two differ in the last bits). A compiled step
+ * (ctpu_compile) needs it: ctpu_optim_step of a non-capturable optimizer
+ * inside a capture is CTPU_ERR_STATE, since its host-side lr and step count
+ * would be baked into the capture. ctpu_optim_lr and ctpu_optim_steps of a
+ * capturable optimizer read the tensors (a host read). */
 /* torch defaults: lr 1e-3, betas 0.9 / 0.999, eps 1e-8, weight decay 1e-2. */
 CTPU_API ctpu_adamw_opts ctpu_adamw_defaults(void);
 /* Adam's (torch.optim.Adam) defaults: as AdamW's with weight decay 0. Adam
@@ -224,6 +238,11 @@ CTPU_API ctpu_status ctpu_optim_step(ctpu_optim *o);
 /* ctpu_zero_grad (set-to-none) on every parameter. */
 CTPU_API ctpu_status ctpu_optim_zero_grad(ctpu_optim *o);
 CTPU_API ctpu_status ctpu_optim_set_lr(ctpu_optim *o, double lr);
+/* Make o capturable (described above ctpu_adamw_defaults; on = false goes
+ * back to host scalars, the tensors' values read back). The lr and step
+ * count so far carry over. Errors: CTPU_ERR_INVALID_ARG (o NULL), those of
+ * the ops (CTPU_ERR_OOM). */
+CTPU_API ctpu_status ctpu_optim_set_capturable(ctpu_optim *o, bool on);
 CTPU_API double ctpu_optim_lr(const ctpu_optim *o);
 CTPU_API int64_t ctpu_optim_steps(const ctpu_optim *o);   /* steps taken so far */
 /* Set the step count (AdamW's bias corrections use steps + 1; SGD's first

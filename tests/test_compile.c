@@ -2,6 +2,7 @@
  * scalars; bit-identical to strict eager; guards and their reasons; graph
  * breaks; host state baked into the capture; TORCH_COMPILE_DISABLE. */
 #include "t_core.h"
+#include "ctpu_nn.h"
 
 static int64_t C(const char *n) { return ctpu_metric_counter(n); }
 
@@ -536,6 +537,105 @@ START_TEST(bad_calls_are_errors)
 }
 END_TEST
 
+/* ------------------------------------------------------------ capturable optimizers */
+typedef struct { mlp md; ctpu_optim *opt; } opt_ctx;
+
+static ctpu_status opt_step(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    opt_ctx *x = ctx;
+    ctpu_optim_zero_grad(x->opt);
+    ctpu_tensor h = ctpu_relu(ctpu_add(ctpu_matmul(in[0], x->md.p[0]), x->md.p[1]));
+    ctpu_tensor logits = ctpu_add(ctpu_matmul(h, x->md.p[2]), x->md.p[3]);
+    ctpu_tensor loss = ctpu_neg(ctpu_mean(ctpu_sum(ctpu_mul(ctpu_log_softmax(logits, 1), in[1]), 1, (int[]){ 1 }, false),
+                                          0, NULL, false));
+    ctpu_status st = ctpu_backward(loss);
+    if (st == CTPU_OK) st = ctpu_optim_set_lr(x->opt, sc[0]);   /* the schedule's value: a program argument */
+    if (st == CTPU_OK) st = ctpu_optim_step(x->opt);
+    out[0] = loss;
+    return st;
+}
+
+/* kind 0: AdamW in two groups (decay / none), 1: SGD with momentum and dampening */
+static void run_opt(int kind, bool compiled, int steps, float *w, float *losses, int64_t *nsteps)
+{
+    opt_ctx x;
+    mlp_init(&x.md);
+    ctpu_tensor dec[2] = { x.md.p[0], x.md.p[2] }, nodec[2] = { x.md.p[1], x.md.p[3] };
+    ctpu_param_group g[2] = { { dec, 2, 1.0, 0.1 }, { nodec, 2, 0.5, 0 } };
+    ctpu_sgd_opts so = { 0.05, 0.9, 0.25, 1e-3, false };
+    ctpu_adamw_opts ao = ctpu_adamw_defaults();
+    x.opt = kind == 0 ? ctpu_adamw_create_groups(2, g, &ao) : ctpu_sgd_create_groups(2, g, &so);
+    ck_assert_ptr_nonnull(x.opt);
+    ck_assert_int_eq(ctpu_optim_set_capturable(x.opt, true), CTPU_OK);
+    ctpu_compiled *c = compiled ? ctpu_compile(opt_step, &x, NULL) : NULL;
+    for (int s = 0; s < steps; s++) {
+        float xb[NB * NI], yb[NB * NO];
+        batch(s, NB, xb, yb);
+        ctpu_scope_begin();
+        ctpu_tensor in[2] = { t_f32(xb, 2, (int64_t[]){ NB, NI }), t_f32(yb, 2, (int64_t[]){ NB, NO }) }, out[1];
+        double sc[1] = { ctpu_lr_warmup_cosine(kind ? 0.05 : 1e-2, s, 2, steps, 1e-3) };
+        if (c) {
+            ck_assert_msg(ctpu_compiled_call(c, 2, in, 1, sc, 1, out) == CTPU_OK, "%s", ctpu_last_error());
+        } else {
+            ctpu_scope_begin();
+            ck_assert_int_eq(opt_step(&x, in, sc, out), CTPU_OK);
+            ctpu_keep(out[0]);
+            ctpu_scope_end();
+        }
+        double l;
+        ck_assert_int_eq(ctpu_item(out[0], &l), CTPU_OK);
+        losses[s] = (float)l;
+        ctpu_scope_end();
+    }
+    read_params(&x.md, w);
+    *nsteps = ctpu_optim_steps(x.opt);
+    if (c) {
+        ctpu_compiled_info info;
+        ctpu_compiled_get_info(c, &info);
+        ck_assert_msg(info.replays >= (uint64_t)steps - 2 && info.graph_breaks == 0, "replays %d: %s", (int)info.replays,
+                      info.last_reason);
+        ctpu_compiled_free(c);
+    }
+    ctpu_optim_free(x.opt);
+    mlp_free(&x.md);
+}
+
+START_TEST(capturable_optimizers_bit_identical)
+{
+    enum { N = 7, NW = NI * NH + NH + NH * NO + NO };
+    for (int kind = 0; kind < 2; kind++) {
+        float wa[NW], wb[NW], la[N], lb[N];
+        int64_t sa, sb;
+        run_opt(kind, false, N, wa, la, &sa);
+        run_opt(kind, true, N, wb, lb, &sb);
+        for (int i = 0; i < NW; i++) ck_assert_msg(t_same(wa[i], wb[i]), "kind %d weight %d: %.9g vs %.9g", kind, i, wa[i], wb[i]);
+        for (int s = 0; s < N; s++) ck_assert(t_same(la[s], lb[s]));
+        ck_assert(la[N - 1] < la[0]);
+        ck_assert_int_eq(sa, N);   /* the step count advanced on the device at every replay */
+        ck_assert_int_eq(sb, N);
+    }
+}
+END_TEST
+
+START_TEST(non_capturable_optimizer_refused_in_capture)
+{
+    opt_ctx x;
+    mlp_init(&x.md);
+    ctpu_adamw_opts ao = ctpu_adamw_defaults();
+    x.opt = ctpu_adamw_create(4, x.md.p, &ao);
+    ctpu_compiled *c = ctpu_compile(opt_step, &x, NULL);
+    float xb[NB * NI], yb[NB * NO];
+    batch(0, NB, xb, yb);
+    ctpu_tensor in[2] = { t_f32(xb, 2, (int64_t[]){ NB, NI }), t_f32(yb, 2, (int64_t[]){ NB, NO }) }, out[1];
+    double sc[1] = { 1e-3 };
+    ck_assert_int_eq(ctpu_compiled_call(c, 2, in, 1, sc, 1, out), CTPU_ERR_STATE);
+    ck_assert_msg(t_contains(ctpu_last_error(), "capturable"), "%s", ctpu_last_error());
+    ctpu_compiled_free(c);
+    ctpu_optim_free(x.opt);
+    mlp_free(&x.md);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("compile");
@@ -554,6 +654,8 @@ static Suite *suite(void)
     tcase_add_test(t, recompile_limit_then_eager);
     tcase_add_test(t, compile_disable_runs_fn);
     tcase_add_test(t, bad_calls_are_errors);
+    tcase_add_test(t, capturable_optimizers_bit_identical);
+    tcase_add_test(t, non_capturable_optimizer_refused_in_capture);
     suite_add_tcase(s, t);
     return s;
 }

@@ -279,6 +279,7 @@ static void uninitialised_sweep(void)
     ctpu_compiled_info cinfo;
     UN_OK(ctpu_compiled_get_info, ctpu_compiled_get_info(NULL, &cinfo) == CTPU_ERR_INVALID_ARG);
     UN_OK(ctpu_compiled_free, (ctpu_compiled_free(NULL), true));
+    UN_OK(ctpu_is_compiling, !ctpu_is_compiling());
     ctpu_clear_error();
     /* reports */
     ctpu_clear_error();

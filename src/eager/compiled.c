@@ -1123,6 +1123,8 @@ ctpu_status ctpu_compiled_call(ctpu_compiled *c, int n_in, const ctpu_tensor *in
     return st;
 }
 
+bool ctpu_is_compiling(void) { return ctpu_rt && ctpu__capturing() != NULL; }
+
 ctpu_status ctpu_compiled_get_info(const ctpu_compiled *c, ctpu_compiled_info *out)
 {
     if (!c || c->magic != COMPILED_MAGIC || !out) {

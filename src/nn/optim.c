@@ -25,6 +25,8 @@ struct ctpu_optim {
     int64_t steps;
     ctpu_sgd_opts sgd;
     ctpu_adamw_opts adam;
+    bool capturable;      /* lr and steps live in lr_t and step_t (0-d f32, global) */
+    ctpu_tensor lr_t, step_t;
 };
 
 ctpu_adamw_opts ctpu_adamw_defaults(void) { return (ctpu_adamw_opts){ 1e-3, 0.9, 0.999, 1e-8, 1e-2 }; }
@@ -32,6 +34,8 @@ ctpu_adamw_opts ctpu_adam_defaults(void) { return (ctpu_adamw_opts){ 1e-3, 0.9, 
 
 static void free_host(ctpu_optim *o)
 {
+    if (ctpu_is_valid(o->lr_t)) ctpu_release(o->lr_t);
+    if (ctpu_is_valid(o->step_t)) ctpu_release(o->step_t);
     free(o->params);
     free(o->state);
     free(o->group_of);
@@ -288,15 +292,111 @@ static ctpu_status adamw_one(ctpu_optim *o, ctpu_tensor p, ctpu_tensor g, ctpu_t
     return st;
 }
 
+/* ---------------------------------------------------- capturable updates
+ * torch.optim's capturable=True: every coefficient from the lr and step
+ * tensors, on the device; state assigned in place (a compiled step keeps the
+ * same handles). Per group: lr_g = lr * lr_scale. */
+typedef struct {
+    ctpu_tensor lr;            /* lr_g */
+    ctpu_tensor den_scale;     /* Adam: sqrt(1 - b2^t) * -lr_g / (1 - b1^t) */
+    ctpu_tensor eps_scaled;    /* Adam: eps / (-lr_g / (1 - b1^t)) */
+    ctpu_tensor decay;         /* 1 - lr_g * wd (AdamW) */
+    ctpu_tensor first;         /* SGD: 1 at the first step, else 1 - dampening */
+} cap_coef;
+
+static cap_coef cap_coefs(const ctpu_optim *o, int g)
+{
+    cap_coef c = { ctpu_mul_scalar(o->lr_t, o->lr_scale[g]), CTPU_NULL, CTPU_NULL, CTPU_NULL, CTPU_NULL };
+    if (o->kind == OPT_SGD) {
+        if (o->sgd.momentum != 0 && o->sgd.dampening != 0)
+            c.first = ctpu_where(ctpu_eq_scalar(o->step_t, 0), ctpu_full(CTPU_F32, 0, NULL, 1.0),
+                                 ctpu_full(CTPU_F32, 0, NULL, 1.0 - o->sgd.dampening));
+        return c;
+    }
+    const ctpu_adamw_opts *a = &o->adam;
+    ctpu_tensor bc1 = ctpu_rsub_scalar(ctpu_rpow_scalar(o->step_t, a->beta1), 1.0);
+    ctpu_tensor bc2s = ctpu_sqrt(ctpu_rsub_scalar(ctpu_rpow_scalar(o->step_t, a->beta2), 1.0));
+    ctpu_tensor ssn = ctpu_neg(ctpu_div(c.lr, bc1));
+    c.den_scale = ctpu_mul(bc2s, ssn);
+    c.eps_scaled = ctpu_rdiv_scalar(ssn, a->eps);
+    if (o->kind == OPT_ADAMW && o->group_wd[g] != 0) c.decay = ctpu_rsub_scalar(ctpu_mul_scalar(c.lr, o->group_wd[g]), 1.0);
+    return c;
+}
+
+static ctpu_status cap_sgd_one(ctpu_optim *o, ctpu_tensor p, ctpu_tensor g, ctpu_tensor buf, const cap_coef *c, double wd)
+{
+    const ctpu_sgd_opts *s = &o->sgd;
+    ctpu_tensor d = g;
+    if (wd != 0) d = ctpu_add(d, ctpu_mul_scalar(p, wd));
+    if (s->momentum != 0) {
+        ctpu_tensor dd = s->dampening != 0 ? ctpu_mul(d, c->first) : d;
+        ctpu_tensor nb = ctpu_add(ctpu_mul_scalar(buf, s->momentum), dd);
+        d = s->nesterov ? ctpu_add(d, ctpu_mul_scalar(nb, s->momentum)) : nb;
+        ctpu_status st = ctpu_assign(buf, nb);
+        if (st != CTPU_OK) return st;
+    }
+    ctpu_tensor np = ctpu_sub(p, ctpu_mul(d, c->lr));
+    return ctpu_assign(p, np);
+}
+
+static ctpu_status cap_adam_one(ctpu_optim *o, ctpu_tensor p, ctpu_tensor g, ctpu_tensor m, ctpu_tensor v, const cap_coef *c,
+                                double wd)
+{
+    const ctpu_adamw_opts *a = &o->adam;
+    ctpu_tensor p1 = p;
+    if (o->kind == OPT_ADAM) {
+        if (wd != 0) g = ctpu_add(g, ctpu_mul_scalar(p, wd));
+    } else if (!ctpu_is_null(c->decay)) {
+        p1 = ctpu_mul(p, c->decay);
+    }
+    ctpu_tensor nm = ctpu_add(ctpu_mul_scalar(m, a->beta1), ctpu_mul_scalar(g, 1.0 - a->beta1));
+    ctpu_tensor nv = ctpu_add(ctpu_mul_scalar(v, a->beta2), ctpu_mul_scalar(ctpu_mul(g, g), 1.0 - a->beta2));
+    ctpu_tensor denom = ctpu_add(ctpu_div(ctpu_sqrt(nv), c->den_scale), c->eps_scaled);
+    ctpu_tensor np = ctpu_add(p1, ctpu_div(nm, denom));
+    ctpu_status st = ctpu_assign(p, np);
+    if (st == CTPU_OK) st = ctpu_assign(m, nm);
+    if (st == CTPU_OK) st = ctpu_assign(v, nv);
+    return st;
+}
+
+static ctpu_status cap_step(ctpu_optim *o)
+{
+    ctpu_status st = ctpu_assign(o->step_t, ctpu_add_scalar(o->step_t, 1.0));
+    for (int gi = 0; gi < o->n_groups && st == CTPU_OK; gi++) {
+        if ((st = ctpu_scope_begin()) != CTPU_OK) break;
+        cap_coef c = cap_coefs(o, gi);
+        for (int i = 0; i < o->n && st == CTPU_OK; i++) {
+            if (o->group_of[i] != gi) continue;
+            ctpu_tensor g = ctpu_grad(o->params[i]);
+            if (ctpu_is_null(g)) continue;
+            ctpu_tensor *sv = o->state + i * o->n_state;
+            st = o->kind == OPT_SGD ? cap_sgd_one(o, o->params[i], g, o->n_state ? sv[0] : CTPU_NULL, &c, o->group_wd[gi])
+                                    : cap_adam_one(o, o->params[i], g, sv[0], sv[1], &c, o->group_wd[gi]);
+        }
+        ctpu_status se = ctpu_scope_end();
+        if (st == CTPU_OK) st = se;
+    }
+    return st;
+}
+
 ctpu_status ctpu_optim_step(ctpu_optim *o)
 {
     if (!ctpu__nn_ready("optim_step")) return CTPU_ERR_NOT_INITIALIZED;
     if (!o) return ctpu_report_error(CTPU_ERR_INVALID_ARG, "optim_step: o is NULL");
+    if (!o->capturable && ctpu_is_compiling())
+        return ctpu_report_error(CTPU_ERR_STATE, "optim_step: inside a compiled step the optimizer needs capturable = true "
+                                 "in its opts (its host-side lr and step count would be baked into the capture)");
     for (int i = 0; i < o->n; i++)
         if (!ctpu_is_valid(o->params[i]))
             return ctpu_report_error(CTPU_ERR_STALE_HANDLE, "optim_step: params[%d] was released", i);
     ctpu_status st = ctpu_no_grad_begin();
     if (st != CTPU_OK) return st;
+    if (o->capturable) {
+        st = cap_step(o);
+        ctpu_no_grad_end();
+        if (st != CTPU_OK) ctpu__nn_blame("optim_step", NULL);
+        return st;
+    }
     for (int i = 0; i < o->n && st == CTPU_OK; i++) {
         ctpu_tensor g = ctpu_grad(o->params[i]);
         if (ctpu_is_null(g)) continue;
@@ -327,11 +427,51 @@ ctpu_status ctpu_optim_set_lr(ctpu_optim *o, double lr)
     if (!o || !(lr >= 0) || !isfinite(lr))
         return ctpu_report_error(CTPU_ERR_INVALID_ARG, "optim_set_lr: %s", o ? "lr must be finite and >= 0" : "o is NULL");
     o->lr = lr;
+    if (o->capturable) return ctpu_assign(o->lr_t, ctpu_full(CTPU_F32, 0, NULL, lr));
     return CTPU_OK;
 }
 
-double ctpu_optim_lr(const ctpu_optim *o) { return o ? o->lr : 0.0; }
-int64_t ctpu_optim_steps(const ctpu_optim *o) { return o ? o->steps : 0; }
+ctpu_status ctpu_optim_set_capturable(ctpu_optim *o, bool on)
+{
+    if (!ctpu__nn_ready("optim_set_capturable")) return CTPU_ERR_NOT_INITIALIZED;
+    if (!o) return ctpu_report_error(CTPU_ERR_INVALID_ARG, "optim_set_capturable: o is NULL");
+    if (on == o->capturable) return CTPU_OK;
+    if (!on) {
+        o->lr = ctpu_optim_lr(o);
+        o->steps = ctpu_optim_steps(o);
+        ctpu_release(o->lr_t);
+        ctpu_release(o->step_t);
+        o->lr_t = o->step_t = CTPU_NULL;
+        o->capturable = false;
+        return CTPU_OK;
+    }
+    /* 0-d f32 tensors of no scope */
+    ctpu_tensor lr = ctpu__nn_global(ctpu_full(CTPU_F32, 0, NULL, o->lr));
+    ctpu_tensor st = ctpu__nn_global(ctpu_full(CTPU_F32, 0, NULL, (double)o->steps));
+    if (ctpu_is_null(lr) || ctpu_is_null(st)) {
+        ctpu_status e = ctpu_last_status();
+        if (!ctpu_is_null(lr)) ctpu_release(lr);
+        if (!ctpu_is_null(st)) ctpu_release(st);
+        return e;
+    }
+    o->lr_t = lr;
+    o->step_t = st;
+    o->capturable = true;
+    return CTPU_OK;
+}
+
+/* A capturable optimizer's lr / step tensor on the host. */
+static double cap_read(ctpu_tensor t, double dflt)
+{
+    double v;
+    return ctpu_item(t, &v) == CTPU_OK ? v : dflt;
+}
+
+double ctpu_optim_lr(const ctpu_optim *o) { return !o ? 0.0 : o->capturable ? cap_read(o->lr_t, o->lr) : o->lr; }
+int64_t ctpu_optim_steps(const ctpu_optim *o)
+{
+    return !o ? 0 : o->capturable ? (int64_t)cap_read(o->step_t, (double)o->steps) : o->steps;
+}
 
 ctpu_status ctpu_optim_set_steps(ctpu_optim *o, int64_t steps)
 {
@@ -339,6 +479,7 @@ ctpu_status ctpu_optim_set_steps(ctpu_optim *o, int64_t steps)
         return ctpu_report_error(CTPU_ERR_INVALID_ARG, "optim_set_steps: %s",
                                  o ? "steps must be >= 0" : "o is NULL");
     o->steps = steps;
+    if (o->capturable) return ctpu_assign(o->step_t, ctpu_full(CTPU_F32, 0, NULL, (double)steps));
     return CTPU_OK;
 }
 
@@ -346,7 +487,8 @@ ctpu_status ctpu_optim_set_steps(ctpu_optim *o, int64_t steps)
 void ctpu__optim_get(const ctpu_optim *o, ctpu__optim_hp *hp)
 {
     *hp = (ctpu__optim_hp){ .adamw = o->kind != OPT_SGD, .l2 = o->kind == OPT_ADAM, .n_params = o->n,
-                            .n_state = o->n_state, .lr = o->lr, .steps = o->steps, .sgd = o->sgd, .adam = o->adam,
+                            .n_state = o->n_state, .lr = ctpu_optim_lr(o), .steps = ctpu_optim_steps(o),
+                            .sgd = o->sgd, .adam = o->adam,
                             .n_groups = o->n_groups, .group_of = o->group_of, .lr_scale = o->lr_scale,
                             .group_wd = o->group_wd };
 }
@@ -362,8 +504,8 @@ bool ctpu__optim_hp_valid(const ctpu__optim_hp *hp)
 
 void ctpu__optim_put(ctpu_optim *o, const ctpu__optim_hp *hp)
 {
-    o->lr = hp->lr;
-    o->steps = hp->steps;
+    ctpu_optim_set_lr(o, hp->lr);
+    ctpu_optim_set_steps(o, hp->steps);
     if (o->kind != OPT_SGD) o->adam = hp->adam;
     else o->sgd = hp->sgd;
     for (int g = 0; g < o->n_groups; g++) {
