@@ -403,13 +403,15 @@ CTPU_API ctpu_tensor ctpu_expm1(ctpu_tensor a);
 /* torch.nn.functional.leaky_relu: x > 0 ? x : x * negative_slope (NaN stays
  * NaN). A composite: where(gt_scalar(x, 0), x, mul_scalar(x, slope)); the
  * gradient is 1 / slope (slope at 0, as torch). Same shape and dtype as x
- * (i32 stays i32 when the slope product does). Errors: as its ops, and
+ * (i32 stays i32 when the slope product does). Exact: x, or the f32
+ * rounding of x * slope (tests/test_ops.c). Errors: as its ops, and
  * CTPU_ERR_INVALID_ARG for a non-finite slope; named "leaky_relu". */
 CTPU_API ctpu_tensor ctpu_leaky_relu(ctpu_tensor a, double negative_slope);
 /* torch.nn.functional.elu: x > 0 ? x : alpha * (exp(x) - 1). A composite:
  * where(gt_scalar(x, 0), x, alpha * expm1(minimum_scalar(x, 0))) (the minimum
  * keeps the untaken branch finite, so its gradient is an exact 0). Gradient
- * 1 / alpha * exp(x). Error vs float64: <= 2 ulp (expm1 and one product).
+ * 1 / alpha * exp(x). Error vs float64: <= 2 ulp (expm1 and one product;
+ * measured 1.22 ulp on [-12, 12] with specials, tests/test_ops.c).
  * Errors: as its ops, CTPU_ERR_INVALID_ARG for a non-finite alpha; "elu". */
 CTPU_API ctpu_tensor ctpu_elu(ctpu_tensor a, double alpha);
 

@@ -592,7 +592,7 @@ START_TEST(strict_cache_hits)
 END_TEST
 
 /* ------------------------------------------------------------ ISA, threads */
-#define N_DET 9
+#define N_DET 14
 static void det_program(void *out[N_DET], size_t len[N_DET])
 {
     int64_t s1[2] = { 3, 10007 }, s2 = 50001, s3[3] = { 6, 300, 5 };
@@ -612,6 +612,13 @@ static void det_program(void *out[N_DET], size_t len[N_DET])
         ctpu_max(ctpu_exp(ctpu_mul_scalar(b, 1e-3)), 0, NULL, false),
         ctpu_matmul(mm_a, mm_b),
         ctpu_sum(ctpu_tanh(b), 0, NULL, false),
+        /* issue 12 */
+        ctpu_prod(ctpu_add_scalar(ctpu_mul_scalar(a, 1e-3), 1.0), 1, (int[]){ 1 }, false),
+        ctpu_cumsum(b, 0),
+        ctpu_logsumexp(a, 1, (int[]){ 1 }, false),
+        ctpu_randint(CTPU_I32, 1, &s2, -7, 1000003),
+        ctpu_scatter_add(ctpu_zeros(CTPU_F32, 1, (int64_t[]){ 97 }), 0,
+                         ctpu_randint(CTPU_I32, 1, &s2, 0, 97), b),
     };
     for (int i = 0; i < N_DET; i++) {
         ck_assert_msg(!ctpu_is_null(outs[i]), "output %d: %s", i, ctpu_last_error());

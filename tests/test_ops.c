@@ -2390,6 +2390,52 @@ START_TEST(reduction_and_creator_composites)
 }
 END_TEST
 
+/* leaky_relu and elu (composites) against float64, bits identical in every mode:
+ * leaky_relu exact vs the f32 rounding of x * slope; elu <= 2 ulp. */
+START_TEST(activation_composites_against_float64)
+{
+    static const ctpu_mode modes[] = { CTPU_MODE_STRICT, CTPU_MODE_DEBUG, CTPU_MODE_DEFER_FUSE };
+    int64_t n = 4099;
+    float *x = malloc((size_t)n * 4);
+    fill(x, n, 77, -12, 12, true);
+    ctpu_set_debug_checks(false);
+    double worst_elu = 0;
+    for (int f = 0; f < 2; f++) {
+        float *prev = NULL;
+        for (int m = 0; m < 3; m++) {
+            ck_assert_int_eq(ctpu_set_mode(modes[m]), CTPU_OK);
+            ctpu_set_debug_checks(false);   /* the specials hold NaN */
+            ctpu_tensor a = t_f32(x, 1, &n);
+            ctpu_tensor y = f ? ctpu_elu(a, 1.5) : ctpu_leaky_relu(a, 0.01);
+            ck_assert_msg(!ctpu_is_null(y), "%s", ctpu_last_error());
+            float *g = t_read(y, NULL);
+            for (int64_t i = 0; i < n; i++) {
+                double v = x[i];
+                if (f == 0) {
+                    float want = v > 0 ? x[i] : (float)(v * (double)(float)0.01);
+                    if (v != v) want = x[i];
+                    ck_assert_msg(t_same(g[i], want), "leaky_relu(%a) = %a, want %a", x[i], g[i], want);
+                } else {
+                    double r = v > 0 ? v : 1.5 * expm1(v);
+                    if (v != v) { ck_assert(g[i] != g[i]); continue; }
+                    if (isinf(r)) { ck_assert(g[i] == r); continue; }
+                    double e = r == 0 ? fabs((double)g[i]) : fabs(g[i] - r) / t_ulp_of(r);
+                    if (e > worst_elu) worst_elu = e;
+                    ck_assert_msg(e <= 2 || fabs(g[i] - r) <= 0x1p-126, "elu(%a) = %a, want %.17g (%.2f ulp)", x[i], g[i], r, e);
+                }
+            }
+            if (prev) for (int64_t i = 0; i < n; i++) ck_assert_msg(t_same(prev[i], g[i]), "mode %d [%lld]", m, (long long)i);
+            free(prev);
+            prev = g;
+        }
+        free(prev);
+    }
+    fprintf(stderr, "elu: max %.2f ulp vs float64 (leaky_relu exact)\n", worst_elu);
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+    free(x);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("ops");
@@ -2406,6 +2452,7 @@ static Suite *suite(void)
     tcase_add_test(c, norms_against_float64);
     tcase_add_test(c, movement_composites);
     tcase_add_test(c, reduction_and_creator_composites);
+    tcase_add_test(c, activation_composites_against_float64);
     suite_add_tcase(s, c);
     return s;
 }
