@@ -151,8 +151,13 @@ CTPU_API void ctpu_clear_thread_mode(void);
 CTPU_API ctpu_mode ctpu_get_mode(void);           /* effective mode of this thread */
 CTPU_API const char *ctpu_mode_name(ctpu_mode m); /* "strict", "debug", "defer_fuse" */
 
-/* Debug checks (NaN in an op's outputs is an error naming the op). Default:
- * on in debug eager, off otherwise; TORCH_TPU_ENABLE_DEBUG_CHECKS sets it. */
+/* Debug checks: an op whose output holds a NaN where none of its inputs
+ * holds a NaN or an Inf is an error (CTPU_ERR_NAN) naming it, its op number
+ * and label (a gradient rule's: "backward of <op>"); passing a NaN along and
+ * Inf results are not errors. Default: they follow this thread's current
+ * mode (on in debug eager, off otherwise, ctpu_set_mode and
+ * ctpu_set_thread_mode included); TORCH_TPU_ENABLE_DEBUG_CHECKS or
+ * ctpu_set_debug_checks forces them on or off in every mode. */
 CTPU_API ctpu_status ctpu_set_debug_checks(bool on);
 CTPU_API bool ctpu_debug_checks(void);
 
@@ -828,6 +833,24 @@ CTPU_API ctpu_status ctpu_metrics_write(const char *path);
  * and cost per chip. Same text as `ctpu-report` on the metrics file; a run
  * that made collectives adds ctpu_dist_report's lines (live runs only). */
 CTPU_API ctpu_status ctpu_cache_report(FILE *f);
+
+/* Op provenance. Each thread numbers its ops from 1 within each step, in
+ * dispatch order (ctpu_mark_step and ctpu_step_end restart the count;
+ * tensors made from host data are not numbered, host reads are), and keeps
+ * a stack of region labels. Device faults, debug-check errors, recompile
+ * reasons and trace events name both: "embedding (op #1, \"embed\"): index
+ * 57 >= 50 (dim 0) of weight f32[50,8], raised at item (op #4)". On a cache
+ * hit they come from the step that runs, never from the one that compiled.
+ * ctpu_label_push names the region of the user's code that follows
+ * ("block2.attn"; copied and interned: at most 4096 distinct labels per
+ * runtime), until the matching ctpu_label_pop; labels nest at most 32 deep
+ * (the innermost names an op). A gradient rule's ops carry "backward of
+ * <op>". Errors: CTPU_ERR_NOT_INITIALIZED; CTPU_ERR_INVALID_ARG (NULL or ""
+ * label, more than 63 bytes, a control character, or the 4097th distinct
+ * label); CTPU_ERR_STATE (the 33rd nested label, likely a missing
+ * ctpu_label_pop; a pop with no label open). */
+CTPU_API ctpu_status ctpu_label_push(const char *label);
+CTPU_API ctpu_status ctpu_label_pop(void);
 
 /* A call-site label for this thread's host reads (ctpu_to_host, ctpu_item)
  * from now on, e.g. "loss.item"; the cache report counts reads and the

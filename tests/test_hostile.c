@@ -289,6 +289,8 @@ static void uninitialised_sweep(void)
     UN_S(ctpu_metrics_write, "metrics", "/tmp/never-written.json");
     UN_S(ctpu_cache_report, "cache_report", NULL);
     UN_S(ctpu_set_host_read_label, "host_read_label", "x");
+    UN_S(ctpu_label_push, "label_push", "x");
+    UN_S(ctpu_label_pop, "label_pop");
     UN_S(ctpu_set_steps_per_epoch, "steps_per_epoch", 10);
     UN_S(ctpu_cost_table_get, "cost_table", &tab);
     /* no init needed, bad arguments */

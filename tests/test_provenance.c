@@ -370,6 +370,336 @@ START_TEST(ring_is_bounded)
 }
 END_TEST
 
+
+/* ------------------------------------------------------------ debug checks: the first NaN */
+#include "ops.h"
+
+/* the grid: 0, ±subnormal, ±huge, and a few ordinary values */
+static const float GRID[] = { 0.0f, -0.0f, 1e-45f, -1e-45f, 1e-39f, -1e-39f, 3e38f, -3e38f, 1.0f, -2.5f, 0.5f };
+#define N_GRID ((int)(sizeof GRID / sizeof GRID[0]))
+
+typedef ctpu_tensor (*grid_fn)(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c);
+#define U(f) static ctpu_tensor g_##f(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c) { (void)b; (void)c; return ctpu_##f(a); }
+#define B(f) static ctpu_tensor g_##f(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c) { (void)c; return ctpu_##f(a, b); }
+#define S(f, v) static ctpu_tensor g_##f(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c) { (void)b; (void)c; return ctpu_##f(a, v); }
+U(neg) U(abs) U(exp) U(log) U(sqrt) U(rsqrt) U(tanh) U(sigmoid) U(relu) U(softplus) U(erf) U(sin) U(cos) U(log1p)
+U(expm1) U(silu) U(contiguous)
+B(add) B(sub) B(mul) B(div) B(maximum) B(minimum) B(eq) B(ne) B(lt) B(le) B(gt) B(ge)
+S(add_scalar, 2.5) S(sub_scalar, -3e38) S(mul_scalar, 3e38) S(div_scalar, 1e-39) S(pow_scalar, 2.5)
+S(maximum_scalar, 0.0) S(minimum_scalar, 0.0) S(eq_scalar, 0.0) S(ne_scalar, 1.0) S(lt_scalar, 0.0)
+S(le_scalar, 0.0) S(gt_scalar, 0.0) S(ge_scalar, 1.0) S(rsub_scalar, 3e38) S(rdiv_scalar, 1.0) S(rpow_scalar, 2.0)
+S(leaky_relu, 0.01) S(elu, 1.0)
+/* |a|: a negative base's exponent gradient is log(a) a^b, NaN (as torch's):
+ * the debug check names it, "log (backward of pow)" */
+static ctpu_tensor g_pow(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c) { (void)c; return ctpu_pow(ctpu_abs(a), b); }
+static ctpu_tensor g_gelu_tanh(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c) { (void)b; (void)c; return ctpu_gelu(a, true); }
+static ctpu_tensor g_gelu_erf(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c) { (void)b; (void)c; return ctpu_gelu(a, false); }
+static ctpu_tensor g_where(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c) { return ctpu_where(ctpu_gt_scalar(c, 0), a, b); }
+static ctpu_tensor g_clamp(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c) { (void)b; (void)c; return ctpu_clamp(a, -1, 1e-39); }
+static ctpu_tensor g_cast(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c) { (void)b; (void)c; return ctpu_cast(a, CTPU_BF16); }
+/* reductions and the rest over [a, b, c] (a [3] or [1,3] row) */
+static ctpu_tensor row(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c) { return ctpu_concat(3, (ctpu_tensor[]){ a, b, c }, 0); }
+#define R(f, ...) static ctpu_tensor g_##f(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c) { return ctpu_##f(row(a, b, c), __VA_ARGS__); }
+R(sum, 0, NULL, false) R(mean, 0, NULL, false) R(max, 0, NULL, false) R(min, 0, NULL, false)
+R(var, 0, NULL, 1, false) R(argmax, 0, false) R(argmin, 0, false) R(prod, 0, NULL, false) R(cumsum, 0)
+R(logsumexp, 0, NULL, false) R(softmax, 0) R(log_softmax, 0)
+R(slice, 0, 1, 3, 1)
+static ctpu_tensor g_tril(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c) { return ctpu_tril(ctpu_reshape(row(a, b, c), 2, (int64_t[]){ 1, 3 }), 0); }
+static ctpu_tensor g_reshape(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c) { return ctpu_reshape(row(a, b, c), 2, (int64_t[]){ 1, 3 }); }
+static ctpu_tensor g_permute(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c) { return ctpu_permute(ctpu_reshape(row(a, b, c), 2, (int64_t[]){ 1, 3 }), (int[]){ 1, 0 }); }
+static ctpu_tensor g_concat(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c) { return row(a, b, c); }
+static ctpu_tensor g_expand(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c) { (void)b; (void)c; return ctpu_expand(a, 2, (int64_t[]){ 2, 1 }); }
+static ctpu_tensor g_embedding(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c)
+{
+    ctpu_tensor w = ctpu_reshape(row(a, b, c), 2, (int64_t[]){ 3, 1 });
+    return ctpu_embedding(w, t_i32((int32_t[]){ 2, 0, 2 }, 1, (int64_t[]){ 3 }));
+}
+static ctpu_tensor g_gather(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c)
+{
+    return ctpu_gather(row(a, b, c), 0, t_i32((int32_t[]){ 1, 1, 0 }, 1, (int64_t[]){ 3 }));
+}
+static ctpu_tensor g_scatter_add(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c)
+{
+    return ctpu_scatter_add(row(a, b, c), 0, t_i32((int32_t[]){ 2, 2, 0 }, 1, (int64_t[]){ 3 }), row(c, a, b));
+}
+static ctpu_tensor g_matmul(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c)
+{
+    ctpu_tensor x = ctpu_reshape(row(a, b, c), 2, (int64_t[]){ 1, 3 });
+    return ctpu_matmul(x, ctpu_reshape(row(c, a, b), 2, (int64_t[]){ 3, 1 }));
+}
+/* losses and layers (library rules: never a NaN from finite inputs) */
+static ctpu_tensor g_layer_norm(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c) { return ctpu_layer_norm(ctpu_reshape(row(a, b, c), 2, (int64_t[]){ 1, 3 }), CTPU_NULL, CTPU_NULL, 1e-5); }
+static ctpu_tensor g_rms_norm(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c) { return ctpu_rms_norm(ctpu_reshape(row(a, b, c), 2, (int64_t[]){ 1, 3 }), CTPU_NULL, 1e-5); }
+static ctpu_tensor g_cross_entropy(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c)
+{
+    return ctpu_cross_entropy(ctpu_reshape(row(a, b, c), 2, (int64_t[]){ 1, 3 }), t_i32((int32_t[]){ 1 }, 1, (int64_t[]){ 1 }), NULL);
+}
+static ctpu_tensor g_bce(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c) { (void)c; return ctpu_bce_with_logits(a, ctpu_sigmoid(b), CTPU_REDUCE_MEAN); }
+static ctpu_tensor g_mse(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c) { (void)c; return ctpu_mse_loss(a, b, CTPU_REDUCE_MEAN); }
+static ctpu_tensor g_l1(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c) { (void)c; return ctpu_l1_loss(a, b, CTPU_REDUCE_MEAN); }
+static ctpu_tensor g_smooth_l1(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c) { (void)c; return ctpu_smooth_l1_loss(a, b, CTPU_REDUCE_MEAN, 1.0); }
+
+/* A runner per op row (the rows not here are listed in NOT_HERE with why). */
+static const grid_fn GRID_OPS[CTPU_OP_COUNT] = {
+    [CTPU_OP_NEG] = g_neg, [CTPU_OP_ABS] = g_abs, [CTPU_OP_EXP] = g_exp, [CTPU_OP_LOG] = g_log,
+    [CTPU_OP_SQRT] = g_sqrt, [CTPU_OP_RSQRT] = g_rsqrt, [CTPU_OP_TANH] = g_tanh, [CTPU_OP_SIGMOID] = g_sigmoid,
+    [CTPU_OP_RELU] = g_relu, [CTPU_OP_GELU_TANH] = g_gelu_tanh, [CTPU_OP_GELU_ERF] = g_gelu_erf,
+    [CTPU_OP_SOFTPLUS] = g_softplus, [CTPU_OP_ERF] = g_erf, [CTPU_OP_SIN] = g_sin, [CTPU_OP_COS] = g_cos,
+    [CTPU_OP_LOG1P] = g_log1p, [CTPU_OP_EXPM1] = g_expm1, [CTPU_OP_ADD] = g_add, [CTPU_OP_SUB] = g_sub,
+    [CTPU_OP_MUL] = g_mul, [CTPU_OP_DIV] = g_div, [CTPU_OP_POW] = g_pow, [CTPU_OP_MAXIMUM] = g_maximum,
+    [CTPU_OP_MINIMUM] = g_minimum, [CTPU_OP_EQ] = g_eq, [CTPU_OP_NE] = g_ne, [CTPU_OP_LT] = g_lt, [CTPU_OP_LE] = g_le,
+    [CTPU_OP_GT] = g_gt, [CTPU_OP_GE] = g_ge, [CTPU_OP_ADD_SCALAR] = g_add_scalar, [CTPU_OP_SUB_SCALAR] = g_sub_scalar,
+    [CTPU_OP_MUL_SCALAR] = g_mul_scalar, [CTPU_OP_DIV_SCALAR] = g_div_scalar, [CTPU_OP_POW_SCALAR] = g_pow_scalar,
+    [CTPU_OP_MAXIMUM_SCALAR] = g_maximum_scalar, [CTPU_OP_MINIMUM_SCALAR] = g_minimum_scalar,
+    [CTPU_OP_EQ_SCALAR] = g_eq_scalar, [CTPU_OP_NE_SCALAR] = g_ne_scalar, [CTPU_OP_LT_SCALAR] = g_lt_scalar,
+    [CTPU_OP_LE_SCALAR] = g_le_scalar, [CTPU_OP_GT_SCALAR] = g_gt_scalar, [CTPU_OP_GE_SCALAR] = g_ge_scalar,
+    [CTPU_OP_WHERE] = g_where, [CTPU_OP_CLAMP] = g_clamp, [CTPU_OP_CAST] = g_cast, [CTPU_OP_SUM] = g_sum,
+    [CTPU_OP_MEAN] = g_mean, [CTPU_OP_MAX] = g_max, [CTPU_OP_MIN] = g_min, [CTPU_OP_VAR] = g_var,
+    [CTPU_OP_ARGMAX] = g_argmax, [CTPU_OP_SOFTMAX] = g_softmax, [CTPU_OP_LOG_SOFTMAX] = g_log_softmax,
+    [CTPU_OP_RESHAPE] = g_reshape, [CTPU_OP_PERMUTE] = g_permute, [CTPU_OP_SLICE] = g_slice,
+    [CTPU_OP_CONCAT] = g_concat, [CTPU_OP_EXPAND] = g_expand, [CTPU_OP_EMBEDDING] = g_embedding,
+    [CTPU_OP_GATHER] = g_gather, [CTPU_OP_MATMUL] = g_matmul, [CTPU_OP_ARGMIN] = g_argmin, [CTPU_OP_PROD] = g_prod,
+    [CTPU_OP_CUMSUM] = g_cumsum, [CTPU_OP_SCATTER_ADD] = g_scatter_add,
+};
+/* Rows without inputs to put a grid in (creation, random), backward helpers
+ * (run by the backward of slice, embedding, gather above), copy (assign),
+ * and collectives (the identity in a world of one rank). */
+static bool not_here(int op)
+{
+    return ctpu_op_is(op, CTPU_OPK_CREATION | CTPU_OPK_BACKWARD | CTPU_OPK_COLLECTIVE) || op == CTPU_OP_COPY;
+}
+static const struct { const char *name; grid_fn fn; } GRID_EXTRA[] = {
+    { "silu", g_silu }, { "leaky_relu", g_leaky_relu }, { "elu", g_elu }, { "contiguous", g_contiguous },
+    { "rsub_scalar", g_rsub_scalar }, { "rdiv_scalar", g_rdiv_scalar }, { "rpow_scalar", g_rpow_scalar },
+    { "tril", g_tril }, { "layer_norm", g_layer_norm }, { "rms_norm", g_rms_norm },
+    { "cross_entropy", g_cross_entropy }, { "bce_with_logits", g_bce }, { "mse_loss", g_mse },
+    { "l1_loss", g_l1 }, { "smooth_l1_loss", g_smooth_l1 }, { "logsumexp", g_logsumexp },
+};
+
+static int grid_forward_nan, grid_cases;
+
+/* One case: forward with checks on; a NaN error must name the op the user
+ * called (its first NaN); otherwise the backward must raise nothing. */
+static void grid_case(const char *name, grid_fn fn, float va, float vb, float vc)
+{
+    ctpu_scope_begin();
+    ctpu_tensor a = T_VEC(va), b = T_VEC(vb), c = T_VEC(vc);
+    ctpu_set_requires_grad(a, true);
+    ctpu_set_requires_grad(b, true);
+    ctpu_set_requires_grad(c, true);
+    ctpu_clear_error();
+    ctpu_tensor y = fn(a, b, c);
+    grid_cases++;
+    if (ctpu_is_null(y)) {
+        ck_assert_msg(ctpu_last_status() == CTPU_ERR_NAN, "%s(%g, %g, %g): %s", name, va, vb, vc, ctpu_last_error());
+        ck_assert_msg(!t_contains(ctpu_last_error(), "backward of"), "%s: %s", name, ctpu_last_error());
+        grid_forward_nan++;
+    } else if (ctpu_requires_grad(y)) {
+        ctpu_tensor g = ctpu_full(ctpu_dtype_of(y), 0, NULL, 1.0);
+        int64_t sh[8];
+        int nd;
+        ctpu_shape(y, sh, &nd);
+        g = ctpu_expand(ctpu_reshape(g, 0, NULL), nd, sh);
+        ctpu_status st = ctpu_backward_with(y, g);
+        if (st == CTPU_OK) st = ctpu_sync();   /* defer and fuse: the checks run at the launch */
+        ck_assert_msg(st == CTPU_OK || (st == CTPU_ERR_NAN && !t_contains(ctpu_last_error(), "backward of")),
+                      "backward of %s(%g, %g, %g) made a NaN from finite values: %s", name, va, vb, vc,
+                      ctpu_last_error());
+        if (st == CTPU_ERR_NAN) {   /* the forward's own NaN, found at the launch */
+            ck_assert_int_eq(ctpu_get_mode(), CTPU_MODE_DEFER_FUSE);
+            grid_forward_nan++;
+        }
+    } else {
+        ctpu_status st = ctpu_sync();
+        ck_assert_msg(st == CTPU_OK || st == CTPU_ERR_NAN, "%s: %s", name, ctpu_last_error());
+        if (st == CTPU_ERR_NAN) grid_forward_nan++;
+    }
+    ctpu_scope_end();
+}
+
+static void grid_sweep(const char *name, grid_fn fn)
+{
+    for (int i = 0; i < N_GRID; i++)
+        for (int j = 0; j < N_GRID; j++) grid_case(name, fn, GRID[i], GRID[j], GRID[(i + j) % N_GRID]);
+}
+
+START_TEST(grid_every_op_forward_and_backward)
+{
+    ck_assert_int_eq(ctpu_set_mode(_i == 0 ? CTPU_MODE_DEBUG : CTPU_MODE_DEFER_FUSE), CTPU_OK);
+    if (_i) ck_assert_int_eq(ctpu_set_debug_checks(true), CTPU_OK);
+    ck_assert(ctpu_debug_checks());
+    for (int op = 0; op < CTPU_OP_COUNT; op++) {
+        if (not_here(op)) continue;
+        ck_assert_msg(GRID_OPS[op] != NULL, "op %s has no case in the NaN grid (test_provenance.c)", ctpu_op_name(op));
+        grid_sweep(ctpu_op_name(op), GRID_OPS[op]);
+    }
+    for (size_t k = 0; k < sizeof GRID_EXTRA / sizeof GRID_EXTRA[0]; k++) grid_sweep(GRID_EXTRA[k].name, GRID_EXTRA[k].fn);
+    fprintf(stderr, "provenance: NaN grid (%s): %d cases, %d forward NaN errors where the op made one\n",
+            _i ? "defer_fuse" : "debug", grid_cases, grid_forward_nan);
+    ck_assert_int_gt(grid_forward_nan, 0);   /* log(-2.5), div(0, 0), ... are the user's own NaNs */
+}
+END_TEST
+
+/* The rule itself: made here is an error, passed along is not, Inf never. */
+START_TEST(nan_made_passed_inf)
+{
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEBUG), CTPU_OK);
+    ctpu_tensor nan = T_VEC(1, NAN), neg = T_VEC(1, -1), inf = T_VEC(1, INFINITY);
+    ck_assert(!ctpu_is_null(ctpu_relu(nan)));                  /* passes one along */
+    ck_assert(!ctpu_is_null(ctpu_add(nan, neg)));
+    ck_assert(!ctpu_is_null(ctpu_sub(inf, inf)));              /* inf - inf: from an Inf */
+    ck_assert(!ctpu_is_null(ctpu_exp(T_VEC(1000))));           /* Inf is never an error */
+    ctpu_clear_error();
+    ctpu_tensor r = ctpu_log(neg);
+    ck_assert(ctpu_is_null(r));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_NAN);
+    ck_assert_str_eq(ctpu_last_error(), "log (op #5): debug check: NaN in the output, none in its inputs "
+                                        "(TORCH_TPU_ENABLE_DEBUG_CHECKS)");
+    /* mean and var over an empty dim, var with n <= correction: NaN, no error */
+    ctpu_tensor e = ctpu_zeros(CTPU_F32, 2, (int64_t[]){ 3, 0 });
+    ck_assert(!ctpu_is_null(ctpu_mean(e, 1, (int[]){ 1 }, false)));
+    ck_assert(!ctpu_is_null(ctpu_var(e, 1, (int[]){ 1 }, 1, false)));
+    ck_assert(!ctpu_is_null(ctpu_var(T_VEC(2), 0, NULL, 1, false)));
+    /* exact GELU's backward at 0 (its rule had a NaN intermediate, "div") */
+    ctpu_tensor x = T_VEC(0, -0.0f, 1);
+    ctpu_set_requires_grad(x, true);
+    ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_gelu(x, false), 0, NULL, false)), CTPU_OK);
+    float *g = t_read(ctpu_grad(x), NULL);
+    ck_assert(g[0] == 0.5f && g[1] == 0.5f);
+    free(g);
+}
+END_TEST
+
+/* The checks follow the current mode unless forced. */
+START_TEST(checks_follow_the_mode)
+{
+    ctpu_shutdown();
+    t_clear_env();
+    setenv("TORCH_TPU_LAUNCH_BLOCKING", "1", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    unsetenv("TORCH_TPU_LAUNCH_BLOCKING");
+    ck_assert(ctpu_debug_checks());
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+    ck_assert(!ctpu_debug_checks());
+    ctpu_tensor r = ctpu_log(T_VEC(-1));
+    ck_assert(!ctpu_is_null(r));
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    ck_assert_int_eq(ctpu_set_thread_mode(CTPU_MODE_DEBUG), CTPU_OK);
+    ck_assert(ctpu_debug_checks());
+    ck_assert(ctpu_is_null(ctpu_log(T_VEC(-1))));
+    ctpu_clear_thread_mode();
+    ck_assert(!ctpu_debug_checks());
+    ctpu_shutdown();
+    setenv("TORCH_TPU_ENABLE_DEBUG_CHECKS", "1", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    unsetenv("TORCH_TPU_ENABLE_DEBUG_CHECKS");
+    ck_assert(ctpu_debug_checks());             /* forced: on in strict eager too */
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEFER_FUSE), CTPU_OK);
+    ck_assert(ctpu_debug_checks());
+}
+END_TEST
+
+
+/* ------------------------------------------------------------ op provenance */
+#define EMBED_FAULT "embedding (op #1, \"embed\"): index 57 at position 1 is out of range [0, 50) for weight f32[50,8] (1 bad indices)"
+
+/* One step: op #1 embedding (labelled), #2 relu, #3 sum, #4 the item. */
+static ctpu_status faulting_step(const char *label, int32_t bad, double *v)
+{
+    static float w[400];
+    ctpu_tensor W = t_f32(w, 2, (int64_t[]){ 50, 8 });
+    ctpu_tensor idx = t_i32((int32_t[]){ 3, bad }, 1, (int64_t[]){ 2 });
+    ck_assert_int_eq(ctpu_label_push(label), CTPU_OK);
+    ctpu_tensor e = ctpu_embedding(W, idx);
+    ck_assert_int_eq(ctpu_label_pop(), CTPU_OK);
+    ctpu_tensor s = ctpu_sum(ctpu_relu(e), 0, NULL, false);
+    if (ctpu_is_null(s)) return ctpu_last_status();       /* debug eager: at the op */
+    return ctpu_item(ctpu_sum(s, 0, NULL, false), v);
+}
+
+START_TEST(fault_names_op_number_label_and_read)
+{
+    static const ctpu_mode modes[3] = { CTPU_MODE_STRICT, CTPU_MODE_DEBUG, CTPU_MODE_DEFER_FUSE };
+    ctpu_mode m = modes[_i];
+    ck_assert_int_eq(ctpu_set_mode(m), CTPU_OK);
+    double v;
+    for (int step = 0; step < 3; step++) {
+        ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
+        /* a good step first, with another label: on the cache hit that
+         * follows, the label and numbers are the faulting step's */
+        ctpu_status st = faulting_step(step == 0 ? "other" : "embed", step == 0 ? 7 : 57, &v);
+        if (step == 0) {
+            ck_assert_int_eq(st, CTPU_OK);
+        } else {
+            ck_assert_int_eq(st, CTPU_ERR_DEVICE_FAULT);
+            if (m == CTPU_MODE_DEBUG)
+                ck_assert_str_eq(ctpu_last_error(), EMBED_FAULT);
+            else
+                ck_assert_str_eq(ctpu_last_error(), EMBED_FAULT ", raised at item (op #5)");
+        }
+        ctpu_step_end();
+        ctpu_sync();
+        ctpu_clear_error();
+    }
+}
+END_TEST
+
+START_TEST(numbers_restart_each_step)
+{
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEBUG), CTPU_OK);
+    ctpu_tensor a = T_VEC(1, -1);
+    ctpu_relu(a);                                   /* op #1 */
+    ck_assert_int_eq(ctpu_mark_step(), CTPU_OK);
+    ctpu_relu(a);                                   /* op #1 again */
+    ck_assert_int_eq(ctpu_label_push("blk"), CTPU_OK);
+    ck_assert_int_eq(ctpu_label_push("blk.inner"), CTPU_OK);
+    ctpu_clear_error();
+    ck_assert(ctpu_is_null(ctpu_log(a)));           /* op #2 */
+    ck_assert_str_eq(ctpu_last_error(), "log (op #2, \"blk.inner\"): debug check: NaN in the output, none in its "
+                                        "inputs (TORCH_TPU_ENABLE_DEBUG_CHECKS)");
+    ck_assert_int_eq(ctpu_label_pop(), CTPU_OK);
+    ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
+    ctpu_step_end();                                /* restarts too */
+    ck_assert(ctpu_is_null(ctpu_log(a)));
+    ck_assert_str_eq(ctpu_last_error(), "log (op #1, \"blk\"): debug check: NaN in the output, none in its "
+                                        "inputs (TORCH_TPU_ENABLE_DEBUG_CHECKS)");
+    ck_assert_int_eq(ctpu_label_pop(), CTPU_OK);
+}
+END_TEST
+
+START_TEST(label_errors)
+{
+    ck_assert_int_eq(ctpu_label_pop(), CTPU_ERR_STATE);
+    ck_assert_str_eq(ctpu_last_error(), "label_pop: no label is open (ctpu_label_push)");
+    ck_assert_int_eq(ctpu_label_push(NULL), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_label_push(""), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_label_push("a\nb"), CTPU_ERR_INVALID_ARG);
+    char big[80];
+    memset(big, 'x', sizeof big - 1);
+    big[79] = 0;
+    ck_assert_int_eq(ctpu_label_push(big), CTPU_ERR_INVALID_ARG);
+    for (int i = 0; i < 32; i++) ck_assert_int_eq(ctpu_label_push("deep"), CTPU_OK);
+    ck_assert_int_eq(ctpu_label_push("deeper"), CTPU_ERR_STATE);
+    ck_assert_str_eq(ctpu_last_error(), "label_push: labels nest at most 32 deep (\"deeper\" would be the 33th); "
+                                        "likely cause: a missing ctpu_label_pop (every push needs one, on error "
+                                        "paths too)");
+    for (int i = 0; i < 32; i++) ck_assert_int_eq(ctpu_label_pop(), CTPU_OK);
+    /* the table of distinct labels is bounded */
+    char nm[32];
+    ctpu_status st = CTPU_OK;
+    int i;
+    for (i = 0; i < 5000 && st == CTPU_OK; i++) {
+        snprintf(nm, sizeof nm, "l%d", i);
+        st = ctpu_label_push(nm);
+        if (st == CTPU_OK) ctpu_label_pop();
+    }
+    ck_assert_int_eq(st, CTPU_ERR_INVALID_ARG);
+    ck_assert(t_contains(ctpu_last_error(), "at most 4096 distinct labels"));
+    ck_assert_int_eq(ctpu_label_push("l7"), CTPU_OK);   /* a known one still works */
+    ck_assert_int_eq(ctpu_label_pop(), CTPU_OK);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("provenance");
@@ -381,6 +711,20 @@ int main(void)
     tcase_add_test(tc, chain_reports_the_first_cause);
     tcase_add_test(tc, ring_is_bounded);
     suite_add_tcase(s, tc);
+    TCase *dc = tcase_create("debug_checks");
+    tcase_add_checked_fixture(dc, t_setup, t_teardown);
+    tcase_set_timeout(dc, 300);
+    tcase_add_loop_test(dc, grid_every_op_forward_and_backward, 0, 2);
+    tcase_add_test(dc, nan_made_passed_inf);
+    tcase_add_test(dc, checks_follow_the_mode);
+    suite_add_tcase(s, dc);
+    TCase *pc = tcase_create("op_provenance");
+    tcase_add_checked_fixture(pc, t_setup, t_teardown);
+    tcase_set_timeout(pc, 120);
+    tcase_add_loop_test(pc, fault_names_op_number_label_and_read, 0, 3);
+    tcase_add_test(pc, numbers_restart_each_step);
+    tcase_add_test(pc, label_errors);
+    suite_add_tcase(s, pc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     int nf = srunner_ntests_failed(sr);

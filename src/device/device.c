@@ -81,6 +81,11 @@ struct ctpu_device {
     unsigned n_faults;
     ctpu_status sticky;
     char sticky_msg[256];
+    /* region labels: interned under label_mu, read by id without it */
+    pthread_mutex_t label_mu;
+    _Atomic(char *) labels[CTPU_MAX_LABELS + 1];
+    uint32_t n_labels;
+    uint32_t label_slot[2 * CTPU_MAX_LABELS];   /* open addressing: ids by hash */
     /* workers */
     worker_pool wp;
     worker_arg wargs[63];
@@ -396,7 +401,87 @@ ctpu_status ctpu_device_take_error(ctpu_device *dev, char *msg, size_t len)
     return st;
 }
 
+/* ------------------------------------------------------------ provenance */
+uint32_t ctpu_device_label_id(ctpu_device *dev, const char *label)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (const unsigned char *c = (const unsigned char *)label; *c; c++) h = (h ^ *c) * 1099511628211ull;
+    uint32_t mask = 2 * CTPU_MAX_LABELS - 1, id = 0;
+    pthread_mutex_lock(&dev->label_mu);
+    for (uint32_t k = (uint32_t)h & mask;; k = (k + 1) & mask) {
+        uint32_t e = dev->label_slot[k];
+        if (e == 0) {
+            char *copy = dev->n_labels < CTPU_MAX_LABELS ? strdup(label) : NULL;
+            if (copy) {
+                id = ++dev->n_labels;
+                atomic_store_explicit(&dev->labels[id], copy, memory_order_release);
+                dev->label_slot[k] = id;
+            }
+            break;
+        }
+        if (strcmp(atomic_load_explicit(&dev->labels[e], memory_order_relaxed), label) == 0) { id = e; break; }
+    }
+    pthread_mutex_unlock(&dev->label_mu);
+    return id;
+}
+
+const char *ctpu_device_label(const ctpu_device *dev, uint32_t id)
+{
+    if (id == 0 || id > CTPU_MAX_LABELS) return NULL;
+    return atomic_load_explicit(&((ctpu_device *)dev)->labels[id], memory_order_acquire);
+}
+
+const char *ctpu_device_prov_str(const ctpu_device *dev, ctpu_op_prov p, char *buf, size_t len)
+{
+    const char *l = ctpu_device_label(dev, p.label);
+    if (p.op_no == 0 && !l) buf[0] = 0;
+    else if (p.op_no == 0) snprintf(buf, len, " (\"%s\")", l);
+    else if (!l) snprintf(buf, len, " (op #%u)", p.op_no);
+    else snprintf(buf, len, " (op #%u, \"%s\")", p.op_no, l);
+    return buf;
+}
+
+void ctpu_device_prov_msg(const ctpu_device *dev, ctpu_op_prov p, const char *msg, char *out, size_t len)
+{
+    char pv[128];
+    ctpu_device_prov_str(dev, p, pv, sizeof pv);
+    const char *colon = strchr(msg, ':');
+    if (!pv[0] || !colon) { snprintf(out, len, "%s", msg); return; }
+    snprintf(out, len, "%.*s%s%s", (int)(colon - msg), msg, pv, colon);
+}
+
 /* ------------------------------------------------------------ executor */
+/* NaN or Inf anywhere in n values of dtype (bf16 / f32; i32 has neither) */
+static bool has_nonfinite(const void *p, int dtype, int64_t n)
+{
+    if (dtype == CTPU_KDT_F32) {
+        const uint32_t *u = p;
+        for (int64_t i = 0; i < n; i++)
+            if ((u[i] & 0x7f800000u) == 0x7f800000u) return true;
+    } else if (dtype == CTPU_KDT_BF16) {
+        const uint16_t *u = p;
+        for (int64_t i = 0; i < n; i++)
+            if ((u[i] & 0x7f80u) == 0x7f80u) return true;
+    }
+    return false;
+}
+
+static ctpu_op_prov cmd_prov(const ctpu_cmd *cmd, int s)
+{
+    /* a one-op program's steps all run its one op */
+    return cmd->n_prov == 1 ? cmd->prov[0] : s < cmd->n_prov ? cmd->prov[s] : (ctpu_op_prov){ 0, 0 };
+}
+
+/* The debug check's message for a NaN op made at step s. */
+static void nan_msg(const ctpu_device *dev, const ctpu_cmd *cmd, int s, const char *op, char *out, size_t len)
+{
+    char pv[128], m[256];
+    ctpu_device_prov_str(dev, cmd_prov(cmd, s), pv, sizeof pv);
+    snprintf(m, sizeof m, "%s%s: debug check: NaN in the output, none in its inputs (TORCH_TPU_ENABLE_DEBUG_CHECKS)",
+             op, pv);
+    snprintf(out, len, "%s", m);
+}
+
 static bool has_nan(const void *p, int dtype, int64_t n)
 {
     if (dtype == CTPU_KDT_F32) {
@@ -442,16 +527,22 @@ static void execute_tracked(ctpu_device *dev, ctpu_cmd *cmd, void **ptr)
         step_fault[s] = 0;
         prog->steps[s].fn(prog->steps[s].data, &ctx);
         if (ctx.fault_status != CTPU_OK) {
-            step_fault[s] = fault_record(dev, ctx.fault_status, ctx.fault_msg);
+            char msg[256];
+            ctpu_device_prov_msg(dev, cmd_prov(cmd, s), ctx.fault_msg, msg, sizeof msg);
+            step_fault[s] = fault_record(dev, ctx.fault_status, msg);
             ctx.fault_status = CTPU_OK;
             any = true;
-        } else if (check && prog->step_out_slot[s] >= 0 &&
+        } else if (check && prog->step_out_slot[s] >= 0 && !prog->step_nan_ok[s] &&
                    has_nan(ptr[prog->step_out_slot[s]], prog->step_out_dtype[s], prog->step_out_numel[s])) {
-            char msg[256];
-            snprintf(msg, sizeof msg, "%s: debug check: NaN in the output (TORCH_TPU_ENABLE_DEBUG_CHECKS, "
-                     "step %d of program %s)", prog->step_op[s], s, prog->name);
-            step_fault[s] = fault_record(dev, CTPU_ERR_NAN, msg);
-            any = true;
+            bool made = true;   /* not passed along: no input of the step holds a NaN or an Inf */
+            for (int q = prog->step_in_off[s]; q < prog->step_in_off[s + 1] && made; q++)
+                made = !has_nonfinite(ptr[prog->step_in_slot[q]], prog->step_in_dtype[q], prog->step_in_numel[q]);
+            if (made) {
+                char msg[256];
+                nan_msg(dev, cmd, s, prog->step_op[s], msg, sizeof msg);
+                step_fault[s] = fault_record(dev, CTPU_ERR_NAN, msg);
+                any = true;
+            }
         }
     }
     uint64_t t1 = ctpu_now_ns();
@@ -496,20 +587,32 @@ static void execute(ctpu_device *dev, ctpu_cmd *cmd)
         uint64_t t0 = ctpu_now_ns();
         for (int s = 0; s < prog->n_steps; s++) {
             prog->steps[s].fn(prog->steps[s].data, &ctx);
-            if (ctx.fault_status != CTPU_OK) break;
+            if (ctx.fault_status != CTPU_OK) {
+                if (cmd->n_prov) {
+                    char msg[sizeof ctx.fault_msg];
+                    ctpu_device_prov_msg(dev, cmd_prov(cmd, s), ctx.fault_msg, msg, sizeof msg);
+                    memcpy(ctx.fault_msg, msg, sizeof msg);
+                }
+                break;
+            }
         }
         uint64_t t1 = ctpu_now_ns();
         ctpu_timer_add(dev->metrics, CTPU_TMR_EXECUTE_TIME, t1 - t0);
         if (dev->metrics->trace) ctpu_trace_program(dev->metrics->trace, prog->name, cmd->program_id, cmd->seq, prog->n_steps, t0, t1);
         if (ctx.fault_status == CTPU_OK && cmd->debug_checks && prog->out_dtype) {
+            /* a one-op program: its inputs are the op's (a larger one without
+             * per-step tables: the program's inputs) */
             for (int o = 0; o < prog->n_out; o++) {
-                if (has_nan(ptr[prog->n_in + o], prog->out_dtype[o], prog->out_numel[o])) {
-                    ctx.fault_status = CTPU_ERR_NAN;
-                    snprintf(ctx.fault_msg, sizeof ctx.fault_msg,
-                             "%s: debug check: NaN in the output (TORCH_TPU_ENABLE_DEBUG_CHECKS)",
-                             prog->out_op ? prog->out_op[o] : prog->name);
-                    break;
-                }
+                if (prog->out_nan_ok[o] || !has_nan(ptr[prog->n_in + o], prog->out_dtype[o], prog->out_numel[o]))
+                    continue;
+                bool made = true;
+                for (int i = 0; i < prog->n_in && made; i++)
+                    made = !has_nonfinite(ptr[i], prog->in_dtype[i], prog->in_numel[i]);
+                if (!made) continue;
+                ctx.fault_status = CTPU_ERR_NAN;
+                nan_msg(dev, cmd, prog->n_steps - 1, prog->out_op ? prog->out_op[o] : prog->name, ctx.fault_msg,
+                        sizeof ctx.fault_msg);
+                break;
             }
         }
         /* a good result replaces whatever fault the output held before
@@ -522,6 +625,7 @@ static void execute(ctpu_device *dev, ctpu_cmd *cmd)
     if (ptr != ptr_inl) free(ptr);
     if (cmd->buf != cmd->buf_inl) { free(cmd->buf); free(cmd->off); }
     if (cmd->scalars != cmd->scal_inl) free(cmd->scalars);
+    if (cmd->n_prov && cmd->prov != &cmd->prov_inl) free(cmd->prov);
     ctpu_counter_add(dev->metrics, CTPU_CTR_COMMANDS_EXECUTED, 1);
 }
 
@@ -602,6 +706,7 @@ uint64_t ctpu_device_submit(ctpu_device *dev, ctpu_cmd *cmd)
         slot->off = slot->off_inl;
     }
     if (cmd->scalars == cmd->scal_inl) slot->scalars = slot->scal_inl;
+    if (cmd->prov == &cmd->prov_inl) slot->prov = &slot->prov_inl;
     slot->seq = t + 1;
     for (int i = 0; i < slot->n_bufs; i++)
         atomic_store_explicit(&slot->buf[i]->last_seq, t + 1, memory_order_relaxed);
@@ -658,6 +763,7 @@ ctpu_device *ctpu_device_create(const ctpu_chip_info *chip, uint64_t hbm_cap, in
     pthread_mutex_init(&dev->submit_mu, NULL);
     pthread_mutex_init(&dev->mu, NULL);
     pthread_mutex_init(&dev->fault_mu, NULL);
+    pthread_mutex_init(&dev->label_mu, NULL);
     pthread_mutex_init(&dev->defer_mu, NULL);
     pthread_cond_init(&dev->cv_work, NULL);
     pthread_cond_init(&dev->cv_done, NULL);
@@ -702,6 +808,7 @@ void ctpu_device_destroy(ctpu_device *dev)
     }
     drain_deferred(dev);
     free(dev->deferred);
+    for (uint32_t i = 1; i <= dev->n_labels; i++) free(atomic_load(&dev->labels[i]));
     worker_pool *wp = &dev->wp;
     pthread_mutex_lock(&wp->mu);
     wp->stop = true;

@@ -81,7 +81,28 @@ typedef struct ctpu_dev_program {   /* the device's program format */
     const uint8_t *step_out_dtype;
     const int64_t *step_out_numel;
     const char *const *step_op;
+    /* A NaN is an error only where the op made it: none of its inputs holds
+     * a NaN or an Inf. Step s reads the values step_in_slot[step_in_off[s]
+     * .. step_in_off[s+1]) (dtype, element count beside); step_nan_ok[s]: the
+     * op defines NaN from finite inputs (an empty input: mean over an empty
+     * dim; var with n <= correction). One-op programs: the inputs are the
+     * program's (in_dtype, in_numel), out_nan_ok per output. */
+    const int32_t *step_in_off, *step_in_slot;
+    const uint8_t *step_in_dtype;
+    const int64_t *step_in_numel;
+    const uint8_t *step_nan_ok;
+    const uint8_t *in_dtype;
+    const int64_t *in_numel;
+    const uint8_t *out_nan_ok;
 } ctpu_dev_program;
+
+/* ------------------------------------------------------------ provenance
+ * Which call of the user's made a value: its op number in the step (from 1,
+ * 0 = not numbered) and the id of the innermost region label open when it
+ * was dispatched (0 = none; the device's label table below). Recorded per
+ * dispatch, never part of a program or its key: a cached program reports
+ * the numbers of the step that runs it. */
+typedef struct { uint32_t op_no, label; } ctpu_op_prov;
 
 /* ------------------------------------------------------------ commands */
 #define CTPU_CMD_INLINE_BUFS 8
@@ -96,6 +117,11 @@ typedef struct {
     double scal_inl[CTPU_CMD_MAX_SCALARS];
     double *scalars;         /* scal_inl, or a heap array the command owns */
     bool debug_checks;
+    /* provenance of the program's steps: prov[s] for step s (n_prov of
+     * them; a one-op program has prov_inl); n_prov 0: none recorded */
+    int n_prov;
+    ctpu_op_prov prov_inl;
+    ctpu_op_prov *prov;      /* points at prov_inl, or a heap array the command owns */
     uint64_t seq;
     uint64_t program_id;     /* the report's program id (fused cache); 0: strict eager's one-op program */
 } ctpu_cmd;
@@ -146,6 +172,18 @@ ctpu_k_pool *ctpu_device_pool(ctpu_device *dev);
  * thread before it runs the next command (to prove strict eager is async). */
 uint64_t ctpu_device_done_seq(ctpu_device *dev);
 void ctpu_device_hold(ctpu_device *dev, bool hold);
+
+/* Region labels (ctpu_label_push): interned once, never freed before the
+ * device; ids from 1. 0 when the table is full (CTPU_MAX_LABELS distinct
+ * labels) or out of memory. Lookups take no lock. */
+#define CTPU_MAX_LABELS 4096
+uint32_t ctpu_device_label_id(ctpu_device *dev, const char *label);
+const char *ctpu_device_label(const ctpu_device *dev, uint32_t id);
+/* " (op #4, \"embed\")", " (op #4)", or "" for an unnumbered op. */
+const char *ctpu_device_prov_str(const ctpu_device *dev, ctpu_op_prov p, char *buf, size_t len);
+/* msg with p after its leading op name: "embedding: index ..." ->
+ * "embedding (op #1, \"embed\"): index ..." (written to out). */
+void ctpu_device_prov_msg(const ctpu_device *dev, ctpu_op_prov p, const char *msg, char *out, size_t len);
 
 /* Chip profiles (chips.c). */
 const ctpu_chip_info *ctpu_chip_profiles(int *count);

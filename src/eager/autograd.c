@@ -671,7 +671,7 @@ static const ag_rule ag_rules[CTPU_OP_COUNT] = {
     [CTPU_OP_SOFTPLUS] = R(bw_softplus, S_A),
     [CTPU_OP_RELU] = R(bw_relu, S_OUT),
     [CTPU_OP_GELU_TANH] = R(bw_gelu_tanh, S_A),
-    [CTPU_OP_GELU_ERF] = R(bw_gelu_erf, S_A | S_OUT),
+    [CTPU_OP_GELU_ERF] = R(bw_gelu_erf, S_A),
     [CTPU_OP_ERF] = R(bw_erf, S_A),
     [CTPU_OP_SIN] = R(bw_sin, S_A),
     [CTPU_OP_COS] = R(bw_cos, S_A),
@@ -1022,7 +1022,9 @@ static ctpu_status run_backward(ag_meta *root, ctpu_tensor g0, bool retain, cons
         }
         if (anyneed) {
             if ((st = ctpu_scope_begin()) != CTPU_OK) break;
+            bool labelled = ctpu__label_push_id(ctpu__backward_label(x->node.op));
             ag_rules[x->node.op].fn(x, x->gacc, need, gin);
+            if (labelled) ctpu__label_pop();
             for (int i = 0; i < n_in; i++) {
                 if (!need[i]) continue;
                 if (ctpu_is_null(gin[i])) { st = ctpu_last_status() ? ctpu_last_status() : CTPU_ERR_STATE; break; }

@@ -100,7 +100,7 @@ static bool input_vref(ctpu_trec *r, const char *op, ctpu_vref *out)
 }
 
 ctpu_tensor ctpu__defer_node(ctpu_node *node, ctpu_trec *const *inputs, const ctpu_tensor *in_h,
-                             const double *scalars)
+                             const double *scalars, ctpu_op_prov prov)
 {
     const char *opn = ctpu_op_name(node->op);
     if (!state_ready()) {
@@ -122,7 +122,7 @@ ctpu_tensor ctpu__defer_node(ctpu_node *node, ctpu_trec *const *inputs, const ct
     bool capturing = ctpu__capturing() != NULL;
     if (capturing && (node->op == CTPU_OP_RAND_UNIFORM || node->op == CTPU_OP_RAND_NORMAL))
         ctpu__capture_note_rng(ctpu_trace_rec_n_scalars(t_df.rec), (uint64_t)ctpu_vtype_numel(&node->out));
-    ctpu_vref v = ctpu_trace_rec_node(t_df.rec, node, scalars);
+    ctpu_vref v = ctpu_trace_rec_node(t_df.rec, node, scalars, prov);
     if (v < 0) {
         ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory recording the trace", opn);
         return ctpu_failed();
@@ -172,7 +172,7 @@ bool ctpu__materialize(ctpu_trec *rec, const char *op, ctpu_cut_reason why)
     return true;
 }
 
-ctpu_status ctpu__defer_assign(ctpu_trec *dst, ctpu_tensor dst_h, ctpu_trec *src)
+ctpu_status ctpu__defer_assign(ctpu_trec *dst, ctpu_tensor dst_h, ctpu_trec *src, ctpu_op_prov prov)
 {
     if (!state_ready()) {
         ctpu_set_error(CTPU_ERR_OOM, "assign: out of host memory recording the trace");
@@ -190,7 +190,7 @@ ctpu_status ctpu__defer_assign(ctpu_trec *dst, ctpu_tensor dst_h, ctpu_trec *src
          * value recorded before still see the old value */
         ctpu_node n = { .op = CTPU_OP_COPY, .n_in = 1, .out = src->type };
         if (!input_vref(src, "assign", &n.in[0])) return ctpu_last_status();
-        v = ctpu_trace_rec_node(t_df.rec, &n, NULL);
+        v = ctpu_trace_rec_node(t_df.rec, &n, NULL, prov);
         if (v < 0) {
             ctpu_set_error(CTPU_ERR_OOM, "assign: out of host memory recording the trace");
             return CTPU_ERR_OOM;
@@ -545,6 +545,21 @@ static ctpu_status alloc_outputs(flush_ctx *f)
     return CTPU_OK;
 }
 
+/* Each step's op number and label, from this recording (never from the
+ * step that compiled the program). Out of host memory: none. */
+static void bind_prov(flush_ctx *f, ctpu_cmd *cmd)
+{
+    const ctpu_program *pg = f->prog;
+    const ctpu_op_prov *rp = ctpu_trace_rec_prov(t_df.rec);
+    int ns = pg->prog.n_steps;
+    if (!pg->step_node || ns < 1 || f->plan->n_nodes < 1) return;
+    ctpu_op_prov *p = ns == 1 ? &cmd->prov_inl : malloc(sizeof *p * (size_t)ns);
+    if (!p) return;
+    for (int s = 0; s < ns; s++) p[s] = rp[f->plan->node_src[pg->step_node[s]]];
+    cmd->prov = p;
+    cmd->n_prov = ns;
+}
+
 /* The command: inputs as recorded, outputs, scratch; the recorded scalars. */
 static ctpu_status bind_buffers(flush_ctx *f)
 {
@@ -586,6 +601,7 @@ static ctpu_status bind_buffers(flush_ctx *f)
     for (int i = 0; i < pl->n_scal; i++) cmd->scalars[i] = rs[pl->scal_src[i]];
     cmd->debug_checks = f->dbg;
     cmd->program_id = f->res.program_id;
+    bind_prov(f, cmd);
     return CTPU_OK;
 }
 
@@ -733,7 +749,7 @@ static ctpu_status obo_node(flush_ctx *f, obo_ctx *o, int i)
     }
     const ctpu_vtype *tp[CTPU_NODE_MAX_IN];
     for (int k = 0; k < nd.n_in; k++) tp[k] = &ty[k];
-    ctpu_status st = ctpu__strict_launch(&nd, tp, bf, of, sc, o->buf[i], 0);
+    ctpu_status st = ctpu__strict_launch(&nd, tp, bf, of, sc, o->buf[i], 0, ctpu_trace_rec_prov(t_df.rec)[i]);
     if (st != CTPU_OK) return st;
     const ctpu_node *rn = ctpu_trace_rec_node_at(t_df.rec, i, &sc);
     for (int k = 0; k < rn->n_in; k++) {

@@ -111,7 +111,8 @@ static size_t strict_key(const ctpu_trace *tr, const ctpu_vtype *const *in_type,
 }
 
 ctpu_status ctpu__strict_launch(ctpu_node *node, const ctpu_vtype *const *in_type, ctpu_buffer *const *in_buf,
-                                const size_t *in_off, const double *scalars, ctpu_buffer *out, size_t out_off)
+                                const size_t *in_off, const double *scalars, ctpu_buffer *out, size_t out_off,
+                                ctpu_op_prov prov)
 {
     ctpu_runtime *rt = ctpu_rt;
     const char *opn = ctpu_op_name(node->op);
@@ -175,6 +176,9 @@ ctpu_status ctpu__strict_launch(ctpu_node *node, const ctpu_vtype *const *in_typ
     cmd.scalars = cmd.scal_inl;
     for (int i = 0; i < node->n_scalars; i++) cmd.scalars[i] = scalars[i];
     cmd.debug_checks = dbg;
+    cmd.n_prov = 1;
+    cmd.prov_inl = prov;
+    cmd.prov = &cmd.prov_inl;
     cmd.program_id = 0;
     uint64_t seq = ctpu_device_submit(rt->dev, &cmd);
     ctpu_program_note_submit(prog, seq);
@@ -194,7 +198,7 @@ ctpu_status ctpu__strict_launch(ctpu_node *node, const ctpu_vtype *const *in_typ
 }
 
 static ctpu_status launch(ctpu_node *node, ctpu_trec *const *inputs, const double *scalars,
-                          ctpu_buffer *out, size_t out_off)
+                          ctpu_buffer *out, size_t out_off, ctpu_op_prov prov)
 {
     const ctpu_vtype *in_type[CTPU_NODE_MAX_IN];
     ctpu_buffer *in_buf[CTPU_NODE_MAX_IN];
@@ -208,19 +212,20 @@ static ctpu_status launch(ctpu_node *node, ctpu_trec *const *inputs, const doubl
         in_buf[i] = r->buf;
         in_off[i] = r->off;
     }
-    return ctpu__strict_launch(node, in_type, in_buf, in_off, scalars, out, out_off);
+    return ctpu__strict_launch(node, in_type, in_buf, in_off, scalars, out, out_off, prov);
 }
 
 ctpu_status ctpu_dispatch_into(ctpu_node *node, ctpu_trec *const *inputs, const double *scalars,
-                               ctpu_buffer *out, size_t out_off)
+                               ctpu_buffer *out, size_t out_off, ctpu_op_prov prov)
 {
-    return launch(node, inputs, scalars, out, out_off);
+    return launch(node, inputs, scalars, out, out_off, prov);
 }
 
 ctpu_tensor ctpu_dispatch(ctpu_node *node, ctpu_trec *const *inputs, const ctpu_tensor *in_h,
                           const double *scalars)
 {
-    if (ctpu_mode_now() == CTPU_MODE_DEFER_FUSE) return ctpu__defer_node(node, inputs, in_h, scalars);
+    ctpu_op_prov prov = ctpu_prov_next();
+    if (ctpu_mode_now() == CTPU_MODE_DEFER_FUSE) return ctpu__defer_node(node, inputs, in_h, scalars, prov);
     size_t bytes = (size_t)ctpu_vtype_numel(&node->out) * ctpu_kdt_size(node->out.dtype);
     char err[256];
     ctpu_buffer *b = ctpu_buffer_alloc(ctpu_rt->dev, bytes, err, sizeof err);
@@ -230,7 +235,7 @@ ctpu_tensor ctpu_dispatch(ctpu_node *node, ctpu_trec *const *inputs, const ctpu_
                        ctpu_fmt_type(&node->out, tb, sizeof tb), err);
         return ctpu_failed();
     }
-    ctpu_status st = launch(node, inputs, scalars, b, 0);
+    ctpu_status st = launch(node, inputs, scalars, b, 0, prov);
     if (st != CTPU_OK) {
         ctpu_buffer_release(ctpu_rt->dev, b);
         return ctpu_failed();
@@ -244,10 +249,11 @@ ctpu_tensor ctpu_dispatch(ctpu_node *node, ctpu_trec *const *inputs, const ctpu_
 static ctpu_tensor make_view(ctpu_node *node, ctpu_trec *rec, ctpu_tensor in_h, size_t off)
 {
     node->n_in = 1;
+    ctpu_op_prov prov = ctpu_prov_next();   /* numbered as an op in every mode */
     if (ctpu_rec_pending(rec)) {
         /* a view of a value not computed yet is a node of the trace */
         ctpu_trec *in[1] = { rec };
-        return ctpu__defer_node(node, in, &in_h, NULL);
+        return ctpu__defer_node(node, in, &in_h, NULL, prov);
     }
     ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_OPS_DISPATCHED, 1);
     ctpu_tensor out = ctpu_handle_view(rec, &node->out, off, ctpu_op_name(node->op));

@@ -50,6 +50,7 @@ typedef struct ctpu_runtime {
     pthread_mutex_t compiled_mu;     /* compiled.c: the list of compiled steps */
     struct ctpu_compiled *compiled;
     uint64_t next_compiled_id;
+    _Atomic uint32_t bw_label[CTPU_OP_COUNT]; /* "backward of <op>" label ids, 0 until first used */
 
     /* tensor records: pages of slots, never moved */
     pthread_mutex_t slot_mu;
@@ -80,6 +81,7 @@ extern ctpu_runtime *ctpu_rt;
 #define CTPU_MAX_SCOPES 64
 #define CTPU_FAIL_RING 32            /* failures an error handle can name (ctpu.h) */
 #define CTPU_SLOT_STASH 64           /* free slots a thread keeps (half go back when it overflows) */
+#define CTPU_LABEL_DEPTH 32          /* ctpu_label_push nests this deep (ctpu.h) */
 
 typedef struct {                     /* tensor.c */
     uint64_t id;
@@ -129,7 +131,10 @@ typedef struct ctpu_thread_state {
     } slots;                         /* tensor.c: free handle slots this thread reuses without slot_mu */
     struct {
         char host_read[64];          /* report.c: ctpu_set_host_read_label */
-    } label;                         /* (the user's region labels go here too) */
+        uint32_t op_no;              /* dispatch.c: ops (and host reads) numbered in this step */
+        int depth;                   /* runtime.c: ctpu_label_push's stack of label ids */
+        uint32_t stack[CTPU_LABEL_DEPTH];
+    } label;
     struct {
         int64_t bucket_plus1;        /* collective.c: ctpu_dist_set_bucket + 1 (0 = none) */
         bool keep_collectives;       /* collective.c: ctpu_dist_set_collective_cut(false) */
@@ -145,6 +150,10 @@ extern _Thread_local ctpu_thread_state *ctpu__ts __attribute__((tls_model("initi
 ctpu_thread_state *ctpu__ts_get(void);
 /* Slow path of ctpu_ts: allocate the state, or drop a previous runtime's parts. */
 ctpu_thread_state *ctpu__ts_bind(void);
+
+/* The next op number of this thread's step and the innermost label: a
+ * counter and an id, a few instructions per op (defined below ctpu_ts). */
+static inline ctpu_op_prov ctpu_prov_next(void);
 
 /* The one epoch check: s holds parts of runtime rt (not NULL; runtime
  * epochs start at 1). */
@@ -168,6 +177,19 @@ static inline ctpu_thread_state *ctpu_ts_current(void)
     const ctpu_runtime *rt = ctpu_rt;
     return rt != NULL && ctpu__ts_bound(s, rt) ? s : NULL;
 }
+static inline ctpu_op_prov ctpu_prov_next(void)
+{
+    ctpu_thread_state *s = ctpu_ts();
+    if (__builtin_expect(s == NULL, 0)) return (ctpu_op_prov){ 0, 0 };
+    int d = s->label.depth;
+    return (ctpu_op_prov){ ++s->label.op_no, d ? s->label.stack[d - 1] : 0 };
+}
+/* runtime.c: push a label id (autograd's "backward of <op>"); pop it. */
+bool ctpu__label_push_id(uint32_t id);
+void ctpu__label_pop(void);
+/* The label id of "backward of <op>" (interned once per op). */
+uint32_t ctpu__backward_label(int op);
+
 /* Drop the calling thread's runtime-bound parts while the runtime still
  * lives (ctpu_shutdown: its unfinished trace releases its input buffers). */
 void ctpu__ts_drop_runtime(void);
@@ -307,14 +329,15 @@ int ctpu__ag_rule_kind(int op);
 /* Strict/debug: run one node into `out` at out_off (assign's in-place write;
  * no handle, no autograd). Returns the status (the error set). */
 ctpu_status ctpu_dispatch_into(ctpu_node *node, ctpu_trec *const *inputs, const double *scalars,
-                               ctpu_buffer *out, size_t out_off);
+                               ctpu_buffer *out, size_t out_off, ctpu_op_prov prov);
 
 /* Strict eager's path for one node on device buffers (dispatch.c): the
  * one-op program table, then the stream (in debug eager, wait and report a
  * device fault here). node->in[] is overwritten. Defer and fuse runs a
  * trace past the recompile limit through it, op by op. */
 ctpu_status ctpu__strict_launch(ctpu_node *node, const ctpu_vtype *const *in_type, ctpu_buffer *const *in_buf,
-                                const size_t *in_off, const double *scalars, ctpu_buffer *out, size_t out_off);
+                                const size_t *in_off, const double *scalars, ctpu_buffer *out, size_t out_off,
+                                ctpu_op_prov prov);
 
 /* ------------------------------------------------------------ defer and fuse (defer.c) */
 typedef enum {
@@ -324,7 +347,7 @@ typedef enum {
 } ctpu_cut_reason;
 /* Record a node into this thread's trace; returns the pending output handle. */
 ctpu_tensor ctpu__defer_node(ctpu_node *node, ctpu_trec *const *inputs, const ctpu_tensor *in_h,
-                             const double *scalars);
+                             const double *scalars, ctpu_op_prov prov);
 /* Cut this thread's trace: compile (or hit the cache), launch, give every
  * live pending handle its buffer. Errors (OOM, cache-only miss) are returned
  * here and latched on the values. */
@@ -333,7 +356,7 @@ ctpu_status ctpu__defer_flush(ctpu_cut_reason why);
  * thread's trace). False with an error if it belongs to another thread's trace. */
 bool ctpu__materialize(ctpu_trec *rec, const char *op, ctpu_cut_reason why);
 /* assign in defer and fuse (value semantics through the trace). */
-ctpu_status ctpu__defer_assign(ctpu_trec *dst, ctpu_tensor dst_h, ctpu_trec *src);
+ctpu_status ctpu__defer_assign(ctpu_trec *dst, ctpu_tensor dst_h, ctpu_trec *src, ctpu_op_prov prov);
 /* A new handle for the same pending value (views of pending values). */
 ctpu_tensor ctpu__defer_alias_handle(ctpu_trec *rec, const char *op);
 

@@ -18,7 +18,7 @@
     X(TORCH_TPU_DEFER_AND_FUSE, BOOL, "0", "defer and fuse")                                                        \
     X(TORCH_TPU_LAUNCH_BLOCKING, BOOL, "0", "debug eager (wins over the above)")                                    \
     X(TORCH_TPU_ENABLE_DEBUG_CHECKS, BOOL, "on in debug eager",                                                     \
-      "after each op, a NaN in its outputs is an error naming the op (CONTRACTS.md)")                               \
+      "an op that makes a NaN from inputs without NaN or Inf is an error naming it (CONTRACTS.md)")                               \
     X(TORCH_TPU_DETECT_LOOPS, LOOPS, "`auto`",                                                                      \
       "loop detector: `auto` = on until the program first marks a step itself; `on`; `off`")                      \
     X(TORCH_TPU_CHIP, CHIP, "`v5e`", "emulated chip: `v5e`, `v5p`, `v6e`, `7x`")                                     \

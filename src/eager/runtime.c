@@ -186,6 +186,79 @@ void ctpu__fail_from(ctpu_tensor t, const char *op, const char *arg, bool quiet)
 
 ctpu_tensor ctpu_error_handle(void) { return ctpu_failed(); }
 
+/* ------------------------------------------------------------ labels */
+bool ctpu__label_push_id(uint32_t id)
+{
+    ctpu_thread_state *s = ctpu_ts();
+    if (!s || s->label.depth == CTPU_LABEL_DEPTH) return false;
+    s->label.stack[s->label.depth++] = id;
+    return true;
+}
+
+void ctpu__label_pop(void)
+{
+    ctpu_thread_state *s = ctpu_ts_current();
+    if (s && s->label.depth > 0) s->label.depth--;
+}
+
+uint32_t ctpu__backward_label(int op)
+{
+    uint32_t id = atomic_load_explicit(&ctpu_rt->bw_label[op], memory_order_relaxed);
+    if (id) return id;
+    char name[64];
+    snprintf(name, sizeof name, "backward of %s", ctpu_op_name(op));
+    id = ctpu_device_label_id(ctpu_rt->dev, name);
+    atomic_store_explicit(&ctpu_rt->bw_label[op], id, memory_order_relaxed);
+    return id;
+}
+
+ctpu_status ctpu_label_push(const char *label)
+{
+    if (!ctpu_check_init("label_push")) return CTPU_ERR_NOT_INITIALIZED;
+    size_t n = label ? strlen(label) : 0;
+    if (n == 0 || n > 63) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "label_push: the label is %s (1 to 63 bytes)",
+                       !label ? "NULL" : n == 0 ? "empty" : "longer than 63 bytes");
+        return CTPU_ERR_INVALID_ARG;
+    }
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)label[i] < 0x20 || label[i] == 0x7f) {
+            ctpu_set_error(CTPU_ERR_INVALID_ARG, "label_push: the label has a control character at byte %zu", i);
+            return CTPU_ERR_INVALID_ARG;
+        }
+    ctpu_thread_state *s = ctpu_ts();
+    if (!s) {
+        ctpu_set_error(CTPU_ERR_OOM, "label_push: %s", ts_oom_msg);
+        return CTPU_ERR_OOM;
+    }
+    if (s->label.depth == CTPU_LABEL_DEPTH) {
+        ctpu_set_error(CTPU_ERR_STATE, "label_push: labels nest at most %d deep (\"%s\" would be the %dth); likely "
+                       "cause: a missing ctpu_label_pop (every push needs one, on error paths too)",
+                       CTPU_LABEL_DEPTH, label, CTPU_LABEL_DEPTH + 1);
+        return CTPU_ERR_STATE;
+    }
+    uint32_t id = ctpu_device_label_id(ctpu_rt->dev, label);
+    if (!id) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "label_push: \"%s\" would be label %d: a runtime keeps at most %d "
+                       "distinct labels", label, CTPU_MAX_LABELS + 1, CTPU_MAX_LABELS);
+        return CTPU_ERR_INVALID_ARG;
+    }
+    s->label.stack[s->label.depth++] = id;
+    return CTPU_OK;
+}
+
+ctpu_status ctpu_label_pop(void)
+{
+    if (!ctpu_check_init("label_pop")) return CTPU_ERR_NOT_INITIALIZED;
+    ctpu_thread_state *s = ctpu_ts_current();
+    if (!s || s->label.depth == 0) {
+        ctpu_set_error(CTPU_ERR_STATE, "label_pop: no label is open (ctpu_label_push)");
+        return CTPU_ERR_STATE;
+    }
+    s->label.depth--;
+    return CTPU_OK;
+}
+
 const char *ctpu_version(void) { return CTPU_VERSION; }
 
 const char *ctpu_last_error(void)
@@ -626,7 +699,7 @@ ctpu_status ctpu_init(void)
         ctpu_set_error(rst, "%s", err);
         return rst;
     }
-    rt->debug_checks = rt->debug_checks_env >= 0 ? rt->debug_checks_env == 1 : rt->mode == CTPU_MODE_DEBUG;
+    rt->debug_checks = rt->debug_checks_env == 1;   /* unset: they follow the mode (ctpu_debug_checks_now) */
     ctpu_kernels_set_isa(rt->isa);
     rt->pages = calloc(CTPU_MAX_PAGES, sizeof *rt->pages);
     rt->strict_cache = ctpu_cache_create(rt->strict_cache_size, 0);
@@ -680,8 +753,10 @@ ctpu_mode ctpu_mode_now(void)
 bool ctpu_debug_checks_now(void)
 {
     if (!ctpu_rt) return false;
+    /* forced by the variable or ctpu_set_debug_checks; else the current
+     * mode's (process mode and thread override): on in debug eager only */
     if (ctpu_rt->debug_checks_env >= 0) return ctpu_rt->debug_checks;
-    return ctpu_rt->debug_checks || ctpu_mode_now() == CTPU_MODE_DEBUG;
+    return ctpu_mode_now() == CTPU_MODE_DEBUG;
 }
 
 ctpu_status ctpu_set_mode(ctpu_mode m)

@@ -383,6 +383,8 @@ ctpu_status ctpu_mark_step(void)
     ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_MARKED_STEPS, 1);
     atomic_store(&ctpu_rt->user_marks_steps, true);
     ctpu_status st = ctpu__defer_flush(CTPU_CUT_MARK_STEP);
+    ctpu_thread_state *ts = ctpu_ts_current();
+    if (ts) ts->label.op_no = 0;   /* ops are numbered within a step */
     atomic_fetch_add(&ctpu_rt->marked_steps, 1);
     ctpu__report_step();   /* report.c: per-step history */
     return st;
@@ -515,13 +517,15 @@ static ctpu_status to_host_impl(const char *op, ctpu_tensor t, void *dst, size_t
         if (!ctpu__capture_break(CTPU_CUT_HOST_READ, what)) return ctpu_last_status();
     }
     ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_HOST_READS, 1);
+    ctpu_op_prov pv = ctpu_prov_next();                /* host reads are numbered as ops */
     ctpu__report_host_read(bytes, ctpu_rec_name(r));   /* report.c: reads by call-site label */
     if (!ctpu__materialize(r, op, CTPU_CUT_HOST_READ)) return ctpu_last_status();
     ctpu_device_wait(ctpu_rt->dev, 0);
     unsigned f = atomic_load(&r->buf->fault);
     if (f) {
         const ctpu_fault_rec *fr = ctpu_device_fault(ctpu_rt->dev, f);
-        ctpu_set_error(fr->status, "%s", fr->msg);
+        char where[160];
+        ctpu_set_error(fr->status, "%s, raised at %s%s", fr->msg, op, ctpu_device_prov_str(ctpu_rt->dev, pv, where, sizeof where));
         ctpu_device_take_error(ctpu_rt->dev, NULL, 0); /* reported here */
         return fr->status;
     }
@@ -571,7 +575,7 @@ ctpu_status ctpu_item(ctpu_tensor t, double *out)
         return CTPU_ERR_SHAPE;
     }
     union { float f; uint16_t h; int32_t i; } v;
-    ctpu_status st = ctpu_to_host(t, &v, sizeof v);
+    ctpu_status st = to_host_impl("item", t, &v, sizeof v, false);
     if (st != CTPU_OK) return st;
     *out = r->type.dtype == CTPU_F32 ? (double)v.f : r->type.dtype == CTPU_BF16 ? (double)ctpu_bf16_to_f32(v.h) : (double)v.i;
     return CTPU_OK;
@@ -597,7 +601,8 @@ ctpu_status ctpu_assign(ctpu_tensor dst, ctpu_tensor src)
                        ctpu_fmt_type(&d->type, ta, sizeof ta), ctpu_fmt_type(&s->type, tb, sizeof tb));
         return CTPU_ERR_SHAPE;
     }
-    if (ctpu_mode_now() == CTPU_MODE_DEFER_FUSE) return ctpu__defer_assign(d, dst, s);
+    ctpu_op_prov prov = ctpu_prov_next();
+    if (ctpu_mode_now() == CTPU_MODE_DEFER_FUSE) return ctpu__defer_assign(d, dst, s, prov);
     if (!ctpu__materialize(d, "assign", CTPU_CUT_MODE) || !ctpu__materialize(s, "assign", CTPU_CUT_MODE))
         return ctpu_last_status();
     if (d->buf == s->buf && d->off == s->off) return CTPU_OK;
@@ -606,7 +611,7 @@ ctpu_status ctpu_assign(ctpu_tensor dst, ctpu_tensor src)
     if (atomic_load(&d->buf->handle_refs) == 1) {
         /* in place: the stream is in order, reads already enqueued see the old value */
         ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_ASSIGN_IN_PLACE, 1);
-        return ctpu_dispatch_into(&node, in, NULL, d->buf, d->off);
+        return ctpu_dispatch_into(&node, in, NULL, d->buf, d->off, prov);
     }
     /* copy-on-write: dst gets a buffer of its own */
     size_t bytes = (size_t)ctpu_vtype_numel(&d->type) * ctpu_kdt_size(d->type.dtype);
@@ -616,7 +621,7 @@ ctpu_status ctpu_assign(ctpu_tensor dst, ctpu_tensor src)
         ctpu_set_error(CTPU_ERR_OOM, "assign: dst %s: %s", ctpu_fmt_type(&d->type, ta, sizeof ta), err);
         return CTPU_ERR_OOM;
     }
-    ctpu_status st = ctpu_dispatch_into(&node, in, NULL, nb, 0);
+    ctpu_status st = ctpu_dispatch_into(&node, in, NULL, nb, 0, prov);
     if (st != CTPU_OK) { ctpu_buffer_release(ctpu_rt->dev, nb); return st; }
     ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_ASSIGN_COPY, 1);
     ctpu_buffer *old = d->buf;

@@ -88,6 +88,12 @@ typedef struct {
     uint8_t *so_dt;
     int64_t *so_n;
     const char **so_op;
+    int32_t *si_off, *si_slot; /* per step, the values it reads (debug checks only) */
+    uint8_t *si_dt, *so_nan_ok;
+    int64_t *si_n;
+    uint8_t *in_dtype, *out_nan_ok;
+    int64_t *in_numel;
+    int32_t *step_node;        /* [n_steps] the node naming each step */
 } compile_ctx;
 
 static bool oom(compile_ctx *cx)
@@ -576,6 +582,19 @@ static bool pass_fault_deps(compile_ctx *cx)
 }
 
 /* ------------------------------------------------------------ debug tables */
+/* Does node n define NaN from inputs without NaN or Inf? An empty input
+ * (mean over an empty dim is 0/0), var with n <= correction (torch). */
+static bool nan_defined(const ctpu_trace *t, const ctpu_node *n)
+{
+    for (int j = 0; j < n->n_in; j++)
+        if (ctpu_vtype_numel(type_of(t, n->in[j])) == 0) return true;
+    if (n->op == CTPU_OP_VAR) {
+        int64_t on = ctpu_vtype_numel(&n->out), in = ctpu_vtype_numel(type_of(t, n->in[0]));
+        return on > 0 && in / on <= n->attr.i64[0];
+    }
+    return false;
+}
+
 /* Per output: dtype, element count and the op that made it (the NaN scan of
  * debug checks); per step, with debug checks on (one node per step), the
  * value to scan right after it runs. */
@@ -593,20 +612,62 @@ static bool pass_debug_tables(compile_ctx *cx)
         cx->out_numel[j] = ctpu_vtype_numel(vt);
         cx->out_op[j] = t->outputs[j] >= nin ? ctpu_op_name(t->nodes[t->outputs[j] - nin].op) : "input";
     }
+    cx->in_dtype = al_alloc(&cx->al, (size_t)nin + 1);
+    cx->in_numel = al_alloc(&cx->al, sizeof(int64_t) * ((size_t)nin + 1));
+    cx->out_nan_ok = al_alloc(&cx->al, (size_t)no + 1);
+    cx->step_node = al_alloc(&cx->al, sizeof(int32_t) * ((size_t)ns + 1));
+    if (!cx->in_dtype || !cx->in_numel || !cx->out_nan_ok || !cx->step_node) return oom(cx);
+    for (int i = 0; i < nin; i++) {
+        cx->in_dtype[i] = t->in_type[i].dtype;
+        cx->in_numel[i] = ctpu_vtype_numel(&t->in_type[i]);
+    }
+    for (int j = 0; j < no; j++)
+        cx->out_nan_ok[j] = t->outputs[j] >= nin && nan_defined(t, &t->nodes[t->outputs[j] - nin]);
+    for (int st = 0; st < ns; st++) cx->step_node[st] = 0;
+    for (int k = 0; k < nn; k++) cx->step_node[cx->group_step[cx->group[k]]] = k;   /* the group's last node */
     if (!t->debug_checks || nn <= 1) return true;
+    int n_reads = 0;
+    for (int k = 0; k < nn; k++) n_reads += t->nodes[k].n_in;
     cx->so_slot = al_alloc(&cx->al, sizeof(int32_t) * ((size_t)ns + 1));
     cx->so_dt = al_alloc(&cx->al, (size_t)ns + 1);
     cx->so_n = al_alloc(&cx->al, sizeof(int64_t) * ((size_t)ns + 1));
     cx->so_op = al_alloc(&cx->al, sizeof(char *) * ((size_t)ns + 1));
-    if (!cx->so_slot || !cx->so_dt || !cx->so_n || !cx->so_op) return oom(cx);
-    for (int st = 0; st < ns; st++) cx->so_slot[st] = -1;
+    cx->so_nan_ok = al_alloc(&cx->al, (size_t)ns + 1);
+    cx->si_off = al_alloc(&cx->al, sizeof(int32_t) * ((size_t)ns + 2));
+    cx->si_slot = al_alloc(&cx->al, sizeof(int32_t) * ((size_t)n_reads + 1));
+    cx->si_dt = al_alloc(&cx->al, (size_t)n_reads + 1);
+    cx->si_n = al_alloc(&cx->al, sizeof(int64_t) * ((size_t)n_reads + 1));
+    if (!cx->so_slot || !cx->so_dt || !cx->so_n || !cx->so_op || !cx->so_nan_ok || !cx->si_off || !cx->si_slot ||
+        !cx->si_dt || !cx->si_n)
+        return oom(cx);
+    for (int st = 0; st < ns; st++) { cx->so_slot[st] = -1; cx->so_nan_ok[st] = 0; }
     for (int k = 0; k < nn; k++) {
         int st = cx->group_step[cx->group[k]];   /* the group's last node names the step */
         cx->so_slot[st] = cx->slot_of[nin + k];
         cx->so_dt[st] = t->nodes[k].out.dtype;
         cx->so_n[st] = ctpu_vtype_numel(&t->nodes[k].out);
         cx->so_op[st] = ctpu_op_name(t->nodes[k].op);
+        cx->so_nan_ok[st] = nan_defined(t, &t->nodes[k]);
     }
+    /* each step's reads (with debug checks a node is a step of its own):
+     * counted, then placed */
+    memset(cx->si_off, 0, sizeof(int32_t) * ((size_t)ns + 2));
+    for (int k = 0; k < nn; k++)
+        for (int j = 0; j < t->nodes[k].n_in; j++)
+            if (cx->slot_of[t->nodes[k].in[j]] >= 0) cx->si_off[cx->group_step[cx->group[k]] + 1]++;
+    for (int st = 0; st < ns; st++) cx->si_off[st + 1] += cx->si_off[st];
+    int32_t *fill = al_alloc(&cx->al, sizeof(int32_t) * ((size_t)ns + 1));
+    if (!fill) return oom(cx);
+    memcpy(fill, cx->si_off, sizeof(int32_t) * (size_t)ns);
+    for (int k = 0; k < nn; k++)
+        for (int j = 0; j < t->nodes[k].n_in; j++) {
+            int32_t v = t->nodes[k].in[j];
+            if (cx->slot_of[v] < 0) continue;
+            int q = fill[cx->group_step[cx->group[k]]]++;
+            cx->si_slot[q] = cx->slot_of[v];
+            cx->si_dt[q] = type_of(t, v)->dtype;
+            cx->si_n[q] = ctpu_vtype_numel(type_of(t, v));
+        }
     return true;
 }
 
@@ -656,7 +717,11 @@ static void program_fill(const compile_ctx *cx, ctpu_program *c)
         .dep_words_in = cx->wi, .dep_words_step = cx->ws, .out_dep_in = cx->odi, .out_dep_step = cx->ods,
         .step_out_slot = cx->so_slot, .step_out_dtype = cx->so_dt, .step_out_numel = cx->so_n,
         .step_op = cx->so_op,
+        .step_in_off = cx->si_off, .step_in_slot = cx->si_slot, .step_in_dtype = cx->si_dt,
+        .step_in_numel = cx->si_n, .step_nan_ok = cx->so_nan_ok,
+        .in_dtype = cx->in_dtype, .in_numel = cx->in_numel, .out_nan_ok = cx->out_nan_ok,
     };
+    c->step_node = cx->step_node;
 }
 
 ctpu_program *ctpu_fuse_compile(const ctpu_trace *t, char *err, size_t errlen)

@@ -58,6 +58,7 @@ typedef struct ctpu_program {
     atomic_uint_fast64_t last_seq;  /* the newest command submitted with it */
     struct ctpu_program *orphan_next;
     struct ctpu_launch_plan *plan;  /* the cache's: a fused entry's launch plan, freed with the program */
+    const int32_t *step_node;  /* [n_steps] the canonical node naming each step (its group's last) */
 } ctpu_program;
 
 /* Compile a trace into a program (one reference, the caller's). NULL with
@@ -82,6 +83,8 @@ typedef struct ctpu_launch_plan {
     int32_t *req_out;          /* [n_req] output of request q (-1: none) */
     int32_t *alias_req;        /* [n_out] request whose buffer output j writes into, or -1 */
     int32_t *scal_src;         /* [n_scal] recorded scalar index */
+    int n_nodes;
+    int32_t *node_src;         /* [n_nodes] recorded node of canonical node k (its op number, label) */
     size_t *out_bytes;         /* [n_out] */
 } ctpu_launch_plan;
 

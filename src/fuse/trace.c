@@ -12,6 +12,7 @@ struct ctpu_trace_rec {
     int n_nodes, cap_nodes;
     ctpu_node *nodes;
     int32_t *scal_start;
+    ctpu_op_prov *prov;        /* [n_nodes] op number and label of each dispatch (not in the key) */
     int n_scal, cap_scal;
     double *scal;
     /* the raw key: inputs and nodes encoded as they are recorded */
@@ -84,6 +85,7 @@ void ctpu_trace_rec_destroy(ctpu_trace_rec *r, ctpu_device *dev)
     free(r->in_off);
     free(r->nodes);
     free(r->scal_start);
+    free(r->prov);
     free(r->scal);
     free(r->kb);
     free(r);
@@ -120,7 +122,7 @@ ctpu_vref ctpu_trace_rec_input(ctpu_trace_rec *r, ctpu_buffer *buf, size_t off, 
     return -r->n_in;
 }
 
-ctpu_vref ctpu_trace_rec_node(ctpu_trace_rec *r, const ctpu_node *node, const double *scalars)
+ctpu_vref ctpu_trace_rec_node(ctpu_trace_rec *r, const ctpu_node *node, const double *scalars, ctpu_op_prov prov)
 {
     int id = r->n_nodes, ns = node->n_scalars, s0 = r->n_scal;
     if (id == r->cap_nodes) {
@@ -128,8 +130,11 @@ ctpu_vref ctpu_trace_rec_node(ctpu_trace_rec *r, const ctpu_node *node, const do
         if (!grow((void **)&r->nodes, &cap, id + 1, sizeof *r->nodes)) return -CTPU_VREF_OOM;
         cap = r->cap_nodes;
         if (!grow((void **)&r->scal_start, &cap, id + 1, sizeof *r->scal_start)) return -CTPU_VREF_OOM;
+        cap = r->cap_nodes;
+        if (!grow((void **)&r->prov, &cap, id + 1, sizeof *r->prov)) return -CTPU_VREF_OOM;
         r->cap_nodes = cap;
     }
+    r->prov[id] = prov;
     if (s0 + ns > r->cap_scal && !grow((void **)&r->scal, &r->cap_scal, s0 + ns, sizeof *r->scal))
         return -CTPU_VREF_OOM;
     r->nodes[id] = *node;
@@ -191,6 +196,7 @@ int ctpu_trace_rec_inputs(const ctpu_trace_rec *r, ctpu_buffer *const **bufs, co
 
 const double *ctpu_trace_rec_scalars(const ctpu_trace_rec *r) { return r->scal; }
 int ctpu_trace_rec_n_scalars(const ctpu_trace_rec *r) { return r->n_scal; }
+const ctpu_op_prov *ctpu_trace_rec_prov(const ctpu_trace_rec *r) { return r->prov; }
 
 const ctpu_node *ctpu_trace_rec_node_at(const ctpu_trace_rec *r, int i, const double **scalars)
 {
@@ -284,7 +290,7 @@ static bool final_alloc(const final_ctx *f, ctpu_trace_final *out)
     t->nodes = malloc(sizeof(ctpu_node) * ((size_t)f->n_live + 1));
     t->outputs = malloc(sizeof(int32_t) * ((size_t)f->n_out + 1));
     t->out_alias = malloc(sizeof(int32_t) * ((size_t)f->n_out + 1));
-    size_t n32 = (size_t)f->n_inputs + (size_t)f->nreq + (size_t)f->n_out + (size_t)f->n_scal + 4;
+    size_t n32 = (size_t)f->n_inputs + (size_t)f->nreq + (size_t)f->n_out + (size_t)f->n_scal + (size_t)f->n_live + 5;
     ctpu_launch_plan *p = malloc(sizeof *p + sizeof(size_t) * ((size_t)f->n_out + 1) + sizeof(int32_t) * n32);
     out->plan = p;
     if (!t->in_type || !t->nodes || !t->outputs || !t->out_alias || !p) return false;
@@ -294,6 +300,8 @@ static bool final_alloc(const final_ctx *f, ctpu_trace_final *out)
     p->req_out = p->in_src + f->n_inputs + 1;
     p->alias_req = p->req_out + f->nreq + 1;
     p->scal_src = p->alias_req + f->n_out + 1;
+    p->node_src = p->scal_src + f->n_scal + 1;
+    p->n_nodes = f->n_live;
     return true;
 }
 
@@ -313,6 +321,7 @@ static void copy_nodes(const final_ctx *f, ctpu_trace_final *out)
         ctpu_node n = r->nodes[i];
         for (int j = 0; j < n.n_in; j++)
             n.in[j] = n.in[j] < 0 ? f->in_id[-n.in[j] - 1] : f->node_id[n.in[j]];
+        out->plan->node_src[k] = i;
         t->nodes[k++] = n;
         for (int j = 0; j < n.n_scalars; j++) out->plan->scal_src[s++] = r->scal_start[i] + j;
     }

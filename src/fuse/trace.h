@@ -25,7 +25,7 @@ int ctpu_trace_rec_nodes(const ctpu_trace_rec *r);
 ctpu_vref ctpu_trace_rec_input(ctpu_trace_rec *r, ctpu_buffer *buf, size_t off, const ctpu_vtype *t);
 /* A node; node->in[] hold vrefs; its n_scalars runtime scalars are copied.
  * Returns its vref (>= 0), or -CTPU_VREF_OOM on out of memory. */
-ctpu_vref ctpu_trace_rec_node(ctpu_trace_rec *r, const ctpu_node *node, const double *scalars);
+ctpu_vref ctpu_trace_rec_node(ctpu_trace_rec *r, const ctpu_node *node, const double *scalars, ctpu_op_prov prov);
 /* The raw key so far: every input and node in recording order (types,
  * wiring, attrs; no scalar values). False if it ran out of memory. */
 bool ctpu_trace_rec_key(const ctpu_trace_rec *r, const uint8_t **key, size_t *len);
@@ -35,6 +35,9 @@ const double *ctpu_trace_rec_scalars(const ctpu_trace_rec *r);
 /* Node i as recorded (its in[] are vrefs) and its runtime scalars. */
 const ctpu_node *ctpu_trace_rec_node_at(const ctpu_trace_rec *r, int i, const double **scalars);
 int ctpu_trace_rec_n_scalars(const ctpu_trace_rec *r);
+/* Each recorded node's op number and label (the plan's node_src maps a
+ * program's nodes to them). */
+const ctpu_op_prov *ctpu_trace_rec_prov(const ctpu_trace_rec *r);
 
 /* One live-out request: value v is wanted in a buffer; alias_buf (may be
  * NULL) is a buffer it should be written into in place (an assigned
