@@ -100,13 +100,14 @@ static bool input_vref(ctpu_trec *r, const char *op, ctpu_vref *out)
 }
 
 ctpu_tensor ctpu__defer_node(ctpu_node *node, ctpu_trec *const *inputs, const ctpu_tensor *in_h,
-                             const double *scalars, ctpu_op_prov prov)
+                             const double *scalars)
 {
     const char *opn = ctpu_op_name(node->op);
     if (!state_ready()) {
         ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory recording the trace", opn);
         return ctpu_failed();
     }
+    ctpu_op_prov prov = ctpu_prov_next_ts(ctpu__ts);   /* numbered here: the state is bound */
     /* a value larger than the whole HBM can never be computed: say so here,
      * naming the op, as strict eager does, not at the launch */
     uint64_t bytes = (uint64_t)ctpu_vtype_numel(&node->out) * ctpu_kdt_size(node->out.dtype);

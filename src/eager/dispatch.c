@@ -221,11 +221,12 @@ ctpu_status ctpu_dispatch_into(ctpu_node *node, ctpu_trec *const *inputs, const 
     return launch(node, inputs, scalars, out, out_off, prov);
 }
 
-ctpu_tensor ctpu_dispatch(ctpu_node *node, ctpu_trec *const *inputs, const ctpu_tensor *in_h,
-                          const double *scalars)
+/* Strict and debug eager's half of ctpu_dispatch, out of line: the recorded
+ * path stays small enough to be inlined into apply. */
+static __attribute__((noinline)) ctpu_tensor dispatch_eager(ctpu_node *node, ctpu_trec *const *inputs,
+                                                            const ctpu_tensor *in_h, const double *scalars)
 {
-    ctpu_op_prov prov = ctpu_prov_next();
-    if (ctpu_mode_now() == CTPU_MODE_DEFER_FUSE) return ctpu__defer_node(node, inputs, in_h, scalars, prov);
+    ctpu_op_prov prov = ctpu_prov_next();   /* (defer and fuse numbers its nodes as it records them) */
     size_t bytes = (size_t)ctpu_vtype_numel(&node->out) * ctpu_kdt_size(node->out.dtype);
     char err[256];
     ctpu_buffer *b = ctpu_buffer_alloc(ctpu_rt->dev, bytes, err, sizeof err);
@@ -245,16 +246,23 @@ ctpu_tensor ctpu_dispatch(ctpu_node *node, ctpu_trec *const *inputs, const ctpu_
     return out;
 }
 
+ctpu_tensor ctpu_dispatch(ctpu_node *node, ctpu_trec *const *inputs, const ctpu_tensor *in_h,
+                          const double *scalars)
+{
+    if (ctpu_mode_now() == CTPU_MODE_DEFER_FUSE) return ctpu__defer_node(node, inputs, in_h, scalars);
+    return dispatch_eager(node, inputs, in_h, scalars);
+}
+
 /* A view: a new handle on rec's storage, recorded for autograd like any op. */
 static ctpu_tensor make_view(ctpu_node *node, ctpu_trec *rec, ctpu_tensor in_h, size_t off)
 {
     node->n_in = 1;
-    ctpu_op_prov prov = ctpu_prov_next();   /* numbered as an op in every mode */
     if (ctpu_rec_pending(rec)) {
         /* a view of a value not computed yet is a node of the trace */
         ctpu_trec *in[1] = { rec };
-        return ctpu__defer_node(node, in, &in_h, NULL, prov);
+        return ctpu__defer_node(node, in, &in_h, NULL);
     }
+    ctpu_prov_next();   /* numbered as an op in every mode */
     ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_OPS_DISPATCHED, 1);
     ctpu_tensor out = ctpu_handle_view(rec, &node->out, off, ctpu_op_name(node->op));
     if (!ctpu_is_null(out)) ctpu__ag_record(node, &in_h, NULL, out);

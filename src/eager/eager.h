@@ -177,12 +177,16 @@ static inline ctpu_thread_state *ctpu_ts_current(void)
     const ctpu_runtime *rt = ctpu_rt;
     return rt != NULL && ctpu__ts_bound(s, rt) ? s : NULL;
 }
+static inline ctpu_op_prov ctpu_prov_next_ts(ctpu_thread_state *s)
+{
+    int d = s->label.depth;
+    return (ctpu_op_prov){ ++s->label.op_no, d ? s->label.stack[d - 1] : 0 };
+}
 static inline ctpu_op_prov ctpu_prov_next(void)
 {
     ctpu_thread_state *s = ctpu_ts();
     if (__builtin_expect(s == NULL, 0)) return (ctpu_op_prov){ 0, 0 };
-    int d = s->label.depth;
-    return (ctpu_op_prov){ ++s->label.op_no, d ? s->label.stack[d - 1] : 0 };
+    return ctpu_prov_next_ts(s);
 }
 /* runtime.c: push a label id (autograd's "backward of <op>"); pop it. */
 bool ctpu__label_push_id(uint32_t id);
@@ -347,7 +351,7 @@ typedef enum {
 } ctpu_cut_reason;
 /* Record a node into this thread's trace; returns the pending output handle. */
 ctpu_tensor ctpu__defer_node(ctpu_node *node, ctpu_trec *const *inputs, const ctpu_tensor *in_h,
-                             const double *scalars, ctpu_op_prov prov);
+                             const double *scalars);
 /* Cut this thread's trace: compile (or hit the cache), launch, give every
  * live pending handle its buffer. Errors (OOM, cache-only miss) are returned
  * here and latched on the values. */
