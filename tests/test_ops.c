@@ -22,7 +22,10 @@
  *     K eps sum|a||b|; HIGH: (K eps + 2^-15) sum|a||b|; HIGHEST: (K + 8) eps;
  *   bf16 outputs: the tolerance plus half a bf16 ulp of the reference.
  * Plus: NaN/Inf cases, bf16 cast known answers, f32 -> i32, and the dtype
- * promotion rules of CONTRACTS.md "Dtypes". */
+ * promotion rules of CONTRACTS.md "Dtypes". Per transcendental op (exp log
+ * tanh sigmoid sqrt rsqrt softplus gelu erf sin cos log1p expm1), the maximum
+ * ulp error on a fixed grid, asserted against the bound above in every mode
+ * (transcendental_ulp_bounds_every_mode; run-tests.sh repeats it per ISA). */
 #include <float.h>
 
 #include "t_core.h"
@@ -2436,6 +2439,65 @@ START_TEST(activation_composites_against_float64)
 }
 END_TEST
 
+
+/* ------------------------------------------------------------ ulp bounds per mode */
+/* Each transcendental op through the public API, on a fixed grid (4096
+ * points evenly spaced over its range), in strict eager, debug eager and
+ * defer and fuse (there chained with an exact mul by 1, so it runs inside a
+ * fused VM group): the maximum ulp error against float64 libm must be within
+ * the documented bound (the header comment of this file; the kernels' own
+ * in test_k_elementwise.c). The ISA is the process's: tools/run-tests.sh
+ * runs this suite with CTPU_ISA=avx2 and scalar too. */
+typedef struct { const char *name; ctpu_tensor (*fn)(ctpu_tensor); double (*ref)(double); float lo, hi; double tol; } ulp_case;
+static double r_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+static double r_rsqrt(double x) { return 1.0 / sqrt(x); }
+static double r_softplus(double x) { return x > 20 ? x : log1p(exp(x)); }
+static double r_gelu(double x) { return 0.5 * x * erfc(-x * 0.70710678118654752440); }
+static ctpu_tensor u_gelu(ctpu_tensor a) { return ctpu_gelu(a, false); }
+static const ulp_case ULP_CASES[] = {
+    { "exp", ctpu_exp, exp, -87.0f, 88.0f, 2 },          { "log", ctpu_log, log, 1e-30f, 1e30f, 2 },
+    { "tanh", ctpu_tanh, tanh, -10.0f, 10.0f, 2 },       { "sigmoid", ctpu_sigmoid, r_sigmoid, -80.0f, 80.0f, 4 },
+    { "sqrt", ctpu_sqrt, sqrt, 0.0f, 1e30f, 0 },         { "rsqrt", ctpu_rsqrt, r_rsqrt, 1e-30f, 1e30f, 2 },
+    { "softplus", ctpu_softplus, r_softplus, -80.0f, 40.0f, 2 },
+    { "gelu", u_gelu, r_gelu, -12.0f, 12.0f, 2 },        { "erf", ctpu_erf, erf, -6.0f, 6.0f, 2 },
+    { "sin", ctpu_sin, sin, -10000.0f, 10000.0f, 2 },    { "cos", ctpu_cos, cos, -10000.0f, 10000.0f, 2 },
+    { "log1p", ctpu_log1p, log1p, -0.999f, 1e30f, 2 },   { "expm1", ctpu_expm1, expm1, -20.0f, 88.0f, 2 },
+};
+
+START_TEST(transcendental_ulp_bounds_every_mode)
+{
+    enum { N = 4096 };
+    static float x[N];
+    const ulp_case *c = &ULP_CASES[_i];
+    for (int i = 0; i < N; i++) x[i] = c->lo + (float)((double)(c->hi - c->lo) * i / (N - 1));
+    static const ctpu_mode modes[3] = { CTPU_MODE_STRICT, CTPU_MODE_DEBUG, CTPU_MODE_DEFER_FUSE };
+    for (int m = 0; m < 3; m++) {
+        ck_assert_int_eq(ctpu_set_mode(modes[m]), CTPU_OK);
+        int64_t n = N;
+        ctpu_tensor xt = t_f32(x, 1, &n);
+        ctpu_tensor y = c->fn(xt);
+        if (modes[m] == CTPU_MODE_DEFER_FUSE) y = ctpu_mul_scalar(y, 1.0);
+        float *v = t_read(y, NULL);
+        double worst = 0;
+        for (int i = 0; i < N; i++) {
+            double d = c->ref((double)x[i]);
+            float want = (float)d;
+            double u = t_ulps(v[i], want);
+            /* a result in the subnormal range may be flushed (CONTRACTS.md) */
+            if (u > c->tol && fabs(d) < 1.1754943508222875e-38 && fabs((double)v[i] - d) <= 0x1p-126) u = 0;
+            ck_assert_msg(u <= c->tol, "%s(%a) in %s: %a, float64 %a: %.0f ulp > %.0f", c->name, (double)x[i],
+                          ctpu_mode_name(modes[m]), (double)v[i], d, u, c->tol);
+            if (u > worst) worst = u;
+        }
+        free(v);
+        printf("ulp %s [%g, %g] %s: max %.0f ulp (bound %.0f)\n", c->name, (double)c->lo, (double)c->hi,
+               ctpu_mode_name(modes[m]), worst, c->tol);
+        ctpu_release(y);
+        ctpu_release(xt);
+    }
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("ops");
@@ -2451,6 +2513,7 @@ static Suite *suite(void)
     tcase_add_test(c, silu_is_its_composition);
     tcase_add_test(c, norms_against_float64);
     tcase_add_test(c, movement_composites);
+    tcase_add_loop_test(c, transcendental_ulp_bounds_every_mode, 0, (int)(sizeof ULP_CASES / sizeof ULP_CASES[0]));
     tcase_add_test(c, reduction_and_creator_composites);
     tcase_add_test(c, activation_composites_against_float64);
     suite_add_tcase(s, c);
