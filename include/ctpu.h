@@ -787,8 +787,9 @@ CTPU_API ctpu_compiled *ctpu_compile(ctpu_step_fn fn, void *ctx, const ctpu_comp
  * and fuse) is cut first. */
 CTPU_API ctpu_status ctpu_compiled_call(ctpu_compiled *c, int n_in, const ctpu_tensor *in, int n_scalars,
                                         const double *scalars, int n_out, ctpu_tensor *out);
-/* What a compiled step did so far. host_ns is the calling thread's CPU time
- * (CLOCK_THREAD_CPUTIME_ID) in its calls, captures included. */
+/* What a compiled step did so far. host_ns: wall time (CLOCK_MONOTONIC) the
+ * calling threads spent in its calls, captures included (a replay does not
+ * wait for the device, so this is its host work). */
 typedef struct {
     uint64_t calls, captures, replays, guard_failures, graph_breaks, eager_calls;
     uint64_t host_ns;
