@@ -289,7 +289,7 @@ def main():
     ap.add_argument("--head-dim", type=int, default=0)
     ap.add_argument("--ctx", type=int, default=128)
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--warmup", type=int, default=-1)
     ap.add_argument("--wd", type=float, default=0.1)

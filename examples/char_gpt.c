@@ -109,7 +109,7 @@ static void usage(FILE *f)
             "  --head-dim N      q/k/v width per head (default dmodel / heads)\n"
             "  --ctx N           context length (default 128)\n"
             "  --batch N         sequences per step (default 32)\n"
-            "  --steps N         optimizer steps (default 2000)\n"
+            "  --steps N         optimizer steps (default 1000)\n"
             "  --lr X            peak learning rate (default 1e-3; cosine to lr/10)\n"
             "  --warmup N        linear warmup steps (default 100, or steps / 10 if that is less)\n"
             "  --wd X            weight decay of the 2-D weights (default 0.1)\n"
@@ -152,7 +152,7 @@ static bool pos_int(double x, double max) { return x >= 1 && x <= max && x == fl
 static int parse_args(int argc, char **argv, opts_t *o)
 {
     *o = (opts_t){ .data = "/usr/share/games/fortunes", .layers = 4, .heads = 4, .dmodel = 128, .ctx = 128,
-                   .batch = 32, .steps = 2000, .warmup = 100, .eval_every = 100, .eval_batches = 8, .lr = 1e-3,
+                   .batch = 32, .steps = 1000, .warmup = 100, .eval_every = 100, .eval_batches = 8, .lr = 1e-3,
                    .wd = 0.1, .seed = 1, .progress = -1, .dtype = CTPU_F32, .sample_len = 300,
                    .temperature = 0.8, .prompt = "\n" };
     enum { O_DATA = 256, O_LOG, O_LAYERS, O_HEADS, O_DMODEL, O_HEAD_DIM, O_CTX, O_BATCH, O_STEPS, O_LR, O_WARMUP,
