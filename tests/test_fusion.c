@@ -170,6 +170,29 @@ START_TEST(small_broadcast_producers)
 }
 END_TEST
 
+/* ------------------------------------------------------------ column reductions */
+/* producers fused into reductions over leading or middle dims (the
+ * weight gradients of a norm: sums over rows) */
+static int p_column_reductions(ctpu_tensor *o)
+{
+    ctpu_tensor a = randn(2, (int64_t[]){ 40, 96 }, 1), b = randn(2, (int64_t[]){ 40, 96 }, 1);
+    ctpu_tensor c = randn(3, (int64_t[]){ 4, 30, 20 }, 1), d = randn(3, (int64_t[]){ 3, 5, 7 }, 1);
+    ctpu_tensor e = pin(ctpu_rand_normal(CTPU_BF16, 2, (int64_t[]){ 5000, 3 }, 0, 1));
+    pat_begin();
+    o[0] = out(ctpu_sum(ctpu_mul(a, b), 1, (int[]){ 0 }, true));
+    o[1] = out(ctpu_mean(ctpu_exp(ctpu_mul_scalar(c, 0.5)), 1, (int[]){ 1 }, false));
+    o[2] = out(ctpu_max(ctpu_sub(d, ctpu_abs(d)), 2, (int[]){ 0, 1 }, false));
+    o[3] = out(ctpu_sum(ctpu_tanh(e), 1, (int[]){ 0 }, false));   /* bf16, a column longer than a chunk */
+    pat_end();
+    return 4;
+}
+
+START_TEST(column_reductions)
+{
+    check_pattern("sum/mean/max over leading and middle dims", p_column_reductions, 4);
+}
+END_TEST
+
 /* ------------------------------------------------------------ row groups */
 static ctpu_tensor lastdim_mean(ctpu_tensor x, bool keep) { return ctpu_mean(x, 1, (int[]){ -1 }, keep); }
 
@@ -315,7 +338,7 @@ START_TEST(row_groups)
     /* not one kernel yet: cross entropy's label path (i32 ops, gather) and
      * its sums over rows; the norms' weight gradients (sums over rows) */
     check_pattern("cross_entropy forward", p_cross_entropy, 9);
-    check_pattern("layer_norm forward + backward", p_ln_backward, 7);
+    check_pattern("layer_norm forward + backward", p_ln_backward, 6);
     check_pattern("rms_norm forward + backward", p_rms_backward, 4);
 }
 END_TEST
@@ -329,6 +352,7 @@ static Suite *suite(void)
     tcase_add_test(p, matmul_epilogues);
     tcase_add_test(p, small_broadcast_producers);
     tcase_add_test(p, row_groups);
+    tcase_add_test(p, column_reductions);
     suite_add_tcase(s, p);
     return s;
 }

@@ -116,22 +116,37 @@ static bool same_shape(const ctpu_vtype *a, const ctpu_vtype *b)
 }
 
 /* ------------------------------------------------------------ group nodes */
+/* A reduction r of x over one contiguous group of dims (dims between them
+ * of extent 1): x as [outer, n, inner], as exec.c's reduce_layout sees it.
+ * False when the reduced dims are not one group. */
+static bool red_layout(const ctpu_node *r, const ctpu_vtype *x, int64_t *n, int64_t *inner)
+{
+    uint32_t mask = 0;
+    for (int i = 0; i < r->attr.n_dims; i++) mask |= 1u << r->attr.dims[i];
+    if (!mask) return false;
+    int first = __builtin_ctz(mask), last = 31 - __builtin_clz(mask);
+    *n = 1;
+    *inner = 1;
+    for (int d = first; d <= last; d++) {
+        if (!(mask & (1u << d)) && x->shape[d] != 1) return false;
+        *n *= x->shape[d];
+    }
+    for (int d = last + 1; d < x->ndim; d++) *inner *= x->shape[d];
+    return true;
+}
+
 /* Can reduction node r take value v (its input) straight from a VM group?
- * sum/mean/max/min over trailing dims (inner == 1) of v's only use. */
+ * sum/mean/max/min of v's only use over one group of dims: trailing ones
+ * (chunk by chunk), or leading / middle ones (inner > 1: each outer slice
+ * made into a buffer of at most 4M elements, then reduced by the kernel
+ * the node alone runs). */
 static bool reduce_fusable(const ctpu_trace *t, const ctpu_node *r, int32_t v, const int32_t *uses)
 {
     if (ctpu_op_fusion(r->op) != CTPU_FUSE_REDUCE && ctpu_op_fusion(r->op) != CTPU_FUSE_REDUCE_MEAN) return false;
     if (r->in[0] != v || uses[v] != 1 || r->attr.n_dims == 0) return false;
-    const ctpu_vtype *x = type_of(t, v);
-    uint32_t mask = 0;
-    for (int i = 0; i < r->attr.n_dims; i++) mask |= 1u << r->attr.dims[i];
-    int first = r->attr.dims[0];
-    int64_t n = 1;
-    for (int d = first; d < x->ndim; d++) {
-        if (!(mask & (1u << d)) && x->shape[d] != 1) return false;   /* inner would be > 1 */
-        n *= x->shape[d];
-    }
-    return n > 0 && r->out.dtype != CTPU_KDT_I32;
+    int64_t n, inner;
+    if (!red_layout(r, type_of(t, v), &n, &inner)) return false;
+    return n > 0 && inner > 0 && (inner == 1 || n * inner <= ((int64_t)1 << 22)) && r->out.dtype != CTPU_KDT_I32;
 }
 
 /* Is value v of type ot a bias for a matmul output o: a row vector [N]
@@ -454,12 +469,13 @@ static bool emit_reduce_group(compile_ctx *cx, int i, int j, ctpu_step *step)
     int bad = ctpu_vm_build(&rp->vm, cx->t, idx, j - 1 - i, slot_of, store, cx->scal_base);
     slot_of[nin + j - 2] = keep;
     const ctpu_vtype *xt = &cx->t->nodes[j - 2].out;
-    int64_t n = 1;
-    for (int d = rn->attr.dims[0]; d < xt->ndim; d++) n *= xt->shape[d];
+    int64_t n = 1, inner = 1;
+    red_layout(rn, xt, &n, &inner);
     rp->op = (ctpu_k_red_op)ctpu_op_infos[rn->op].kop;
     rp->mean = ctpu_op_fusion(rn->op) == CTPU_FUSE_REDUCE_MEAN;
     rp->n = n;
-    rp->outer = ctpu_vtype_numel(xt) / n;
+    rp->inner = inner;
+    rp->outer = ctpu_vtype_numel(xt) / (n * inner);
     rp->red_slot = red_slot;
     rp->out_slot = slot_of[nin + j - 1];
     rp->out_dtype = rn->out.dtype;

@@ -325,10 +325,40 @@ static void vm_red_task(void *arg, int tid, int nt)
     if (r0 < r1) vm_red_rows(j->p, j->ctx, r0, r1);
 }
 
+/* inner > 1: each outer slice's producer values into a buffer [n, inner],
+ * reduced by ctpu_k_reduce as exec_reduce would (the same columns, the same
+ * order), divided by n for mean, rounded to the output dtype. */
+static void vm_red_cols(const ctpu_vm_red_prog *p, ctpu_exec_ctx *ctx)
+{
+    int64_t n = p->n, inner = p->inner, slice = n * inner;
+    float *x = malloc(sizeof(float) * (size_t)(slice ? slice : 1));
+    float *y = malloc(sizeof(float) * (size_t)inner);
+    if (!x || !y) {
+        free(x);
+        free(y);
+        ctx->fault_status = CTPU_ERR_OOM;
+        snprintf(ctx->fault_msg, sizeof ctx->fault_msg, "fused program: out of host memory in a reduction");
+        return;
+    }
+    size_t es = ctpu_kdt_size(p->out_dtype);
+    for (int64_t o = 0; o < p->outer; o++) {
+        vm_range_to(&p->vm, ctx, o * slice, (o + 1) * slice, p->red_slot, x);
+        ctpu_k_reduce(p->op, x, 1, n, inner, y, ctx->pool);
+        if (p->mean) ctpu_k_binary_scalar(CTPU_K_B_DIV, y, (float)n, false, y, inner);
+        ctpu_from_f32(y, p->out_dtype, (char *)ctx->ptr[p->out_slot] + (size_t)(o * inner) * es, inner);
+    }
+    free(x);
+    free(y);
+}
+
 void ctpu_vm_red_exec(const void *data, ctpu_exec_ctx *ctx)
 {
     const ctpu_vm_red_prog *p = data;
     if (p->outer == 0) return;
+    if (p->inner > 1) {
+        vm_red_cols(p, ctx);
+        return;
+    }
     if (p->outer > 1 && p->outer * p->n >= (1 << 16) && ctx->pool && ctx->pool->nthreads > 1) {
         vm_red_job j = { p, ctx };
         ctx->pool->run(ctx->pool, vm_red_task, &j);

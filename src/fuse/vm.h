@@ -58,14 +58,15 @@ int ctpu_vm_build(ctpu_vm_prog *p, const ctpu_trace *t, const int *nodes, int co
                   const bool *store, const int32_t *scalar_base);
 void ctpu_vm_exec(const void *data, ctpu_exec_ctx *ctx);
 
-/* A group whose last value feeds a reduction over trailing dims (sum, mean,
- * max, min with inner == 1): the value is stored to `red_slot` (a slot no
- * buffer has) and reduced chunk by chunk. */
+/* A group whose last value feeds a reduction (sum, mean, max, min) over
+ * one group of dims, its input seen as [outer, n, inner]: the value is
+ * stored to `red_slot` (a slot no buffer has) and reduced chunk by chunk
+ * (inner == 1), or an outer slice at a time (inner > 1). */
 typedef struct {
     ctpu_vm_prog vm;
     ctpu_k_red_op op;
     bool mean;
-    int64_t outer, n;
+    int64_t outer, n, inner;
     int32_t red_slot, out_slot;
     uint8_t out_dtype;
 } ctpu_vm_red_prog;
