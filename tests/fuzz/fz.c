@@ -177,9 +177,13 @@ static void tape_read(fz_tape *t, int ins, int tag, ctpu_tensor h)
 typedef struct {
     ctpu_tensor reg[FZ_MAX_INS];
     bool leaf[FZ_MAX_INS];       /* marked requires_grad successfully */
-    int step_depth, nograd_depth;
+    int step_depth, nograd_depth, label_depth;
     fz_tape *tape;
 } fz_exec;
+
+/* labels the fuzzer pushes; the last is invalid (empty) */
+#define FZ_N_LABELS 4
+static const char *const fz_label_names[FZ_N_LABELS] = { "embed", "block2.attn", "loss", "" };
 
 static const char *const unary_names[] = { "neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu",
                                            "gelu_tanh", "gelu" };
@@ -374,6 +378,14 @@ static void exec_one(fz_exec *x, const fz_prog *p, int i)
         st = ctpu_no_grad_end();
         if (st == CTPU_OK) x->nograd_depth--;
         break;
+    case FZ_LABEL_PUSH:   /* region labels (issue 11): provenance only, the values never change */
+        st = ctpu_label_push(fz_label_names[in->sub % FZ_N_LABELS]);
+        if (st == CTPU_OK) x->label_depth++;
+        break;
+    case FZ_LABEL_POP:
+        st = ctpu_label_pop();
+        if (st == CTPU_OK) x->label_depth--;
+        break;
     default: break;
     }
     tape_event(x->tape, i, 0, st, false, -1, NULL, 0);
@@ -403,6 +415,7 @@ static void exec_end(fz_exec *x, const fz_prog *p)
     ctpu_status st = ctpu_sync();
     tape_event(x->tape, -1, 0, st, false, -1, NULL, 0);
     while (x->nograd_depth-- > 0) ctpu_no_grad_end();
+    while (x->label_depth-- > 0) ctpu_label_pop();
     while (x->step_depth-- > 0) ctpu_step_end();
     for (int i = 0; i < p->n; i++)
         if (!ctpu_is_null(x->reg[i]) && ctpu_is_valid(x->reg[i])) ctpu_release(x->reg[i]);
@@ -459,7 +472,7 @@ const char *fz_kind_name(int k)
         "from_host", "create", "unary", "binary", "scalar", "where", "clamp", "cast", "reduce", "argmax", "softmax",
         "reshape", "permute", "transpose", "contiguous", "slice", "concat", "expand", "embedding", "gather", "matmul",
         "detach", "assign", "read", "item", "mark_step", "step_begin", "step_end", "keep", "release",
-        "requires_grad", "backward", "zero_grad", "sync", "no_grad_begin", "no_grad_end" };
+        "requires_grad", "backward", "zero_grad", "sync", "no_grad_begin", "no_grad_end", "label_push", "label_pop" };
     return k >= 0 && k < FZ_KIND_COUNT ? names[k] : "?";
 }
 
@@ -539,6 +552,8 @@ void fz_describe(const fz_prog *p, int i, char *buf, size_t len)
     case FZ_SYNC: snprintf(buf, len, "ctpu_sync()"); break;
     case FZ_NO_GRAD_BEGIN: snprintf(buf, len, "ctpu_no_grad_begin()"); break;
     case FZ_NO_GRAD_END: snprintf(buf, len, "ctpu_no_grad_end()"); break;
+    case FZ_LABEL_PUSH: snprintf(buf, len, "ctpu_label_push(\"%s\")", fz_label_names[in->sub % FZ_N_LABELS]); break;
+    case FZ_LABEL_POP: snprintf(buf, len, "ctpu_label_pop()"); break;
     default: snprintf(buf, len, "?"); break;
     }
 }
@@ -773,6 +788,13 @@ static void gen_one(gen *g)
     tinfo ta;
     bool bad = g->o->invalid && rn_pct(g->r, 4);
     int k = rn_below(g->r, 100);
+    if (g->p->n > 0 && rn_pct(g->r, 4)) {
+        /* a region label (issue 11): pushed (sometimes an invalid one) or popped; provenance only */
+        bool push = g->x.label_depth == 0 || rn_pct(g->r, 55);
+        uint8_t sub = (uint8_t)(bad ? FZ_N_LABELS - 1 : rn_below(g->r, FZ_N_LABELS - 1));
+        emit(g, (fz_ins){ .kind = push ? FZ_LABEL_PUSH : FZ_LABEL_POP, .sub = sub, .a = -1, .b = -1, .c = -1 });
+        return;
+    }
     if (g->p->n == 0 || k < 10) {                       /* from host */
         int nd;
         int64_t s[8];

@@ -4,7 +4,9 @@
  * from the op table, a creation, an assign, a host read, a mark_step, a
  * scope, autograd). Operands name earlier instructions by index, so a
  * program is self-contained and can be minimised by dropping instructions
- * (an operand whose instruction was dropped makes its user a no-op).
+ * (an operand whose instruction was dropped makes its user a no-op). Region
+ * labels (ctpu_label_push / pop, issue 11) are instructions too: they must
+ * change no value or status in any mode.
  *
  * A program is generated from a seed (or from a byte string: libFuzzer)
  * by running it once in strict eager, choosing each call's arguments from
@@ -33,7 +35,7 @@ typedef enum {
     FZ_ARGMAX, FZ_SOFTMAX, FZ_RESHAPE, FZ_PERMUTE, FZ_TRANSPOSE, FZ_CONTIGUOUS, FZ_SLICE, FZ_CONCAT,
     FZ_EXPAND, FZ_EMBEDDING, FZ_GATHER, FZ_MATMUL, FZ_DETACH, FZ_ASSIGN, FZ_READ, FZ_ITEM, FZ_MARK_STEP,
     FZ_STEP_BEGIN, FZ_STEP_END, FZ_KEEP, FZ_RELEASE, FZ_REQ_GRAD, FZ_BACKWARD, FZ_ZERO_GRAD, FZ_SYNC,
-    FZ_NO_GRAD_BEGIN, FZ_NO_GRAD_END, FZ_KIND_COUNT
+    FZ_NO_GRAD_BEGIN, FZ_NO_GRAD_END, FZ_LABEL_PUSH, FZ_LABEL_POP, FZ_KIND_COUNT
 } fz_kind;
 
 typedef struct {

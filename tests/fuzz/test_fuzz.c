@@ -116,6 +116,24 @@ static void campaign(bool autograd, uint64_t seed, int count)
             ran, (unsigned long long)seed, autograd ? "on" : "off", failures, skipped);
     ck_assert_int_eq(failures, 0);
     ck_assert_int_eq(ran, count);
+    if (!autograd || count < 100) return;
+    /* the programs pushed and popped region labels (issue 11): generated
+     * here again, in this process, and counted */
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    fz_rng r;
+    fz_rng_seed(&r, seed);
+    static fz_prog p;
+    int push = 0, pop = 0;
+    for (int k = 0; k < 100; k++) {
+        fz_generate(&r, &o, &p, NULL);
+        for (int i = 0; i < p.n; i++) {
+            push += p.ins[i].kind == FZ_LABEL_PUSH;
+            pop += p.ins[i].kind == FZ_LABEL_POP;
+        }
+    }
+    ctpu_shutdown();
+    fprintf(stderr, "fuzz: 100 of those programs hold %d label_push and %d label_pop\n", push, pop);
+    ck_assert(push > 0 && pop > 0);
     ck_assert_int_le(skipped, count / 10);
 }
 
