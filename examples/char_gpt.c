@@ -92,7 +92,7 @@ typedef struct {
     double lr, wd, dropout, temperature;
     uint64_t seed;
     int threads, progress;
-    bool by_doc, warmup_given;
+    bool by_doc, warmup_given, compile, capturable;
     ctpu_dtype dtype;
     const char *prompt;
 } opts_t;
@@ -129,6 +129,10 @@ static void usage(FILE *f)
             "  --temperature X   sampling temperature (default 0.8; 0: the most likely byte)\n"
             "  --prompt TEXT     the sample's start (default a newline)\n"
             "  --progress / --no-progress   progress bar on or off (default: on a terminal)\n"
+            "  --compile         the training step as a compiled step (ctpu_compile: captured once,\n"
+            "                    replayed with no per-op host work); implies --capturable\n"
+            "  --capturable      AdamW keeps lr and step count as device tensors (torch's\n"
+            "                    capturable=True; the numbers --compile gives, in any mode)\n"
             "  --help, --version\n"
             "The mode comes from the environment: TORCH_TPU_LAUNCH_BLOCKING=1 (debug eager),\n"
             "TORCH_TPU_DEFER_AND_FUSE=1 (defer and fuse); strict eager otherwise.\n"
@@ -158,7 +162,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
     enum { O_DATA = 256, O_LOG, O_LAYERS, O_HEADS, O_DMODEL, O_HEAD_DIM, O_CTX, O_BATCH, O_STEPS, O_LR, O_WARMUP,
            O_WD, O_DROPOUT, O_SEED, O_THREADS, O_EVAL_EVERY, O_EVAL_BATCHES, O_DTYPE, O_BY_DOC, O_PROGRESS,
            O_NO_PROGRESS, O_VERSION, O_SAVE, O_SAVE_EVERY, O_RESUME, O_STOP_AFTER, O_SAMPLE, O_TEMPERATURE,
-           O_PROMPT };
+           O_PROMPT, O_COMPILE, O_CAPTURABLE };
     static const struct option longopts[] = {
         { "data", required_argument, NULL, O_DATA },         { "log", required_argument, NULL, O_LOG },
         { "layers", required_argument, NULL, O_LAYERS },     { "heads", required_argument, NULL, O_HEADS },
@@ -175,6 +179,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
         { "save-every", required_argument, NULL, O_SAVE_EVERY }, { "resume", required_argument, NULL, O_RESUME },
         { "stop-after", required_argument, NULL, O_STOP_AFTER }, { "sample", required_argument, NULL, O_SAMPLE },
         { "temperature", required_argument, NULL, O_TEMPERATURE }, { "prompt", required_argument, NULL, O_PROMPT },
+        { "compile", no_argument, NULL, O_COMPILE },         { "capturable", no_argument, NULL, O_CAPTURABLE },
         { NULL, 0, NULL, 0 },
     };
     opterr = 0;
@@ -204,6 +209,8 @@ static int parse_args(int argc, char **argv, opts_t *o)
             else ok = false;
             break;
         case O_BY_DOC: o->by_doc = true; break;
+        case O_COMPILE: o->compile = o->capturable = true; break;
+        case O_CAPTURABLE: o->capturable = true; break;
         case ':': fprintf(stderr, "char_gpt: %s needs a value (see --help)\n", argv[optind - 1]); return 2;
         case '?': fprintf(stderr, "char_gpt: unknown option %s (see --help)\n", argv[optind - 1]); return 2;
         default:
@@ -519,6 +526,22 @@ static ctpu_status evaluate(const gpt *g, batcher *bv, const opts_t *o, double *
     return st;
 }
 
+/* The training step as a ctpu_step_fn (--compile): in = {x, y}, scalars =
+ * {lr}, out = {loss}. */
+typedef struct { const gpt *g; ctpu_optim *opt; int64_t B, T; } step_ctx;
+
+static ctpu_status train_step(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    step_ctx *s = ctx;
+    ctpu_optim_zero_grad(s->opt);
+    ctpu_tensor loss = gpt_loss(s->g, in[0], in[1], s->B, s->T, true);
+    ctpu_status st = ctpu_is_null(loss) ? ctpu_last_status() : ctpu_backward(loss);
+    if (st == CTPU_OK) st = ctpu_optim_set_lr(s->opt, sc[0]);
+    if (st == CTPU_OK) st = ctpu_optim_step(s->opt);
+    out[0] = loss;
+    return st;
+}
+
 /* What the loop carries from one evaluation to the next, saved with the
  * checkpoint: the current interval's train losses so far (their sum, added
  * in step order, and count) and the last evaluation's train and val loss. */
@@ -747,6 +770,11 @@ int main(int argc, char **argv)
     ctpu_adamw_opts ao = { o.lr, 0.9, 0.95, 1e-8, o.wd };
     ctpu_optim *opt = ctpu_adamw_create_groups(2, groups, &ao);
     if (!opt) return fail("making the optimizer");
+    if (o.capturable && ctpu_optim_set_capturable(opt, true) != CTPU_OK) return fail("making the optimizer");
+    step_ctx sctx = { g, opt, o.batch, o.ctx };
+    ctpu_compiled *cstep = o.compile ? ctpu_compile(train_step, &sctx, &(ctpu_compile_opts){ .name = "char_gpt.train_step" })
+                                     : NULL;
+    if (o.compile && !cstep) return fail("compiling the step");
     loop_state lst = { 0 };
     if (o.resume_path) {
         if (resume_run(g, opt, &o, &lst)) return 1;
@@ -761,7 +789,7 @@ int main(int argc, char **argv)
         }
         fprintf(log, "step,lr,train_loss,val_loss\n");
     }
-    const char *mode = ctpu_mode_name(ctpu_get_mode());
+    const char *mode = o.compile ? "compiled" : ctpu_mode_name(ctpu_get_mode());
     int64_t nparams = 0;
     for (int i = 0; i < g->n_decay; i++) nparams += ctpu_numel(g->decay[i]);
     for (int i = 0; i < g->n_no_decay; i++) nparams += ctpu_numel(g->no_decay[i]);
@@ -787,16 +815,22 @@ int main(int argc, char **argv)
     double t0 = now_s();
     for (; step < o.steps && !(o.stop_after && step >= o.stop_after); step++) {
         double lr = ctpu_lr_warmup_cosine(o.lr, step, o.warmup, o.steps, min_lr);
-        ctpu_optim_zero_grad(opt);
         ctpu_step_begin();
         ctpu_tensor x, y;
         int64_t T, real;
         if (make_batch(&btr, &o, (uint64_t)step, &x, &y, &T, &real) != CTPU_OK) return fail("batch");
-        ctpu_tensor loss = gpt_loss(g, x, y, o.batch, T, true);
-        if (ctpu_is_null(loss)) return fail("forward");
-        if (ctpu_backward(loss) != CTPU_OK) return fail("backward");
-        ctpu_optim_set_lr(opt, lr);
-        if (ctpu_optim_step(opt) != CTPU_OK) return fail("optimizer step");
+        ctpu_tensor in[2] = { x, y }, loss;
+        sctx.T = T;   /* read by a capture only: a new T fails the guard and recaptures */
+        if (cstep) {
+            if (ctpu_compiled_call(cstep, 2, in, 1, &lr, 1, &loss) != CTPU_OK) return fail("compiled step");
+        } else {
+            ctpu_optim_zero_grad(opt);
+            loss = gpt_loss(g, x, y, o.batch, T, true);
+            if (ctpu_is_null(loss)) return fail("forward");
+            if (ctpu_backward(loss) != CTPU_OK) return fail("backward");
+            ctpu_optim_set_lr(opt, lr);
+            if (ctpu_optim_step(opt) != CTPU_OK) return fail("optimizer step");
+        }
         losses[nb] = ctpu_keep(ctpu_detach(loss));
         ctpu_step_end();
         lrs[nb++] = lr;
@@ -855,6 +889,15 @@ int main(int argc, char **argv)
         printf("char_gpt: saved %s at step %lld\n", o.save_path, (long long)step);
     }
     if (log) fclose(log);
+    if (cstep) {
+        ctpu_compiled_info ci;
+        ctpu_compiled_get_info(cstep, &ci);
+        printf("compiled step: calls=%llu captures=%llu replays=%llu guard_failures=%llu graph_breaks=%llu "
+               "host_us_per_call=%.1f%s%s\n", (unsigned long long)ci.calls, (unsigned long long)ci.captures,
+               (unsigned long long)ci.replays, (unsigned long long)ci.guard_failures,
+               (unsigned long long)ci.graph_breaks, ci.calls ? (double)ci.host_ns / 1e3 / (double)ci.calls : 0.0,
+               ci.last_reason[0] ? " last: " : "", ci.last_reason);
+    }
     printf("result val_loss=%.4f train_loss=%.4f steps=%lld tokens_per_s=%.0f compiles=%lld recompiles=%lld mode=%s\n",
            lst.val_loss, lst.train_loss, (long long)step, train_time > 0 ? (double)tokens / train_time : 0.0,
            (long long)(ctpu_metric_counter("programs_compiled") - compiles0),

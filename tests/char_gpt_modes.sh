@@ -40,6 +40,15 @@ v=$(awk -F, 'NR > 1 && $4 != "" { print $4 }' "$tmp/strict.csv")
 awk -v a="$(echo "$v" | head -1)" -v b="$(echo "$v" | tail -1)" 'BEGIN { exit !(b < a) }' ||
   { echo "char_gpt_modes: val loss did not decrease: $v"; exit 1; }
 echo "char_gpt_modes: strict, debug and defer_fuse logs and samples identical; val loss $(echo $v | tr '\n' ' ')"
+# compiled steps (issue 17): --compile (from defer and fuse) gives the bytes strict --capturable gives,
+# capturing twice (the second tells the lr argument from equal constants) and replaying the rest
+env -u TORCH_TPU_LAUNCH_BLOCKING -u TORCH_TPU_DEFER_AND_FUSE "$demo" "${args[@]}" --capturable --log "$tmp/cap.csv" > "$tmp/cap.out" 2>&1
+TORCH_TPU_DEFER_AND_FUSE=1 "$demo" "${args[@]}" --compile --log "$tmp/comp.csv" > "$tmp/comp.out" 2>&1
+grep -q 'mode=compiled' "$tmp/comp.out" || { echo "char_gpt_modes: the --compile run's result line"; cat "$tmp/comp.out"; exit 1; }
+grep -q 'compiled step: calls=20 captures=2 replays=18 guard_failures=0 graph_breaks=0' "$tmp/comp.out" ||
+  { echo "char_gpt_modes: the compiled step's counts"; grep -a 'compiled step' "$tmp/comp.out"; exit 1; }
+cmp "$tmp/cap.csv" "$tmp/comp.csv" || { echo "char_gpt_modes: --compile's losses differ from strict --capturable's"; diff "$tmp/cap.csv" "$tmp/comp.csv" | head; exit 1; }
+echo "char_gpt_modes: --compile identical to strict --capturable"
 # bad input: a one-line message naming the option, exit status 2 (usage) or 1 (data), nothing else
 check_bad() { # want-status want-text args...
   local want=$1 text=$2; shift 2
