@@ -130,6 +130,28 @@ START_TEST(gather_fault_names_gather)
 }
 END_TEST
 
+/* scatter_add's out-of-range index: a fault naming scatter_add and the index,
+ * at the next sync (strict), at the call (debug), at the flush (defer and fuse) */
+START_TEST(scatter_add_fault_in_every_mode)
+{
+    static const ctpu_mode modes[] = { CTPU_MODE_STRICT, CTPU_MODE_DEBUG, CTPU_MODE_DEFER_FUSE };
+    for (int m = 0; m < 3; m++) {
+        ck_assert_int_eq(ctpu_set_mode(modes[m]), CTPU_OK);
+        int32_t idx[3] = { 0, -3, 1 };
+        int64_t is = 3;
+        ctpu_tensor y = ctpu_scatter_add(T_VEC(1, 2), 0, t_i32(idx, 1, &is), T_VEC(1, 1, 1));
+        ctpu_status st = ctpu_is_null(y) ? ctpu_last_status() : ctpu_sync();
+        ck_assert_msg(modes[m] == CTPU_MODE_DEBUG ? ctpu_is_null(y) : !ctpu_is_null(y), "mode %d", m);
+        ck_assert_int_eq(st, CTPU_ERR_DEVICE_FAULT);
+        ck_assert_msg(t_contains(ctpu_last_error(), "scatter_add") && t_contains(ctpu_last_error(), "-3"), "%s",
+                      ctpu_last_error());
+        ctpu_clear_error();
+        ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    }
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+}
+END_TEST
+
 START_TEST(poison_dependents_only)
 {
     ctpu_tensor e = bad_embedding(5);
@@ -762,6 +784,7 @@ static Suite *suite(void)
     tcase_add_test(t, embedding_fault_debug_at_call);
     tcase_add_test(t, gather_fault_names_gather);
     tcase_add_test(t, poison_dependents_only);
+    tcase_add_test(t, scatter_add_fault_in_every_mode);
     tcase_add_test(t, debug_checks_name_first_nan_op);
     tcase_add_test(t, debug_checks_env_off_in_debug);
     tcase_add_test(t, oom_message_and_recovery);
