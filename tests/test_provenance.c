@@ -680,7 +680,7 @@ START_TEST(label_errors)
     ck_assert_int_eq(ctpu_label_push(big), CTPU_ERR_INVALID_ARG);
     for (int i = 0; i < 32; i++) ck_assert_int_eq(ctpu_label_push("deep"), CTPU_OK);
     ck_assert_int_eq(ctpu_label_push("deeper"), CTPU_ERR_STATE);
-    ck_assert_str_eq(ctpu_last_error(), "label_push: labels nest at most 32 deep (\"deeper\" would be the 33th); "
+    ck_assert_str_eq(ctpu_last_error(), "label_push: labels nest at most 32 deep (\"deeper\" would be number 33); "
                                         "likely cause: a missing ctpu_label_pop (every push needs one, on error "
                                         "paths too)");
     for (int i = 0; i < 32; i++) ck_assert_int_eq(ctpu_label_pop(), CTPU_OK);

@@ -232,7 +232,7 @@ ctpu_status ctpu_label_push(const char *label)
         return CTPU_ERR_OOM;
     }
     if (s->label.depth == CTPU_LABEL_DEPTH) {
-        ctpu_set_error(CTPU_ERR_STATE, "label_push: labels nest at most %d deep (\"%s\" would be the %dth); likely "
+        ctpu_set_error(CTPU_ERR_STATE, "label_push: labels nest at most %d deep (\"%s\" would be number %d); likely "
                        "cause: a missing ctpu_label_pop (every push needs one, on error paths too)",
                        CTPU_LABEL_DEPTH, label, CTPU_LABEL_DEPTH + 1);
         return CTPU_ERR_STATE;
