@@ -10,6 +10,8 @@
  *   CTPU_ERR_STATE; init/shutdown/init works and old handles are stale. */
 #include "t_core.h"
 
+#include <unistd.h>
+
 static void expect_vals(ctpu_tensor t, const float *want, int64_t n)
 {
     int64_t got_n;
@@ -510,6 +512,107 @@ START_TEST(host_bf16_helpers)
 }
 END_TEST
 
+/* ------------------------------------------------------------ leak watch */
+/* What fn writes on stderr (at most 4 KiB). */
+static const char *stderr_during(void (*fn)(int), int arg)
+{
+    static char buf[4096];
+    char path[] = "/tmp/ctpu_leak_XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fd, 2);
+    fn(arg);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    FILE *f = fdopen(fd, "r");
+    fseek(f, 0, SEEK_SET);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    remove(path);
+    return buf;
+}
+
+static void leave_and_shut_down(int quiet)
+{
+    ctpu_shutdown();
+    t_clear_env();
+    if (quiet) setenv("CTPU_QUIET", "1", 1); else unsetenv("CTPU_QUIET");
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    ctpu_tensor a = ctpu_zeros(CTPU_F32, 1, (int64_t[]){ 1024 });         /* 4 KiB */
+    ctpu_tensor v = ctpu_reshape(a, 2, (int64_t[]){ 32, 32 });            /* a view: no more bytes */
+    ctpu_tensor b = ctpu_exp(a);
+    ctpu_tensor c = ctpu_exp(b);
+    ck_assert(!ctpu_is_null(v) && !ctpu_is_null(c));
+    ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+    ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+    ctpu_tensor d = ctpu_full(CTPU_F32, 1, (int64_t[]){ 16 }, 1);         /* 64 bytes, in the open scope */
+    ck_assert(!ctpu_is_null(d));
+    ctpu_set_mode(CTPU_MODE_STRICT);
+    ctpu_shutdown();
+    setenv("CTPU_QUIET", "1", 1);
+}
+
+START_TEST(shutdown_reports_what_it_released)
+{
+    const char *e = stderr_during(leave_and_shut_down, 0);
+    const char *line = strstr(e, "ctpu: at shutdown");
+    ck_assert_msg(line != NULL, "stderr: %s", e);
+    ck_assert_str_eq(line, "ctpu: at shutdown 5 handles were still live, holding 12.1 KiB of HBM (most: exp 8.0 KiB "
+                           "in 2, full 4.1 KiB in 2, reshape 0 bytes in 1); 2 scopes still open on this thread (a "
+                           "missing ctpu_scope_end or ctpu_step_end); ctpu_shutdown released them\n");
+    ck_assert_str_eq(stderr_during(leave_and_shut_down, 1), "");   /* CTPU_QUIET=1 */
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+}
+END_TEST
+
+/* kind 0: a 256 KiB tensor per step never released; 1: a scope per step
+ * never ended; 2: released every step, one 64 MiB allocation at step 50
+ * (no warning). */
+static void leaky_loop(int kind)
+{
+    ctpu_tensor big = CTPU_NULL;
+    for (int s = 0; s < 240; s++) {
+        if (kind == 1 && s < 60) ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+        if (kind == 2) ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+        ctpu_tensor t = ctpu_full(CTPU_F32, 1, (int64_t[]){ 65536 }, s);
+        ck_assert(!ctpu_is_null(t));
+        if (kind == 2 && s == 50) big = ctpu_keep(ctpu_zeros(CTPU_F32, 1, (int64_t[]){ 16 << 20 }));
+        if (kind == 2) ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+        ck_assert_int_eq(ctpu_mark_step(), CTPU_OK);
+    }
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    if (!ctpu_is_null(big)) ctpu_release(big);
+}
+
+START_TEST(hbm_growth_warns_once_with_its_cause)
+{
+    const char *e = stderr_during(leaky_loop, 0);
+    ck_assert_msg(strncmp(e, "ctpu: warning: HBM in use grew from ", 36) == 0 && strchr(e, '\n') == e + strlen(e) - 1,
+                  "one warning wanted: %s", e);
+    ck_assert_msg(strstr(e, "over the last 100 marked steps (to step ") &&
+                  strstr(e, "likely cause: handles made outside a scope (or kept) and never released: ") &&
+                  strstr(e, "the most made by full ("), "%s", e);
+}
+END_TEST
+
+START_TEST(hbm_growth_names_a_missing_scope_end)
+{
+    const char *e = stderr_during(leaky_loop, 1);
+    ck_assert_msg(strstr(e, "likely cause: a missing ctpu_scope_end (this thread's scopes went from 1 to 60 deep)") &&
+                  strchr(e, '\n') == e + strlen(e) - 1, "%s", e);
+}
+END_TEST
+
+START_TEST(hbm_one_time_growth_is_no_leak)
+{
+    ck_assert_str_eq(stderr_during(leaky_loop, 2), "");
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("handles");
@@ -532,6 +635,10 @@ static Suite *suite(void)
     tcase_add_test(t, print_like_torch);
     tcase_add_test(t, print_write_error_is_io);
     tcase_add_test(t, host_bf16_helpers);
+    tcase_add_test(t, shutdown_reports_what_it_released);
+    tcase_add_test(t, hbm_growth_warns_once_with_its_cause);
+    tcase_add_test(t, hbm_growth_names_a_missing_scope_end);
+    tcase_add_test(t, hbm_one_time_growth_is_no_leak);
     suite_add_tcase(s, t);
     TCase *l = tcase_create("lifecycle");
     tcase_set_timeout(l, 60);

@@ -295,6 +295,8 @@ void ctpu_hbm_stats_get(ctpu_device *dev, ctpu_hbm_stats *out)
     out->frees = atomic_load(&dev->frees);
 }
 
+uint64_t ctpu_hbm_queued_bytes(ctpu_device *dev) { return atomic_load(&dev->deferred_bytes); }
+
 void ctpu_hbm_peak_reset(ctpu_device *dev) { atomic_store(&dev->peak, atomic_load(&dev->in_use)); }
 
 /* ------------------------------------------------------------ worker pool */

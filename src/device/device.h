@@ -150,6 +150,9 @@ void ctpu_buffer_retain(ctpu_buffer *b);
 void ctpu_buffer_release(ctpu_device *dev, ctpu_buffer *b);
 void ctpu_hbm_stats_get(ctpu_device *dev, ctpu_hbm_stats *out);
 void ctpu_hbm_peak_reset(ctpu_device *dev);
+/* HBM held only by queued commands (buffers released while a pending
+ * command still uses them): what the device gives back as it runs. */
+uint64_t ctpu_hbm_queued_bytes(ctpu_device *dev);
 
 /* Enqueue a command. The caller holds a reference on every bound buffer
  * while it submits; each buffer records the command as its last use, and is

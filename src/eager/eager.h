@@ -228,6 +228,7 @@ typedef struct ctpu_trec {
     bool leaf_grad;                  /* the .grad handle of a leaf (ctpu_grad): the user may not release it */
     char *name;                      /* ctpu_set_name (malloc'd; also on buf once it has one), or NULL */
     const char *made_by;             /* defer and fuse: the op that made a pending value (static), or NULL */
+    const char *origin;              /* the op (or call) that made the handle (static): the leak watch */
 } ctpu_trec;
 
 static inline bool ctpu_rec_pending(const ctpu_trec *r) { return r->trace_id != 0; }
@@ -319,6 +320,13 @@ ctpu_tensor ctpu__matmul_t(ctpu_tensor a, ctpu_tensor b, bool ta, bool tb, int p
 bool ctpu__validate_shape(const char *op, int ndim, const int64_t *shape, ctpu_dtype dt, ctpu_vtype *out);
 void ctpu__rng_take(uint64_t n, uint64_t *seed, uint64_t *offset);
 void ctpu__tensors_shutdown(ctpu_runtime *rt);
+/* Leak watch (tensor.c): the live handles, the distinct HBM bytes they
+ * hold, and the origins holding the most (bytes, then handles), most first.
+ * Reads every slot: at shutdown, or once for a warning. */
+typedef struct { const char *op; uint64_t bytes, handles; } ctpu_holder;
+size_t ctpu__live_holders(ctpu_runtime *rt, uint64_t *handles, uint64_t *bytes, ctpu_holder *top, size_t max);
+/* "2.0 MiB" */
+const char *ctpu__fmt_bytes(uint64_t b, char *buf, size_t len);
 
 /* Autograd (autograd.c): called for every op and view that produced `out`
  * from the handles `inputs` (node->n_in of them) and runtime scalars. Records

@@ -49,7 +49,8 @@
     X(TORCH_COMPILE_DISABLE, BOOL, "0",                                                                             \
       "`1`: every `ctpu_compiled_call` runs its step function in the current mode (PyTorch's switch, for debugging)") \
     X(CTPU_QUIET, BOOL, "0",                                                                                        \
-      "`1`: no compile-cache summary line on stderr at shutdown (warnings about the environment stay)")            \
+      "`1`: no compile-cache summary line and no leak line (handles left to `ctpu_shutdown`) on stderr at "        \
+      "shutdown (warnings stay)")                                                                                  \
     X(CTPU_ISA, ISA, "best", "force a kernel variant: `scalar`, `avx2`, `avx512`")                                  \
     X(CTPU_NUM_THREADS, THREADS, "cores (÷ local ranks under `ctpu_dist_init`)",                                     \
       "kernel threads, the device thread included")                                                                \

@@ -55,6 +55,8 @@ typedef struct {
     uint64_t count;
 } mm_rec;
 
+#define LEAK_WINDOW 100              /* marked steps the leak watch looks back over */
+
 struct ctpu_report_state {
     pthread_mutex_t mu;
     prog_rec *progs;                 /* index = program id - 1 */
@@ -74,6 +76,12 @@ struct ctpu_report_state {
     int64_t steps_per_epoch;
     bool quiet;
     ctpu_tracebuf *trace;
+    /* leak watch: HBM in use and the marking thread's scope depth at the
+     * last LEAK_WINDOW + 1 marks */
+    uint64_t leak_hbm[LEAK_WINDOW + 1];
+    int leak_depth[LEAK_WINDOW + 1];
+    uint64_t leak_n;
+    bool leak_warned;
 };
 
 static const char *const cut_names[CTPU_CUT_COUNT] = {
@@ -372,6 +380,59 @@ void ctpu__report_host_read(size_t bytes, const char *tensor)
     }
 }
 
+/* Leak watch (at each mark): HBM in use (less what queued commands hold
+ * only until they run) grew by more than max(16 MiB, 10%) over the last
+ * LEAK_WINDOW marked steps, reaching a new high at half of them at least (a
+ * one-time allocation is not a leak): one warning for the run, naming the
+ * likely cause. */
+static void leak_watch(ctpu_runtime *rt, uint64_t step)
+{
+    ctpu_report_state *r = rt->report;
+    ctpu_hbm_stats hs;
+    ctpu_hbm_stats_get(rt->dev, &hs);
+    uint64_t q = ctpu_hbm_queued_bytes(rt->dev);
+    hs.in_use = hs.in_use > q ? hs.in_use - q : 0;
+    const ctpu_thread_state *ts = ctpu_ts_current();
+    int depth = ts ? ts->scope_depth : 0;
+    pthread_mutex_lock(&r->mu);
+    uint64_t n = r->leak_n++;
+    r->leak_hbm[n % (LEAK_WINDOW + 1)] = hs.in_use;
+    r->leak_depth[n % (LEAK_WINDOW + 1)] = depth;
+    bool warn = false;
+    uint64_t old = 0;
+    int old_depth = 0;
+    if (!r->leak_warned && n >= LEAK_WINDOW) {
+        old = r->leak_hbm[(n - LEAK_WINDOW) % (LEAK_WINDOW + 1)];
+        old_depth = r->leak_depth[(n - LEAK_WINDOW) % (LEAK_WINDOW + 1)];
+        uint64_t thr = old / 10 > (16u << 20) ? old / 10 : (16u << 20);
+        int highs = 0;
+        uint64_t hi = old;
+        for (uint64_t i = n - LEAK_WINDOW + 1; i <= n; i++) {
+            uint64_t v = r->leak_hbm[i % (LEAK_WINDOW + 1)];
+            if (v > hi) { highs++; hi = v; }
+        }
+        warn = hs.in_use > old + thr && highs >= LEAK_WINDOW / 2;
+        r->leak_warned = warn;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (!warn) return;
+    char b0[32], b1[32], cause[256];
+    if (depth > old_depth) {
+        snprintf(cause, sizeof cause, "a missing ctpu_scope_end (this thread's scopes went from %d to %d deep)",
+                 old_depth, depth);
+    } else {
+        uint64_t nh, nb;
+        ctpu_holder top[1];
+        size_t k = ctpu__live_holders(rt, &nh, &nb, top, 1);
+        snprintf(cause, sizeof cause, "handles made outside a scope (or kept) and never released: %llu live, the "
+                 "most made by %s (%s in %llu handles)", (unsigned long long)nh, k ? top[0].op : "?",
+                 ctpu__fmt_bytes(k ? top[0].bytes : 0, b0, sizeof b0), k ? (unsigned long long)top[0].handles : 0ull);
+    }
+    fprintf(stderr, "ctpu: warning: HBM in use grew from %s to %s over the last %d marked steps (to step %llu); "
+            "likely cause: %s\n", ctpu__fmt_bytes(old, b0, sizeof b0), ctpu__fmt_bytes(hs.in_use, b1, sizeof b1),
+            LEAK_WINDOW, (unsigned long long)step, cause);
+}
+
 void ctpu__report_step(void)
 {
     ctpu_runtime *rt = ctpu_rt;
@@ -386,6 +447,7 @@ void ctpu__report_step(void)
         if (loop_cuts) ctpu_metrics_history_reset(&rt->metrics);
     }
     ctpu_metrics_step(&rt->metrics, s ? s - 1 : 0);
+    if (rt->report) leak_watch(rt, s);
     if (rt->report && rt->report->trace) {
         char args[64];
         snprintf(args, sizeof args, "\"step\":%llu", (unsigned long long)(s ? s - 1 : 0));

@@ -725,15 +725,45 @@ ctpu_status ctpu_init(void)
 
 bool ctpu_is_initialized(void) { return ctpu_rt != NULL; }
 
+/* Leak watch at shutdown: one line on what the program left to it (live
+ * handles, the HBM they hold, the origins holding the most; this thread's
+ * open scopes). CTPU_QUIET=1 silences it. */
+static void shutdown_leak_line(ctpu_runtime *rt, char *line, size_t len)
+{
+    line[0] = 0;
+    if (rt->quiet) return;
+    const ctpu_thread_state *ts = ctpu_ts_current();
+    int depth = ts ? ts->scope_depth : 0;
+    uint64_t nh, nb;
+    ctpu_holder top[5];
+    size_t n = ctpu__live_holders(rt, &nh, &nb, top, 5);
+    if (!nh && !depth) return;
+    char b[32];
+    size_t k = 0;
+    k += (size_t)snprintf(line + k, len - k, "ctpu: at shutdown %llu handle%s still live, holding %s of HBM",
+                          (unsigned long long)nh, nh == 1 ? " was" : "s were", ctpu__fmt_bytes(nb, b, sizeof b));
+    for (size_t i = 0; i < n && k < len; i++)
+        k += (size_t)snprintf(line + k, len - k, "%s%s %s in %llu", i ? ", " : " (most: ", top[i].op,
+                              ctpu__fmt_bytes(top[i].bytes, b, sizeof b), (unsigned long long)top[i].handles);
+    if (n && k < len) k += (size_t)snprintf(line + k, len - k, ")");
+    if (depth && k < len)
+        k += (size_t)snprintf(line + k, len - k, "; %d scope%s still open on this thread (a missing "
+                              "ctpu_scope_end or ctpu_step_end)", depth, depth == 1 ? "" : "s");
+    if (k < len) snprintf(line + k, len - k, "; ctpu_shutdown released them");
+}
+
 void ctpu_shutdown(void)
 {
     pthread_mutex_lock(&init_mu);
     ctpu_runtime *rt = ctpu_rt;
     if (!rt) { pthread_mutex_unlock(&init_mu); return; }
+    char leaks[1024];
+    shutdown_leak_line(rt, leaks, sizeof leaks);   /* before this thread's scopes go */
     ctpu__ts_drop_runtime();        /* this thread's unfinished trace, scopes, overrides */
     ctpu_device_wait(rt->dev, 0);
     ctpu__compiled_shutdown(rt);    /* compiled steps let go of their programs and tensors */
     ctpu__report_shutdown(rt);      /* TORCH_TPU_METRICS_FILE / summary line, TORCH_TPU_TRACE_FILE */
+    if (leaks[0]) fprintf(stderr, "%s\n", leaks);
     ctpu__tensors_shutdown(rt);
     ctpu_device_wait(rt->dev, 0);
     ctpu_rt = NULL;

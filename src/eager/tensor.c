@@ -160,6 +160,7 @@ ctpu_tensor ctpu_handle_new(const ctpu_vtype *type, ctpu_buffer *buf, size_t off
     r->leaf_grad = false;
     r->name = NULL;
     r->made_by = NULL;
+    r->origin = op;
     if (buf) atomic_fetch_add(&buf->handle_refs, 1);
     ctpu_tensor t = { ((uint64_t)atomic_load_explicit(&r->gen, memory_order_relaxed) << 32) | (idx + 1) };
     if (ts && ts->scope_depth > 0) {
@@ -274,6 +275,74 @@ void ctpu__tensors_shutdown(ctpu_runtime *rt)
         ctpu_trec *r = &rt->pages[i / CTPU_SLOTS_PER_PAGE][i % CTPU_SLOTS_PER_PAGE];
         if (r->live) ctpu_handle_release_rec(r, i);
     }
+}
+
+/* ------------------------------------------------------------ leak watch */
+const char *ctpu__fmt_bytes(uint64_t b, char *buf, size_t len)
+{
+    if (b >= (1ull << 30)) snprintf(buf, len, "%.1f GiB", (double)b / (1ull << 30));
+    else if (b >= (1ull << 20)) snprintf(buf, len, "%.1f MiB", (double)b / (1ull << 20));
+    else if (b >= (1ull << 10)) snprintf(buf, len, "%.1f KiB", (double)b / (1ull << 10));
+    else snprintf(buf, len, "%llu bytes", (unsigned long long)b);
+    return buf;
+}
+
+typedef struct { const ctpu_buffer *buf; const char *op; } held_t;
+
+static int held_cmp(const void *a, const void *b)
+{
+    const held_t *x = a, *y = b;
+    return x->buf < y->buf ? -1 : x->buf > y->buf;
+}
+
+static int holder_cmp(const void *a, const void *b)
+{
+    const ctpu_holder *x = a, *y = b;
+    if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
+    if (x->handles != y->handles) return x->handles < y->handles ? 1 : -1;
+    return strcmp(x->op, y->op);
+}
+
+/* The holder row of op (origins are static strings: compared by value). */
+static ctpu_holder *holder_of(ctpu_holder *h, size_t *n, size_t cap, const char *op)
+{
+    for (size_t i = 0; i < *n; i++)
+        if (h[i].op == op || strcmp(h[i].op, op) == 0) return &h[i];
+    if (*n == cap) return &h[cap - 1];          /* the last row gathers the rest */
+    h[*n] = (ctpu_holder){ .op = op };
+    return &h[(*n)++];
+}
+
+size_t ctpu__live_holders(ctpu_runtime *rt, uint64_t *handles, uint64_t *bytes, ctpu_holder *top, size_t max)
+{
+    enum { ROWS = 64 };
+    ctpu_holder rows[ROWS];
+    size_t nr = 0, nh = 0;
+    uint32_t n_slots = atomic_load(&rt->n_slots);
+    held_t *held = malloc(sizeof *held * ((size_t)n_slots + 1));
+    *handles = *bytes = 0;
+    for (uint32_t i = 0; i < n_slots; i++) {
+        const ctpu_trec *r = &rt->pages[i / CTPU_SLOTS_PER_PAGE][i % CTPU_SLOTS_PER_PAGE];
+        if (!atomic_load_explicit(&r->live, memory_order_relaxed)) continue;
+        const char *op = r->origin ? r->origin : "?";
+        (*handles)++;
+        holder_of(rows, &nr, ROWS, op)->handles++;
+        if (held && r->buf) held[nh++] = (held_t){ r->buf, op };
+    }
+    if (held) {
+        qsort(held, nh, sizeof *held, held_cmp);
+        for (size_t i = 0; i < nh; i++) {
+            if (i && held[i].buf == held[i - 1].buf) continue;   /* views share their storage */
+            uint64_t b = held[i].buf->bytes < 64 ? 64 : (held[i].buf->bytes + 63) & ~(uint64_t)63;
+            *bytes += b;
+            holder_of(rows, &nr, ROWS, held[i].op)->bytes += b;
+        }
+        free(held);
+    }
+    qsort(rows, nr, sizeof *rows, holder_cmp);
+    size_t n = nr < max ? nr : max;
+    memcpy(top, rows, n * sizeof *top);
+    return n;
 }
 
 /* ------------------------------------------------------------ queries */
