@@ -58,6 +58,7 @@ typedef struct {
     uint64_t seed;
     int progress;   /* -1 auto (a terminal), 0 off, 1 on */
     bool ddp;       /* data parallel over mpirun's ranks */
+    bool compile, capturable;   /* the step as a compiled step; AdamW capturable */
 } opts_t;
 
 static void usage(FILE *f)
@@ -85,6 +86,10 @@ static void usage(FILE *f)
             "  --resume PATH    continue the run saved in PATH (same options)\n"
             "  --stop-after N   stop once N steps of the run are done (the schedule still spans --epochs)\n"
             "  --progress / --no-progress   force the progress bar on or off (default: on a terminal)\n"
+            "  --compile        the training step as a compiled step (ctpu_compile: captured once,\n"
+            "                   replayed with no per-op host work; not with --ddp); implies --capturable\n"
+            "  --capturable     AdamW keeps lr and step count as device tensors (torch's\n"
+            "                   capturable=True; the numbers --compile gives, in any mode)\n"
             "  --help           this text\n"
             "  --version        the program's and the library's version\n"
             "Options take their value as --opt VALUE or --opt=VALUE.\n"
@@ -108,7 +113,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
                    .wd = 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .seed = 1, .progress = -1 };
     /* getopt_long: "--epochs 1", "--epochs=1" and unique prefixes ("--ep=1") */
     enum { O_DATA = 256, O_LOG, O_BETAS, O_EPOCHS, O_BATCH, O_LR, O_WD, O_EPS, O_SEED, O_THREADS, O_LIMIT,
-           O_TEST_LIMIT, O_SAVE, O_SAVE_EVERY, O_RESUME, O_STOP_AFTER, O_PROGRESS, O_NO_PROGRESS, O_VERSION, O_DDP };
+           O_TEST_LIMIT, O_SAVE, O_SAVE_EVERY, O_RESUME, O_STOP_AFTER, O_PROGRESS, O_NO_PROGRESS, O_VERSION, O_DDP, O_COMPILE, O_CAPTURABLE };
     static const struct option longopts[] = {
         { "data", required_argument, NULL, O_DATA },       { "log", required_argument, NULL, O_LOG },
         { "betas", required_argument, NULL, O_BETAS },     { "epochs", required_argument, NULL, O_EPOCHS },
@@ -121,6 +126,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
         { "progress", no_argument, NULL, O_PROGRESS },     { "no-progress", no_argument, NULL, O_NO_PROGRESS },
         { "help", no_argument, NULL, 'h' },                { "version", no_argument, NULL, O_VERSION },
         { "ddp", no_argument, NULL, O_DDP },
+        { "compile", no_argument, NULL, O_COMPILE }, { "capturable", no_argument, NULL, O_CAPTURABLE },
         { NULL, 0, NULL, 0 },
     };
     opterr = 0;   /* our own messages, naming the option */
@@ -137,6 +143,8 @@ static int parse_args(int argc, char **argv, opts_t *o)
         case O_PROGRESS: o->progress = 1; break;
         case O_NO_PROGRESS: o->progress = 0; break;
         case O_DDP: o->ddp = true; break;
+        case O_COMPILE: o->compile = o->capturable = true; break;
+        case O_CAPTURABLE: o->capturable = true; break;
         case O_DATA: o->data_dir = v; break;
         case O_LOG: o->log_path = v; break;
         case O_SAVE: o->save_path = v; break;
@@ -204,6 +212,23 @@ static ctpu_status load_split(const char *dir, const char *split, ctpu_image_set
 }
 
 typedef struct { ctpu_linear fc1, fc2, fc3; } mlp;
+
+static ctpu_tensor mlp_forward(const mlp *m, ctpu_tensor x);
+
+/* The training step as a ctpu_step_fn (--compile): in = {x, y}, scalars =
+ * {lr}, out = {loss}. */
+typedef struct { const mlp *m; ctpu_optim *opt; } step_ctx;
+static ctpu_status train_step(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    step_ctx *s = ctx;
+    ctpu_optim_zero_grad(s->opt);
+    ctpu_tensor loss = ctpu_cross_entropy(mlp_forward(s->m, in[0]), in[1], NULL);
+    ctpu_status st = ctpu_is_null(loss) ? ctpu_last_status() : ctpu_backward(loss);
+    if (st == CTPU_OK) st = ctpu_optim_set_lr(s->opt, sc[0]);
+    if (st == CTPU_OK) st = ctpu_optim_step(s->opt);
+    out[0] = loss;
+    return st;
+}
 
 static ctpu_tensor mlp_forward(const mlp *m, ctpu_tensor x)
 {
@@ -283,6 +308,10 @@ int main(int argc, char **argv)
     opts_t o;
     int pr = parse_args(argc, argv, &o);
     if (pr) return pr == 1 ? 0 : 2;
+    if (o.compile && o.ddp) {
+        fprintf(stderr, "fashion_mnist: --compile with --ddp: the gradients' all_reduce would be a graph break\n");
+        return 2;
+    }
     if (o.threads > 0) {
         char b[32];
         snprintf(b, sizeof b, "%d", o.threads);
@@ -318,6 +347,11 @@ int main(int argc, char **argv)
     ctpu_adamw_opts ao = { o.lr, o.beta1, o.beta2, o.eps, o.wd };
     ctpu_optim *opt = ctpu_adamw_create(6, params, &ao);
     if (!opt) return fail("making the optimizer");
+    if (o.capturable && ctpu_optim_set_capturable(opt, true) != CTPU_OK) return fail("making the optimizer");
+    step_ctx sctx = { &m, opt };
+    ctpu_compiled *cstep = o.compile ? ctpu_compile(train_step, &sctx, &(ctpu_compile_opts){ .name = "fashion_mnist.train_step" })
+                                     : NULL;
+    if (o.compile && !cstep) return fail("compiling the step");
     ctpu_ddp *ddp = NULL;
     if (o.ddp && !(ddp = ctpu_ddp_create(6, params, NULL))) return fail("making the DDP wrapper");
     ctpu_batch_iter *it = ctpu_batch_iter_create(train.n, o.batch, true, false, o.seed);
@@ -342,7 +376,7 @@ int main(int argc, char **argv)
         if (!log) { fprintf(stderr, "fashion_mnist: cannot write %s: %s\n", o.log_path, strerror(errno)); return 1; }
         fprintf(log, "step,epoch,lr,loss\n");
     }
-    const char *mode = ctpu_mode_name(ctpu_get_mode());
+    const char *mode = o.compile ? "compiled" : ctpu_mode_name(ctpu_get_mode());
     printf("fashion_mnist: %lld train / %lld test images, MLP %lld-256-128-10, AdamW lr %g wd %g, batch %lld, "
            "%d epochs, seed %llu, mode %s%s\n", (long long)train.n, (long long)n_test, (long long)px, o.lr, o.wd,
            (long long)o.batch, o.epochs, (unsigned long long)o.seed, mode, o.ddp ? ", DDP" : "");
@@ -373,14 +407,19 @@ int main(int argc, char **argv)
                 if (hi == lo) { fprintf(stderr, "fashion_mnist: a batch of %lld rows for %d ranks\n", (long long)k, world); return 1; }
                 ctpu_ddp_step_begin(ddp);
             }
-            ctpu_tensor x, y;
+            ctpu_tensor x, y, loss;
             if (ctpu_image_set_batch(&train, idx + lo, hi - lo, &x, &y) != CTPU_OK) return fail("batch");
-            ctpu_tensor loss = ctpu_cross_entropy(mlp_forward(&m, x), y, NULL);
-            if (ctpu_is_null(loss)) return fail("forward");
-            if (ctpu_backward(loss) != CTPU_OK) return fail("backward");
-            if (ddp && ctpu_ddp_sync_grads(ddp) != CTPU_OK) return fail("averaging the gradients");
-            ctpu_optim_set_lr(opt, lr);
-            if (ctpu_optim_step(opt) != CTPU_OK) return fail("optimizer step");
+            if (cstep) {
+                if (ctpu_compiled_call(cstep, 2, (ctpu_tensor[]){ x, y }, 1, &lr, 1, &loss) != CTPU_OK)
+                    return fail("compiled step");
+            } else {
+                loss = ctpu_cross_entropy(mlp_forward(&m, x), y, NULL);
+                if (ctpu_is_null(loss)) return fail("forward");
+                if (ctpu_backward(loss) != CTPU_OK) return fail("backward");
+                if (ddp && ctpu_ddp_sync_grads(ddp) != CTPU_OK) return fail("averaging the gradients");
+                ctpu_optim_set_lr(opt, lr);
+                if (ctpu_optim_step(opt) != CTPU_OK) return fail("optimizer step");
+            }
             losses[nb] = ctpu_keep(ctpu_detach(loss));
             ctpu_step_end();
             sizes[nb] = hi - lo;
