@@ -446,7 +446,7 @@ static void version_fill(version *v, const ctpu_capture_sink *s, const struct ct
         v->out_bytes[o] = pl->out_bytes[o];
         v->grad_rq[o] = -1;
     }
-    memcpy(v->rng, cap->rng, sizeof *v->rng * (size_t)v->n_rng);
+    if (v->n_rng) memcpy(v->rng, cap->rng, sizeof *v->rng * (size_t)v->n_rng);
     for (int i = 0; i < v->n_scalars; i++) v->arg_val[i] = cap->scalars[i];
     for (int j = 0; j < v->n_out_user; j++) {
         v->out_rq[j] = -1;
