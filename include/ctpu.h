@@ -238,8 +238,11 @@ CTPU_API ctpu_status ctpu_release(ctpu_tensor t);
 
 /* Name a tensor, as a module path names a parameter ("fc1.weight"): the
  * name appears where the value is reported: recompile reasons and the
- * recompile log ("input 0 (x) dim 0: 128 -> 96"), cache-only errors, and
- * host-read events in the trace file ("tensor": "loss"). The name belongs to
+ * recompile log ("input 0 (x) dim 0: 128 -> 96"), cache-only errors,
+ * device faults (the tensor read: "... (1 bad index) (t is logits)"; debug
+ * eager, at the call: the op's named inputs, "(weight is wte, indices is
+ * tokens)"), host-read events in the trace file ("tensor": "loss") and
+ * strict-eager op events ("inputs": ["fc1.weight", ""]). The name belongs to
  * the value's storage, so views of it and later handles on the same storage
  * report it too; NULL or "" removes it. Copied (at most CTPU_NAME_MAX bytes,
  * no control characters). Errors: handle errors, CTPU_ERR_INVALID_ARG. */

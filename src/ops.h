@@ -261,7 +261,16 @@ typedef struct {
     uint32_t flags;       /* CTPU_ATTR_* */
     int32_t n_dims;
     int32_t extra;        /* cast dtype, concat dim, gather dim, precision */
+    int32_t call;         /* CTPU_CALL_*: the public composite a faulting node was made for (its fault names it) */
 } ctpu_attrs;
+
+/* attrs.call: which public call a device fault of the node is reported as
+ * (0: the op's own name). A composite whose primitive can fault sets it, so
+ * its message names the user's call and the user's positions. */
+enum {
+    CTPU_CALL_OP = 0,
+    CTPU_CALL_INDEX_SELECT,   /* gather of an index [n] expanded along dim */
+};
 
 /* attrs all zero (node builders zero a node whole, padding included, so
  * this is memcmp against zeroes), as word loads rather than a libc call:

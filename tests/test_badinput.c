@@ -238,7 +238,8 @@ START_TEST(creation_bad_sizes)
     EXPECT_NULL(ctpu_zeros(CTPU_F32, 2, NULL), CTPU_ERR_INVALID_ARG, "zeros");
     /* a shape that fits 2^56 elements but not the HBM */
     int64_t big[2] = { (int64_t)1 << 26, (int64_t)1 << 26 };
-    EXPECT_NULL(ctpu_zeros(CTPU_F32, 2, big), CTPU_ERR_OOM, "full");
+    EXPECT_NULL(ctpu_zeros(CTPU_F32, 2, big), CTPU_ERR_OOM, "zeros: output");   /* the user's call, not full */
+    EXPECT_NULL(ctpu_ones(CTPU_F32, 2, big), CTPU_ERR_OOM, "ones: output");
     EXPECT_NULL(ctpu_arange(0, 1, 0, CTPU_F32), CTPU_ERR_INVALID_ARG, "arange");
     EXPECT_NULL(ctpu_arange(0, NAN, 1, CTPU_F32), CTPU_ERR_INVALID_ARG, "arange");
     EXPECT_NULL(ctpu_arange(0, INFINITY, 1, CTPU_F32), CTPU_ERR_INVALID_ARG, "arange");
@@ -474,6 +475,60 @@ START_TEST(bad_calls_leak_nothing)
 }
 END_TEST
 
+/* Device faults (issue 20): a composite's fault names the user's call and
+ * the user's positions, counts read "1 bad index" / "2 bad indices", and
+ * the tensors' names (ctpu_set_name) are in the message: the inputs' when
+ * debug eager reports it at the call, the one read when it is read. */
+START_TEST(fault_messages_name_the_call_and_tensors)
+{
+    for (int mode = 0; mode < CTPU_MODE_COUNT; mode++) {
+        ck_assert_int_eq(ctpu_set_mode((ctpu_mode)mode), CTPU_OK);
+        float w[12] = { 0 };
+        int64_t ws[2] = { 4, 3 }, n3 = 3, n2 = 2;
+        ctpu_tensor a = ctpu_from_host(w, CTPU_F32, 2, ws);
+        int32_t ix[3] = { 0, 5, 7 };
+        ctpu_tensor idx = ctpu_from_host(ix, CTPU_I32, 1, &n3);
+        /* index_select along dim 1 of [4,3]: positions 1 and 2 of the user's index [3] */
+        ctpu_tensor r = ctpu_index_select(a, 1, idx);
+        float out[12];
+        if (!ctpu_is_null(r)) {
+            ck_assert_int_eq(ctpu_set_name(r, "picked"), CTPU_OK);
+            ck_assert_int_eq(ctpu_to_host(r, out, sizeof out), CTPU_ERR_DEVICE_FAULT);
+        }
+        const char *m = ctpu_last_error();
+        ck_assert_msg(strncmp(m, "index_select", 12) == 0 &&
+                      t_contains(m, "index 5 at position 1 is out of range [0, 3) along dim 1 (2 bad indices)"),
+                      "mode %d: %s", mode, m);
+        if (mode != CTPU_MODE_DEBUG) ck_assert_msg(t_contains(m, "(t is picked)"), "mode %d: %s", mode, m);
+        ctpu_clear_error();
+        ctpu_sync();
+        ctpu_clear_error();
+        /* one bad index: singular; the inputs' names where the call reports it */
+        ck_assert_int_eq(ctpu_set_name(a, "wte"), CTPU_OK);
+        int32_t tk[2] = { 1, 9 };
+        ctpu_tensor tok = ctpu_from_host(tk, CTPU_I32, 1, &n2);
+        ck_assert_int_eq(ctpu_set_name(tok, "tokens"), CTPU_OK);
+        ctpu_tensor e = ctpu_embedding(a, tok);
+        float eo[6];
+        if (!ctpu_is_null(e)) ck_assert_int_eq(ctpu_to_host(e, eo, sizeof eo), CTPU_ERR_DEVICE_FAULT);
+        m = ctpu_last_error();
+        ck_assert_msg(strncmp(m, "embedding", 9) == 0 &&
+                      t_contains(m, "index 9 at position 1 is out of range [0, 4) for weight f32[4,3] (1 bad index)"),
+                      "mode %d: %s", mode, m);
+        if (mode == CTPU_MODE_DEBUG)
+            ck_assert_msg(t_contains(m, "(weight is wte, indices is tokens)"), "mode %d: %s", mode, m);
+        ctpu_clear_error();
+        ctpu_sync();
+        ctpu_clear_error();
+        ctpu_release(a);
+        ctpu_release(idx);
+        ctpu_release(tok);
+        ctpu_release(r);
+        ctpu_release(e);
+    }
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("badinput");
@@ -490,6 +545,7 @@ static Suite *suite(void)
     tcase_add_test(t, ops_bad_dims);
     tcase_add_test(t, runtime_bad_args);
     tcase_add_test(t, bad_calls_leak_nothing);
+    tcase_add_test(t, fault_messages_name_the_call_and_tensors);
     suite_add_tcase(s, t);
     return s;
 }

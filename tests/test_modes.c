@@ -312,7 +312,7 @@ START_TEST(oom_fails_at_once_naming_the_queue)
     ck_assert(ctpu_is_null(c));
     ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_OOM);
     const char *m = ctpu_last_error();
-    ck_assert_msg(t_contains(m, "full: output f32[100000]: out of HBM: requested 400000 bytes, 900032 in use "
+    ck_assert_msg(t_contains(m, "ones: output f32[100000]: out of HBM: requested 400000 bytes, 900032 in use "
                                 "(100032 of them held only by queued commands), capacity 1048576 bytes"),
                   "%s", m);
     ctpu__test_device_hold(false);

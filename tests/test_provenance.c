@@ -601,7 +601,7 @@ END_TEST
 
 
 /* ------------------------------------------------------------ op provenance */
-#define EMBED_FAULT "embedding (op #1, \"embed\"): index 57 at position 1 is out of range [0, 50) for weight f32[50,8] (1 bad indices)"
+#define EMBED_FAULT "embedding (op #1, \"embed\"): index 57 at position 1 is out of range [0, 50) for weight f32[50,8] (1 bad index)"
 
 /* One step: op #1 embedding (labelled), #2 relu, #3 sum, #4 the item. */
 static ctpu_status faulting_step(const char *label, int32_t bad, double *v)

@@ -398,6 +398,7 @@ START_TEST(trace_file)
     float a[2] = { 1, 2 };
     int64_t n = 2;
     ctpu_tensor x = ctpu_from_host(a, CTPU_F32, 1, &n);
+    ck_assert_int_eq(ctpu_set_name(x, "x.in"), CTPU_OK);
     ck_assert(!ctpu_is_null(ctpu_exp(x)));
     ctpu_shutdown();
     unsetenv("TORCH_TPU_TRACE_FILE");
@@ -433,6 +434,18 @@ START_TEST(trace_file)
         }
     }
     ck_assert(saw_reason);
+    /* a strict op's event names its named inputs (ctpu_set_name) */
+    bool saw_inputs = false;
+    for (int i = 0; i < cJSON_GetArraySize(ev); i++) {
+        const cJSON *e = cJSON_GetArrayItem(ev, i);
+        const cJSON *cat = cJSON_GetObjectItem(e, "cat");
+        if (!cJSON_IsString(cat) || strcmp(cat->valuestring, "op") != 0) continue;
+        const cJSON *ins = cJSON_GetObjectItem(cJSON_GetObjectItem(e, "args"), "inputs");
+        ck_assert_msg(cJSON_IsArray(ins) && cJSON_GetArraySize(ins) == 1, "op event without its inputs' names");
+        ck_assert_str_eq(cJSON_GetArrayItem(ins, 0)->valuestring, "x.in");
+        saw_inputs = true;
+    }
+    ck_assert(saw_inputs);
     /* device slices: a fused program is "program N: ..." with "program": N,
      * N one of the ids the compile events (and the report) use */
     int fused_slices = 0, strict_slices = 0;

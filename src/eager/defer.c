@@ -53,14 +53,14 @@ static bool add_holder(uint64_t id)
 }
 
 /* A pending handle for value v. */
-static ctpu_tensor pending_handle(const ctpu_vtype *type, ctpu_vref v, const char *op)
+static ctpu_tensor pending_handle(const ctpu_vtype *type, ctpu_vref v, const char *op, const char *made_by)
 {
     ctpu_tensor h = ctpu_handle_new(type, NULL, 0, op);
     if (ctpu_is_null(h)) return h;
     ctpu_trec *r = ctpu_slot(ctpu_handle_slot(h));
     r->trace_id = t_df.id;
     r->tval = v;
-    r->made_by = op;
+    r->made_by = made_by;
     if (!add_holder(h.id)) {
         ctpu_release(h);
         ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory recording the trace", op);
@@ -99,10 +99,10 @@ static bool input_vref(ctpu_trec *r, const char *op, ctpu_vref *out)
     return true;
 }
 
-ctpu_tensor ctpu__defer_node(ctpu_node *node, ctpu_trec *const *inputs, const ctpu_tensor *in_h,
+ctpu_tensor ctpu__defer_node(ctpu_node *node, const char *call, ctpu_trec *const *inputs, const ctpu_tensor *in_h,
                              const double *scalars)
 {
-    const char *opn = ctpu_op_name(node->op);
+    const char *opn = call ? call : ctpu_op_name(node->op);
     if (!state_ready()) {
         ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory recording the trace", opn);
         return ctpu_failed();
@@ -128,7 +128,7 @@ ctpu_tensor ctpu__defer_node(ctpu_node *node, ctpu_trec *const *inputs, const ct
         ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory recording the trace", opn);
         return ctpu_failed();
     }
-    ctpu_tensor out = pending_handle(&node->out, v, opn);
+    ctpu_tensor out = pending_handle(&node->out, v, opn, ctpu_op_name(node->op));
     if (ctpu_is_null(out)) return out;
     ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_OPS_DISPATCHED, 1);
     ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_OPS_RECORDED, 1);
@@ -154,7 +154,7 @@ ctpu_tensor ctpu__defer_alias_handle(ctpu_trec *rec, const char *op)
     }
     ctpu_vtype type = rec->type;
     ctpu_vref v = rec->tval;
-    return pending_handle(&type, v, op);
+    return pending_handle(&type, v, op, op);
 }
 
 bool ctpu__materialize(ctpu_trec *rec, const char *op, ctpu_cut_reason why)
@@ -750,7 +750,7 @@ static ctpu_status obo_node(flush_ctx *f, obo_ctx *o, int i)
     }
     const ctpu_vtype *tp[CTPU_NODE_MAX_IN];
     for (int k = 0; k < nd.n_in; k++) tp[k] = &ty[k];
-    ctpu_status st = ctpu__strict_launch(&nd, tp, bf, of, sc, o->buf[i], 0, ctpu_trace_rec_prov(t_df.rec)[i]);
+    ctpu_status st = ctpu__strict_launch(&nd, NULL, tp, bf, of, sc, o->buf[i], 0, ctpu_trace_rec_prov(t_df.rec)[i]);
     if (st != CTPU_OK) return st;
     const ctpu_node *rn = ctpu_trace_rec_node_at(t_df.rec, i, &sc);
     for (int k = 0; k < rn->n_in; k++) {

@@ -110,9 +110,13 @@ static size_t strict_key(const ctpu_trace *tr, const ctpu_vtype *const *in_type,
     return (size_t)(p - key);
 }
 
-ctpu_status ctpu__strict_launch(ctpu_node *node, const ctpu_vtype *const *in_type, ctpu_buffer *const *in_buf,
-                                const size_t *in_off, const double *scalars, ctpu_buffer *out, size_t out_off,
-                                ctpu_op_prov prov)
+/* " (a is emb.weight, index is tokens)": the named inputs of a node, for a
+ * fault reported at its call ("" when none has a name). */
+static const char *named_inputs(const ctpu_node *node, ctpu_trec *const *in, char *out, size_t len);
+
+ctpu_status ctpu__strict_launch(ctpu_node *node, ctpu_trec *const *in, const ctpu_vtype *const *in_type,
+                                ctpu_buffer *const *in_buf, const size_t *in_off, const double *scalars,
+                                ctpu_buffer *out, size_t out_off, ctpu_op_prov prov)
 {
     ctpu_runtime *rt = ctpu_rt;
     const char *opn = ctpu_op_name(node->op);
@@ -149,7 +153,7 @@ ctpu_status ctpu__strict_launch(ctpu_node *node, const ctpu_vtype *const *in_typ
         if (res.evicted) ctpu_counter_add(&rt->metrics, CTPU_CTR_STRICT_CACHE_EVICTIONS, res.evicted);
         ctpu_timer_add(&rt->metrics, CTPU_TMR_COMPILE_TIME, prog->compile_ns);
     }
-    ctpu__report_op(node, hit, prog);   /* report.c: cost estimate, trace */
+    ctpu__report_op(node, hit, prog, in);   /* report.c: cost estimate, trace */
     ctpu_cmd cmd;
     cmd.prog = &prog->prog;
     cmd.n_bufs = n_in + 1;
@@ -189,7 +193,8 @@ ctpu_status ctpu__strict_launch(ctpu_node *node, const ctpu_vtype *const *in_typ
         unsigned f = atomic_load(&out->fault);
         if (f) {
             const ctpu_fault_rec *fr = ctpu_device_fault(rt->dev, f);
-            ctpu_set_error(fr->status, "%s", fr->msg);
+            char nb[256];
+            ctpu_set_error(fr->status, "%s%s", fr->msg, named_inputs(node, in, nb, sizeof nb));
             ctpu_device_take_error(rt->dev, NULL, 0); /* reported at the call */
             return fr->status;
         }
@@ -212,7 +217,7 @@ static ctpu_status launch(ctpu_node *node, ctpu_trec *const *inputs, const doubl
         in_buf[i] = r->buf;
         in_off[i] = r->off;
     }
-    return ctpu__strict_launch(node, in_type, in_buf, in_off, scalars, out, out_off, prov);
+    return ctpu__strict_launch(node, inputs, in_type, in_buf, in_off, scalars, out, out_off, prov);
 }
 
 ctpu_status ctpu_dispatch_into(ctpu_node *node, ctpu_trec *const *inputs, const double *scalars,
@@ -222,8 +227,8 @@ ctpu_status ctpu_dispatch_into(ctpu_node *node, ctpu_trec *const *inputs, const 
 }
 
 /* Strict and debug eager's half of ctpu_dispatch, out of line: the recorded
- * path stays small enough to be inlined into apply. */
-static __attribute__((noinline)) ctpu_tensor dispatch_eager(ctpu_node *node, ctpu_trec *const *inputs,
+ * path stays small enough to be inlined into apply. call: as ctpu_dispatch_as. */
+static __attribute__((noinline)) ctpu_tensor dispatch_eager(ctpu_node *node, const char *call, ctpu_trec *const *inputs,
                                                             const ctpu_tensor *in_h, const double *scalars)
 {
     ctpu_op_prov prov = ctpu_prov_next();   /* (defer and fuse numbers its nodes as it records them) */
@@ -232,7 +237,7 @@ static __attribute__((noinline)) ctpu_tensor dispatch_eager(ctpu_node *node, ctp
     ctpu_buffer *b = ctpu_buffer_alloc(ctpu_rt->dev, bytes, err, sizeof err);
     if (!b) {
         char tb[128];
-        ctpu_set_error(CTPU_ERR_OOM, "%s: output %s: %s", ctpu_op_name(node->op),
+        ctpu_set_error(CTPU_ERR_OOM, "%s: output %s: %s", call ? call : ctpu_op_name(node->op),
                        ctpu_fmt_type(&node->out, tb, sizeof tb), err);
         return ctpu_failed();
     }
@@ -246,11 +251,17 @@ static __attribute__((noinline)) ctpu_tensor dispatch_eager(ctpu_node *node, ctp
     return out;
 }
 
+ctpu_tensor ctpu_dispatch_as(ctpu_node *node, const char *call, ctpu_trec *const *inputs, const ctpu_tensor *in_h,
+                             const double *scalars)
+{
+    if (ctpu_mode_now() == CTPU_MODE_DEFER_FUSE) return ctpu__defer_node(node, call, inputs, in_h, scalars);
+    return dispatch_eager(node, call, inputs, in_h, scalars);
+}
+
 ctpu_tensor ctpu_dispatch(ctpu_node *node, ctpu_trec *const *inputs, const ctpu_tensor *in_h,
                           const double *scalars)
 {
-    if (ctpu_mode_now() == CTPU_MODE_DEFER_FUSE) return ctpu__defer_node(node, inputs, in_h, scalars);
-    return dispatch_eager(node, inputs, in_h, scalars);
+    return ctpu_dispatch_as(node, NULL, inputs, in_h, scalars);
 }
 
 /* A view: a new handle on rec's storage, recorded for autograd like any op. */
@@ -260,7 +271,7 @@ static ctpu_tensor make_view(ctpu_node *node, ctpu_trec *rec, ctpu_tensor in_h, 
     if (ctpu_rec_pending(rec)) {
         /* a view of a value not computed yet is a node of the trace */
         ctpu_trec *in[1] = { rec };
-        return ctpu__defer_node(node, in, &in_h, NULL);
+        return ctpu__defer_node(node, NULL, in, &in_h, NULL);
     }
     ctpu_prov_next();   /* numbered as an op in every mode */
     ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_OPS_DISPATCHED, 1);
@@ -401,6 +412,7 @@ typedef struct {
     uint32_t flags;             /* the node's attr flags: CTPU_ATTR_SCALAR_FIRST, CTPU_ATTR_TRANS_A/B */
     int precision;              /* matmul */
     int n_scalars;              /* runtime scalars the node takes */
+    int call;                   /* CTPU_CALL_*: the composite a faulting node is made for */
 } op_args;
 
 static const char *const NM_A[] = { "a" };
@@ -863,6 +875,23 @@ static const dtype_rule_fn dtype_rules[CTPU_DT_RULE_COUNT] = {
     [CTPU_DT_GIVEN] = dt_given,
 };
 
+static const char *named_inputs(const ctpu_node *node, ctpu_trec *const *in, char *out, size_t len)
+{
+    out[0] = 0;
+    const char *const *names = shape_rules[ctpu_op_infos[node->op].shape_rule].names;
+    size_t k = 0;
+    for (int i = 0; in && names && i < node->n_in && k < len; i++) {
+        const char *nm = ctpu_rec_name(in[i]);
+        if (!nm[0]) continue;
+        int w = snprintf(out + k, len - k, "%s%s is %s", k ? ", " : " (", names[i], nm);
+        if (w < 0) break;
+        k += (size_t)w;
+    }
+    if (k && k + 2 <= len) { out[k] = ')'; out[k + 1] = 0; }
+    else if (k) out[0] = 0;   /* (cut short: none rather than half) */
+    return out;
+}
+
 bool ctpu__test_op_rules_defined(int op)
 {
     if (op < 0 || op >= CTPU_OP_COUNT) return false;
@@ -888,6 +917,7 @@ static inline bool infer_named(int op, const char *opn, const char *const *names
     n->n_in = (uint8_t)n_in;
     n->n_scalars = (uint8_t)a->n_scalars;
     n->attr.flags = a->flags;
+    n->attr.call = a->call;
     /* the elementwise rules called directly (every strict op's path; the same functions the tables hold) */
     bool ok = o->shape_rule == CTPU_SH_SAME        ? sh_same(opn, names, in, a, n)
               : o->shape_rule == CTPU_SH_BROADCAST ? sh_broadcast(opn, names, in, a, n)
@@ -917,7 +947,7 @@ static ctpu_tensor apply(int op, int n_in, const ctpu_tensor *ts, const op_args 
     ctpu_node n;
     if (!infer_named(op, opn, names, n_in, in, a, &n)) return ctpu_failed();
     if (ctpu_op_is(op, CTPU_OPK_VIEW)) return make_view(&n, in[0], ts[0], in[0]->off);
-    return n_in ? ctpu_dispatch(&n, in, ts, scalars) : ctpu_dispatch(&n, NULL, NULL, scalars);
+    return n_in ? ctpu_dispatch_as(&n, a->opn, in, ts, scalars) : ctpu_dispatch_as(&n, a->opn, NULL, NULL, scalars);
 }
 
 /* ------------------------------------------------------------ elementwise */
@@ -1231,7 +1261,10 @@ ctpu_tensor ctpu_index_select(ctpu_tensor a, int dim, ctpu_tensor index)
         out[i] = i == dim ? in[1]->type.shape[0] : in[0]->type.shape[i];
     }
     if (ctpu_scope_begin() != CTPU_OK) return ctpu_failed();
-    ctpu_tensor r = ctpu_gather(a, dim, ctpu_expand(ctpu_reshape(index, nd, col), nd, out));
+    ctpu_tensor ts[2] = { a, ctpu_expand(ctpu_reshape(index, nd, col), nd, out) };
+    ctpu_tensor r = ctpu_is_null(ts[1]) ? ctpu_failed()
+                    : apply(CTPU_OP_GATHER, 2, ts, &(op_args){ .opn = "index_select", .dim = dim,
+                                                             .call = CTPU_CALL_INDEX_SELECT }, NULL);
     if (!ctpu_is_null(r)) r = ctpu_keep(r);
     ctpu_scope_end();
     return r;
@@ -1670,7 +1703,7 @@ static ctpu_tensor rand_op(const char *opn, int op, ctpu_dtype dt, int ndim, con
     uint64_t seed, offset;
     ctpu__rng_take((uint64_t)ctpu_vtype_numel(&n.out), &seed, &offset);
     double sc[4] = { ctpu_bits_scalar(seed), ctpu_bits_scalar(offset), p0, p1 };
-    return ctpu_dispatch(&n, NULL, NULL, sc);
+    return ctpu_dispatch_as(&n, opn, NULL, NULL, sc);
 }
 
 /* torch.randint: low + (64 random bits mod (high - low)), the bits words 0
@@ -1694,7 +1727,7 @@ ctpu_tensor ctpu_randint(ctpu_dtype dt, int ndim, const int64_t *shape, int64_t 
     uint64_t seed, offset;
     ctpu__rng_take((uint64_t)ctpu_vtype_numel(&n.out), &seed, &offset);
     double sc[4] = { ctpu_bits_scalar(seed), ctpu_bits_scalar(offset), (double)low, (double)high };
-    return ctpu_dispatch(&n, NULL, NULL, sc);
+    return ctpu_dispatch_as(&n, opn, NULL, NULL, sc);
 }
 
 /* ------------------------------------------------------------ creator composites */

@@ -311,6 +311,9 @@ bool ctpu_debug_checks_now(void);
  * the output handle, or CTPU_NULL with the error set. */
 ctpu_tensor ctpu_dispatch(ctpu_node *node, ctpu_trec *const *inputs, const ctpu_tensor *in_h,
                           const double *scalars);
+/* The same, for the public call `call` (its errors name it; NULL: the op's name). */
+ctpu_tensor ctpu_dispatch_as(ctpu_node *node, const char *call, ctpu_trec *const *inputs, const ctpu_tensor *in_h,
+                             const double *scalars);
 /* matmul_t's rule (dispatch.c), at an explicit precision (the matmul
  * backward rule passes the forward op's). */
 ctpu_tensor ctpu__matmul_t(ctpu_tensor a, ctpu_tensor b, bool ta, bool tb, int precision);
@@ -345,11 +348,13 @@ ctpu_status ctpu_dispatch_into(ctpu_node *node, ctpu_trec *const *inputs, const 
 
 /* Strict eager's path for one node on device buffers (dispatch.c): the
  * one-op program table, then the stream (in debug eager, wait and report a
- * device fault here). node->in[] is overwritten. Defer and fuse runs a
- * trace past the recompile limit through it, op by op. */
-ctpu_status ctpu__strict_launch(ctpu_node *node, const ctpu_vtype *const *in_type, ctpu_buffer *const *in_buf,
-                                const size_t *in_off, const double *scalars, ctpu_buffer *out, size_t out_off,
-                                ctpu_op_prov prov);
+ * device fault here). node->in[] is overwritten. in: the inputs' records
+ * when it has them (their names go into trace events and a fault reported
+ * here), else NULL. Defer and fuse runs a trace past the recompile limit
+ * through it, op by op. */
+ctpu_status ctpu__strict_launch(ctpu_node *node, ctpu_trec *const *in, const ctpu_vtype *const *in_type,
+                                ctpu_buffer *const *in_buf, const size_t *in_off, const double *scalars,
+                                ctpu_buffer *out, size_t out_off, ctpu_op_prov prov);
 
 /* ------------------------------------------------------------ defer and fuse (defer.c) */
 typedef enum {
@@ -357,8 +362,9 @@ typedef enum {
     CTPU_CUT_COLLECTIVE,             /* after a collective (ctpu_dist_set_collective_cut) */
     CTPU_CUT_COUNT
 } ctpu_cut_reason;
-/* Record a node into this thread's trace; returns the pending output handle. */
-ctpu_tensor ctpu__defer_node(ctpu_node *node, ctpu_trec *const *inputs, const ctpu_tensor *in_h,
+/* Record a node into this thread's trace; returns the pending output handle.
+ * call: the public call its errors name (NULL: the op's name). */
+ctpu_tensor ctpu__defer_node(ctpu_node *node, const char *call, ctpu_trec *const *inputs, const ctpu_tensor *in_h,
                              const double *scalars);
 /* Cut this thread's trace: compile (or hit the cache), launch, give every
  * live pending handle its buffer. Errors (OOM, cache-only miss) are returned
@@ -432,7 +438,7 @@ void ctpu__compiled_shutdown(ctpu_runtime *rt);
 void ctpu__report_cut(int why, const ctpu_trace *t, const ctpu_cache_result *res, const ctpu_program *prog);
 /* A strict/debug op launched (dispatch.c): the node and its program (whose
  * estimate it adds up). */
-void ctpu__report_op(const ctpu_node *n, bool hit, const ctpu_program *prog);
+void ctpu__report_op(const ctpu_node *n, bool hit, const ctpu_program *prog, ctpu_trec *const *in);
 /* A host read (tensor.c ctpu_to_host), before it waits. */
 void ctpu__report_host_read(size_t bytes, const char *tensor);
 /* After a marked step (tensor.c ctpu_mark_step). */

@@ -326,7 +326,7 @@ void ctpu__report_cut(int why, const ctpu_trace *t, const ctpu_cache_result *res
 
 /* A strict op's estimate depends only on its program (op, attrs, shapes):
  * the compiler made it once; each launch adds it up. */
-void ctpu__report_op(const ctpu_node *n, bool hit, const ctpu_program *prog)
+void ctpu__report_op(const ctpu_node *n, bool hit, const ctpu_program *prog, ctpu_trec *const *in)
 {
     ctpu_runtime *rt = ctpu_rt;
     ctpu_report_state *r = rt ? rt->report : NULL;
@@ -349,9 +349,19 @@ void ctpu__report_op(const ctpu_node *n, bool hit, const ctpu_program *prog)
     pthread_mutex_unlock(&r->mu);
     if (r->trace) {
         uint64_t now = ctpu_now_ns();
-        char args[200], tb[128];
-        snprintf(args, sizeof args, "\"hit\":%s,\"out\":\"%s\"", hit ? "true" : "false",
-                 ctpu_fmt_type(&n->out, tb, sizeof tb));
+        char args[400], tb[128];
+        int k = snprintf(args, sizeof args, "\"hit\":%s,\"out\":\"%s\"", hit ? "true" : "false",
+                         ctpu_fmt_type(&n->out, tb, sizeof tb));
+        /* the inputs' names (ctpu_set_name), when one has a name */
+        bool named = false;
+        for (int i = 0; in && i < n->n_in; i++) named |= ctpu_rec_name(in[i])[0] != 0;
+        for (int i = 0; named && i < n->n_in && k > 0 && (size_t)k < sizeof args; i++) {
+            char esc[136];
+            k += snprintf(args + k, sizeof args - (size_t)k, "%s\"%s\"%s", i ? "," : ",\"inputs\":[",
+                          ctpu_json_escape(ctpu_rec_name(in[i]), esc, sizeof esc), i == n->n_in - 1 ? "]" : "");
+        }
+        if (k < 0 || (size_t)k >= sizeof args)   /* (names cut short: the event without them) */
+            snprintf(args, sizeof args, "\"hit\":%s,\"out\":\"%s\"", hit ? "true" : "false", tb);
         if (!hit) {
             char name[96];
             snprintf(name, sizeof name, "compile %s", ctpu_op_name(n->op));

@@ -594,7 +594,9 @@ static ctpu_status to_host_impl(const char *op, ctpu_tensor t, void *dst, size_t
     if (f) {
         const ctpu_fault_rec *fr = ctpu_device_fault(ctpu_rt->dev, f);
         char where[160];
-        ctpu_set_error(fr->status, "%s, raised at %s%s", fr->msg, op, ctpu_device_prov_str(ctpu_rt->dev, pv, where, sizeof where));
+        const char *nm = ctpu_rec_name(r);   /* the tensor read, when it has a name */
+        ctpu_set_error(fr->status, "%s%s%s%s, raised at %s%s", fr->msg, nm[0] ? " (t is " : "", nm, nm[0] ? ")" : "", op,
+                       ctpu_device_prov_str(ctpu_rt->dev, pv, where, sizeof where));
         ctpu_device_take_error(ctpu_rt->dev, NULL, 0); /* reported here */
         return fr->status;
     }

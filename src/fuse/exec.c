@@ -700,10 +700,10 @@ static void exec_embedding(const void *data, ctpu_exec_ctx *ctx)
         ctx->fault_status = CTPU_ERR_DEVICE_FAULT;
         snprintf(ctx->fault_msg, sizeof ctx->fault_msg,
                  "embedding: index %lld at position %lld is out of range [0, %lld) for weight "
-                 "%s[%lld,%lld] (%lld bad indices)",
+                 "%s[%lld,%lld] (%lld bad %s)",
                  (long long)bad_val, (long long)bad_pos, (long long)w->shape[0],
                  w->dtype == CTPU_KDT_BF16 ? "bf16" : "f32", (long long)w->shape[0],
-                 (long long)w->shape[1], (long long)bad);
+                 (long long)w->shape[1], (long long)bad, bad == 1 ? "index" : "indices");
     }
 }
 
@@ -736,9 +736,20 @@ static void exec_gather(const void *data, ctpu_exec_ctx *ctx)
     }
     if (nbad) {
         ctx->fault_status = CTPU_ERR_DEVICE_FAULT;
+        const char *call = "gather";
+        if (nd->attr.call == CTPU_CALL_INDEX_SELECT && n > 0) {
+            /* index_select's index [k] was expanded along dim: its position
+             * and count in the user's index (each entry repeats n / k times) */
+            int64_t inner = 1, k = it->shape[dim];
+            for (int d = dim + 1; d < ndim; d++) inner *= it->shape[d];
+            bad_pos = (bad_pos / inner) % k;
+            nbad /= n / k;
+            call = "index_select";
+        }
         snprintf(ctx->fault_msg, sizeof ctx->fault_msg,
-                 "gather: index %lld at position %lld is out of range [0, %lld) along dim %d (%lld bad indices)",
-                 (long long)bad_val, (long long)bad_pos, (long long)a->shape[dim], dim, (long long)nbad);
+                 "%s: index %lld at position %lld is out of range [0, %lld) along dim %d (%lld bad %s)", call,
+                 (long long)bad_val, (long long)bad_pos, (long long)a->shape[dim], dim, (long long)nbad,
+                 nbad == 1 ? "index" : "indices");
     }
 }
 
@@ -794,8 +805,9 @@ static void exec_scatter_add(const void *data, ctpu_exec_ctx *ctx)
     if (nbad) {
         ctx->fault_status = CTPU_ERR_DEVICE_FAULT;
         snprintf(ctx->fault_msg, sizeof ctx->fault_msg,
-                 "scatter_add: index %lld at position %lld is out of range [0, %lld) along dim %d (%lld bad indices)",
-                 (long long)bad_val, (long long)bad_pos, (long long)nd->out.shape[dim], dim, (long long)nbad);
+                 "scatter_add: index %lld at position %lld is out of range [0, %lld) along dim %d (%lld bad %s)",
+                 (long long)bad_val, (long long)bad_pos, (long long)nd->out.shape[dim], dim, (long long)nbad,
+                 nbad == 1 ? "index" : "indices");
     }
 }
 
