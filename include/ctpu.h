@@ -593,8 +593,45 @@ CTPU_API ctpu_tensor ctpu_index_select(ctpu_tensor a, int dim, ctpu_tensor index
  * scaled_dot_product_attention(is_causal=True)). CTPU_MASK_ADDITIVE gives 0
  * where allowed and -inf elsewhere (add it to the scores); CTPU_MASK_BINARY
  * gives 1 / 0. Errors: CTPU_ERR_INVALID_ARG (T or S < 1, another kind). */
-typedef enum { CTPU_MASK_ADDITIVE = 0, CTPU_MASK_BINARY = 1 } ctpu_mask_kind;
+typedef enum {
+    CTPU_MASK_ADDITIVE = 0,   /* f32 added to the scores (0 keeps, -inf drops) */
+    CTPU_MASK_BINARY = 1,     /* f32 1 / 0 (causal_mask's second kind) */
+    CTPU_MASK_KEEP01 = 1,     /* the same, as attention reads it: 0 drops a key, any other value keeps it */
+    CTPU_MASK_NONE = 2        /* no mask (scaled_dot_product_attention only) */
+} ctpu_mask_kind;
 CTPU_API ctpu_tensor ctpu_causal_mask(int64_t T, int64_t S, ctpu_mask_kind kind);
+/* torch.nn.functional.scaled_dot_product_attention, as one blockwise kernel
+ * (flash-attention style): softmax(q kᵀ * scale + mask) v without a
+ * [B,H,Tq,Tk] score tensor in any mode.
+ * q [B,H,Tq,Dh], k and v [B,H,Tk,Dh]: 4-D, contiguous or not, one dtype (f32
+ * or bf16); the result is [B,H,Tq,Dh] in that dtype (bf16: rounded once from
+ * the f32 result).
+ * mask: f32, at most 4-D, broadcastable to [B,H,Tq,Tk]; mask_kind
+ * CTPU_MASK_ADDITIVE adds it to the scores, CTPU_MASK_KEEP01 drops the keys
+ * where it is 0; CTPU_MASK_NONE: no mask (mask must be CTPU_NULL).
+ * is_causal: key j is dropped for query i when j > i (top-left aligned, as
+ * torch; unlike torch it may be combined with a mask).
+ * scale: 0 means 1/sqrt(Dh); otherwise any finite value.
+ * dropout_p in [0, 1): each probability is kept where the counter-based
+ * generator's uniform draw u >= p and scaled by 1/(1-p), as ctpu_dropout on
+ * the [B,H,Tq,Tk] probabilities would do (the draws are the same elements of
+ * the same generator; applied whenever p > 0: there is no training flag, as
+ * in torch). It advances the generator by B*H*Tq*Tk when p > 0.
+ * A fully masked row (every key dropped by the mask and/or is_causal) gives
+ * 0 and a zero gradient (torch gives NaN for an additive -inf row): padded
+ * rows then poison neither the loss nor debug checks.
+ * Numerics: blocks of 128 queries x 128 keys, the online softmax with the
+ * probabilities rounded to bf16, both products on the MXU at the matmul
+ * precision setting (docs/CONTRACTS.md "Attention"); bit-identical in every
+ * mode, ISA and thread count. Its gradient (q, k and v; not the mask's)
+ * recomputes the probabilities from the saved log-sum-exp.
+ * Errors: CTPU_ERR_SHAPE (not 4-D, B/H/Dh or Tk differ, Dh = 0, mask not
+ * broadcastable), CTPU_ERR_DTYPE (i32 or mixed q/k/v, mask not f32),
+ * CTPU_ERR_INVALID_ARG (bad mask_kind, a mask with CTPU_MASK_NONE, scale not
+ * finite, dropout_p outside [0, 1)). */
+CTPU_API ctpu_tensor ctpu_scaled_dot_product_attention(ctpu_tensor q, ctpu_tensor k, ctpu_tensor v, ctpu_tensor mask,
+                                                       ctpu_mask_kind mask_kind, bool is_causal, double scale,
+                                                       double dropout_p);
 /* weight [V, D] (f32/bf16), indices i32 of any shape -> [..., D]. An index
  * outside [0, V) is a device fault naming `embedding` and the index, raised
  * at the next sync (strict eager) or at the call (debug eager); its row is 0. */

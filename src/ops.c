@@ -11,4 +11,4 @@ const ctpu_op_info ctpu_op_infos[CTPU_OP_COUNT] = {
 
 /* Every new op updates this number (and adds its row, its conformance case in
  * tests/test_ops.c and its entries in the per-layer tables the tests check). */
-_Static_assert(CTPU_OP_COUNT == 79, "an op was added or removed: update the count beside the table");
+_Static_assert(CTPU_OP_COUNT == 81, "an op was added or removed: update the count beside the table");

@@ -54,6 +54,7 @@ enum {
     CTPU_OPK_FAULTS      = 1u << 13,  /* may raise a device fault (bounds) */
     CTPU_OPK_BACKWARD    = 1u << 14,  /* a helper op used by backward rules */
     CTPU_OPK_COLLECTIVE  = 1u << 15,  /* across ranks (src/dist/): runs on the device thread, may cut a trace */
+    CTPU_OPK_ATTENTION   = 1u << 16,  /* blockwise attention (its two MXU products are inside one kernel) */
 };
 
 /* Output dtype rules (dispatch: out_dtype). */
@@ -114,6 +115,7 @@ enum {
     CTPU_CC_OUT,            /* vector ops: output elements x weight */
     CTPU_CC_IN,             /* vector ops: input elements x weight (reductions) */
     CTPU_CC_MXU,            /* MXU passes over the padded matmul */
+    CTPU_CC_ATTN,           /* attention: its MXU products padded, plus the vector work per score */
     CTPU_CC_CLASS_COUNT
 };
 
@@ -205,6 +207,10 @@ enum {
     X(GATHER,      "gather",       CTPU_OPK__MV | CTPU_OPK_FAULTS, 2, SAME, GATHER, 0,            NONE,   NONE, RULE) \
     X(SCATTER_ADD, "scatter_add",  CTPU_OPK__MV | CTPU_OPK_FAULTS, 3, SAME, SCATTER, 0,           NONE,   OUT, RULE) \
     X(MATMUL,      "matmul",       CTPU_OPK_MATMUL, 2, MATMUL,     MATMUL,    0,                  MXU,    MXU, RULE) \
+    /* inputs q, k, v[, mask]; the output packs o then lse, f32 (dispatch's ctpu_scaled_dot_product_attention \
+     * slices it); attr.i64[0]: CTPU_K_MASK_*, i64[1]: causal, extra: precision; scalars: seed, offset, \
+     * dropout p, scale */ \
+    X(SDPA,        "scaled_dot_product_attention", CTPU_OPK_ATTENTION, -1, GIVEN, GIVEN, 0,     NONE,   ATTN, RULE) \
     X(COPY,        "copy",         CTPU_OPK__MV, 1, GIVEN,         GIVEN,     0,                  NONE,   NONE, NONE) \
     X(FULL,        "full",         CTPU_OPK__CR, 0, ARG,           CREATE,    0,                  NONE,   NONE, NONE) \
     X(ARANGE,      "arange",       CTPU_OPK__CR, 0, ARG,           CREATE,    0,                  NONE,   NONE, NONE) \
@@ -215,6 +221,9 @@ enum {
     X(SLICE_BACKWARD,     "slice_backward",     CTPU_OPK__MV | CTPU_OPK_BACKWARD, 1, GIVEN, GIVEN, 0, NONE, NONE, NONE) \
     X(EMBEDDING_BACKWARD, "embedding_backward", CTPU_OPK__MV | CTPU_OPK_BACKWARD, 2, GIVEN, GIVEN, 0, NONE, OUT, NONE) \
     X(GATHER_BACKWARD,    "gather_backward",    CTPU_OPK__MV | CTPU_OPK_BACKWARD, 2, GIVEN, GIVEN, 0, NONE, OUT, NONE) \
+    /* inputs q, k, v, the forward's packed output, its gradient[, mask]; the output packs dq, dk, dv (f32); \
+     * attrs and scalars as the forward's */ \
+    X(SDPA_BACKWARD,      "sdpa_backward",      CTPU_OPK_ATTENTION | CTPU_OPK_BACKWARD, -1, GIVEN, GIVEN, 0, NONE, ATTN, NONE) \
     /* collectives (src/eager/collective.c builds them; src/dist/ runs them; the ICI \
      * cost is the dist cost model's, not the roofline's). attr.extra: ctpu_dist_op; \
      * attr.i64[0]: root (broadcast) or dim; attr.i64[1]: bucket (-1 none); one \

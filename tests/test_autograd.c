@@ -273,6 +273,18 @@ static ctpu_tensor f_smooth_l1(ctpu_tensor *x) { return ctpu_smooth_l1_loss(x[0]
 static ctpu_tensor f_mse(ctpu_tensor *x) { return ctpu_mse_loss(x[0], x[1], CTPU_REDUCE_MEAN); }
 static ctpu_tensor f_ce(ctpu_tensor *x) { return ctpu_cross_entropy(x[0], x[1], NULL); }
 
+/* attention: causal without a mask; a KEEP01 mask (a constant) with a scale */
+static ctpu_tensor f_sdpa(ctpu_tensor *x)
+{
+    return ctpu_scaled_dot_product_attention(x[0], x[1], x[2], CTPU_NULL, CTPU_MASK_NONE, true, 0, 0);
+}
+static ctpu_tensor f_sdpa_mask(ctpu_tensor *x)
+{
+    static const float m[5 * 6] = { 1, 0, 1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0,
+                                    1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1 };
+    ctpu_tensor mt = ctpu_from_host(m, CTPU_F32, 2, (int64_t[]){ 5, 6 });
+    return ctpu_scaled_dot_product_attention(x[0], x[1], x[2], mt, CTPU_MASK_KEEP01, false, 0.7, 0);
+}
 /* a small MLP-like chain: several ops, shared inputs, broadcasting */
 static ctpu_tensor f_chain(ctpu_tensor *x)
 {
@@ -405,6 +417,10 @@ static const gc_case cases[] = {
     { "mse_loss", f_mse, 2, { SP(D_ANY, 3, 4), SP(D_ANY, 3, 4) }, OPS(CTPU_OP_MUL) },
     { "cross_entropy", f_ce, 2, { SP(D_ANY, 4, 5), { .nd = 1, .s = { 4 }, .dom = D_IDX, .irange = 5 } },
       OPS(CTPU_OP_LOG_SOFTMAX) },
+    { "sdpa causal", f_sdpa, 3, { SP(D_ANY, 1, 2, 5, 4), SP(D_ANY, 1, 2, 6, 4), SP(D_ANY, 1, 2, 6, 4) },
+      OPS(CTPU_OP_SDPA) },
+    { "sdpa keep01", f_sdpa_mask, 3, { SP(D_ANY, 2, 1, 5, 3), SP(D_ANY, 2, 1, 6, 3), SP(D_ANY, 2, 1, 6, 3) },
+      OPS(CTPU_OP_SDPA) },
     { "chain", f_chain, 3, { SP(D_ANY, 3, 4), SP(D_ANY, 5, 4), SP(D_ANY, 5) }, OPS(CTPU_OP_MATMUL) },
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))

@@ -50,6 +50,13 @@ static ctpu_tensor grad_of(ctpu_tensor t, ctpu_tensor (*f)(ctpu_tensor, ctpu_ten
 static ctpu_tensor f_slice(ctpu_tensor x, ctpu_tensor u) { (void)u; return ctpu_slice(x, 1, 1, 6, 2); }
 static ctpu_tensor f_embed(ctpu_tensor w, ctpu_tensor idx) { return ctpu_embedding(w, idx); }
 static ctpu_tensor f_gather(ctpu_tensor x, ctpu_tensor idx) { return ctpu_gather(x, 1, idx); }
+static ctpu_tensor f_sdpa(ctpu_tensor x, ctpu_tensor m)
+{
+    int64_t s4[4] = { 1, 1, 5, 7 };
+    ctpu_tensor q = ctpu_reshape(x, 4, s4);
+    return ctpu_scaled_dot_product_attention(q, ctpu_mul_scalar(q, -0.7), q, ctpu_gt_scalar(ctpu_slice(m, 0, 0, 5, 1), 0), CTPU_MASK_KEEP01,
+                                             false, 0.3, 0.1);
+}
 
 /* Apply op to fixed inputs: x [5,7] f32 (with NaN/Inf/-0), y [7] f32, w
  * [7,3], idx i32. Every row of the op table must have a case. */
@@ -130,6 +137,14 @@ static ctpu_tensor apply_op(int op, ctpu_tensor x, ctpu_tensor y, ctpu_tensor w,
         return ctpu_scatter_add(ctpu_tanh(x), 0, ix, ctpu_exp(ctpu_slice(x, 0, 1, 3, 1)));
     }
     case CTPU_OP_MATMUL: return ctpu_matmul(x, w);
+    case CTPU_OP_SDPA: {
+        /* q = x (NaN/Inf rows), k = tanh(x), v = x * 0.5; an additive mask y broadcast over rows; causal; dropout */
+        int64_t s4[4] = { 1, 1, 5, 7 };
+        ctpu_tensor q = ctpu_reshape(x, 4, s4), k = ctpu_reshape(ctpu_tanh(x), 4, s4);
+        return ctpu_scaled_dot_product_attention(q, k, ctpu_mul_scalar(q, 0.5), ctpu_slice(y, 0, 2, 7, 1),
+                                                 CTPU_MASK_ADDITIVE, true, 0, 0.2);
+    }
+    case CTPU_OP_SDPA_BACKWARD: return grad_of(ctpu_tanh(x), f_sdpa, y);
     case CTPU_OP_COPY: { ctpu_tensor z = ctpu_zeros(CTPU_F32, 2, (int64_t[]){ 5, 7 }); ctpu_assign(z, ctpu_tanh(x)); return z; }
     case CTPU_OP_FULL: return ctpu_full(CTPU_BF16, 2, (int64_t[]){ 3, 3 }, 1.3);
     case CTPU_OP_ARANGE: return ctpu_arange(-2, 5, 0.7, CTPU_F32);

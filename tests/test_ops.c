@@ -20,6 +20,8 @@
  *     (|x - max| + |log s| + 1) absolute;
  *   matmul (default precision): inputs rounded to bf16, vs double within
  *     K eps sum|a||b|; HIGH: (K eps + 2^-15) sum|a||b|; HIGHEST: (K + 8) eps;
+ *   scaled_dot_product_attention and sdpa_backward: vs double with q, k, v
+ *     rounded to bf16, max error <= 2^-7 max|reference| (tests/test_sdpa.c);
  *   bf16 outputs: the tolerance plus half a bf16 ulp of the reference.
  * Plus: NaN/Inf cases, bf16 cast known answers, f32 -> i32, and the dtype
  * promotion rules of CONTRACTS.md "Dtypes". Per transcendental op (exp log
@@ -1298,6 +1300,62 @@ static void mm_check(int nda, const int64_t *sa, int ndb, const int64_t *sb, int
     free(g); free(xa); free(xb);
 }
 
+/* scaled_dot_product_attention (and, through its gradient, sdpa_backward):
+ * q [1,2,3,4], k and v [1,2,5,4], an additive mask [3,5] with a -inf,
+ * causal on the second call; against float64 with q, k, v rounded to bf16
+ * (the MXU's operands), within 2^-7 of the largest reference value (the
+ * bound of tests/test_sdpa.c, which has the wider cases). */
+static void case_sdpa(int op)
+{
+    (void)op;
+    const int64_t Tq = 3, Tk = 5, D = 4, H = 2;
+    int64_t sq[4] = { 1, H, Tq, D }, sk[4] = { 1, H, Tk, D }, sm[2] = { Tq, Tk };
+    float q[24], k[40], v[40], m[15], w[24];
+    fill(q, 24, 41, -2, 2, false);
+    fill(k, 40, 42, -2, 2, false);
+    fill(v, 40, 43, -1, 1, false);
+    fill(w, 24, 44, -1, 1, false);
+    fill(m, 15, 45, -1, 1, false);
+    m[6] = -INFINITY;
+    for (int causal = 0; causal < 2; causal++) {
+        ctpu_tensor Q = t_f32(q, 4, sq), K = t_f32(k, 4, sk), V = t_f32(v, 4, sk), M = t_f32(m, 2, sm);
+        ck_assert_int_eq(ctpu_set_requires_grad(Q, true), CTPU_OK);
+        ck_assert_int_eq(ctpu_set_requires_grad(V, true), CTPU_OK);
+        ctpu_tensor O = ctpu_scaled_dot_product_attention(Q, K, V, M, CTPU_MASK_ADDITIVE, causal, 0, 0);
+        ck_assert_msg(!ctpu_is_null(O), "sdpa: %s", ctpu_last_error());
+        ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_mul(O, t_f32(w, 4, sq)), 0, NULL, false)), CTPU_OK);
+        float *o = t_read(O, NULL), *gv = t_read(ctpu_grad(V), NULL);
+        double ro[24] = { 0 }, rgv[40] = { 0 }, mo = 0, mg = 0;
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < Tq; i++) {
+                double p[5], mx = -INFINITY, l = 0;
+                for (int j = 0; j < Tk; j++) {
+                    double sdot = 0;
+                    for (int e = 0; e < D; e++)
+                        sdot += (double)ctpu_bf16_to_f32(ctpu_f32_to_bf16(q[(h * Tq + i) * D + e])) *
+                                ctpu_bf16_to_f32(ctpu_f32_to_bf16(k[(h * Tk + j) * D + e]));
+                    p[j] = (causal && j > i) ? -INFINITY : sdot * 0.5 + m[i * Tk + j];
+                    if (p[j] > mx) mx = p[j];
+                }
+                for (int j = 0; j < Tk; j++) { p[j] = exp(p[j] - mx); l += p[j]; }
+                for (int j = 0; j < Tk; j++)
+                    for (int e = 0; e < D; e++) {
+                        ro[(h * Tq + i) * D + e] += p[j] / l * ctpu_bf16_to_f32(ctpu_f32_to_bf16(v[(h * Tk + j) * D + e]));
+                        rgv[(h * Tk + j) * D + e] += p[j] / l * w[(h * Tq + i) * D + e];
+                    }
+            }
+        for (int i = 0; i < 24; i++) mo = fmax(mo, fabs(ro[i]));
+        for (int i = 0; i < 40; i++) mg = fmax(mg, fabs(rgv[i]));
+        for (int i = 0; i < 24; i++)
+            ck_assert_msg(fabs(o[i] - ro[i]) <= mo / 128, "sdpa causal=%d o[%d] = %g vs %g", causal, i, o[i], ro[i]);
+        for (int i = 0; i < 40; i++)
+            ck_assert_msg(fabs(gv[i] - rgv[i]) <= mg / 128, "sdpa_backward causal=%d dv[%d] = %g vs %g", causal, i,
+                          gv[i], rgv[i]);
+        free(o);
+        free(gv);
+    }
+}
+
 static void case_matmul(int op)
 {
     (void)op;
@@ -1785,7 +1843,8 @@ static const op_case CASES[CTPU_OP_COUNT] = {
     [CTPU_OP_SOFTMAX] = case_softmax, [CTPU_OP_LOG_SOFTMAX] = case_softmax,
     [CTPU_OP_RESHAPE] = case_reshape, [CTPU_OP_PERMUTE] = case_permute, [CTPU_OP_SLICE] = case_slice,
     [CTPU_OP_CONCAT] = case_concat, [CTPU_OP_EXPAND] = case_expand, [CTPU_OP_EMBEDDING] = case_embedding,
-    [CTPU_OP_GATHER] = case_gather, [CTPU_OP_MATMUL] = case_matmul, [CTPU_OP_COPY] = case_copy,
+    [CTPU_OP_GATHER] = case_gather, [CTPU_OP_MATMUL] = case_matmul,
+    [CTPU_OP_SDPA] = case_sdpa, [CTPU_OP_SDPA_BACKWARD] = case_sdpa, [CTPU_OP_COPY] = case_copy,
     [CTPU_OP_FULL] = case_full, [CTPU_OP_ARANGE] = case_arange, [CTPU_OP_RAND_UNIFORM] = case_random,
     [CTPU_OP_RAND_NORMAL] = case_random,
     [CTPU_OP_SLICE_BACKWARD] = case_slice_backward, [CTPU_OP_EMBEDDING_BACKWARD] = case_embedding_backward,

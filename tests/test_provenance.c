@@ -194,6 +194,12 @@ static void sweep(void)
     EP_T(ctpu_embedding, E, idx); EP_T(ctpu_embedding, ok, E); EP_T(ctpu_gather, E, 0, idx);
     EP_T(ctpu_gather, ok, 0, E); EP_T(ctpu_matmul, E, ok); EP_T(ctpu_matmul, ok, E);
     EP_T(ctpu_matmul_t, E, ok, false, true); EP_T(ctpu_matmul_t, ok, E, true, false);
+    ctpu_tensor q4 = ctpu_reshape(ok, 4, (int64_t[]){ 1, 1, 2, 2 });
+    EP_T(ctpu_scaled_dot_product_attention, E, q4, q4, CTPU_NULL, CTPU_MASK_NONE, false, 0, 0);
+    EP_T(ctpu_scaled_dot_product_attention, q4, E, q4, CTPU_NULL, CTPU_MASK_NONE, true, 0, 0);
+    EP_T(ctpu_scaled_dot_product_attention, q4, q4, E, CTPU_NULL, CTPU_MASK_NONE, false, 0, 0.5);
+    EP_T(ctpu_scaled_dot_product_attention, q4, q4, q4, E, CTPU_MASK_ADDITIVE, false, 0, 0);
+    EP_T(ctpu_scaled_dot_product_attention, q4, q4, q4, E, CTPU_MASK_NONE, false, 0, 0);
     /* autograd */
     EP_S(ctpu_set_requires_grad, "requires_grad", E, true);
     EP_S(ctpu_backward, "backward", E);
@@ -427,6 +433,14 @@ static ctpu_tensor g_matmul(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c)
     ctpu_tensor x = ctpu_reshape(row(a, b, c), 2, (int64_t[]){ 1, 3 });
     return ctpu_matmul(x, ctpu_reshape(row(c, a, b), 2, (int64_t[]){ 3, 1 }));
 }
+/* attention, one query, one key, Dh 1 (a larger Dh lets dO.O overflow to inf and dP - Dr be inf - inf, as
+ * the composition's softmax backward would) */
+static ctpu_tensor g_sdpa(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c)
+{
+    int64_t s4[4] = { 1, 1, 1, 1 };
+    return ctpu_scaled_dot_product_attention(ctpu_reshape(a, 4, s4), ctpu_reshape(b, 4, s4), ctpu_reshape(c, 4, s4),
+                                             CTPU_NULL, CTPU_MASK_NONE, false, 0, 0);
+}
 /* losses and layers (library rules: never a NaN from finite inputs) */
 static ctpu_tensor g_layer_norm(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c) { return ctpu_layer_norm(ctpu_reshape(row(a, b, c), 2, (int64_t[]){ 1, 3 }), CTPU_NULL, CTPU_NULL, 1e-5); }
 static ctpu_tensor g_rms_norm(ctpu_tensor a, ctpu_tensor b, ctpu_tensor c) { return ctpu_rms_norm(ctpu_reshape(row(a, b, c), 2, (int64_t[]){ 1, 3 }), CTPU_NULL, 1e-5); }
@@ -458,7 +472,7 @@ static const grid_fn GRID_OPS[CTPU_OP_COUNT] = {
     [CTPU_OP_ARGMAX] = g_argmax, [CTPU_OP_SOFTMAX] = g_softmax, [CTPU_OP_LOG_SOFTMAX] = g_log_softmax,
     [CTPU_OP_RESHAPE] = g_reshape, [CTPU_OP_PERMUTE] = g_permute, [CTPU_OP_SLICE] = g_slice,
     [CTPU_OP_CONCAT] = g_concat, [CTPU_OP_EXPAND] = g_expand, [CTPU_OP_EMBEDDING] = g_embedding,
-    [CTPU_OP_GATHER] = g_gather, [CTPU_OP_MATMUL] = g_matmul, [CTPU_OP_ARGMIN] = g_argmin, [CTPU_OP_PROD] = g_prod,
+    [CTPU_OP_GATHER] = g_gather, [CTPU_OP_MATMUL] = g_matmul, [CTPU_OP_SDPA] = g_sdpa, [CTPU_OP_ARGMIN] = g_argmin, [CTPU_OP_PROD] = g_prod,
     [CTPU_OP_CUMSUM] = g_cumsum, [CTPU_OP_SCATTER_ADD] = g_scatter_add,
 };
 /* Rows without inputs to put a grid in (creation, random), backward helpers

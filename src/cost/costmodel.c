@@ -63,6 +63,23 @@ static const double op_weight[CTPU_OP_COUNT] = {
 };
 #undef W_T
 
+int ctpu_cost_attn_mms(const ctpu_node *n, const ctpu_vtype *const *in, ctpu_cost_mm *mm)
+{
+    if (ctpu_op_cost(n->op) != CTPU_CC_ATTN || n->n_in < 2 || in[0]->ndim != 4 || in[1]->ndim != 4) return 0;
+    int64_t bh = in[0]->shape[0] * in[0]->shape[1], tq = in[0]->shape[2], d = in[0]->shape[3],
+            tk = in[1]->shape[2];
+    mm[0] = (ctpu_cost_mm){ bh, tq, d, tk };            /* S = Q Kᵀ */
+    if (n->op == CTPU_OP_SDPA) {
+        mm[1] = (ctpu_cost_mm){ bh, tq, tk, d };        /* O = P V */
+        return 2;
+    }
+    mm[1] = (ctpu_cost_mm){ bh, tq, d, tk };            /* dP = dO Vᵀ */
+    mm[2] = (ctpu_cost_mm){ bh, tk, tq, d };            /* dV = Pᵀ dO */
+    mm[3] = (ctpu_cost_mm){ bh, tq, tk, d };            /* dQ = dS K */
+    mm[4] = (ctpu_cost_mm){ bh, tk, tq, d };            /* dK = dSᵀ Q */
+    return 5;
+}
+
 double ctpu_cost_op_weight(int op) { return op >= 0 && op < CTPU_OP_COUNT ? op_weight[op] : 0; }
 
 void ctpu_cost_add_node(const ctpu_chip_info *c, const ctpu_node *n, const ctpu_vtype *const *in,
@@ -74,6 +91,19 @@ void ctpu_cost_add_node(const ctpu_chip_info *c, const ctpu_node *n, const ctpu_
         if (ctpu_cost_matmul_dims(n, n->n_in > 0 ? in[0] : NULL, &b, &m, &k, &nn)) {
             int passes = n->attr.extra == CTPU_PRECISION_HIGHEST ? 6 : n->attr.extra == CTPU_PRECISION_HIGH ? 3 : 1;
             ctpu_cost_add_matmul(c, b, m, k, nn, passes, e);
+        }
+        return;
+    }
+    if (cc == CTPU_CC_ATTN) {
+        ctpu_cost_mm mm[CTPU_COST_ATTN_MMS];
+        int nm = ctpu_cost_attn_mms(n, in, mm);
+        int passes = n->attr.extra == CTPU_PRECISION_HIGHEST ? 6 : n->attr.extra == CTPU_PRECISION_HIGH ? 3 : 1;
+        for (int i = 0; i < nm; i++) ctpu_cost_add_matmul(c, mm[i].batch, mm[i].m, mm[i].k, mm[i].n, passes, e);
+        if (nm) {
+            double scores = (double)mm[0].batch * (double)mm[0].m * (double)mm[0].n;
+            double ops = scores * (n->op == CTPU_OP_SDPA ? CTPU_COST_ATTN_FWD : CTPU_COST_ATTN_BWD);
+            e->vector_ops += ops;
+            e->vector_s += ops / (c->peak_bf16_flops / CTPU_COST_VPU_RATIO);
         }
         return;
     }
@@ -131,6 +161,9 @@ ctpu_cost_op *ctpu_cost_program_node(ctpu_cost_program *p, const ctpu_chip_info 
         op->s_f[c] += (float)s;
     }
     int64_t b, m, k, nn;
+    ctpu_cost_mm am[CTPU_COST_ATTN_MMS];
+    int na = ctpu_cost_attn_mms(n, in, am);
+    for (int i = 0; i < na && p->n_mm < CTPU_COST_PROGRAM_MMS; i++) p->mm[p->n_mm++] = am[i];
     if (p->n_mm < CTPU_COST_PROGRAM_MMS && ctpu_cost_matmul_dims(n, n->n_in > 0 ? in[0] : NULL, &b, &m, &k, &nn))
         p->mm[p->n_mm++] = (ctpu_cost_mm){ b, m, k, nn };
     return op;

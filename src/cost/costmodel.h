@@ -14,6 +14,12 @@
  *              CTPU_COST_SOFTMAX for softmax/log_softmax, 3 for var; 0 for
  *              data movement (the op table's cost class picks the term, the
  *              weights are costmodel.c's table)
+ *              attention (scaled_dot_product_attention and its backward):
+ *              its products as matmuls of the whole [Tq, Tk] problem per
+ *              (b, h) (forward Q Kᵀ and P V; backward Q Kᵀ, dO Vᵀ, Pᵀ dO,
+ *              dS K, dSᵀ Q), each padded as above (a causal mask's skipped
+ *              blocks are not credited), plus CTPU_COST_ATTN_FWD / _BWD
+ *              vector ops per score
  *   hbm_s    = (bytes read + bytes written at the program's boundary) /
  *              (hbm_gbps * 1e9); a one-op program reads its inputs and
  *              writes its output; in a fused program intermediates stay on
@@ -32,6 +38,10 @@
 #define CTPU_COST_VPU_RATIO 32.0
 #define CTPU_COST_TRANSCENDENTAL 8.0
 #define CTPU_COST_SOFTMAX 12.0
+/* per score: scale, mask, max, subtract, exp, bf16 round, sum, (dropout) */
+#define CTPU_COST_ATTN_FWD (6.0 + CTPU_COST_TRANSCENDENTAL)
+/* per score: scale, mask, subtract, exp, dropout, dS (3 ops), accumulate */
+#define CTPU_COST_ATTN_BWD (8.0 + CTPU_COST_TRANSCENDENTAL)
 
 /* Matmul dims of a matmul node (out [..., M, N], K from a); false if n is
  * not a matmul. */
@@ -79,6 +89,11 @@ typedef struct {
     int n_ops;                            /* distinct ops, in order of first node */
     ctpu_cost_op *ops;                    /* storage owned by the program */
 } ctpu_cost_program;
+
+/* The MXU products of an attention node (forward 2, backward 5; 0 for other
+ * ops) as matmul dims, in the kernel's order. */
+#define CTPU_COST_ATTN_MMS 5
+int ctpu_cost_attn_mms(const ctpu_node *n, const ctpu_vtype *const *in, ctpu_cost_mm *mm);
 
 /* Start an estimate over n_chips profiles (at most CTPU_COST_MAX_CHIPS), with
  * room in ops for one entry per distinct op of the program. */

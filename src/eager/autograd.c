@@ -201,7 +201,7 @@ static ctpu_tensor dispatch_node(ctpu_node *nd, int n_in, const ctpu_tensor *ts)
 typedef bool (*bw_fn)(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin);
 
 enum { AG_MISSING = 0, AG_RULE = 1, AG_NOGRAD = 2 };
-enum { S_A = 1, S_B = 2, S_C = 4, S_OUT = 0x80 };
+enum { S_A = 1, S_B = 2, S_C = 4, S_D = 8, S_OUT = 0x80 };
 
 typedef struct {
     uint8_t save;
@@ -655,6 +655,20 @@ static bool bw_matmul(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_te
     return true;
 }
 
+/* scaled_dot_product_attention: one sdpa_backward node (attention.c) from
+ * the saved q, k, v, mask and packed o|lse; an additive mask's gradient is
+ * not computed (an error when the mask requires grad). */
+static bool bw_sdpa(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    if (n->node.n_in > 3 && need[3]) {
+        ctpu_set_error(CTPU_ERR_STATE, "scaled_dot_product_attention: the mask requires grad: its gradient is "
+                       "not computed (only q's, k's and v's)");
+        return false;
+    }
+    ctpu_tensor ins[4] = { IN(n, 0), IN(n, 1), IN(n, 2), n->node.n_in > 3 ? IN(n, 3) : CTPU_NULL };
+    return ctpu__sdpa_backward(&n->node, n->scalars, ins, OUT(n), g, &gin[0], &gin[1], &gin[2]);
+}
+
 /* One rule per op whose row says CTPU_GRAD_RULE (ops.h); ops without a
  * gradient (CTPU_GRAD_NONE) have no entry. tests/test_autograd.c checks both. */
 #define R(f, s) { (s), (f) }
@@ -712,6 +726,7 @@ static const ag_rule ag_rules[CTPU_OP_COUNT] = {
     [CTPU_OP_GATHER] = R(bw_gather, S_B),
     [CTPU_OP_SCATTER_ADD] = R(bw_scatter_add, S_B),
     [CTPU_OP_MATMUL] = R(bw_matmul, S_A | S_B),
+    [CTPU_OP_SDPA] = R(bw_sdpa, S_A | S_B | S_C | S_D | S_OUT),
 };
 
 /* AG_RULE / AG_NOGRAD as the op's row says, AG_MISSING when this table

@@ -317,6 +317,12 @@ ctpu_tensor ctpu_dispatch_as(ctpu_node *node, const char *call, ctpu_trec *const
 /* matmul_t's rule (dispatch.c), at an explicit precision (the matmul
  * backward rule passes the forward op's). */
 ctpu_tensor ctpu__matmul_t(ctpu_tensor a, ctpu_tensor b, bool ta, bool tb, int precision);
+/* scaled_dot_product_attention's backward node (attention.c): dq, dk, dv
+ * (f32) from the forward node, its runtime scalars, its inputs (q, k, v
+ * [, mask]), its packed output and that output's gradient. False with the
+ * error set. */
+bool ctpu__sdpa_backward(const ctpu_node *fwd, const double *sc, const ctpu_tensor *ins, ctpu_tensor out,
+                         ctpu_tensor gout, ctpu_tensor *gq, ctpu_tensor *gk, ctpu_tensor *gv);
 /* tensor.c: validate a creation shape into *out (sets the error naming op);
  * take n numbers from the global generator (its seed and start offset);
  * release every record at shutdown. */

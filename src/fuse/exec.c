@@ -1110,6 +1110,72 @@ static void exec_reduce_scatter(const void *d, ctpu_exec_ctx *ctx) { exec_collec
 
 /* ------------------------------------------------------------ the handler table
  * One kernel entry per op (tests/test_fuse.c checks that every op has one). */
+/* ------------------------------------------------------------ attention
+ * scaled_dot_product_attention and its backward (src/kernels/attention.c):
+ * inputs q, k, v (then, backward: the forward's packed o|lse and its
+ * gradient), the mask last when the node has one. */
+static void sdpa_args(const ctpu_step_data *sd, ctpu_exec_ctx *ctx, int mask_in, ctpu_attn_args *a)
+{
+    const ctpu_node *nd = &sd->node;
+    const ctpu_vtype *q = &sd->in[0], *k = &sd->in[1];
+    const double *sc = ctx->scalars + sd->scalar_base;
+    *a = (ctpu_attn_args){
+        .B = q->shape[0], .H = q->shape[1], .Tq = q->shape[2], .Tk = k->shape[2], .D = q->shape[3],
+        .q = ctx->ptr[sd->in_slot[0]], .k = ctx->ptr[sd->in_slot[1]], .v = ctx->ptr[sd->in_slot[2]],
+        .dtype = q->dtype, .mask_kind = (int)nd->attr.i64[0], .causal = nd->attr.i64[1] != 0,
+        .seed = double_to_bits(sc[0]), .offset = double_to_bits(sc[1]), .p = sc[2], .scale = (float)sc[3],
+        .precision = (ctpu_k_precision)nd->attr.extra,
+    };
+    if (a->mask_kind == CTPU_K_MASK_NONE) return;
+    /* the mask's strides against [B, H, Tq, Tk] (0 where it broadcasts) */
+    const ctpu_vtype *m = &sd->in[mask_in];
+    int64_t cs[8];
+    contig_strides(m, cs);
+    for (int d = 0; d < 4; d++) {
+        int md = d - (4 - m->ndim);
+        a->ms[d] = md < 0 || m->shape[md] == 1 ? 0 : cs[md];
+    }
+    a->mask = ctx->ptr[sd->in_slot[mask_in]];
+}
+
+static void sdpa_macs(ctpu_exec_ctx *ctx, const ctpu_attn_args *a, int products)
+{
+    if (!ctx->metrics || ctx->mxu_size <= 0) return;
+    uint64_t u1, p1, u2, p2;
+    ctpu_k_mxu_macs(a->B * a->H, a->Tq, a->Tk, a->D, ctx->mxu_size, &u1, &p1);   /* Q Kᵀ-shaped */
+    ctpu_k_mxu_macs(a->B * a->H, a->Tq, a->D, a->Tk, ctx->mxu_size, &u2, &p2);   /* P V-shaped */
+    int n1 = products == 2 ? 1 : 2, n2 = products == 2 ? 1 : 3;
+    ctpu_counter_add(ctx->metrics, CTPU_CTR_MXU_MACS_USEFUL, (long long)(n1 * u1 + n2 * u2));
+    ctpu_counter_add(ctx->metrics, CTPU_CTR_MXU_MACS_PADDED, (long long)(n1 * p1 + n2 * p2));
+}
+
+static void exec_sdpa(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_step_data *sd = data;
+    ctpu_attn_args a;
+    sdpa_args(sd, ctx, 3, &a);
+    a.o = ctx->ptr[sd->out_slot];
+    a.lse = a.o + a.B * a.H * a.Tq * a.D;
+    ctpu_k_attn_fwd(&a, ctx->pool);
+    sdpa_macs(ctx, &a, 2);
+}
+
+static void exec_sdpa_backward(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_step_data *sd = data;
+    ctpu_attn_args a;
+    sdpa_args(sd, ctx, 5, &a);
+    int64_t no = a.B * a.H * a.Tq * a.D;
+    a.o_in = ctx->ptr[sd->in_slot[3]];
+    a.lse_in = a.o_in + no;
+    a.dout = ctx->ptr[sd->in_slot[4]];
+    a.dq = ctx->ptr[sd->out_slot];
+    a.dk = a.dq + no;
+    a.dv = a.dk + a.B * a.H * a.Tk * a.D;
+    ctpu_k_attn_bwd(&a, ctx->pool);
+    sdpa_macs(ctx, &a, 5);
+}
+
 #define EW(e) [CTPU_OP_##e] = exec_elementwise
 static const ctpu_dev_step_fn exec_fns[CTPU_OP_COUNT] = {
     EW(NEG), EW(ABS), EW(EXP), EW(LOG), EW(SQRT), EW(RSQRT), EW(TANH), EW(SIGMOID), EW(RELU),
@@ -1141,6 +1207,7 @@ static const ctpu_dev_step_fn exec_fns[CTPU_OP_COUNT] = {
     [CTPU_OP_GATHER] = exec_gather,
     [CTPU_OP_SCATTER_ADD] = exec_scatter_add,
     [CTPU_OP_MATMUL] = exec_matmul,
+    [CTPU_OP_SDPA] = exec_sdpa,
     [CTPU_OP_COPY] = exec_copy,
     [CTPU_OP_FULL] = exec_full,
     [CTPU_OP_ARANGE] = exec_arange,
@@ -1150,6 +1217,7 @@ static const ctpu_dev_step_fn exec_fns[CTPU_OP_COUNT] = {
     [CTPU_OP_SLICE_BACKWARD] = exec_slice_backward,
     [CTPU_OP_EMBEDDING_BACKWARD] = exec_embedding_backward,
     [CTPU_OP_GATHER_BACKWARD] = exec_gather_backward,
+    [CTPU_OP_SDPA_BACKWARD] = exec_sdpa_backward,
     [CTPU_OP_ALL_REDUCE] = exec_all_reduce,
     [CTPU_OP_BROADCAST] = exec_broadcast,
     [CTPU_OP_ALL_GATHER] = exec_all_gather,

@@ -288,6 +288,67 @@ typedef struct {
 void ctpu_k_matmul(const ctpu_mm_args *args, ctpu_k_pool *pool);
 void ctpu_k_matmul_ref(const ctpu_mm_args *args);
 
+/* Single-threaded matmul with a caller-owned workspace (grown as needed;
+ * free it with ctpu_k_ws_free): the same bits as ctpu_k_matmul. For kernels
+ * that call the MXU many times from their own threads (attention), where the
+ * one shared cached workspace would be fought over. */
+typedef struct { char *p; size_t size; } ctpu_k_ws;
+void ctpu_k_matmul_ws(const ctpu_mm_args *args, ctpu_k_ws *ws);
+void ctpu_k_ws_free(ctpu_k_ws *ws);
+
+/* ---- blockwise attention (scaled_dot_product_attention) -------------------
+ * q [B,H,Tq,D], k and v [B,H,Tk,D], contiguous, all f32 or all bf16; mask
+ * element (b,h,i,j) at mask[b*ms[0] + h*ms[1] + i*ms[2] + j*ms[3]] (f32,
+ * strides 0 where it broadcasts). The order is the contract (CONTRACTS.md
+ * "Attention"): blocks of CTPU_K_ATTN_BLOCK queries x CTPU_K_ATTN_BLOCK keys
+ * whatever the ISA, thread count or T; for each (b, h, query block), key
+ * blocks in ascending order (a causal key block wholly above the diagonal
+ * is skipped), per key block:
+ *   S = MXU(Q Kᵀ) (K = D, the precision setting), s = S * scale, then
+ *   s += mask (ADD) or s = -inf where mask == 0 (KEEP01), s = -inf where
+ *   j > i (causal, top-left aligned as torch's is_causal);
+ *   m_new = max(m, max_j s) (NaN propagates); mu = m_new, or 0 if it is -inf;
+ *   P = bf16(exp(s - mu)) at default precision (HIGH / HIGHEST: P stays f32,
+ *   split into passes by the MXU like any f32 operand); alpha = exp(m - mu);
+ *   l = l * alpha + (P's row summed left to right);
+ *   with dropout, P_ij is replaced by 0 where u_ij < p (u: the counter RNG's
+ *   uniform element ((b*H + h)*Tq + i)*Tk + j of (seed, offset), as
+ *   ctpu_rand_uniform over [B,H,Tq,Tk] draws it);
+ *   O = O * alpha + MXU(P V) (K = the block's keys);
+ * then O = O / (l * (1 - p)) (one division; l == 0, a fully masked row, gives
+ * O = 0) and lse = mu + log(l) (-inf when l == 0). exp and log are the ISA's
+ * SLEEF u10 (kernels' EXP, LOG); every other step is one f32 operation.
+ * Outputs o [B,H,Tq,D] and lse [B,H,Tq], f32. */
+#define CTPU_K_ATTN_BLOCK 128
+enum { CTPU_K_MASK_NONE = 0, CTPU_K_MASK_ADD = 1, CTPU_K_MASK_KEEP01 = 2 };
+typedef struct {
+    int64_t B, H, Tq, Tk, D;
+    const void *q, *k, *v; int dtype;
+    const float *mask; int mask_kind; int64_t ms[4];
+    bool causal;
+    float scale;
+    double p; uint64_t seed, offset;      /* dropout; p == 0: none */
+    ctpu_k_precision precision;
+    float *o, *lse;                        /* forward outputs */
+    /* backward: the forward's o and lse, dout [B,H,Tq,D] f32; outputs */
+    const float *o_in, *lse_in, *dout;
+    float *dq, *dk, *dv;                   /* [B,H,Tq,D], [B,H,Tk,D] x2, f32 */
+} ctpu_attn_args;
+/* Backward, from the saved lse (P recomputed as exp(s - lse), 0 where lse is
+ * -inf), per (b, h): query blocks ascending, within each the key blocks
+ * ascending; Dr_i = sum_d dout_id * o_id (left to right); per block:
+ *   dV_J += MXU(Pdᵀ dO_I) with Pd = P * z, z = keep/(1-p) in f32 (1: no dropout);
+ *   dP = MXU(dO_I V_Jᵀ) * z;  dS = P * (dP - Dr) * scale;
+ *   dQ_I += MXU(dS K_J);  dK_J += MXU(dSᵀ Q_I)
+ * each += one f32 addition into the f32 accumulator: dK and dV are summed over
+ * query blocks in ascending order, never with atomics; threads split (b, h). */
+void ctpu_k_attn_fwd(const ctpu_attn_args *a, ctpu_k_pool *pool);
+void ctpu_k_attn_bwd(const ctpu_attn_args *a, ctpu_k_pool *pool);
+/* The same with the scalar reference kernels (ctpu_k_matmul_ref,
+ * ctpu_k_unary_ref, one thread): the specification the above must equal. */
+void ctpu_k_attn_fwd_ref(const ctpu_attn_args *a);
+void ctpu_k_attn_bwd_ref(const ctpu_attn_args *a);
+
 /* MAC accounting: useful MACs and MACs after padding M, N, K up to a
  * multiple of the MXU size (per batch element, times batch). */
 static inline void ctpu_k_mxu_macs(int64_t batch, int64_t M, int64_t N, int64_t K, int mxu,

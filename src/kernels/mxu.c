@@ -265,7 +265,8 @@ void ctpu_mxu_set_thread_min_flop(double flop) { mm_min_flop = flop; }
 
 static int64_t mm_pad(int64_t n, int w) { return (n + w - 1) / w * w; }
 
-void ctpu_k_matmul(const ctpu_mm_args *go, ctpu_k_pool *pool)
+/* ws == NULL: the shared cached workspace; else the caller's (grown here). */
+static void mm_do(const ctpu_mm_args *go, ctpu_k_pool *pool, ctpu_k_ws *ws)
 {
     assert(go->precision >= 0 && go->precision < CTPU_PREC_COUNT);
     if (go->batch <= 0 || go->M <= 0 || go->N <= 0) return;
@@ -336,7 +337,18 @@ void ctpu_k_matmul(const ctpu_mm_args *go, ctpu_k_pool *pool)
     size_t abytes = (size_t)(x.nba * x.mp * x.apd) * 4, bbytes = (size_t)(x.nbb * x.np * x.bpd) * 4;
     size_t sbytes = (size_t)(nt * x.scr_n) * sizeof(float);
     size_t need = ((abytes + 63) / 64 + (bbytes + 63) / 64 + (sbytes + 63) / 64) * 64 + 64;
-    char *mem = mm_ws_take(need);
+    char *mem;
+    if (ws) {
+        if (ws->size < need) {
+            free(ws->p);
+            ws->size = (need + need / 4 + 63) / 64 * 64;
+            ws->p = aligned_alloc(64, ws->size);
+            assert(ws->p);
+        }
+        mem = ws->p;
+    } else {
+        mem = mm_ws_take(need);
+    }
     x.ap = (uint32_t *)mem;
     x.bp = (uint32_t *)(mem + (abytes + 63) / 64 * 64);
     x.scratch = (float *)(mem + (abytes + 63) / 64 * 64 + (bbytes + 63) / 64 * 64);
@@ -353,5 +365,16 @@ void ctpu_k_matmul(const ctpu_mm_args *go, ctpu_k_pool *pool)
     mxu_prof_pack += t1 - t0;
     mxu_prof_compute += mxu_prof_now() - t1;
 #endif
-    mm_ws_give(mem, need);
+    if (!ws) mm_ws_give(mem, need);
+}
+
+void ctpu_k_matmul(const ctpu_mm_args *go, ctpu_k_pool *pool) { mm_do(go, pool, NULL); }
+
+void ctpu_k_matmul_ws(const ctpu_mm_args *args, ctpu_k_ws *ws) { mm_do(args, NULL, ws); }
+
+void ctpu_k_ws_free(ctpu_k_ws *ws)
+{
+    free(ws->p);
+    ws->p = NULL;
+    ws->size = 0;
 }

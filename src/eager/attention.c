@@ -1,0 +1,167 @@
+/* scaled_dot_product_attention: validation, the forward node and the
+ * backward node its gradient rule (autograd.c) dispatches.
+ *
+ * A node has one output, so each of the two nodes packs its results into one
+ * flat f32 value and the caller takes contiguous slices of it (views in
+ * eager; in defer and fuse, copies of the [B,H,T,Dh] parts, never of
+ * anything [T,T]-sized):
+ *   scaled_dot_product_attention: o [B,H,Tq,Dh] then lse [B,H,Tq];
+ *   sdpa_backward:                dq [B,H,Tq,Dh], dk then dv [B,H,Tk,Dh].
+ * Inputs: q, k, v (backward: then the forward's packed output and its
+ * gradient), the mask last when there is one. Attributes (part of the key):
+ * i64[0] the kernel's mask kind, i64[1] causal, extra the precision.
+ * Runtime scalars: seed, offset (bits), dropout p, scale. */
+#include <math.h>
+#include <string.h>
+
+#include "eager.h"
+#include "fuse/exec.h"
+
+static const char *const OPN = "scaled_dot_product_attention";
+
+static int64_t numel4(const ctpu_vtype *t) { return ctpu_vtype_numel(t); }
+
+/* q, k, v, mask against the rules of ctpu.h; sets the error. */
+static bool check_qkv(ctpu_trec *const *in, const ctpu_trec *mask)
+{
+    const ctpu_vtype *q = &in[0]->type, *k = &in[1]->type, *v = &in[2]->type;
+    char a[128], b[128], c[128];
+    ctpu_fmt_type(q, a, sizeof a);
+    ctpu_fmt_type(k, b, sizeof b);
+    ctpu_fmt_type(v, c, sizeof c);
+    if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "%s: q is %s, k is %s, v is %s: need 4-D [B,H,T,Dh] tensors", OPN, a, b, c);
+        return false;
+    }
+    if (q->dtype == CTPU_I32 || q->dtype != k->dtype || q->dtype != v->dtype) {
+        ctpu_set_error(CTPU_ERR_DTYPE, "%s: q is %s, k is %s, v is %s: need one dtype, f32 or bf16", OPN, a, b, c);
+        return false;
+    }
+    bool same = q->shape[0] == k->shape[0] && q->shape[1] == k->shape[1] && q->shape[3] == k->shape[3];
+    for (int d = 0; d < 4; d++) same = same && k->shape[d] == v->shape[d];
+    if (!same || q->shape[3] < 1) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "%s: q is %s, k is %s, v is %s: need q [B,H,Tq,Dh], k and v [B,H,Tk,Dh], Dh >= 1",
+                       OPN, a, b, c);
+        return false;
+    }
+    if (!mask) return true;
+    const ctpu_vtype *m = &mask->type;
+    char mb[128];
+    ctpu_fmt_type(m, mb, sizeof mb);
+    if (m->dtype != CTPU_F32) {
+        ctpu_set_error(CTPU_ERR_DTYPE, "%s: mask is %s: need f32", OPN, mb);
+        return false;
+    }
+    int64_t full[4] = { q->shape[0], q->shape[1], q->shape[2], k->shape[2] };
+    bool ok = m->ndim <= 4;
+    for (int d = 0; ok && d < m->ndim; d++) {
+        int64_t e = m->shape[d], want = full[d + 4 - m->ndim];
+        ok = e == want || e == 1;
+    }
+    if (!ok) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "%s: mask is %s, q is %s, k is %s: the mask must broadcast to [%lld,%lld,%lld,%lld]",
+                       OPN, mb, a, b, (long long)full[0], (long long)full[1], (long long)full[2], (long long)full[3]);
+        return false;
+    }
+    return true;
+}
+
+/* The packed value's part [start, start + n) as `shape` (4-D). */
+static ctpu_tensor part(ctpu_tensor packed, int64_t start, const ctpu_vtype *like)
+{
+    ctpu_tensor s = ctpu_slice(packed, 0, start, start + numel4(like), 1);
+    return ctpu_reshape(s, like->ndim, like->shape);
+}
+
+ctpu_tensor ctpu_scaled_dot_product_attention(ctpu_tensor q, ctpu_tensor k, ctpu_tensor v, ctpu_tensor mask,
+                                              ctpu_mask_kind mask_kind, bool is_causal, double scale,
+                                              double dropout_p)
+{
+    if (!ctpu_check_init(OPN)) return ctpu_failed();
+    if ((unsigned)mask_kind > CTPU_MASK_NONE) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: mask_kind=%d is not CTPU_MASK_ADDITIVE, CTPU_MASK_KEEP01 or CTPU_MASK_NONE",
+                       OPN, (int)mask_kind);
+        return ctpu_failed();
+    }
+    if (mask_kind == CTPU_MASK_NONE && !ctpu_absent(mask)) {
+        if (!ctpu_rec_get(mask, OPN, "mask", true)) return ctpu_failed();   /* an error handle: its cause */
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: a mask was given with mask_kind CTPU_MASK_NONE", OPN);
+        return ctpu_failed();
+    }
+    if (mask_kind != CTPU_MASK_NONE && ctpu_absent(mask)) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: mask_kind %s needs a mask (CTPU_NULL was given)", OPN,
+                       mask_kind == CTPU_MASK_ADDITIVE ? "CTPU_MASK_ADDITIVE" : "CTPU_MASK_KEEP01");
+        return ctpu_failed();
+    }
+    if (!(dropout_p >= 0 && dropout_p < 1)) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: dropout_p=%g must be in [0, 1)", OPN, dropout_p);
+        return ctpu_failed();
+    }
+    if (!isfinite(scale)) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: scale=%g must be finite (0: 1/sqrt(Dh))", OPN, scale);
+        return ctpu_failed();
+    }
+    bool has_mask = mask_kind != CTPU_MASK_NONE;
+    ctpu_tensor ts[4] = { q, k, v, mask };
+    static const char *const names[4] = { "q", "k", "v", "mask" };
+    ctpu_trec *in[4];
+    for (int i = 0; i < 3 + has_mask; i++)
+        if (!(in[i] = ctpu_rec_get(ts[i], OPN, names[i], true))) return ctpu_failed();
+    if (!check_qkv(in, has_mask ? in[3] : NULL)) return ctpu_failed();
+    const ctpu_vtype *qt = &in[0]->type, *kt = &in[1]->type;
+    int64_t B = qt->shape[0], H = qt->shape[1], Tq = qt->shape[2], Tk = kt->shape[2], D = qt->shape[3];
+    ctpu_node n;
+    memset(&n, 0, sizeof n);
+    n.op = CTPU_OP_SDPA;
+    n.n_in = (uint8_t)(3 + has_mask);
+    n.n_scalars = 4;
+    n.out.dtype = CTPU_F32;
+    n.out.ndim = 1;
+    n.out.shape[0] = B * H * Tq * D + B * H * Tq;
+    n.attr.i64[0] = !has_mask ? CTPU_K_MASK_NONE : mask_kind == CTPU_MASK_ADDITIVE ? CTPU_K_MASK_ADD : CTPU_K_MASK_KEEP01;
+    n.attr.i64[1] = is_causal;
+    n.attr.extra = (int32_t)ctpu_rt->precision;
+    uint64_t seed = 0, offset = 0;
+    if (dropout_p > 0) ctpu__rng_take((uint64_t)(B * H * Tq * Tk), &seed, &offset);
+    double sc[4] = { ctpu_bits_scalar(seed), ctpu_bits_scalar(offset), dropout_p,
+                     scale == 0 ? 1.0 / sqrt((double)D) : scale };
+    ctpu_vtype ot = *qt;
+    ot.dtype = CTPU_F32;
+    if (ctpu_scope_begin() != CTPU_OK) return ctpu_failed();
+    ctpu_tensor packed = ctpu_dispatch(&n, in, ts, sc);
+    ctpu_tensor o = ctpu_is_null(packed) ? packed : part(packed, 0, &ot);
+    if (!ctpu_is_null(o) && qt->dtype != CTPU_F32) o = ctpu_cast(o, (ctpu_dtype)qt->dtype);
+    if (!ctpu_is_null(o)) o = ctpu_keep(o);
+    ctpu_scope_end();
+    return o;
+}
+
+/* The backward rule's node (autograd.c's bw_sdpa): the gradients of q, k
+ * and v (f32) from the forward node `fwd` (its attributes, its runtime
+ * scalars `sc`), its inputs, its packed output and that output's gradient. */
+bool ctpu__sdpa_backward(const ctpu_node *fwd, const double *sc, const ctpu_tensor *ins, ctpu_tensor out,
+                         ctpu_tensor gout, ctpu_tensor *gq, ctpu_tensor *gk, ctpu_tensor *gv)
+{
+    int has_mask = fwd->n_in > 3;
+    ctpu_tensor ts[6] = { ins[0], ins[1], ins[2], out, gout, has_mask ? ins[3] : CTPU_NULL };
+    ctpu_trec *in[6];
+    for (int i = 0; i < 5 + has_mask; i++)
+        if (!(in[i] = ctpu_rec_get(ts[i], "sdpa_backward", "input", false))) return false;
+    ctpu_vtype qt = in[0]->type, kt = in[1]->type;
+    qt.dtype = kt.dtype = CTPU_F32;
+    ctpu_node n;
+    memset(&n, 0, sizeof n);
+    n.op = CTPU_OP_SDPA_BACKWARD;
+    n.n_in = (uint8_t)(5 + has_mask);
+    n.n_scalars = 4;
+    n.attr = fwd->attr;
+    n.out.dtype = CTPU_F32;
+    n.out.ndim = 1;
+    n.out.shape[0] = numel4(&qt) + 2 * numel4(&kt);
+    ctpu_tensor r = ctpu_dispatch(&n, in, ts, sc);
+    if (ctpu_is_null(r)) return false;
+    *gq = part(r, 0, &qt);
+    *gk = part(r, numel4(&qt), &kt);
+    *gv = part(r, numel4(&qt) + numel4(&kt), &kt);
+    return !ctpu_is_null(*gq) && !ctpu_is_null(*gk) && !ctpu_is_null(*gv);
+}
