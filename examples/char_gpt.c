@@ -910,6 +910,7 @@ int main(int argc, char **argv)
     batcher_free(&bva);
     free(losses);
     free(lrs);
+    ctpu_compiled_free(cstep);   /* the caller owns a compiled step (NULL without --compile) */
     ctpu_optim_free(opt);
     for (int i = 0; i < g->n_decay; i++) ctpu_release(g->decay[i]);
     for (int i = 0; i < g->n_no_decay; i++) ctpu_release(g->no_decay[i]);

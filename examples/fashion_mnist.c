@@ -485,6 +485,7 @@ int main(int argc, char **argv)
     free(sizes);
     free(lrs);
     ctpu_batch_iter_free(it);
+    ctpu_compiled_free(cstep);   /* the caller owns a compiled step (NULL without --compile) */
     ctpu_optim_free(opt);
     ctpu_linear_free(&m.fc1);
     ctpu_linear_free(&m.fc2);
