@@ -624,8 +624,6 @@ static void publish(flush_ctx *f)
             cs.n_rscal = ctpu_trace_rec_n_scalars(t_df.rec);
             ctpu__capture_sink(&cs);
         }
-        ctpu_cache_release(rt->fused_cache, f->prog);   /* the command runs it; the cache may evict it now */
-        f->prog = NULL;
     }
     t_df.n_made = 0;
     t_df.last_program = f->res.program_id;
@@ -673,6 +671,11 @@ static void publish(flush_ctx *f)
     /* our own refs: the command and the handles hold theirs */
     for (int j = 0; j < f->plan->n_out; j++) ctpu_buffer_release(rt->dev, f->outb[j]);
     f->plan = NULL;
+    /* the plan lives with the program: release our reference only after its
+     * last read above (the command holds the program until it has run; once
+     * it has, the cache may free an evicted one at any time) */
+    if (f->prog) ctpu_cache_release(rt->fused_cache, f->prog);
+    f->prog = NULL;
     if (f->scratch) ctpu_buffer_release(rt->dev, f->scratch);
     free(f->outb);
     free(f->outo);

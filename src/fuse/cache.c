@@ -309,9 +309,11 @@ ctpu_program *ctpu_cache_find(ctpu_cache *c, const uint8_t *key, size_t len, con
             res->hit = true;
             res->program_id = e->info.id;
             if (plan) *plan = e->prog->plan;
-            ctpu_program_retain(e->prog);      /* the caller's, until it has submitted */
+            ctpu_program *prog = e->prog;     /* read under the lock: once it is released,
+                                                  * another thread's insert may evict and free e */
+            ctpu_program_retain(prog);        /* the caller's, until it has submitted */
             pthread_mutex_unlock(&c->mu);
-            return e->prog;
+            return prog;
         }
         /* another thread is compiling this key: wait for its program (or
          * for it to give up, then compile it here) */
