@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include "bench.h"
 
 static double now_ns(void)
 {
@@ -12,20 +13,8 @@ static double now_ns(void)
     return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 #define RUNS 15
 #define OPS 2000
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return v[n / 2];
-}
 
 /* ns per op for OPS dispatches of y = x + x (each result released). */
 static double time_ops(ctpu_tensor x, int ops)

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "bench.h"
 
 static double now_s(void)
 {
@@ -25,18 +26,6 @@ static double cpu_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return v[n / 2];
 }
 
 #define CHECK(x) do { if (!(x)) { fprintf(stderr, "bench/fuse: %s failed: %s\n", #x, ctpu_last_error()); exit(1); } } while (0)

@@ -39,18 +39,13 @@
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 #endif
+#include "bench.h"
 
 static double now(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 /* ---- a small persistent pool: spin briefly, then wait on a condvar -------- */
