@@ -66,6 +66,11 @@
  * of the unfinished interval (val_loss empty). The --log of a stopped run
  * followed by its resumed run's (headers aside) is the unbroken run's.
  *
+ * Data parallel (issue 19): --ddp under mpirun, --batch the global batch,
+ * rank r training rows [r b / N, (r+1) b / N); --grad-accum N, the same
+ * micro-batches in one process, gives the same bits (see "data parallel"
+ * below).
+ *
  * Not yet: no SDPA op (attention() writes it out). */
 #include "corpus.h"
 #include "docbatch.h"
@@ -93,6 +98,8 @@ typedef struct {
     uint64_t seed;
     int threads, progress;
     bool by_doc, warmup_given, compile, capturable;
+    bool ddp;              /* data parallel over mpirun's ranks (data_parallel_step) */
+    int64_t grad_accum;    /* micro-batches per step in one process (1: none) */
     ctpu_dtype dtype;
     const char *prompt;
 } opts_t;
@@ -133,6 +140,10 @@ static void usage(FILE *f)
             "                    replayed with no per-op host work); implies --capturable\n"
             "  --capturable      AdamW keeps lr and step count as device tensors (torch's\n"
             "                    capturable=True; the numbers --compile gives, in any mode)\n"
+            "  --ddp             data parallel: run under mpirun, one emulated chip per process;\n"
+            "                    --batch stays the global batch (rank r takes rows [r b/N, (r+1) b/N))\n"
+            "  --grad-accum N    one process, each batch as N micro-batches of those rows, gradients\n"
+            "                    accumulated and divided by N (what --ddp over N ranks computes)\n"
             "  --help, --version\n"
             "The mode comes from the environment: TORCH_TPU_LAUNCH_BLOCKING=1 (debug eager),\n"
             "TORCH_TPU_DEFER_AND_FUSE=1 (defer and fuse); strict eager otherwise.\n"
@@ -153,16 +164,18 @@ static bool parse_num(const char *s, double *out)
 
 static bool pos_int(double x, double max) { return x >= 1 && x <= max && x == floor(x); }
 
+static int data_parallel_args(const opts_t *o);
+
 static int parse_args(int argc, char **argv, opts_t *o)
 {
     *o = (opts_t){ .data = "/usr/share/games/fortunes", .layers = 4, .heads = 4, .dmodel = 128, .ctx = 128,
                    .batch = 32, .steps = 1000, .warmup = 100, .eval_every = 100, .eval_batches = 8, .lr = 1e-3,
                    .wd = 0.1, .seed = 1, .progress = -1, .dtype = CTPU_F32, .sample_len = 300,
-                   .temperature = 0.8, .prompt = "\n" };
+                   .temperature = 0.8, .prompt = "\n", .grad_accum = 1 };
     enum { O_DATA = 256, O_LOG, O_LAYERS, O_HEADS, O_DMODEL, O_HEAD_DIM, O_CTX, O_BATCH, O_STEPS, O_LR, O_WARMUP,
            O_WD, O_DROPOUT, O_SEED, O_THREADS, O_EVAL_EVERY, O_EVAL_BATCHES, O_DTYPE, O_BY_DOC, O_PROGRESS,
            O_NO_PROGRESS, O_VERSION, O_SAVE, O_SAVE_EVERY, O_RESUME, O_STOP_AFTER, O_SAMPLE, O_TEMPERATURE,
-           O_PROMPT, O_COMPILE, O_CAPTURABLE };
+           O_PROMPT, O_COMPILE, O_CAPTURABLE, O_DDP, O_GRAD_ACCUM };
     static const struct option longopts[] = {
         { "data", required_argument, NULL, O_DATA },         { "log", required_argument, NULL, O_LOG },
         { "layers", required_argument, NULL, O_LAYERS },     { "heads", required_argument, NULL, O_HEADS },
@@ -180,6 +193,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
         { "stop-after", required_argument, NULL, O_STOP_AFTER }, { "sample", required_argument, NULL, O_SAMPLE },
         { "temperature", required_argument, NULL, O_TEMPERATURE }, { "prompt", required_argument, NULL, O_PROMPT },
         { "compile", no_argument, NULL, O_COMPILE },         { "capturable", no_argument, NULL, O_CAPTURABLE },
+        { "ddp", no_argument, NULL, O_DDP },                 { "grad-accum", required_argument, NULL, O_GRAD_ACCUM },
         { NULL, 0, NULL, 0 },
     };
     opterr = 0;
@@ -211,6 +225,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
         case O_BY_DOC: o->by_doc = true; break;
         case O_COMPILE: o->compile = o->capturable = true; break;
         case O_CAPTURABLE: o->capturable = true; break;
+        case O_DDP: o->ddp = true; break;
         case ':': fprintf(stderr, "char_gpt: %s needs a value (see --help)\n", argv[optind - 1]); return 2;
         case '?': fprintf(stderr, "char_gpt: unknown option %s (see --help)\n", argv[optind - 1]); return 2;
         default:
@@ -235,6 +250,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
             case O_THREADS: o->threads = (int)x; ok = pos_int(x, 64); break;
             case O_SAVE_EVERY: o->save_every = (int64_t)x; ok = pos_int(x, 1e12); break;
             case O_STOP_AFTER: o->stop_after = (int64_t)x; ok = pos_int(x, 1e12); break;
+            case O_GRAD_ACCUM: o->grad_accum = (int64_t)x; ok = pos_int(x, 65536); break;
             default: ok = false; break;
             }
         }
@@ -247,6 +263,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
         return 2;
     }
     if (!o->warmup_given && o->warmup > o->steps / 10) o->warmup = o->steps / 10;
+    if (data_parallel_args(o)) return 2;
     if (o->by_doc && o->ctx < 2) {
         fprintf(stderr, "char_gpt: --by-document needs --ctx 2 or more\n");
         return 2;
@@ -548,6 +565,7 @@ static ctpu_status train_step(void *ctx, const ctpu_tensor *in, const double *sc
 typedef struct {
     double isum, train_loss, val_loss;
     int64_t in;
+    int64_t meaned;   /* --ddp: the interval's losses[0, meaned) are the ranks' means already (not saved) */
 } loop_state;
 
 static ctpu_status save_run(const gpt *g, const ctpu_optim *opt, const opts_t *o, const loop_state *ls,
@@ -731,6 +749,198 @@ static void progress_bar(int64_t done, int64_t total, double lr)
     fflush(stderr);
 }
 
+/* ------------------------------------------------------------ data parallel
+ * --ddp (issue 19): each process started by mpirun is a rank of
+ * ctpu_dist_init (one emulated chip); --batch stays the global batch, of
+ * which rank r trains rows [r b / N, (r+1) b / N) (ctpu_ddp_shard) and
+ * ctpu_ddp averages the gradients after backward. --grad-accum N is the
+ * same computation in one process: the N micro-batches of those rows in
+ * order, their gradients summed by backward and divided once by N. The two
+ * give the same bits (tests/dist: logs and checkpoints compared byte for
+ * byte), because the all_reduce mean is a left fold in rank order divided
+ * once by N and each micro-batch draws the dropout counters it would draw
+ * in one process. Rank 0 speaks for the job (stdout, --log, --save, the
+ * sample, the reports); the evaluation batches are split over the ranks. */
+
+static int data_parallel_args(const opts_t *o)
+{
+    const char *why = NULL;
+    if (o->ddp && o->grad_accum > 1) why = "--ddp with --grad-accum (the ranks are the micro-batches)";
+    else if ((o->ddp || o->grad_accum > 1) && o->compile)
+        why = "--compile with --ddp or --grad-accum (the gradients' all_reduce and the micro-batch loop are graph "
+              "breaks)";
+    else if (o->grad_accum > o->batch) why = "--grad-accum more than --batch (every micro-batch needs a row)";
+    if (why) fprintf(stderr, "char_gpt: %s\n", why);
+    return why != NULL;
+}
+
+/* ctpu_dist_init (--ddp) or ctpu_init; ranks other than 0 go quiet. */
+static int data_parallel_init(opts_t *o, bool *tty)
+{
+    if (!o->ddp) return ctpu_init() == CTPU_OK ? 0 : fail("init");
+    if (ctpu_dist_init() != CTPU_OK) return fail("init");
+    if (ctpu_dist_world_size() > o->batch) {
+        fprintf(stderr, "char_gpt: --batch %lld is less than the %d ranks (every rank needs a row)\n",
+                (long long)o->batch, ctpu_dist_world_size());
+        return 1;
+    }
+    if (ctpu_dist_rank() != 0) {
+        if (!freopen("/dev/null", "w", stdout)) return fail("silencing stdout");
+        *tty = false;
+        o->log_path = NULL;
+        o->sample_len = 0;
+    }
+    return 0;
+}
+
+/* The dropout counters one row of a training batch of length T draws
+ * (ctpu_dropout draws its input's numel when p > 0): the embeddings'
+ * [T, D], and per block the attention weights' [H, T, T] and the two
+ * residual branches' [T, D]. data_parallel_step checks it against the
+ * generator after each micro-batch's forward: a change to the model's
+ * dropouts that forgets this is an error, never a silent mismatch. */
+static uint64_t dropout_draws_per_row(const gpt *g, int64_t T)
+{
+    if (!(g->dropout > 0)) return 0;
+    return (uint64_t)(T * g->D * (1 + 2 * g->L) + g->L * g->H * T * T);
+}
+
+/* One training step's forwards and backwards over micro-batches: --ddp
+ * this rank's rows, then ctpu_ddp_sync_grads (bucketed gradient mean);
+ * --grad-accum N the N micro-batches in order, then every gradient divided
+ * by N. Micro-batch k is rows [lo, hi) = [k b / N, (k+1) b / N) and draws
+ * from base + lo * (draws per row), where one process going through the
+ * micro-batches in order would; afterwards the generator is at
+ * base + b * (draws per row) on every rank, as after one whole batch. The
+ * loss: --grad-accum ((l_0 + l_1) + ...) / N; --ddp this rank's l_r
+ * (ddp_mean_losses turns it into the ranks' mean, the same bits). */
+static ctpu_tensor data_parallel_step(const gpt *g, ctpu_ddp *ddp, const opts_t *o, ctpu_tensor x, ctpu_tensor y,
+                                      int64_t T)
+{
+    int n = ddp ? ctpu_dist_world_size() : (int)o->grad_accum;
+    int k0 = ddp ? ctpu_dist_rank() : 0, k1 = ddp ? k0 + 1 : n;
+    uint64_t seed, base, off, per_row = dropout_draws_per_row(g, T);
+    if (ctpu_rng_get_state(&seed, &base) != CTPU_OK) return ctpu_error_handle();
+    ctpu_tensor sum = CTPU_NULL;
+    for (int k = k0; k < k1; k++) {
+        int64_t lo, hi;
+        ctpu_ddp_shard(o->batch, k, n, &lo, &hi);
+        uint64_t from = base + (uint64_t)lo * per_row;
+        ctpu_rng_set_state(seed, from);
+        ctpu_tensor l = gpt_loss(g, ctpu_slice(x, 0, lo, hi, 1), ctpu_slice(y, 0, lo, hi, 1), hi - lo, T, true);
+        if (ctpu_is_null(l)) return l;
+        ctpu_rng_get_state(&seed, &off);
+        if (off - from != (uint64_t)(hi - lo) * per_row) {
+            ctpu_report_error(CTPU_ERR_STATE, "micro-batch %d drew %llu dropout counters for %lld rows, not the %llu "
+                              "dropout_draws_per_row gives (the micro-batches' counter ranges would overlap)", k,
+                              (unsigned long long)(off - from), (long long)(hi - lo),
+                              (unsigned long long)((uint64_t)(hi - lo) * per_row));
+            return ctpu_error_handle();
+        }
+        if (ctpu_backward(l) != CTPU_OK) return ctpu_error_handle();
+        l = ctpu_detach(l);
+        sum = k == k0 ? l : ctpu_add(sum, l);
+    }
+    ctpu_rng_set_state(seed, base + (uint64_t)o->batch * per_row);
+    if (ddp) return ctpu_ddp_sync_grads(ddp) == CTPU_OK ? sum : ctpu_error_handle();
+    ctpu_status st = CTPU_OK;
+    ctpu_no_grad_begin();
+    for (int i = 0; i < g->n_params && st == CTPU_OK; i++) {
+        ctpu_tensor gr = ctpu_grad(g->params[i]);
+        if (!ctpu_is_null(gr)) st = ctpu_assign(gr, ctpu_div_scalar(gr, (double)n));
+    }
+    ctpu_no_grad_end();
+    return st == CTPU_OK ? ctpu_div_scalar(sum, (double)n) : ctpu_error_handle();
+}
+
+/* --ddp: losses[*done, n) (this rank's, kept) become the ranks' means, by
+ * one all_reduce for all of them: the rank-order fold divided once by N,
+ * --grad-accum's bits. *done = n after. A world of one rank: nothing. */
+static ctpu_status ddp_mean_losses(ctpu_tensor *losses, int64_t n, int64_t *done)
+{
+    int64_t k = n - *done, one = 1;
+    if (ctpu_dist_world_size() == 1 || k <= 0) {
+        *done = n;
+        return CTPU_OK;
+    }
+    ctpu_tensor *flat = malloc(sizeof(ctpu_tensor) * (size_t)k);
+    if (!flat) return ctpu_report_error(CTPU_ERR_OOM, "char_gpt: out of memory");
+    ctpu_scope_begin();
+    for (int64_t i = 0; i < k; i++) flat[i] = ctpu_reshape(losses[*done + i], 1, &one);
+    ctpu_tensor m = ctpu_all_reduce(k == 1 ? flat[0] : ctpu_concat((int)k, flat, 0), CTPU_DIST_MEAN);
+    ctpu_status st = ctpu_is_null(m) ? ctpu_last_status() : CTPU_OK;
+    for (int64_t i = 0; i < k && st == CTPU_OK; i++) {
+        ctpu_tensor t = ctpu_keep(ctpu_reshape(ctpu_slice(m, 0, i, i + 1, 1), 0, NULL));
+        if (ctpu_is_null(t)) {
+            st = ctpu_last_status();
+            break;
+        }
+        ctpu_release(losses[*done + i]);
+        losses[*done + i] = t;
+    }
+    ctpu_scope_end();
+    free(flat);
+    if (st == CTPU_OK) *done = n;
+    return st;
+}
+
+/* evaluate() over the ranks: rank r runs evaluation batches
+ * [r E / N, (r+1) E / N); the ranks add their losses into one vector of E
+ * (zeros elsewhere: adding 0 is exact) and sum it in batch order as
+ * evaluate() does, so the val loss has the one-process run's bits. */
+static ctpu_status evaluate_ranks(const gpt *g, batcher *bv, const opts_t *o, double *out)
+{
+    int world = ctpu_dist_world_size();
+    if (world == 1) return evaluate(g, bv, o, out);
+    int64_t E = o->eval_batches, lo, hi;
+    ctpu_ddp_shard(E, ctpu_dist_rank(), world, &lo, &hi);
+    float *v = calloc((size_t)E, sizeof(float));
+    ctpu_tensor *ls = malloc(sizeof(ctpu_tensor) * (size_t)E);
+    ctpu_status st = v && ls ? CTPU_OK : ctpu_report_error(CTPU_ERR_OOM, "char_gpt: out of memory");
+    int64_t made = lo;
+    ctpu_no_grad_begin();
+    for (int64_t e = lo; st == CTPU_OK && e < hi; e++) {
+        ctpu_step_begin();
+        ctpu_tensor x, y;
+        int64_t T, real;
+        st = make_batch(bv, o, o->by_doc ? (uint64_t)e : (1ull << 40) + (uint64_t)e, &x, &y, &T, &real);
+        if (st == CTPU_OK) {
+            ls[e] = ctpu_keep(gpt_loss(g, x, y, o->batch, T, false));
+            st = ctpu_is_null(ls[e]) ? ctpu_last_status() : CTPU_OK;
+            made += st == CTPU_OK;
+        }
+        ctpu_step_end();
+    }
+    for (int64_t e = lo; e < made; e++) {
+        double l = 0;
+        if (st == CTPU_OK) st = ctpu_item(ls[e], &l);
+        v[e] = (float)l;   /* exact: the loss is f32 or bf16 */
+        ctpu_release(ls[e]);
+    }
+    ctpu_no_grad_end();
+    ctpu_scope_begin();
+    ctpu_tensor all = ctpu_all_reduce(ctpu_from_host(v, CTPU_F32, 1, &E), CTPU_DIST_SUM);   /* every rank calls it */
+    ctpu_status st2 = ctpu_to_host(all, v, sizeof(float) * (size_t)E);
+    ctpu_scope_end();
+    if (st == CTPU_OK) st = st2;
+    double sum = 0;
+    for (int64_t e = 0; e < E; e++) sum += (double)v[e];
+    *out = sum / (double)E;
+    free(v);
+    free(ls);
+    return st;
+}
+
+/* The checkpoint of save_run, written by rank 0 after every rank has
+ * averaged the interval's pending losses (whose sum it stores). */
+static ctpu_status save_ranks(const gpt *g, const ctpu_optim *opt, const opts_t *o, loop_state *ls, ctpu_tensor *losses,
+                              int64_t nb)
+{
+    ctpu_status st = ddp_mean_losses(losses, nb, &ls->meaned);
+    if (st == CTPU_OK && ctpu_dist_rank() == 0) st = save_run(g, opt, o, ls, losses, nb);
+    return st;
+}
+
 int main(int argc, char **argv)
 {
     opts_t o;
@@ -761,7 +971,7 @@ int main(int argc, char **argv)
         corpus_free(&c);
         return 1;
     }
-    if (ctpu_init() != CTPU_OK) return fail("init");
+    if (data_parallel_init(&o, &tty)) return 1;
     ctpu_manual_seed(o.seed);
     gpt *g = malloc(sizeof *g);
     if (!g) { fprintf(stderr, "char_gpt: out of memory\n"); return 1; }
@@ -781,6 +991,8 @@ int main(int argc, char **argv)
         printf("char_gpt: resumed %s at step %lld (%lld steps into the interval)\n", o.resume_path,
                (long long)ctpu_optim_steps(opt), (long long)lst.in);
     }
+    ctpu_ddp *ddp = NULL;   /* after a resume: rank 0's parameters are broadcast */
+    if (o.ddp && !(ddp = ctpu_ddp_create(g->n_params, g->params, NULL))) return fail("making the DDP wrapper");
     FILE *log = NULL;
     if (o.log_path) {
         if (!(log = fopen(o.log_path, "w"))) {
@@ -801,6 +1013,8 @@ int main(int argc, char **argv)
            (long long)o.dmodel, (long long)o.ctx, (long long)nparams, ctpu_dtype_name(o.dtype), (long long)o.batch,
            o.by_doc ? " (by document)" : "", (long long)o.steps, o.lr,
            (long long)o.warmup, o.dropout, (unsigned long long)o.seed, mode);
+    if (o.ddp) printf("char_gpt: data parallel over %d ranks (global batch %lld)\n", ctpu_dist_world_size(), (long long)o.batch);
+    if (o.grad_accum > 1) printf("char_gpt: %lld micro-batches per step, gradients accumulated\n", (long long)o.grad_accum);
     fflush(stdout);
 
     ctpu_tensor *losses = malloc(sizeof(ctpu_tensor) * (size_t)o.eval_every);
@@ -825,9 +1039,14 @@ int main(int argc, char **argv)
             if (ctpu_compiled_call(cstep, 2, in, 1, &lr, 1, &loss) != CTPU_OK) return fail("compiled step");
         } else {
             ctpu_optim_zero_grad(opt);
-            loss = gpt_loss(g, x, y, o.batch, T, true);
-            if (ctpu_is_null(loss)) return fail("forward");
-            if (ctpu_backward(loss) != CTPU_OK) return fail("backward");
+            if (ddp || o.grad_accum > 1) {
+                loss = data_parallel_step(g, ddp, &o, x, y, T);
+                if (ctpu_is_null(loss)) return fail("forward and backward");
+            } else {
+                loss = gpt_loss(g, x, y, o.batch, T, true);
+                if (ctpu_is_null(loss)) return fail("forward");
+                if (ctpu_backward(loss) != CTPU_OK) return fail("backward");
+            }
             ctpu_optim_set_lr(opt, lr);
             if (ctpu_optim_step(opt) != CTPU_OK) return fail("optimizer step");
         }
@@ -837,6 +1056,7 @@ int main(int argc, char **argv)
         tokens += real;
         if (tty) progress_bar(step + 1, o.steps, lr);
         if ((step + 1) % o.eval_every == 0 || step + 1 == o.steps) {   /* the interval ends */
+            if (ddp_mean_losses(losses, nb, &lst.meaned) != CTPU_OK) return fail("averaging the losses");
             double sum = lst.isum;   /* the interval's losses: read once (waits for the device) */
             double *ls = malloc(sizeof(double) * (size_t)nb);
             if (!ls) { fprintf(stderr, "char_gpt: out of memory\n"); return 1; }
@@ -847,7 +1067,7 @@ int main(int argc, char **argv)
             }
             train_time += now_s() - t0;
             lst.train_loss = sum / (double)(lst.in + nb);
-            if (evaluate(g, &bva, &o, &lst.val_loss) != CTPU_OK) return fail("evaluation");
+            if (evaluate_ranks(g, &bva, &o, &lst.val_loss) != CTPU_OK) return fail("evaluation");
             if (log) {
                 for (int64_t i = 0; i < nb; i++) {
                     fprintf(log, "%lld,%.9g,%.9g,", (long long)(step + 1 - nb + i), lrs[i], ls[i]);
@@ -864,14 +1084,16 @@ int main(int argc, char **argv)
             nb = 0;
             lst.isum = 0;
             lst.in = 0;
+            lst.meaned = 0;
             t0 = now_s();
         }
-        if (o.save_every && (step + 1) % o.save_every == 0 && save_run(g, opt, &o, &lst, losses, nb) != CTPU_OK)
+        if (o.save_every && (step + 1) % o.save_every == 0 && save_ranks(g, opt, &o, &lst, losses, nb) != CTPU_OK)
             return fail("saving a checkpoint");
     }
     if (nb > 0) {   /* stopped inside an interval: log its steps so far (no val loss) and carry their sum */
         if (tty) fprintf(stderr, "\n");
         train_time += now_s() - t0;
+        if (ddp_mean_losses(losses, nb, &lst.meaned) != CTPU_OK) return fail("averaging the losses");
         for (int64_t i = 0; i < nb; i++) {
             double l;
             if (ctpu_item(losses[i], &l) != CTPU_OK) return fail("reading the losses");
@@ -885,7 +1107,7 @@ int main(int argc, char **argv)
     if (o.stop_after && step < o.steps)
         printf("char_gpt: stopped after step %lld of %lld\n", (long long)step, (long long)o.steps);
     if (o.save_path) {
-        if (save_run(g, opt, &o, &lst, losses, 0) != CTPU_OK) return fail("saving the checkpoint");
+        if (save_ranks(g, opt, &o, &lst, losses, 0) != CTPU_OK) return fail("saving the checkpoint");
         printf("char_gpt: saved %s at step %lld\n", o.save_path, (long long)step);
     }
     if (log) fclose(log);
@@ -898,14 +1120,17 @@ int main(int argc, char **argv)
                (unsigned long long)ci.graph_breaks, ci.calls ? (double)ci.host_ns / 1e3 / (double)ci.calls : 0.0,
                ci.last_reason[0] ? " last: " : "", ci.last_reason);
     }
-    printf("result val_loss=%.4f train_loss=%.4f steps=%lld tokens_per_s=%.0f compiles=%lld recompiles=%lld mode=%s\n",
+    char ws[32] = "";
+    if (o.ddp) snprintf(ws, sizeof ws, " world_size=%d", ctpu_dist_world_size());
+    printf("result val_loss=%.4f train_loss=%.4f steps=%lld tokens_per_s=%.0f compiles=%lld recompiles=%lld mode=%s%s\n",
            lst.val_loss, lst.train_loss, (long long)step, train_time > 0 ? (double)tokens / train_time : 0.0,
            (long long)(ctpu_metric_counter("programs_compiled") - compiles0),
-           (long long)(ctpu_metric_counter("recompiles") - recompiles0), mode);
+           (long long)(ctpu_metric_counter("recompiles") - recompiles0), mode, ws);
     fflush(stdout);
     if (o.sample_len > 0 && generate(g, &c, &o)) return 1;
-    if (attention_cost_report(g, o.batch)) return 1;
-    ctpu_cache_report(stderr);
+    if (ctpu_dist_rank() == 0 && attention_cost_report(g, o.batch)) return 1;
+    if (ctpu_dist_rank() == 0) ctpu_cache_report(stderr);   /* with --ddp: compute against communication */
+    ctpu_ddp_free(ddp);
     batcher_free(&btr);
     batcher_free(&bva);
     free(losses);
@@ -917,6 +1142,7 @@ int main(int argc, char **argv)
     ctpu_release(g->mask);
     free(g);
     corpus_free(&c);
-    ctpu_shutdown();
+    if (o.ddp) ctpu_dist_shutdown();
+    else ctpu_shutdown();
     return 0;
 }

@@ -93,10 +93,13 @@ static run_result mpirun_np(int np, const char *const *args, const char *const *
 {
     char nps[16];
     snprintf(nps, sizeof nps, "%d", np);
-    char *argv[32] = { (char *)mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+    char *argv[80] = { (char *)mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
                        "--mca", "btl", "self,vader", "-np", nps };
     int k = 10;
-    for (int i = 0; args[i] && k < 30; i++) argv[k++] = (char *)args[i];
+    for (int i = 0; args[i]; i++) {
+        ck_assert(k < 79);
+        argv[k++] = (char *)args[i];
+    }
     argv[k] = NULL;
     return run(argv, env, limit_s);
 }
@@ -175,6 +178,84 @@ START_TEST(fashion_mnist_two_ranks)
 }
 END_TEST
 
+
+/* Whole files' bytes equal (both readable). */
+static bool same_file(const char *a, const char *b)
+{
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    bool same = fa && fb;
+    while (same) {
+        int ca = fgetc(fa), cb = fgetc(fb);
+        same = ca == cb;
+        if (ca == EOF) break;
+    }
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return same;
+}
+
+/* char_gpt --ddp over N ranks equals, bit for bit, one process with
+ * --grad-accum N (the same micro-batches in rank order): the --log (every
+ * step's loss, the val losses) and the --save checkpoint (parameters,
+ * AdamW state, generator state, the loop's metadata) byte for byte. A
+ * batch of 5 splits unevenly (2 + 3 rows; 1 + 2 + 2), dropout on; f32
+ * strict, by-document in defer and fuse (T varies per step), bf16 at 3
+ * ranks. */
+static void char_gpt_case(int np, const char *const *extra, const char *mode_env, const char *name)
+{
+    const char *demo = getenv("CTPU_CHAR_GPT"), *data = "/usr/share/games/fortunes";
+    ck_assert(demo != NULL);
+    if (access(data, R_OK) != 0) {
+        fprintf(stderr, "char_gpt_ddp: no %s (Debian: fortunes, fortunes-min): not compared\n", data);
+        return;
+    }
+    char dir[] = "/tmp/ctpu_dist_XXXXXX";
+    ck_assert(mkdtemp(dir) != NULL);
+    char la[128], lb[128], sa[128], sb[128], acc[16];
+    snprintf(la, sizeof la, "%s/accum.csv", dir);
+    snprintf(lb, sizeof lb, "%s/ddp.csv", dir);
+    snprintf(sa, sizeof sa, "%s/accum.safetensors", dir);
+    snprintf(sb, sizeof sb, "%s/ddp.safetensors", dir);
+    snprintf(acc, sizeof acc, "%d", np);
+    const char *base[] = { "--data", data, "--layers", "1", "--heads", "2", "--dmodel", "16", "--ctx", "16",
+                           "--batch", "5", "--steps", "6", "--lr", "1e-2", "--warmup", "2", "--eval-every", "3",
+                           "--eval-batches", "3", "--dropout", "0.1", "--no-progress", "--sample", "0" };
+    enum { NB = sizeof base / sizeof base[0] };
+    const char *one[64], *two[64];
+    int k = 0;
+    one[k++] = demo;
+    for (int i = 0; i < NB; i++) one[k++] = base[i];
+    for (int i = 0; extra[i]; i++) one[k++] = extra[i];
+    memcpy(two, one, sizeof one);
+    int k2 = k;
+    one[k++] = "--grad-accum", one[k++] = acc, one[k++] = "--log", one[k++] = la, one[k++] = "--save", one[k++] = sa;
+    one[k] = NULL;
+    two[k2++] = "--ddp", two[k2++] = "--log", two[k2++] = lb, two[k2++] = "--save", two[k2++] = sb;
+    two[k2] = NULL;
+    const char *env[] = { mode_env, NULL };
+    run_result a = run((char *const *)one, mode_env ? env : NULL, 300);
+    ck_assert_msg(a.status == 0, "%s: char_gpt --grad-accum %d: status %d\n%s", name, np, a.status, a.out);
+    run_result b = mpirun_np(np, two, mode_env ? env : NULL, 300);
+    ck_assert_msg(b.status == 0, "%s: mpirun -np %d char_gpt --ddp: status %d\n%s", name, np, b.status, b.out);
+    ck_assert_msg(strstr(b.out, "world_size=") != NULL, "%s", b.out);
+    ck_assert_msg(same_file(la, lb), "%s: the --ddp log differs from --grad-accum %d's (%s, %s)", name, np, la, lb);
+    ck_assert_msg(same_file(sa, sb), "%s: the --ddp checkpoint differs from --grad-accum %d's (%s, %s)", name, np, sa,
+                  sb);
+    unlink(la), unlink(lb), unlink(sa), unlink(sb);
+    rmdir(dir);
+    free(a.out);
+    free(b.out);
+}
+
+START_TEST(char_gpt_ddp_equals_accumulation)
+{
+    const char *none[] = { NULL }, *bydoc[] = { "--by-document", "--ctx", "64", NULL }, *bf16[] = { "--dtype", "bf16", NULL };
+    char_gpt_case(2, none, NULL, "f32 strict");
+    char_gpt_case(2, bydoc, "TORCH_TPU_DEFER_AND_FUSE=1", "by-document, defer and fuse");
+    char_gpt_case(3, bf16, NULL, "bf16 strict, 3 ranks");
+}
+END_TEST
+
 int main(void)
 {
     mpirun = getenv("CTPU_MPIRUN");
@@ -197,6 +278,7 @@ int main(void)
     tcase_add_test(tc, rank_killed_mid_step);
     tcase_add_test(tc, rank_hung_times_out);
     tcase_add_test(tc, fashion_mnist_two_ranks);
+    tcase_add_test(tc, char_gpt_ddp_equals_accumulation);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
