@@ -1,6 +1,7 @@
 /* Strict eager vs defer and fuse, side by side in one run (one kernel thread
  * unless a name says otherwise): an 8-op elementwise chain over 1M and 16M
- * floats (with a memcpy of the same bytes), the demo's MLP training step, a
+ * floats (with a memcpy of the same bytes and the chain hand-fused in C, with
+ * plain and non-temporal stores; 16M again at 2 threads: the _2t lines), the demo's MLP training step, a
  * transformer-like block; host cost per recorded op; a cache hit of a
  * 500-node trace. Each case is checked for bit-identical results between the
  * two modes before it is timed. Prints `name value unit` lines (medians). */
@@ -10,6 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <pthread.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include "bench.h"
 
 static double now_s(void)
@@ -43,12 +48,12 @@ static ctpu_tensor chain8(ctpu_tensor x)
     return ctpu_mul_scalar(t, 0.5);
 }
 
-static double time_chain(ctpu_mode m, ctpu_tensor x, int reps, float *check, int64_t n)
+static double time_chain(ctpu_mode m, ctpu_tensor x, int reps, float *check, int64_t n, double *cpu)
 {
     ctpu_set_mode(m);
-    double best[7];
-    for (int r = 0; r < 7; r++) {
-        double t0 = now_s();
+    double best[7], c[7];
+    for (int r = -1; r < 7; r++) {   /* r = -1: warm (compile, the output's pages) */
+        double t0 = now_s(), c0 = cpu_s();
         for (int i = 0; i < reps; i++) {
             ctpu_step_begin();
             ctpu_tensor y = ctpu_keep(chain8(x));   /* live-out: the program must compute it */
@@ -57,33 +62,128 @@ static double time_chain(ctpu_mode m, ctpu_tensor x, int reps, float *check, int
             ctpu_release(y);
         }
         ctpu_sync();
+        if (r < 0) continue;
         best[r] = (now_s() - t0) / reps;
+        c[r] = (cpu_s() - c0) / reps;
     }
+    *cpu = median(c, 7);
     return median(best, 7);
 }
 
-static void bench_chain(int64_t n, const char *tag)
+/* ------------------------------------------------------------ hand-fused anchors
+ * chain8 written as one C loop (the same f32 ops in the same order, so the
+ * same bits as ctpu's chain: checked), four lanes of SSE2 (baseline x86-64)
+ * with plain stores and with non-temporal stores, split over `nt` threads like the
+ * fused program's blocks; and memcpy of the same bytes over `nt` threads. */
+static inline float chain8_1(float x)
+{
+    float t = x * 1.5f + 0.25f;              /* -ffp-contract=off: two roundings */
+    t = t > 0 ? t : (t != t ? t : 0.0f);     /* relu */
+    t = t * x - 0.125f;
+    t = fabsf(t);
+    t = t != t ? t : (t > 0.01f ? t : 0.01f);   /* maximum: NaN propagates */
+    return t * 0.5f;
+}
+
+typedef struct { const float *x; float *y; int64_t n; int kind, tid, nt; } hand_job;
+
+#if defined(__SSE2__)
+/* four elements of chain8 (relu and maximum as the kernels define them: NaN passes) */
+static inline __m128 chain8_4(__m128 v)
+{
+    const __m128 z = _mm_setzero_ps(), k001 = _mm_set1_ps(0.01f);
+    const __m128 absm = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
+    __m128 t = _mm_add_ps(_mm_mul_ps(v, _mm_set1_ps(1.5f)), _mm_set1_ps(0.25f));
+    t = _mm_and_ps(_mm_or_ps(_mm_cmpgt_ps(t, z), _mm_cmpunord_ps(t, t)), t);   /* relu (+0 below) */
+    t = _mm_and_ps(_mm_sub_ps(_mm_mul_ps(t, v), _mm_set1_ps(0.125f)), absm);
+    __m128 gt = _mm_or_ps(_mm_cmpgt_ps(t, k001), _mm_cmpunord_ps(t, t));
+    t = _mm_or_ps(_mm_and_ps(gt, t), _mm_andnot_ps(gt, k001));
+    return _mm_mul_ps(t, _mm_set1_ps(0.5f));
+}
+#endif
+
+static void hand_range(const float *x, float *y, int64_t n, int kind)
+{
+    if (kind == 0) { memcpy(y, x, (size_t)n * 4); return; }
+    int64_t i = 0;
+#if defined(__SSE2__)
+    for (; i < n && ((uintptr_t)(y + i) & 15); i++) y[i] = chain8_1(x[i]);
+    if (kind == 2)
+        for (; i + 4 <= n; i += 4) _mm_stream_ps(y + i, chain8_4(_mm_loadu_ps(x + i)));
+    else
+        for (; i + 4 <= n; i += 4) _mm_store_ps(y + i, chain8_4(_mm_loadu_ps(x + i)));
+    _mm_sfence();
+#endif
+    for (; i < n; i++) y[i] = chain8_1(x[i]);
+}
+
+static void *hand_thread(void *arg)
+{
+    hand_job *j = arg;
+    int64_t a = j->n * j->tid / j->nt, b = j->n * (j->tid + 1) / j->nt;
+    a &= ~(int64_t)15;
+    if (j->tid + 1 < j->nt) b &= ~(int64_t)15;
+    hand_range(j->x + a, j->y + a, b - a, j->kind);
+    return NULL;
+}
+
+/* kind 0 memcpy, 1 hand-fused, 2 hand-fused with non-temporal stores:
+ * median wall time and, through *cpu, median process CPU time */
+static double time_hand(int kind, const float *x, float *y, int64_t n, int reps, int nt, double *cpu)
+{
+    double w[7], c[7];
+    for (int r = 0; r < 7; r++) {
+        double t0 = now_s(), c0 = cpu_s();
+        for (int i = 0; i < reps; i++) {
+            pthread_t th[8];
+            hand_job jb[8];
+            for (int k = 0; k < nt; k++) jb[k] = (hand_job){ x, y, n, kind, k, nt };
+            for (int k = 1; k < nt; k++) pthread_create(&th[k], NULL, hand_thread, &jb[k]);
+            hand_thread(&jb[0]);
+            for (int k = 1; k < nt; k++) pthread_join(th[k], NULL);
+            __asm__ volatile("" ::"r"(y) : "memory");
+        }
+        w[r] = (now_s() - t0) / reps;
+        c[r] = (cpu_s() - c0) / reps;
+    }
+    *cpu = median(c, 7);
+    return median(w, 7);
+}
+
+static void bench_chain(int64_t n, const char *tag, int nt)
 {
     float *h = malloc((size_t)n * 4), *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
     for (int64_t i = 0; i < n; i++) h[i] = sinf((float)i * 0.001f);
     ctpu_tensor x = ctpu_keep(ctpu_from_host(h, CTPU_F32, 1, &n));
     int reps = n > (1 << 22) ? 3 : 20;
-    double ts = time_chain(CTPU_MODE_STRICT, x, reps, a, n);
-    double tf = time_chain(CTPU_MODE_DEFER_FUSE, x, reps, b, n);
+    double cs, cf;
+    double ts = time_chain(CTPU_MODE_STRICT, x, reps, a, n, &cs);
+    double tf = time_chain(CTPU_MODE_DEFER_FUSE, x, reps, b, n, &cf);
     if (memcmp(a, b, (size_t)n * 4) != 0) { fprintf(stderr, "bench/fuse: chain results differ\n"); exit(1); }
-    /* memcpy of the same bytes (one read of x, one write of y) */
-    double mc[7];
-    for (int r = 0; r < 7; r++) {
-        double t0 = now_s();
-        for (int i = 0; i < reps; i++) { memcpy(a, h, (size_t)n * 4); __asm__ volatile("" ::"r"(a) : "memory"); }
-        mc[r] = (now_s() - t0) / reps;
-    }
-    double tm = median(mc, 7);
+    /* the anchors (one read of x, one write of y), the hand-fused ones checked against ctpu's bits */
+    double cm, ch, cn;
+    double tm = time_hand(0, h, a, n, reps, nt, &cm);
+    double th = time_hand(1, h, a, n, reps, nt, &ch);
+    if (memcmp(a, b, (size_t)n * 4) != 0) { fprintf(stderr, "bench/fuse: hand-fused chain differs from ctpu\n"); exit(1); }
+    memset(a, 0, (size_t)n * 4);
+    double tn = time_hand(2, h, a, n, reps, nt, &cn);
+    if (memcmp(a, b, (size_t)n * 4) != 0) { fprintf(stderr, "bench/fuse: hand-fused NT chain differs from ctpu\n"); exit(1); }
+    double gb = (double)n * 8 / 1e9;   /* useful bytes: 4 read, 4 written per element */
     printf("chain8_strict_%s %.3f ms\n", tag, ts * 1e3);
     printf("chain8_fused_%s %.3f ms\n", tag, tf * 1e3);
     printf("memcpy_%s %.3f ms\n", tag, tm * 1e3);
+    printf("chain8_handfused_%s %.3f ms\n", tag, th * 1e3);
+    printf("chain8_handfused_nt_%s %.3f ms\n", tag, tn * 1e3);
+    printf("chain8_fused_gb_per_s_%s %.2f GB/s\n", tag, gb / tf);
+    printf("memcpy_gb_per_s_%s %.2f GB/s\n", tag, gb / tm);
+    printf("chain8_handfused_nt_gb_per_s_%s %.2f GB/s\n", tag, gb / tn);
     printf("ratio_fused_vs_strict_chain_%s %.3f x\n", tag, ts / tf);
     printf("ratio_chain_fused_vs_memcpy_%s %.3f x\n", tag, tm / tf);
+    printf("ratio_chain_fused_vs_handfused_%s %.3f x\n", tag, th / tf);
+    printf("ratio_chain_fused_vs_handfused_nt_%s %.3f x\n", tag, tn / tf);
+    /* process CPU time (all threads): less disturbed by other jobs on the cores */
+    printf("ratio_chain_fused_vs_memcpy_%s_cpu %.3f x\n", tag, cm / cf);
+    printf("ratio_chain_fused_vs_handfused_nt_%s_cpu %.3f x\n", tag, cn / cf);
     ctpu_release(x);
     free(h);
     free(a);
@@ -298,7 +398,19 @@ int main(int argc, char **argv)
     const char *only = argc > 1 ? argv[1] : NULL;
     setenv("CTPU_NUM_THREADS", "1", 0);
     CHECK(ctpu_init() == CTPU_OK);
-    if (!only || strstr("chain", only)) { bench_chain(1 << 20, "1m"); bench_chain(1 << 24, "16m"); }
+    if (!only || strstr("chain", only)) {
+        bench_chain(1 << 20, "1m", 1);
+        bench_chain(1 << 24, "16m", 1);
+        /* the _2t twins: the runtime again with 2 kernel threads (the fused
+         * program's blocks spread over them), the anchors on 2 threads */
+        ctpu_shutdown();
+        setenv("CTPU_NUM_THREADS", "2", 1);
+        CHECK(ctpu_init() == CTPU_OK);
+        bench_chain(1 << 24, "16m_2t", 2);
+        ctpu_shutdown();
+        setenv("CTPU_NUM_THREADS", "1", 1);
+        CHECK(ctpu_init() == CTPU_OK);
+    }
     if (!only || strstr("mlp", only)) bench_mlp();
     if (!only || strstr("block", only)) bench_block();
     if (!only || strstr("host", only)) bench_host_costs();

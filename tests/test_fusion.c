@@ -163,6 +163,27 @@ static int p_lerp_live(ctpu_tensor *o)
     return 2;
 }
 
+/* an output past CTPU_VM_STREAM_BYTES that no later step reads: stored with
+ * non-temporal stores (an odd length: an unaligned tail), and a value both
+ * stored and read by the group */
+static int p_stream_store(ctpu_tensor *o)
+{
+    int64_t n = ((int64_t)1 << 21) + 37;
+    ctpu_tensor x = randn(1, &n, 1);
+    pat_begin();
+    ctpu_tensor t = ctpu_add_scalar(ctpu_mul_scalar(x, 1.5), 0.25);
+    o[0] = out(t);
+    o[1] = out(ctpu_maximum_scalar(ctpu_abs(ctpu_sub_scalar(ctpu_mul(ctpu_relu(t), x), 0.125)), 0.01));
+    pat_end();
+    return 2;
+}
+
+START_TEST(stream_stores)
+{
+    check_pattern("8 MiB chain, two live-outs", p_stream_store, 1);
+}
+END_TEST
+
 START_TEST(small_broadcast_producers)
 {
     check_pattern("a*(1-w)+b*w, w (1,); exp(v [1,70]) * [50,70]", p_lerp, 1);
@@ -351,6 +372,7 @@ static Suite *suite(void)
     tcase_set_timeout(p, 240);
     tcase_add_test(p, matmul_epilogues);
     tcase_add_test(p, small_broadcast_producers);
+    tcase_add_test(p, stream_stores);
     tcase_add_test(p, row_groups);
     tcase_add_test(p, column_reductions);
     suite_add_tcase(s, p);

@@ -502,6 +502,19 @@ static bool emit_row_group(compile_ctx *cx, int i, int j, ctpu_step *step)
     return true;
 }
 
+/* Large outputs of the program that no later step reads: non-temporal
+ * stores (vm.h CTPU_VM_STREAM). */
+static void mark_streams(const compile_ctx *cx, ctpu_vm_prog *vp)
+{
+    if (vp->numel * 4 < CTPU_VM_STREAM_BYTES) return;
+    for (int q = 0; q < vp->n_ins; q++) {
+        ctpu_vm_ins *in = &vp->ins[q];
+        if (!(in->flags & CTPU_VM_DIRECT) || in->scalar2 < cx->nin || in->scalar2 >= cx->nin + cx->no) continue;
+        int32_t v = cx->t->outputs[in->scalar2 - cx->nin];
+        if (v >= cx->nin && cx->last_use[v] < 0) in->flags |= CTPU_VM_STREAM;
+    }
+}
+
 /* Nodes [i, j) as one block-VM step. */
 static bool emit_vm_group(compile_ctx *cx, int i, int j, ctpu_step *step)
 {
@@ -514,6 +527,7 @@ static bool emit_vm_group(compile_ctx *cx, int i, int j, ctpu_step *step)
         snprintf(cx->err, cx->errlen, "compile: fusion group at node %d does not fit the VM", i);
         return false;
     }
+    mark_streams(cx, vp);
     *step = (ctpu_step){ ctpu_vm_exec, vp };
     return true;
 }

@@ -51,7 +51,8 @@ static void vm_range_to(const ctpu_vm_prog *p, ctpu_exec_ctx *ctx, int64_t b0, i
                 for (size_t off = 0; off < CTPU_K_BLOCK * es; off += 64) __builtin_prefetch(nx + off, 0, 3);
             }
             for (int i = 0; i < p->n_ins; i++) {
-                if (!(p->ins[i].flags & CTPU_VM_DIRECT) || p->ins[i].scalar2 == red_slot) continue;
+                if ((p->ins[i].flags & (CTPU_VM_DIRECT | CTPU_VM_STREAM)) != CTPU_VM_DIRECT || p->ins[i].scalar2 == red_slot)
+                    continue;
                 const char *nx = (const char *)ctx->ptr[p->ins[i].scalar2] + (size_t)(s + CTPU_K_BLOCK) * 4;
                 for (size_t off = 0; off < CTPU_K_BLOCK * 4; off += 64) __builtin_prefetch(nx + off, 1, 3);
             }
@@ -60,7 +61,8 @@ static void vm_range_to(const ctpu_vm_prog *p, ctpu_exec_ctx *ctx, int64_t b0, i
             const ctpu_vm_ins *in = &p->ins[i];
             float *d = in->dst >= 0 ? reg[in->dst] : NULL;
             /* a stored f32 value is computed straight into its output */
-            if (in->flags & CTPU_VM_DIRECT)
+            bool stream = (in->flags & CTPU_VM_STREAM) && in->scalar2 != red_slot;
+            if ((in->flags & CTPU_VM_DIRECT) && !stream)
                 d = in->scalar2 == red_slot ? red_buf + (s - b0) : (float *)ctx->ptr[in->scalar2] + s;
             switch (in->kind) {
             case CTPU_VM_LOAD: {
@@ -99,9 +101,11 @@ static void vm_range_to(const ctpu_vm_prog *p, ctpu_exec_ctx *ctx, int64_t b0, i
             default: break;
             }
             if (in->flags & CTPU_VM_ROUND_BF16) ctpu_k_unary(CTPU_K_U_ROUND_BF16, d, d, n);
+            if (stream) ctpu_k_stream_f32((float *)ctx->ptr[in->scalar2] + s, d, n);
             rp[in->dst] = d;
         }
     }
+    ctpu_k_stream_fence();   /* the streamed blocks are visible before the step ends */
     free(reg);
     free(rp);
 }

@@ -15,13 +15,20 @@ enum {
     CTPU_VM_LOAD, CTPU_VM_STORE, CTPU_VM_UNARY, CTPU_VM_BINARY, CTPU_VM_SCALAR, CTPU_VM_WHERE,
     CTPU_VM_CLAMP, CTPU_VM_COPY, CTPU_VM_FILL,
 };
-enum { CTPU_VM_ROUND_BF16 = 1, CTPU_VM_SCALAR_FIRST = 2, CTPU_VM_DIRECT = 4 };
+enum { CTPU_VM_ROUND_BF16 = 1, CTPU_VM_SCALAR_FIRST = 2, CTPU_VM_DIRECT = 4, CTPU_VM_STREAM = 8 };
+/* Outputs of at least this many bytes that no later step of the program
+ * reads are written with non-temporal stores (STREAM, beside DIRECT: the
+ * block is computed in a register, then streamed to the slot): past the
+ * last-level cache share, where keeping them cached only evicts the inputs
+ * and costs a read-for-ownership per line. */
+#define CTPU_VM_STREAM_BYTES ((int64_t)8 << 20)
 
 /* One instruction. LOAD: dst <- external operand a. STORE: register a -> the
  * bound slot `scalar` in dtype `kop`. Others: dst <- kernel kop over a, b, c;
  * `scalar` indexes the runtime scalars; with DIRECT the result is computed
  * in place in the f32 slot `scalar2` (block by block, the register then
- * points there). Safe with in-place parameter writes: a program writes an
+ * points there); with DIRECT | STREAM it is computed in its register and
+ * copied to `scalar2` with non-temporal stores (the same bits). Safe with in-place parameter writes: a program writes an
  * input's storage only after its last read (trace.c alias_safe). */
 typedef struct {
     uint8_t kind, kop, flags;

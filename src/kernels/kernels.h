@@ -213,6 +213,12 @@ void ctpu_k_softmax_ref(const float *x, int64_t rows, int64_t n, float *y, bool 
 void ctpu_k_strided_copy(const void *src, const int64_t *src_strides, void *dst,
                          const int64_t *dst_strides, const int64_t *shape, int ndim, size_t esize);
 
+/* dst[0, n) = src[0, n) with non-temporal stores (past the caches: for a
+ * large output the program does not read again); the same bytes as memcpy.
+ * ctpu_k_stream_fence orders them (call it before dst is read elsewhere). */
+void ctpu_k_stream_f32(float *dst, const float *src, int64_t n);
+void ctpu_k_stream_fence(void);
+
 /* Embedding: out[i,:] = w[idx[i],:] for i < n, w [V, D] of esize-byte
  * elements. An index outside [0, V) writes zeros in its row, and the first
  * such (position, value) is returned through *bad_pos / *bad_val; returns the

@@ -97,3 +97,31 @@ int64_t ctpu_k_embedding(const void *w, int64_t V, int64_t D, size_t esize, cons
     }
     return nbad;
 }
+
+/* Non-temporal copy (SSE2 streaming stores, part of x86-64's baseline):
+ * the bytes of memcpy, written past the caches so a large output does not
+ * first read its lines in (no read-for-ownership) nor evict the inputs.
+ * The caller orders the stores with ctpu_k_stream_fence before another
+ * thread or step reads dst. Elsewhere a plain copy. */
+#if defined(__SSE2__)
+#include <emmintrin.h>
+void ctpu_k_stream_f32(float *dst, const float *src, int64_t n)
+{
+    int64_t i = 0;
+    while (i < n && ((uintptr_t)(dst + i) & 15) != 0) { dst[i] = src[i]; i++; }
+    for (; i + 16 <= n; i += 16) {
+        __m128 a = _mm_loadu_ps(src + i), b = _mm_loadu_ps(src + i + 4);
+        __m128 c = _mm_loadu_ps(src + i + 8), d = _mm_loadu_ps(src + i + 12);
+        _mm_stream_ps(dst + i, a);
+        _mm_stream_ps(dst + i + 4, b);
+        _mm_stream_ps(dst + i + 8, c);
+        _mm_stream_ps(dst + i + 12, d);
+    }
+    for (; i + 4 <= n; i += 4) _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
+    for (; i < n; i++) dst[i] = src[i];
+}
+void ctpu_k_stream_fence(void) { _mm_sfence(); }
+#else
+void ctpu_k_stream_f32(float *dst, const float *src, int64_t n) { memcpy(dst, src, sizeof(float) * (size_t)n); }
+void ctpu_k_stream_fence(void) {}
+#endif
