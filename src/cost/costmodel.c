@@ -176,3 +176,39 @@ void ctpu_cost_program_finish(ctpu_cost_program *p, const ctpu_chip_info *chips,
         ctpu_cost_finish(&chips[c], &p->chip[c]);
     }
 }
+
+int ctpu_cost_distinct_ops(const ctpu_node *nodes, int n)
+{
+    bool seen[CTPU_OP_COUNT];
+    memset(seen, 0, sizeof seen);
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (nodes[i].op < CTPU_OP_COUNT && !seen[nodes[i].op]) { seen[nodes[i].op] = true; k++; }
+    return k;
+}
+
+static const ctpu_vtype *value_type(const ctpu_node *nodes, const ctpu_vtype *in_type, int n_in, int32_t v)
+{
+    return v < n_in ? &in_type[v] : &nodes[v - n_in].out;
+}
+
+void ctpu_cost_program_of(ctpu_cost_program *p, const ctpu_chip_info *chips, int n_chips, const ctpu_node *nodes,
+                          int n_nodes, const ctpu_vtype *in_type, int n_in, const int32_t *outputs, int n_out,
+                          ctpu_cost_op *ops)
+{
+    int16_t entry[CTPU_OP_COUNT];
+    memset(entry, 0xff, sizeof entry);
+    ctpu_cost_program_begin(p, n_chips, ops);
+    for (int i = 0; i < n_nodes; i++) {
+        const ctpu_node *n = &nodes[i];
+        const ctpu_vtype *in[CTPU_NODE_MAX_IN];
+        for (int k = 0; k < n->n_in; k++) in[k] = value_type(nodes, in_type, n_in, n->in[k]);
+        int e = entry[n->op];
+        ctpu_cost_op *op = ctpu_cost_program_node(p, chips, n, in, e >= 0 ? &ops[e] : NULL);
+        if (e < 0) entry[n->op] = (int16_t)(op - ops);
+    }
+    double bytes = 0;
+    for (int i = 0; i < n_in; i++) bytes += ctpu_cost_bytes(&in_type[i]);
+    for (int j = 0; j < n_out; j++) bytes += ctpu_cost_bytes(value_type(nodes, in_type, n_in, outputs[j]));
+    ctpu_cost_program_finish(p, chips, bytes);
+}

@@ -105,4 +105,18 @@ ctpu_cost_op *ctpu_cost_program_node(ctpu_cost_program *p, const ctpu_chip_info 
 /* hbm_bytes: the program's boundary traffic (inputs read, outputs written). */
 void ctpu_cost_program_finish(ctpu_cost_program *p, const ctpu_chip_info *chips, double hbm_bytes);
 
+/* Distinct ops of nodes[0, n) (the room ctpu_cost_program_of needs in ops). */
+int ctpu_cost_distinct_ops(const ctpu_node *nodes, int n);
+/* A program's whole estimate from its trace as arrays, every extent read
+ * from the types (so a function of the extents: the same nodes with other
+ * extents in in_type[] and the nodes' out types give the estimate at those
+ * extents; the shape-policy report re-evaluates programs that way). Value
+ * ids as in a trace: v < n_in is input v (in_type[v]), else the output of
+ * nodes[v - n_in]. Each node's compute as ctpu_cost_program_node, traffic
+ * the boundary's (every input read once, every output written once). ops:
+ * room for ctpu_cost_distinct_ops(nodes, n_nodes) entries. */
+void ctpu_cost_program_of(ctpu_cost_program *p, const ctpu_chip_info *chips, int n_chips, const ctpu_node *nodes,
+                          int n_nodes, const ctpu_vtype *in_type, int n_in, const int32_t *outputs, int n_out,
+                          ctpu_cost_op *ops);
+
 #endif

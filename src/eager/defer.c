@@ -477,6 +477,7 @@ static ctpu_status lookup_or_compile(flush_ctx *f)
     ctpu_trace_final fin;
     bool have_fin = miss && compile_miss(f, miss, &opts, &fin);
     ctpu__report_cut(f->why, have_fin ? &fin.t : NULL, &f->res, f->prog);   /* report.c: programs, cuts, trace */
+    if (have_fin && f->op_by_op) ctpu__report_fallback(&fin.t);             /* report.c: the shape policies */
     if (have_fin) ctpu_trace_final_free(&fin);
     count_lookup(f);
     if (f->op_by_op) {

@@ -33,6 +33,8 @@ typedef struct ctpu_runtime {
     size_t recompile_limit;          /* TORCH_TPU_RECOMPILE_LIMIT, 0 = none */
     long cache_only_after;           /* -1 unset */
     ctpu_price_plan price_plan;      /* TORCH_TPU_PRICE_PLAN */
+    double compile_seconds;          /* TORCH_TPU_COMPILE_SECONDS: assumed TPU compile time, the shape policies */
+    bool auto_dynamic;               /* TORCH_TPU_AUTO_DYNAMIC */
     size_t trace_events;             /* TORCH_TPU_TRACE_EVENTS */
     char *metrics_file, *trace_file;
     bool quiet;                      /* CTPU_QUIET: no summary line at shutdown */
@@ -442,6 +444,9 @@ void ctpu__compiled_shutdown(ctpu_runtime *rt);
  * stay unknown); res NULL when no lookup happened; prog NULL when nothing
  * launches. */
 void ctpu__report_cut(int why, const ctpu_trace *t, const ctpu_cache_result *res, const ctpu_program *prog);
+/* A defer-and-fuse trace past the recompile limit, run op by op
+ * (defer.c): a launch of its structure at its shape (the shape policies). */
+void ctpu__report_fallback(const ctpu_trace *t);
 /* A strict/debug op launched (dispatch.c): the node and its program (whose
  * estimate it adds up). */
 void ctpu__report_op(const ctpu_node *n, bool hit, const ctpu_program *prog, ctpu_trec *const *in);

@@ -14,6 +14,7 @@
 
 #include "eager.h"
 #include "report.h"
+#include "policy.h"
 #include "cost/costmodel.h"
 #include "dist/dist.h"
 #include "device/tracefile.h"
@@ -82,6 +83,7 @@ struct ctpu_report_state {
     int leak_depth[LEAK_WINDOW + 1];
     uint64_t leak_n;
     bool leak_warned;
+    ctpu_policy_state *policy;       /* shapes per structure, the shape-policy estimates (policy.c) */
 };
 
 static const char *const cut_names[CTPU_CUT_COUNT] = {
@@ -112,6 +114,14 @@ ctpu_status ctpu__report_init(ctpu_runtime *rt, char *err, size_t len)
             return CTPU_ERR_OOM;
         }
     }
+    r->policy = ctpu__policy_create(r->chips, r->n_chips);
+    if (!r->policy) {
+        snprintf(err, len, "ctpu_init: out of host memory");
+        ctpu_tracebuf_destroy(r->trace);
+        pthread_mutex_destroy(&r->mu);
+        free(r);
+        return CTPU_ERR_OOM;
+    }
     rt->metrics.trace = r->trace;
     rt->report = r;
     return CTPU_OK;
@@ -125,6 +135,7 @@ void ctpu__report_free(ctpu_runtime *rt)
     if (!r) return;
     for (size_t i = 0; i < r->n_progs; i++) prog_free(&r->progs[i]);
     free(r->progs);
+    ctpu__policy_free(r->policy);
     rt->metrics.trace = NULL;
     ctpu_tracebuf_destroy(r->trace);
     pthread_mutex_destroy(&r->mu);
@@ -147,6 +158,7 @@ static void totals_clear(ctpu_report_state *r)
     memset(r->macs_padded, 0, sizeof r->macs_padded);
     r->flops = r->hbm_bytes = r->hbm_s = r->vector_ops = 0;
     r->loop_cuts = 0;
+    ctpu__policy_clear(r->policy);
 }
 
 /* ------------------------------------------------------------ helpers */
@@ -250,8 +262,12 @@ void ctpu__report_cut(int why, const ctpu_trace *t, const ctpu_cache_result *res
     uint64_t now = ctpu_now_ns();
     uint64_t step = atomic_load(&rt->marked_steps);
     const char *label = label_now();
+    /* a new program: its structure (hashed outside the lock) */
+    uint64_t sh = res && prog && !res->hit && t ? ctpu_trace_struct_hash(t) : 0;
     pthread_mutex_lock(&r->mu);
     if (why == CTPU_CUT_HOST_READ) label_get(r, label)->cuts++;
+    if (res && prog && res->hit) ctpu__policy_hit(r->policy, res->program_id);
+    else if (sh) ctpu__policy_launch(r->policy, sh, t, res->program_id, step);
     prog_rec *p = NULL;
     if (res && prog && res->program_id > 0 && res->program_id <= MAX_PROG_RECS) {
         /* ids are bounded by distinct programs (a thrashed key keeps its id);
@@ -322,6 +338,18 @@ void ctpu__report_cut(int why, const ctpu_trace *t, const ctpu_cache_result *res
             }
         }
     }
+}
+
+void ctpu__report_fallback(const ctpu_trace *t)
+{
+    ctpu_runtime *rt = ctpu_rt;
+    ctpu_report_state *r = rt ? rt->report : NULL;
+    if (!r || !t) return;
+    uint64_t sh = ctpu_trace_struct_hash(t);
+    uint64_t step = atomic_load(&rt->marked_steps);
+    pthread_mutex_lock(&r->mu);
+    ctpu__policy_launch(r->policy, sh, t, 0, step);
+    pthread_mutex_unlock(&r->mu);
 }
 
 /* A strict op's estimate depends only on its program (op, attrs, shapes):
@@ -855,6 +883,7 @@ static cJSON *build_json(ctpu_runtime *rt)
     ctpu_cost_table tbl;
     cost_table_locked(rt, &tbl);
     double hbm_s = r->hbm_s;
+    ctpu__policy_json(doc, r->policy, rt->compile_seconds, rt->price_plan, r->current);
     pthread_mutex_unlock(&r->mu);
     cost_json(doc, rt, &tbl, hbm_s);
     history_json(doc, &hist);

@@ -10,6 +10,7 @@
 
 #include "eager.h"
 #include "env.h"
+#include "policy.h"
 #include "testing.h"
 #include "report.h"
 #include "device/tracefile.h"
@@ -330,7 +331,7 @@ bool ctpu_check_init(const char *op)
 /* The variables and their kinds are declared once, in env.h. */
 typedef enum {
     ENV_BOOL, ENV_LOOPS, ENV_CHIP, ENV_BYTES, ENV_PRECISION, ENV_ENTRIES, ENV_STEPS, ENV_PATH, ENV_PLAN, ENV_EVENTS,
-    ENV_ISA, ENV_THREADS, ENV_LIMIT,
+    ENV_ISA, ENV_THREADS, ENV_LIMIT, ENV_SECONDS,
     ENV_DIST,                /* read by ctpu_dist_init (src/dist), not here */
 } env_kind;
 
@@ -348,6 +349,7 @@ static const struct {
 typedef struct {
     bool set;
     uint64_t n;              /* booleans 0/1, enums, counts, bytes */
+    double d;                /* seconds */
     const void *p;           /* TORCH_TPU_CHIP: the profile */
     const char *s;           /* the raw value */
 } env_val;
@@ -478,6 +480,13 @@ static bool parse_var(int id, const char *v, env_val *out, char *err, size_t len
     case ENV_LIMIT:
         if (parse_u64(v, &out->n, false) && out->n <= 65536) return true;
         break;
+    case ENV_SECONDS: {
+        char *end;
+        errno = 0;
+        out->d = *v && (isdigit((unsigned char)*v) || *v == '.') ? strtod(v, &end) : -1;
+        if (out->d >= 0 && out->d <= 1e7 && !errno && !*end) return true;
+        break;
+    }
     }
     static const char *const what[] = {
         [ENV_LOOPS] = "must be auto, on or off",
@@ -490,6 +499,7 @@ static bool parse_var(int id, const char *v, env_val *out, char *err, size_t len
         [ENV_ISA] = "must be scalar, avx2 or avx512",
         [ENV_THREADS] = "must be a thread count in [1, 64]",
         [ENV_LIMIT] = "must be a shape count in [0, 65536] (0: no limit)",
+        [ENV_SECONDS] = "must be a number of seconds in [0, 1e7]",
     };
     snprintf(err, len, "ctpu_init: %s=\"%s\" %s", name, v, what[env_vars[id].kind]);
     return false;
@@ -622,6 +632,9 @@ static bool read_env(ctpu_runtime *rt, char *err, size_t len)
     }
     rt->quiet = ENV(CTPU_QUIET)->n == 1;
     rt->compile_disable = ENV(TORCH_COMPILE_DISABLE)->n == 1;
+    rt->compile_seconds = ENV(TORCH_TPU_COMPILE_SECONDS)->set ? ENV(TORCH_TPU_COMPILE_SECONDS)->d
+                                                             : CTPU_COMPILE_SECONDS_DEFAULT;
+    rt->auto_dynamic = ENV(TORCH_TPU_AUTO_DYNAMIC)->n == 1;
 
     rt->price_plan = ENV(TORCH_TPU_PRICE_PLAN)->set ? (ctpu_price_plan)ENV(TORCH_TPU_PRICE_PLAN)->n
                                                  : CTPU_PRICE_ON_DEMAND;

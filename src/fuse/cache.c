@@ -235,6 +235,8 @@ static uint64_t struct_hash_of(const ctpu_trace *t)
     return h;
 }
 
+uint64_t ctpu_trace_struct_hash(const ctpu_trace *t) { return struct_hash_of(t); }
+
 static void describe_diff(const entry *old, const ctpu_trace *t, const char *const *in_names, char *out, size_t len)
 {
     snprintf(out, len, "structure matches program %llu; a value's extents changed",

@@ -710,25 +710,10 @@ static bool pass_estimate_cost(compile_ctx *cx, ctpu_cost_program *cost)
     const ctpu_trace *t = cx->t;
     int n_chips;
     const ctpu_chip_info *chips = ctpu_chip_profiles(&n_chips);
-    int16_t entry[CTPU_OP_COUNT];
-    int n_ops = 0;
-    memset(entry, 0xff, sizeof entry);
-    for (int i = 0; i < cx->nn; i++)
-        if (entry[t->nodes[i].op] < 0) entry[t->nodes[i].op] = (int16_t)n_ops++;
+    int n_ops = ctpu_cost_distinct_ops(t->nodes, cx->nn);
     ctpu_cost_op *ops = al_alloc(&cx->al, sizeof(ctpu_cost_op) * (size_t)(n_ops + 1));
     if (!ops) return oom(cx);
-    ctpu_cost_program_begin(cost, n_chips, ops);
-    for (int i = 0; i < cx->nn; i++) {
-        const ctpu_node *n = &t->nodes[i];
-        const ctpu_vtype *in[CTPU_NODE_MAX_IN];
-        for (int k = 0; k < n->n_in; k++) in[k] = type_of(t, n->in[k]);
-        int e = entry[n->op];
-        ctpu_cost_program_node(cost, chips, n, in, e < cost->n_ops ? &ops[e] : NULL);
-    }
-    double bytes = 0;
-    for (int i = 0; i < cx->nin; i++) bytes += ctpu_cost_bytes(&t->in_type[i]);
-    for (int j = 0; j < cx->no; j++) bytes += ctpu_cost_bytes(type_of(t, t->outputs[j]));
-    ctpu_cost_program_finish(cost, chips, bytes);
+    ctpu_cost_program_of(cost, chips, n_chips, t->nodes, cx->nn, t->in_type, cx->nin, t->outputs, cx->no, ops);
     return true;
 }
 

@@ -38,6 +38,10 @@ typedef struct {
  * are not in it. Returns the length written (<= cap), or 0 if cap is too
  * small. */
 size_t ctpu_trace_key(const ctpu_trace *t, uint8_t *buf, size_t cap);
+/* The structural key's hash: the key without extents (shapes and
+ * extent-holding attrs zeroed), as the recompile tracking and limit use it;
+ * 0 on out of memory. */
+uint64_t ctpu_trace_struct_hash(const ctpu_trace *t);
 uint64_t ctpu_key_hash(const uint8_t *key, size_t len);   /* XXH3-64 */
 
 /* A compiled program with the data its steps point at.

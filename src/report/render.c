@@ -561,6 +561,89 @@ static void render_ops_memory(out_t *o, const cJSON *d)
          fmt_bytes(num(cs, "device_to_host_bytes"), b5, sizeof b5));
 }
 
+/* Shape policies (issue 16): per structure that took several shapes, the
+ * histogram of its varying dims' extents and the three policies' estimates. */
+static void render_policies(out_t *o, const cJSON *d)
+{
+    const cJSON *sp = obj(d, "shape_policies"), *ss = obj(sp, "structures");
+    const cJSON *ad = obj(sp, "auto_dynamic");
+    if (arr_n(ss) == 0 && arr_n(ad) == 0) return;
+    char b1[32], b2[32], b3[32], b4[32];
+    heading(o, "shape policies (TORCH_TPU_COMPILE_SECONDS=%g s per compile, an assumption; device time is the "
+               "roofline estimate at each padded extent; %s prices)", num(sp, "compile_seconds"),
+            *str(sp, "price_plan") ? str(sp, "price_plan") : "on_demand");
+    for (int i = 0; i < arr_n(ad); i++) {
+        const cJSON *a = cJSON_GetArrayItem(ad, i);
+        line(o, "automatic dynamic: program %.0f (%s): %s %s at step %.0f (recompile %.0f -> %.0f, program %.0f -> "
+                "%.0f)%s", num(a, "program"), str(a, "ops"), str(a, "dims"),
+             boolean(a, "dynamic") ? "became dynamic over [2, 2147483647]" : "changed alone: a candidate",
+             num(a, "step"), num(a, "from"), num(a, "to"), num(a, "old_program"), num(a, "program"),
+             boolean(a, "dynamic") ? "" : " (TORCH_TPU_AUTO_DYNAMIC: marking needs ctpu_mark_dynamic, not built yet)");
+    }
+    for (int i = 0; i < arr_n(ss); i++) {
+        const cJSON *s = cJSON_GetArrayItem(ss, i), *dims = obj(s, "dims"), *h = obj(s, "histogram");
+        char dn[200];
+        size_t k = 0;
+        dn[0] = 0;
+        for (int j = 0; j < arr_n(dims) && k < sizeof dn; j++)
+            k += (size_t)snprintf(dn + k, sizeof dn - k, "%s%s (to %.0f)", j ? ", " : "", str(cJSON_GetArrayItem(dims, j), "name"),
+                                  num(cJSON_GetArrayItem(dims, j), "upper_bound"));
+        line(o, "program %.0f (%s): %s took %.0f shapes over %.0f launches", num(s, "program"), str(s, "ops"),
+             dn[0] ? dn : "its extents", num(s, "shapes"), num(s, "launches"));
+        /* the histogram: "extent (launches)", a few lines at most */
+        char hb[1024];
+        k = 0;
+        hb[0] = 0;
+        int shown = 0;
+        for (int j = 0; j < arr_n(h) && k + 40 < sizeof hb; j++, shown++) {
+            const cJSON *e = cJSON_GetArrayItem(h, j), *ex = obj(e, "extent");
+            k += (size_t)snprintf(hb + k, sizeof hb - k, "%s", j ? ", " : "");
+            for (int q = 0; q < arr_n(ex); q++)
+                k += (size_t)snprintf(hb + k, sizeof hb - k, "%s%.0f", q ? "x" : "", val(cJSON_GetArrayItem(ex, q)));
+            k += (size_t)snprintf(hb + k, sizeof hb - k, " (%.0f)", num(e, "launches"));
+        }
+        if (shown < arr_n(h)) snprintf(hb + k, sizeof hb - k, ", ... (%d more)", arr_n(h) - shown);
+        line(o, "extents (launches): %s", hb);
+        const cJSON *pol = obj(s, "policies");
+        static const char *const hdr[] = { "policy", "compiles", "compile", "device", "total", "FLOPs wasted",
+                                           "HBM wasted" };
+        int nchips = arr_n(obj(cJSON_GetArrayItem(pol, 0), "chips"));
+        if (nchips > 4) nchips = 4;
+        const char *h2[12];
+        for (int c = 0; c < 7; c++) h2[c] = hdr[c];
+        const cJSON *ch0 = obj(cJSON_GetArrayItem(pol, 0), "chips");
+        char chn[4][32];
+        for (int c = 0; c < nchips; c++) {
+            const char *cn = str(cJSON_GetArrayItem(ch0, c), "chip");
+            snprintf(chn[c], sizeof chn[c], "$ %s%s", cn, strcmp(cn, str(sp, "chip")) == 0 ? " *" : "");
+            h2[7 + c] = chn[c];
+        }
+        table *t = tbl_new(7 + nchips, h2);
+        if (t) for (int c = 1; c < 7 + nchips; c++) t->right[c] = true;
+        for (int j = 0; j < arr_n(pol); j++) {
+            const cJSON *r = cJSON_GetArrayItem(pol, j), *chips = obj(r, "chips");
+            char cm[24], fw[32], cu[4][32];
+            snprintf(cm, sizeof cm, "%.0f", num(r, "compiles"));
+            snprintf(fw, sizeof fw, "%.3g", num(r, "wasted_flops"));
+            for (int c = 0; c < 4; c++) cu[c][0] = 0;
+            for (int c = 0; c < nchips; c++) {
+                double u = num(cJSON_GetArrayItem(chips, c), "usd");
+                if (u >= 0) snprintf(cu[c], sizeof cu[c], "$%.4g", u);
+                else snprintf(cu[c], sizeof cu[c], "n/a");
+            }
+            tbl_row(t, str(r, "policy"), cm, fmt_time(num(r, "compile_s"), b1, sizeof b1),
+                    fmt_time(num(r, "device_s"), b2, sizeof b2), fmt_time(num(r, "total_s"), b3, sizeof b3), fw,
+                    fmt_bytes(num(r, "wasted_hbm_bytes"), b4, sizeof b4), cu[0], cu[1], cu[2], cu[3]);
+        }
+        tbl_print(o, t);
+        if (*str(s, "note")) line(o, "%s", str(s, "note"));
+        line(o, "advice: %s", str(s, "advice"));
+    }
+    line(o, "* = the emulated chip; compile, device and total on %s; recompile = one program per shape; pad_to_max = every launch padded to "
+            "the upper bound (the largest extent seen); bucket_pow2 = padded to the next power of two (the bound "
+            "the last bucket); the chip is paid for while it compiles", str(sp, "chip"));
+}
+
 static void render_doc(out_t *o, const cJSON *d, const char *name)
 {
     render_overview(o, d, name);
@@ -569,6 +652,7 @@ static void render_doc(out_t *o, const cJSON *d, const char *name)
     render_matmuls(o, d);
     render_ops_memory(o, d);
     render_cost(o, d);
+    render_policies(o, d);
 }
 
 static cJSON *summary_json(const cJSON *d, const char *name)
@@ -580,7 +664,8 @@ static cJSON *summary_json(const cJSON *d, const char *name)
     const cJSON *c = obj(d, "cache");
     double req = num(c, "requests") + num(c, "strict_requests"), hits = num(c, "hits") + num(c, "strict_hits");
     cJSON_AddNumberToObject(s, "hit_rate", req > 0 ? hits / req : 0);
-    static const char *const keep[] = { "cache", "recompiles", "cuts", "host_reads", "matmuls", "cost", "hbm" };
+    static const char *const keep[] = { "cache", "recompiles", "cuts", "host_reads", "matmuls", "cost", "hbm",
+                                        "shape_policies" };
     for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++) {
         const cJSON *x = obj(d, keep[i]);
         if (x) cJSON_AddItemToObject(s, keep[i], cJSON_Duplicate(x, true));
@@ -707,6 +792,46 @@ ctpu_status ctpu_report_compare(const char *json_a, const char *name_a, const ch
     CROW("est. MFU", "%.1f%%", 100 * num(R, "mfu"));
     CROW("est. MXU utilisation", "%.1f%%", 100 * num(R, "mxu_utilization"));
     CROW("est. $ / epoch (this chip)", "%s", fmt_usd(num(R, "usd_epoch"), boolean(R, "price_known"), tb, sizeof tb));
+    /* shape policies: each policy summed over the structures, on each run's chip */
+    double pol_usd[2][3] = { { 0 } };
+    int pol_any = 0;
+    for (int p = 0; p < 3; p++) {
+        static const char *const pn[] = { "recompile", "pad_to_max", "bucket_pow2" };
+        char label[64];
+        snprintf(label, sizeof label, "shape policy %s: compiles / $", pn[p]);
+        int any = 0;
+        for (int i = 0; i < 2; i++) {
+            const cJSON *ss = obj(obj(d[i], "shape_policies"), "structures");
+            double comp = 0, usd = 0;
+            int have = 0;
+            for (int j = 0; j < arr_n(ss); j++) {
+                const cJSON *pol = obj(cJSON_GetArrayItem(ss, j), "policies");
+                for (int q = 0; q < arr_n(pol); q++) {
+                    const cJSON *r = cJSON_GetArrayItem(pol, q);
+                    if (strcmp(str(r, "policy"), pn[p]) != 0) continue;
+                    comp += num(r, "compiles");
+                    usd += num(r, "usd") > 0 ? num(r, "usd") : 0;
+                    have++;
+                }
+            }
+            any |= have;
+            pol_usd[i][p] = have ? usd : -1;
+            if (have) snprintf(v[i], sizeof v[i], "%.0f / $%.4g", comp, usd);
+            else snprintf(v[i], sizeof v[i], "-");
+        }
+        if (any) tbl_row(t, label, v[0], v[1]);
+        pol_any |= any;
+    }
+    if (pol_any) {
+        static const char *const pn[] = { "recompile", "pad_to_max", "bucket_pow2" };
+        for (int i = 0; i < 2; i++) {
+            int best = -1;
+            for (int p = 0; p < 3; p++)
+                if (pol_usd[i][p] >= 0 && (best < 0 || pol_usd[i][p] < pol_usd[i][best])) best = p;
+            snprintf(v[i], sizeof v[i], "%s", best >= 0 ? pn[best] : "-");
+        }
+        tbl_row(t, "cheapest shape policy (all structures)", v[0], v[1]);
+    }
 #undef ROW
 #undef CROW
     tbl_print(&o, t);

@@ -1,0 +1,51 @@
+/* Shape policies (policy.c, issue 16): per program structure, the shapes
+ * its traces took, the launches at each, and the estimated cost of a real
+ * TPU run under the recompile, pad_to_max and bucket_pow2 policies, for the
+ * metrics JSON ("shape_policies"). Called under the report's lock. */
+#ifndef CTPU_POLICY_H
+#define CTPU_POLICY_H
+
+#include "eager.h"
+
+enum { CTPU_POLICY_RECOMPILE, CTPU_POLICY_PAD_TO_MAX, CTPU_POLICY_BUCKET_POW2, CTPU_POLICY_COUNT };
+
+/* TORCH_TPU_COMPILE_SECONDS's default and where it comes from. */
+#define CTPU_COMPILE_SECONDS_DEFAULT 30.0
+#define CTPU_COMPILE_SECONDS_SOURCE                                                                              \
+    "an assumption, not a measurement: XLA compiles a training step for a TPU on the host in seconds to minutes " \
+    "(PyTorch/XLA's recompilation guide calls each compile 'pretty expensive' and gives no figure); 30 s is "      \
+    "taken for a small model's step, during which the chip is held and paid for. Set it from the compile_time "    \
+    "of a real TPU run"
+
+/* Automatic dynamic dims of one structure (TORCH_TPU_AUTO_DYNAMIC). */
+typedef struct {
+    bool detected;                 /* a recompile changed only one dim's extent */
+    uint64_t step, program, old_program;
+    int n_dims;
+    char dims[160];                /* "input 0 dim 1, input 1 dim 1" */
+    int64_t from, to;
+} ctpu_policy_auto;
+
+typedef struct ctpu_policy_state ctpu_policy_state;
+
+ctpu_policy_state *ctpu__policy_create(const ctpu_chip_info *const *chips, int n_chips);
+void ctpu__policy_free(ctpu_policy_state *ps);
+/* ctpu_metrics_clear: launches back to 0 (the shapes stay known). */
+void ctpu__policy_clear(ctpu_policy_state *ps);
+/* One launch of trace t (struct_hash = ctpu_trace_struct_hash(t)): a newly
+ * compiled program (program > 0), or past the recompile limit, op by op
+ * (program 0). */
+void ctpu__policy_launch(ctpu_policy_state *ps, uint64_t struct_hash, const ctpu_trace *t, uint64_t program,
+                         uint64_t step);
+/* One launch of a cached program. */
+void ctpu__policy_hit(ctpu_policy_state *ps, uint64_t program);
+/* The automatic-dynamic record of a structure, or NULL if it is not known. */
+ctpu_policy_auto *ctpu__policy_auto(ctpu_policy_state *ps, uint64_t struct_hash);
+const char *ctpu__policy_name(int i);
+/* doc.shape_policies: the assumption, and one object per structure that
+ * took two or more shapes. */
+struct cJSON;
+void ctpu__policy_json(struct cJSON *doc, const ctpu_policy_state *ps, double compile_s, ctpu_price_plan plan,
+                       int current);
+
+#endif

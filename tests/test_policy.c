@@ -1,0 +1,395 @@
+/* Shape policies (issue 16): the recompile / pad_to_max / bucket_pow2
+ * estimates of the metrics JSON against a hand computation from the cost
+ * formula (costmodel.h) for a small histogram, the advice line's choice as
+ * TORCH_TPU_COMPILE_SECONDS moves, launches past the recompile limit,
+ * ctpu-report reading the fields (text, json, --compare), and automatic
+ * dynamic dims' detection (TORCH_TPU_AUTO_DYNAMIC).
+ *
+ * Environment from meson: CTPU_TEST_REPORT_TOOL (the built ctpu-report). */
+#include <cJSON.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "t_core.h"
+#include "device/device.h"
+#include "cost/costmodel.h"
+
+#define N 65536                         /* elements per row */
+
+/* The histogram: rows b per step. Upper bound 12; pow2 buckets 4, 8, 12 (16 capped at the bound). */
+static const int64_t steps_b[] = { 3, 3, 5, 8, 8, 8, 12 };
+#define N_STEPS ((int)(sizeof steps_b / sizeof steps_b[0]))
+
+static void init_df(const char *compile_s, const char *limit)
+{
+    t_clear_env();
+    setenv("CTPU_QUIET", "1", 1);
+    setenv("TORCH_TPU_HBM_LIMIT", "1G", 1);
+    setenv("TORCH_TPU_DETECT_LOOPS", "off", 1);
+    setenv("TORCH_TPU_DEFER_AND_FUSE", "1", 1);
+    if (compile_s) setenv("TORCH_TPU_COMPILE_SECONDS", compile_s, 1);
+    if (limit) setenv("TORCH_TPU_RECOMPILE_LIMIT", limit, 1);
+    ck_assert_msg(ctpu_init() == CTPU_OK, "%s", ctpu_last_error());
+}
+
+/* Per step: x [b, N] from the host, u = exp(x) * 2 kept past the step:
+ * one program, input x, output u. Returns the last step's u[0]. */
+static float run_steps(void)
+{
+    float *xd = malloc(sizeof(float) * 12 * N);
+    ck_assert_ptr_nonnull(xd);
+    for (int i = 0; i < 12 * N; i++) xd[i] = (float)(i % 13) * 0.125f - 0.75f;
+    float last = 0;
+    for (int s = 0; s < N_STEPS; s++) {
+        int64_t sh[2] = { steps_b[s], N };
+        ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
+        ctpu_tensor x = ctpu_from_host(xd, CTPU_F32, 2, sh);
+        ctpu_tensor u = ctpu_keep(ctpu_mul_scalar(ctpu_exp(x), 2.0));
+        ck_assert(!ctpu_is_null(u));
+        ck_assert_int_eq(ctpu_step_end(), CTPU_OK);
+        float *v = t_read(u, NULL);
+        last = v[0];
+        free(v);
+        ctpu_release(u);
+    }
+    free(xd);
+    return last;
+}
+
+static cJSON *metrics_doc(void)
+{
+    char *s = ctpu_metrics_json();
+    ck_assert_ptr_nonnull(s);
+    cJSON *d = cJSON_Parse(s);
+    free(s);
+    ck_assert_ptr_nonnull(d);
+    return d;
+}
+
+static const cJSON *item(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    ck_assert_msg(v, "no field %s", k);
+    return v;
+}
+static double num(const cJSON *o, const char *k)
+{
+    const cJSON *v = item(o, k);
+    ck_assert_msg(cJSON_IsNumber(v), "%s is not a number", k);
+    return v->valuedouble;
+}
+static const char *str(const cJSON *o, const char *k)
+{
+    const cJSON *v = item(o, k);
+    ck_assert_msg(cJSON_IsString(v), "%s is not a string", k);
+    return v->valuestring;
+}
+
+static void near(double got, double want, const char *what)
+{
+    ck_assert_msg(fabs(got - want) <= 1e-12 * fabs(want) + 1e-300, "%s: got %.17g, want %.17g", what, got, want);
+}
+
+/* The hand computation (costmodel.h): per launch of b rows on chip c,
+ * vector ops b*N*(8 [exp, transcendental] + 1 [mul_scalar]), no MXU work,
+ * HBM traffic b*N*4 read + b*N*4 written; total = max(vector_s, hbm_s). */
+static double t_launch(const ctpu_chip_info *c, double b)
+{
+    double vec = b * N * (CTPU_COST_TRANSCENDENTAL + 1.0) / (c->peak_bf16_flops / CTPU_COST_VPU_RATIO);
+    double hbm = b * N * 8.0 / (c->hbm_gbps * 1e9);
+    return vec > hbm ? vec : hbm;
+}
+
+static const cJSON *the_structure(const cJSON *d)
+{
+    const cJSON *ss = item(item(d, "shape_policies"), "structures");
+    ck_assert_int_eq(cJSON_GetArraySize(ss), 1);
+    return cJSON_GetArrayItem(ss, 0);
+}
+
+static const cJSON *policy(const cJSON *s, const char *name)
+{
+    const cJSON *ps = item(s, "policies");
+    for (int i = 0; i < cJSON_GetArraySize(ps); i++)
+        if (strcmp(str(cJSON_GetArrayItem(ps, i), "policy"), name) == 0) return cJSON_GetArrayItem(ps, i);
+    ck_abort_msg("no policy row %s", name);
+    return NULL;
+}
+
+/* Each policy's figures against the hand computation, on every profile. */
+static void check_figures(const cJSON *s, double compile_s)
+{
+    int nc;
+    const ctpu_chip_info *chips = ctpu_chip_profiles(&nc);
+    static const char *const names[3] = { "recompile", "pad_to_max", "bucket_pow2" };
+    const double compiles[3] = { 4, 1, 3 };
+    double wasted[3] = { 0, 0, 0 };
+    for (int i = 0; i < N_STEPS; i++) {
+        double b = (double)steps_b[i], bb = b <= 4 ? 4 : b <= 8 ? 8 : 12;
+        wasted[1] += (12 - b) * N * 8.0;
+        wasted[2] += (bb - b) * N * 8.0;
+    }
+    for (int p = 0; p < 3; p++) {
+        const cJSON *r = policy(s, names[p]);
+        ck_assert_int_eq((int)num(r, "compiles"), (int)compiles[p]);
+        near(num(r, "compile_s"), compiles[p] * compile_s, "compile_s");
+        ck_assert(num(r, "wasted_flops") == 0);
+        ck_assert_msg(num(r, "wasted_hbm_bytes") == wasted[p], "%s wasted %.0f, want %.0f", names[p],
+                      num(r, "wasted_hbm_bytes"), wasted[p]);
+        const cJSON *cs = item(r, "chips");
+        ck_assert_int_eq(cJSON_GetArraySize(cs), nc);
+        for (int c = 0; c < nc; c++) {
+            double dev = 0;
+            for (int i = 0; i < N_STEPS; i++) {
+                double b = (double)steps_b[i];
+                double at = p == 0 ? b : p == 1 ? 12 : b <= 4 ? 4 : b <= 8 ? 8 : 12;
+                dev += t_launch(&chips[c], at);
+            }
+            const cJSON *x = cJSON_GetArrayItem(cs, c);
+            ck_assert_str_eq(str(x, "chip"), chips[c].name);
+            near(num(x, "device_s"), dev, "device_s");
+            near(num(x, "total_s"), dev + compiles[p] * compile_s, "total_s");
+            near(num(x, "usd"), (dev + compiles[p] * compile_s) / 3600.0 * chips[c].usd_per_chip_hour[0], "usd");
+            if (strcmp(chips[c].name, "v5e") == 0) {
+                near(num(r, "device_s"), dev, "device_s (current chip)");
+                near(num(r, "usd"), num(x, "usd"), "usd (current chip)");
+            }
+        }
+    }
+}
+
+START_TEST(policy_figures_by_hand)
+{
+    init_df("30", NULL);
+    run_steps();
+    cJSON *d = metrics_doc();
+    const cJSON *sp = item(d, "shape_policies");
+    ck_assert(num(sp, "compile_seconds") == 30);
+    ck_assert(strstr(str(sp, "compile_seconds_source"), "assumption") != NULL);
+    ck_assert_str_eq(str(sp, "chip"), "v5e");
+    const cJSON *s = the_structure(d);
+    ck_assert_str_eq(str(s, "ops"), "exp→mul_scalar");
+    ck_assert_int_eq((int)num(s, "shapes"), 4);
+    ck_assert_int_eq((int)num(s, "launches"), N_STEPS);
+    const cJSON *dims = item(s, "dims");
+    ck_assert_int_eq(cJSON_GetArraySize(dims), 1);
+    ck_assert_str_eq(str(cJSON_GetArrayItem(dims, 0), "name"), "input 0 dim 0");
+    ck_assert(num(cJSON_GetArrayItem(dims, 0), "upper_bound") == 12);
+    /* the histogram: extents ascending, launches per extent */
+    const cJSON *h = item(s, "histogram");
+    static const int64_t ext[4] = { 3, 5, 8, 12 }, launches[4] = { 2, 1, 3, 1 };
+    ck_assert_int_eq(cJSON_GetArraySize(h), 4);
+    for (int i = 0; i < 4; i++) {
+        const cJSON *e = cJSON_GetArrayItem(h, i);
+        ck_assert(cJSON_GetArrayItem(item(e, "extent"), 0)->valuedouble == (double)ext[i]);
+        ck_assert(num(e, "launches") == (double)launches[i]);
+        ck_assert(num(e, "program") == (double)(i == 0 ? 1 : i == 1 ? 2 : i == 2 ? 3 : 4));
+        near(num(e, "est_s"), t_launch(ctpu_chip_lookup("v5e"), (double)ext[i]), "histogram est_s");
+    }
+    ck_assert(cJSON_IsTrue(item(s, "estimated")));
+    check_figures(s, 30);
+    /* 30 s a compile dwarfs microseconds of device time: one compile wins */
+    ck_assert_str_eq(str(s, "cheapest"), "pad_to_max");
+    ck_assert(strstr(str(s, "advice"), "cheapest on v5e: pad_to_max") != NULL);
+    ck_assert(strstr(str(s, "advice"), "less than recompile") != NULL);
+    ck_assert(strstr(str(s, "advice"), "would be the cheapest after") != NULL);
+    cJSON_Delete(d);
+    ctpu_shutdown();
+}
+END_TEST
+
+/* The advice follows the cheapest total on v5e: with u the time of one
+ * row (HBM-bound, 8 N / 819e9 s), device times are recompile 47u,
+ * bucket_pow2 52u, pad_to_max 84u; compiles 4, 3 and 1. bucket_pow2 wins
+ * for 5u < C < 16u, recompile below 5u, pad_to_max above 16u. */
+START_TEST(policy_advice_choice)
+{
+    const ctpu_chip_info *v5e = ctpu_chip_lookup("v5e");
+    double u = t_launch(v5e, 1);
+    struct { double c; const char *want; } cases[] = {
+        { 0, "recompile" }, { 2 * u, "recompile" }, { 10 * u, "bucket_pow2" }, { 30 * u, "pad_to_max" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char cs[64];
+        snprintf(cs, sizeof cs, "%.17g", cases[i].c);
+        init_df(cs, NULL);
+        run_steps();
+        cJSON *d = metrics_doc();
+        const cJSON *s = the_structure(d);
+        check_figures(s, cases[i].c);
+        ck_assert_msg(strcmp(str(s, "cheapest"), cases[i].want) == 0, "compile %g s: cheapest %s, want %s",
+                      cases[i].c, str(s, "cheapest"), cases[i].want);
+        char want[64];
+        snprintf(want, sizeof want, "cheapest on v5e: %s", cases[i].want);
+        ck_assert_msg(strstr(str(s, "advice"), want) != NULL, "%s", str(s, "advice"));
+        cJSON_Delete(d);
+        ctpu_shutdown();
+    }
+}
+END_TEST
+
+/* Past TORCH_TPU_RECOMPILE_LIMIT the traces run op by op; they are launches
+ * of their shapes all the same (program 0), and the results do not change. */
+START_TEST(policy_counts_limit_fallbacks)
+{
+    init_df(NULL, NULL);
+    float want = run_steps();
+    ctpu_shutdown();
+    init_df(NULL, "2");
+    float got = run_steps();
+    ck_assert(t_same(got, want));
+    cJSON *d = metrics_doc();
+    const cJSON *s = the_structure(d);
+    ck_assert_int_eq((int)num(s, "shapes"), 4);
+    ck_assert_int_eq((int)num(s, "launches"), N_STEPS);
+    const cJSON *h = item(s, "histogram");
+    ck_assert(num(cJSON_GetArrayItem(h, 0), "program") == 1);
+    ck_assert(num(cJSON_GetArrayItem(h, 2), "program") == 0);   /* 8: past the limit */
+    ck_assert(num(cJSON_GetArrayItem(h, 2), "launches") == 3);
+    check_figures(s, 30);
+    cJSON_Delete(d);
+    ctpu_shutdown();
+}
+END_TEST
+
+/* ---------------------------------------------------------------- the tool */
+static char *run_tool(const char *args, int *status)
+{
+    const char *tool = getenv("CTPU_TEST_REPORT_TOOL");
+    ck_assert_msg(tool, "CTPU_TEST_REPORT_TOOL is not set (run through meson test)");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", tool, args);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&buf, &len);
+    char chunk[4096];
+    size_t r;
+    while ((r = fread(chunk, 1, sizeof chunk, p)) > 0) fwrite(chunk, 1, r, m);
+    int st = pclose(p);
+    fclose(m);
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return buf;
+}
+
+START_TEST(policy_tool_reads_them)
+{
+    init_df("30", NULL);
+    run_steps();
+    char dir[] = "/tmp/ctpu_policy_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char path[256], args[1024];
+    snprintf(path, sizeof path, "%s/run.json", dir);
+    ck_assert_int_eq(ctpu_metrics_write(path), CTPU_OK);
+    /* the live report and the file's say the same */
+    char *live = NULL;
+    size_t ll = 0;
+    FILE *f = open_memstream(&live, &ll);
+    ck_assert_int_eq(ctpu_cache_report(f), CTPU_OK);
+    fclose(f);
+    ctpu_shutdown();
+    int rc;
+    snprintf(args, sizeof args, "'%s'", path);
+    char *got = run_tool(args, &rc);
+    ck_assert_int_eq(rc, 0);
+    const char *want_lines[] = {
+        "shape policies (TORCH_TPU_COMPILE_SECONDS=30 s per compile",
+        "program 1 (exp→mul_scalar): input 0 dim 0 (to 12) took 4 shapes over 7 launches",
+        "extents (launches): 3 (2), 5 (1), 8 (3), 12 (1)",
+        "  recompile  ", "  pad_to_max  ", "  bucket_pow2  ",
+        "advice: cheapest on v5e: pad_to_max",
+    };
+    for (size_t i = 0; i < sizeof want_lines / sizeof *want_lines; i++) {
+        ck_assert_msg(t_contains(got, want_lines[i]), "ctpu-report lacks \"%s\":\n%s", want_lines[i], got);
+        ck_assert_msg(t_contains(live, want_lines[i]), "ctpu_cache_report lacks \"%s\"", want_lines[i]);
+    }
+    free(got);
+    /* json: the section is kept */
+    snprintf(args, sizeof args, "--format json '%s'", path);
+    got = run_tool(args, &rc);
+    ck_assert_int_eq(rc, 0);
+    cJSON *s = cJSON_Parse(got);
+    ck_assert_ptr_nonnull(s);
+    const cJSON *st = the_structure(s);
+    ck_assert_str_eq(str(st, "cheapest"), "pad_to_max");
+    check_figures(st, 30);
+    cJSON_Delete(s);
+    free(got);
+    /* --compare: each policy's compiles and dollars side by side */
+    snprintf(args, sizeof args, "--compare '%s' '%s'", path, path);
+    got = run_tool(args, &rc);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_msg(t_contains(got, "shape policy recompile: compiles / $") &&
+                  t_contains(got, "shape policy pad_to_max: compiles / $") &&
+                  t_contains(got, "shape policy bucket_pow2: compiles / $") && t_contains(got, "cheapest shape policy"),
+                  "%s", got);
+    free(got);
+    free(live);
+    remove(path);
+    rmdir(dir);
+}
+END_TEST
+
+/* A run with one shape has no section. */
+START_TEST(policy_none_for_one_shape)
+{
+    init_df(NULL, NULL);
+    float xd[4 * 8] = { 0 };
+    int64_t sh[2] = { 4, 8 };
+    for (int s = 0; s < 3; s++) {
+        ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
+        ctpu_tensor u = ctpu_keep(ctpu_exp(ctpu_from_host(xd, CTPU_F32, 2, sh)));
+        ck_assert_int_eq(ctpu_step_end(), CTPU_OK);
+        ctpu_release(u);
+    }
+    cJSON *d = metrics_doc();
+    ck_assert_int_eq(cJSON_GetArraySize(item(item(d, "shape_policies"), "structures")), 0);
+    cJSON_Delete(d);
+    char *txt = NULL;
+    size_t l = 0;
+    FILE *f = open_memstream(&txt, &l);
+    ck_assert_int_eq(ctpu_cache_report(f), CTPU_OK);
+    fclose(f);
+    ck_assert(!t_contains(txt, "shape policies"));
+    free(txt);
+    ctpu_shutdown();
+}
+END_TEST
+
+/* Bad values of TORCH_TPU_COMPILE_SECONDS fail ctpu_init naming it. */
+START_TEST(policy_env_checked)
+{
+    const char *bad[] = { "-1", "abc", "1e99", "", "3s" };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        t_clear_env();
+        setenv("TORCH_TPU_COMPILE_SECONDS", bad[i], 1);
+        ck_assert_int_eq(ctpu_init(), CTPU_ERR_ENV);
+        ck_assert_msg(t_contains(ctpu_last_error(), "TORCH_TPU_COMPILE_SECONDS"), "%s", ctpu_last_error());
+    }
+    t_clear_env();
+    setenv("TORCH_TPU_COMPILE_SECONDS", "0.5", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    ctpu_shutdown();
+    unsetenv("TORCH_TPU_COMPILE_SECONDS");
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("policy");
+    TCase *tc = tcase_create("policy");
+    tcase_set_timeout(tc, 240);
+    tcase_add_test(tc, policy_figures_by_hand);
+    tcase_add_test(tc, policy_advice_choice);
+    tcase_add_test(tc, policy_counts_limit_fallbacks);
+    tcase_add_test(tc, policy_tool_reads_them);
+    tcase_add_test(tc, policy_none_for_one_shape);
+    tcase_add_test(tc, policy_env_checked);
+    suite_add_tcase(s, tc);
+    SRunner *r = srunner_create(s);
+    srunner_run_all(r, CK_NORMAL);
+    int failed = srunner_ntests_failed(r);
+    srunner_free(r);
+    return failed ? 1 : 0;
+}
