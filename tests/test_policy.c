@@ -375,6 +375,120 @@ START_TEST(policy_env_checked)
 }
 END_TEST
 
+/* ---------------------------------------------------------------- automatic dynamic dims */
+static void init_mode(const char *mode_var, bool auto_dyn)
+{
+    t_clear_env();
+    setenv("CTPU_QUIET", "1", 1);
+    setenv("TORCH_TPU_HBM_LIMIT", "1G", 1);
+    setenv("TORCH_TPU_DETECT_LOOPS", "off", 1);
+    if (mode_var) setenv(mode_var, "1", 1);
+    if (auto_dyn) setenv("TORCH_TPU_AUTO_DYNAMIC", "1", 1);
+    ck_assert_msg(ctpu_init() == CTPU_OK, "%s", ctpu_last_error());
+}
+
+/* Steps of x [r, c] -> sum(relu(x) * 3) over dim 1, kept; returns every
+ * step's results, concatenated. */
+static float *run_rc(const int64_t (*rc)[2], int n, int64_t *total)
+{
+    float *out = malloc(sizeof(float) * 64 * (size_t)n);
+    ck_assert_ptr_nonnull(out);
+    float xd[64 * 64];
+    for (int i = 0; i < 64 * 64; i++) xd[i] = (float)((i * 7) % 23) * 0.25f - 2.0f;
+    int64_t k = 0;
+    for (int s = 0; s < n; s++) {
+        ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
+        ctpu_tensor x = ctpu_from_host(xd, CTPU_F32, 2, rc[s]);
+        int32_t dim = 1;
+        ctpu_tensor u = ctpu_keep(ctpu_sum(ctpu_mul_scalar(ctpu_relu(x), 3.0), 1, &dim, false));
+        ck_assert_msg(!ctpu_is_null(u), "%s", ctpu_last_error());
+        ck_assert_int_eq(ctpu_step_end(), CTPU_OK);
+        int64_t m;
+        float *v = t_read(u, &m);
+        memcpy(out + k, v, sizeof(float) * (size_t)m);
+        k += m;
+        free(v);
+        ctpu_release(u);
+    }
+    *total = k;
+    return out;
+}
+
+static const cJSON *auto_list(const cJSON *d) { return item(item(d, "shape_policies"), "auto_dynamic"); }
+
+/* Detected at the first recompile, exactly once, with the dim and the step;
+ * results bit-identical to strict eager. */
+START_TEST(auto_dynamic_after_one_recompile)
+{
+    static const int64_t rc[6][2] = { { 4, 16 }, { 4, 16 }, { 7, 16 }, { 9, 16 }, { 4, 16 }, { 12, 16 } };
+    init_mode(NULL, false);
+    int64_t n_want, n_got;
+    float *want = run_rc(rc, 6, &n_want);
+    ctpu_shutdown();
+    init_mode("TORCH_TPU_DEFER_AND_FUSE", true);
+    float *got = run_rc(rc, 6, &n_got);
+    ck_assert_int_eq(n_got, n_want);
+    for (int64_t i = 0; i < n_want; i++) ck_assert_msg(t_same(got[i], want[i]), "element %lld differs", (long long)i);
+    cJSON *d = metrics_doc();
+    const cJSON *a = auto_list(d);
+    ck_assert_int_eq(cJSON_GetArraySize(a), 1);
+    const cJSON *x = cJSON_GetArrayItem(a, 0);
+    ck_assert_str_eq(str(x, "dims"), "input 0 dim 0");
+    ck_assert_int_eq((int)num(x, "step"), 2);
+    ck_assert_int_eq((int)num(x, "from"), 4);
+    ck_assert_int_eq((int)num(x, "to"), 7);
+    ck_assert_int_eq((int)num(x, "old_program"), 1);
+    ck_assert_int_eq((int)num(x, "program"), 2);
+    ck_assert_int_eq((int)num(x, "lo"), 2);
+    ck_assert(num(x, "hi") == 2147483647.0);
+    /* ctpu_mark_dynamic is not built: detected, not made dynamic (the cache still compiled every shape) */
+    ck_assert(cJSON_IsFalse(item(x, "dynamic")));
+    ck_assert_int_eq((int)num(item(d, "cache"), "recompiles"), 3);
+    cJSON_Delete(d);
+    char *txt = NULL;
+    size_t l = 0;
+    FILE *f = open_memstream(&txt, &l);
+    ck_assert_int_eq(ctpu_cache_report(f), CTPU_OK);
+    fclose(f);
+    ck_assert_msg(t_contains(txt, "automatic dynamic: program 2 (relu→mul_scalar→sum): input 0 dim 0 changed alone at "
+                              "step 2 (recompile 4 -> 7, program 1 -> 2)"), "%.1500s", strstr(txt, "shape policies") ? strstr(txt, "shape policies") : txt);
+    free(txt);
+    free(want);
+    free(got);
+    ctpu_shutdown();
+    /* off by default: nothing detected */
+    init_mode("TORCH_TPU_DEFER_AND_FUSE", false);
+    got = run_rc(rc, 6, &n_got);
+    free(got);
+    d = metrics_doc();
+    ck_assert_int_eq(cJSON_GetArraySize(auto_list(d)), 0);
+    cJSON_Delete(d);
+    ctpu_shutdown();
+}
+END_TEST
+
+/* A recompile that changes two dims is not one dim's: the first recompile
+ * that changes one alone is the one recorded. */
+START_TEST(auto_dynamic_needs_one_dim)
+{
+    static const int64_t rc[4][2] = { { 4, 16 }, { 6, 20 }, { 6, 20 }, { 6, 40 } };
+    init_mode("TORCH_TPU_DEFER_AND_FUSE", true);
+    int64_t n;
+    float *got = run_rc(rc, 4, &n);
+    free(got);
+    cJSON *d = metrics_doc();
+    const cJSON *a = auto_list(d);
+    ck_assert_int_eq(cJSON_GetArraySize(a), 1);
+    const cJSON *x = cJSON_GetArrayItem(a, 0);
+    ck_assert_str_eq(str(x, "dims"), "input 0 dim 1");
+    ck_assert_int_eq((int)num(x, "step"), 3);
+    ck_assert_int_eq((int)num(x, "from"), 20);
+    ck_assert_int_eq((int)num(x, "to"), 40);
+    cJSON_Delete(d);
+    ctpu_shutdown();
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("policy");
@@ -386,6 +500,8 @@ int main(void)
     tcase_add_test(tc, policy_tool_reads_them);
     tcase_add_test(tc, policy_none_for_one_shape);
     tcase_add_test(tc, policy_env_checked);
+    tcase_add_test(tc, auto_dynamic_after_one_recompile);
+    tcase_add_test(tc, auto_dynamic_needs_one_dim);
     suite_add_tcase(s, tc);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);

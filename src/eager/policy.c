@@ -35,7 +35,7 @@
 
 typedef struct {
     int64_t *ext;                      /* [n_ext] every extent: inputs' dims, then nodes' out dims */
-    uint64_t launches, program, first_step;
+    uint64_t launches, program, first_step, last;   /* last: the state's launch count at its latest launch */
     double est_s[CTPU_COST_MAX_CHIPS], flops, hbm_bytes;
 } pshape;
 
@@ -59,12 +59,15 @@ struct ctpu_policy_state {
     size_t n_prog;
     int n_chips;
     const ctpu_chip_info *chips[CTPU_COST_MAX_CHIPS];
+    uint64_t seq;                      /* launches recorded */
+    bool auto_dynamic;                 /* TORCH_TPU_AUTO_DYNAMIC: detect the first one-dim recompile */
 };
 
-ctpu_policy_state *ctpu__policy_create(const ctpu_chip_info *const *chips, int n_chips)
+ctpu_policy_state *ctpu__policy_create(const ctpu_chip_info *const *chips, int n_chips, bool auto_dynamic)
 {
     ctpu_policy_state *ps = calloc(1, sizeof *ps);
     if (!ps) return NULL;
+    ps->auto_dynamic = auto_dynamic;
     ps->n_chips = n_chips < CTPU_COST_MAX_CHIPS ? n_chips : CTPU_COST_MAX_CHIPS;
     for (int c = 0; c < ps->n_chips; c++) ps->chips[c] = chips[c];
     return ps;
@@ -217,14 +220,19 @@ static void map_program(ctpu_policy_state *ps, uint64_t program, int si, int sj)
     ps->by_prog[idx] = si * MAX_SHAPES + sj;
 }
 
+static void detect_auto(pstruct *s, const pshape *now, uint64_t program, uint64_t step);
+
 void ctpu__policy_launch(ctpu_policy_state *ps, uint64_t struct_hash, const ctpu_trace *t, uint64_t program,
-                         uint64_t step)
+                         uint64_t step, bool recompile)
 {
     if (!ps || !struct_hash || !t) return;
     pstruct *s = struct_get(ps, struct_hash, t, program);
+    int before = s ? s->n_shapes : 0;
     pshape *p = s ? shape_get(ps, s, t, program, step) : NULL;
     if (!p) return;
+    if (ps->auto_dynamic && recompile && !s->au.detected && s->n_shapes > before) detect_auto(s, p, program, step);
     p->launches++;
+    p->last = ++ps->seq;
     map_program(ps, program, (int)(s - ps->s), (int)(p - s->shapes));
 }
 
@@ -233,7 +241,9 @@ void ctpu__policy_hit(ctpu_policy_state *ps, uint64_t program)
     if (!ps || !program || program > ps->n_prog) return;
     int32_t v = ps->by_prog[program - 1];
     if (v < 0) return;
-    ps->s[v / MAX_SHAPES].shapes[v % MAX_SHAPES].launches++;
+    pshape *p = &ps->s[v / MAX_SHAPES].shapes[v % MAX_SHAPES];
+    p->launches++;
+    p->last = ++ps->seq;
 }
 
 ctpu_policy_auto *ctpu__policy_auto(ctpu_policy_state *ps, uint64_t struct_hash)
@@ -349,6 +359,23 @@ static bool fit_position(const pstruct *s, const int *live, int nl, const symset
     return false;
 }
 
+static void sym_name(const pstruct *s, size_t pos, char *b, size_t n)
+{
+    size_t k = 0;
+    for (int i = 0; i < s->n_in; i++) {
+        if (pos < k + s->in_type[i].ndim) { snprintf(b, n, "input %d dim %d", i, (int)(pos - k)); return; }
+        k += s->in_type[i].ndim;
+    }
+    for (int i = 0; i < s->n_nodes; i++) {
+        if (pos < k + s->nodes[i].out.ndim) {
+            snprintf(b, n, "node %d (%s) dim %d", i, ctpu_op_name(s->nodes[i].op), (int)(pos - k));
+            return;
+        }
+        k += s->nodes[i].out.ndim;
+    }
+    snprintf(b, n, "?");
+}
+
 /* The varying dims: input positions whose values vary, one symbol per
  * class of positions equal in every shape, a position that is c * v, c *
  * v^2 or c * v * w of the symbols so far (a flattened [B*T] of a varying T)
@@ -372,6 +399,41 @@ static void find_symbols(const pstruct *s, const int *live, int nl, symset *y)
             y->total++;
             y->n = y->total < MAX_SYMS ? y->total : MAX_SYMS;
         }
+    }
+}
+
+/* ------------------------------------------------------------ automatic dynamic dims */
+/* A recompile of s into the new shape `now`: against the shape launched
+ * last, did only one dim's extent change (every changed input extent of one
+ * class, equal before and after, or derived from it as c * v)? The first
+ * such recompile is recorded: the dims, the step, the extents. */
+static void detect_auto(pstruct *s, const pshape *now, uint64_t program, uint64_t step)
+{
+    const pshape *prev = NULL;
+    for (int j = 0; j < s->n_shapes; j++)
+        if (&s->shapes[j] != now && s->shapes[j].launches && (!prev || s->shapes[j].last > prev->last))
+            prev = &s->shapes[j];
+    if (!prev) return;
+    int live[2] = { (int)(prev - s->shapes), (int)(now - s->shapes) };
+    symset y;
+    find_symbols(s, live, 2, &y);
+    if (y.total != 1 || y.pos[0] >= in_positions(s)) return;
+    ctpu_policy_auto *a = &s->au;
+    a->detected = true;
+    a->step = step;
+    a->program = program;
+    a->old_program = prev->program;
+    a->from = prev->ext[y.pos[0]];
+    a->to = now->ext[y.pos[0]];
+    size_t k = 0, nin = in_positions(s);
+    a->dims[0] = 0;
+    a->n_dims = 0;
+    for (size_t p = 0; p < nin && k < sizeof a->dims; p++) {
+        if (!same_class(s, live, 2, p, y.pos[0])) continue;
+        char nm[64];
+        sym_name(s, p, nm, sizeof nm);
+        k += (size_t)snprintf(a->dims + k, sizeof a->dims - k, "%s%s", a->n_dims ? ", " : "", nm);
+        a->n_dims++;
     }
 }
 
@@ -442,23 +504,6 @@ static const pshape *memo_cost(const ctpu_policy_state *ps, const pstruct *s, co
 static const char *policy_names[CTPU_POLICY_COUNT] = { "recompile", "pad_to_max", "bucket_pow2" };
 
 const char *ctpu__policy_name(int i) { return i >= 0 && i < CTPU_POLICY_COUNT ? policy_names[i] : "?"; }
-
-static void sym_name(const pstruct *s, size_t pos, char *b, size_t n)
-{
-    size_t k = 0;
-    for (int i = 0; i < s->n_in; i++) {
-        if (pos < k + s->in_type[i].ndim) { snprintf(b, n, "input %d dim %d", i, (int)(pos - k)); return; }
-        k += s->in_type[i].ndim;
-    }
-    for (int i = 0; i < s->n_nodes; i++) {
-        if (pos < k + s->nodes[i].out.ndim) {
-            snprintf(b, n, "node %d (%s) dim %d", i, ctpu_op_name(s->nodes[i].op), (int)(pos - k));
-            return;
-        }
-        k += s->nodes[i].out.ndim;
-    }
-    snprintf(b, n, "?");
-}
 
 /* Rows for one structure: false (with a note) when the padded policies
  * cannot be estimated. */
@@ -682,6 +727,25 @@ void ctpu__policy_json(cJSON *doc, const ctpu_policy_state *ps, double compile_s
     cJSON_AddStringToObject(sp, "compile_seconds_source", CTPU_COMPILE_SECONDS_SOURCE);
     cJSON_AddStringToObject(sp, "chip", ps && current < ps->n_chips ? ps->chips[current]->name : "");
     cJSON_AddStringToObject(sp, "price_plan", ctpu_price_plan_name(plan));
+    cJSON *ad = cJSON_AddArrayToObject(sp, "auto_dynamic");
+    for (int i = 0; ps && i < ps->n; i++) {
+        const pstruct *s = &ps->s[i];
+        if (!s->au.detected) continue;
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "program", (double)s->au.program);
+        cJSON_AddNumberToObject(o, "old_program", (double)s->au.old_program);
+        cJSON_AddStringToObject(o, "ops", s->ops);
+        cJSON_AddStringToObject(o, "dims", s->au.dims);
+        cJSON_AddNumberToObject(o, "n_dims", s->au.n_dims);
+        cJSON_AddNumberToObject(o, "step", (double)s->au.step);
+        cJSON_AddNumberToObject(o, "from", (double)s->au.from);
+        cJSON_AddNumberToObject(o, "to", (double)s->au.to);
+        cJSON_AddNumberToObject(o, "lo", 2);
+        cJSON_AddNumberToObject(o, "hi", 2147483647.0);
+        /* marking the dims needs ctpu_mark_dynamic (the dynamic-dims issue): detected, not made dynamic */
+        cJSON_AddBoolToObject(o, "dynamic", false);
+        cJSON_AddItemToArray(ad, o);
+    }
     cJSON *arr = cJSON_AddArrayToObject(sp, "structures");
     if (!ps) return;
     for (int i = 0; i < ps->n; i++) {

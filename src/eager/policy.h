@@ -28,15 +28,17 @@ typedef struct {
 
 typedef struct ctpu_policy_state ctpu_policy_state;
 
-ctpu_policy_state *ctpu__policy_create(const ctpu_chip_info *const *chips, int n_chips);
+ctpu_policy_state *ctpu__policy_create(const ctpu_chip_info *const *chips, int n_chips, bool auto_dynamic);
 void ctpu__policy_free(ctpu_policy_state *ps);
 /* ctpu_metrics_clear: launches back to 0 (the shapes stay known). */
 void ctpu__policy_clear(ctpu_policy_state *ps);
 /* One launch of trace t (struct_hash = ctpu_trace_struct_hash(t)): a newly
- * compiled program (program > 0), or past the recompile limit, op by op
- * (program 0). */
+ * compiled program (program > 0; recompile: the cache called it one), or
+ * past the recompile limit, op by op (program 0). With auto_dynamic, the
+ * structure's first recompile that changed one dim's extent alone is
+ * recorded (ctpu_policy_auto). */
 void ctpu__policy_launch(ctpu_policy_state *ps, uint64_t struct_hash, const ctpu_trace *t, uint64_t program,
-                         uint64_t step);
+                         uint64_t step, bool recompile);
 /* One launch of a cached program. */
 void ctpu__policy_hit(ctpu_policy_state *ps, uint64_t program);
 /* The automatic-dynamic record of a structure, or NULL if it is not known. */

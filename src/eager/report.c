@@ -114,7 +114,7 @@ ctpu_status ctpu__report_init(ctpu_runtime *rt, char *err, size_t len)
             return CTPU_ERR_OOM;
         }
     }
-    r->policy = ctpu__policy_create(r->chips, r->n_chips);
+    r->policy = ctpu__policy_create(r->chips, r->n_chips, rt->auto_dynamic);
     if (!r->policy) {
         snprintf(err, len, "ctpu_init: out of host memory");
         ctpu_tracebuf_destroy(r->trace);
@@ -267,7 +267,7 @@ void ctpu__report_cut(int why, const ctpu_trace *t, const ctpu_cache_result *res
     pthread_mutex_lock(&r->mu);
     if (why == CTPU_CUT_HOST_READ) label_get(r, label)->cuts++;
     if (res && prog && res->hit) ctpu__policy_hit(r->policy, res->program_id);
-    else if (sh) ctpu__policy_launch(r->policy, sh, t, res->program_id, step);
+    else if (sh) ctpu__policy_launch(r->policy, sh, t, res->program_id, step, res->recompile);
     prog_rec *p = NULL;
     if (res && prog && res->program_id > 0 && res->program_id <= MAX_PROG_RECS) {
         /* ids are bounded by distinct programs (a thrashed key keeps its id);
@@ -348,7 +348,7 @@ void ctpu__report_fallback(const ctpu_trace *t)
     uint64_t sh = ctpu_trace_struct_hash(t);
     uint64_t step = atomic_load(&rt->marked_steps);
     pthread_mutex_lock(&r->mu);
-    ctpu__policy_launch(r->policy, sh, t, 0, step);
+    ctpu__policy_launch(r->policy, sh, t, 0, step, true);
     pthread_mutex_unlock(&r->mu);
 }
 

@@ -574,11 +574,16 @@ static void render_policies(out_t *o, const cJSON *d)
             *str(sp, "price_plan") ? str(sp, "price_plan") : "on_demand");
     for (int i = 0; i < arr_n(ad); i++) {
         const cJSON *a = cJSON_GetArrayItem(ad, i);
-        line(o, "automatic dynamic: program %.0f (%s): %s %s at step %.0f (recompile %.0f -> %.0f, program %.0f -> "
-                "%.0f)%s", num(a, "program"), str(a, "ops"), str(a, "dims"),
-             boolean(a, "dynamic") ? "became dynamic over [2, 2147483647]" : "changed alone: a candidate",
-             num(a, "step"), num(a, "from"), num(a, "to"), num(a, "old_program"), num(a, "program"),
-             boolean(a, "dynamic") ? "" : " (TORCH_TPU_AUTO_DYNAMIC: marking needs ctpu_mark_dynamic, not built yet)");
+        if (boolean(a, "dynamic"))
+            line(o, "automatic dynamic: program %.0f (%s): %s became dynamic over [%.0f, %.0f] at step %.0f (recompile "
+                    "%.0f -> %.0f, program %.0f -> %.0f)", num(a, "program"), str(a, "ops"), str(a, "dims"), num(a, "lo"),
+                 num(a, "hi"), num(a, "step"), num(a, "from"), num(a, "to"), num(a, "old_program"), num(a, "program"));
+        else
+            line(o, "automatic dynamic: program %.0f (%s): %s changed alone at step %.0f (recompile %.0f -> %.0f, "
+                    "program %.0f -> %.0f); making it dynamic over [%.0f, %.0f] needs ctpu_mark_dynamic, not built yet: "
+                    "the structure still compiles per shape", num(a, "program"), str(a, "ops"), str(a, "dims"),
+                 num(a, "step"), num(a, "from"), num(a, "to"), num(a, "old_program"), num(a, "program"), num(a, "lo"),
+                 num(a, "hi"));
     }
     for (int i = 0; i < arr_n(ss); i++) {
         const cJSON *s = cJSON_GetArrayItem(ss, i), *dims = obj(s, "dims"), *h = obj(s, "histogram");
