@@ -641,10 +641,13 @@ static int advise(const ctpu_policy_state *ps, const policy_row *rows, int n_row
     /* compiles are paid once, device time per launch: the policy with the
      * least device time wins once the run is long enough */
     int fast = best;
-    for (int i = 0; i < n_rows; i++)
-        if (rows[i].device_s[current] < rows[fast].device_s[current]) fast = i;
+    for (int i = 0; i < n_rows; i++) {
+        double di = rows[i].device_s[current], df = rows[fast].device_s[current];
+        bool tie = fabs(di - df) <= 1e-9 * df;
+        if ((!tie && di < df) || (tie && rows[i].compiles < rows[fast].compiles)) fast = i;
+    }
     double dd = rows[best].device_s[current] - rows[fast].device_s[current];
-    if (fast != best && dd > 0 && k < len) {
+    if (fast != best && dd > 1e-9 * rows[best].device_s[current] && k < len) {
         double m = (rows[fast].compile_s - rows[best].compile_s) / dd;
         k += (size_t)snprintf(out + k, len - k, "; at this mix of extents %s (least device time) would be the "
                               "cheapest after %.3gx this run's launches", rows[fast].name, m);

@@ -595,20 +595,23 @@ static void render_policies(out_t *o, const cJSON *d)
                                   num(cJSON_GetArrayItem(dims, j), "upper_bound"));
         line(o, "program %.0f (%s): %s took %.0f shapes over %.0f launches", num(s, "program"), str(s, "ops"),
              dn[0] ? dn : "its extents", num(s, "shapes"), num(s, "launches"));
-        /* the histogram: "extent (launches)", a few lines at most */
-        char hb[1024];
+        /* the histogram: "extent (launches)", 12 to a line */
+        char hb[640];
         k = 0;
         hb[0] = 0;
-        int shown = 0;
-        for (int j = 0; j < arr_n(h) && k + 40 < sizeof hb; j++, shown++) {
+        int n_h = arr_n(h);
+        for (int j = 0; j < n_h; j++) {
             const cJSON *e = cJSON_GetArrayItem(h, j), *ex = obj(e, "extent");
-            k += (size_t)snprintf(hb + k, sizeof hb - k, "%s", j ? ", " : "");
-            for (int q = 0; q < arr_n(ex); q++)
+            k += (size_t)snprintf(hb + k, sizeof hb - k, "%s", j % 12 ? ", " : "");
+            for (int q = 0; q < arr_n(ex) && k < sizeof hb; q++)
                 k += (size_t)snprintf(hb + k, sizeof hb - k, "%s%.0f", q ? "x" : "", val(cJSON_GetArrayItem(ex, q)));
-            k += (size_t)snprintf(hb + k, sizeof hb - k, " (%.0f)", num(e, "launches"));
+            if (k < sizeof hb) k += (size_t)snprintf(hb + k, sizeof hb - k, " (%.0f)", num(e, "launches"));
+            if (j % 12 == 11 || j == n_h - 1) {
+                line(o, "%s%s%s", j < 12 ? "extents (launches): " : "  ", hb, j == n_h - 1 ? "" : ",");
+                k = 0;
+                hb[0] = 0;
+            }
         }
-        if (shown < arr_n(h)) snprintf(hb + k, sizeof hb - k, ", ... (%d more)", arr_n(h) - shown);
-        line(o, "extents (launches): %s", hb);
         const cJSON *pol = obj(s, "policies");
         static const char *const hdr[] = { "policy", "compiles", "compile", "device", "total", "FLOPs wasted",
                                            "HBM wasted" };
