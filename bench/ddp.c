@@ -6,7 +6,9 @@
  * for bit. Rank 0 prints `name value unit` lines, the medians of 3 runs:
  *   ddp_np<N>_steps_per_s, ddp_np<N>_images_per_s, and the estimates for a
  *   TPU pod of N chips (the emulated chip, v5e by default):
- *   est_ici_us_per_step, est_compute_us_per_step, est_comm_fraction. */
+ *   est_ici_us_per_step, est_compute_us_per_step, est_comm_fraction; and
+ *   measured on this machine, comm_wall_us_per_step and comm_wall_fraction
+ *   (the device thread's time inside collectives, waiting included). */
 #include <ctpu.h>
 #include <ctpu_nn.h>
 
@@ -57,7 +59,7 @@ int main(int argc, char **argv)
         ys[i] = (int32_t)((lo + i) % OUT);
         for (int j = 0; j < IN; j++) xs[i * IN + j] = sinf((float)((lo + i) * IN + j) * 0.01f);
     }
-    double sps[3];
+    double sps[3], timed_s = 0;
     for (int run = 0; run < 4; run++) {   /* run 0 warms up (compiles, page faults) */
         ctpu_sync();
         double t0 = now_s();
@@ -74,7 +76,7 @@ int main(int argc, char **argv)
             ctpu_step_end();
         }
         if (ctpu_sync() != CTPU_OK) return fail("sync");
-        if (run) sps[run - 1] = steps / (now_s() - t0);
+        if (run) sps[run - 1] = steps / (now_s() - t0), timed_s += now_s() - t0;
         if (run == 0) ctpu_metrics_clear();   /* the estimates count the timed steps */
     }
     /* validate: every rank holds rank 0's parameters */
@@ -107,6 +109,9 @@ int main(int argc, char **argv)
         printf("ddp_np%d_est_compute_us_per_step %.2f us\n", N, comp);
         printf("ddp_np%d_est_comm_fraction %.1f %%\n", N, comp + comm > 0 ? 100 * comm / (comp + comm) : 0.0);
         printf("ddp_np%d_est_ici_us_per_step_at_256 %.2f us\n", N, ds.est_ici_s_256 / st * 1e6);
+        /* measured here: the device thread's time in collectives (waiting for the other rank included) */
+        printf("ddp_np%d_comm_wall_us_per_step %.1f us\n", N, ds.comm_wall_s / (3.0 * steps) * 1e6);
+        printf("ddp_np%d_comm_wall_fraction %.1f %%\n", N, timed_s > 0 ? 100 * ds.comm_wall_s / timed_s : 0.0);
         fflush(stdout);
         ctpu_dist_report(stderr);
     }

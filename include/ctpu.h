@@ -1221,6 +1221,8 @@ typedef struct {
     double est_ici_s;              /* at this world size (the torus of world_size chips) */
     double est_ici_s_8, est_ici_s_256, est_ici_s_pod; /* the same collectives at 8, 256 and the pod's maximum */
     double est_compute_s;          /* the cost table's device estimate of the run (current chip) */
+    double comm_wall_s;            /* MEASURED: seconds the device thread spent in collectives here (the CPU
+                                      emulation over MPI, waiting for the other ranks included) */
 } ctpu_dist_stats;
 CTPU_API ctpu_status ctpu_dist_get_stats(ctpu_dist_stats *out);
 /* Print compute against communication per step (estimates) and the ICI

@@ -1076,6 +1076,62 @@ START_TEST(cost_weights_complete)
 }
 END_TEST
 
+
+/* Data parallel figures (issue 19) in the metrics document, the text report
+ * and the comparison, in a world of one rank (the dist suite checks them at
+ * 2 and 3): per marked step, the collectives, their bytes and the ICI
+ * estimates at 8 and 256 chips equal the model's; no collectives, no
+ * section. */
+START_TEST(dist_section)
+{
+    init_df();
+    cJSON *d0 = metrics_doc();
+    ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(d0, "dist"));
+    char *plain = ctpu_metrics_json();
+    int64_t n = 1000;
+    for (int s = 0; s < 4; s++) {
+        ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
+        ctpu_tensor x = ctpu_full(CTPU_F32, 1, &n, 1.5);
+        double v;
+        ck_assert_int_eq(ctpu_item(ctpu_sum(ctpu_all_reduce(x, CTPU_DIST_MEAN), 0, NULL, false), &v), CTPU_OK);
+        ck_assert(v == 1500);
+        ck_assert_int_eq(ctpu_step_end(), CTPU_OK);
+    }
+    cJSON *d = metrics_doc();
+    ck_assert_ptr_nonnull(cJSON_GetObjectItemCaseSensitive(d, "dist"));
+    ck_assert(jnum(d, "dist.world_size") == 1 && jnum(d, "dist.rank") == 0);
+    ck_assert(jnum(d, "dist.collectives") == 4 && jnum(d, "dist.all_reduce") == 4 && jnum(d, "dist.broadcast") == 0);
+    ck_assert(jnum(d, "dist.steps") == 4);
+    ck_assert(jnum(d, "dist.collectives_per_step") == 1 && jnum(d, "dist.bytes_per_step") == 4000);
+    ck_assert(jnum(d, "dist.est_ici_us_per_step") == 0);   /* one chip: no ICI */
+    ctpu_ici_estimate e8, e256;
+    ck_assert_int_eq(ctpu_ici_estimate_collective("v5e", 0, 8, 4000, CTPU_ICI_TORUS, &e8), CTPU_OK);
+    ck_assert_int_eq(ctpu_ici_estimate_collective("v5e", 0, 256, 4000, CTPU_ICI_TORUS, &e256), CTPU_OK);
+    ck_assert(fabs(jnum(d, "dist.est_ici_us_per_step_8") - e8.total_s * 1e6) < 1e-9);
+    ck_assert(fabs(jnum(d, "dist.est_ici_us_per_step_256") - e256.total_s * 1e6) < 1e-9);
+    ck_assert(jnum(d, "dist.est_ici_us_per_step_pod") == jnum(d, "dist.est_ici_us_per_step_256"));   /* v5e: 256 */
+    ck_assert(jnum(d, "dist.ici_gbytes_s") == 400 && jnum(d, "dist.torus_dims") == 2);
+    ck_assert(jnum(d, "dist.est_compute_us_per_step") > 0 && jnum(d, "dist.comm_wall_s") >= 0);
+    cJSON_Delete(d0);
+    cJSON_Delete(d);
+    char *s = ctpu_metrics_json();
+    char *txt = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&txt, &len);
+    ck_assert_int_eq(ctpu_report_render(s, "ddp", CTPU_REPORT_TEXT, f), CTPU_OK);
+    ck_assert_int_eq(ctpu_report_compare(plain, "plain", s, "ddp", CTPU_REPORT_TEXT, f), CTPU_OK);
+    fclose(f);
+    ck_assert_msg(strstr(txt, "Data parallel (ESTIMATE on v5e ICI, 400 GB/s per chip, 2D torus") != NULL, "%s", txt);
+    ck_assert_msg(strstr(txt, "per step (4 steps): 1.00 collectives, 3.9 KiB;") != NULL, "%s", txt);
+    ck_assert_msg(strstr(txt, "communication per step at 8 chips") != NULL, "%s", txt);
+    ck_assert_msg(strstr(txt, "collectives / step") != NULL && strstr(txt, "est. ICI time / step") != NULL, "%s", txt);
+    free(txt);
+    free(s);
+    free(plain);
+    ctpu_shutdown();
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("report");
@@ -1097,6 +1153,7 @@ static Suite *suite(void)
     tcase_add_test(tc, names_and_cache_only_diff);
     tcase_add_test(tc, structure_change_explained);
     tcase_add_test(tc, bad_input);
+    tcase_add_test(tc, dist_section);
     suite_add_tcase(s, tc);
     return s;
 }

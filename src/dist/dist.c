@@ -83,6 +83,7 @@ typedef struct {
     _Atomic int cur_kind;         /* -1: not in a collective */
     _Atomic int64_t cur_bucket, cur_step;
     _Atomic int64_t last_step;
+    _Atomic uint64_t busy_ns;     /* wall time inside ctpu__dist_run, all collectives of the process */
     bool force_one_round;         /* test hook: the one-round all_reduce at any size */
 #ifdef CTPU_HAVE_MPI
     MPI_Comm comm;
@@ -93,6 +94,14 @@ static dist_state g_dist = { .rank = 0, .size = 1, .local_rank = 0, .local_size 
                              .cur_kind = -1, .cur_bucket = -1 };
 
 int ctpu__dist_local_size(void) { return g_dist.up ? g_dist.local_size : 1; }
+uint64_t ctpu__dist_busy_ns(void) { return atomic_load(&g_dist.busy_ns); }
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 void ctpu__dist_test_one_round(bool on) { g_dist.force_one_round = on; }
 int ctpu_dist_rank(void) { return g_dist.up ? g_dist.rank : 0; }
 int ctpu_dist_world_size(void) { return g_dist.up ? g_dist.size : 1; }
@@ -610,6 +619,7 @@ static ctpu_status run_broadcast(const ctpu_coll_call *c, char *err, size_t errl
 
 ctpu_status ctpu__dist_run(const ctpu_coll_call *c, char *err, size_t errlen)
 {
+    uint64_t t0 = mono_ns();
     atomic_store(&g_dist.cur_bucket, c->bucket);
     atomic_store(&g_dist.cur_step, c->step);
     atomic_store(&g_dist.last_step, c->step);
@@ -635,5 +645,6 @@ ctpu_status ctpu__dist_run(const ctpu_coll_call *c, char *err, size_t errlen)
         run_single(c);
     }
     atomic_store(&g_dist.cur_kind, -1);
+    atomic_fetch_add(&g_dist.busy_ns, mono_ns() - t0);
     return st;
 }

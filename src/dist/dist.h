@@ -66,6 +66,11 @@ void ctpu__dist_test_one_round(bool on);
  * default HBM cap and kernel thread count by it. */
 int ctpu__dist_local_size(void);
 
+/* Wall time the process has spent in ctpu__dist_run (ns, monotonic clock;
+ * waiting for the other ranks included): the measured side of the
+ * compute / communication split. */
+uint64_t ctpu__dist_busy_ns(void);
+
 /* The pure left fold of n rank-ordered blocks of count elements (src[r] is
  * rank r's block), into dst: dst = ((x0 + x1) + x2) + ..., rounded to dtype
  * after each addition; mean divides the sum once by n. Exposed for tests. */

@@ -39,6 +39,7 @@ void ctpu_dist_shutdown(void)
 typedef struct {
     pthread_mutex_t mu;
     uint64_t epoch;
+    uint64_t busy0_ns;   /* ctpu__dist_busy_ns() when the totals were cleared */
     ctpu_dist_stats s;
 } dist_totals;
 static dist_totals g_tot = { .mu = PTHREAD_MUTEX_INITIALIZER };
@@ -48,6 +49,7 @@ static void totals_fresh_locked(void)
     if (g_tot.epoch != ctpu_rt->epoch) {
         memset(&g_tot.s, 0, sizeof g_tot.s);
         g_tot.epoch = ctpu_rt->epoch;
+        g_tot.busy0_ns = ctpu__dist_busy_ns();
     }
 }
 
@@ -57,6 +59,7 @@ void ctpu__dist_stats_clear(void)
     pthread_mutex_lock(&g_tot.mu);
     memset(&g_tot.s, 0, sizeof g_tot.s);
     g_tot.epoch = ctpu_rt->epoch;
+    g_tot.busy0_ns = ctpu__dist_busy_ns();
     pthread_mutex_unlock(&g_tot.mu);
 }
 
@@ -96,6 +99,7 @@ ctpu_status ctpu_dist_get_stats(ctpu_dist_stats *out)
     pthread_mutex_lock(&g_tot.mu);
     totals_fresh_locked();
     *out = g_tot.s;
+    out->comm_wall_s = (double)(ctpu__dist_busy_ns() - g_tot.busy0_ns) * 1e-9;
     pthread_mutex_unlock(&g_tot.mu);
     ctpu_cost_table tab;
     if (ctpu_cost_table_get(&tab) == CTPU_OK) {

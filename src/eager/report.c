@@ -859,6 +859,44 @@ static void history_json(cJSON *doc, const ctpu_step_history *hist)
     }
 }
 
+/* Data parallel (issue 19), when the run made collectives or has several
+ * ranks: counts per marked step, bytes, the ICI estimates at this world
+ * size, 8 and 256 chips and the pod's maximum against the estimated
+ * compute per step (the emulated chip's cost row), and the measured time
+ * in collectives on this machine. Not under r->mu (the stats take it). */
+static void dist_json(cJSON *doc, ctpu_runtime *rt)
+{
+    ctpu_dist_stats s;
+    if (ctpu_dist_get_stats(&s) != CTPU_OK || (s.collectives == 0 && ctpu_dist_world_size() == 1)) return;
+    const ctpu_ici_info *ic = ctpu_ici_lookup(rt->chip->name);
+    double steps = s.steps ? (double)s.steps : 1.0;
+    cJSON *o = cJSON_AddObjectToObject(doc, "dist");
+    cJSON_AddBoolToObject(o, "estimate", true);
+    cJSON_AddStringToObject(o, "model", "ring / torus all-reduce: 2(k-1)/k x bytes / (ICI bandwidth / torus dims) "
+                            "per dimension + 1 us per hop (include/ctpu.h)");
+    cJSON_AddNumberToObject(o, "world_size", ctpu_dist_world_size());
+    cJSON_AddNumberToObject(o, "rank", ctpu_dist_rank());
+    cJSON_AddStringToObject(o, "chip", rt->chip->name);
+    cJSON_AddNumberToObject(o, "ici_gbytes_s", ic ? ic->ici_gbytes_s : 0);
+    cJSON_AddNumberToObject(o, "torus_dims", ic ? ic->torus_dims : 0);
+    cJSON_AddNumberToObject(o, "pod_chips", ic ? (double)ic->pod_chips : 0);
+    cJSON_AddNumberToObject(o, "steps", (double)s.steps);
+    cJSON_AddNumberToObject(o, "collectives", (double)s.collectives);
+    static const char *const kinds[4] = { "all_reduce", "broadcast", "all_gather", "reduce_scatter" };
+    for (int k = 0; k < 4; k++) cJSON_AddNumberToObject(o, kinds[k], (double)s.by_kind[k]);
+    cJSON_AddNumberToObject(o, "bytes", s.bytes);
+    cJSON_AddNumberToObject(o, "collectives_per_step", (double)s.collectives / steps);
+    cJSON_AddNumberToObject(o, "bytes_per_step", s.bytes / steps);
+    double comp = s.est_compute_s / steps * 1e6, comm = s.est_ici_s / steps * 1e6;
+    cJSON_AddNumberToObject(o, "est_compute_us_per_step", comp);
+    cJSON_AddNumberToObject(o, "est_ici_us_per_step", comm);
+    cJSON_AddNumberToObject(o, "est_comm_fraction", comp + comm > 0 ? comm / (comp + comm) : 0);
+    cJSON_AddNumberToObject(o, "est_ici_us_per_step_8", s.est_ici_s_8 / steps * 1e6);
+    cJSON_AddNumberToObject(o, "est_ici_us_per_step_256", s.est_ici_s_256 / steps * 1e6);
+    cJSON_AddNumberToObject(o, "est_ici_us_per_step_pod", s.est_ici_s_pod / steps * 1e6);
+    cJSON_AddNumberToObject(o, "comm_wall_s", s.comm_wall_s);
+}
+
 static cJSON *build_json(ctpu_runtime *rt)
 {
     ctpu_report_state *r = rt->report;
@@ -887,6 +925,7 @@ static cJSON *build_json(ctpu_runtime *rt)
     pthread_mutex_unlock(&r->mu);
     cost_json(doc, rt, &tbl, hbm_s);
     history_json(doc, &hist);
+    dist_json(doc, rt);
     return doc;
 }
 

@@ -652,6 +652,28 @@ static void render_policies(out_t *o, const cJSON *d)
             "the last bucket); the chip is paid for while it compiles", str(sp, "chip"));
 }
 
+/* Data parallel (issue 19): the metrics document's "dist" section. */
+static void render_dist(out_t *o, const cJSON *d)
+{
+    const cJSON *x = obj(d, "dist");
+    if (!x) return;
+    char b1[32];
+    heading(o, "Data parallel (ESTIMATE on %s ICI, %.0f GB/s per chip, %.0fD torus; formulas in ctpu.h): world size "
+            "%.0f, %.0f collectives (%.0f all_reduce, %.0f broadcast, %.0f all_gather, %.0f reduce_scatter), %s per chip",
+            str(x, "chip"), num(x, "ici_gbytes_s"), num(x, "torus_dims"), num(x, "world_size"), num(x, "collectives"),
+            num(x, "all_reduce"), num(x, "broadcast"), num(x, "all_gather"), num(x, "reduce_scatter"),
+            fmt_bytes(num(x, "bytes"), b1, sizeof b1));
+    line(o, "per step (%.0f steps): %.2f collectives, %s; compute %.2f us, communication %.2f us (%.0f%% of the step "
+            "if not overlapped)", num(x, "steps"), num(x, "collectives_per_step"),
+         fmt_bytes(num(x, "bytes_per_step"), b1, sizeof b1), num(x, "est_compute_us_per_step"),
+         num(x, "est_ici_us_per_step"), 100 * num(x, "est_comm_fraction"));
+    line(o, "communication per step at 8 chips %.2f us, 256 chips %.2f us, %.0f chips (pod maximum) %.2f us",
+         num(x, "est_ici_us_per_step_8"), num(x, "est_ici_us_per_step_256"), num(x, "pod_chips"),
+         num(x, "est_ici_us_per_step_pod"));
+    line(o, "measured here (CPU emulation over MPI, waiting for the other ranks included): %s in collectives",
+         fmt_time(num(x, "comm_wall_s"), b1, sizeof b1));
+}
+
 static void render_doc(out_t *o, const cJSON *d, const char *name)
 {
     render_overview(o, d, name);
@@ -661,6 +683,7 @@ static void render_doc(out_t *o, const cJSON *d, const char *name)
     render_ops_memory(o, d);
     render_cost(o, d);
     render_policies(o, d);
+    render_dist(o, d);
 }
 
 static cJSON *summary_json(const cJSON *d, const char *name)
@@ -673,7 +696,7 @@ static cJSON *summary_json(const cJSON *d, const char *name)
     double req = num(c, "requests") + num(c, "strict_requests"), hits = num(c, "hits") + num(c, "strict_hits");
     cJSON_AddNumberToObject(s, "hit_rate", req > 0 ? hits / req : 0);
     static const char *const keep[] = { "cache", "recompiles", "cuts", "host_reads", "matmuls", "cost", "hbm",
-                                        "shape_policies" };
+                                        "shape_policies", "dist" };
     for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++) {
         const cJSON *x = obj(d, keep[i]);
         if (x) cJSON_AddItemToObject(s, keep[i], cJSON_Duplicate(x, true));
@@ -800,6 +823,14 @@ ctpu_status ctpu_report_compare(const char *json_a, const char *name_a, const ch
     CROW("est. MFU", "%.1f%%", 100 * num(R, "mfu"));
     CROW("est. MXU utilisation", "%.1f%%", 100 * num(R, "mxu_utilization"));
     CROW("est. $ / epoch (this chip)", "%s", fmt_usd(num(R, "usd_epoch"), boolean(R, "price_known"), tb, sizeof tb));
+    if (obj(a, "dist") || obj(b, "dist")) {   /* data parallel (issue 19) */
+        ROW("world size", "%.0f", obj(D, "dist") ? num(obj(D, "dist"), "world_size") : 1.0);
+        ROW("collectives / step", "%.2f", num(obj(D, "dist"), "collectives_per_step"));
+        ROW("collective bytes / step", "%s", fmt_bytes(num(obj(D, "dist"), "bytes_per_step"), tb, sizeof tb));
+        ROW("est. ICI time / step", "%s", fmt_time(num(obj(D, "dist"), "est_ici_us_per_step") * 1e-6, tb, sizeof tb));
+        ROW("est. communication share", "%.0f%%", 100 * num(obj(D, "dist"), "est_comm_fraction"));
+        ROW("time in collectives (measured)", "%s", fmt_time(num(obj(D, "dist"), "comm_wall_s"), tb, sizeof tb));
+    }
     /* shape policies: each policy summed over the structures, on each run's chip */
     double pol_usd[2][3] = { { 0 } };
     int pol_any = 0;
@@ -949,12 +980,7 @@ ctpu_status ctpu_cache_report(FILE *f)
     if (!s) return ctpu_last_status();
     ctpu_status st = ctpu_report_render(s, NULL, CTPU_REPORT_TEXT, f ? f : stdout);
     free(s);
-    /* data parallel (issue 19): compute against communication per step and
-     * the ICI estimates, when the run made collectives (live runs only: the
-     * metrics document does not carry them) */
-    ctpu_dist_stats ds;
-    if (st == CTPU_OK && ctpu_dist_get_stats(&ds) == CTPU_OK && ds.collectives > 0) st = ctpu_dist_report(f);
-    return st;
+    return st;   /* with collectives: the document's "dist" section (render_dist) */
 }
 
 /* ------------------------------------------------------------ cost table print */

@@ -255,6 +255,17 @@ START_TEST(ops_every_mode)
     ck_assert(N == 1 || ds.est_ici_s > 0);
     ck_assert(ds.est_ici_s_pod >= ds.est_ici_s_8);
     if (R == 0) ck_assert_int_eq(ctpu_dist_report(stdout), CTPU_OK);
+    /* the metrics document's "dist" section, rendered (what ctpu-report shows) */
+    char *js = ctpu_metrics_json(), *txt = NULL, wline[64];
+    size_t len = 0;
+    ck_assert(js != NULL && strstr(js, "\"est_ici_us_per_step\"") != NULL);
+    FILE *f = open_memstream(&txt, &len);
+    ck_assert_int_eq(ctpu_report_render(js, NULL, CTPU_REPORT_TEXT, f), CTPU_OK);
+    fclose(f);
+    snprintf(wline, sizeof wline, "2D torus; formulas in ctpu.h): world size %d, ", N);
+    ck_assert_msg(strstr(txt, wline) != NULL && strstr(txt, "in collectives") != NULL, "%s", txt);
+    free(txt);
+    free(js);
 }
 END_TEST
 
