@@ -332,6 +332,38 @@ static int norm_backward(ctpu_tensor *o, bool rms)
     return rms ? 2 : 3;
 }
 static int p_ln_backward(ctpu_tensor *o) { return norm_backward(o, false); }
+
+/* 3-D, past the threading threshold (rows x n >= 65536: the rows split over
+ * the kernel threads, the column buffers filled by both), the sums over
+ * dims {0, 1} */
+static int p_ln_backward_3d(ctpu_tensor *o)
+{
+    ctpu_tensor x = leaf(randn(3, (int64_t[]){ 4, 70, 300 }, 2)), w = leaf(randn(1, (int64_t[]){ 300 }, 1));
+    ctpu_tensor b = leaf(randn(1, (int64_t[]){ 300 }, 1)), r = randn(3, (int64_t[]){ 4, 70, 300 }, 1);
+    pat_begin();
+    ctpu_tensor y = ctpu_layer_norm(x, w, b, 1e-5);
+    ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_mul(y, r), 0, NULL, false)), CTPU_OK);
+    o[0] = out(ctpu_grad(x));
+    o[1] = out(ctpu_grad(w));
+    o[2] = out(ctpu_grad(b));
+    o[3] = out(y);
+    pat_end();
+    return 4;
+}
+
+/* column reductions of a row group's values: mean and max over the rows of
+ * a softmax (bf16 input), a reshape of one */
+static int p_row_columns(ctpu_tensor *o)
+{
+    ctpu_tensor x = pin(ctpu_rand_normal(CTPU_BF16, 2, (int64_t[]){ 37, 130 }, 0, 2));
+    pat_begin();
+    ctpu_tensor p = ctpu_softmax(ctpu_mul_scalar(x, 0.5), -1);
+    o[0] = out(ctpu_reshape(ctpu_mean(p, 1, (int[]){ 0 }, true), 1, (int64_t[]){ 130 }));
+    o[1] = out(ctpu_max(ctpu_add(p, x), 1, (int[]){ 0 }, false));
+    o[2] = out(p);
+    pat_end();
+    return 3;
+}
 static int p_rms_backward(ctpu_tensor *o) { return norm_backward(o, true); }
 
 /* a parameter normalised in place (assign: the row group writes the
@@ -356,11 +388,14 @@ START_TEST(row_groups)
     check_pattern("mean/var producers and consumers", p_mean_var_consumers, 1);
     check_pattern("scale + mask -> softmax -> scale; log_softmax", p_softmax_chain, 1);
     check_pattern("rms_norm assigned in place", p_inplace_norm, 1);
+    /* the weight and bias gradients (sums over rows) are COL values of the row group */
+    check_pattern("layer_norm forward + backward", p_ln_backward, 1);
+    check_pattern("rms_norm forward + backward", p_rms_backward, 1);
+    check_pattern("layer_norm forward + backward, 3-D, threaded", p_ln_backward_3d, 1);
+    check_pattern("mean / max over a softmax's rows", p_row_columns, 1);
     /* not one kernel yet: cross entropy's label path (i32 ops, gather) and
-     * its sums over rows; the norms' weight gradients (sums over rows) */
+     * its sums over rows */
     check_pattern("cross_entropy forward", p_cross_entropy, 9);
-    check_pattern("layer_norm forward + backward", p_ln_backward, 6);
-    check_pattern("rms_norm forward + backward", p_rms_backward, 4);
 }
 END_TEST
 

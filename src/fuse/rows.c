@@ -67,6 +67,7 @@ static bool reads_ok(const ctpu_row_scan_info *f, const ctpu_node *m, int base, 
         int32_t v = m->in[q];
         if (v < base + i) continue;                       /* from outside: broadcasts into m */
         int c = f->cls[v - base - i];
+        if (c == CTPU_ROW_COL) return false;                 /* read only by its reshapes (col_node) */
         if (c == CTPU_ROW_ROWOUT || (reader == CTPU_ROW_ROW && c != CTPU_ROW_ROW)) return false;
         if (reader == CTPU_ROW_BCAST && c != CTPU_ROW_BCAST) return false;   /* computed from outside values only */
         if (reader == -1 && c != CTPU_ROW_FULL) return false;   /* a reduction's or softmax's input */
@@ -86,6 +87,22 @@ static bool bcasts_into(const ctpu_vtype *a, const ctpu_vtype *b)
 }
 
 static void scan_nodes(const ctpu_trace *t, int i, int max_end, ctpu_row_scan_info *f);
+
+/* Is m a COL node: a sum / mean / max / min of an in-group FULL value over
+ * exactly the row dims [0, first), or a reshape of a COL value keeping its
+ * element count? */
+static bool col_node(const ctpu_row_scan_info *f, const ctpu_node *m, int base, int i)
+{
+    if (f->first <= 0 || f->rows < 1 || m->n_in != 1 || m->in[0] < base + i || m->out.dtype == CTPU_KDT_I32)
+        return false;
+    int c = f->cls[m->in[0] - base - i];
+    if (c == CTPU_ROW_COL) return m->op == CTPU_OP_RESHAPE && ctpu_vtype_numel(&m->out) == f->n;
+    int fc = ctpu_op_fusion(m->op);
+    if (c != CTPU_ROW_FULL || (fc != CTPU_FUSE_REDUCE && fc != CTPU_FUSE_REDUCE_MEAN)) return false;
+    uint32_t mask = 0;
+    for (int k = 0; k < m->attr.n_dims; k++) mask |= 1u << m->attr.dims[k];
+    return mask == (1u << f->first) - 1;
+}
 
 void ctpu_row_scan(const ctpu_trace *t, int i, const int32_t *uses, ctpu_row_scan_info *f)
 {
@@ -110,12 +127,14 @@ static void scan_nodes(const ctpu_trace *t, int i, int max_end, ctpu_row_scan_in
     bool has_R = false;
     memset(f, 0, sizeof *f);
     f->first = -1;
-    for (j = i; j < max_end && j - i < CTPU_VM_GROUP_NODES; j++) {
+    for (j = i; j < max_end && j - i < CTPU_ROW_GROUP_NODES; j++) {
         const ctpu_node *m = &t->nodes[j];
         const ctpu_vtype *it[CTPU_NODE_MAX_IN];
         for (int k = 0; k < m->n_in; k++) it[k] = vtype(t, m->in[k]);
         int rf = rowop_first(m, m->n_in ? it[0] : NULL), cls;
-        if (rf >= 0) {
+        if (col_node(f, m, nin, i)) {
+            cls = CTPU_ROW_COL;
+        } else if (rf >= 0) {
             if (!has_R) { f->R = *it[0]; has_R = true; }
             if (!same(it[0], &f->R)) break;
             if (f->first < 0 && !set_rows(f, rf)) break;
@@ -174,7 +193,11 @@ static void ew_fields(const ctpu_node *n, ctpu_row_ins *I)
 /* node k's instruction fields but its operands */
 static void row_fields(const ctpu_node *m, int cls, int64_t n, ctpu_row_ins *I)
 {
-    if (is_softmax(m->op)) {
+    if (cls == CTPU_ROW_COL) {
+        I->kind = ctpu_op_is(m->op, CTPU_OPK_REDUCTION) ? CTPU_ROWI_COLRED : CTPU_ROWI_COLCOPY;
+        I->kop = (uint8_t)ctpu_op_kop(m->op);
+        if (ctpu_op_fusion(m->op) == CTPU_FUSE_REDUCE_MEAN) I->flags |= CTPU_ROWF_MEAN;
+    } else if (is_softmax(m->op)) {
         I->kind = CTPU_ROWI_SOFTMAX;
         if (m->op == CTPU_OP_LOG_SOFTMAX) I->flags |= CTPU_ROWF_LOG;
     } else if (ctpu_op_is(m->op, CTPU_OPK_REDUCTION)) {
@@ -197,8 +220,8 @@ int ctpu_row_build(ctpu_row_prog *p, const ctpu_trace *t, int i, const ctpu_row_
 {
     int nin = t->n_inputs, count = f->end - i;
     ext_list ef = { 0 }, er = { 0 };
-    int last[CTPU_VM_GROUP_NODES];
-    bool busy[CTPU_VM_GROUP_NODES] = { false };
+    int last[CTPU_ROW_GROUP_NODES];
+    bool busy[CTPU_ROW_GROUP_NODES] = { false };
     memset(p, 0, sizeof *p);
     p->rows = f->rows;
     p->n = f->n;
@@ -229,7 +252,9 @@ int ctpu_row_build(ctpu_row_prog *p, const ctpu_trace *t, int i, const ctpu_row_
         /* buffers whose last read is here are free for the result (kernels may run in place) */
         for (int g = 0; g < k; g++)
             if (last[g] == k && p->val[g].kind == CTPU_ROWV_BUF) busy[p->val[g].idx] = false;
-        if (cls == CTPU_ROW_FULL && store[k] && m->out.dtype == CTPU_KDT_F32) {
+        if (cls == CTPU_ROW_COL) {
+            p->val[k] = (ctpu_row_val){ CTPU_ROWV_COL, (int16_t)p->n_col++ };
+        } else if (cls == CTPU_ROW_FULL && store[k] && m->out.dtype == CTPU_KDT_F32) {
             p->val[k] = (ctpu_row_val){ CTPU_ROWV_OUT, (int16_t)k };
         } else if (cls == CTPU_ROW_FULL || cls == CTPU_ROW_BCAST) {
             int b = 0;
@@ -271,9 +296,10 @@ typedef struct {
     const ctpu_row_prog *p;
     ctpu_exec_ctx *ctx;
     int64_t T;                         /* rows per tile */
-    float *buf[CTPU_VM_GROUP_NODES];   /* [T * n] each */
-    float *reg[CTPU_VM_GROUP_NODES];   /* [T] each */
+    float *buf[CTPU_ROW_GROUP_NODES];  /* [T * n] each */
+    float *reg[CTPU_ROW_GROUP_NODES];  /* [T] each */
     float *tmp[3], *rowtmp;            /* [max(BLOCK, T)] each; [T * n] */
+    float *const *col;                 /* per COL value: its FULL source's buffer [rows * n] (reductions) */
 } row_state;
 
 /* value v for tile elements [o, o + len) of the tile at row r (FULL
@@ -391,6 +417,10 @@ static void run_tile(row_state *s, int64_t r, int64_t t)
             reduce_tile(s, I, r, t, s->reg[dv->idx]);
             store(I, ctx, s->reg[dv->idx], r, t);
             break;
+        case CTPU_ROWI_COLRED:   /* the tile's rows of the source, reduced after every row (col_finish) */
+            memcpy(s->col[dv->idx] + r * n, operand(s, I->src[0], true, r, 0, tn, s->rowtmp), sizeof(float) * (size_t)tn);
+            break;
+        case CTPU_ROWI_COLCOPY: break;
         default: {   /* softmax / log_softmax of the rows */
             float *d = full_dst(s, dv, r, 0);
             ctpu_k_softmax(operand(s, I->src[0], true, r, 0, tn, s->rowtmp), t, n, d, (I->flags & CTPU_ROWF_LOG) != 0,
@@ -403,7 +433,7 @@ static void run_tile(row_state *s, int64_t r, int64_t t)
     }
 }
 
-static void row_range(const ctpu_row_prog *p, ctpu_exec_ctx *ctx, int64_t r0, int64_t r1)
+static void row_range(const ctpu_row_prog *p, ctpu_exec_ctx *ctx, float *const *col, int64_t r0, int64_t r1)
 {
     int64_t T = p->n >= ROW_TILE_ELEMS ? 1 : ROW_TILE_ELEMS / p->n;
     if (T > r1 - r0) T = r1 - r0;
@@ -415,7 +445,7 @@ static void row_range(const ctpu_row_prog *p, ctpu_exec_ctx *ctx, int64_t r0, in
         snprintf(ctx->fault_msg, sizeof ctx->fault_msg, "fused program: out of host memory for row buffers");
         return;
     }
-    row_state s = { .p = p, .ctx = ctx, .T = T };
+    row_state s = { .p = p, .ctx = ctx, .T = T, .col = col };
     float *at = mem;
     for (int b = 0; b < p->n_buf; b++, at += tn) s.buf[b] = at;
     for (int g = 0; g < p->n_reg; g++, at += T) s.reg[g] = at;
@@ -428,6 +458,7 @@ static void row_range(const ctpu_row_prog *p, ctpu_exec_ctx *ctx, int64_t r0, in
 typedef struct {
     const ctpu_row_prog *p;
     ctpu_exec_ctx *ctx;
+    float *const *col;
 } row_job;
 
 static void row_task(void *arg, int tid, int nt)
@@ -435,17 +466,56 @@ static void row_task(void *arg, int tid, int nt)
     row_job *j = arg;
     int64_t rows = j->p->rows;
     int64_t r0 = rows * tid / nt, r1 = rows * (tid + 1) / nt;
-    if (r0 < r1) row_range(j->p, j->ctx, r0, r1);
+    if (r0 < r1) row_range(j->p, j->ctx, j->col, r0, r1);
+}
+
+/* Every row done: each COL reduction over its buffer [rows, n] as
+ * exec_reduce / exec_mean (ctpu_k_reduce with outer 1, n = rows, inner = n:
+ * the same order), a reshape of one its bits; stored. */
+static void col_finish(const ctpu_row_prog *p, ctpu_exec_ctx *ctx, float *const *col, float *res)
+{
+    int64_t n = p->n;
+    for (int k = 0; k < p->n_ins; k++) {
+        const ctpu_row_ins *I = &p->ins[k];
+        if (I->kind != CTPU_ROWI_COLRED && I->kind != CTPU_ROWI_COLCOPY) continue;
+        float *y = res + (size_t)p->val[I->dst].idx * (size_t)n;
+        if (I->kind == CTPU_ROWI_COLCOPY) {
+            memcpy(y, res + (size_t)p->val[I->src[0]].idx * (size_t)n, sizeof(float) * (size_t)n);
+        } else {
+            ctpu_k_reduce((ctpu_k_red_op)I->kop, col[p->val[I->dst].idx], 1, p->rows, n, y, ctx->pool);
+            if (I->flags & CTPU_ROWF_MEAN) ctpu_k_binary_scalar(CTPU_K_B_DIV, y, (float)p->rows, false, y, n);
+            if (I->flags & CTPU_VM_ROUND_BF16) ctpu_k_unary(CTPU_K_U_ROUND_BF16, y, y, n);
+        }
+        store(I, ctx, y, 0, n);
+    }
 }
 
 void ctpu_row_exec(const void *data, ctpu_exec_ctx *ctx)
 {
     const ctpu_row_prog *p = data;
-    if (p->rows == 0) return;
+    if (p->rows == 0) return;   /* (a group with COL values has rows: col_node) */
+    float *col[CTPU_ROW_GROUP_NODES] = { NULL }, *res = NULL;
+    float *mem = NULL;
+    if (p->n_col) {
+        size_t full = (size_t)(p->rows * p->n), n_red = 0;
+        for (int k = 0; k < p->n_ins; k++) n_red += p->ins[k].kind == CTPU_ROWI_COLRED;
+        mem = malloc(sizeof(float) * (n_red * full + (size_t)p->n_col * (size_t)p->n));
+        if (!mem) {
+            ctx->fault_status = CTPU_ERR_OOM;
+            snprintf(ctx->fault_msg, sizeof ctx->fault_msg, "fused program: out of host memory for column buffers");
+            return;
+        }
+        float *at = mem;
+        for (int k = 0; k < p->n_ins; k++)
+            if (p->ins[k].kind == CTPU_ROWI_COLRED) { col[p->val[p->ins[k].dst].idx] = at; at += full; }
+        res = at;
+    }
     if (p->rows > 1 && p->rows * p->n >= (1 << 16) && ctx->pool && ctx->pool->nthreads > 1) {
-        row_job j = { p, ctx };
+        row_job j = { p, ctx, col };
         ctx->pool->run(ctx->pool, row_task, &j);
     } else {
-        row_range(p, ctx, 0, p->rows);
+        row_range(p, ctx, col, 0, p->rows);
     }
+    if (p->n_col) col_finish(p, ctx, col, res);
+    free(mem);
 }

@@ -94,9 +94,15 @@ void ctpu_vm_red_exec(const void *data, ctpu_exec_ctx *ctx);
  * would run (ctpu_k_reduce, ctpu_k_sqdev, ctpu_k_softmax on that row: the
  * same order, the same bits). Layer norm, RMS norm, a residual add before
  * them, mean / var feeding their consumers, softmax with its producers and
- * consumers. */
-enum { CTPU_ROW_FULL, CTPU_ROW_ROW, CTPU_ROW_ROWOUT, CTPU_ROW_BCAST };
+ * consumers. A COL value is a reduction of a FULL value over all the row
+ * dims [0, first) (sum, mean, max, min: a norm's weight and bias gradients,
+ * sums over rows), or a reshape of one; read by nothing else in the group:
+ * the FULL value is copied tile by tile into a buffer [rows, n], reduced
+ * once every row is done by the kernel the node alone calls (the same
+ * order), and stored. */
+enum { CTPU_ROW_FULL, CTPU_ROW_ROW, CTPU_ROW_ROWOUT, CTPU_ROW_BCAST, CTPU_ROW_COL };
 #define CTPU_ROW_MAX_N 32768       /* the row length (elements) a row group may have */
+#define CTPU_ROW_GROUP_NODES 64    /* nodes a row group may take (a norm's forward and backward: 37) */
 
 typedef struct {
     int end;                       /* the group is nodes [i, end) */
@@ -104,21 +110,22 @@ typedef struct {
     int first;                     /* first reduced dim */
     int64_t rows, n;
     ctpu_vtype R, P;
-    uint8_t cls[CTPU_VM_GROUP_NODES];
+    uint8_t cls[CTPU_ROW_GROUP_NODES];
 } ctpu_row_scan_info;
 
 /* The longest row group starting at node i (uses: reads of each value, as
  * compile.c counts them; an output counts 2). */
 void ctpu_row_scan(const ctpu_trace *t, int i, const int32_t *uses, ctpu_row_scan_info *info);
 
-enum { CTPU_ROWI_EW_FULL, CTPU_ROWI_EW_ROW, CTPU_ROWI_REDUCE, CTPU_ROWI_SOFTMAX };
+enum { CTPU_ROWI_EW_FULL, CTPU_ROWI_EW_ROW, CTPU_ROWI_REDUCE, CTPU_ROWI_SOFTMAX, CTPU_ROWI_COLRED, CTPU_ROWI_COLCOPY };
 enum { CTPU_ROWF_MEAN = 8, CTPU_ROWF_VAR = 16, CTPU_ROWF_LOG = 32 };   /* beside CTPU_VM_ROUND_BF16, _SCALAR_FIRST */
 /* value kinds: an in-group FULL value (a row buffer), an in-group ROW value
  * (a per-row register), an external read by FULL nodes (plan against R)
  * or by ROW nodes (plan against P) */
 enum { CTPU_ROWV_BUF, CTPU_ROWV_REG, CTPU_ROWV_EXT_FULL, CTPU_ROWV_EXT_ROW,
-       CTPU_ROWV_OUT };   /* a stored f32 FULL value computed in its output (idx: its instruction); safe
+       CTPU_ROWV_OUT,     /* a stored f32 FULL value computed in its output (idx: its instruction); safe
                              with in-place writes as the VM's DIRECT is (a tile's rows only) */
+       CTPU_ROWV_COL };   /* a COL value (idx: its column buffer and result) */
 
 typedef struct {
     uint8_t kind, vkind, kop, flags;   /* vkind, kop: as the VM's instruction (elementwise) or ctpu_k_red_op */
@@ -137,8 +144,9 @@ typedef struct {
 typedef struct {
     int64_t rows, n;
     int n_ins, n_vals, n_buf, n_reg;
-    ctpu_row_ins ins[CTPU_VM_GROUP_NODES];
-    ctpu_row_val val[CTPU_VM_GROUP_NODES + 2 * CTPU_BCAST_MAX];
+    int n_col;                         /* COL values */
+    ctpu_row_ins ins[CTPU_ROW_GROUP_NODES];
+    ctpu_row_val val[CTPU_ROW_GROUP_NODES + 2 * CTPU_BCAST_MAX];
     int n_ef, n_er;                    /* externals read by FULL / by ROW nodes */
     int32_t ef_slot[CTPU_BCAST_MAX], er_slot[CTPU_BCAST_MAX];
     uint8_t ef_dtype[CTPU_BCAST_MAX], er_dtype[CTPU_BCAST_MAX];
