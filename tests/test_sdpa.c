@@ -15,6 +15,7 @@
  * kernel. The worst ratio measured over the cases below is printed. */
 #include "t_core.h"
 #include "mxu.h"
+#include "k_pool.h"
 
 #define ATTN_BOUND (1.0 / 128.0)
 
@@ -491,6 +492,25 @@ START_TEST(kernel_vs_ref)
             for (int64_t i = 0; i < nq + 2 * nk; i++)
                 T_CHECK(t_same(grads[0][i], grads[1][i]), "case %d %s backward element %lld", ci,
                         variants[vi]->name, (long long)i);
+        }
+        /* kernel threads: case 1 (one head, two key blocks) at 2 threads
+         * splits the backward's sums (dQ per query block, dK and dV per key
+         * block), not the heads */
+        for (int nt = 2; nt <= 3; nt++) {
+            ctpu_k_pool pool = k_pool_make(nt);
+            a.o = out[1][0];
+            a.lse = a.o + nq;
+            ctpu_k_attn_fwd(&a, &pool);
+            a.dq = grads[1];
+            a.dk = a.dq + nq;
+            a.dv = a.dk + nk;
+            ctpu_k_attn_bwd(&a, &pool);
+            for (int64_t i = 0; i < nq + B * H * Tq; i++)
+                T_CHECK(t_same(out[0][0][i], out[1][0][i]), "case %d %d threads forward element %lld", ci, nt,
+                        (long long)i);
+            for (int64_t i = 0; i < nq + 2 * nk; i++)
+                T_CHECK(t_same(grads[0][i], grads[1][i]), "case %d %d threads backward element %lld", ci, nt,
+                        (long long)i);
         }
         for (int which = 0; which < 2; which++) { free(out[which][0]); free(grads[which]); }
         free(q); free(k); free(v); free(m); free(g);

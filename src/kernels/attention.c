@@ -7,61 +7,149 @@
  * [B,H,Tq,Tk] buffer.
  *
  * The code is written once; the products and the transcendentals go through
- * a small table: the current ISA's (ctpu_k_matmul_ws, ctpu_k_unary) or the
- * scalar references' (ctpu_k_matmul_ref, ctpu_k_unary_ref). Everything else is
- * one f32 operation at a time in plain C (-ffp-contract=off), so the two give
- * the same bits whenever their parts do (tests/test_sdpa.c checks it). */
+ * a small table: the current ISA's (its MXU packer and micro-kernel driven
+ * here, ctpu_k_unary) or the scalar references' (ctpu_k_matmul_ref,
+ * ctpu_k_unary_ref). Everything else is one f32 operation at a time in plain
+ * C (-ffp-contract=off), so the two give the same bits whenever their parts
+ * do (tests/test_sdpa.c checks it).
+ *
+ * Speed (the order is untouched): a block is held transposed, [key][query],
+ * so that the softmax's per-row running max and left-to-right sums run
+ * across 16-byte vectors of query rows (each lane one row, keys in
+ * ascending order, exactly the scalar order); K and V are packed once per
+ * head and Q / dO once per query block, not once per product; causal blocks
+ * wholly above the diagonal are skipped. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
+#include "mxu.h"
 
 #define BL CTPU_K_ATTN_BLOCK
 
+/* ---------------------------------------------------------------- products
+ * Every product is C[m][n] = sum_k XA[m,k] * XB[n,k], K consumed in the
+ * MXU's one order (mxu.h), with XA and XB strided views
+ * X[i,k] = src[i*si + k*sk]. `role` says which operand of the contract's
+ * matmul each one is (0: A, 1: B): at HIGH / HIGHEST it picks the pass parts,
+ * so a product computed transposed (C^T = B^T A^T, for a layout that suits
+ * the softmax) keeps the contract's pass order and so its bits (as
+ * ctpu_k_matmul's skinny-N transpose does). The ISA path packs each operand
+ * with the current micro-kernel's packer (once per head for K and V, once
+ * per query block for Q and dO) and runs its micro-kernel over the whole K;
+ * the reference path is ctpu_k_matmul_ref on the contract's orientation. */
+typedef struct { const void *src; int dt; int64_t si, sk, I, K; int role; } xop;
+
 typedef struct {
-    void (*mm)(const ctpu_mm_args *a, ctpu_k_ws *ws);
+    const ctpu_mxu_impl *im;   /* NULL: the scalar reference path */
+    int npass, prec;
     void (*unary)(ctpu_k_unary_op op, const float *x, float *y, int64_t n);
 } attn_ops;
 
-static void mm_isa(const ctpu_mm_args *a, ctpu_k_ws *ws) { ctpu_k_matmul_ws(a, ws); }
-static void mm_ref(const ctpu_mm_args *a, ctpu_k_ws *ws) { (void)ws; ctpu_k_matmul_ref(a); }
-static const attn_ops ops_isa = { mm_isa, ctpu_k_unary };
-static const attn_ops ops_ref = { mm_ref, ctpu_k_unary_ref };
+static int64_t pk_dwords(const attn_ops *o, int w, int64_t I, int64_t K)
+{
+    int64_t d = (I + w - 1) / w * o->npass * ctpu_mxu_kh(K) * w * (o->im->planar ? 2 : 1);
+    return (d + 15) / 16 * 16;     /* 64-byte aligned blocks */
+}
+
+static void pk(const attn_ops *o, const xop *x, int w, uint32_t *dst)
+{
+    ctpu_mxu_pack_args pa = {
+        .src = x->src, .dt = x->dt, .si = x->si, .sk = x->sk, .I = x->I, .K = x->K, .w = w,
+        .npass = o->npass, .parts = (x->role ? ctpu_mxu_pass_b : ctpu_mxu_pass_a)[o->prec], .dst = dst,
+    };
+    o->im->pack(&pa, 0, (x->I + w - 1) / w);
+}
+
+/* ISA: c (row stride ldc) = packed A [M x K] (panels of mr) times packed B
+ * [N x K] (panels of nr); tile: scratch for the edge tiles. */
+static void mm_packed(const attn_ops *o, const uint32_t *ap, const uint32_t *bp, int64_t M, int64_t N, int64_t K,
+                      float *c, int64_t ldc, float *tile)
+{
+    const ctpu_mxu_impl *im = o->im;
+    int mr = im->mr, nr = im->nr, lw = im->planar ? 2 : 1;
+    int64_t kp = o->npass * ctpu_mxu_kh(K), apd = kp * mr * lw, bpd = kp * nr * lw;
+    int64_t mp = (M + mr - 1) / mr, np = (N + nr - 1) / nr;
+    for (int64_t j = 0; j < np; j++) {
+        int64_t n0 = j * nr, nn = N - n0 < nr ? N - n0 : nr;
+        for (int64_t i = 0; i < mp; i++) {
+            int64_t m0 = i * mr, mm = M - m0 < mr ? M - m0 : mr;
+            const uint32_t *a = ap + i * apd, *b = bp + j * bpd;
+            if (mm == mr && nn == nr) {
+                im->kernel(kp, a, b, c + m0 * ldc + n0, ldc, 0);
+                continue;
+            }
+            ctpu_mxu_kernel_fn kf = mm < mr && im->kernel_rows ? im->kernel_rows[mm] : im->kernel;
+            kf(kp, a, b, tile, nr, 0);
+            for (int64_t r = 0; r < mm; r++) memcpy(c + (m0 + r) * ldc + n0, tile + r * nr, sizeof(float) * (size_t)nn);
+        }
+    }
+}
 
 /* One thread's buffers. */
 typedef struct {
-    ctpu_k_ws ws;
-    float *s;                   /* [BL*BL] scores, then exp (row stride BL) */
-    float *ds;                  /* [BL*BL] backward: Pd, then dP, then dS */
-    float *z;                   /* [BL*BL] backward with dropout: keep / (1 - p) */
-    uint16_t *p;                /* [BL*BL] forward: P in bf16 */
-    float *t;                   /* [BL*D] one product's block */
+    float *s;                   /* [BL*BL] scores, then P (transposed: [key][query]) */
+    float *ds;                  /* [BL*BL] backward: Pd, then dP, then dS (transposed) */
+    float *z;                   /* [BL*BL] backward with dropout: keep / (1 - p) (transposed) */
+    uint16_t *p;                /* [BL*BL] forward: P in bf16 (transposed) */
+    float *t;                   /* [BL*max(BL,D)] one product's block; the reference's transposes */
     float *acc;                 /* [BL*D] forward: O's accumulator */
-    float *m, *l, *mu, *al, *u; /* [BL] each */
+    float *m, *l, *mu, *al, *u, *sum; /* [BL] each */
+    int32_t *key;               /* [BL] row_max's */
+    uint32_t *nan, *mb;         /* [BL] row_max's */
+    float *tile;                /* an edge micro-tile */
+    uint32_t *pa;               /* a per-block A operand, packed */
+    uint32_t *pq[5];            /* [0] scratch; per query block: Q (scores), dO (dP), dOᵀ (dV), Qᵀ (dK) */
+    uint32_t *hk, *hv, *hk2;    /* per head, every key block: K (scores), V (fwd: Vᵀ, bwd: V), bwd: Kᵀ */
+    int64_t hbh;                /* the head hk/hv/hk2 hold, -1: none */
+    int64_t blk_a, blk_b;       /* dwords per key block in hk/hk2 (A panels), hv */
 } attn_ws;
 
-static bool ws_init(attn_ws *w, int64_t D)
+static void *al64(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64); }
+
+static bool ws_init(attn_ws *w, const ctpu_attn_args *a, const attn_ops *o)
 {
     memset(w, 0, sizeof *w);
-    w->s = malloc(sizeof(float) * BL * BL);
-    w->ds = malloc(sizeof(float) * BL * BL);
-    w->z = malloc(sizeof(float) * BL * BL);
-    w->p = malloc(sizeof(uint16_t) * BL * BL);
-    w->t = malloc(sizeof(float) * (size_t)(BL * D));
-    w->acc = malloc(sizeof(float) * (size_t)(BL * D));
-    w->m = malloc(sizeof(float) * BL * 5);
+    int64_t D = a->D, TD = D > BL ? D : BL;
+    w->hbh = -1;
+    w->s = al64(sizeof(float) * BL * BL);
+    w->ds = al64(sizeof(float) * BL * BL);
+    w->z = al64(sizeof(float) * BL * BL);
+    w->p = al64(sizeof(uint16_t) * BL * BL);
+    w->t = al64(sizeof(float) * (size_t)(BL * TD));
+    w->acc = al64(sizeof(float) * (size_t)(BL * D));
+    w->m = al64(sizeof(float) * BL * 9);
     if (!w->s || !w->ds || !w->z || !w->p || !w->t || !w->acc || !w->m) return false;
     w->l = w->m + BL;
     w->mu = w->l + BL;
     w->al = w->mu + BL;
     w->u = w->al + BL;
+    w->sum = w->u + BL;
+    w->key = (int32_t *)(void *)(w->sum + BL);
+    w->nan = (uint32_t *)(void *)(w->sum + 2 * BL);
+    w->mb = (uint32_t *)(void *)(w->sum + 3 * BL);
+    if (!o->im) return true;
+    int mr = o->im->mr, nr = o->im->nr;
+    int64_t nkb = (a->Tk + BL - 1) / BL;
+    w->tile = al64(sizeof(float) * (size_t)(mr * nr));
+    w->pa = al64(4 * (size_t)pk_dwords(o, mr, BL, BL));
+    for (int i = 0; i < 5; i++) w->pq[i] = al64(4 * (size_t)pk_dwords(o, nr, TD, TD));
+    /* K_J as A panels [bk x D]; V_J as A panels (backward) or Vᵀ as B
+     * panels [D x bk] (forward); Kᵀ as B panels [D x bk] */
+    int64_t ka = pk_dwords(o, mr, BL, D), kb = pk_dwords(o, nr, D, BL);
+    w->blk_a = ka;
+    w->blk_b = ka > kb ? ka : kb;
+    w->hk = al64(4 * (size_t)(nkb * ka));
+    w->hv = al64(4 * (size_t)(nkb * w->blk_b));
+    w->hk2 = al64(4 * (size_t)(nkb * w->blk_b));
+    if (!w->tile || !w->pa || !w->pq[0] || !w->pq[1] || !w->pq[2] || !w->pq[3] || !w->pq[4] || !w->hk || !w->hv || !w->hk2)
+        return false;
     return true;
 }
 
 static void ws_free(attn_ws *w)
 {
-    ctpu_k_ws_free(&w->ws);
     free(w->s);
     free(w->ds);
     free(w->z);
@@ -69,44 +157,89 @@ static void ws_free(attn_ws *w)
     free(w->t);
     free(w->acc);
     free(w->m);
+    free(w->tile);
+    free(w->pa);
+    for (int i = 0; i < 5; i++) free(w->pq[i]);
+    free(w->hk);
+    free(w->hv);
+    free(w->hk2);
 }
 
-static inline float nanmax(float a, float b) { return a != a || b != b ? a + b : a > b ? a : b; }
+/* c (row stride ldc) = XA · XBᵀ (M = A->I, N = B->I, K shared); pa / pb:
+ * the operands already packed (ISA path) or NULL (packed here). */
+static void product(const attn_ops *o, attn_ws *w, const xop *A, const uint32_t *pa, const xop *B,
+                    const uint32_t *pb, float *c, int64_t ldc)
+{
+    int64_t M = A->I, N = B->I, K = A->K;
+    if (o->im) {
+        if (!pa) { pk(o, A, o->im->mr, w->pa); pa = w->pa; }
+        if (!pb) { pk(o, B, o->im->nr, w->pq[0]); pb = w->pq[0]; }
+        mm_packed(o, pa, pb, M, N, K, c, ldc, w->tile);
+        return;
+    }
+    /* the reference, in the contract's orientation: A role 0 is C = A Bᵀ's
+     * matmul A; role 1 means C is the transpose of the contract's product */
+    const xop *ma = A->role == 0 ? A : B, *mb = A->role == 0 ? B : A;
+    bool tr = A->role != 0;
+    ctpu_mm_args mm = {
+        .batch = 1, .M = ma->I, .N = mb->I, .K = K,
+        .a = ma->src, .a_dtype = ma->dt, .a_rs = ma->si, .a_cs = ma->sk,
+        .b = mb->src, .b_dtype = mb->dt, .b_rs = mb->sk, .b_cs = mb->si,
+        .c = tr ? w->t : c, .c_dtype = CTPU_KDT_F32, .ldc = tr ? M : ldc, .precision = (ctpu_k_precision)o->prec,
+    };
+    ctpu_k_matmul_ref(&mm);
+    if (tr)
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t m = 0; m < M; m++) c[m * ldc + n] = w->t[n * M + m];
+}
+
+/* The running max of the softmax, per query row: m = max(m, s_j) for j
+ * ascending, a NaN anywhere giving NaN. Computed on the bits so that the
+ * loop over a block's rows vectorises (a float compare may trap, so the
+ * compiler keeps it scalar): floats ordered as sign-magnitude integers, +0
+ * and -0 one key (a tie keeps the newer value, as `m > s ? m : s` does),
+ * NaN flagged on the side. */
+static inline uint32_t fbits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+static inline int32_t fkey(uint32_t u)
+{
+    uint32_t k = u ^ ((uint32_t)((int32_t)u >> 31) & 0x7fffffffu);
+    return (int32_t)(k & (0u - (uint32_t)((u & 0x7fffffffu) != 0)));
+}
+
+/* mx[i] = the running max of m[i] and s[j*BL + i], j < bk (i < bq); mb,
+ * key, nan: [BL] scratch */
+static void row_max(const float *restrict m, const float *restrict s, int64_t bq, int64_t bk, float *restrict mx,
+                    uint32_t *restrict mb, int32_t *restrict key, uint32_t *restrict nan)
+{
+    for (int64_t i = 0; i < bq; i++) {
+        uint32_t u = fbits(m[i]);
+        mb[i] = u;
+        key[i] = fkey(u);
+        nan[i] = (u & 0x7fffffffu) > 0x7f800000u;
+    }
+    for (int64_t j = 0; j < bk; j++) {
+        const float *r = s + j * BL;
+        for (int64_t i = 0; i < bq; i++) {
+            uint32_t u = fbits(r[i]);
+            int32_t k = fkey(u), kk = key[i];
+            uint32_t keep = 0u - (uint32_t)(kk > k);
+            mb[i] = (mb[i] & keep) | (u & ~keep);
+            key[i] = (int32_t)(((uint32_t)kk & keep) | ((uint32_t)k & ~keep));
+            nan[i] |= (uint32_t)((u & 0x7fffffffu) > 0x7f800000u);
+        }
+    }
+    for (int64_t i = 0; i < bq; i++) {
+        uint32_t u = nan[i] ? 0x7fc00000u : mb[i];
+        memcpy(&mx[i], &u, 4);
+    }
+}
 
 static inline const void *row_of(const void *base, int dt, int64_t row, int64_t D)
 {
     return (const char *)base + (size_t)(row * D) * ctpu_kdt_size(dt);
 }
 
-/* s[i*BL + j], i < bq, j < bk: MXU(Q_I K_Jᵀ) * scale, then the mask and the
- * causal rule (kernels.h). */
-static void scores(const ctpu_attn_args *a, const attn_ops *ops, attn_ws *w, int64_t bh, int64_t i0,
-                   int64_t bq, int64_t j0, int64_t bk)
-{
-    int64_t D = a->D;
-    ctpu_mm_args mm = {
-        .batch = 1, .M = bq, .N = bk, .K = D,
-        .a = row_of(a->q, a->dtype, bh * a->Tq + i0, D), .a_dtype = a->dtype, .a_rs = D, .a_cs = 1,
-        .b = row_of(a->k, a->dtype, bh * a->Tk + j0, D), .b_dtype = a->dtype, .b_rs = 1, .b_cs = D,
-        .c = w->s, .c_dtype = CTPU_KDT_F32, .ldc = BL, .precision = a->precision,
-    };
-    ops->mm(&mm, &w->ws);
-    int64_t b = bh / a->H, h = bh % a->H;
-    for (int64_t i = 0; i < bq; i++) {
-        float *r = w->s + i * BL;
-        for (int64_t j = 0; j < bk; j++) r[j] = r[j] * a->scale;
-        if (a->mask_kind != CTPU_K_MASK_NONE) {
-            const float *mr = a->mask + b * a->ms[0] + h * a->ms[1] + (i0 + i) * a->ms[2] + j0 * a->ms[3];
-            int64_t st = a->ms[3];
-            if (a->mask_kind == CTPU_K_MASK_ADD)
-                for (int64_t j = 0; j < bk; j++) r[j] = r[j] + mr[j * st];
-            else
-                for (int64_t j = 0; j < bk; j++) if (mr[j * st] == 0.0f) r[j] = -INFINITY;
-        }
-        if (a->causal)
-            for (int64_t j = i0 + i + 1 - j0 < 0 ? 0 : i0 + i + 1 - j0; j < bk; j++) r[j] = -INFINITY;
-    }
-}
+static inline int64_t blen(int64_t T, int64_t x0) { return T - x0 < BL ? T - x0 : BL; }
 
 /* Key blocks of query block [i0, i0 + bq): all of them, or (causal) those
  * starting at or before its last query. */
@@ -120,6 +253,57 @@ static int64_t key_blocks(const ctpu_attn_args *a, int64_t i0, int64_t bq)
     return n;
 }
 
+/* The head's K_J (and V_J) packed once, for every key block (ISA path). bwd:
+ * V as A panels and Kᵀ as B panels (else Vᵀ as B panels). */
+static void pack_head(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, int64_t bh, bool bwd)
+{
+    if (!o->im || w->hbh == bh * 2 + bwd) return;
+    int64_t D = a->D, nkb = (a->Tk + BL - 1) / BL;
+    for (int64_t kb = 0; kb < nkb; kb++) {
+        int64_t j0 = kb * BL, bk = blen(a->Tk, j0);
+        const void *kr = row_of(a->k, a->dtype, bh * a->Tk + j0, D), *vr = row_of(a->v, a->dtype, bh * a->Tk + j0, D);
+        xop K = { kr, a->dtype, D, 1, bk, D, 1 };
+        pk(o, &K, o->im->mr, w->hk + kb * w->blk_a);
+        if (bwd) {
+            xop V = { vr, a->dtype, D, 1, bk, D, 1 }, Kt = { kr, a->dtype, 1, D, D, bk, 1 };
+            pk(o, &V, o->im->mr, w->hv + kb * w->blk_b);
+            pk(o, &Kt, o->im->nr, w->hk2 + kb * w->blk_b);
+        } else {
+            xop Vt = { vr, a->dtype, 1, D, D, bk, 1 };
+            pk(o, &Vt, o->im->nr, w->hv + kb * w->blk_b);
+        }
+    }
+    w->hbh = bh * 2 + bwd;
+}
+
+/* s[j*BL + i], j < bk, i < bq (transposed): MXU(Q_I K_Jᵀ) * scale, then the
+ * mask and the causal rule (kernels.h). qx: Q_I as the B operand; pq: it
+ * packed (ISA) or NULL. */
+static void scores(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, int64_t bh, int64_t i0, int64_t bq,
+                   int64_t kb, const xop *qx, const uint32_t *pq)
+{
+    int64_t D = a->D, j0 = kb * BL, bk = blen(a->Tk, j0);
+    xop K = { row_of(a->k, a->dtype, bh * a->Tk + j0, D), a->dtype, D, 1, bk, D, 1 };
+    product(o, w, &K, o->im ? w->hk + kb * w->blk_a : NULL, qx, pq, w->s, BL);
+    int64_t b = bh / a->H, h = bh % a->H;
+    float sc = a->scale;
+    for (int64_t j = 0; j < bk; j++) {
+        float *r = w->s + j * BL;
+        for (int64_t i = 0; i < bq; i++) r[i] = r[i] * sc;
+        if (a->mask_kind != CTPU_K_MASK_NONE) {
+            const float *mr = a->mask + b * a->ms[0] + h * a->ms[1] + i0 * a->ms[2] + (j0 + j) * a->ms[3];
+            int64_t st = a->ms[2];
+            if (a->mask_kind == CTPU_K_MASK_ADD)
+                for (int64_t i = 0; i < bq; i++) r[i] = r[i] + mr[i * st];
+            else
+                for (int64_t i = 0; i < bq; i++) if (mr[i * st] == 0.0f) r[i] = -INFINITY;
+        }
+        /* causal: j0 + j > i0 + i, i.e. i < j0 + j - i0 */
+        if (a->causal)
+            for (int64_t i = 0, e = j0 + j - i0 < bq ? j0 + j - i0 : bq; i < e; i++) r[i] = -INFINITY;
+    }
+}
+
 /* The dropout draws of row i, keys [j0, j0 + bk): u in [0, 1). */
 static void draws(const ctpu_attn_args *a, int64_t bh, int64_t i, int64_t j0, int64_t bk, float *u)
 {
@@ -128,9 +312,45 @@ static void draws(const ctpu_attn_args *a, int64_t bh, int64_t i, int64_t j0, in
 }
 
 /* ------------------------------------------------------------ forward */
-static void fwd_block(const ctpu_attn_args *a, const attn_ops *ops, attn_ws *w, int64_t bh, int64_t qb)
+/* P (transposed, bf16 at default precision) and the row sums into l, per
+ * key block; the order per query row is the contract's (j ascending). */
+static void fwd_softmax(const attn_ops *o, attn_ws *w, int64_t bq, int64_t bk, bool bf16p)
 {
-    int64_t D = a->D, i0 = qb * BL, bq = a->Tq - i0 < BL ? a->Tq - i0 : BL;
+    float *mx = w->u;   /* the new running max */
+    row_max(w->m, w->s, bq, bk, mx, w->mb, w->key, w->nan);
+    for (int64_t i = 0; i < bq; i++) {
+        float mu = mx[i] == -INFINITY ? 0.0f : mx[i];
+        w->al[i] = w->m[i] - mu;
+        w->m[i] = mx[i];
+        w->mu[i] = mu;
+        w->sum[i] = 0.0f;
+    }
+    for (int64_t j = 0; j < bk; j++) {
+        float *r = w->s + j * BL;
+        for (int64_t i = 0; i < bq; i++) r[i] = r[i] - w->mu[i];
+        o->unary(CTPU_K_U_EXP, r, r, bq);
+        if (bf16p) {
+            uint16_t *pr = w->p + j * BL;
+            float *sm = w->sum;
+            for (int64_t i = 0; i < bq; i++) {
+                /* ctpu_f32_to_bf16's bits, branch-free (vectorises) */
+                uint32_t hb = ctpu_mxu_round_bits(fbits(r[i]));
+                float pv;
+                memcpy(&pv, &hb, 4);
+                pr[i] = (uint16_t)(hb >> 16);
+                sm[i] = sm[i] + pv;
+            }
+        } else {
+            for (int64_t i = 0; i < bq; i++) w->sum[i] = w->sum[i] + r[i];
+        }
+    }
+    o->unary(CTPU_K_U_EXP, w->al, w->al, bq);
+    for (int64_t i = 0; i < bq; i++) w->l[i] = w->l[i] * w->al[i] + w->sum[i];
+}
+
+static void fwd_block(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, int64_t bh, int64_t qb)
+{
+    int64_t D = a->D, i0 = qb * BL, bq = blen(a->Tq, i0);
     float pf = (float)a->p;
     /* P is rounded to bf16 at default precision (the MXU operand it is, and
      * the l summed is of those values); HIGH / HIGHEST keep it f32 and the
@@ -138,65 +358,49 @@ static void fwd_block(const ctpu_attn_args *a, const attn_ops *ops, attn_ws *w, 
     bool bf16p = a->precision == CTPU_PREC_DEFAULT;
     for (int64_t i = 0; i < bq; i++) { w->m[i] = -INFINITY; w->l[i] = 0.0f; w->mu[i] = 0.0f; }
     memset(w->acc, 0, sizeof(float) * (size_t)(bq * D));
+    pack_head(a, o, w, bh, false);
+    xop Q = { row_of(a->q, a->dtype, bh * a->Tq + i0, D), a->dtype, D, 1, bq, D, 0 };
+    const uint32_t *pq = NULL;
+    if (o->im) { pk(o, &Q, o->im->nr, w->pq[1]); pq = w->pq[1]; }
     int64_t nkb = key_blocks(a, i0, bq);
     for (int64_t kb = 0; kb < nkb; kb++) {
-        int64_t j0 = kb * BL, bk = a->Tk - j0 < BL ? a->Tk - j0 : BL;
-        scores(a, ops, w, bh, i0, bq, j0, bk);
-        for (int64_t i = 0; i < bq; i++) {
-            float *r = w->s + i * BL, mx = w->m[i];
-            for (int64_t j = 0; j < bk; j++) mx = nanmax(mx, r[j]);
-            float mu = mx == -INFINITY ? 0.0f : mx;
-            w->al[i] = w->m[i] - mu;
-            for (int64_t j = 0; j < bk; j++) r[j] = r[j] - mu;
-            w->m[i] = mx;
-            w->mu[i] = mu;
-            ops->unary(CTPU_K_U_EXP, r, r, bk);
-        }
-        ops->unary(CTPU_K_U_EXP, w->al, w->al, bq);
-        for (int64_t i = 0; i < bq; i++) {
-            float *r = w->s + i * BL;
-            uint16_t *pr = w->p + i * BL;
-            float sum = 0.0f;
-            if (bf16p) {
-                for (int64_t j = 0; j < bk; j++) {
-                    pr[j] = ctpu_f32_to_bf16(r[j]);
-                    sum = sum + ctpu_bf16_to_f32(pr[j]);
-                }
-            } else {
-                for (int64_t j = 0; j < bk; j++) sum = sum + r[j];
-            }
-            w->l[i] = w->l[i] * w->al[i] + sum;
-            if (a->p > 0) {
+        int64_t j0 = kb * BL, bk = blen(a->Tk, j0);
+        scores(a, o, w, bh, i0, bq, kb, &Q, pq);
+        fwd_softmax(o, w, bq, bk, bf16p);
+        if (a->p > 0) {
+            for (int64_t i = 0; i < bq; i++) {
                 draws(a, bh, i0 + i, j0, bk, w->u);
-                if (bf16p) for (int64_t j = 0; j < bk; j++) { if (!(w->u[j] >= pf)) pr[j] = 0; }
-                else for (int64_t j = 0; j < bk; j++) if (!(w->u[j] >= pf)) r[j] = 0.0f;
+                if (bf16p) { for (int64_t j = 0; j < bk; j++) if (!(w->u[j] >= pf)) w->p[j * BL + i] = 0; }
+                else for (int64_t j = 0; j < bk; j++) if (!(w->u[j] >= pf)) w->s[j * BL + i] = 0.0f;
             }
-            float *o = w->acc + i * D;
-            for (int64_t d = 0; d < D; d++) o[d] = o[d] * w->al[i];
         }
-        ctpu_mm_args mm = {
-            .batch = 1, .M = bq, .N = D, .K = bk,
-            .a = bf16p ? (const void *)w->p : (const void *)w->s, .a_dtype = bf16p ? CTPU_KDT_BF16 : CTPU_KDT_F32,
-            .a_rs = BL, .a_cs = 1,
-            .b = row_of(a->v, a->dtype, bh * a->Tk + j0, D), .b_dtype = a->dtype, .b_rs = D, .b_cs = 1,
-            .c = w->t, .c_dtype = CTPU_KDT_F32, .ldc = D, .precision = a->precision,
-        };
-        ops->mm(&mm, &w->ws);
+        for (int64_t i = 0; i < bq; i++) {
+            float *or = w->acc + i * D, al = w->al[i];
+            for (int64_t d = 0; d < D; d++) or[d] = or[d] * al;
+        }
+        /* O_I += P V_J: A = P [bq x bk] (stored transposed), B = V_Jᵀ */
+        xop P = { bf16p ? (const void *)w->p : (const void *)w->s, bf16p ? CTPU_KDT_BF16 : CTPU_KDT_F32, 1, BL, bq, bk, 0 };
+        xop Vt = { row_of(a->v, a->dtype, bh * a->Tk + j0, D), a->dtype, 1, D, D, bk, 1 };
+        product(o, w, &P, NULL, &Vt, o->im ? w->hv + kb * w->blk_b : NULL, w->t, D);
         for (int64_t x = 0; x < bq * D; x++) w->acc[x] = w->acc[x] + w->t[x];
     }
     float keep = (float)(1.0 - a->p);
-    float *o = a->o + (bh * a->Tq + i0) * D, *lse = a->lse + bh * a->Tq + i0;
+    float *out = a->o + (bh * a->Tq + i0) * D, *lse = a->lse + bh * a->Tq + i0;
     for (int64_t i = 0; i < bq; i++) {
         float den = w->l[i] * keep;
-        for (int64_t d = 0; d < D; d++) o[i * D + d] = w->l[i] == 0.0f ? 0.0f : w->acc[i * D + d] / den;
+        const float *ar = w->acc + i * D;
+        float *orow = out + i * D;
+        if (w->l[i] == 0.0f) memset(orow, 0, sizeof(float) * (size_t)D);
+        else for (int64_t d = 0; d < D; d++) orow[d] = ar[d] / den;
     }
-    ops->unary(CTPU_K_U_LOG, w->l, lse, bq);
+    o->unary(CTPU_K_U_LOG, w->l, lse, bq);
     for (int64_t i = 0; i < bq; i++) lse[i] = w->mu[i] + lse[i];
 }
 
 typedef struct {
     const ctpu_attn_args *a;
     const attn_ops *ops;
+    int mode;                   /* backward: 0 per head; 1 dQ per query block; 2 dK, dV per key block */
 } attn_job;
 
 static void fwd_task(void *ctx, int tid, int nt)
@@ -207,110 +411,151 @@ static void fwd_task(void *ctx, int tid, int nt)
     int64_t u0 = n * tid / nt, u1 = n * (tid + 1) / nt;
     if (u0 >= u1) return;
     attn_ws w;
-    if (!ws_init(&w, a->D)) abort();   /* out of host memory, as the MXU driver's workspace */
+    if (!ws_init(&w, a, jb->ops)) abort();   /* out of host memory, as the MXU driver's workspace */
     for (int64_t u = u0; u < u1; u++) fwd_block(a, jb->ops, &w, u / nqb, u % nqb);
     ws_free(&w);
 }
 
 /* ------------------------------------------------------------ backward */
-/* dst[r*D + d] += t[r*D + d] for r < rows */
+/* dst[x] += t[x] for x < n */
 static void add_into(float *dst, const float *t, int64_t n)
 {
     for (int64_t x = 0; x < n; x++) dst[x] = dst[x] + t[x];
 }
 
-static void bwd_pair(const ctpu_attn_args *a, const attn_ops *ops, attn_ws *w, int64_t bh, int64_t i0,
-                     int64_t bq, int64_t j0, int64_t bk)
+/* Query block I's per-row values (mu: the lse to subtract, +inf for a fully
+ * masked row: P = 0; l: Dr_i = sum_d dO_id * O_id, left to right) and its
+ * operands packed (ISA): Q and dO as B panels [bq x D]; with dkv, dOᵀ and
+ * Qᵀ as B panels [D x bq]. */
+static void bwd_prep(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, int64_t bh, int64_t i0, int64_t bq,
+                     bool dkv)
 {
     int64_t D = a->D;
-    float pf = (float)a->p, inv = a->p > 0 ? (float)(1.0 / (1.0 - a->p)) : 1.0f;
-    const float *dO = a->dout + (bh * a->Tq + i0) * D;
-    scores(a, ops, w, bh, i0, bq, j0, bk);
     for (int64_t i = 0; i < bq; i++) {
-        float *r = w->s + i * BL;
-        for (int64_t j = 0; j < bk; j++) r[j] = r[j] - w->mu[i];
-        ops->unary(CTPU_K_U_EXP, r, r, bk);
+        int64_t row = bh * a->Tq + i0 + i;
+        float lse = a->lse_in[row];
+        w->mu[i] = lse == -INFINITY ? INFINITY : lse;
+        const float *or = a->o_in + row * D, *g = a->dout + row * D;
+        float s = 0.0f;
+        for (int64_t d = 0; d < D; d++) s = s + g[d] * or[d];
+        w->l[i] = s;
+    }
+    if (!o->im) return;
+    const void *qr = row_of(a->q, a->dtype, bh * a->Tq + i0, D);
+    const float *dO = a->dout + (bh * a->Tq + i0) * D;
+    xop Q = { qr, a->dtype, D, 1, bq, D, 0 }, G = { dO, CTPU_KDT_F32, D, 1, bq, D, 0 };
+    pk(o, &Q, o->im->nr, w->pq[1]);
+    pk(o, &G, o->im->nr, w->pq[2]);
+    if (!dkv) return;
+    xop Gt = { dO, CTPU_KDT_F32, 1, D, D, bq, 1 }, Qt = { qr, a->dtype, 1, D, D, bq, 1 };
+    pk(o, &Gt, o->im->nr, w->pq[3]);
+    pk(o, &Qt, o->im->nr, w->pq[4]);
+}
+
+#define WANT_DQ 1
+#define WANT_DKV 2
+
+/* One (query block I, key block J) of the backward (kernels.h's order),
+ * blocks transposed ([key][query]); `want`: the sums it adds to. */
+static void bwd_pair(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, int64_t bh, int64_t i0, int64_t bq,
+                     int64_t kb, int want)
+{
+    int64_t D = a->D, j0 = kb * BL, bk = blen(a->Tk, j0);
+    float pf = (float)a->p, inv = a->p > 0 ? (float)(1.0 / (1.0 - a->p)) : 1.0f, sc = a->scale;
+    const float *dO = a->dout + (bh * a->Tq + i0) * D;
+    const void *qr = row_of(a->q, a->dtype, bh * a->Tq + i0, D);
+    const void *kr = row_of(a->k, a->dtype, bh * a->Tk + j0, D), *vr = row_of(a->v, a->dtype, bh * a->Tk + j0, D);
+    bool isa = o->im != NULL;
+    xop Q = { qr, a->dtype, D, 1, bq, D, 0 };
+    scores(a, o, w, bh, i0, bq, kb, &Q, isa ? w->pq[1] : NULL);
+    for (int64_t j = 0; j < bk; j++) {
+        float *r = w->s + j * BL;
+        for (int64_t i = 0; i < bq; i++) r[i] = r[i] - w->mu[i];
+        o->unary(CTPU_K_U_EXP, r, r, bq);
     }
     /* Pd = P * z (z = keep / (1 - p)), into ds */
     const float *pd = w->s;
     if (a->p > 0) {
         for (int64_t i = 0; i < bq; i++) {
-            float *z = w->z + i * BL, *dr = w->ds + i * BL;
-            const float *r = w->s + i * BL;
-            draws(a, bh, i0 + i, j0, bk, z);
-            for (int64_t j = 0; j < bk; j++) z[j] = z[j] >= pf ? inv : 0.0f;
-            for (int64_t j = 0; j < bk; j++) dr[j] = r[j] * z[j];
+            draws(a, bh, i0 + i, j0, bk, w->u);
+            for (int64_t j = 0; j < bk; j++) w->z[j * BL + i] = w->u[j] >= pf ? inv : 0.0f;
+        }
+        for (int64_t j = 0; j < bk; j++) {
+            float *dr = w->ds + j * BL;
+            const float *r = w->s + j * BL, *z = w->z + j * BL;
+            for (int64_t i = 0; i < bq; i++) dr[i] = r[i] * z[i];
         }
         pd = w->ds;
     }
-    ctpu_mm_args mm = {
-        .batch = 1, .M = bk, .N = D, .K = bq,
-        .a = pd, .a_dtype = CTPU_KDT_F32, .a_rs = 1, .a_cs = BL,
-        .b = dO, .b_dtype = CTPU_KDT_F32, .b_rs = D, .b_cs = 1,
-        .c = w->t, .c_dtype = CTPU_KDT_F32, .ldc = D, .precision = a->precision,
-    };
-    ops->mm(&mm, &w->ws);
-    add_into(a->dv + (bh * a->Tk + j0) * D, w->t, bk * D);
-    /* dP = dO Vᵀ into ds, then dS = P * (dP * z - Dr) * scale */
-    mm = (ctpu_mm_args){
-        .batch = 1, .M = bq, .N = bk, .K = D,
-        .a = dO, .a_dtype = CTPU_KDT_F32, .a_rs = D, .a_cs = 1,
-        .b = row_of(a->v, a->dtype, bh * a->Tk + j0, D), .b_dtype = a->dtype, .b_rs = 1, .b_cs = D,
-        .c = w->ds, .c_dtype = CTPU_KDT_F32, .ldc = BL, .precision = a->precision,
-    };
-    ops->mm(&mm, &w->ws);
-    for (int64_t i = 0; i < bq; i++) {
-        float *dr = w->ds + i * BL;
-        const float *r = w->s + i * BL;
-        if (a->p > 0) {
-            const float *z = w->z + i * BL;
-            for (int64_t j = 0; j < bk; j++) dr[j] = dr[j] * z[j];
-        }
-        for (int64_t j = 0; j < bk; j++) dr[j] = r[j] * (dr[j] - w->l[i]) * a->scale;
+    if (want & WANT_DKV) {   /* dV_J += Pdᵀ dO_I */
+        xop A = { pd, CTPU_KDT_F32, BL, 1, bk, bq, 0 }, B = { dO, CTPU_KDT_F32, 1, D, D, bq, 1 };
+        product(o, w, &A, NULL, &B, isa ? w->pq[3] : NULL, w->t, D);
+        add_into(a->dv + (bh * a->Tk + j0) * D, w->t, bk * D);
     }
-    /* dQ_I += dS K_J;  dK_J += dSᵀ Q_I */
-    mm = (ctpu_mm_args){
-        .batch = 1, .M = bq, .N = D, .K = bk,
-        .a = w->ds, .a_dtype = CTPU_KDT_F32, .a_rs = BL, .a_cs = 1,
-        .b = row_of(a->k, a->dtype, bh * a->Tk + j0, D), .b_dtype = a->dtype, .b_rs = D, .b_cs = 1,
-        .c = w->t, .c_dtype = CTPU_KDT_F32, .ldc = D, .precision = a->precision,
-    };
-    ops->mm(&mm, &w->ws);
-    add_into(a->dq + (bh * a->Tq + i0) * D, w->t, bq * D);
-    mm = (ctpu_mm_args){
-        .batch = 1, .M = bk, .N = D, .K = bq,
-        .a = w->ds, .a_dtype = CTPU_KDT_F32, .a_rs = 1, .a_cs = BL,
-        .b = row_of(a->q, a->dtype, bh * a->Tq + i0, D), .b_dtype = a->dtype, .b_rs = D, .b_cs = 1,
-        .c = w->t, .c_dtype = CTPU_KDT_F32, .ldc = D, .precision = a->precision,
-    };
-    ops->mm(&mm, &w->ws);
-    add_into(a->dk + (bh * a->Tk + j0) * D, w->t, bk * D);
+    /* dP = dO_I V_Jᵀ (transposed: V_J dO_Iᵀ) into ds, then dS = P * (dP * z - Dr) * scale */
+    xop V = { vr, a->dtype, D, 1, bk, D, 1 }, G = { dO, CTPU_KDT_F32, D, 1, bq, D, 0 };
+    product(o, w, &V, isa ? w->hv + kb * w->blk_b : NULL, &G, isa ? w->pq[2] : NULL, w->ds, BL);
+    for (int64_t j = 0; j < bk; j++) {
+        float *dr = w->ds + j * BL;
+        const float *r = w->s + j * BL;
+        if (a->p > 0) {
+            const float *z = w->z + j * BL;
+            for (int64_t i = 0; i < bq; i++) dr[i] = dr[i] * z[i];
+        }
+        for (int64_t i = 0; i < bq; i++) dr[i] = r[i] * (dr[i] - w->l[i]) * sc;
+    }
+    if (want & WANT_DQ) {    /* dQ_I += dS K_J */
+        xop A = { w->ds, CTPU_KDT_F32, 1, BL, bq, bk, 0 }, B = { kr, a->dtype, 1, D, D, bk, 1 };
+        product(o, w, &A, NULL, &B, isa ? w->hk2 + kb * w->blk_b : NULL, w->t, D);
+        add_into(a->dq + (bh * a->Tq + i0) * D, w->t, bq * D);
+    }
+    if (want & WANT_DKV) {   /* dK_J += dSᵀ Q_I */
+        xop A = { w->ds, CTPU_KDT_F32, BL, 1, bk, bq, 0 }, B = { qr, a->dtype, 1, D, D, bq, 1 };
+        product(o, w, &A, NULL, &B, isa ? w->pq[4] : NULL, w->t, D);
+        add_into(a->dk + (bh * a->Tk + j0) * D, w->t, bk * D);
+    }
 }
 
-static void bwd_head(const ctpu_attn_args *a, const attn_ops *ops, attn_ws *w, int64_t bh)
+/* The whole head: query blocks ascending, in each the key blocks ascending. */
+static void bwd_head(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, int64_t bh)
 {
     int64_t D = a->D;
     memset(a->dq + bh * a->Tq * D, 0, sizeof(float) * (size_t)(a->Tq * D));
     memset(a->dk + bh * a->Tk * D, 0, sizeof(float) * (size_t)(a->Tk * D));
     memset(a->dv + bh * a->Tk * D, 0, sizeof(float) * (size_t)(a->Tk * D));
+    pack_head(a, o, w, bh, true);
     for (int64_t i0 = 0; i0 < a->Tq; i0 += BL) {
-        int64_t bq = a->Tq - i0 < BL ? a->Tq - i0 : BL;
-        /* mu: the lse to subtract (+inf for a fully masked row: P = 0);
-         * l: Dr_i = sum_d dO_id * O_id */
-        for (int64_t i = 0; i < bq; i++) {
-            int64_t row = bh * a->Tq + i0 + i;
-            float lse = a->lse_in[row];
-            w->mu[i] = lse == -INFINITY ? INFINITY : lse;
-            const float *o = a->o_in + row * D, *g = a->dout + row * D;
-            float s = 0.0f;
-            for (int64_t d = 0; d < D; d++) s = s + g[d] * o[d];
-            w->l[i] = s;
-        }
+        int64_t bq = blen(a->Tq, i0);
+        bwd_prep(a, o, w, bh, i0, bq, true);
         int64_t nkb = key_blocks(a, i0, bq);
-        for (int64_t kb = 0; kb < nkb; kb++) {
-            int64_t j0 = kb * BL, bk = a->Tk - j0 < BL ? a->Tk - j0 : BL;
-            bwd_pair(a, ops, w, bh, i0, bq, j0, bk);
-        }
+        for (int64_t kb = 0; kb < nkb; kb++) bwd_pair(a, o, w, bh, i0, bq, kb, WANT_DQ | WANT_DKV);
+    }
+}
+
+/* dQ_I alone: key blocks ascending (the same sum as bwd_head's). */
+static void bwd_dq(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, int64_t bh, int64_t qb)
+{
+    int64_t D = a->D, i0 = qb * BL, bq = blen(a->Tq, i0);
+    memset(a->dq + (bh * a->Tq + i0) * D, 0, sizeof(float) * (size_t)(bq * D));
+    pack_head(a, o, w, bh, true);
+    bwd_prep(a, o, w, bh, i0, bq, false);
+    int64_t nkb = key_blocks(a, i0, bq);
+    for (int64_t kb = 0; kb < nkb; kb++) bwd_pair(a, o, w, bh, i0, bq, kb, WANT_DQ);
+}
+
+/* dK_J and dV_J alone: the query blocks that see key block J, ascending
+ * (the same sums as bwd_head's). */
+static void bwd_dkv(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, int64_t bh, int64_t kb)
+{
+    int64_t D = a->D, j0 = kb * BL, bk = blen(a->Tk, j0);
+    memset(a->dk + (bh * a->Tk + j0) * D, 0, sizeof(float) * (size_t)(bk * D));
+    memset(a->dv + (bh * a->Tk + j0) * D, 0, sizeof(float) * (size_t)(bk * D));
+    pack_head(a, o, w, bh, true);
+    for (int64_t i0 = 0; i0 < a->Tq; i0 += BL) {
+        int64_t bq = blen(a->Tq, i0);
+        if (key_blocks(a, i0, bq) <= kb) continue;
+        bwd_prep(a, o, w, bh, i0, bq, true);
+        bwd_pair(a, o, w, bh, i0, bq, kb, WANT_DKV);
     }
 }
 
@@ -318,12 +563,17 @@ static void bwd_task(void *ctx, int tid, int nt)
 {
     const attn_job *jb = ctx;
     const ctpu_attn_args *a = jb->a;
-    int64_t n = a->B * a->H;
+    int64_t per = jb->mode == 0 ? 1 : jb->mode == 1 ? (a->Tq + BL - 1) / BL : (a->Tk + BL - 1) / BL;
+    int64_t n = a->B * a->H * per;
     int64_t u0 = n * tid / nt, u1 = n * (tid + 1) / nt;
     if (u0 >= u1) return;
     attn_ws w;
-    if (!ws_init(&w, a->D)) abort();
-    for (int64_t u = u0; u < u1; u++) bwd_head(a, jb->ops, &w, u);
+    if (!ws_init(&w, a, jb->ops)) abort();
+    for (int64_t u = u0; u < u1; u++) {
+        if (jb->mode == 0) bwd_head(a, jb->ops, &w, u);
+        else if (jb->mode == 1) bwd_dq(a, jb->ops, &w, u / per, u % per);
+        else bwd_dkv(a, jb->ops, &w, u / per, u % per);
+    }
     ws_free(&w);
 }
 
@@ -335,26 +585,50 @@ static void run(ctpu_k_pool *pool, void (*fn)(void *, int, int), void *ctx, int6
     else fn(ctx, 0, 1);
 }
 
+static attn_ops ops_of(const ctpu_attn_args *a, bool ref)
+{
+    attn_ops o = { ref ? NULL : ctpu_mxu_current(), ctpu_mxu_npass[a->precision], (int)a->precision,
+                   ref ? ctpu_k_unary_ref : ctpu_k_unary };
+    return o;
+}
+
 void ctpu_k_attn_fwd(const ctpu_attn_args *a, ctpu_k_pool *pool)
 {
-    attn_job jb = { a, &ops_isa };
+    attn_ops o = ops_of(a, false);
+    attn_job jb = { a, &o, 0 };
     run(pool, fwd_task, &jb, a->B * a->H * ((a->Tq + BL - 1) / BL));
 }
 
 void ctpu_k_attn_bwd(const ctpu_attn_args *a, ctpu_k_pool *pool)
 {
-    attn_job jb = { a, &ops_isa };
-    run(pool, bwd_task, &jb, a->B * a->H);
+    attn_ops o = ops_of(a, false);
+    int nt = pool && pool->nthreads > 1 ? pool->nthreads : 1;
+    int64_t bh = a->B * a->H, nqb = (a->Tq + BL - 1) / BL, nkb = (a->Tk + BL - 1) / BL;
+    /* Threads split heads; when there are too few heads for the threads,
+     * the sums are split instead: dQ per query block, then dK and dV per key
+     * block (each sum still in its one order), recomputing P and dP (7
+     * products per block pair instead of 5). */
+    double whole = (double)((bh + nt - 1) / nt), split = 1.4 * (double)bh / nt;
+    if (nt > 1 && (nqb > 1 || nkb > 1) && split < 0.9 * whole) {
+        attn_job j1 = { a, &o, 1 }, j2 = { a, &o, 2 };
+        run(pool, bwd_task, &j1, bh * nqb);
+        run(pool, bwd_task, &j2, bh * nkb);
+        return;
+    }
+    attn_job jb = { a, &o, 0 };
+    run(pool, bwd_task, &jb, bh);
 }
 
 void ctpu_k_attn_fwd_ref(const ctpu_attn_args *a)
 {
-    attn_job jb = { a, &ops_ref };
+    attn_ops o = ops_of(a, true);
+    attn_job jb = { a, &o, 0 };
     run(NULL, fwd_task, &jb, a->B * a->H * ((a->Tq + BL - 1) / BL));
 }
 
 void ctpu_k_attn_bwd_ref(const ctpu_attn_args *a)
 {
-    attn_job jb = { a, &ops_ref };
+    attn_ops o = ops_of(a, true);
+    attn_job jb = { a, &o, 0 };
     run(NULL, bwd_task, &jb, a->B * a->H);
 }

@@ -347,7 +347,9 @@ typedef struct {
  *   dP = MXU(dO_I V_Jᵀ) * z;  dS = P * (dP - Dr) * scale;
  *   dQ_I += MXU(dS K_J);  dK_J += MXU(dSᵀ Q_I)
  * each += one f32 addition into the f32 accumulator: dK and dV are summed over
- * query blocks in ascending order, never with atomics; threads split (b, h). */
+ * query blocks in ascending order, never with atomics; threads split (b, h),
+ * or, with fewer heads than threads, dQ by (b, h, query block) then dK and dV
+ * by (b, h, key block): each sum in one thread, in its one order. */
 void ctpu_k_attn_fwd(const ctpu_attn_args *a, ctpu_k_pool *pool);
 void ctpu_k_attn_bwd(const ctpu_attn_args *a, ctpu_k_pool *pool);
 /* The same with the scalar reference kernels (ctpu_k_matmul_ref,
