@@ -228,6 +228,29 @@ CTPU_API int64_t ctpu_dim(ctpu_tensor t, int d);       /* d may be negative */
 CTPU_API int64_t ctpu_numel(ctpu_tensor t);
 CTPU_API ctpu_dtype ctpu_dtype_of(ctpu_tensor t);
 CTPU_API ctpu_status ctpu_shape(ctpu_tensor t, int64_t out[CTPU_MAX_DIMS], int *ndim);
+
+/* Dynamic dims (TorchTPU's torch._dynamo.mark_dynamic; docs/DESIGN.md
+ * "Dynamic dims"). Marks dim `dim` (negative counts from the end) of t as
+ * dynamic with the extent range [lo, hi]: in defer and fuse, a trace reading
+ * t is keyed with a symbol and this range in place of the extent, and one
+ * program serves every extent in range (bit-identical to strict eager at
+ * that extent, no padding). lo >= 2 (extent 1 changes broadcasting, as in
+ * torch), hi >= lo, hi <= 2^40. Dims derived from t (ops, views, reshapes,
+ * the gradients) follow the symbol; dims of equal range and equal extent in
+ * one trace are one symbol. An extent outside [lo, hi] is a static dim of
+ * that trace: it compiles its own program, whose recompile reason reads
+ * "input 0 dim 1 = 300 outside dynamic range [2, 256]", and counts as a
+ * shape for TORCH_TPU_RECOMPILE_LIMIT. Strict and debug eager ignore the
+ * mark (their one-op programs see concrete extents). Marking again replaces
+ * the dim's range. Each batch is a new tensor: mark it (or let
+ * ctpu_nn_batches_set_dynamic mark the batches it returns) before its first
+ * use in the step. A reshape of a dynamic tensor that is not valid for every
+ * extent in range is an error at the reshape call (CTPU_ERR_SHAPE, naming
+ * the range): give the extent that varies as -1 or as a multiple of the
+ * current extent. t must be a computed tensor (not a pending value of the
+ * trace: CTPU_ERR_STATE). Errors: CTPU_ERR_INVALID_ARG (bad handle, dim out
+ * of range, lo < 2, hi < lo, hi > 2^40), naming the tensor's shape. */
+CTPU_API ctpu_status ctpu_mark_dynamic(ctpu_tensor t, int dim, int64_t lo, int64_t hi);
 CTPU_API bool ctpu_is_valid(ctpu_tensor t);            /* live and not stale; sets no error */
 CTPU_API const char *ctpu_dtype_name(ctpu_dtype dt);   /* "f32", "bf16", "i32" */
 

@@ -191,6 +191,7 @@ static void uninitialised_sweep(void)
     UN_S(ctpu_item, "item", t, &v);
     UN_T(ctpu_from_host_f32_as_bf16, "from_host_f32_as_bf16", f, 2, sh);
     UN_S(ctpu_set_name, "set_name", t, "x");
+    UN_S(ctpu_mark_dynamic, "mark_dynamic", t, 0, 2, 8);
     UN_OK(ctpu_name, strcmp(ctpu_name(t), "") == 0);
     UN_S(ctpu_to_host_as_f32, "to_host_as_f32", t, f, sizeof f);
     UN_S(ctpu_print, "print", t, NULL);
@@ -598,6 +599,13 @@ START_TEST(extreme_integers_and_values)
     ERR(ctpu_to_host_as_f32(FAKE, (float[5]){ 0 }, 20), CTPU_ERR_STALE_HANDLE, "to_host_as_f32");
     ERR(ctpu_to_host_as_f32(CTPU_NULL, (float[5]){ 0 }, 20), CTPU_ERR_NULL_HANDLE, "to_host_as_f32");
     ERR(ctpu_print(CTPU_NULL, NULL), CTPU_ERR_NULL_HANDLE, "print");
+    ERR(ctpu_mark_dynamic(FAKE, 0, 2, 8), CTPU_ERR_STALE_HANDLE, "mark_dynamic");
+    ERR(ctpu_mark_dynamic(CTPU_NULL, 0, 2, 8), CTPU_ERR_NULL_HANDLE, "mark_dynamic");
+    ERR(ctpu_mark_dynamic(a, 9, 2, 8), CTPU_ERR_INVALID_ARG, "mark_dynamic");
+    ERR(ctpu_mark_dynamic(a, INT_MIN, 2, 8), CTPU_ERR_INVALID_ARG, "mark_dynamic");
+    ERR(ctpu_mark_dynamic(a, 0, 1, 8), CTPU_ERR_INVALID_ARG, "mark_dynamic");
+    ERR(ctpu_mark_dynamic(a, 0, INT64_MIN, INT64_MAX), CTPU_ERR_INVALID_ARG, "mark_dynamic");
+    ERR(ctpu_mark_dynamic(a, 0, 8, 2), CTPU_ERR_INVALID_ARG, "mark_dynamic");
     ERR(ctpu_set_name(FAKE, "x"), CTPU_ERR_STALE_HANDLE, "set_name");
     ERR(ctpu_set_name(CTPU_NULL, "x"), CTPU_ERR_NULL_HANDLE, "set_name");
     ERR(ctpu_set_name(a, "\x1b[31mred"), CTPU_ERR_INVALID_ARG, "set_name");

@@ -142,6 +142,7 @@ static void sweep(void)
     EP_Q(ctpu_requires_grad, !ctpu_requires_grad(E) && ctpu_last_status() == CTPU_OK);
     EP_S(ctpu_release, "release", E);
     EP_S(ctpu_set_name, "set_name", E, "x");
+    EP_S(ctpu_mark_dynamic, "mark_dynamic", E, 0, 2, 8);
     EP_T(ctpu_keep, E);
     EP_S(ctpu_to_host, "to_host", E, f, sizeof f);
     EP_S(ctpu_to_host_as_f32, "to_host_as_f32", E, f, sizeof f);

@@ -45,6 +45,7 @@
     X(FUSED_CACHE_HITS,    "fused_cache_hits") \
     X(FUSED_CACHE_MISSES,  "fused_cache_misses") \
     X(RECOMPILES,          "recompiles") \
+    X(DYNAMIC_BINDS,       "dynamic_binds") \
     X(CACHE_EVICTIONS,     "cache_evictions") \
     X(CACHE_THRASH,        "cache_thrash") \
     X(CACHE_COLLISIONS,    "cache_collisions") \
@@ -63,6 +64,7 @@
 /* X(ENUM, "name", "unit"): unit "ns" (durations) or "count" (distributions). */
 #define CTPU_TIMER_TABLE(X) \
     X(COMPILE_TIME,  "compile_time", "ns") \
+    X(DYNAMIC_BIND_TIME, "dynamic_bind_time", "ns") \
     X(EXECUTE_TIME,  "execute_time", "ns") \
     X(SYNC_WAIT,     "sync_wait", "ns") \
     X(PROGRAM_OPS,   "ops_per_program", "count") \

@@ -52,6 +52,8 @@ struct ag_node {
     ag_edge *edge;              /* [n_in] */
     ctpu_tensor *saved;         /* [n_in + 1]: inputs, then the output */
     ctpu_tensor gacc;           /* backward: gradient of the output */
+    ctpu_dyndim *dyn;           /* [(n_in + 1) * CTPU_MAX_DIMS] the inputs' then the output's dynamic dims
+                                   (defer and fuse, ctpu_mark_dynamic), or NULL: all static */
 };
 
 /* What rec->ag points at. */
@@ -751,6 +753,34 @@ void ctpu__test_op_trace(uint64_t *buf, size_t cap)
 
 size_t ctpu__test_op_trace_len(void) { return ctpu__ts->op_trace.n; }
 
+/* Dynamic dims in backward: while node x's rule runs, a tensor it makes at
+ * the shape of one of x's inputs (or of its output) takes that value's
+ * dynamic dims (dispatch.c asks, for nodes whose extents come from their
+ * arguments or their builder). */
+static void ts_hint_set(ag_node *x)
+{
+    ctpu_thread_state *ts = ctpu__ts;
+    const void *h = x && x->dyn ? x : NULL;
+    if (ts->ag_hint != h) ts->ag_hint = h;   /* (written only when it changes: a thread without state has a constant one) */
+}
+
+bool ctpu__ag_hint_dyn(const ctpu_vtype *t, ctpu_dyndim *out)
+{
+    const ag_node *x = ctpu__ts->ag_hint;
+    if (!x) return false;
+    for (int i = 0; i <= x->node.n_in; i++) {
+        const ctpu_vtype *v = i < x->node.n_in ? &x->in_type[i] : &x->node.out;
+        const ctpu_dyndim *d = x->dyn + i * CTPU_MAX_DIMS;
+        if (v->ndim != t->ndim) continue;
+        bool same = true, any = false;
+        for (int k = 0; k < t->ndim && same; k++) { same = v->shape[k] == t->shape[k]; any |= d[k].coef > 0; }
+        if (!same || !any) continue;
+        memcpy(out, d, sizeof(ctpu_dyndim) * CTPU_MAX_DIMS);
+        return true;
+    }
+    return false;
+}
+
 void ctpu__ag_record(const ctpu_node *node, const ctpu_tensor *inputs, const double *scalars, ctpu_tensor out)
 {
     ctpu_thread_state *ts = ctpu__ts;
@@ -768,8 +798,11 @@ void ctpu__ag_record(const ctpu_node *node, const ctpu_tensor *inputs, const dou
     for (int i = 0; i < n_in && !any; i++) any = meta_requires(rec_of(inputs[i])->ag);
     if (!any) return;
 
+    bool has_dyn = rec_of(out)->dyn != NULL;
+    for (int i = 0; i < n_in; i++) has_dyn |= rec_of(inputs[i])->dyn != NULL;
     size_t bytes = sizeof(ag_node) + (size_t)n_in * (sizeof(ctpu_vtype) + sizeof(ag_edge)) +
-                   (size_t)(n_in + 1) * sizeof(ctpu_tensor);
+                   (size_t)(n_in + 1) * sizeof(ctpu_tensor) +
+                   (has_dyn ? (size_t)(n_in + 1) * CTPU_MAX_DIMS * sizeof(ctpu_dyndim) : 0);
     ag_node *n = calloc(1, bytes);
     ag_meta *m = malloc(sizeof *m);
     if (!n || !m) {
@@ -781,6 +814,13 @@ void ctpu__ag_record(const ctpu_node *node, const ctpu_tensor *inputs, const dou
     n->in_type = (ctpu_vtype *)(n + 1);
     n->edge = (ag_edge *)(n->in_type + n_in);
     n->saved = (ctpu_tensor *)(n->edge + n_in);
+    if (has_dyn) {
+        n->dyn = (ctpu_dyndim *)(n->saved + n_in + 1);
+        for (int i = 0; i <= n_in; i++) {
+            const ctpu_trec *r = rec_of(i < n_in ? inputs[i] : out);
+            if (r->dyn) memcpy(n->dyn + i * CTPU_MAX_DIMS, r->dyn, sizeof(ctpu_dyndim) * CTPU_MAX_DIMS);
+        }
+    }
     atomic_init(&n->refs, 1);
     n->seq = atomic_fetch_add(&ag_seq, 1);
     n->node = *node;
@@ -1038,7 +1078,9 @@ static ctpu_status run_backward(ag_meta *root, ctpu_tensor g0, bool retain, cons
         if (anyneed) {
             if ((st = ctpu_scope_begin()) != CTPU_OK) break;
             bool labelled = ctpu__label_push_id(ctpu__backward_label(x->node.op));
+            ts_hint_set(x);
             ag_rules[x->node.op].fn(x, x->gacc, need, gin);
+            ts_hint_set(NULL);
             if (labelled) ctpu__label_pop();
             for (int i = 0; i < n_in; i++) {
                 if (!need[i]) continue;

@@ -78,6 +78,80 @@ static uint64_t op_hash(const ctpu_node *n)
     return h * 0xff51afd7ed558ccdull;
 }
 
+/* ------------------------------------------------------------ dynamic dims
+ * The recorded values' dynamic dims (DESIGN.md "Dynamic dims"), by recorded
+ * input index and by node vref; the flush keys a trace that has any with
+ * symbols in place of their extents. */
+static bool dyn_row(ctpu_dyndim (**rows)[CTPU_MAX_DIMS], bool **has, size_t *cap, size_t i)
+{
+    if (i >= *cap) {
+        size_t nc = *cap ? *cap : 64;
+        while (nc <= i) nc *= 2;
+        ctpu_dyndim (*nr)[CTPU_MAX_DIMS] = realloc(*rows, sizeof **rows * nc);
+        if (nr) *rows = nr;
+        bool *nh = nr ? realloc(*has, sizeof **has * nc) : NULL;
+        if (!nh) return false;
+        memset(nh + *cap, 0, sizeof *nh * (nc - *cap));
+        *has = nh;
+        *cap = nc;
+    }
+    return true;
+}
+
+static void dyn_note(bool input, size_t i, const ctpu_dyndim *d)
+{
+    ctpu_defer_state *df = &t_df;
+    bool ok = input ? dyn_row(&df->in_dyn, &df->in_has_dyn, &df->cap_in_dyn, i)
+                    : dyn_row(&df->node_dyn, &df->node_has_dyn, &df->cap_node_dyn, i);
+    if (!ok) return;   /* out of memory: the value is keyed static */
+    memcpy(input ? df->in_dyn[i] : df->node_dyn[i], d, sizeof(ctpu_dyndim) * CTPU_MAX_DIMS);
+    if (input) {
+        const ctpu_vtype *it;
+        ctpu_buffer *const *ib;
+        const size_t *io;
+        ctpu_trace_rec_inputs(df->rec, &ib, &io, &it);
+        for (int k = 0; k < it[i].ndim; k++) {
+            if (d[k].coef <= 0 || it[i].shape[k] % d[k].coef) continue;
+            int64_t v = it[i].shape[k] / d[k].coef;
+            bool seen = v < d[k].lo || v > d[k].hi;
+            for (int q = 0; q < df->n_sym && !seen; q++)
+                seen = df->sym[q].lo == d[k].lo && df->sym[q].hi == d[k].hi && df->sym[q].v == v;
+            if (!seen && df->n_sym < 8) {
+                df->sym[df->n_sym].lo = d[k].lo;
+                df->sym[df->n_sym].hi = d[k].hi;
+                df->sym[df->n_sym++].v = v;
+            }
+        }
+    }
+    (input ? df->in_has_dyn : df->node_has_dyn)[i] = true;
+    df->any_dyn = true;
+}
+
+/* A node whose dims no shape-rule probe gave (the backward helpers
+ * autograd builds, copies): an output dim takes the dynamic dim of an
+ * input dim of the same extent, at the same position first. Only the key
+ * depends on it (a wrong guess costs a recompile, never a wrong program:
+ * a bind derives every step from the launch's own extents). */
+static bool dyn_guess(const ctpu_node *n, ctpu_trec *const *in, ctpu_dyndim *out)
+{
+    bool any = false;
+    memset(out, 0, sizeof(ctpu_dyndim) * CTPU_MAX_DIMS);
+    if (ctpu__ag_hint_dyn(&n->out, out)) return true;
+    for (int d = 0; d < n->out.ndim; d++) {
+        for (int pass = 0; pass < 2 && !out[d].coef; pass++)
+            for (int i = 0; i < n->n_in && !out[d].coef; i++) {
+                const ctpu_trec *r = in[i];
+                if (!r->dyn) continue;
+                for (int e = 0; e < r->type.ndim; e++) {
+                    if ((pass == 0 && (e != d || r->type.ndim != n->out.ndim)) || r->dyn[e].coef <= 0) continue;
+                    if (r->type.shape[e] == n->out.shape[d]) { out[d] = r->dyn[e]; break; }
+                }
+            }
+        any |= out[d].coef > 0;
+    }
+    return any;
+}
+
 /* The vref of an input record in the current trace. */
 static bool input_vref(ctpu_trec *r, const char *op, ctpu_vref *out)
 {
@@ -95,6 +169,7 @@ static bool input_vref(ctpu_trec *r, const char *op, ctpu_vref *out)
         ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory recording the trace", op);
         return false;
     }
+    if (r->dyn && !ctpu__capturing()) dyn_note(true, (size_t)(-v - 1), r->dyn);
     *out = v;
     return true;
 }
@@ -128,8 +203,18 @@ ctpu_tensor ctpu__defer_node(ctpu_node *node, const char *call, ctpu_trec *const
         ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory recording the trace", opn);
         return ctpu_failed();
     }
+    ctpu_dyndim gd[CTPU_MAX_DIMS];
+    const ctpu_dyndim *dyn = NULL;
+    if (ctpu__ts->dyn_out_set) {
+        ctpu__ts->dyn_out_set = false;
+        dyn = ctpu__ts->dyn_out;
+    } else if (t_df.any_dyn && dyn_guess(node, inputs, gd)) {
+        dyn = gd;
+    }
+    if (dyn && !capturing) dyn_note(false, (size_t)v, dyn);
     ctpu_tensor out = pending_handle(&node->out, v, opn, ctpu_op_name(node->op));
     if (ctpu_is_null(out)) return out;
+    if (dyn && !capturing) ctpu__rec_set_dyn(ctpu_slot(ctpu_handle_slot(out)), dyn, node->out.ndim);
     ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_OPS_DISPATCHED, 1);
     ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_OPS_RECORDED, 1);
     ctpu__ag_record(node, in_h, scalars, out);
@@ -154,7 +239,9 @@ ctpu_tensor ctpu__defer_alias_handle(ctpu_trec *rec, const char *op)
     }
     ctpu_vtype type = rec->type;
     ctpu_vref v = rec->tval;
-    return pending_handle(&type, v, op, op);
+    ctpu_tensor h = pending_handle(&type, v, op, op);
+    if (!ctpu_is_null(h) && rec->dyn) ctpu__rec_set_dyn(ctpu_slot(ctpu_handle_slot(h)), rec->dyn, type.ndim);
+    return h;
 }
 
 bool ctpu__materialize(ctpu_trec *rec, const char *op, ctpu_cut_reason why)
@@ -241,6 +328,12 @@ static void poison_holders(ctpu_status st, const char *msg)
 
 static void reset_trace(void)
 {
+    if (t_df.any_dyn) {
+        if (t_df.in_has_dyn) memset(t_df.in_has_dyn, 0, t_df.cap_in_dyn);
+        if (t_df.node_has_dyn) memset(t_df.node_has_dyn, 0, t_df.cap_node_dyn);
+        t_df.any_dyn = false;
+        t_df.n_sym = 0;
+    }
     ctpu_trace_rec_reset(t_df.rec, ctpu_rt->dev);
     t_df.n_holders = 0;
     t_df.id = atomic_fetch_add(&ctpu_rt->next_trace_id, 1);
@@ -264,18 +357,31 @@ static bool key_append(uint8_t **kb, size_t *len, size_t *cap, const void *p, si
 /* The full raw key: the recorded inputs and nodes, then the live-out
  * requests with how each assigned parameter's storage relates to the
  * recorded inputs (which inputs view it, at which offset), and the options. */
+static bool key_suffix(uint8_t **kb, size_t *len_io, size_t *cap_io, const ctpu_liveout_req *reqs, int nreq, bool dbg);
+
 static uint8_t *raw_key(const ctpu_liveout_req *reqs, int nreq, bool dbg, size_t *len_out)
 {
     const uint8_t *rk;
     size_t rlen;
     if (!ctpu_trace_rec_key(t_df.rec, &rk, &rlen)) return NULL;
-    ctpu_buffer *const *ib;
-    const size_t *io;
-    int ni = ctpu_trace_rec_inputs(t_df.rec, &ib, &io, NULL);
     size_t len = 0, cap = rlen + (size_t)nreq * 8 + 64;
     uint8_t *kb = malloc(cap);
     if (!kb) return NULL;
-    bool ok = key_append(&kb, &len, &cap, rk, rlen);
+    bool ok = key_append(&kb, &len, &cap, rk, rlen) && key_suffix(&kb, &len, &cap, reqs, nreq, dbg);
+    if (!ok) { free(kb); return NULL; }
+    *len_out = len;
+    return kb;
+}
+
+/* The requests and options after the recorded trace (both keys). */
+static bool key_suffix(uint8_t **kbp, size_t *len_io, size_t *cap_io, const ctpu_liveout_req *reqs, int nreq, bool dbg)
+{
+    ctpu_buffer *const *ib;
+    const size_t *io;
+    int ni = ctpu_trace_rec_inputs(t_df.rec, &ib, &io, NULL);
+    uint8_t *kb = *kbp;
+    size_t len = *len_io, cap = *cap_io;
+    bool ok = true;
     uint8_t d = dbg;
     ok = ok && key_append(&kb, &len, &cap, &d, 1);
     for (int q = 0; ok && q < nreq; q++) {
@@ -290,7 +396,98 @@ static uint8_t *raw_key(const ctpu_liveout_req *reqs, int nreq, bool dbg, size_t
         int32_t end = -1;
         ok = ok && key_append(&kb, &len, &cap, &end, sizeof end);
     }
+    *kbp = kb;
+    *len_io = len;
+    *cap_io = cap;
+    return ok;
+}
+
+/* The dynamic key (DESIGN.md "Dynamic dims"): the recorded trace with each
+ * in-range dynamic dim written as its symbol (numbered by first appearance:
+ * its range, never its value) and coefficient; a node with a dynamic dim
+ * is written without its extent attrs (slice bounds: the bind reads the
+ * launch's own). A dim out of its range is written static, and *why says
+ * so ("input 0 dim 1 = 300 outside dynamic range [2, 256]"). *any: some
+ * dim is symbolic. */
+typedef struct {
+    int64_t lo[64], hi[64], v[64];
+    int n;
+    bool any;
+    char *why;
+    size_t whylen;
+} dyn_keyer;
+
+static bool dyn_put_type(dyn_keyer *k, uint8_t **kb, size_t *len, size_t *cap, const ctpu_vtype *t,
+                         const ctpu_dyndim *dd, int input, bool *sym_out)
+{
+    uint8_t h[2] = { t->dtype, t->ndim };
+    bool ok = key_append(kb, len, cap, h, 2);
+    for (int d = 0; ok && d < t->ndim; d++) {
+        int64_t w[2] = { t->shape[d], 0 };
+        const ctpu_dyndim *y = dd ? &dd[d] : NULL;
+        if (y && y->coef > 0 && t->shape[d] % y->coef == 0) {
+            int64_t v = t->shape[d] / y->coef;
+            if (v >= y->lo && v <= y->hi) {
+                int s = 0;
+                while (s < k->n && !(k->lo[s] == y->lo && k->hi[s] == y->hi && k->v[s] == v)) s++;
+                if (s == k->n && k->n < 64) { k->lo[s] = y->lo; k->hi[s] = y->hi; k->v[s] = v; k->n++; }
+                if (s < 64) {
+                    w[0] = -1 - s;
+                    w[1] = y->coef;
+                    ok = key_append(kb, len, cap, &y->lo, sizeof y->lo) && key_append(kb, len, cap, &y->hi, sizeof y->hi);
+                    k->any = *sym_out = true;
+                }
+            } else if (input >= 0 && !k->why[0]) {
+                snprintf(k->why, k->whylen, "input %d dim %d = %lld outside dynamic range [%lld, %lld]", input, d,
+                         (long long)t->shape[d], (long long)y->lo, (long long)y->hi);
+            }
+        }
+        ok = ok && key_append(kb, len, cap, w, sizeof w);
+    }
+    return ok;
+}
+
+static uint8_t *dyn_key(const ctpu_liveout_req *reqs, int nreq, bool dbg, size_t *len_out, bool *any, char *why,
+                        size_t whylen)
+{
+    ctpu_buffer *const *ib;
+    const size_t *io;
+    const ctpu_vtype *it;
+    int ni = ctpu_trace_rec_inputs(t_df.rec, &ib, &io, &it), nn = ctpu_trace_rec_nodes(t_df.rec);
+    dyn_keyer k = { .why = why, .whylen = whylen };
+    why[0] = 0;
+    size_t len = 0, cap = 1024 + (size_t)(ni + nn) * 160;
+    uint8_t *kb = malloc(cap);
+    if (!kb) return NULL;
+    int32_t hdr[3] = { 0x314e5944 /* "DYN1" */, ni, nn };
+    bool ok = key_append(&kb, &len, &cap, hdr, sizeof hdr);
+    bool *in_sym = calloc((size_t)ni + 1, 1);
+    ok = ok && in_sym;
+    for (int i = 0; ok && i < ni; i++) {
+        const ctpu_dyndim *dd = (size_t)i < t_df.cap_in_dyn && t_df.in_has_dyn[i] ? t_df.in_dyn[i] : NULL;
+        ok = dyn_put_type(&k, &kb, &len, &cap, &it[i], dd, i, &in_sym[i]);
+    }
+    bool *nsym = ok ? calloc((size_t)nn + 1, 1) : NULL;
+    ok = ok && nsym;
+    for (int i = 0; ok && i < nn; i++) {
+        const double *sc;
+        const ctpu_node *n = ctpu_trace_rec_node_at(t_df.rec, i, &sc);
+        uint8_t h[4] = { (uint8_t)(n->op & 0xff), (uint8_t)(n->op >> 8), n->n_in, n->n_scalars };
+        ok = key_append(&kb, &len, &cap, h, sizeof h) && key_append(&kb, &len, &cap, n->in, sizeof(int32_t) * n->n_in);
+        const ctpu_dyndim *dd = (size_t)i < t_df.cap_node_dyn && t_df.node_has_dyn[i] ? t_df.node_dyn[i] : NULL;
+        bool sym = false;
+        ok = ok && dyn_put_type(&k, &kb, &len, &cap, &n->out, dd, -1, &sym);
+        for (int q = 0; q < n->n_in; q++) sym |= n->in[q] >= 0 ? nsym[n->in[q]] : in_sym[-n->in[q] - 1];
+        nsym[i] = sym;
+        ctpu_attrs a = n->attr;
+        if (sym) memset(a.i64, 0, sizeof a.i64);
+        ok = ok && key_append(&kb, &len, &cap, &a, sizeof a);
+    }
+    free(in_sym);
+    free(nsym);
+    ok = ok && key_suffix(&kb, &len, &cap, reqs, nreq, dbg);
     if (!ok) { free(kb); return NULL; }
+    *any = k.any;
     *len_out = len;
     return kb;
 }
@@ -324,6 +521,10 @@ typedef struct {
     size_t *outo;
     ctpu_buffer *scratch;
     bool op_by_op;                 /* past the recompile limit: run through strict eager, node by node */
+    bool dynamic;                  /* keyed by the dynamic key (a miss compiles a dynamic program) */
+    ctpu_program *bound;           /* a dynamic program's launch at this trace's extents (ours), or NULL */
+    size_t *out_bytes;             /* [plan->n_out] with bound: the outputs' bytes at these extents */
+    char dyn_why[160];             /* a dynamic dim out of its range: the recompile reason */
     uint64_t step;                 /* marked steps at the cut */
     char err[384];
 } flush_ctx;
@@ -418,7 +619,8 @@ static bool compile_miss(flush_ctx *f, ctpu_cache_pending *miss, const ctpu_cach
         f->op_by_op = true;
         return true;
     }
-    ctpu_program *p = ctpu_fuse_compile(&fin->t, f->err, sizeof f->err);
+    ctpu_program *p = f->dynamic ? ctpu_fuse_compile_dynamic(&fin->t, f->err, sizeof f->err)
+                                 : ctpu_fuse_compile(&fin->t, f->err, sizeof f->err);
     if (!p) {
         ctpu_cache_abandon(cache, miss);
         return true;
@@ -426,6 +628,7 @@ static bool compile_miss(flush_ctx *f, ctpu_cache_pending *miss, const ctpu_cach
     const char **names = input_names(fin);
     ctpu_cache_opts on = *o;
     on.in_names = names;
+    on.reason = f->dyn_why[0] ? f->dyn_why : NULL;
     ctpu_launch_plan *plan = fin->plan;
     fin->plan = NULL;                       /* the cache's now */
     f->prog = ctpu_cache_insert(cache, miss, &fin->t, p, plan, &on, &f->res, f->err, sizeof f->err);
@@ -458,25 +661,95 @@ static void count_lookup(const flush_ctx *f)
     if (res->collisions) ctpu_counter_add(m, CTPU_CTR_CACHE_COLLISIONS, res->collisions);
 }
 
+/* A dynamic program found for this trace: its launch at the recorded
+ * extents (ctpu_fuse_bind). False when its fusion groups do not hold here
+ * (f->err says so): the caller compiles the trace statically. */
+static bool bind_dynamic(flush_ctx *f)
+{
+    const ctpu_trace *ct = ctpu_program_dyn_trace(f->prog);
+    const ctpu_launch_plan *pl = f->plan;
+    ctpu_buffer *const *ib;
+    const size_t *io;
+    const ctpu_vtype *it;
+    ctpu_trace_rec_inputs(t_df.rec, &ib, &io, &it);
+    ctpu_trace bt = *ct;
+    bt.in_type = malloc(sizeof(ctpu_vtype) * ((size_t)ct->n_inputs + 1));
+    bt.nodes = malloc(sizeof(ctpu_node) * ((size_t)ct->n_nodes + 1));
+    f->out_bytes = malloc(sizeof(size_t) * ((size_t)ct->n_outputs + 1));
+    bool ok = bt.in_type && bt.nodes && f->out_bytes && pl->n_in == ct->n_inputs && pl->n_nodes == ct->n_nodes;
+    for (int k = 0; ok && k < ct->n_inputs; k++) bt.in_type[k] = it[pl->in_src[k]];
+    for (int k = 0; ok && k < ct->n_nodes; k++) {
+        const double *sc;
+        const ctpu_node *rn = ctpu_trace_rec_node_at(t_df.rec, pl->node_src[k], &sc);
+        bt.nodes[k] = ct->nodes[k];
+        bt.nodes[k].out = rn->out;
+        bt.nodes[k].attr = rn->attr;
+    }
+    if (ok) f->bound = ctpu_fuse_bind(f->prog, &bt, f->err, sizeof f->err);
+    for (int j = 0; f->bound && j < ct->n_outputs; j++) {
+        int32_t v = bt.outputs[j];
+        const ctpu_vtype *vt = v < bt.n_inputs ? &bt.in_type[v] : &bt.nodes[v - bt.n_inputs].out;
+        f->out_bytes[j] = (size_t)ctpu_vtype_numel(vt) * ctpu_kdt_size(vt->dtype);
+    }
+    free(bt.in_type);
+    free(bt.nodes);
+    if (!f->bound) {
+        free(f->out_bytes);
+        f->out_bytes = NULL;
+        return false;
+    }
+    ctpu_counter_add(&f->rt->metrics, CTPU_CTR_DYNAMIC_BINDS, 1);
+    ctpu_timer_add(&f->rt->metrics, CTPU_TMR_DYNAMIC_BIND_TIME, f->bound->compile_ns);
+    return true;
+}
+
+/* The program this flush runs: a dynamic program's launch, or the program. */
+static inline ctpu_program *run_prog(const flush_ctx *f) { return f->bound ? f->bound : f->prog; }
+
 /* Key -> fused cache; a miss is compiled here (or waited for, if another
- * thread is compiling the same key). */
+ * thread is compiling the same key). A trace with dynamic dims: its exact
+ * static entry first, then the dynamic key (bound to this trace's extents
+ * on a hit). */
 static ctpu_status lookup_or_compile(flush_ctx *f)
 {
     ctpu_runtime *rt = f->rt;
-    size_t klen = 0;
+    size_t klen = 0, dlen = 0;
     uint8_t *key = raw_key(f->reqs, f->nreq, f->dbg, &klen);
     if (!key) return flush_fail(CTPU_ERR_OOM, "mark_step: out of host memory keying the trace", f->reqs, f->rrec);
+    bool any_sym = false;
+    f->dyn_why[0] = 0;
+    uint8_t *dkey = t_df.any_dyn && !f->sink ? dyn_key(f->reqs, f->nreq, f->dbg, &dlen, &any_sym, f->dyn_why,
+                                                       sizeof f->dyn_why)
+                                            : NULL;
     uint64_t step = atomic_load(&rt->marked_steps);
     f->step = step;
     bool only = atomic_load(&rt->cache_only) ||
                 (rt->cache_only_after >= 0 && step >= (uint64_t)rt->cache_only_after);
     ctpu_cache_opts opts = { .allow_compile = !only, .track_recompiles = true, .step = step, .dev = rt->dev };
-    ctpu_cache_pending *miss;
-    f->prog = ctpu_cache_find(rt->fused_cache, key, klen, &opts, &f->res, &f->plan, &miss, f->err, sizeof f->err);
+    ctpu_cache_pending *miss = NULL;
+    f->prog = NULL;
+    if (dkey && any_sym) {
+        f->prog = ctpu_cache_peek(rt->fused_cache, key, klen, &opts, &f->res, &f->plan);
+        if (!f->prog) {
+            f->dynamic = true;
+            f->prog = ctpu_cache_find(rt->fused_cache, dkey, dlen, &opts, &f->res, &f->plan, &miss, f->err,
+                                      sizeof f->err);
+            if (f->prog && f->prog->dyn && !bind_dynamic(f)) {   /* its groups do not hold here: a static program */
+                ctpu_cache_release(rt->fused_cache, f->prog);
+                f->prog = NULL;
+                f->dynamic = false;
+                snprintf(f->dyn_why, sizeof f->dyn_why, "%.150s", f->err);
+                f->err[0] = 0;
+            }
+        }
+    }
+    if (!f->prog && !miss)
+        f->prog = ctpu_cache_find(rt->fused_cache, key, klen, &opts, &f->res, &f->plan, &miss, f->err, sizeof f->err);
     free(key);
+    free(dkey);
     ctpu_trace_final fin;
     bool have_fin = miss && compile_miss(f, miss, &opts, &fin);
-    ctpu__report_cut(f->why, have_fin ? &fin.t : NULL, &f->res, f->prog);   /* report.c: programs, cuts, trace */
+    ctpu__report_cut(f->why, have_fin ? &fin.t : NULL, &f->res, f->prog ? run_prog(f) : NULL);   /* report.c: programs, cuts, trace */
     if (have_fin && f->op_by_op) ctpu__report_fallback(&fin.t);             /* report.c: the shape policies */
     if (have_fin) ctpu_trace_final_free(&fin);
     count_lookup(f);
@@ -530,15 +803,15 @@ static ctpu_status alloc_outputs(flush_ctx *f)
         }
         f->outo[j] = 0;
         char e[256];
-        f->outb[j] = ctpu_buffer_alloc(f->rt->dev, pl->out_bytes[j], e, sizeof e);
+        f->outb[j] = ctpu_buffer_alloc(f->rt->dev, f->out_bytes ? f->out_bytes[j] : pl->out_bytes[j], e, sizeof e);
         if (!f->outb[j]) {
             oom_names_value(f, j, e);
             return CTPU_ERR_OOM;
         }
     }
-    if (f->prog->prog.n_virtual > 0) {
+    if (run_prog(f)->prog.n_virtual > 0) {
         char e[256];
-        f->scratch = ctpu_buffer_alloc(f->rt->dev, f->prog->prog.scratch_bytes, e, sizeof e);
+        f->scratch = ctpu_buffer_alloc(f->rt->dev, run_prog(f)->prog.scratch_bytes, e, sizeof e);
         if (!f->scratch) {
             snprintf(f->err, sizeof f->err, "its scratch (the values that live only inside it): %s", e);
             return CTPU_ERR_OOM;
@@ -572,9 +845,9 @@ static ctpu_status bind_buffers(flush_ctx *f)
     ctpu_trace_rec_inputs(t_df.rec, &ib, &io, NULL);
     const double *rs = ctpu_trace_rec_scalars(t_df.rec);
     int nin = pl->n_in, no = pl->n_out;
-    int nb = nin + no + (f->prog->prog.n_virtual > 0 ? 1 : 0);
+    int nb = nin + no + (run_prog(f)->prog.n_virtual > 0 ? 1 : 0);
     memset(cmd, 0, sizeof *cmd);
-    cmd->prog = &f->prog->prog;
+    cmd->prog = &run_prog(f)->prog;
     cmd->n_bufs = nb;
     cmd->buf = nb <= CTPU_CMD_INLINE_BUFS ? cmd->buf_inl : calloc((size_t)nb, sizeof(ctpu_buffer *));
     cmd->off = nb <= CTPU_CMD_INLINE_BUFS ? cmd->off_inl : calloc((size_t)nb, sizeof(size_t));
@@ -595,6 +868,8 @@ static ctpu_status bind_buffers(flush_ctx *f)
         snprintf(msg, sizeof msg, "fused program %llu: %s", (unsigned long long)f->res.program_id,
                  f->err[0] ? f->err : "out of host memory");
         ctpu_cache_release(f->rt->fused_cache, f->prog);
+        if (f->bound) ctpu_program_free(f->bound);   /* never submitted */
+        free(f->out_bytes);
         return flush_fail(st, msg, f->reqs, f->rrec);
     }
     for (int k = 0; k < nin; k++) { cmd->buf[k] = ib[pl->in_src[k]]; cmd->off[k] = io[pl->in_src[k]]; }
@@ -615,6 +890,11 @@ static void publish(flush_ctx *f)
     if (!f->op_by_op) {
         uint64_t seq = ctpu_device_submit(rt->dev, &f->cmd);   /* the command owns heap arrays now */
         ctpu_program_note_submit(f->prog, seq);
+        if (f->bound) {   /* the launch goes once its command has run (after the program, whose tables it reads) */
+            ctpu_program_note_submit(f->bound, seq);
+            ctpu_cache_orphan(rt->fused_cache, f->bound);
+            f->bound = NULL;
+        }
         ctpu_counter_add(m, CTPU_CTR_PROGRAMS_LAUNCHED, 1);
         ctpu_counter_add(m, CTPU_CTR_FUSED_STEPS, f->prog->prog.n_steps);
         if (f->sink) {                        /* before the handles change: owners still hold the inputs */
@@ -678,6 +958,7 @@ static void publish(flush_ctx *f)
     if (f->prog) ctpu_cache_release(rt->fused_cache, f->prog);
     f->prog = NULL;
     if (f->scratch) ctpu_buffer_release(rt->dev, f->scratch);
+    free(f->out_bytes);
     free(f->outb);
     free(f->outo);
     free(f->reqs);

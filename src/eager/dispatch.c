@@ -276,6 +276,10 @@ static ctpu_tensor make_view(ctpu_node *node, ctpu_trec *rec, ctpu_tensor in_h, 
     ctpu_prov_next();   /* numbered as an op in every mode */
     ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_OPS_DISPATCHED, 1);
     ctpu_tensor out = ctpu_handle_view(rec, &node->out, off, ctpu_op_name(node->op));
+    if (!ctpu_is_null(out) && ctpu__ts && ctpu__ts->dyn_out_set) {   /* a view of a marked tensor keeps its dims */
+        ctpu__ts->dyn_out_set = false;
+        ctpu__rec_set_dyn(ctpu_slot(ctpu_handle_slot(out)), ctpu__ts->dyn_out, node->out.ndim);
+    }
     if (!ctpu_is_null(out)) ctpu__ag_record(node, &in_h, NULL, out);
     return out;
 }
@@ -908,7 +912,7 @@ static inline const char *const *input_names(const ctpu_op_info *o, const op_arg
     return a->names ? a->names : shape_rules[o->shape_rule].names;
 }
 
-static inline bool infer_named(int op, const char *opn, const char *const *names, int n_in, ctpu_trec *const *in,
+static inline bool infer_rules(int op, const char *opn, const char *const *names, int n_in, ctpu_trec *const *in,
                                const op_args *a, ctpu_node *n)
 {
     const ctpu_op_info *o = &ctpu_op_infos[op];
@@ -929,6 +933,219 @@ static inline bool infer_named(int op, const char *opn, const char *const *names
     case CTPU_DT_PROMOTE: return dt_promote(opn, in, a, n);
     default: return dtype_rules[o->dtype_rule](opn, in, a, n);
     }
+}
+
+static bool dyn_probe(int op, const char *opn, const char *const *names, int n_in, ctpu_trec *const *in,
+                      const op_args *a, const ctpu_node *n);
+
+/* A node whose extents come from its arguments (a creation, expand,
+ * reshape or slice of static tensors) in a trace that has symbols: an
+ * output extent equal to a symbol's value is taken to be that symbol
+ * (ctpu_full at a batch's size, a slice of a position table to the
+ * sequence's length); in a backward rule, a tensor at the shape of the tape
+ * entry's input or output takes its dynamic dims. Only the key depends on it: a
+ * coincidence costs a recompile, never a wrong program (a bind derives
+ * every step from the launch's own extents). */
+static void dyn_guess_args(const ctpu_node *n)
+{
+    ctpu_thread_state *ts = ctpu__ts;
+    ctpu_dyndim out[CTPU_MAX_DIMS];
+    memset(out, 0, sizeof out);
+    if (ctpu__ag_hint_dyn(&n->out, out)) {   /* a backward rule's tensor at its forward value's shape */
+        memcpy(ts->dyn_out, out, sizeof out);
+        ts->dyn_out_set = true;
+        return;
+    }
+    bool any = false;
+    for (int d = 0; d < n->out.ndim; d++) {
+        int64_t x = n->out.shape[d];
+        for (int q = 0; q < ts->df.n_sym && !out[d].coef; q++)
+            if (x == ts->df.sym[q].v) out[d] = (ctpu_dyndim){ ts->df.sym[q].lo, ts->df.sym[q].hi, 1 };
+        any |= out[d].coef > 0;
+    }
+    if (!any) return;
+    memcpy(ts->dyn_out, out, sizeof out);
+    ts->dyn_out_set = true;
+}
+
+static inline bool infer_named(int op, const char *opn, const char *const *names, int n_in, ctpu_trec *const *in,
+                               const op_args *a, ctpu_node *n)
+{
+    if (!infer_rules(op, opn, names, n_in, in, a, n)) return false;
+    ctpu_thread_state *ts = ctpu__ts;   /* (a thread without state reads a constant one: written only when set) */
+    if (ts->dyn_out_set) ts->dyn_out_set = false;
+    bool any = false;
+    for (int i = 0; i < n_in; i++) any |= in[i]->dyn != NULL;
+    if (__builtin_expect(any, 0) && ctpu_mode_now() == CTPU_MODE_DEFER_FUSE && ctpu__ts_get())
+        return dyn_probe(op, opn, names, n_in, in, a, n);
+    if (__builtin_expect(ts->df.n_sym > 0, 0) && (a->shape || ctpu_op_infos[op].shape_rule == CTPU_SH_SLICE) &&
+        ctpu_mode_now() == CTPU_MODE_DEFER_FUSE)
+        dyn_guess_args(n);
+    return true;
+}
+
+/* ------------------------------------------------------------ dynamic dims
+ * In defer and fuse, a node whose inputs have dynamic dims (ctpu_mark_dynamic)
+ * gets its own by probing its shape rule: each symbol's extents (and the
+ * shape, slice or range arguments equal to a multiple of them) are moved
+ * from s to s + 1 and the rule run again, quietly; an output dim that moves
+ * by c with extent c * s is c times the symbol. A rule that fails at s + 1
+ * is not valid for every extent of the range: the op fails here. */
+bool ctpu__rec_set_dyn(ctpu_trec *r, const ctpu_dyndim *d, int ndim)
+{
+    bool any = false;
+    for (int i = 0; d && i < ndim; i++) any |= d[i].coef > 0;
+    if (!any) {
+        free(r->dyn);
+        r->dyn = NULL;
+        return true;
+    }
+    if (!r->dyn && !(r->dyn = malloc(sizeof(ctpu_dyndim) * CTPU_MAX_DIMS))) return false;
+    memset(r->dyn, 0, sizeof(ctpu_dyndim) * CTPU_MAX_DIMS);
+    memcpy(r->dyn, d, sizeof(ctpu_dyndim) * (size_t)ndim);
+    return true;
+}
+
+typedef struct { int64_t lo, hi, v; } dyn_sym;
+
+/* The in-range symbols of the inputs (at most 8). */
+static int dyn_syms(int n_in, ctpu_trec *const *in, dyn_sym *sy)
+{
+    int n = 0;
+    for (int i = 0; i < n_in; i++) {
+        if (!in[i]->dyn) continue;
+        for (int d = 0; d < in[i]->type.ndim; d++) {
+            const ctpu_dyndim *y = &in[i]->dyn[d];
+            if (y->coef <= 0 || in[i]->type.shape[d] % y->coef) continue;
+            int64_t v = in[i]->type.shape[d] / y->coef;
+            if (v < y->lo || v > y->hi) continue;
+            bool seen = false;
+            for (int k = 0; k < n && !seen; k++) seen = sy[k].lo == y->lo && sy[k].hi == y->hi && sy[k].v == v;
+            if (!seen && n < 8) sy[n++] = (dyn_sym){ y->lo, y->hi, v };
+        }
+    }
+    return n;
+}
+
+static bool dyn_of_sym(const ctpu_trec *r, int d, const dyn_sym *y)
+{
+    const ctpu_dyndim *x = r->dyn ? &r->dyn[d] : NULL;
+    return x && x->coef > 0 && x->lo == y->lo && x->hi == y->hi && r->type.shape[d] == x->coef * y->v;
+}
+
+/* An argument extent that is a multiple of the symbol: moved with it. */
+static int64_t dyn_move(int64_t x, const dyn_sym *y) { return x > 0 && x % y->v == 0 ? x / y->v * (y->v + 1) : x; }
+
+/* Probe the rule for symbol y; false: not valid at s + 1. pick: for a
+ * reshape, which multiple-of-s target extent moves (-1: every one). */
+static bool dyn_probe_one(int op, const char *opn, const char *const *names, int n_in, ctpu_trec *const *in,
+                          const op_args *a, const dyn_sym *y, int pick, ctpu_node *pn)
+{
+    ctpu_trec pr[CTPU_NODE_MAX_IN];
+    ctpu_trec *pin[CTPU_NODE_MAX_IN];
+    for (int i = 0; i < n_in; i++) {
+        pr[i] = *in[i];
+        for (int d = 0; d < pr[i].type.ndim; d++)
+            if (dyn_of_sym(in[i], d, y)) pr[i].type.shape[d] = in[i]->dyn[d].coef * (y->v + 1);
+        pin[i] = &pr[i];
+    }
+    op_args pa = *a;
+    int64_t shp[CTPU_MAX_DIMS];
+    int sh = ctpu_op_infos[op].shape_rule;
+    if (a->shape && a->ndim > 0 && a->ndim <= CTPU_MAX_DIMS) {
+        for (int d = 0, k = 0; d < a->ndim; d++) {
+            bool mult = a->shape[d] > 0 && a->shape[d] % y->v == 0;
+            shp[d] = mult && (sh != CTPU_SH_RESHAPE || pick < 0 || pick == k) ? dyn_move(a->shape[d], y) : a->shape[d];
+            if (mult) k++;
+        }
+        pa.shape = shp;
+    }
+    if (sh == CTPU_SH_SLICE) { pa.end = dyn_move(a->end, y); pa.start = a->start == a->end ? pa.end : a->start; }
+    ctpu__ts->quiet_errors++;
+    bool ok = infer_rules(op, opn, names, n_in, pin, &pa, pn);
+    ctpu__ts->quiet_errors--;
+    return ok;
+}
+
+static bool dyn_probe(int op, const char *opn, const char *const *names, int n_in, ctpu_trec *const *in,
+                      const op_args *a, const ctpu_node *n)
+{
+    dyn_sym sy[8];
+    int ns = dyn_syms(n_in, in, sy);
+    ctpu_dyndim out[CTPU_MAX_DIMS];
+    memset(out, 0, sizeof out);
+    bool reshape = ctpu_op_infos[op].shape_rule == CTPU_SH_RESHAPE;
+    for (int k = 0; k < ns; k++) {
+        ctpu_node pn;
+        bool ok = dyn_probe_one(op, opn, names, n_in, in, a, &sy[k], -1, &pn);
+        for (int pick = 0; !ok && reshape && pick < CTPU_MAX_DIMS; pick++)
+            ok = dyn_probe_one(op, opn, names, n_in, in, a, &sy[k], pick, &pn);
+        if ((!ok || pn.out.ndim != n->out.ndim) && !reshape) {
+            /* (an operand whose extent equals the symbol's now, such as a
+             * tensor made at this extent: the value is static in the key,
+             * and a trace at another extent compiles its own program) */
+            memset(out, 0, sizeof out);
+            break;
+        }
+        if (!ok || pn.out.ndim != n->out.ndim) {
+            char tb[128];
+            ctpu_set_error(CTPU_ERR_SHAPE,
+                           "%s: a is %s with a dynamic dim in [%lld, %lld] (now %lld): the result is not valid for "
+                           "every extent of the range (give the extent that varies as -1 or a multiple of it, or "
+                           "mark the other operand's dim dynamic too)",
+                           opn, ctpu_fmt_type(&in[0]->type, tb, sizeof tb), (long long)sy[k].lo, (long long)sy[k].hi,
+                           (long long)sy[k].v);
+            return false;
+        }
+        for (int d = 0; d < n->out.ndim; d++) {
+            int64_t x = n->out.shape[d], dx = pn.out.shape[d] - x;
+            if (dx == 0) continue;
+            if (dx > 0 && x == dx * sy[k].v && out[d].coef == 0) out[d] = (ctpu_dyndim){ sy[k].lo, sy[k].hi, dx };
+            else out[d].coef = -1;   /* not c * s of one symbol: static in the key */
+        }
+    }
+    for (int d = 0; d < n->out.ndim; d++)
+        if (out[d].coef < 0) out[d] = (ctpu_dyndim){ 0, 0, 0 };
+    memcpy(ctpu__ts->dyn_out, out, sizeof out);
+    ctpu__ts->dyn_out_set = true;
+    return true;
+}
+
+ctpu_status ctpu_mark_dynamic(ctpu_tensor t, int dim, int64_t lo, int64_t hi)
+{
+    ctpu_trec *r = ctpu_rec_get(t, "mark_dynamic", "t", false);
+    if (!r) return ctpu_last_status();
+    char tb[128];
+    int nd = r->type.ndim;
+    if (dim < -nd || dim >= nd) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "mark_dynamic: t is %s: dim=%d is outside [%d, %d]",
+                       ctpu_fmt_type(&r->type, tb, sizeof tb), dim, -nd, nd - 1);
+        return CTPU_ERR_INVALID_ARG;
+    }
+    if (lo < 2 || hi < lo || hi > ((int64_t)1 << 40)) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG,
+                       "mark_dynamic: t is %s: range [%lld, %lld] for dim %d: need 2 <= lo <= hi <= 2^40 (extent 1 "
+                       "changes broadcasting)",
+                       ctpu_fmt_type(&r->type, tb, sizeof tb), (long long)lo, (long long)hi, dim);
+        return CTPU_ERR_INVALID_ARG;
+    }
+    if (ctpu_rec_pending(r)) {
+        ctpu_set_error(CTPU_ERR_STATE,
+                       "mark_dynamic: t is %s, a pending value of the trace: mark the tensors a step reads (its "
+                       "inputs), before their first use",
+                       ctpu_fmt_type(&r->type, tb, sizeof tb));
+        return CTPU_ERR_STATE;
+    }
+    if (dim < 0) dim += nd;
+    ctpu_dyndim d[CTPU_MAX_DIMS];
+    memset(d, 0, sizeof d);
+    if (r->dyn) memcpy(d, r->dyn, sizeof d);
+    d[dim] = (ctpu_dyndim){ lo, hi, 1 };
+    if (!ctpu__rec_set_dyn(r, d, nd)) {
+        ctpu_set_error(CTPU_ERR_OOM, "mark_dynamic: out of host memory");
+        return CTPU_ERR_OOM;
+    }
+    return CTPU_OK;
 }
 
 static inline bool infer(int op, const char *opn, int n_in, ctpu_trec *const *in, const op_args *a, ctpu_node *n)

@@ -85,6 +85,12 @@ extern ctpu_runtime *ctpu_rt;
 #define CTPU_SLOT_STASH 64           /* free slots a thread keeps (half go back when it overflows) */
 #define CTPU_LABEL_DEPTH 32          /* ctpu_label_push nests this deep (ctpu.h) */
 
+/* A dynamic dim (ctpu_mark_dynamic, DESIGN.md "Dynamic dims"): the extent
+ * is coef * s for a symbol s in [lo, hi]; coef 0: a static dim. A symbol is
+ * named by its range and its value in the trace at hand: dims of equal range
+ * and value are one symbol. */
+typedef struct { int64_t lo, hi, coef; } ctpu_dyndim;
+
 typedef struct {                     /* tensor.c */
     uint64_t id;
     uint64_t *items;                 /* handle ids made in (or kept into) this scope */
@@ -104,6 +110,14 @@ typedef struct {                     /* defer.c: this thread's defer-and-fuse tr
     size_t n_made, cap_made;
     uint64_t last_program, last_step;
     bool last_had_inputs;            /* the last flush read device buffers (a step, not only creation) */
+    /* dynamic dims of the recorded values (NULL rows: static): inputs by
+     * recorded index, nodes by vref */
+    ctpu_dyndim (*in_dyn)[CTPU_MAX_DIMS], (*node_dyn)[CTPU_MAX_DIMS];
+    bool *in_has_dyn, *node_has_dyn;
+    size_t cap_in_dyn, cap_node_dyn;
+    bool any_dyn;                    /* some recorded value has a dynamic dim */
+    struct { int64_t lo, hi, v; } sym[8];   /* the symbols of the marked inputs recorded so far */
+    int n_sym;
 } ctpu_defer_state;
 
 struct ctpu_strict_front;            /* dispatch.c */
@@ -125,6 +139,10 @@ typedef struct ctpu_thread_state {
     int scope_depth;                 /* tensor.c: the scope stack */
     ctpu_scope scopes[CTPU_MAX_SCOPES];
     ctpu_defer_state df;             /* defer.c: the trace recorder */
+    int quiet_errors;                /* dispatch.c: > 0 while probing a shape rule (ctpu_set_error records nothing) */
+    const void *ag_hint;             /* autograd.c: the tape entry whose backward rule runs (its dynamic dims) */
+    bool dyn_out_set;                /* dispatch.c: the dynamic dims the last shape rule's probe gave the node */
+    ctpu_dyndim dyn_out[CTPU_MAX_DIMS];
     struct ctpu_strict_front *strict_front; /* dispatch.c: lock-free front of the strict program table */
     struct ctpu_capture *cap;        /* compiled.c: the capture fn is running in, or NULL */
     struct {
@@ -231,6 +249,7 @@ typedef struct ctpu_trec {
     char *name;                      /* ctpu_set_name (malloc'd; also on buf once it has one), or NULL */
     const char *made_by;             /* defer and fuse: the op that made a pending value (static), or NULL */
     const char *origin;              /* the op (or call) that made the handle (static): the leak watch */
+    ctpu_dyndim *dyn;                /* [CTPU_MAX_DIMS] its dynamic dims (malloc'd), or NULL: all static */
 } ctpu_trec;
 
 static inline bool ctpu_rec_pending(const ctpu_trec *r) { return r->trace_id != 0; }
@@ -291,6 +310,12 @@ bool ctpu_check_init(const char *op);
  * neither sets a new message (an error handle puts its record back as the
  * last error) and ctpu_failed() returns the handle given. */
 ctpu_trec *ctpu_rec_get(ctpu_tensor t, const char *op, const char *arg, bool quiet_null);
+/* r's dynamic dims: a copy of d[0..ndim) (NULL or all static: none). False
+ * on out of memory (r keeps none). */
+bool ctpu__rec_set_dyn(ctpu_trec *r, const ctpu_dyndim *d, int ndim);
+/* In a backward rule: the dynamic dims of the tape entry's input (or
+ * output) of type t, if it has any (autograd.c). */
+bool ctpu__ag_hint_dyn(const ctpu_vtype *t, ctpu_dyndim *out);
 
 /* Make a handle for a new record owning one handle ref on buf (buf's
  * handle_refs is incremented; the caller's buffer ref is transferred).

@@ -43,7 +43,13 @@ static void ts_drop(ctpu_thread_state *s, const ctpu_runtime *rt)
     if (s->df.rec) ctpu_trace_rec_destroy(s->df.rec, dev);
     free(s->df.holders);
     free(s->df.made);
+    free(s->df.in_dyn);
+    free(s->df.node_dyn);
+    free(s->df.in_has_dyn);
+    free(s->df.node_has_dyn);
     memset(&s->df, 0, sizeof s->df);
+    s->dyn_out_set = false;
+    s->quiet_errors = 0;
     ctpu__strict_front_free(s->strict_front, rt ? rt->strict_cache : NULL);
     s->strict_front = NULL;
     s->cap = NULL;
@@ -121,6 +127,7 @@ void ctpu_set_error(ctpu_status st, const char *fmt, ...)
 {
     ctpu_thread_state *s = ctpu__ts_get();
     if (!s) return;                 /* ctpu_last_error says why */
+    if (s->quiet_errors > 0) return;   /* a probe of a shape rule (dispatch.c's dynamic dims) */
     s->err_status = st;
     char raw[sizeof s->err_msg];
     va_list ap;

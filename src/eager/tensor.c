@@ -159,6 +159,7 @@ ctpu_tensor ctpu_handle_new(const ctpu_vtype *type, ctpu_buffer *buf, size_t off
     r->tval = -1;
     r->leaf_grad = false;
     r->name = NULL;
+    r->dyn = NULL;
     r->made_by = NULL;
     r->origin = op;
     if (buf) atomic_fetch_add(&buf->handle_refs, 1);
@@ -194,6 +195,8 @@ void ctpu_handle_release_rec(ctpu_trec *r, uint32_t idx)
     r->buf = NULL;
     free(r->name);
     r->name = NULL;
+    free(r->dyn);
+    r->dyn = NULL;
     if (b) {
         atomic_fetch_sub(&b->handle_refs, 1);
         ctpu_buffer_release(ctpu_rt->dev, b);

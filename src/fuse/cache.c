@@ -346,6 +346,43 @@ ctpu_program *ctpu_cache_find(ctpu_cache *c, const uint8_t *key, size_t len, con
     return NULL;
 }
 
+ctpu_program *ctpu_cache_peek(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_cache_opts *o,
+                              ctpu_cache_result *res, const ctpu_launch_plan **plan)
+{
+    memset(res, 0, sizeof *res);
+    *plan = NULL;
+    uint64_t h = c->force_hash ? c->forced : ctpu_key_hash(key, len);
+    pthread_mutex_lock(&c->mu);
+    entry *e = table_find(c, h, key, len, NULL);
+    ctpu_program *prog = NULL;
+    if (e) {
+        c->st.requests++;
+        e->info.hits++;
+        e->info.last_use = o ? o->step : 0;
+        c->st.hits++;
+        if (c->capacity && c->lru_head != e) { lru_unlink(c, e); lru_push_front(c, e); }
+        res->hit = true;
+        res->program_id = e->info.id;
+        *plan = e->prog->plan;
+        prog = e->prog;
+        ctpu_program_retain(prog);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return prog;
+}
+
+void ctpu_cache_orphan(ctpu_cache *c, ctpu_program *p)
+{
+    pthread_mutex_lock(&c->mu);
+    p->orphan_next = c->orphans;
+    c->orphans = p;
+    c->n_orphans++;
+    atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel);
+    ctpu_program *freed = orphans_take_done(c);
+    pthread_mutex_unlock(&c->mu);
+    progs_free_chain(freed);
+}
+
 void ctpu_cache_abandon(ctpu_cache *c, ctpu_cache_pending *p)
 {
     if (!p) return;
@@ -436,7 +473,8 @@ static uint64_t note_recompile(ctpu_cache *c, const entry *ne, const ctpu_trace 
     for (entry *e = c->lru_head; e; e = e->lru_next) {
         if (e->struct_hash != ne->struct_hash) continue;
         res->recompile = true;
-        describe_diff(e, t, o->in_names, res->reason, sizeof res->reason);
+        if (o->reason) snprintf(res->reason, sizeof res->reason, "%s", o->reason);
+        else describe_diff(e, t, o->in_names, res->reason, sizeof res->reason);
         c->st.recompiles++;
         ctpu_recompile_rec *r = &c->log[c->n_log % RECOMPILE_LOG];
         c->n_log++;

@@ -739,7 +739,40 @@ static void program_fill(const compile_ctx *cx, ctpu_program *c)
     c->step_node = cx->step_node;
 }
 
-ctpu_program *ctpu_fuse_compile(const ctpu_trace *t, char *err, size_t errlen)
+/* A dynamic program's compile-time facts a bind reuses (fuse.h): the
+ * fusion groups (with the arrays they point at, in the program's memory) and
+ * the canonical trace's structure. */
+struct ctpu_dyn_info {
+    compile_ctx cx;            /* the passes' results; cx.t and cx.al are not used */
+    ctpu_trace t;              /* the canonical trace it was compiled from (its arrays in the program's memory) */
+};
+
+static bool keep_dyn(compile_ctx *cx, ctpu_program *c)
+{
+    const ctpu_trace *t = cx->t;
+    struct ctpu_dyn_info *d = al_alloc(&cx->al, sizeof *d);
+    ctpu_vtype *in = al_alloc(&cx->al, sizeof(ctpu_vtype) * ((size_t)t->n_inputs + 1));
+    ctpu_node *nodes = al_alloc(&cx->al, sizeof(ctpu_node) * ((size_t)t->n_nodes + 1));
+    int32_t *outs = al_alloc(&cx->al, sizeof(int32_t) * ((size_t)t->n_outputs + 1));
+    int32_t *alias = t->out_alias ? al_alloc(&cx->al, sizeof(int32_t) * ((size_t)t->n_outputs + 1)) : NULL;
+    if (!d || !in || !nodes || !outs || (t->out_alias && !alias)) return oom(cx);
+    memcpy(in, t->in_type, sizeof(ctpu_vtype) * (size_t)t->n_inputs);
+    memcpy(nodes, t->nodes, sizeof(ctpu_node) * (size_t)t->n_nodes);
+    memcpy(outs, t->outputs, sizeof(int32_t) * (size_t)t->n_outputs);
+    if (alias) memcpy(alias, t->out_alias, sizeof(int32_t) * (size_t)t->n_outputs);
+    d->t = *t;
+    d->t.in_type = in;
+    d->t.nodes = nodes;
+    d->t.outputs = outs;
+    d->t.out_alias = alias;
+    d->cx = *cx;
+    c->dyn = d;
+    return true;
+}
+
+const ctpu_trace *ctpu_program_dyn_trace(const ctpu_program *p) { return p->dyn ? &p->dyn->t : NULL; }
+
+static ctpu_program *compile_ex(const ctpu_trace *t, bool dynamic, char *err, size_t errlen)
 {
     uint64_t t0 = ctpu_now_ns();
     compile_ctx cx = {
@@ -753,6 +786,71 @@ ctpu_program *ctpu_fuse_compile(const ctpu_trace *t, char *err, size_t errlen)
     ok = ok && pass_plan_buffers(&cx);
     ok = ok && pass_emit_steps(&cx);
     ok = ok && pass_fault_deps(&cx);
+    ok = ok && pass_debug_tables(&cx);
+    ok = ok && pass_estimate_cost(&cx, &c->cost);
+    ok = ok && (!dynamic || keep_dyn(&cx, c));
+    if (!ok) {
+        for (int i = 0; i < cx.al.n; i++) free(cx.al.p[i]);
+        free(cx.al.p);
+        return NULL;
+    }
+    program_fill(&cx, c);
+    atomic_init(&c->refs, 1);
+    atomic_init(&c->last_seq, 0);
+    c->compile_ns = ctpu_now_ns() - t0;
+    return c;
+}
+
+ctpu_program *ctpu_fuse_compile(const ctpu_trace *t, char *err, size_t errlen)
+{
+    return compile_ex(t, false, err, errlen);
+}
+
+ctpu_program *ctpu_fuse_compile_dynamic(const ctpu_trace *t, char *err, size_t errlen)
+{
+    return compile_ex(t, true, err, errlen);
+}
+
+/* Do the fusion groups of bound trace cx->t (grouped afresh in cx) equal
+ * the dynamic program's? */
+static bool same_groups(const compile_ctx *cx, const compile_ctx *d)
+{
+    if (cx->n_groups != d->n_groups) return false;
+    size_t nn = (size_t)cx->nn;
+    return memcmp(cx->group, d->group, sizeof(int32_t) * nn) == 0 &&
+           memcmp(cx->epi, d->epi, sizeof(int32_t) * 4 * nn) == 0 &&
+           memcmp(cx->row_group, d->row_group, (size_t)cx->n_groups) == 0 &&
+           memcmp(cx->used_outside, d->used_outside, nn) == 0;
+}
+
+ctpu_program *ctpu_fuse_bind(const ctpu_program *p, const ctpu_trace *t, char *err, size_t errlen)
+{
+    uint64_t t0 = ctpu_now_ns();
+    const compile_ctx *d = &p->dyn->cx;
+    if (t->n_inputs != d->nin || t->n_nodes != d->nn || t->n_outputs != d->no) {
+        snprintf(err, errlen, "bind: the trace does not have the dynamic program's structure");
+        return NULL;
+    }
+    compile_ctx cx = {
+        .t = t, .nin = t->n_inputs, .nn = t->n_nodes, .no = t->n_outputs, .nv = t->n_inputs + t->n_nodes,
+        .err = err, .errlen = errlen,
+    };
+    ctpu_program *c = al_alloc(&cx.al, sizeof *c);   /* mem[0]: freed last */
+    bool ok = c ? true : oom(&cx);
+    ok = ok && bind_slots(&cx);
+    ok = ok && pass_group_nodes(&cx);
+    if (ok && !same_groups(&cx, d)) {
+        snprintf(err, errlen, "the dynamic program's fusion groups do not hold at these extents");
+        ok = false;
+    }
+    ok = ok && pass_plan_buffers(&cx);
+    ok = ok && pass_emit_steps(&cx);
+    if (ok) {   /* the fault dependencies are the program's (they do not depend on extents) */
+        cx.wi = d->wi;
+        cx.ws = d->ws;
+        cx.odi = d->odi;
+        cx.ods = d->ods;
+    }
     ok = ok && pass_debug_tables(&cx);
     ok = ok && pass_estimate_cost(&cx, &c->cost);
     if (!ok) {

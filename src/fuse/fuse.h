@@ -63,12 +63,27 @@ typedef struct ctpu_program {
     struct ctpu_program *orphan_next;
     struct ctpu_launch_plan *plan;  /* the cache's: a fused entry's launch plan, freed with the program */
     const int32_t *step_node;  /* [n_steps] the canonical node naming each step (its group's last) */
+    struct ctpu_dyn_info *dyn; /* a dynamic program (ctpu_fuse_compile_dynamic): what a bind reuses; else NULL */
 } ctpu_program;
 
 /* Compile a trace into a program (one reference, the caller's). NULL with
  * a message on failure. */
 ctpu_program *ctpu_fuse_compile(const ctpu_trace *t, char *err, size_t errlen);
 void ctpu_program_free(ctpu_program *c);
+/* Dynamic dims (DESIGN.md "Dynamic dims"): a program compiled from t that
+ * keeps its fusion groups, slots, step order and fault dependencies, so that
+ * a trace of the same structure at other extents can be bound to it. */
+ctpu_program *ctpu_fuse_compile_dynamic(const ctpu_trace *t, char *err, size_t errlen);
+/* The launch of dynamic program p for trace t (p's structure, the launch's
+ * extents and attrs): the fusion groups are checked to hold at these
+ * extents, then each step's data (extents, broadcast plans, block counts,
+ * scratch offsets, element counts) and the cost estimate are derived from
+ * them. A new program with one reference, run once and dropped (its fault
+ * tables point into p: p must outlive it); NULL with err set when the groups
+ * do not hold (compile t statically instead) or out of memory. */
+/* The canonical trace a dynamic program was compiled from (NULL: not dynamic). */
+const ctpu_trace *ctpu_program_dyn_trace(const ctpu_program *p);
+ctpu_program *ctpu_fuse_bind(const ctpu_program *p, const ctpu_trace *t, char *err, size_t errlen);
 /* A command running p was submitted as seq (before its submitter lets go
  * of its reference). */
 static inline void ctpu_program_note_submit(ctpu_program *p, uint64_t seq)
@@ -114,6 +129,8 @@ typedef struct {
     uint64_t step;                 /* the marked step count, for reports */
     ctpu_device *dev;              /* evicted programs are freed once its commands are done */
     const char *const *in_names;   /* [n_inputs] user names of the canonical inputs (ctpu_set_name), or NULL */
+    const char *reason;            /* a recompile's reason when the caller knows it better (a dynamic dim
+                                      out of its range), or NULL */
 } ctpu_cache_opts;
 
 typedef struct {
@@ -170,6 +187,15 @@ ctpu_program *ctpu_cache_insert(ctpu_cache *c, ctpu_cache_pending *miss, const c
                                 ctpu_launch_plan *plan, const ctpu_cache_opts *o, ctpu_cache_result *res,
                                 char *err, size_t errlen);
 void ctpu_cache_abandon(ctpu_cache *c, ctpu_cache_pending *miss);
+/* A hit as ctpu_cache_find's (counted as a request and a hit), or NULL
+ * with nothing counted or registered (a dynamic trace's exact static entry
+ * is looked for first, DESIGN.md "Dynamic dims"). */
+ctpu_program *ctpu_cache_peek(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_cache_opts *o,
+                              ctpu_cache_result *res, const ctpu_launch_plan **plan);
+/* Hand over a program nobody else holds (a dynamic program's bound launch,
+ * submitted): it is freed once its last command has run, the caller's
+ * reference dropped here. */
+void ctpu_cache_orphan(ctpu_cache *c, ctpu_program *p);
 /* Recompile limit (tracked caches): before compiling a miss from trace t,
  * count its shape against its structure's (the key without extents) over
  * the cache's lifetime, evicted programs included; a key compiled before

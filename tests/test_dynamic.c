@@ -1,0 +1,209 @@
+/* Dynamic dims (issue 15, DESIGN.md "Dynamic dims"): ctpu_mark_dynamic, the
+ * dynamic key and lookup, a dynamic program bound at every extent in range
+ * bit-identical to strict eager, exact compile counts, out-of-range
+ * recompile reasons, reshape validity at the call, bad input. */
+#include "t_core.h"
+
+/* One step of a small MLP with a loss and its backward over a batch of B
+ * rows: out[] gets y (B x 8) then dW (16 x 8) then the reduced loss. */
+typedef struct { ctpu_tensor w, b; } mlp;
+
+static float *batch_data(int64_t B, uint32_t seed)
+{
+    float *x = malloc(sizeof(float) * (size_t)(B * 16));
+    uint32_t s = seed * 2654435761u + 1;
+    for (int64_t i = 0; i < B * 16; i++) {
+        s = s * 1664525u + 1013904223u;
+        x[i] = (float)((int32_t)(s >> 8) % 2001 - 1000) / 977.0f;
+    }
+    return x;
+}
+
+static mlp mlp_make(void)
+{
+    float w[16 * 8], b[8];
+    for (int i = 0; i < 16 * 8; i++) w[i] = (float)((i * 37) % 23 - 11) / 13.0f;
+    for (int i = 0; i < 8; i++) b[i] = (float)(i - 4) / 7.0f;
+    int64_t ws[2] = { 16, 8 }, bs = 8;
+    mlp m = { ctpu_from_host(w, CTPU_F32, 2, ws), ctpu_from_host(b, CTPU_F32, 1, &bs) };
+    ctpu_set_requires_grad(m.w, true);
+    ctpu_set_requires_grad(m.b, true);
+    return m;
+}
+
+/* Runs the step at batch B (marked dynamic in [lo, hi] if lo > 0); out holds
+ * B*8 + 16*8 + 1 floats. */
+static void mlp_step(mlp *m, int64_t B, int64_t lo, int64_t hi, float *out)
+{
+    ctpu_scope_begin();
+    float *xd = batch_data(B, (uint32_t)B);
+    int64_t xs[2] = { B, 16 };
+    ctpu_tensor x = ctpu_from_host(xd, CTPU_F32, 2, xs);
+    free(xd);
+    if (lo > 0) ck_assert_int_eq(ctpu_mark_dynamic(x, 0, lo, hi), CTPU_OK);
+    ctpu_tensor h = ctpu_relu(ctpu_add(ctpu_matmul(x, m->w), m->b));
+    int64_t fs[1] = { -1 };
+    ctpu_tensor flat = ctpu_reshape(h, 1, fs);                 /* [B*8]: a multiple of the symbol */
+    ctpu_tensor sm = ctpu_softmax(h, -1);
+    ctpu_tensor loss = ctpu_add(ctpu_mean(ctpu_mul(flat, flat), 0, NULL, false), ctpu_sum(sm, 0, NULL, false));
+    ck_assert_msg(!ctpu_is_null(loss), "%s", ctpu_last_error());
+    ck_assert_msg(ctpu_backward(loss) == CTPU_OK, "backward: %s", ctpu_last_error());
+    ck_assert_int_eq(ctpu_to_host(h, out, sizeof(float) * (size_t)(B * 8)), CTPU_OK);
+    ck_assert_int_eq(ctpu_to_host(ctpu_grad(m->w), out + B * 8, sizeof(float) * 16 * 8), CTPU_OK);
+    ck_assert_int_eq(ctpu_to_host(loss, out + B * 8 + 128, sizeof(float)), CTPU_OK);
+    ctpu_zero_grad(m->w);
+    ctpu_zero_grad(m->b);
+    ctpu_scope_end();
+    ctpu_mark_step();
+}
+
+static const int64_t EXTENTS[] = { 64, 37, 50, 2, 3, 64, 17, 63, 37 };
+#define N_EXT ((int)(sizeof EXTENTS / sizeof EXTENTS[0]))
+
+START_TEST(parity_and_one_program)
+{
+    /* strict eager at each extent: the reference */
+    float *ref[N_EXT], *got = malloc(sizeof(float) * (64 * 8 + 129));
+    mlp m = mlp_make();
+    for (int e = 0; e < N_EXT; e++) {
+        ref[e] = malloc(sizeof(float) * (size_t)(EXTENTS[e] * 8 + 129));
+        mlp_step(&m, EXTENTS[e], 0, 0, ref[e]);
+    }
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEFER_FUSE), CTPU_OK);
+    int64_t c0 = -1;
+    for (int e = 0; e < N_EXT; e++) {
+        mlp_step(&m, EXTENTS[e], 2, 64, got);
+        if (getenv("CTPU_TEST_DYN_DEBUG")) fprintf(stderr, "extent %lld: compiled %lld binds %lld\n", (long long)EXTENTS[e], (long long)ctpu_metric_counter("programs_compiled"), (long long)ctpu_metric_counter("dynamic_binds"));
+        if (e == 0) c0 = ctpu_metric_counter("programs_compiled");
+        size_t n = (size_t)(EXTENTS[e] * 8 + 129);
+        ck_assert_msg(memcmp(got, ref[e], sizeof(float) * n) == 0, "extent %lld differs from strict eager",
+                      (long long)EXTENTS[e]);
+    }
+    if (getenv("CTPU_TEST_DYN_DEBUG")) { char lg[8192]; ctpu_cache_recompile_log(lg, sizeof lg); fprintf(stderr, "%s\n", lg); }
+    /* the first step compiled its programs; every later extent reused them */
+    ck_assert_int_eq(ctpu_metric_counter("programs_compiled"), c0);
+    ck_assert_int_eq(ctpu_metric_counter("recompiles"), 0);
+    ck_assert_int_gt(ctpu_metric_counter("dynamic_binds"), 0);
+    for (int e = 0; e < N_EXT; e++) free(ref[e]);
+    free(got);
+}
+END_TEST
+
+START_TEST(without_marks_recompiles)
+{
+    float *got = malloc(sizeof(float) * (64 * 8 + 129));
+    mlp m = mlp_make();
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEFER_FUSE), CTPU_OK);
+    for (int e = 0; e < 3; e++) mlp_step(&m, EXTENTS[e], 0, 0, got);
+    ck_assert_int_gt(ctpu_metric_counter("recompiles"), 0);
+    ck_assert_int_eq(ctpu_metric_counter("dynamic_binds"), 0);
+    free(got);
+}
+END_TEST
+
+START_TEST(out_of_range_reason)
+{
+    float *got = malloc(sizeof(float) * (300 * 8 + 129));
+    mlp m = mlp_make();
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEFER_FUSE), CTPU_OK);
+    mlp_step(&m, 40, 2, 256, got);
+    int64_t c0 = ctpu_metric_counter("programs_compiled");
+    mlp_step(&m, 200, 2, 256, got);
+    ck_assert_int_eq(ctpu_metric_counter("programs_compiled"), c0);
+    mlp_step(&m, 300, 2, 256, got);
+    ck_assert_int_gt(ctpu_metric_counter("programs_compiled"), c0);
+    char log[8192];
+    ck_assert_int_ge(ctpu_cache_recompile_log(log, sizeof log), 0);
+    ck_assert_msg(strstr(log, "dim 0 = 300 outside dynamic range [2, 256]"), "log: %s", log);
+    free(got);
+}
+END_TEST
+
+START_TEST(invalid_reshape_fails_at_the_call)
+{
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEFER_FUSE), CTPU_OK);
+    float d[48] = { 0 };
+    int64_t s[2] = { 8, 6 };
+    ctpu_tensor x = ctpu_from_host(d, CTPU_F32, 2, s);
+    ck_assert_int_eq(ctpu_mark_dynamic(x, 0, 2, 64), CTPU_OK);
+    int64_t bad[2] = { 12, 4 };
+    ctpu_tensor r = ctpu_reshape(ctpu_neg(x), 2, bad);
+    ck_assert(ctpu_is_null(r));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_SHAPE);
+    ck_assert_msg(strstr(ctpu_last_error(), "reshape") && strstr(ctpu_last_error(), "not valid for every extent"),
+                  "%s", ctpu_last_error());
+    /* a view of the marked tensor itself too */
+    r = ctpu_reshape(x, 2, bad);
+    ck_assert(ctpu_is_null(r));
+    ck_assert_msg(strstr(ctpu_last_error(), "not valid for every extent"), "%s", ctpu_last_error());
+    /* valid: -1, or a multiple of the extent */
+    int64_t ok1[2] = { -1, 3 }, ok2[3] = { 16, 3, 1 };
+    ck_assert(!ctpu_is_null(ctpu_reshape(ctpu_neg(x), 2, ok1)));
+    ck_assert(!ctpu_is_null(ctpu_reshape(ctpu_neg(x), 3, ok2)));
+    /* an operand whose dim only equals the extent now: allowed (that
+     * value is static in the key) */
+    float e[8] = { 0 };
+    int64_t es[2] = { 8, 1 };
+    ctpu_tensor y = ctpu_from_host(e, CTPU_F32, 2, es);
+    ck_assert(!ctpu_is_null(ctpu_add(x, y)));
+    ck_assert_int_eq(ctpu_mark_dynamic(y, 0, 2, 64), CTPU_OK);
+    ck_assert(!ctpu_is_null(ctpu_add(x, y)));
+    ctpu_sync();
+}
+END_TEST
+
+START_TEST(strict_ignores_marks)
+{
+    float d[48] = { 0 };
+    int64_t s[2] = { 8, 6 }, bad[2] = { 12, 4 };
+    ctpu_tensor x = ctpu_from_host(d, CTPU_F32, 2, s);
+    ck_assert_int_eq(ctpu_mark_dynamic(x, 0, 2, 64), CTPU_OK);
+    ck_assert(!ctpu_is_null(ctpu_reshape(ctpu_neg(x), 2, bad)));   /* concrete extents only */
+}
+END_TEST
+
+START_TEST(hostile_mark_dynamic)
+{
+    float d[6] = { 0 };
+    int64_t s[2] = { 2, 3 };
+    ctpu_tensor x = ctpu_from_host(d, CTPU_F32, 2, s);
+    ck_assert_int_eq(ctpu_mark_dynamic(CTPU_NULL, 0, 2, 8), CTPU_ERR_NULL_HANDLE);
+    ck_assert_int_eq(ctpu_mark_dynamic(x, 2, 2, 8), CTPU_ERR_INVALID_ARG);
+    ck_assert_msg(strstr(ctpu_last_error(), "mark_dynamic") && strstr(ctpu_last_error(), "dim=2"), "%s",
+                  ctpu_last_error());
+    ck_assert_int_eq(ctpu_mark_dynamic(x, -3, 2, 8), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_mark_dynamic(x, 0, 1, 8), CTPU_ERR_INVALID_ARG);
+    ck_assert_msg(strstr(ctpu_last_error(), "[1, 8]"), "%s", ctpu_last_error());
+    ck_assert_int_eq(ctpu_mark_dynamic(x, 0, 9, 8), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_mark_dynamic(x, 0, 2, INT64_MAX), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_mark_dynamic(x, 0, INT64_MIN, -5), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_mark_dynamic(x, -1, 2, 8), CTPU_OK);
+    ck_assert_int_eq(ctpu_mark_dynamic(x, -1, 3, 9), CTPU_OK);     /* replaces the range */
+    ctpu_release(x);
+    ck_assert_int_ne(ctpu_mark_dynamic(x, 0, 2, 8), CTPU_OK);   /* stale */
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEFER_FUSE), CTPU_OK);
+    ctpu_tensor y = ctpu_neg(ctpu_from_host(d, CTPU_F32, 2, s));
+    ck_assert_int_eq(ctpu_mark_dynamic(y, 0, 2, 8), CTPU_ERR_STATE);   /* pending */
+    ctpu_sync();
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("dynamic");
+    TCase *tc = tcase_create("dynamic");
+    tcase_add_checked_fixture(tc, t_setup, t_teardown);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, parity_and_one_program);
+    tcase_add_test(tc, without_marks_recompiles);
+    tcase_add_test(tc, out_of_range_reason);
+    tcase_add_test(tc, invalid_reshape_fails_at_the_call);
+    tcase_add_test(tc, strict_ignores_marks);
+    tcase_add_test(tc, hostile_mark_dynamic);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int nf = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return nf ? EXIT_FAILURE : EXIT_SUCCESS;
+}
