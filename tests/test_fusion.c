@@ -311,6 +311,30 @@ static int p_cross_entropy(ctpu_tensor *o)
     return 1;
 }
 
+/* bf16 logits (the neg in bf16, then the cast), a longer batch; nll_loss
+ * on log_softmax's output (the cast before the neg), every label ignored
+ * in one of them (0 / 0: NaN as in torch) */
+static int p_cross_entropy_more(ctpu_tensor *o)
+{
+    enum { N = 3000, C = 7 };
+    ctpu_tensor x = pin(ctpu_rand_normal(CTPU_BF16, 2, (int64_t[]){ N, C }, 0, 3));
+    ctpu_tensor z = randn(2, (int64_t[]){ 20, C }, 1);
+    static int32_t lab[N], ign[20];
+    for (int i = 0; i < N; i++) lab[i] = i % 11 == 3 ? (i % 2 ? -100 : 5) : (i * 5) % C;
+    for (int i = 0; i < 20; i++) ign[i] = -1;
+    ctpu_tensor y = pin(ctpu_from_host(lab, CTPU_I32, 1, (int64_t[]){ N }));
+    ctpu_tensor yi = pin(ctpu_from_host(ign, CTPU_I32, 1, (int64_t[]){ 20 }));
+    ctpu_tensor xb = pin(ctpu_cast(x, CTPU_BF16));
+    pat_begin();
+    o[0] = out(ctpu_cross_entropy(x, y, NULL));
+    ctpu_nll_opts no = ctpu_nll_defaults();
+    no.ignore_index = -1;
+    o[1] = out(ctpu_nll_loss(ctpu_log_softmax(z, 1), yi, &no));
+    o[2] = out(ctpu_nll_loss(ctpu_log_softmax(xb, 1), y, NULL));
+    pat_end();
+    return 3;
+}
+
 /* layer norm / rms norm backward: the gradients of x, weight, bias */
 static ctpu_tensor leaf(ctpu_tensor t)
 {
@@ -393,9 +417,34 @@ START_TEST(row_groups)
     check_pattern("rms_norm forward + backward", p_rms_backward, 1);
     check_pattern("layer_norm forward + backward, 3-D, threaded", p_ln_backward_3d, 1);
     check_pattern("mean / max over a softmax's rows", p_row_columns, 1);
-    /* not one kernel yet: cross entropy's label path (i32 ops, gather) and
-     * its sums over rows */
-    check_pattern("cross_entropy forward", p_cross_entropy, 9);
+    /* log_softmax, then the nll step (the label path, the gather, the mean) */
+    check_pattern("cross_entropy forward", p_cross_entropy, 2);
+    check_pattern("cross_entropy bf16, nll_loss, all ignored", p_cross_entropy_more, 6);
+}
+END_TEST
+
+/* a label out of range: the nll step faults as the gather does, named by
+ * the gather's op number, in both modes the same message */
+START_TEST(nll_fault_parity)
+{
+    char msg[2][512];
+    for (int m = 0; m < 2; m++) {
+        ctpu_set_mode(m ? CTPU_MODE_DEFER_FUSE : CTPU_MODE_STRICT);
+        ctpu_manual_seed(3);
+        ctpu_tensor x = ctpu_keep(ctpu_rand_normal(CTPU_F32, 2, (int64_t[]){ 4, 5 }, 0, 2));
+        int32_t lab[4] = { 1, 7, -100, -3 };
+        ctpu_tensor y = ctpu_keep(ctpu_from_host(lab, CTPU_I32, 1, (int64_t[]){ 4 }));
+        ctpu_mark_step();
+        ctpu_tensor l = ctpu_keep(ctpu_cross_entropy(x, y, NULL));
+        float v;
+        ck_assert_int_eq(ctpu_to_host(l, &v, 4), CTPU_ERR_DEVICE_FAULT);
+        snprintf(msg[m], sizeof msg[m], "%s", ctpu_last_error());
+        ctpu_release(l);
+        ctpu_release(x);
+        ctpu_release(y);
+    }
+    ck_assert_msg(strstr(msg[0], "gather") && strstr(msg[0], "index 7 at position 1"), "strict: %s", msg[0]);
+    ck_assert_str_eq(msg[0], msg[1]);
 }
 END_TEST
 
@@ -408,6 +457,7 @@ static Suite *suite(void)
     tcase_add_test(p, matmul_epilogues);
     tcase_add_test(p, small_broadcast_producers);
     tcase_add_test(p, stream_stores);
+    tcase_add_test(p, nll_fault_parity);
     tcase_add_test(p, row_groups);
     tcase_add_test(p, column_reductions);
     suite_add_tcase(s, p);

@@ -64,6 +64,7 @@ typedef struct {
     int32_t *group;            /* [nn] fusion group of each node */
     int n_groups;
     bool *row_group;           /* [nn] per group: a row group (rows.c) */
+    bool *nll_group;           /* [nn] per group: an nll step (nll.c) */
     bool *used_outside;        /* [nn] the node's value is read outside its group (or is an output) */
     /* plan buffers */
     int32_t *slot_of;          /* [nv] bound or scratch slot of each value, -1 none */
@@ -287,7 +288,8 @@ static bool pass_group_nodes(compile_ctx *cx)
     cx->group = al_alloc(&cx->al, sizeof(int32_t) * (size_t)(nn + 1));
     cx->used_outside = al_alloc(&cx->al, (size_t)(nn + 1));
     cx->row_group = al_alloc(&cx->al, (size_t)(nn + 1));
-    if (!cx->uses || !cx->epi || !cx->group || !cx->used_outside || !cx->row_group) return oom(cx);
+    cx->nll_group = al_alloc(&cx->al, (size_t)(nn + 1));
+    if (!cx->uses || !cx->epi || !cx->group || !cx->used_outside || !cx->row_group || !cx->nll_group) return oom(cx);
     for (int i = 0; i < nn; i++)
         for (int k = 0; k < t->nodes[i].n_in; k++) cx->uses[t->nodes[i].in[k]]++;
     for (int j = 0; j < cx->no; j++) cx->uses[t->outputs[j]] += 2;   /* an output is never internal */
@@ -298,7 +300,12 @@ static bool pass_group_nodes(compile_ctx *cx)
         for (int k = 0; k < n->n_in; k++) it[k] = type_of(t, n->in[k]);
         int j = i + 1;
         for (int q = 0; q < 4; q++) cx->epi[4 * i + q] = -1;
-        if (ctpu_op_fusion(n->op) == CTPU_FUSE_MXU && n->out.ndim >= 2 && n->out.dtype == CTPU_KDT_F32 && !t->debug_checks)
+        ctpu_nll_prog np;
+        int jn = t->debug_checks || n->op != CTPU_OP_NE_SCALAR ? -1 : ctpu_nll_match(t, i, cx->uses, &np);
+        if (jn > 0) {
+            j = jn;
+            cx->nll_group[cx->n_groups] = true;
+        } else if (ctpu_op_fusion(n->op) == CTPU_FUSE_MXU && n->out.ndim >= 2 && n->out.dtype == CTPU_KDT_F32 && !t->debug_checks)
             j = group_matmul(cx, i);
         else if (!t->debug_checks) {
             /* a row group when it takes more nodes than the VM group (or the node alone) would */
@@ -515,6 +522,29 @@ static void mark_streams(const compile_ctx *cx, ctpu_vm_prog *vp)
     }
 }
 
+/* Nodes [i, j) as one nll step (nll.c). */
+static bool emit_nll(compile_ctx *cx, int i, int j, ctpu_step *step)
+{
+    ctpu_nll_prog *np = al_alloc(&cx->al, sizeof *np);
+    if (!np) return oom(cx);
+    if (ctpu_nll_match(cx->t, i, cx->uses, np) != j) {
+        snprintf(cx->err, cx->errlen, "compile: nll step at node %d cannot be built", i);
+        return false;
+    }
+    np->x_slot = cx->slot_of[np->x_val];
+    np->label_slot = cx->slot_of[np->label_val];
+    np->out_slot = cx->slot_of[cx->nin + j - 1];
+    np->sc_ne = cx->scal_base[np->node_ne];
+    np->sc_full_i = cx->scal_base[np->node_full_i];
+    np->sc_full_f = cx->scal_base[np->node_full_f];
+    if (np->x_slot < 0 || np->label_slot < 0 || np->out_slot < 0) {
+        snprintf(cx->err, cx->errlen, "compile: nll step at node %d cannot be bound", i);
+        return false;
+    }
+    *step = (ctpu_step){ ctpu_nll_exec, np };
+    return true;
+}
+
 /* Nodes [i, j) as one block-VM step. */
 static bool emit_vm_group(compile_ctx *cx, int i, int j, ctpu_step *step)
 {
@@ -561,6 +591,7 @@ static bool pass_emit_steps(compile_ctx *cx)
         while (j < nn && cx->group[j] == cx->group[i]) j++;
         bool ok;
         if (cx->row_group[cx->group[i]]) ok = emit_row_group(cx, i, j, &cx->steps[s]);
+        else if (cx->nll_group[cx->group[i]]) ok = emit_nll(cx, i, j, &cx->steps[s]);
         else if (j - i >= 2 && ctpu_op_fusion(t->nodes[i].op) == CTPU_FUSE_MXU) ok = emit_matmul(cx, i, j, &cx->steps[s]);
         else if (j - i >= 2 && ctpu_op_is(t->nodes[j - 1].op, CTPU_OPK_REDUCTION))
             ok = emit_reduce_group(cx, i, j, &cx->steps[s]);
@@ -655,6 +686,8 @@ static bool pass_debug_tables(compile_ctx *cx)
         cx->out_nan_ok[j] = t->outputs[j] >= nin && nan_defined(t, &t->nodes[t->outputs[j] - nin]);
     for (int st = 0; st < ns; st++) cx->step_node[st] = 0;
     for (int k = 0; k < nn; k++) cx->step_node[cx->group_step[cx->group[k]]] = k;   /* the group's last node */
+    for (int k = 0; k < nn; k++)   /* an nll step's fault is its gather's: named by it */
+        if (cx->nll_group[cx->group[k]] && t->nodes[k].op == CTPU_OP_GATHER) cx->step_node[cx->group_step[cx->group[k]]] = k;
     if (!t->debug_checks || nn <= 1) return true;
     int n_reads = 0;
     for (int k = 0; k < nn; k++) n_reads += t->nodes[k].n_in;
