@@ -8,9 +8,10 @@
  * bytes plus one id for unseen bytes.
  *
  * Model: token and position embeddings, --layers pre-norm blocks (causal
- * self-attention written as matmul -> additive causal mask (-inf above the
- * diagonal) -> softmax -> matmul, then a GELU (erf) MLP of 4 x dmodel), a
- * final layer norm and a head tied to the token embedding. q, k and v
+ * self-attention, one ctpu_scaled_dot_product_attention (is_causal, scale
+ * 1/sqrt(head_dim), --dropout on the probabilities), then a GELU (erf) MLP
+ * of 4 x dmodel), a final layer norm and a head tied to the token
+ * embedding. q, k and v
  * project to heads x head_dim (default dmodel / heads). Every linear layer
  * has a bias. Initialisation as nanoGPT: weights and embeddings N(0, 0.02),
  * the two projections that write into the residual stream (attention output,
@@ -44,9 +45,13 @@
  * (compiles: the programs compiled for the training and evaluation steps up
  * to that line, not those that made or loaded the model: fused programs in
  * defer and fuse, one-op programs in strict and debug; recompiles: those of
- * them whose structure was cached with other shapes, the fused cache's
- * count, as strict eager's one-op table does not classify its compiles),
- * then the generated sample (see generate()) and the cache report on stderr. --log FILE writes step,lr,train_loss,val_loss
+ * them that compile an operation again for new shapes: fused programs
+ * whose structure (the key without extents) was cached with other shapes,
+ * the counter "recompiles", plus one-op programs whose op signature was
+ * first compiled in an earlier step, "strict_recompiles" (README "The
+ * char-level GPT demo"); a run of fixed shapes has 0 in every mode,
+ * --by-document's varying T has some), then the generated sample (see
+ * generate()) and the cache report on stderr. --log FILE writes step,lr,train_loss,val_loss
  * (val_loss empty between evaluations), %.9g, no timing: logs of different
  * modes compare with cmp.
  *
@@ -70,8 +75,7 @@
  * rank r training rows [r b / N, (r+1) b / N); --grad-accum N, the same
  * micro-batches in one process, gives the same bits (see "data parallel"
  * below).
- *
- * Not yet: no SDPA op (attention() writes it out). */
+ */
 #include "corpus.h"
 #include "docbatch.h"
 
@@ -356,7 +360,7 @@ typedef struct {
     int64_t L, H, D, hd, T, V;
     ctpu_dtype dt;   /* of the forward's parameters and activations */
     double dropout;
-    ctpu_tensor wte, wpe, lnf_w, lnf_b, mask;
+    ctpu_tensor wte, wpe, lnf_w, lnf_b;
     block blk[MAX_LAYERS];
     ctpu_tensor decay[4 * MAX_LAYERS + 2], no_decay[8 * MAX_LAYERS + 2];
     int n_decay, n_no_decay;
@@ -417,24 +421,11 @@ static ctpu_status gpt_init(gpt *g, const opts_t *o, int64_t vocab)
         b->w2 = param_normal(g, l, "mlp.w2", 4 * D, D, proj_std), b->b2 = param_const(g, l, "mlp.b2", D, 0);
     }
     g->lnf_w = param_const(g, -1, "lnf.weight", D, 1), g->lnf_b = param_const(g, -1, "lnf.bias", D, 0);
-    /* the additive causal mask [T, T]: 0 on and below the diagonal, -inf above */
-    float *m = malloc(sizeof(float) * (size_t)(g->T * g->T));
-    if (!m) return CTPU_ERR_OOM;
-    for (int64_t i = 0; i < g->T; i++)
-        for (int64_t j = 0; j < g->T; j++) m[i * g->T + j] = j <= i ? 0.0f : -INFINITY;
-    int64_t ms[2] = { g->T, g->T };
-    g->mask = ctpu_from_host(m, CTPU_F32, 2, ms);
-    free(m);
-    if (g->dt == CTPU_BF16) {   /* 0 and -inf are exact in bf16 */
-        ctpu_tensor m16 = ctpu_cast(g->mask, CTPU_BF16);
-        ctpu_release(g->mask);
-        g->mask = m16;
-    }
     for (int i = 0; i < g->n_decay; i++)
         if (ctpu_is_null(g->decay[i])) return CTPU_ERR_INVALID_ARG;
     for (int i = 0; i < g->n_no_decay; i++)
         if (ctpu_is_null(g->no_decay[i])) return CTPU_ERR_INVALID_ARG;
-    return ctpu_is_null(g->mask) ? CTPU_ERR_INVALID_ARG : CTPU_OK;
+    return CTPU_OK;
 }
 
 /* [B, T, H*hd] -> [B, H, T, hd] */
@@ -460,17 +451,13 @@ static ctpu_tensor norm(const gpt *g, ctpu_tensor x, ctpu_tensor w, ctpu_tensor 
     return ctpu_layer_norm(x, P(g, w), P(g, b), 1e-5);
 }
 
-/* Causal self-attention: q, k, v [B, H, T, hd] -> [B, H, T, hd], written out
- * as matmul -> scale -> additive causal mask (-inf above the diagonal) ->
- * softmax -> dropout -> matmul. Self-contained, so that an SDPA op can
- * replace it. */
-static ctpu_tensor attention(const gpt *g, ctpu_tensor q, ctpu_tensor k, ctpu_tensor v, int64_t T, bool training)
+/* Causal self-attention: q, k, v [B, H, T, hd] -> [B, H, T, hd], one
+ * blockwise kernel (ctpu_scaled_dot_product_attention: scale 1/sqrt(hd),
+ * causal, dropout on the probabilities); no [T, T] score tensor exists. */
+static ctpu_tensor attention(const gpt *g, ctpu_tensor q, ctpu_tensor k, ctpu_tensor v, bool training)
 {
-    double scale = 1.0 / sqrt((double)g->hd);
-    ctpu_tensor mask = T == g->T ? g->mask : ctpu_slice(ctpu_slice(g->mask, 0, 0, T, 1), 1, 0, T, 1);
-    ctpu_tensor att = ctpu_add(ctpu_mul_scalar(ctpu_matmul_t(q, k, false, true), scale), mask);
-    att = ctpu_dropout(ctpu_softmax(att, -1), g->dropout, training);
-    return ctpu_matmul(att, v);
+    return ctpu_scaled_dot_product_attention(q, k, v, CTPU_NULL, CTPU_MASK_NONE, true, 0.0,
+                                             training ? g->dropout : 0.0);
 }
 
 /* Next-token logits [B, T, V] of x [B, T] (T <= ctx). */
@@ -488,7 +475,7 @@ static ctpu_tensor gpt_logits(const gpt *g, ctpu_tensor x, int64_t B, int64_t T,
         ctpu_tensor q = split_heads(g, linear(g, a, b->wq, b->bq), B, T);
         ctpu_tensor k = split_heads(g, linear(g, a, b->wk, b->bk), B, T);
         ctpu_tensor v = split_heads(g, linear(g, a, b->wv, b->bv), B, T);
-        ctpu_tensor o = ctpu_contiguous(ctpu_permute(attention(g, q, k, v, T, training), perm));   /* [B, T, H, hd] */
+        ctpu_tensor o = ctpu_contiguous(ctpu_permute(attention(g, q, k, v, training), perm));   /* [B, T, H, hd] */
         int64_t s3[3] = { B, T, g->H * g->hd };
         o = linear(g, ctpu_reshape(o, 3, s3), b->wo, b->bo);
         h = ctpu_add(h, ctpu_dropout(o, p, training));
@@ -795,8 +782,9 @@ static int data_parallel_init(opts_t *o, bool *tty)
 
 /* The dropout counters one row of a training batch of length T draws
  * (ctpu_dropout draws its input's numel when p > 0): the embeddings'
- * [T, D], and per block the attention weights' [H, T, T] and the two
- * residual branches' [T, D]. data_parallel_step checks it against the
+ * [T, D], and per block the attention probabilities' [H, T, T] (SDPA draws
+ * what ctpu_dropout over them would) and the two residual branches'
+ * [T, D]. data_parallel_step checks it against the
  * generator after each micro-batch's forward: a change to the model's
  * dropouts that forgets this is an error, never a silent mismatch. */
 static uint64_t dropout_draws_per_row(const gpt *g, int64_t T)
@@ -1025,7 +1013,7 @@ int main(int argc, char **argv)
     /* the result line's compiles / recompiles: the training and evaluation steps' programs (not those
      * that made and loaded the model: they run before this, and ctpu_sync compiles a pending trace) */
     if (ctpu_sync() != CTPU_OK) return fail("making the model");
-    int64_t compiles0 = ctpu_metric_counter("programs_compiled"), recompiles0 = ctpu_metric_counter("recompiles");
+    int64_t compiles0 = ctpu_metric_counter("programs_compiled"), recompiles0 = ctpu_metric_counter("recompiles") + ctpu_metric_counter("strict_recompiles");
     double t0 = now_s();
     for (; step < o.steps && !(o.stop_after && step >= o.stop_after); step++) {
         double lr = ctpu_lr_warmup_cosine(o.lr, step, o.warmup, o.steps, min_lr);
@@ -1125,7 +1113,8 @@ int main(int argc, char **argv)
     printf("result val_loss=%.4f train_loss=%.4f steps=%lld tokens_per_s=%.0f compiles=%lld recompiles=%lld mode=%s%s\n",
            lst.val_loss, lst.train_loss, (long long)step, train_time > 0 ? (double)tokens / train_time : 0.0,
            (long long)(ctpu_metric_counter("programs_compiled") - compiles0),
-           (long long)(ctpu_metric_counter("recompiles") - recompiles0), mode, ws);
+           (long long)(ctpu_metric_counter("recompiles") + ctpu_metric_counter("strict_recompiles") - recompiles0),
+           mode, ws);
     fflush(stdout);
     if (o.sample_len > 0 && generate(g, &c, &o)) return 1;
     if (ctpu_dist_rank() == 0 && attention_cost_report(g, o.batch)) return 1;
@@ -1139,7 +1128,6 @@ int main(int argc, char **argv)
     ctpu_optim_free(opt);
     for (int i = 0; i < g->n_decay; i++) ctpu_release(g->decay[i]);
     for (int i = 0; i < g->n_no_decay; i++) ctpu_release(g->no_decay[i]);
-    ctpu_release(g->mask);
     free(g);
     corpus_free(&c);
     if (o.ddp) ctpu_dist_shutdown();

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The char-level GPT demo converges (issue 14): 100 steps of a small
 # configuration (1 layer, 2 heads, dmodel 32, ctx 32, batch 64, lr 3e-2) in
-# defer and fuse reach a val loss below 3.20 nats. Measured: 3.1368 at step
-# 100 (val 4.74 = ln 114 at initialisation; the corpus's byte unigram entropy
-# is 3.32 nats, so a loss below 3.20 means the model uses its context). The
+# defer and fuse reach a val loss below 3.20 nats. Measured: 3.0661 at step
+# 100 with SDPA (3.1368 when the attention was written out; val 4.74 = ln 114
+# at initialisation; the corpus's byte unigram entropy is 3.32 nats, so a
+# loss below 3.20 means the model uses its context). The
 # run is bit-identical in every mode, ISA and thread count (char_gpt_golden
 # checks that), so the figure is exact, not a noisy one; about 2 s of CPU.
 # Under the sanitizer setups (CTPU_TEST_SANITIZED set) only the tiny

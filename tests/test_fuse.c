@@ -947,6 +947,38 @@ START_TEST(recompile_limit_off)
 }
 END_TEST
 
+/* strict_recompiles: a one-op compile of an op signature first compiled in
+ * an earlier marked step; other shapes within that first step are not. */
+START_TEST(strict_recompiles_counted)
+{
+    ctpu_shutdown();
+    t_clear_env();
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+    int64_t r0 = C("strict_recompiles");
+    ctpu_step_begin();
+    for (int n = 3; n <= 5; n++) {   /* one step: three shapes of one signature */
+        ctpu_tensor x = ctpu_full(CTPU_F32, 1, (int64_t[]){ n }, 0.5);
+        ctpu_keep(ctpu_add(x, x));
+    }
+    ck_assert_int_eq(ctpu_step_end(), CTPU_OK);
+    ck_assert_int_eq(C("strict_recompiles") - r0, 0);
+    for (int step = 0; step < 2; step++) {
+        ctpu_step_begin();
+        ctpu_tensor x = ctpu_full(CTPU_F32, 1, (int64_t[]){ 7 }, 0.5);   /* full [7]: new extents too */
+        ctpu_keep(ctpu_add(x, x));
+        ctpu_tensor y = ctpu_full(CTPU_F32, 1, (int64_t[]){ 4 }, 0.5);   /* seen: a hit */
+        ctpu_keep(ctpu_add(y, y));
+        ctpu_tensor z = ctpu_full(CTPU_F32, 2, (int64_t[]){ 2, 3 }, 0.5);   /* a new signature (2-D) */
+        ctpu_keep(ctpu_add(z, z));
+        ck_assert_int_eq(ctpu_step_end(), CTPU_OK);
+        /* step 2: full and add of [7] (2); step 3: all hits */
+        ck_assert_int_eq(C("strict_recompiles") - r0, 2);
+    }
+    ck_assert_int_eq(json_cache_number("strict_recompiles"), C("strict_recompiles"));
+}
+END_TEST
+
 /* Strict eager's one-op table is a bounded LRU (CTPU_STRICT_CACHE_SIZE). */
 START_TEST(strict_table_bounded)
 {
@@ -1064,6 +1096,7 @@ static Suite *suite(void)
     tcase_add_test(c, recompile_limit_runs_op_by_op);
     tcase_add_test(c, recompile_limit_off);
     tcase_add_test(c, strict_table_bounded);
+    tcase_add_test(c, strict_recompiles_counted);
     tcase_add_test(c, marked_mlp_step_one_program_mark_step);
     tcase_add_test(c, marked_mlp_step_one_program_step_scope);
     suite_add_tcase(s, c);

@@ -46,6 +46,7 @@
     X(FUSED_CACHE_MISSES,  "fused_cache_misses") \
     X(RECOMPILES,          "recompiles") \
     X(DYNAMIC_BINDS,       "dynamic_binds") \
+    X(STRICT_RECOMPILES,   "strict_recompiles") \
     X(CACHE_EVICTIONS,     "cache_evictions") \
     X(CACHE_THRASH,        "cache_thrash") \
     X(CACHE_COLLISIONS,    "cache_collisions") \

@@ -110,6 +110,68 @@ static size_t strict_key(const ctpu_trace *tr, const ctpu_vtype *const *in_type,
     return (size_t)(p - key);
 }
 
+/* A one-op compile is a recompile (the strict_recompiles counter, torch's
+ * meaning: the same operation compiled again for new shapes) when its op
+ * signature (the strict key without the extents: op, attributes, scalar
+ * count, precision, dtypes and ranks of the inputs and the output) was
+ * first compiled in an earlier marked step. Within the step that first
+ * compiles a signature, its other shapes are that step's compiles (a model's
+ * adds of [B,T,D] and [D] are not recompiles of each other); a program
+ * evicted from the table and compiled again counts too. Called on a miss. */
+static bool strict_recompile(ctpu_runtime *rt, const ctpu_trace *tr, const ctpu_vtype *const *in_type)
+{
+    const ctpu_node *n = tr->nodes;
+    uint8_t sig[16 + 2 * CTPU_NODE_MAX_IN + sizeof(ctpu_attrs)];
+    size_t len = 0;
+    sig[len++] = (uint8_t)tr->n_inputs;
+    sig[len++] = tr->precision;
+    sig[len++] = (uint8_t)(n->op & 0xff);
+    sig[len++] = (uint8_t)(n->op >> 8);
+    sig[len++] = n->n_scalars;
+    for (int i = 0; i < tr->n_inputs; i++) { sig[len++] = in_type[i]->dtype; sig[len++] = in_type[i]->ndim; }
+    sig[len++] = n->out.dtype;
+    sig[len++] = n->out.ndim;
+    memcpy(sig + len, &n->attr, sizeof n->attr);
+    len += sizeof n->attr;
+    uint64_t h = ctpu_key_hash(sig, len) | 1, step = atomic_load(&rt->marked_steps);
+    bool re = false;
+    pthread_mutex_lock(&rt->strict_sig_mu);
+    if (rt->strict_sig_n * 2 >= rt->strict_sig_cap) {   /* grow (and rehash) */
+        size_t cap = rt->strict_sig_cap ? rt->strict_sig_cap * 2 : 256;
+        uint64_t *ns = calloc(cap, sizeof *ns), *nt = calloc(cap, sizeof *nt);
+        if (ns && nt) {
+            for (size_t i = 0; i < rt->strict_sig_cap; i++) {
+                if (!rt->strict_sig[i]) continue;
+                size_t j = rt->strict_sig[i] & (cap - 1);
+                while (ns[j]) j = (j + 1) & (cap - 1);
+                ns[j] = rt->strict_sig[i];
+                nt[j] = rt->strict_sig_step[i];
+            }
+            free(rt->strict_sig);
+            free(rt->strict_sig_step);
+            rt->strict_sig = ns;
+            rt->strict_sig_step = nt;
+            rt->strict_sig_cap = cap;
+        } else {
+            free(ns);
+            free(nt);
+        }
+    }
+    if (rt->strict_sig_n * 2 < rt->strict_sig_cap) {
+        size_t j = h & (rt->strict_sig_cap - 1);
+        while (rt->strict_sig[j] && rt->strict_sig[j] != h) j = (j + 1) & (rt->strict_sig_cap - 1);
+        if (rt->strict_sig[j]) {
+            re = rt->strict_sig_step[j] < step;
+        } else {
+            rt->strict_sig[j] = h;
+            rt->strict_sig_step[j] = step;
+            rt->strict_sig_n++;
+        }
+    }
+    pthread_mutex_unlock(&rt->strict_sig_mu);
+    return re;
+}
+
 /* " (a is emb.weight, index is tokens)": the named inputs of a node, for a
  * fault reported at its call ("" when none has a name). */
 static const char *named_inputs(const ctpu_node *node, ctpu_trec *const *in, char *out, size_t len);
@@ -149,6 +211,7 @@ ctpu_status ctpu__strict_launch(ctpu_node *node, ctpu_trec *const *in, const ctp
     } else {
         ctpu_counter_add(&rt->metrics, CTPU_CTR_STRICT_CACHE_MISSES, 1);
         ctpu_counter_add(&rt->metrics, CTPU_CTR_PROGRAMS_COMPILED, 1);
+        if (strict_recompile(rt, &tr, in_type)) ctpu_counter_add(&rt->metrics, CTPU_CTR_STRICT_RECOMPILES, 1);
         ctpu_counter_add(&rt->metrics, CTPU_CTR_STRICT_CACHE_ENTRIES, 1 - res.evicted);
         if (res.evicted) ctpu_counter_add(&rt->metrics, CTPU_CTR_STRICT_CACHE_EVICTIONS, res.evicted);
         ctpu_timer_add(&rt->metrics, CTPU_TMR_COMPILE_TIME, prog->compile_ns);

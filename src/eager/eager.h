@@ -42,6 +42,12 @@ typedef struct ctpu_runtime {
     ctpu_metrics metrics;
     ctpu_device *dev;
     ctpu_cache *strict_cache;        /* strict eager's one-node programs */
+    /* dispatch.c: the op signatures (a strict key without its extents) the
+     * strict table has compiled, each with the marked step it was first
+     * compiled in: an open-addressing set of hashes, for strict_recompiles */
+    pthread_mutex_t strict_sig_mu;
+    uint64_t *strict_sig, *strict_sig_step;
+    size_t strict_sig_n, strict_sig_cap;
     ctpu_cache *fused_cache;         /* defer and fuse: bounded LRU */
     atomic_uint_fast64_t next_trace_id;
     atomic_bool user_marks_steps;    /* loop detector 'auto' turns off at the first mark */

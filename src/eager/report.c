@@ -687,6 +687,7 @@ static void cache_json(cJSON *doc, ctpu_runtime *rt, const ctpu_cache_stats *st,
     cJSON_AddNumberToObject(c, "strict_requests", ctr(m, CTPU_CTR_STRICT_CACHE_REQUESTS));
     cJSON_AddNumberToObject(c, "strict_hits", ctr(m, CTPU_CTR_STRICT_CACHE_HITS));
     cJSON_AddNumberToObject(c, "strict_misses", ctr(m, CTPU_CTR_STRICT_CACHE_MISSES));
+    cJSON_AddNumberToObject(c, "strict_recompiles", ctr(m, CTPU_CTR_STRICT_RECOMPILES));
     ctpu_cache_stats ss;
     ctpu_cache_get_stats(rt->strict_cache, &ss);
     cJSON_AddNumberToObject(c, "strict_cache_entries", (double)ss.entries);

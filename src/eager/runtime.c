@@ -684,6 +684,9 @@ static void runtime_free(ctpu_runtime *rt)
     pthread_mutex_destroy(&rt->slot_mu);
     pthread_mutex_destroy(&rt->rng_mu);
     pthread_mutex_destroy(&rt->compiled_mu);
+    pthread_mutex_destroy(&rt->strict_sig_mu);
+    free(rt->strict_sig);
+    free(rt->strict_sig_step);
     free(rt);
 }
 
@@ -705,6 +708,7 @@ ctpu_status ctpu_init(void)
     pthread_mutex_init(&rt->slot_mu, NULL);
     pthread_mutex_init(&rt->rng_mu, NULL);
     pthread_mutex_init(&rt->compiled_mu, NULL);
+    pthread_mutex_init(&rt->strict_sig_mu, NULL);
     ctpu_metrics_init(&rt->metrics);
     if (!read_env(rt, err, sizeof err)) {
         runtime_free(rt);
