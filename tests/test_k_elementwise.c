@@ -812,6 +812,51 @@ START_TEST(test_philox_kat)
 }
 END_TEST
 
+/* Every SIMD variant of the random kernels equals the reference bit for bit:
+ * counters across the low word's wrap, every tail length, odd starts; and the
+ * SLEEF functions they use give purec's bits on their whole input domain. */
+START_TEST(test_random_parity)
+{
+    int isa = _i;
+    const ctpu_k_rand_variant *v = ctpu_k_rand_variant_of((ctpu_isa)isa);
+    ck_assert_ptr_nonnull(v);
+    if (!ctpu_k_cpu_has((ctpu_isa)isa) || isa == CTPU_ISA_SCALAR) return;
+    enum { N = 1100 };
+    static float ref[N + GUARD], got[N + GUARD];
+    const uint64_t seeds[] = { 0, 0x1234567890abcdefull, 0xffffffffffffffffull };
+    const uint64_t offs[] = { 0, 987654321ull, 0xfffffff0ull, 0x1fffffffbull, 0xfffffffffffffff0ull };
+    for (size_t si = 0; si < 3; si++)
+        for (size_t oi = 0; oi < 5; oi++)
+            for (int64_t n = 0; n <= N; n += n < 40 ? 1 : 151) {
+                int64_t start = (int64_t)(n % 7);
+                for (int normal = 0; normal < 2; normal++) {
+                    guard_set(got, n);
+                    if (normal) {
+                        ctpu_k_rand_normal_ref(seeds[si], offs[oi], start, n, 0.25f, 3.0f, ref);
+                        v->normal(seeds[si], offs[oi], start, n, 0.25f, 3.0f, got);
+                    } else {
+                        ctpu_k_rand_uniform_ref(seeds[si], offs[oi], start, n, -1.5f, 2.5f, ref);
+                        v->uniform(seeds[si], offs[oi], start, n, -1.5f, 2.5f, got);
+                    }
+                    for (int64_t i = 0; i < n; i++)
+                        CHECK_MSG(fbits(ref[i]) == fbits(got[i]), "%s isa=%s seed=%llx off=%llx n=%lld i=%lld: "
+                                  "ref %a got %a", normal ? "normal" : "uniform", ctpu_isa_name((ctpu_isa)isa),
+                                  (unsigned long long)seeds[si], (unsigned long long)offs[oi], (long long)n,
+                                  (long long)i, (double)ref[i], (double)got[i]);
+                    guard_check(got, n, normal ? "rand_normal" : "rand_uniform");
+                }
+            }
+    ck_assert_int_eq(v->domain_mismatches(), 0);
+    /* the dispatched entry points follow the selected ISA */
+    bool ok;
+    select_isa_or_skip(isa, &ok);
+    ctpu_k_rand_normal(seeds[1], offs[1], 3, N, 0.0f, 1.0f, got);
+    ctpu_k_rand_normal_ref(seeds[1], offs[1], 3, N, 0.0f, 1.0f, ref);
+    for (int64_t i = 0; i < N; i++) CHECK_EQ(fbits(ref[i]), fbits(got[i]));
+    ctpu_kernels_set_isa(CTPU_ISA_SCALAR);
+}
+END_TEST
+
 START_TEST(test_random_split_invariance)
 {
     enum { N = 3001 };
@@ -1026,6 +1071,7 @@ static Suite *suite(void)
     tcase_add_loop_test(tc, test_parity_conversions, 0, CTPU_ISA_COUNT);
     tcase_add_loop_test(tc, test_parity_sweep, 0, CTPU_ISA_COUNT);
     tcase_add_loop_test(tc, test_parity_transcendental_sweep, 0, CTPU_ISA_COUNT);
+    tcase_add_loop_test(tc, test_random_parity, 0, CTPU_ISA_COUNT);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("numerics");

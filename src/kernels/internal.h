@@ -62,6 +62,24 @@ extern const ctpu_k_red_variant ctpu_k_red_scalar;
 CTPU_K_SIMD_ISAS(X)
 #undef X
 
+/* The random kernels (kernels.h "randomness"): the reference (random.c) and
+ * one per SIMD ISA (random_avx2.c, random_avx512.c, from simd_random.h). */
+typedef struct {
+    void (*uniform)(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float lo, float hi, float *y);
+    void (*normal)(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float mean, float std, float *y);
+    /* For the tests: over every input the normal kernel gives them (u = k *
+     * 2^-24: log at k in [1, 2^24], cos of 6.2831855f * u at k in [0, 2^24)),
+     * how many of this ISA's SLEEF logf / cosf results differ from purec's
+     * (NULL for the reference). */
+    int64_t (*domain_mismatches)(void);
+} ctpu_k_rand_variant;
+extern const ctpu_k_rand_variant ctpu_k_rand_scalar;
+#define X(E, s) extern const ctpu_k_rand_variant ctpu_k_rand_##s;
+CTPU_K_SIMD_ISAS(X)
+#undef X
+const ctpu_k_rand_variant *ctpu_k_rand_variant_of(ctpu_isa isa);   /* random.c */
+void ctpu_k_rand_select(ctpu_isa isa);                              /* random.c */
+
 /* isa.c: the variants by ISA (NULL for none), and the ones in use. */
 const ctpu_k_ew_variant *ctpu_k_ew_variant_of(ctpu_isa isa);
 const ctpu_k_red_variant *ctpu_k_red_variant_of(ctpu_isa isa);

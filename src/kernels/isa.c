@@ -108,6 +108,7 @@ bool ctpu_kernels_set_isa(ctpu_isa isa)
     ctpu_k_elementwise_select(isa);
     ctpu_k_reduce_select(isa);
     ctpu_k_mxu_select(isa);
+    ctpu_k_rand_select(isa);
     isa_current = isa;
     return true;
 }

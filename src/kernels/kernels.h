@@ -245,6 +245,13 @@ void ctpu_k_rand_uniform(uint64_t seed, uint64_t offset, int64_t start, int64_t 
                          float hi, float *y);
 void ctpu_k_rand_normal(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float mean,
                         float std, float *y);
+/* The references (the scalar variant); the dispatched ones above run the
+ * selected ISA's (AVX2 8 lanes, AVX-512 16: Philox vectorised, logf and
+ * cosf from SLEEF's non-FMA vector functions), the same bits. */
+void ctpu_k_rand_uniform_ref(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float lo,
+                             float hi, float *y);
+void ctpu_k_rand_normal_ref(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float mean,
+                            float std, float *y);
 /* Integers: y[j] = low + ((w1 << 32 | w0) mod range), range >= 1 (randint). */
 void ctpu_k_rand_int(uint64_t seed, uint64_t offset, int64_t start, int64_t n, int64_t low,
                      uint64_t range, int64_t *y);

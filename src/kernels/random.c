@@ -38,8 +38,8 @@ void ctpu_k_philox4x32(uint64_t seed, uint64_t counter, uint32_t out[4])
 #define TWO_M24 (1.0f / 16777216.0f)
 
 /* y[j] = element start + j, j < n. */
-void ctpu_k_rand_uniform(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float lo,
-                         float hi, float *y)
+void ctpu_k_rand_uniform_ref(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float lo,
+                             float hi, float *y)
 {
     float range = hi - lo;
     for (int64_t j = 0; j < n; j++) {
@@ -50,8 +50,8 @@ void ctpu_k_rand_uniform(uint64_t seed, uint64_t offset, int64_t start, int64_t 
     }
 }
 
-void ctpu_k_rand_normal(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float mean,
-                        float std, float *y)
+void ctpu_k_rand_normal_ref(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float mean,
+                            float std, float *y)
 {
     const float two_pi = 6.28318530717958647692f;
     for (int64_t j = 0; j < n; j++) {
@@ -63,6 +63,35 @@ void ctpu_k_rand_normal(uint64_t seed, uint64_t offset, int64_t start, int64_t n
         float z = r * Sleef_cosf1_u10purec(two_pi * u2);
         y[j] = mean + std * z;
     }
+}
+
+/* ---- variants: the reference, AVX2 and AVX-512 (random_avx2.c, random_avx512.c) */
+const ctpu_k_rand_variant ctpu_k_rand_scalar = { ctpu_k_rand_uniform_ref, ctpu_k_rand_normal_ref, NULL };
+
+static const ctpu_k_rand_variant *const rand_variants[CTPU_ISA_COUNT] = {
+    [CTPU_ISA_SCALAR] = &ctpu_k_rand_scalar,
+#define X(E, s) [CTPU_ISA_##E] = &ctpu_k_rand_##s,
+    CTPU_K_SIMD_ISAS(X)
+#undef X
+};
+static const ctpu_k_rand_variant *rand_cur = &ctpu_k_rand_scalar;
+
+const ctpu_k_rand_variant *ctpu_k_rand_variant_of(ctpu_isa isa)
+{
+    return (unsigned)isa < CTPU_ISA_COUNT ? rand_variants[isa] : NULL;
+}
+void ctpu_k_rand_select(ctpu_isa isa)
+{
+    if ((unsigned)isa < CTPU_ISA_COUNT) rand_cur = rand_variants[isa];
+}
+
+void ctpu_k_rand_uniform(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float lo, float hi, float *y)
+{
+    rand_cur->uniform(seed, offset, start, n, lo, hi, y);
+}
+void ctpu_k_rand_normal(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float mean, float std, float *y)
+{
+    rand_cur->normal(seed, offset, start, n, mean, std, y);
 }
 
 /* y[j] = low + (w0 | w1 << 32) mod range for element start + j (torch's

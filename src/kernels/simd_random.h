@@ -1,0 +1,135 @@
+/* The random kernels' SIMD driver (kernels.h "randomness"): Philox4x32-10
+ * on RW counters at once, then the uniform / normal transforms, each the
+ * scalar reference's arithmetic lane by lane (integer ops exact; f32 mul,
+ * add, sqrt IEEE and not contracted; logf and cosf from SLEEF's non-FMA
+ * vector functions, which give the purec bits on every input these
+ * kernels make: checked exhaustively by tests/test_k_elementwise.c). A
+ * block whose low counter word would wrap, and the tail, go through the
+ * reference. Included once per ISA after its primitives:
+ *   VI, VF, RW; vi1(u), vi_add, vi_xor, vi_xor3, vi_srl(a, s) (32-bit
+ *   lanes), vi_iota(base); vi_iota64(base, k) (64-bit lanes base + k + i),
+ *   vi_mul64 (low halves' 64-bit products), vi_srl64 (>> 32), vi_pack_lo(a, b)
+ *   (the low halves of a's then b's 64-bit lanes); vf1(f), vf_mul, vf_add, vf_sqrt, vf_cvt
+ *   (u32 < 2^31 to f32), vf_st(p, v); VLOG, VCOS; RAND_NAME(x). */
+
+#define PHX_M0 0xD2511F53u
+#define PHX_M1 0xCD9E8D57u
+#define PHX_W0 0x9E3779B9u
+#define PHX_W1 0xBB67AE85u
+
+/* Words 0 and 1 of Philox4x32-10 at counters {lo + lane, hi, 0, 0}; rs:
+ * the round keys (round r's key words rs[2r], rs[2r + 1]). Each word lives in the low half of a 64-bit lane
+ * (RW/2 counters a register, two registers: halves a and b), so one
+ * unsigned 32x32 -> 64 multiply gives both halves of a product: the high
+ * one by a shift, the low one in place. The high halves of the other lanes
+ * carry garbage that the multiplies never read and the final pack drops.
+ * Rounds 0 and 1 are the general round with what is known: words 2 and 3
+ * start at 0 (round 0 multiplies only word 0) and word 1 the same in every
+ * lane (round 1's word 0 is one scalar product). */
+typedef struct { VI a, b; } RAND_NAME(v2);
+
+static inline void RAND_NAME(philox2)(uint32_t lo, uint32_t hi, const uint32_t *rs, VI *w0, VI *w1)
+{
+    const VI m0 = vi1(PHX_M0), m1 = vi1(PHX_M1);
+    VI ca = vi_iota64(lo, 0), cb = vi_iota64(lo, RW / 2);
+    VI p0a = vi_mul64(ca, m0), p0b = vi_mul64(cb, m0);                       /* round 0 */
+    uint32_t s0 = hi ^ rs[0];                                                 /* c0; c1 = 0 */
+    VI c2a = vi_xor(vi_srl64(p0a), vi1(rs[1])), c2b = vi_xor(vi_srl64(p0b), vi1(rs[1]));
+    VI c3a = p0a, c3b = p0b;
+    uint64_t p = (uint64_t)PHX_M0 * s0;                                       /* round 1 */
+    VI p1a = vi_mul64(c2a, m1), p1b = vi_mul64(c2b, m1);
+    VI c0a = vi_xor(vi_srl64(p1a), vi1(rs[2])), c0b = vi_xor(vi_srl64(p1b), vi1(rs[2]));
+    VI c1a = p1a, c1b = p1b;
+    VI t = vi1((uint32_t)(p >> 32) ^ rs[3]);
+    c2a = vi_xor(c3a, t);
+    c2b = vi_xor(c3b, t);
+    c3a = c3b = vi1((uint32_t)p);
+    for (int r = 2; r < 10; r++) {
+        p0a = vi_mul64(c0a, m0);
+        p0b = vi_mul64(c0b, m0);
+        p1a = vi_mul64(c2a, m1);
+        p1b = vi_mul64(c2b, m1);
+        c0a = vi_xor3(vi_srl64(p1a), c1a, vi1(rs[2 * r]));
+        c0b = vi_xor3(vi_srl64(p1b), c1b, vi1(rs[2 * r]));
+        c1a = p1a;
+        c1b = p1b;
+        c2a = vi_xor3(vi_srl64(p0a), c3a, vi1(rs[2 * r + 1]));
+        c2b = vi_xor3(vi_srl64(p0b), c3b, vi1(rs[2 * r + 1]));
+        c3a = p0a;
+        c3b = p0b;
+    }
+    *w0 = vi_pack_lo(c0a, c0b);
+    *w1 = vi_pack_lo(c1a, c1b);
+}
+
+/* Whole RW-blocks from j = 0 while the low counter word does not wrap
+ * inside a block; returns how many elements were written. */
+static int64_t RAND_NAME(blocks_)(uint64_t seed, uint64_t first, int64_t n, bool normal, float a, float b, float *y)
+{
+    const VF scale = vf1(1.0f / 16777216.0f), two_pi = vf1(6.28318530717958647692f), m2 = vf1(-2.0f);
+    const VF va = vf1(a), vb = vf1(b);
+    uint32_t rs[20];
+    for (int r = 0; r < 10; r++) {
+        rs[2 * r] = (uint32_t)seed + (uint32_t)r * PHX_W0;
+        rs[2 * r + 1] = (uint32_t)(seed >> 32) + (uint32_t)r * PHX_W1;
+    }
+    int64_t j = 0;
+    for (; j + RW <= n; j += RW) {
+        uint64_t c = first + (uint64_t)j;
+        if ((uint32_t)c > 0xFFFFFFFFu - (RW - 1)) break;
+        VI w0, w1;
+        RAND_NAME(philox2)((uint32_t)c, (uint32_t)(c >> 32), rs, &w0, &w1);
+        if (!normal) {
+            VF u = vf_mul(vf_cvt(vi_srl(w0, 8)), scale);
+            vf_st(y + j, vf_add(va, vf_mul(vb, u)));          /* lo + range * u */
+            continue;
+        }
+        VF u1 = vf_mul(vf_cvt(vi_add(vi_srl(w0, 8), vi1(1))), scale);
+        VF u2 = vf_mul(vf_cvt(vi_srl(w1, 8)), scale);
+        VF r = vf_sqrt(vf_mul(m2, VLOG(u1)));
+        VF z = vf_mul(r, VCOS(vf_mul(two_pi, u2)));
+        vf_st(y + j, vf_add(va, vf_mul(vb, z)));              /* mean + std * z */
+    }
+    return j;
+}
+
+static void RAND_NAME(uniform)(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float lo, float hi, float *y)
+{
+    int64_t j = 0;
+    while (j < n) {
+        j += RAND_NAME(blocks_)(seed, offset + (uint64_t)start + (uint64_t)j, n - j, false, lo, hi - lo, y + j);
+        int64_t m = n - j < RW ? n - j : RW;   /* a wrapping block or the tail */
+        if (m > 0) ctpu_k_rand_uniform_ref(seed, offset, start + j, m, lo, hi, y + j);
+        j += m;
+    }
+}
+
+static void RAND_NAME(normal)(uint64_t seed, uint64_t offset, int64_t start, int64_t n, float mean, float std, float *y)
+{
+    int64_t j = 0;
+    while (j < n) {
+        j += RAND_NAME(blocks_)(seed, offset + (uint64_t)start + (uint64_t)j, n - j, true, mean, std, y + j);
+        int64_t m = n - j < RW ? n - j : RW;
+        if (m > 0) ctpu_k_rand_normal_ref(seed, offset, start + j, m, mean, std, y + j);
+        j += m;
+    }
+}
+
+static int64_t RAND_NAME(domain_mismatches)(void)
+{
+    int64_t bad = 0;
+    const VF scale = vf1(1.0f / 16777216.0f), two_pi = vf1(6.28318530717958647692f);
+    float a[RW], b[RW];
+    for (uint32_t k = 0; k < (1u << 24); k += RW) {
+        VF u = vf_mul(vf_cvt(vi_iota(k)), scale), u1 = vf_mul(vf_cvt(vi_iota(k + 1)), scale);
+        vf_st(a, VCOS(vf_mul(two_pi, u)));
+        vf_st(b, VLOG(u1));
+        for (int j = 0; j < RW; j++) {
+            float x = (float)(k + (uint32_t)j) * (1.0f / 16777216.0f), x1 = (float)(k + (uint32_t)j + 1) * (1.0f / 16777216.0f);
+            float c = Sleef_cosf1_u10purec(6.28318530717958647692f * x), l = Sleef_logf1_u10purec(x1);
+            bad += memcmp(&c, &a[j], 4) != 0;
+            bad += memcmp(&l, &b[j], 4) != 0;
+        }
+    }
+    return bad;
+}
