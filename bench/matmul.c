@@ -5,6 +5,7 @@
  *                                        loops (GFLOP/s, 2 flops per MAC)
  *   matmul_{f32in,bf16in}_<n>_{1,2}t     square n^3, n = 128 .. 2048
  *   matmul_mlp_<shape>_{1,2}t            the training demo's shapes, fp32 in
+ *   matmul_gpt_<shape>_{1,2}t            char_gpt's default shapes, fp32 in
  *   sgemm_openblas_<...>_{1,2}t          OpenBLAS sgemm on the same shapes
  *   sgemm_onednn_<...>_{1,2}t            oneDNN's dnnl_sgemm (f32) on the same shapes
  *   mxu_probe_ms, mxu_probe_cpu_ms       the init probe that chose the AVX-512
@@ -16,7 +17,9 @@
  *                                        _2t_vs_1t at 1024^3
  * Each anchor is optional: a `# skip` line on stderr when it is absent.
  * Every ctpu result is validated against ctpu_k_matmul_ref (bit for bit, on
- * sampled rows for the big shapes) before timing; times are medians.
+ * sampled rows for the big shapes) before timing; times are medians of
+ * thread CPU time (ctpu at 2 threads: the critical path, timed_call; the
+ * anchors at 2 threads: wall time, as their threads are not ours).
  * OpenBLAS reads OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE when it loads, and this
  * machine pins them to old kernels: the program re-executes itself without
  * them before anything else. */
@@ -48,6 +51,15 @@ static double now(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* This thread's CPU time: the machine is shared, so a preempted thread's
+ * waiting is not counted (wall-clock times here were noise at load 10-20). */
+static double cpu_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 /* ---- a small persistent pool: spin briefly, then wait on a condvar -------- */
 typedef struct {
     ctpu_k_pool base;
@@ -58,6 +70,8 @@ typedef struct {
     atomic_int quit;
     void (*fn)(void *, int, int);
     void *ctx;
+    double cpu[8];         /* each participant's thread CPU time in the last run */
+    double crit, own;      /* summed over runs: the slowest participant's, the caller's */
 } bpool;
 typedef struct { bpool *p; int tid; } bpool_arg;
 static bpool_arg bpool_args[8];
@@ -79,7 +93,9 @@ static void *bpool_main(void *v)
         }
         if (atomic_load(&p->quit)) return NULL;
         seen = g;
+        double c0 = cpu_now();
         p->fn(p->ctx, a->tid, p->base.nthreads);
+        p->cpu[a->tid] = cpu_now() - c0;
         atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
     }
 }
@@ -94,11 +110,17 @@ static void bpool_run(ctpu_k_pool *base, void (*fn)(void *, int, int), void *ctx
     atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
+    double c0 = cpu_now();
     fn(ctx, 0, base->nthreads);
+    p->cpu[0] = cpu_now() - c0;
     int spins = 0;
     while (atomic_load_explicit(&p->done, memory_order_acquire) != (unsigned)(base->nthreads - 1))
         if (++spins < 4000) _mm_pause();
         else sched_yield();     /* a worker waiting for a core: give it ours */
+    double mx = 0;
+    for (int t = 0; t < base->nthreads; t++) mx = p->cpu[t] > mx ? p->cpu[t] : mx;
+    p->crit += mx;
+    p->own += p->cpu[0];
 }
 
 static void bpool_start(bpool *p, int nt)
@@ -167,17 +189,35 @@ static void peak_task(void *v, int tid, int nt)
     if (s == 12345.678) p->sink = s;
 }
 
+/* Seconds of one call of fn on pool (NULL: this thread): thread CPU time on
+ * the critical path, i.e. the caller's own time outside pool runs plus, per
+ * run, the slowest participant's CPU time (what the call takes when each
+ * thread has a core of its own). */
+static double timed_call(bpool *pool, void (*fn)(void *), void *arg)
+{
+    double c0 = cpu_now();
+    if (!pool) { fn(arg); return cpu_now() - c0; }
+    double crit0 = pool->crit, own0 = pool->own;
+    fn(arg);
+    double total = cpu_now() - c0;
+    return total - (pool->own - own0) + (pool->crit - crit0);
+}
+
+typedef struct { ctpu_k_pool *pool; peak_ctx *c; } peak_call;
+static void peak_fn(void *v)
+{
+    peak_call *pc = v;
+    if (pc->pool) pc->pool->run(pc->pool, peak_task, pc->c);
+    else peak_task(pc->c, 0, 1);
+}
+
 /* GFLOP/s of the register loop on nt threads (median of 5). */
 static double peak_rate(ctpu_k_pool *pool, int bf16)
 {
     double t[5];
     peak_ctx c = { bf16, 0 };
-    for (int r = 0; r < 5; r++) {
-        double t0 = now();
-        if (pool) pool->run(pool, peak_task, &c);
-        else peak_task(&c, 0, 1);
-        t[r] = now() - t0;
-    }
+    peak_call pc = { pool, &c };
+    for (int r = 0; r < 5; r++) t[r] = timed_call(pool ? pool->impl : NULL, peak_fn, &pc);
     qsort(t, 5, sizeof t[0], cmp_d);
     int nt = pool ? pool->nthreads : 1;
     /* per instruction: 16 lanes x 2 MACs (bf16 pairs) or 16 lanes x 1 MAC */
@@ -191,7 +231,9 @@ typedef struct {
     int64_t M, N, K;
     int ta, tb;          /* A given as [K,M] / B given as [N,K] (backward) */
     int dt;              /* input dtype; output: same (bf16 @ bf16 -> bf16) */
+    int64_t batch;       /* 0 or 1: one product; else a batch of them (attention) */
 } shape;
+static int64_t nbatch(const shape *s) { return s->batch > 1 ? s->batch : 1; }
 
 static uint64_t rs = 0x2545f4914f6cdd1dull;
 static float frand(void)
@@ -203,49 +245,59 @@ static float frand(void)
 static ctpu_mm_args make_args(const shape *s, void **bufs)
 {
     size_t es = ctpu_kdt_size(s->dt);
-    void *a = malloc((size_t)(s->M * s->K) * es), *b = malloc((size_t)(s->K * s->N) * es),
-         *c = malloc((size_t)(s->M * s->N) * es);
-    for (int64_t i = 0; i < s->M * s->K; i++) {
+    int64_t nb = nbatch(s);
+    void *a = malloc((size_t)(nb * s->M * s->K) * es), *b = malloc((size_t)(nb * s->K * s->N) * es),
+         *c = malloc((size_t)(nb * s->M * s->N) * es);
+    for (int64_t i = 0; i < nb * s->M * s->K; i++) {
         if (s->dt == CTPU_KDT_BF16) ((uint16_t *)a)[i] = ctpu_f32_to_bf16(frand());
         else ((float *)a)[i] = frand();
     }
-    for (int64_t i = 0; i < s->K * s->N; i++) {
+    for (int64_t i = 0; i < nb * s->K * s->N; i++) {
         if (s->dt == CTPU_KDT_BF16) ((uint16_t *)b)[i] = ctpu_f32_to_bf16(frand());
         else ((float *)b)[i] = frand();
     }
     bufs[0] = a; bufs[1] = b; bufs[2] = c;
-    ctpu_mm_args g = { .batch = 1, .M = s->M, .N = s->N, .K = s->K,
-        .a = a, .a_dtype = s->dt, .a_rs = s->ta ? 1 : s->K, .a_cs = s->ta ? s->M : 1,
-        .b = b, .b_dtype = s->dt, .b_rs = s->tb ? 1 : s->N, .b_cs = s->tb ? s->K : 1,
-        .c = c, .c_dtype = s->dt, .ldc = s->N };
+    ctpu_mm_args g = { .batch = nb, .M = s->M, .N = s->N, .K = s->K,
+        .a = a, .a_dtype = s->dt, .a_rs = s->ta ? 1 : s->K, .a_cs = s->ta ? s->M : 1, .a_bs = s->M * s->K,
+        .b = b, .b_dtype = s->dt, .b_rs = s->tb ? 1 : s->N, .b_cs = s->tb ? s->K : 1, .b_bs = s->K * s->N,
+        .c = c, .c_dtype = s->dt, .ldc = s->N, .c_bs = s->M * s->N };
     return g;
 }
 
-/* ctpu's result == _ref on sampled rows (all rows for small shapes). */
+/* ctpu's result == _ref on sampled rows (all rows for small shapes) of the
+ * first and last batch elements. */
 static int validate(const ctpu_mm_args *g)
 {
-    size_t es = ctpu_kdt_size(g->c_dtype);
+    size_t es = ctpu_kdt_size(g->c_dtype), ea = ctpu_kdt_size(g->a_dtype), eb = ctpu_kdt_size(g->b_dtype);
     int64_t step = g->M * g->N * g->K <= (1 << 24) ? 1 : g->M / 3;
     if (step < 1) step = 1;
     void *row = malloc((size_t)g->N * es);
     int ok = 1;
-    for (int64_t m = 0; m < g->M && ok; m += step) {
-        ctpu_mm_args r = *g;
-        r.M = 1;
-        r.a = (const char *)g->a + (size_t)(m * g->a_rs) * ctpu_kdt_size(g->a_dtype);
-        r.c = row;
-        ctpu_k_matmul_ref(&r);
-        const char *cr = (const char *)g->c + (size_t)(m * g->ldc) * es;
-        if (memcmp(cr, row, (size_t)g->N * es) != 0) ok = 0;
-        if (m != g->M - 1 && m + step >= g->M) m = g->M - 1 - step;   /* last row too */
-    }
+    for (int64_t bi = 0; bi < g->batch && ok; bi += g->batch > 1 ? g->batch - 1 : 1)
+        for (int64_t m = 0; m < g->M && ok; m += step) {
+            ctpu_mm_args r = *g;
+            r.M = 1;
+            r.batch = 1;
+            r.a = (const char *)g->a + (size_t)(bi * g->a_bs + m * g->a_rs) * ea;
+            r.b = (const char *)g->b + (size_t)(bi * g->b_bs) * eb;
+            r.c = row;
+            ctpu_k_matmul_ref(&r);
+            const char *cr = (const char *)g->c + (size_t)(bi * g->c_bs + m * g->ldc) * es;
+            if (memcmp(cr, row, (size_t)g->N * es) != 0) ok = 0;
+            if (m != g->M - 1 && m + step >= g->M) m = g->M - 1 - step;   /* last row too */
+        }
     free(row);
     return ok;
 }
 
-static int reps_for(double flop) { int r = (int)(4e10 / flop); return r < 5 ? 5 : r > 200 ? 200 : r; }
+static int reps_for(double flop) { int r = (int)(4e10 / flop); return r < 5 ? 5 : r > 400 ? 400 : r; }
+static double shape_flop(const shape *s) { return 2.0 * (double)nbatch(s) * (double)s->M * (double)s->N * (double)s->K; }
 
-/* Median GFLOP/s of ctpu_k_matmul on nt threads; validated first. */
+typedef struct { ctpu_mm_args *g; ctpu_k_pool *pool; } mm_call;
+static void mm_fn(void *v) { mm_call *c = v; ctpu_k_matmul(c->g, c->pool); }
+
+/* Median GFLOP/s of ctpu_k_matmul on nt threads (critical-path thread CPU
+ * time, timed_call); validated first. */
 static double bench_ctpu(const shape *s, ctpu_k_pool *pool)
 {
     void *bufs[3];
@@ -255,14 +307,11 @@ static double bench_ctpu(const shape *s, ctpu_k_pool *pool)
         fprintf(stderr, "matmul: %s differs from _ref\n", s->name);
         exit(1);
     }
-    double flop = 2.0 * (double)s->M * (double)s->N * (double)s->K;
+    double flop = shape_flop(s);
     int reps = reps_for(flop);
     double *t = malloc(sizeof(double) * (size_t)reps);
-    for (int r = 0; r < reps; r++) {
-        double t0 = now();
-        ctpu_k_matmul(&g, pool);
-        t[r] = now() - t0;
-    }
+    mm_call mc = { &g, pool };
+    for (int r = 0; r < reps; r++) t[r] = timed_call(pool ? pool->impl : NULL, mm_fn, &mc);
     qsort(t, (size_t)reps, sizeof t[0], cmp_d);
     double gf = flop / t[reps / 2] * 1e-9;
     free(t);
@@ -271,23 +320,31 @@ static double bench_ctpu(const shape *s, ctpu_k_pool *pool)
 }
 
 #if defined(CTPU_HAVE_OPENBLAS) || defined(CTPU_HAVE_ONEDNN)
-/* Row-major f32 C = A B (A, B transposed as the shape says) by library `lib`. */
+/* Row-major f32 C = A B (A, B transposed as the shape says) by library `lib`;
+ * a batch as one call per element. */
 static void sgemm_call(int lib, const shape *s, const float *a, const float *b, float *c)
 {
     int lda = s->ta ? (int)s->M : (int)s->K, ldb = s->tb ? (int)s->K : (int)s->N;
+    for (int64_t bi = 0; bi < nbatch(s); bi++) {
+        const float *ab = a + bi * s->M * s->K, *bb = b + bi * s->K * s->N;
+        float *cb = c + bi * s->M * s->N;
 #ifdef CTPU_HAVE_OPENBLAS
-    if (lib == 0)
-        cblas_sgemm(CblasRowMajor, s->ta ? CblasTrans : CblasNoTrans, s->tb ? CblasTrans : CblasNoTrans,
-                    (int)s->M, (int)s->N, (int)s->K, 1.0f, a, lda, b, ldb, 0.0f, c, (int)s->N);
+        if (lib == 0)
+            cblas_sgemm(CblasRowMajor, s->ta ? CblasTrans : CblasNoTrans, s->tb ? CblasTrans : CblasNoTrans,
+                        (int)s->M, (int)s->N, (int)s->K, 1.0f, ab, lda, bb, ldb, 0.0f, cb, (int)s->N);
 #endif
 #ifdef CTPU_HAVE_ONEDNN
-    if (lib == 1)
-        dnnl_sgemm(s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', s->M, s->N, s->K, 1.0f, a, lda, b, ldb, 0.0f, c, s->N);
+        if (lib == 1)
+            dnnl_sgemm(s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', s->M, s->N, s->K, 1.0f, ab, lda, bb, ldb, 0.0f, cb,
+                       s->N);
 #endif
-    (void)lib; (void)lda; (void)ldb; (void)a; (void)b; (void)c;
+        (void)lib; (void)lda; (void)ldb; (void)ab; (void)bb; (void)cb;
+    }
 }
 
-/* Median GFLOP/s of library `lib` (0 OpenBLAS, 1 oneDNN) on nt threads. */
+/* Median GFLOP/s of library `lib` (0 OpenBLAS, 1 oneDNN) on nt threads:
+ * 1 thread in this thread's CPU time (the library runs on the caller), 2
+ * threads in wall time (its own threads, which we cannot clock). */
 static double bench_sgemm(const shape *s, int nt, int lib)
 {
 #ifdef CTPU_HAVE_OPENBLAS
@@ -300,13 +357,14 @@ static double bench_sgemm(const shape *s, int nt, int lib)
     f.dt = CTPU_KDT_F32;
     void *bufs[3];
     ctpu_mm_args g = make_args(&f, bufs);
-    double flop = 2.0 * (double)s->M * (double)s->N * (double)s->K;
+    double flop = shape_flop(s);
     int reps = reps_for(flop);
     double *t = malloc(sizeof(double) * (size_t)reps);
+    double (*clk)(void) = nt > 1 ? now : cpu_now;
     for (int r = -1; r < reps; r++) {
-        double t0 = now();
+        double t0 = clk();
         sgemm_call(lib, s, bufs[0], bufs[1], bufs[2]);
-        if (r >= 0) t[r] = now() - t0;
+        if (r >= 0) t[r] = clk() - t0;
     }
     (void)g;
     qsort(t, (size_t)reps, sizeof t[0], cmp_d);
@@ -389,21 +447,29 @@ int main(int argc, char **argv)
     double limit = pk_fp32_1 > pk_bf16_1 ? pk_fp32_1 : pk_bf16_1;
 
     /* every shape: name, ctpu f32/bf16 results [1t, 2t], anchors [lib][1t, 2t] */
-    enum { NSQ = 5, NDEMO = 8, NSH = NSQ + NDEMO };
+    enum { NSQ = 5, NDEMO = 8, NGPT = 7, NSH = NSQ + NDEMO + NGPT };
     /* The demo MLP 784 -> 256 -> 128 -> 10, batch 128: forward Y = X W,
      * backward dX = dY W^T (B transposed), dW = X^T dY (A transposed). */
     shape sh[NSH] = {
-        { "512", 0, 0, 0, 0, 0, 0 },
-        [NSQ] = { "mlp_fwd1", 128, 256, 784, 0, 0, 0 }, { "mlp_fwd2", 128, 128, 256, 0, 0, 0 },
-        { "mlp_fwd3", 128, 10, 128, 0, 0, 0 },
-        { "mlp_bwd1_dw", 784, 256, 128, 1, 0, 0 },
-        { "mlp_bwd2_dx", 128, 256, 128, 0, 1, 0 }, { "mlp_bwd2_dw", 256, 128, 128, 1, 0, 0 },
-        { "mlp_bwd3_dx", 128, 128, 10, 0, 1, 0 }, { "mlp_bwd3_dw", 128, 10, 128, 1, 0, 0 },
+        { "512", 0, 0, 0, 0, 0, 0, 0 },
+        [NSQ] = { "mlp_fwd1", 128, 256, 784, 0, 0, 0, 1 }, { "mlp_fwd2", 128, 128, 256, 0, 0, 0, 1 },
+        { "mlp_fwd3", 128, 10, 128, 0, 0, 0, 1 },
+        { "mlp_bwd1_dw", 784, 256, 128, 1, 0, 0, 1 },
+        { "mlp_bwd2_dx", 128, 256, 128, 0, 1, 0, 1 }, { "mlp_bwd2_dw", 256, 128, 128, 1, 0, 0, 1 },
+        { "mlp_bwd3_dx", 128, 128, 10, 0, 1, 0, 1 }, { "mlp_bwd3_dw", 128, 10, 128, 1, 0, 0, 1 },
+        /* char_gpt's default (batch 32, ctx 128, dmodel 128, 4 heads of 32):
+         * rows B*T = 4096; q/k/v/out projections, the MLP (4 x dmodel), the
+         * tied head (vocab 96) as x wte^T, a projection's weight gradient
+         * (K = 4096), and attention's two products per (batch, head) */
+        { "gpt_proj", 4096, 128, 128, 0, 0, 0, 1 }, { "gpt_mlp_up", 4096, 512, 128, 0, 0, 0, 1 },
+        { "gpt_mlp_down", 4096, 128, 512, 0, 0, 0, 1 }, { "gpt_head", 4096, 96, 128, 0, 1, 0, 1 },
+        { "gpt_proj_dw", 128, 128, 4096, 1, 0, 0, 1 },
+        { "gpt_att_qk", 128, 128, 32, 0, 1, 0, 128 }, { "gpt_att_pv", 128, 32, 128, 0, 0, 0, 128 },
     };
     static const char *sq_names[NSQ] = { "128", "256", "512", "1024", "2048" };
     for (int i = 0; i < NSQ; i++) {
         int64_t n = 128 << i;
-        sh[i] = (shape){ sq_names[i], n, n, n, 0, 0, CTPU_KDT_F32 };
+        sh[i] = (shape){ sq_names[i], n, n, n, 0, 0, CTPU_KDT_F32, 1 };
     }
     double ct[NSH][2][3] = { { { 0 } } }, an[NSH][2][3] = { { { 0 } } };
     char name[128];
