@@ -17,7 +17,8 @@
  *                                        _2t_vs_1t at 1024^3
  * Each anchor is optional: a `# skip` line on stderr when it is absent.
  * Every ctpu result is validated against ctpu_k_matmul_ref (bit for bit, on
- * sampled rows for the big shapes) before timing; times are medians of
+ * sampled rows for the big shapes) before timing; times are medians (of
+ * samples of at least 5e7 FLOP) of
  * thread CPU time (ctpu at 2 threads: the critical path, timed_call; the
  * anchors at 2 threads: wall time, as their threads are not ours).
  * OpenBLAS reads OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE when it loads, and this
@@ -290,11 +291,19 @@ static int validate(const ctpu_mm_args *g)
     return ok;
 }
 
-static int reps_for(double flop) { int r = (int)(4e10 / flop); return r < 5 ? 5 : r > 400 ? 400 : r; }
+/* A sample is `inner` calls of at least 5e7 FLOP in all (the thread CPU
+ * clock is a system call, ~0.5 us here: not to be paid per 5 us call);
+ * reps samples, their median. */
+static int inner_for(double flop) { int n = (int)(5e7 / flop); return n < 1 ? 1 : n; }
+static int reps_for(double flop) { int r = (int)(4e10 / flop); return r < 5 ? 5 : r > 40 ? 40 : r; }
 static double shape_flop(const shape *s) { return 2.0 * (double)nbatch(s) * (double)s->M * (double)s->N * (double)s->K; }
 
-typedef struct { ctpu_mm_args *g; ctpu_k_pool *pool; } mm_call;
-static void mm_fn(void *v) { mm_call *c = v; ctpu_k_matmul(c->g, c->pool); }
+typedef struct { ctpu_mm_args *g; ctpu_k_pool *pool; int inner; } mm_call;
+static void mm_fn(void *v)
+{
+    mm_call *c = v;
+    for (int i = 0; i < c->inner; i++) ctpu_k_matmul(c->g, c->pool);
+}
 
 /* Median GFLOP/s of ctpu_k_matmul on nt threads (critical-path thread CPU
  * time, timed_call); validated first. */
@@ -308,12 +317,11 @@ static double bench_ctpu(const shape *s, ctpu_k_pool *pool)
         exit(1);
     }
     double flop = shape_flop(s);
-    int reps = reps_for(flop);
+    int inner = inner_for(flop), reps = reps_for(flop * inner);
     double *t = malloc(sizeof(double) * (size_t)reps);
-    mm_call mc = { &g, pool };
+    mm_call mc = { &g, pool, inner };
     for (int r = 0; r < reps; r++) t[r] = timed_call(pool ? pool->impl : NULL, mm_fn, &mc);
-    qsort(t, (size_t)reps, sizeof t[0], cmp_d);
-    double gf = flop / t[reps / 2] * 1e-9;
+    double gf = flop * inner / median(t, reps) * 1e-9;
     free(t);
     free(bufs[0]); free(bufs[1]); free(bufs[2]);
     return gf;
@@ -358,17 +366,16 @@ static double bench_sgemm(const shape *s, int nt, int lib)
     void *bufs[3];
     ctpu_mm_args g = make_args(&f, bufs);
     double flop = shape_flop(s);
-    int reps = reps_for(flop);
+    int inner = inner_for(flop), reps = reps_for(flop * inner);
     double *t = malloc(sizeof(double) * (size_t)reps);
     double (*clk)(void) = nt > 1 ? now : cpu_now;
     for (int r = -1; r < reps; r++) {
         double t0 = clk();
-        sgemm_call(lib, s, bufs[0], bufs[1], bufs[2]);
+        for (int i = 0; i < inner; i++) sgemm_call(lib, s, bufs[0], bufs[1], bufs[2]);
         if (r >= 0) t[r] = clk() - t0;
     }
     (void)g;
-    qsort(t, (size_t)reps, sizeof t[0], cmp_d);
-    double gf = flop / t[reps / 2] * 1e-9;
+    double gf = flop * inner / median(t, reps) * 1e-9;
     free(t);
     free(bufs[0]); free(bufs[1]); free(bufs[2]);
     return gf;
