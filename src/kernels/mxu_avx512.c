@@ -282,20 +282,40 @@ static void mxu_pack_avx512_dp(const ctpu_mxu_pack_args *pa, int64_t q0, int64_t
          * once, would miss the cache on every row */
         for (int64_t pb = 0; pb < kh; pb += 16) {
             int64_t pe = kh - pb < 16 ? kh : pb + 16;
+            int64_t pf = pe < K / 2 ? pe : K / 2;          /* pairs [pb, pf) have both rows */
             for (int64_t q = q0; q < q1; q++) {
                 uint32_t *d = pa->dst + q * pd;
                 int64_t i0 = q * w, n = pa->I - i0 < w ? pa->I - i0 : w;
-                for (int64_t p = pb; p < pe; p++) {
-                    uint32_t *o = d + p * w;
-                    for (int r = 0; r < w; r += 16) {
-                        int cnt = n - r < 0 ? 0 : n - r > 16 ? 16 : (int)(n - r);
-                        int wc = w - r < 16 ? w - r : 16;
-                        __mmask16 ms = (__mmask16)(wc >= 16 ? 0xffff : (1u << wc) - 1);
+                for (int r = 0; r < w; r += 16) {
+                    int cnt = n - r < 0 ? 0 : n - r > 16 ? 16 : (int)(n - r);
+                    int wc = w - r < 16 ? w - r : 16;
+                    __mmask16 ms = (__mmask16)(wc >= 16 ? 0xffff : (1u << wc) - 1);
+                    /* 16 lanes in bounds: plain loads (lanes past the panel,
+                     * if any, are not stored); a full panel row: plain stores */
+                    int64_t p = pb;
+                    if (i0 + r + 16 <= pa->I) {
+                        const char *x = (const char *)pa->src + (2 * pb * sk + i0 + r) * (int64_t)ctpu_kdt_size(pa->dt);
+                        int64_t step = 2 * sk * (int64_t)ctpu_kdt_size(pa->dt), rs = step / 2;
+                        for (; p < pf; p++, x += step) {
+                            __m512i e, od;
+                            if (pa->dt == CTPU_KDT_F32) {
+                                e = _mm512_loadu_si512(x);
+                                od = _mm512_loadu_si512(x + rs);
+                            } else {
+                                e = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)x)), 16);
+                                od = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + rs))), 16);
+                            }
+                            __m512i v = mxu_pairs_lanes(e, od);
+                            if (wc == 16) _mm512_storeu_si512(d + p * w + r, v);
+                            else _mm512_mask_storeu_epi32(d + p * w + r, ms, v);
+                        }
+                    }
+                    for (; p < pe; p++) {
                         __m512i e = mxu_load16_raw(pa->src, pa->dt, 2 * p * sk + i0 + r, cnt);
                         __m512i od = 2 * p + 1 < K
                             ? mxu_load16_raw(pa->src, pa->dt, (2 * p + 1) * sk + i0 + r, cnt)
                             : _mm512_setzero_si512();
-                        _mm512_mask_storeu_epi32(o + r, ms, mxu_pairs_lanes(e, od));
+                        _mm512_mask_storeu_epi32(d + p * w + r, ms, mxu_pairs_lanes(e, od));
                     }
                 }
             }
