@@ -441,17 +441,27 @@ START_TEST(auto_dynamic_after_one_recompile)
     ck_assert_int_eq((int)num(x, "program"), 2);
     ck_assert_int_eq((int)num(x, "lo"), 2);
     ck_assert(num(x, "hi") == 2147483647.0);
-    /* ctpu_mark_dynamic is not built: detected, not made dynamic (the cache still compiled every shape) */
-    ck_assert(cJSON_IsFalse(item(x, "dynamic")));
-    ck_assert_int_eq((int)num(item(d, "cache"), "recompiles"), 3);
+    /* marked: 4 and 7 static, 9 compiles the dynamic program, 4 hits its static
+     * program, 12 binds the dynamic one (no compile) */
+    ck_assert(cJSON_IsTrue(item(x, "dynamic")));
+    ck_assert_int_eq((int)num(item(d, "cache"), "compiles"), 3);
+    ck_assert_int_eq((int)num(item(d, "counters"), "dynamic_binds"), 1);
+    /* the shape policies see every launch at its own extents, the dynamic one's too */
+    const cJSON *st = the_structure(d);
+    ck_assert(cJSON_IsTrue(item(st, "dynamic")));
+    const cJSON *h = item(st, "histogram");
+    ck_assert_int_eq(cJSON_GetArraySize(h), 4);
+    ck_assert(cJSON_GetArrayItem(item(cJSON_GetArrayItem(h, 3), "extent"), 0)->valuedouble == 12);
+    ck_assert(num(cJSON_GetArrayItem(h, 3), "launches") == 1);
+    ck_assert(num(cJSON_GetArrayItem(h, 0), "launches") == 3);
     cJSON_Delete(d);
     char *txt = NULL;
     size_t l = 0;
     FILE *f = open_memstream(&txt, &l);
     ck_assert_int_eq(ctpu_cache_report(f), CTPU_OK);
     fclose(f);
-    ck_assert_msg(t_contains(txt, "automatic dynamic: program 2 (relu→mul_scalar→sum): input 0 dim 0 changed alone at "
-                              "step 2 (recompile 4 -> 7, program 1 -> 2)"), "%.1500s", strstr(txt, "shape policies") ? strstr(txt, "shape policies") : txt);
+    ck_assert_msg(t_contains(txt, "automatic dynamic: program 2 (relu→mul_scalar→sum): input 0 dim 0 became dynamic "
+                              "over [2, 2147483647] at step 2 (recompile 4 -> 7, program 1 -> 2)"), "%.1500s", strstr(txt, "shape policies") ? strstr(txt, "shape policies") : txt);
     free(txt);
     free(want);
     free(got);

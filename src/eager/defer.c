@@ -152,6 +152,31 @@ static bool dyn_guess(const ctpu_node *n, ctpu_trec *const *in, ctpu_dyndim *out
     return any;
 }
 
+/* TORCH_TPU_AUTO_DYNAMIC: recorded input i (record r, no marks of its own)
+ * gets the dims a rule learnt (auto_dynamic_learn) when its type matches. */
+static void auto_dynamic_mark(ctpu_trec *r, size_t i)
+{
+    ctpu_buffer *const *ib;
+    const size_t *io;
+    const ctpu_vtype *it;
+    int ni = ctpu_trace_rec_inputs(t_df.rec, &ib, &io, &it);
+    if (i >= (size_t)ni) return;
+    ctpu_dyndim d[CTPU_MAX_DIMS];
+    memset(d, 0, sizeof d);
+    bool any = false;
+    for (int k = 0; k < t_df.n_auto_dyn; k++) {
+        const ctpu_vtype *ty = &t_df.auto_dyn[k].type;
+        int dim = t_df.auto_dyn[k].dim;
+        if ((size_t)t_df.auto_dyn[k].rec != i || ty->dtype != it[i].dtype || ty->ndim != it[i].ndim) continue;
+        bool same = true;
+        for (int e = 0; e < ty->ndim && same; e++) same = e == dim || ty->shape[e] == it[i].shape[e];
+        if (!same) continue;
+        d[dim] = (ctpu_dyndim){ 2, 2147483647, 1 };
+        any = true;
+    }
+    if (any) ctpu__rec_set_dyn(r, d, it[i].ndim);
+}
+
 /* The vref of an input record in the current trace. */
 static bool input_vref(ctpu_trec *r, const char *op, ctpu_vref *out)
 {
@@ -169,6 +194,7 @@ static bool input_vref(ctpu_trec *r, const char *op, ctpu_vref *out)
         ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory recording the trace", op);
         return false;
     }
+    if (t_df.n_auto_dyn && !r->dyn && !ctpu__capturing()) auto_dynamic_mark(r, (size_t)(-v - 1));
     if (r->dyn && !ctpu__capturing()) dyn_note(true, (size_t)(-v - 1), r->dyn);
     *out = v;
     return true;
@@ -522,6 +548,7 @@ typedef struct {
     ctpu_buffer *scratch;
     bool op_by_op;                 /* past the recompile limit: run through strict eager, node by node */
     bool dynamic;                  /* keyed by the dynamic key (a miss compiles a dynamic program) */
+    ctpu_trace bt;                 /* with bound: the trace at the launch's extents (for the report), or zeroes */
     ctpu_program *bound;           /* a dynamic program's launch at this trace's extents (ours), or NULL */
     size_t *out_bytes;             /* [plan->n_out] with bound: the outputs' bytes at these extents */
     char dyn_why[160];             /* a dynamic dim out of its range: the recompile reason */
@@ -691,8 +718,12 @@ static bool bind_dynamic(flush_ctx *f)
         const ctpu_vtype *vt = v < bt.n_inputs ? &bt.in_type[v] : &bt.nodes[v - bt.n_inputs].out;
         f->out_bytes[j] = (size_t)ctpu_vtype_numel(vt) * ctpu_kdt_size(vt->dtype);
     }
-    free(bt.in_type);
-    free(bt.nodes);
+    if (f->bound) {
+        f->bt = bt;                         /* the report's: this launch's extents (freed after the cut) */
+    } else {
+        free(bt.in_type);
+        free(bt.nodes);
+    }
     if (!f->bound) {
         free(f->out_bytes);
         f->out_bytes = NULL;
@@ -705,6 +736,29 @@ static bool bind_dynamic(flush_ctx *f)
 
 /* The program this flush runs: a dynamic program's launch, or the program. */
 static inline ctpu_program *run_prog(const flush_ctx *f) { return f->bound ? f->bound : f->prog; }
+
+/* TORCH_TPU_AUTO_DYNAMIC: this recompile changed one dim alone (policy.c
+ * found it): later traces mark the recorded inputs it maps to dynamic over
+ * [2, 2^31-1] when they come with the same type but for that dim. */
+static void auto_dynamic_learn(flush_ctx *f, const ctpu_trace *t)
+{
+    int in[8], dim[8];
+    int n = ctpu__report_auto_take(t, in, dim, 8);
+    ctpu_buffer *const *ib;
+    const size_t *io;
+    const ctpu_vtype *it;
+    int ni = ctpu_trace_rec_inputs(t_df.rec, &ib, &io, &it);
+    for (int i = 0; i < n && t_df.n_auto_dyn < 16; i++) {
+        if (in[i] < 0 || in[i] >= f->plan->n_in) continue;
+        int32_t rec = f->plan->in_src[in[i]];
+        if (rec < 0 || rec >= ni || dim[i] < 0 || dim[i] >= it[rec].ndim) continue;
+        ctpu_vtype ty = it[rec];
+        ty.shape[dim[i]] = 0;
+        t_df.auto_dyn[t_df.n_auto_dyn].rec = rec;
+        t_df.auto_dyn[t_df.n_auto_dyn].dim = dim[i];
+        t_df.auto_dyn[t_df.n_auto_dyn++].type = ty;
+    }
+}
 
 /* Key -> fused cache; a miss is compiled here (or waited for, if another
  * thread is compiling the same key). A trace with dynamic dims: its exact
@@ -749,9 +803,15 @@ static ctpu_status lookup_or_compile(flush_ctx *f)
     free(dkey);
     ctpu_trace_final fin;
     bool have_fin = miss && compile_miss(f, miss, &opts, &fin);
-    ctpu__report_cut(f->why, have_fin ? &fin.t : NULL, &f->res, f->prog ? run_prog(f) : NULL);   /* report.c: programs, cuts, trace */
+    ctpu__report_cut(f->why, have_fin ? &fin.t : f->bound ? &f->bt : NULL, &f->res,
+                     f->prog ? run_prog(f) : NULL);                            /* report.c: programs, cuts, trace */
     if (have_fin && f->op_by_op) ctpu__report_fallback(&fin.t);             /* report.c: the shape policies */
+    if (have_fin && rt->auto_dynamic && f->res.recompile && f->prog && f->plan) auto_dynamic_learn(f, &fin.t);
     if (have_fin) ctpu_trace_final_free(&fin);
+    free(f->bt.in_type);
+    free(f->bt.nodes);
+    f->bt.in_type = NULL;
+    f->bt.nodes = NULL;
     count_lookup(f);
     if (f->op_by_op) {
         ctpu_counter_add(&rt->metrics, CTPU_CTR_RECOMPILE_LIMIT_FALLBACKS, 1);

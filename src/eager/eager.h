@@ -124,6 +124,11 @@ typedef struct {                     /* defer.c: this thread's defer-and-fuse tr
     bool any_dyn;                    /* some recorded value has a dynamic dim */
     struct { int64_t lo, hi, v; } sym[8];   /* the symbols of the marked inputs recorded so far */
     int n_sym;
+    /* TORCH_TPU_AUTO_DYNAMIC (policy.c detects, defer.c marks): a trace's
+     * recorded input `rec` of this type (dim `dim` aside) gets dim `dim`
+     * dynamic over [2, 2^31-1] */
+    struct { int32_t rec, dim; ctpu_vtype type; } auto_dyn[16];
+    int n_auto_dyn;
 } ctpu_defer_state;
 
 struct ctpu_strict_front;            /* dispatch.c */
@@ -478,6 +483,10 @@ void ctpu__report_cut(int why, const ctpu_trace *t, const ctpu_cache_result *res
 /* A defer-and-fuse trace past the recompile limit, run op by op
  * (defer.c): a launch of its structure at its shape (the shape policies). */
 void ctpu__report_fallback(const ctpu_trace *t);
+/* TORCH_TPU_AUTO_DYNAMIC: the canonical (input, dim) pairs that t's
+ * structure's first one-dim recompile changed (at most max), handed out
+ * once (the caller marks them; the report says they became dynamic). */
+int ctpu__report_auto_take(const ctpu_trace *t, int *in, int *dim, int max);
 /* A strict/debug op launched (dispatch.c): the node and its program (whose
  * estimate it adds up). */
 void ctpu__report_op(const ctpu_node *n, bool hit, const ctpu_program *prog, ctpu_trec *const *in);

@@ -50,9 +50,9 @@
       "assumed seconds of chip time per XLA compile on a real TPU, for the cache report's shape policies (an "      \
       "assumption: set it from a real run's compile times); a number >= 0")                                        \
     X(TORCH_TPU_AUTO_DYNAMIC, BOOL, "0",                                                                           \
-      "`1`: automatic dynamic dims (torch.compile's): a structure's first recompile caused only by one dim's "     \
-      "extent is detected and the cache report names the dims and the step; making them dynamic over "             \
-      "[2, 2^31-1] waits for `ctpu_mark_dynamic` (not built yet), so the structure still compiles per shape")       \
+      "`1`: automatic dynamic dims (torch.compile's): after a structure's first recompile caused only by one "    \
+      "dim's extent, that dim of the inputs it maps to is marked dynamic over [2, 2^31-1] in later traces "         \
+      "(`ctpu_mark_dynamic`'s mechanism); the cache report says which dims and at which step")                     \
     X(TORCH_COMPILE_DISABLE, BOOL, "0",                                                                             \
       "`1`: every `ctpu_compiled_call` runs its step function in the current mode (PyTorch's switch, for debugging)") \
     X(CTPU_QUIET, BOOL, "0",                                                                                        \

@@ -50,6 +50,7 @@ typedef struct {
     pshape *shapes;
     int n_shapes, cap;
     ctpu_policy_auto au;               /* automatic dynamic dims (TORCH_TPU_AUTO_DYNAMIC) */
+    bool dynamic;                      /* launched through a dynamic program (ctpu_mark_dynamic or automatic) */
 } pstruct;
 
 struct ctpu_policy_state {
@@ -223,13 +224,14 @@ static void map_program(ctpu_policy_state *ps, uint64_t program, int si, int sj)
 static void detect_auto(pstruct *s, const pshape *now, uint64_t program, uint64_t step);
 
 void ctpu__policy_launch(ctpu_policy_state *ps, uint64_t struct_hash, const ctpu_trace *t, uint64_t program,
-                         uint64_t step, bool recompile)
+                         uint64_t step, bool recompile, bool dynamic)
 {
     if (!ps || !struct_hash || !t) return;
     pstruct *s = struct_get(ps, struct_hash, t, program);
     int before = s ? s->n_shapes : 0;
     pshape *p = s ? shape_get(ps, s, t, program, step) : NULL;
     if (!p) return;
+    s->dynamic |= dynamic;
     if (ps->auto_dynamic && recompile && !s->au.detected && s->n_shapes > before) detect_auto(s, p, program, step);
     p->launches++;
     p->last = ++ps->seq;
@@ -244,6 +246,17 @@ void ctpu__policy_hit(ctpu_policy_state *ps, uint64_t program)
     pshape *p = &ps->s[v / MAX_SHAPES].shapes[v % MAX_SHAPES];
     p->launches++;
     p->last = ++ps->seq;
+}
+
+int ctpu__policy_auto_take(ctpu_policy_state *ps, uint64_t struct_hash, int *in, int *dim, int max)
+{
+    ctpu_policy_auto *a = ctpu__policy_auto(ps, struct_hash);
+    if (!a || !a->detected || a->dynamic) return 0;
+    int n = a->n_dims < 8 ? a->n_dims : 8;
+    if (n > max) n = max;
+    for (int i = 0; i < n; i++) { in[i] = a->in[i]; dim[i] = a->dim[i]; }
+    a->dynamic = true;
+    return n;
 }
 
 ctpu_policy_auto *ctpu__policy_auto(ctpu_policy_state *ps, uint64_t struct_hash)
@@ -433,6 +446,13 @@ static void detect_auto(pstruct *s, const pshape *now, uint64_t program, uint64_
         char nm[64];
         sym_name(s, p, nm, sizeof nm);
         k += (size_t)snprintf(a->dims + k, sizeof a->dims - k, "%s%s", a->n_dims ? ", " : "", nm);
+        if (a->n_dims < 8) {
+            size_t q = p;
+            int i = 0;
+            while (i < s->n_in && q >= s->in_type[i].ndim) q -= s->in_type[i++].ndim;
+            a->in[a->n_dims] = i;
+            a->dim[a->n_dims] = (int)q;
+        }
         a->n_dims++;
     }
 }
@@ -664,6 +684,7 @@ static cJSON *structure_json(const ctpu_policy_state *ps, const pstruct *s, cons
     cJSON_AddNumberToObject(o, "program", (double)s->first_program);
     cJSON_AddStringToObject(o, "ops", s->ops);
     cJSON_AddNumberToObject(o, "n_ops", s->n_nodes);
+    cJSON_AddBoolToObject(o, "dynamic", s->dynamic);
     cJSON *dims = cJSON_AddArrayToObject(o, "dims");
     double launches = 0;
     for (int j = 0; j < nl; j++) launches += (double)s->shapes[live[j]].launches;
@@ -745,8 +766,8 @@ void ctpu__policy_json(cJSON *doc, const ctpu_policy_state *ps, double compile_s
         cJSON_AddNumberToObject(o, "to", (double)s->au.to);
         cJSON_AddNumberToObject(o, "lo", 2);
         cJSON_AddNumberToObject(o, "hi", 2147483647.0);
-        /* marking the dims needs ctpu_mark_dynamic (the dynamic-dims issue): detected, not made dynamic */
-        cJSON_AddBoolToObject(o, "dynamic", false);
+        /* true once defer.c marks them in the later traces (ctpu_mark_dynamic's mechanism) */
+        cJSON_AddBoolToObject(o, "dynamic", s->au.dynamic);
         cJSON_AddItemToArray(ad, o);
     }
     cJSON *arr = cJSON_AddArrayToObject(sp, "structures");
@@ -758,7 +779,8 @@ void ctpu__policy_json(cJSON *doc, const ctpu_policy_state *ps, double compile_s
         int nl = 0;
         for (int j = 0; j < s->n_shapes; j++)
             if (s->shapes[j].launches) live[nl++] = j;
-        if (nl >= 2) cJSON_AddItemToArray(arr, structure_json(ps, s, live, nl, compile_s, plan, current));
+        if (nl >= 2 || (nl == 1 && s->dynamic))
+            cJSON_AddItemToArray(arr, structure_json(ps, s, live, nl, compile_s, plan, current));
         free(live);
     }
 }

@@ -23,7 +23,9 @@ typedef struct {
     uint64_t step, program, old_program;
     int n_dims;
     char dims[160];                /* "input 0 dim 1, input 1 dim 1" */
+    int in[8], dim[8];             /* the same as (canonical input, dim) pairs, n_dims of them (at most 8) */
     int64_t from, to;
+    bool dynamic;                  /* handed to defer.c, which marks them dynamic in later traces */
 } ctpu_policy_auto;
 
 typedef struct ctpu_policy_state ctpu_policy_state;
@@ -38,7 +40,9 @@ void ctpu__policy_clear(ctpu_policy_state *ps);
  * structure's first recompile that changed one dim's extent alone is
  * recorded (ctpu_policy_auto). */
 void ctpu__policy_launch(ctpu_policy_state *ps, uint64_t struct_hash, const ctpu_trace *t, uint64_t program,
-                         uint64_t step, bool recompile);
+                         uint64_t step, bool recompile, bool dynamic);
+/* The detected pairs of structure struct_hash, once (see ctpu_policy_auto). */
+int ctpu__policy_auto_take(ctpu_policy_state *ps, uint64_t struct_hash, int *in, int *dim, int max);
 /* One launch of a cached program. */
 void ctpu__policy_hit(ctpu_policy_state *ps, uint64_t program);
 /* The automatic-dynamic record of a structure, or NULL if it is not known. */

@@ -262,12 +262,14 @@ void ctpu__report_cut(int why, const ctpu_trace *t, const ctpu_cache_result *res
     uint64_t now = ctpu_now_ns();
     uint64_t step = atomic_load(&rt->marked_steps);
     const char *label = label_now();
-    /* a new program: its structure (hashed outside the lock) */
-    uint64_t sh = res && prog && !res->hit && t ? ctpu_trace_struct_hash(t) : 0;
+    /* a new program, or a dynamic program's launch (t: its trace at the
+     * launch's extents): its structure, hashed outside the lock */
+    uint64_t sh = res && prog && t ? ctpu_trace_struct_hash(t) : 0;
     pthread_mutex_lock(&r->mu);
     if (why == CTPU_CUT_HOST_READ) label_get(r, label)->cuts++;
-    if (res && prog && res->hit) ctpu__policy_hit(r->policy, res->program_id);
-    else if (sh) ctpu__policy_launch(r->policy, sh, t, res->program_id, step, res->recompile);
+    if (res && prog && res->hit && !sh) ctpu__policy_hit(r->policy, res->program_id);
+    else if (sh) ctpu__policy_launch(r->policy, sh, t, res->program_id, step, !res->hit && res->recompile,
+                                     res->hit || ctpu_program_dyn_trace(prog) != NULL);
     prog_rec *p = NULL;
     if (res && prog && res->program_id > 0 && res->program_id <= MAX_PROG_RECS) {
         /* ids are bounded by distinct programs (a thrashed key keeps its id);
@@ -348,8 +350,20 @@ void ctpu__report_fallback(const ctpu_trace *t)
     uint64_t sh = ctpu_trace_struct_hash(t);
     uint64_t step = atomic_load(&rt->marked_steps);
     pthread_mutex_lock(&r->mu);
-    ctpu__policy_launch(r->policy, sh, t, 0, step, true);
+    ctpu__policy_launch(r->policy, sh, t, 0, step, true, false);
     pthread_mutex_unlock(&r->mu);
+}
+
+int ctpu__report_auto_take(const ctpu_trace *t, int *in, int *dim, int max)
+{
+    ctpu_runtime *rt = ctpu_rt;
+    ctpu_report_state *r = rt ? rt->report : NULL;
+    if (!r || !t) return 0;
+    uint64_t sh = ctpu_trace_struct_hash(t);
+    pthread_mutex_lock(&r->mu);
+    int n = ctpu__policy_auto_take(r->policy, sh, in, dim, max);
+    pthread_mutex_unlock(&r->mu);
+    return n;
 }
 
 /* A strict op's estimate depends only on its program (op, attrs, shapes):

@@ -580,10 +580,8 @@ static void render_policies(out_t *o, const cJSON *d)
                  num(a, "hi"), num(a, "step"), num(a, "from"), num(a, "to"), num(a, "old_program"), num(a, "program"));
         else
             line(o, "automatic dynamic: program %.0f (%s): %s changed alone at step %.0f (recompile %.0f -> %.0f, "
-                    "program %.0f -> %.0f); making it dynamic over [%.0f, %.0f] needs ctpu_mark_dynamic, not built yet: "
-                    "the structure still compiles per shape", num(a, "program"), str(a, "ops"), str(a, "dims"),
-                 num(a, "step"), num(a, "from"), num(a, "to"), num(a, "old_program"), num(a, "program"), num(a, "lo"),
-                 num(a, "hi"));
+                    "program %.0f -> %.0f), not marked dynamic", num(a, "program"), str(a, "ops"), str(a, "dims"),
+                 num(a, "step"), num(a, "from"), num(a, "to"), num(a, "old_program"), num(a, "program"));
     }
     for (int i = 0; i < arr_n(ss); i++) {
         const cJSON *s = cJSON_GetArrayItem(ss, i), *dims = obj(s, "dims"), *h = obj(s, "histogram");
