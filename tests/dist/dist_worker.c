@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include "ctpu.h"
@@ -564,6 +565,39 @@ static int scenario_fault(bool die)
     return 0;
 }
 
+/* A rank killed inside a real DDP step (the ops path: strict eager, the
+ * collective on the device thread): rank 1 SIGKILLs itself after step 2's
+ * backward, before its gradients' all_reduce; rank 0's device thread is then
+ * in that all_reduce (bucket 0, step 2: two steps marked before it). */
+static int scenario_die_ddp(void)
+{
+    net m;   /* net_init without its Check assertions (no test is running here) */
+    ctpu_manual_seed(7);
+    if (ctpu_linear_init(&m.fc1, IN, HID, true, CTPU_F32) != CTPU_OK ||
+        ctpu_linear_init(&m.fc2, HID, OUT, true, CTPU_F32) != CTPU_OK)
+        return 1;
+    ctpu_tensor p[4];
+    params_of(&m, p);
+    ctpu_ddp *ddp = ctpu_ddp_create(4, p, NULL);
+    if (!ddp) return 1;
+    for (int s = 0; s < 5; s++) {
+        ctpu_step_begin();
+        ctpu_tensor x, y;
+        batch(s, R, &x, &y);
+        if (ctpu_backward(loss_of(&m, x, y)) != CTPU_OK) return 1;
+        if (s == 2 && R == 1) {
+            fprintf(stderr, "dist_worker: rank 1 kills itself before step 2's all_reduce\n");
+            fflush(stderr);
+            raise(SIGKILL);
+        }
+        if (ctpu_ddp_sync_grads(ddp) != CTPU_OK) return 1;
+        ctpu_step_end();
+        if (ctpu_sync() != CTPU_OK) return 1;
+    }
+    ctpu_ddp_free(ddp);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "suite";
@@ -575,7 +609,9 @@ int main(int argc, char **argv)
     R = ctpu_dist_rank();
     N = ctpu_dist_world_size();
     int rc;
-    if (!strcmp(mode, "die") || !strcmp(mode, "hang")) {
+    if (!strcmp(mode, "die_ddp")) {
+        rc = scenario_die_ddp();
+    } else if (!strcmp(mode, "die") || !strcmp(mode, "hang")) {
         rc = scenario_fault(!strcmp(mode, "die"));
     } else {
         SRunner *sr = srunner_create(suite());

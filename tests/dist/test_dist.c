@@ -133,6 +133,22 @@ START_TEST(rank_killed_mid_step)
 }
 END_TEST
 
+/* The same inside a real DDP step: the collective dispatched by
+ * ctpu_ddp_sync_grads, run by rank 0's device thread. */
+START_TEST(rank_killed_in_ddp_step)
+{
+    const char *args[] = { worker, "die_ddp", NULL };
+    run_result r = mpirun_np(2, args, NULL, 60);
+    ck_assert_msg(r.status != 0, "mpirun exited 0 though rank 1 was killed\n%s", r.out);
+    ck_assert_msg(r.secs < 10.0, "mpirun took %.1f s to end after a rank was killed (limit 10 s)\n%s", r.secs, r.out);
+    ck_assert_msg(strstr(r.out, "ctpu: rank 0: stopped in all_reduce (bucket 0, step 2)") != NULL,
+                  "no SIGTERM line from rank 0:\n%s", r.out);
+    ck_assert_msg(strstr(r.out, "rank 1") != NULL && strstr(r.out, "signal 9") != NULL,
+                  "mpirun does not name rank 1 and its signal:\n%s", r.out);
+    free(r.out);
+}
+END_TEST
+
 START_TEST(rank_hung_times_out)
 {
     const char *args[] = { worker, "hang", NULL };
@@ -276,6 +292,7 @@ int main(void)
     tcase_add_test(tc, ranks_2);
     tcase_add_test(tc, ranks_3);
     tcase_add_test(tc, rank_killed_mid_step);
+    tcase_add_test(tc, rank_killed_in_ddp_step);
     tcase_add_test(tc, rank_hung_times_out);
     tcase_add_test(tc, fashion_mnist_two_ranks);
     tcase_add_test(tc, char_gpt_ddp_equals_accumulation);
