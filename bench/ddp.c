@@ -3,7 +3,9 @@
  * MLP 784-256-128-10 with AdamW on synthetic data, global batch 128 split
  * over the ranks, one gradient bucket (DDP's 25 MiB default). Validates
  * first: after the timed steps every rank holds rank 0's parameters, bit
- * for bit. Rank 0 prints `name value unit` lines, the medians of 3 runs:
+ * for bit. Rank 0 prints `name value unit` lines, the medians of 3 runs
+ * (names ddp_np<N>[_fused][_kept]_...: _fused in defer and fuse, _kept with
+ * argv[2] = "kept", the all_reduce kept inside the step's trace):
  *   ddp_np<N>_steps_per_s, ddp_np<N>_images_per_s, and the estimates for a
  *   TPU pod of N chips (the emulated chip, v5e by default):
  *   est_ici_us_per_step, est_compute_us_per_step, est_comm_fraction; and
@@ -39,6 +41,13 @@ int main(int argc, char **argv)
     setenv("CTPU_QUIET", "1", 0);
     if (ctpu_dist_init() != CTPU_OK) return fail("ctpu_dist_init");
     int R = ctpu_dist_rank(), N = ctpu_dist_world_size();
+    /* argv[2] "kept": in defer and fuse, the gradient all_reduce stays in
+     * the step's trace (ctpu_dist_set_collective_cut(false)); the names
+     * then carry a _kept suffix */
+    bool kept = argc > 2 && strcmp(argv[2], "kept") == 0;
+    if (kept) ctpu_dist_set_collective_cut(false);
+    char tag[32];
+    snprintf(tag, sizeof tag, "np%d%s%s", N, ctpu_get_mode() == CTPU_MODE_DEFER_FUSE ? "_fused" : "", kept ? "_kept" : "");
     enum { GB = 128, IN = 784, OUT = 10 };
     ctpu_manual_seed(1);
     ctpu_linear l1, l2, l3;
@@ -102,16 +111,16 @@ int main(int argc, char **argv)
     double st = ds.steps ? (double)ds.steps : 1;
     double comm = ds.est_ici_s / st * 1e6, comp = ds.est_compute_s / st * 1e6;
     if (R == 0) {
-        printf("ddp_np%d_params_identical %d bool\n", N, all_same == N);
-        printf("ddp_np%d_steps_per_s %.1f steps/s\n", N, sps[1]);
-        printf("ddp_np%d_images_per_s %.0f images/s\n", N, sps[1] * GB);
-        printf("ddp_np%d_est_ici_us_per_step %.2f us\n", N, comm);
-        printf("ddp_np%d_est_compute_us_per_step %.2f us\n", N, comp);
-        printf("ddp_np%d_est_comm_fraction %.1f %%\n", N, comp + comm > 0 ? 100 * comm / (comp + comm) : 0.0);
-        printf("ddp_np%d_est_ici_us_per_step_at_256 %.2f us\n", N, ds.est_ici_s_256 / st * 1e6);
+        printf("ddp_%s_params_identical %d bool\n", tag, all_same == N);
+        printf("ddp_%s_steps_per_s %.1f steps/s\n", tag, sps[1]);
+        printf("ddp_%s_images_per_s %.0f images/s\n", tag, sps[1] * GB);
+        printf("ddp_%s_est_ici_us_per_step %.2f us\n", tag, comm);
+        printf("ddp_%s_est_compute_us_per_step %.2f us\n", tag, comp);
+        printf("ddp_%s_est_comm_fraction %.1f %%\n", tag, comp + comm > 0 ? 100 * comm / (comp + comm) : 0.0);
+        printf("ddp_%s_est_ici_us_per_step_at_256 %.2f us\n", tag, ds.est_ici_s_256 / st * 1e6);
         /* measured here: the device thread's time in collectives (waiting for the other rank included) */
-        printf("ddp_np%d_comm_wall_us_per_step %.1f us\n", N, ds.comm_wall_s / (3.0 * steps) * 1e6);
-        printf("ddp_np%d_comm_wall_fraction %.1f %%\n", N, timed_s > 0 ? 100 * ds.comm_wall_s / timed_s : 0.0);
+        printf("ddp_%s_comm_wall_us_per_step %.1f us\n", tag, ds.comm_wall_s / (3.0 * steps) * 1e6);
+        printf("ddp_%s_comm_wall_fraction %.1f %%\n", tag, timed_s > 0 ? 100 * ds.comm_wall_s / timed_s : 0.0);
         fflush(stdout);
         ctpu_dist_report(stderr);
     }

@@ -1,10 +1,15 @@
 #!/bin/sh
-# bench/ddp at 1 and 2 processes (issue 19): `name value unit` lines from
+# bench/ddp at 1 and 2 processes, then 2 in defer and fuse, cut and kept (issue 19): `name value unit` lines from
 # rank 0 of each run. usage: ddp.sh MPIRUN DDP_EXE [steps]
 set -eu
 mpirun=$1
 exe=$2
 steps=${3:-100}
+run() { "$mpirun" --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader "$@"; }
 for np in 1 2; do
-    "$mpirun" --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader -np "$np" "$exe" "$steps"
+    run -np "$np" "$exe" "$steps"
 done
+# defer and fuse at 2 processes: the all_reduce cutting the trace (the
+# default) or kept inside the step (ctpu_dist_set_collective_cut(false))
+TORCH_TPU_DEFER_AND_FUSE=1 run -np 2 "$exe" "$steps"
+TORCH_TPU_DEFER_AND_FUSE=1 run -np 2 "$exe" "$steps" kept

@@ -1194,8 +1194,11 @@ CTPU_API ctpu_tensor ctpu_reduce_scatter(ctpu_tensor t, int dim, ctpu_dist_op op
  * the SIGTERM line, error messages and the per-step report (DDP sets it). */
 CTPU_API ctpu_status ctpu_dist_set_bucket(int64_t bucket);
 /* Defer and fuse: cut the trace at each collective (true, the default) or
- * keep collectives inside the step's program (false), so a gradient
- * reduction can run within the backward's program. */
+ * keep collectives inside the step's program (false): one program per step
+ * instead of one per collective and what follows it. Not an overlap: a
+ * collective's step blocks the device thread until its data have moved,
+ * so the gradient reduction never runs while the backward computes
+ * (bench/ddp measures both settings: ddp_np2_fused[_kept]_steps_per_s). */
 CTPU_API ctpu_status ctpu_dist_set_collective_cut(bool cut);
 
 /* ICI cost model: an ESTIMATE of what a collective costs on a TPU pod, from
