@@ -252,21 +252,23 @@ static void mlp_step(model *md, ctpu_tensor x, ctpu_tensor y1h, int step)
     CHECK(ctpu_step_end() == CTPU_OK);
 }
 
-static double time_mlp(ctpu_mode m, ctpu_tensor x, ctpu_tensor y, float *w_out)
+static double time_mlp(ctpu_mode m, ctpu_tensor x, ctpu_tensor y, float *w_out, double *cpu)
 {
     ctpu_set_mode(m);
     model md;
     model_init(&md);
     for (int s = 0; s < 3; s++) mlp_step(&md, x, y, s);   /* warm: compile */
     ctpu_sync();
-    double r[7];
+    double r[7], rc[7];
     int step = 3;
     for (int k = 0; k < 7; k++) {
-        double t0 = now_s();
+        double t0 = now_s(), c0 = cpu_s();
         for (int i = 0; i < 10; i++) mlp_step(&md, x, y, step++);
         ctpu_sync();
         r[k] = (now_s() - t0) / 10;
+        rc[k] = (cpu_s() - c0) / 10;
     }
+    *cpu = median(rc, 7);
     CHECK(ctpu_to_host(md.p[4], w_out, 128 * 10 * 4) == CTPU_OK);
     model_free(&md);
     return median(r, 7);
@@ -280,12 +282,16 @@ static void bench_mlp(void)
     for (int i = 0; i < 128; i++) yh[i * 10 + (i * 7) % 10] = 1;
     ctpu_tensor x = ctpu_keep(ctpu_from_host(xh, CTPU_F32, 2, xs)), y = ctpu_keep(ctpu_from_host(yh, CTPU_F32, 2, ys));
     float wa[1280], wb[1280];
-    double ts = time_mlp(CTPU_MODE_STRICT, x, y, wa);
-    double tf = time_mlp(CTPU_MODE_DEFER_FUSE, x, y, wb);
+    double cs, cf;
+    double ts = time_mlp(CTPU_MODE_STRICT, x, y, wa, &cs);
+    double tf = time_mlp(CTPU_MODE_DEFER_FUSE, x, y, wb, &cf);
     if (memcmp(wa, wb, sizeof wa) != 0) { fprintf(stderr, "bench/fuse: MLP weights differ between modes\n"); exit(1); }
     printf("mlp_step_strict %.3f ms\n", ts * 1e3);
     printf("mlp_step_fused %.3f ms\n", tf * 1e3);
     printf("ratio_fused_vs_strict_mlp_step %.3f x\n", ts / tf);
+    printf("mlp_step_strict_cpu %.3f ms\n", cs * 1e3);
+    printf("mlp_step_fused_cpu %.3f ms\n", cf * 1e3);
+    printf("ratio_fused_vs_strict_mlp_step_cpu %.3f x\n", cs / cf);
     ctpu_release(x);
     ctpu_release(y);
     free(xh);
