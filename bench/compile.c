@@ -7,7 +7,13 @@
  * host time per step: the calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID)
  * in the step call, not waiting for the device; steps/s: wall time of a run
  * of steps, ended by a sync. Medians of 7 runs. Prints `name value unit`.
- * CTPU_NUM_THREADS picks the kernel threads (the targets are at 1). */
+ * CTPU_NUM_THREADS picks the kernel threads (the targets are at 1).
+ *
+ * `compile mlp-compiled` or `compile gpt-compiled` runs only that compiled
+ * step (its timing lines and the number of replayed calls): the callgrind
+ * harness for the replay path (valgrind is not a dependency; run it by hand):
+ *   valgrind --tool=callgrind --separate-threads=yes --toggle-collect=ctpu_compiled_call ./compile gpt-compiled
+ * and divide the calling thread's Ir by the calls it prints. */
 #include <ctpu.h>
 #include <ctpu_nn.h>
 #include <math.h>
@@ -263,9 +269,26 @@ static void bench(bool gpt)
     for (int k = 0; k < NBATCH; k++) { ctpu_release(b[k][0]); ctpu_release(b[k][1]); }
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     if (ctpu_init() != CTPU_OK) { fprintf(stderr, "bench/compile: %s\n", ctpu_last_error()); return 1; }
+    if (argc > 1) {
+        bool gpt = strcmp(argv[1], "gpt-compiled") == 0;
+        if (!gpt && strcmp(argv[1], "mlp-compiled") != 0) {
+            fprintf(stderr, "usage: compile [mlp-compiled | gpt-compiled]\n");
+            return 2;
+        }
+        ctpu_tensor b[NBATCH][2];
+        make_batches(gpt, b);
+        int reps = gpt ? 40 : 10;
+        result r = run(M_COMPILED, gpt, b, reps);
+        printf("compiled_host_us_per_step_%s %.2f us\n", gpt ? "gpt" : "mlp", r.host_us);
+        printf("compiled_calls %d calls (the first 6 warm up: %d replayed in the timed runs)\n", 6 + 7 * reps, 7 * reps);
+        free(r.w);
+        for (int k = 0; k < NBATCH; k++) { ctpu_release(b[k][0]); ctpu_release(b[k][1]); }
+        ctpu_shutdown();
+        return 0;
+    }
     bench(false);
     bench(true);
     ctpu_shutdown();

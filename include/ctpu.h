@@ -829,10 +829,15 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  * - out[j]: fn's results, new handles in the caller's scope at each call
  *   (detached: the step's backward is inside fn).
  * A graph break (a host read such as ctpu_item or ctpu_to_host, a mode
- * change, a nested ctpu_compiled_call inside fn) makes that call run as
- * defer and fuse around it and is reported with its op number; a
- * compiled step that broke runs every later call that way. With
- * opts->fullgraph it is an error instead. Guard failures recapture, up to
+ * change, a collective such as ctpu_all_reduce, a nested
+ * ctpu_compiled_call inside fn, a capture past 1,000,000 ops) makes that
+ * call run as defer and fuse around it and is reported with its op number
+ * and label as faults are (ops numbered from 1 within each call in dispatch
+ * order, the innermost ctpu_label_push label: 'graph break (at op #4,
+ * "read"): host read (item) of f32[]'); a compiled step that broke runs
+ * every later call that way. With opts->fullgraph it is an error instead,
+ * raised before the op that breaks runs. A capture longer than defer and
+ * fuse's trace-length cut (20,000 ops) is still one program. Guard failures recapture, up to
  * the recompile limit (8); past it, calls run fn in the current mode.
  * TORCH_COMPILE_DISABLE=1 makes every call run fn in the current mode.
  * Results are bit-identical to running fn in strict eager. */

@@ -36,4 +36,8 @@ size_t ctpu_cache_entries(ctpu_cache *c);
 uint64_t ctpu_cache_collisions(ctpu_cache *c);
 void ctpu_cache_force_hash(ctpu_cache *c, bool on, uint64_t value);
 
+/* defer.c: a compiled step's capture length limit in ops (0: the default,
+ * 1,000,000), past which the capture has a graph break. */
+void ctpu__test_capture_limit(uint32_t n);
+
 #endif

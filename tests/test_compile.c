@@ -359,7 +359,8 @@ START_TEST(graph_break_runs_as_defer_and_fuse)
     ck_assert_int_eq(info.graph_breaks, 1);
     ck_assert_int_eq(info.replays, 0);
     ck_assert_int_eq(info.eager_calls, 2);
-    ck_assert_msg(t_contains(info.last_reason, "graph break at op 2 (s.item): host read (item)"), "%s",
+    /* issue 11's numbering: mul #1, sum #2, the read #3 */
+    ck_assert_msg(t_contains(info.last_reason, "graph break (at op #3): host read (item) of f32[] at s.item"), "%s",
                   info.last_reason);
     ctpu_compiled_free(c);
     ctpu_release(x);
@@ -375,7 +376,7 @@ START_TEST(fullgraph_break_is_an_error_and_changes_nothing)
     double sc[1] = { 0.5 };
     ctpu_tensor out[1] = { { 99 } };
     ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 1, sc, 1, out), CTPU_ERR_STATE);
-    ck_assert_msg(t_contains(ctpu_last_error(), "compiled step strict_graph: fullgraph: graph break at op 2 (s.item)"), "%s",
+    ck_assert_msg(t_contains(ctpu_last_error(), "compiled step strict_graph: fullgraph: graph break (at op #3): host read (item)"), "%s",
                   ctpu_last_error());
     ck_assert(ctpu_is_null(out[0]));
     float *w = t_read(b.w, NULL);
@@ -403,6 +404,182 @@ static ctpu_status step_scale(void *ctx, const ctpu_tensor *in, const double *sc
     out[0] = ctpu_mul_scalar(in[0], sc[0]);
     return CTPU_OK;
 }
+
+/* graph breaks name the op by issue 11's numbering (from 1 in the call, in
+ * dispatch order: ops made before the call do not count) and its label */
+static ctpu_status step_labelled_item(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    brk *b = ctx;
+    (void)sc;
+    ck_assert_int_eq(ctpu_label_push("fwd"), CTPU_OK);
+    ctpu_tensor s = ctpu_sum(ctpu_exp(ctpu_mul(in[0], b->w)), 0, NULL, false);   /* #1 #2 #3 */
+    ck_assert_int_eq(ctpu_label_push("read"), CTPU_OK);
+    ctpu_status st = ctpu_item(s, &b->seen);                                     /* #4 */
+    ctpu_label_pop();
+    ctpu_label_pop();
+    out[0] = ctpu_add_scalar(s, 1);
+    return st;
+}
+
+START_TEST(graph_break_uses_step_op_numbers_and_labels)
+{
+    brk b = { .w = ctpu_keep(T_VEC(1, 2, 3)) };
+    ctpu_tensor x = ctpu_keep(T_VEC(1, -1, 1));
+    for (int i = 0; i < 5; i++) ctpu_release(ctpu_add_scalar(x, 1));   /* numbered before the call */
+    for (int fg = 0; fg < 2; fg++) {
+        ctpu_compiled *c = ctpu_compile(step_labelled_item, &b, &(ctpu_compile_opts){ .name = "lab", .fullgraph = fg });
+        ctpu_tensor out[1];
+        ctpu_status st = ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out);
+        const char *want = "graph break (at op #4, \"read\"): host read (item) of f32[]";
+        if (fg) {
+            ck_assert_int_eq(st, CTPU_ERR_STATE);
+            ck_assert_msg(t_contains(ctpu_last_error(), want), "%s", ctpu_last_error());
+        } else {
+            ck_assert_int_eq(st, CTPU_OK);
+            ctpu_compiled_info info;
+            ctpu_compiled_get_info(c, &info);
+            ck_assert_msg(t_contains(info.last_reason, want), "%s", info.last_reason);
+            ctpu_release(out[0]);
+        }
+        ctpu_compiled_free(c);
+    }
+    ctpu_release(x);
+    ctpu_release(b.w);
+}
+END_TEST
+
+/* a collective inside fn (world size 1 here: all_reduce is the identity) is
+ * a graph break with its op number and label; fullgraph: an error before
+ * anything ran */
+static ctpu_status step_all_reduce(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    brk *b = ctx;
+    (void)sc;
+    b->runs++;
+    ctpu_tensor g = ctpu_mul_scalar(in[0], 2);                     /* #1 */
+    ck_assert_int_eq(ctpu_label_push("grads"), CTPU_OK);
+    ctpu_tensor r = ctpu_all_reduce(g, CTPU_DIST_SUM);            /* #2 */
+    ctpu_label_pop();
+    if (ctpu_is_null(r)) return ctpu_last_status();
+    ctpu_status st = ctpu_assign(b->w, ctpu_add(b->w, r));
+    out[0] = ctpu_sum(r, 0, NULL, false);
+    return st;
+}
+
+START_TEST(collective_is_a_graph_break)
+{
+    ck_assert_int_eq(ctpu_dist_world_size(), 1);
+    for (int keep = 0; keep < 2; keep++) {   /* cut after the collective (the default) or kept in the step */
+        ck_assert_int_eq(ctpu_dist_set_collective_cut(!keep), CTPU_OK);
+        brk b = { .w = ctpu_keep(T_VEC(1, 2, 3)) };
+        ctpu_tensor x = ctpu_keep(T_VEC(1, -1, 1));
+        ctpu_compiled *c = ctpu_compile(step_all_reduce, &b, &(ctpu_compile_opts){ .name = "ddp" });
+        for (int s = 0; s < 3; s++) {
+            ctpu_tensor out[1];
+            ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_OK);
+            double v;
+            ck_assert_int_eq(ctpu_item(out[0], &v), CTPU_OK);
+            ck_assert(v == 2);
+            ctpu_release(out[0]);
+        }
+        ck_assert_int_eq(b.runs, 3);   /* fn runs at every call: defer and fuse around the collective */
+        float *w = t_read(b.w, NULL);
+        ck_assert(w[0] == 7 && w[1] == -4 && w[2] == 9);
+        free(w);
+        ctpu_compiled_info info;
+        ctpu_compiled_get_info(c, &info);
+        ck_assert_int_eq(info.graph_breaks, 1);
+        ck_assert_int_eq(info.replays, 0);
+        ck_assert_msg(t_contains(info.last_reason, "graph break (at op #2, \"grads\"): a collective (all_reduce)"), "%s",
+                      info.last_reason);
+        ctpu_compiled_free(c);
+
+        /* fullgraph: the error, and b.w unchanged */
+        c = ctpu_compile(step_all_reduce, &b, &(ctpu_compile_opts){ .name = "ddp_full", .fullgraph = true });
+        ctpu_tensor out[1];
+        ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_ERR_STATE);
+        ck_assert_msg(t_contains(ctpu_last_error(),
+                                 "compiled step ddp_full: fullgraph: graph break (at op #2, \"grads\"): a collective (all_reduce)"),
+                      "%s", ctpu_last_error());
+        ck_assert(ctpu_is_null(out[0]));
+        w = t_read(b.w, NULL);
+        ck_assert(w[0] == 7 && w[1] == -4 && w[2] == 9);
+        free(w);
+        ctpu_compiled_free(c);
+        ctpu_release(x);
+        ctpu_release(b.w);
+    }
+    ck_assert_int_eq(ctpu_dist_set_collective_cut(true), CTPU_OK);
+}
+END_TEST
+
+/* a step of n add_scalar ops on in[0] */
+static ctpu_status step_long(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    int n = *(int *)ctx;
+    (void)sc;
+    ctpu_tensor t = in[0];
+    for (int i = 0; i < n; i++) t = ctpu_add_scalar(t, 1);
+    out[0] = t;
+    return ctpu_is_null(t) ? ctpu_last_status() : CTPU_OK;
+}
+
+/* longer than defer and fuse's trace-length cut (20,000 ops): still one
+ * program, replayed */
+START_TEST(capture_longer_than_the_trace_limit_is_one_program)
+{
+    int n = 20050;
+    ctpu_compiled *c = ctpu_compile(step_long, &n, NULL);
+    ctpu_tensor x = ctpu_keep(T_VEC(1, 2));
+    int64_t cuts0 = C("trace_cuts_length_limit");
+    for (int s = 0; s < 2; s++) {
+        ctpu_tensor out[1];
+        ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_OK);
+        float *v = t_read(out[0], NULL);
+        ck_assert(v[0] == 20051.0f && v[1] == 20052.0f);
+        free(v);
+        ctpu_release(out[0]);
+    }
+    ctpu_compiled_info info;
+    ctpu_compiled_get_info(c, &info);
+    ck_assert_int_eq(info.captures, 1);
+    ck_assert_int_eq(info.replays, 1);
+    ck_assert_int_eq(info.graph_breaks, 0);
+    ck_assert_int_eq(C("trace_cuts_length_limit"), cuts0);
+    ctpu_compiled_free(c);
+    ctpu_release(x);
+}
+END_TEST
+
+/* past the capture's own length limit (lowered to 50 here): a reported graph
+ * break at the op past it; fullgraph: an error, nothing ran */
+START_TEST(capture_past_its_length_limit_is_a_graph_break)
+{
+    ctpu__test_capture_limit(50);
+    int n = 120;
+    ctpu_tensor x = ctpu_keep(T_VEC(1, 2));
+    ctpu_compiled *c = ctpu_compile(step_long, &n, NULL);
+    ctpu_tensor out[1];
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_OK);
+    float *v = t_read(out[0], NULL);
+    ck_assert(v[0] == 121.0f && v[1] == 122.0f);
+    free(v);
+    ctpu_release(out[0]);
+    ctpu_compiled_info info;
+    ctpu_compiled_get_info(c, &info);
+    ck_assert_int_eq(info.graph_breaks, 1);
+    ck_assert_msg(t_contains(info.last_reason, "graph break (at op #51): add_scalar: the capture reached its length limit of 50 ops"),
+                  "%s", info.last_reason);
+    ctpu_compiled_free(c);
+    c = ctpu_compile(step_long, &n, &(ctpu_compile_opts){ .name = "long", .fullgraph = true });
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_ERR_STATE);
+    ck_assert_msg(t_contains(ctpu_last_error(), "compiled step long: fullgraph: graph break (at op #51): add_scalar"), "%s",
+                  ctpu_last_error());
+    ctpu_compiled_free(c);
+    ctpu__test_capture_limit(0);
+    ctpu_release(x);
+}
+END_TEST
 
 START_TEST(nested_compiled_call_is_a_graph_break)
 {
@@ -650,6 +827,10 @@ static Suite *suite(void)
     tcase_add_test(t, graph_break_runs_as_defer_and_fuse);
     tcase_add_test(t, fullgraph_break_is_an_error_and_changes_nothing);
     tcase_add_test(t, nested_compiled_call_is_a_graph_break);
+    tcase_add_test(t, graph_break_uses_step_op_numbers_and_labels);
+    tcase_add_test(t, collective_is_a_graph_break);
+    tcase_add_test(t, capture_longer_than_the_trace_limit_is_one_program);
+    tcase_add_test(t, capture_past_its_length_limit_is_a_graph_break);
     tcase_add_test(t, scalars_are_runtime_arguments);
     tcase_add_test(t, recompile_limit_then_eager);
     tcase_add_test(t, compile_disable_runs_fn);

@@ -4,6 +4,7 @@
  * and fuse: a node of the trace, keyed like any op), executed on the device
  * thread by src/dist/. In defer and fuse the trace is cut right after the
  * collective unless this thread asked to keep collectives inside the step. */
+#include <stdio.h>
 #include <string.h>
 
 #include "eager.h"
@@ -30,6 +31,13 @@ static ctpu_tensor collective(int op, int kind, ctpu_trec *r, ctpu_tensor t, con
     if (!ts) {
         ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory", ctpu_op_name(op));
         return ctpu_failed();
+    }
+    if (ctpu__capturing()) {
+        /* inside a compiled step: a graph break (the call runs as defer and
+         * fuse around it); fullgraph: an error before anything ran */
+        char what[96];
+        snprintf(what, sizeof what, "a collective (%s)", ctpu_op_name(op));
+        if (!ctpu__capture_break(CTPU_CUT_COLLECTIVE, what)) return ctpu_failed();
     }
     ctpu_node n = { .op = (uint16_t)op, .n_in = 1, .n_scalars = 1, .out = *out };
     n.attr.extra = extra;

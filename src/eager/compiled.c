@@ -199,21 +199,30 @@ static const char *step_name(const ctpu_compiled *c) { return c->name; }
 /* ------------------------------------------------------------ capture hooks */
 static struct ctpu_capture *cap_now(void) { return ctpu__capturing(); }
 
-static int ops_recorded(void)
+/* Where a graph break is, in issue 11's numbering (ops numbered from 1 in
+ * each step, in dispatch order, and the innermost ctpu_label_push label):
+ * a host read, a collective or the op past the capture's length limit is
+ * itself numbered (the number it takes next); a mode change, a nested
+ * compiled call or another cut comes after the op numbered last. */
+static void break_where(int why, char *buf, size_t len)
 {
     const ctpu_thread_state *s = ctpu__ts;
-    return s->df.rec ? ctpu_trace_rec_nodes(s->df.rec) : 0;
+    bool is_op = why == CTPU_CUT_HOST_READ || why == CTPU_CUT_COLLECTIVE || why == CTPU_CUT_LIMIT;
+    uint32_t no = s->label.op_no + (is_op ? 1 : 0);
+    int d = s->label.depth;
+    const char *l = d ? ctpu_device_label(ctpu_rt->dev, s->label.stack[d - 1]) : NULL;
+    snprintf(buf, len, "%s op #%u%s%.64s%s", is_op ? "at" : "after", no, l ? ", \"" : "", l ? l : "", l ? "\"" : "");
 }
 
 bool ctpu__capture_break(int why, const char *what)
 {
-    (void)why;
     struct ctpu_capture *cap = cap_now();
     if (!cap || cap->in_final) return true;
-    const char *label = ctpu__ts->label.host_read;
-    char reason[192];
-    snprintf(reason, sizeof reason, "graph break at op %d%s%.48s%s: %.96s", ops_recorded(), label[0] ? " (" : "",
-             label, label[0] ? ")" : "", what);
+    const char *hr = ctpu__ts->label.host_read;
+    char where[96], reason[192];
+    break_where(why, where, sizeof where);
+    snprintf(reason, sizeof reason, "graph break (%.64s): %.80s%s%.24s", where, what, hr[0] && why == CTPU_CUT_HOST_READ ? " at " : "",
+             why == CTPU_CUT_HOST_READ ? hr : "");
     if (cap->c->fullgraph) {
         if (!cap->refused) snprintf(cap->reason, sizeof cap->reason, "%s", reason);
         cap->refused = cap->broken = true;
@@ -1060,6 +1069,7 @@ static ctpu_status call_dispatch(ctpu_compiled *c, int n_in, const ctpu_tensor *
     }
     ctpu_status st = resolve_inputs(n_in, in, inrec);
     if (st != CTPU_OK) return st;
+    ctpu__ts->label.op_no = 0;   /* a compiled call is a step: its ops are numbered from 1 (issue 11) */
     if (c->limited) { c->info.eager_calls++; return run_fn(c, in, scalars, n_out, out); }
     if (c->broken) { c->info.eager_calls++; return run_deferred(c, in, scalars, n_out, out); }
     char why[192];

@@ -17,11 +17,31 @@
 #include "fuse/trace.h"
 
 #define TRACE_MAX_NODES 20000
-
 /* This thread's trace recorder: a part of its state (eager.h), dropped with
  * it at thread exit, shutdown or a new runtime. Valid once state_ready() (or
  * ctpu__defer_flush's check) has passed on the calling path. */
 #define t_df (ctpu__ts->df)
+
+/* A compiled step's capture is one program whatever its length (the trace
+ * limit does not cut it); past this many ops it is a graph break (fullgraph:
+ * the op fails and nothing ran). ctpu__test_capture_limit lowers it. */
+#define CAPTURE_MAX_NODES 1000000
+static _Atomic uint32_t capture_max_nodes = CAPTURE_MAX_NODES;
+
+void ctpu__test_capture_limit(uint32_t n) { atomic_store(&capture_max_nodes, n ? n : CAPTURE_MAX_NODES); }
+
+/* A capture at its length limit: a graph break before the op is numbered
+ * (the trace so far is flushed as defer and fuse); false under fullgraph. */
+static bool capture_length_ok(const char *opn)
+{
+    uint32_t lim = atomic_load_explicit(&capture_max_nodes, memory_order_relaxed);
+    if (!ctpu__capturing() || !t_df.rec || (uint32_t)ctpu_trace_rec_nodes(t_df.rec) < lim) return true;
+    char what[128];
+    snprintf(what, sizeof what, "%s: the capture reached its length limit of %u ops", opn, lim);
+    if (!ctpu__capture_break(CTPU_CUT_LIMIT, what)) return false;
+    ctpu__defer_flush(CTPU_CUT_LIMIT);
+    return true;
+}
 
 static const ctpu_counter_id cut_counter[CTPU_CUT_COUNT] = {
     CTPU_CTR_CUT_MARK_STEP, CTPU_CTR_CUT_HOST_READ, CTPU_CTR_CUT_SYNC, CTPU_CTR_CUT_LOOP,
@@ -208,6 +228,7 @@ ctpu_tensor ctpu__defer_node(ctpu_node *node, const char *call, ctpu_trec *const
         ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory recording the trace", opn);
         return ctpu_failed();
     }
+    if (!capture_length_ok(opn)) return ctpu_failed();
     ctpu_op_prov prov = ctpu_prov_next_ts(ctpu__ts);   /* numbered here: the state is bound */
     /* a value larger than the whole HBM can never be computed: say so here,
      * naming the op, as strict eager does, not at the launch */
@@ -251,7 +272,7 @@ ctpu_tensor ctpu__defer_node(ctpu_node *node, const char *call, ctpu_trec *const
                   (dl == CTPU_LOOPS_ON || (dl == CTPU_LOOPS_AUTO && !atomic_load(&ctpu_rt->user_marks_steps)));
     if (detect && ctpu_loop_feed(&t_df.loops, op_hash(node), dl == CTPU_LOOPS_AUTO)) {
         ctpu__defer_flush(CTPU_CUT_LOOP);
-    } else if (ctpu_trace_rec_nodes(t_df.rec) >= TRACE_MAX_NODES) {
+    } else if (!capturing && ctpu_trace_rec_nodes(t_df.rec) >= TRACE_MAX_NODES) {
         ctpu__defer_flush(CTPU_CUT_LIMIT);
     }
     return out;
