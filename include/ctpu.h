@@ -868,10 +868,14 @@ CTPU_API ctpu_status ctpu_compiled_call(ctpu_compiled *c, int n_in, const ctpu_t
                                         const double *scalars, int n_out, ctpu_tensor *out);
 /* What a compiled step did so far. host_ns: wall time (CLOCK_MONOTONIC) the
  * calling threads spent in its calls, captures included (a replay does not
- * wait for the device, so this is its host work). */
+ * wait for the device, so this is its host work); replay_host_ns: the part
+ * spent in calls that replayed. The metrics JSON ("compiled_steps") and the
+ * cache report give one row per compiled step with these counts, the host
+ * time per call and per replay, and its last 8 guard failures, graph breaks
+ * and fallbacks with their reasons (freed steps included, up to 64). */
 typedef struct {
     uint64_t calls, captures, replays, guard_failures, graph_breaks, eager_calls;
-    uint64_t host_ns;
+    uint64_t host_ns, replay_host_ns;
     char last_reason[192];   /* the last guard failure or graph break, "" if none */
 } ctpu_compiled_info;
 /* Errors: CTPU_ERR_INVALID_ARG (c or out NULL). */

@@ -366,6 +366,133 @@ START_TEST(tool_round_trip)
 }
 END_TEST
 
+/* ---------------------------------------------------------------- compiled steps */
+static ctpu_status cstep_scale(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)ctx;
+    out[0] = ctpu_mul_scalar(in[0], sc[0]);
+    return CTPU_OK;
+}
+
+static ctpu_status cstep_item(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)ctx;
+    (void)sc;
+    double v;
+    ctpu_tensor s = ctpu_sum(in[0], 0, NULL, false);                 /* #1 */
+    ctpu_status st = ctpu_item(s, &v);                               /* #2: a graph break */
+    out[0] = ctpu_add_scalar(s, v);
+    return st;
+}
+
+static const cJSON *step_row(const cJSON *d, const char *name)
+{
+    const cJSON *cs = cJSON_GetObjectItem(d, "compiled_steps");
+    for (int i = 0; i < cJSON_GetArraySize(cs); i++) {
+        const cJSON *r = cJSON_GetArrayItem(cs, i);
+        if (strcmp(cJSON_GetObjectItem(r, "name")->valuestring, name) == 0) return r;
+    }
+    ck_abort_msg("no compiled_steps row %s", name);
+    return NULL;
+}
+
+/* each compiled step is a row of the metrics JSON, the cache report and
+ * ctpu-report: calls, captures, replays, guard failures with reasons in the
+ * diff format, graph breaks with op numbers, host time per call and per
+ * replay; a freed step keeps its row */
+START_TEST(compiled_step_rows)
+{
+    env_base();
+    setenv("CTPU_QUIET", "1", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    ctpu_compiled *a = ctpu_compile(cstep_scale, NULL, &(ctpu_compile_opts){ .name = "scale" });
+    ctpu_compiled *b = ctpu_compile(cstep_item, NULL, &(ctpu_compile_opts){ .name = "reads" });
+    float d8[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
+    for (int k = 0; k < 6; k++) {
+        ctpu_scope_begin();
+        ctpu_tensor x = ctpu_from_host(d8, CTPU_F32, 1, (int64_t[]){ k == 4 ? 4 : 8 });
+        double sc[1] = { 1.0 + k };
+        ctpu_tensor out[1];
+        ck_assert_int_eq(ctpu_compiled_call(a, 1, &x, 1, sc, 1, out), CTPU_OK);
+        ck_assert_int_eq(ctpu_compiled_call(b, 1, &x, 1, sc, 1, out), CTPU_OK);
+        ctpu_scope_end();
+    }
+    ctpu_compiled_free(b);   /* freed: its row stays */
+    cJSON *d = metrics_doc();
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(d, "compiled_steps")), 2);
+    const cJSON *ra = step_row(d, "scale"), *rb = step_row(d, "reads");
+    /* scale: 8 captured, 8 confirmed (a new scalar), 8 replayed, 8 replayed, 4: a guard failure, 8 replayed */
+    ck_assert_int_eq((int)jnum(ra, "calls"), 6);
+    ck_assert_int_eq((int)jnum(ra, "captures"), 3);
+    ck_assert_int_eq((int)jnum(ra, "replays"), 3);
+    ck_assert_int_eq((int)jnum(ra, "guard_failures"), 1);
+    ck_assert_int_eq((int)jnum(ra, "graph_breaks"), 0);
+    ck_assert_int_eq((int)jnum(ra, "versions"), 2);
+    ck_assert(jnum(ra, "host_ns") > 0 && jnum(ra, "replay_host_ns") > 0 && jnum(ra, "replay_host_ns") < jnum(ra, "host_ns"));
+    ck_assert(fabs(jnum(ra, "host_us_per_call") - jnum(ra, "host_ns") / 1e3 / 6) < 1e-9);
+    ck_assert(fabs(jnum(ra, "host_us_per_replay") - jnum(ra, "replay_host_ns") / 1e3 / 3) < 1e-9);
+    ck_assert_str_eq(cJSON_GetObjectItem(ra, "state")->valuestring, "replays");
+    ck_assert(!cJSON_IsTrue(cJSON_GetObjectItem(ra, "freed")));
+    const cJSON *ev = cJSON_GetObjectItem(ra, "events");
+    ck_assert_int_eq(cJSON_GetArraySize(ev), 1);
+    ck_assert_int_eq((int)jnum(cJSON_GetArrayItem(ev, 0), "call"), 5);
+    ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(ev, 0), "kind")->valuestring, "guard failure");
+    ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(ev, 0), "reason")->valuestring, "input 0 dim 0: 8 -> 4");
+    /* reads: a graph break at its first call, then defer and fuse */
+    ck_assert_int_eq((int)jnum(rb, "calls"), 6);
+    ck_assert_int_eq((int)jnum(rb, "captures"), 1);
+    ck_assert_int_eq((int)jnum(rb, "replays"), 0);
+    ck_assert_int_eq((int)jnum(rb, "graph_breaks"), 1);
+    ck_assert_int_eq((int)jnum(rb, "eager_calls"), 5);
+    ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(rb, "freed")));
+    ck_assert_str_eq(cJSON_GetObjectItem(rb, "state")->valuestring, "graph break: runs as defer and fuse");
+    ev = cJSON_GetObjectItem(rb, "events");
+    ck_assert_int_eq(cJSON_GetArraySize(ev), 1);
+    ck_assert_int_eq((int)jnum(cJSON_GetArrayItem(ev, 0), "call"), 1);
+    ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(ev, 0), "reason")->valuestring,
+                     "graph break (at op #2): host read (item) of f32[]");
+    cJSON_Delete(d);
+
+    /* the cache report and ctpu-report on the metrics file: the same rows */
+    char *txt = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&txt, &len);
+    ck_assert_int_eq(ctpu_cache_report(f), CTPU_OK);
+    fclose(f);
+    ck_assert_msg(t_contains(txt, "compiled steps (2):"), "%s", txt);
+    ck_assert_msg(t_contains(txt, "calls  captures  replays  guard failures  graph breaks  eager calls  host/call"), "%s", txt);
+    ck_assert_msg(t_contains(txt, "scale: call 5: guard failure: input 0 dim 0: 8 -> 4"), "%s", txt);
+    ck_assert_msg(t_contains(txt, "reads: call 1: graph break: graph break (at op #2): host read (item) of f32[]"), "%s", txt);
+    ck_assert_msg(t_contains(txt, "reads (freed)"), "%s", txt);
+    ck_assert_msg(t_contains(txt, "compiled step reads: graph break (at op #2)"), "%s", txt);   /* the advice */
+    char dir[] = "/tmp/ctpu_report_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char path[256], args[512];
+    snprintf(path, sizeof path, "%s/run.json", dir);
+    ck_assert_int_eq(ctpu_metrics_write(path), CTPU_OK);
+    int rc;
+    snprintf(args, sizeof args, "'%s'", path);
+    char *got = run_tool(args, &rc);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_msg(t_contains(got, "compiled steps (2):") && t_contains(got, "scale: call 5: guard failure: input 0 dim 0: 8 -> 4"),
+                  "%s", got);
+    free(got);
+    snprintf(args, sizeof args, "--format json '%s'", path);
+    got = run_tool(args, &rc);
+    ck_assert_int_eq(rc, 0);
+    cJSON *s = cJSON_Parse(got);
+    ck_assert_ptr_nonnull(s);
+    ck_assert_int_eq((int)jnum(step_row(s, "reads"), "graph_breaks"), 1);
+    cJSON_Delete(s);
+    free(got);
+    remove(path);
+    rmdir(dir);
+    free(txt);
+    ctpu_compiled_free(a);
+    ctpu_shutdown();
+}
+END_TEST
+
 /* ---------------------------------------------------------------- trace */
 static int count_events(const cJSON *ev, const char *cat, const char *ph, int pid)
 {
@@ -1142,6 +1269,7 @@ static Suite *suite(void)
     tcase_add_test(tc, counters_strict_and_history);
     tcase_add_test(tc, golden_report_text);
     tcase_add_test(tc, tool_round_trip);
+    tcase_add_test(tc, compiled_step_rows);
     tcase_add_test(tc, trace_file);
     tcase_add_test(tc, trace_buffer_drops);
     tcase_add_test(tc, trace_events_setting);

@@ -27,10 +27,15 @@
 #include <string.h>
 #include <time.h>
 
+#include <cJSON.h>
+
 #include "eager.h"
 #include "fuse/exec.h"
 
 #define COMPILED_MAGIC 0x6374707573746570ull   /* "ctpustep" */
+#define RETIRED_MAGIC 0x6374707572657464ull    /* "ctpuretd": freed by the user, kept for the report */
+#define MAX_RETIRED 64                           /* freed steps the report keeps (the oldest go first) */
+#define N_EVENTS 8                               /* the last guard failures and graph breaks a row lists */
 #define MAX_ARGS 4096
 
 enum { IN_USER, IN_OWNER, IN_CONST };
@@ -84,6 +89,13 @@ typedef struct version {
     bool *arg_conf;            /* [n_scalars] seen to follow scalars[i] across two captures */
 } version;
 
+/* A guard failure, graph break or fallback, for the report's rows. */
+typedef struct {
+    uint64_t call;                 /* the call it happened in, from 1 */
+    const char *kind;              /* "guard failure", "graph break", "not replayable", "recompile limit" */
+    char reason[192];
+} step_event;
+
 struct ctpu_compiled {
     uint64_t magic, epoch, id;
     struct ctpu_compiled *next;    /* the runtime's list */
@@ -94,7 +106,14 @@ struct ctpu_compiled {
     bool broken;                   /* a graph break: every call runs as defer and fuse */
     bool limited;                  /* past the recompile limit: every call runs fn in the current mode */
     version *versions;
-    ctpu_compiled_info info;
+    ctpu_compiled_info info;       /* the calling thread's counts */
+    /* under rt->compiled_mu: what get_info and the report read */
+    ctpu_compiled_info shown;
+    const char *shown_state;
+    int shown_versions;
+    bool retired;                  /* ctpu_compiled_free'd: a report row only */
+    uint64_t n_events;
+    step_event events[N_EVENTS];   /* ring: events[i % N_EVENTS] */
 };
 
 typedef struct { uint64_t leaf, g; bool zeroed; } grad_note;
@@ -857,12 +876,18 @@ static void capture_free(struct ctpu_capture *cap)
     free(cap->grads);
 }
 
-static void note_reason(ctpu_compiled *c, const char *what, const char *reason)
+static void note_reason(ctpu_compiled *c, const char *kind, const char *what, const char *reason)
 {
     size_t n = strlen(what) < sizeof c->info.last_reason ? strlen(what) : 0;
     memcpy(c->info.last_reason, what, n);
     snprintf(c->info.last_reason + n, sizeof c->info.last_reason - n, "%.*s", (int)(sizeof c->info.last_reason - n - 1),
              reason);
+    pthread_mutex_lock(&ctpu_rt->compiled_mu);
+    step_event *e = &c->events[c->n_events++ % N_EVENTS];
+    e->call = c->info.calls + 1;
+    e->kind = kind;
+    snprintf(e->reason, sizeof e->reason, "%s", reason);
+    pthread_mutex_unlock(&ctpu_rt->compiled_mu);
 }
 
 /* Capture: fn with the thread in defer and fuse, one trace, compiled whole. */
@@ -901,7 +926,7 @@ static ctpu_status run_capture(ctpu_compiled *c, int n_in, const ctpu_tensor *in
     if (cap.broken) {
         c->broken = true;
         c->info.graph_breaks++;
-        note_reason(c, "", cap.reason);
+        note_reason(c, "graph break", "", cap.reason);
     }
     if (st == CTPU_OK && cap.made && !cap.fail[0] && !cap.broken) {
         cap.made->next = c->versions;
@@ -911,12 +936,12 @@ static ctpu_status run_capture(ctpu_compiled *c, int n_in, const ctpu_tensor *in
         if (st == CTPU_OK && !cap.fail[0] && !cap.broken) {
             /* the flush ran it op by op: the cache's TORCH_TPU_RECOMPILE_LIMIT */
             c->limited = true;
-            note_reason(c, "", "past TORCH_TPU_RECOMPILE_LIMIT: the step's program structure compiled its limit of shapes");
+            note_reason(c, "recompile limit", "", "past TORCH_TPU_RECOMPILE_LIMIT: the step's program structure compiled its limit of shapes");
         } else if (st == CTPU_OK && cap.fail[0]) {
             /* the call ran as defer and fuse; later calls will too */
             c->broken = true;
             c->info.graph_breaks++;
-            note_reason(c, "not replayable: ", cap.fail);
+            note_reason(c, "not replayable", "not replayable: ", cap.fail);
         }
     }
     capture_free(&cap);
@@ -924,14 +949,25 @@ static ctpu_status run_capture(ctpu_compiled *c, int n_in, const ctpu_tensor *in
 }
 
 /* ------------------------------------------------------------ public */
-static void compiled_unlink(ctpu_compiled *c)
+static const char *state_name(const ctpu_compiled *c)
 {
-    ctpu_runtime *rt = ctpu_rt;
-    pthread_mutex_lock(&rt->compiled_mu);
-    ctpu_compiled **pp = &rt->compiled;
-    while (*pp && *pp != c) pp = &(*pp)->next;
-    if (*pp) *pp = c->next;
-    pthread_mutex_unlock(&rt->compiled_mu);
+    if (ctpu_rt->compile_disable) return "TORCH_COMPILE_DISABLE: fn runs in the current mode";
+    if (c->limited) return "past the recompile limit: fn runs in the current mode";
+    if (c->broken) return "graph break: runs as defer and fuse";
+    return c->versions ? "replays" : "not captured";
+}
+
+/* The counts get_info and the report read (under the runtime's lock). */
+static void publish_info(ctpu_compiled *c)
+{
+    int nv = 0;
+    for (const version *v = c->versions; v; v = v->next) nv++;
+    const char *state = state_name(c);
+    pthread_mutex_lock(&ctpu_rt->compiled_mu);
+    c->shown = c->info;
+    c->shown_state = state;
+    c->shown_versions = nv;
+    pthread_mutex_unlock(&ctpu_rt->compiled_mu);
 }
 
 ctpu_compiled *ctpu_compile(ctpu_step_fn fn, void *ctx, const ctpu_compile_opts *opts)
@@ -959,6 +995,7 @@ ctpu_compiled *ctpu_compile(ctpu_step_fn fn, void *ctx, const ctpu_compile_opts 
     pthread_mutex_unlock(&rt->compiled_mu);
     if (opts && opts->name && opts->name[0]) snprintf(c->name, sizeof c->name, "%s", opts->name);
     else snprintf(c->name, sizeof c->name, "step %llu", (unsigned long long)c->id);
+    publish_info(c);
     return c;
 }
 
@@ -1086,10 +1123,12 @@ static ctpu_status call_dispatch(ctpu_compiled *c, int n_in, const ctpu_tensor *
     }
     if (c->versions) {
         c->info.guard_failures++;
-        note_reason(c, "guard failed: ", why);
+        note_reason(c, "guard failure", "guard failed: ", why);
         if (rt->recompile_limit && c->info.guard_failures > (uint64_t)rt->recompile_limit) {
             /* torch: past cache_size_limit the frame runs without compiling */
             c->limited = true;
+            note_reason(c, "recompile limit", "", "past TORCH_TPU_RECOMPILE_LIMIT: guard failures ran out; fn runs in the current mode");
+            note_reason(c, "guard failure", "guard failed: ", why);
             c->info.eager_calls++;
             return run_fn(c, in, scalars, n_out, out);
         }
@@ -1109,7 +1148,7 @@ ctpu_status ctpu_compiled_call(ctpu_compiled *c, int n_in, const ctpu_tensor *in
         ctpu_set_error(CTPU_ERR_OOM, "compiled_call: out of host memory for this thread's state");
         return CTPU_ERR_OOM;
     }
-    uint64_t t0 = now_ns();
+    uint64_t t0 = now_ns(), replays0 = c->info.replays;
     ctpu_trec *inrec_inl[16];
     ctpu_trec **inrec = n_in <= 16 ? inrec_inl : malloc(sizeof *inrec * (size_t)n_in);
     if (!inrec) {
@@ -1128,8 +1167,11 @@ ctpu_status ctpu_compiled_call(ctpu_compiled *c, int n_in, const ctpu_tensor *in
     }
     if (st != CTPU_OK)
         for (int j = 0; j < n_out; j++) out[j] = ctpu_failed();   /* error handles: later ops keep the cause */
+    uint64_t dt = now_ns() - t0;
     c->info.calls++;
-    c->info.host_ns += now_ns() - t0;
+    c->info.host_ns += dt;
+    if (c->info.replays != replays0) c->info.replay_host_ns += dt;
+    publish_info(c);
     return st;
 }
 
@@ -1138,31 +1180,114 @@ bool ctpu_is_compiling(void) { return ctpu_rt && ctpu__capturing() != NULL; }
 ctpu_status ctpu_compiled_get_info(const ctpu_compiled *c, ctpu_compiled_info *out)
 {
     if (!c || c->magic != COMPILED_MAGIC || !out) {
-        ctpu_set_error(CTPU_ERR_INVALID_ARG, "compiled_get_info: %s is NULL", out ? "c" : "out");
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "compiled_get_info: %s", !out ? "out is NULL" : c ? "c is not a compiled step (freed?)" : "c is NULL");
         return CTPU_ERR_INVALID_ARG;
     }
-    *out = c->info;
+    if (ctpu_rt && c->epoch == ctpu_rt->epoch) {
+        pthread_mutex_lock(&ctpu_rt->compiled_mu);
+        *out = c->shown;
+        pthread_mutex_unlock(&ctpu_rt->compiled_mu);
+    } else {
+        *out = c->info;   /* its runtime is gone: nobody else reads it */
+    }
     return CTPU_OK;
 }
 
+/* A freed step stays a report row (its programs and tensors let go); past
+ * MAX_RETIRED freed rows the oldest is dropped. */
 void ctpu_compiled_free(ctpu_compiled *c)
 {
     if (!c || c->magic != COMPILED_MAGIC) return;
-    if (ctpu_rt && c->epoch == ctpu_rt->epoch) {
-        compiled_unlink(c);
-        versions_free(c);
+    ctpu_runtime *rt = ctpu_rt;
+    if (!rt || c->epoch != rt->epoch) {
+        c->magic = 0;
+        free(c);
+        return;
     }
-    c->magic = 0;
-    free(c);
+    versions_free(c);
+    publish_info(c);
+    ctpu_compiled *drop = NULL;
+    pthread_mutex_lock(&rt->compiled_mu);
+    c->magic = RETIRED_MAGIC;
+    c->retired = true;
+    int n = 0;
+    ctpu_compiled **last = NULL;
+    for (ctpu_compiled **pp = &rt->compiled; *pp; pp = &(*pp)->next)
+        if ((*pp)->retired) { n++; last = pp; }
+    if (n > MAX_RETIRED && last) {
+        drop = *last;
+        *last = drop->next;
+    }
+    pthread_mutex_unlock(&rt->compiled_mu);
+    if (drop) {
+        drop->magic = 0;
+        free(drop);
+    }
 }
 
 void ctpu__compiled_shutdown(ctpu_runtime *rt)
 {
     pthread_mutex_lock(&rt->compiled_mu);
-    for (ctpu_compiled *c = rt->compiled; c; c = c->next) {
-        versions_free(c);
-        c->epoch = 0;     /* a later call is CTPU_ERR_STATE; free only frees it */
+    for (ctpu_compiled *c = rt->compiled; c; c = c->next) versions_free(c);   /* the rows stay for the report */
+    pthread_mutex_unlock(&rt->compiled_mu);
+}
+
+void ctpu__compiled_final(ctpu_runtime *rt)
+{
+    pthread_mutex_lock(&rt->compiled_mu);
+    for (ctpu_compiled *c = rt->compiled, *n; c; c = n) {
+        n = c->next;
+        if (c->retired) {
+            c->magic = 0;
+            free(c);
+        } else {
+            c->epoch = 0;     /* a later call is CTPU_ERR_STATE; free only frees it */
+        }
     }
     rt->compiled = NULL;
+    pthread_mutex_unlock(&rt->compiled_mu);
+}
+
+/* The report's rows (report.c's metrics JSON), oldest first. */
+void ctpu__compiled_json(cJSON *doc, ctpu_runtime *rt)
+{
+    cJSON *arr = cJSON_AddArrayToObject(doc, "compiled_steps");
+    pthread_mutex_lock(&rt->compiled_mu);
+    for (const ctpu_compiled *c = rt->compiled; c && arr; c = c->next) {
+        const ctpu_compiled_info *i = &c->shown;
+        cJSON *o = cJSON_CreateObject();
+        if (!o) break;
+        cJSON_AddNumberToObject(o, "id", (double)c->id);
+        cJSON_AddStringToObject(o, "name", c->name);
+        cJSON_AddBoolToObject(o, "fullgraph", c->fullgraph);
+        cJSON_AddBoolToObject(o, "freed", c->retired);
+        cJSON_AddStringToObject(o, "state", c->shown_state ? c->shown_state : "");
+        cJSON_AddNumberToObject(o, "versions", c->shown_versions);
+        cJSON_AddNumberToObject(o, "calls", (double)i->calls);
+        cJSON_AddNumberToObject(o, "captures", (double)i->captures);
+        cJSON_AddNumberToObject(o, "replays", (double)i->replays);
+        cJSON_AddNumberToObject(o, "guard_failures", (double)i->guard_failures);
+        cJSON_AddNumberToObject(o, "graph_breaks", (double)i->graph_breaks);
+        cJSON_AddNumberToObject(o, "eager_calls", (double)i->eager_calls);
+        cJSON_AddNumberToObject(o, "host_ns", (double)i->host_ns);
+        cJSON_AddNumberToObject(o, "host_us_per_call", i->calls ? (double)i->host_ns / 1e3 / (double)i->calls : 0);
+        cJSON_AddNumberToObject(o, "replay_host_ns", (double)i->replay_host_ns);
+        cJSON_AddNumberToObject(o, "host_us_per_replay",
+                                i->replays ? (double)i->replay_host_ns / 1e3 / (double)i->replays : 0);
+        cJSON_AddStringToObject(o, "last_reason", i->last_reason);
+        cJSON_AddNumberToObject(o, "events_total", (double)c->n_events);
+        cJSON *ev = cJSON_AddArrayToObject(o, "events");
+        uint64_t first = c->n_events > N_EVENTS ? c->n_events - N_EVENTS : 0;
+        for (uint64_t k = first; k < c->n_events && ev; k++) {
+            const step_event *e = &c->events[k % N_EVENTS];
+            cJSON *x = cJSON_CreateObject();
+            if (!x) break;
+            cJSON_AddNumberToObject(x, "call", (double)e->call);
+            cJSON_AddStringToObject(x, "kind", e->kind);
+            cJSON_AddStringToObject(x, "reason", e->reason);
+            cJSON_AddItemToArray(ev, x);
+        }
+        cJSON_InsertItemInArray(arr, 0, o);   /* the list is newest first */
+    }
     pthread_mutex_unlock(&rt->compiled_mu);
 }

@@ -471,8 +471,13 @@ bool ctpu__ag_set_grad(ctpu_tensor leaf, ctpu_tensor g);
 ctpu_status ctpu__defer_flush_capture(void);
 void ctpu__defer_abandon(void);
 bool ctpu__defer_has_nodes(void);
-/* runtime.c at shutdown: free every compiled step's hold on the cache. */
+/* runtime.c at shutdown: free every compiled step's hold on the cache (the
+ * rows stay for the report); after the report, free the freed steps' rows. */
 void ctpu__compiled_shutdown(ctpu_runtime *rt);
+void ctpu__compiled_final(ctpu_runtime *rt);
+/* report.c: the metrics JSON's "compiled_steps" rows. */
+struct cJSON;
+void ctpu__compiled_json(struct cJSON *doc, ctpu_runtime *rt);
 
 /* ------------------------------------------------------------ reports (report.c) */
 /* A defer-and-fuse cut (defer.c, after the cache lookup): why is a

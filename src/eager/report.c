@@ -941,6 +941,7 @@ static cJSON *build_json(ctpu_runtime *rt)
     cost_json(doc, rt, &tbl, hbm_s);
     history_json(doc, &hist);
     dist_json(doc, rt);
+    ctpu__compiled_json(doc, rt);
     return doc;
 }
 

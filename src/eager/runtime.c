@@ -787,6 +787,7 @@ void ctpu_shutdown(void)
     ctpu_device_wait(rt->dev, 0);
     ctpu__compiled_shutdown(rt);    /* compiled steps let go of their programs and tensors */
     ctpu__report_shutdown(rt);      /* TORCH_TPU_METRICS_FILE / summary line, TORCH_TPU_TRACE_FILE */
+    ctpu__compiled_final(rt);       /* the compiled steps' report rows */
     if (leaks[0]) fprintf(stderr, "%s\n", leaks);
     ctpu__tensors_shutdown(rt);
     ctpu_device_wait(rt->dev, 0);

@@ -319,6 +319,23 @@ static void build_advice(const cJSON *d, advice_t *a)
                   "ctpu_sync() after making it (before the loop) gives every step one program", what, str(r, "made_by"));
         break;
     }
+    const cJSON *steps_c = obj(d, "compiled_steps");
+    for (int i = 0; i < arr_n(steps_c); i++) {
+        const cJSON *st = cJSON_GetArrayItem(steps_c, i), *ev = obj(st, "events");
+        const char *brk = NULL, *gf = NULL;
+        for (int j = 0; j < arr_n(ev); j++) {
+            const cJSON *e = cJSON_GetArrayItem(ev, j);
+            if (strcmp(str(e, "kind"), "graph break") == 0) brk = str(e, "reason");
+            if (strcmp(str(e, "kind"), "guard failure") == 0) gf = str(e, "reason");
+        }
+        if (num(st, "graph_breaks") > 0)
+            advise(a, "compiled step %s: %s%s; its calls run fn as defer and fuse: move that out of fn (fullgraph "
+                      "makes it an error)", str(st, "name"), brk ? brk : "a graph break", brk ? "" : " (not listed)");
+        if (num(st, "guard_failures") > 0 && strstr(str(st, "state"), "recompile limit"))
+            advise(a, "compiled step %s: %.0f guard failures passed the recompile limit (the last: %s); its calls run fn "
+                      "in the current mode: keep its inputs' shapes fixed", str(st, "name"), num(st, "guard_failures"),
+                   gf ? gf : "?");
+    }
     if (strcmp(str(d, "mode"), "defer_fuse") != 0 && num(c, "strict_requests") > 0)
         advise(a, "strict eager launches one program per op (%.0f launches); TORCH_TPU_DEFER_AND_FUSE=1 fuses each step",
                num(c, "strict_requests"));
@@ -441,6 +458,42 @@ static void render_programs(out_t *o, const cJSON *d)
                     fmt_time(num(p, "est_s"), b2, sizeof b2), str(p, "ops"), str(p, "inputs"));
         }
         tbl_print(o, t);
+    }
+}
+
+/* Compiled steps (ctpu_compile): one row each, then their last guard
+ * failures, graph breaks and fallbacks with reasons. */
+static void render_compiled(out_t *o, const cJSON *d)
+{
+    const cJSON *cs = obj(d, "compiled_steps");
+    if (arr_n(cs) == 0) return;
+    heading(o, "compiled steps (%d)", arr_n(cs));
+    static const char *const hdr[] = { "step", "calls", "captures", "replays", "guard failures", "graph breaks",
+                                       "eager calls", "host/call", "host/replay", "state" };
+    table *t = tbl_new(10, hdr);
+    if (t) for (int k = 1; k < 9; k++) t->right[k] = true;
+    for (int i = 0; i < arr_n(cs) && i < TBL_ROWS; i++) {
+        const cJSON *c = cJSON_GetArrayItem(cs, i);
+        char nm[96], n[6][24], hc[24], hr[24];
+        snprintf(nm, sizeof nm, "%.70s%s%s", str(c, "name"), boolean(c, "fullgraph") ? " (fullgraph)" : "",
+                 boolean(c, "freed") ? " (freed)" : "");
+        static const char *const k[6] = { "calls", "captures", "replays", "guard_failures", "graph_breaks", "eager_calls" };
+        for (int j = 0; j < 6; j++) snprintf(n[j], sizeof n[j], "%.0f", num(c, k[j]));
+        snprintf(hc, sizeof hc, "%.2f us", num(c, "host_us_per_call"));
+        if (num(c, "replays") > 0) snprintf(hr, sizeof hr, "%.2f us", num(c, "host_us_per_replay"));
+        else snprintf(hr, sizeof hr, "-");
+        tbl_row(t, nm, n[0], n[1], n[2], n[3], n[4], n[5], hc, hr, str(c, "state"));
+    }
+    tbl_print(o, t);
+    for (int i = 0; i < arr_n(cs); i++) {
+        const cJSON *c = cJSON_GetArrayItem(cs, i), *ev = obj(c, "events");
+        if (arr_n(ev) == 0) continue;
+        double total = num(c, "events_total");
+        if (total > arr_n(ev)) line(o, "%s: the last %d of %.0f events", str(c, "name"), arr_n(ev), total);
+        for (int j = 0; j < arr_n(ev); j++) {
+            const cJSON *e = cJSON_GetArrayItem(ev, j);
+            line(o, "%s: call %.0f: %s: %s", str(c, "name"), num(e, "call"), str(e, "kind"), str(e, "reason"));
+        }
     }
 }
 
@@ -676,6 +729,7 @@ static void render_doc(out_t *o, const cJSON *d, const char *name)
 {
     render_overview(o, d, name);
     render_programs(o, d);
+    render_compiled(o, d);
     render_cache_events(o, d);
     render_matmuls(o, d);
     render_ops_memory(o, d);
@@ -694,7 +748,7 @@ static cJSON *summary_json(const cJSON *d, const char *name)
     double req = num(c, "requests") + num(c, "strict_requests"), hits = num(c, "hits") + num(c, "strict_hits");
     cJSON_AddNumberToObject(s, "hit_rate", req > 0 ? hits / req : 0);
     static const char *const keep[] = { "cache", "recompiles", "cuts", "host_reads", "matmuls", "cost", "hbm",
-                                        "shape_policies", "dist" };
+                                        "shape_policies", "dist", "compiled_steps" };
     for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++) {
         const cJSON *x = obj(d, keep[i]);
         if (x) cJSON_AddItemToObject(s, keep[i], cJSON_Duplicate(x, true));
