@@ -912,6 +912,12 @@ ctpu_status ctpu_zero_grad(ctpu_tensor t)
     return CTPU_OK;
 }
 
+uint64_t ctpu__ag_grad_id(const ctpu_trec *r)
+{
+    const ag_meta *m = r->ag;
+    return m && m->leaf ? m->leaf->grad.id : 0;
+}
+
 bool ctpu__ag_set_grad(ctpu_tensor leaf, ctpu_tensor g)
 {
     if (!ctpu_is_valid(leaf) || !ctpu_is_valid(g)) return false;

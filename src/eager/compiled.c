@@ -45,6 +45,7 @@ typedef struct {
     uint64_t owner;            /* IN_OWNER: the handle whose storage it is */
     int64_t delta;             /* bytes from the handle's offset */
     ctpu_buffer *buf;          /* IN_CONST: our ref */
+    int32_t hs;                /* IN_OWNER: its row in the version's handle table */
 } in_src;
 
 enum { SC_CONST, SC_ARG, SC_SEED, SC_OFF };
@@ -59,8 +60,12 @@ typedef struct {
     uint8_t kind;
     int32_t out;               /* the program output it gets */
     uint64_t h;                /* RQ_INPLACE / RQ_REBIND: the tensor; RQ_GRAD: the leaf */
+    int32_t hs;                /* h's row in the version's handle table */
     ctpu_vtype type;
 } rq_t;
+
+/* How a version uses a handle made before the call (bits of hrole). */
+enum { H_READ = 1, H_ASSIGN = 2, H_INPLACE = 4, H_LEAF = 8 };
 
 typedef struct { int s; uint64_t n; } rng_note;
 
@@ -87,7 +92,31 @@ typedef struct version {
     uint64_t *out_fixed;       /* [n_out_user] a handle made before the call fn returned, or 0 */
     double *arg_val;           /* [n_scalars] scalars[i] at the capture */
     bool *arg_conf;            /* [n_scalars] seen to follow scalars[i] across two captures */
+    /* the distinct handles it reads, assigns or whose .grad it writes: one
+     * lookup each per call (the guards fill hrec; the binding reads it) */
+    int n_h;
+    uint64_t *hid;             /* [n_h] */
+    uint8_t *hrole;            /* [n_h] H_* bits */
+    ctpu_trec **hrec;          /* [n_h] this call's records (NULL: not live) */
+    /* the program's scratch buffer, kept across replays: the device runs
+     * commands in submission order, so the next replay's command writes it
+     * only after the previous one finished with it */
+    ctpu_buffer *scratch;
+    /* per call (a compiled step runs one call at a time): output buffers */
+    ctpu_buffer **outb;        /* [n_pout] */
+    size_t *outo;              /* [n_pout] */
+    uint8_t *outk;             /* [n_pout] OUT_FRESH (our ref) / OUT_HELD (a handle holds it) / OUT_REUSED (old .grad) */
+    /* the scalars' template: constants in place, the rest patched per call
+     * (built at the first replay: a confirmation turns arguments to constants) */
+    bool prepared;
+    double *sc_tmpl;           /* [n_psc] */
+    int32_t *sc_dyn;           /* [n_psc] slots of arguments and random draws */
+    int n_dyn;
+    int32_t *unconf;           /* [n_psc] argument slots not yet confirmed */
+    int n_unconf;
 } version;
+
+enum { OUT_FRESH = 1, OUT_HELD, OUT_REUSED };
 
 /* A guard failure, graph break or fallback, for the report's rows. */
 typedef struct {
@@ -201,6 +230,16 @@ static void version_free(version *v)
     free(v->out_fixed);
     free(v->arg_val);
     free(v->arg_conf);
+    free(v->hid);
+    free(v->hrole);
+    free(v->hrec);
+    free(v->outb);
+    free(v->outo);
+    free(v->outk);
+    free(v->sc_tmpl);
+    free(v->sc_dyn);
+    free(v->unconf);
+    if (v->scratch) ctpu_buffer_release(ctpu_rt->dev, v->scratch);
     free(v);
 }
 
@@ -453,6 +492,13 @@ static bool version_alloc(version *v, const ctpu_capture_sink *s, const struct c
     v->out_fixed = calloc((size_t)v->n_out_user + 1, sizeof *v->out_fixed);
     v->arg_val = malloc(sizeof *v->arg_val * ((size_t)v->n_scalars + 1));
     v->arg_conf = calloc((size_t)v->n_scalars + 1, sizeof *v->arg_conf);
+    v->outb = calloc((size_t)v->n_pout + 1, sizeof *v->outb);
+    v->outo = calloc((size_t)v->n_pout + 1, sizeof *v->outo);
+    v->outk = calloc((size_t)v->n_pout + 1, 1);
+    v->sc_tmpl = malloc(sizeof *v->sc_tmpl * ((size_t)v->n_psc + 1));
+    v->sc_dyn = malloc(sizeof *v->sc_dyn * ((size_t)v->n_psc + 1));
+    v->unconf = malloc(sizeof *v->unconf * ((size_t)v->n_psc + 1));
+    if (!v->outb || !v->outo || !v->outk || !v->sc_tmpl || !v->sc_dyn || !v->unconf) return false;
     return v->user_type && v->user_same && v->in && v->sc && v->rq && v->alias_req && v->grad_rq && v->out_bytes &&
            v->rng && v->no_grad_leaf && v->out_rq && v->out_fixed && v->arg_val && v->arg_conf;
 }
@@ -481,6 +527,37 @@ static void version_fill(version *v, const ctpu_capture_sink *s, const struct ct
         ctpu_trec *r = live_rec(cap->out[j].id);
         if (r && !ctpu_rec_pending(r)) v->out_fixed[j] = cap->out[j].id;   /* fn returned a tensor made before */
     }
+}
+
+static int handle_row(version *v, uint64_t h, uint8_t role)
+{
+    for (int i = 0; i < v->n_h; i++)
+        if (v->hid[i] == h) {
+            v->hrole[i] |= role;
+            return i;
+        }
+    v->hid[v->n_h] = h;
+    v->hrole[v->n_h] = role;
+    return v->n_h++;
+}
+
+/* The handle table: every IN_OWNER input and every request naming a handle. */
+static bool build_handles(version *v)
+{
+    size_t n = (size_t)v->n_pin + (size_t)v->nreq + 1;
+    v->hid = malloc(sizeof *v->hid * n);
+    v->hrole = malloc(n);
+    v->hrec = calloc(n, sizeof *v->hrec);
+    if (!v->hid || !v->hrole || !v->hrec) return false;
+    for (int k = 0; k < v->n_pin; k++)
+        if (v->in[k].kind == IN_OWNER) v->in[k].hs = handle_row(v, v->in[k].owner, H_READ);
+    for (int q = 0; q < v->nreq; q++) {
+        rq_t *r = &v->rq[q];
+        if (r->kind == RQ_INPLACE) r->hs = handle_row(v, r->h, H_INPLACE);
+        else if (r->kind == RQ_REBIND) r->hs = handle_row(v, r->h, H_ASSIGN);
+        else if (r->kind == RQ_GRAD) r->hs = handle_row(v, r->h, H_LEAF);
+    }
+    return true;
 }
 
 /* Outputs that feed exactly one new .grad may reuse the old .grad's storage. */
@@ -523,6 +600,10 @@ void ctpu__capture_sink(const ctpu_capture_sink *s)
         }
         ok = classify_requests(&b) && check_inplace(&b);
     }
+    if (ok && !build_handles(v)) {
+        snprintf(cap->fail, sizeof cap->fail, "out of host memory");
+        ok = false;
+    }
     if (ok) {
         map_grads(v);
         ctpu_program_retain(s->prog);
@@ -561,9 +642,10 @@ static void describe_type_change(int i, const ctpu_vtype *was, const ctpu_vtype 
         }
 }
 
-/* The tensors a version reads and writes through handles still fit it.
- * False with the reason (the cache report's diff format). */
-static bool guards_hold(const version *v, int n_in, ctpu_trec *const *inrec, int n_scalars, int n_out, char *why,
+/* The tensors a version reads and writes through handles still fit it;
+ * fills v->hrec (one lookup per handle per call). False with the reason
+ * (the cache report's diff format). */
+static bool guards_hold(version *v, int n_in, ctpu_trec *const *inrec, int n_scalars, int n_out, char *why,
                         size_t len)
 {
     if (n_in != v->n_user || n_scalars != v->n_scalars || n_out != v->n_out_user) {
@@ -589,23 +671,18 @@ static bool guards_hold(const version *v, int n_in, ctpu_trec *const *inrec, int
         snprintf(why, len, "%s changed", v->dbg != ctpu_rt->debug_checks ? "debug checks" : "matmul precision");
         return false;
     }
-    for (int k = 0; k < v->n_pin; k++) {
-        if (v->in[k].kind != IN_OWNER) continue;
-        ctpu_trec *r = live_rec(v->in[k].owner);
+    for (int h = 0; h < v->n_h; h++) {
+        ctpu_trec *r = live_rec(v->hid[h]);
+        v->hrec[h] = r;
+        uint8_t f = v->hrole[h];
+        if (f == H_LEAF) continue;   /* only its .grad is written: a released leaf gets none */
         if (!r || ctpu_rec_pending(r) || !r->buf) {
-            snprintf(why, len, "a tensor the step reads (program input %d) was released or is pending elsewhere", k);
+            snprintf(why, len, "a tensor the step %s was released or is pending elsewhere",
+                     f & (H_ASSIGN | H_INPLACE) ? "assigns" : "reads");
             return false;
         }
-    }
-    for (int q = 0; q < v->nreq; q++) {
-        if (v->rq[q].kind != RQ_INPLACE && v->rq[q].kind != RQ_REBIND) continue;
-        ctpu_trec *r = live_rec(v->rq[q].h);
-        if (!r || ctpu_rec_pending(r) || !r->buf) {
-            snprintf(why, len, "a tensor the step assigns was released or is pending elsewhere");
-            return false;
-        }
-        if (v->rq[q].kind != RQ_INPLACE) continue;
-        if (atomic_load(&r->buf->handle_refs) != 1) {
+        if (!(f & H_INPLACE)) continue;
+        if (atomic_load_explicit(&r->buf->handle_refs, memory_order_relaxed) != 1) {
             const char *nm = ctpu_rec_name(r);
             snprintf(why, len, "tensor %.64s%sassigned in place shares its storage now", nm, nm[0] ? " " : "");
             return false;
@@ -617,15 +694,15 @@ static bool guards_hold(const version *v, int n_in, ctpu_trec *const *inrec, int
             }
     }
     for (int i = 0; i < v->n_no_grad; i++) {
-        ctpu_tensor leaf = { v->no_grad_leaf[i] };
-        if (!ctpu_is_valid(leaf)) {
+        const ctpu_trec *leaf = live_rec(v->no_grad_leaf[i]);
+        if (!leaf) {
             snprintf(why, len, "a leaf whose .grad the step makes was released");
             return false;
         }
-        if (!ctpu_is_null(ctpu_grad(leaf))) {
-            const char *nm = ctpu_name(leaf);
-            snprintf(why, len, "leaf %.64s%shas a .grad now, none at the capture (backward would accumulate)",
-                     nm ? nm : "", nm && nm[0] ? " " : "");
+        if (live_rec(ctpu__ag_grad_id(leaf))) {
+            const char *nm = ctpu_rec_name(leaf);
+            snprintf(why, len, "leaf %.64s%shas a .grad now, none at the capture (backward would accumulate)", nm,
+                     nm[0] ? " " : "");
             return false;
         }
     }
@@ -634,21 +711,28 @@ static bool guards_hold(const version *v, int n_in, ctpu_trec *const *inrec, int
 
 /* ------------------------------------------------------------ replay */
 typedef struct {
-    const version *v;
+    version *v;
     ctpu_trec *const *inrec;
-    ctpu_buffer **outb;
+    ctpu_buffer **outb;        /* v's arrays */
     size_t *outo;
-    bool *reused;
-    ctpu_buffer *scratch;
+    uint8_t *outk;
+    ctpu_buffer *scratch;      /* v's */
     ctpu_cmd cmd;
     char err[256];
 } replay_ctx;
 
-static void replay_unwind(replay_ctx *x)
+/* The refs a call took: only fresh buffers' (a held or reused one is held
+ * by its handle through the call; the command needs no ref: a buffer
+ * released while a queued command uses it is freed after that command). */
+static void release_fresh(replay_ctx *x)
 {
     for (int o = 0; o < x->v->n_pout; o++)
-        if (x->outb[o]) ctpu_buffer_release(ctpu_rt->dev, x->outb[o]);
-    if (x->scratch) ctpu_buffer_release(ctpu_rt->dev, x->scratch);
+        if (x->outk[o] == OUT_FRESH) ctpu_buffer_release(ctpu_rt->dev, x->outb[o]);
+}
+
+static void replay_unwind(replay_ctx *x)
+{
+    release_fresh(x);
     ctpu_cmd *cmd = &x->cmd;
     if (cmd->buf && cmd->buf != cmd->buf_inl) { free(cmd->buf); free(cmd->off); }
     if (cmd->scalars && cmd->scalars != cmd->scal_inl) free(cmd->scalars);
@@ -658,35 +742,38 @@ static void replay_unwind(replay_ctx *x)
  * holds it), or fresh. */
 static bool replay_outputs(replay_ctx *x, const ctpu_program *prog)
 {
-    const version *v = x->v;
+    version *v = x->v;
     for (int o = 0; o < v->n_pout; o++) {
         int q = v->alias_req[o];
         if (q >= 0) {
-            ctpu_trec *r = live_rec(v->rq[q].h);
+            const ctpu_trec *r = v->hrec[v->rq[q].hs];
             x->outb[o] = r->buf;
             x->outo[o] = r->off;
-            ctpu_buffer_retain(r->buf);
+            x->outk[o] = OUT_HELD;
             continue;
         }
         if (v->grad_rq[o] >= 0) {
-            ctpu_tensor g = ctpu_grad((ctpu_tensor){ v->rq[v->grad_rq[o]].h });
-            ctpu_trec *gr = ctpu_is_null(g) ? NULL : live_rec(g.id);
+            const ctpu_trec *leaf = v->hrec[v->rq[v->grad_rq[o]].hs];
+            ctpu_trec *gr = leaf ? live_rec(ctpu__ag_grad_id(leaf)) : NULL;
             if (gr && !ctpu_rec_pending(gr) && gr->buf && atomic_load(&gr->buf->handle_refs) == 1 &&
                 vtype_eq(&gr->type, &v->rq[v->grad_rq[o]].type)) {
                 x->outb[o] = gr->buf;
                 x->outo[o] = gr->off;
-                x->reused[o] = true;
-                ctpu_buffer_retain(gr->buf);
+                x->outk[o] = OUT_REUSED;
                 continue;
             }
         }
         x->outo[o] = 0;
         x->outb[o] = ctpu_buffer_alloc(ctpu_rt->dev, v->out_bytes[o], x->err, sizeof x->err);
         if (!x->outb[o]) return false;
+        x->outk[o] = OUT_FRESH;
     }
     if (prog->prog.n_virtual > 0) {
-        x->scratch = ctpu_buffer_alloc(ctpu_rt->dev, prog->prog.scratch_bytes, x->err, sizeof x->err);
-        if (!x->scratch) return false;
+        if (!v->scratch) {
+            v->scratch = ctpu_buffer_alloc(ctpu_rt->dev, prog->prog.scratch_bytes, x->err, sizeof x->err);
+            if (!v->scratch) return false;
+        }
+        x->scratch = v->scratch;
     }
     return true;
 }
@@ -707,7 +794,7 @@ static bool replay_cmd(replay_ctx *x, const ctpu_program *prog, const double *sc
     }
     for (int k = 0; k < v->n_pin; k++) {
         const in_src *s = &v->in[k];
-        const ctpu_trec *r = s->kind == IN_USER ? x->inrec[s->idx] : s->kind == IN_OWNER ? live_rec(s->owner) : NULL;
+        const ctpu_trec *r = s->kind == IN_USER ? x->inrec[s->idx] : s->kind == IN_OWNER ? v->hrec[s->hs] : NULL;
         cmd->buf[k] = r ? r->buf : s->buf;
         cmd->off[k] = (size_t)((int64_t)(r ? r->off : 0) + s->delta);
     }
@@ -726,7 +813,9 @@ static bool replay_cmd(replay_ctx *x, const ctpu_program *prog, const double *sc
         return false;
     }
     for (int k = 0; k < v->n_rng; k++) ctpu__rng_take(v->rng[k].n, &seed[k], &off[k]);   /* as fn would, in order */
-    for (int i = 0; i < v->n_psc; i++) {
+    if (v->n_psc) memcpy(cmd->scalars, v->sc_tmpl, sizeof(double) * (size_t)v->n_psc);
+    for (int d = 0; d < v->n_dyn; d++) {
+        int i = v->sc_dyn[d];
         const sc_src *s = &v->sc[i];
         cmd->scalars[i] = s->kind == SC_CONST ? s->v
                         : s->kind == SC_ARG   ? scalars[s->idx]
@@ -751,7 +840,7 @@ static void replay_publish(replay_ctx *x, ctpu_tensor *out)
         ctpu_buffer *b = x->outb[r->out];
         size_t bo = x->outo[r->out];
         if (r->kind == RQ_REBIND) {
-            ctpu_trec *t = live_rec(r->h);
+            ctpu_trec *t = v->hrec[r->hs];
             if (t->buf == b) continue;
             ctpu_buffer_retain(b);
             atomic_fetch_add(&b->handle_refs, 1);
@@ -761,7 +850,7 @@ static void replay_publish(replay_ctx *x, ctpu_tensor *out)
             t->off = bo;
             continue;
         }
-        if (x->reused[r->out]) continue;       /* RQ_GRAD written into the old .grad */
+        if (x->outk[r->out] == OUT_REUSED) continue;       /* RQ_GRAD written into the old .grad */
         ctpu_buffer_retain(b);
         ctpu_tensor g = ctpu_handle_new(&r->type, b, bo, "compiled_call");
         if (!ctpu_is_null(g) && !ctpu__ag_set_grad((ctpu_tensor){ r->h }, g)) ctpu_release(g);
@@ -782,27 +871,14 @@ static void replay_publish(replay_ctx *x, ctpu_tensor *out)
 
 /* One launch of a version's program (held by the version: an evicted one
  * still runs, freed after its holder lets go and its last command ran). */
-static ctpu_status replay(const version *v, ctpu_trec *const *inrec, const double *scalars, ctpu_tensor *out)
+static ctpu_status replay(version *v, ctpu_trec *const *inrec, const double *scalars, ctpu_tensor *out)
 {
     ctpu_runtime *rt = ctpu_rt;
     ctpu_program *prog = v->prog;
-    ctpu_buffer *outb_inl[16];
-    size_t outo_inl[16];
-    bool reused_inl[16];
-    bool heap = v->n_pout > 16;
-    replay_ctx x = { .v = v, .inrec = inrec };
-    x.outb = heap ? calloc((size_t)v->n_pout, sizeof *x.outb) : outb_inl;
-    x.outo = heap ? calloc((size_t)v->n_pout, sizeof *x.outo) : outo_inl;
-    x.reused = heap ? calloc((size_t)v->n_pout, sizeof *x.reused) : reused_inl;
-    if (!heap) {
-        memset(outb_inl, 0, sizeof outb_inl);
-        memset(reused_inl, 0, sizeof reused_inl);
-    }
+    replay_ctx x = { .v = v, .inrec = inrec, .outb = v->outb, .outo = v->outo, .outk = v->outk };
+    memset(v->outk, 0, (size_t)v->n_pout);
     ctpu_status st = CTPU_OK;
-    if (!x.outb || !x.outo || !x.reused) {
-        snprintf(x.err, sizeof x.err, "out of host memory");
-        st = CTPU_ERR_OOM;
-    } else if (!replay_outputs(&x, prog) || !replay_cmd(&x, prog, scalars)) {
+    if (!replay_outputs(&x, prog) || !replay_cmd(&x, prog, scalars)) {
         st = CTPU_ERR_OOM;
         replay_unwind(&x);
     }
@@ -817,12 +893,10 @@ static ctpu_status replay(const version *v, ctpu_trec *const *inrec, const doubl
         ctpu_counter_add(m, CTPU_CTR_CACHE_HITS, 1);
         ctpu_counter_add(m, CTPU_CTR_FUSED_CACHE_HITS, 1);
         replay_publish(&x, out);
-        for (int o = 0; o < v->n_pout; o++) ctpu_buffer_release(rt->dev, x.outb[o]);
-        if (x.scratch) ctpu_buffer_release(rt->dev, x.scratch);
+        release_fresh(&x);
     } else {
         ctpu_set_error(st, "compiled_call: program %llu: %s", (unsigned long long)v->program_id, x.err);
     }
-    if (heap) { free(x.outb); free(x.outo); free(x.reused); }
     return st;
 }
 
@@ -1031,6 +1105,11 @@ static ctpu_status resolve_inputs(int n_in, const ctpu_tensor *in, ctpu_trec **i
 {
     char arg[24];
     for (int i = 0; i < n_in; i++) {
+        ctpu_trec *fast = live_rec(in[i].id);
+        if (fast && !ctpu_rec_pending(fast)) {   /* the common case: no message to name it */
+            inrec[i] = fast;
+            continue;
+        }
         snprintf(arg, sizeof arg, "in[%d]", i);
         ctpu_trec *r = ctpu_rec_get(in[i], "compiled_call", arg, false);
         if (!r) return ctpu_last_status();
@@ -1048,13 +1127,25 @@ static ctpu_status resolve_inputs(int n_in, const ctpu_tensor *in, ctpu_trec **i
  * with a new value for such an argument captures again to tell them apart. */
 static bool needs_confirm(const version *v, const double *scalars)
 {
-    for (int k = 0; k < v->n_psc; k++) {
-        const sc_src *s = &v->sc[k];
-        if (s->kind == SC_ARG && !v->arg_conf[s->idx] &&
-            ctpu_scalar_bits(scalars[s->idx]) != ctpu_scalar_bits(v->arg_val[s->idx]))
-            return true;
+    for (int u = 0; u < v->n_unconf; u++) {
+        const sc_src *s = &v->sc[v->unconf[u]];
+        if (ctpu_scalar_bits(scalars[s->idx]) != ctpu_scalar_bits(v->arg_val[s->idx])) return true;
     }
     return false;
+}
+
+/* The scalars' template and the unconfirmed arguments, once per version
+ * (after any merge_confirmed turned its arguments to constants). */
+static void prepare(version *v)
+{
+    v->n_dyn = v->n_unconf = 0;
+    for (int k = 0; k < v->n_psc; k++) {
+        const sc_src *s = &v->sc[k];
+        v->sc_tmpl[k] = s->kind == SC_CONST ? s->v : 0;
+        if (s->kind != SC_CONST) v->sc_dyn[v->n_dyn++] = k;
+        if (s->kind == SC_ARG && !v->arg_conf[s->idx]) v->unconf[v->n_unconf++] = k;
+    }
+    v->prepared = true;
 }
 
 /* Two captures of one program with different scalars: a slot is an
@@ -1070,6 +1161,7 @@ static void merge_confirmed(ctpu_compiled *c, version *old, version *nv)
     }
     for (int i = 0; i < nv->n_scalars; i++)
         nv->arg_conf[i] = old->arg_conf[i] || ctpu_scalar_bits(old->arg_val[i]) != ctpu_scalar_bits(nv->arg_val[i]);
+    nv->prepared = false;
     version **pp = &c->versions;
     while (*pp && *pp != old) pp = &(*pp)->next;
     if (*pp) *pp = old->next;
@@ -1082,7 +1174,10 @@ static version *find_version(ctpu_compiled *c, int n_in, ctpu_trec *const *inrec
     why[0] = 0;
     char w[192];
     for (version *v = c->versions; v; v = v->next) {
-        if (guards_hold(v, n_in, inrec, n_scalars, n_out, w, sizeof w)) return v;
+        if (guards_hold(v, n_in, inrec, n_scalars, n_out, w, sizeof w)) {
+            if (!v->prepared) prepare(v);
+            return v;
+        }
         if (!why[0]) snprintf(why, len, "%s", w);
     }
     return NULL;

@@ -465,6 +465,9 @@ void ctpu__capture_sink(const ctpu_capture_sink *s);
 /* autograd.c: make g (a handle of no scope) leaf's .grad, releasing the old
  * one. False if leaf is not a live leaf. */
 bool ctpu__ag_set_grad(ctpu_tensor leaf, ctpu_tensor g);
+/* autograd.c: the handle id of leaf record r's .grad (0: none; it may be
+ * stale: check it with a live lookup). No validation: for compiled replays. */
+uint64_t ctpu__ag_grad_id(const ctpu_trec *r);
 /* defer.c: flush with a sink (the capture's own cut); abandon the trace
  * (fullgraph break): assigned tensors keep their old values, the rest is
  * poisoned. */
