@@ -98,6 +98,8 @@ typedef struct version {
     uint64_t *hid;             /* [n_h] */
     uint8_t *hrole;            /* [n_h] H_* bits */
     ctpu_trec **hrec;          /* [n_h] this call's records (NULL: not live) */
+    uint64_t *inplace_ids;     /* [n_inplace] the H_INPLACE handles, sorted */
+    int n_inplace;
     /* the program's scratch buffer, kept across replays: the device runs
      * commands in submission order, so the next replay's command writes it
      * only after the previous one finished with it */
@@ -231,6 +233,7 @@ static void version_free(version *v)
     free(v->arg_val);
     free(v->arg_conf);
     free(v->hid);
+    free(v->inplace_ids);
     free(v->hrole);
     free(v->hrec);
     free(v->outb);
@@ -541,6 +544,24 @@ static int handle_row(version *v, uint64_t h, uint8_t role)
     return v->n_h++;
 }
 
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static bool is_inplace_target(const version *v, uint64_t id)
+{
+    int lo = 0, hi = v->n_inplace;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (v->inplace_ids[mid] == id) return true;
+        if (v->inplace_ids[mid] < id) lo = mid + 1;
+        else hi = mid;
+    }
+    return false;
+}
+
 /* The handle table: every IN_OWNER input and every request naming a handle. */
 static bool build_handles(version *v)
 {
@@ -557,6 +578,11 @@ static bool build_handles(version *v)
         else if (r->kind == RQ_REBIND) r->hs = handle_row(v, r->h, H_ASSIGN);
         else if (r->kind == RQ_GRAD) r->hs = handle_row(v, r->h, H_LEAF);
     }
+    v->inplace_ids = malloc(sizeof *v->inplace_ids * ((size_t)v->n_h + 1));
+    if (!v->inplace_ids) return false;
+    for (int h = 0; h < v->n_h; h++)
+        if (v->hrole[h] & H_INPLACE) v->inplace_ids[v->n_inplace++] = v->hid[h];
+    qsort(v->inplace_ids, (size_t)v->n_inplace, sizeof *v->inplace_ids, cmp_u64);
     return true;
 }
 
@@ -645,8 +671,8 @@ static void describe_type_change(int i, const ctpu_vtype *was, const ctpu_vtype 
 /* The tensors a version reads and writes through handles still fit it;
  * fills v->hrec (one lookup per handle per call). False with the reason
  * (the cache report's diff format). */
-static bool guards_hold(version *v, int n_in, ctpu_trec *const *inrec, int n_scalars, int n_out, char *why,
-                        size_t len)
+static bool guards_hold(version *v, int n_in, const ctpu_tensor *in, ctpu_trec *const *inrec, int n_scalars, int n_out,
+                        char *why, size_t len)
 {
     if (n_in != v->n_user || n_scalars != v->n_scalars || n_out != v->n_out_user) {
         snprintf(why, len, "%s: %d -> %d", n_in != v->n_user ? "n_in" : n_scalars != v->n_scalars ? "n_scalars" : "n_out",
@@ -687,12 +713,14 @@ static bool guards_hold(version *v, int n_in, ctpu_trec *const *inrec, int n_sca
             snprintf(why, len, "tensor %.64s%sassigned in place shares its storage now", nm, nm[0] ? " " : "");
             return false;
         }
-        for (int i = 0; i < n_in; i++)
-            if (inrec[i]->buf == r->buf) {
-                snprintf(why, len, "input %d is the storage of a tensor the step assigns in place", i);
-                return false;
-            }
     }
+    /* an input sharing an in-place target's storage: with that storage held
+     * by one handle (checked above), the input is that handle */
+    for (int i = 0; i < n_in && v->n_inplace; i++)
+        if (is_inplace_target(v, in[i].id)) {
+            snprintf(why, len, "input %d is the storage of a tensor the step assigns in place", i);
+            return false;
+        }
     for (int i = 0; i < v->n_no_grad; i++) {
         const ctpu_trec *leaf = live_rec(v->no_grad_leaf[i]);
         if (!leaf) {
@@ -1168,13 +1196,13 @@ static void merge_confirmed(ctpu_compiled *c, version *old, version *nv)
     version_free(old);
 }
 
-static version *find_version(ctpu_compiled *c, int n_in, ctpu_trec *const *inrec, int n_scalars, int n_out,
-                             char *why, size_t len)
+static version *find_version(ctpu_compiled *c, int n_in, const ctpu_tensor *in, ctpu_trec *const *inrec, int n_scalars,
+                             int n_out, char *why, size_t len)
 {
     why[0] = 0;
     char w[192];
     for (version *v = c->versions; v; v = v->next) {
-        if (guards_hold(v, n_in, inrec, n_scalars, n_out, w, sizeof w)) {
+        if (guards_hold(v, n_in, in, inrec, n_scalars, n_out, w, sizeof w)) {
             if (!v->prepared) prepare(v);
             return v;
         }
@@ -1205,7 +1233,7 @@ static ctpu_status call_dispatch(ctpu_compiled *c, int n_in, const ctpu_tensor *
     if (c->limited) { c->info.eager_calls++; return run_fn(c, in, scalars, n_out, out); }
     if (c->broken) { c->info.eager_calls++; return run_deferred(c, in, scalars, n_out, out); }
     char why[192];
-    version *v = find_version(c, n_in, inrec, n_scalars, n_out, why, sizeof why);
+    version *v = find_version(c, n_in, in, inrec, n_scalars, n_out, why, sizeof why);
     if (v && needs_confirm(v, scalars)) {
         st = run_capture(c, n_in, in, inrec, n_scalars, scalars, n_out, out);
         if (st == CTPU_OK && c->versions && c->versions != v) merge_confirmed(c, v, c->versions);
