@@ -397,6 +397,7 @@ static const int64_t shapes[][4] = {
     { 1, 1, 1, 1 }, { 1, 0, 5, 3 }, { 1, 4, 0, 3 }, { 1, 3, 4, 0 }, { 0, 3, 3, 3 },
     { 1, 1, 37, 19 }, { 1, 37, 1, 19 }, { 1, 13, 17, 3 }, { 1, 15, 33, 2 }, { 1, 29, 65, 31 },
     { 3, 7, 9, 11 }, { 2, 30, 70, 600 }, { 1, 17, 40, 513 },
+    { 1, 30, 50, 37 },   /* a partial 32-wide panel with 16 whole lanes (the plain-load pack path) */
 };
 
 START_TEST(test_isa_bitexact)
