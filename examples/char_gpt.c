@@ -101,7 +101,7 @@ typedef struct {
     double lr, wd, dropout, temperature;
     uint64_t seed;
     int threads, progress;
-    bool by_doc, warmup_given, compile, capturable;
+    bool by_doc, warmup_given, compile, capturable, dynamic;
     bool ddp;              /* data parallel over mpirun's ranks (data_parallel_step) */
     int64_t grad_accum;    /* micro-batches per step in one process (1: none) */
     ctpu_dtype dtype;
@@ -136,6 +136,8 @@ static void usage(FILE *f)
             "  --stop-after N    stop once N steps of the run are done (the schedule still spans --steps)\n"
             "  --dtype f32|bf16  parameters and activations (bf16: the optimizer keeps f32 master weights)\n"
             "  --by-document     batches of whole fortunes of similar length, padded (T varies in [2, ctx])\n"
+            "  --dynamic         mark each batch's T dynamic in [2, ctx] (ctpu_mark_dynamic): one step program\n"
+            "                    for every length in defer and fuse (with --by-document)\n"
             "  --sample N        bytes to generate after the result line (default 300; 0: none)\n"
             "  --temperature X   sampling temperature (default 0.8; 0: the most likely byte)\n"
             "  --prompt TEXT     the sample's start (default a newline)\n"
@@ -179,7 +181,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
     enum { O_DATA = 256, O_LOG, O_LAYERS, O_HEADS, O_DMODEL, O_HEAD_DIM, O_CTX, O_BATCH, O_STEPS, O_LR, O_WARMUP,
            O_WD, O_DROPOUT, O_SEED, O_THREADS, O_EVAL_EVERY, O_EVAL_BATCHES, O_DTYPE, O_BY_DOC, O_PROGRESS,
            O_NO_PROGRESS, O_VERSION, O_SAVE, O_SAVE_EVERY, O_RESUME, O_STOP_AFTER, O_SAMPLE, O_TEMPERATURE,
-           O_PROMPT, O_COMPILE, O_CAPTURABLE, O_DDP, O_GRAD_ACCUM };
+           O_PROMPT, O_COMPILE, O_CAPTURABLE, O_DDP, O_GRAD_ACCUM, O_DYNAMIC };
     static const struct option longopts[] = {
         { "data", required_argument, NULL, O_DATA },         { "log", required_argument, NULL, O_LOG },
         { "layers", required_argument, NULL, O_LAYERS },     { "heads", required_argument, NULL, O_HEADS },
@@ -198,6 +200,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
         { "temperature", required_argument, NULL, O_TEMPERATURE }, { "prompt", required_argument, NULL, O_PROMPT },
         { "compile", no_argument, NULL, O_COMPILE },         { "capturable", no_argument, NULL, O_CAPTURABLE },
         { "ddp", no_argument, NULL, O_DDP },                 { "grad-accum", required_argument, NULL, O_GRAD_ACCUM },
+        { "dynamic", no_argument, NULL, O_DYNAMIC },
         { NULL, 0, NULL, 0 },
     };
     opterr = 0;
@@ -227,6 +230,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
             else ok = false;
             break;
         case O_BY_DOC: o->by_doc = true; break;
+        case O_DYNAMIC: o->dynamic = true; break;
         case O_COMPILE: o->compile = o->capturable = true; break;
         case O_CAPTURABLE: o->capturable = true; break;
         case O_DDP: o->ddp = true; break;
@@ -349,7 +353,11 @@ static ctpu_status make_batch(batcher *bt, const opts_t *o, uint64_t s, ctpu_ten
     int64_t shape[2] = { o->batch, *T };
     *x = ctpu_from_host(bt->hx, CTPU_I32, 2, shape);
     *y = ctpu_from_host(bt->hy, CTPU_I32, 2, shape);
-    return ctpu_is_null(*x) || ctpu_is_null(*y) ? CTPU_ERR_INVALID_ARG : CTPU_OK;
+    if (ctpu_is_null(*x) || ctpu_is_null(*y)) return CTPU_ERR_INVALID_ARG;
+    if (o->dynamic && o->ctx >= 2 &&   /* each batch is a new tensor: marked before its first use */
+        (ctpu_mark_dynamic(*x, 1, 2, o->ctx) != CTPU_OK || ctpu_mark_dynamic(*y, 1, 2, o->ctx) != CTPU_OK))
+        return CTPU_ERR_INVALID_ARG;
+    return CTPU_OK;
 }
 
 typedef struct {

@@ -61,6 +61,7 @@ typedef struct {
     int progress;   /* -1 auto (a terminal), 0 off, 1 on */
     bool ddp;       /* data parallel over mpirun's ranks */
     bool compile, capturable;   /* the step as a compiled step; AdamW capturable */
+    bool dynamic;               /* each batch's dim 0 marked dynamic in [2, batch] */
 } opts_t;
 
 static void usage(FILE *f)
@@ -92,6 +93,8 @@ static void usage(FILE *f)
             "                   replayed with no per-op host work; not with --ddp); implies --capturable\n"
             "  --capturable     AdamW keeps lr and step count as device tensors (torch's\n"
             "                   capturable=True; the numbers --compile gives, in any mode)\n"
+            "  --dynamic        mark each batch's dim 0 dynamic in [2, batch] (ctpu_mark_dynamic): in defer\n"
+            "                   and fuse the last, smaller batch binds the step program instead of recompiling\n"
             "  --help           this text\n"
             "  --version        the program's and the library's version\n"
             "Options take their value as --opt VALUE or --opt=VALUE.\n"
@@ -115,7 +118,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
                    .wd = 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .seed = 1, .progress = -1 };
     /* getopt_long: "--epochs 1", "--epochs=1" and unique prefixes ("--ep=1") */
     enum { O_DATA = 256, O_LOG, O_BETAS, O_EPOCHS, O_BATCH, O_LR, O_WD, O_EPS, O_SEED, O_THREADS, O_LIMIT,
-           O_TEST_LIMIT, O_SAVE, O_SAVE_EVERY, O_RESUME, O_STOP_AFTER, O_PROGRESS, O_NO_PROGRESS, O_VERSION, O_DDP, O_COMPILE, O_CAPTURABLE };
+           O_TEST_LIMIT, O_SAVE, O_SAVE_EVERY, O_RESUME, O_STOP_AFTER, O_PROGRESS, O_NO_PROGRESS, O_VERSION, O_DDP, O_COMPILE, O_CAPTURABLE, O_DYNAMIC };
     static const struct option longopts[] = {
         { "data", required_argument, NULL, O_DATA },       { "log", required_argument, NULL, O_LOG },
         { "betas", required_argument, NULL, O_BETAS },     { "epochs", required_argument, NULL, O_EPOCHS },
@@ -129,6 +132,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
         { "help", no_argument, NULL, 'h' },                { "version", no_argument, NULL, O_VERSION },
         { "ddp", no_argument, NULL, O_DDP },
         { "compile", no_argument, NULL, O_COMPILE }, { "capturable", no_argument, NULL, O_CAPTURABLE },
+        { "dynamic", no_argument, NULL, O_DYNAMIC },
         { NULL, 0, NULL, 0 },
     };
     opterr = 0;   /* our own messages, naming the option */
@@ -147,6 +151,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
         case O_DDP: o->ddp = true; break;
         case O_COMPILE: o->compile = o->capturable = true; break;
         case O_CAPTURABLE: o->capturable = true; break;
+        case O_DYNAMIC: o->dynamic = true; break;
         case O_DATA: o->data_dir = v; break;
         case O_LOG: o->log_path = v; break;
         case O_SAVE: o->save_path = v; break;
@@ -411,6 +416,9 @@ int main(int argc, char **argv)
             }
             ctpu_tensor x, y, loss;
             if (ctpu_image_set_batch(&train, idx + lo, hi - lo, &x, &y) != CTPU_OK) return fail("batch");
+            if (o.dynamic && o.batch >= 2 &&   /* each batch is a new tensor: marked before its first use */
+                (ctpu_mark_dynamic(x, 0, 2, o.batch) != CTPU_OK || ctpu_mark_dynamic(y, 0, 2, o.batch) != CTPU_OK))
+                return fail("marking the batch dynamic");
             if (cstep) {
                 if (ctpu_compiled_call(cstep, 2, (ctpu_tensor[]){ x, y }, 1, &lr, 1, &loss) != CTPU_OK)
                     return fail("compiled step");

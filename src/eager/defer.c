@@ -158,7 +158,7 @@ static bool dyn_guess(const ctpu_node *n, ctpu_trec *const *in, ctpu_dyndim *out
     memset(out, 0, sizeof(ctpu_dyndim) * CTPU_MAX_DIMS);
     if (ctpu__ag_hint_dyn(&n->out, out)) return true;
     for (int d = 0; d < n->out.ndim; d++) {
-        for (int pass = 0; pass < 2 && !out[d].coef; pass++)
+        for (int pass = 0; pass < 1 && !out[d].coef; pass++)   /* the same position only: a coincidence elsewhere costs recompiles */
             for (int i = 0; i < n->n_in && !out[d].coef; i++) {
                 const ctpu_trec *r = in[i];
                 if (!r->dyn) continue;
@@ -168,6 +168,19 @@ static bool dyn_guess(const ctpu_node *n, ctpu_trec *const *in, ctpu_dyndim *out
                 }
             }
         any |= out[d].coef > 0;
+    }
+    /* a packed flat value (attention's o and lse) of an input with one
+     * symbol: a multiple of its value */
+    for (int i = 0; !any && n->out.ndim == 1 && i < n->n_in; i++) {
+        const ctpu_trec *r = in[i];
+        int sd = -1, nsym = 0;
+        for (int e = 0; r->dyn && e < r->type.ndim; e++)
+            if (r->dyn[e].coef > 0) { sd = e; nsym++; }
+        int64_t v = nsym == 1 ? r->type.shape[sd] / r->dyn[sd].coef : 0;
+        if (v > 0 && n->out.shape[0] > 0 && n->out.shape[0] % v == 0) {
+            out[0] = (ctpu_dyndim){ r->dyn[sd].lo, r->dyn[sd].hi, n->out.shape[0] / v };
+            any = true;
+        }
     }
     return any;
 }
@@ -379,8 +392,8 @@ static void reset_trace(void)
         if (t_df.in_has_dyn) memset(t_df.in_has_dyn, 0, t_df.cap_in_dyn);
         if (t_df.node_has_dyn) memset(t_df.node_has_dyn, 0, t_df.cap_node_dyn);
         t_df.any_dyn = false;
-        t_df.n_sym = 0;
     }
+    t_df.n_sym = 0;
     ctpu_trace_rec_reset(t_df.rec, ctpu_rt->dev);
     t_df.n_holders = 0;
     t_df.id = atomic_fetch_add(&ctpu_rt->next_trace_id, 1);

@@ -1041,7 +1041,7 @@ static inline bool infer_named(int op, const char *opn, const char *const *names
     for (int i = 0; i < n_in; i++) any |= in[i]->dyn != NULL;
     if (__builtin_expect(any, 0) && ctpu_mode_now() == CTPU_MODE_DEFER_FUSE && ctpu__ts_get())
         return dyn_probe(op, opn, names, n_in, in, a, n);
-    if (__builtin_expect(ts->df.n_sym > 0, 0) && (a->shape || ctpu_op_infos[op].shape_rule == CTPU_SH_SLICE) &&
+    if (__builtin_expect(ts->df.n_sym > 0, 0) && ((a->shape && ts->ag_hint) || ctpu_op_infos[op].shape_rule == CTPU_SH_SLICE) &&
         ctpu_mode_now() == CTPU_MODE_DEFER_FUSE)
         dyn_guess_args(n);
     return true;
@@ -1123,7 +1123,7 @@ static bool dyn_probe_one(int op, const char *opn, const char *const *names, int
         }
         pa.shape = shp;
     }
-    if (sh == CTPU_SH_SLICE) { pa.end = dyn_move(a->end, y); pa.start = a->start == a->end ? pa.end : a->start; }
+    if (sh == CTPU_SH_SLICE) { pa.end = dyn_move(a->end, y); pa.start = dyn_move(a->start, y); }   /* (a packed value's parts) */
     ctpu__ts->quiet_errors++;
     bool ok = infer_rules(op, opn, names, n_in, pin, &pa, pn);
     ctpu__ts->quiet_errors--;
@@ -1207,6 +1207,20 @@ ctpu_status ctpu_mark_dynamic(ctpu_tensor t, int dim, int64_t lo, int64_t hi)
     if (!ctpu__rec_set_dyn(r, d, nd)) {
         ctpu_set_error(CTPU_ERR_OOM, "mark_dynamic: out of host memory");
         return CTPU_ERR_OOM;
+    }
+    /* the symbol is live in this thread's trace from now (a slice of a
+     * position table to its extent, made before the batch is first read) */
+    ctpu_thread_state *ts = ctpu__ts_get();
+    int64_t v = r->type.shape[dim];
+    if (ts && v >= lo && v <= hi) {
+        bool seen = false;
+        for (int q = 0; q < ts->df.n_sym && !seen; q++)
+            seen = ts->df.sym[q].lo == lo && ts->df.sym[q].hi == hi && ts->df.sym[q].v == v;
+        if (!seen && ts->df.n_sym < 8) {
+            ts->df.sym[ts->df.n_sym].lo = lo;
+            ts->df.sym[ts->df.n_sym].hi = hi;
+            ts->df.sym[ts->df.n_sym++].v = v;
+        }
     }
     return CTPU_OK;
 }
