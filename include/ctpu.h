@@ -923,7 +923,14 @@ CTPU_API ctpu_status ctpu_cache_report(FILE *f);
  * tensors made from host data are not numbered, host reads are), and keeps
  * a stack of region labels. Device faults, debug-check errors, recompile
  * reasons and trace events name both: "embedding (op #1, \"embed\"): index
- * 57 >= 50 (dim 0) of weight f32[50,8], raised at item (op #4)". On a cache
+ * 57 >= 50 (dim 0) of weight f32[50,8], raised at item (op #4)"; a
+ * recompile reason names the op reading the input that changed ("input 0
+ * (op #3, \"block1.attn\"): dim 0: 128 -> 10"); a trace cut event where it
+ * cut ("trace cut: host_read at op #4, \"eval\""); a device slice its
+ * first and last ops (args first_op, first_label, last_op, last_label); an
+ * out-of-HBM error in defer and fuse the op whose value did not fit; the
+ * leak lines the region of the ops holding the most; the recompile-limit
+ * warning the label its structure starts in. On a cache
  * hit they come from the step that runs, never from the one that compiled.
  * ctpu_label_push names the region of the user's code that follows
  * ("block2.attn"; copied and interned: at most 4096 distinct labels per
@@ -935,6 +942,17 @@ CTPU_API ctpu_status ctpu_cache_report(FILE *f);
  * ctpu_label_pop; a pop with no label open). */
 CTPU_API ctpu_status ctpu_label_push(const char *label);
 CTPU_API ctpu_status ctpu_label_pop(void);
+/* Call scope, for libraries built on this API whose functions index with a
+ * user's argument (src/nn's losses): until the matching ctpu_call_pop, a
+ * device index fault of an op this thread dispatches is reported as call's,
+ * its index as argument arg, in every mode: "nll_loss (op #5): target 7 at
+ * position 1 is out of range [0, 5) (1 bad index)", not as the gather the
+ * library made. Scopes nest at most 8 deep; the outermost names the fault
+ * (the user's call). call and arg: 1 to 31 bytes, no control character.
+ * Errors: CTPU_ERR_NOT_INITIALIZED; CTPU_ERR_INVALID_ARG; CTPU_ERR_STATE
+ * (the 9th nested scope; a pop with no scope open). */
+CTPU_API ctpu_status ctpu_call_push(const char *call, const char *arg);
+CTPU_API ctpu_status ctpu_call_pop(void);
 
 /* A call-site label for this thread's host reads (ctpu_to_host, ctpu_item)
  * from now on, e.g. "loss.item"; the cache report counts reads and the

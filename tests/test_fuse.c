@@ -882,7 +882,7 @@ static long json_cache_number(const char *name)
 }
 
 /* rand_normal -> relu -> sum for n = first .. last rows; sums[n] the results. */
-typedef struct { int first, last; double sums[40]; } shapes_job;
+typedef struct { int first, last; double sums[40]; const char *label; } shapes_job;
 
 static void shapes_run(void *p)
 {
@@ -890,8 +890,10 @@ static void shapes_run(void *p)
     ctpu_manual_seed(7);
     for (int n = j->first; n <= j->last; n++) {
         ctpu_step_begin();
+        if (j->label) ck_assert_int_eq(ctpu_label_push(j->label), CTPU_OK);
         ctpu_tensor s = ctpu_keep(ctpu_sum(ctpu_relu(ctpu_rand_normal(CTPU_F32, 2, (int64_t[]){ n, 3 }, 0, 1)), 0,
                                            NULL, false));
+        if (j->label) ck_assert_int_eq(ctpu_label_pop(), CTPU_OK);
         ck_assert_int_eq(ctpu_step_end(), CTPU_OK);
         ck_assert_int_eq(ctpu_item(s, &j->sums[n]), CTPU_OK);
         ctpu_release(s);
@@ -929,6 +931,18 @@ START_TEST(recompile_limit_runs_op_by_op)
     ctpu_release(s);
     ck_assert_int_eq(C("recompile_limit_fallbacks"), 5);
     ctpu_cache_set_only(false);
+}
+END_TEST
+
+/* The warning names the label the structure starts in. */
+START_TEST(recompile_limit_names_the_label)
+{
+    ctpu_set_mode(CTPU_MODE_DEFER_FUSE);
+    shapes_job got = { .first = 1, .last = 10, .label = "varlen" };
+    const char *err = stderr_of(shapes_run, &got);
+    ck_assert_msg(strcmp(err, "ctpu: warning: program 1 (rand_normal\u2192relu\u2192sum, from \"varlen\") passed "
+                              "TORCH_TPU_RECOMPILE_LIMIT=8: dim 0 varies: 7 -> 8 -> 9; running it op by op in "
+                              "strict eager\n") == 0, "stderr: %s", err);
 }
 END_TEST
 
@@ -1094,6 +1108,7 @@ static Suite *suite(void)
     tcase_add_test(c, too_big_value_refused_at_record);
     tcase_add_test(c, allocation_waits_for_queued_work);
     tcase_add_test(c, recompile_limit_runs_op_by_op);
+    tcase_add_test(c, recompile_limit_names_the_label);
     tcase_add_test(c, recompile_limit_off);
     tcase_add_test(c, strict_table_bounded);
     tcase_add_test(c, strict_recompiles_counted);

@@ -293,6 +293,8 @@ static void uninitialised_sweep(void)
     UN_S(ctpu_set_host_read_label, "host_read_label", "x");
     UN_S(ctpu_label_push, "label_push", "x");
     UN_S(ctpu_label_pop, "label_pop");
+    UN_S(ctpu_call_push, "call_push", "nll_loss", "target");
+    UN_S(ctpu_call_pop, "call_pop");
     UN_S(ctpu_set_steps_per_epoch, "steps_per_epoch", 10);
     UN_S(ctpu_cost_table_get, "cost_table", &tab);
     /* no init needed, bad arguments */

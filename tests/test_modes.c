@@ -335,14 +335,17 @@ START_TEST(oom_defer_names_the_op)
     ctpu_tensor a = ctpu_zeros(CTPU_F32, 1, &big);
     ck_assert_int_eq(ctpu_sync(), CTPU_OK);
     ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEFER_FUSE), CTPU_OK);
-    ctpu_tensor t = ctpu_add_scalar(a, 1.0);
-    ctpu_tensor x = ctpu_exp(t);
+    ctpu_tensor t = ctpu_add_scalar(a, 1.0);                 /* op #2 (the zeros were #1) */
+    ck_assert_int_eq(ctpu_label_push("act"), CTPU_OK);
+    ctpu_tensor x = ctpu_exp(t);                             /* op #3, "act" */
+    ck_assert_int_eq(ctpu_label_pop(), CTPU_OK);
     ck_assert(!ctpu_is_null(x));
     ck_assert_int_eq(ctpu_release(t), CTPU_OK);
     ck_assert_int_eq(ctpu_set_name(x, "x"), CTPU_OK);
     ck_assert_int_eq(ctpu_mark_step(), CTPU_ERR_OOM);
     const char *m = ctpu_last_error();
-    ck_assert_msg(t_contains(m, "the value of exp (x), f32[200000]: out of HBM: requested 800000 bytes"), "%s", m);
+    ck_assert_msg(t_contains(m, "fused program 1: the value of exp (op #3, \"act\"; x), f32[200000]: out of HBM: "
+                                "requested 800000 bytes"), "%s", m);
     ck_assert_msg(t_contains(m, "capacity 1048576 bytes"), "%s", m);
     ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
 }

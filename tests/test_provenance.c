@@ -40,18 +40,6 @@ static bool ends_with(const char *s, const char *tail)
     return n >= m && strcmp(s + n - m, tail) == 0;
 }
 
-/* nn's functions (include/ctpu_nn.h), built on the public API */
-static bool is_nn(const char *fn)
-{
-    static const char *const nn[] = { "ctpu_linear_forward", "ctpu_layer_norm_layer_forward",
-                                      "ctpu_embedding_layer_forward", "ctpu_dropout", "ctpu_cross_entropy",
-                                      "ctpu_mse_loss", "ctpu_nll_loss", "ctpu_bce_with_logits", "ctpu_l1_loss",
-                                      "ctpu_smooth_l1_loss" };
-    for (size_t i = 0; i < sizeof nn / sizeof nn[0]; i++)
-        if (!strcmp(fn, nn[i])) return true;
-    return false;
-}
-
 /* ------------------------------------------------------------ coverage */
 #define MAX_COVER 256
 static const char *covered[MAX_COVER];
@@ -94,8 +82,7 @@ static void expect_status(const char *fn, const char *key, ctpu_status st)
         expect_status(#fn, key, ctpu_last_status());                                                          \
     } while (0)
 /* An op: the error handle itself comes back, and no new message: ctpu's
- * ops make its cause the last error again; nn's (public API only) leave
- * the last error as it was. */
+ * ops and nn's (public API only) make its cause the last error again. */
 #define EP_T(fn, ...)                                                                                         \
     do {                                                                                                      \
         fresh();                                                                                              \
@@ -103,8 +90,7 @@ static void expect_status(const char *fn, const char *key, ctpu_status st)
         cover(#fn);                                                                                           \
         ck_assert_msg(r_.id == E.id, "%s(error handle) returned %#llx, not the error handle %#llx (%s)", #fn,  \
                       (unsigned long long)r_.id, (unsigned long long)E.id, ctpu_last_error());                \
-        ck_assert_msg((ctpu_last_status() == CTPU_ERR_SHAPE && strcmp(ctpu_last_error(), CAUSE) == 0) ||      \
-                      (ctpu_last_status() == CTPU_OK && !strncmp(#fn, "ctpu_", 5) && is_nn(#fn)),             \
+        ck_assert_msg(ctpu_last_status() == CTPU_ERR_SHAPE && strcmp(ctpu_last_error(), CAUSE) == 0,           \
                       "%s: the last error is \"%s\", not the cause", #fn, ctpu_last_error());                 \
         ctpu_clear_error();                                                                                   \
     } while (0)
@@ -659,6 +645,112 @@ START_TEST(fault_names_op_number_label_and_read)
 }
 END_TEST
 
+/* nll_loss and cross_entropy (src/nn, public API only) make a gather: a bad
+ * target faults as the user's call and argument (ctpu_call_push), in every
+ * mode, with its op number and label. */
+START_TEST(loss_faults_name_the_call)
+{
+    static const ctpu_mode modes[3] = { CTPU_MODE_STRICT, CTPU_MODE_DEBUG, CTPU_MODE_DEFER_FUSE };
+    ctpu_mode m = modes[_i];
+    ck_assert_int_eq(ctpu_set_mode(m), CTPU_OK);
+    static const char *const want[2] = {
+        "nll_loss (op #5, \"loss\"): target 7 at position 1 is out of range [0, 5) (1 bad index)",
+        "cross_entropy (op #6, \"loss\"): labels 7 at position 1 is out of range [0, 5) (1 bad index)",
+    };
+    for (int which = 0; which < 2; which++)
+        for (int step = 0; step < 2; step++) {       /* step 1: a cache hit in defer and fuse */
+            ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
+            float z[10] = { 0 };
+            ctpu_tensor x = t_f32(z, 2, (int64_t[]){ 2, 5 });
+            ctpu_tensor y = t_i32((int32_t[]){ 3, 7 }, 1, (int64_t[]){ 2 });
+            ck_assert_int_eq(ctpu_label_push("loss"), CTPU_OK);
+            ctpu_tensor l = which == 0 ? ctpu_nll_loss(x, y, NULL) : ctpu_cross_entropy(x, y, NULL);
+            ck_assert_int_eq(ctpu_label_pop(), CTPU_OK);
+            double v;
+            if (m == CTPU_MODE_DEBUG) {
+                ck_assert(ctpu_is_null(l));
+                ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_DEVICE_FAULT);
+                ck_assert_str_eq(ctpu_last_error(), want[which]);
+            } else {
+                ck_assert_int_eq(ctpu_item(l, &v), CTPU_ERR_DEVICE_FAULT);
+                char full[256];
+                snprintf(full, sizeof full, "%s, raised at item (op #%d)", want[which], which == 0 ? 13 : 14);
+                ck_assert_str_eq(ctpu_last_error(), full);
+            }
+            ctpu_step_end();
+            ctpu_sync();
+            ctpu_clear_error();
+        }
+}
+END_TEST
+
+/* The call scope's own errors; the outermost scope names the fault. */
+START_TEST(call_scope_rules)
+{
+    ck_assert_int_eq(ctpu_call_pop(), CTPU_ERR_STATE);
+    ck_assert_str_eq(ctpu_last_error(), "call_pop: no call scope is open (ctpu_call_push)");
+    ck_assert_int_eq(ctpu_call_push(NULL, "x"), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_call_push("f", ""), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_call_push("f\n", "x"), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_call_push("a_call_name_longer_than_31_bytes", "x"), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEBUG), CTPU_OK);
+    ck_assert_int_eq(ctpu_call_push("my_loss", "classes"), CTPU_OK);
+    for (int i = 1; i < 8; i++) ck_assert_int_eq(ctpu_call_push("inner", "idx"), CTPU_OK);
+    ck_assert_int_eq(ctpu_call_push("ninth", "idx"), CTPU_ERR_STATE);
+    ck_assert(t_contains(ctpu_last_error(), "call scopes nest at most 8 deep"));
+    ctpu_tensor w = t_f32((float[]){ 1, 2, 3, 4 }, 2, (int64_t[]){ 2, 2 });
+    ctpu_tensor e = ctpu_embedding(w, t_i32((int32_t[]){ 9 }, 1, (int64_t[]){ 1 }));
+    ck_assert(ctpu_is_null(e));
+    ck_assert_str_eq(ctpu_last_error(), "my_loss (op #1): classes 9 at position 0 is out of range [0, 2) for weight "
+                                        "f32[2,2] (1 bad index)");
+    for (int i = 0; i < 8; i++) ck_assert_int_eq(ctpu_call_pop(), CTPU_OK);
+    e = ctpu_embedding(w, t_i32((int32_t[]){ 9 }, 1, (int64_t[]){ 1 }));
+    ck_assert_str_eq(ctpu_last_error(), "embedding (op #2): index 9 at position 0 is out of range [0, 2) for weight "
+                                        "f32[2,2] (1 bad index)");
+}
+END_TEST
+
+/* A fault in the middle of a fused chain names the op that faulted (its
+ * number and label), not the last op of the program or of a group: ops #1
+ * and #2 fuse before the embedding, #4 to #6 after it. */
+START_TEST(fault_inside_a_fused_chain)
+{
+    static const ctpu_mode modes[3] = { CTPU_MODE_STRICT, CTPU_MODE_DEBUG, CTPU_MODE_DEFER_FUSE };
+    ctpu_mode m = modes[_i];
+    ck_assert_int_eq(ctpu_set_mode(m), CTPU_OK);
+    static float w[400];
+    for (int step = 0; step < 3; step++) {
+        ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
+        ctpu_tensor W = t_f32(w, 2, (int64_t[]){ 50, 8 });
+        ctpu_tensor idx = t_i32((int32_t[]){ 3, step == 0 ? 5 : 57 }, 1, (int64_t[]){ 2 });
+        ck_assert_int_eq(ctpu_label_push("prep"), CTPU_OK);
+        ctpu_tensor x = ctpu_add_scalar(ctpu_mul_scalar(W, 2.0), 1.0);           /* #1, #2 */
+        ck_assert_int_eq(ctpu_label_pop(), CTPU_OK);
+        ck_assert_int_eq(ctpu_label_push(step == 2 ? "embed.hit" : "embed"), CTPU_OK);
+        ctpu_tensor e = ctpu_embedding(x, idx);                                  /* #3 */
+        ck_assert_int_eq(ctpu_label_pop(), CTPU_OK);
+        ck_assert_int_eq(ctpu_label_push("head"), CTPU_OK);
+        ctpu_tensor s = ctpu_sum(ctpu_mul_scalar(ctpu_relu(e), 3.0), 0, NULL, false);   /* #4 to #6 */
+        ck_assert_int_eq(ctpu_label_pop(), CTPU_OK);
+        double v;
+        ctpu_status st = ctpu_is_null(s) ? ctpu_last_status() : ctpu_item(s, &v);   /* #7 */
+        if (step == 0) {
+            ck_assert_int_eq(st, CTPU_OK);
+        } else {
+            char want[256];
+            snprintf(want, sizeof want, "embedding (op #3, \"%s\"): index 57 at position 1 is out of range [0, 50) "
+                     "for weight f32[50,8] (1 bad index)%s", step == 2 ? "embed.hit" : "embed",
+                     m == CTPU_MODE_DEBUG ? "" : ", raised at item (op #7)");
+            ck_assert_int_eq(st, CTPU_ERR_DEVICE_FAULT);
+            ck_assert_str_eq(ctpu_last_error(), want);
+        }
+        ctpu_step_end();
+        ctpu_sync();
+        ctpu_clear_error();
+    }
+}
+END_TEST
+
 START_TEST(numbers_restart_each_step)
 {
     ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEBUG), CTPU_OK);
@@ -738,6 +830,9 @@ int main(void)
     tcase_set_timeout(pc, 120);
     tcase_add_loop_test(pc, fault_names_op_number_label_and_read, 0, 3);
     tcase_add_test(pc, numbers_restart_each_step);
+    tcase_add_loop_test(pc, loss_faults_name_the_call, 0, 3);
+    tcase_add_test(pc, call_scope_rules);
+    tcase_add_loop_test(pc, fault_inside_a_fused_chain, 0, 3);
     tcase_add_test(pc, label_errors);
     suite_add_tcase(s, pc);
     SRunner *sr = srunner_create(s);

@@ -104,7 +104,7 @@ START_TEST(counters_scripted_df)
     const cJSON *rs = cJSON_GetObjectItem(d, "recompiles");
     ck_assert_int_eq(cJSON_GetArraySize(rs), 2);
     const cJSON *r0 = cJSON_GetArrayItem(rs, 0);
-    ck_assert_str_eq(cJSON_GetObjectItem(r0, "reason")->valuestring, "input 0 dim 0: 8 -> 5");
+    ck_assert_str_eq(cJSON_GetObjectItem(r0, "reason")->valuestring, "input 0 (op #1): dim 0: 8 -> 5");
     ck_assert_int_eq((int)jnum(r0, "step"), 5);
     ck_assert_int_eq((int)jnum(r0, "old_program"), 1);
     ck_assert_int_eq((int)jnum(r0, "program"), 3);
@@ -249,7 +249,7 @@ START_TEST(golden_report_text)
         ck_abort_msg("the report differs from %s (CTPU_TEST_UPDATE_GOLDEN=1 rewrites it)", path);
     }
     /* the lines the issue asks for */
-    ck_assert(t_contains(text, "program 3 (matmul→relu→sum): input 0 dim 0: 8 -> 5, step 5 (was program 1)"));
+    ck_assert(t_contains(text, "program 3 (matmul→relu→sum): input 0 (op #1): dim 0: 8 -> 5, step 5 (was program 1)"));
     ck_assert(t_contains(text, "2 recompiles per run from dim 0 of input 0 (8 -> 5"));
     ck_assert(t_contains(text, "a host read every step (loss.item) cuts the trace in two"));
     ck_assert(t_contains(text, "warm-up: 1 step before the cache went all-hit"));
@@ -555,7 +555,7 @@ START_TEST(trace_file)
             ck_assert(cJSON_IsNumber(cJSON_GetObjectItem(e, "ts")));
         const cJSON *args = cJSON_GetObjectItem(e, "args");
         const cJSON *reason = cJSON_GetObjectItem(args, "reason");
-        if (cJSON_IsString(reason) && strcmp(reason->valuestring, "input 0 dim 0: 8 -> 5") == 0) {
+        if (cJSON_IsString(reason) && strcmp(reason->valuestring, "input 0 (op #1): dim 0: 8 -> 5") == 0) {
             ck_assert(cJSON_IsFalse(cJSON_GetObjectItem(args, "hit")));
             saw_reason = true;
         }
@@ -1020,7 +1020,7 @@ START_TEST(names_and_cache_only_diff)
     }
     char log[2048];
     ck_assert_int_ge(ctpu_cache_recompile_log(log, sizeof log), 1);
-    ck_assert_msg(t_contains(log, "input 0 (batch.x) dim 0: 8 -> 5"), "%s", log);
+    ck_assert_msg(t_contains(log, "input 0 (batch.x, op #1): dim 0: 8 -> 5"), "%s", log);
     /* cache-only: the error says what changed */
     ck_assert_int_eq(ctpu_cache_set_only(true), CTPU_OK);
     ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
@@ -1029,7 +1029,7 @@ START_TEST(names_and_cache_only_diff)
     double v;
     ck_assert_int_eq(ctpu_item(ctpu_sum(ctpu_relu(ctpu_matmul(x, w)), 0, NULL, false), &v), CTPU_ERR_CACHE_MISS);
     ck_assert_msg(t_contains(ctpu_last_error(), "cache-only") &&
-                  t_contains(ctpu_last_error(), "input 0 (batch.x) dim 0: ") &&
+                  t_contains(ctpu_last_error(), "input 0 (batch.x, op #1): dim 0: ") &&
                   t_contains(ctpu_last_error(), "-> 3, was program"), "%s", ctpu_last_error());
     ctpu_clear_error();
     ctpu_step_end();
@@ -1062,6 +1062,109 @@ START_TEST(names_and_cache_only_diff)
     ck_assert_ptr_nonnull(txt);
     ck_assert_msg(t_contains(txt, "\"tensor\":\"loss\""), "the trace's host reads do not name the tensor");
     ck_assert(t_contains(txt, "batch.x"));   /* the recompile event's reason */
+    free(txt);
+    remove(path);
+    rmdir(dir);
+}
+END_TEST
+
+/* Op provenance in what the cache and the trace file say (issue 11): a
+ * recompile reason names the op (number, label) reading the input that
+ * changed; a trace cut names where it cut; device slices carry their first
+ * and last ops; strict op events their number and region. On a cache hit
+ * (step 1) and on the recompile (step 2) they come from that step's
+ * recording, never from step 0, which compiled the program. */
+static const cJSON *arg_of(const cJSON *e, const char *k) { return cJSON_GetObjectItem(cJSON_GetObjectItem(e, "args"), k); }
+
+START_TEST(provenance_in_reasons_cuts_and_slices)
+{
+    char dir[] = "/tmp/ctpu_prov_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof path, "%s/trace.json", dir);
+    init_df();
+    ctpu_shutdown();
+    setenv("TORCH_TPU_TRACE_FILE", path, 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    float xd[8 * 4] = { 0 };
+    for (int s = 0; s < 4; s++) {
+        ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
+        ctpu_tensor x = ctpu_from_host(xd, CTPU_F32, 2, (int64_t[]){ s == 2 ? 5 : 8, 4 });
+        ck_assert_int_eq(ctpu_label_push(s == 0 ? "warmup" : "block1.attn"), CTPU_OK);
+        ctpu_tensor y = ctpu_relu(ctpu_mul_scalar(x, 2.0));            /* ops #1, #2 */
+        ck_assert_int_eq(ctpu_label_pop(), CTPU_OK);
+        ck_assert_int_eq(ctpu_label_push(s == 0 ? "loss0" : "loss"), CTPU_OK);
+        ctpu_tensor l = ctpu_sum(y, 0, NULL, false);                    /* op #3 */
+        ck_assert_int_eq(ctpu_label_pop(), CTPU_OK);
+        ck_assert_int_eq(ctpu_release(y), CTPU_OK);
+        if (s < 3) {                                                    /* a host read cuts: op #4 */
+            double v;
+            ck_assert_int_eq(ctpu_label_push(s == 0 ? "eval0" : "eval"), CTPU_OK);
+            ck_assert_int_eq(ctpu_item(l, &v), CTPU_OK);
+            ck_assert_int_eq(ctpu_label_pop(), CTPU_OK);
+        }
+        ctpu_keep(l);
+        ck_assert_int_eq(ctpu_step_end(), CTPU_OK);                     /* step 3: cut here */
+        ctpu_release(l);
+    }
+    char log[1024];
+    ck_assert_int_ge(ctpu_cache_recompile_log(log, sizeof log), 1);
+    static const char first[] = "step 2: program 1 -> 2: input 0 (op #1, \"block1.attn\"): dim 0: 8 -> 5\n";
+    ck_assert_msg(strncmp(log, first, sizeof first - 1) == 0, "%s", log);
+    /* strict eager's op events: number and region */
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+    ck_assert_int_eq(ctpu_label_push("head"), CTPU_OK);
+    ck_assert(!ctpu_is_null(ctpu_exp(ctpu_from_host(xd, CTPU_F32, 1, (int64_t[]){ 4 }))));
+    ck_assert_int_eq(ctpu_label_pop(), CTPU_OK);
+    ctpu_shutdown();
+    unsetenv("TORCH_TPU_TRACE_FILE");
+    char *txt = read_all(path);
+    ck_assert_ptr_nonnull(txt);
+    cJSON *d = cJSON_Parse(txt);
+    ck_assert_msg(d, "the trace file is not JSON");
+    const cJSON *ev = cJSON_GetObjectItem(d, "traceEvents");
+    const char *cuts[4] = { NULL, NULL, NULL, NULL };
+    int n_cuts = 0, n_slices = 0, saw_op = 0;
+    static const char *const want_first[3] = { "warmup", "block1.attn", "block1.attn" };
+    static const char *const want_last[3] = { "loss0", "loss", "loss" };
+    bool saw_reason = false;
+    for (int i = 0; i < cJSON_GetArraySize(ev); i++) {
+        const cJSON *e = cJSON_GetArrayItem(ev, i);
+        const cJSON *cat = cJSON_GetObjectItem(e, "cat");
+        const char *c = cJSON_IsString(cat) ? cat->valuestring : "";
+        const char *nm = cJSON_GetObjectItem(e, "name")->valuestring;
+        if (!strcmp(c, "cut") && n_cuts < 4) cuts[n_cuts++] = nm;
+        if (!strcmp(c, "cut") && t_contains(nm, "host_read")) {
+            ck_assert_int_eq((int)arg_of(e, "op")->valuedouble, 4);
+            ck_assert(t_contains(arg_of(e, "region")->valuestring, "eval"));
+        }
+        if (!strcmp(c, "program") && cJSON_IsNumber(arg_of(e, "program")) && n_slices < 3) {
+            ck_assert_int_eq((int)arg_of(e, "program")->valuedouble, n_slices == 2 ? 2 : 1);
+            ck_assert_int_eq((int)arg_of(e, "first_op")->valuedouble, 1);
+            ck_assert_int_eq((int)arg_of(e, "last_op")->valuedouble, 3);
+            ck_assert_str_eq(arg_of(e, "first_label")->valuestring, want_first[n_slices]);
+            ck_assert_str_eq(arg_of(e, "last_label")->valuestring, want_last[n_slices]);
+            n_slices++;
+        }
+        if (!strcmp(c, "op") && !strcmp(nm, "exp")) {
+            ck_assert_int_eq((int)arg_of(e, "op")->valuedouble, 1);
+            ck_assert_str_eq(arg_of(e, "region")->valuestring, "head");
+            saw_op++;
+        }
+        const cJSON *r = arg_of(e, "reason");
+        if (!strcmp(c, "compile") && cJSON_IsString(r) &&
+            !strcmp(r->valuestring, "input 0 (op #1, \"block1.attn\"): dim 0: 8 -> 5"))
+            saw_reason = true;
+    }
+    ck_assert_int_eq(n_cuts, 4);
+    ck_assert_str_eq(cuts[0], "trace cut: host_read at op #4, \"eval0\"");
+    ck_assert_str_eq(cuts[1], "trace cut: host_read at op #4, \"eval\"");   /* the hit: this step's label */
+    ck_assert_str_eq(cuts[2], "trace cut: host_read at op #4, \"eval\"");
+    ck_assert_str_eq(cuts[3], "trace cut: mark_step at op #3, \"loss\"");    /* after the last recorded op */
+    ck_assert_int_eq(n_slices, 3);
+    ck_assert_int_eq(saw_op, 1);
+    ck_assert(saw_reason);
+    cJSON_Delete(d);
     free(txt);
     remove(path);
     rmdir(dir);
@@ -1280,6 +1383,7 @@ static Suite *suite(void)
     tcase_add_test(tc, report_new_user_glitches);
     tcase_add_test(tc, names_and_cache_only_diff);
     tcase_add_test(tc, structure_change_explained);
+    tcase_add_test(tc, provenance_in_reasons_cuts_and_slices);
     tcase_add_test(tc, bad_input);
     tcase_add_test(tc, dist_section);
     suite_add_tcase(s, tc);

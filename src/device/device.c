@@ -443,10 +443,34 @@ const char *ctpu_device_prov_str(const ctpu_device *dev, ctpu_op_prov p, char *b
     return buf;
 }
 
+/* An index fault under a call scope, reported as the call's (see device.h). */
+static bool call_msg(const ctpu_device *dev, ctpu_op_prov p, const char *pv, const char *msg, char *out, size_t len)
+{
+    const char *ca = ctpu_device_label(dev, p.call);
+    const char *sep = ca ? strchr(ca, '\x1f') : NULL;
+    const char *colon = strchr(msg, ':');
+    if (!sep || !colon) return false;
+    int cn = (int)(sep - ca);
+    const char *idx = strncmp(colon, ": index ", 8) == 0 ? colon + 8 : NULL;
+    if (!idx) {
+        snprintf(out, len, "%.*s%s: %s", cn, ca, pv, msg);
+        return true;
+    }
+    /* the library's dim is not the user's: "along dim D" goes */
+    const char *along = strstr(idx, " along dim ");
+    const char *rest = along ? strchr(along + 11, ' ') : NULL;
+    if (along && rest)
+        snprintf(out, len, "%.*s%s: %s %.*s%s", cn, ca, pv, sep + 1, (int)(along - idx), idx, rest);
+    else
+        snprintf(out, len, "%.*s%s: %s %s", cn, ca, pv, sep + 1, idx);
+    return true;
+}
+
 void ctpu_device_prov_msg(const ctpu_device *dev, ctpu_op_prov p, const char *msg, char *out, size_t len)
 {
     char pv[128];
     ctpu_device_prov_str(dev, p, pv, sizeof pv);
+    if (p.call && call_msg(dev, p, pv, msg, out, len)) return;
     const char *colon = strchr(msg, ':');
     if (!pv[0] || !colon) { snprintf(out, len, "%s", msg); return; }
     snprintf(out, len, "%.*s%s%s", (int)(colon - msg), msg, pv, colon);
@@ -471,7 +495,28 @@ static bool has_nonfinite(const void *p, int dtype, int64_t n)
 static ctpu_op_prov cmd_prov(const ctpu_cmd *cmd, int s)
 {
     /* a one-op program's steps all run its one op */
-    return cmd->n_prov == 1 ? cmd->prov[0] : s < cmd->n_prov ? cmd->prov[s] : (ctpu_op_prov){ 0, 0 };
+    return cmd->n_prov == 1 ? cmd->prov[0] : s < cmd->n_prov ? cmd->prov[s] : (ctpu_op_prov){ 0, 0, 0 };
+}
+
+/* The device slice's first and last ops (trace file args): a fused
+ * program's command carries them after its steps' (prov_span), a one-op
+ * program's are its op. "" when none was recorded. */
+static const char *span_args(const ctpu_device *dev, const ctpu_cmd *cmd, char *out, size_t len)
+{
+    out[0] = 0;
+    if (!cmd->n_prov) return out;
+    ctpu_op_prov p[2] = { cmd->prov[0], cmd->prov[0] };
+    if (cmd->prov_span) { p[0] = cmd->prov[cmd->n_prov]; p[1] = cmd->prov[cmd->n_prov + 1]; }
+    size_t k = 0;
+    for (int i = 0; i < 2 && k < len; i++) {
+        const char *l = ctpu_device_label(dev, p[i].label);
+        char esc[48];
+        k += (size_t)snprintf(out + k, len - k, ",\"%s_op\":%u", i ? "last" : "first", p[i].op_no);
+        if (l && k < len)
+            k += (size_t)snprintf(out + k, len - k, ",\"%s_label\":\"%s\"", i ? "last" : "first",
+                                  ctpu_json_escape(l, esc, sizeof esc));
+    }
+    return out;
 }
 
 /* The debug check's message for a NaN op made at step s. */
@@ -549,7 +594,11 @@ static void execute_tracked(ctpu_device *dev, ctpu_cmd *cmd, void **ptr)
     }
     uint64_t t1 = ctpu_now_ns();
     ctpu_timer_add(dev->metrics, CTPU_TMR_EXECUTE_TIME, t1 - t0);
-    if (dev->metrics->trace) ctpu_trace_program(dev->metrics->trace, prog->name, cmd->program_id, cmd->seq, ns, t0, t1);
+    if (dev->metrics->trace) {
+        char span[160];
+        ctpu_trace_program(dev->metrics->trace, prog->name, cmd->program_id, cmd->seq, ns, t0, t1,
+                           span_args(dev, cmd, span, sizeof span));
+    }
     for (int j = 0; j < prog->n_out; j++) {
         unsigned f = 0;
         if (any) {
@@ -600,7 +649,11 @@ static void execute(ctpu_device *dev, ctpu_cmd *cmd)
         }
         uint64_t t1 = ctpu_now_ns();
         ctpu_timer_add(dev->metrics, CTPU_TMR_EXECUTE_TIME, t1 - t0);
-        if (dev->metrics->trace) ctpu_trace_program(dev->metrics->trace, prog->name, cmd->program_id, cmd->seq, prog->n_steps, t0, t1);
+        if (dev->metrics->trace) {
+            char span[160];
+            ctpu_trace_program(dev->metrics->trace, prog->name, cmd->program_id, cmd->seq, prog->n_steps, t0, t1,
+                               span_args(dev, cmd, span, sizeof span));
+        }
         if (ctx.fault_status == CTPU_OK && cmd->debug_checks && prog->out_dtype) {
             /* a one-op program: its inputs are the op's (a larger one without
              * per-step tables: the program's inputs) */

@@ -102,7 +102,9 @@ typedef struct ctpu_dev_program {   /* the device's program format */
  * was dispatched (0 = none; the device's label table below). Recorded per
  * dispatch, never part of a program or its key: a cached program reports
  * the numbers of the step that runs it. */
-typedef struct { uint32_t op_no, label; } ctpu_op_prov;
+/* call: an interned "call\x1farg" (ctpu_call_push) a device index fault is
+ * reported as, 0: the op's own name. */
+typedef struct { uint32_t op_no, label, call; } ctpu_op_prov;
 
 /* ------------------------------------------------------------ commands */
 #define CTPU_CMD_INLINE_BUFS 8
@@ -117,6 +119,7 @@ typedef struct {
     double scal_inl[CTPU_CMD_MAX_SCALARS];
     double *scalars;         /* scal_inl, or a heap array the command owns */
     bool debug_checks;
+    bool prov_span;          /* prov[n_prov], prov[n_prov + 1]: the program's first and last ops (trace file) */
     /* provenance of the program's steps: prov[s] for step s (n_prov of
      * them; a one-op program has prov_inl); n_prov 0: none recorded */
     int n_prov;
@@ -185,7 +188,11 @@ const char *ctpu_device_label(const ctpu_device *dev, uint32_t id);
 /* " (op #4, \"embed\")", " (op #4)", or "" for an unnumbered op. */
 const char *ctpu_device_prov_str(const ctpu_device *dev, ctpu_op_prov p, char *buf, size_t len);
 /* msg with p after its leading op name: "embedding: index ..." ->
- * "embedding (op #1, \"embed\"): index ..." (written to out). */
+ * "embedding (op #1, \"embed\"): index ..." (written to out). Under a
+ * call scope (p.call) an index fault is the call's: "gather: index 7 at
+ * position 1 is out of range [0, 5) along dim 1 (1 bad index)" -> "nll_loss
+ * (op #5): target 7 at position 1 is out of range [0, 5) (1 bad index)";
+ * another fault gets the call in front ("nll_loss (op #5): gather: ..."). */
 void ctpu_device_prov_msg(const ctpu_device *dev, ctpu_op_prov p, const char *msg, char *out, size_t len);
 
 /* Chip profiles (chips.c). */

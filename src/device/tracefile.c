@@ -18,7 +18,7 @@ typedef struct {
     char ph;
     char cat[16];
     char name[72];
-    char args[168];
+    char args[224];
 } trace_ev;
 
 struct ctpu_tracebuf {
@@ -93,16 +93,16 @@ void ctpu_trace_instant(ctpu_tracebuf *tb, int track, const char *cat, const cha
 }
 
 void ctpu_trace_program(ctpu_tracebuf *tb, const char *name, uint64_t program_id, uint64_t seq, int n_steps,
-                        uint64_t t0_ns, uint64_t t1_ns)
+                        uint64_t t0_ns, uint64_t t1_ns, const char *span)
 {
-    char args[128], nm[72];
+    char args[224], nm[72];
     if (program_id) {
-        snprintf(args, sizeof args, "\"program\":%llu,\"seq\":%llu,\"kernels\":%d", (unsigned long long)program_id,
-                 (unsigned long long)seq, n_steps);
+        snprintf(args, sizeof args, "\"program\":%llu,\"seq\":%llu,\"kernels\":%d%s", (unsigned long long)program_id,
+                 (unsigned long long)seq, n_steps, span ? span : "");
         snprintf(nm, sizeof nm, "program %llu: %.40s", (unsigned long long)program_id, name ? name : "?");
     } else {
-        snprintf(args, sizeof args, "\"program\":\"strict\",\"seq\":%llu,\"kernels\":%d", (unsigned long long)seq,
-                 n_steps);
+        snprintf(args, sizeof args, "\"program\":\"strict\",\"seq\":%llu,\"kernels\":%d%s", (unsigned long long)seq,
+                 n_steps, span ? span : "");
         snprintf(nm, sizeof nm, "%.60s", name ? name : "program");
     }
     add(tb, 'X', CTPU_TRACK_DEVICE, "program", nm, t0_ns, t1_ns, args);

@@ -16,7 +16,7 @@ typedef struct ctpu_tracebuf ctpu_tracebuf;
 
 enum { CTPU_TRACK_HOST = 0, CTPU_TRACK_DEVICE = 1 };
 
-/* TORCH_TPU_TRACE_EVENTS: the buffer's capacity (about 280 bytes an event). */
+/* TORCH_TPU_TRACE_EVENTS: the buffer's capacity (about 340 bytes an event). */
 #define CTPU_TRACE_DEFAULT_EVENTS 65536
 #define CTPU_TRACE_MAX_EVENTS (1u << 24)
 
@@ -32,9 +32,11 @@ void ctpu_trace_instant(ctpu_tracebuf *tb, int track, const char *cat, const cha
                         const char *args);
 /* A program run on the device track (device.c execute): a fused program is
  * named "program N: first op" and carries "program":N (the report's id); a
- * strict one-op program (program_id 0) is named after its op. */
+ * strict one-op program (program_id 0) is named after its op. span: more
+ * args (the first and last ops' numbers and labels: ",\"first_op\":3,..."),
+ * or NULL. */
 void ctpu_trace_program(ctpu_tracebuf *tb, const char *name, uint64_t program_id, uint64_t seq, int n_steps,
-                        uint64_t t0_ns, uint64_t t1_ns);
+                        uint64_t t0_ns, uint64_t t1_ns, const char *span);
 /* The capacity in events. */
 size_t ctpu_tracebuf_capacity(ctpu_tracebuf *tb);
 /* Events held and dropped so far. */

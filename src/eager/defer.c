@@ -636,6 +636,44 @@ static const char **input_names(const ctpu_trace_final *fin)
     return names;
 }
 
+/* What a recompile reason names, from this recording (never from the step
+ * that compiled the program): the inputs' user names, the op (number,
+ * label) that reads each canonical input first, each canonical node's.
+ * free_diff_names() it. */
+static void diff_names_make(const ctpu_trace_final *fin, ctpu_diff_names *dn)
+{
+    enum { W = 112 };
+    memset(dn, 0, sizeof *dn);
+    dn->in_names = input_names(fin);
+    const ctpu_launch_plan *pl = fin->plan;
+    const ctpu_trace *t = &fin->t;
+    const ctpu_op_prov *rp = ctpu_trace_rec_prov(t_df.rec);
+    if (!pl || !rp || pl->n_nodes != t->n_nodes) return;
+    size_t n = (size_t)t->n_inputs + (size_t)t->n_nodes;
+    char *mem = malloc(n * (sizeof(char *) + W) + 1);
+    if (!mem) return;
+    const char **ptr = (const char **)(void *)mem;
+    char *txt = mem + n * sizeof(char *);
+    for (size_t i = 0; i < n; i++) { ptr[i] = txt + i * W; txt[i * W] = 0; }
+    for (int i = 0; i < t->n_nodes; i++) {
+        ctpu_op_prov p = rp[pl->node_src[i]];
+        ctpu__prov_text(p, (char *)ptr[t->n_inputs + i], W);
+        for (int j = 0; j < t->nodes[i].n_in; j++) {
+            int32_t v = t->nodes[i].in[j];
+            if (v >= 0 && v < t->n_inputs && !ptr[v][0]) ctpu__prov_text(p, (char *)ptr[v], W);
+        }
+    }
+    dn->in_prov = ptr;
+    dn->node_prov = ptr + t->n_inputs;
+}
+
+static void free_diff_names(ctpu_diff_names *dn)
+{
+    free((void *)dn->in_names);
+    free((void *)dn->in_prov);      /* (node_prov lives in the same block) */
+    memset(dn, 0, sizeof *dn);
+}
+
 /* A new program in the step after another's: if one of its inputs is a
  * value the last flush computed (a tensor made between steps, such as an accumulator
  * from ctpu_zeros, is folded into the first step's program and is a device
@@ -664,6 +702,15 @@ static void note_structure_change(flush_ctx *f, const ctpu_trace_final *fin, con
     }
 }
 
+/* The label of the structure's first op (the recompile-limit warning), or NULL. */
+static const char *first_label(const ctpu_trace_final *fin)
+{
+    const ctpu_op_prov *rp = ctpu_trace_rec_prov(t_df.rec);
+    if (!fin->plan || !rp || fin->plan->n_nodes < 1) return NULL;
+    const char *l = ctpu__label_text(rp[fin->plan->node_src[0]].label);
+    return l[0] ? l : NULL;
+}
+
 static bool compile_miss(flush_ctx *f, ctpu_cache_pending *miss, const ctpu_cache_opts *o, ctpu_trace_final *fin)
 {
     ctpu_cache *cache = f->rt->fused_cache;
@@ -673,8 +720,8 @@ static bool compile_miss(flush_ctx *f, ctpu_cache_pending *miss, const ctpu_cach
         return false;
     }
     bool first = false;
-    char lim[320];
-    if (!ctpu_cache_shape_allowed(cache, miss, &fin->t, &first, lim, sizeof lim)) {
+    char lim[400];
+    if (!ctpu_cache_shape_allowed(cache, miss, &fin->t, first_label(fin), &first, lim, sizeof lim)) {
         ctpu_cache_abandon(cache, miss);
         if (first) fprintf(stderr, "ctpu: warning: %s; running it op by op in strict eager\n", lim);
         f->op_by_op = true;
@@ -686,9 +733,11 @@ static bool compile_miss(flush_ctx *f, ctpu_cache_pending *miss, const ctpu_cach
         ctpu_cache_abandon(cache, miss);
         return true;
     }
-    const char **names = input_names(fin);
+    ctpu_diff_names dn;
+    diff_names_make(fin, &dn);
+    const char **names = (const char **)dn.in_names;
     ctpu_cache_opts on = *o;
-    on.in_names = names;
+    on.names = dn;
     on.reason = f->dyn_why[0] ? f->dyn_why : NULL;
     ctpu_launch_plan *plan = fin->plan;
     fin->plan = NULL;                       /* the cache's now */
@@ -700,7 +749,7 @@ static bool compile_miss(flush_ctx *f, ctpu_cache_pending *miss, const ctpu_cach
     if (f->prog && !f->res.recompile && t_df.last_program && t_df.last_program != f->res.program_id &&
         t_df.last_step < f->step && t_df.last_had_inputs)
         note_structure_change(f, fin, names);
-    free(names);
+    free_diff_names(&dn);
     return true;
 }
 
@@ -794,6 +843,20 @@ static void auto_dynamic_learn(flush_ctx *f, const ctpu_trace *t)
     }
 }
 
+/* Where the trace was cut: a host read is numbered as an op (the read
+ * itself, in the label open at it); any other cut, after the last recorded op. */
+static ctpu_op_prov cut_at(const flush_ctx *f)
+{
+    const ctpu_thread_state *ts = ctpu_ts_current();
+    if (f->why == CTPU_CUT_HOST_READ && ts) {
+        int d = ts->label.depth;
+        return (ctpu_op_prov){ ts->label.op_no, d ? ts->label.stack[d - 1] : 0, ts->label.call };
+    }
+    int n = ctpu_trace_rec_nodes(t_df.rec);
+    const ctpu_op_prov *rp = ctpu_trace_rec_prov(t_df.rec);
+    return n > 0 && rp ? rp[n - 1] : (ctpu_op_prov){ 0, 0, 0 };
+}
+
 /* Key -> fused cache; a miss is compiled here (or waited for, if another
  * thread is compiling the same key). A trace with dynamic dims: its exact
  * static entry first, then the dynamic key (bound to this trace's extents
@@ -837,7 +900,7 @@ static ctpu_status lookup_or_compile(flush_ctx *f)
     free(dkey);
     ctpu_trace_final fin;
     bool have_fin = miss && compile_miss(f, miss, &opts, &fin);
-    ctpu__report_cut(f->why, have_fin ? &fin.t : f->bound ? &f->bt : NULL, &f->res,
+    ctpu__report_cut(f->why, cut_at(f), have_fin ? &fin.t : f->bound ? &f->bt : NULL, &f->res,
                      f->prog ? run_prog(f) : NULL);                            /* report.c: programs, cuts, trace */
     if (have_fin && f->op_by_op) ctpu__report_fallback(&fin.t);             /* report.c: the shape policies */
     if (have_fin && rt->auto_dynamic && f->res.recompile && f->prog && f->plan) auto_dynamic_learn(f, &fin.t);
@@ -855,9 +918,10 @@ static ctpu_status lookup_or_compile(flush_ctx *f)
         char msg[520], diff[200] = "";
         if (f->res.refused && ctpu_trace_finalize(t_df.rec, f->reqs, f->nreq, 0, (uint8_t)f->dbg, &fin)) {
             /* what changed: the error says it, as a recompile reason would */
-            const char **names = input_names(&fin);
-            ctpu_cache_describe_miss(rt->fused_cache, &fin.t, names, diff, sizeof diff);
-            free(names);
+            ctpu_diff_names dn;
+            diff_names_make(&fin, &dn);
+            ctpu_cache_describe_miss(rt->fused_cache, &fin.t, &dn, diff, sizeof diff);
+            free_diff_names(&dn);
             ctpu_trace_final_free(&fin);
         }
         snprintf(msg, sizeof msg, "defer and fuse: %s%s%s", f->err, diff[0] ? ": " : "", diff);
@@ -871,16 +935,23 @@ static ctpu_status lookup_or_compile(flush_ctx *f)
 static void oom_names_value(flush_ctx *f, int j, const char *e)
 {
     const ctpu_trec *r = NULL;
+    int v = -1;
     for (int q = 0; q < f->nreq && !r; q++)
-        if (f->plan->req_out[q] == j) r = f->rrec[q];
+        if (f->plan->req_out[q] == j) { r = f->rrec[q]; v = f->reqs[q].v; }
     if (!r) {
         snprintf(f->err, sizeof f->err, "output %d: %s", j, e);
         return;
     }
-    char tb[96];
+    /* "the value of exp (op #2, \"act\"; x), f32[200000]: ...": the op
+     * and label of this recording that made it, the tensor's name */
+    char tb[96], pv[112] = "";
+    const ctpu_op_prov *rp = ctpu_trace_rec_prov(t_df.rec);
+    if (rp && v >= 0) ctpu__prov_text(rp[v], pv, sizeof pv);
     const char *nm = ctpu_rec_name(r);
-    snprintf(f->err, sizeof f->err, "the value of %s%s%.48s%s, %s: %s", r->made_by ? r->made_by : "assign",
-             nm[0] ? " (" : "", nm, nm[0] ? ")" : "", ctpu_fmt_type(&r->type, tb, sizeof tb), e);
+    bool paren = nm[0] || pv[0];
+    snprintf(f->err, sizeof f->err, "the value of %s%s%s%s%.48s%s, %s: %s", r->made_by ? r->made_by : "assign",
+             paren ? " (" : "", pv, pv[0] && nm[0] ? "; " : "", nm, paren ? ")" : "",
+             ctpu_fmt_type(&r->type, tb, sizeof tb), e);
 }
 
 /* Output buffers: the parameter's own (in place) or fresh ones. */
@@ -915,18 +986,26 @@ static ctpu_status alloc_outputs(flush_ctx *f)
 }
 
 /* Each step's op number and label, from this recording (never from the
- * step that compiled the program). Out of host memory: none. */
+ * step that compiled the program), then the program's first and last ops
+ * (the trace file's device slice). Out of host memory: none. */
 static void bind_prov(flush_ctx *f, ctpu_cmd *cmd)
 {
-    const ctpu_program *pg = f->prog;
+    const ctpu_program *pg = run_prog(f);      /* a dynamic program's launch has its own steps */
     const ctpu_op_prov *rp = ctpu_trace_rec_prov(t_df.rec);
-    int ns = pg->prog.n_steps;
-    if (!pg->step_node || ns < 1 || f->plan->n_nodes < 1) return;
-    ctpu_op_prov *p = ns == 1 ? &cmd->prov_inl : malloc(sizeof *p * (size_t)ns);
+    int ns = pg->prog.n_steps, nn = f->plan->n_nodes;
+    if (!pg->step_node || ns < 1 || nn < 1) return;
+    ctpu_op_prov *p = malloc(sizeof *p * ((size_t)ns + 2));
     if (!p) return;
     for (int s = 0; s < ns; s++) p[s] = rp[f->plan->node_src[pg->step_node[s]]];
+    p[ns] = p[ns + 1] = rp[f->plan->node_src[0]];
+    for (int k = 0; k < nn; k++) {
+        ctpu_op_prov q = rp[f->plan->node_src[k]];
+        if (q.op_no && (q.op_no < p[ns].op_no || !p[ns].op_no)) p[ns] = q;
+        if (q.op_no > p[ns + 1].op_no) p[ns + 1] = q;
+    }
     cmd->prov = p;
     cmd->n_prov = ns;
+    cmd->prov_span = true;
 }
 
 /* The command: inputs as recorded, outputs, scratch; the recorded scalars. */
@@ -1123,8 +1202,10 @@ static ctpu_status obo_node(flush_ctx *f, obo_ctx *o, int i)
     size_t bytes = (size_t)ctpu_vtype_numel(&nd.out) * ctpu_kdt_size(nd.out.dtype);
     o->buf[i] = ctpu_buffer_alloc(f->rt->dev, bytes, e, sizeof e);
     if (!o->buf[i]) {
-        char tb[96];
-        ctpu_set_error(CTPU_ERR_OOM, "%s: output %s: %s", ctpu_op_name(nd.op), ctpu_fmt_type(&nd.out, tb, sizeof tb), e);
+        char tb[96], pv[112];
+        ctpu__prov_text(ctpu_trace_rec_prov(t_df.rec)[i], pv, sizeof pv);
+        ctpu_set_error(CTPU_ERR_OOM, "%s%s%s%s: output %s: %s", ctpu_op_name(nd.op), pv[0] ? " (" : "", pv,
+                       pv[0] ? ")" : "", ctpu_fmt_type(&nd.out, tb, sizeof tb), e);
         return CTPU_ERR_OOM;
     }
     const ctpu_vtype *tp[CTPU_NODE_MAX_IN];

@@ -216,7 +216,7 @@ ctpu_status ctpu__strict_launch(ctpu_node *node, ctpu_trec *const *in, const ctp
         if (res.evicted) ctpu_counter_add(&rt->metrics, CTPU_CTR_STRICT_CACHE_EVICTIONS, res.evicted);
         ctpu_timer_add(&rt->metrics, CTPU_TMR_COMPILE_TIME, prog->compile_ns);
     }
-    ctpu__report_op(node, hit, prog, in);   /* report.c: cost estimate, trace */
+    ctpu__report_op(node, hit, prog, in, prov);   /* report.c: cost estimate, trace */
     ctpu_cmd cmd;
     cmd.prog = &prog->prog;
     cmd.n_bufs = n_in + 1;
@@ -244,6 +244,7 @@ ctpu_status ctpu__strict_launch(ctpu_node *node, ctpu_trec *const *in, const ctp
     for (int i = 0; i < node->n_scalars; i++) cmd.scalars[i] = scalars[i];
     cmd.debug_checks = dbg;
     cmd.n_prov = 1;
+    cmd.prov_span = false;
     cmd.prov_inl = prov;
     cmd.prov = &cmd.prov_inl;
     cmd.program_id = 0;

@@ -165,6 +165,8 @@ typedef struct ctpu_thread_state {
         uint32_t op_no;              /* dispatch.c: ops (and host reads) numbered in this step */
         int depth;                   /* runtime.c: ctpu_label_push's stack of label ids */
         uint32_t stack[CTPU_LABEL_DEPTH];
+        uint32_t call;               /* runtime.c: ctpu_call_push's outermost (call, arg), interned; 0: none */
+        int call_depth;
     } label;
     struct {
         int64_t bucket_plus1;        /* collective.c: ctpu_dist_set_bucket + 1 (0 = none) */
@@ -211,14 +213,19 @@ static inline ctpu_thread_state *ctpu_ts_current(void)
 static inline ctpu_op_prov ctpu_prov_next_ts(ctpu_thread_state *s)
 {
     int d = s->label.depth;
-    return (ctpu_op_prov){ ++s->label.op_no, d ? s->label.stack[d - 1] : 0 };
+    return (ctpu_op_prov){ ++s->label.op_no, d ? s->label.stack[d - 1] : 0, s->label.call };
 }
 static inline ctpu_op_prov ctpu_prov_next(void)
 {
     ctpu_thread_state *s = ctpu_ts();
-    if (__builtin_expect(s == NULL, 0)) return (ctpu_op_prov){ 0, 0 };
+    if (__builtin_expect(s == NULL, 0)) return (ctpu_op_prov){ 0, 0, 0 };
     return ctpu_prov_next_ts(s);
 }
+/* runtime.c: "op #3, \"block1.attn\"", "op #3", "\"blk\"" or "" (no number,
+ * no label): an op's provenance inside a message's parentheses. */
+const char *ctpu__prov_text(ctpu_op_prov p, char *buf, size_t len);
+/* The text of label id ("" for 0 or an unknown id). */
+const char *ctpu__label_text(uint32_t id);
 /* runtime.c: push a label id (autograd's "backward of <op>"); pop it. */
 bool ctpu__label_push_id(uint32_t id);
 void ctpu__label_pop(void);
@@ -261,6 +268,7 @@ typedef struct ctpu_trec {
     const char *made_by;             /* defer and fuse: the op that made a pending value (static), or NULL */
     const char *origin;              /* the op (or call) that made the handle (static): the leak watch */
     ctpu_dyndim *dyn;                /* [CTPU_MAX_DIMS] its dynamic dims (malloc'd), or NULL: all static */
+    uint32_t origin_label;           /* the region label open when it was made (ctpu_label_push), 0: none */
 } ctpu_trec;
 
 static inline bool ctpu_rec_pending(const ctpu_trec *r) { return r->trace_id != 0; }
@@ -370,7 +378,9 @@ void ctpu__tensors_shutdown(ctpu_runtime *rt);
 /* Leak watch (tensor.c): the live handles, the distinct HBM bytes they
  * hold, and the origins holding the most (bytes, then handles), most first.
  * Reads every slot: at shutdown, or once for a warning. */
-typedef struct { const char *op; uint64_t bytes, handles; } ctpu_holder;
+typedef struct { const char *op; uint32_t label; uint64_t bytes, handles; } ctpu_holder;
+/* "full" or "full (\"block1\")": a holder row as the leak lines name it */
+const char *ctpu__holder_name(const ctpu_holder *h, char *buf, size_t len);
 size_t ctpu__live_holders(ctpu_runtime *rt, uint64_t *handles, uint64_t *bytes, ctpu_holder *top, size_t max);
 /* "2.0 MiB" */
 const char *ctpu__fmt_bytes(uint64_t b, char *buf, size_t len);
@@ -487,7 +497,10 @@ void ctpu__compiled_json(struct cJSON *doc, ctpu_runtime *rt);
  * ctpu_cut_reason; t the keyed trace (NULL if none: the program's shapes
  * stay unknown); res NULL when no lookup happened; prog NULL when nothing
  * launches. */
-void ctpu__report_cut(int why, const ctpu_trace *t, const ctpu_cache_result *res, const ctpu_program *prog);
+/* at: where the trace was cut (a host read: the read; otherwise the last
+ * recorded op), its number and label in the trace file's cut event */
+void ctpu__report_cut(int why, ctpu_op_prov at, const ctpu_trace *t, const ctpu_cache_result *res,
+                      const ctpu_program *prog);
 /* A defer-and-fuse trace past the recompile limit, run op by op
  * (defer.c): a launch of its structure at its shape (the shape policies). */
 void ctpu__report_fallback(const ctpu_trace *t);
@@ -497,7 +510,7 @@ void ctpu__report_fallback(const ctpu_trace *t);
 int ctpu__report_auto_take(const ctpu_trace *t, int *in, int *dim, int max);
 /* A strict/debug op launched (dispatch.c): the node and its program (whose
  * estimate it adds up). */
-void ctpu__report_op(const ctpu_node *n, bool hit, const ctpu_program *prog, ctpu_trec *const *in);
+void ctpu__report_op(const ctpu_node *n, bool hit, const ctpu_program *prog, ctpu_trec *const *in, ctpu_op_prov prov);
 /* A host read (tensor.c ctpu_to_host), before it waits. */
 void ctpu__report_host_read(size_t bytes, const char *tensor);
 /* After a marked step (tensor.c ctpu_mark_step). */

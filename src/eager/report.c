@@ -254,7 +254,26 @@ static void launch_add(ctpu_report_state *r, prog_rec *p)
 }
 
 /* ------------------------------------------------------------ hooks */
-void ctpu__report_cut(int why, const ctpu_trace *t, const ctpu_cache_result *res, const ctpu_program *prog)
+/* The trace file's cut event: "trace cut: host_read at op #5, \"eval\""
+ * with the op number and region label in its args (the host-read call-site
+ * label too, when set). */
+static void cut_event(int why, ctpu_op_prov at, const char *label, uint64_t step, char *name, size_t nlen,
+                      char *args, size_t alen)
+{
+    char pv[112], lab[96], rl[96];
+    ctpu__prov_text(at, pv, sizeof pv);
+    snprintf(name, nlen, "trace cut: %s%s%s", cut_names[why], pv[0] ? " at " : "", pv);
+    int k = snprintf(args, alen, "\"reason\":\"%s\",\"step\":%llu", cut_names[why], (unsigned long long)step);
+    if (why == CTPU_CUT_HOST_READ && label[0] && k > 0 && (size_t)k < alen)
+        k += snprintf(args + k, alen - (size_t)k, ",\"label\":\"%s\"", ctpu_json_escape(label, lab, sizeof lab));
+    if (at.op_no && k > 0 && (size_t)k < alen) k += snprintf(args + k, alen - (size_t)k, ",\"op\":%u", at.op_no);
+    const char *l = ctpu__label_text(at.label);
+    if (l[0] && k > 0 && (size_t)k < alen)
+        snprintf(args + k, alen - (size_t)k, ",\"region\":\"%s\"", ctpu_json_escape(l, rl, sizeof rl));
+}
+
+void ctpu__report_cut(int why, ctpu_op_prov at, const ctpu_trace *t, const ctpu_cache_result *res,
+                      const ctpu_program *prog)
 {
     ctpu_runtime *rt = ctpu_rt;
     ctpu_report_state *r = rt ? rt->report : NULL;
@@ -309,14 +328,8 @@ void ctpu__report_cut(int why, const ctpu_trace *t, const ctpu_cache_result *res
     if (why == CTPU_CUT_LOOP && !atomic_load(&rt->user_marks_steps)) ctpu_metrics_step(&rt->metrics, loop_cuts - 1);
 
     if (r->trace) {
-        char args[160], lab[96], name[96];
-        if (why == CTPU_CUT_HOST_READ && label[0]) {
-            snprintf(args, sizeof args, "\"reason\":\"host_read\",\"label\":\"%s\",\"step\":%llu",
-                     ctpu_json_escape(label, lab, sizeof lab), (unsigned long long)step);
-        } else {
-            snprintf(args, sizeof args, "\"reason\":\"%s\",\"step\":%llu", cut_names[why], (unsigned long long)step);
-        }
-        snprintf(name, sizeof name, "trace cut: %s", cut_names[why]);
+        char args[224], name[160];
+        cut_event(why, at, label, step, name, sizeof name, args, sizeof args);
         ctpu_trace_instant(r->trace, CTPU_TRACK_HOST, "cut", name, now, args);
         if (res && prog) {
             char reason[200];
@@ -366,9 +379,19 @@ int ctpu__report_auto_take(const ctpu_trace *t, int *in, int *dim, int max)
     return n;
 }
 
+/* ,"op":N,"region":"label" after args[0, k) (what fits) */
+static void prov_args(ctpu_op_prov p, char *args, size_t len, int k)
+{
+    char rl[96];
+    const char *l = ctpu__label_text(p.label);
+    if (p.op_no && k > 0 && (size_t)k < len) k += snprintf(args + k, len - (size_t)k, ",\"op\":%u", p.op_no);
+    if (l[0] && k > 0 && (size_t)k + 16 + strlen(l) * 2 < len)
+        snprintf(args + k, len - (size_t)k, ",\"region\":\"%s\"", ctpu_json_escape(l, rl, sizeof rl));
+}
+
 /* A strict op's estimate depends only on its program (op, attrs, shapes):
  * the compiler made it once; each launch adds it up. */
-void ctpu__report_op(const ctpu_node *n, bool hit, const ctpu_program *prog, ctpu_trec *const *in)
+void ctpu__report_op(const ctpu_node *n, bool hit, const ctpu_program *prog, ctpu_trec *const *in, ctpu_op_prov prov)
 {
     ctpu_runtime *rt = ctpu_rt;
     ctpu_report_state *r = rt ? rt->report : NULL;
@@ -403,7 +426,8 @@ void ctpu__report_op(const ctpu_node *n, bool hit, const ctpu_program *prog, ctp
                           ctpu_json_escape(ctpu_rec_name(in[i]), esc, sizeof esc), i == n->n_in - 1 ? "]" : "");
         }
         if (k < 0 || (size_t)k >= sizeof args)   /* (names cut short: the event without them) */
-            snprintf(args, sizeof args, "\"hit\":%s,\"out\":\"%s\"", hit ? "true" : "false", tb);
+            k = snprintf(args, sizeof args, "\"hit\":%s,\"out\":\"%s\"", hit ? "true" : "false", tb);
+        prov_args(prov, args, sizeof args, k);
         if (!hit) {
             char name[96];
             snprintf(name, sizeof name, "compile %s", ctpu_op_name(n->op));
@@ -468,7 +492,7 @@ static void leak_watch(ctpu_runtime *rt, uint64_t step)
     }
     pthread_mutex_unlock(&r->mu);
     if (!warn) return;
-    char b0[32], b1[32], cause[256];
+    char b0[32], b1[32], cause[384];
     if (depth > old_depth) {
         snprintf(cause, sizeof cause, "a missing ctpu_scope_end (this thread's scopes went from %d to %d deep)",
                  old_depth, depth);
@@ -476,8 +500,10 @@ static void leak_watch(ctpu_runtime *rt, uint64_t step)
         uint64_t nh, nb;
         ctpu_holder top[1];
         size_t k = ctpu__live_holders(rt, &nh, &nb, top, 1);
+        char hn[128];
         snprintf(cause, sizeof cause, "handles made outside a scope (or kept) and never released: %llu live, the "
-                 "most made by %s (%s in %llu handles)", (unsigned long long)nh, k ? top[0].op : "?",
+                 "most made by %s (%s in %llu handles)", (unsigned long long)nh,
+                 k ? ctpu__holder_name(&top[0], hn, sizeof hn) : "?",
                  ctpu__fmt_bytes(k ? top[0].bytes : 0, b0, sizeof b0), k ? (unsigned long long)top[0].handles : 0ull);
     }
     fprintf(stderr, "ctpu: warning: HBM in use grew from %s to %s over the last %d marked steps (to step %llu); "

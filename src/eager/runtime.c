@@ -195,6 +195,22 @@ void ctpu__fail_from(ctpu_tensor t, const char *op, const char *arg, bool quiet)
 ctpu_tensor ctpu_error_handle(void) { return ctpu_failed(); }
 
 /* ------------------------------------------------------------ labels */
+const char *ctpu__prov_text(ctpu_op_prov p, char *buf, size_t len)
+{
+    const char *l = ctpu_rt ? ctpu_device_label(ctpu_rt->dev, p.label) : NULL;
+    if (p.op_no == 0 && !l) buf[0] = 0;
+    else if (p.op_no == 0) snprintf(buf, len, "\"%s\"", l);
+    else if (!l) snprintf(buf, len, "op #%u", p.op_no);
+    else snprintf(buf, len, "op #%u, \"%s\"", p.op_no, l);
+    return buf;
+}
+
+const char *ctpu__label_text(uint32_t id)
+{
+    const char *l = ctpu_rt ? ctpu_device_label(ctpu_rt->dev, id) : NULL;
+    return l ? l : "";
+}
+
 bool ctpu__label_push_id(uint32_t id)
 {
     ctpu_thread_state *s = ctpu_ts();
@@ -252,6 +268,52 @@ ctpu_status ctpu_label_push(const char *label)
         return CTPU_ERR_INVALID_ARG;
     }
     s->label.stack[s->label.depth++] = id;
+    return CTPU_OK;
+}
+
+/* "nll_loss", "target": 1 to 31 bytes, no control character */
+static bool call_word(const char *w, const char *what)
+{
+    size_t n = w ? strlen(w) : 0;
+    bool ok = n >= 1 && n <= 31;
+    for (size_t i = 0; ok && i < n; i++) ok = (unsigned char)w[i] >= 0x20 && w[i] != 0x7f;
+    if (!ok)
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "call_push: %s is %s (1 to 31 bytes, no control character)", what,
+                       !w ? "NULL" : n == 0 ? "empty" : n > 31 ? "longer than 31 bytes" : "not printable");
+    return ok;
+}
+
+ctpu_status ctpu_call_push(const char *call, const char *arg)
+{
+    if (!ctpu_check_init("call_push")) return CTPU_ERR_NOT_INITIALIZED;
+    if (!call_word(call, "call") || !call_word(arg, "arg")) return CTPU_ERR_INVALID_ARG;
+    ctpu_thread_state *s = ctpu_ts();
+    if (!s) {
+        ctpu_set_error(CTPU_ERR_OOM, "call_push: %s", ts_oom_msg);
+        return CTPU_ERR_OOM;
+    }
+    if (s->label.call_depth == 8) {
+        ctpu_set_error(CTPU_ERR_STATE, "call_push: call scopes nest at most 8 deep (\"%s\" would be number 9); "
+                       "likely cause: a missing ctpu_call_pop", call);
+        return CTPU_ERR_STATE;
+    }
+    if (s->label.call_depth++ == 0) {   /* the outermost names the fault: the user's call */
+        char key[64];
+        snprintf(key, sizeof key, "%s\x1f%s", call, arg);
+        s->label.call = ctpu_device_label_id(ctpu_rt->dev, key);   /* 0 (table full): the op's own name */
+    }
+    return CTPU_OK;
+}
+
+ctpu_status ctpu_call_pop(void)
+{
+    if (!ctpu_check_init("call_pop")) return CTPU_ERR_NOT_INITIALIZED;
+    ctpu_thread_state *s = ctpu_ts_current();
+    if (!s || s->label.call_depth == 0) {
+        ctpu_set_error(CTPU_ERR_STATE, "call_pop: no call scope is open (ctpu_call_push)");
+        return CTPU_ERR_STATE;
+    }
+    if (--s->label.call_depth == 0) s->label.call = 0;
     return CTPU_OK;
 }
 
@@ -472,7 +534,7 @@ static bool parse_var(int id, const char *v, env_val *out, char *err, size_t len
     case ENV_EVENTS:
         if (parse_u64(v, &out->n, true) && out->n >= 16 && out->n <= CTPU_TRACE_MAX_EVENTS) return true;
         snprintf(err, len, "ctpu_init: %s=\"%s\" must be an event count in [16, %u] "
-                 "(K/M suffixes; about 280 bytes an event)", name, v, CTPU_TRACE_MAX_EVENTS);
+                 "(K/M suffixes; about 340 bytes an event)", name, v, CTPU_TRACE_MAX_EVENTS);
         return false;
     case ENV_DIST:
         out->set = false;
@@ -762,13 +824,14 @@ static void shutdown_leak_line(ctpu_runtime *rt, char *line, size_t len)
     ctpu_holder top[5];
     size_t n = ctpu__live_holders(rt, &nh, &nb, top, 5);
     if (!nh && !depth) return;
-    char b[32];
+    char b[32], hn[128];
     size_t k = 0;
     k += (size_t)snprintf(line + k, len - k, "ctpu: at shutdown %llu handle%s still live, holding %s of HBM",
                           (unsigned long long)nh, nh == 1 ? " was" : "s were", ctpu__fmt_bytes(nb, b, sizeof b));
     for (size_t i = 0; i < n && k < len; i++)
-        k += (size_t)snprintf(line + k, len - k, "%s%s %s in %llu", i ? ", " : " (most: ", top[i].op,
-                              ctpu__fmt_bytes(top[i].bytes, b, sizeof b), (unsigned long long)top[i].handles);
+        k += (size_t)snprintf(line + k, len - k, "%s%s %s in %llu", i ? ", " : " (most: ",
+                              ctpu__holder_name(&top[i], hn, sizeof hn), ctpu__fmt_bytes(top[i].bytes, b, sizeof b),
+                              (unsigned long long)top[i].handles);
     if (n && k < len) k += (size_t)snprintf(line + k, len - k, ")");
     if (depth && k < len)
         k += (size_t)snprintf(line + k, len - k, "; %d scope%s still open on this thread (a missing "

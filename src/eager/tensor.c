@@ -162,6 +162,7 @@ ctpu_tensor ctpu_handle_new(const ctpu_vtype *type, ctpu_buffer *buf, size_t off
     r->dyn = NULL;
     r->made_by = NULL;
     r->origin = op;
+    r->origin_label = ts && ts->label.depth ? ts->label.stack[ts->label.depth - 1] : 0;
     if (buf) atomic_fetch_add(&buf->handle_refs, 1);
     ctpu_tensor t = { ((uint64_t)atomic_load_explicit(&r->gen, memory_order_relaxed) << 32) | (idx + 1) };
     if (ts && ts->scope_depth > 0) {
@@ -290,7 +291,7 @@ const char *ctpu__fmt_bytes(uint64_t b, char *buf, size_t len)
     return buf;
 }
 
-typedef struct { const ctpu_buffer *buf; const char *op; } held_t;
+typedef struct { const ctpu_buffer *buf; const char *op; uint32_t label; } held_t;
 
 static int held_cmp(const void *a, const void *b)
 {
@@ -303,17 +304,25 @@ static int holder_cmp(const void *a, const void *b)
     const ctpu_holder *x = a, *y = b;
     if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
     if (x->handles != y->handles) return x->handles < y->handles ? 1 : -1;
-    return strcmp(x->op, y->op);
+    int c = strcmp(x->op, y->op);
+    return c ? c : (x->label > y->label) - (x->label < y->label);
 }
 
-/* The holder row of op (origins are static strings: compared by value). */
-static ctpu_holder *holder_of(ctpu_holder *h, size_t *n, size_t cap, const char *op)
+/* The holder row of op in label (origins are static strings: compared by value). */
+static ctpu_holder *holder_of(ctpu_holder *h, size_t *n, size_t cap, const char *op, uint32_t label)
 {
     for (size_t i = 0; i < *n; i++)
-        if (h[i].op == op || strcmp(h[i].op, op) == 0) return &h[i];
+        if (h[i].label == label && (h[i].op == op || strcmp(h[i].op, op) == 0)) return &h[i];
     if (*n == cap) return &h[cap - 1];          /* the last row gathers the rest */
-    h[*n] = (ctpu_holder){ .op = op };
+    h[*n] = (ctpu_holder){ .op = op, .label = label };
     return &h[(*n)++];
+}
+
+const char *ctpu__holder_name(const ctpu_holder *h, char *buf, size_t len)
+{
+    const char *l = ctpu__label_text(h->label);
+    snprintf(buf, len, "%s%s%.80s%s", h->op, l[0] ? " (\"" : "", l, l[0] ? "\")" : "");
+    return buf;
 }
 
 size_t ctpu__live_holders(ctpu_runtime *rt, uint64_t *handles, uint64_t *bytes, ctpu_holder *top, size_t max)
@@ -329,8 +338,8 @@ size_t ctpu__live_holders(ctpu_runtime *rt, uint64_t *handles, uint64_t *bytes, 
         if (!atomic_load_explicit(&r->live, memory_order_relaxed)) continue;
         const char *op = r->origin ? r->origin : "?";
         (*handles)++;
-        holder_of(rows, &nr, ROWS, op)->handles++;
-        if (held && r->buf) held[nh++] = (held_t){ r->buf, op };
+        holder_of(rows, &nr, ROWS, op, r->origin_label)->handles++;
+        if (held && r->buf) held[nh++] = (held_t){ r->buf, op, r->origin_label };
     }
     if (held) {
         qsort(held, nh, sizeof *held, held_cmp);
@@ -338,7 +347,7 @@ size_t ctpu__live_holders(ctpu_runtime *rt, uint64_t *handles, uint64_t *bytes, 
             if (i && held[i].buf == held[i - 1].buf) continue;   /* views share their storage */
             uint64_t b = held[i].buf->bytes < 64 ? 64 : (held[i].buf->bytes + 63) & ~(uint64_t)63;
             *bytes += b;
-            holder_of(rows, &nr, ROWS, held[i].op)->bytes += b;
+            holder_of(rows, &nr, ROWS, held[i].op, held[i].label)->bytes += b;
         }
         free(held);
     }

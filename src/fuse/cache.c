@@ -237,7 +237,10 @@ static uint64_t struct_hash_of(const ctpu_trace *t)
 
 uint64_t ctpu_trace_struct_hash(const ctpu_trace *t) { return struct_hash_of(t); }
 
-static void describe_diff(const entry *old, const ctpu_trace *t, const char *const *in_names, char *out, size_t len)
+/* "input 0 (x, op #3, \"blk\"): dim 0: 128 -> 96": the canonical input's
+ * name and the op (number, label) of this recording that reads it first;
+ * without either, "input 0 dim 0: ...". */
+static void describe_diff(const entry *old, const ctpu_trace *t, const ctpu_diff_names *dn, char *out, size_t len)
 {
     snprintf(out, len, "structure matches program %llu; a value's extents changed",
              (unsigned long long)old->info.id);
@@ -245,9 +248,14 @@ static void describe_diff(const entry *old, const ctpu_trace *t, const char *con
         const ctpu_vtype *a = &old->types[i], *b = &t->in_type[i];
         for (int d = 0; d < a->ndim && d < b->ndim; d++)
             if (a->shape[d] != b->shape[d]) {
-                const char *nm = in_names && in_names[i] && in_names[i][0] ? in_names[i] : NULL;
-                snprintf(out, len, "input %d%s%.48s%s dim %d: %lld -> %lld", i, nm ? " (" : "", nm ? nm : "",
-                         nm ? ")" : "", d, (long long)a->shape[d], (long long)b->shape[d]);
+                const char *nm = dn && dn->in_names && dn->in_names[i] && dn->in_names[i][0] ? dn->in_names[i] : NULL;
+                const char *pv = dn && dn->in_prov && dn->in_prov[i] && dn->in_prov[i][0] ? dn->in_prov[i] : NULL;
+                if (pv)
+                    snprintf(out, len, "input %d (%.48s%s%.80s): dim %d: %lld -> %lld", i, nm ? nm : "", nm ? ", " : "",
+                             pv, d, (long long)a->shape[d], (long long)b->shape[d]);
+                else
+                    snprintf(out, len, "input %d%s%.48s%s dim %d: %lld -> %lld", i, nm ? " (" : "", nm ? nm : "",
+                             nm ? ")" : "", d, (long long)a->shape[d], (long long)b->shape[d]);
                 return;
             }
     }
@@ -255,8 +263,9 @@ static void describe_diff(const entry *old, const ctpu_trace *t, const char *con
         const ctpu_vtype *a = &old->types[old->n_in + i], *b = &t->nodes[i].out;
         for (int d = 0; d < a->ndim && d < b->ndim; d++)
             if (a->shape[d] != b->shape[d]) {
-                snprintf(out, len, "node %d (%s) dim %d: %lld -> %lld", i, ctpu_op_name(t->nodes[i].op), d,
-                         (long long)a->shape[d], (long long)b->shape[d]);
+                const char *pv = dn && dn->node_prov && dn->node_prov[i] && dn->node_prov[i][0] ? dn->node_prov[i] : NULL;
+                snprintf(out, len, "node %d (%s%s%.80s)%s dim %d: %lld -> %lld", i, ctpu_op_name(t->nodes[i].op),
+                         pv ? ", " : "", pv ? pv : "", pv ? ":" : "", d, (long long)a->shape[d], (long long)b->shape[d]);
                 return;
             }
     }
@@ -403,7 +412,7 @@ void ctpu_cache_log_change(ctpu_cache *c, const ctpu_recompile_rec *rec)
     pthread_mutex_unlock(&c->mu);
 }
 
-void ctpu_cache_describe_miss(ctpu_cache *c, const ctpu_trace *t, const char *const *in_names, char *out, size_t len)
+void ctpu_cache_describe_miss(ctpu_cache *c, const ctpu_trace *t, const ctpu_diff_names *dn, char *out, size_t len)
 {
     uint64_t sh = struct_hash_of(t);
     pthread_mutex_lock(&c->mu);
@@ -413,7 +422,7 @@ void ctpu_cache_describe_miss(ctpu_cache *c, const ctpu_trace *t, const char *co
         if (sh && e->struct_hash == sh) same = e;
     if (same) {
         char diff[160];
-        describe_diff(same, t, in_names, diff, sizeof diff);
+        describe_diff(same, t, dn, diff, sizeof diff);
         snprintf(out, len, "%s, was program %llu", diff, (unsigned long long)same->info.id);
     } else {
         char ops[64];
@@ -474,7 +483,7 @@ static uint64_t note_recompile(ctpu_cache *c, const entry *ne, const ctpu_trace 
         if (e->struct_hash != ne->struct_hash) continue;
         res->recompile = true;
         if (o->reason) snprintf(res->reason, sizeof res->reason, "%s", o->reason);
-        else describe_diff(e, t, o->in_names, res->reason, sizeof res->reason);
+        else describe_diff(e, t, &o->names, res->reason, sizeof res->reason);
         c->st.recompiles++;
         ctpu_recompile_rec *r = &c->log[c->n_log % RECOMPILE_LOG];
         c->n_log++;
@@ -548,8 +557,8 @@ static int dim_at(const ctpu_trace *t, size_t k)
 
 /* "program 2 (rand_normal→relu→sum) passed TORCH_TPU_RECOMPILE_LIMIT=8:
  * dim 0 varies: 7 -> 8 -> 9" */
-static void limit_message(const ctpu_cache *c, const srec *r, const ctpu_trace *t, const int64_t *now, size_t n_ext,
-                          char *msg, size_t len)
+static void limit_message(const ctpu_cache *c, const srec *r, const ctpu_trace *t, const char *where,
+                          const int64_t *now, size_t n_ext, char *msg, size_t len)
 {
     char ops[160];
     size_t k = 0;
@@ -570,11 +579,12 @@ static void limit_message(const ctpu_cache *c, const srec *r, const ctpu_trace *
             break;
         }
     }
-    snprintf(msg, len, "%s (%s) passed TORCH_TPU_RECOMPILE_LIMIT=%zu: %s", prog, ops, c->limit, vary);
+    snprintf(msg, len, "%s (%s%s%.80s%s) passed TORCH_TPU_RECOMPILE_LIMIT=%zu: %s", prog, ops,
+             where && where[0] ? ", from \"" : "", where ? where : "", where && where[0] ? "\"" : "", c->limit, vary);
 }
 
-bool ctpu_cache_shape_allowed(ctpu_cache *c, const ctpu_cache_pending *miss, const ctpu_trace *t, bool *first,
-                              char *msg, size_t len)
+bool ctpu_cache_shape_allowed(ctpu_cache *c, const ctpu_cache_pending *miss, const ctpu_trace *t, const char *where,
+                              bool *first, char *msg, size_t len)
 {
     *first = false;
     if (!c->limit) return true;
@@ -596,7 +606,7 @@ bool ctpu_cache_shape_allowed(ctpu_cache *c, const ctpu_cache_pending *miss, con
             c->st.limit_fallbacks++;
             if (!r->warned) {
                 r->warned = *first = true;
-                limit_message(c, r, t, now, n_ext, msg, len);
+                limit_message(c, r, t, where, now, n_ext, msg, len);
                 free(r->ext[0]);                  /* no further message needs them */
                 free(r->ext[1]);
                 r->ext[0] = r->ext[1] = NULL;

@@ -685,9 +685,13 @@ static bool pass_debug_tables(compile_ctx *cx)
     for (int j = 0; j < no; j++)
         cx->out_nan_ok[j] = t->outputs[j] >= nin && nan_defined(t, &t->nodes[t->outputs[j] - nin]);
     for (int st = 0; st < ns; st++) cx->step_node[st] = 0;
-    for (int k = 0; k < nn; k++) cx->step_node[cx->group_step[cx->group[k]]] = k;   /* the group's last node */
-    for (int k = 0; k < nn; k++)   /* an nll step's fault is its gather's: named by it */
-        if (cx->nll_group[cx->group[k]] && t->nodes[k].op == CTPU_OP_GATHER) cx->step_node[cx->group_step[cx->group[k]]] = k;
+    /* the group's last node names its step, unless the group holds a node
+     * that can fault (an nll step's gather): a fault is that node's, with its op
+     * number and label */
+    for (int k = 0; k < nn; k++) {
+        int32_t *sn = &cx->step_node[cx->group_step[cx->group[k]]];
+        if (!ctpu_op_can_fault(t->nodes[*sn].op) || cx->group[*sn] != cx->group[k]) *sn = k;
+    }
     if (!t->debug_checks || nn <= 1) return true;
     int n_reads = 0;
     for (int k = 0; k < nn; k++) n_reads += t->nodes[k].n_in;

@@ -123,12 +123,22 @@ void ctpu_cache_destroy(ctpu_cache *c);
 /* Let go of a reference got from find, insert or get (or retained). */
 void ctpu_cache_release(ctpu_cache *c, ctpu_program *p);
 
+/* What a recompile reason names (each array may be NULL, an entry NULL or
+ * ""): per canonical input, its user name (ctpu_set_name) and the op of
+ * this recording that reads it first ("op #3, \"block1.attn\""); per
+ * canonical node, its op number and label. */
+typedef struct {
+    const char *const *in_names;   /* [n_inputs] */
+    const char *const *in_prov;    /* [n_inputs] */
+    const char *const *node_prov;  /* [n_nodes] */
+} ctpu_diff_names;
+
 typedef struct {
     bool allow_compile;            /* false: cache-only, a miss is refused */
     bool track_recompiles;         /* compute structural keys, reasons, thrash */
     uint64_t step;                 /* the marked step count, for reports */
     ctpu_device *dev;              /* evicted programs are freed once its commands are done */
-    const char *const *in_names;   /* [n_inputs] user names of the canonical inputs (ctpu_set_name), or NULL */
+    ctpu_diff_names names;         /* what a recompile reason names (from this recording, never the compiling one) */
     const char *reason;            /* a recompile's reason when the caller knows it better (a dynamic dim
                                       out of its range), or NULL */
 } ctpu_cache_opts;
@@ -138,7 +148,7 @@ typedef struct {
     int evicted;
     int collisions;                /* entries whose hash matched but full key did not (the compare kept them apart) */
     uint64_t program_id;
-    char reason[160];              /* recompile: "input 0 dim 0: 128 -> 96" */
+    char reason[160];              /* recompile: "input 0 dim 0: 128 -> 96", "input 0 (x, op #3): dim 0: ..." */
 } ctpu_cache_result;
 
 typedef struct {
@@ -203,9 +213,11 @@ void ctpu_cache_orphan(ctpu_cache *c, ctpu_program *p);
  * recompile_limit shapes and this is a new one (the caller abandons the
  * miss and runs the trace op by op); the first time for a structure,
  * *first is set and msg says which ("program 2 (rand_normal→relu→sum)
- * passed TORCH_TPU_RECOMPILE_LIMIT=8: dim 0 varies: 7 -> 8 -> 9"). */
-bool ctpu_cache_shape_allowed(ctpu_cache *c, const ctpu_cache_pending *miss, const ctpu_trace *t, bool *first,
-                              char *msg, size_t len);
+ * passed TORCH_TPU_RECOMPILE_LIMIT=8: dim 0 varies: 7 -> 8 -> 9"); where:
+ * the label the structure starts in, or NULL ("program 2 (rand_normal→relu
+ * →sum, from \"block1\") passed ..."). */
+bool ctpu_cache_shape_allowed(ctpu_cache *c, const ctpu_cache_pending *miss, const ctpu_trace *t, const char *where,
+                              bool *first, char *msg, size_t len);
 /* What a trace that missed differs in from the cached programs (cache-only
  * errors): a cached program of the same structure gives the dim that
  * changed, as a recompile reason does ("input 0 (x) dim 0: 128 -> 96, was
@@ -214,7 +226,7 @@ bool ctpu_cache_shape_allowed(ctpu_cache *c, const ctpu_cache_pending *miss, con
 /* Log a structure change between consecutive cuts in the recompile log
  * (no recompile counted). */
 void ctpu_cache_log_change(ctpu_cache *c, const ctpu_recompile_rec *rec);
-void ctpu_cache_describe_miss(ctpu_cache *c, const ctpu_trace *t, const char *const *in_names, char *out, size_t len);
+void ctpu_cache_describe_miss(ctpu_cache *c, const ctpu_trace *t, const ctpu_diff_names *dn, char *out, size_t len);
 /* Find, compile a miss, insert (strict eager's one-node programs), the
  * program returned with a reference for the caller. res (hit, collisions
  * the lookup met, evicted) is filled. NULL on a compile error. */

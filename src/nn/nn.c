@@ -29,7 +29,7 @@ ctpu_status ctpu__nn_blame(const char *op, const char *what)
     if (st == CTPU_OK) return st;
     const char *msg = ctpu_last_error();
     size_t n = strlen(op);
-    if (strncmp(msg, op, n) == 0 && msg[n] == ':') return st;
+    if (strncmp(msg, op, n) == 0 && (msg[n] == ':' || msg[n] == ' ')) return st;   /* "op: ", "op (op #5): " */
     char inner[512];
     snprintf(inner, sizeof inner, "%s", msg);
     return ctpu_report_error(st, "%s: %s%s%s", op, what ? what : "", what ? ": " : "", inner);
@@ -182,6 +182,7 @@ ctpu_tensor ctpu_linear_forward(const ctpu_linear *l, ctpu_tensor x)
 {
     if (!ctpu__nn_ready("linear")) return ctpu_error_handle();
     if (!l) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "linear: l is NULL"); return ctpu_error_handle(); }
+    if (ctpu__nn_is_error(x)) return ctpu__nn_pass(x);
     if (ctpu_is_null(x)) return x;
     int nd = ctpu_ndim(x);
     if (nd < 0) return ctpu_error_handle();
@@ -236,6 +237,7 @@ ctpu_tensor ctpu_layer_norm_layer_forward(const ctpu_layer_norm_layer *ln, ctpu_
 {
     if (!ctpu__nn_ready("layer_norm_layer")) return ctpu_error_handle();
     if (!ln) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "layer_norm_layer: ln is NULL"); return ctpu_error_handle(); }
+    if (ctpu__nn_is_error(x)) return ctpu__nn_pass(x);
     if (ctpu_is_null(x)) return x;
     int nd = ctpu_ndim(x);
     if (nd < 0) return ctpu_error_handle();
@@ -273,6 +275,7 @@ ctpu_tensor ctpu_embedding_layer_forward(const ctpu_embedding_layer *e, ctpu_ten
 {
     if (!ctpu__nn_ready("embedding_layer")) return ctpu_error_handle();
     if (!e) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "embedding_layer: e is NULL"); return ctpu_error_handle(); }
+    if (ctpu__nn_is_error(indices)) return ctpu__nn_pass(indices);
     return ctpu_embedding(e->weight, indices);
 }
 
@@ -290,6 +293,7 @@ ctpu_tensor ctpu_dropout(ctpu_tensor x, double p, bool training)
         ctpu_report_error(CTPU_ERR_INVALID_ARG, "dropout: p=%g must be in [0, 1]", p);
         return ctpu_error_handle();
     }
+    if (ctpu__nn_is_error(x)) return ctpu__nn_pass(x);
     if (ctpu_is_null(x)) return x;
     if (!training || p == 0) return ctpu_contiguous(x);
     if (p == 1) return ctpu_mul_scalar(x, 0.0);
@@ -324,6 +328,8 @@ ctpu_tensor ctpu_cross_entropy(ctpu_tensor logits, ctpu_tensor labels, const ctp
 {
     if (!ctpu__nn_ready("cross_entropy")) return ctpu_error_handle();
     ctpu_ce_opts o = opts ? *opts : ctpu_ce_defaults();
+    if (ctpu__nn_is_error(logits) || ctpu__nn_is_error(labels))
+        return ctpu__nn_pass(ctpu__nn_is_error(logits) ? logits : labels);
     if (ctpu_is_null(logits) || ctpu_is_null(labels)) return ctpu_is_null(logits) ? logits : labels;
     if ((unsigned)o.reduction > CTPU_REDUCE_NONE || !(o.label_smoothing >= 0 && o.label_smoothing <= 1)) {
         ctpu_report_error(CTPU_ERR_INVALID_ARG, "cross_entropy: reduction=%d, label_smoothing=%g: need a ctpu_reduction and smoothing in [0, 1]",
@@ -347,7 +353,10 @@ ctpu_tensor ctpu_cross_entropy(ctpu_tensor logits, ctpu_tensor labels, const ctp
     ctpu_tensor valid = ctpu_ne_scalar(labels, (double)o.ignore_index);
     ctpu_tensor safe = ctpu_where(valid, labels, ctpu_zeros(CTPU_I32, 0, NULL));
     int64_t col[2] = { N, 1 };
-    ctpu_tensor picked = ctpu_reshape(ctpu_gather(lsm, 1, ctpu_reshape(safe, 2, col)), 1, &N);
+    ctpu_call_push("cross_entropy", "labels");   /* a bad label faults as the user's call, not the gather */
+    ctpu_tensor g = ctpu_gather(lsm, 1, ctpu_reshape(safe, 2, col));
+    ctpu_call_pop();
+    ctpu_tensor picked = ctpu_reshape(g, 1, &N);
     ctpu_tensor loss = ctpu_neg(picked);
     if (o.label_smoothing > 0) {
         ctpu_tensor smooth = ctpu_neg(ctpu_mean(lsm, 1, &one, false));
@@ -368,8 +377,8 @@ ctpu_tensor ctpu_cross_entropy(ctpu_tensor logits, ctpu_tensor labels, const ctp
 /* An error handle among a loss's two arguments is passed along unchanged. */
 #define PASS_ERROR(a, b)                                                                                      \
     do {                                                                                                      \
-        if ((a).id != 0 && ctpu_is_null(a)) return (a);                                                       \
-        if ((b).id != 0 && ctpu_is_null(b)) return (b);                                                       \
+        if (ctpu__nn_is_error(a)) return ctpu__nn_pass(a);                                                    \
+        if (ctpu__nn_is_error(b)) return ctpu__nn_pass(b);                                                    \
     } while (0)
 
 static bool pair_check(const char *op, ctpu_tensor pred, ctpu_tensor target, ctpu_reduction reduction, bool need_float)
@@ -409,8 +418,8 @@ ctpu_tensor ctpu_nll_loss(ctpu_tensor input, ctpu_tensor target, const ctpu_nll_
 {
     if (!ctpu__nn_ready("nll_loss")) return ctpu_error_handle();
     ctpu_nll_opts o = opts ? *opts : ctpu_nll_defaults();
-    if (input.id != 0 && ctpu_is_null(input)) return input;      /* an error handle: passed along */
-    if (target.id != 0 && ctpu_is_null(target)) return target;
+    if (ctpu__nn_is_error(input)) return ctpu__nn_pass(input);      /* an error handle: passed along */
+    if (ctpu__nn_is_error(target)) return ctpu__nn_pass(target);
     if (ctpu_is_null(input) || ctpu_is_null(target)) {
         ctpu_report_error(CTPU_ERR_NULL_HANDLE, "nll_loss: %s is a null handle", ctpu_is_null(input) ? "input" : "target");
         return ctpu_error_handle();
@@ -435,7 +444,10 @@ ctpu_tensor ctpu_nll_loss(ctpu_tensor input, ctpu_tensor target, const ctpu_nll_
     ctpu_tensor valid = ctpu_ne_scalar(target, (double)o.ignore_index);
     ctpu_tensor safe = ctpu_where(valid, target, ctpu_zeros(CTPU_I32, 0, NULL));
     int64_t col[2] = { N, 1 };
-    ctpu_tensor picked = ctpu_reshape(ctpu_gather(input, 1, ctpu_reshape(safe, 2, col)), 1, &N);
+    ctpu_call_push("nll_loss", "target");        /* a bad target faults as the user's call, not the gather */
+    ctpu_tensor g = ctpu_gather(input, 1, ctpu_reshape(safe, 2, col));
+    ctpu_call_pop();
+    ctpu_tensor picked = ctpu_reshape(g, 1, &N);
     if (!ctpu_is_null(picked) && dl != CTPU_F32) picked = ctpu_cast(picked, CTPU_F32);
     ctpu_tensor loss = ctpu_where(valid, ctpu_neg(picked), ctpu_zeros(CTPU_F32, 0, NULL));
     ctpu_tensor r;
@@ -507,6 +519,7 @@ ctpu_tensor ctpu_smooth_l1_loss(ctpu_tensor pred, ctpu_tensor target, ctpu_reduc
 ctpu_tensor ctpu_mse_loss(ctpu_tensor pred, ctpu_tensor target, ctpu_reduction reduction)
 {
     if (!ctpu__nn_ready("mse_loss")) return ctpu_error_handle();
+    PASS_ERROR(pred, target);
     if (ctpu_is_null(pred) || ctpu_is_null(target)) return ctpu_is_null(pred) ? pred : target;
     int64_t s1[CTPU_MAX_DIMS], s2[CTPU_MAX_DIMS];
     int n1, n2;

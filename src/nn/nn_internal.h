@@ -18,6 +18,11 @@ ctpu_status ctpu__nn_blame(const char *op, const char *what);
  * (stale) handle: ...", "the result of a failed call (from <cause>)"; *st the
  * status to report. */
 const char *ctpu__nn_why(ctpu_tensor t, ctpu_status *st, char *buf, size_t len);
+/* An error handle given to an nn call: returned unchanged with its cause
+ * the last error again (ctpu_keep, an op, does both), as ctpu's ops do. */
+static inline ctpu_tensor ctpu__nn_pass(ctpu_tensor e) { return ctpu_keep(e); }
+/* t is an error handle (a failed call's result, not CTPU_NULL itself) */
+static inline bool ctpu__nn_is_error(ctpu_tensor t) { return t.id != 0 && ctpu_is_null(t); }
 /* "f32[2,3]" */
 const char *ctpu__nn_fmt(ctpu_tensor t, char *buf, size_t len);
 

@@ -233,6 +233,17 @@ static void advise(advice_t *a, const char *fmt, ...)
     va_end(ap);
 }
 
+/* A recompile reason's input, dim and extents: "input 0 dim 0: 8 -> 5",
+ * "input 0 (batch.x, op #1, \"blk\"): dim 0: 8 -> 5" (the name and the op
+ * reading it, in parentheses, may hold anything: the last " dim " counts). */
+static bool parse_reason(const char *reason, int *in, int *dim, long long *from, long long *to)
+{
+    if (sscanf(reason, "input %d", in) != 1) return false;
+    const char *d = NULL;
+    for (const char *p = strstr(reason, " dim "); p; p = strstr(p + 1, " dim ")) d = p;
+    return d && sscanf(d, " dim %d: %lld -> %lld", dim, from, to) == 3;
+}
+
 static void build_advice(const cJSON *d, advice_t *a)
 {
     memset(a, 0, sizeof *a);
@@ -247,7 +258,7 @@ static void build_advice(const cJSON *d, advice_t *a)
         const char *reason = str(cJSON_GetArrayItem(rs, i), "reason");
         int in, dim;
         long long from, to;
-        if (sscanf(reason, "input %d dim %d: %lld -> %lld", &in, &dim, &from, &to) != 4) continue;
+        if (!parse_reason(reason, &in, &dim, &from, &to)) continue;
         char key[64];
         snprintf(key, sizeof key, "%d/%d", in, dim);
         bool dup = false;
@@ -258,8 +269,7 @@ static void build_advice(const cJSON *d, advice_t *a)
         for (int j = 0; j < arr_n(rs); j++) {
             int i2, d2;
             long long f2, t2;
-            if (sscanf(str(cJSON_GetArrayItem(rs, j), "reason"), "input %d dim %d: %lld -> %lld", &i2, &d2, &f2, &t2) == 4 &&
-                i2 == in && d2 == dim)
+            if (parse_reason(str(cJSON_GetArrayItem(rs, j), "reason"), &i2, &d2, &f2, &t2) && i2 == in && d2 == dim)
                 count++;
         }
         if (dim == 0 && to < from)
