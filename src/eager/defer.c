@@ -615,6 +615,42 @@ static bool collect_live_outs(flush_ctx *f)
     return true;
 }
 
+/* The report's live-out advice (report.c): at a marked step's cut, the
+ * live values an op of this trace also reads. Each gets a buffer only
+ * because a handle is still alive: released before the cut, it would fuse
+ * away. Assigned tensors are not counted (their storage is written anyway);
+ * each is named by its op and its name, or else its region label. */
+static void note_held(const flush_ctx *f)
+{
+    int n = ctpu_trace_rec_nodes(t_df.rec);
+    uint8_t *seen = calloc((size_t)n + 1, 1);   /* 1: read by a node; 2: counted */
+    if (!seen) return;
+    for (int i = 0; i < n; i++) {
+        const double *sc;
+        const ctpu_node *nd = ctpu_trace_rec_node_at(t_df.rec, i, &sc);
+        for (int k = 0; k < nd->n_in; k++)
+            if (nd->in[k] >= 0) seen[nd->in[k]] = 1;
+    }
+    const ctpu_op_prov *rp = ctpu_trace_rec_prov(t_df.rec);
+    char ex[CTPU_HELD_EXAMPLES][96];
+    int nex = 0;
+    uint64_t count = 0;
+    for (int q = 0; q < f->nreq; q++) {
+        int v = f->reqs[q].v;
+        const ctpu_trec *r = f->rrec[q];
+        if (v < 0 || seen[v] != 1 || r->buf) continue;
+        seen[v] = 2;
+        count++;
+        if (nex == CTPU_HELD_EXAMPLES) continue;
+        const char *nm = ctpu_rec_name(r);
+        const char *l = nm[0] ? nm : rp ? ctpu__label_text(rp[v].label) : "";
+        snprintf(ex[nex++], sizeof ex[0], "%s%s%.64s%s", r->made_by ? r->made_by : "?", l[0] ? " (" : "", l,
+                 l[0] ? ")" : "");
+    }
+    free(seen);
+    if (count) ctpu__report_held(count, f->step, (const char (*)[96])ex, nex);
+}
+
 /* A miss this thread compiles: finalise the recorded trace (dead code
  * removed, canonical numbering, aliasing, the launch plan), compile it
  * outside the cache lock, insert it with its plan. False if there is no
@@ -1282,6 +1318,8 @@ static ctpu_status flush(ctpu_cut_reason why, bool sink)
         reset_trace();
         return CTPU_OK;
     }
+    f.step = atomic_load(&rt->marked_steps);
+    if (why == CTPU_CUT_MARK_STEP && !sink) note_held(&f);
     ctpu_status st = lookup_or_compile(&f);
     if (st == CTPU_OK && f.op_by_op) return run_op_by_op(&f);   /* it publishes */
     if (st == CTPU_OK) st = bind_buffers(&f);

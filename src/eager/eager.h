@@ -501,6 +501,11 @@ void ctpu__compiled_json(struct cJSON *doc, ctpu_runtime *rt);
  * recorded op), its number and label in the trace file's cut event */
 void ctpu__report_cut(int why, ctpu_op_prov at, const ctpu_trace *t, const ctpu_cache_result *res,
                       const ctpu_program *prog);
+/* A marked step's cut kept count values live only because their handles
+ * were alive (defer.c): the worst cut's count, step and up to
+ * CTPU_HELD_EXAMPLES of them ("relu (fc1)") for the report's advice. */
+#define CTPU_HELD_EXAMPLES 4
+void ctpu__report_held(uint64_t count, uint64_t step, const char (*ex)[96], int n_ex);
 /* A defer-and-fuse trace past the recompile limit, run op by op
  * (defer.c): a launch of its structure at its shape (the shape policies). */
 void ctpu__report_fallback(const ctpu_trace *t);

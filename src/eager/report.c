@@ -84,6 +84,11 @@ struct ctpu_report_state {
     uint64_t leak_n;
     bool leak_warned;
     ctpu_policy_state *policy;       /* shapes per structure, the shape-policy estimates (policy.c) */
+    struct {                         /* the marked step's cut that kept the most values live by their handles */
+        uint64_t count, step;
+        int n_ex;
+        char ex[CTPU_HELD_EXAMPLES][96];
+    } held;
 };
 
 static const char *const cut_names[CTPU_CUT_COUNT] = {
@@ -377,6 +382,32 @@ int ctpu__report_auto_take(const ctpu_trace *t, int *in, int *dim, int max)
     int n = ctpu__policy_auto_take(r->policy, sh, in, dim, max);
     pthread_mutex_unlock(&r->mu);
     return n;
+}
+
+void ctpu__report_held(uint64_t count, uint64_t step, const char (*ex)[96], int n_ex)
+{
+    ctpu_runtime *rt = ctpu_rt;
+    ctpu_report_state *r = rt ? rt->report : NULL;
+    if (!r) return;
+    pthread_mutex_lock(&r->mu);
+    if (count > r->held.count) {
+        r->held.count = count;
+        r->held.step = step;
+        r->held.n_ex = n_ex;
+        memcpy(r->held.ex, ex, sizeof r->held.ex[0] * (size_t)n_ex);
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* "live_outs_held": the worst marked step's values kept live by their
+ * handles (the report's advice). Under r->mu. */
+static void held_json(cJSON *doc, const ctpu_report_state *r)
+{
+    cJSON *o = cJSON_AddObjectToObject(doc, "live_outs_held");
+    cJSON_AddNumberToObject(o, "values", (double)r->held.count);
+    cJSON_AddNumberToObject(o, "step", (double)r->held.step);
+    cJSON *ex = cJSON_AddArrayToObject(o, "examples");
+    for (int i = 0; i < r->held.n_ex; i++) cJSON_AddItemToArray(ex, cJSON_CreateString(r->held.ex[i]));
 }
 
 /* ,"op":N,"region":"label" after args[0, k) (what fits) */
@@ -963,6 +994,7 @@ static cJSON *build_json(ctpu_runtime *rt)
     cost_table_locked(rt, &tbl);
     double hbm_s = r->hbm_s;
     ctpu__policy_json(doc, r->policy, rt->compile_seconds, rt->price_plan, r->current);
+    held_json(doc, r);
     pthread_mutex_unlock(&r->mu);
     cost_json(doc, rt, &tbl, hbm_s);
     history_json(doc, &hist);

@@ -244,6 +244,30 @@ static bool parse_reason(const char *reason, int *in, int *dim, long long *from,
     return d && sscanf(d, " dim %d: %lld -> %lld", dim, from, to) == 3;
 }
 
+/* Values a marked step kept live only because their handles were alive
+ * (the metrics' live_outs_held): "12 values were live at the cut because
+ * their handles were alive: relu (fc1), ...; release them before
+ * ctpu_mark_step to let them fuse". */
+static void advise_held(const cJSON *d, advice_t *a)
+{
+    const cJSON *h = obj(d, "live_outs_held");
+    double n = num(h, "values");
+    if (n < 1) return;
+    const cJSON *ex = obj(h, "examples");
+    char list[160];
+    size_t k = 0;
+    list[0] = 0;
+    for (int i = 0; i < arr_n(ex) && k < sizeof list; i++) {
+        const cJSON *e = cJSON_GetArrayItem(ex, i);
+        k += (size_t)snprintf(list + k, sizeof list - k, "%s%s", i ? ", " : "", cJSON_IsString(e) ? e->valuestring : "?");
+    }
+    if (n > arr_n(ex) && k < sizeof list) snprintf(list + k, sizeof list - k, ", \u2026");
+    bool one = n < 2;
+    advise(a, "%.0f value%s live at the cut because %s handle%s alive: %s; release %s before ctpu_mark_step to let "
+              "%s fuse", n, one ? " was" : "s were", one ? "its" : "their", one ? " was" : "s were", list,
+           one ? "it" : "them", one ? "it" : "them");
+}
+
 static void build_advice(const cJSON *d, advice_t *a)
 {
     memset(a, 0, sizeof *a);
@@ -346,6 +370,7 @@ static void build_advice(const cJSON *d, advice_t *a)
                       "in the current mode: keep its inputs' shapes fixed", str(st, "name"), num(st, "guard_failures"),
                    gf ? gf : "?");
     }
+    advise_held(d, a);
     if (strcmp(str(d, "mode"), "defer_fuse") != 0 && num(c, "strict_requests") > 0)
         advise(a, "strict eager launches one program per op (%.0f launches); TORCH_TPU_DEFER_AND_FUSE=1 fuses each step",
                num(c, "strict_requests"));

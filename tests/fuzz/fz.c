@@ -181,6 +181,33 @@ typedef struct {
     fz_tape *tape;
 } fz_exec;
 
+static ctpu_tensor do_unary(int sub, ctpu_tensor a);
+static void *make_data(uint32_t seed, int dt, int64_t n, int32_t bound);
+
+/* FZ_VARLEN: p[2] steps of one structure (from host [p[0] + k, p[1]] of
+ * dtype dt, unary sub, mul_scalar s0, sum over dim 0, read back), the rows
+ * growing each step, inside the label "varlen": past the recompile limit
+ * defer and fuse runs them op by op. Every read goes into the tape. */
+static ctpu_status exec_varlen(fz_exec *x, const fz_ins *in, int i)
+{
+    ctpu_status st = ctpu_mark_step();
+    for (int k = 0; k < in->p[2] && st == CTPU_OK; k++) {
+        int64_t s[2] = { in->p[0] + k, in->p[1] };
+        void *d = make_data(in->data + (uint32_t)k, in->dt, s[0] * s[1], 0);
+        if ((st = ctpu_scope_begin()) != CTPU_OK) { free(d); break; }
+        st = ctpu_label_push("varlen");
+        ctpu_tensor h = ctpu_from_host(d, (ctpu_dtype)in->dt, 2, s);
+        free(d);
+        ctpu_tensor r = ctpu_sum(ctpu_mul_scalar(do_unary(in->sub, h), in->s0), 1, (int[]){ 0 }, false);
+        tape_read(x->tape, i, 4, r);
+        if (st == CTPU_OK) ctpu_label_pop();
+        ctpu_scope_end();
+        ctpu_status ms = ctpu_mark_step();
+        if (st == CTPU_OK) st = ms;
+    }
+    return st;
+}
+
 /* labels the fuzzer pushes; the last is invalid (empty) */
 #define FZ_N_LABELS 4
 static const char *const fz_label_names[FZ_N_LABELS] = { "embed", "block2.attn", "loss", "" };
@@ -386,6 +413,7 @@ static void exec_one(fz_exec *x, const fz_prog *p, int i)
         st = ctpu_label_pop();
         if (st == CTPU_OK) x->label_depth--;
         break;
+    case FZ_VARLEN: st = exec_varlen(x, in, i); break;
     default: break;
     }
     tape_event(x->tape, i, 0, st, false, -1, NULL, 0);
@@ -472,7 +500,8 @@ const char *fz_kind_name(int k)
         "from_host", "create", "unary", "binary", "scalar", "where", "clamp", "cast", "reduce", "argmax", "softmax",
         "reshape", "permute", "transpose", "contiguous", "slice", "concat", "expand", "embedding", "gather", "matmul",
         "detach", "assign", "read", "item", "mark_step", "step_begin", "step_end", "keep", "release",
-        "requires_grad", "backward", "zero_grad", "sync", "no_grad_begin", "no_grad_end", "label_push", "label_pop" };
+        "requires_grad", "backward", "zero_grad", "sync", "no_grad_begin", "no_grad_end", "label_push", "label_pop",
+        "varlen" };
     return k >= 0 && k < FZ_KIND_COUNT ? names[k] : "?";
 }
 
@@ -554,6 +583,10 @@ void fz_describe(const fz_prog *p, int i, char *buf, size_t len)
     case FZ_NO_GRAD_END: snprintf(buf, len, "ctpu_no_grad_end()"); break;
     case FZ_LABEL_PUSH: snprintf(buf, len, "ctpu_label_push(\"%s\")", fz_label_names[in->sub % FZ_N_LABELS]); break;
     case FZ_LABEL_POP: snprintf(buf, len, "ctpu_label_pop()"); break;
+    case FZ_VARLEN:
+        snprintf(buf, len, "varlen: %d steps of sum(%s(from_host(data(seed %u + k), %s, [%d + k, %d])) * %a, dim 0)",
+                 in->p[2], in->sub >= 9 ? "gelu" : unary_names[in->sub], in->data, dtn(in->dt), in->p[0], in->p[1], in->s0);
+        break;
     default: snprintf(buf, len, "?"); break;
     }
 }
@@ -793,6 +826,14 @@ static void gen_one(gen *g)
         bool push = g->x.label_depth == 0 || rn_pct(g->r, 55);
         uint8_t sub = (uint8_t)(bad ? FZ_N_LABELS - 1 : rn_below(g->r, FZ_N_LABELS - 1));
         emit(g, (fz_ins){ .kind = push ? FZ_LABEL_PUSH : FZ_LABEL_POP, .sub = sub, .a = -1, .b = -1, .c = -1 });
+        return;
+    }
+    if (g->p->n > 0 && rn_pct(g->r, 2) && g->p->n + 1 < g->o->max_ins) {
+        /* steps over one structure, rows growing: past the recompile limit (issue 11) */
+        emit(g, (fz_ins){ .kind = FZ_VARLEN, .sub = (uint8_t)rn_below(g->r, N_UNARY), .a = -1, .b = -1, .c = -1,
+                          .dt = (uint8_t)(rn_pct(g->r, 70) ? CTPU_F32 : CTPU_BF16),
+                          .p = { 1 + rn_below(g->r, 6), 1 + rn_below(g->r, 5), 3 + rn_below(g->r, 3) },
+                          .s0 = rand_scalar(g), .data = (uint32_t)rn_below(g->r, 1 << 30) });
         return;
     }
     if (g->p->n == 0 || k < 10) {                       /* from host */
@@ -1159,6 +1200,7 @@ typedef struct {
  * when all passed, 3 when a program's modes differ (left in sh). */
 static void child_campaign(fz_shared *sh, uint64_t seed, int count, const fz_opts *o)
 {
+    setenv("TORCH_TPU_RECOMPILE_LIMIT", FZ_RECOMPILE_LIMIT, 1);
     if (ctpu_init() != CTPU_OK) { fprintf(stderr, "fuzz: init: %s\n", ctpu_last_error()); _exit(2); }
     for (int k = 0; k < count; k++) {
         alarm(FZ_HANG_SECONDS);        /* a hang (a lost wake-up, a deadlock) is a failure too */
@@ -1198,6 +1240,7 @@ static void trial_fn(void *v)
 {
     trial_arg *t = v;
     alarm(FZ_HANG_SECONDS);
+    setenv("TORCH_TPU_RECOMPILE_LIMIT", FZ_RECOMPILE_LIMIT, 1);
     if (ctpu_init() != CTPU_OK) _exit(2);
     bool skipped;
     bool ok = fz_check(t->p, t->sh->why, sizeof t->sh->why, &skipped);

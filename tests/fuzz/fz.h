@@ -6,7 +6,10 @@
  * program is self-contained and can be minimised by dropping instructions
  * (an operand whose instruction was dropped makes its user a no-op). Region
  * labels (ctpu_label_push / pop, issue 11) are instructions too: they must
- * change no value or status in any mode.
+ * change no value or status in any mode. So is a loop of steps over one
+ * structure whose rows grow each step (FZ_VARLEN): the campaign runs with
+ * TORCH_TPU_RECOMPILE_LIMIT=2 (FZ_RECOMPILE_LIMIT), so defer and fuse runs
+ * most of those steps op by op in strict eager, and the bits must not change.
  *
  * A program is generated from a seed (or from a byte string: libFuzzer)
  * by running it once in strict eager, choosing each call's arguments from
@@ -29,13 +32,16 @@
 #include "ctpu.h"
 
 #define FZ_MAX_INS 80
+/* The recompile limit the campaigns run with (issue 11): low, so structures
+ * whose shapes vary pass it. */
+#define FZ_RECOMPILE_LIMIT "2"
 
 typedef enum {
     FZ_FROM_HOST, FZ_CREATE, FZ_UNARY, FZ_BINARY, FZ_SCALAR, FZ_WHERE, FZ_CLAMP, FZ_CAST, FZ_REDUCE,
     FZ_ARGMAX, FZ_SOFTMAX, FZ_RESHAPE, FZ_PERMUTE, FZ_TRANSPOSE, FZ_CONTIGUOUS, FZ_SLICE, FZ_CONCAT,
     FZ_EXPAND, FZ_EMBEDDING, FZ_GATHER, FZ_MATMUL, FZ_DETACH, FZ_ASSIGN, FZ_READ, FZ_ITEM, FZ_MARK_STEP,
     FZ_STEP_BEGIN, FZ_STEP_END, FZ_KEEP, FZ_RELEASE, FZ_REQ_GRAD, FZ_BACKWARD, FZ_ZERO_GRAD, FZ_SYNC,
-    FZ_NO_GRAD_BEGIN, FZ_NO_GRAD_END, FZ_LABEL_PUSH, FZ_LABEL_POP, FZ_KIND_COUNT
+    FZ_NO_GRAD_BEGIN, FZ_NO_GRAD_END, FZ_LABEL_PUSH, FZ_LABEL_POP, FZ_VARLEN, FZ_KIND_COUNT
 } fz_kind;
 
 typedef struct {

@@ -135,6 +135,31 @@ static void campaign(bool autograd, uint64_t seed, int count)
     fprintf(stderr, "fuzz: 100 of those programs hold %d label_push and %d label_pop\n", push, pop);
     ck_assert(push > 0 && pop > 0);
     ck_assert_int_le(skipped, count / 10);
+    /* and loops of steps over one structure whose shapes vary past the
+     * recompile limit (issue 11): the campaign's limit, here in this
+     * process, where the fallbacks can be counted */
+    setenv("TORCH_TPU_RECOMPILE_LIMIT", FZ_RECOMPILE_LIMIT, 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    fz_rng_seed(&r, seed);
+    int varlen = 0, checked = 0;
+    for (int k = 0; k < 100; k++) {
+        fz_generate(&r, &o, &p, NULL);
+        int v = 0;
+        for (int i = 0; i < p.n; i++) v += p.ins[i].kind == FZ_VARLEN;
+        varlen += v;
+        if (!v || checked == 5) continue;
+        char why[512] = "";
+        bool skip = false;
+        ck_assert_msg(fz_check(&p, why, sizeof why, &skip), "modes differ: %s", why);
+        checked++;
+    }
+    int64_t fallbacks = ctpu_metric_counter("recompile_limit_fallbacks");
+    ctpu_shutdown();
+    unsetenv("TORCH_TPU_RECOMPILE_LIMIT");
+    fprintf(stderr, "fuzz: 100 of those programs hold %d varlen loops; %d of them checked here ran %lld traces op by "
+            "op past TORCH_TPU_RECOMPILE_LIMIT=%s\n", varlen, checked, (long long)fallbacks, FZ_RECOMPILE_LIMIT);
+    ck_assert_int_gt(varlen, 0);
+    ck_assert_int_gt(fallbacks, 0);
 }
 
 START_TEST(short_fuzz_no_grad)
