@@ -347,6 +347,21 @@ START_TEST(oom_defer_names_the_op)
     ck_assert_msg(t_contains(m, "fused program 1: the value of exp (op #3, \"act\"; x), f32[200000]: out of HBM: "
                                 "requested 800000 bytes"), "%s", m);
     ck_assert_msg(t_contains(m, "capacity 1048576 bytes"), "%s", m);
+    ctpu_release(x);
+    ctpu_clear_error();
+    /* a value that lives only inside the program (its scratch): the ops it spans */
+    float wd[500] = { 0 };
+    ctpu_tensor w = ctpu_from_host(wd, CTPU_F32, 2, (int64_t[]){ 500, 1 });
+    ctpu_tensor e = ctpu_exp(a);                                        /* op #1 of this step */
+    ctpu_tensor e2 = ctpu_reshape(e, 2, (int64_t[]){ 400, 500 });      /* #2 */
+    ctpu_tensor mm = ctpu_matmul(e2, w);                                /* #3 */
+    ck_assert(!ctpu_is_null(mm));
+    ck_assert_int_eq(ctpu_release(e), CTPU_OK);
+    ck_assert_int_eq(ctpu_release(e2), CTPU_OK);
+    ck_assert_int_eq(ctpu_mark_step(), CTPU_ERR_OOM);
+    m = ctpu_last_error();
+    ck_assert_msg(t_contains(m, ": its scratch (the values that live only inside it, ops #1 to #3): out of HBM: "),
+                  "%s", m);
     ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
 }
 END_TEST

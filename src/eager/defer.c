@@ -990,6 +990,19 @@ static void oom_names_value(flush_ctx *f, int j, const char *e)
              ctpu_fmt_type(&r->type, tb, sizeof tb), e);
 }
 
+/* ", ops #3 to #9": the op numbers of this recording the program runs */
+static void scratch_span(const flush_ctx *f, char *buf, size_t len)
+{
+    const ctpu_op_prov *rp = ctpu_trace_rec_prov(t_df.rec);
+    uint32_t lo = 0, hi = 0;
+    for (int k = 0; rp && k < f->plan->n_nodes; k++) {
+        uint32_t n = rp[f->plan->node_src[k]].op_no;
+        if (n && (!lo || n < lo)) lo = n;
+        if (n > hi) hi = n;
+    }
+    if (lo) snprintf(buf, len, ", ops #%u to #%u", lo, hi);
+}
+
 /* Output buffers: the parameter's own (in place) or fresh ones. */
 static ctpu_status alloc_outputs(flush_ctx *f)
 {
@@ -1014,7 +1027,9 @@ static ctpu_status alloc_outputs(flush_ctx *f)
         char e[256];
         f->scratch = ctpu_buffer_alloc(f->rt->dev, run_prog(f)->prog.scratch_bytes, e, sizeof e);
         if (!f->scratch) {
-            snprintf(f->err, sizeof f->err, "its scratch (the values that live only inside it): %s", e);
+            char sp[64] = "";
+            scratch_span(f, sp, sizeof sp);
+            snprintf(f->err, sizeof f->err, "its scratch (the values that live only inside it%s): %s", sp, e);
             return CTPU_ERR_OOM;
         }
     }
