@@ -862,7 +862,8 @@ CTPU_API ctpu_compiled *ctpu_compile(ctpu_step_fn fn, void *ctx, const ctpu_comp
  * CTPU_ERR_INVALID_ARG (c NULL or freed, a count out of range, a NULL array
  * with a count > 0), handle errors on in[i], fn's own error (its ops'),
  * CTPU_ERR_STATE (a graph break under fullgraph: nothing changed; c from a
- * previous runtime), CTPU_ERR_OOM. A pending trace of this thread (defer
+ * previous runtime; another thread is inside a call of c: one call at a
+ * time per compiled step, so compile one step per thread), CTPU_ERR_OOM. A pending trace of this thread (defer
  * and fuse) is cut first. */
 CTPU_API ctpu_status ctpu_compiled_call(ctpu_compiled *c, int n_in, const ctpu_tensor *in, int n_scalars,
                                         const double *scalars, int n_out, ctpu_tensor *out);

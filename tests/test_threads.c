@@ -9,6 +9,7 @@
 #include "t_core.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <time.h>
 
@@ -420,6 +421,79 @@ START_TEST(same_key_given_up_compiled_by_the_waiter)
 }
 END_TEST
 
+/* ------------------------------------------------ one call per compiled step */
+/* A second thread calling a compiled step while another thread is inside
+ * its call (here: inside fn's capture) gets CTPU_ERR_STATE and null outputs,
+ * not a shared scratch array; once the first call is over the same thread's
+ * call replays. */
+typedef struct {
+    ctpu_compiled *c;
+    ctpu_tensor x;
+    atomic_int inside, tried;
+    ctpu_status busy_st;
+    ctpu_tensor busy_out;
+} busy_job;
+
+static ctpu_status busy_fn(void *ctx, const ctpu_tensor *in, const double *scalars, ctpu_tensor *out)
+{
+    busy_job *j = ctx;
+    (void)scalars;
+    atomic_store(&j->inside, 1);
+    while (!atomic_load(&j->tried)) sched_yield();
+    out[0] = ctpu_add_scalar(in[0], 1.0);
+    return ctpu_is_null(out[0]) ? ctpu_last_status() : CTPU_OK;
+}
+
+static void *busy_other(void *arg)
+{
+    busy_job *j = arg;
+    while (!atomic_load(&j->inside)) sched_yield();
+    j->busy_out = CTPU_NULL;
+    j->busy_st = ctpu_compiled_call(j->c, 1, &j->x, 0, NULL, 1, &j->busy_out);
+    atomic_store(&j->tried, 1);
+    return NULL;
+}
+
+START_TEST(compiled_step_one_call_at_a_time)
+{
+    busy_job j = {0};
+    float h[4] = {1, 2, 3, 4};
+    int64_t shape[1] = {4};
+    j.x = ctpu_from_host(h, CTPU_F32, 1, shape);
+    ck_assert(!ctpu_is_null(j.x));
+    j.c = ctpu_compile(busy_fn, &j, &(ctpu_compile_opts){.name = "busy"});
+    ck_assert_ptr_nonnull(j.c);
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, busy_other, &j), 0);
+    ctpu_tensor y = CTPU_NULL;
+    ck_assert_int_eq(ctpu_compiled_call(j.c, 1, &j.x, 0, NULL, 1, &y), CTPU_OK);
+    pthread_join(th, NULL);
+    ck_assert_int_eq(j.busy_st, CTPU_ERR_STATE);
+    ck_assert(ctpu_is_null(j.busy_out));
+    double v = 0;
+    ctpu_tensor s0 = ctpu_sum(y, 0, NULL, false);
+    ck_assert_int_eq(ctpu_item(s0, &v), CTPU_OK);
+    ck_assert(v == 14.0);
+    ctpu_release(s0);
+    /* the step is idle again: this thread's next call replays */
+    ctpu_tensor z = CTPU_NULL;
+    atomic_store(&j.inside, 0);
+    ck_assert_int_eq(ctpu_compiled_call(j.c, 1, &j.x, 0, NULL, 1, &z), CTPU_OK);
+    ctpu_tensor s1 = ctpu_sum(z, 0, NULL, false);
+    ck_assert_int_eq(ctpu_item(s1, &v), CTPU_OK);
+    ck_assert(v == 14.0);
+    ctpu_release(s1);
+    ctpu_compiled_info info;
+    ck_assert_int_eq(ctpu_compiled_get_info(j.c, &info), CTPU_OK);
+    ck_assert_uint_eq(info.captures, 1);
+    ck_assert_uint_eq(info.replays, 1);
+    ctpu_release(y);
+    ctpu_release(z);
+    ctpu_release(j.x);
+    ctpu_compiled_free(j.c);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("threads");
@@ -432,6 +506,7 @@ int main(void)
     tcase_add_test(t, thread_state_per_runtime);
     tcase_add_test(t, same_key_compiled_once);
     tcase_add_test(t, same_key_given_up_compiled_by_the_waiter);
+    tcase_add_test(t, compiled_step_one_call_at_a_time);
     suite_add_tcase(s, t);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);

@@ -136,6 +136,7 @@ struct ctpu_compiled {
     bool fullgraph;
     bool broken;                   /* a graph break: every call runs as defer and fuse */
     bool limited;                  /* past the recompile limit: every call runs fn in the current mode */
+    _Atomic(void *) owner;         /* the thread state of the thread inside a call, NULL when idle */
     version *versions;
     ctpu_compiled_info info;       /* the calling thread's counts */
     /* under rt->compiled_mu: what get_info and the report read */
@@ -1259,6 +1260,9 @@ static ctpu_status call_dispatch(ctpu_compiled *c, int n_in, const ctpu_tensor *
     return run_capture(c, n_in, in, inrec, n_scalars, scalars, n_out, out);
 }
 
+static ctpu_status compiled_call_owned(ctpu_compiled *c, int n_in, const ctpu_tensor *in, int n_scalars,
+                                       const double *scalars, int n_out, ctpu_tensor *out);
+
 ctpu_status ctpu_compiled_call(ctpu_compiled *c, int n_in, const ctpu_tensor *in, int n_scalars, const double *scalars,
                                int n_out, ctpu_tensor *out)
 {
@@ -1267,10 +1271,31 @@ ctpu_status ctpu_compiled_call(ctpu_compiled *c, int n_in, const ctpu_tensor *in
         for (int j = 0; out && n_out > 0 && n_out <= MAX_ARGS && j < n_out; j++) out[j] = CTPU_NULL;
         return st;
     }
-    if (!ctpu_ts()) {
+    ctpu_thread_state *me = ctpu_ts();
+    if (!me) {
         ctpu_set_error(CTPU_ERR_OOM, "compiled_call: out of host memory for this thread's state");
         return CTPU_ERR_OOM;
     }
+    /* one call at a time per compiled step: a replay's scratch arrays and
+     * counts belong to the step, not to the thread (a nested call from the
+     * same thread is a graph break, handled below) */
+    void *idle = NULL;
+    bool owner = atomic_compare_exchange_strong(&c->owner, &idle, (void *)me);
+    if (!owner && idle != (void *)me) {
+        for (int j = 0; j < n_out; j++) out[j] = CTPU_NULL;
+        ctpu_set_error(CTPU_ERR_STATE, "compiled_call: compiled step %s is inside a call on another thread "
+                       "(one call at a time per compiled step; compile one step per thread)", c->name);
+        return CTPU_ERR_STATE;
+    }
+    ctpu_status res = compiled_call_owned(c, n_in, in, n_scalars, scalars, n_out, out);
+    if (owner) atomic_store(&c->owner, NULL);
+    return res;
+}
+
+static ctpu_status compiled_call_owned(ctpu_compiled *c, int n_in, const ctpu_tensor *in, int n_scalars,
+                                       const double *scalars, int n_out, ctpu_tensor *out)
+{
+    ctpu_status st;
     uint64_t t0 = now_ns(), replays0 = c->info.replays;
     ctpu_trec *inrec_inl[16];
     ctpu_trec **inrec = n_in <= 16 ? inrec_inl : malloc(sizeof *inrec * (size_t)n_in);
