@@ -809,6 +809,22 @@ static bool keep_dyn(compile_ctx *cx, ctpu_program *c)
 
 const ctpu_trace *ctpu_program_dyn_trace(const ctpu_program *p) { return p->dyn ? &p->dyn->t : NULL; }
 
+/* The last step of a compile: on failure free what the passes allocated,
+ * else fill the program from the context and start its reference count. */
+static ctpu_program *finish_program(compile_ctx *cx, ctpu_program *c, bool ok, uint64_t t0)
+{
+    if (!ok) {
+        for (int i = 0; i < cx->al.n; i++) free(cx->al.p[i]);
+        free(cx->al.p);
+        return NULL;
+    }
+    program_fill(cx, c);
+    atomic_init(&c->refs, 1);
+    atomic_init(&c->last_seq, 0);
+    c->compile_ns = ctpu_now_ns() - t0;
+    return c;
+}
+
 static ctpu_program *compile_ex(const ctpu_trace *t, bool dynamic, char *err, size_t errlen)
 {
     uint64_t t0 = ctpu_now_ns();
@@ -826,16 +842,7 @@ static ctpu_program *compile_ex(const ctpu_trace *t, bool dynamic, char *err, si
     ok = ok && pass_debug_tables(&cx);
     ok = ok && pass_estimate_cost(&cx, &c->cost);
     ok = ok && (!dynamic || keep_dyn(&cx, c));
-    if (!ok) {
-        for (int i = 0; i < cx.al.n; i++) free(cx.al.p[i]);
-        free(cx.al.p);
-        return NULL;
-    }
-    program_fill(&cx, c);
-    atomic_init(&c->refs, 1);
-    atomic_init(&c->last_seq, 0);
-    c->compile_ns = ctpu_now_ns() - t0;
-    return c;
+    return finish_program(&cx, c, ok, t0);
 }
 
 ctpu_program *ctpu_fuse_compile(const ctpu_trace *t, char *err, size_t errlen)
@@ -890,16 +897,7 @@ ctpu_program *ctpu_fuse_bind(const ctpu_program *p, const ctpu_trace *t, char *e
     }
     ok = ok && pass_debug_tables(&cx);
     ok = ok && pass_estimate_cost(&cx, &c->cost);
-    if (!ok) {
-        for (int i = 0; i < cx.al.n; i++) free(cx.al.p[i]);
-        free(cx.al.p);
-        return NULL;
-    }
-    program_fill(&cx, c);
-    atomic_init(&c->refs, 1);
-    atomic_init(&c->last_seq, 0);
-    c->compile_ns = ctpu_now_ns() - t0;
-    return c;
+    return finish_program(&cx, c, ok, t0);
 }
 
 void ctpu_program_free(ctpu_program *c)
