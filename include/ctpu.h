@@ -950,8 +950,10 @@ CTPU_API ctpu_status ctpu_label_pop(void);
  * position 1 is out of range [0, 5) (1 bad index)", not as the gather the
  * library made. Scopes nest at most 8 deep; the outermost names the fault
  * (the user's call). call and arg: 1 to 31 bytes, no control character.
- * Errors: CTPU_ERR_NOT_INITIALIZED; CTPU_ERR_INVALID_ARG; CTPU_ERR_STATE
- * (the 9th nested scope; a pop with no scope open). */
+ * Call names are interned in 1024 slots of their own, so a program that
+ * used all 4096 labels keeps them. Errors: CTPU_ERR_NOT_INITIALIZED;
+ * CTPU_ERR_INVALID_ARG; CTPU_ERR_STATE (the 9th nested scope; a pop with
+ * no scope open; more than 1024 distinct call/arg pairs). */
 CTPU_API ctpu_status ctpu_call_push(const char *call, const char *arg);
 CTPU_API ctpu_status ctpu_call_pop(void);
 

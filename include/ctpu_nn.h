@@ -106,7 +106,8 @@ CTPU_API ctpu_ce_opts ctpu_ce_defaults(void);
  * the picked entries through gather, label smoothing eps as
  * (1 - eps) * nll + eps * mean_c(-log_softmax). opts NULL = defaults.
  * Result: a 0-d f32 (mean, sum) or [N] (none). A label outside [0, C) other
- * than ignore_index is a device fault naming gather and the label, raised
+ * than ignore_index is a device fault naming cross_entropy and the label
+ * ("cross_entropy (op #6): labels 7 at position 1 is out of range [0, 5)"), raised
  * at the next sync (strict eager) or at the call (debug eager); validate
  * host labels with ctpu_labels_check first to get the error at once.
  * Errors: CTPU_ERR_SHAPE, CTPU_ERR_DTYPE, CTPU_ERR_INVALID_ARG (opts). */

@@ -804,6 +804,22 @@ START_TEST(label_errors)
     ck_assert(t_contains(ctpu_last_error(), "at most 4096 distinct labels"));
     ck_assert_int_eq(ctpu_label_push("l7"), CTPU_OK);   /* a known one still works */
     ck_assert_int_eq(ctpu_label_pop(), CTPU_OK);
+    /* the library's names have slots of their own: a full label table keeps
+     * a loss's fault named as the user's call (it said "gather" before) */
+    ck_assert_int_eq(ctpu_call_push("mycall", "idx"), CTPU_OK);
+    ck_assert_int_eq(ctpu_call_pop(), CTPU_OK);
+    float lg[6] = { 1, 2, 3, 4, 5, 6 };
+    int32_t lb[2] = { 1, 7 };
+    int64_t ls[2] = { 2, 3 }, bs[1] = { 2 };
+    ctpu_tensor L = ctpu_from_host(lg, CTPU_F32, 2, ls), T = ctpu_from_host(lb, CTPU_I32, 1, bs);
+    ctpu_tensor ce = ctpu_cross_entropy(L, T, NULL);
+    double v = 0;
+    ck_assert_int_ne(ctpu_item(ce, &v), CTPU_OK);
+    ck_assert_msg(t_contains(ctpu_last_error(), "cross_entropy (op #"), "%s", ctpu_last_error());
+    ck_assert(!t_contains(ctpu_last_error(), "gather"));
+    ctpu_release(ce);
+    ctpu_release(L);
+    ctpu_release(T);
 }
 END_TEST
 

@@ -83,9 +83,9 @@ struct ctpu_device {
     char sticky_msg[256];
     /* region labels: interned under label_mu, read by id without it */
     pthread_mutex_t label_mu;
-    _Atomic(char *) labels[CTPU_MAX_LABELS + 1];
+    _Atomic(char *) labels[CTPU_MAX_LABELS + CTPU_LABELS_RESERVED + 1];
     uint32_t n_labels;
-    uint32_t label_slot[2 * CTPU_MAX_LABELS];   /* open addressing: ids by hash */
+    uint32_t label_slot[4 * CTPU_MAX_LABELS];   /* open addressing: ids by hash */
     /* workers */
     worker_pool wp;
     worker_arg wargs[63];
@@ -404,16 +404,16 @@ ctpu_status ctpu_device_take_error(ctpu_device *dev, char *msg, size_t len)
 }
 
 /* ------------------------------------------------------------ provenance */
-uint32_t ctpu_device_label_id(ctpu_device *dev, const char *label)
+static uint32_t label_id_upto(ctpu_device *dev, const char *label, uint32_t limit)
 {
     uint64_t h = 1469598103934665603ull;
     for (const unsigned char *c = (const unsigned char *)label; *c; c++) h = (h ^ *c) * 1099511628211ull;
-    uint32_t mask = 2 * CTPU_MAX_LABELS - 1, id = 0;
+    uint32_t mask = 4 * CTPU_MAX_LABELS - 1, id = 0;
     pthread_mutex_lock(&dev->label_mu);
     for (uint32_t k = (uint32_t)h & mask;; k = (k + 1) & mask) {
         uint32_t e = dev->label_slot[k];
         if (e == 0) {
-            char *copy = dev->n_labels < CTPU_MAX_LABELS ? strdup(label) : NULL;
+            char *copy = dev->n_labels < limit ? strdup(label) : NULL;
             if (copy) {
                 id = ++dev->n_labels;
                 atomic_store_explicit(&dev->labels[id], copy, memory_order_release);
@@ -427,9 +427,16 @@ uint32_t ctpu_device_label_id(ctpu_device *dev, const char *label)
     return id;
 }
 
+uint32_t ctpu_device_label_id(ctpu_device *dev, const char *label) { return label_id_upto(dev, label, CTPU_MAX_LABELS); }
+
+uint32_t ctpu_device_label_id_internal(ctpu_device *dev, const char *label)
+{
+    return label_id_upto(dev, label, CTPU_MAX_LABELS + CTPU_LABELS_RESERVED);
+}
+
 const char *ctpu_device_label(const ctpu_device *dev, uint32_t id)
 {
-    if (id == 0 || id > CTPU_MAX_LABELS) return NULL;
+    if (id == 0 || id > CTPU_MAX_LABELS + CTPU_LABELS_RESERVED) return NULL;
     return atomic_load_explicit(&((ctpu_device *)dev)->labels[id], memory_order_acquire);
 }
 

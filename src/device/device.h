@@ -180,10 +180,15 @@ uint64_t ctpu_device_done_seq(ctpu_device *dev);
 void ctpu_device_hold(ctpu_device *dev, bool hold);
 
 /* Region labels (ctpu_label_push): interned once, never freed before the
- * device; ids from 1. 0 when the table is full (CTPU_MAX_LABELS distinct
- * labels) or out of memory. Lookups take no lock. */
+ * device; ids from 1. 0 when the table is full or out of memory. A user's
+ * label is refused once CTPU_MAX_LABELS names are interned; the library's
+ * own names (call scopes, "backward of <op>") may use CTPU_LABELS_RESERVED
+ * slots more, so a user who filled the table keeps them. Lookups take no
+ * lock. */
 #define CTPU_MAX_LABELS 4096
+#define CTPU_LABELS_RESERVED 1024
 uint32_t ctpu_device_label_id(ctpu_device *dev, const char *label);
+uint32_t ctpu_device_label_id_internal(ctpu_device *dev, const char *label);
 const char *ctpu_device_label(const ctpu_device *dev, uint32_t id);
 /* " (op #4, \"embed\")", " (op #4)", or "" for an unnumbered op. */
 const char *ctpu_device_prov_str(const ctpu_device *dev, ctpu_op_prov p, char *buf, size_t len);

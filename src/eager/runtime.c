@@ -231,7 +231,7 @@ uint32_t ctpu__backward_label(int op)
     if (id) return id;
     char name[64];
     snprintf(name, sizeof name, "backward of %s", ctpu_op_name(op));
-    id = ctpu_device_label_id(ctpu_rt->dev, name);
+    id = ctpu_device_label_id_internal(ctpu_rt->dev, name);
     atomic_store_explicit(&ctpu_rt->bw_label[op], id, memory_order_relaxed);
     return id;
 }
@@ -297,11 +297,18 @@ ctpu_status ctpu_call_push(const char *call, const char *arg)
                        "likely cause: a missing ctpu_call_pop", call);
         return CTPU_ERR_STATE;
     }
-    if (s->label.call_depth++ == 0) {   /* the outermost names the fault: the user's call */
+    if (s->label.call_depth == 0) {   /* the outermost names the fault: the user's call */
         char key[64];
         snprintf(key, sizeof key, "%s\x1f%s", call, arg);
-        s->label.call = ctpu_device_label_id(ctpu_rt->dev, key);   /* 0 (table full): the op's own name */
+        uint32_t id = ctpu_device_label_id_internal(ctpu_rt->dev, key);   /* reserved slots: user labels cannot fill them */
+        if (!id) {
+            ctpu_set_error(CTPU_ERR_STATE, "call_push: (\"%s\", \"%s\") does not fit: the runtime's label table "
+                           "is full (%d user labels, %d library names)", call, arg, CTPU_MAX_LABELS, CTPU_LABELS_RESERVED);
+            return CTPU_ERR_STATE;
+        }
+        s->label.call = id;
     }
+    s->label.call_depth++;
     return CTPU_OK;
 }
 
