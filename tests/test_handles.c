@@ -9,6 +9,7 @@
  * - calls before ctpu_init are CTPU_ERR_NOT_INITIALIZED; init twice is
  *   CTPU_ERR_STATE; init/shutdown/init works and old handles are stale. */
 #include "t_core.h"
+#include "ctpu_nn.h"
 
 #include <unistd.h>
 
@@ -571,6 +572,43 @@ START_TEST(shutdown_reports_what_it_released)
 }
 END_TEST
 
+/* A loss left live: the leak line names the user's call, not the div the
+ * library made last (mode 0 strict, 1 defer and fuse). */
+static void leave_a_loss(int mode)
+{
+    ctpu_shutdown();
+    t_clear_env();
+    unsetenv("CTPU_QUIET");
+    if (mode) setenv("TORCH_TPU_DEFER_AND_FUSE", "1", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    float lg[6] = { 1, 2, 3, 4, 5, 6 };
+    int32_t lb[2] = { 1, 2 };
+    ctpu_tensor L = ctpu_from_host(lg, CTPU_F32, 2, (int64_t[]){ 2, 3 });
+    ctpu_tensor T = ctpu_from_host(lb, CTPU_I32, 1, (int64_t[]){ 2 });
+    ctpu_tensor ce = ctpu_cross_entropy(L, T, NULL);
+    ctpu_tensor nl = ctpu_nll_loss(L, T, NULL);
+    ck_assert(!ctpu_is_null(ce) && !ctpu_is_null(nl));
+    ctpu_release(L);
+    ctpu_release(T);
+    ctpu_sync();
+    ctpu_shutdown();
+    unsetenv("TORCH_TPU_DEFER_AND_FUSE");
+    setenv("CTPU_QUIET", "1", 1);
+}
+
+START_TEST(shutdown_names_the_loss_not_its_ops)
+{
+    for (int mode = 0; mode < 2; mode++) {
+        const char *e = stderr_during(leave_a_loss, mode);
+        const char *line = strstr(e, "ctpu: at shutdown 2 handles were still live");
+        ck_assert_msg(line != NULL, "stderr: %s", e);
+        ck_assert_msg(strstr(line, "cross_entropy") && strstr(line, "nll_loss"), "%s", line);
+        ck_assert_msg(!strstr(line, "div") && !strstr(line, "gather"), "%s", line);
+    }
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+}
+END_TEST
+
 /* kind 0: a 256 KiB tensor per step never released; 1: a scope per step
  * never ended; 2: released every step, one 64 MiB allocation at step 50
  * (no warning). */
@@ -636,6 +674,7 @@ static Suite *suite(void)
     tcase_add_test(t, assign_errors);
     tcase_add_test(t, assign_over_faulted_value);
     tcase_add_test(t, no_leak_after_scope);
+    tcase_add_test(t, shutdown_names_the_loss_not_its_ops);
     tcase_add_test(t, print_like_torch);
     tcase_add_test(t, print_write_error_is_io);
     tcase_add_test(t, host_bf16_helpers);

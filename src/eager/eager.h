@@ -166,6 +166,7 @@ typedef struct ctpu_thread_state {
         int depth;                   /* runtime.c: ctpu_label_push's stack of label ids */
         uint32_t stack[CTPU_LABEL_DEPTH];
         uint32_t call;               /* runtime.c: ctpu_call_push's outermost (call, arg), interned; 0: none */
+        const char *call_name;       /* runtime.c: that call alone, interned (handles made in the scope name it); NULL: none */
         int call_depth;
     } label;
     struct {

@@ -307,6 +307,7 @@ ctpu_status ctpu_call_push(const char *call, const char *arg)
             return CTPU_ERR_STATE;
         }
         s->label.call = id;
+        s->label.call_name = ctpu_device_label(ctpu_rt->dev, ctpu_device_label_id_internal(ctpu_rt->dev, call));
     }
     s->label.call_depth++;
     return CTPU_OK;
@@ -320,7 +321,10 @@ ctpu_status ctpu_call_pop(void)
         ctpu_set_error(CTPU_ERR_STATE, "call_pop: no call scope is open (ctpu_call_push)");
         return CTPU_ERR_STATE;
     }
-    if (--s->label.call_depth == 0) s->label.call = 0;
+    if (--s->label.call_depth == 0) {
+        s->label.call = 0;
+        s->label.call_name = NULL;
+    }
     return CTPU_OK;
 }
 

@@ -161,7 +161,7 @@ ctpu_tensor ctpu_handle_new(const ctpu_vtype *type, ctpu_buffer *buf, size_t off
     r->name = NULL;
     r->dyn = NULL;
     r->made_by = NULL;
-    r->origin = op;
+    r->origin = ts && ts->label.call_name ? ts->label.call_name : op;   /* the leak watch names the user's call */
     r->origin_label = ts && ts->label.depth ? ts->label.stack[ts->label.depth - 1] : 0;
     if (buf) atomic_fetch_add(&buf->handle_refs, 1);
     ctpu_tensor t = { ((uint64_t)atomic_load_explicit(&r->gen, memory_order_relaxed) << 32) | (idx + 1) };

@@ -349,13 +349,14 @@ ctpu_tensor ctpu_cross_entropy(ctpu_tensor logits, ctpu_tensor labels, const ctp
     int64_t N = ctpu_dim(logits, 0);
     int one = 1;
     ctpu_scope_begin();
+    /* the whole loss in the user's call: a bad label faults as cross_entropy's, not
+     * the gather's, and the handles it makes (its result too) are named after it */
+    bool called = ctpu_call_push("cross_entropy", "labels") == CTPU_OK;
     ctpu_tensor lsm = ctpu_log_softmax(logits, 1);
     ctpu_tensor valid = ctpu_ne_scalar(labels, (double)o.ignore_index);
     ctpu_tensor safe = ctpu_where(valid, labels, ctpu_zeros(CTPU_I32, 0, NULL));
     int64_t col[2] = { N, 1 };
-    ctpu_call_push("cross_entropy", "labels");   /* a bad label faults as the user's call, not the gather */
     ctpu_tensor g = ctpu_gather(lsm, 1, ctpu_reshape(safe, 2, col));
-    ctpu_call_pop();
     ctpu_tensor picked = ctpu_reshape(g, 1, &N);
     ctpu_tensor loss = ctpu_neg(picked);
     if (o.label_smoothing > 0) {
@@ -368,6 +369,7 @@ ctpu_tensor ctpu_cross_entropy(ctpu_tensor logits, ctpu_tensor labels, const ctp
     if (o.reduction == CTPU_REDUCE_NONE) r = loss;
     else if (o.reduction == CTPU_REDUCE_SUM) r = ctpu_sum(loss, 0, NULL, false);
     else r = ctpu_div(ctpu_sum(loss, 0, NULL, false), ctpu_sum(valid, 0, NULL, false));
+    if (called) ctpu_call_pop();
     ctpu_keep(r);
     ctpu_scope_end();
     return r;
@@ -441,12 +443,11 @@ ctpu_tensor ctpu_nll_loss(ctpu_tensor input, ctpu_tensor target, const ctpu_nll_
     }
     int64_t N = ctpu_dim(input, 0);
     ctpu_scope_begin();
+    bool called = ctpu_call_push("nll_loss", "target") == CTPU_OK;   /* as in cross_entropy: faults and handles name the user's call */
     ctpu_tensor valid = ctpu_ne_scalar(target, (double)o.ignore_index);
     ctpu_tensor safe = ctpu_where(valid, target, ctpu_zeros(CTPU_I32, 0, NULL));
     int64_t col[2] = { N, 1 };
-    ctpu_call_push("nll_loss", "target");        /* a bad target faults as the user's call, not the gather */
     ctpu_tensor g = ctpu_gather(input, 1, ctpu_reshape(safe, 2, col));
-    ctpu_call_pop();
     ctpu_tensor picked = ctpu_reshape(g, 1, &N);
     if (!ctpu_is_null(picked) && dl != CTPU_F32) picked = ctpu_cast(picked, CTPU_F32);
     ctpu_tensor loss = ctpu_where(valid, ctpu_neg(picked), ctpu_zeros(CTPU_F32, 0, NULL));
@@ -454,6 +455,7 @@ ctpu_tensor ctpu_nll_loss(ctpu_tensor input, ctpu_tensor target, const ctpu_nll_
     if (o.reduction == CTPU_REDUCE_NONE) r = loss;
     else if (o.reduction == CTPU_REDUCE_SUM) r = ctpu_sum(loss, 0, NULL, false);
     else r = ctpu_div(ctpu_sum(loss, 0, NULL, false), ctpu_sum(valid, 0, NULL, false));
+    if (called) ctpu_call_pop();
     if (ctpu_is_null(r)) { ctpu__nn_blame("nll_loss", NULL); r = ctpu_error_handle(); }
     else r = ctpu_keep(r);
     ctpu_scope_end();
