@@ -834,6 +834,72 @@ ctpu_status ctpu_report_render(const char *json, const char *name, ctpu_report_f
 }
 
 /* ------------------------------------------------------------ compare */
+static const char *const policy_row_names[3] = { "recompile", "pad_to_max", "bucket_pow2" };
+
+/* ROW for the helpers below: one row, a value per run (D is run i's document) */
+#define CMP_ROW(t, d, label, ...) do { \
+        char v_[2][96]; \
+        for (int i_ = 0; i_ < 2; i_++) { const cJSON *D = (d)[i_]; (void)D; snprintf(v_[i_], sizeof v_[i_], __VA_ARGS__); } \
+        tbl_row(t, label, v_[0], v_[1]); } while (0)
+
+/* Data parallel rows (issue 19), when either run has a "dist" section. */
+static void compare_dist_rows(table *t, const cJSON *const d[2])
+{
+    if (!obj(d[0], "dist") && !obj(d[1], "dist")) return;
+    char tb[32];
+    CMP_ROW(t, d, "world size", "%.0f", obj(D, "dist") ? num(obj(D, "dist"), "world_size") : 1.0);
+    CMP_ROW(t, d, "collectives / step", "%.2f", num(obj(D, "dist"), "collectives_per_step"));
+    CMP_ROW(t, d, "collective bytes / step", "%s", fmt_bytes(num(obj(D, "dist"), "bytes_per_step"), tb, sizeof tb));
+    CMP_ROW(t, d, "est. ICI time / step", "%s",
+            fmt_time(num(obj(D, "dist"), "est_ici_us_per_step") * 1e-6, tb, sizeof tb));
+    CMP_ROW(t, d, "est. communication share", "%.0f%%", 100 * num(obj(D, "dist"), "est_comm_fraction"));
+    CMP_ROW(t, d, "time in collectives (measured)", "%s", fmt_time(num(obj(D, "dist"), "comm_wall_s"), tb, sizeof tb));
+}
+
+/* Shape policies (issue 16): each policy summed over the structures, on
+ * each run's chip, then the cheapest per run. */
+static void compare_policy_rows(table *t, const cJSON *const d[2])
+{
+    double pol_usd[2][3] = { { 0 } };
+    int pol_any = 0;
+    char v[2][96];
+    for (int p = 0; p < 3; p++) {
+        char label[64];
+        snprintf(label, sizeof label, "shape policy %s: compiles / $", policy_row_names[p]);
+        int any = 0;
+        for (int i = 0; i < 2; i++) {
+            const cJSON *ss = obj(obj(d[i], "shape_policies"), "structures");
+            double comp = 0, usd = 0;
+            int have = 0;
+            for (int j = 0; j < arr_n(ss); j++) {
+                const cJSON *pol = obj(cJSON_GetArrayItem(ss, j), "policies");
+                for (int q = 0; q < arr_n(pol); q++) {
+                    const cJSON *r = cJSON_GetArrayItem(pol, q);
+                    if (strcmp(str(r, "policy"), policy_row_names[p]) != 0) continue;
+                    comp += num(r, "compiles");
+                    usd += num(r, "usd") > 0 ? num(r, "usd") : 0;
+                    have++;
+                }
+            }
+            any |= have;
+            pol_usd[i][p] = have ? usd : -1;
+            if (have) snprintf(v[i], sizeof v[i], "%.0f / $%.4g", comp, usd);
+            else snprintf(v[i], sizeof v[i], "-");
+        }
+        if (any) tbl_row(t, label, v[0], v[1]);
+        pol_any |= any;
+    }
+    if (!pol_any) return;
+    for (int i = 0; i < 2; i++) {
+        int best = -1;
+        for (int p = 0; p < 3; p++)
+            if (pol_usd[i][p] >= 0 && (best < 0 || pol_usd[i][p] < pol_usd[i][best])) best = p;
+        snprintf(v[i], sizeof v[i], "%s", best >= 0 ? policy_row_names[best] : "-");
+    }
+    tbl_row(t, "cheapest shape policy (all structures)", v[0], v[1]);
+}
+#undef CMP_ROW
+
 ctpu_status ctpu_report_compare(const char *json_a, const char *name_a, const char *json_b, const char *name_b,
                                 ctpu_report_format fmt, FILE *f)
 {
@@ -894,7 +960,6 @@ ctpu_status ctpu_report_compare(const char *json_a, const char *name_a, const ch
     ROW("HBM peak", "%s", fmt_bytes(num(obj(D, "hbm"), "peak"), tb, sizeof tb));
     ROW("est. HBM traffic", "%s", fmt_bytes(num(obj(D, "cost"), "hbm_bytes"), tb, sizeof tb));
     /* the emulated chip's cost row of each run */
-    for (int i = 0; i < 2; i++) (void)i;
     const cJSON *row[2] = { NULL, NULL };
     for (int i = 0; i < 2; i++) {
         const cJSON *rows = obj(obj(d[i], "cost"), "rows");
@@ -910,54 +975,8 @@ ctpu_status ctpu_report_compare(const char *json_a, const char *name_a, const ch
     CROW("est. MFU", "%.1f%%", 100 * num(R, "mfu"));
     CROW("est. MXU utilisation", "%.1f%%", 100 * num(R, "mxu_utilization"));
     CROW("est. $ / epoch (this chip)", "%s", fmt_usd(num(R, "usd_epoch"), boolean(R, "price_known"), tb, sizeof tb));
-    if (obj(a, "dist") || obj(b, "dist")) {   /* data parallel (issue 19) */
-        ROW("world size", "%.0f", obj(D, "dist") ? num(obj(D, "dist"), "world_size") : 1.0);
-        ROW("collectives / step", "%.2f", num(obj(D, "dist"), "collectives_per_step"));
-        ROW("collective bytes / step", "%s", fmt_bytes(num(obj(D, "dist"), "bytes_per_step"), tb, sizeof tb));
-        ROW("est. ICI time / step", "%s", fmt_time(num(obj(D, "dist"), "est_ici_us_per_step") * 1e-6, tb, sizeof tb));
-        ROW("est. communication share", "%.0f%%", 100 * num(obj(D, "dist"), "est_comm_fraction"));
-        ROW("time in collectives (measured)", "%s", fmt_time(num(obj(D, "dist"), "comm_wall_s"), tb, sizeof tb));
-    }
-    /* shape policies: each policy summed over the structures, on each run's chip */
-    double pol_usd[2][3] = { { 0 } };
-    int pol_any = 0;
-    for (int p = 0; p < 3; p++) {
-        static const char *const pn[] = { "recompile", "pad_to_max", "bucket_pow2" };
-        char label[64];
-        snprintf(label, sizeof label, "shape policy %s: compiles / $", pn[p]);
-        int any = 0;
-        for (int i = 0; i < 2; i++) {
-            const cJSON *ss = obj(obj(d[i], "shape_policies"), "structures");
-            double comp = 0, usd = 0;
-            int have = 0;
-            for (int j = 0; j < arr_n(ss); j++) {
-                const cJSON *pol = obj(cJSON_GetArrayItem(ss, j), "policies");
-                for (int q = 0; q < arr_n(pol); q++) {
-                    const cJSON *r = cJSON_GetArrayItem(pol, q);
-                    if (strcmp(str(r, "policy"), pn[p]) != 0) continue;
-                    comp += num(r, "compiles");
-                    usd += num(r, "usd") > 0 ? num(r, "usd") : 0;
-                    have++;
-                }
-            }
-            any |= have;
-            pol_usd[i][p] = have ? usd : -1;
-            if (have) snprintf(v[i], sizeof v[i], "%.0f / $%.4g", comp, usd);
-            else snprintf(v[i], sizeof v[i], "-");
-        }
-        if (any) tbl_row(t, label, v[0], v[1]);
-        pol_any |= any;
-    }
-    if (pol_any) {
-        static const char *const pn[] = { "recompile", "pad_to_max", "bucket_pow2" };
-        for (int i = 0; i < 2; i++) {
-            int best = -1;
-            for (int p = 0; p < 3; p++)
-                if (pol_usd[i][p] >= 0 && (best < 0 || pol_usd[i][p] < pol_usd[i][best])) best = p;
-            snprintf(v[i], sizeof v[i], "%s", best >= 0 ? pn[best] : "-");
-        }
-        tbl_row(t, "cheapest shape policy (all structures)", v[0], v[1]);
-    }
+    compare_dist_rows(t, d);
+    compare_policy_rows(t, d);
 #undef ROW
 #undef CROW
     tbl_print(&o, t);
