@@ -830,7 +830,8 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  *   (detached: the step's backward is inside fn).
  * A graph break (a host read such as ctpu_item or ctpu_to_host, a mode
  * change, a collective such as ctpu_all_reduce, a nested
- * ctpu_compiled_call inside fn, a capture past 1,000,000 ops) makes that
+ * ctpu_compiled_call inside fn, a ctpu_sync, ctpu_mark_step or
+ * ctpu_step_end inside fn, a capture past 1,000,000 ops) makes that
  * call run as defer and fuse around it and is reported with its op number
  * and label as faults are (ops numbered from 1 within each call in dispatch
  * order, the innermost ctpu_label_push label: 'graph break (at op #4,

@@ -388,6 +388,68 @@ START_TEST(fullgraph_break_is_an_error_and_changes_nothing)
 }
 END_TEST
 
+/* ctpu_sync, ctpu_mark_step or ctpu_step_end inside fn: a graph break; under
+ * fullgraph an error naming the op number and label, raised before anything
+ * is cut or run (the assign before it is not applied, no step counted) */
+typedef struct { brk b; int how; } cut_ctx;
+
+static ctpu_status step_with_cut(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    cut_ctx *k = ctx;
+    (void)sc;
+    if (k->how == 2) ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
+    ctpu_tensor y = ctpu_mul(in[0], k->b.w);                          /* #1 */
+    ck_assert_int_eq(ctpu_assign(k->b.w, ctpu_add_scalar(y, 1)), CTPU_OK);   /* #2, #3 (assign) */
+    ck_assert_int_eq(ctpu_label_push("opt"), CTPU_OK);
+    ctpu_tensor z = ctpu_exp(y);                                       /* #4 */
+    ctpu_status st = k->how == 0 ? ctpu_sync() : k->how == 1 ? ctpu_mark_step() : ctpu_step_end();
+    ctpu_label_pop();
+    out[0] = ctpu_add_scalar(z, 1);
+    return st;
+}
+
+START_TEST(fullgraph_sync_and_mark_step_fail_before_the_cut)
+{
+    static const char *const names[3] = { "sync", "mark_step", "step_end" };
+    for (int how = 0; how < 3; how++) {
+        cut_ctx k = { .b = { .w = ctpu_keep(T_VEC(1, 2, 3)) }, .how = how };
+        ctpu_tensor x = ctpu_keep(T_VEC(1, -1, 1));
+        ctpu_sync();
+        int64_t cuts0 = C("trace_cuts"), steps0 = C("marked_steps"), launched0 = C("programs_launched");
+        ctpu_compiled *c = ctpu_compile(step_with_cut, &k, &(ctpu_compile_opts){ .name = "cut", .fullgraph = true });
+        ctpu_tensor out[1] = { { 99 } };
+        ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_ERR_STATE);
+        char want[160];
+        snprintf(want, sizeof want, "compiled step cut: fullgraph: graph break (after op #4, \"opt\"): a trace cut (%s)",
+                 names[how]);
+        ck_assert_msg(t_contains(ctpu_last_error(), want), "%s", ctpu_last_error());
+        ck_assert(ctpu_is_null(out[0]));
+        ck_assert_int_eq(C("trace_cuts"), cuts0);
+        ck_assert_int_eq(C("marked_steps"), steps0);
+        ck_assert_int_eq(C("programs_launched"), launched0);
+        float *w = t_read(k.b.w, NULL);
+        ck_assert(w[0] == 1 && w[1] == 2 && w[2] == 3);   /* the assign did not run */
+        free(w);
+        ctpu_compiled_free(c);
+        /* without fullgraph: a graph break, the call runs as defer and fuse */
+        c = ctpu_compile(step_with_cut, &k, &(ctpu_compile_opts){ .name = "cut2" });
+        ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_OK);
+        ctpu_compiled_info info;
+        ctpu_compiled_get_info(c, &info);
+        ck_assert_int_eq(info.graph_breaks, 1);
+        snprintf(want, sizeof want, "graph break (after op #4, \"opt\"): a trace cut (%s)", names[how]);
+        ck_assert_msg(t_contains(info.last_reason, want), "%s", info.last_reason);
+        w = t_read(k.b.w, NULL);
+        ck_assert(w[0] == 2 && w[1] == -1 && w[2] == 4);
+        free(w);
+        ctpu_release(out[0]);
+        ctpu_compiled_free(c);
+        ctpu_release(x);
+        ctpu_release(k.b.w);
+    }
+}
+END_TEST
+
 static ctpu_status step_nested(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
 {
     ctpu_compiled *inner = ctx;
@@ -826,6 +888,7 @@ static Suite *suite(void)
     tcase_add_test(t, eager_and_compiled_mix);
     tcase_add_test(t, graph_break_runs_as_defer_and_fuse);
     tcase_add_test(t, fullgraph_break_is_an_error_and_changes_nothing);
+    tcase_add_test(t, fullgraph_sync_and_mark_step_fail_before_the_cut);
     tcase_add_test(t, nested_compiled_call_is_a_graph_break);
     tcase_add_test(t, graph_break_uses_step_op_numbers_and_labels);
     tcase_add_test(t, collective_is_a_graph_break);

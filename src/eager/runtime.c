@@ -969,6 +969,9 @@ ctpu_precision ctpu_get_matmul_precision(void)
 ctpu_status ctpu_sync(void)
 {
     if (!ctpu_check_init("sync")) return CTPU_ERR_NOT_INITIALIZED;
+    /* inside a compiled step's capture: a graph break, checked before
+     * anything is cut (fullgraph: the error, nothing ran) */
+    if (ctpu__capturing() && !ctpu__capture_break(CTPU_CUT_SYNC, "a trace cut (sync)")) return ctpu_last_status();
     uint64_t t0 = ctpu_now_ns();
     ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_SYNCS, 1);
     ctpu_status fst = ctpu__defer_flush(CTPU_CUT_SYNC);

@@ -426,6 +426,8 @@ static ctpu_status scope_begin(bool step, const char *op)
     return CTPU_OK;
 }
 
+static ctpu_status mark_step_as(const char *op);
+
 static ctpu_status scope_end(bool step, const char *op)
 {
     if (!ctpu_check_init(op)) return CTPU_ERR_NOT_INITIALIZED;
@@ -449,7 +451,7 @@ static ctpu_status scope_end(bool step, const char *op)
     }
     s->n = 0;
     ts->scope_depth--;
-    if (step) return ctpu_mark_step();
+    if (step) return mark_step_as(op);
     return CTPU_OK;
 }
 
@@ -458,9 +460,19 @@ ctpu_status ctpu_scope_end(void) { return scope_end(false, "scope_end"); }
 ctpu_status ctpu_step_begin(void) { return scope_begin(true, "step_begin"); }
 ctpu_status ctpu_step_end(void) { return scope_end(true, "step_end"); }
 
-ctpu_status ctpu_mark_step(void)
+ctpu_status ctpu_mark_step(void) { return mark_step_as("mark_step"); }
+
+/* mark_step, or step_end's: inside a compiled step's capture a graph break,
+ * checked before anything is cut or counted (fullgraph: the error, and
+ * nothing of the step ran) */
+static ctpu_status mark_step_as(const char *op)
 {
-    if (!ctpu_check_init("mark_step")) return CTPU_ERR_NOT_INITIALIZED;
+    if (!ctpu_check_init(op)) return CTPU_ERR_NOT_INITIALIZED;
+    if (ctpu__capturing()) {
+        char what[48];
+        snprintf(what, sizeof what, "a trace cut (%s)", op);
+        if (!ctpu__capture_break(CTPU_CUT_MARK_STEP, what)) return ctpu_last_status();
+    }
     ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_MARKED_STEPS, 1);
     atomic_store(&ctpu_rt->user_marks_steps, true);
     ctpu_status st = ctpu__defer_flush(CTPU_CUT_MARK_STEP);
