@@ -34,7 +34,7 @@ static void init_df(const char *compile_s, const char *limit)
 
 /* Per step: x [b, N] from the host, u = exp(x) * 2 kept past the step:
  * one program, input x, output u. Returns the last step's u[0]. */
-static float run_steps(void)
+static float run_steps_marked(int64_t mark_hi)
 {
     float *xd = malloc(sizeof(float) * 12 * N);
     ck_assert_ptr_nonnull(xd);
@@ -44,6 +44,7 @@ static float run_steps(void)
         int64_t sh[2] = { steps_b[s], N };
         ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
         ctpu_tensor x = ctpu_from_host(xd, CTPU_F32, 2, sh);
+        if (mark_hi) ck_assert_int_eq(ctpu_mark_dynamic(x, 0, 2, mark_hi), CTPU_OK);
         ctpu_tensor u = ctpu_keep(ctpu_mul_scalar(ctpu_exp(x), 2.0));
         ck_assert(!ctpu_is_null(u));
         ck_assert_int_eq(ctpu_step_end(), CTPU_OK);
@@ -55,6 +56,8 @@ static float run_steps(void)
     free(xd);
     return last;
 }
+
+static float run_steps(void) { return run_steps_marked(0); }
 
 static cJSON *metrics_doc(void)
 {
@@ -116,8 +119,17 @@ static const cJSON *policy(const cJSON *s, const char *name)
     return NULL;
 }
 
-/* Each policy's figures against the hand computation, on every profile. */
-static void check_figures(const cJSON *s, double compile_s)
+/* b padded to the next power of two, the bound being the last bucket */
+static double bucket_of(double b, double bound)
+{
+    double p = 1;
+    while (p < b) p *= 2;
+    return p > bound ? bound : p;
+}
+
+/* Each policy's figures against the hand computation, on every profile:
+ * pad_to_max pads to bound (the largest extent seen, 12, or a mark's hi). */
+static void check_figures_to(const cJSON *s, double compile_s, double bound)
 {
     int nc;
     const ctpu_chip_info *chips = ctpu_chip_profiles(&nc);
@@ -125,8 +137,8 @@ static void check_figures(const cJSON *s, double compile_s)
     const double compiles[3] = { 4, 1, 3 };
     double wasted[3] = { 0, 0, 0 };
     for (int i = 0; i < N_STEPS; i++) {
-        double b = (double)steps_b[i], bb = b <= 4 ? 4 : b <= 8 ? 8 : 12;
-        wasted[1] += (12 - b) * N * 8.0;
+        double b = (double)steps_b[i], bb = bucket_of(b, bound);
+        wasted[1] += (bound - b) * N * 8.0;
         wasted[2] += (bb - b) * N * 8.0;
     }
     for (int p = 0; p < 3; p++) {
@@ -142,7 +154,7 @@ static void check_figures(const cJSON *s, double compile_s)
             double dev = 0;
             for (int i = 0; i < N_STEPS; i++) {
                 double b = (double)steps_b[i];
-                double at = p == 0 ? b : p == 1 ? 12 : b <= 4 ? 4 : b <= 8 ? 8 : 12;
+                double at = p == 0 ? b : p == 1 ? bound : bucket_of(b, bound);
                 dev += t_launch(&chips[c], at);
             }
             const cJSON *x = cJSON_GetArrayItem(cs, c);
@@ -157,6 +169,8 @@ static void check_figures(const cJSON *s, double compile_s)
         }
     }
 }
+
+static void check_figures(const cJSON *s, double compile_s) { check_figures_to(s, compile_s, 12); }
 
 START_TEST(policy_figures_by_hand)
 {
@@ -193,6 +207,33 @@ START_TEST(policy_figures_by_hand)
     ck_assert(strstr(str(s, "advice"), "cheapest on v5e: pad_to_max") != NULL);
     ck_assert(strstr(str(s, "advice"), "less than recompile") != NULL);
     ck_assert(strstr(str(s, "advice"), "would be the cheapest after") != NULL);
+    cJSON_Delete(d);
+    ctpu_shutdown();
+}
+END_TEST
+
+/* A dim marked with ctpu_mark_dynamic(x, 0, 2, 16): pad_to_max pads every
+ * launch to the mark's hi, 16 (TorchTPU's bounded dynamism), not to the
+ * largest extent seen (12); the buckets are 4, 8 and 16. The same hand
+ * computation; results equal the unmarked run's. */
+START_TEST(policy_pad_to_max_uses_the_marks_hi)
+{
+    init_df("30", NULL);
+    float plain = run_steps();
+    ctpu_shutdown();
+    init_df("30", NULL);
+    float marked = run_steps_marked(16);
+    ck_assert(t_same(marked, plain));
+    cJSON *d = metrics_doc();
+    const cJSON *s = the_structure(d);
+    ck_assert(cJSON_IsTrue(item(s, "dynamic")));
+    ck_assert_int_eq((int)num(s, "shapes"), 4);
+    const cJSON *dim = cJSON_GetArrayItem(item(s, "dims"), 0);
+    ck_assert(num(dim, "upper_bound") == 16);
+    ck_assert_str_eq(str(dim, "bound"), "ctpu_mark_dynamic hi");
+    check_figures_to(s, 30, 16);
+    /* a 16-row launch costs more than a 12-row one: the waste is larger than unmarked */
+    ck_assert(num(policy(s, "pad_to_max"), "wasted_hbm_bytes") > 0);
     cJSON_Delete(d);
     ctpu_shutdown();
 }
@@ -505,6 +546,7 @@ int main(void)
     TCase *tc = tcase_create("policy");
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, policy_figures_by_hand);
+    tcase_add_test(tc, policy_pad_to_max_uses_the_marks_hi);
     tcase_add_test(tc, policy_advice_choice);
     tcase_add_test(tc, policy_counts_limit_fallbacks);
     tcase_add_test(tc, policy_tool_reads_them);

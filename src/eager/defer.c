@@ -893,6 +893,26 @@ static ctpu_op_prov cut_at(const flush_ctx *f)
     return n > 0 && rp ? rp[n - 1] : (ctpu_op_prov){ 0, 0, 0 };
 }
 
+/* Per dim of the canonical inputs of t (plan order), the extent a
+ * ctpu_mark_dynamic range pads it to (coef x hi), for the shape policies'
+ * pad_to_max; 0 where there is no mark, and for automatic dims and marks
+ * without an upper bound (hi 2^31-1: the largest extent seen stands). NULL
+ * when nothing is marked (free() it). */
+static int64_t *mark_bounds(const ctpu_launch_plan *pl, const ctpu_trace *t)
+{
+    if (!t_df.any_dyn || !pl || !t || pl->n_in != t->n_inputs) return NULL;
+    size_t n = 0, k = 0;
+    for (int i = 0; i < t->n_inputs; i++) n += (size_t)t->in_type[i].ndim;
+    int64_t *b = calloc(n + 1, sizeof *b);
+    for (int i = 0; b && i < t->n_inputs; i++) {
+        int32_t rec = pl->in_src[i];
+        const ctpu_dyndim *dd = rec >= 0 && (size_t)rec < t_df.cap_in_dyn && t_df.in_has_dyn[rec] ? t_df.in_dyn[rec] : NULL;
+        for (int d = 0; d < t->in_type[i].ndim; d++, k++)
+            if (dd && dd[d].coef > 0 && dd[d].hi < 2147483647) b[k] = dd[d].coef * dd[d].hi;
+    }
+    return b;
+}
+
 /* Key -> fused cache; a miss is compiled here (or waited for, if another
  * thread is compiling the same key). A trace with dynamic dims: its exact
  * static entry first, then the dynamic key (bound to this trace's extents
@@ -936,9 +956,11 @@ static ctpu_status lookup_or_compile(flush_ctx *f)
     free(dkey);
     ctpu_trace_final fin;
     bool have_fin = miss && compile_miss(f, miss, &opts, &fin);
-    ctpu__report_cut(f->why, cut_at(f), have_fin ? &fin.t : f->bound ? &f->bt : NULL, &f->res,
-                     f->prog ? run_prog(f) : NULL);                            /* report.c: programs, cuts, trace */
-    if (have_fin && f->op_by_op) ctpu__report_fallback(&fin.t);             /* report.c: the shape policies */
+    const ctpu_trace *rt_t = have_fin ? &fin.t : f->bound ? &f->bt : NULL;
+    int64_t *bound = mark_bounds(have_fin && fin.plan ? fin.plan : f->plan, rt_t);
+    ctpu__report_cut(f->why, cut_at(f), rt_t, bound, &f->res, f->prog ? run_prog(f) : NULL);   /* report.c: programs, cuts, trace */
+    if (have_fin && f->op_by_op) ctpu__report_fallback(&fin.t, bound);   /* report.c: the shape policies */
+    free(bound);
     if (have_fin && rt->auto_dynamic && f->res.recompile && f->prog && f->plan) auto_dynamic_learn(f, &fin.t);
     if (have_fin) ctpu_trace_final_free(&fin);
     free(f->bt.in_type);

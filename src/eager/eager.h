@@ -500,7 +500,9 @@ void ctpu__compiled_json(struct cJSON *doc, ctpu_runtime *rt);
  * launches. */
 /* at: where the trace was cut (a host read: the read; otherwise the last
  * recorded op), its number and label in the trace file's cut event */
-void ctpu__report_cut(int why, ctpu_op_prov at, const ctpu_trace *t, const ctpu_cache_result *res,
+/* bound: per dim of t's inputs (in order), the extent a ctpu_mark_dynamic
+ * range pads it to (coef x hi; 0: not marked, or automatic), or NULL */
+void ctpu__report_cut(int why, ctpu_op_prov at, const ctpu_trace *t, const int64_t *bound, const ctpu_cache_result *res,
                       const ctpu_program *prog);
 /* A marked step's cut kept count values live only because their handles
  * were alive (defer.c): the worst cut's count, step and up to
@@ -509,7 +511,7 @@ void ctpu__report_cut(int why, ctpu_op_prov at, const ctpu_trace *t, const ctpu_
 void ctpu__report_held(uint64_t count, uint64_t step, const char (*ex)[96], int n_ex);
 /* A defer-and-fuse trace past the recompile limit, run op by op
  * (defer.c): a launch of its structure at its shape (the shape policies). */
-void ctpu__report_fallback(const ctpu_trace *t);
+void ctpu__report_fallback(const ctpu_trace *t, const int64_t *bound);
 /* TORCH_TPU_AUTO_DYNAMIC: the canonical (input, dim) pairs that t's
  * structure's first one-dim recompile changed (at most max), handed out
  * once (the caller marks them; the report says they became dynamic). */

@@ -6,8 +6,9 @@
  *   recompile    one program per shape: compiles = distinct shapes, each
  *                TORCH_TPU_COMPILE_SECONDS of chip time; every launch at
  *                its own extents
- *   pad_to_max   one program at the upper bound (for automatic dims the
- *                largest extent seen); every launch padded to it
+ *   pad_to_max   one program at the upper bound (a ctpu_mark_dynamic
+ *                range's hi; for automatic and unmarked dims the largest
+ *                extent seen); every launch padded to it
  *   bucket_pow2  every varying extent padded to the next power of two
  *                (the bound is the last bucket); one compile per bucket
  *
@@ -47,6 +48,7 @@ typedef struct {
     ctpu_node *nodes;
     int32_t *outputs;
     size_t n_ext;
+    int64_t *bound;                    /* [input positions] a mark's padded extent (coef x hi), 0: none */
     pshape *shapes;
     int n_shapes, cap;
     ctpu_policy_auto au;               /* automatic dynamic dims (TORCH_TPU_AUTO_DYNAMIC) */
@@ -84,6 +86,7 @@ void ctpu__policy_free(ctpu_policy_state *ps)
         free(s->in_type);
         free(s->nodes);
         free(s->outputs);
+        free(s->bound);
     }
     free(ps->s);
     free(ps->by_prog);
@@ -134,10 +137,14 @@ static pstruct *struct_get(ctpu_policy_state *ps, uint64_t sh, const ctpu_trace 
     s->in_type = malloc(sizeof(ctpu_vtype) * ((size_t)t->n_inputs + 1));
     s->nodes = malloc(sizeof(ctpu_node) * ((size_t)t->n_nodes + 1));
     s->outputs = malloc(sizeof(int32_t) * ((size_t)t->n_outputs + 1));
-    if (!s->in_type || !s->nodes || !s->outputs) {
+    size_t nin = 0;
+    for (int i = 0; i < t->n_inputs; i++) nin += t->in_type[i].ndim;
+    s->bound = calloc(nin + 1, sizeof *s->bound);
+    if (!s->in_type || !s->nodes || !s->outputs || !s->bound) {
         free(s->in_type);
         free(s->nodes);
         free(s->outputs);
+        free(s->bound);
         return NULL;
     }
     if (t->n_inputs) memcpy(s->in_type, t->in_type, sizeof(ctpu_vtype) * (size_t)t->n_inputs);
@@ -223,8 +230,8 @@ static void map_program(ctpu_policy_state *ps, uint64_t program, int si, int sj)
 
 static void detect_auto(pstruct *s, const pshape *now, uint64_t program, uint64_t step);
 
-void ctpu__policy_launch(ctpu_policy_state *ps, uint64_t struct_hash, const ctpu_trace *t, uint64_t program,
-                         uint64_t step, bool recompile, bool dynamic)
+void ctpu__policy_launch(ctpu_policy_state *ps, uint64_t struct_hash, const ctpu_trace *t, const int64_t *bound,
+                         uint64_t program, uint64_t step, bool recompile, bool dynamic)
 {
     if (!ps || !struct_hash || !t) return;
     pstruct *s = struct_get(ps, struct_hash, t, program);
@@ -232,6 +239,10 @@ void ctpu__policy_launch(ctpu_policy_state *ps, uint64_t struct_hash, const ctpu
     pshape *p = s ? shape_get(ps, s, t, program, step) : NULL;
     if (!p) return;
     s->dynamic |= dynamic;
+    size_t k = 0;
+    for (int i = 0; bound && i < t->n_inputs && i < s->n_in; i++)
+        for (int d = 0; d < t->in_type[i].ndim; d++, k++)
+            if (bound[k] > s->bound[k]) s->bound[k] = bound[k];
     if (ps->auto_dynamic && recompile && !s->au.detected && s->n_shapes > before) detect_auto(s, p, program, step);
     p->launches++;
     p->last = ++ps->seq;
@@ -415,6 +426,22 @@ static void find_symbols(const pstruct *s, const int *live, int nl, symset *y)
     }
 }
 
+/* The extent pad_to_max pads symbol k to: the largest extent seen, or a
+ * ctpu_mark_dynamic range's padded hi on any input position of its class
+ * (TorchTPU's bounded dynamism pads to the declared bound) when larger. *marked
+ * says which. */
+static double sym_bound(const pstruct *s, const int *live, int nl, const symset *y, int k, bool *marked)
+{
+    double mx = 0, hi = 0;
+    for (int j = 0; j < nl; j++)
+        if ((double)s->shapes[live[j]].ext[y->pos[k]] > mx) mx = (double)s->shapes[live[j]].ext[y->pos[k]];
+    size_t nin = in_positions(s);
+    for (size_t p = 0; p < nin; p++)
+        if (s->bound[p] > 0 && (double)s->bound[p] > hi && same_class(s, live, nl, p, y->pos[k])) hi = (double)s->bound[p];
+    *marked = hi > 0;
+    return hi > mx ? hi : mx;
+}
+
 /* ------------------------------------------------------------ automatic dynamic dims */
 /* A recompile of s into the new shape `now`: against the shape launched
  * last, did only one dim's extent change (every changed input extent of one
@@ -557,9 +584,8 @@ static bool structure_rows(const ctpu_policy_state *ps, const pstruct *s, const 
         }
     double vmax[MAX_SYMS];
     for (int k = 0; k < y->n; k++) {
-        vmax[k] = 0;
-        for (int j = 0; j < nl; j++)
-            if ((double)s->shapes[live[j]].ext[y->pos[k]] > vmax[k]) vmax[k] = (double)s->shapes[live[j]].ext[y->pos[k]];
+        bool marked;
+        vmax[k] = sym_bound(s, live, nl, y, k, &marked);
     }
     int cap = nl + 2;
     padded *memo = calloc((size_t)cap, sizeof *memo);
@@ -694,11 +720,10 @@ static cJSON *structure_json(const ctpu_policy_state *ps, const pstruct *s, cons
         sym_name(s, y.pos[k], nm, sizeof nm);
         cJSON_AddStringToObject(d, "name", nm);
         cJSON_AddNumberToObject(d, "positions", y.members[k]);
-        double mx = 0;
-        for (int j = 0; j < nl; j++)
-            if ((double)s->shapes[live[j]].ext[y.pos[k]] > mx) mx = (double)s->shapes[live[j]].ext[y.pos[k]];
+        bool marked;
+        double mx = sym_bound(s, live, nl, &y, k, &marked);
         cJSON_AddNumberToObject(d, "upper_bound", mx);
-        cJSON_AddStringToObject(d, "bound", "largest extent seen");
+        cJSON_AddStringToObject(d, "bound", marked ? "ctpu_mark_dynamic hi" : "largest extent seen");
         cJSON_AddItemToArray(dims, d);
     }
     cJSON_AddNumberToObject(o, "shapes", nl);

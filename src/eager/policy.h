@@ -39,8 +39,12 @@ void ctpu__policy_clear(ctpu_policy_state *ps);
  * past the recompile limit, op by op (program 0). With auto_dynamic, the
  * structure's first recompile that changed one dim's extent alone is
  * recorded (ctpu_policy_auto). */
-void ctpu__policy_launch(ctpu_policy_state *ps, uint64_t struct_hash, const ctpu_trace *t, uint64_t program,
-                         uint64_t step, bool recompile, bool dynamic);
+/* bound (or NULL): per dim of t's inputs, the extent a ctpu_mark_dynamic
+ * range pads it to (coef x hi), 0 where none: pad_to_max pads a marked
+ * dim to it (TorchTPU's bounded dynamism), an automatic or unmarked one to
+ * the largest extent seen. */
+void ctpu__policy_launch(ctpu_policy_state *ps, uint64_t struct_hash, const ctpu_trace *t, const int64_t *bound,
+                         uint64_t program, uint64_t step, bool recompile, bool dynamic);
 /* The detected pairs of structure struct_hash, once (see ctpu_policy_auto). */
 int ctpu__policy_auto_take(ctpu_policy_state *ps, uint64_t struct_hash, int *in, int *dim, int max);
 /* One launch of a cached program. */

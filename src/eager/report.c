@@ -277,7 +277,7 @@ static void cut_event(int why, ctpu_op_prov at, const char *label, uint64_t step
         snprintf(args + k, alen - (size_t)k, ",\"region\":\"%s\"", ctpu_json_escape(l, rl, sizeof rl));
 }
 
-void ctpu__report_cut(int why, ctpu_op_prov at, const ctpu_trace *t, const ctpu_cache_result *res,
+void ctpu__report_cut(int why, ctpu_op_prov at, const ctpu_trace *t, const int64_t *bound, const ctpu_cache_result *res,
                       const ctpu_program *prog)
 {
     ctpu_runtime *rt = ctpu_rt;
@@ -292,7 +292,7 @@ void ctpu__report_cut(int why, ctpu_op_prov at, const ctpu_trace *t, const ctpu_
     pthread_mutex_lock(&r->mu);
     if (why == CTPU_CUT_HOST_READ) label_get(r, label)->cuts++;
     if (res && prog && res->hit && !sh) ctpu__policy_hit(r->policy, res->program_id);
-    else if (sh) ctpu__policy_launch(r->policy, sh, t, res->program_id, step, !res->hit && res->recompile,
+    else if (sh) ctpu__policy_launch(r->policy, sh, t, bound, res->program_id, step, !res->hit && res->recompile,
                                      res->hit || ctpu_program_dyn_trace(prog) != NULL);
     prog_rec *p = NULL;
     if (res && prog && res->program_id > 0 && res->program_id <= MAX_PROG_RECS) {
@@ -360,7 +360,7 @@ void ctpu__report_cut(int why, ctpu_op_prov at, const ctpu_trace *t, const ctpu_
     }
 }
 
-void ctpu__report_fallback(const ctpu_trace *t)
+void ctpu__report_fallback(const ctpu_trace *t, const int64_t *bound)
 {
     ctpu_runtime *rt = ctpu_rt;
     ctpu_report_state *r = rt ? rt->report : NULL;
@@ -368,7 +368,7 @@ void ctpu__report_fallback(const ctpu_trace *t)
     uint64_t sh = ctpu_trace_struct_hash(t);
     uint64_t step = atomic_load(&rt->marked_steps);
     pthread_mutex_lock(&r->mu);
-    ctpu__policy_launch(r->policy, sh, t, 0, step, true, false);
+    ctpu__policy_launch(r->policy, sh, t, bound, 0, step, true, false);
     pthread_mutex_unlock(&r->mu);
 }
 

@@ -734,7 +734,7 @@ static void render_policies(out_t *o, const cJSON *d)
         line(o, "advice: %s", str(s, "advice"));
     }
     line(o, "* = the emulated chip; compile, device and total on %s; recompile = one program per shape; pad_to_max = every launch padded to "
-            "the upper bound (the largest extent seen); bucket_pow2 = padded to the next power of two (the bound "
+            "the upper bound (a ctpu_mark_dynamic range's hi, else the largest extent seen); bucket_pow2 = padded to the next power of two (the bound "
             "the last bucket); the chip is paid for while it compiles", str(sp, "chip"));
 }
 
