@@ -89,6 +89,51 @@ START_TEST(parity_and_one_program)
 }
 END_TEST
 
+/* A dynamic program keeps the bound launches of its last CTPU_DYN_BOUND_CAP
+ * (16) distinct extents: 20 extents, then the newest 4 again (reused), then
+ * the oldest (bound again, replacing the least recently used); every launch
+ * bit-identical to strict eager. */
+START_TEST(bound_launches_kept_and_replaced)
+{
+    enum { N = 20 };
+    float *ref[N + 2], *got = malloc(sizeof(float) * (64 * 8 + 129));
+    mlp m = mlp_make();
+    for (int e = 0; e < N; e++) {
+        ref[e] = malloc(sizeof(float) * (size_t)((e + 2) * 8 + 129));
+        mlp_step(&m, e + 2, 0, 0, ref[e]);
+    }
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEFER_FUSE), CTPU_OK);
+    int64_t c0 = 0;
+    int64_t per_step = 0;                            /* dynamic launches per step */
+    for (int e = 0; e < N; e++) {
+        int64_t b0 = ctpu_metric_counter("dynamic_binds");
+        mlp_step(&m, e + 2, 2, 64, got);
+        per_step = ctpu_metric_counter("dynamic_binds") - b0;
+        if (e == 0) c0 = ctpu_metric_counter("programs_compiled");
+        ck_assert_msg(memcmp(got, ref[e], sizeof(float) * (size_t)((e + 2) * 8 + 129)) == 0, "extent %d", e + 2);
+    }
+    ck_assert_int_eq(ctpu_metric_counter("dynamic_bind_reuses"), 0);
+    int64_t binds = ctpu_metric_counter("dynamic_binds");
+    ck_assert_int_gt(per_step, 0);
+    for (int e = N - 4; e < N; e++) {
+        int64_t r0 = ctpu_metric_counter("dynamic_bind_reuses");
+        mlp_step(&m, e + 2, 2, 64, got);
+        ck_assert_int_eq(ctpu_metric_counter("dynamic_bind_reuses") - r0, per_step);
+        ck_assert_msg(memcmp(got, ref[e], sizeof(float) * (size_t)((e + 2) * 8 + 129)) == 0, "again %d", e + 2);
+    }
+    for (int e = 0; e < 2; e++) {                    /* replaced: bound again */
+        int64_t r0 = ctpu_metric_counter("dynamic_bind_reuses");
+        mlp_step(&m, e + 2, 2, 64, got);
+        ck_assert_int_eq(ctpu_metric_counter("dynamic_bind_reuses"), r0);
+        ck_assert_msg(memcmp(got, ref[e], sizeof(float) * (size_t)((e + 2) * 8 + 129)) == 0, "rebound %d", e + 2);
+    }
+    ck_assert_int_eq(ctpu_metric_counter("programs_compiled"), c0);
+    ck_assert_int_eq(ctpu_metric_counter("dynamic_binds"), binds + 6 * per_step);
+    for (int e = 0; e < N; e++) free(ref[e]);
+    free(got);
+}
+END_TEST
+
 START_TEST(without_marks_recompiles)
 {
     float *got = malloc(sizeof(float) * (64 * 8 + 129));
@@ -195,6 +240,7 @@ int main(void)
     tcase_add_checked_fixture(tc, t_setup, t_teardown);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, parity_and_one_program);
+    tcase_add_test(tc, bound_launches_kept_and_replaced);
     tcase_add_test(tc, without_marks_recompiles);
     tcase_add_test(tc, out_of_range_reason);
     tcase_add_test(tc, invalid_reshape_fails_at_the_call);

@@ -46,6 +46,7 @@
     X(FUSED_CACHE_MISSES,  "fused_cache_misses") \
     X(RECOMPILES,          "recompiles") \
     X(DYNAMIC_BINDS,       "dynamic_binds") \
+    X(DYNAMIC_BIND_REUSES, "dynamic_bind_reuses") \
     X(STRICT_RECOMPILES,   "strict_recompiles") \
     X(CACHE_EVICTIONS,     "cache_evictions") \
     X(CACHE_THRASH,        "cache_thrash") \

@@ -831,7 +831,11 @@ static bool bind_dynamic(flush_ctx *f)
         bt.nodes[k].out = rn->out;
         bt.nodes[k].attr = rn->attr;
     }
-    if (ok) f->bound = ctpu_fuse_bind(f->prog, &bt, f->err, sizeof f->err);
+    uint64_t t0 = ctpu_now_ns();
+    bool reused = false;
+    ctpu_program *evicted = NULL;
+    if (ok) f->bound = ctpu_fuse_bind_cached(f->prog, &bt, &reused, &evicted, f->err, sizeof f->err);
+    if (evicted) ctpu_cache_orphan(f->rt->fused_cache, evicted);   /* it may still be running */
     for (int j = 0; f->bound && j < ct->n_outputs; j++) {
         int32_t v = bt.outputs[j];
         const ctpu_vtype *vt = v < bt.n_inputs ? &bt.in_type[v] : &bt.nodes[v - bt.n_inputs].out;
@@ -849,7 +853,8 @@ static bool bind_dynamic(flush_ctx *f)
         return false;
     }
     ctpu_counter_add(&f->rt->metrics, CTPU_CTR_DYNAMIC_BINDS, 1);
-    ctpu_timer_add(&f->rt->metrics, CTPU_TMR_DYNAMIC_BIND_TIME, f->bound->compile_ns);
+    if (reused) ctpu_counter_add(&f->rt->metrics, CTPU_CTR_DYNAMIC_BIND_REUSES, 1);
+    ctpu_timer_add(&f->rt->metrics, CTPU_TMR_DYNAMIC_BIND_TIME, ctpu_now_ns() - t0);
     return true;
 }
 
@@ -1114,7 +1119,7 @@ static ctpu_status bind_buffers(flush_ctx *f)
         snprintf(msg, sizeof msg, "fused program %llu: %s", (unsigned long long)f->res.program_id,
                  f->err[0] ? f->err : "out of host memory");
         ctpu_cache_release(f->rt->fused_cache, f->prog);
-        if (f->bound) ctpu_program_free(f->bound);   /* never submitted */
+        ctpu_cache_release(f->rt->fused_cache, f->bound);   /* never submitted (the program keeps it) */
         free(f->out_bytes);
         return flush_fail(st, msg, f->reqs, f->rrec);
     }
@@ -1136,9 +1141,9 @@ static void publish(flush_ctx *f)
     if (!f->op_by_op) {
         uint64_t seq = ctpu_device_submit(rt->dev, &f->cmd);   /* the command owns heap arrays now */
         ctpu_program_note_submit(f->prog, seq);
-        if (f->bound) {   /* the launch goes once its command has run (after the program, whose tables it reads) */
+        if (f->bound) {   /* the dynamic program keeps its bound launch (fuse.h ctpu_fuse_bind_cached) */
             ctpu_program_note_submit(f->bound, seq);
-            ctpu_cache_orphan(rt->fused_cache, f->bound);
+            ctpu_cache_release(rt->fused_cache, f->bound);
             f->bound = NULL;
         }
         ctpu_counter_add(m, CTPU_CTR_PROGRAMS_LAUNCHED, 1);

@@ -779,9 +779,19 @@ static void program_fill(const compile_ctx *cx, ctpu_program *c)
 /* A dynamic program's compile-time facts a bind reuses (fuse.h): the
  * fusion groups (with the arrays they point at, in the program's memory) and
  * the canonical trace's structure. */
+typedef struct {
+    uint64_t hash, tick;       /* tick: last use (0: the slot is empty) */
+    uint8_t *key;              /* the launch's extents (dyn_extent_key) */
+    size_t len;
+    ctpu_program *bound;       /* one reference: the slot's */
+} dyn_bound;
+
 struct ctpu_dyn_info {
     compile_ctx cx;            /* the passes' results; cx.t and cx.al are not used */
     ctpu_trace t;              /* the canonical trace it was compiled from (its arrays in the program's memory) */
+    pthread_mutex_t mu;        /* guards the bound launches */
+    uint64_t tick;
+    dyn_bound b[CTPU_DYN_BOUND_CAP];   /* bound launches kept for their extents, least recently used replaced */
 };
 
 static bool keep_dyn(compile_ctx *cx, ctpu_program *c)
@@ -803,6 +813,7 @@ static bool keep_dyn(compile_ctx *cx, ctpu_program *c)
     d->t.outputs = outs;
     d->t.out_alias = alias;
     d->cx = *cx;
+    if (pthread_mutex_init(&d->mu, NULL) != 0) return oom(cx);
     c->dyn = d;
     return true;
 }
@@ -903,8 +914,83 @@ ctpu_program *ctpu_fuse_bind(const ctpu_program *p, const ctpu_trace *t, char *e
 void ctpu_program_free(ctpu_program *c)
 {
     if (!c) return;
+    if (c->dyn) {   /* nobody holds its bound launches once nobody holds it (fuse.h) */
+        for (int i = 0; i < CTPU_DYN_BOUND_CAP; i++) {
+            free(c->dyn->b[i].key);
+            ctpu_program_free(c->dyn->b[i].bound);
+        }
+        pthread_mutex_destroy(&c->dyn->mu);
+    }
     void **m = c->mem;
     int n = c->n_mem;
     for (int i = n - 1; i >= 0; i--) free(m[i]);   /* c itself is m[0] */
     free(m);
+}
+
+/* What a bind depends on besides the program: every input's and node's
+ * extents and every node's attrs (slice bounds), as one byte string (dtypes,
+ * ranks and wiring are the program's). NULL on out of memory. */
+static uint8_t *dyn_extent_key(const ctpu_trace *t, size_t *len)
+{
+    size_t n = 0;
+    for (int k = 0; k < t->n_inputs; k++) n += sizeof(int64_t) * t->in_type[k].ndim;
+    for (int k = 0; k < t->n_nodes; k++) n += sizeof(int64_t) * t->nodes[k].out.ndim + sizeof(ctpu_attrs);
+    uint8_t *key = malloc(n + 1), *w = key;
+    if (!key) return NULL;
+    for (int k = 0; k < t->n_inputs; k++) {
+        memcpy(w, t->in_type[k].shape, sizeof(int64_t) * t->in_type[k].ndim);
+        w += sizeof(int64_t) * t->in_type[k].ndim;
+    }
+    for (int k = 0; k < t->n_nodes; k++) {
+        memcpy(w, t->nodes[k].out.shape, sizeof(int64_t) * t->nodes[k].out.ndim);
+        w += sizeof(int64_t) * t->nodes[k].out.ndim;
+        memcpy(w, &t->nodes[k].attr, sizeof(ctpu_attrs));
+        w += sizeof(ctpu_attrs);
+    }
+    *len = n;
+    return key;
+}
+
+ctpu_program *ctpu_fuse_bind_cached(ctpu_program *p, const ctpu_trace *t, bool *reused, ctpu_program **evicted,
+                                    char *err, size_t errlen)
+{
+    struct ctpu_dyn_info *d = p->dyn;
+    *reused = false;
+    *evicted = NULL;
+    size_t len;
+    uint8_t *key = dyn_extent_key(t, &len);
+    if (!key) {
+        snprintf(err, errlen, "out of host memory binding a dynamic program");
+        return NULL;
+    }
+    uint64_t h = ctpu_key_hash(key, len);
+    pthread_mutex_lock(&d->mu);
+    for (int i = 0; i < CTPU_DYN_BOUND_CAP; i++) {
+        dyn_bound *e = &d->b[i];
+        if (!e->tick || e->hash != h || e->len != len || memcmp(e->key, key, len) != 0) continue;
+        e->tick = ++d->tick;
+        ctpu_program_retain(e->bound);
+        ctpu_program *b = e->bound;
+        pthread_mutex_unlock(&d->mu);
+        free(key);
+        *reused = true;
+        return b;
+    }
+    pthread_mutex_unlock(&d->mu);
+    ctpu_program *b = ctpu_fuse_bind(p, t, err, errlen);   /* outside the lock: another thread may bind too */
+    if (!b) {
+        free(key);
+        return NULL;
+    }
+    ctpu_program_retain(b);                                 /* the slot's; the bind's is the caller's */
+    pthread_mutex_lock(&d->mu);
+    int v = 0;
+    for (int i = 1; i < CTPU_DYN_BOUND_CAP; i++)
+        if (d->b[i].tick < d->b[v].tick) v = i;
+    dyn_bound old = d->b[v];
+    d->b[v] = (dyn_bound){ .hash = h, .tick = ++d->tick, .key = key, .len = len, .bound = b };
+    pthread_mutex_unlock(&d->mu);
+    free(old.key);
+    *evicted = old.bound;
+    return b;
 }

@@ -84,6 +84,21 @@ ctpu_program *ctpu_fuse_compile_dynamic(const ctpu_trace *t, char *err, size_t e
 /* The canonical trace a dynamic program was compiled from (NULL: not dynamic). */
 const ctpu_trace *ctpu_program_dyn_trace(const ctpu_program *p);
 ctpu_program *ctpu_fuse_bind(const ctpu_program *p, const ctpu_trace *t, char *err, size_t errlen);
+/* Bound launches a dynamic program keeps (DESIGN.md "Dynamic dims"): a
+ * launch at extents bound before reuses that bound program. */
+#define CTPU_DYN_BOUND_CAP 16
+/* ctpu_fuse_bind through dynamic program p's bound launches: a launch at the
+ * extents and attrs of one of the last CTPU_DYN_BOUND_CAP distinct binds
+ * (*reused set) returns that bound program, else it is bound and kept in
+ * place of the least recently used, which is returned in *evicted (its
+ * reference the slot's: the caller hands it to ctpu_cache_orphan, it may
+ * still be running) or NULL. The bound program comes with a reference for
+ * the caller (ctpu_cache_release after its submit); p's keep theirs until
+ * p is freed (ctpu_program_free frees them: nobody can hold one then, a
+ * launch holds p while it holds its bound program). NULL with err as
+ * ctpu_fuse_bind's. Thread-safe. */
+ctpu_program *ctpu_fuse_bind_cached(ctpu_program *p, const ctpu_trace *t, bool *reused, ctpu_program **evicted,
+                                    char *err, size_t errlen);
 /* A command running p was submitted as seq (before its submitter lets go
  * of its reference). */
 static inline void ctpu_program_note_submit(ctpu_program *p, uint64_t seq)
