@@ -1,7 +1,9 @@
 /* Strict eager vs defer and fuse, side by side in one run (one kernel thread
  * unless a name says otherwise): an 8-op elementwise chain over 1M and 16M
  * floats (with a memcpy of the same bytes and the chain hand-fused in C, with
- * plain and non-temporal stores; 16M again at 2 threads: the _2t lines), the demo's MLP training step, a
+ * plain and non-temporal stores; 16M again at 2 threads: the _2t lines), the demo's MLP training step
+ * (and issue 18's ratio_mlp_step_fused_vs_fma_bound: its 129 MFLOP of matmuls at
+ * this core's FMA peak, measured here by bench/peak.h's register loop, over the step's CPU time), a
  * transformer-like block; host cost per recorded op; a cache hit of a
  * 500-node trace; SDPA against the attention composition (forward and
  * backward) at T = 128, 512, 2048; a GPT block written with SDPA and the
@@ -19,6 +21,9 @@
 #include <emmintrin.h>
 #endif
 #include "bench.h"
+#if defined(__x86_64__)
+#include "peak.h"
+#endif
 
 static double now_s(void)
 {
@@ -274,6 +279,48 @@ static double time_mlp(ctpu_mode m, ctpu_tensor x, ctpu_tensor y, float *w_out, 
     return median(r, 7);
 }
 
+/* This core's register-loop peak (GFLOP/s, thread CPU time, median of 5;
+ * bench/peak.h), 0 when the CPU lacks the instruction. */
+static double thread_cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double peak_1t(int bf16)
+{
+#if defined(__x86_64__)
+    if (bf16 ? !__builtin_cpu_supports("avx512bf16") : !__builtin_cpu_supports("avx512f")) return 0;
+    const long iters = 4000000;
+    double t[5], sink = 0;
+    for (int r = 0; r < 5; r++) {
+        double c0 = thread_cpu_s();
+        sink += bf16 ? peak_bf16_loop(iters) : peak_fp32_loop(iters);
+        t[r] = thread_cpu_s() - c0;
+    }
+    if (sink == 12345.678) printf("# %g\n", sink);
+    return (double)iters * peak_flop_per_iter(bf16) / median(t, 5) * 1e-9;
+#else
+    (void)bf16;
+    return 0;
+#endif
+}
+
+/* FLOP of one MLP step's matmuls (2 per MAC; batch 128, 784 -> 256 -> 128 ->
+ * 10): the three forward products, the three weight gradients and the input
+ * gradients of layers 2 and 3 (x needs none): about 129 MFLOP. */
+static double mlp_step_flop(void)
+{
+    const double b = 128, d[4] = { 784, 256, 128, 10 };
+    double fwd = 0, dx = 0;
+    for (int l = 0; l < 3; l++) {
+        fwd += 2 * b * d[l] * d[l + 1];
+        if (l > 0) dx += 2 * b * d[l] * d[l + 1];
+    }
+    return 2 * fwd + dx;
+}
+
 static void bench_mlp(void)
 {
     int64_t xs[2] = { 128, 784 }, ys[2] = { 128, 10 };
@@ -292,6 +339,23 @@ static void bench_mlp(void)
     printf("mlp_step_strict_cpu %.3f ms\n", cs * 1e3);
     printf("mlp_step_fused_cpu %.3f ms\n", cf * 1e3);
     printf("ratio_fused_vs_strict_mlp_step_cpu %.3f x\n", cs / cf);
+    /* issue 18's training target: the fused step against the time its matmul
+     * FLOP take at the FMA peak of one core (by the process's CPU time: the
+     * host and the one kernel thread; _wall: by wall time), and against the
+     * exact-emulation limit max(FMA, vdpbf16ps peak) */
+    double pf = peak_1t(0), pb = peak_1t(1), fl = mlp_step_flop();
+    if (pf > 0) {
+        double bound = fl / (pf * 1e9), lim = fl / ((pf > pb ? pf : pb) * 1e9);
+        printf("peak_fp32_1t %.1f GFLOP/s\n", pf);
+        if (pb > 0) printf("peak_bf16_1t %.1f GFLOP/s\n", pb);
+        printf("mlp_step_flop %.1f MFLOP\n", fl * 1e-6);
+        printf("mlp_step_fma_bound %.3f ms\n", bound * 1e3);
+        printf("ratio_mlp_step_fused_vs_fma_bound %.3f x\n", bound / cf);
+        printf("ratio_mlp_step_fused_vs_fma_bound_wall %.3f x\n", bound / tf);
+        printf("ratio_mlp_step_fused_vs_limit_bound %.3f x\n", lim / cf);
+    } else {
+        printf("# skip ratio_mlp_step_fused_vs_fma_bound: no AVX-512 peak loop on this CPU\n");
+    }
     ctpu_release(x);
     ctpu_release(y);
     free(xh);

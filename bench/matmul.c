@@ -44,6 +44,7 @@
 #include <oneapi/dnnl/dnnl.h>
 #endif
 #include "bench.h"
+#include "peak.h"
 
 static double now(void)
 {
@@ -150,38 +151,6 @@ static void bpool_stop(bpool *p)
 #define PEAK_ITERS 20000000L
 typedef struct { int bf16; double sink; } peak_ctx;
 
-__attribute__((target("avx512f,avx512bf16"), noinline))
-static double peak_bf16_loop(long iters)
-{
-    __m512 c[24];
-    for (int i = 0; i < 24; i++) c[i] = _mm512_set1_ps((float)i);
-    __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80), b = (__m512bh)_mm512_set1_epi32(0x0d800d80);
-    for (long it = 0; it < iters; it++) {
-        __asm__ volatile("" : "+v"(a), "+v"(b));
-#pragma GCC unroll 24
-        for (int i = 0; i < 24; i++) c[i] = _mm512_dpbf16_ps(c[i], a, b);
-    }
-    __m512 s = c[0];
-    for (int i = 1; i < 24; i++) s = _mm512_add_ps(s, c[i]);
-    return (double)_mm512_reduce_add_ps(s);
-}
-
-__attribute__((target("avx512f,fma"), noinline))
-static double peak_fp32_loop(long iters)
-{
-    __m512 c[24];
-    for (int i = 0; i < 24; i++) c[i] = _mm512_set1_ps((float)i);
-    __m512 a = _mm512_set1_ps(1.0f), b = _mm512_set1_ps(1e-30f);
-    for (long it = 0; it < iters; it++) {
-        __asm__ volatile("" : "+v"(a), "+v"(b));
-#pragma GCC unroll 24
-        for (int i = 0; i < 24; i++) c[i] = _mm512_fmadd_ps(a, b, c[i]);
-    }
-    __m512 s = c[0];
-    for (int i = 1; i < 24; i++) s = _mm512_add_ps(s, c[i]);
-    return (double)_mm512_reduce_add_ps(s);
-}
-
 static void peak_task(void *v, int tid, int nt)
 {
     (void)tid; (void)nt;
@@ -222,7 +191,7 @@ static double peak_rate(ctpu_k_pool *pool, int bf16)
     qsort(t, 5, sizeof t[0], cmp_d);
     int nt = pool ? pool->nthreads : 1;
     /* per instruction: 16 lanes x 2 MACs (bf16 pairs) or 16 lanes x 1 MAC */
-    double flops = (double)PEAK_ITERS * 24 * 16 * (bf16 ? 4 : 2) * nt;
+    double flops = (double)PEAK_ITERS * peak_flop_per_iter(bf16) * nt;
     return flops / t[2] * 1e-9;
 }
 
