@@ -210,6 +210,56 @@ static void auto_dynamic_mark(ctpu_trec *r, size_t i)
     if (any) ctpu__rec_set_dyn(r, d, it[i].ndim);
 }
 
+/* TORCH_TPU_AUTO_DYNAMIC, no rule learnt for it yet: recorded input i
+ * (record r) that differs from the last flushed trace's input at its
+ * position in exactly one dim (an extent >= 2) gets that dim marked over
+ * [2, 2^31-1] speculatively; the flush keeps the marks only if the trace
+ * is its structure's first one-dim recompile (spec_confirm), so that
+ * recompile compiles the dynamic program. */
+static void auto_dynamic_speculate(ctpu_trec *r, size_t i)
+{
+    ctpu_buffer *const *ib;
+    const size_t *io;
+    const ctpu_vtype *it;
+    int ni = ctpu_trace_rec_inputs(t_df.rec, &ib, &io, &it);
+    if (i >= (size_t)ni || i >= (size_t)t_df.n_prev_in || t_df.n_spec == 16) return;
+    const ctpu_vtype *a = &it[i], *b = &t_df.prev_in[i];
+    if (a->dtype != b->dtype || a->ndim != b->ndim) return;
+    int n = 0, dim = -1;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) { n++; dim = d; }
+    if (n != 1 || a->shape[dim] < 2 || a->shape[dim] > 2147483647) return;
+    ctpu_dyndim d[CTPU_MAX_DIMS];
+    memset(d, 0, sizeof d);
+    d[dim] = (ctpu_dyndim){ 2, 2147483647, 1 };
+    if (!ctpu__rec_set_dyn(r, d, a->ndim)) return;
+    t_df.spec[t_df.n_spec].rec = (int32_t)i;
+    t_df.spec[t_df.n_spec].dim = dim;
+    t_df.spec[t_df.n_spec].r = r;
+    t_df.spec[t_df.n_spec++].gen = atomic_load_explicit(&r->gen, memory_order_relaxed);
+}
+
+static bool is_spec(const ctpu_trec *r)
+{
+    for (int k = 0; k < t_df.n_spec; k++)
+        if (t_df.spec[k].r == r) return true;
+    return false;
+}
+
+/* The marks of the inputs: the tensor's own (ctpu_mark_dynamic, or kept
+ * from a trace before), a learnt automatic rule's, a speculative one. */
+static void input_marks(ctpu_trec *r, size_t i)
+{
+    if (r->dyn) {
+        if (!is_spec(r)) t_df.other_dyn = true;
+    } else {
+        if (t_df.n_auto_dyn) auto_dynamic_mark(r, i);
+        if (r->dyn) t_df.other_dyn = true;
+        else if (ctpu_rt->auto_dynamic) auto_dynamic_speculate(r, i);
+    }
+    if (r->dyn) dyn_note(true, i, r->dyn);
+}
+
 /* The vref of an input record in the current trace. */
 static bool input_vref(ctpu_trec *r, const char *op, ctpu_vref *out)
 {
@@ -227,8 +277,7 @@ static bool input_vref(ctpu_trec *r, const char *op, ctpu_vref *out)
         ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory recording the trace", op);
         return false;
     }
-    if (t_df.n_auto_dyn && !r->dyn && !ctpu__capturing()) auto_dynamic_mark(r, (size_t)(-v - 1));
-    if (r->dyn && !ctpu__capturing()) dyn_note(true, (size_t)(-v - 1), r->dyn);
+    if (!ctpu__capturing()) input_marks(r, (size_t)(-v - 1));
     *out = v;
     return true;
 }
@@ -386,8 +435,55 @@ static void poison_holders(ctpu_status st, const char *msg)
     }
 }
 
+/* Speculative automatic marks the flush did not confirm: gone from the
+ * inputs and from the values the trace made (their automatic dims). */
+static void drop_spec(void)
+{
+    for (int k = 0; k < t_df.n_spec; k++) {
+        ctpu_trec *r = t_df.spec[k].r;
+        if (!atomic_load(&r->live) || atomic_load(&r->gen) != t_df.spec[k].gen || !r->dyn) continue;
+        ctpu_dyndim d[CTPU_MAX_DIMS];
+        memcpy(d, r->dyn, sizeof d);
+        d[t_df.spec[k].dim] = (ctpu_dyndim){ 0, 0, 0 };
+        ctpu__rec_set_dyn(r, d, r->type.ndim);
+    }
+    ctpu_trec *const *pages = ctpu_rt->pages;
+    for (size_t i = 0; i < t_df.n_holders; i++) {
+        ctpu_trec *r = ctpu_slot_if_live(pages, t_df.holders[i]);
+        if (!r || !r->dyn) continue;
+        ctpu_dyndim d[CTPU_MAX_DIMS];
+        memcpy(d, r->dyn, sizeof d);
+        for (int e = 0; e < r->type.ndim; e++)
+            if (d[e].lo == 2 && d[e].hi == 2147483647) d[e] = (ctpu_dyndim){ 0, 0, 0 };
+        ctpu__rec_set_dyn(r, d, r->type.ndim);
+    }
+}
+
+/* TORCH_TPU_AUTO_DYNAMIC: the recorded inputs' types, for the next trace's
+ * speculative marks (a trace without inputs leaves the last one's). */
+static void keep_prev_inputs(void)
+{
+    ctpu_buffer *const *ib;
+    const size_t *io;
+    const ctpu_vtype *it;
+    int ni = ctpu_trace_rec_inputs(t_df.rec, &ib, &io, &it);
+    if (ni <= 0) return;
+    if (ni > t_df.cap_prev_in) {
+        ctpu_vtype *p = realloc(t_df.prev_in, sizeof *p * (size_t)ni);
+        if (!p) { t_df.n_prev_in = 0; return; }
+        t_df.prev_in = p;
+        t_df.cap_prev_in = ni;
+    }
+    memcpy(t_df.prev_in, it, sizeof *it * (size_t)ni);
+    t_df.n_prev_in = ni;
+}
+
 static void reset_trace(void)
 {
+    if (t_df.n_spec && !t_df.spec_ok) drop_spec();
+    t_df.n_spec = 0;
+    t_df.spec_ok = t_df.other_dyn = false;
+    if (ctpu_rt->auto_dynamic) keep_prev_inputs();
     if (t_df.any_dyn) {
         if (t_df.in_has_dyn) memset(t_df.in_has_dyn, 0, t_df.cap_in_dyn);
         if (t_df.node_has_dyn) memset(t_df.node_has_dyn, 0, t_df.cap_node_dyn);
@@ -586,6 +682,8 @@ typedef struct {
     ctpu_program *bound;           /* a dynamic program's launch at this trace's extents (ours), or NULL */
     size_t *out_bytes;             /* [plan->n_out] with bound: the outputs' bytes at these extents */
     char dyn_why[160];             /* a dynamic dim out of its range: the recompile reason */
+    const uint8_t *key;            /* the static key (a dynamic miss may fall back to it) */
+    size_t klen;
     uint64_t step;                 /* marked steps at the cut */
     char err[384];
 } flush_ctx;
@@ -747,6 +845,26 @@ static const char *first_label(const ctpu_trace_final *fin)
     return l[0] ? l : NULL;
 }
 
+/* TORCH_TPU_AUTO_DYNAMIC: the speculative marks of this trace are exactly
+ * the dim its structure's first one-dim recompile changes (the policy's
+ * detection, before the compile): they stay, and the recompile compiles
+ * the dynamic program. */
+static bool spec_confirm(const ctpu_trace_final *fin)
+{
+    int in[8], dim[8];
+    int n = ctpu__report_auto_would(&fin->t, in, dim, 8);
+    const ctpu_launch_plan *pl = fin->plan;
+    if (n <= 0 || !pl || n < t_df.n_spec) return false;
+    for (int k = 0; k < n; k++) {
+        bool found = false;
+        for (int s = 0; s < t_df.n_spec && !found; s++)
+            found = in[k] >= 0 && in[k] < pl->n_in && pl->in_src[in[k]] == t_df.spec[s].rec && dim[k] == t_df.spec[s].dim;
+        if (!found) return false;
+    }
+    t_df.spec_ok = true;
+    return true;
+}
+
 static bool compile_miss(flush_ctx *f, ctpu_cache_pending *miss, const ctpu_cache_opts *o, ctpu_trace_final *fin)
 {
     ctpu_cache *cache = f->rt->fused_cache;
@@ -754,6 +872,15 @@ static bool compile_miss(flush_ctx *f, ctpu_cache_pending *miss, const ctpu_cach
         ctpu_cache_abandon(cache, miss);
         snprintf(f->err, sizeof f->err, "out of host memory finalising the trace");
         return false;
+    }
+    if (f->dynamic && t_df.n_spec && !t_df.other_dyn && !spec_confirm(fin)) {
+        /* speculative automatic marks that are not a one-dim recompile: the
+         * trace is keyed and compiled static */
+        ctpu_cache_abandon(cache, miss);
+        f->dynamic = false;
+        miss = NULL;
+        f->prog = ctpu_cache_find(cache, f->key, f->klen, o, &f->res, &f->plan, &miss, f->err, sizeof f->err);
+        if (!miss) return true;   /* another thread compiled it, or a refusal */
     }
     bool first = false;
     char lim[400];
@@ -957,10 +1084,13 @@ static ctpu_status lookup_or_compile(flush_ctx *f)
     }
     if (!f->prog && !miss)
         f->prog = ctpu_cache_find(rt->fused_cache, key, klen, &opts, &f->res, &f->plan, &miss, f->err, sizeof f->err);
-    free(key);
     free(dkey);
     ctpu_trace_final fin;
+    f->key = key;
+    f->klen = klen;
     bool have_fin = miss && compile_miss(f, miss, &opts, &fin);
+    free(key);
+    f->key = NULL;
     const ctpu_trace *rt_t = have_fin ? &fin.t : f->bound ? &f->bt : NULL;
     int64_t *bound = mark_bounds(have_fin && fin.plan ? fin.plan : f->plan, rt_t);
     ctpu__report_cut(f->why, cut_at(f), rt_t, bound, &f->res, f->prog ? run_prog(f) : NULL);   /* report.c: programs, cuts, trace */

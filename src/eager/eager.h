@@ -129,6 +129,18 @@ typedef struct {                     /* defer.c: this thread's defer-and-fuse tr
      * dynamic over [2, 2^31-1] */
     struct { int32_t rec, dim; ctpu_vtype type; } auto_dyn[16];
     int n_auto_dyn;
+    /* ... and before a structure's first one-dim recompile is known: the
+     * last flushed trace's recorded input types; an input that differs from
+     * the one at its position in exactly one dim gets that dim marked
+     * speculatively (spec), so the recompile, once the flush confirms it
+     * (policy.c), compiles the dynamic program itself, as torch.compile's
+     * automatic dynamic shapes do; unconfirmed, the marks are dropped */
+    ctpu_vtype *prev_in;
+    int n_prev_in, cap_prev_in;
+    struct { int32_t rec, dim; struct ctpu_trec *r; uint32_t gen; } spec[16];
+    int n_spec;
+    bool spec_ok;                    /* the flush confirmed them: they stay */
+    bool other_dyn;                  /* an input with dims marked otherwise (ctpu_mark_dynamic, a learnt rule) */
 } ctpu_defer_state;
 
 struct ctpu_strict_front;            /* dispatch.c */
@@ -516,6 +528,11 @@ void ctpu__report_fallback(const ctpu_trace *t, const int64_t *bound);
  * structure's first one-dim recompile changed (at most max), handed out
  * once (the caller marks them; the report says they became dynamic). */
 int ctpu__report_auto_take(const ctpu_trace *t, int *in, int *dim, int max);
+/* TORCH_TPU_AUTO_DYNAMIC, before t is compiled: the canonical (input, dim)
+ * pairs of one dim whose extent alone differs from the last launched shape
+ * of t's structure, if that structure has not had its one-dim recompile
+ * yet (at most max; 0: none). Records nothing but t's shape. */
+int ctpu__report_auto_would(const ctpu_trace *t, int *in, int *dim, int max);
 /* A strict/debug op launched (dispatch.c): the node and its program (whose
  * estimate it adds up). */
 void ctpu__report_op(const ctpu_node *n, bool hit, const ctpu_program *prog, ctpu_trec *const *in, ctpu_op_prov prov);

@@ -50,9 +50,10 @@
       "assumed seconds of chip time per XLA compile on a real TPU, for the cache report's shape policies (an "      \
       "assumption: set it from a real run's compile times); a number >= 0")                                        \
     X(TORCH_TPU_AUTO_DYNAMIC, BOOL, "0",                                                                           \
-      "`1`: automatic dynamic dims (torch.compile's): after a structure's first recompile caused only by one "    \
-      "dim's extent, that dim of the inputs it maps to is marked dynamic over [2, 2^31-1] in later traces "         \
-      "(`ctpu_mark_dynamic`'s mechanism); the cache report says which dims and at which step")                     \
+      "`1`: automatic dynamic dims (torch.compile's): a structure's first recompile caused only by one dim's "    \
+      "extent compiles the dynamic program itself, with that dim of the inputs it maps to dynamic over "           \
+      "[2, 2^31-1], and later traces mark it too (`ctpu_mark_dynamic`'s mechanism): two compiles for any number "  \
+      "of extents, as torch.compile; the cache report says which dims and at which step")                          \
     X(TORCH_COMPILE_DISABLE, BOOL, "0",                                                                             \
       "`1`: every `ctpu_compiled_call` runs its step function in the current mode (PyTorch's switch, for debugging)") \
     X(CTPU_QUIET, BOOL, "0",                                                                                        \

@@ -243,7 +243,9 @@ void ctpu__policy_launch(ctpu_policy_state *ps, uint64_t struct_hash, const ctpu
     for (int i = 0; bound && i < t->n_inputs && i < s->n_in; i++)
         for (int d = 0; d < t->in_type[i].ndim; d++, k++)
             if (bound[k] > s->bound[k]) s->bound[k] = bound[k];
-    if (ps->auto_dynamic && recompile && !s->au.detected && s->n_shapes > before) detect_auto(s, p, program, step);
+    /* a new shape (ctpu__policy_auto_would may have added it, unlaunched) */
+    if (ps->auto_dynamic && recompile && !s->au.detected && (s->n_shapes > before || p->launches == 0))
+        detect_auto(s, p, program, step);
     p->launches++;
     p->last = ++ps->seq;
     map_program(ps, program, (int)(s - ps->s), (int)(p - s->shapes));
@@ -447,17 +449,58 @@ static double sym_bound(const pstruct *s, const int *live, int nl, const symset 
  * last, did only one dim's extent change (every changed input extent of one
  * class, equal before and after, or derived from it as c * v)? The first
  * such recompile is recorded: the dims, the step, the extents. */
-static void detect_auto(pstruct *s, const pshape *now, uint64_t program, uint64_t step)
+static const pshape *one_dim_change(const pstruct *s, const pshape *now, symset *y)
 {
     const pshape *prev = NULL;
     for (int j = 0; j < s->n_shapes; j++)
         if (&s->shapes[j] != now && s->shapes[j].launches && (!prev || s->shapes[j].last > prev->last))
             prev = &s->shapes[j];
+    if (!prev) return NULL;
+    int live[2] = { (int)(prev - s->shapes), (int)(now - s->shapes) };
+    find_symbols(s, live, 2, y);
+    return y->total == 1 && y->pos[0] < in_positions(s) ? prev : NULL;
+}
+
+/* The (canonical input, dim) pairs of the changed dim's class, at most max. */
+static int class_pairs(const pstruct *s, const pshape *prev, const pshape *now, const symset *y, int *in, int *dim,
+                       int max)
+{
+    int live[2] = { (int)(prev - s->shapes), (int)(now - s->shapes) };
+    size_t nin = in_positions(s);
+    int n = 0;
+    for (size_t p = 0; p < nin && n < max; p++) {
+        if (!same_class(s, live, 2, p, y->pos[0])) continue;
+        size_t q = p;
+        int i = 0;
+        while (i < s->n_in && q >= s->in_type[i].ndim) q -= s->in_type[i++].ndim;
+        in[n] = i;
+        dim[n++] = (int)q;
+    }
+    return n;
+}
+
+int ctpu__policy_auto_would(ctpu_policy_state *ps, uint64_t struct_hash, const ctpu_trace *t, uint64_t step, int *in,
+                            int *dim, int max)
+{
+    if (!ps || !ps->auto_dynamic || !struct_hash || !t) return 0;
+    pstruct *s = NULL;
+    for (int i = 0; i < ps->n && !s; i++)
+        if (ps->s[i].struct_hash == struct_hash) s = &ps->s[i];
+    if (!s || s->au.detected) return 0;
+    int before = s->n_shapes;
+    pshape *now = shape_get(ps, s, t, 0, step);
+    if (!now || s->n_shapes == before) return 0;   /* a shape seen before: not a new extent */
+    symset y;
+    const pshape *prev = one_dim_change(s, now, &y);
+    return prev ? class_pairs(s, prev, now, &y, in, dim, max) : 0;
+}
+
+static void detect_auto(pstruct *s, const pshape *now, uint64_t program, uint64_t step)
+{
+    symset y;
+    const pshape *prev = one_dim_change(s, now, &y);
     if (!prev) return;
     int live[2] = { (int)(prev - s->shapes), (int)(now - s->shapes) };
-    symset y;
-    find_symbols(s, live, 2, &y);
-    if (y.total != 1 || y.pos[0] >= in_positions(s)) return;
     ctpu_policy_auto *a = &s->au;
     a->detected = true;
     a->step = step;

@@ -45,6 +45,13 @@ void ctpu__policy_clear(ctpu_policy_state *ps);
  * the largest extent seen. */
 void ctpu__policy_launch(ctpu_policy_state *ps, uint64_t struct_hash, const ctpu_trace *t, const int64_t *bound,
                          uint64_t program, uint64_t step, bool recompile, bool dynamic);
+/* Before t (a new shape of a known structure) is compiled: the canonical
+ * (input, dim) pairs of the one dim whose extent alone changed against the
+ * structure's last launched shape, when it has had no such recompile yet
+ * (the detection ctpu__policy_launch then records); 0 otherwise. Adds t's
+ * shape (no launch). */
+int ctpu__policy_auto_would(ctpu_policy_state *ps, uint64_t struct_hash, const ctpu_trace *t, uint64_t step, int *in,
+                            int *dim, int max);
 /* The detected pairs of structure struct_hash, once (see ctpu_policy_auto). */
 int ctpu__policy_auto_take(ctpu_policy_state *ps, uint64_t struct_hash, int *in, int *dim, int max);
 /* One launch of a cached program. */

@@ -384,6 +384,19 @@ int ctpu__report_auto_take(const ctpu_trace *t, int *in, int *dim, int max)
     return n;
 }
 
+int ctpu__report_auto_would(const ctpu_trace *t, int *in, int *dim, int max)
+{
+    ctpu_runtime *rt = ctpu_rt;
+    ctpu_report_state *r = rt ? rt->report : NULL;
+    if (!r || !t) return 0;
+    uint64_t sh = ctpu_trace_struct_hash(t);
+    uint64_t step = atomic_load(&rt->marked_steps);
+    pthread_mutex_lock(&r->mu);
+    int n = ctpu__policy_auto_would(r->policy, sh, t, step, in, dim, max);
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
 void ctpu__report_held(uint64_t count, uint64_t step, const char (*ex)[96], int n_ex)
 {
     ctpu_runtime *rt = ctpu_rt;

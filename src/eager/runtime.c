@@ -44,6 +44,7 @@ static void ts_drop(ctpu_thread_state *s, const ctpu_runtime *rt)
     free(s->df.holders);
     free(s->df.made);
     free(s->df.in_dyn);
+    free(s->df.prev_in);
     free(s->df.node_dyn);
     free(s->df.in_has_dyn);
     free(s->df.node_has_dyn);
