@@ -342,6 +342,81 @@ static ctpu_tensor leaf(ctpu_tensor t)
     return t;
 }
 
+/* ------------------------------------------------------------ the loss step */
+/* labels over C classes, every 11th ignored (-100) */
+static ctpu_tensor labels(int n, int c)
+{
+    int32_t *lab = malloc(sizeof(int32_t) * (size_t)n);
+    for (int i = 0; i < n; i++) lab[i] = i % 11 == 3 ? -100 : (i * 7 + 2) % c;
+    ctpu_tensor y = pin(ctpu_from_host(lab, CTPU_I32, 1, (int64_t[]){ n }));
+    free(lab);
+    return y;
+}
+
+/* cross_entropy forward and backward (the logits' gradient) with the given
+ * options; reduction NONE is weighted by r and summed; bf16 logits on request */
+static int ce_train(ctpu_tensor *o, int64_t n, int64_t c, ctpu_reduction red, double smooth, bool bf16)
+{
+    ctpu_tensor x = leaf(pin(ctpu_rand_normal(bf16 ? CTPU_BF16 : CTPU_F32, 2, (int64_t[]){ n, c }, 0, 2)));
+    ctpu_tensor y = labels((int)n, (int)c), r = randn(1, (int64_t[]){ n }, 1);
+    pat_begin();
+    ctpu_ce_opts co = ctpu_ce_defaults();
+    co.reduction = red;
+    co.label_smoothing = smooth;
+    ctpu_tensor l = ctpu_cross_entropy(x, y, &co);
+    if (red == CTPU_REDUCE_NONE) {
+        o[1] = out(l);
+        l = ctpu_sum(ctpu_mul(l, r), 0, NULL, false);
+    }
+    ck_assert_int_eq(ctpu_backward(l), CTPU_OK);
+    o[0] = out(ctpu_grad(x));
+    if (red != CTPU_REDUCE_NONE) o[1] = out(l);
+    pat_end();
+    return 2;
+}
+static int p_ce_train(ctpu_tensor *o) { return ce_train(o, 40, 50, CTPU_REDUCE_MEAN, 0, false); }
+static int p_ce_train_bf16(ctpu_tensor *o) { return ce_train(o, 37, 65, CTPU_REDUCE_MEAN, 0, true); }
+static int p_ce_train_sum(ctpu_tensor *o) { return ce_train(o, 3000, 7, CTPU_REDUCE_SUM, 0, false); }
+static int p_ce_train_none(ctpu_tensor *o) { return ce_train(o, 40, 50, CTPU_REDUCE_NONE, 0, false); }
+static int p_ce_train_smooth(ctpu_tensor *o) { return ce_train(o, 300, 260, CTPU_REDUCE_MEAN, 0.1, false); }
+static int p_ce_train_smooth_sum(ctpu_tensor *o) { return ce_train(o, 40, 50, CTPU_REDUCE_SUM, 0.25, false); }
+
+/* forward only: sum, none and label smoothing (mean is the nll step's, above) */
+static int p_ce_forward_variants(ctpu_tensor *o)
+{
+    ctpu_tensor x = randn(2, (int64_t[]){ 40, 50 }, 2), y = labels(40, 50);
+    pat_begin();
+    ctpu_ce_opts co = ctpu_ce_defaults();
+    co.reduction = CTPU_REDUCE_SUM;
+    o[0] = out(ctpu_cross_entropy(x, y, &co));
+    co.reduction = CTPU_REDUCE_NONE;
+    o[1] = out(ctpu_cross_entropy(x, y, &co));
+    co.reduction = CTPU_REDUCE_MEAN;
+    co.label_smoothing = 0.2;
+    o[2] = out(ctpu_cross_entropy(x, y, &co));
+    pat_end();
+    return 3;
+}
+
+/* nll_loss (sum) on log_softmax's output, forward and backward; and a
+ * backward recorded after another op (the forward's per-row values are
+ * stored for it: the forward and the backward are a loss step each) */
+static int p_nll_train(ctpu_tensor *o)
+{
+    ctpu_tensor x = leaf(randn(2, (int64_t[]){ 40, 50 }, 2)), y = labels(40, 50);
+    ctpu_tensor a = randn(2, (int64_t[]){ 16, 16 }, 1);
+    pat_begin();
+    ctpu_nll_opts no = ctpu_nll_defaults();
+    no.reduction = CTPU_REDUCE_SUM;
+    ctpu_tensor l = ctpu_nll_loss(ctpu_log_softmax(x, 1), y, &no);
+    o[1] = out(l);
+    o[2] = out(ctpu_matmul(a, a));
+    ck_assert_int_eq(ctpu_backward(l), CTPU_OK);
+    o[0] = out(ctpu_grad(x));
+    pat_end();
+    return 3;
+}
+
 static int norm_backward(ctpu_tensor *o, bool rms)
 {
     ctpu_tensor x = leaf(randn(2, (int64_t[]){ 40, 96 }, 2)), w = leaf(randn(1, (int64_t[]){ 96 }, 1));
@@ -423,6 +498,22 @@ START_TEST(row_groups)
 }
 END_TEST
 
+/* cross entropy's forward after log_softmax and its backward to the
+ * logits' gradient: one loss step (log_softmax's kernel + 1) */
+START_TEST(loss_steps)
+{
+    check_pattern("cross_entropy forward + backward", p_ce_train, 2);
+    check_pattern("cross_entropy bf16 forward + backward", p_ce_train_bf16, 2);
+    check_pattern("cross_entropy sum forward + backward", p_ce_train_sum, 2);
+    check_pattern("cross_entropy none (weighted sum) forward + backward", p_ce_train_none, 2);
+    check_pattern("cross_entropy label smoothing forward + backward", p_ce_train_smooth, 2);
+    check_pattern("cross_entropy label smoothing, sum, forward + backward", p_ce_train_smooth_sum, 2);
+    check_pattern("cross_entropy sum / none / label smoothing forward (3 x log_softmax + loss)",
+                  p_ce_forward_variants, 6);
+    check_pattern("nll_loss sum forward, a matmul, backward", p_nll_train, 4);
+}
+END_TEST
+
 /* a label out of range: the nll step faults as the gather does, named by
  * the gather's op number and cross_entropy's call scope, in both modes the
  * same message */
@@ -451,6 +542,38 @@ START_TEST(nll_fault_parity)
 }
 END_TEST
 
+/* the same with label smoothing, sum, and the backward in the step (the
+ * loss step, which holds the gather): the same message in both modes */
+START_TEST(loss_step_fault_parity)
+{
+    char msg[2][512];
+    for (int m = 0; m < 2; m++) {
+        ctpu_set_mode(m ? CTPU_MODE_DEFER_FUSE : CTPU_MODE_STRICT);
+        ctpu_manual_seed(3);
+        ctpu_tensor x = ctpu_keep(ctpu_rand_normal(CTPU_F32, 2, (int64_t[]){ 4, 5 }, 0, 2));
+        ctpu_set_requires_grad(x, true);
+        int32_t lab[4] = { 1, 7, -100, -3 };
+        ctpu_tensor y = ctpu_keep(ctpu_from_host(lab, CTPU_I32, 1, (int64_t[]){ 4 }));
+        ctpu_mark_step();
+        ctpu_ce_opts co = ctpu_ce_defaults();
+        co.reduction = CTPU_REDUCE_SUM;
+        co.label_smoothing = 0.1;
+        ctpu_tensor l = ctpu_keep(ctpu_cross_entropy(x, y, &co));
+        ck_assert_int_eq(ctpu_backward(l), CTPU_OK);
+        float v;
+        ck_assert_int_eq(ctpu_to_host(l, &v, 4), CTPU_ERR_DEVICE_FAULT);
+        snprintf(msg[m], sizeof msg[m], "%s", ctpu_last_error());
+        ck_assert_msg(strstr(msg[m], "cross_entropy (op #6): labels 7 at position 1 is out of range [0, 5) (2 bad "
+                                     "indices)") == msg[m], "mode %d: %s", m, msg[m]);
+        ctpu_zero_grad(x);
+        ctpu_release(l);
+        ctpu_release(x);
+        ctpu_release(y);
+    }
+    ck_assert_str_eq(msg[0], msg[1]);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("fusion");
@@ -461,7 +584,9 @@ static Suite *suite(void)
     tcase_add_test(p, small_broadcast_producers);
     tcase_add_test(p, stream_stores);
     tcase_add_test(p, nll_fault_parity);
+    tcase_add_test(p, loss_step_fault_parity);
     tcase_add_test(p, row_groups);
+    tcase_add_test(p, loss_steps);
     tcase_add_test(p, column_reductions);
     suite_add_tcase(s, p);
     return s;

@@ -429,6 +429,29 @@ START_TEST(t_ce_values)
     for (int c = 0; c < 4; c++) { sm0 -= lsm[0][c] / 4; sm2 -= lsm[2][c] / 4; }
     double want = (0.9 * nll0 + 0.1 * sm0 + 0.9 * nll2 + 0.1 * sm2) / 2;
     ck_assert_double_eq_tol(item(ctpu_cross_entropy(L, Y, &o)), want, 1e-5);
+    /* torch's label smoothing with sum / none: the ignored row adds 0
+     * (torch 1.13 gives 2.8025 and [1.4902, 0, 1.3123] here) */
+    o.reduction = CTPU_REDUCE_SUM;
+    ck_assert_double_eq_tol(item(ctpu_cross_entropy(L, Y, &o)), 2 * want, 1e-5);
+    ck_assert_double_eq_tol(2 * want, 2.8025, 1e-4);
+    o.reduction = CTPU_REDUCE_NONE;
+    readt(ctpu_cross_entropy(L, Y, &o), none, 3);
+    ck_assert_float_eq_tol(none[0], 0.9 * nll0 + 0.1 * sm0, 1e-5);
+    ck_assert_float_eq(none[1], 0);
+    ck_assert_float_eq_tol(none[2], 0.9 * nll2 + 0.1 * sm2, 1e-5);
+    ck_assert_float_eq_tol(none[0], 1.4902, 1e-4);
+    /* its gradient (sum): softmax - ((1 - eps) onehot + eps / C) on the kept rows */
+    ctpu_tensor Ls = ctpu_from_host(lg, CTPU_F32, 2, s34);
+    ctpu_set_requires_grad(Ls, true);
+    o.reduction = CTPU_REDUCE_SUM;
+    ck_assert_int_eq(ctpu_backward(ctpu_cross_entropy(Ls, Y, &o)), CTPU_OK);
+    float gs[12];
+    readt(ctpu_grad(Ls), gs, 12);
+    for (int c = 0; c < 4; c++) {
+        ck_assert_float_eq_tol(gs[c], exp(lsm[0][c]) - 0.9 * (c == 2) - 0.1 / 4, 1e-6);
+        ck_assert_float_eq(gs[4 + c], 0);
+        ck_assert_float_eq_tol(gs[8 + c], exp(lsm[2][c]) - 0.9 * (c == 0) - 0.1 / 4, 1e-6);
+    }
     /* gradient of the mean loss: (softmax - onehot) / n_valid, zero on the ignored row */
     ctpu_set_requires_grad(L, true);
     ck_assert_int_eq(ctpu_backward(ctpu_cross_entropy(L, Y, NULL)), CTPU_OK);

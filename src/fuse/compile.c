@@ -65,6 +65,7 @@ typedef struct {
     int n_groups;
     bool *row_group;           /* [nn] per group: a row group (rows.c) */
     bool *nll_group;           /* [nn] per group: an nll step (nll.c) */
+    bool *loss_group;          /* [nn] per group: a loss step (loss.c) */
     bool *used_outside;        /* [nn] the node's value is read outside its group (or is an output) */
     /* plan buffers */
     int32_t *slot_of;          /* [nv] bound or scratch slot of each value, -1 none */
@@ -289,7 +290,9 @@ static bool pass_group_nodes(compile_ctx *cx)
     cx->used_outside = al_alloc(&cx->al, (size_t)(nn + 1));
     cx->row_group = al_alloc(&cx->al, (size_t)(nn + 1));
     cx->nll_group = al_alloc(&cx->al, (size_t)(nn + 1));
-    if (!cx->uses || !cx->epi || !cx->group || !cx->used_outside || !cx->row_group || !cx->nll_group) return oom(cx);
+    cx->loss_group = al_alloc(&cx->al, (size_t)(nn + 1));
+    if (!cx->uses || !cx->epi || !cx->group || !cx->used_outside || !cx->row_group || !cx->nll_group || !cx->loss_group)
+        return oom(cx);
     for (int i = 0; i < nn; i++)
         for (int k = 0; k < t->nodes[i].n_in; k++) cx->uses[t->nodes[i].in[k]]++;
     for (int j = 0; j < cx->no; j++) cx->uses[t->outputs[j]] += 2;   /* an output is never internal */
@@ -302,9 +305,13 @@ static bool pass_group_nodes(compile_ctx *cx)
         for (int q = 0; q < 4; q++) cx->epi[4 * i + q] = -1;
         ctpu_nll_prog np;
         int jn = t->debug_checks || n->op != CTPU_OP_NE_SCALAR ? -1 : ctpu_nll_match(t, i, cx->uses, &np);
+        int jl = jn > 0 || t->debug_checks ? -1 : ctpu_loss_match(t, i, cx->uses);
         if (jn > 0) {
             j = jn;
             cx->nll_group[cx->n_groups] = true;
+        } else if (jl > 0) {
+            j = jl;
+            cx->loss_group[cx->n_groups] = true;
         } else if (ctpu_op_fusion(n->op) == CTPU_FUSE_MXU && n->out.ndim >= 2 && n->out.dtype == CTPU_KDT_F32 && !t->debug_checks)
             j = group_matmul(cx, i);
         else if (!t->debug_checks) {
@@ -545,6 +552,19 @@ static bool emit_nll(compile_ctx *cx, int i, int j, ctpu_step *step)
     return true;
 }
 
+/* Nodes [i, j) as one loss step (loss.c). */
+static bool emit_loss(compile_ctx *cx, int i, int j, ctpu_step *step)
+{
+    ctpu_loss_prog *lp = al_alloc(&cx->al, sizeof *lp);
+    if (!lp) return oom(cx);
+    if (ctpu_loss_build(lp, cx->t, i, j, cx->uses, cx->slot_of, cx->used_outside, cx->scal_base) != 0) {
+        snprintf(cx->err, cx->errlen, "compile: loss step at node %d cannot be built", i);
+        return false;
+    }
+    *step = (ctpu_step){ ctpu_loss_exec, lp };
+    return true;
+}
+
 /* Nodes [i, j) as one block-VM step. */
 static bool emit_vm_group(compile_ctx *cx, int i, int j, ctpu_step *step)
 {
@@ -592,6 +612,7 @@ static bool pass_emit_steps(compile_ctx *cx)
         bool ok;
         if (cx->row_group[cx->group[i]]) ok = emit_row_group(cx, i, j, &cx->steps[s]);
         else if (cx->nll_group[cx->group[i]]) ok = emit_nll(cx, i, j, &cx->steps[s]);
+        else if (cx->loss_group[cx->group[i]]) ok = emit_loss(cx, i, j, &cx->steps[s]);
         else if (j - i >= 2 && ctpu_op_fusion(t->nodes[i].op) == CTPU_FUSE_MXU) ok = emit_matmul(cx, i, j, &cx->steps[s]);
         else if (j - i >= 2 && ctpu_op_is(t->nodes[j - 1].op, CTPU_OPK_REDUCTION))
             ok = emit_reduce_group(cx, i, j, &cx->steps[s]);
@@ -875,6 +896,8 @@ static bool same_groups(const compile_ctx *cx, const compile_ctx *d)
     return memcmp(cx->group, d->group, sizeof(int32_t) * nn) == 0 &&
            memcmp(cx->epi, d->epi, sizeof(int32_t) * 4 * nn) == 0 &&
            memcmp(cx->row_group, d->row_group, (size_t)cx->n_groups) == 0 &&
+           memcmp(cx->nll_group, d->nll_group, (size_t)cx->n_groups) == 0 &&
+           memcmp(cx->loss_group, d->loss_group, (size_t)cx->n_groups) == 0 &&
            memcmp(cx->used_outside, d->used_outside, nn) == 0;
 }
 

@@ -141,6 +141,15 @@ static void scan_nodes(const ctpu_trace *t, int i, int max_end, ctpu_row_scan_in
             if (rf != f->first || !reads_ok(f, m, nin, i, -1)) break;
             cls = is_softmax(m->op) ? CTPU_ROW_FULL : (m->attr.flags & CTPU_ATTR_KEEPDIM) ? CTPU_ROW_ROW : CTPU_ROW_ROWOUT;
             f->n_rowops++;
+        } else if (m->op == CTPU_OP_GATHER_BACKWARD) {
+            /* along the last dim, from a value per row and its i32 index per row
+             * (both [rows..., 1], from outside): each row zeros but one place */
+            if (!has_R) { f->R = m->out; has_R = true; }
+            if (!same(&m->out, &f->R) || m->attr.extra != f->R.ndim - 1 || m->out.dtype == CTPU_KDT_I32) break;
+            if (f->first < 0 && !set_rows(f, f->R.ndim - 1)) break;
+            if (f->first != f->R.ndim - 1 || it[0]->dtype == CTPU_KDT_I32 || it[1]->dtype != CTPU_KDT_I32) break;
+            if (m->in[0] >= nin + i || m->in[1] >= nin + i || !same(it[0], &f->P) || !same(it[1], &f->P)) break;
+            cls = CTPU_ROW_FULL;
         } else if (ctpu_vm_fusable(m, it)) {
             if (!has_R) { f->R = m->out; has_R = true; }
             if (same(&m->out, &f->R)) cls = CTPU_ROW_FULL;
@@ -200,6 +209,8 @@ static void row_fields(const ctpu_node *m, int cls, int64_t n, ctpu_row_ins *I)
     } else if (is_softmax(m->op)) {
         I->kind = CTPU_ROWI_SOFTMAX;
         if (m->op == CTPU_OP_LOG_SOFTMAX) I->flags |= CTPU_ROWF_LOG;
+    } else if (m->op == CTPU_OP_GATHER_BACKWARD) {
+        I->kind = CTPU_ROWI_SCATTER;
     } else if (ctpu_op_is(m->op, CTPU_OPK_REDUCTION)) {
         I->kind = CTPU_ROWI_REDUCE;
         I->kop = (uint8_t)ctpu_op_kop(m->op);
@@ -237,6 +248,7 @@ int ctpu_row_build(ctpu_row_prog *p, const ctpu_trace *t, int i, const ctpu_row_
         int cls = f->cls[k];
         bool full_reader = cls != CTPU_ROW_ROW && cls != CTPU_ROW_ROWOUT;   /* elementwise FULL / BCAST, softmax, reductions */
         if (ctpu_op_is(m->op, CTPU_OPK_REDUCTION)) full_reader = true;
+        if (m->op == CTPU_OP_GATHER_BACKWARD) full_reader = false;   /* a value and an index per row */
         row_fields(m, cls, f->n, I);
         I->n_src = m->n_in;
         I->src[1] = I->src[2] = -1;
@@ -386,6 +398,24 @@ static void reduce_tile(row_state *s, const ctpu_row_ins *I, int64_t r, int64_t 
     if (I->flags & CTPU_VM_ROUND_BF16) ctpu_k_unary(CTPU_K_U_ROUND_BF16, y, y, t);
 }
 
+/* gather_backward along the last dim of rows [r, r + t), as
+ * exec_gather_backward: zeros, then out[q, idx[q]] += g[q] in f32 (an index
+ * outside [0, n) adds nothing), rounded once to the output's dtype */
+static void scatter_tile(row_state *s, const ctpu_row_ins *I, int64_t r, int64_t t)
+{
+    const ctpu_row_prog *p = s->p;
+    int64_t n = p->n;
+    const float *g = operand(s, I->src[0], false, r, 0, t, s->tmp[0]);
+    const ctpu_row_val *iv = &p->val[I->src[1]];
+    const int32_t *idx = (const int32_t *)s->ctx->ptr[p->er_slot[iv->idx]] + r;   /* i32 [rows, 1], contiguous */
+    float *d = full_dst(s, &p->val[I->dst], r, 0);
+    memset(d, 0, sizeof(float) * (size_t)(t * n));
+    for (int64_t q = 0; q < t; q++)
+        if (idx[q] >= 0 && idx[q] < n) d[q * n + idx[q]] += g[q];
+    if (I->flags & CTPU_VM_ROUND_BF16) ctpu_k_unary(CTPU_K_U_ROUND_BF16, d, d, t * n);
+    store(I, s->ctx, d, r * n, t * n);
+}
+
 /* rows [r, r + t) through every instruction */
 static void run_tile(row_state *s, int64_t r, int64_t t)
 {
@@ -421,6 +451,7 @@ static void run_tile(row_state *s, int64_t r, int64_t t)
             memcpy(s->col[dv->idx] + r * n, operand(s, I->src[0], true, r, 0, tn, s->rowtmp), sizeof(float) * (size_t)tn);
             break;
         case CTPU_ROWI_COLCOPY: break;
+        case CTPU_ROWI_SCATTER: scatter_tile(s, I, r, t); break;
         default: {   /* softmax / log_softmax of the rows */
             float *d = full_dst(s, dv, r, 0);
             ctpu_k_softmax(operand(s, I->src[0], true, r, 0, tn, s->rowtmp), t, n, d, (I->flags & CTPU_ROWF_LOG) != 0,

@@ -117,7 +117,8 @@ typedef struct {
  * compile.c counts them; an output counts 2). */
 void ctpu_row_scan(const ctpu_trace *t, int i, const int32_t *uses, ctpu_row_scan_info *info);
 
-enum { CTPU_ROWI_EW_FULL, CTPU_ROWI_EW_ROW, CTPU_ROWI_REDUCE, CTPU_ROWI_SOFTMAX, CTPU_ROWI_COLRED, CTPU_ROWI_COLCOPY };
+enum { CTPU_ROWI_EW_FULL, CTPU_ROWI_EW_ROW, CTPU_ROWI_REDUCE, CTPU_ROWI_SOFTMAX, CTPU_ROWI_COLRED, CTPU_ROWI_COLCOPY,
+       CTPU_ROWI_SCATTER };   /* gather_backward along the last dim */
 enum { CTPU_ROWF_MEAN = 8, CTPU_ROWF_VAR = 16, CTPU_ROWF_LOG = 32 };   /* beside CTPU_VM_ROUND_BF16, _SCALAR_FIRST */
 /* value kinds: an in-group FULL value (a row buffer), an in-group ROW value
  * (a per-row register), an external read by FULL nodes (plan against R)
@@ -180,5 +181,35 @@ typedef struct {
  * node fields. */
 int ctpu_nll_match(const ctpu_trace *t, int i, const int32_t *uses, ctpu_nll_prog *p);
 void ctpu_nll_exec(const void *data, ctpu_exec_ctx *ctx);
+
+/* ------------------------------------------------------------ loss step (loss.c)
+ * A classification loss's label path, reduction and gradient after
+ * log_softmax (cross_entropy, nll_loss: every reduction, label smoothing,
+ * forward and backward) as one step over N rows of C classes: the values of
+ * one element or one per row by their nodes' kernel entries on
+ * step-private buffers (phase 1, node order), then the [N, C] values as a
+ * row program (phase 2). */
+#define CTPU_LOSS_NODES 64
+#define CTPU_LOSS_VALS (2 * CTPU_LOSS_NODES)
+typedef struct {
+    int n_local;                            /* the values the step reads or writes */
+    int32_t prog_slot[CTPU_LOSS_VALS];      /* a program slot, or -1: step-private */
+    int64_t priv_bytes[CTPU_LOSS_VALS];
+    int n_vec;                              /* phase 1: node step data, slots into the local table */
+    ctpu_step_data vec[CTPU_LOSS_NODES];
+    ctpu_dev_step_fn vec_fn[CTPU_LOSS_NODES];
+    bool has_rows;
+    ctpu_row_prog rows;                     /* phase 2, slots into the local table */
+} ctpu_loss_prog;
+
+/* The end of the longest loss step starting at node i (at least 3 nodes,
+ * holding a gather or gather_backward along dim 1 with an i32 [N, 1]
+ * index), or -1. uses: as compile.c counts them. */
+int ctpu_loss_match(const ctpu_trace *t, int i, const int32_t *uses);
+/* Build nodes [i, end) (ctpu_loss_match's result); slot_of: program slots;
+ * used_outside: per node of t. 0, or -1. */
+int ctpu_loss_build(ctpu_loss_prog *p, const ctpu_trace *t, int i, int end, const int32_t *uses,
+                    const int32_t *slot_of, const bool *used_outside, const int32_t *scalar_base);
+void ctpu_loss_exec(const void *data, ctpu_exec_ctx *ctx);
 
 #endif
