@@ -10,7 +10,15 @@
  *   TPU pod of N chips (the emulated chip, v5e by default):
  *   est_ici_us_per_step, est_compute_us_per_step, est_comm_fraction; and
  *   measured on this machine, comm_wall_us_per_step and comm_wall_fraction
- *   (the device thread's time inside collectives, waiting included). */
+ *   (the device thread's time inside collectives, waiting included).
+ * argv[3] = bucket KiB (default 25 MiB: one bucket, which starts only when
+ * the last gradient is final, so nothing overlaps) and argv[4] "blocking"
+ * (ctpu_ddp_opts.overlap off) add _b<K>k[_blocking] to the names; with
+ * overlap (the default) and several buckets, the measured overlap:
+ *   overlap_share (the started all_reduces' time in flight that the
+ *   device thread did not wait for: hidden under the backward's compute),
+ *   comm_in_flight_us_per_step, comm_exposed_us_per_step, and
+ *   buckets_overlapped / buckets_blocking per step. */
 #include <ctpu.h>
 #include <ctpu_nn.h>
 
@@ -46,8 +54,12 @@ int main(int argc, char **argv)
      * then carry a _kept suffix */
     bool kept = argc > 2 && strcmp(argv[2], "kept") == 0;
     if (kept) ctpu_dist_set_collective_cut(false);
-    char tag[32];
-    snprintf(tag, sizeof tag, "np%d%s%s", N, ctpu_get_mode() == CTPU_MODE_DEFER_FUSE ? "_fused" : "", kept ? "_kept" : "");
+    long bucket_kib = argc > 3 ? atol(argv[3]) : 0;
+    bool blocking = argc > 4 && strcmp(argv[4], "blocking") == 0;
+    char tag[64], btag[32] = "";
+    if (bucket_kib > 0) snprintf(btag, sizeof btag, "_b%ldk%s", bucket_kib, blocking ? "_blocking" : "");
+    snprintf(tag, sizeof tag, "np%d%s%s%s", N, ctpu_get_mode() == CTPU_MODE_DEFER_FUSE ? "_fused" : "",
+             kept ? "_kept" : "", btag);
     enum { GB = 128, IN = 784, OUT = 10 };
     ctpu_manual_seed(1);
     ctpu_linear l1, l2, l3;
@@ -57,7 +69,10 @@ int main(int argc, char **argv)
     ctpu_tensor p[6] = { l1.weight, l1.bias, l2.weight, l2.bias, l3.weight, l3.bias };
     ctpu_adamw_opts ao = ctpu_adamw_defaults();
     ctpu_optim *opt = ctpu_adamw_create(6, p, &ao);
-    ctpu_ddp *ddp = ctpu_ddp_create(6, p, NULL);
+    ctpu_ddp_opts dop = ctpu_ddp_defaults();
+    if (bucket_kib > 0) dop.bucket_bytes = (int64_t)bucket_kib << 10;
+    dop.overlap = !blocking;
+    ctpu_ddp *ddp = ctpu_ddp_create(6, p, &dop);
     if (!opt || !ddp) return fail("optimizer / DDP");
     int64_t lo, hi;
     ctpu_ddp_shard(GB, R, N, &lo, &hi);
@@ -121,6 +136,17 @@ int main(int argc, char **argv)
         /* measured here: the device thread's time in collectives (waiting for the other rank included) */
         printf("ddp_%s_comm_wall_us_per_step %.1f us\n", tag, ds.comm_wall_s / (3.0 * steps) * 1e6);
         printf("ddp_%s_comm_wall_fraction %.1f %%\n", tag, timed_s > 0 ? 100 * ds.comm_wall_s / timed_s : 0.0);
+        int64_t ov, bl;
+        ctpu_ddp_overlap_counts(ddp, &ov, &bl);
+        printf("ddp_%s_buckets %d buckets\n", tag, ctpu_ddp_buckets(ddp));
+        printf("ddp_%s_buckets_overlapped_per_step %.2f buckets\n", tag, (double)ov / (10.0 + 3.0 * steps));
+        if (ds.started) {
+            double hidden = ds.started_in_flight_s - ds.started_exposed_s;
+            printf("ddp_%s_comm_in_flight_us_per_step %.1f us\n", tag, ds.started_in_flight_s / (3.0 * steps) * 1e6);
+            printf("ddp_%s_comm_exposed_us_per_step %.1f us\n", tag, ds.started_exposed_s / (3.0 * steps) * 1e6);
+            printf("ddp_%s_overlap_share %.1f %%\n", tag,
+                   ds.started_in_flight_s > 0 ? 100 * (hidden > 0 ? hidden : 0) / ds.started_in_flight_s : 0.0);
+        }
         fflush(stdout);
         ctpu_dist_report(stderr);
     }

@@ -13,3 +13,9 @@ done
 # default) or kept inside the step (ctpu_dist_set_collective_cut(false))
 TORCH_TPU_DEFER_AND_FUSE=1 run -np 2 "$exe" "$steps"
 TORCH_TPU_DEFER_AND_FUSE=1 run -np 2 "$exe" "$steps" kept
+# overlap: 4 buckets of at most 128 KiB (the MLP's layers), started from the
+# backward's gradient hooks, against the same buckets reduced after backward
+run -np 2 "$exe" "$steps" cut 128
+run -np 2 "$exe" "$steps" cut 128 blocking
+TORCH_TPU_DEFER_AND_FUSE=1 run -np 2 "$exe" "$steps" kept 128
+TORCH_TPU_DEFER_AND_FUSE=1 run -np 2 "$exe" "$steps" kept 128 blocking

@@ -761,6 +761,20 @@ CTPU_API ctpu_tensor ctpu_grad(ctpu_tensor t);
 /* Drop t's .grad (set-to-none, as PyTorch's zero_grad(set_to_none=True)):
  * the next backward creates it afresh, so every step records the same ops. */
 CTPU_API ctpu_status ctpu_zero_grad(ctpu_tensor t);
+/* A hook called when a leaf's gradient is final in a backward, as PyTorch's
+ * register_post_accumulate_grad_hook: right after this backward added its
+ * last contribution to the leaf's .grad, from inside the backward, on its
+ * thread, under no_grad, with the ops of the backward still to come not yet
+ * dispatched (in defer and fuse: later in the same trace). fn may dispatch
+ * ops (ctpu_grad(leaf) is the final .grad; handles it makes belong to the
+ * backward's scope unless kept) and start collectives (ctpu_all_reduce_async:
+ * DDP overlaps the gradient reduction with the rest of the backward this
+ * way). One hook per leaf (a second call replaces it; fn NULL removes it).
+ * The same bits as without a hook: with one, the backward writes each hooked
+ * leaf's .grad as soon as its last contribution is in, instead of at its end.
+ * Errors: CTPU_ERR_STATE (t is not a leaf that requires grad), handle errors. */
+typedef void (*ctpu_grad_hook)(ctpu_tensor leaf, void *ctx);
+CTPU_API ctpu_status ctpu_register_post_accumulate_grad_hook(ctpu_tensor t, ctpu_grad_hook fn, void *ctx);
 /* No-grad regions (per thread, nest): ops record nothing. end without begin:
  * CTPU_ERR_STATE. Optimizer updates run in one. */
 CTPU_API ctpu_status ctpu_no_grad_begin(void);
@@ -1210,6 +1224,27 @@ CTPU_API bool ctpu_dist_is_initialized(void);
  * f32 and bf16 (i32: sum only). Errors: CTPU_ERR_DTYPE (i32 mean),
  * CTPU_ERR_INVALID_ARG (op), handle errors; across ranks: see above. */
 CTPU_API ctpu_tensor ctpu_all_reduce(ctpu_tensor t, ctpu_dist_op op);
+/* Overlap, as torch.distributed.all_reduce(async_op=True) and its
+ * work.wait(): ctpu_all_reduce_async starts the same all_reduce and returns
+ * at once; its result is a placeholder (this rank's own t) that only
+ * ctpu_all_reduce_wait reads: the wait returns what ctpu_all_reduce(t, op)
+ * returns, bit for bit (the same rank-order fold). Between the two, the
+ * device thread runs the ops dispatched in between while a comm thread
+ * moves the bytes (MPI_Iallgather of the buffer, then the fold; a
+ * metadata exchange first, as every collective), so compute hides the
+ * communication; the device thread blocks only at the wait. Started
+ * all_reduces run one at a time in start order; a blocking collective
+ * waits for them first. Release the placeholder after the wait (not
+ * before: the request is found by it). In defer and fuse both calls cut the
+ * trace as any collective unless ctpu_dist_set_collective_cut(false) keeps
+ * them in the step's program (the start and the wait are then steps of it,
+ * in call order). On one rank both are copies.
+ * Errors: as ctpu_all_reduce; async: CTPU_ERR_STATE past 64 started and not
+ * waited on this thread; wait: CTPU_ERR_INVALID_ARG when started is not
+ * a value this thread started and has not waited for. Shapes or dtypes that
+ * differ across ranks fault the wait's value (read it to see the message). */
+CTPU_API ctpu_tensor ctpu_all_reduce_async(ctpu_tensor t, ctpu_dist_op op);
+CTPU_API ctpu_tensor ctpu_all_reduce_wait(ctpu_tensor started);
 /* Rank root's t on every rank (every rank passes a t of the same shape and
  * dtype). Errors: CTPU_ERR_INVALID_ARG (root outside [0, world size)). */
 CTPU_API ctpu_tensor ctpu_broadcast(ctpu_tensor t, int root);
@@ -1226,10 +1261,11 @@ CTPU_API ctpu_tensor ctpu_reduce_scatter(ctpu_tensor t, int dim, ctpu_dist_op op
 CTPU_API ctpu_status ctpu_dist_set_bucket(int64_t bucket);
 /* Defer and fuse: cut the trace at each collective (true, the default) or
  * keep collectives inside the step's program (false): one program per step
- * instead of one per collective and what follows it. Not an overlap: a
- * collective's step blocks the device thread until its data have moved,
- * so the gradient reduction never runs while the backward computes
- * (bench/ddp measures both settings: ddp_np2_fused[_kept]_steps_per_s). */
+ * instead of one per collective and what follows it. A blocking collective
+ * (ctpu_all_reduce, ...) still blocks the device thread until its data have
+ * moved; the overlap comes from ctpu_all_reduce_async / _wait, which
+ * ctpu_ddp uses from the backward's gradient hooks (bench/ddp measures the
+ * settings: ddp_np2_fused[_kept][_overlap]_*, overlap_share). */
 CTPU_API ctpu_status ctpu_dist_set_collective_cut(bool cut);
 
 /* ICI cost model: an ESTIMATE of what a collective costs on a TPU pod, from
@@ -1280,6 +1316,21 @@ typedef struct {
     double est_compute_s;          /* the cost table's device estimate of the run (current chip) */
     double comm_wall_s;            /* MEASURED: seconds the device thread spent in collectives here (the CPU
                                       emulation over MPI, waiting for the other ranks included) */
+    /* Training steps: the marked steps that reduced gradients (made a
+     * collective inside a bucket, ctpu_dist_set_bucket >= 0, as ctpu_ddp
+     * does); evaluation steps and other collectives are not counted here.
+     * The report's per-step figures are per training step when there is one. */
+    uint64_t train_steps;
+    uint64_t grad_collectives;     /* collectives in buckets */
+    double grad_bytes;             /* their payload per chip */
+    double grad_est_ici_s, grad_est_ici_s_8, grad_est_ici_s_256, grad_est_ici_s_pod; /* their estimates */
+    double est_compute_train_s;    /* the cost estimate of the training steps alone (current chip) */
+    /* MEASURED overlap (ctpu_all_reduce_async): started all_reduces, the
+     * seconds from each start to its completion (in flight), and the part of
+     * those the device thread spent blocked waiting for them (exposed); in
+     * flight less exposed ran while the device computed (hidden). */
+    uint64_t started;
+    double started_in_flight_s, started_exposed_s;
 } ctpu_dist_stats;
 CTPU_API ctpu_status ctpu_dist_get_stats(ctpu_dist_stats *out);
 /* Print compute against communication per step (estimates) and the ICI

@@ -291,6 +291,9 @@ CTPU_API ctpu_tensor ctpu_clip_grad_norm(int n, const ctpu_tensor *params, doubl
  * concatenated gradients per bucket, labelled with its bucket number. Every
  * rank must use every parameter (a parameter without a gradient adds zeros
  * and stays without one, as DDP without find_unused_parameters expects).
+ * Overlap (opts.overlap, the default): each bucket's all_reduce starts from
+ * the backward once its last gradient is final, and sync_grads waits for it
+ * (a second backward before sync_grads makes sync_grads reduce again).
  * The mean is the rank-order left fold divided once by N, so a world-size-N
  * run equals, bit for bit, one process that accumulates the same N
  * micro-batches in rank order and divides the gradients by N.
@@ -307,6 +310,10 @@ typedef struct {
     int64_t bucket_bytes;       /* gradient bytes per bucket, >= 1 (default 25 MiB, torch's bucket_cap_mb) */
     int64_t rng_per_microbatch; /* D above (elements drawn per micro-batch); 0: measure it on the first step */
     bool broadcast_params;      /* broadcast the parameters from rank 0 at creation (default true) */
+    bool overlap;               /* start each bucket's all_reduce from the backward as soon as its gradients are
+                                   final (ctpu_register_post_accumulate_grad_hook, ctpu_all_reduce_async) and wait
+                                   for it in sync_grads, so the reduction runs while the backward computes
+                                   (default true, as DDP's); false: every bucket is reduced in sync_grads */
 } ctpu_ddp_opts;
 CTPU_API ctpu_ddp_opts ctpu_ddp_defaults(void);
 /* params (not owned) as an optimizer's. opts NULL: the defaults. Errors
@@ -320,6 +327,12 @@ CTPU_API ctpu_status ctpu_ddp_step_begin(ctpu_ddp *d);
  * .grad), under no_grad. Errors: those of the ops and collectives. */
 CTPU_API ctpu_status ctpu_ddp_sync_grads(ctpu_ddp *d);
 CTPU_API int ctpu_ddp_buckets(const ctpu_ddp *d);   /* 0 for NULL */
+/* Buckets this DDP reduced so far: started from the backward and waited for
+ * in sync_grads (overlapped), and reduced in sync_grads (blocking: overlap
+ * off, a parameter without a gradient, or a second backward before
+ * sync_grads, after which the started values are waited for and dropped).
+ * Same bits either way. d NULL: zeros. */
+CTPU_API void ctpu_ddp_overlap_counts(const ctpu_ddp *d, int64_t *overlapped, int64_t *blocking);
 CTPU_API void ctpu_ddp_free(ctpu_ddp *d);
 /* Rank r's rows of a global batch of n: [n r / N, n (r+1) / N) (the last
  * partial batch split the same way). Out-of-range rank or world are clamped. */

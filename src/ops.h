@@ -226,7 +226,8 @@ enum {
     X(SDPA_BACKWARD,      "sdpa_backward",      CTPU_OPK_ATTENTION | CTPU_OPK_BACKWARD, -1, GIVEN, GIVEN, 0, NONE, ATTN, NONE) \
     /* collectives (src/eager/collective.c builds them; src/dist/ runs them; the ICI \
      * cost is the dist cost model's, not the roofline's). attr.extra: ctpu_dist_op; \
-     * attr.i64[0]: root (broadcast) or dim; attr.i64[1]: bucket (-1 none); one \
+     * attr.i64[0]: root (broadcast) or dim; all_reduce: 0 run, 1 start, 2 wait (overlap); \
+     * attr.i64[1]: bucket (-1 none); one \
      * runtime scalar: the marked step at dispatch (for the SIGTERM line) */ \
     X(ALL_REDUCE,     "all_reduce",     CTPU_OPK_COLLECTIVE, 1, SAME, SAME,  0, NONE, NONE, NONE) \
     X(BROADCAST,      "broadcast",      CTPU_OPK_COLLECTIVE, 1, SAME, SAME,  0, NONE, NONE, NONE) \

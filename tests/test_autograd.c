@@ -763,6 +763,88 @@ START_TEST(t_no_leak)
 }
 END_TEST
 
+/* Grad-ready hooks (ctpu_register_post_accumulate_grad_hook, issue 19's
+ * overlap): each hooked leaf's hook runs once per backward, in the order
+ * its last contribution arrives (reverse of the forward), seeing the final
+ * .grad (a leaf used twice: after both contributions), and the gradients
+ * are the bits of a backward without hooks, in strict and defer and fuse;
+ * a second backward accumulates and calls the hooks again. */
+enum { HK_N = 3, HK_D = 8 };
+typedef struct { int order[16], n; float seen[HK_N][HK_D * HK_D]; ctpu_tensor leaf[HK_N]; } hook_log;
+
+static void hk(ctpu_tensor leaf, void *ctx)
+{
+    hook_log *lg = ctx;
+    int i = 0;
+    while (i < HK_N && lg->leaf[i].id != leaf.id) i++;
+    ck_assert(i < HK_N && lg->n < 16);
+    lg->order[lg->n++] = i;
+    ck_assert(!ctpu_grad_enabled());
+    int64_t n = ctpu_numel(ctpu_grad(leaf));
+    ck_assert_int_eq(ctpu_to_host(ctpu_grad(leaf), lg->seen[i], (size_t)n * 4), CTPU_OK);
+}
+
+static void hk_run(ctpu_mode mode, bool hooks, int backwards, float out[HK_N][HK_D * HK_D], hook_log *lg)
+{
+    ck_assert_int_eq(ctpu_set_mode(mode), CTPU_OK);
+    float x0[HK_D * HK_D], v[HK_N][HK_D * HK_D];
+    for (int i = 0; i < HK_D * HK_D; i++) {
+        x0[i] = sinf((float)i * 0.7f);
+        for (int k = 0; k < HK_N; k++) v[k][i] = cosf((float)(i * (k + 2)) * 0.31f) * 0.5f;
+    }
+    int64_t sq[2] = { HK_D, HK_D };
+    ctpu_tensor w[HK_N];
+    for (int k = 0; k < HK_N; k++) {
+        w[k] = ctpu_from_host(v[k], CTPU_F32, 2, sq);
+        ck_assert_int_eq(ctpu_set_requires_grad(w[k], true), CTPU_OK);
+        lg->leaf[k] = w[k];
+        if (hooks) ck_assert_int_eq(ctpu_register_post_accumulate_grad_hook(w[k], hk, lg), CTPU_OK);
+    }
+    for (int b = 0; b < backwards; b++) {
+        ctpu_step_begin();
+        /* w[2] scales the input and the output: two contributions, the last near the input */
+        ctpu_tensor x = ctpu_mul(ctpu_from_host(x0, CTPU_F32, 2, sq), w[2]);
+        ctpu_tensor h = ctpu_tanh(ctpu_matmul(ctpu_relu(ctpu_matmul(x, w[0])), w[1]));
+        ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_mul(h, w[2]), 0, NULL, false)), CTPU_OK);
+        ctpu_step_end();
+    }
+    for (int k = 0; k < HK_N; k++) {
+        ck_assert_int_eq(ctpu_to_host(ctpu_grad(w[k]), out[k], sizeof out[k]), CTPU_OK);
+        ck_assert_int_eq(ctpu_register_post_accumulate_grad_hook(w[k], NULL, NULL), CTPU_OK);
+        ctpu_release(w[k]);
+    }
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+}
+
+START_TEST(t_grad_ready_hook)
+{
+    static float ref[HK_N][HK_D * HK_D], got[HK_N][HK_D * HK_D];
+    const ctpu_mode modes[2] = { CTPU_MODE_STRICT, CTPU_MODE_DEFER_FUSE };
+    for (int backwards = 1; backwards <= 2; backwards++) {
+        hook_log none = { .n = 0 };
+        hk_run(CTPU_MODE_STRICT, false, backwards, ref, &none);
+        ck_assert_int_eq(none.n, 0);
+        for (int m = 0; m < 2; m++) {
+            hook_log lg = { .n = 0 };
+            hk_run(modes[m], true, backwards, got, &lg);
+            ck_assert_int_eq(lg.n, HK_N * backwards);
+            for (int b = 0; b < backwards; b++) {   /* reverse of the forward: w1, w0, then w2 (used first) */
+                ck_assert_int_eq(lg.order[b * HK_N + 0], 1);
+                ck_assert_int_eq(lg.order[b * HK_N + 1], 0);
+                ck_assert_int_eq(lg.order[b * HK_N + 2], 2);
+            }
+            ck_assert(memcmp(got, ref, sizeof got) == 0);            /* the bits of a backward without hooks */
+            ck_assert(memcmp(lg.seen, got, sizeof got) == 0);        /* the hook saw the final .grad */
+        }
+    }
+    /* not a leaf */
+    float one = 1;
+    ctpu_tensor a = vec(&one, 1);
+    ck_assert_int_eq(ctpu_register_post_accumulate_grad_hook(a, hk, NULL), CTPU_ERR_STATE);
+    ctpu_release(a);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("autograd");
@@ -776,6 +858,7 @@ static Suite *suite(void)
     TCase *ts = tcase_create("semantics");
     tcase_add_checked_fixture(ts, setup, t_teardown);
     tcase_add_test(ts, t_accumulate_zero_grad);
+    tcase_add_test(ts, t_grad_ready_hook);
     tcase_add_test(ts, t_retain_and_released_tape);
     tcase_add_test(ts, t_tape_survives_released_intermediates);
     tcase_add_test(ts, t_no_grad_detach);

@@ -354,6 +354,9 @@ static void uninitialised_sweep(void)
     UN_T(ctpu_broadcast, "broadcast", t, 0);
     UN_T(ctpu_all_gather, "all_gather", t, 0);
     UN_T(ctpu_reduce_scatter, "reduce_scatter", t, 0, CTPU_DIST_MEAN);
+    UN_T(ctpu_all_reduce_async, "all_reduce_async", t, CTPU_DIST_SUM);
+    UN_T(ctpu_all_reduce_wait, "all_reduce_wait", t);
+    UN_S(ctpu_register_post_accumulate_grad_hook, "register_post_accumulate_grad_hook", t, NULL, NULL);
     UN_S(ctpu_dist_set_bucket, "dist_set_bucket", 3);
     UN_S(ctpu_dist_set_collective_cut, "dist_set_collective_cut", false);
     ctpu_dist_stats ds;
@@ -439,6 +442,11 @@ START_TEST(collectives_extreme_arguments)
     NUL(ctpu_reduce_scatter(a, 0, (ctpu_dist_op)-1), CTPU_ERR_INVALID_ARG, "reduce_scatter");
     NUL(ctpu_all_reduce(a, (ctpu_dist_op)INT_MAX), CTPU_ERR_INVALID_ARG, "all_reduce");
     NUL(ctpu_all_reduce(FAKE, CTPU_DIST_SUM), CTPU_ERR_STALE_HANDLE, "all_reduce");
+    /* overlap: a wait on what was not started (or twice), more than 64 in flight, hooks on non-leaves */
+    NUL(ctpu_all_reduce_async(a, (ctpu_dist_op)-7), CTPU_ERR_INVALID_ARG, "all_reduce_async");
+    NUL(ctpu_all_reduce_async(FAKE, CTPU_DIST_SUM), CTPU_ERR_STALE_HANDLE, "all_reduce_async");
+    NUL(ctpu_all_reduce_wait(a), CTPU_ERR_INVALID_ARG, "all_reduce_wait");
+    NUL(ctpu_all_reduce_wait(FAKE), CTPU_ERR_STALE_HANDLE, "all_reduce_wait");
     ck_assert_int_eq(ctpu_dist_set_bucket(INT64_MIN), CTPU_ERR_INVALID_ARG);
     ck_assert_int_eq(ctpu_dist_set_bucket(INT64_MAX), CTPU_ERR_INVALID_ARG);
     ck_assert(t_contains(ctpu_last_error(), "dist_set_bucket"));
@@ -455,6 +463,26 @@ START_TEST(collectives_extreme_arguments)
     FILE *dn = fopen("/dev/null", "w");
     ck_assert_int_eq(ctpu_dist_report(dn), CTPU_OK);
     fclose(dn);
+    {
+        ctpu_tensor st[65];
+        for (int i = 0; i < 64; i++) {
+            st[i] = ctpu_all_reduce_async(a, CTPU_DIST_SUM);
+            ck_assert(!ctpu_is_null(st[i]));
+        }
+        NUL(ctpu_all_reduce_async(a, CTPU_DIST_SUM), CTPU_ERR_STATE, "all_reduce_async");
+        for (int i = 0; i < 64; i++) {
+            ctpu_tensor w = ctpu_all_reduce_wait(st[i]);
+            ck_assert(!ctpu_is_null(w));
+            NUL(ctpu_all_reduce_wait(st[i]), CTPU_ERR_INVALID_ARG, "all_reduce_wait");
+            ck_assert_int_eq(ctpu_release(w), CTPU_OK);
+            ck_assert_int_eq(ctpu_release(st[i]), CTPU_OK);
+        }
+        ctpu_tensor nl = ctpu_add_scalar(a, 1.0);
+        ck_assert_int_eq(ctpu_register_post_accumulate_grad_hook(nl, NULL, NULL), CTPU_ERR_STATE);
+        ck_assert(t_contains(ctpu_last_error(), "register_post_accumulate_grad_hook: t f32"));
+        ck_assert_int_eq(ctpu_register_post_accumulate_grad_hook(FAKE, NULL, NULL), CTPU_ERR_STALE_HANDLE);
+        ck_assert_int_eq(ctpu_release(nl), CTPU_OK);
+    }
 }
 END_TEST
 

@@ -211,6 +211,8 @@ static void sweep(void)
     /* collectives */
     EP_T(ctpu_all_reduce, E, CTPU_DIST_SUM); EP_T(ctpu_broadcast, E, 0); EP_T(ctpu_all_gather, E, 0);
     EP_T(ctpu_reduce_scatter, E, 0, CTPU_DIST_SUM);
+    EP_T(ctpu_all_reduce_async, E, CTPU_DIST_SUM); EP_T(ctpu_all_reduce_wait, E);
+    EP_S(ctpu_register_post_accumulate_grad_hook, "register_post_accumulate_grad_hook", E, NULL, NULL);
     /* nn: layers, losses */
     ctpu_linear lin;
     ck_assert_int_eq(ctpu_linear_init(&lin, 2, 3, true, CTPU_F32), CTPU_OK);

@@ -1415,12 +1415,86 @@ START_TEST(dist_section)
 }
 END_TEST
 
+/* One training step (a gradient bucket's all_reduce, as ctpu_ddp makes)
+ * and, when eval, an evaluation step (a big matmul and an all_reduce of its
+ * loss outside any bucket), defer and fuse. */
+static void dist_step(bool eval)
+{
+    int64_t n = 1000, sq[2] = { 96, 96 };
+    ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
+    ctpu_tensor x = ctpu_full(CTPU_F32, 1, &n, 1.5);
+    ck_assert_int_eq(ctpu_dist_set_bucket(0), CTPU_OK);
+    ctpu_tensor g = ctpu_all_reduce(ctpu_mul_scalar(x, 2.0), CTPU_DIST_MEAN);
+    ck_assert_int_eq(ctpu_dist_set_bucket(-1), CTPU_OK);
+    double v;
+    ck_assert_int_eq(ctpu_item(ctpu_sum(g, 0, NULL, false), &v), CTPU_OK);
+    ck_assert(v == 3000);
+    ck_assert_int_eq(ctpu_step_end(), CTPU_OK);
+    if (!eval) return;
+    ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
+    ctpu_tensor a = ctpu_full(CTPU_F32, 2, sq, 0.5);
+    ctpu_tensor l = ctpu_all_reduce(ctpu_sum(ctpu_matmul(a, ctpu_matmul(a, a)), 0, NULL, false), CTPU_DIST_SUM);
+    ck_assert_int_eq(ctpu_item(l, &v), CTPU_OK);
+    ck_assert_int_eq(ctpu_step_end(), CTPU_OK);
+}
+
+/* Issue 19: the per-step figures count training steps only (the steps that
+ * reduced gradients), so evaluation steps between them change nothing: the
+ * estimated compute per step equals the run without evaluation, bit for
+ * bit; the totals still count every collective; the report says so. */
+START_TEST(dist_per_step_counts_training_steps)
+{
+    init_df();
+    for (int s = 0; s < 4; s++) dist_step(false);
+    cJSON *alone = metrics_doc();
+    ctpu_dist_stats a;
+    ck_assert_int_eq(ctpu_dist_get_stats(&a), CTPU_OK);
+    ck_assert(a.train_steps == 4 && a.steps == 4 && a.grad_collectives == 4);
+    ctpu_shutdown();
+    init_df();
+    for (int s = 0; s < 4; s++) dist_step(true);
+    cJSON *mixed = metrics_doc();
+    ctpu_dist_stats m;
+    ck_assert_int_eq(ctpu_dist_get_stats(&m), CTPU_OK);
+    ck_assert(m.train_steps == 4 && m.steps == 8 && m.collectives == 8 && m.grad_collectives == 4);
+    /* the same per-program estimates, summed per step first: equal up to the order of the additions */
+    ck_assert_msg(fabs(m.est_compute_train_s - a.est_compute_s) <= 1e-12 * a.est_compute_s && m.est_compute_s > a.est_compute_s, "train %.9g alone %.9g all %.9g", m.est_compute_train_s, a.est_compute_s, m.est_compute_s);
+    const char *keys[] = { "dist.collectives_per_step", "dist.bytes_per_step", "dist.est_ici_us_per_step",
+                           "dist.est_ici_us_per_step_8", "dist.est_ici_us_per_step_256", "dist.train_steps" };
+    ck_assert(fabs(jnum(mixed, "dist.est_compute_us_per_step") - jnum(alone, "dist.est_compute_us_per_step")) <=
+              1e-12 * jnum(alone, "dist.est_compute_us_per_step"));
+    for (int k = 0; k < 6; k++)
+        ck_assert_msg(jnum(mixed, keys[k]) == jnum(alone, keys[k]), "%s: %g with eval steps, %g without", keys[k],
+                      jnum(mixed, keys[k]), jnum(alone, keys[k]));
+    ck_assert(jnum(mixed, "dist.collectives_per_step") == 1 && jnum(mixed, "dist.bytes_per_step") == 4000);
+    ck_assert(jnum(mixed, "dist.steps") == 8 && jnum(mixed, "dist.collectives") == 8);
+    ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(mixed, "dist"),
+                                                      "per_step_basis")->valuestring, "train_steps");
+    char *s = ctpu_metrics_json(), *txt = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&txt, &len);
+    ck_assert_int_eq(ctpu_report_render(s, "ddp", CTPU_REPORT_TEXT, f), CTPU_OK);
+    ck_assert_int_eq(ctpu_dist_report(f), CTPU_OK);
+    fclose(f);
+    ck_assert_msg(strstr(txt, "per training step (4 of 8 marked steps; gradient buckets only): 1.00 collectives, "
+                              "3.9 KiB;") != NULL, "%s", txt);
+    ck_assert_msg(strstr(txt, "  per training step (4 of 8 marked steps; gradient buckets only): compute ") != NULL,
+                  "%s", txt);
+    free(txt);
+    free(s);
+    cJSON_Delete(alone);
+    cJSON_Delete(mixed);
+    ctpu_shutdown();
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("report");
     TCase *tc = tcase_create("report");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, cost_weights_complete);
+    tcase_add_test(tc, dist_per_step_counts_training_steps);
     tcase_add_test(tc, counters_scripted_df);
     tcase_add_test(tc, counters_strict_and_history);
     tcase_add_test(tc, golden_report_text);

@@ -557,6 +557,15 @@ static bool bit_set(const uint64_t *w, int i) { return (w[i >> 6] >> (i & 63)) &
  * safe), and each output takes the fault of the first input or step it
  * depends on, or none. With debug checks, each step's value is checked for
  * NaN as soon as it is made, naming its op. */
+static void (*_Atomic g_progress)(void);
+void ctpu_device_set_progress(void (*fn)(void)) { atomic_store(&g_progress, fn); }
+
+static inline void progress(void)
+{
+    void (*fn)(void) = atomic_load_explicit(&g_progress, memory_order_relaxed);
+    if (fn) fn();
+}
+
 static void execute_tracked(ctpu_device *dev, ctpu_cmd *cmd, void **ptr)
 {
     const ctpu_dev_program *prog = cmd->prog;
@@ -579,6 +588,7 @@ static void execute_tracked(ctpu_device *dev, ctpu_cmd *cmd, void **ptr)
     uint64_t t0 = ctpu_now_ns();
     for (int s = 0; s < ns; s++) {
         step_fault[s] = 0;
+        if (s) progress();
         prog->steps[s].fn(prog->steps[s].data, &ctx);
         if (ctx.fault_status != CTPU_OK) {
             char msg[256];
@@ -644,6 +654,7 @@ static void execute(ctpu_device *dev, ctpu_cmd *cmd)
                               .fault_status = CTPU_OK };
         uint64_t t0 = ctpu_now_ns();
         for (int s = 0; s < prog->n_steps; s++) {
+            if (s) progress();
             prog->steps[s].fn(prog->steps[s].data, &ctx);
             if (ctx.fault_status != CTPU_OK) {
                 if (cmd->n_prov) {
@@ -702,6 +713,7 @@ static void *device_main(void *p)
                atomic_load_explicit(&dev->hold, memory_order_acquire)) {
             if (atomic_load(&dev->stop) && atomic_load(&dev->tail) == head) return NULL;
             cpu_relax();
+            if ((spins & 255) == 0) progress();
             if ((++spins & 255) == 0 && ctpu_now_ns() - t0 > DEVICE_SPIN_NS) {
                 pthread_mutex_lock(&dev->mu);
                 atomic_store(&dev->dev_sleeping, 1);
@@ -714,6 +726,7 @@ static void *device_main(void *p)
             }
         }
         execute(dev, &dev->ring[head % CTPU_RING_SIZE]);
+        progress();
         head++;
         /* seq_cst, not release: with the host's host_waiters++ then completed
          * read, this is Dekker's pattern; a release store lets the

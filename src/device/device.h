@@ -177,6 +177,10 @@ ctpu_k_pool *ctpu_device_pool(ctpu_device *dev);
 /* Test hook: count of commands executed; and a gate that holds the device
  * thread before it runs the next command (to prove strict eager is async). */
 uint64_t ctpu_device_done_seq(ctpu_device *dev);
+/* A function the device thread calls between the steps of a program, after
+ * each command and while idle (src/dist/ moves started all_reduces along
+ * with it: MPI progresses only inside its calls); NULL: none. Process-wide. */
+void ctpu_device_set_progress(void (*fn)(void));
 void ctpu_device_hold(ctpu_device *dev, bool hold);
 
 /* Region labels (ctpu_label_push): interned once, never freed before the

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "dist.h"
+#include "device/device.h"
 #include "kernels.h"
 
 #ifdef CTPU_HAVE_MPI
@@ -257,9 +258,12 @@ ctpu_status ctpu__dist_start(char *err, size_t len)
     return CTPU_OK;
 }
 
+static void async_stop(void);
+
 void ctpu__dist_stop(void)
 {
     if (!g_dist.up) return;
+    async_stop();
     signal(SIGTERM, SIG_DFL);
 #ifdef CTPU_HAVE_MPI
     MPI_Comm_free(&g_dist.comm);
@@ -358,34 +362,24 @@ static ctpu_status mpi_fail(const ctpu_coll_call *c, int rc, const char *what, c
     return CTPU_ERR_STATE;
 }
 
-/* The metadata exchange: every rank gets every rank's record and checks
- * them all the same way, so they agree on the verdict. */
-static ctpu_status check_meta(const ctpu_coll_call *c, char *err, size_t errlen)
+static void meta_fill(const ctpu_coll_call *c, meta_rec *me)
 {
-    meta_rec me;
-    memset(&me, 0, sizeof me);
-    me.kind = c->kind;
-    me.op = c->op;
-    me.dtype = c->dtype;
-    me.ndim = c->ndim;
-    me.root = c->root;
-    me.dim = c->dim;
-    for (int d = 0; d < c->ndim; d++) me.shape[d] = c->shape[d];
-    int n = g_dist.size;
-    meta_rec *all = malloc(sizeof *all * (size_t)n);
-    if (!all) {
-        snprintf(err, errlen, "%s: out of host memory", ctpu__coll_name(c->kind));
-        return CTPU_ERR_OOM;
-    }
-    MPI_Request rq;
-    int rc = MPI_Iallgather(&me, (int)sizeof me, MPI_BYTE, all, (int)sizeof me, MPI_BYTE, g_dist.comm, &rq);
-    if (rc == MPI_SUCCESS) rc = wait_req(&rq, c, "shape exchange");
-    if (rc != MPI_SUCCESS) {
-        free(all);
-        return mpi_fail(c, rc, "the shape exchange", err, errlen);
-    }
+    memset(me, 0, sizeof *me);
+    me->kind = c->kind;
+    me->op = c->op;
+    me->dtype = c->dtype;
+    me->ndim = c->ndim;
+    me->root = c->root;
+    me->dim = c->dim;
+    for (int d = 0; d < c->ndim; d++) me->shape[d] = c->shape[d];
+}
+
+/* Every rank checks every rank's record the same way, so they agree on the
+ * verdict. */
+static ctpu_status meta_verify(const ctpu_coll_call *c, const meta_rec *all, char *err, size_t errlen)
+{
     ctpu_status st = CTPU_OK;
-    for (int r = 1; r < n && st == CTPU_OK; r++) {
+    for (int r = 1; r < g_dist.size && st == CTPU_OK; r++) {
         const meta_rec *a = &all[0], *b = &all[r];
         if (a->kind != b->kind) {
             snprintf(err, errlen, "%s: rank 0 called %s, rank %d called %s (collectives out of order across ranks)",
@@ -409,6 +403,28 @@ static ctpu_status check_meta(const ctpu_coll_call *c, char *err, size_t errlen)
             st = CTPU_ERR_INVALID_ARG;
         }
     }
+    return st;
+}
+
+/* The metadata exchange before each collective. */
+static ctpu_status check_meta(const ctpu_coll_call *c, char *err, size_t errlen)
+{
+    meta_rec me;
+    meta_fill(c, &me);
+    int n = g_dist.size;
+    meta_rec *all = malloc(sizeof *all * (size_t)n);
+    if (!all) {
+        snprintf(err, errlen, "%s: out of host memory", ctpu__coll_name(c->kind));
+        return CTPU_ERR_OOM;
+    }
+    MPI_Request rq;
+    int rc = MPI_Iallgather(&me, (int)sizeof me, MPI_BYTE, all, (int)sizeof me, MPI_BYTE, g_dist.comm, &rq);
+    if (rc == MPI_SUCCESS) rc = wait_req(&rq, c, "shape exchange");
+    if (rc != MPI_SUCCESS) {
+        free(all);
+        return mpi_fail(c, rc, "the shape exchange", err, errlen);
+    }
+    ctpu_status st = meta_verify(c, all, err, errlen);
     free(all);
     return st;
 }
@@ -617,9 +633,11 @@ static ctpu_status run_broadcast(const ctpu_coll_call *c, char *err, size_t errl
 }
 #endif /* CTPU_HAVE_MPI */
 
-ctpu_status ctpu__dist_run(const ctpu_coll_call *c, char *err, size_t errlen)
+/* One collective now, on the calling thread (the device thread, or the
+ * comm thread for a started all_reduce), with what it is doing published
+ * for the SIGTERM line. */
+static ctpu_status run_now(const ctpu_coll_call *c, char *err, size_t errlen)
 {
-    uint64_t t0 = mono_ns();
     atomic_store(&g_dist.cur_bucket, c->bucket);
     atomic_store(&g_dist.cur_step, c->step);
     atomic_store(&g_dist.last_step, c->step);
@@ -645,6 +663,288 @@ ctpu_status ctpu__dist_run(const ctpu_coll_call *c, char *err, size_t errlen)
         run_single(c);
     }
     atomic_store(&g_dist.cur_kind, -1);
+    return st;
+}
+
+/* ------------------------------------------------------------ started all_reduces
+ * Overlap (ctpu_all_reduce_async): the device thread starts an all_reduce
+ * (its input copied into a buffer of the request, so no device memory is
+ * touched behind the device's back) and goes on with the next commands.
+ * Open MPI moves a non-blocking collective only inside MPI calls, so the
+ * device thread itself advances the started requests between the steps of
+ * its programs, after each command and while idle (ctpu_device_set_progress:
+ * one MPI_Test per call, the next MPI call posted when one completes): the
+ * waiting for the other ranks, which is what a collective costs here, runs
+ * under the backward's compute. A request is the metadata exchange, then
+ * one MPI_Iallgather of the whole buffer and the same rank-order left fold
+ * as the blocking path (so the same bits; at N > 2 it receives (N-1) x the
+ * buffer instead of the two-phase path's 2(N-1)/N). Requests run one at a
+ * time in start order, which is the same on every rank, and a blocking
+ * collective first finishes every started one. Only the device thread
+ * calls MPI. At the consumer (ctpu_all_reduce_wait) the device thread
+ * tests the request until it is done, against CTPU_DIST_TIMEOUT, and copies
+ * the result out. Requests are found by key: the started value's device
+ * address, unique while the request is pending (the wait reads it). */
+typedef struct areq {
+    struct areq *next;
+    const void *key;
+    ctpu_coll_call c;      /* in: the copy below; out: the result below */
+    char *buf;             /* the input's copy, then the result */
+    size_t bytes;
+    int stage;             /* 0 queued, 1 metadata exchange in flight, 2 gather in flight, 3 done */
+#ifdef CTPU_HAVE_MPI
+    MPI_Request rq;
+    meta_rec me, *all;     /* the metadata exchange */
+    char *recv;            /* the gather: every rank's buffer */
+#endif
+    uint64_t t_post;
+    ctpu_status st;
+    char err[512];
+} areq;
+
+static struct {
+    areq *head;               /* started and not yet waited, in start order (device thread only) */
+    int undone;               /* started, not finished */
+    _Atomic uint64_t flight_ns, exposed_ns, n_async;
+} g_as;
+
+static bool distributed(void) { return g_dist.up && g_dist.size > 1; }
+
+static void req_finish(areq *q, ctpu_status st)
+{
+    q->st = st;
+    q->stage = 3;
+    g_as.undone--;
+    atomic_fetch_add(&g_as.flight_ns, mono_ns() - q->t_post);
+    atomic_store(&g_dist.cur_kind, -1);
+}
+
+#ifdef CTPU_HAVE_MPI
+
+/* One step of the oldest unfinished request: post its next MPI call, or
+ * test the one in flight and go on when it completed. True: it moved. */
+static bool req_step(areq *q)
+{
+    int n = g_dist.size, flag = 0, rc = MPI_SUCCESS;
+    if (q->stage == 0) {
+        atomic_store(&g_dist.cur_bucket, q->c.bucket);
+        atomic_store(&g_dist.cur_step, q->c.step);
+        atomic_store(&g_dist.last_step, q->c.step);
+        atomic_store(&g_dist.cur_kind, q->c.kind);
+        q->all = malloc(sizeof *q->all * (size_t)n);
+        q->recv = malloc(q->bytes * (size_t)n + 1);
+        if (!q->all || !q->recv) {
+            snprintf(q->err, sizeof q->err, "%s: out of host memory", ctpu__coll_name(q->c.kind));
+            req_finish(q, CTPU_ERR_OOM);
+            return true;
+        }
+        meta_fill(&q->c, &q->me);
+        rc = MPI_Iallgather(&q->me, (int)sizeof q->me, MPI_BYTE, q->all, (int)sizeof q->me, MPI_BYTE, g_dist.comm,
+                            &q->rq);
+        if (rc == MPI_SUCCESS) q->stage = 1;
+    } else {
+        rc = MPI_Test(&q->rq, &flag, MPI_STATUS_IGNORE);
+        if (rc == MPI_SUCCESS && !flag) return false;
+        if (rc == MPI_SUCCESS && q->stage == 1) {
+            ctpu_status st = meta_verify(&q->c, q->all, q->err, sizeof q->err);
+            if (st != CTPU_OK) {
+                req_finish(q, st);
+                return true;
+            }
+            rc = MPI_Iallgather(q->c.in, (int)q->bytes, MPI_BYTE, q->recv, (int)q->bytes, MPI_BYTE, g_dist.comm,
+                                &q->rq);
+            if (rc == MPI_SUCCESS) q->stage = 2;
+        } else if (rc == MPI_SUCCESS) {
+            const void **bl = malloc(sizeof(void *) * (size_t)n);
+            if (!bl) {
+                snprintf(q->err, sizeof q->err, "%s: out of host memory", ctpu__coll_name(q->c.kind));
+                req_finish(q, CTPU_ERR_OOM);
+                return true;
+            }
+            for (int r = 0; r < n; r++) bl[r] = q->recv + (size_t)r * q->bytes;
+            ctpu__dist_fold(q->c.dtype, q->c.op, n, bl, numel_of(q->c.ndim, q->c.shape), q->c.out);
+            free(bl);
+            req_finish(q, CTPU_OK);
+            return true;
+        }
+    }
+    if (rc != MPI_SUCCESS) req_finish(q, mpi_fail(&q->c, rc, "the started all_reduce", q->err, sizeof q->err));
+    return true;
+}
+#endif
+
+/* Advance the started requests as far as they go without waiting. */
+static void async_progress(void)
+{
+#ifdef CTPU_HAVE_MPI
+    for (areq *q = g_as.head; q && g_as.undone > 0; q = q->next) {
+        if (q->stage == 3) continue;
+        while (q->stage != 3 && req_step(q)) {}
+        if (q->stage != 3) return;   /* in flight: one request at a time */
+    }
+#endif
+}
+
+static void progress_hook(void)
+{
+    if (g_as.undone > 0) async_progress();
+}
+
+/* Until q (NULL: every started request) is done: test, yield, then sleep
+ * as wait_req does; past CTPU_DIST_TIMEOUT, MPI_Abort naming it. */
+static void async_wait(areq *q)
+{
+    double t0 = mono_s();
+    for (long it = 0;; it++) {
+        async_progress();
+        if (q ? q->stage == 3 : g_as.undone == 0) return;
+        if ((it & 63) != 63) {
+            sched_yield();
+            continue;
+        }
+        double el = mono_s() - t0;
+        if (el > g_dist.timeout_s) {
+            const areq *h = g_as.head;
+            while (h && h->stage == 3) h = h->next;
+            const ctpu_coll_call *c = h ? &h->c : &q->c;
+            char b[64] = "";
+            if (c->bucket >= 0) snprintf(b, sizeof b, "bucket %lld, ", (long long)c->bucket);
+            fprintf(stderr, "ctpu: rank %d: %s (%sstep %lld) timed out in its started exchange after %.0f s "
+                    "(CTPU_DIST_TIMEOUT): another rank stopped calling collectives; calling MPI_Abort\n", g_dist.rank,
+                    ctpu__coll_name(c->kind), b, (long long)c->step, el);
+            fflush(stderr);
+#ifdef CTPU_HAVE_MPI
+            MPI_Abort(MPI_COMM_WORLD, 124);
+#endif
+            _exit(124);
+        }
+        if (el > 0.02) {
+            struct timespec ts = { 0, 200000 };
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+static void req_free(areq *q)
+{
+#ifdef CTPU_HAVE_MPI
+    free(q->all);
+    free(q->recv);
+#endif
+    free(q->buf);
+    free(q);
+}
+
+ctpu_status ctpu__dist_start_async(const ctpu_coll_call *c, const void *key, char *err, size_t errlen)
+{
+    uint64_t t0 = mono_ns();
+    size_t bytes = (size_t)numel_of(c->ndim, c->shape) * elem_size(c->dtype);
+    if (c->kind != CTPU_COLL_ALL_REDUCE) {
+        snprintf(err, errlen, "%s: only all_reduce is started without waiting", ctpu__coll_name(c->kind));
+        return CTPU_ERR_STATE;
+    }
+    if (!distributed()) {   /* one rank: the started value is the result */
+        if (bytes && c->out != c->in) memcpy(c->out, c->in, bytes);
+        return CTPU_OK;
+    }
+    if ((uint64_t)bytes * (uint64_t)g_dist.size > (uint64_t)INT32_MAX) {
+        snprintf(err, errlen, "%s: %zu bytes is more than one MPI call moves here (2 GiB over the ranks)",
+                 ctpu__coll_name(c->kind), bytes);
+        return CTPU_ERR_INVALID_ARG;
+    }
+    areq *q = calloc(1, sizeof *q);
+    char *buf = q ? malloc(2 * bytes + 1) : NULL;
+    if (!buf) {
+        free(q);
+        snprintf(err, errlen, "%s: out of host memory", ctpu__coll_name(c->kind));
+        return CTPU_ERR_OOM;
+    }
+    if (bytes) {
+        memcpy(buf, c->in, bytes);
+        if (c->out != c->in) memcpy(c->out, c->in, bytes);   /* the started value: this rank's own */
+    }
+    q->key = key;
+    q->c = *c;
+    q->c.in = buf;
+    q->c.out = buf + bytes;
+    q->buf = buf;
+    q->bytes = bytes;
+    q->t_post = t0;
+    areq **pp = &g_as.head;
+    while (*pp) pp = &(*pp)->next;
+    *pp = q;
+    g_as.undone++;
+    atomic_fetch_add(&g_as.n_async, 1);
+    ctpu_device_set_progress(progress_hook);
+    async_progress();   /* post it now when nothing is ahead of it */
+    atomic_fetch_add(&g_dist.busy_ns, mono_ns() - t0);
+    return CTPU_OK;
+}
+
+ctpu_status ctpu__dist_wait_async(const void *key, const void *in, void *out, size_t bytes, const char *name,
+                                  char *err, size_t errlen)
+{
+    uint64_t t0 = mono_ns();
+    if (!distributed()) {
+        if (bytes && out != in) memcpy(out, in, bytes);
+        return CTPU_OK;
+    }
+    areq **pp = &g_as.head;
+    while (*pp && (*pp)->key != key) pp = &(*pp)->next;
+    areq *q = *pp;
+    if (!q) {
+        snprintf(err, errlen, "%s: no started all_reduce holds this value (waited twice?)", name);
+        return CTPU_ERR_STATE;
+    }
+    async_wait(q);
+    *pp = q->next;
+    uint64_t waited = mono_ns() - t0;
+    atomic_fetch_add(&g_as.exposed_ns, waited);
+    atomic_fetch_add(&g_dist.busy_ns, waited);
+    ctpu_status st = q->st;
+    if (st == CTPU_OK && bytes == q->bytes) {
+        if (bytes) memcpy(out, q->buf + q->bytes, bytes);
+    } else {
+        if (st == CTPU_OK) {
+            snprintf(q->err, sizeof q->err, "%s: the started value has %zu bytes, the wait %zu", name, q->bytes, bytes);
+            st = CTPU_ERR_STATE;
+        }
+        snprintf(err, errlen, "%s", q->err);
+    }
+    req_free(q);
+    return st;
+}
+
+void ctpu__dist_overlap(ctpu_dist_overlap_ns *o)
+{
+    o->started = atomic_load(&g_as.n_async);
+    o->in_flight_ns = atomic_load(&g_as.flight_ns);
+    o->exposed_ns = atomic_load(&g_as.exposed_ns);
+}
+
+/* At ctpu__dist_stop (the device is gone: this thread is the only one
+ * left): finish every started request (the other ranks take part in it),
+ * drop those never waited. */
+static void async_stop(void)
+{
+    ctpu_device_set_progress(NULL);
+    if (g_as.undone > 0) async_wait(NULL);
+    while (g_as.head) {
+        areq *q = g_as.head;
+        g_as.head = q->next;
+        req_free(q);
+    }
+    g_as.undone = 0;
+}
+
+ctpu_status ctpu__dist_run(const ctpu_coll_call *c, char *err, size_t errlen)
+{
+    uint64_t t0 = mono_ns();
+    if (g_as.undone > 0) {   /* collectives run in the order they were made: started ones first */
+        async_wait(NULL);
+        atomic_fetch_add(&g_as.exposed_ns, mono_ns() - t0);
+    }
+    ctpu_status st = run_now(c, err, errlen);
     atomic_fetch_add(&g_dist.busy_ns, mono_ns() - t0);
     return st;
 }

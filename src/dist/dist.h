@@ -52,6 +52,25 @@ typedef struct {
  * the identity of its semantics on one rank. */
 ctpu_status ctpu__dist_run(const ctpu_coll_call *c, char *err, size_t errlen);
 
+/* Overlap (see dist.c, "started all_reduces"). Start: the device thread
+ * hands an all_reduce to the comm thread (c->in copied at once; c->out, the
+ * started value, gets this rank's own input) and goes on; key names the
+ * request (the started value's device address). Wait: the device thread
+ * blocks until that request is done and copies its result (bytes) to out;
+ * a failure (shapes differing across ranks, MPI) comes back here, with err.
+ * On one rank both are copies. */
+ctpu_status ctpu__dist_start_async(const ctpu_coll_call *c, const void *key, char *err, size_t errlen);
+ctpu_status ctpu__dist_wait_async(const void *key, const void *in, void *out, size_t bytes, const char *name,
+                                  char *err, size_t errlen);
+/* Started all_reduces of the process: how many, their time from start to
+ * done (in flight), and the part of it the device thread spent waiting at
+ * the consumers (exposed); in flight less exposed ran under the device's
+ * other work (hidden). Monotonic clock. */
+typedef struct {
+    uint64_t started, in_flight_ns, exposed_ns;
+} ctpu_dist_overlap_ns;
+void ctpu__dist_overlap(ctpu_dist_overlap_ns *o);
+
 /* MPI start and stop (ctpu_dist_init / ctpu_dist_shutdown call them around
  * ctpu_init / ctpu_shutdown). Start: CTPU_OK, or a status with err set. */
 ctpu_status ctpu__dist_start(char *err, size_t len);
@@ -78,7 +97,20 @@ void ctpu__dist_fold(int dtype, int op, int n, const void *const *src, int64_t c
 
 /* Eager side (src/eager/dist_api.c): this run's collective totals, for
  * ctpu_dist_get_stats. add: one collective of `bytes` per chip, at dispatch. */
-void ctpu__dist_stats_add(int kind, double bytes);
+void ctpu__dist_stats_add(int kind, double bytes, int64_t bucket);
 void ctpu__dist_stats_clear(void);
+/* Step S (the marked-step count during it) made a collective in a bucket. */
+bool ctpu__dist_is_train_step(uint64_t step);
+/* The report's per-step figures: per training step when there is one
+ * (gradient buckets' collectives, the training steps' compute), else per
+ * marked step over every collective. overlap_share: hidden / in flight. */
+typedef struct {
+    bool train;
+    double steps, collectives, bytes, compute_s, ici_s, ici_s_8, ici_s_256, ici_s_pod, overlap_share;
+} ctpu_dist_per_step;
+void ctpu__dist_per_step(const ctpu_dist_stats *s, ctpu_dist_per_step *p);
+/* report.c: the cost estimate (current chip) of the marked steps that were
+ * training steps, the step in progress included when it is one. */
+double ctpu__report_train_compute_s(void);
 
 #endif

@@ -36,6 +36,11 @@ typedef struct ag_leaf {
     ctpu_tensor grad;           /* .grad (global handle) or null */
     ctpu_tensor gacc;           /* backward: this pass's sum */
     uint64_t touched;           /* backward pass id */
+    ctpu_grad_hook hook;        /* ctpu_register_post_accumulate_grad_hook, or NULL */
+    void *hook_ctx;
+    uint64_t hook_pass;         /* backward: the pass hook_k was computed for */
+    size_t hook_k;              /* backward: the last node (sorted order) with an edge to the leaf */
+    uint64_t hook_done;         /* backward: the pass that already wrote .grad and called the hook */
 } ag_leaf;
 
 typedef struct ag_node ag_node;
@@ -1056,14 +1061,87 @@ static ctpu_status collect_tape(ag_meta *root, uint64_t pass, vec *nodes, const 
     return st;
 }
 
+/* A leaf's .grad += this pass's sum (g consumed); st passes through. */
+static ctpu_status leaf_apply(ag_leaf *l, ctpu_status st)
+{
+    ctpu_tensor g = l->gacc;
+    l->gacc = CTPU_NULL;
+    if (st != CTPU_OK || !l->alive || ctpu_is_null(g)) { release_quiet(g); return st; }
+    if (ctpu_is_valid(l->grad)) {
+        ctpu_tensor s = ctpu_add(l->grad, g);
+        ctpu_status a = ctpu_is_null(s) ? ctpu_last_status() : ctpu_assign(l->grad, s);
+        release_quiet(s);
+        release_quiet(g);
+        if (a != CTPU_OK) st = a;
+    } else {
+        rec_of(g)->scope_id = 0;   /* .grad lives in no scope */
+        rec_of(g)->leaf_grad = true;
+        l->grad = g;
+        if (ctpu__capturing()) ctpu__capture_note_grad(l->self, g.id);
+    }
+    return st;
+}
+
+/* Grad-ready hooks: for each hooked leaf of this pass, the last node (in
+ * processing order) with an edge to it. False: no hooked leaf. */
+static bool hooks_plan(ag_node **ns, size_t n, uint64_t pass)
+{
+    bool any = false;
+    for (size_t k = 0; k < n; k++)
+        for (int i = 0; i < ns[k]->node.n_in; i++) {
+            ag_leaf *l = ns[k]->edge[i].leaf;
+            if (l && l->hook) {
+                l->hook_pass = pass;
+                l->hook_k = k;
+                any = true;
+            }
+        }
+    return any;
+}
+
+/* After node k: the hooked leaves it was the last contribution to get their
+ * .grad now and their hook called. */
+static ctpu_status hooks_fire(ag_node *x, size_t k, uint64_t pass, ctpu_status st)
+{
+    for (int i = 0; i < x->node.n_in && st == CTPU_OK; i++) {
+        ag_leaf *l = x->edge[i].leaf;
+        if (!l || !l->hook || l->hook_pass != pass || l->hook_k != k || l->hook_done == pass ||
+            l->touched != pass)
+            continue;
+        st = leaf_apply(l, st);
+        l->hook_done = pass;
+        if (st == CTPU_OK && l->alive) l->hook((ctpu_tensor){ l->self }, l->hook_ctx);
+    }
+    return st;
+}
+
+ctpu_status ctpu_register_post_accumulate_grad_hook(ctpu_tensor t, ctpu_grad_hook fn, void *ctx)
+{
+    const char *opn = "register_post_accumulate_grad_hook";
+    ctpu_trec *r = ctpu_rec_get(t, opn, "t", false);
+    if (!r) return ctpu_last_status();
+    ag_meta *m = r->ag;
+    if (!m || !m->leaf) {
+        char tb[128];
+        ctpu_set_error(CTPU_ERR_STATE, "%s: t %s is not a leaf that requires grad (ctpu_set_requires_grad)", opn,
+                       ctpu_fmt_type(&r->type, tb, sizeof tb));
+        return CTPU_ERR_STATE;
+    }
+    m->leaf->hook = fn;
+    m->leaf->hook_ctx = fn ? ctx : NULL;
+    return CTPU_OK;
+}
+
 static ctpu_status run_backward(ag_meta *root, ctpu_tensor g0, bool retain, const char *opn)
 {
     uint64_t pass = atomic_fetch_add(&ag_pass, 1);
     vec nodes = {0}, leaves = {0};
+    bool hooked = false;
     ctpu_status st = collect_tape(root, pass, &nodes, opn);
     ag_node **ns = nodes.p;
     if (st == CTPU_OK) {
         if (nodes.n > 1) qsort(ns, nodes.n, sizeof *ns, cmp_seq_desc);   /* a leaf root has none */
+        hooked = hooks_plan(ns, nodes.n, pass);
         if (root->fn) root->fn->gacc = g0;
         else { root->leaf->gacc = g0; root->leaf->touched = pass; vec_push(&leaves, root->leaf); }
     } else {
@@ -1122,25 +1200,16 @@ static ctpu_status run_backward(ag_meta *root, ctpu_tensor g0, bool retain, cons
                 if (!accumulate(&e->leaf->gacc, gin[i])) st = ctpu_last_status();
             }
         }
+        if (hooked) st = hooks_fire(x, k, pass, st);
     }
-    /* leaves: .grad += this pass's sum */
+    /* leaves: .grad += this pass's sum (hooked leaves already done are skipped) */
     ag_leaf **ls = leaves.p;
     for (size_t k = 0; k < leaves.n; k++) {
-        ag_leaf *l = ls[k];
-        ctpu_tensor g = l->gacc;
-        l->gacc = CTPU_NULL;
-        if (st != CTPU_OK || !l->alive || ctpu_is_null(g)) { release_quiet(g); continue; }
-        if (ctpu_is_valid(l->grad)) {
-            ctpu_tensor s = ctpu_add(l->grad, g);
-            ctpu_status a = ctpu_is_null(s) ? ctpu_last_status() : ctpu_assign(l->grad, s);
-            release_quiet(s);
-            release_quiet(g);
-            if (a != CTPU_OK) st = a;
-        } else {
-            rec_of(g)->scope_id = 0;   /* .grad lives in no scope */
-            rec_of(g)->leaf_grad = true;
-            l->grad = g;
-            if (ctpu__capturing()) ctpu__capture_note_grad(l->self, g.id);
+        if (ls[k]->hook_done == pass) continue;
+        st = leaf_apply(ls[k], st);
+        if (st == CTPU_OK && ls[k]->hook && ls[k]->alive) {
+            ls[k]->hook_done = pass;
+            ls[k]->hook((ctpu_tensor){ ls[k]->self }, ls[k]->hook_ctx);
         }
     }
     /* drop what is left of the pass, free the tape unless retained */

@@ -45,7 +45,9 @@ static ctpu_tensor collective(int op, int kind, ctpu_trec *r, ctpu_tensor t, con
     n.attr.i64[1] = ts->dist.bucket_plus1 - 1;
     double step = (double)atomic_load(&ctpu_rt->marked_steps);
     ctpu_trec *in[1] = { r };
-    ctpu__dist_stats_add(kind, (double)ctpu_vtype_numel(&r->type) * (double)ctpu_kdt_size(r->type.dtype));
+    if (!(op == CTPU_OP_ALL_REDUCE && arg == 2))   /* a wait moves nothing of its own */
+        ctpu__dist_stats_add(kind, (double)ctpu_vtype_numel(&r->type) * (double)ctpu_kdt_size(r->type.dtype),
+                             n.attr.i64[1]);
     ctpu_tensor h = ctpu_dispatch(&n, in, &t, &step);
     if (!ctpu_is_null(h) && ctpu_mode_now() == CTPU_MODE_DEFER_FUSE && !ts->dist.keep_collectives)
         ctpu__defer_flush(CTPU_CUT_COLLECTIVE);   /* errors latch on the values, as at any cut */
@@ -58,6 +60,65 @@ ctpu_tensor ctpu_all_reduce(ctpu_tensor t, ctpu_dist_op op)
     ctpu_trec *r = ctpu_rec_get(t, "all_reduce", "t", true);
     if (!r || !dist_op_ok("all_reduce", op, r)) return ctpu_failed();
     return collective(CTPU_OP_ALL_REDUCE, CTPU_COLL_ALL_REDUCE, r, t, &r->type, (int)op, 0);
+}
+
+/* Overlap: the started value's handle id is remembered on this thread until
+ * it is waited for (so a wait on anything else is an error at the call). */
+static bool pending_add(ctpu_thread_state *ts, uint64_t id)
+{
+    for (int i = 0; i < CTPU_DIST_MAX_STARTED; i++)
+        if (!ts->dist.started[i]) {
+            ts->dist.started[i] = id;
+            return true;
+        }
+    return false;
+}
+
+static bool pending_take(ctpu_thread_state *ts, uint64_t id)
+{
+    for (int i = 0; i < CTPU_DIST_MAX_STARTED; i++)
+        if (ts->dist.started[i] == id) {
+            ts->dist.started[i] = 0;
+            return true;
+        }
+    return false;
+}
+
+ctpu_tensor ctpu_all_reduce_async(ctpu_tensor t, ctpu_dist_op op)
+{
+    const char *name = "all_reduce_async";
+    if (!ctpu_check_init(name)) return ctpu_failed();
+    ctpu_trec *r = ctpu_rec_get(t, name, "t", true);
+    if (!r || !dist_op_ok(name, op, r)) return ctpu_failed();
+    ctpu_thread_state *ts = ctpu_ts();
+    if (!ts) {
+        ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory", name);
+        return ctpu_failed();
+    }
+    if (!pending_take(ts, 0)) {   /* a free slot (0) first: nothing dispatched on failure */
+        ctpu_set_error(CTPU_ERR_STATE, "%s: %d all_reduces started on this thread and not waited for "
+                       "(ctpu_all_reduce_wait)", name, CTPU_DIST_MAX_STARTED);
+        return ctpu_failed();
+    }
+    ctpu_tensor h = collective(CTPU_OP_ALL_REDUCE, CTPU_COLL_ALL_REDUCE, r, t, &r->type, (int)op, 1);
+    if (!ctpu_is_null(h)) pending_add(ts, h.id);
+    return h;
+}
+
+ctpu_tensor ctpu_all_reduce_wait(ctpu_tensor started)
+{
+    const char *name = "all_reduce_wait";
+    if (!ctpu_check_init(name)) return ctpu_failed();
+    ctpu_trec *r = ctpu_rec_get(started, name, "started", true);
+    if (!r) return ctpu_failed();
+    ctpu_thread_state *ts = ctpu_ts();
+    if (!ts || !pending_take(ts, started.id)) {
+        char tb[128];
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: started (%s) is not an all_reduce this thread started with "
+                       "ctpu_all_reduce_async and has not waited for", name, ctpu_fmt_type(&r->type, tb, sizeof tb));
+        return ctpu_failed();
+    }
+    return collective(CTPU_OP_ALL_REDUCE, CTPU_COLL_ALL_REDUCE, r, started, &r->type, 0, 2);
 }
 
 ctpu_tensor ctpu_broadcast(ctpu_tensor t, int root)

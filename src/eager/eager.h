@@ -90,6 +90,7 @@ extern ctpu_runtime *ctpu_rt;
 #define CTPU_FAIL_RING 32            /* failures an error handle can name (ctpu.h) */
 #define CTPU_SLOT_STASH 64           /* free slots a thread keeps (half go back when it overflows) */
 #define CTPU_LABEL_DEPTH 32          /* ctpu_label_push nests this deep (ctpu.h) */
+#define CTPU_DIST_MAX_STARTED 64     /* ctpu_all_reduce_async values in flight per thread (ctpu.h) */
 
 /* A dynamic dim (ctpu_mark_dynamic, DESIGN.md "Dynamic dims"): the extent
  * is coef * s for a symbol s in [lo, hi]; coef 0: a static dim. A symbol is
@@ -184,6 +185,7 @@ typedef struct ctpu_thread_state {
     struct {
         int64_t bucket_plus1;        /* collective.c: ctpu_dist_set_bucket + 1 (0 = none) */
         bool keep_collectives;       /* collective.c: ctpu_dist_set_collective_cut(false) */
+        uint64_t started[CTPU_DIST_MAX_STARTED]; /* collective.c: ctpu_all_reduce_async handles not waited (0: free) */
     } dist;
 } ctpu_thread_state;
 

@@ -71,6 +71,7 @@ struct ctpu_report_state {
     int n_chips, current;
     const ctpu_chip_info *chips[CTPU_COST_MAX_CHIPS];
     double run_s[CTPU_COST_MAX_CHIPS];
+    double step_s, train_s;          /* current chip: this marked step's estimate so far; the training steps' (dist) */
     double macs_useful[CTPU_COST_MAX_CHIPS], macs_padded[CTPU_COST_MAX_CHIPS];
     double flops, hbm_bytes, hbm_s, vector_ops;
     uint64_t loop_cuts;
@@ -159,6 +160,7 @@ static void totals_clear(ctpu_report_state *r)
     memset(r->op_count, 0, sizeof r->op_count);
     memset(r->op_s, 0, sizeof r->op_s);
     memset(r->run_s, 0, sizeof r->run_s);
+    r->step_s = r->train_s = 0;
     memset(r->macs_useful, 0, sizeof r->macs_useful);
     memset(r->macs_padded, 0, sizeof r->macs_padded);
     r->flops = r->hbm_bytes = r->hbm_s = r->vector_ops = 0;
@@ -245,6 +247,7 @@ static void launch_add(ctpu_report_state *r, prog_rec *p)
 {
     for (int c = 0; c < r->n_chips; c++) {
         r->run_s[c] += p->est_s[c];
+        if (c == r->current) r->step_s += p->est_s[c];
         r->macs_useful[c] += p->macs_useful[c];
         r->macs_padded[c] += p->macs_padded[c];
     }
@@ -448,6 +451,7 @@ void ctpu__report_op(const ctpu_node *n, bool hit, const ctpu_program *prog, ctp
         r->macs_useful[c] += cp->chip[c].macs_useful;
         r->macs_padded[c] += cp->chip[c].macs_padded;
     }
+    r->step_s += cur->total_s;
     r->flops += cur->flops;
     r->vector_ops += cur->vector_ops;
     r->hbm_bytes += cur->hbm_bytes;
@@ -555,6 +559,28 @@ static void leak_watch(ctpu_runtime *rt, uint64_t step)
             LEAK_WINDOW, (unsigned long long)step, cause);
 }
 
+/* Data parallel: the step that just ended adds its estimate to the
+ * training steps' when it reduced gradients (dist_api.c knows). */
+static void train_fold(ctpu_report_state *r, uint64_t ended)
+{
+    bool train = ctpu__dist_is_train_step(ended);
+    pthread_mutex_lock(&r->mu);
+    if (train) r->train_s += r->step_s;
+    r->step_s = 0;
+    pthread_mutex_unlock(&r->mu);
+}
+
+double ctpu__report_train_compute_s(void)
+{
+    ctpu_runtime *rt = ctpu_rt;
+    if (!rt || !rt->report) return 0;
+    bool now = ctpu__dist_is_train_step(atomic_load(&rt->marked_steps));
+    pthread_mutex_lock(&rt->report->mu);
+    double s = rt->report->train_s + (now ? rt->report->step_s : 0);
+    pthread_mutex_unlock(&rt->report->mu);
+    return s;
+}
+
 void ctpu__report_step(void)
 {
     ctpu_runtime *rt = ctpu_rt;
@@ -569,6 +595,7 @@ void ctpu__report_step(void)
         if (loop_cuts) ctpu_metrics_history_reset(&rt->metrics);
     }
     ctpu_metrics_step(&rt->metrics, s ? s - 1 : 0);
+    if (rt->report) train_fold(rt->report, s ? s - 1 : 0);
     if (rt->report) leak_watch(rt, s);
     if (rt->report && rt->report->trace) {
         char args[64];
@@ -954,7 +981,8 @@ static void dist_json(cJSON *doc, ctpu_runtime *rt)
     ctpu_dist_stats s;
     if (ctpu_dist_get_stats(&s) != CTPU_OK || (s.collectives == 0 && ctpu_dist_world_size() == 1)) return;
     const ctpu_ici_info *ic = ctpu_ici_lookup(rt->chip->name);
-    double steps = s.steps ? (double)s.steps : 1.0;
+    ctpu_dist_per_step ps;
+    ctpu__dist_per_step(&s, &ps);
     cJSON *o = cJSON_AddObjectToObject(doc, "dist");
     cJSON_AddBoolToObject(o, "estimate", true);
     cJSON_AddStringToObject(o, "model", "ring / torus all-reduce: 2(k-1)/k x bytes / (ICI bandwidth / torus dims) "
@@ -970,16 +998,26 @@ static void dist_json(cJSON *doc, ctpu_runtime *rt)
     static const char *const kinds[4] = { "all_reduce", "broadcast", "all_gather", "reduce_scatter" };
     for (int k = 0; k < 4; k++) cJSON_AddNumberToObject(o, kinds[k], (double)s.by_kind[k]);
     cJSON_AddNumberToObject(o, "bytes", s.bytes);
-    cJSON_AddNumberToObject(o, "collectives_per_step", (double)s.collectives / steps);
-    cJSON_AddNumberToObject(o, "bytes_per_step", s.bytes / steps);
-    double comp = s.est_compute_s / steps * 1e6, comm = s.est_ici_s / steps * 1e6;
+    /* per-step figures: per training step (gradient buckets) when the run
+     * trained, so evaluation steps do not dilute them; per_step_basis says */
+    cJSON_AddNumberToObject(o, "train_steps", (double)s.train_steps);
+    cJSON_AddStringToObject(o, "per_step_basis", ps.train ? "train_steps" : "steps");
+    cJSON_AddNumberToObject(o, "grad_collectives", (double)s.grad_collectives);
+    cJSON_AddNumberToObject(o, "grad_bytes", s.grad_bytes);
+    cJSON_AddNumberToObject(o, "collectives_per_step", ps.collectives);
+    cJSON_AddNumberToObject(o, "bytes_per_step", ps.bytes);
+    double comp = ps.compute_s * 1e6, comm = ps.ici_s * 1e6;
     cJSON_AddNumberToObject(o, "est_compute_us_per_step", comp);
     cJSON_AddNumberToObject(o, "est_ici_us_per_step", comm);
     cJSON_AddNumberToObject(o, "est_comm_fraction", comp + comm > 0 ? comm / (comp + comm) : 0);
-    cJSON_AddNumberToObject(o, "est_ici_us_per_step_8", s.est_ici_s_8 / steps * 1e6);
-    cJSON_AddNumberToObject(o, "est_ici_us_per_step_256", s.est_ici_s_256 / steps * 1e6);
-    cJSON_AddNumberToObject(o, "est_ici_us_per_step_pod", s.est_ici_s_pod / steps * 1e6);
+    cJSON_AddNumberToObject(o, "est_ici_us_per_step_8", ps.ici_s_8 * 1e6);
+    cJSON_AddNumberToObject(o, "est_ici_us_per_step_256", ps.ici_s_256 * 1e6);
+    cJSON_AddNumberToObject(o, "est_ici_us_per_step_pod", ps.ici_s_pod * 1e6);
     cJSON_AddNumberToObject(o, "comm_wall_s", s.comm_wall_s);
+    cJSON_AddNumberToObject(o, "started_all_reduces", (double)s.started);
+    cJSON_AddNumberToObject(o, "comm_in_flight_s", s.started_in_flight_s);
+    cJSON_AddNumberToObject(o, "comm_exposed_s", s.started_exposed_s);
+    cJSON_AddNumberToObject(o, "overlap_share", ps.overlap_share);
 }
 
 static cJSON *build_json(ctpu_runtime *rt)

@@ -1097,7 +1097,15 @@ static void exec_collective(const ctpu_step_data *sd, ctpu_exec_ctx *ctx, int ki
         .in = ctx->ptr[sd->in_slot[0]], .out = ctx->ptr[sd->out_slot],
     };
     for (int d = 0; d < c.ndim; d++) c.shape[d] = sd->in[0].shape[d];
-    ctpu_status st = ctpu__dist_run(&c, ctx->fault_msg, sizeof ctx->fault_msg);
+    /* all_reduce's attr.i64[0]: 0 runs it here; 1 starts it (the comm thread
+     * moves the bytes while the next steps run; the output, this rank's own
+     * value, keys the request); 2 waits for the one its input started */
+    int64_t phase = kind == CTPU_COLL_ALL_REDUCE ? nd->attr.i64[0] : 0;
+    size_t bytes = (size_t)ctpu_vtype_numel(&nd->out) * ctpu_kdt_size(nd->out.dtype);
+    ctpu_status st = phase == 1 ? ctpu__dist_start_async(&c, c.out, ctx->fault_msg, sizeof ctx->fault_msg)
+                   : phase == 2 ? ctpu__dist_wait_async(c.in, c.in, c.out, bytes, "all_reduce", ctx->fault_msg,
+                                                        sizeof ctx->fault_msg)
+                   : ctpu__dist_run(&c, ctx->fault_msg, sizeof ctx->fault_msg);
     if (st != CTPU_OK) {
         memset(c.out, 0, (size_t)ctpu_vtype_numel(&nd->out) * ctpu_kdt_size(nd->out.dtype));
         ctx->fault_status = st;

@@ -27,9 +27,17 @@ struct ctpu_ddp {
     uint64_t base;           /* generator offset at step_begin */
     bool in_step;
     int64_t steps;
+    /* overlap: buckets started from the gradient hooks during backward */
+    bool overlap;
+    bool *ready;             /* [n] this round's gradient is final */
+    bool *hooked;            /* [n] the hook is registered */
+    int *left;               /* [n_buckets] parameters not ready yet */
+    ctpu_tensor *started;    /* [n_buckets] the started all_reduce, or null */
+    bool stale;              /* a gradient changed after its bucket started (a second backward) */
+    int64_t overlapped, blocking;   /* buckets reduced each way */
 };
 
-ctpu_ddp_opts ctpu_ddp_defaults(void) { return (ctpu_ddp_opts){ 25ll << 20, 0, true }; }
+ctpu_ddp_opts ctpu_ddp_defaults(void) { return (ctpu_ddp_opts){ 25ll << 20, 0, true, true }; }
 
 void ctpu_ddp_shard(int64_t n, int rank, int world, int64_t *lo, int64_t *hi)
 {
@@ -44,6 +52,97 @@ void ctpu_ddp_shard(int64_t n, int rank, int world, int64_t *lo, int64_t *hi)
 }
 
 static int64_t elem_bytes(ctpu_dtype dt) { return dt == CTPU_BF16 ? 2 : 4; }
+
+/* A new round (after sync_grads): nothing ready, nothing started. */
+static void round_reset(ctpu_ddp *d)
+{
+    for (int i = 0; i < d->n; i++) d->ready[i] = false;
+    for (int b = 0; b < d->n_buckets; b++) {
+        d->left[b] = d->bucket_start[b + 1] - d->bucket_start[b];
+        d->started[b] = CTPU_NULL;
+    }
+    d->stale = false;
+}
+
+/* Bucket b's gradients flattened and concatenated (in the current scope);
+ * a parameter without a gradient contributes zeros, so every rank makes
+ * the same collectives. */
+static ctpu_status bucket_flat(ctpu_ddp *d, int b, ctpu_tensor *cat)
+{
+    int k0 = d->bucket_start[b], k1 = d->bucket_start[b + 1], nk = k1 - k0;
+    ctpu_tensor flat[64], *fl = nk <= 64 ? flat : malloc(sizeof(ctpu_tensor) * (size_t)nk);
+    if (!fl) return ctpu_report_error(CTPU_ERR_OOM, "ddp_sync_grads: out of host memory");
+    ctpu_status st = CTPU_OK;
+    for (int k = k0; k < k1 && st == CTPU_OK; k++) {
+        ctpu_tensor p = d->params[d->order[k]];
+        int64_t numel = ctpu_numel(p);
+        if (numel < 0) {
+            st = ctpu_last_status();
+            break;
+        }
+        ctpu_tensor g = ctpu_grad(p);
+        if (ctpu_is_null(g)) g = ctpu_zeros(ctpu_dtype_of(p), 1, &numel);
+        fl[k - k0] = ctpu_reshape(g, 1, &numel);
+        if (ctpu_is_null(fl[k - k0])) st = ctpu_last_status();
+    }
+    if (st == CTPU_OK) {
+        *cat = nk == 1 ? fl[0] : ctpu_concat(nk, fl, 0);
+        if (ctpu_is_null(*cat)) st = ctpu_last_status();
+    }
+    if (fl != flat) free(fl);
+    return st;
+}
+
+/* The reduced bucket back into each .grad (parameters with one). */
+static ctpu_status bucket_scatter(ctpu_ddp *d, int b, ctpu_tensor red)
+{
+    int k0 = d->bucket_start[b], k1 = d->bucket_start[b + 1], nk = k1 - k0;
+    ctpu_status st = CTPU_OK;
+    int64_t at = 0;
+    for (int k = k0; k < k1 && st == CTPU_OK; k++) {
+        ctpu_tensor p = d->params[d->order[k]], g = ctpu_grad(p);
+        int64_t numel = ctpu_numel(p), sh[CTPU_MAX_DIMS];
+        int nd;
+        ctpu_shape(p, sh, &nd);
+        if (!ctpu_is_null(g)) {
+            ctpu_tensor piece = ctpu_reshape(nk == 1 ? red : ctpu_slice(red, 0, at, at + numel, 1), nd, sh);
+            st = ctpu_is_null(piece) ? ctpu_last_status() : ctpu_assign(g, piece);
+        }
+        at += numel;
+    }
+    return st;
+}
+
+/* Start bucket b's all_reduce now (from the hook, inside backward: the
+ * handles made here belong to backward's scope; the started value is kept
+ * past it, into the caller's). A failure leaves the bucket to sync_grads. */
+static void launch(ctpu_ddp *d, int b)
+{
+    ctpu_dist_set_bucket(b);
+    ctpu_tensor cat = CTPU_NULL;
+    if (bucket_flat(d, b, &cat) == CTPU_OK) {
+        ctpu_tensor h = ctpu_all_reduce_async(cat, CTPU_DIST_MEAN);
+        if (!ctpu_is_null(h)) d->started[b] = ctpu_keep(h);
+    }
+    ctpu_dist_set_bucket(-1);
+}
+
+/* The gradient hook: a parameter's gradient is final; its bucket starts
+ * once all of its parameters' are. */
+static void grad_ready(ctpu_tensor leaf, void *ctx)
+{
+    ctpu_ddp *d = ctx;
+    int i = 0;
+    while (i < d->n && d->params[i].id != leaf.id) i++;
+    if (i == d->n) return;
+    int b = d->bucket_of[i];
+    if (d->ready[i]) {   /* a second backward before sync_grads: reduce at sync instead */
+        d->stale = true;
+        return;
+    }
+    d->ready[i] = true;
+    if (--d->left[b] == 0 && !d->stale) launch(d, b);
+}
 
 ctpu_ddp *ctpu_ddp_create(int n, const ctpu_tensor *params, const ctpu_ddp_opts *opts)
 {
@@ -77,8 +176,13 @@ ctpu_ddp *ctpu_ddp_create(int n, const ctpu_tensor *params, const ctpu_ddp_opts 
         d->bucket_of = malloc(sizeof(int) * (size_t)n);
         d->order = malloc(sizeof(int) * (size_t)n);
         d->bucket_start = malloc(sizeof(int) * ((size_t)n + 1));
+        d->ready = calloc((size_t)n, sizeof(bool));
+        d->hooked = calloc((size_t)n, sizeof(bool));
+        d->left = calloc((size_t)n + 1, sizeof(int));
+        d->started = calloc((size_t)n + 1, sizeof(ctpu_tensor));
     }
-    if (!d || !d->params || !d->bucket_of || !d->order || !d->bucket_start) {
+    if (!d || !d->params || !d->bucket_of || !d->order || !d->bucket_start || !d->ready || !d->hooked || !d->left ||
+        !d->started) {
         ctpu_ddp_free(d);
         ctpu_report_error(CTPU_ERR_OOM, "ddp_create: out of host memory");
         return NULL;
@@ -106,6 +210,8 @@ ctpu_ddp *ctpu_ddp_create(int n, const ctpu_tensor *params, const ctpu_ddp_opts 
         d->bucket_of[i] = d->n_buckets - 1;
     }
     d->bucket_start[d->n_buckets] = n;
+    d->overlap = o.overlap;
+    round_reset(d);
     if (o.broadcast_params) {
         ctpu_status st = CTPU_OK;
         ctpu_no_grad_begin();
@@ -121,6 +227,9 @@ ctpu_ddp *ctpu_ddp_create(int n, const ctpu_tensor *params, const ctpu_ddp_opts 
             return NULL;
         }
     }
+    for (int i = 0; d->overlap && i < n; i++)   /* a parameter without the hook is reduced at sync_grads */
+        d->hooked[i] = ctpu_register_post_accumulate_grad_hook(params[i], grad_ready, d) == CTPU_OK;
+    ctpu_clear_error();
     return d;
 }
 
@@ -153,58 +262,64 @@ ctpu_status ctpu_ddp_sync_grads(ctpu_ddp *d)
     d->in_step = false;
     ctpu_no_grad_begin();
     for (int b = 0; b < d->n_buckets && st == CTPU_OK; b++) {
-        int k0 = d->bucket_start[b], k1 = d->bucket_start[b + 1], nk = k1 - k0;
-        ctpu_tensor flat[64], *fl = nk <= 64 ? flat : malloc(sizeof(ctpu_tensor) * (size_t)nk);
-        if (!fl) {
-            st = ctpu_report_error(CTPU_ERR_OOM, "ddp_sync_grads: out of host memory");
-            break;
-        }
         ctpu_scope_begin();
         ctpu_dist_set_bucket(b);
-        for (int k = k0; k < k1 && st == CTPU_OK; k++) {
-            ctpu_tensor p = d->params[d->order[k]];
-            int64_t numel = ctpu_numel(p);
-            if (numel < 0) {
-                st = ctpu_last_status();
-                break;
-            }
-            ctpu_tensor g = ctpu_grad(p);
-            /* a parameter without a gradient contributes zeros, so every
-             * rank makes the same collectives */
-            if (ctpu_is_null(g)) g = ctpu_zeros(ctpu_dtype_of(p), 1, &numel);
-            fl[k - k0] = ctpu_reshape(g, 1, &numel);
-            if (ctpu_is_null(fl[k - k0])) st = ctpu_last_status();
-        }
-        ctpu_tensor red = CTPU_NULL;
-        if (st == CTPU_OK) {
-            ctpu_tensor cat = nk == 1 ? fl[0] : ctpu_concat(nk, fl, 0);
-            red = ctpu_all_reduce(cat, CTPU_DIST_MEAN);
+        ctpu_tensor red = CTPU_NULL, h = d->started[b];
+        if (!ctpu_is_null(h)) {   /* started during backward: wait for it here, its consumer */
+            red = ctpu_all_reduce_wait(h);
+            ctpu_release(h);
+            d->started[b] = CTPU_NULL;
             if (ctpu_is_null(red)) st = ctpu_last_status();
+            else if (d->stale) red = CTPU_NULL;   /* gradients changed since: reduce them again */
+            if (st == CTPU_OK && !ctpu_is_null(red)) d->overlapped++;
         }
-        int64_t at = 0;
-        for (int k = k0; k < k1 && st == CTPU_OK; k++) {
-            ctpu_tensor p = d->params[d->order[k]], g = ctpu_grad(p);
-            int64_t numel = ctpu_numel(p), sh[CTPU_MAX_DIMS];
-            int nd;
-            ctpu_shape(p, sh, &nd);
-            if (!ctpu_is_null(g)) {
-                ctpu_tensor piece = ctpu_reshape(nk == 1 ? red : ctpu_slice(red, 0, at, at + numel, 1), nd, sh);
-                st = ctpu_is_null(piece) ? ctpu_last_status() : ctpu_assign(g, piece);
+        if (st == CTPU_OK && ctpu_is_null(red)) {
+            ctpu_tensor cat = CTPU_NULL;
+            st = bucket_flat(d, b, &cat);
+            if (st == CTPU_OK) {
+                red = ctpu_all_reduce(cat, CTPU_DIST_MEAN);
+                if (ctpu_is_null(red)) st = ctpu_last_status();
+                else d->blocking++;
             }
-            at += numel;
         }
+        if (st == CTPU_OK) st = bucket_scatter(d, b, red);
         ctpu_dist_set_bucket(-1);
         ctpu_scope_end();
-        if (fl != flat) free(fl);
     }
+    for (int b = 0; b < d->n_buckets; b++)   /* after a failure: no started value left behind */
+        if (!ctpu_is_null(d->started[b])) {
+            ctpu_tensor r = ctpu_all_reduce_wait(d->started[b]);
+            ctpu_release(r);
+            ctpu_release(d->started[b]);
+        }
+    round_reset(d);
     ctpu_no_grad_end();
     if (st == CTPU_OK) d->steps++;
     return st;
 }
 
+void ctpu_ddp_overlap_counts(const ctpu_ddp *d, int64_t *overlapped, int64_t *blocking)
+{
+    if (overlapped) *overlapped = d ? d->overlapped : 0;
+    if (blocking) *blocking = d ? d->blocking : 0;
+}
+
 void ctpu_ddp_free(ctpu_ddp *d)
 {
     if (!d) return;
+    for (int i = 0; d->hooked && i < d->n; i++)
+        if (d->hooked[i] && ctpu_is_valid(d->params[i]))
+            ctpu_register_post_accumulate_grad_hook(d->params[i], NULL, NULL);
+    for (int b = 0; d->started && b < d->n_buckets; b++)
+        if (!ctpu_is_null(d->started[b])) {
+            ctpu_tensor r = ctpu_all_reduce_wait(d->started[b]);
+            ctpu_release(r);
+            ctpu_release(d->started[b]);
+        }
+    free(d->ready);
+    free(d->hooked);
+    free(d->left);
+    free(d->started);
     free(d->params);
     free(d->bucket_of);
     free(d->order);

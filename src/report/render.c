@@ -749,8 +749,15 @@ static void render_dist(out_t *o, const cJSON *d)
             str(x, "chip"), num(x, "ici_gbytes_s"), num(x, "torus_dims"), num(x, "world_size"), num(x, "collectives"),
             num(x, "all_reduce"), num(x, "broadcast"), num(x, "all_gather"), num(x, "reduce_scatter"),
             fmt_bytes(num(x, "bytes"), b1, sizeof b1));
-    line(o, "per step (%.0f steps): %.2f collectives, %s; compute %.2f us, communication %.2f us (%.0f%% of the step "
-            "if not overlapped)", num(x, "steps"), num(x, "collectives_per_step"),
+    const char *basis = str(x, "per_step_basis");
+    char bs[96];
+    if (basis && !strcmp(basis, "train_steps"))
+        snprintf(bs, sizeof bs, "training step (%.0f of %.0f marked steps; gradient buckets only)",
+                 num(x, "train_steps"), num(x, "steps"));
+    else
+        snprintf(bs, sizeof bs, "step (%.0f steps)", num(x, "steps"));
+    line(o, "per %s: %.2f collectives, %s; compute %.2f us, communication %.2f us (%.0f%% of the step "
+            "if not overlapped)", bs, num(x, "collectives_per_step"),
          fmt_bytes(num(x, "bytes_per_step"), b1, sizeof b1), num(x, "est_compute_us_per_step"),
          num(x, "est_ici_us_per_step"), 100 * num(x, "est_comm_fraction"));
     line(o, "communication per step at 8 chips %.2f us, 256 chips %.2f us, %.0f chips (pod maximum) %.2f us",
@@ -758,6 +765,13 @@ static void render_dist(out_t *o, const cJSON *d)
          num(x, "est_ici_us_per_step_pod"));
     line(o, "measured here (CPU emulation over MPI, waiting for the other ranks included): %s in collectives",
          fmt_time(num(x, "comm_wall_s"), b1, sizeof b1));
+    if (num(x, "started_all_reduces") > 0) {
+        char b2[32];
+        line(o, "measured overlap: %.0f all_reduces started during backward, %s in flight, %s of it exposed (the device "
+                "waiting), %.0f%% hidden under compute", num(x, "started_all_reduces"),
+             fmt_time(num(x, "comm_in_flight_s"), b1, sizeof b1), fmt_time(num(x, "comm_exposed_s"), b2, sizeof b2),
+             100 * num(x, "overlap_share"));
+    }
 }
 
 static void render_doc(out_t *o, const cJSON *d, const char *name)
@@ -854,6 +868,8 @@ static void compare_dist_rows(table *t, const cJSON *const d[2])
             fmt_time(num(obj(D, "dist"), "est_ici_us_per_step") * 1e-6, tb, sizeof tb));
     CMP_ROW(t, d, "est. communication share", "%.0f%%", 100 * num(obj(D, "dist"), "est_comm_fraction"));
     CMP_ROW(t, d, "time in collectives (measured)", "%s", fmt_time(num(obj(D, "dist"), "comm_wall_s"), tb, sizeof tb));
+    CMP_ROW(t, d, "training steps", "%.0f", num(obj(D, "dist"), "train_steps"));
+    CMP_ROW(t, d, "comm hidden under compute (measured)", "%.0f%%", 100 * num(obj(D, "dist"), "overlap_share"));
 }
 
 /* Shape policies (issue 16): each policy summed over the structures, on

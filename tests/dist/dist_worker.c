@@ -207,9 +207,32 @@ START_TEST(ops_every_mode)
         ctpu__dist_fold(CTPU_F32, CTPU_DIST_SUM, N, blocks, M * K, want);
         read_f32(ctpu_add_scalar(ctpu_all_reduce(xin, CTPU_DIST_SUM), 0.0), got, M * K, mn);
         ck_assert_msg(memcmp(got, want, sizeof(float) * M * K) == 0, "%s: all_reduce sum", mn);
+        /* started, then other work, then waited: the same bits */
+        ctpu_tensor started = ctpu_all_reduce_async(xin, CTPU_DIST_SUM);
+        ck_assert_msg(!ctpu_is_null(started), "%s: %s", mn, ctpu_last_error());
+        ctpu_tensor busy = ctpu_sum(ctpu_exp(ctpu_mul_scalar(x, 0.5)), 0, NULL, false);
+        ctpu_tensor fin = ctpu_all_reduce_wait(started);
+        read_f32(fin, got, M * K, mn);
+        ck_assert_msg(memcmp(got, want, sizeof(float) * M * K) == 0, "%s: all_reduce_async sum", mn);
+        double bv;
+        ck_assert_int_eq(ctpu_item(busy, &bv), CTPU_OK);
+        ck_assert_msg(ctpu_is_null(ctpu_all_reduce_wait(started)) && ctpu_last_status() == CTPU_ERR_INVALID_ARG &&
+                      strstr(ctpu_last_error(), "not an all_reduce this thread started"), "%s: waited twice: %s", mn,
+                      ctpu_last_error());
+        ck_assert(ctpu_is_null(ctpu_all_reduce_wait(x)) && ctpu_last_status() == CTPU_ERR_INVALID_ARG);
+        ctpu_clear_error();
         ctpu__dist_fold(CTPU_F32, CTPU_DIST_MEAN, N, blocks, M * K, want);
         read_f32(ctpu_all_reduce(x, CTPU_DIST_MEAN), got, M * K, mn);
         ck_assert_msg(memcmp(got, want, sizeof(float) * M * K) == 0, "%s: all_reduce mean", mn);
+        /* two started at once, waited in the other order */
+        ctpu_tensor s1 = ctpu_all_reduce_async(x, CTPU_DIST_MEAN), s2 = ctpu_all_reduce_async(xin, CTPU_DIST_SUM);
+        ctpu_tensor w2 = ctpu_all_reduce_wait(s2), w1 = ctpu_all_reduce_wait(s1);
+        read_f32(w1, got, M * K, mn);
+        ck_assert_msg(memcmp(got, want, sizeof(float) * M * K) == 0, "%s: all_reduce_async mean", mn);
+        ctpu__dist_fold(CTPU_F32, CTPU_DIST_SUM, N, blocks, M * K, want);
+        read_f32(w2, got, M * K, mn);
+        ck_assert_msg(memcmp(got, want, sizeof(float) * M * K) == 0, "%s: all_reduce_async sum, second", mn);
+        ctpu__dist_fold(CTPU_F32, CTPU_DIST_MEAN, N, blocks, M * K, want);
         /* bf16 mean: rounded after each addition and after the division */
         uint16_t bw[8][M * K], bwant[M * K], bgot[M * K];
         const void *bb[8];
@@ -297,6 +320,24 @@ START_TEST(ops_shape_mismatch)
         ck_assert_msg(strstr(ctpu_last_error(), "all_reduce (op #") == ctpu_last_error() &&
                       strstr(ctpu_last_error(), "): rank 0 has f32[4,3], rank 1 has f32[4,2]") != NULL,
                       "%s: %s", MODES[m].name, ctpu_last_error());
+        ctpu_scope_end();
+        ctpu_sync();
+        ctpu_clear_error();
+        /* started: the wait's value carries it (debug eager: the wait's call) */
+        ctpu_scope_begin();
+        x = ctpu_from_host(z, CTPU_F32, 2, shp);
+        ctpu_tensor sa = ctpu_all_reduce_async(x, CTPU_DIST_SUM);
+        ck_assert_msg(!ctpu_is_null(sa), "%s: %s", MODES[m].name, ctpu_last_error());
+        y = ctpu_all_reduce_wait(sa);
+        if (MODES[m].mode == CTPU_MODE_DEBUG) {
+            ck_assert(ctpu_is_null(y));
+            st = ctpu_last_status();
+        } else {
+            float out[12];
+            st = ctpu_to_host(y, out, sizeof out);
+        }
+        ck_assert_msg(st == CTPU_ERR_SHAPE && strstr(ctpu_last_error(), "rank 0 has f32[4,3], rank 1 has f32[4,2]"),
+                      "%s: started: status %s (%s)", MODES[m].name, ctpu_status_str(st), ctpu_last_error());
         ctpu_scope_end();
         ctpu_sync();
         ctpu_clear_error();
@@ -396,7 +437,7 @@ static void reference_run(float *params)
     ctpu_linear_free(&m.fc2);
 }
 
-static void ddp_run(int m_i, int64_t bucket_bytes, float *params)
+static void ddp_run(int m_i, int64_t bucket_bytes, bool overlap, float *params)
 {
     set_mode(m_i);
     net m;
@@ -414,6 +455,7 @@ static void ddp_run(int m_i, int64_t bucket_bytes, float *params)
     ctpu_ddp_opts dop = ctpu_ddp_defaults();
     dop.bucket_bytes = bucket_bytes;
     dop.rng_per_microbatch = B * HID;   /* one dropout of [B, HID] per micro-batch */
+    dop.overlap = overlap;
     ctpu_ddp *ddp = ctpu_ddp_create(4, p, &dop);
     ck_assert_msg(ddp != NULL, "%s", ctpu_last_error());
     for (int s = 0; s < STEPS; s++) {
@@ -430,6 +472,11 @@ static void ddp_run(int m_i, int64_t bucket_bytes, float *params)
     read_params(&m, params);
     if (bucket_bytes < 1000) ck_assert_int_ge(ctpu_ddp_buckets(ddp), 3);
     else ck_assert_int_eq(ctpu_ddp_buckets(ddp), 1);
+    /* overlap: every bucket started from the backward's hooks, none reduced at sync_grads */
+    int64_t ov, bl;
+    ctpu_ddp_overlap_counts(ddp, &ov, &bl);
+    ck_assert_int_eq(ov, overlap ? (int64_t)ctpu_ddp_buckets(ddp) * STEPS : 0);
+    ck_assert_int_eq(bl, overlap ? 0 : (int64_t)ctpu_ddp_buckets(ddp) * STEPS);
     ctpu_ddp_free(ddp);
     ctpu_optim_free(opt);
     ctpu_linear_free(&m.fc1);
@@ -444,12 +491,13 @@ START_TEST(ddp_equals_gradient_accumulation)
     static float ref[NPARAM], got[NPARAM];
     reference_run(ref);
     for (int m = 0; m < N_MODES; m++) {
-        for (int b = 0; b < 2; b++) {
-            ddp_run(m, b ? 256 : 25 << 20, got);
+        for (int b = 0; b < 4; b++) {
+            ddp_run(m, b & 1 ? 256 : 25 << 20, b < 2, got);
             for (int i = 0; i < NPARAM; i++)
                 ck_assert_msg(memcmp(&got[i], &ref[i], 4) == 0,
-                              "%s, %s: parameter element %d: DDP %.9g, accumulation %.9g", MODES[m].name,
-                              b ? "small buckets" : "one bucket", i, got[i], ref[i]);
+                              "%s, %s, %s: parameter element %d: DDP %.9g, accumulation %.9g", MODES[m].name,
+                              b & 1 ? "small buckets" : "one bucket", b < 2 ? "overlap" : "no overlap", i, got[i],
+                              ref[i]);
         }
     }
     set_mode(0);
@@ -584,12 +632,14 @@ static int scenario_die_ddp(void)
         ctpu_step_begin();
         ctpu_tensor x, y;
         batch(s, R, &x, &y);
-        if (ctpu_backward(loss_of(&m, x, y)) != CTPU_OK) return 1;
+        ctpu_tensor loss = loss_of(&m, x, y);
         if (s == 2 && R == 1) {
+            /* before the backward, whose gradient hooks start bucket 0's all_reduce (overlap) */
             fprintf(stderr, "dist_worker: rank 1 kills itself before step 2's all_reduce\n");
             fflush(stderr);
             raise(SIGKILL);
         }
+        if (ctpu_backward(loss) != CTPU_OK) return 1;
         if (ctpu_ddp_sync_grads(ddp) != CTPU_OK) return 1;
         ctpu_step_end();
         if (ctpu_sync() != CTPU_OK) return 1;
