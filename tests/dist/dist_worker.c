@@ -615,9 +615,11 @@ static int scenario_fault(bool die)
 
 /* A rank killed inside a real DDP step (the ops path: strict eager, the
  * collective on the device thread): rank 1 SIGKILLs itself after step 2's
- * backward, before its gradients' all_reduce; rank 0's device thread is then
- * in that all_reduce (bucket 0, step 2: two steps marked before it). */
-static int scenario_die_ddp(void)
+ * forward, before the backward whose gradient hooks start its bucket's
+ * all_reduce (overlap); rank 0's device thread is then in that all_reduce
+ * (bucket 0, step 2: two steps marked before it), started from its backward
+ * and waited for in ctpu_ddp_sync_grads. */
+static int scenario_die_ddp(bool hang)
 {
     net m;   /* net_init without its Check assertions (no test is running here) */
     ctpu_manual_seed(7);
@@ -635,6 +637,12 @@ static int scenario_die_ddp(void)
         ctpu_tensor loss = loss_of(&m, x, y);
         if (s == 2 && R == 1) {
             /* before the backward, whose gradient hooks start bucket 0's all_reduce (overlap) */
+            if (hang) {
+                fprintf(stderr, "dist_worker: rank 1 stops calling collectives\n");
+                fflush(stderr);
+                sleep(60);
+                _exit(0);
+            }
             fprintf(stderr, "dist_worker: rank 1 kills itself before step 2's all_reduce\n");
             fflush(stderr);
             raise(SIGKILL);
@@ -659,8 +667,8 @@ int main(int argc, char **argv)
     R = ctpu_dist_rank();
     N = ctpu_dist_world_size();
     int rc;
-    if (!strcmp(mode, "die_ddp")) {
-        rc = scenario_die_ddp();
+    if (!strcmp(mode, "die_ddp") || !strcmp(mode, "hang_ddp")) {
+        rc = scenario_die_ddp(!strcmp(mode, "hang_ddp"));
     } else if (!strcmp(mode, "die") || !strcmp(mode, "hang")) {
         rc = scenario_fault(!strcmp(mode, "die"));
     } else {
