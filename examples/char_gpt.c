@@ -136,7 +136,7 @@ static void usage(FILE *f)
             "  --stop-after N    stop once N steps of the run are done (the schedule still spans --steps)\n"
             "  --dtype f32|bf16  parameters and activations (bf16: the optimizer keeps f32 master weights)\n"
             "  --by-document     batches of whole fortunes of similar length, padded (T varies in [2, ctx])\n"
-            "  --dynamic         mark each batch's T dynamic in [2, ctx] (ctpu_mark_dynamic): one step program\n"
+            "  --dynamic         each batch's T dynamic in [2, ctx] (ctpu_declare_dynamic_inputs): one step program\n"
             "                    for every length in defer and fuse (with --by-document)\n"
             "  --sample N        bytes to generate after the result line (default 300; 0: none)\n"
             "  --temperature X   sampling temperature (default 0.8; 0: the most likely byte)\n"
@@ -354,10 +354,7 @@ static ctpu_status make_batch(batcher *bt, const opts_t *o, uint64_t s, ctpu_ten
     *x = ctpu_from_host(bt->hx, CTPU_I32, 2, shape);
     *y = ctpu_from_host(bt->hy, CTPU_I32, 2, shape);
     if (ctpu_is_null(*x) || ctpu_is_null(*y)) return CTPU_ERR_INVALID_ARG;
-    if (o->dynamic && o->ctx >= 2 &&   /* each batch is a new tensor: marked before its first use */
-        (ctpu_mark_dynamic(*x, 1, 2, o->ctx) != CTPU_OK || ctpu_mark_dynamic(*y, 1, 2, o->ctx) != CTPU_OK))
-        return CTPU_ERR_INVALID_ARG;
-    return CTPU_OK;
+    return CTPU_OK;   /* with --dynamic, x and y come marked (main's ctpu_declare_dynamic_inputs) */
 }
 
 typedef struct {
@@ -987,6 +984,11 @@ int main(int argc, char **argv)
         printf("char_gpt: resumed %s at step %lld (%lld steps into the interval)\n", o.resume_path,
                (long long)ctpu_optim_steps(opt), (long long)lst.in);
     }
+    /* --dynamic: each batch is a new tensor; every i32 [B, T] made from host data from here on (the
+     * training and evaluation batches, the sampling prompts) comes with T marked dynamic in [2, ctx].
+     * Declared after the parameters are made or loaded. */
+    if (o.dynamic && o.ctx >= 2 && ctpu_declare_dynamic_inputs(CTPU_I32, 2, 1, 2, o.ctx) != CTPU_OK)
+        return fail("declaring the batches dynamic");
     ctpu_ddp *ddp = NULL;   /* after a resume: rank 0's parameters are broadcast */
     if (o.ddp && !(ddp = ctpu_ddp_create(g->n_params, g->params, NULL))) return fail("making the DDP wrapper");
     FILE *log = NULL;

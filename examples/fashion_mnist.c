@@ -93,7 +93,7 @@ static void usage(FILE *f)
             "                   replayed with no per-op host work; not with --ddp); implies --capturable\n"
             "  --capturable     AdamW keeps lr and step count as device tensors (torch's\n"
             "                   capturable=True; the numbers --compile gives, in any mode)\n"
-            "  --dynamic        mark each batch's dim 0 dynamic in [2, batch] (ctpu_mark_dynamic): in defer\n"
+            "  --dynamic        each batch's dim 0 dynamic in [2, batch] (ctpu_declare_dynamic_inputs): in defer\n"
             "                   and fuse the last, smaller batch binds the step program instead of recompiling\n"
             "  --help           this text\n"
             "  --version        the program's and the library's version\n"
@@ -398,6 +398,12 @@ int main(int argc, char **argv)
     int64_t step = ctpu_optim_steps(opt), images = 0;
     bool evaluated = false, stopped = false;
     if (ctpu_sync() != CTPU_OK) return fail("making the model");   /* a pending trace compiles here, not below */
+    /* --dynamic: each batch is a new tensor; the images [n, 784] and labels [n] ctpu_image_set_batch
+     * makes from here on come with n marked dynamic in [2, batch] (after the parameters are made) */
+    if (o.dynamic && o.batch >= 2 &&
+        (ctpu_declare_dynamic_inputs(CTPU_F32, 2, 0, 2, o.batch) != CTPU_OK ||
+         ctpu_declare_dynamic_inputs(CTPU_I32, 1, 0, 2, o.batch) != CTPU_OK))
+        return fail("declaring the batches dynamic");
     int64_t compiles0 = ctpu_metric_counter("programs_compiled"), recompiles0 = ctpu_metric_counter("recompiles") + ctpu_metric_counter("strict_recompiles");
     for (int ep = first_epoch; ep < o.epochs; ep++) {
         double t0 = now_s();
@@ -416,9 +422,6 @@ int main(int argc, char **argv)
             }
             ctpu_tensor x, y, loss;
             if (ctpu_image_set_batch(&train, idx + lo, hi - lo, &x, &y) != CTPU_OK) return fail("batch");
-            if (o.dynamic && o.batch >= 2 &&   /* each batch is a new tensor: marked before its first use */
-                (ctpu_mark_dynamic(x, 0, 2, o.batch) != CTPU_OK || ctpu_mark_dynamic(y, 0, 2, o.batch) != CTPU_OK))
-                return fail("marking the batch dynamic");
             if (cstep) {
                 if (ctpu_compiled_call(cstep, 2, (ctpu_tensor[]){ x, y }, 1, &lr, 1, &loss) != CTPU_OK)
                     return fail("compiled step");

@@ -251,6 +251,24 @@ CTPU_API ctpu_status ctpu_shape(ctpu_tensor t, int64_t out[CTPU_MAX_DIMS], int *
  * trace: CTPU_ERR_STATE). Errors: CTPU_ERR_INVALID_ARG (bad handle, dim out
  * of range, lo < 2, hi < lo, hi > 2^40), naming the tensor's shape. */
 CTPU_API ctpu_status ctpu_mark_dynamic(ctpu_tensor t, int dim, int64_t lo, int64_t hi);
+/* Dynamic dims for tensors that do not exist yet (each batch is a new
+ * tensor; TorchTPU marks each one): while this declaration stands, every
+ * tensor this thread makes from host data (ctpu_from_host,
+ * ctpu_from_host_f32_as_bf16, and what is built on them: ctpu_image_set_batch's
+ * batches, checkpoint loads) of dtype dt and rank ndim whose extent in dim
+ * is in [lo, hi] comes marked as ctpu_mark_dynamic(t, dim, lo, hi) marks it;
+ * other tensors are made as before. Declare after making or loading the
+ * parameters (one of that dtype and rank made later, with its extent in
+ * range, would be marked too). A declaration for the same dt, ndim and dim
+ * replaces the old one; at most 4 stand at once; ctpu_clear_dynamic_inputs
+ * ends them all. They belong to the calling thread and stay across modes
+ * and runtimes until cleared. Strict and debug eager ignore the marks, as
+ * ctpu_mark_dynamic's. Errors: CTPU_ERR_INVALID_ARG (dt not a dtype, ndim
+ * outside [1, 8], dim outside [-ndim, ndim), lo < 2, hi < lo, hi > 2^40, a
+ * fifth declaration), the message naming the arguments; CTPU_ERR_OOM. A
+ * from_host whose mark fails (out of host memory) returns a failed handle. */
+CTPU_API ctpu_status ctpu_declare_dynamic_inputs(ctpu_dtype dt, int ndim, int dim, int64_t lo, int64_t hi);
+CTPU_API void ctpu_clear_dynamic_inputs(void);
 CTPU_API bool ctpu_is_valid(ctpu_tensor t);            /* live and not stale; sets no error */
 CTPU_API const char *ctpu_dtype_name(ctpu_dtype dt);   /* "f32", "bf16", "i32" */
 

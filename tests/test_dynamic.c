@@ -134,6 +134,80 @@ START_TEST(bound_launches_kept_and_replaced)
 }
 END_TEST
 
+/* ctpu_declare_dynamic_inputs: each batch made from host data comes
+ * marked; the same program and bits as marking each batch. */
+START_TEST(declared_inputs_mark_each_batch)
+{
+    float *ref[N_EXT], *got = malloc(sizeof(float) * (64 * 8 + 129));
+    mlp m = mlp_make();                              /* the parameters first: [16, 8] would match */
+    ck_assert_int_eq(ctpu_declare_dynamic_inputs(CTPU_F32, 2, 0, 2, 64), CTPU_OK);
+    for (int e = 0; e < N_EXT; e++) {                /* strict ignores the marks */
+        ref[e] = malloc(sizeof(float) * (size_t)(EXTENTS[e] * 8 + 129));
+        mlp_step(&m, EXTENTS[e], 0, 0, ref[e]);
+    }
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEFER_FUSE), CTPU_OK);
+    int64_t c0 = -1;
+    for (int e = 0; e < N_EXT; e++) {
+        mlp_step(&m, EXTENTS[e], 0, 0, got);
+        if (e == 0) c0 = ctpu_metric_counter("programs_compiled");
+        ck_assert_msg(memcmp(got, ref[e], sizeof(float) * (size_t)(EXTENTS[e] * 8 + 129)) == 0, "extent %lld",
+                      (long long)EXTENTS[e]);
+    }
+    ck_assert_int_eq(ctpu_metric_counter("programs_compiled"), c0);
+    ck_assert_int_eq(ctpu_metric_counter("recompiles"), 0);
+    ck_assert_int_gt(ctpu_metric_counter("dynamic_binds"), 0);
+    /* out of the declared range, another rank or dtype: not marked */
+    float d[4 * 70] = { 0 };
+    int64_t big[2] = { 70, 4 }, r3[3] = { 2, 2, 2 };
+    ck_assert_int_eq(ctpu_mark_dynamic(ctpu_from_host(d, CTPU_F32, 2, big), 0, 2, 64), CTPU_OK);
+    ck_assert(!ctpu_is_null(ctpu_from_host(d, CTPU_F32, 3, r3)));
+    /* cleared: every extent is a new program again */
+    ctpu_clear_dynamic_inputs();
+    int64_t c1 = ctpu_metric_counter("programs_compiled");
+    mlp_step(&m, 5, 0, 0, got);
+    mlp_step(&m, 6, 0, 0, got);
+    ck_assert_int_gt(ctpu_metric_counter("programs_compiled"), c1);
+    ck_assert_int_gt(ctpu_metric_counter("recompiles"), 0);
+    for (int e = 0; e < N_EXT; e++) free(ref[e]);
+    free(got);
+}
+END_TEST
+
+START_TEST(hostile_declare_dynamic_inputs)
+{
+    ck_assert_int_eq(ctpu_declare_dynamic_inputs((ctpu_dtype)7, 2, 0, 2, 8), CTPU_ERR_INVALID_ARG);
+    ck_assert_msg(strstr(ctpu_last_error(), "declare_dynamic_inputs") && strstr(ctpu_last_error(), "dt=7"), "%s",
+                  ctpu_last_error());
+    ck_assert_int_eq(ctpu_declare_dynamic_inputs(CTPU_F32, 0, 0, 2, 8), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_declare_dynamic_inputs(CTPU_F32, 9, 0, 2, 8), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_declare_dynamic_inputs(CTPU_F32, 2, 2, 2, 8), CTPU_ERR_INVALID_ARG);
+    ck_assert_msg(strstr(ctpu_last_error(), "dim=2"), "%s", ctpu_last_error());
+    ck_assert_int_eq(ctpu_declare_dynamic_inputs(CTPU_F32, 2, -3, 2, 8), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_declare_dynamic_inputs(CTPU_F32, 2, 0, 1, 8), CTPU_ERR_INVALID_ARG);
+    ck_assert_msg(strstr(ctpu_last_error(), "[1, 8]"), "%s", ctpu_last_error());
+    ck_assert_int_eq(ctpu_declare_dynamic_inputs(CTPU_F32, 2, 0, 9, 8), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_declare_dynamic_inputs(CTPU_F32, 2, 0, 2, INT64_MAX), CTPU_ERR_INVALID_ARG);
+    /* four stand; the same dt, ndim and dim replaces; a fifth is refused */
+    ck_assert_int_eq(ctpu_declare_dynamic_inputs(CTPU_F32, 2, 0, 2, 8), CTPU_OK);
+    ck_assert_int_eq(ctpu_declare_dynamic_inputs(CTPU_F32, 2, -2, 2, 9), CTPU_OK);   /* replaces (dim 0) */
+    ck_assert_int_eq(ctpu_declare_dynamic_inputs(CTPU_F32, 2, 1, 2, 8), CTPU_OK);
+    ck_assert_int_eq(ctpu_declare_dynamic_inputs(CTPU_I32, 1, 0, 2, 8), CTPU_OK);
+    ck_assert_int_eq(ctpu_declare_dynamic_inputs(CTPU_BF16, 2, 0, 2, 8), CTPU_OK);
+    ck_assert_int_eq(ctpu_declare_dynamic_inputs(CTPU_I32, 2, 1, 2, 8), CTPU_ERR_INVALID_ARG);
+    ck_assert_msg(strstr(ctpu_last_error(), "4 declarations"), "%s", ctpu_last_error());
+    /* a tensor made under them: marked, and marked again by hand */
+    float d[6] = { 0 };
+    int64_t s[2] = { 2, 3 };
+    ctpu_tensor x = ctpu_from_host(d, CTPU_F32, 2, s);
+    ck_assert(!ctpu_is_null(x));
+    ck_assert_int_eq(ctpu_mark_dynamic(x, 0, 2, 9), CTPU_OK);
+    ctpu_clear_dynamic_inputs();
+    ck_assert_int_eq(ctpu_declare_dynamic_inputs(CTPU_I32, 2, 1, 2, 8), CTPU_OK);
+    ctpu_clear_dynamic_inputs();
+    ctpu_release(x);
+}
+END_TEST
+
 START_TEST(without_marks_recompiles)
 {
     float *got = malloc(sizeof(float) * (64 * 8 + 129));
@@ -241,6 +315,8 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, parity_and_one_program);
     tcase_add_test(tc, bound_launches_kept_and_replaced);
+    tcase_add_test(tc, declared_inputs_mark_each_batch);
+    tcase_add_test(tc, hostile_declare_dynamic_inputs);
     tcase_add_test(tc, without_marks_recompiles);
     tcase_add_test(tc, out_of_range_reason);
     tcase_add_test(tc, invalid_reshape_fails_at_the_call);

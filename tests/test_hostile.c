@@ -192,6 +192,9 @@ static void uninitialised_sweep(void)
     UN_T(ctpu_from_host_f32_as_bf16, "from_host_f32_as_bf16", f, 2, sh);
     UN_S(ctpu_set_name, "set_name", t, "x");
     UN_S(ctpu_mark_dynamic, "mark_dynamic", t, 0, 2, 8);
+    /* a thread's declaration needs no runtime; bad arguments are refused before init too */
+    UN_OK(ctpu_declare_dynamic_inputs, ctpu_declare_dynamic_inputs(CTPU_F32, 2, 7, 2, 8) == CTPU_ERR_INVALID_ARG);
+    UN_OK(ctpu_clear_dynamic_inputs, (ctpu_clear_dynamic_inputs(), true));
     UN_OK(ctpu_name, strcmp(ctpu_name(t), "") == 0);
     UN_S(ctpu_to_host_as_f32, "to_host_as_f32", t, f, sizeof f);
     UN_S(ctpu_print, "print", t, NULL);
@@ -636,6 +639,10 @@ START_TEST(extreme_integers_and_values)
     ERR(ctpu_mark_dynamic(a, 0, 1, 8), CTPU_ERR_INVALID_ARG, "mark_dynamic");
     ERR(ctpu_mark_dynamic(a, 0, INT64_MIN, INT64_MAX), CTPU_ERR_INVALID_ARG, "mark_dynamic");
     ERR(ctpu_mark_dynamic(a, 0, 8, 2), CTPU_ERR_INVALID_ARG, "mark_dynamic");
+    ERR(ctpu_declare_dynamic_inputs((ctpu_dtype)-1, 2, 0, 2, 8), CTPU_ERR_INVALID_ARG, "declare_dynamic_inputs");
+    ERR(ctpu_declare_dynamic_inputs(CTPU_F32, INT_MIN, 0, 2, 8), CTPU_ERR_INVALID_ARG, "declare_dynamic_inputs");
+    ERR(ctpu_declare_dynamic_inputs(CTPU_F32, 2, INT_MAX, 2, 8), CTPU_ERR_INVALID_ARG, "declare_dynamic_inputs");
+    ERR(ctpu_declare_dynamic_inputs(CTPU_F32, 2, 0, INT64_MIN, INT64_MAX), CTPU_ERR_INVALID_ARG, "declare_dynamic_inputs");
     ERR(ctpu_set_name(FAKE, "x"), CTPU_ERR_STALE_HANDLE, "set_name");
     ERR(ctpu_set_name(CTPU_NULL, "x"), CTPU_ERR_NULL_HANDLE, "set_name");
     ERR(ctpu_set_name(a, "\x1b[31mred"), CTPU_ERR_INVALID_ARG, "set_name");

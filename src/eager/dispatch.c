@@ -1226,6 +1226,67 @@ ctpu_status ctpu_mark_dynamic(ctpu_tensor t, int dim, int64_t lo, int64_t hi)
     return CTPU_OK;
 }
 
+ctpu_status ctpu_declare_dynamic_inputs(ctpu_dtype dt, int ndim, int dim, int64_t lo, int64_t hi)
+{
+    const char *why = NULL;
+    if ((int)dt < 0 || dt >= CTPU_DTYPE_COUNT) why = "dt is not a dtype";
+    else if (ndim < 1 || ndim > CTPU_MAX_DIMS) why = "ndim is outside [1, 8]";
+    else if (dim < -ndim || dim >= ndim) why = "dim is outside [-ndim, ndim)";
+    else if (lo < 2 || hi < lo || hi > ((int64_t)1 << 40)) why = "need 2 <= lo <= hi <= 2^40 (extent 1 changes broadcasting)";
+    if (why) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "declare_dynamic_inputs: dt=%d ndim=%d dim=%d range [%lld, %lld]: %s",
+                       (int)dt, ndim, dim, (long long)lo, (long long)hi, why);
+        return CTPU_ERR_INVALID_ARG;
+    }
+    ctpu_thread_state *ts = ctpu__ts_get();
+    if (!ts) {
+        ctpu_set_error(CTPU_ERR_OOM, "declare_dynamic_inputs: out of host memory");
+        return CTPU_ERR_OOM;
+    }
+    if (dim < 0) dim += ndim;
+    int k = 0;
+    while (k < ts->n_dyn_decl && !(ts->dyn_decl[k].dt == (int)dt && ts->dyn_decl[k].ndim == ndim &&
+                                    ts->dyn_decl[k].dim == dim))
+        k++;
+    if (k == CTPU_DYN_DECLS) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG,
+                       "declare_dynamic_inputs: dt=%s ndim=%d dim=%d: %d declarations stand already "
+                       "(ctpu_clear_dynamic_inputs ends them)",
+                       ctpu_dtype_name(dt), ndim, dim, CTPU_DYN_DECLS);
+        return CTPU_ERR_INVALID_ARG;
+    }
+    ts->dyn_decl[k].dt = (int)dt;
+    ts->dyn_decl[k].ndim = ndim;
+    ts->dyn_decl[k].dim = dim;
+    ts->dyn_decl[k].lo = lo;
+    ts->dyn_decl[k].hi = hi;
+    if (k == ts->n_dyn_decl) ts->n_dyn_decl++;
+    return CTPU_OK;
+}
+
+void ctpu_clear_dynamic_inputs(void)
+{
+    ctpu_thread_state *ts = ctpu__ts_get();
+    if (ts) ts->n_dyn_decl = 0;
+}
+
+ctpu_tensor ctpu__declared_dynamic(ctpu_tensor t, int dt, int ndim, const int64_t *shape)
+{
+    const ctpu_thread_state *ts = ctpu__ts;
+    if (!ts->n_dyn_decl || ctpu_is_null(t)) return t;
+    for (int k = 0; k < ts->n_dyn_decl; k++) {
+        const int d = ts->dyn_decl[k].dim;
+        if (ts->dyn_decl[k].dt != dt || ts->dyn_decl[k].ndim != ndim || shape[d] < ts->dyn_decl[k].lo ||
+            shape[d] > ts->dyn_decl[k].hi)
+            continue;
+        if (ctpu_mark_dynamic(t, d, ts->dyn_decl[k].lo, ts->dyn_decl[k].hi) != CTPU_OK) {
+            ctpu_release(t);
+            return ctpu_failed();
+        }
+    }
+    return t;
+}
+
 static inline bool infer(int op, const char *opn, int n_in, ctpu_trec *const *in, const op_args *a, ctpu_node *n)
 {
     return infer_named(op, opn, input_names(&ctpu_op_infos[op], a), n_in, in, a, n);

@@ -147,6 +147,12 @@ typedef struct {                     /* defer.c: this thread's defer-and-fuse tr
 struct ctpu_strict_front;            /* dispatch.c */
 struct ctpu_capture;                 /* compiled.c: a compiled step's capture in progress */
 
+#define CTPU_DYN_DECLS 4             /* ctpu_declare_dynamic_inputs: declarations a thread may hold */
+/* t made from host data of dtype dt and rank ndim (tensor.c's from_host),
+ * marked as the thread's dynamic-input declarations say (dispatch.c);
+ * returns t, or a failure (t released) when a mark fails. */
+ctpu_tensor ctpu__declared_dynamic(ctpu_tensor t, int dt, int ndim, const int64_t *shape);
+
 typedef struct ctpu_thread_state {
     /* kept across runtimes */
     ctpu_status err_status;          /* runtime.c: ctpu_last_status / ctpu_last_error */
@@ -169,6 +175,8 @@ typedef struct ctpu_thread_state {
     ctpu_dyndim dyn_out[CTPU_MAX_DIMS];
     struct ctpu_strict_front *strict_front; /* dispatch.c: lock-free front of the strict program table */
     struct ctpu_capture *cap;        /* compiled.c: the capture fn is running in, or NULL */
+    struct { int dt, ndim, dim; int64_t lo, hi; } dyn_decl[CTPU_DYN_DECLS];  /* dispatch.c: ctpu_declare_dynamic_inputs */
+    int n_dyn_decl;
     struct {
         uint32_t idx[CTPU_SLOT_STASH];
         int n;

@@ -576,12 +576,13 @@ static ctpu_tensor from_host_impl(const char *op, const void *data, ctpu_dtype d
 
 ctpu_tensor ctpu_from_host(const void *data, ctpu_dtype dt, int ndim, const int64_t *shape)
 {
-    return from_host_impl("from_host", data, dt, ndim, shape, false);
+    return ctpu__declared_dynamic(from_host_impl("from_host", data, dt, ndim, shape, false), dt, ndim, shape);
 }
 
 ctpu_tensor ctpu_from_host_f32_as_bf16(const float *data, int ndim, const int64_t *shape)
 {
-    return from_host_impl("from_host_f32_as_bf16", data, CTPU_BF16, ndim, shape, true);
+    return ctpu__declared_dynamic(from_host_impl("from_host_f32_as_bf16", data, CTPU_BF16, ndim, shape, true),
+                                  CTPU_BF16, ndim, shape);
 }
 
 /* to_host's body. as_f32: dst is float[numel] whatever t's dtype (bf16
