@@ -208,6 +208,61 @@ static ctpu_status exec_varlen(fz_exec *x, const fz_ins *in, int i)
     return st;
 }
 
+/* FZ_DYNAMIC (issue 15): p[2] steps of one structure, step k at rows E =
+ * 2 + (p[0] + 13 k) % 47, the batch h = from_host [E, p[1]] (dtype dt)
+ * marked dynamic in [2, 48]: y = unary sub (h) + b (a leaf [p[1]],
+ * broadcast over the rows) times s0; softmax, log_softmax or nothing over
+ * dim 1 (p[3] % 3); a matmul with w [p[1], p[4]]; reduction p[5] % 5 (sum,
+ * mean, max, min, var) over dim 0; the backward of its sum. Reads: the
+ * matmul flattened (reshape -1), the reduction, b's grad. */
+static ctpu_tensor dyn_reduce(int k, ctpu_tensor a)
+{
+    int d0[1] = { 0 };
+    switch (k % 5) {
+    case 0: return ctpu_sum(a, 1, d0, false);
+    case 1: return ctpu_mean(a, 1, d0, false);
+    case 2: return ctpu_max(a, 1, d0, false);
+    case 3: return ctpu_min(a, 1, d0, false);
+    default: return ctpu_var(a, 1, d0, 1, false);
+    }
+}
+
+static ctpu_status exec_dynamic(fz_exec *x, const fz_ins *in, int i)
+{
+    ctpu_status st = ctpu_mark_step();
+    int64_t C = in->p[1], K = in->p[4];
+    for (int k = 0; k < in->p[2] && st == CTPU_OK; k++) {
+        int64_t s[2] = { 2 + (in->p[0] + 13 * k) % 47, C }, ws[2] = { C, K };
+        if ((st = ctpu_scope_begin()) != CTPU_OK) break;
+        void *d = make_data(in->data + (uint32_t)k, in->dt, s[0] * s[1], 0);
+        ctpu_tensor h = ctpu_from_host(d, (ctpu_dtype)in->dt, 2, s);
+        free(d);
+        d = make_data(in->data ^ 0x5bd1e995u, in->dt, C, 0);
+        ctpu_tensor b = ctpu_from_host(d, (ctpu_dtype)in->dt, 1, &C);
+        free(d);
+        d = make_data(in->data ^ 0x27d4eb2fu, in->dt, C * K, 0);
+        ctpu_tensor w = ctpu_from_host(d, (ctpu_dtype)in->dt, 2, ws);
+        free(d);
+        st = ctpu_mark_dynamic(h, 0, 2, 48);
+        ctpu_set_requires_grad(b, true);
+        ctpu_tensor y = ctpu_mul_scalar(ctpu_add(do_unary(in->sub, h), b), in->s0);
+        if (in->p[3] % 3 == 1) y = ctpu_softmax(y, 1);
+        else if (in->p[3] % 3 == 2) y = ctpu_log_softmax(y, 1);
+        ctpu_tensor m = ctpu_matmul(y, w);
+        int64_t flat = -1;
+        tape_read(x->tape, i, 5, ctpu_reshape(m, 1, &flat));
+        ctpu_tensor r = dyn_reduce(in->p[5], m);
+        tape_read(x->tape, i, 6, r);
+        ctpu_status bs = ctpu_backward(ctpu_sum(r, 0, NULL, false));
+        tape_event(x->tape, i, 7, bs, false, -1, NULL, 0);
+        if (bs == CTPU_OK) tape_read(x->tape, i, 8, ctpu_grad(b));
+        ctpu_scope_end();
+        ctpu_status ms = ctpu_mark_step();
+        if (st == CTPU_OK) st = ms;
+    }
+    return st;
+}
+
 /* labels the fuzzer pushes; the last is invalid (empty) */
 #define FZ_N_LABELS 4
 static const char *const fz_label_names[FZ_N_LABELS] = { "embed", "block2.attn", "loss", "" };
@@ -414,6 +469,7 @@ static void exec_one(fz_exec *x, const fz_prog *p, int i)
         if (st == CTPU_OK) x->label_depth--;
         break;
     case FZ_VARLEN: st = exec_varlen(x, in, i); break;
+    case FZ_DYNAMIC: st = exec_dynamic(x, in, i); break;
     default: break;
     }
     tape_event(x->tape, i, 0, st, false, -1, NULL, 0);
@@ -501,7 +557,7 @@ const char *fz_kind_name(int k)
         "reshape", "permute", "transpose", "contiguous", "slice", "concat", "expand", "embedding", "gather", "matmul",
         "detach", "assign", "read", "item", "mark_step", "step_begin", "step_end", "keep", "release",
         "requires_grad", "backward", "zero_grad", "sync", "no_grad_begin", "no_grad_end", "label_push", "label_pop",
-        "varlen" };
+        "varlen", "dynamic" };
     return k >= 0 && k < FZ_KIND_COUNT ? names[k] : "?";
 }
 
@@ -586,6 +642,11 @@ void fz_describe(const fz_prog *p, int i, char *buf, size_t len)
     case FZ_VARLEN:
         snprintf(buf, len, "varlen: %d steps of sum(%s(from_host(data(seed %u + k), %s, [%d + k, %d])) * %a, dim 0)",
                  in->p[2], in->sub >= 9 ? "gelu" : unary_names[in->sub], in->data, dtn(in->dt), in->p[0], in->p[1], in->s0);
+        break;
+    case FZ_DYNAMIC:
+        snprintf(buf, len, "dynamic: %d steps of rows 2 + (%d + 13k) %% 47 marked in [2, 48], %s, cols %d, %s, "
+                 "softmax kind %d, matmul to %d, reduce %d, backward", in->p[2], in->p[0], dtn(in->dt), in->p[1],
+                 in->sub >= 9 ? "gelu" : unary_names[in->sub], in->p[3] % 3, in->p[4], in->p[5] % 5);
         break;
     default: snprintf(buf, len, "?"); break;
     }
@@ -826,6 +887,15 @@ static void gen_one(gen *g)
         bool push = g->x.label_depth == 0 || rn_pct(g->r, 55);
         uint8_t sub = (uint8_t)(bad ? FZ_N_LABELS - 1 : rn_below(g->r, FZ_N_LABELS - 1));
         emit(g, (fz_ins){ .kind = push ? FZ_LABEL_PUSH : FZ_LABEL_POP, .sub = sub, .a = -1, .b = -1, .c = -1 });
+        return;
+    }
+    if (g->p->n > 0 && rn_pct(g->r, 2) && g->p->n + 1 < g->o->max_ins) {
+        /* steps over one structure with the rows marked dynamic (issue 15) */
+        emit(g, (fz_ins){ .kind = FZ_DYNAMIC, .sub = (uint8_t)rn_below(g->r, N_UNARY), .a = -1, .b = -1, .c = -1,
+                          .dt = (uint8_t)(rn_pct(g->r, 70) ? CTPU_F32 : CTPU_BF16),
+                          .p = { rn_below(g->r, 47), 2 + rn_below(g->r, 9), 3 + rn_below(g->r, 4), rn_below(g->r, 3),
+                                 1 + rn_below(g->r, 6), rn_below(g->r, 5) },
+                          .s0 = rand_scalar(g), .data = (uint32_t)rn_below(g->r, 1 << 30) });
         return;
     }
     if (g->p->n > 0 && rn_pct(g->r, 2) && g->p->n + 1 < g->o->max_ins) {

@@ -10,6 +10,11 @@
  * structure whose rows grow each step (FZ_VARLEN): the campaign runs with
  * TORCH_TPU_RECOMPILE_LIMIT=2 (FZ_RECOMPILE_LIMIT), so defer and fuse runs
  * most of those steps op by op in strict eager, and the bits must not change.
+ * FZ_DYNAMIC is a loop of steps whose rows change each step with the batch
+ * marked dynamic (ctpu_mark_dynamic, issue 15): in defer and fuse one
+ * program bound at every extent, through a unary op, a broadcast add of a
+ * leaf, a scalar op, a softmax, a matmul, a reduction and the backward; the
+ * bits must be strict eager's at every extent.
  *
  * A program is generated from a seed (or from a byte string: libFuzzer)
  * by running it once in strict eager, choosing each call's arguments from
@@ -41,7 +46,7 @@ typedef enum {
     FZ_ARGMAX, FZ_SOFTMAX, FZ_RESHAPE, FZ_PERMUTE, FZ_TRANSPOSE, FZ_CONTIGUOUS, FZ_SLICE, FZ_CONCAT,
     FZ_EXPAND, FZ_EMBEDDING, FZ_GATHER, FZ_MATMUL, FZ_DETACH, FZ_ASSIGN, FZ_READ, FZ_ITEM, FZ_MARK_STEP,
     FZ_STEP_BEGIN, FZ_STEP_END, FZ_KEEP, FZ_RELEASE, FZ_REQ_GRAD, FZ_BACKWARD, FZ_ZERO_GRAD, FZ_SYNC,
-    FZ_NO_GRAD_BEGIN, FZ_NO_GRAD_END, FZ_LABEL_PUSH, FZ_LABEL_POP, FZ_VARLEN, FZ_KIND_COUNT
+    FZ_NO_GRAD_BEGIN, FZ_NO_GRAD_END, FZ_LABEL_PUSH, FZ_LABEL_POP, FZ_VARLEN, FZ_DYNAMIC, FZ_KIND_COUNT
 } fz_kind;
 
 typedef struct {

@@ -162,6 +162,31 @@ static void campaign(bool autograd, uint64_t seed, int count)
     ck_assert_int_gt(fallbacks, 0);
 }
 
+/* Dynamic dims (issue 15): the FZ_DYNAMIC loop at every softmax kind and
+ * reduction, f32 and bf16, parity with strict eager at every extent; one
+ * dynamic program bound at the extents after the first. */
+START_TEST(dynamic_dims_parity)
+{
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    for (int dt = 0; dt < 2; dt++)
+        for (int sm = 0; sm < 3; sm++)
+            for (int red = 0; red < 5; red++) {
+                if (dt == 1 && red != sm) continue;            /* bf16: a few */
+                fz_prog p = { .seed = 11, .n = 1, .ins = {
+                    { .kind = FZ_DYNAMIC, .sub = (uint8_t)((sm * 5 + red) % 11), .a = -1, .b = -1, .c = -1,
+                      .dt = (uint8_t)(dt ? CTPU_BF16 : CTPU_F32), .p = { 3 * red + sm, 5, 4, sm, 3, red },
+                      .s0 = 0.75, .data = (uint32_t)(100 + red) } } };
+                char why[512] = "";
+                bool skipped = false;
+                int64_t b0 = ctpu_metric_counter("dynamic_binds");
+                ck_assert_msg(fz_check(&p, why, sizeof why, &skipped), "softmax %d reduce %d dt %d: %s", sm, red, dt, why);
+                ck_assert(!skipped);
+                ck_assert_int_gt(ctpu_metric_counter("dynamic_binds"), b0);
+            }
+    ctpu_shutdown();
+}
+END_TEST
+
 START_TEST(short_fuzz_no_grad)
 {
     campaign(false, env_u64("CTPU_TEST_FUZZ_SEED", 1), (int)env_u64("CTPU_TEST_FUZZ_COUNT", 400));
@@ -186,6 +211,7 @@ static Suite *suite(void)
     tcase_set_timeout(h, 120);
     tcase_add_test(h, harness_selftest);
     tcase_add_test(h, minimiser_shrinks);
+    tcase_add_test(h, dynamic_dims_parity);
     suite_add_tcase(s, h);
     TCase *r = tcase_create("regressions");
     tcase_set_timeout(r, 120);
