@@ -40,4 +40,9 @@ void ctpu_cache_force_hash(ctpu_cache *c, bool on, uint64_t value);
  * 1,000,000), past which the capture has a graph break. */
 void ctpu__test_capture_limit(uint32_t n);
 
+/* fuse/vm.c: run fused elementwise groups as block kernels, one
+ * instruction at a time over each block (off: false), instead of their
+ * register-resident tape (on: true, the default); the bits are the same. */
+void ctpu__test_vm_tape(bool on);
+
 #endif

@@ -574,6 +574,63 @@ START_TEST(loss_step_fault_parity)
 }
 END_TEST
 
+/* ------------------------------------------------------------ the VM's tape
+ * The register-resident tape (kernels.h ctpu_k_tape) and the block kernels
+ * one instruction at a time (ctpu__test_vm_tape(false)) against strict:
+ * broadcast operands, a value read again after other ops (a register
+ * store), where / clamp / full / pow / exp, bf16 inputs, ops and outputs
+ * beside f32 ones, sizes with masked tails, a producer fused into a sum. */
+static int p_tape_bcast(ctpu_tensor *o)
+{
+    ctpu_tensor a = randn(3, (int64_t[]){ 6, 1, 77 }, 1), b = randn(3, (int64_t[]){ 1, 9, 77 }, 1);
+    ctpu_tensor c = randn(1, (int64_t[]){ 77 }, 1);
+    pat_begin();
+    ctpu_tensor t = ctpu_add(a, b);                        /* [6, 9, 77]: 4158 elements, a masked tail */
+    ctpu_tensor u = ctpu_mul(ctpu_exp(ctpu_mul_scalar(t, 0.5)), c);
+    ctpu_tensor w = ctpu_where(ctpu_gt(t, c), u, ctpu_clamp(t, -0.5, 0.75));   /* t read again */
+    ctpu_tensor f = ctpu_full(CTPU_F32, 3, (int64_t[]){ 6, 9, 77 }, 0.375);
+    o[0] = out(ctpu_add(ctpu_pow(ctpu_abs(w), f), ctpu_rsub_scalar(t, 2.0)));
+    o[1] = out(u);
+    pat_end();
+    return 2;
+}
+
+static int p_tape_bf16(ctpu_tensor *o)
+{
+    ctpu_tensor x = randn(1, (int64_t[]){ 1003 }, 2), y = randn(1, (int64_t[]){ 1003 }, 1);
+    pat_begin();
+    ctpu_tensor xb = ctpu_cast(x, CTPU_BF16);
+    ctpu_tensor e = ctpu_sigmoid(ctpu_mul_scalar(xb, 1.5));   /* bf16 ops: each rounded */
+    ctpu_tensor z = ctpu_add(ctpu_cast(e, CTPU_F32), y);      /* mixed: back to f32 */
+    o[0] = out(ctpu_mul_scalar(e, 3.0));                      /* a bf16 output */
+    o[1] = out(ctpu_maximum(z, ctpu_sub_scalar(y, 0.25)));
+    o[2] = out(e);
+    pat_end();
+    return 3;
+}
+
+static int p_tape_reduce(ctpu_tensor *o)
+{
+    ctpu_tensor x = randn(2, (int64_t[]){ 7, 5003 }, 1), w = randn(2, (int64_t[]){ 1, 5003 }, 1);
+    pat_begin();
+    o[0] = out(ctpu_sum(ctpu_mul(ctpu_tanh(x), w), 1, (int[]){ 1 }, false));
+    pat_end();
+    return 1;
+}
+
+START_TEST(vm_tape)
+{
+    for (int on = 1; on >= 0; on--) {
+        ctpu__test_vm_tape(on);
+        check_pattern("tape: broadcast, where, clamp, full, pow", p_tape_bcast, 1);
+        check_pattern("tape: bf16 ops and outputs beside f32", p_tape_bf16, 1);
+        check_pattern("tape: a producer into a sum", p_tape_reduce, 1);
+        check_pattern("tape: 8 MiB chain, two live-outs", p_stream_store, 1);
+    }
+    ctpu__test_vm_tape(true);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("fusion");
@@ -583,6 +640,7 @@ static Suite *suite(void)
     tcase_add_test(p, matmul_epilogues);
     tcase_add_test(p, small_broadcast_producers);
     tcase_add_test(p, stream_stores);
+    tcase_add_test(p, vm_tape);
     tcase_add_test(p, nll_fault_parity);
     tcase_add_test(p, loss_step_fault_parity);
     tcase_add_test(p, row_groups);

@@ -1053,6 +1053,95 @@ START_TEST(test_strided_copy)
 }
 END_TEST
 
+/* ---- the fused tape: ctpu_k_tape equals ctpu_k_tape_ref ---------------------------
+ * Random tapes over 3 operand arrays and 3 register arrays: every kind and
+ * op, sources from the previous result or any array, register stores read
+ * back later, outputs f32, non-temporal (aligned and not) and bf16, round to
+ * bf16, at every size of `sizes` (full strips, vector tails, masked tails). */
+#define TAPE_VALS 6
+static void tape_random(ctpu_k_tape_ins *ins, int n_ins, int n_out)
+{
+    for (int q = 0; q < n_ins; q++) {
+        ctpu_k_tape_ins *in = &ins[q];
+        memset(in, 0, sizeof *in);
+        in->kind = (uint8_t)(rng_u32() % CTPU_K_T_COUNT);
+        in->kop = (uint8_t)(rng_u32() % (in->kind == CTPU_K_T_UNARY ? CTPU_K_U_COUNT : CTPU_K_B_COUNT));
+        int8_t *src[3] = { &in->a, &in->b, &in->c };
+        for (int k = 0; k < 3; k++) *src[k] = (int8_t)(q > 0 && rng_u32() % 2 ? -1 : (int)(rng_u32() % TAPE_VALS));
+        in->round_bf16 = rng_u32() % 4 == 0;
+        in->dst = (int8_t)(rng_u32() % 3 == 0 ? 3 + (int)(rng_u32() % 3) : -1);
+        in->out = (int8_t)(rng_u32() % 3 == 0 ? (int)(rng_u32() % (uint32_t)n_out) : -1);
+        in->s0 = edge_vals[rng_u32() % N_EDGE];
+        in->s1 = rng_u32() % 2 ? edge_vals[rng_u32() % N_EDGE] : in->s0 + 1.0f;
+        if (rng_u32() % 2) in->s0 = rng_unif(-4.0f, 4.0f);
+    }
+}
+
+START_TEST(test_parity_tape)
+{
+    bool ok;
+    select_isa_or_skip(_i, &ok);
+    if (!ok) return;
+    ctpu_k_tape_ins probe = { .kind = CTPU_K_T_FILL, .a = -1, .b = -1, .c = -1, .dst = 0, .out = -1, .s0 = 1.0f };
+    float *v0 = buf_alloc(MAXN);
+    bool has = ctpu_k_tape(&probe, 1, &v0, NULL, 3);
+    ck_assert(has == (_i != CTPU_ISA_SCALAR));   /* every SIMD variant has one */
+    if (!has) { buf_free(v0); return; }
+    ck_assert(v0[0] == 1.0f && v0[2] == 1.0f);
+    buf_free(v0);
+    float *init[TAPE_VALS], *vr[TAPE_VALS], *vv[TAPE_VALS];
+    for (int k = 0; k < TAPE_VALS; k++) { init[k] = buf_alloc(MAXN); vr[k] = buf_alloc(MAXN); vv[k] = buf_alloc(MAXN); }
+    /* outputs: f32, streamed unaligned (+1 float), streamed aligned, bf16 */
+    enum { NO = 4 };
+    float *of_r = buf_alloc(MAXN), *of_v = buf_alloc(MAXN), *os_r = buf_alloc(MAXN), *os_v = buf_alloc(MAXN);
+    float *oa_r = aligned_alloc(64, (MAXN + GUARD + 15) / 16 * 64 + 64), *oa_v = aligned_alloc(64, (MAXN + GUARD + 15) / 16 * 64 + 64);
+    uint16_t *ob_r = malloc((MAXN + GUARD) * 2), *ob_v = malloc((MAXN + GUARD) * 2);
+    ck_assert(oa_r && oa_v && ob_r && ob_v);
+    rng_seed(900 + (uint64_t)_i);
+    for (int iter = 0; iter < 300; iter++) {
+        int64_t n = sizes[iter % N_SIZES];
+        int n_ins = 1 + (int)(rng_u32() % 24);
+        ctpu_k_tape_ins ins[24];
+        tape_random(ins, n_ins, NO);
+        for (int k = 0; k < TAPE_VALS; k++) fill(init[k], n, (int)(rng_u32() % PAT_COUNT));
+        for (int k = 0; k < TAPE_VALS; k++) {
+            memcpy(vr[k], init[k], (size_t)n * 4);
+            memcpy(vv[k], init[k], (size_t)n * 4);
+            guard_set(vv[k], n);
+        }
+        memset(of_r, 0, (size_t)n * 4); memset(of_v, 0, (size_t)n * 4); memset(os_r, 0, (size_t)n * 4);
+        memset(os_v, 0, (size_t)n * 4); memset(oa_r, 0, (size_t)n * 4); memset(oa_v, 0, (size_t)n * 4);
+        memset(ob_r, 0, (size_t)n * 2); memset(ob_v, 0, (size_t)n * 2);
+        guard_set(of_v, n); guard_set(os_v, n); guard_set(oa_v, n);
+        for (int g = 0; g < GUARD; g++) ob_v[n + g] = 0x5a5a;
+        ctpu_k_tape_out outr[NO] = { { of_r, CTPU_K_TO_F32 }, { os_r, CTPU_K_TO_F32_STREAM },
+                                     { oa_r, CTPU_K_TO_F32_STREAM }, { ob_r, CTPU_K_TO_BF16 } };
+        ctpu_k_tape_out outv[NO] = { { of_v, CTPU_K_TO_F32 }, { os_v, CTPU_K_TO_F32_STREAM },
+                                     { oa_v, CTPU_K_TO_F32_STREAM }, { ob_v, CTPU_K_TO_BF16 } };
+        ck_assert(ctpu_k_tape_ref(ins, n_ins, vr, outr, n));
+        ck_assert(ctpu_k_tape(ins, n_ins, vv, outv, n));
+        ctpu_k_stream_fence();
+        char what[64];
+        snprintf(what, sizeof what, "tape iter %d (%d ins)", iter, n_ins);
+        for (int k = 0; k < TAPE_VALS; k++) {
+            guard_check(vv[k], n, what);
+            check_same(vr[k], vv[k], init[0], NULL, n, what, _i, 0);
+        }
+        guard_check(of_v, n, what); guard_check(os_v, n, what); guard_check(oa_v, n, what);
+        check_same(of_r, of_v, init[0], NULL, n, what, _i, 0);
+        check_same(os_r, os_v, init[0], NULL, n, what, _i, 0);
+        check_same(oa_r, oa_v, init[0], NULL, n, what, _i, 0);
+        for (int64_t j = 0; j < n; j++)
+            CHECK_MSG(ob_r[j] == ob_v[j] || (same(bitsf((uint32_t)ob_r[j] << 16), bitsf((uint32_t)ob_v[j] << 16))),
+                      "%s: bf16 output %lld: 0x%04x vs 0x%04x", what, (long long)j, ob_r[j], ob_v[j]);
+        for (int g = 0; g < GUARD; g++) CHECK_MSG(ob_v[n + g] == 0x5a5a, "%s: bf16 output past the end", what);
+    }
+    for (int k = 0; k < TAPE_VALS; k++) { buf_free(init[k]); buf_free(vr[k]); buf_free(vv[k]); }
+    buf_free(of_r); buf_free(of_v); buf_free(os_r); buf_free(os_v);
+    free(oa_r); free(oa_v); free(ob_r); free(ob_v);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("k_elementwise");
@@ -1072,6 +1161,7 @@ static Suite *suite(void)
     tcase_add_loop_test(tc, test_parity_sweep, 0, CTPU_ISA_COUNT);
     tcase_add_loop_test(tc, test_parity_transcendental_sweep, 0, CTPU_ISA_COUNT);
     tcase_add_loop_test(tc, test_random_parity, 0, CTPU_ISA_COUNT);
+    tcase_add_loop_test(tc, test_parity_tape, 0, CTPU_ISA_COUNT);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("numerics");

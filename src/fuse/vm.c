@@ -4,11 +4,22 @@
  * read in place), each instruction is one elementwise kernel over the block,
  * rounded to its node's dtype exactly as the separate op would be
  * (CONTRACTS.md: no excess precision in fused chains), and only the values
- * needed outside the group are stored. */
+ * needed outside the group are stored. On SIMD kernels the instructions of
+ * a block run as one tape (kernels.h ctpu_k_tape): every op on a strip of a
+ * few vectors in registers, then the next strip, so a chain costs one load
+ * and one store per element instead of one per op; the same bits. */
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "vm.h"
+#include "testing.h"
+
+/* ctpu__test_vm_tape(false): every group as block kernels (the tests compare both paths). */
+static _Atomic bool vm_tape_off;
+void ctpu__test_vm_tape(bool on) { vm_tape_off = !on; }
+static bool ctx_tape_off(void) { return vm_tape_off; }
 
 typedef struct {
     const ctpu_vm_prog *p;
@@ -22,14 +33,125 @@ static void vm_range(const ctpu_vm_prog *p, ctpu_exec_ctx *ctx, int64_t b0, int6
     vm_range_to(p, ctx, b0, b1, -1, NULL);
 }
 
+/* Ask for the next block of each contiguous operand and DIRECT output
+ * while this one is computed: a block of f32 is one 4 KiB page, and the
+ * hardware prefetchers stop at page boundaries. */
+static void vm_prefetch_next(const ctpu_vm_prog *p, const ctpu_exec_ctx *ctx, int64_t s, int64_t b1, int32_t red_slot)
+{
+    if (s + CTPU_K_BLOCK >= b1) return;
+    for (int e = 0; e < p->n_ext; e++) {
+        if (p->plan.mode[e] != 0 || p->plan.nd == 0) continue;
+        size_t es = ctpu_kdt_size(p->ext_dtype[e]);
+        const char *nx = (const char *)ctx->ptr[p->ext_slot[e]] + (size_t)(s + CTPU_K_BLOCK) * es;
+        for (size_t off = 0; off < CTPU_K_BLOCK * es; off += 64) __builtin_prefetch(nx + off, 0, 3);
+    }
+    for (int i = 0; i < p->n_ins; i++) {
+        if ((p->ins[i].flags & (CTPU_VM_DIRECT | CTPU_VM_STREAM)) != CTPU_VM_DIRECT || p->ins[i].scalar2 == red_slot)
+            continue;
+        const char *nx = (const char *)ctx->ptr[p->ins[i].scalar2] + (size_t)(s + CTPU_K_BLOCK) * 4;
+        for (size_t off = 0; off < CTPU_K_BLOCK * 4; off += 64) __builtin_prefetch(nx + off, 1, 3);
+    }
+}
+
+/* One block [s, s + n) as block kernels, instruction by instruction. */
+static void vm_block_ops(const ctpu_vm_prog *p, ctpu_exec_ctx *ctx, int64_t s, int64_t n, int64_t b0,
+                         int32_t red_slot, float *red_buf, float (*reg)[CTPU_K_BLOCK], const float **rp)
+{
+    const double *sc = ctx->scalars;
+    for (int i = 0; i < p->n_ins; i++) {
+        const ctpu_vm_ins *in = &p->ins[i];
+        float *d = in->dst >= 0 ? reg[in->dst] : NULL;
+        /* a stored f32 value is computed straight into its output */
+        bool stream = (in->flags & CTPU_VM_STREAM) && in->scalar2 != red_slot;
+        if ((in->flags & CTPU_VM_DIRECT) && !stream)
+            d = in->scalar2 == red_slot ? red_buf + (s - b0) : (float *)ctx->ptr[in->scalar2] + s;
+        switch (in->kind) {
+        case CTPU_VM_LOAD: {
+            int e = in->a;
+            rp[in->dst] = ctpu_load_block(ctx->ptr[p->ext_slot[e]], p->ext_dtype[e], &p->plan, e, s, n, d);
+            continue;
+        }
+        case CTPU_VM_STORE: {
+            int dt = in->kop;
+            if (in->scalar == red_slot) {     /* f32 block into the chunk (exact for bf16 values) */
+                memcpy(red_buf + (s - b0), rp[in->a], sizeof(float) * (size_t)n);
+                continue;
+            }
+            char *base = ctx->ptr[in->scalar];
+            ctpu_from_f32(rp[in->a], dt, base + (size_t)s * ctpu_kdt_size(dt), n);
+            continue;
+        }
+        case CTPU_VM_UNARY: ctpu_k_unary((ctpu_k_unary_op)in->kop, rp[in->a], d, n); break;
+        case CTPU_VM_BINARY: ctpu_k_binary((ctpu_k_binary_op)in->kop, rp[in->a], rp[in->b], d, n); break;
+        case CTPU_VM_SCALAR:
+            ctpu_k_binary_scalar((ctpu_k_binary_op)in->kop, rp[in->a], (float)sc[in->scalar],
+                                 (in->flags & CTPU_VM_SCALAR_FIRST) != 0, d, n);
+            break;
+        case CTPU_VM_WHERE: ctpu_k_where(rp[in->a], rp[in->b], rp[in->c], d, n); break;
+        case CTPU_VM_CLAMP:
+            ctpu_k_clamp(rp[in->a], (float)sc[in->scalar], (float)sc[in->scalar + 1], d, n);
+            break;
+        case CTPU_VM_COPY:
+            if (rp[in->a] != d) memcpy(d, rp[in->a], sizeof(float) * (size_t)n);
+            break;
+        case CTPU_VM_FILL: {   /* as exec_full: (float) of the scalar, then the dtype's rounding */
+            float v = (float)sc[in->scalar];
+            for (int64_t q = 0; q < n; q++) d[q] = v;
+            break;
+        }
+        default: break;
+        }
+        if (in->flags & CTPU_VM_ROUND_BF16) ctpu_k_unary(CTPU_K_U_ROUND_BF16, d, d, n);
+        if (stream) ctpu_k_stream_f32((float *)ctx->ptr[in->scalar2] + s, d, n);
+        rp[in->dst] = d;
+    }
+}
+
+/* [b0, b1) as the program's tape (vm.h), block by block: the externals
+ * loaded (or read in place), then every op on each strip in registers.
+ * False, having stored nothing, when the kernels have no tape. */
+static bool vm_range_tape(const ctpu_vm_prog *p, ctpu_exec_ctx *ctx, int64_t b0, int64_t b1, int32_t red_slot,
+                          float *red_buf, float (*reg)[CTPU_K_BLOCK])
+{
+    ctpu_k_tape_ins tape[CTPU_VM_MAX_INS];
+    float *val[CTPU_BCAST_MAX + CTPU_VM_MAX_REGS];
+    ctpu_k_tape_out out[CTPU_VM_MAX_NODES];
+    const double *sc = ctx->scalars;
+    memcpy(tape, p->tape, sizeof(ctpu_k_tape_ins) * (size_t)p->n_tape);
+    for (int j = 0; j < p->n_tape; j++) {   /* this launch's runtime scalars */
+        const ctpu_vm_ins *in = &p->ins[p->tape_ins[j]];
+        if (in->kind == CTPU_VM_SCALAR || in->kind == CTPU_VM_CLAMP || in->kind == CTPU_VM_FILL)
+            tape[j].s0 = (float)sc[in->scalar];
+        if (in->kind == CTPU_VM_CLAMP) tape[j].s1 = (float)sc[in->scalar + 1];
+    }
+    for (int r = 0; r < p->n_reg; r++) val[p->n_ext + r] = reg[r];
+    for (int o = 0; o < p->n_out; o++)
+        out[o].kind = p->out_slot[o] == red_slot ? CTPU_K_TO_F32
+                    : p->out_bf16[o] ? CTPU_K_TO_BF16
+                    : (p->ins[p->out_ins[o]].flags & CTPU_VM_STREAM) ? CTPU_K_TO_F32_STREAM : CTPU_K_TO_F32;
+    for (int64_t s = b0; s < b1; s += CTPU_K_BLOCK) {
+        int64_t n = b1 - s < CTPU_K_BLOCK ? b1 - s : CTPU_K_BLOCK;
+        vm_prefetch_next(p, ctx, s, b1, red_slot);
+        for (int e = 0; e < p->n_ext; e++)   /* its own buffer past the registers */
+            val[e] = (float *)ctpu_load_block(ctx->ptr[p->ext_slot[e]], p->ext_dtype[e], &p->plan, e, s, n,
+                                              reg[p->n_reg + e]);
+        for (int o = 0; o < p->n_out; o++)
+            out[o].p = p->out_slot[o] == red_slot ? (void *)(red_buf + (s - b0))
+                     : (char *)ctx->ptr[p->out_slot[o]] + (size_t)s * (p->out_bf16[o] ? 2 : 4);
+        if (!ctpu_k_tape(tape, p->n_tape, val, out, n)) return false;
+    }
+    return true;
+}
+
 /* Run the program over output elements [b0, b1). A value stored to slot
  * `red_slot` lands in red_buf[s - b0] instead (a producer fused into a
  * reduction: the chunk being reduced). */
 static void vm_range_to(const ctpu_vm_prog *p, ctpu_exec_ctx *ctx, int64_t b0, int64_t b1, int32_t red_slot,
                         float *red_buf)
 {
-    float (*reg)[CTPU_K_BLOCK] = malloc(sizeof(float) * CTPU_K_BLOCK * (size_t)(p->n_reg ? p->n_reg : 1));
-    const float **rp = malloc(sizeof(float *) * (size_t)(p->n_reg ? p->n_reg : 1));
+    size_t nbuf = (size_t)(p->n_reg + p->n_ext ? p->n_reg + p->n_ext : 1);
+    float (*reg)[CTPU_K_BLOCK] = malloc(sizeof(float) * CTPU_K_BLOCK * nbuf);
+    const float **rp = malloc(sizeof(float *) * nbuf);
     if (!reg || !rp) {
         free(reg);
         free(rp);
@@ -37,72 +159,11 @@ static void vm_range_to(const ctpu_vm_prog *p, ctpu_exec_ctx *ctx, int64_t b0, i
         snprintf(ctx->fault_msg, sizeof ctx->fault_msg, "fused program: out of host memory for VM registers");
         return;
     }
-    const double *sc = ctx->scalars;
-    for (int64_t s = b0; s < b1; s += CTPU_K_BLOCK) {
-        int64_t n = b1 - s < CTPU_K_BLOCK ? b1 - s : CTPU_K_BLOCK;
-        /* A block of f32 is one 4 KiB page, and the hardware prefetchers stop
-         * at page boundaries: ask for the next block of each contiguous
-         * operand while this one is computed. */
-        if (s + CTPU_K_BLOCK < b1) {
-            for (int e = 0; e < p->n_ext; e++) {
-                if (p->plan.mode[e] != 0 || p->plan.nd == 0) continue;
-                size_t es = ctpu_kdt_size(p->ext_dtype[e]);
-                const char *nx = (const char *)ctx->ptr[p->ext_slot[e]] + (size_t)(s + CTPU_K_BLOCK) * es;
-                for (size_t off = 0; off < CTPU_K_BLOCK * es; off += 64) __builtin_prefetch(nx + off, 0, 3);
-            }
-            for (int i = 0; i < p->n_ins; i++) {
-                if ((p->ins[i].flags & (CTPU_VM_DIRECT | CTPU_VM_STREAM)) != CTPU_VM_DIRECT || p->ins[i].scalar2 == red_slot)
-                    continue;
-                const char *nx = (const char *)ctx->ptr[p->ins[i].scalar2] + (size_t)(s + CTPU_K_BLOCK) * 4;
-                for (size_t off = 0; off < CTPU_K_BLOCK * 4; off += 64) __builtin_prefetch(nx + off, 1, 3);
-            }
-        }
-        for (int i = 0; i < p->n_ins; i++) {
-            const ctpu_vm_ins *in = &p->ins[i];
-            float *d = in->dst >= 0 ? reg[in->dst] : NULL;
-            /* a stored f32 value is computed straight into its output */
-            bool stream = (in->flags & CTPU_VM_STREAM) && in->scalar2 != red_slot;
-            if ((in->flags & CTPU_VM_DIRECT) && !stream)
-                d = in->scalar2 == red_slot ? red_buf + (s - b0) : (float *)ctx->ptr[in->scalar2] + s;
-            switch (in->kind) {
-            case CTPU_VM_LOAD: {
-                int e = in->a;
-                rp[in->dst] = ctpu_load_block(ctx->ptr[p->ext_slot[e]], p->ext_dtype[e], &p->plan, e, s, n, d);
-                continue;
-            }
-            case CTPU_VM_STORE: {
-                int dt = in->kop;
-                if (in->scalar == red_slot) {     /* f32 block into the chunk (exact for bf16 values) */
-                    memcpy(red_buf + (s - b0), rp[in->a], sizeof(float) * (size_t)n);
-                    continue;
-                }
-                char *base = ctx->ptr[in->scalar];
-                ctpu_from_f32(rp[in->a], dt, base + (size_t)s * ctpu_kdt_size(dt), n);
-                continue;
-            }
-            case CTPU_VM_UNARY: ctpu_k_unary((ctpu_k_unary_op)in->kop, rp[in->a], d, n); break;
-            case CTPU_VM_BINARY: ctpu_k_binary((ctpu_k_binary_op)in->kop, rp[in->a], rp[in->b], d, n); break;
-            case CTPU_VM_SCALAR:
-                ctpu_k_binary_scalar((ctpu_k_binary_op)in->kop, rp[in->a], (float)sc[in->scalar],
-                                     (in->flags & CTPU_VM_SCALAR_FIRST) != 0, d, n);
-                break;
-            case CTPU_VM_WHERE: ctpu_k_where(rp[in->a], rp[in->b], rp[in->c], d, n); break;
-            case CTPU_VM_CLAMP:
-                ctpu_k_clamp(rp[in->a], (float)sc[in->scalar], (float)sc[in->scalar + 1], d, n);
-                break;
-            case CTPU_VM_COPY:
-                if (rp[in->a] != d) memcpy(d, rp[in->a], sizeof(float) * (size_t)n);
-                break;
-            case CTPU_VM_FILL: {   /* as exec_full: (float) of the scalar, then the dtype's rounding */
-                float v = (float)sc[in->scalar];
-                for (int64_t q = 0; q < n; q++) d[q] = v;
-                break;
-            }
-            default: break;
-            }
-            if (in->flags & CTPU_VM_ROUND_BF16) ctpu_k_unary(CTPU_K_U_ROUND_BF16, d, d, n);
-            if (stream) ctpu_k_stream_f32((float *)ctx->ptr[in->scalar2] + s, d, n);
-            rp[in->dst] = d;
+    if (!(p->n_tape > 0 && !ctx_tape_off() && vm_range_tape(p, ctx, b0, b1, red_slot, red_buf, reg))) {
+        for (int64_t s = b0; s < b1; s += CTPU_K_BLOCK) {
+            int64_t n = b1 - s < CTPU_K_BLOCK ? b1 - s : CTPU_K_BLOCK;
+            vm_prefetch_next(p, ctx, s, b1, red_slot);
+            vm_block_ops(p, ctx, s, n, b0, red_slot, red_buf, reg, rp);
         }
     }
     ctpu_k_stream_fence();   /* the streamed blocks are visible before the step ends */
@@ -176,6 +237,81 @@ static const uint8_t epi_act[CTPU_OP_COUNT] = {
 };
 
 int ctpu_vm_epi_act(int op) { return op >= 0 && op < CTPU_OP_COUNT ? epi_act[op] : CTPU_K_ACT_NONE; }
+
+/* ------------------------------------------------------------ the tape form */
+/* The tape source of register r at tape instruction nt (holder: per
+ * register, the tape instruction whose value it holds, or -2 - e for
+ * external e): the previous result in registers (-1), the external's
+ * array, or register r's array (its producer then stores it). -2: none. */
+static int tape_src(ctpu_vm_prog *p, const int16_t *holder, int r, int nt)
+{
+    if (r < 0 || r >= CTPU_VM_MAX_REGS) return -2;
+    int h = holder[r];
+    if (h == INT16_MIN) return -2;
+    if (h <= -2) return -2 - h;
+    if (h == nt - 1) return -1;
+    p->tape[h].dst = (int8_t)(p->n_ext + r);
+    return p->n_ext + r;
+}
+
+static const uint8_t tape_kind[] = {
+    [CTPU_VM_UNARY] = CTPU_K_T_UNARY, [CTPU_VM_BINARY] = CTPU_K_T_BINARY, [CTPU_VM_SCALAR] = CTPU_K_T_AS,
+    [CTPU_VM_WHERE] = CTPU_K_T_WHERE, [CTPU_VM_CLAMP] = CTPU_K_T_CLAMP, [CTPU_VM_COPY] = CTPU_K_T_COPY,
+    [CTPU_VM_FILL] = CTPU_K_T_FILL,
+};
+/* sources each kind reads (a, then b, then c) */
+static const uint8_t tape_nsrc[CTPU_K_T_COUNT] = {
+    [CTPU_K_T_UNARY] = 1, [CTPU_K_T_BINARY] = 2, [CTPU_K_T_AS] = 1, [CTPU_K_T_SA] = 1,
+    [CTPU_K_T_WHERE] = 3, [CTPU_K_T_CLAMP] = 1, [CTPU_K_T_COPY] = 1, [CTPU_K_T_FILL] = 0,
+};
+
+/* p->tape from p->ins (vm.h); n_tape stays 0 when an instruction does not map. */
+static void vm_build_tape(ctpu_vm_prog *p)
+{
+    int16_t holder[CTPU_VM_MAX_REGS];
+    int nt = 0, no = 0;
+    for (int r = 0; r < CTPU_VM_MAX_REGS; r++) holder[r] = INT16_MIN;
+    p->n_tape = p->n_out = 0;
+    if (p->n_ext + p->n_reg > 127) return;
+    for (int q = 0; q < p->n_ins; q++) {
+        const ctpu_vm_ins *in = &p->ins[q];
+        if (in->kind == CTPU_VM_LOAD) { holder[in->dst] = (int16_t)(-2 - in->a); continue; }
+        if (in->kind == CTPU_VM_STORE) {   /* folded into its producer, the instruction before */
+            if (nt == 0 || in->a < 0 || holder[in->a] != nt - 1 || p->tape[nt - 1].out >= 0 || no == CTPU_VM_MAX_NODES
+                || (in->kop != CTPU_KDT_BF16 && in->kop != CTPU_KDT_F32))
+                return;
+            p->tape[nt - 1].out = (int8_t)no;
+            p->out_slot[no] = in->scalar;
+            p->out_ins[no] = -1;
+            p->out_bf16[no++] = in->kop == CTPU_KDT_BF16;
+            continue;
+        }
+        if (in->kind >= sizeof tape_kind || (in->kind != CTPU_VM_UNARY && tape_kind[in->kind] == 0) || in->dst < 0)
+            return;
+        ctpu_k_tape_ins T = { .kind = tape_kind[in->kind], .kop = in->kop, .round_bf16 = (in->flags & CTPU_VM_ROUND_BF16) != 0,
+                              .a = -1, .b = -1, .c = -1, .dst = -1, .out = -1 };
+        if (T.kind == CTPU_K_T_AS && (in->flags & CTPU_VM_SCALAR_FIRST)) T.kind = CTPU_K_T_SA;
+        const int16_t regs[3] = { in->a, in->b, in->c };
+        int8_t *srcs[3] = { &T.a, &T.b, &T.c };
+        for (int k = 0; k < tape_nsrc[T.kind]; k++) {
+            int v = tape_src(p, holder, regs[k], nt);
+            if (v < -1) return;
+            *srcs[k] = (int8_t)v;
+        }
+        if (in->flags & CTPU_VM_DIRECT) {
+            if (no == CTPU_VM_MAX_NODES) return;
+            T.out = (int8_t)no;
+            p->out_slot[no] = in->scalar2;
+            p->out_ins[no] = (int16_t)q;
+            p->out_bf16[no++] = 0;
+        }
+        p->tape_ins[nt] = (int16_t)q;
+        p->tape[nt] = T;
+        holder[in->dst] = (int16_t)nt++;
+    }
+    p->n_tape = nt;
+    p->n_out = no;
+}
 
 int ctpu_vm_build(ctpu_vm_prog *p, const ctpu_trace *t, const int *nodes, int count, const int32_t *slot_of,
                   const bool *store, const int32_t *scalar_base)
@@ -281,6 +417,7 @@ int ctpu_vm_build(ctpu_vm_prog *p, const ctpu_trace *t, const int *nodes, int co
 #undef ALLOC_REG
     p->n_ins = ni;
     p->n_reg = n_reg;
+    vm_build_tape(p);
     return 0;
 }
 

@@ -46,6 +46,18 @@ typedef struct {
     bcast_plan plan;                   /* externals against the group shape */
     int n_ins, n_reg;
     ctpu_vm_ins ins[CTPU_VM_MAX_INS];
+    /* The same program as a register-resident tape (kernels.h ctpu_k_tape;
+     * n_tape 0: none, the instructions run as block kernels): one tape
+     * instruction per op instruction, the loads done per block before it
+     * (val[e] the external e, val[n_ext + r] register r), the stores folded
+     * into their producers (outputs: the slot and the op instruction whose
+     * DIRECT / STREAM flags say f32 or non-temporal, or bf16). */
+    int n_tape, n_out;
+    ctpu_k_tape_ins tape[CTPU_VM_MAX_INS];
+    int16_t tape_ins[CTPU_VM_MAX_INS];      /* the op instruction of each tape instruction */
+    int32_t out_slot[CTPU_VM_MAX_NODES];
+    int16_t out_ins[CTPU_VM_MAX_NODES];     /* its producer's op instruction */
+    uint8_t out_bf16[CTPU_VM_MAX_NODES];
 } ctpu_vm_prog;
 
 /* Can node n (whose inputs have the given types) run in the VM? */

@@ -7,6 +7,7 @@
  * Transcendentals: SLEEF's non-FMA purec u10 functions (see kernels.h for the
  * family rule and for the op(s) whose SIMD variants call purec as well). */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sleef.h>
 #include "internal.h"
@@ -166,3 +167,47 @@ const ctpu_k_ew_variant ctpu_k_ew_scalar = {
     .i32_to_f32 = ew_i32_to_f32_ref,
     .f32_to_i32 = ew_f32_to_i32_ref,
 };
+
+/* ---- the tape's definition (kernels.h ctpu_k_tape_ref) ------------------------- */
+bool ctpu_k_tape_ref(const ctpu_k_tape_ins *ins, int n_ins, float *const *val, const ctpu_k_tape_out *out,
+                     int64_t n)
+{
+    size_t bytes = sizeof(float) * (size_t)(n > 0 ? n : 1);
+    float *prev = malloc(bytes), *cur = malloc(bytes);
+    if (!prev || !cur) {
+        free(prev);
+        free(cur);
+        return false;
+    }
+    for (int q = 0; q < n_ins && q < 256; q++) {
+        const ctpu_k_tape_ins *in = &ins[q];
+        const float *a = in->a < 0 ? prev : val[in->a];
+        const float *b = in->b < 0 ? prev : val[in->b];
+        const float *c = in->c < 0 ? prev : val[in->c];
+        switch (in->kind) {
+        case CTPU_K_T_UNARY: ctpu_k_unary_ref((ctpu_k_unary_op)in->kop, a, cur, n); break;
+        case CTPU_K_T_BINARY: ctpu_k_binary_ref((ctpu_k_binary_op)in->kop, a, b, cur, n); break;
+        case CTPU_K_T_AS:
+        case CTPU_K_T_SA:
+            ctpu_k_binary_scalar_ref((ctpu_k_binary_op)in->kop, a, in->s0, in->kind == CTPU_K_T_SA, cur, n);
+            break;
+        case CTPU_K_T_WHERE: ctpu_k_where_ref(a, b, c, cur, n); break;
+        case CTPU_K_T_CLAMP: ctpu_k_clamp_ref(a, in->s0, in->s1, cur, n); break;
+        case CTPU_K_T_FILL: for (int64_t i = 0; i < n; i++) cur[i] = in->s0; break;
+        default: memcpy(cur, a, sizeof(float) * (size_t)n); break;
+        }
+        if (in->round_bf16) ctpu_k_unary_ref(CTPU_K_U_ROUND_BF16, cur, cur, n);
+        if (in->dst >= 0) memcpy(val[in->dst], cur, sizeof(float) * (size_t)n);
+        if (in->out >= 0) {
+            const ctpu_k_tape_out *o = &out[in->out];
+            if (o->kind == CTPU_K_TO_BF16) ctpu_k_f32_to_bf16_ref(cur, o->p, n);
+            else memcpy(o->p, cur, sizeof(float) * (size_t)n);
+        }
+        float *t = prev;
+        prev = cur;
+        cur = t;
+    }
+    free(prev);
+    free(cur);
+    return true;
+}

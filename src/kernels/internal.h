@@ -32,6 +32,8 @@ typedef struct {
     void (*f32_to_bf16)(const float *x, uint16_t *y, int64_t n);
     void (*i32_to_f32)(const int32_t *x, float *y, int64_t n);
     void (*f32_to_i32)(const float *x, int32_t *y, int64_t n);
+    /* ctpu_k_tape (NULL: the variant has none) */
+    void (*tape)(const ctpu_k_tape_ins *ins, int n_ins, float *const *val, const ctpu_k_tape_out *out, int64_t n);
 } ctpu_k_ew_variant;
 
 /* Reduction element kinds beyond ctpu_k_red_op: SQDEV sums (x - c)^2, EXPSUM

@@ -153,3 +153,9 @@ void ctpu_k_bf16_to_f32(const uint16_t *x, float *y, int64_t n) { ew_cur->bf16_t
 void ctpu_k_f32_to_bf16(const float *x, uint16_t *y, int64_t n) { ew_cur->f32_to_bf16(x, y, n); }
 void ctpu_k_i32_to_f32(const int32_t *x, float *y, int64_t n) { ew_cur->i32_to_f32(x, y, n); }
 void ctpu_k_f32_to_i32(const float *x, int32_t *y, int64_t n) { ew_cur->f32_to_i32(x, y, n); }
+bool ctpu_k_tape(const ctpu_k_tape_ins *ins, int n_ins, float *const *val, const ctpu_k_tape_out *out, int64_t n)
+{
+    if (!ew_cur->tape) return false;
+    ew_cur->tape(ins, n_ins, val, out, n);
+    return true;
+}

@@ -155,6 +155,48 @@ void ctpu_k_binary_scalar_ref(ctpu_k_binary_op op, const float *a, float s, bool
 void ctpu_k_where_ref(const float *c, const float *a, const float *b, float *y, int64_t n);
 void ctpu_k_clamp_ref(const float *x, float lo, float hi, float *y, int64_t n);
 
+/* ---- fused elementwise tapes (the VM's register-resident path) ------------
+ * A tape is a fused chain run strip by strip (a few SIMD vectors at a time)
+ * with every instruction of the chain applied to the strip in registers
+ * before the next strip is touched: the previous instruction's result stays
+ * in registers (source -1), other values are read from `val` arrays (the
+ * group's operands in f32, or register arrays the tape itself stores to).
+ * Each instruction is one op of the block instruction set above (kind: UNARY
+ * kop, BINARY kop a b, AS a op s0, SA s0 op a, WHERE a ? b : c with a the
+ * condition, CLAMP a to [s0, s1], FILL s0, COPY a), then, with round_bf16,
+ * ROUND_BF16; its result is stored to val[dst] (dst >= 0) and to output
+ * `out` (out >= 0: f32, f32 with non-temporal stores, or bf16 as
+ * ctpu_k_f32_to_bf16). Every op is the SIMD body of the block kernel of the
+ * same ISA (the bits of _ref; transcendental ops run that kernel on the
+ * strip), so a tape gives, element by element, the bits of running its
+ * instructions one after another as block kernels (ctpu_k_tape_ref). All
+ * arrays hold n elements; an instruction's val[dst] and output may alias its
+ * sources only at the same element. Non-temporal outputs need a 64-byte
+ * aligned pointer (else plain stores); the caller fences them
+ * (ctpu_k_stream_fence). Returns false, running nothing, when the selected
+ * variant has no tape (scalar): run the instructions as block kernels. */
+enum { CTPU_K_T_UNARY, CTPU_K_T_BINARY, CTPU_K_T_AS, CTPU_K_T_SA, CTPU_K_T_WHERE, CTPU_K_T_CLAMP,
+       CTPU_K_T_FILL, CTPU_K_T_COPY, CTPU_K_T_COUNT };
+enum { CTPU_K_TO_F32, CTPU_K_TO_F32_STREAM, CTPU_K_TO_BF16 };
+typedef struct {
+    uint8_t kind, kop;
+    bool round_bf16;
+    int8_t a, b, c;      /* sources: -1 the previous instruction's result, else an index into val */
+    int8_t dst;          /* -1, or the val array its f32 result is stored to */
+    int8_t out;          /* -1, or the output it is stored to */
+    float s0, s1;
+} ctpu_k_tape_ins;
+typedef struct {
+    void *p;             /* n elements of f32 or bf16 */
+    uint8_t kind;        /* CTPU_K_TO_* */
+} ctpu_k_tape_out;
+bool ctpu_k_tape(const ctpu_k_tape_ins *ins, int n_ins, float *const *val, const ctpu_k_tape_out *out, int64_t n);
+/* The definition: each instruction over all n elements with the scalar
+ * block kernels, in order (instruction i's result kept in an n-element
+ * array; n_ins <= 256). False when out of memory. */
+bool ctpu_k_tape_ref(const ctpu_k_tape_ins *ins, int n_ins, float *const *val, const ctpu_k_tape_out *out,
+                     int64_t n);
+
 /* Conversions (all n elements; any alignment). */
 void ctpu_k_bf16_to_f32(const uint16_t *x, float *y, int64_t n);
 void ctpu_k_f32_to_bf16(const float *x, uint16_t *y, int64_t n);

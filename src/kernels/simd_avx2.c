@@ -83,5 +83,9 @@ CTPU_K_AVX2_DBL(vgelu_erf, d_gelu_erf)
 CTPU_K_AVX2_DBL(vsin, Sleef_sind4_u10avx)
 CTPU_K_AVX2_DBL(vcos, Sleef_cosd4_u10avx)
 
+/* Non-temporal store of one vector (p aligned to the vector); a tape strip is
+ * TK vectors. */
+AI void st_nt(float *p, V v) { _mm256_stream_ps(p, v); }
+#define TK 4
 #include "simd_elementwise.h"
 #include "simd_reduce.h"

@@ -79,5 +79,9 @@ CTPU_K_AVX512_DBL(vgelu_erf, d_gelu_erf)
 CTPU_K_AVX512_DBL(vsin, Sleef_sind8_u10avx512fnofma)
 CTPU_K_AVX512_DBL(vcos, Sleef_cosd8_u10avx512fnofma)
 
+/* Non-temporal store of one vector (p aligned to the vector); a tape strip is
+ * TK vectors. */
+AI void st_nt(float *p, V v) { _mm512_stream_ps(p, v); }
+#define TK 4
 #include "simd_elementwise.h"
 #include "simd_reduce.h"

@@ -138,6 +138,111 @@ EW_CONVERT(ew_f32_to_bf16, float, uint16_t, ld, st_bf16, ctpu_f32_to_bf16)
 EW_CONVERT(ew_i32_to_f32, int32_t, float, ld_i32, st, EW_I32_TO_F32)
 EW_CONVERT(ew_f32_to_i32, float, int32_t, ld, st_i32, ctpu_f32_to_i32)
 
+/* ---- the fused tape (kernels.h ctpu_k_tape) ---------------------------------------
+ * TK vectors a strip (the ISA file's TK): the previous instruction's result
+ * stays in the registers acc[], other operands are loaded at the strip.
+ * The light ops are their bodies above on registers; the others (the SLEEF
+ * ones, POW) run their loop on a strip copy, the same bodies. K and r are
+ * constants where tape_strip is inlined: r < W only for a masked tail (K 1). */
+#define T_FOR(stmt) _Pragma("GCC unroll 8") for (int k = 0; k < K; k++) { stmt; }
+#define T_LD(idx, k) ((idx) < 0 ? acc[k] : r < W ? ld_m(val[idx] + i + (k) * W, m) : ld(val[idx] + i + (k) * W))
+#define T_ST(p, k, v) do { if (r < W) st_m((p) + i + (k) * W, m, (v)); else st((p) + i + (k) * W, (v)); } while (0)
+enum { T_BIN = 32, T_WHERE = 64, T_CLAMP, T_FILL, T_COPY };   /* the strip's opcodes past the unary kops */
+
+AI void tape_out(const ctpu_k_tape_out *o, int64_t i, const V *acc, const int K, int64_t r, M m)
+{
+    if (o->kind == CTPU_K_TO_BF16) {
+        uint16_t *q = (uint16_t *)o->p + i;
+        if (r < W) {
+            uint16_t t[W];
+            st_bf16(t, acc[0]);
+            for (int64_t l = 0; l < r; l++) q[l] = t[l];
+        } else {
+            T_FOR(st_bf16(q + k * W, acc[k]))
+        }
+    } else if (o->kind == CTPU_K_TO_F32_STREAM && r == W) {
+        float *q = (float *)o->p + i;
+        T_FOR(st_nt(q + k * W, acc[k]))
+    } else {
+        T_FOR(T_ST((float *)o->p, k, acc[k]))
+    }
+}
+
+AI void tape_strip(const ctpu_k_tape_ins *ins, const uint8_t *code, int n_ins, float *const *val,
+                   const ctpu_k_tape_out *out, int64_t i, const int K, const int64_t r)
+{
+    V acc[TK], a[TK], b[TK], c[TK];
+    T_FOR(acc[k] = a[k] = b[k] = c[k] = vzero())
+    M m = tail_mask(r);
+    for (int q = 0; q < n_ins; q++) {
+        const ctpu_k_tape_ins *in = &ins[q];
+        int kind = in->kind;
+        if (kind == CTPU_K_T_SA) {
+            T_FOR(a[k] = vset(in->s0); b[k] = T_LD(in->a, k))
+        } else if (kind != CTPU_K_T_FILL) {
+            T_FOR(a[k] = T_LD(in->a, k))
+            if (kind == CTPU_K_T_BINARY || kind == CTPU_K_T_WHERE) { T_FOR(b[k] = T_LD(in->b, k)) }
+            else if (kind == CTPU_K_T_AS || kind == CTPU_K_T_CLAMP) { T_FOR(b[k] = vset(in->s0)) }
+            if (kind == CTPU_K_T_WHERE) { T_FOR(c[k] = T_LD(in->c, k)) }
+            else if (kind == CTPU_K_T_CLAMP) { T_FOR(c[k] = vset(in->s1)) }
+        }
+        switch (code[q]) {
+#define T_U(NAME) case CTPU_K_U_##NAME: T_FOR(acc[k] = u_##NAME(a[k])) break;
+#define T_B(NAME) case T_BIN + CTPU_K_B_##NAME: T_FOR(acc[k] = b_##NAME(a[k], b[k])) break;
+        T_U(NEG) T_U(ABS) T_U(SQRT) T_U(RSQRT) T_U(RELU) T_U(RECIP) T_U(SQUARE) T_U(ROUND_BF16)
+        T_B(ADD) T_B(SUB) T_B(MUL) T_B(DIV) T_B(MAX) T_B(MIN)
+        T_B(EQ) T_B(NE) T_B(LT) T_B(LE) T_B(GT) T_B(GE)
+#undef T_U
+#undef T_B
+        case T_WHERE: T_FOR(acc[k] = where1(a[k], b[k], c[k])) break;
+        case T_CLAMP: T_FOR(acc[k] = clamp1(a[k], b[k], c[k])) break;
+        case T_FILL: T_FOR(acc[k] = vset(in->s0)) break;
+        case T_COPY: T_FOR(acc[k] = a[k]) break;
+        default: {   /* a transcendental op or POW: its loop over the strip */
+            float ta[TK * W] __attribute__((aligned(64))), tb[TK * W] __attribute__((aligned(64)));
+            T_FOR(st(ta + k * W, a[k]))
+            if (code[q] < T_BIN) {
+                CTPU_K_PASTE(ctpu_k_ew_, CTPU_K_ISA).unary[in->kop](ta, ta, K * W);
+            } else {
+                T_FOR(st(tb + k * W, b[k]))
+                CTPU_K_PASTE(ctpu_k_ew_, CTPU_K_ISA).binary[in->kop](ta, tb, ta, K * W);
+            }
+            T_FOR(acc[k] = ld(ta + k * W))
+            break;
+        }
+        }
+        if (in->round_bf16) { T_FOR(acc[k] = vround_bf16(acc[k])) }
+        if (in->dst >= 0) { T_FOR(T_ST(val[in->dst], k, acc[k])) }
+        if (in->out >= 0) tape_out(&out[in->out], i, acc, K, r, m);
+    }
+}
+
+static void ew_tape(const ctpu_k_tape_ins *ins, int n_ins, float *const *val, const ctpu_k_tape_out *out,
+                    int64_t n)
+{
+    uint8_t code[256];
+    ctpu_k_tape_out o[128];
+    int n_out = 0;
+    if (n_ins > 256) n_ins = 256;
+    for (int q = 0; q < n_ins; q++) {
+        int kind = ins[q].kind;
+        code[q] = (uint8_t)(kind == CTPU_K_T_UNARY ? ins[q].kop
+                            : kind <= CTPU_K_T_SA ? T_BIN + ins[q].kop
+                            : T_WHERE + (kind - CTPU_K_T_WHERE));
+        if (ins[q].out >= n_out) n_out = ins[q].out + 1;
+    }
+    for (int q = 0; q < n_out; q++) {   /* a misaligned non-temporal output: plain stores */
+        o[q] = out[q];
+        if (o[q].kind == CTPU_K_TO_F32_STREAM && ((uintptr_t)o[q].p & (W * 4 - 1))) o[q].kind = CTPU_K_TO_F32;
+    }
+    int64_t i = 0;
+    for (; i + TK * W <= n; i += TK * W) tape_strip(ins, code, n_ins, val, o, i, TK, W);
+    for (; i < n; i += W) tape_strip(ins, code, n_ins, val, o, i, 1, n - i < W ? n - i : W);
+}
+#undef T_FOR
+#undef T_LD
+#undef T_ST
+
 /* ---- the ISA's table ------------------------------------------------------------------ */
 const ctpu_k_ew_variant CTPU_K_PASTE(ctpu_k_ew_, CTPU_K_ISA) = {
 #define X(NAME) [CTPU_K_U_##NAME] = loop_u_##NAME,
@@ -158,4 +263,5 @@ const ctpu_k_ew_variant CTPU_K_PASTE(ctpu_k_ew_, CTPU_K_ISA) = {
     .f32_to_bf16 = ew_f32_to_bf16,
     .i32_to_f32 = ew_i32_to_f32,
     .f32_to_i32 = ew_f32_to_i32,
+    .tape = ew_tape,
 };
