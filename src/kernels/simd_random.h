@@ -12,6 +12,9 @@
  *   (the low halves of a's then b's 64-bit lanes); vf1(f), vf_mul, vf_add, vf_sqrt, vf_cvt
  *   (u32 < 2^31 to f32), vf_st(p, v); VLOG, VCOS; RAND_NAME(x). */
 
+/* normal: vectors a step (the independent SLEEF calls back to back) */
+#define RAND_NB 4
+
 #define PHX_M0 0xD2511F53u
 #define PHX_M1 0xCD9E8D57u
 #define PHX_W0 0x9E3779B9u
@@ -74,6 +77,22 @@ static int64_t RAND_NAME(blocks_)(uint64_t seed, uint64_t first, int64_t n, bool
         rs[2 * r + 1] = (uint32_t)(seed >> 32) + (uint32_t)r * PHX_W1;
     }
     int64_t j = 0;
+    if (normal) {   /* RAND_NB vectors at a time: their Philox words, then the log calls, then the cos calls */
+        for (; j + RAND_NB * RW <= n; j += RAND_NB * RW) {
+            uint64_t c = first + (uint64_t)j;
+            if ((uint32_t)c > 0xFFFFFFFFu - (RAND_NB * RW - 1)) break;
+            VF u1[RAND_NB], x2[RAND_NB], r[RAND_NB];
+            for (int k = 0; k < RAND_NB; k++) {
+                VI w0, w1;
+                RAND_NAME(philox2)((uint32_t)c + (uint32_t)(k * RW), (uint32_t)(c >> 32), rs, &w0, &w1);
+                u1[k] = vf_mul(vf_cvt(vi_add(vi_srl(w0, 8), vi1(1))), scale);
+                x2[k] = vf_mul(two_pi, vf_mul(vf_cvt(vi_srl(w1, 8)), scale));
+            }
+            for (int k = 0; k < RAND_NB; k++) r[k] = vf_sqrt(vf_mul(m2, VLOG(u1[k])));
+            for (int k = 0; k < RAND_NB; k++)
+                vf_st(y + j + k * RW, vf_add(va, vf_mul(vb, vf_mul(r[k], VCOS(x2[k])))));   /* mean + std * z */
+        }
+    }
     for (; j + RW <= n; j += RW) {
         uint64_t c = first + (uint64_t)j;
         if ((uint32_t)c > 0xFFFFFFFFu - (RW - 1)) break;
