@@ -470,7 +470,7 @@ static ctpu_tensor gpt_logits(const gpt *g, ctpu_tensor x, int64_t B, int64_t T,
 {
     double p = g->dropout;
     ctpu_tensor wte = P(g, g->wte);   /* cast once: the embedding and the tied head */
-    ctpu_tensor wpe = P(g, T == g->T ? g->wpe : ctpu_slice(g->wpe, 0, 0, T, 1));
+    ctpu_tensor wpe = P(g, ctpu_slice(g->wpe, 0, 0, T, 1));   /* at T = ctx too: one structure for every T */
     ctpu_tensor h = ctpu_add(ctpu_embedding(wte, x), wpe);   /* [B, T, D] + [T, D] */
     h = ctpu_dropout(h, p, training);
     static const int perm[4] = { 0, 2, 1, 3 };
