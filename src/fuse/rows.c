@@ -398,6 +398,62 @@ static void reduce_tile(row_state *s, const ctpu_row_ins *I, int64_t r, int64_t 
     if (I->flags & CTPU_VM_ROUND_BF16) ctpu_k_unary(CTPU_K_U_ROUND_BF16, y, y, t);
 }
 
+/* external FULL operand e is an f32 vector along the row ([n] broadcast
+ * over the rows: a norm's weight or bias), read in place row by row */
+static bool row_vector(const ctpu_row_prog *p, int e)
+{
+    const bcast_plan *b = &p->plan_full;
+    return p->ef_dtype[e] == CTPU_KDT_F32 && b->nd == 2 && b->shape[1] == p->n && b->stride[e][0] == 0 &&
+           b->stride[e][1] == 1;
+}
+
+/* A FULL binary instruction over rows [r, r + t) one kernel call per row,
+ * when a source is a per-row register (the row's one value: binary_scalar,
+ * the same f32 operation in the same operand order) or a row vector from
+ * outside (read in place): no broadcast copies. False when it does not
+ * apply (then the block path runs). */
+static bool ew_rows(row_state *s, const ctpu_row_ins *I, int64_t r, int64_t t)
+{
+    const ctpu_row_prog *p = s->p;
+    int64_t n = p->n;
+    if (I->vkind != CTPU_VM_BINARY || n < 64 || n > CTPU_K_BLOCK) return false;   /* (tmp holds a block) */
+    int kind[2];   /* 0: a FULL array, 1: a register, 2: a row vector */
+    for (int a = 0; a < 2; a++) {
+        const ctpu_row_val *v = &p->val[I->src[a]];
+        if (v->kind == CTPU_ROWV_REG) kind[a] = 1;
+        else if (v->kind == CTPU_ROWV_EXT_FULL && row_vector(p, v->idx)) kind[a] = 2;
+        else if (v->kind == CTPU_ROWV_BUF || v->kind == CTPU_ROWV_OUT || v->kind == CTPU_ROWV_EXT_FULL) kind[a] = 0;
+        else return false;
+    }
+    if ((kind[0] == 0 && kind[1] == 0) || (kind[0] == 1 && kind[1] == 1)) return false;
+    ctpu_k_binary_op op = (ctpu_k_binary_op)I->kop;
+    const float *base[2] = { NULL, NULL }, *regv = NULL;   /* base: row q at base + q * n */
+    for (int a = 0; a < 2; a++) {
+        const ctpu_row_val *v = &p->val[I->src[a]];
+        if (kind[a] == 1) regv = s->reg[v->idx];
+        else if (kind[a] == 2) base[a] = s->ctx->ptr[p->ef_slot[v->idx]];
+        else if (v->kind != CTPU_ROWV_EXT_FULL || (p->plan_full.mode[v->idx] == 0 && p->ef_dtype[v->idx] == CTPU_KDT_F32))
+            base[a] = operand(s, I->src[a], true, r, 0, n, s->tmp[a]);   /* in place: every row follows */
+    }
+    float *d0 = full_dst(s, &p->val[I->dst], r, 0);
+    for (int64_t q = 0; q < t; q++) {
+        const float *x[2];
+        float sv = regv ? regv[q] : 0;
+        for (int a = 0; a < 2; a++)
+            x[a] = kind[a] == 1 ? NULL
+                   : kind[a] == 2 ? base[a]
+                   : base[a] ? base[a] + q * n
+                             : operand(s, I->src[a], true, r, q * n, n, s->tmp[a]);
+        float *d = d0 + q * n;
+        if (kind[0] == 1) ctpu_k_binary_scalar(op, x[1], sv, true, d, n);
+        else if (kind[1] == 1) ctpu_k_binary_scalar(op, x[0], sv, false, d, n);
+        else ctpu_k_binary(op, x[0], x[1], d, n);
+        if (I->flags & CTPU_VM_ROUND_BF16) ctpu_k_unary(CTPU_K_U_ROUND_BF16, d, d, n);
+        store(I, s->ctx, d, (r + q) * n, n);
+    }
+    return true;
+}
+
 /* gather_backward along the last dim of rows [r, r + t), as
  * exec_gather_backward: zeros, then out[q, idx[q]] += g[q] in f32 (an index
  * outside [0, n) adds nothing), rounded once to the output's dtype */
@@ -428,6 +484,7 @@ static void run_tile(row_state *s, int64_t r, int64_t t)
         const float *x[3] = { NULL, NULL, NULL };
         switch (I->kind) {
         case CTPU_ROWI_EW_FULL:
+            if (ew_rows(s, I, r, t)) break;
             for (int64_t o = 0; o < tn; o += CTPU_K_BLOCK) {
                 int64_t len = tn - o < CTPU_K_BLOCK ? tn - o : CTPU_K_BLOCK;
                 for (int q = 0; q < I->n_src; q++) x[q] = operand(s, I->src[q], true, r, o, len, s->tmp[q]);
