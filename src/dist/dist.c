@@ -334,9 +334,9 @@ static int wait_req(MPI_Request *rq, const ctpu_coll_call *c, const char *phase)
         if (el > g_dist.timeout_s) {
             char b[64] = "";
             if (c->bucket >= 0) snprintf(b, sizeof b, "bucket %lld, ", (long long)c->bucket);
-            fprintf(stderr, "ctpu: rank %d: %s (%sstep %lld) timed out in its %s after %.0f s (CTPU_DIST_TIMEOUT): "
+            fprintf(stderr, "ctpu: rank %d: %s (%sstep %lld) timed out in its %s after %.0f s (CTPU_DIST_TIMEOUT=%g): "
                     "another rank stopped calling collectives; calling MPI_Abort\n", g_dist.rank,
-                    ctpu__coll_name(c->kind), b, (long long)c->step, phase, el);
+                    ctpu__coll_name(c->kind), b, (long long)c->step, phase, el, g_dist.timeout_s);
             fflush(stderr);
             MPI_Abort(MPI_COMM_WORLD, 124);
             _exit(124);
@@ -810,8 +810,8 @@ static void async_wait(areq *q)
             char b[64] = "";
             if (c->bucket >= 0) snprintf(b, sizeof b, "bucket %lld, ", (long long)c->bucket);
             fprintf(stderr, "ctpu: rank %d: %s (%sstep %lld) timed out in its started exchange after %.0f s "
-                    "(CTPU_DIST_TIMEOUT): another rank stopped calling collectives; calling MPI_Abort\n", g_dist.rank,
-                    ctpu__coll_name(c->kind), b, (long long)c->step, el);
+                    "(CTPU_DIST_TIMEOUT=%g): another rank stopped calling collectives; calling MPI_Abort\n",
+                    g_dist.rank, ctpu__coll_name(c->kind), b, (long long)c->step, el, g_dist.timeout_s);
             fflush(stderr);
 #ifdef CTPU_HAVE_MPI
             MPI_Abort(MPI_COMM_WORLD, 124);
