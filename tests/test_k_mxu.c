@@ -398,6 +398,8 @@ static const int64_t shapes[][4] = {
     { 1, 1, 37, 19 }, { 1, 37, 1, 19 }, { 1, 13, 17, 3 }, { 1, 15, 33, 2 }, { 1, 29, 65, 31 },
     { 3, 7, 9, 11 }, { 2, 30, 70, 600 }, { 1, 17, 40, 513 },
     { 1, 30, 50, 37 },   /* a partial 32-wide panel with 16 whole lanes (the plain-load pack path) */
+    /* skinny N, computed as C^T (the transposed store: 16 x 16 tiles, partial ones) */
+    { 1, 128, 10, 128 }, { 1, 200, 9, 33 }, { 2, 45, 3, 20 },
 };
 
 START_TEST(test_isa_bitexact)
@@ -440,7 +442,7 @@ START_TEST(test_epilogue_bitexact)
     cur_force = forced_impl(_i);
     for (int act = 0; act < 4; act++)
         for (int v = 0; v < 8; v++) {
-            prob p = P(2, 19, 45, 37);
+            prob p = act & 1 ? P(2, 19, 45, 37) : P(2, 70, 9, 37);   /* the second as C^T */
             p.act = act;
             p.bias_dt = v & 1 ? CTPU_KDT_BF16 : (v & 4 ? -1 : CTPU_KDT_F32);
             p.res_dt = v & 2 ? (v & 1 ? CTPU_KDT_F32 : CTPU_KDT_BF16) : -1;

@@ -131,6 +131,15 @@ static void mm_finish(const ctpu_mm_args *g, int64_t bi, int64_t m0, int64_t m1,
     }
 }
 
+/* d[j * ldd + i] = s[i * ld + j], i < rows, j < cols. */
+static void mm_transpose(const ctpu_mxu_impl *im, const float *s, int64_t ld, int64_t rows, int64_t cols,
+                         float *d, int64_t ldd)
+{
+    if (im->transpose) { im->transpose(s, ld, rows, cols, d, ldd); return; }
+    for (int64_t j = 0; j < cols; j++)
+        for (int64_t i = 0; i < rows; i++) d[j * ldd + i] = s[i * ld + j];
+}
+
 /* One batch element, M panels [pm0, pm1) x N panels [pn0, pn1). */
 static void mm_region(mm_ctx *x, float *scr, int64_t bi, int64_t pm0, int64_t pm1, int64_t pn0,
                       int64_t pn1)
@@ -174,16 +183,11 @@ static void mm_region(mm_ctx *x, float *scr, int64_t bi, int64_t pm0, int64_t pm
                 if (o->c_dtype == CTPU_KDT_F32 && !o->scaled && !o->bias && o->act == CTPU_K_ACT_NONE &&
                     !o->residual) {
                     float *c = (float *)o->c + bi * o->c_bs + n0 * o->ldc + m0;   /* no epilogue: straight to c */
-                    for (int64_t n = 0; n < n1 - n0; n++)
-                        for (int64_t m = 0; m < m1 - m0; m++) c[n * o->ldc + m] = scr[m * ld + n];
+                    mm_transpose(im, scr, ld, m1 - m0, n1 - n0, c, o->ldc);
                     continue;
                 }
                 float *t = scr + x->scr_n / 2;
-                for (int64_t n = 0; n < n1 - n0; n++) {
-                    float *tr = t + n * x->tld;
-                    const float *sc = scr + n;
-                    for (int64_t m = 0; m < m1 - m0; m++) tr[m] = sc[m * ld];
-                }
+                mm_transpose(im, scr, ld, m1 - m0, n1 - n0, t, x->tld);
                 mm_finish(x->go, bi, n0, n1, m0, m1, t, x->tld);
                 continue;
             }

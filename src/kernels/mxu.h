@@ -237,6 +237,9 @@ typedef struct {
      * of an M that mr does not divide), or NULL */
     const ctpu_mxu_kernel_fn *kernel_rows;
     ctpu_mxu_pack_fn pack;
+    /* d[j * ldd + i] = s[i * ld + j] for i < rows, j < cols (a finished block
+     * of C^T into c: bit copies), or NULL (the driver's scalar loop) */
+    void (*transpose)(const float *s, int64_t ld, int64_t rows, int64_t cols, float *d, int64_t ldd);
 } ctpu_mxu_impl;
 
 extern const ctpu_mxu_impl ctpu_mxu_impl_ref, ctpu_mxu_impl_avx2, ctpu_mxu_impl_avx512,

@@ -351,11 +351,30 @@ static void mxu_pack_avx512_dp(const ctpu_mxu_pack_args *pa, int64_t q0, int64_t
     }
 }
 
+/* d[j * ldd + i] = s[i * ld + j] (i < rows, j < cols) by 16 x 16 dword
+ * transposes: rows past `rows` load as zeros and are not stored. */
+static void mxu_transpose_avx512(const float *s, int64_t ld, int64_t rows, int64_t cols, float *d, int64_t ldd)
+{
+    for (int64_t i0 = 0; i0 < rows; i0 += 16) {
+        int ni = rows - i0 < 16 ? (int)(rows - i0) : 16;
+        __mmask16 mi = (__mmask16)(ni >= 16 ? 0xffff : (1u << ni) - 1);
+        for (int64_t j0 = 0; j0 < cols; j0 += 16) {
+            int nj = cols - j0 < 16 ? (int)(cols - j0) : 16;
+            __mmask16 mj = (__mmask16)(nj >= 16 ? 0xffff : (1u << nj) - 1);
+            __m512i v[16], t[16];
+            for (int r = 0; r < 16; r++)
+                v[r] = r < ni ? _mm512_maskz_loadu_epi32(mj, s + (i0 + r) * ld + j0) : _mm512_setzero_si512();
+            mxu_transpose16(v, t);
+            for (int c = 0; c < nj; c++) _mm512_mask_storeu_epi32(d + (j0 + c) * ldd + i0, mi, t[c]);
+        }
+    }
+}
+
 const ctpu_mxu_impl ctpu_mxu_impl_avx512 = {
     .name = "avx512", .mr = FMA_MR, .nr = NR, .planar = 1, .kernel = mxu_kernel_avx512_fma,
-    .kernel_rows = NULL, .pack = mxu_pack_avx512_planar,
+    .kernel_rows = NULL, .pack = mxu_pack_avx512_planar, .transpose = mxu_transpose_avx512,
 };
 const ctpu_mxu_impl ctpu_mxu_impl_avx512_dp = {
     .name = "avx512_dp", .mr = DP_MR, .nr = NR, .planar = 0, .kernel = mxu_kernel_avx512_dp_14,
-    .kernel_rows = mxu_dp_kernel_rows, .pack = mxu_pack_avx512_dp,
+    .kernel_rows = mxu_dp_kernel_rows, .pack = mxu_pack_avx512_dp, .transpose = mxu_transpose_avx512,
 };
