@@ -45,6 +45,7 @@ typedef struct {
     int split;                  /* 0 batch, 1 N panels, 2 M panels */
     int lw;                     /* dwords per element pair per row: 1 or 2 (planar) */
     int direct;                 /* full tiles accumulate in c (f32, not read by the epilogue) */
+    int64_t ars;                /* > 0: A in the row layout, this row stride (dwords) */
 } mm_ctx;
 
 /* Do bytes [p, p + n) and [q, q + m) overlap? */
@@ -63,7 +64,8 @@ static void mm_pack_task(void *vctx, int tid, int nt)
     while (u0 < u1) {
         ctpu_mxu_pack_args pa;
         int64_t q0, q1;
-        if (u0 < ua) {
+        int is_a = u0 < ua;
+        if (is_a) {
             int64_t bi = u0 / x->mp;
             q0 = u0 % x->mp;
             q1 = (u1 < (bi + 1) * x->mp ? u1 : (bi + 1) * x->mp) - bi * x->mp;
@@ -81,7 +83,8 @@ static void mm_pack_task(void *vctx, int tid, int nt)
             pa.dst = x->bp + bi * x->np * x->bpd;
             u0 += q1 - q0;
         }
-        x->im->pack(&pa, q0, q1);
+        if (is_a && x->ars) x->im->pack_ar(&pa, x->ars, q0, q1);
+        else x->im->pack(&pa, q0, q1);
     }
 }
 
@@ -162,14 +165,18 @@ static void mm_region(mm_ctx *x, float *scr, int64_t bi, int64_t pm0, int64_t pm
                 int64_t kc = x->kp - k0 < MXU_KC ? x->kp - k0 : MXU_KC;
                 for (int64_t j = jn; j < jn1; j++)
                     for (int64_t i = im0; i < im1; i++) {
-                        const uint32_t *ai = ab + i * x->apd + k0 * mr * x->lw,
-                                       *bj = bb + j * x->bpd + k0 * nr * x->lw;
-                        ctpu_mxu_kernel_fn kf = i < x->mp - 1 || !im->kernel_rows || g->M % mr == 0
-                                                    ? im->kernel : im->kernel_rows[g->M % mr];
-                        if (i < pmf && j < pnf)
-                            kf(kc, ai, bj, cb + i * mr * g->ldc + j * nr, g->ldc, k0 > 0);
-                        else
-                            kf(kc, ai, bj, scr + (i - im0) * mr * ld + (j - jn) * nr, ld, k0 > 0);
+                        const uint32_t *bj = bb + j * x->bpd + k0 * nr * x->lw;
+                        int last = !(i < x->mp - 1 || g->M % mr == 0);
+                        float *ct = i < pmf && j < pnf ? cb + i * mr * g->ldc + j * nr
+                                                       : scr + (i - im0) * mr * ld + (j - jn) * nr;
+                        int64_t lc = i < pmf && j < pnf ? g->ldc : ld;
+                        if (x->ars) {
+                            im->kernel_ar[last ? g->M % mr : mr](kc, ab + i * x->apd + k0, x->ars, bj, ct, lc,
+                                                                 k0 > 0);
+                            continue;
+                        }
+                        ctpu_mxu_kernel_fn kf = !last || !im->kernel_rows ? im->kernel : im->kernel_rows[g->M % mr];
+                        kf(kc, ab + i * x->apd + k0 * mr * x->lw, bj, ct, lc, k0 > 0);
                     }
             }
             int64_t m0 = im0 * mr, m1 = im1 * mr < g->M ? im1 * mr : g->M;
@@ -306,6 +313,15 @@ static void mm_do(const ctpu_mm_args *go, ctpu_k_pool *pool, ctpu_k_ws *ws)
         .I = g->N, .K = g->K, .w = x.nr, .npass = x.npass,
         .parts = (x.swap ? ctpu_mxu_pass_a : ctpu_mxu_pass_b)[g->precision] };
     x.apd = ctpu_mxu_panel_dwords(&x.pka) * (x.im->planar ? 2 : 1);
+    /* A with unit stride along k at default precision: the row layout (no
+     * transpose in packing) where the ISA has it. Rows 64-byte aligned and
+     * not a multiple of 1 KiB apart (the W rows would share L1 sets). */
+    if (x.im->kernel_ar && x.npass == 1 && x.pka.parts[0] == 0 && x.pka.sk == 1 && x.pka.si != 1 &&
+        (g->a_dtype == CTPU_KDT_F32 || g->a_dtype == CTPU_KDT_BF16)) {
+        x.ars = (x.kp + 15) / 16 * 16;
+        if (x.ars % 256 == 0) x.ars += 16;
+        x.apd = x.ars * x.mr;
+    }
     x.bpd = ctpu_mxu_panel_dwords(&x.pkb) * (x.im->planar ? 2 : 1);
     x.lw = x.im->planar ? 2 : 1;
     /* c as the accumulator: when K is one chunk (each tile is written once:

@@ -48,6 +48,11 @@
  * ceil(K/2). Rows past I and the odd partner past K are +0.
  * A second, planar layout (for FMA micro-kernels) holds the same values as
  * f32: for each kp, W odd elements X[.., 2p+1] then W even elements X[.., 2p].
+ * A third, row layout (A only, vdpbf16ps micro-kernel, default precision,
+ * A with unit stride along k): the same pair dwords, but each of the panel's
+ * W rows holds its kp dwords contiguously (row r at r * rs dwords, rs >= kp,
+ * padded so the rows do not share L1 sets): packing is one vcvtne2ps2bf16
+ * per 32 elements, no transpose; the micro-kernel broadcasts from W rows.
  * A micro-kernel computes a full MR x NR tile of f32 into c (row stride ldc),
  * starting from c (load != 0) or from +0.
  */
@@ -227,6 +232,11 @@ static inline void ctpu_mxu_pack_generic(const ctpu_mxu_pack_args *pa, int64_t q
 typedef void (*ctpu_mxu_kernel_fn)(int64_t kp, const uint32_t *a, const uint32_t *b, float *c,
                                    int64_t ldc, int load);
 typedef void (*ctpu_mxu_pack_fn)(const ctpu_mxu_pack_args *pa, int64_t q0, int64_t q1);
+/* The same on a row-layout A (row r of the panel at a + r * as dwords). */
+typedef void (*ctpu_mxu_kernel_ar_fn)(int64_t kp, const uint32_t *a, int64_t as, const uint32_t *b, float *c,
+                                      int64_t ldc, int load);
+/* Row-layout packing: panel q at dst + q * w * rs, row r of it at + r * rs. */
+typedef void (*ctpu_mxu_pack_ar_fn)(const ctpu_mxu_pack_args *pa, int64_t rs, int64_t q0, int64_t q1);
 
 typedef struct {
     const char *name;
@@ -240,6 +250,9 @@ typedef struct {
     /* d[j * ldd + i] = s[i * ld + j] for i < rows, j < cols (a finished block
      * of C^T into c: bit copies), or NULL (the driver's scalar loop) */
     void (*transpose)(const float *s, int64_t ld, int64_t rows, int64_t cols, float *d, int64_t ldd);
+    /* row-layout A (see above), or NULL: [r] as kernel_rows, [mr] the full tile */
+    const ctpu_mxu_kernel_ar_fn *kernel_ar;
+    ctpu_mxu_pack_ar_fn pack_ar;
 } ctpu_mxu_impl;
 
 extern const ctpu_mxu_impl ctpu_mxu_impl_ref, ctpu_mxu_impl_avx2, ctpu_mxu_impl_avx512,

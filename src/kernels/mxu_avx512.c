@@ -70,6 +70,62 @@ static const ctpu_mxu_kernel_fn mxu_dp_kernel_rows[DP_MR + 1] = {
     mxu_kernel_avx512_dp_13, mxu_kernel_avx512_dp_14,
 };
 
+/* The same tile on a row-layout A (mxu.h): row r's pair p at a[r * as + p].
+ * Five row pointers (rows 3j, 3j+1, 3j+2 at + 0, as, 2 as) advance one dword
+ * per pair. */
+static inline __attribute__((always_inline)) void mxu_dp_rows_ar(int R, int64_t kp, const uint32_t *a,
+                                                                 int64_t as, const uint32_t *b, float *c,
+                                                                 int64_t ldc, int load)
+{
+    __m512 acc[DP_MR][2];
+    if (load) {
+#pragma GCC unroll 14
+        for (int r = 0; r < R; r++) {
+            acc[r][0] = _mm512_loadu_ps(c + r * ldc);
+            acc[r][1] = _mm512_loadu_ps(c + r * ldc + 16);
+        }
+    } else {
+#pragma GCC unroll 14
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    }
+    const uint32_t *ar[5];
+#pragma GCC unroll 5
+    for (int j = 0; j < 5; j++) ar[j] = a + (3 * j < R ? 3 * j : 0) * as;
+    for (int64_t p = 0; p < kp; p++) {
+        __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + p * NR);
+        __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + p * NR + 16);
+#pragma GCC unroll 14
+        for (int r = 0; r < R; r++) {
+            __m512bh av = (__m512bh)_mm512_set1_epi32((int)ar[r / 3][(r % 3) * as]);
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
+        }
+#pragma GCC unroll 5
+        for (int j = 0; j < 5; j++) ar[j]++;
+    }
+#pragma GCC unroll 14
+    for (int r = 0; r < R; r++) {
+        _mm512_storeu_ps(c + r * ldc, acc[r][0]);
+        _mm512_storeu_ps(c + r * ldc + 16, acc[r][1]);
+    }
+}
+
+#define MXU_DP_AR(R)                                                                                 \
+    static void mxu_kernel_avx512_dp_ar_##R(int64_t kp, const uint32_t *a, int64_t as, const uint32_t *b, \
+                                            float *c, int64_t ldc, int load)                         \
+    {                                                                                                \
+        mxu_dp_rows_ar(R, kp, a, as, b, c, ldc, load);                                               \
+    }
+MXU_DP_AR(1) MXU_DP_AR(2) MXU_DP_AR(3) MXU_DP_AR(4) MXU_DP_AR(5) MXU_DP_AR(6) MXU_DP_AR(7)
+MXU_DP_AR(8) MXU_DP_AR(9) MXU_DP_AR(10) MXU_DP_AR(11) MXU_DP_AR(12) MXU_DP_AR(13) MXU_DP_AR(14)
+static const ctpu_mxu_kernel_ar_fn mxu_dp_kernel_ar[DP_MR + 1] = {
+    NULL, mxu_kernel_avx512_dp_ar_1, mxu_kernel_avx512_dp_ar_2, mxu_kernel_avx512_dp_ar_3,
+    mxu_kernel_avx512_dp_ar_4, mxu_kernel_avx512_dp_ar_5, mxu_kernel_avx512_dp_ar_6,
+    mxu_kernel_avx512_dp_ar_7, mxu_kernel_avx512_dp_ar_8, mxu_kernel_avx512_dp_ar_9,
+    mxu_kernel_avx512_dp_ar_10, mxu_kernel_avx512_dp_ar_11, mxu_kernel_avx512_dp_ar_12,
+    mxu_kernel_avx512_dp_ar_13, mxu_kernel_avx512_dp_ar_14,
+};
+
 static void mxu_kernel_avx512_fma(int64_t kp, const uint32_t *a, const uint32_t *b, float *c,
                                   int64_t ldc, int load)
 {
@@ -370,6 +426,45 @@ static void mxu_transpose_avx512(const float *s, int64_t ld, int64_t rows, int64
     }
 }
 
+/* Row-layout packing (mxu.h) of an A with unit stride along k at default
+ * precision: 32 k of a row are 16 pair dwords by one conversion (the odd
+ * partner past K loads as 0); rows past I are zeros. */
+static void mxu_pack_avx512_dp_ar(const ctpu_mxu_pack_args *pa, int64_t rs, int64_t q0, int64_t q1)
+{
+    int64_t K = pa->K, kh = ctpu_mxu_kh(K), si = pa->si;
+    int w = pa->w;
+    for (int64_t q = q0; q < q1; q++) {
+        uint32_t *d = pa->dst + q * w * rs;
+        for (int r = 0; r < w; r++) {
+            uint32_t *o = d + r * rs;
+            int64_t i = q * w + r;
+            if (i >= pa->I) {
+                for (int64_t p = 0; p < kh; p += 16) {
+                    int np = kh - p < 16 ? (int)(kh - p) : 16;
+                    _mm512_mask_storeu_epi32(o + p, (__mmask16)((1u << np) - 1), _mm512_setzero_si512());
+                }
+                continue;
+            }
+            int64_t off = i * si, k0 = 0;
+            if (pa->dt == CTPU_KDT_F32) {
+                const float *x = (const float *)pa->src + off;
+                for (; k0 + 32 <= K; k0 += 32) {
+                    __m512i x0 = _mm512_loadu_si512(x + k0), x1 = _mm512_loadu_si512(x + k0 + 16);
+                    _mm512_storeu_si512(o + k0 / 2, mxu_pairs_row(x0, x1));
+                }
+            }
+            for (; k0 < K; k0 += 32) {
+                int cnt = K - k0 < 32 ? (int)(K - k0) : 32, np = (cnt + 1) / 2;
+                __m512i x0 = mxu_load16_raw(pa->src, pa->dt, off + k0, cnt < 16 ? cnt : 16);
+                __m512i x1 = cnt > 16 ? mxu_load16_raw(pa->src, pa->dt, off + k0 + 16, cnt - 16)
+                                      : _mm512_setzero_si512();
+                _mm512_mask_storeu_epi32(o + k0 / 2, (__mmask16)(np >= 16 ? 0xffff : (1u << np) - 1),
+                                         mxu_pairs_row(x0, x1));
+            }
+        }
+    }
+}
+
 const ctpu_mxu_impl ctpu_mxu_impl_avx512 = {
     .name = "avx512", .mr = FMA_MR, .nr = NR, .planar = 1, .kernel = mxu_kernel_avx512_fma,
     .kernel_rows = NULL, .pack = mxu_pack_avx512_planar, .transpose = mxu_transpose_avx512,
@@ -377,4 +472,5 @@ const ctpu_mxu_impl ctpu_mxu_impl_avx512 = {
 const ctpu_mxu_impl ctpu_mxu_impl_avx512_dp = {
     .name = "avx512_dp", .mr = DP_MR, .nr = NR, .planar = 0, .kernel = mxu_kernel_avx512_dp_14,
     .kernel_rows = mxu_dp_kernel_rows, .pack = mxu_pack_avx512_dp, .transpose = mxu_transpose_avx512,
+    .kernel_ar = mxu_dp_kernel_ar, .pack_ar = mxu_pack_avx512_dp_ar,
 };
