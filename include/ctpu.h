@@ -843,8 +843,13 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  *
  * What a replay reads and writes:
  * - in[i]: bound by position each call (guard: the same dtype and exact
- *   shape as at the capture; dynamic ranges, the dynamic-dims issue, would
- *   widen this guard to a range).
+ *   shape as at the capture, except dims in[i] had marked with
+ *   ctpu_mark_dynamic at the capture: guarded by their range. A call at a
+ *   new in-range extent records fn once more and binds the one dynamic
+ *   program at it, no compile (ctpu_compiled_info.dynamic_captures, not a
+ *   guard failure); later calls at that extent replay; an extent out of
+ *   range is a guard failure, "input 0 dim 0 = 300 outside dynamic range
+ *   [2, 256]").
  * - scalars[i]: runtime arguments of the program. A recorded *_scalar
  *   operand, creation value or clamp bound whose value equals scalars[i]
  *   bit for bit reads argument i at every call (the lowest such i; so give
@@ -910,6 +915,7 @@ CTPU_API ctpu_status ctpu_compiled_call(ctpu_compiled *c, int n_in, const ctpu_t
 typedef struct {
     uint64_t calls, captures, replays, guard_failures, graph_breaks, eager_calls;
     uint64_t host_ns, replay_host_ns;
+    uint64_t dynamic_captures;   /* captures at a new in-range extent of a ctpu_mark_dynamic input (binds, no compile) */
     char last_reason[192];   /* the last guard failure or graph break, "" if none */
 } ctpu_compiled_info;
 /* Errors: CTPU_ERR_INVALID_ARG (c or out NULL). */

@@ -319,6 +319,103 @@ START_TEST(eager_and_compiled_mix)
 }
 END_TEST
 
+/* ------------------------------------------------------------ dynamic inputs */
+/* x [T, 6] marked dynamic over T in [2, 256]: h = tanh(x @ w), loss =
+ * mean(h), backward, w -= lr * grad. The first call compiles the dynamic
+ * program; a call at a new extent in range captures fn once more and binds
+ * that program (no compile: a dynamic capture, not a guard failure); a call
+ * at an extent seen replays; T = 300 is a guard failure with the dynamic
+ * key's reason. Bit-identical to strict eager at every extent. */
+#define DYN_D 6
+static ctpu_status step_dyn(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    ctpu_tensor *w = ctx;
+    ctpu_zero_grad(*w);
+    ctpu_tensor h = ctpu_tanh(ctpu_matmul(in[0], *w));
+    ctpu_tensor loss = ctpu_mean(h, 0, NULL, false);
+    ctpu_status st = ctpu_backward(loss);
+    if (st != CTPU_OK) return st;
+    ctpu_no_grad_begin();
+    ctpu_assign(*w, ctpu_sub(*w, ctpu_mul_scalar(ctpu_grad(*w), sc[0])));
+    ctpu_no_grad_end();
+    out[0] = loss;
+    out[1] = h;
+    return CTPU_OK;
+}
+
+static void run_dyn(bool compiled, const int64_t *ts, int n, float *loss, float *w_out, ctpu_compiled_info *info,
+                    char *reason, size_t rlen)
+{
+    ctpu_manual_seed(11);
+    ctpu_tensor w = ctpu_keep(ctpu_rand_normal(CTPU_F32, 2, (int64_t[]){ DYN_D, DYN_D }, 0, 0.5));
+    ck_assert_int_eq(ctpu_set_requires_grad(w, true), CTPU_OK);
+    ctpu_compiled *c = compiled ? ctpu_compile(step_dyn, &w, &(ctpu_compile_opts){ .name = "dyn" }) : NULL;
+    float x[300 * DYN_D];
+    for (int i = 0; i < 300 * DYN_D; i++) x[i] = (float)((i * 7) % 19) * 0.125f - 1.0f;
+    for (int s = 0; s < n; s++) {
+        ctpu_scope_begin();
+        ctpu_tensor in[1] = { t_f32(x, 2, (int64_t[]){ ts[s], DYN_D }) };
+        ck_assert_int_eq(ctpu_mark_dynamic(in[0], 0, 2, 256), CTPU_OK);
+        double sc[1] = { 0.25 };
+        ctpu_tensor out[2] = { CTPU_NULL, CTPU_NULL };
+        if (compiled) {
+            ck_assert_msg(ctpu_compiled_call(c, 1, in, 1, sc, 2, out) == CTPU_OK, "call %d: %s", s, ctpu_last_error());
+        } else {
+            ctpu_scope_begin();
+            ck_assert_int_eq(step_dyn(&w, in, sc, out), CTPU_OK);
+            ctpu_keep(out[0]);
+            ctpu_keep(out[1]);
+            ctpu_scope_end();
+        }
+        ck_assert_int_eq(ctpu_dim(out[1], 0), ts[s]);
+        double l;
+        ck_assert_int_eq(ctpu_item(out[0], &l), CTPU_OK);
+        loss[s] = (float)l;
+        ctpu_scope_end();
+    }
+    float *wv = t_read(w, NULL);
+    memcpy(w_out, wv, sizeof(float) * DYN_D * DYN_D);
+    free(wv);
+    if (c) {
+        ck_assert_int_eq(ctpu_compiled_get_info(c, info), CTPU_OK);
+        snprintf(reason, rlen, "%s", info->last_reason);
+        ctpu_compiled_free(c);
+    }
+    ctpu_zero_grad(w);
+    ctpu_release(w);
+}
+
+START_TEST(dynamic_input_binds_one_program)
+{
+    static const int64_t ts[8] = { 5, 9, 5, 12, 9, 300, 12, 5 };
+    float lr[8], lc[8], wr[DYN_D * DYN_D], wc[DYN_D * DYN_D];
+    ctpu_compiled_info info;
+    char reason[192];
+    run_dyn(false, ts, 8, lr, wr, NULL, NULL, 0);
+    ctpu_mode modes[2] = { CTPU_MODE_STRICT, CTPU_MODE_DEFER_FUSE };
+    for (int k = 0; k < 2; k++) {
+        ck_assert_int_eq(ctpu_set_mode(modes[k]), CTPU_OK);
+        ctpu_sync();
+        int64_t compiles0 = C("programs_compiled"), binds0 = C("dynamic_binds");
+        run_dyn(true, ts, 8, lc, wc, &info, reason, sizeof reason);
+        for (int s = 0; s < 8; s++) ck_assert_msg(t_same(lc[s], lr[s]), "mode %d step %d: %.9g vs %.9g", k, s, lc[s], lr[s]);
+        for (int i = 0; i < DYN_D * DYN_D; i++) ck_assert_msg(t_same(wc[i], wr[i]), "weight %d", i);
+        /* 5: capture, compile; 9, 12: dynamic captures (bind); 5, 9, 12, 5: replays; 300: guard failure */
+        ck_assert_int_eq(info.calls, 8);
+        ck_assert_int_eq(info.dynamic_captures, 2);
+        ck_assert_int_eq(info.captures, 4);
+        ck_assert_int_eq(info.replays, 4);
+        ck_assert_int_eq(info.guard_failures, 1);
+        ck_assert_msg(t_contains(reason, "guard failed: input 0 dim 0 = 300 outside dynamic range [2, 256]"), "%s", reason);
+        if (k == 0) {   /* (the cache outlives the step: the second run finds these programs) */
+            ck_assert_int_eq(C("programs_compiled") - compiles0, 2);   /* the dynamic program, and T = 300's */
+            ck_assert_int_eq(C("dynamic_binds") - binds0, 2);          /* at 9 and at 12 */
+        }
+        ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+    }
+}
+END_TEST
+
 /* ------------------------------------------------------------ graph breaks */
 typedef struct { ctpu_tensor w; double seen; int runs; } brk;
 
@@ -889,6 +986,7 @@ static Suite *suite(void)
     tcase_add_test(t, graph_break_runs_as_defer_and_fuse);
     tcase_add_test(t, fullgraph_break_is_an_error_and_changes_nothing);
     tcase_add_test(t, fullgraph_sync_and_mark_step_fail_before_the_cut);
+    tcase_add_test(t, dynamic_input_binds_one_program);
     tcase_add_test(t, nested_compiled_call_is_a_graph_break);
     tcase_add_test(t, graph_break_uses_step_op_numbers_and_labels);
     tcase_add_test(t, collective_is_a_graph_break);

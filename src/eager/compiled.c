@@ -18,8 +18,9 @@
  * new .grad. The program is held through a cache ref (it stays in the
  * bounded LRU; an evicted one fails the guard and recaptures).
  *
- * Replay: the guards (the inputs' dtypes and exact shapes -- the
- * dynamic-dims issue will widen the shape guard to ranges --, how the
+ * Replay: the guards (the inputs' dtypes and exact shapes, a marked dim's
+ * by its range: another in-range extent is a dynamic capture that binds
+ * the one dynamic program, capture_extent --, how the
  * inputs share storage, the scalar count, precision and debug checks, each
  * handle's liveness, in-place targets still unshared, .grad presence) and
  * one command: no fn, no recording, no key. */
@@ -73,9 +74,11 @@ typedef struct { int s; uint64_t n; } rng_note;
 typedef struct version {
     struct version *next;
     ctpu_program *prog;        /* our reference: an evicted program lives on for us */
+    ctpu_program *run;         /* a dynamic program's launch bound at this version's extents (our ref), or NULL: prog */
     uint64_t program_id;
     int n_user, n_scalars, n_out_user;
     ctpu_vtype *user_type;     /* [n_user] guard: dtype and exact shape */
+    ctpu_dyndim (*user_dyn)[CTPU_MAX_DIMS];   /* [n_user] ctpu_mark_dynamic's ranges at the capture, or NULL: none */
     int32_t *user_same;        /* [n_user] the first input sharing its storage at the capture */
     uint8_t precision;
     bool dbg;
@@ -216,7 +219,9 @@ static bool vtype_eq(const ctpu_vtype *a, const ctpu_vtype *b)
 static void version_free(version *v)
 {
     if (!v) return;
+    if (v->run) ctpu_cache_release(ctpu_rt->fused_cache, v->run);
     if (v->prog) ctpu_cache_release(ctpu_rt->fused_cache, v->prog);
+    free(v->user_dyn);
     for (int k = 0; v->in && k < v->n_pin; k++)
         if (v->in[k].kind == IN_CONST && v->in[k].buf) ctpu_buffer_release(ctpu_rt->dev, v->in[k].buf);
     free(v->user_type);
@@ -247,12 +252,17 @@ static void version_free(version *v)
     free(v);
 }
 
-static void versions_free(ctpu_compiled *c)
+static void versions_free_from(version *v)
 {
-    for (version *v = c->versions, *n; v; v = n) {
+    for (version *n; v; v = n) {
         n = v->next;
         version_free(v);
     }
+}
+
+static void versions_free(ctpu_compiled *c)
+{
+    versions_free_from(c->versions);
     c->versions = NULL;
 }
 
@@ -513,6 +523,8 @@ static void version_fill(version *v, const ctpu_capture_sink *s, const struct ct
     const ctpu_launch_plan *pl = s->plan;
     for (int i = 0; i < v->n_user; i++) {
         v->user_type[i] = cap->inrec[i]->type;
+        if (cap->inrec[i]->dyn && !v->user_dyn) v->user_dyn = calloc((size_t)v->n_user, sizeof *v->user_dyn);
+        if (cap->inrec[i]->dyn && v->user_dyn) memcpy(v->user_dyn[i], cap->inrec[i]->dyn, sizeof v->user_dyn[i]);
         v->user_same[i] = i;
         for (int j = 0; j < i; j++)
             if (cap->inrec[j]->buf == cap->inrec[i]->buf) { v->user_same[i] = j; break; }
@@ -521,7 +533,7 @@ static void version_fill(version *v, const ctpu_capture_sink *s, const struct ct
     v->dbg = ctpu_debug_checks_now();   /* in the capture's defer and fuse: the runtime's setting, as dbg_now() */
     for (int o = 0; o < v->n_pout; o++) {
         v->alias_req[o] = pl->alias_req[o];
-        v->out_bytes[o] = pl->out_bytes[o];
+        v->out_bytes[o] = s->out_bytes ? s->out_bytes[o] : pl->out_bytes[o];
         v->grad_rq[o] = -1;
     }
     if (v->n_rng) memcpy(v->rng, cap->rng, sizeof *v->rng * (size_t)v->n_rng);
@@ -635,6 +647,8 @@ void ctpu__capture_sink(const ctpu_capture_sink *s)
         map_grads(v);
         ctpu_program_retain(s->prog);
         v->prog = s->prog;
+        if (s->run) ctpu_program_retain(s->run);
+        v->run = s->run;
     }
     free(b.rsrc);
     free(b.resolved);
@@ -669,12 +683,42 @@ static void describe_type_change(int i, const ctpu_vtype *was, const ctpu_vtype 
         }
 }
 
+/* Input i of another shape than version v's capture: true when it differs
+ * only in dims the capture had marked (ctpu_mark_dynamic), each extent in
+ * its range (another extent of the same dynamic program); false with the
+ * reason, an extent out of its range as the dynamic key says it
+ * ("input 0 dim 1 = 300 outside dynamic range [2, 256]"). */
+static bool dyn_extent(const version *v, int i, const ctpu_trec *r, char *why, size_t len)
+{
+    const ctpu_vtype *was = &v->user_type[i], *now = &r->type;
+    if (v->user_dyn && was->dtype == now->dtype && was->ndim == now->ndim) {
+        bool ok = true;
+        for (int d = 0; d < was->ndim && ok; d++) {
+            if (was->shape[d] == now->shape[d]) continue;
+            const ctpu_dyndim *y = &v->user_dyn[i][d];
+            int64_t x = now->shape[d];
+            if (y->coef <= 0) { ok = false; break; }
+            if (x % y->coef == 0 && x / y->coef >= y->lo && x / y->coef <= y->hi) continue;
+            const char *nm = ctpu_rec_name(r);
+            snprintf(why, len, "input %d%s%.64s%s dim %d = %lld outside dynamic range [%lld, %lld]", i, nm[0] ? " (" : "",
+                     nm, nm[0] ? ")" : "", d, (long long)x, (long long)y->lo, (long long)y->hi);
+            return false;
+        }
+        if (ok) return true;
+    }
+    describe_type_change(i, was, now, r, why, len);
+    return false;
+}
+
 /* The tensors a version reads and writes through handles still fit it;
  * fills v->hrec (one lookup per handle per call). False with the reason
- * (the cache report's diff format). */
+ * (the cache report's diff format); *extent: the inputs differ from the
+ * capture's only in its dynamic dims, within their ranges (no guard
+ * failure: another extent of the version's dynamic program). */
 static bool guards_hold(version *v, int n_in, const ctpu_tensor *in, ctpu_trec *const *inrec, int n_scalars, int n_out,
-                        char *why, size_t len)
+                        char *why, size_t len, bool *extent)
 {
+    bool other_extent = false;
     if (n_in != v->n_user || n_scalars != v->n_scalars || n_out != v->n_out_user) {
         snprintf(why, len, "%s: %d -> %d", n_in != v->n_user ? "n_in" : n_scalars != v->n_scalars ? "n_scalars" : "n_out",
                  n_in != v->n_user ? v->n_user : n_scalars != v->n_scalars ? v->n_scalars : v->n_out_user,
@@ -683,8 +727,8 @@ static bool guards_hold(version *v, int n_in, const ctpu_tensor *in, ctpu_trec *
     }
     for (int i = 0; i < n_in; i++) {
         if (!vtype_eq(&v->user_type[i], &inrec[i]->type)) {
-            describe_type_change(i, &v->user_type[i], &inrec[i]->type, inrec[i], why, len);
-            return false;
+            if (!dyn_extent(v, i, inrec[i], why, len)) return false;
+            other_extent = true;
         }
         int same = i;
         for (int j = 0; j < i; j++)
@@ -693,6 +737,11 @@ static bool guards_hold(version *v, int n_in, const ctpu_tensor *in, ctpu_trec *
             snprintf(why, len, "input %d: shares storage with input %d, was %d", i, same, v->user_same[i]);
             return false;
         }
+    }
+    if (other_extent) {
+        *extent = true;
+        snprintf(why, len, "another extent of the inputs' dynamic dims");
+        return false;
     }
     if (v->precision != (uint8_t)ctpu_rt->precision || v->dbg != ctpu_rt->debug_checks) {
         snprintf(why, len, "%s changed", v->dbg != ctpu_rt->debug_checks ? "debug checks" : "matmul precision");
@@ -903,7 +952,7 @@ static void replay_publish(replay_ctx *x, ctpu_tensor *out)
 static ctpu_status replay(version *v, ctpu_trec *const *inrec, const double *scalars, ctpu_tensor *out)
 {
     ctpu_runtime *rt = ctpu_rt;
-    ctpu_program *prog = v->prog;
+    ctpu_program *prog = v->run ? v->run : v->prog;   /* a dynamic program's launch at these extents, or the program */
     replay_ctx x = { .v = v, .inrec = inrec, .outb = v->outb, .outo = v->outo, .outk = v->outk };
     memset(v->outk, 0, (size_t)v->n_pout);
     ctpu_status st = CTPU_OK;
@@ -914,6 +963,7 @@ static ctpu_status replay(version *v, ctpu_trec *const *inrec, const double *sca
     if (st == CTPU_OK) {
         uint64_t seq = ctpu_device_submit(rt->dev, &x.cmd);   /* the command owns heap arrays now */
         ctpu_program_note_submit(prog, seq);
+        if (prog != v->prog) ctpu_program_note_submit(v->prog, seq);   /* the bound launch reads its tables */
         ctpu_metrics *m = &rt->metrics;
         ctpu_counter_add(m, CTPU_CTR_PROGRAMS_LAUNCHED, 1);
         ctpu_counter_add(m, CTPU_CTR_FUSED_STEPS, prog->prog.n_steps);
@@ -1197,19 +1247,58 @@ static void merge_confirmed(ctpu_compiled *c, version *old, version *nv)
     version_free(old);
 }
 
+/* ... *extent: no version holds, but one differs only by an in-range
+ * extent of its dynamic dims (a capture at this extent binds its program). */
 static version *find_version(ctpu_compiled *c, int n_in, const ctpu_tensor *in, ctpu_trec *const *inrec, int n_scalars,
-                             int n_out, char *why, size_t len)
+                             int n_out, char *why, size_t len, version **dyn_of)
 {
     why[0] = 0;
+    *dyn_of = NULL;
     char w[192];
     for (version *v = c->versions; v; v = v->next) {
-        if (guards_hold(v, n_in, in, inrec, n_scalars, n_out, w, sizeof w)) {
+        bool ext = false;
+        if (guards_hold(v, n_in, in, inrec, n_scalars, n_out, w, sizeof w, &ext)) {
             if (!v->prepared) prepare(v);
             return v;
         }
-        if (!why[0]) snprintf(why, len, "%s", w);
+        if (ext && !*dyn_of) *dyn_of = v;
+        if (!why[0] && !ext) snprintf(why, len, "%s", w);
     }
+    if (!why[0]) snprintf(why, len, "%s", w);
     return NULL;
+}
+
+/* A call at another in-range extent of version dv's dynamic inputs: a
+ * capture at it, with dv's ranges on the inputs (a tensor the user did not
+ * mark gets them for the capture only), so its flush finds the dynamic
+ * program by its dynamic key and binds it at these extents (no compile).
+ * Not a guard failure. The versions kept are bounded: past MAX_VERSIONS
+ * the oldest goes. */
+#define MAX_VERSIONS 64
+static ctpu_status capture_extent(ctpu_compiled *c, const version *dv, int n_in, const ctpu_tensor *in,
+                                  ctpu_trec *const *inrec, int n_scalars, const double *scalars, int n_out,
+                                  ctpu_tensor *out)
+{
+    bool lent[MAX_ARGS > 64 ? 64 : MAX_ARGS] = { false };
+    for (int i = 0; i < n_in && i < 64; i++) {
+        bool any = false;
+        for (int d = 0; d < CTPU_MAX_DIMS; d++) any |= dv->user_dyn[i][d].coef > 0;
+        if (any && !inrec[i]->dyn) lent[i] = ctpu__rec_set_dyn(inrec[i], dv->user_dyn[i], inrec[i]->type.ndim);
+    }
+    c->info.dynamic_captures++;
+    /* (the new version confirms its scalar arguments by itself: a constant
+     * that equals an argument at this extent is not dv's) */
+    ctpu_status st = run_capture(c, n_in, in, inrec, n_scalars, scalars, n_out, out);
+    for (int i = 0; i < n_in && i < 64; i++)
+        if (lent[i]) ctpu__rec_set_dyn(inrec[i], NULL, 0);
+    int n = 0;
+    for (version **pp = &c->versions; *pp; pp = &(*pp)->next)
+        if (++n == MAX_VERSIONS) {
+            versions_free_from(*pp);
+            *pp = NULL;
+            break;
+        }
+    return st;
 }
 
 static ctpu_status call_dispatch(ctpu_compiled *c, int n_in, const ctpu_tensor *in, ctpu_trec **inrec, int n_scalars,
@@ -1234,7 +1323,9 @@ static ctpu_status call_dispatch(ctpu_compiled *c, int n_in, const ctpu_tensor *
     if (c->limited) { c->info.eager_calls++; return run_fn(c, in, scalars, n_out, out); }
     if (c->broken) { c->info.eager_calls++; return run_deferred(c, in, scalars, n_out, out); }
     char why[192];
-    version *v = find_version(c, n_in, in, inrec, n_scalars, n_out, why, sizeof why);
+    version *dv;
+    version *v = find_version(c, n_in, in, inrec, n_scalars, n_out, why, sizeof why, &dv);
+    if (!v && dv) return capture_extent(c, dv, n_in, in, inrec, n_scalars, scalars, n_out, out);
     if (v && needs_confirm(v, scalars)) {
         st = run_capture(c, n_in, in, inrec, n_scalars, scalars, n_out, out);
         if (st == CTPU_OK && c->versions && c->versions != v) merge_confirmed(c, v, c->versions);
@@ -1415,6 +1506,7 @@ void ctpu__compiled_json(cJSON *doc, ctpu_runtime *rt)
         cJSON_AddNumberToObject(o, "captures", (double)i->captures);
         cJSON_AddNumberToObject(o, "replays", (double)i->replays);
         cJSON_AddNumberToObject(o, "guard_failures", (double)i->guard_failures);
+        cJSON_AddNumberToObject(o, "dynamic_captures", (double)i->dynamic_captures);
         cJSON_AddNumberToObject(o, "graph_breaks", (double)i->graph_breaks);
         cJSON_AddNumberToObject(o, "eager_calls", (double)i->eager_calls);
         cJSON_AddNumberToObject(o, "host_ns", (double)i->host_ns);

@@ -278,6 +278,7 @@ static bool input_vref(ctpu_trec *r, const char *op, ctpu_vref *out)
         return false;
     }
     if (!ctpu__capturing()) input_marks(r, (size_t)(-v - 1));
+    else if (r->dyn) dyn_note(true, (size_t)(-v - 1), r->dyn);   /* a capture: ctpu_mark_dynamic's marks only */
     *out = v;
     return true;
 }
@@ -320,10 +321,10 @@ ctpu_tensor ctpu__defer_node(ctpu_node *node, const char *call, ctpu_trec *const
     } else if (t_df.any_dyn && dyn_guess(node, inputs, gd)) {
         dyn = gd;
     }
-    if (dyn && !capturing) dyn_note(false, (size_t)v, dyn);
+    if (dyn) dyn_note(false, (size_t)v, dyn);
     ctpu_tensor out = pending_handle(&node->out, v, opn, ctpu_op_name(node->op));
     if (ctpu_is_null(out)) return out;
-    if (dyn && !capturing) ctpu__rec_set_dyn(ctpu_slot(ctpu_handle_slot(out)), dyn, node->out.ndim);
+    if (dyn) ctpu__rec_set_dyn(ctpu_slot(ctpu_handle_slot(out)), dyn, node->out.ndim);
     ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_OPS_DISPATCHED, 1);
     ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_OPS_RECORDED, 1);
     ctpu__ag_record(node, in_h, scalars, out);
@@ -1057,7 +1058,7 @@ static ctpu_status lookup_or_compile(flush_ctx *f)
     if (!key) return flush_fail(CTPU_ERR_OOM, "mark_step: out of host memory keying the trace", f->reqs, f->rrec);
     bool any_sym = false;
     f->dyn_why[0] = 0;
-    uint8_t *dkey = t_df.any_dyn && !f->sink ? dyn_key(f->reqs, f->nreq, f->dbg, &dlen, &any_sym, f->dyn_why,
+    uint8_t *dkey = t_df.any_dyn ? dyn_key(f->reqs, f->nreq, f->dbg, &dlen, &any_sym, f->dyn_why,
                                                        sizeof f->dyn_why)
                                             : NULL;
     uint64_t step = atomic_load(&rt->marked_steps);
@@ -1271,8 +1272,10 @@ static void publish(flush_ctx *f)
     if (!f->op_by_op) {
         uint64_t seq = ctpu_device_submit(rt->dev, &f->cmd);   /* the command owns heap arrays now */
         ctpu_program_note_submit(f->prog, seq);
+        ctpu_program *run_keep = NULL;   /* a capture's bound launch, held until its sink took its own ref */
         if (f->bound) {   /* the dynamic program keeps its bound launch (fuse.h ctpu_fuse_bind_cached) */
             ctpu_program_note_submit(f->bound, seq);
+            if (f->sink) { ctpu_program_retain(f->bound); run_keep = f->bound; }
             ctpu_cache_release(rt->fused_cache, f->bound);
             f->bound = NULL;
         }
@@ -1280,12 +1283,14 @@ static void publish(flush_ctx *f)
         ctpu_counter_add(m, CTPU_CTR_FUSED_STEPS, f->prog->prog.n_steps);
         if (f->sink) {                        /* before the handles change: owners still hold the inputs */
             ctpu_capture_sink cs = { .program_id = f->res.program_id, .prog = f->prog, .plan = f->plan,
-                                     .nreq = f->nreq, .reqs = f->reqs, .rrec = f->rrec, .rh = f->rh };
+                                     .nreq = f->nreq, .reqs = f->reqs, .rrec = f->rrec, .rh = f->rh,
+                                     .run = run_keep, .out_bytes = f->out_bytes };
             cs.n_rin = ctpu_trace_rec_inputs(t_df.rec, &cs.rin_buf, &cs.rin_off, &cs.rin_type);
             cs.rscal = ctpu_trace_rec_scalars(t_df.rec);
             cs.n_rscal = ctpu_trace_rec_n_scalars(t_df.rec);
             ctpu__capture_sink(&cs);
         }
+        if (run_keep) ctpu_cache_release(rt->fused_cache, run_keep);
     }
     t_df.n_made = 0;
     t_df.last_program = f->res.program_id;

@@ -471,6 +471,11 @@ typedef struct {
     const ctpu_liveout_req *reqs;
     ctpu_trec *const *rrec;
     const uint64_t *rh;              /* [nreq] their handle ids */
+    /* a dynamic program's launch at the capture's extents (ctpu_mark_dynamic
+     * on an input): the bound program that ran (the caller's reference) and
+     * its outputs' bytes; NULL: prog ran as compiled, plan->out_bytes */
+    struct ctpu_program *run;
+    const size_t *out_bytes;
 } ctpu_capture_sink;
 
 /* ------------------------------------------------------------ compiled steps (compiled.c) */
