@@ -547,6 +547,104 @@ START_TEST(fullgraph_sync_and_mark_step_fail_before_the_cut)
 }
 END_TEST
 
+/* A mode change inside fn (ctpu_set_thread_mode) is a graph break after
+ * the last op, named with its label; fullgraph: an error, nothing ran. */
+static ctpu_status step_mode_change(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    brk *b = ctx;
+    (void)sc;
+    ctpu_tensor y = ctpu_mul(in[0], b->w);                                       /* #1 */
+    ck_assert_int_eq(ctpu_assign(b->w, ctpu_add_scalar(y, 1)), CTPU_OK);         /* #2, #3 */
+    ck_assert_int_eq(ctpu_label_push("mode"), CTPU_OK);
+    ctpu_status st = ctpu_set_thread_mode(CTPU_MODE_STRICT);
+    ctpu_label_pop();
+    if (st != CTPU_OK) return st;
+    out[0] = ctpu_exp(y);
+    ctpu_clear_thread_mode();
+    return CTPU_OK;
+}
+
+START_TEST(mode_change_is_a_graph_break)
+{
+    for (int fg = 1; fg >= 0; fg--) {
+        brk b = { .w = ctpu_keep(T_VEC(1, 2, 3)) };
+        ctpu_tensor x = ctpu_keep(T_VEC(1, -1, 1));
+        ctpu_compiled *c = ctpu_compile(step_mode_change, &b, &(ctpu_compile_opts){ .name = "mc", .fullgraph = fg });
+        ctpu_tensor out[1];
+        const char *want = "graph break (after op #3, \"mode\"): set_thread_mode";
+        for (int call = 0; call < 2; call++) {
+            ctpu_status st = ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out);
+            float *w = t_read(b.w, NULL);
+            if (fg) {
+                ck_assert_int_eq(st, CTPU_ERR_STATE);
+                ck_assert_msg(t_contains(ctpu_last_error(), want), "%s", ctpu_last_error());
+                ck_assert(w[0] == 1 && w[1] == 2 && w[2] == 3);   /* nothing ran */
+            } else {
+                ck_assert_msg(st == CTPU_OK, "%s", ctpu_last_error());
+                float *o = t_read(out[0], NULL);
+                float y0 = call == 0 ? 1.0f : 2.0f;                /* w[0] is 1, then 2 */
+                ck_assert(t_same(o[0], expf(y0)));
+                free(o);
+                ck_assert(w[0] == (call == 0 ? 2 : 3));            /* w = x * w + 1 each call */
+                ctpu_release(out[0]);
+            }
+            free(w);
+        }
+        ctpu_compiled_info info;
+        ctpu_compiled_get_info(c, &info);
+        if (!fg) {
+            ck_assert_int_eq(info.graph_breaks, 1);
+            ck_assert_int_eq(info.replays, 0);
+            ck_assert_msg(t_contains(info.last_reason, want), "%s", info.last_reason);
+        }
+        ctpu_compiled_free(c);
+        ctpu_release(x);
+        ctpu_release(b.w);
+    }
+}
+END_TEST
+
+/* A branch on a tensor's value inside fn needs a host read: a graph break,
+ * so every call runs fn (as defer and fuse) and the branch follows the data
+ * at each call, as torch.compile's graph break does (never a baked branch). */
+static ctpu_status step_branch(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    brk *b = ctx;
+    (void)sc;
+    double s;
+    ctpu_status st = ctpu_item(ctpu_sum(in[0], 0, NULL, false), &s);
+    if (st != CTPU_OK) return st;
+    b->runs++;
+    out[0] = s > 0 ? ctpu_mul_scalar(in[0], 2) : ctpu_neg(in[0]);
+    return CTPU_OK;
+}
+
+START_TEST(data_dependent_branch_follows_the_data)
+{
+    brk b = { .w = CTPU_NULL };
+    ctpu_compiled *c = ctpu_compile(step_branch, &b, &(ctpu_compile_opts){ .name = "branch" });
+    static const float xs[4][2] = { { 1, 2 }, { -3, 1 }, { 2, 2 }, { -1, -1 } };
+    for (int call = 0; call < 4; call++) {
+        ctpu_scope_begin();
+        ctpu_tensor x = t_f32(xs[call], 1, (int64_t[]){ 2 });
+        ctpu_tensor out[1];
+        ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_OK);
+        float *o = t_read(out[0], NULL);
+        bool pos = xs[call][0] + xs[call][1] > 0;
+        for (int i = 0; i < 2; i++) ck_assert(o[i] == (pos ? 2 * xs[call][i] : -xs[call][i]));
+        free(o);
+        ctpu_scope_end();
+    }
+    ck_assert_int_eq(b.runs, 4);
+    ctpu_compiled_info info;
+    ctpu_compiled_get_info(c, &info);
+    ck_assert_int_eq(info.graph_breaks, 1);
+    ck_assert_int_eq(info.replays, 0);
+    ck_assert_msg(t_contains(info.last_reason, "graph break (at op #2): host read (item)"), "%s", info.last_reason);
+    ctpu_compiled_free(c);
+}
+END_TEST
+
 static ctpu_status step_nested(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
 {
     ctpu_compiled *inner = ctx;
@@ -987,6 +1085,8 @@ static Suite *suite(void)
     tcase_add_test(t, fullgraph_break_is_an_error_and_changes_nothing);
     tcase_add_test(t, fullgraph_sync_and_mark_step_fail_before_the_cut);
     tcase_add_test(t, dynamic_input_binds_one_program);
+    tcase_add_test(t, mode_change_is_a_graph_break);
+    tcase_add_test(t, data_dependent_branch_follows_the_data);
     tcase_add_test(t, nested_compiled_call_is_a_graph_break);
     tcase_add_test(t, graph_break_uses_step_op_numbers_and_labels);
     tcase_add_test(t, collective_is_a_graph_break);

@@ -1077,7 +1077,7 @@ static ctpu_status run_capture(ctpu_compiled *c, int n_in, const ctpu_tensor *in
     ts->mode_override = saved;
     c->info.captures++;
     if (cap.broken) {
-        c->broken = true;
+        c->broken = !cap.refused;   /* fullgraph: every later call captures again and fails again */
         c->info.graph_breaks++;
         note_reason(c, "graph break", "", cap.reason);
     }
