@@ -1,5 +1,5 @@
-/* Compiled steps (issue 17) against strict eager and defer and fuse, side by
- * side in one run, on the demo's MLP training step and on a small GPT step
+/* Compiled steps (issue 17) against strict eager, debug eager and defer and
+ * fuse (the four modes), side by side in one run, on the demo's MLP training step and on a small GPT step
  * (char_gpt's model: --layers 2 --dmodel 32 --heads 2 --ctx 16 --batch 2,
  * vocab 64, AdamW in two groups, capturable). Each mode's weights after the
  * warm-up steps are checked bit-identical to strict eager's before timing.
@@ -184,8 +184,8 @@ static void make_batches(bool gpt, ctpu_tensor (*b)[2])
 }
 
 /* ------------------------------------------------------------ runs */
-enum { M_STRICT, M_FUSED, M_COMPILED };
-static const char *const mode_names[3] = { "strict", "fused", "compiled" };
+enum { M_STRICT, M_DEBUG, M_FUSED, M_COMPILED, M_COUNT };
+static const char *const mode_names[M_COUNT] = { "strict", "debug", "fused", "compiled" };
 
 typedef struct { double host_us, steps_per_s; float *w; int64_t nw; } result;
 
@@ -205,7 +205,8 @@ static void one_step(int mode, model *m, ctpu_compiled *c, ctpu_tensor *in, int 
 
 static result run(int mode, bool gpt, ctpu_tensor (*b)[2], int reps)
 {
-    CHECK(ctpu_set_mode(mode == M_FUSED ? CTPU_MODE_DEFER_FUSE : CTPU_MODE_STRICT) == CTPU_OK);
+    CHECK(ctpu_set_mode(mode == M_FUSED ? CTPU_MODE_DEFER_FUSE : mode == M_DEBUG ? CTPU_MODE_DEBUG : CTPU_MODE_STRICT) ==
+          CTPU_OK);
     model m;
     model_init(&m, gpt);
     ctpu_compiled *c = mode == M_COMPILED ? ctpu_compile(step_fn, &m, &(ctpu_compile_opts){ .name = "bench" }) : NULL;
@@ -249,14 +250,14 @@ static void bench(bool gpt)
     ctpu_tensor b[NBATCH][2];
     make_batches(gpt, b);
     int reps = gpt ? 40 : 10;
-    result r[3];
-    for (int mode = 0; mode < 3; mode++) r[mode] = run(mode, gpt, b, reps);
-    for (int mode = 1; mode < 3; mode++)
+    result r[M_COUNT];
+    for (int mode = 0; mode < M_COUNT; mode++) r[mode] = run(mode, gpt, b, reps);
+    for (int mode = 1; mode < M_COUNT; mode++)
         if (memcmp(r[0].w, r[mode].w, sizeof(float) * (size_t)r[0].nw) != 0) {
             fprintf(stderr, "bench/compile: %s weights differ between strict and %s\n", tag, mode_names[mode]);
             exit(1);
         }
-    for (int mode = 0; mode < 3; mode++) {
+    for (int mode = 0; mode < M_COUNT; mode++) {
         printf("%s_host_us_per_step_%s %.2f us\n", mode_names[mode], tag, r[mode].host_us);
         printf("%s_steps_per_s_%s %.1f steps/s\n", mode_names[mode], tag, r[mode].steps_per_s);
     }
@@ -266,7 +267,7 @@ static void bench(bool gpt)
     } else {
         printf("ratio_compiled_vs_fused_mlp_step %.3f x\n", r[M_COMPILED].steps_per_s / r[M_FUSED].steps_per_s);
     }
-    for (int mode = 0; mode < 3; mode++) free(r[mode].w);
+    for (int mode = 0; mode < M_COUNT; mode++) free(r[mode].w);
     for (int k = 0; k < NBATCH; k++) { ctpu_release(b[k][0]); ctpu_release(b[k][1]); }
 }
 
