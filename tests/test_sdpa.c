@@ -435,7 +435,8 @@ START_TEST(isa_and_thread_parity)
 END_TEST
 
 /* The kernel (this ISA's MXU micro-kernels, every AVX-512 variant, the
- * elementwise table) against its scalar reference, bit for bit. */
+ * elementwise table, every ISA's build of attention.c) against its scalar
+ * reference, bit for bit. */
 START_TEST(kernel_vs_ref)
 {
     static const int64_t dims[][5] = { { 1, 2, 130, 129, 32 }, { 1, 1, 70, 200, 64 } };
@@ -493,6 +494,26 @@ START_TEST(kernel_vs_ref)
                 T_CHECK(t_same(grads[0][i], grads[1][i]), "case %d %s backward element %lld", ci,
                         variants[vi]->name, (long long)i);
         }
+        /* every ISA's build of the kernel (attention.c's SSE2, AVX2 and
+         * AVX-512 objects, each with that ISA's elementwise table and MXU) */
+        ctpu_isa was = ctpu_kernels_isa();
+        for (int isa = 0; isa <= (int)ctpu_isa_detect(); isa++) {
+            ck_assert(ctpu_kernels_set_isa((ctpu_isa)isa));
+            a.o = out[1][0];
+            a.lse = a.o + nq;
+            ctpu_k_attn_fwd(&a, NULL);
+            a.dq = grads[1];
+            a.dk = a.dq + nq;
+            a.dv = a.dk + nk;
+            ctpu_k_attn_bwd(&a, NULL);
+            for (int64_t i = 0; i < nq + B * H * Tq; i++)
+                T_CHECK(t_same(out[0][0][i], out[1][0][i]), "case %d ISA %s forward element %lld", ci,
+                        ctpu_isa_name((ctpu_isa)isa), (long long)i);
+            for (int64_t i = 0; i < nq + 2 * nk; i++)
+                T_CHECK(t_same(grads[0][i], grads[1][i]), "case %d ISA %s backward element %lld", ci,
+                        ctpu_isa_name((ctpu_isa)isa), (long long)i);
+        }
+        ck_assert(ctpu_kernels_set_isa(was));
         /* kernel threads: case 1 (one head, two key blocks) at 2 threads
          * splits the backward's sums (dQ per query block, dK and dV per key
          * block), not the heads */

@@ -13,6 +13,15 @@
  * C (-ffp-contract=off), so the two give the same bits whenever their parts
  * do (tests/test_sdpa.c checks it).
  *
+ * Per ISA: this file is built three times, as the baseline object (SSE2:
+ * the dispatching entries and the references) and, through attention_avx2.c
+ * and attention_avx512.c, with those ISAs' flags (CTPU_ATTN_SFX names the
+ * variant), so the plain-C loops vectorise 4, 8 or 16 lanes wide; the
+ * entries pick the variant of ctpu_kernels_isa() at each call. Each lane
+ * does the scalar code's one f32 operation (no contraction, no reassociated
+ * sums), so every variant has the reference's bits (tests/test_sdpa.c runs
+ * them all).
+ *
  * Speed (the order is untouched): a block is held transposed, [key][query],
  * so that the softmax's per-row running max and left-to-right sums run
  * across 16-byte vectors of query rows (each lane one row, keys in
@@ -23,7 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels.h"
+#include "internal.h"
 #include "mxu.h"
 
 #define BL CTPU_K_ATTN_BLOCK
@@ -592,14 +601,15 @@ static attn_ops ops_of(const ctpu_attn_args *a, bool ref)
     return o;
 }
 
-void ctpu_k_attn_fwd(const ctpu_attn_args *a, ctpu_k_pool *pool)
+/* This variant's entries (the ISA's products and transcendentals). */
+static void attn_fwd_isa(const ctpu_attn_args *a, ctpu_k_pool *pool)
 {
     attn_ops o = ops_of(a, false);
     attn_job jb = { a, &o, 0 };
     run(pool, fwd_task, &jb, a->B * a->H * ((a->Tq + BL - 1) / BL));
 }
 
-void ctpu_k_attn_bwd(const ctpu_attn_args *a, ctpu_k_pool *pool)
+static void attn_bwd_isa(const ctpu_attn_args *a, ctpu_k_pool *pool)
 {
     attn_ops o = ops_of(a, false);
     int nt = pool && pool->nthreads > 1 ? pool->nthreads : 1;
@@ -619,6 +629,33 @@ void ctpu_k_attn_bwd(const ctpu_attn_args *a, ctpu_k_pool *pool)
     run(pool, bwd_task, &jb, bh);
 }
 
+#ifdef CTPU_ATTN_SFX
+#define ATTN_CAT(n, s) n##_##s
+#define ATTN_NAME(n, s) ATTN_CAT(n, s)
+void ATTN_NAME(ctpu_k_attn_fwd, CTPU_ATTN_SFX)(const ctpu_attn_args *a, ctpu_k_pool *pool) { attn_fwd_isa(a, pool); }
+void ATTN_NAME(ctpu_k_attn_bwd, CTPU_ATTN_SFX)(const ctpu_attn_args *a, ctpu_k_pool *pool) { attn_bwd_isa(a, pool); }
+#else
+/* The baseline object: the entries dispatch on the current ISA. */
+void ctpu_k_attn_fwd(const ctpu_attn_args *a, ctpu_k_pool *pool)
+{
+    switch (ctpu_kernels_isa()) {
+#define X(E, s) case CTPU_ISA_##E: ctpu_k_attn_fwd_##s(a, pool); return;
+    CTPU_K_SIMD_ISAS(X)
+#undef X
+    default: attn_fwd_isa(a, pool); return;
+    }
+}
+
+void ctpu_k_attn_bwd(const ctpu_attn_args *a, ctpu_k_pool *pool)
+{
+    switch (ctpu_kernels_isa()) {
+#define X(E, s) case CTPU_ISA_##E: ctpu_k_attn_bwd_##s(a, pool); return;
+    CTPU_K_SIMD_ISAS(X)
+#undef X
+    default: attn_bwd_isa(a, pool); return;
+    }
+}
+
 void ctpu_k_attn_fwd_ref(const ctpu_attn_args *a)
 {
     attn_ops o = ops_of(a, true);
@@ -632,3 +669,4 @@ void ctpu_k_attn_bwd_ref(const ctpu_attn_args *a)
     attn_job jb = { a, &o, 0 };
     run(NULL, bwd_task, &jb, a->B * a->H);
 }
+#endif

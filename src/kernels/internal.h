@@ -80,6 +80,15 @@ extern const ctpu_k_rand_variant ctpu_k_rand_scalar;
 CTPU_K_SIMD_ISAS(X)
 #undef X
 const ctpu_k_rand_variant *ctpu_k_rand_variant_of(ctpu_isa isa);   /* random.c */
+
+/* The attention kernels built with each SIMD ISA's flags (attention.c,
+ * through attention_avx2.c / attention_avx512.c); ctpu_k_attn_fwd / _bwd
+ * call the current ISA's. */
+#define X(E, s)                                                                 \
+    void ctpu_k_attn_fwd_##s(const ctpu_attn_args *a, ctpu_k_pool *pool);     \
+    void ctpu_k_attn_bwd_##s(const ctpu_attn_args *a, ctpu_k_pool *pool);
+CTPU_K_SIMD_ISAS(X)
+#undef X
 void ctpu_k_rand_select(ctpu_isa isa);                              /* random.c */
 
 /* isa.c: the variants by ISA (NULL for none), and the ones in use. */
