@@ -504,8 +504,8 @@ END_TEST
  *   SIGMOID: 3 (exp, +, / each rounded);
  *   SOFTPLUS: 1 (measured over every f32 in [-120, 25]: at most 1);
  *   GELU_TANH: |err| <= 4 ulp(result) + |x| * 2^-23 (1 + tanh cancels near -1);
- *   GELU_ERF (in double): 2 over [-12, 12], tail included (measured max: see
- *   the printed line);  ERF SIN COS LOG1P EXPM1: 1 (SLEEF u10). */
+ *   GELU_ERF (f32, corrected argument): 2 over [-12, 12], tail included
+ *   (measured max: see the printed line);  ERF SIN COS LOG1P EXPM1: 1 (SLEEF u10). */
 static int64_t ford(float f)
 {
     uint32_t u = fbits(f);

@@ -44,10 +44,17 @@ static inline float ref_u_GELU_TANH(float x)
     float inner = 0.7978845608f * (x + 0.044715f * x3);
     return 0.5f * x * (1.0f + Sleef_tanhf1_u10purec(inner));
 }
+/* exact GELU in f32 (kernels.h): erfc at z = f32(x * C), corrected by the
+ * rounding of z to first order; simd_elementwise.h does the same steps. */
 static inline float ref_u_GELU_ERF(float x)
 {
-    double xd = x;   /* exact GELU in double, rounded once */
-    return (float)((0.5 * xd) * Sleef_erfcd1_u15purec(xd * -0.70710678118654752));
+    float z = x * CTPU_K_GELU_C;
+    float t = x * 4097.0f, xh = t - (t - x), xl = x - xh;
+    float err = (((xh * CTPU_K_GELU_C_HI12 - z) + xh * CTPU_K_GELU_C_LO12) + xl * CTPU_K_GELU_C_HI12) + xl * CTPU_K_GELU_C_LO12;
+    float dz = err + x * CTPU_K_GELU_C_LO;
+    float corr = dz * (Sleef_expf1_u10purec(-(z * z)) * CTPU_K_GELU_2_SQRTPI);
+    if (!(fabsf(x) < 16.0f)) corr = 0.0f;   /* the split overflows; erfc is flat there */
+    return (0.5f * x) * (Sleef_erfcf1_u15purec(z) - corr);
 }
 static inline float ref_u_RECIP(float x) { return 1.0f / x; }
 static inline float ref_u_SQUARE(float x) { return x * x; }

@@ -85,6 +85,14 @@ static inline int32_t ctpu_f32_to_i32(float f)
     return (int32_t)f;
 }
 
+/* GELU_ERF's constants (below): C = f32(-1/sqrt 2), C_LO = f32(-1/sqrt 2 - C),
+ * C's Veltkamp halves (12 bits each), f32(2/sqrt(pi)). */
+#define CTPU_K_GELU_C (-0x1.6a09e6p-1f)
+#define CTPU_K_GELU_C_LO (-0x1.9fcef4p-27f)
+#define CTPU_K_GELU_C_HI12 (-0x1.6ap-1f)
+#define CTPU_K_GELU_C_LO12 (-0x1.3ccp-14f)
+#define CTPU_K_GELU_2_SQRTPI 0x1.20dd76p+0f
+
 /* ---- elementwise on f32 blocks ------------------------------------------
  * The block VM's instruction set. Every op reads and writes f32 arrays of n
  * elements (n <= CTPU_K_BLOCK in the VM; any n is allowed). y may alias an
@@ -92,8 +100,13 @@ static inline int32_t ctpu_f32_to_i32(float f)
  *   NEG -x;  ABS |x|;  EXP/LOG/TANH/SQRT: SLEEF u10 (sqrt: IEEE sqrt);
  *   RSQRT 1/sqrt(x);  SIGMOID 1/(1+exp(-x));  RELU x>0 ? x : (x!=x ? x : +0);
  *   GELU_TANH 0.5*x*(1+tanh(0.7978845608f*(x+0.044715f*(x*x*x))))  (products
- *     left to right, each rounded);  GELU_ERF in double: (float)((0.5*x) * erfc(x * -0.70710678118654752))
- *     (SLEEF erfc double u15; <= 1 ulp of exact GELU on [-12, 12], tail included);
+ *     left to right, each rounded);  GELU_ERF in f32: z = x*C (C = f32(-1/sqrt 2)),
+ *     dz = x*C - z exactly (Dekker's product, no FMA) + x*C_LO (C_LO = -1/sqrt 2 - C),
+ *     corr = dz * (exp(-(z*z)) * 2/sqrt(pi)) (+0 unless |x| < 16),
+ *     (0.5*x) * (erfc(z) - corr), each step one f32 operation, erfc SLEEF f32 u15
+ *     (the first-order Taylor step corrects z's rounding, which alone costs up
+ *     to 174 ulp in the tail): <= 2 ulp of exact GELU on [-12, 12] (measured
+ *     on every 37th f32 there; tests/test_k_elementwise.c samples it);
  *   RECIP 1/x;  SQUARE x*x;
  *   SOFTPLUS x > 20 ? x : log1p(exp(x))  (torch.nn.functional.softplus with
  *     beta 1, threshold 20; exp and log1p SLEEF u10);

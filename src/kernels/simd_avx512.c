@@ -61,12 +61,8 @@ AI __m256 vfold8(int cop, V v)
     return h_comb(cop, _mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
 }
 
+AI V verfc(V x) { return Sleef_erfcf16_u15avx512fnofma(x); }
 /* In double per lane, then rounded once (the f32 results of _ref). */
-AI __m512d d_gelu_erf(__m512d x)
-{
-    __m512d e = Sleef_erfcd8_u15avx512fnofma(_mm512_mul_pd(x, _mm512_set1_pd(-0.70710678118654752)));
-    return _mm512_mul_pd(_mm512_mul_pd(_mm512_set1_pd(0.5), x), e);
-}
 #define CTPU_K_AVX512_DBL(name, fn)                                                          \
     AI V name(V x)                                                                           \
     {                                                                                        \
@@ -75,7 +71,6 @@ AI __m512d d_gelu_erf(__m512d x)
             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)))));             \
         return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);                       \
     }
-CTPU_K_AVX512_DBL(vgelu_erf, d_gelu_erf)
 CTPU_K_AVX512_DBL(vsin, Sleef_sind8_u10avx512fnofma)
 CTPU_K_AVX512_DBL(vcos, Sleef_cosd8_u10avx512fnofma)
 

@@ -20,8 +20,9 @@
  *   vsel(m, a, b)             m ? a : b;   vmaskz(m, a)  m ? a : +0;
  *   VCMP(a, b, pred)          IEEE compare with an _CMP_* predicate -> M;
  *   vexp vlog vtanh verf vlog1p vexpm1 vpow  SLEEF's non-FMA u10 functions of the ISA;
- *   vgelu_erf vsin vcos       in double per lane (widen, SLEEF double non-FMA
- *                             erfc u15 / sin / cos u10, round once), as _ref;
+ *   verfc                     SLEEF's non-FMA f32 erfc u15 of the ISA;
+ *   vsin vcos                 in double per lane (widen, SLEEF double non-FMA
+ *                             sin / cos u10, round once), as _ref;
  *   vround_bf16(x)            ctpu_f32_to_bf16 as f32 bits (low half zero);
  *   ld_bf16 st_bf16           W bf16 <-> W f32 (ctpu_bf16_to_f32 / ctpu_f32_to_bf16);
  *   ld_i32 st_i32             W i32 -> f32 (RNE), W f32 -> i32 (ctpu_f32_to_i32);
