@@ -10,7 +10,11 @@
 #   checked), val_loss_torch, val_loss_ratio_ctpu_vs_torch,
 #   strict_tokens_per_s, fused_tokens_per_s, torch_tokens_per_s,
 #   ratio_strict_vs_torch_tokens_per_s, ratio_fused_vs_torch_tokens_per_s,
-#   and the wall time of each run.
+#   the wall time of each run, and its process CPU time (user + system, the
+#   whole run: start-up, evaluations and all) with the ratios of those
+#   (ratio_strict_vs_torch_cpu, ratio_fused_vs_torch_cpu: torch's CPU seconds
+#   over ctpu's for the same tokens, i.e. tokens per CPU second; on a loaded
+#   machine these are steadier than the wall-clock tokens/s).
 # Targets (issue 14), not asserted here: val loss within 3% of PyTorch's;
 # fused >= 2x and strict >= 1x PyTorch's tokens/s. The machine is shared:
 # tokens/s depend on its load (the script prints the 1-minute load average
@@ -30,17 +34,25 @@ trap 'rm -rf "$tmp"' EXIT
 args=(--steps "$steps" --threads "$threads" --eval-every 100)
 field() { sed -n "s/^result .*$1=\([^ ]*\).*/\1/p" "$2"; }
 load() { cut -d' ' -f1 /proc/loadavg; }
+declare -A cpu
 echo "threads $threads count"
 echo "steps $steps count"
 echo "load_before $(load) load"
 run() { # name, command...
   local name=$1; shift
-  local t0 t1
+  local t0 t1 c0 c1
+  cpu_now > "$tmp/c0"; c0=$(cat "$tmp/c0")
   t0=$(date +%s.%N)
   "$@" > "$tmp/$name.out" 2> "$tmp/$name.err" || { echo "gpt_vs_torch: $name failed" >&2; cat "$tmp/$name.err" >&2; exit 1; }
   t1=$(date +%s.%N)
   echo "wall_s_$name $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.1f", b - a}') s"
+  cpu_now > "$tmp/c1"; c1=$(cat "$tmp/c1")
+  cpu[$name]=$(awk -v a="$c0" -v b="$c1" 'BEGIN {printf "%.1f", b - a}')
+  echo "cpu_s_$name ${cpu[$name]} s"
 }
+# the children's user + system seconds from bash's `times` (run in this
+# shell, not a subshell: its second line counts the waited-for children)
+cpu_now() { times > "$tmp/times"; tail -1 "$tmp/times" | awk '{ for (i = 1; i <= 2; i++) { split($i, p, /m/); sub(/s/, "", p[2]); t += p[1] * 60 + p[2] } printf "%.3f", t }'; }
 run strict env -u TORCH_TPU_LAUNCH_BLOCKING -u TORCH_TPU_DEFER_AND_FUSE "$exe" "${args[@]}" --no-progress --sample 0 \
   --log "$tmp/strict.csv"
 run fused env -u TORCH_TPU_LAUNCH_BLOCKING TORCH_TPU_DEFER_AND_FUSE=1 "$exe" "${args[@]}" --no-progress --sample 0 \
@@ -61,4 +73,7 @@ echo "fused_tokens_per_s $f tokens/s"
 echo "torch_tokens_per_s $t tokens/s"
 echo "ratio_strict_vs_torch_tokens_per_s $(awk -v a="$s" -v b="$t" 'BEGIN {printf "%.3f", a / b}') ratio"
 echo "ratio_fused_vs_torch_tokens_per_s $(awk -v a="$f" -v b="$t" 'BEGIN {printf "%.3f", a / b}') ratio"
+cs=${cpu[strict]} cf=${cpu[fused]} ct=${cpu[torch]}
+echo "ratio_strict_vs_torch_cpu $(awk -v a="$cs" -v b="$ct" 'BEGIN {printf "%.3f", b / a}') ratio"
+echo "ratio_fused_vs_torch_cpu $(awk -v a="$cf" -v b="$ct" 'BEGIN {printf "%.3f", b / a}') ratio"
 echo "load_after $(load) load"
