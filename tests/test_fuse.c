@@ -1079,6 +1079,124 @@ END_TEST
 START_TEST(marked_mlp_step_one_program_step_scope) { mlp_marked_steps(true); }
 END_TEST
 
+
+/* The key a cut looks up is built and hashed while the trace is recorded
+ * (ctpu_trace_rec_key_final): over fuzzed recordings (inputs repeated and
+ * new, every arity, scalars, attrs set or not, traces long enough to fold
+ * the running hash many times), its bytes equal the key written from
+ * scratch by walking the recording, its hash XXH3-64 of those bytes and the
+ * suffix, and the other facts the recorder keeps for the cut (which values
+ * a node reads, the op-number span) equal a walk's. Recording on after a
+ * cut's key and a reset both keep it so. */
+static uint64_t kf_rng;
+static uint32_t kf_next(void)
+{
+    kf_rng = kf_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(kf_rng >> 33);
+}
+
+static void kf_check(ctpu_trace_rec *r, uint8_t *scratch, size_t cap)
+{
+    const uint8_t *rk;
+    size_t rlen;
+    T_CHECK(ctpu_trace_rec_key(r, &rk, &rlen), "the raw key ran out of memory");
+    size_t slen = ctpu_trace_rec_key_scratch(r, scratch, cap - 256);
+    T_CHECK(slen == rlen && (rlen == 0 || memcmp(rk, scratch, rlen) == 0), "incremental key (%zu bytes) != key from scratch (%zu bytes)", rlen, slen);
+    uint8_t suffix[200];
+    size_t sl = kf_next() % sizeof suffix;
+    for (size_t i = 0; i < sl; i++) suffix[i] = (uint8_t)kf_next();
+    memcpy(scratch + slen, suffix, sl);
+    const uint8_t *key;
+    size_t len;
+    uint64_t h;
+    T_CHECK(ctpu_trace_rec_key_final(r, suffix, sl, &key, &len, &h), "key_final failed");
+    T_CHECK(len == slen + sl && memcmp(key, scratch, len) == 0, "final key bytes differ from the scratch key and suffix");
+    T_CHECK(h == ctpu_key_hash(scratch, len), "running hash != XXH3 of the scratch key (%zu bytes)", len);
+    /* the record-time facts of the cut against a walk */
+    int n = ctpu_trace_rec_nodes(r);
+    const uint8_t *read = ctpu_trace_rec_read(r);
+    uint8_t *walk = calloc((size_t)n + 1, 1);
+    ck_assert_ptr_nonnull(walk);
+    const ctpu_op_prov *rp = ctpu_trace_rec_prov(r);
+    ctpu_op_prov lo = n ? rp[0] : (ctpu_op_prov){ 0, 0, 0 }, hi = lo;
+    for (int i = 0; i < n; i++) {
+        const double *sc;
+        const ctpu_node *nd = ctpu_trace_rec_node_at(r, i, &sc);
+        for (int k = 0; k < nd->n_in; k++)
+            if (nd->in[k] >= 0) walk[nd->in[k]] = 1;
+        if (rp[i].op_no && (rp[i].op_no < lo.op_no || !lo.op_no)) lo = rp[i];
+        if (rp[i].op_no > hi.op_no) hi = rp[i];
+    }
+    for (int i = 0; i < n; i++) T_CHECK(read[i] == walk[i], "read[%d] = %d, a walk says %d", i, read[i], walk[i]);
+    free(walk);
+    ctpu_op_prov l2, h2;
+    T_CHECK(ctpu_trace_rec_prov_span(r, &l2, &h2) == (n > 0), "prov_span with %d nodes", n);
+    if (n) T_CHECK(memcmp(&l2, &lo, sizeof lo) == 0 && memcmp(&h2, &hi, sizeof hi) == 0, "op-number span (%u, %u) != a walk's (%u, %u)", l2.op_no, h2.op_no, lo.op_no, hi.op_no);
+}
+
+START_TEST(incremental_key_equals_scratch_key)
+{
+    ctpu_device *dev = ctpu_rt->dev;
+    char err[256];
+    ctpu_buffer *bufs[6];
+    for (int b = 0; b < 6; b++) {
+        bufs[b] = ctpu_buffer_alloc(dev, 4096, err, sizeof err);
+        ck_assert_msg(bufs[b] != NULL, "%s", err);
+    }
+    ctpu_trace_rec *r = ctpu_trace_rec_create();
+    ck_assert_ptr_nonnull(r);
+    size_t cap = 4u << 20;
+    uint8_t *scratch = malloc(cap);
+    ck_assert_ptr_nonnull(scratch);
+    kf_rng = 18;
+    for (int trial = 0; trial < 120; trial++) {
+        int nn = trial % 10 == 0 ? 2000 + (int)(kf_next() % 1000) : (int)(kf_next() % 300);
+        int ni = 0, no = 0;
+        uint32_t op_no = kf_next() % 3;
+        for (int i = 0; i < nn; i++) {
+            if (kf_next() % 4 == 0 || ni == 0) {     /* an input: a buffer, an offset, a type (repeats dedupe) */
+                ctpu_vtype t = { .dtype = (uint8_t)(kf_next() % 3), .ndim = (uint8_t)(kf_next() % 4) };
+                for (int d = 0; d < t.ndim; d++) t.shape[d] = 1 + kf_next() % 5;
+                ctpu_vref v = ctpu_trace_rec_input(r, bufs[kf_next() % 6], 64 * (kf_next() % 3), &t);
+                ck_assert_int_lt(v, 0);
+                if (-v > ni) ni = -v;
+            }
+            ctpu_node n;
+            memset(&n, 0, sizeof n);
+            n.op = (uint16_t)(kf_next() % CTPU_OP_COUNT);
+            n.n_in = (uint8_t)(kf_next() % 5);
+            if (kf_next() % 50 == 0) n.n_in = CTPU_NODE_MAX_IN;
+            n.n_scalars = (uint8_t)(kf_next() % (CTPU_NODE_MAX_SCALARS + 1));
+            for (int k = 0; k < n.n_in; k++)
+                n.in[k] = (kf_next() % 2 && no > 0) ? (int32_t)(kf_next() % (uint32_t)no)
+                                                    : -1 - (int32_t)(kf_next() % (uint32_t)ni);
+            n.out.dtype = (uint8_t)(kf_next() % 3);
+            n.out.ndim = (uint8_t)(kf_next() % 9);
+            for (int d = 0; d < n.out.ndim; d++) n.out.shape[d] = kf_next() % 7 == 0 ? 0 : 1 + kf_next() % 300;
+            if (kf_next() % 3 == 0) {
+                n.attr.dims[kf_next() % 8] = (int32_t)kf_next();
+                n.attr.i64[kf_next() % 4] = (int64_t)kf_next() - (1 << 30);
+                n.attr.flags = kf_next() % 32;
+            }
+            double sc[CTPU_NODE_MAX_SCALARS] = { 0.5, -1, 3, 1e-8 };
+            op_no += kf_next() % 4 == 0 ? 0 : kf_next() % 3;        /* some unnumbered, some equal, some lower */
+            ctpu_op_prov pv = { kf_next() % 5 == 0 ? 0 : op_no - (kf_next() % 7 == 0 ? kf_next() % (op_no + 1) : 0),
+                                kf_next() % 4, 0 };
+            ctpu_vref v = ctpu_trace_rec_node(r, &n, sc, pv);
+            ck_assert_int_eq(v, no);
+            no++;
+            if (kf_next() % 97 == 0) kf_check(r, scratch, cap);   /* a key mid-recording, then more nodes */
+        }
+        kf_check(r, scratch, cap);
+        ctpu_trace_rec_reset(r, dev);
+    }
+    kf_check(r, scratch, cap);   /* empty */
+    ctpu_trace_rec_destroy(r, dev);
+    for (int b = 0; b < 6; b++) ctpu_buffer_release(dev, bufs[b]);
+    free(scratch);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("fuse");
@@ -1105,6 +1223,7 @@ static Suite *suite(void)
     tcase_add_test(c, unmarked_loop_cut_by_detector);
     tcase_add_test(c, dropout_masks_differ_without_recompiling);
     tcase_add_test(c, forced_hash_collisions_still_correct);
+    tcase_add_test(c, incremental_key_equals_scratch_key);
     tcase_add_test(c, too_big_value_refused_at_record);
     tcase_add_test(c, allocation_waits_for_queued_work);
     tcase_add_test(c, recompile_limit_runs_op_by_op);

@@ -59,14 +59,38 @@ static bool state_ready(void)
     return true;
 }
 
+/* A holder that no longer names a pending value of this trace (released,
+ * or a record of another trace) never will again: a value that becomes
+ * pending here once more is added again. When the list is full, these go
+ * first, so the cut's walk (collect_live_outs) is over about the live
+ * pending values, not every op recorded; it grows only when half of it is
+ * still pending (each compaction is paid by as many adds). */
+static void compact_holders(void)
+{
+    ctpu_trec *const *pages = ctpu_rt->pages;
+    uint64_t *h = t_df.holders, id = t_df.id;
+    size_t k = 0;
+    for (size_t i = 0, n = t_df.n_holders; i < n; i++) {
+        ctpu_trec *r = ctpu_slot_if_live(pages, h[i]);
+        if (r && r->trace_id == id) h[k++] = h[i];
+    }
+    t_df.n_holders = k;
+}
+
 static bool add_holder(uint64_t id)
 {
     if (t_df.n_holders == t_df.cap_holders) {
-        size_t nc = t_df.cap_holders ? t_df.cap_holders * 2 : 256;
-        uint64_t *p = realloc(t_df.holders, nc * sizeof *p);
-        if (!p) return false;
-        t_df.holders = p;
-        t_df.cap_holders = nc;
+        if (t_df.cap_holders) compact_holders();
+        if (!t_df.cap_holders || t_df.n_holders * 2 > t_df.cap_holders) {
+            size_t nc = t_df.cap_holders ? t_df.cap_holders * 2 : 32;
+            uint64_t *p = realloc(t_df.holders, nc * sizeof *p);
+            if (p) {
+                t_df.holders = p;
+                t_df.cap_holders = nc;
+            } else if (t_df.n_holders == t_df.cap_holders) {
+                return false;
+            }
+        }
     }
     t_df.holders[t_df.n_holders++] = id;
     return true;
@@ -511,23 +535,18 @@ static bool key_append(uint8_t **kb, size_t *len, size_t *cap, const void *p, si
     return true;
 }
 
-/* The full raw key: the recorded inputs and nodes, then the live-out
- * requests with how each assigned parameter's storage relates to the
- * recorded inputs (which inputs view it, at which offset), and the options. */
+/* The full raw key: the recorded inputs and nodes (encoded and hashed as
+ * they were recorded), then the live-out requests with how each assigned
+ * parameter's storage relates to the recorded inputs (which inputs view it,
+ * at which offset), and the options. *key points into the recorder. */
 static bool key_suffix(uint8_t **kb, size_t *len_io, size_t *cap_io, const ctpu_liveout_req *reqs, int nreq, bool dbg);
 
-static uint8_t *raw_key(const ctpu_liveout_req *reqs, int nreq, bool dbg, size_t *len_out)
+static bool raw_key(const ctpu_liveout_req *reqs, int nreq, bool dbg, const uint8_t **key, size_t *len_out,
+                    uint64_t *hash)
 {
-    const uint8_t *rk;
-    size_t rlen;
-    if (!ctpu_trace_rec_key(t_df.rec, &rk, &rlen)) return NULL;
-    size_t len = 0, cap = rlen + (size_t)nreq * 8 + 64;
-    uint8_t *kb = malloc(cap);
-    if (!kb) return NULL;
-    bool ok = key_append(&kb, &len, &cap, rk, rlen) && key_suffix(&kb, &len, &cap, reqs, nreq, dbg);
-    if (!ok) { free(kb); return NULL; }
-    *len_out = len;
-    return kb;
+    size_t len = 0;
+    return key_suffix(&t_df.suffix, &len, &t_df.cap_suffix, reqs, nreq, dbg) &&
+           ctpu_trace_rec_key_final(t_df.rec, t_df.suffix, len, key, len_out, hash);
 }
 
 /* The requests and options after the recorded trace (both keys). */
@@ -683,8 +702,9 @@ typedef struct {
     ctpu_program *bound;           /* a dynamic program's launch at this trace's extents (ours), or NULL */
     size_t *out_bytes;             /* [plan->n_out] with bound: the outputs' bytes at these extents */
     char dyn_why[160];             /* a dynamic dim out of its range: the recompile reason */
-    const uint8_t *key;            /* the static key (a dynamic miss may fall back to it) */
+    const uint8_t *key;            /* the static key (a dynamic miss may fall back to it; in the recorder) */
     size_t klen;
+    uint64_t khash;                /* its hash */
     uint64_t step;                 /* marked steps at the cut */
     char err[384];
 } flush_ctx;
@@ -722,14 +742,10 @@ static bool collect_live_outs(flush_ctx *f)
 static void note_held(const flush_ctx *f)
 {
     int n = ctpu_trace_rec_nodes(t_df.rec);
-    uint8_t *seen = calloc((size_t)n + 1, 1);   /* 1: read by a node; 2: counted */
-    if (!seen) return;
-    for (int i = 0; i < n; i++) {
-        const double *sc;
-        const ctpu_node *nd = ctpu_trace_rec_node_at(t_df.rec, i, &sc);
-        for (int k = 0; k < nd->n_in; k++)
-            if (nd->in[k] >= 0) seen[nd->in[k]] = 1;
-    }
+    const uint8_t *read = ctpu_trace_rec_read(t_df.rec);   /* noted as the nodes were recorded */
+    /* counted values: a few requests look back at the earlier ones, many mark a table */
+    uint8_t *seen = f->nreq > 16 ? calloc((size_t)n + 1, 1) : NULL;
+    if (f->nreq > 16 && !seen) return;
     const ctpu_op_prov *rp = ctpu_trace_rec_prov(t_df.rec);
     char ex[CTPU_HELD_EXAMPLES][96];
     int nex = 0;
@@ -737,8 +753,15 @@ static void note_held(const flush_ctx *f)
     for (int q = 0; q < f->nreq; q++) {
         int v = f->reqs[q].v;
         const ctpu_trec *r = f->rrec[q];
-        if (v < 0 || seen[v] != 1 || r->buf) continue;
-        seen[v] = 2;
+        if (v < 0 || !read[v] || r->buf) continue;
+        if (seen) {
+            if (seen[v]) continue;
+            seen[v] = 1;
+        } else {
+            int e = 0;
+            while (e < q && (f->reqs[e].v != v || f->rrec[e]->buf)) e++;
+            if (e < q) continue;      /* counted at request e */
+        }
         count++;
         if (nex == CTPU_HELD_EXAMPLES) continue;
         const char *nm = ctpu_rec_name(r);
@@ -880,7 +903,8 @@ static bool compile_miss(flush_ctx *f, ctpu_cache_pending *miss, const ctpu_cach
         ctpu_cache_abandon(cache, miss);
         f->dynamic = false;
         miss = NULL;
-        f->prog = ctpu_cache_find(cache, f->key, f->klen, o, &f->res, &f->plan, &miss, f->err, sizeof f->err);
+        f->prog = ctpu_cache_find_hashed(cache, f->key, f->klen, f->khash, o, &f->res, &f->plan, &miss, f->err,
+                                         sizeof f->err);
         if (!miss) return true;   /* another thread compiled it, or a refusal */
     }
     bool first = false;
@@ -1054,8 +1078,10 @@ static ctpu_status lookup_or_compile(flush_ctx *f)
 {
     ctpu_runtime *rt = f->rt;
     size_t klen = 0, dlen = 0;
-    uint8_t *key = raw_key(f->reqs, f->nreq, f->dbg, &klen);
-    if (!key) return flush_fail(CTPU_ERR_OOM, "mark_step: out of host memory keying the trace", f->reqs, f->rrec);
+    const uint8_t *key;
+    uint64_t khash = 0;
+    if (!raw_key(f->reqs, f->nreq, f->dbg, &key, &klen, &khash))
+        return flush_fail(CTPU_ERR_OOM, "mark_step: out of host memory keying the trace", f->reqs, f->rrec);
     bool any_sym = false;
     f->dyn_why[0] = 0;
     uint8_t *dkey = t_df.any_dyn ? dyn_key(f->reqs, f->nreq, f->dbg, &dlen, &any_sym, f->dyn_why,
@@ -1069,7 +1095,7 @@ static ctpu_status lookup_or_compile(flush_ctx *f)
     ctpu_cache_pending *miss = NULL;
     f->prog = NULL;
     if (dkey && any_sym) {
-        f->prog = ctpu_cache_peek(rt->fused_cache, key, klen, &opts, &f->res, &f->plan);
+        f->prog = ctpu_cache_peek_hashed(rt->fused_cache, key, klen, khash, &opts, &f->res, &f->plan);
         if (!f->prog) {
             f->dynamic = true;
             f->prog = ctpu_cache_find(rt->fused_cache, dkey, dlen, &opts, &f->res, &f->plan, &miss, f->err,
@@ -1084,13 +1110,14 @@ static ctpu_status lookup_or_compile(flush_ctx *f)
         }
     }
     if (!f->prog && !miss)
-        f->prog = ctpu_cache_find(rt->fused_cache, key, klen, &opts, &f->res, &f->plan, &miss, f->err, sizeof f->err);
+        f->prog = ctpu_cache_find_hashed(rt->fused_cache, key, klen, khash, &opts, &f->res, &f->plan, &miss, f->err,
+                                         sizeof f->err);
     free(dkey);
     ctpu_trace_final fin;
     f->key = key;
     f->klen = klen;
+    f->khash = khash;
     bool have_fin = miss && compile_miss(f, miss, &opts, &fin);
-    free(key);
     f->key = NULL;
     const ctpu_trace *rt_t = have_fin ? &fin.t : f->bound ? &f->bt : NULL;
     int64_t *bound = mark_bounds(have_fin && fin.plan ? fin.plan : f->plan, rt_t);
@@ -1207,6 +1234,8 @@ static void bind_prov(flush_ctx *f, ctpu_cmd *cmd)
     if (!p) return;
     for (int s = 0; s < ns; s++) p[s] = rp[f->plan->node_src[pg->step_node[s]]];
     p[ns] = p[ns + 1] = rp[f->plan->node_src[0]];
+    /* a program of every recorded node: the span the recorder kept */
+    if (nn == ctpu_trace_rec_nodes(t_df.rec) && ctpu_trace_rec_prov_span(t_df.rec, &p[ns], &p[ns + 1])) nn = 0;
     for (int k = 0; k < nn; k++) {
         ctpu_op_prov q = rp[f->plan->node_src[k]];
         if (q.op_no && (q.op_no < p[ns].op_no || !p[ns].op_no)) p[ns] = q;
@@ -1257,7 +1286,8 @@ static ctpu_status bind_buffers(flush_ctx *f)
     for (int k = 0; k < nin; k++) { cmd->buf[k] = ib[pl->in_src[k]]; cmd->off[k] = io[pl->in_src[k]]; }
     for (int j = 0; j < no; j++) { cmd->buf[nin + j] = f->outb[j]; cmd->off[nin + j] = f->outo[j]; }
     if (f->scratch) { cmd->buf[nb - 1] = f->scratch; cmd->off[nb - 1] = 0; }
-    for (int i = 0; i < pl->n_scal; i++) cmd->scalars[i] = rs[pl->scal_src[i]];
+    if (pl->scal_ident) memcpy(cmd->scalars, rs, sizeof(double) * (size_t)pl->n_scal);
+    else for (int i = 0; i < pl->n_scal; i++) cmd->scalars[i] = rs[pl->scal_src[i]];
     cmd->debug_checks = f->dbg;
     cmd->program_id = f->res.program_id;
     bind_prov(f, cmd);

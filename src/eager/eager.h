@@ -110,6 +110,8 @@ typedef struct {                     /* defer.c: this thread's defer-and-fuse tr
     uint64_t id;                     /* current trace id, 0 = none yet */
     uint64_t *holders;               /* handle ids that became pending in this trace */
     size_t n_holders, cap_holders;
+    uint8_t *suffix;                 /* the key's live-out suffix at a cut (kept for the next) */
+    size_t cap_suffix;
     ctpu_loop_det loops;
     /* the last flush: its program, step, and the buffers it gave pending
      * values, with the op that made each (structure changes between cuts) */

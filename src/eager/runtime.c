@@ -42,6 +42,7 @@ static void ts_drop(ctpu_thread_state *s, const ctpu_runtime *rt)
     s->scope_depth = 0;
     if (s->df.rec) ctpu_trace_rec_destroy(s->df.rec, dev);
     free(s->df.holders);
+    free(s->df.suffix);
     free(s->df.made);
     free(s->df.in_dyn);
     free(s->df.prev_in);

@@ -10,14 +10,37 @@
  * released or shutdown. */
 typedef ctpu_scope scope_t;
 
+/* An item no longer in the scope (released, or kept one level out) never
+ * comes back to it. When the list is full these go first, so scope_end walks
+ * about the handles still in the scope, not every handle the step made; it
+ * grows only when half of it is still in the scope (each compaction is paid
+ * by as many pushes). */
+static void scope_compact(scope_t *s)
+{
+    ctpu_trec *const *pages = ctpu_rt->pages;
+    uint64_t *items = s->items, sid = s->id;
+    size_t k = 0;
+    for (size_t i = 0, n = s->n; i < n; i++) {
+        ctpu_trec *r = ctpu_slot_if_live(pages, items[i]);
+        if (r && r->scope_id == sid) items[k++] = items[i];
+    }
+    s->n = k;
+}
+
 static bool scope_push_item(scope_t *s, uint64_t id)
 {
     if (s->n == s->cap) {
-        size_t nc = s->cap ? s->cap * 2 : 64;
-        uint64_t *p = realloc(s->items, nc * sizeof *p);
-        if (!p) return false;
-        s->items = p;
-        s->cap = nc;
+        if (s->cap) scope_compact(s);
+        if (!s->cap || s->n * 2 > s->cap) {
+            size_t nc = s->cap ? s->cap * 2 : 64;
+            uint64_t *p = realloc(s->items, nc * sizeof *p);
+            if (p) {
+                s->items = p;
+                s->cap = nc;
+            } else if (s->n == s->cap) {
+                return false;
+            }
+        }
     }
     s->items[s->n++] = id;
     return true;

@@ -304,10 +304,18 @@ ctpu_program *ctpu_cache_find(ctpu_cache *c, const uint8_t *key, size_t len, con
                               ctpu_cache_result *res, const ctpu_launch_plan **plan, ctpu_cache_pending **miss,
                               char *err, size_t errlen)
 {
+    return ctpu_cache_find_hashed(c, key, len, c->force_hash ? 0 : ctpu_key_hash(key, len), o, res, plan, miss, err,
+                                  errlen);
+}
+
+ctpu_program *ctpu_cache_find_hashed(ctpu_cache *c, const uint8_t *key, size_t len, uint64_t hash,
+                                     const ctpu_cache_opts *o, ctpu_cache_result *res, const ctpu_launch_plan **plan,
+                                     ctpu_cache_pending **miss, char *err, size_t errlen)
+{
     memset(res, 0, sizeof *res);
     *miss = NULL;
     if (plan) *plan = NULL;
-    uint64_t h = c->force_hash ? c->forced : ctpu_key_hash(key, len);
+    uint64_t h = c->force_hash ? c->forced : hash;
     pthread_mutex_lock(&c->mu);
     c->st.requests++;
     for (bool first = true;; first = false) {
@@ -358,9 +366,15 @@ ctpu_program *ctpu_cache_find(ctpu_cache *c, const uint8_t *key, size_t len, con
 ctpu_program *ctpu_cache_peek(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_cache_opts *o,
                               ctpu_cache_result *res, const ctpu_launch_plan **plan)
 {
+    return ctpu_cache_peek_hashed(c, key, len, c->force_hash ? 0 : ctpu_key_hash(key, len), o, res, plan);
+}
+
+ctpu_program *ctpu_cache_peek_hashed(ctpu_cache *c, const uint8_t *key, size_t len, uint64_t hash,
+                                     const ctpu_cache_opts *o, ctpu_cache_result *res, const ctpu_launch_plan **plan)
+{
     memset(res, 0, sizeof *res);
     *plan = NULL;
-    uint64_t h = c->force_hash ? c->forced : ctpu_key_hash(key, len);
+    uint64_t h = c->force_hash ? c->forced : hash;
     pthread_mutex_lock(&c->mu);
     entry *e = table_find(c, h, key, len, NULL);
     ctpu_program *prog = NULL;

@@ -117,6 +117,7 @@ typedef struct ctpu_launch_plan {
     int32_t *req_out;          /* [n_req] output of request q (-1: none) */
     int32_t *alias_req;        /* [n_out] request whose buffer output j writes into, or -1 */
     int32_t *scal_src;         /* [n_scal] recorded scalar index */
+    bool scal_ident;           /* scal_src[i] == i for every i: the recorded scalars are the program's */
     int n_nodes;
     int32_t *node_src;         /* [n_nodes] recorded node of canonical node k (its op number, label) */
     size_t *out_bytes;         /* [n_out] */
@@ -203,6 +204,11 @@ typedef struct ctpu_cache_pending ctpu_cache_pending;
 ctpu_program *ctpu_cache_find(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_cache_opts *o,
                               ctpu_cache_result *res, const ctpu_launch_plan **plan, ctpu_cache_pending **miss,
                               char *err, size_t errlen);
+/* The same with the key's hash given (ctpu_key_hash(key, len); a trace's key
+ * is hashed while it is recorded, ctpu_trace_rec_key_final). */
+ctpu_program *ctpu_cache_find_hashed(ctpu_cache *c, const uint8_t *key, size_t len, uint64_t hash,
+                                     const ctpu_cache_opts *o, ctpu_cache_result *res, const ctpu_launch_plan **plan,
+                                     ctpu_cache_pending **miss, char *err, size_t errlen);
 /* Insert the program compiled for a miss from trace t (plan may be NULL),
  * taking both (the program's reference becomes the entry's); evicts past
  * capacity. Returns prog with a reference for the caller, or NULL on out of memory
@@ -217,6 +223,8 @@ void ctpu_cache_abandon(ctpu_cache *c, ctpu_cache_pending *miss);
  * is looked for first, DESIGN.md "Dynamic dims"). */
 ctpu_program *ctpu_cache_peek(ctpu_cache *c, const uint8_t *key, size_t len, const ctpu_cache_opts *o,
                               ctpu_cache_result *res, const ctpu_launch_plan **plan);
+ctpu_program *ctpu_cache_peek_hashed(ctpu_cache *c, const uint8_t *key, size_t len, uint64_t hash,
+                                     const ctpu_cache_opts *o, ctpu_cache_result *res, const ctpu_launch_plan **plan);
 /* Hand over a program nobody else holds (a dynamic program's bound launch,
  * submitted): it is freed once its last command has run, the caller's
  * reference dropped here. */

@@ -1,8 +1,14 @@
 /* Trace recording and finalisation (DESIGN.md "Defer and fuse"). */
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "trace.h"
+
+/* Key bytes are folded into the running hash once this many are waiting
+ * (one XXH3 update per few dozen nodes; the hash is XXH3-64 of the bytes in
+ * order, whatever the chunking). */
+#define KEY_FOLD_BYTES 1024
 
 struct ctpu_trace_rec {
     int n_in, cap_in;
@@ -13,12 +19,18 @@ struct ctpu_trace_rec {
     ctpu_node *nodes;
     int32_t *scal_start;
     ctpu_op_prov *prov;        /* [n_nodes] op number and label of each dispatch (not in the key) */
+    uint8_t *read;             /* [n_nodes] 1: a later node reads the value */
+    int32_t *in_at;            /* [n_in] the node count when the input was recorded (its key bytes' place) */
+    int prov_lo, prov_hi;      /* the nodes of the lowest nonzero and the highest op number (first of equals) */
     int n_scal, cap_scal;
     double *scal;
     /* the raw key: inputs and nodes encoded as they are recorded */
     uint8_t *kb;
     size_t klen, kcap;
     bool key_oom;
+    /* its XXH3-64 so far: kb[0, khashed) folded in (NULL: out of memory at create) */
+    XXH3_state_t *hs, *hs_fin;  /* hs_fin: a copy the final suffix goes into */
+    size_t khashed;
 };
 
 /* Room for n more key bytes (NULL and key_oom set when out of memory). */
@@ -43,6 +55,19 @@ static void key_put(ctpu_trace_rec *r, const void *p, size_t n)
     r->klen += n;
 }
 
+/* Fold the key bytes recorded since the last fold into the running hash. */
+static void key_fold(ctpu_trace_rec *r)
+{
+    if (r->klen > r->khashed && XXH3_64bits_update(r->hs, r->kb + r->khashed, r->klen - r->khashed) != XXH_OK)
+        r->key_oom = true;   /* (XXH3's update fails only on a NULL input) */
+    r->khashed = r->klen;
+}
+
+static inline void key_maybe_fold(ctpu_trace_rec *r)
+{
+    if (r->klen - r->khashed >= KEY_FOLD_BYTES) key_fold(r);
+}
+
 static void key_vtype(ctpu_trace_rec *r, char tag, const ctpu_vtype *t)
 {
     uint8_t h[3] = { (uint8_t)tag, t->dtype, t->ndim };
@@ -62,7 +87,20 @@ static bool grow(void **p, int *cap, int need, size_t elem)
     return true;
 }
 
-ctpu_trace_rec *ctpu_trace_rec_create(void) { return calloc(1, sizeof(ctpu_trace_rec)); }
+ctpu_trace_rec *ctpu_trace_rec_create(void)
+{
+    ctpu_trace_rec *r = calloc(1, sizeof(ctpu_trace_rec));
+    if (!r) return NULL;
+    r->hs = XXH3_createState();
+    r->hs_fin = XXH3_createState();
+    if (!r->hs || !r->hs_fin || XXH3_64bits_reset(r->hs) != XXH_OK) {
+        XXH3_freeState(r->hs);
+        XXH3_freeState(r->hs_fin);
+        free(r);
+        return NULL;
+    }
+    return r;
+}
 
 void ctpu_trace_rec_reset(ctpu_trace_rec *r, ctpu_device *dev)
 {
@@ -74,6 +112,9 @@ void ctpu_trace_rec_reset(ctpu_trace_rec *r, ctpu_device *dev)
     r->n_scal = 0;
     r->klen = 0;
     r->key_oom = false;
+    r->khashed = 0;
+    XXH3_64bits_reset(r->hs);
+    r->prov_lo = r->prov_hi = 0;
 }
 
 void ctpu_trace_rec_destroy(ctpu_trace_rec *r, ctpu_device *dev)
@@ -86,8 +127,12 @@ void ctpu_trace_rec_destroy(ctpu_trace_rec *r, ctpu_device *dev)
     free(r->nodes);
     free(r->scal_start);
     free(r->prov);
+    free(r->read);
+    free(r->in_at);
     free(r->scal);
     free(r->kb);
+    XXH3_freeState(r->hs);
+    XXH3_freeState(r->hs_fin);
     free(r);
 }
 
@@ -112,13 +157,17 @@ ctpu_vref ctpu_trace_rec_input(ctpu_trace_rec *r, ctpu_buffer *buf, size_t off, 
     if (!grow((void **)&r->in_buf, &cap, r->n_in + 1, sizeof *r->in_buf)) return CTPU_VREF_OOM;
     cap = r->cap_in;
     if (!grow((void **)&r->in_off, &cap, r->n_in + 1, sizeof *r->in_off)) return CTPU_VREF_OOM;
+    cap = r->cap_in;
+    if (!grow((void **)&r->in_at, &cap, r->n_in + 1, sizeof *r->in_at)) return CTPU_VREF_OOM;
     r->cap_in = cap;
+    r->in_at[r->n_in] = r->n_nodes;
     r->in_type[r->n_in] = *t;
     r->in_buf[r->n_in] = buf;
     r->in_off[r->n_in] = off;
     ctpu_buffer_retain(buf);
     r->n_in++;
     key_vtype(r, 'I', t);
+    key_maybe_fold(r);
     return -r->n_in;
 }
 
@@ -132,9 +181,19 @@ ctpu_vref ctpu_trace_rec_node(ctpu_trace_rec *r, const ctpu_node *node, const do
         if (!grow((void **)&r->scal_start, &cap, id + 1, sizeof *r->scal_start)) return -CTPU_VREF_OOM;
         cap = r->cap_nodes;
         if (!grow((void **)&r->prov, &cap, id + 1, sizeof *r->prov)) return -CTPU_VREF_OOM;
+        cap = r->cap_nodes;
+        if (!grow((void **)&r->read, &cap, id + 1, sizeof *r->read)) return -CTPU_VREF_OOM;
         r->cap_nodes = cap;
     }
     r->prov[id] = prov;
+    r->read[id] = 0;
+    if (id == 0) {
+        r->prov_lo = r->prov_hi = 0;
+    } else {
+        uint32_t lo = r->prov[r->prov_lo].op_no;
+        if (prov.op_no && (prov.op_no < lo || !lo)) r->prov_lo = id;
+        if (prov.op_no > r->prov[r->prov_hi].op_no) r->prov_hi = id;
+    }
     if (s0 + ns > r->cap_scal && !grow((void **)&r->scal, &r->cap_scal, s0 + ns, sizeof *r->scal))
         return -CTPU_VREF_OOM;
     r->nodes[id] = *node;
@@ -156,6 +215,8 @@ ctpu_vref ctpu_trace_rec_node(ctpu_trace_rec *r, const ctpu_node *node, const do
      * call): the room has slack for them, and klen counts only the bytes used. */
     bool has_attr = !ctpu_attrs_zero(&node->attr);
     int n_in = node->n_in, nd = node->out.ndim;
+    for (int k = 0; k < n_in; k++)
+        if (node->in[k] >= 0) r->read[node->in[k]] = 1;
     size_t win = sizeof(int32_t) * (size_t)n_in, wsh = sizeof(int64_t) * (size_t)nd;
     size_t need = 4 + win + 3 + wsh + (has_attr ? sizeof node->attr : 0);
     uint8_t *p = key_room(r, need + sizeof node->in + sizeof node->out.shape);
@@ -175,6 +236,7 @@ ctpu_vref ctpu_trace_rec_node(ctpu_trace_rec *r, const ctpu_node *node, const do
     p += wsh;
     if (has_attr) memcpy(p, &node->attr, sizeof node->attr);
     r->klen += need;
+    key_maybe_fold(r);
     return id;
 }
 
@@ -183,6 +245,67 @@ bool ctpu_trace_rec_key(const ctpu_trace_rec *r, const uint8_t **key, size_t *le
     *key = r->kb;
     *len = r->klen;
     return !r->key_oom;
+}
+
+bool ctpu_trace_rec_key_final(ctpu_trace_rec *r, const void *suffix, size_t slen, const uint8_t **key, size_t *len,
+                              uint64_t *hash)
+{
+    if (r->key_oom) return false;
+    key_fold(r);
+    uint8_t *p = key_room(r, slen);
+    if (!p) return false;
+    if (slen) memcpy(p, suffix, slen);   /* past klen: recording on would write over it */
+    XXH3_state_t *h = r->hs_fin;
+    XXH3_copyState(h, r->hs);
+    bool ok = !slen || XXH3_64bits_update(h, p, slen) == XXH_OK;
+    *hash = XXH3_64bits_digest(h);
+    *key = r->kb;
+    *len = r->klen + slen;
+    return ok;
+}
+
+size_t ctpu_trace_rec_key_scratch(const ctpu_trace_rec *r, uint8_t *buf, size_t cap)
+{
+    size_t len = 0;
+    bool ok = true;
+#define PUT(src, n)                                                  \
+    do {                                                             \
+        size_t n_ = (n);                                             \
+        if (len + n_ > cap) ok = false;                              \
+        else { memcpy(buf + len, (src), n_); len += n_; }            \
+    } while (0)
+    int j = 0;
+    for (int i = 0; i <= r->n_nodes && ok; i++) {
+        for (; j < r->n_in && r->in_at[j] == i; j++) {
+            const ctpu_vtype *t = &r->in_type[j];
+            uint8_t h[3] = { 'I', t->dtype, t->ndim };
+            PUT(h, 3);
+            PUT(t->shape, sizeof(int64_t) * t->ndim);
+        }
+        if (i == r->n_nodes) break;
+        const ctpu_node *n = &r->nodes[i];
+        bool has_attr = !ctpu_attrs_zero(&n->attr);
+        uint8_t h[4] = { (uint8_t)(n->op & 0xff), (uint8_t)(n->op >> 8), (uint8_t)(n->n_in | (has_attr << 7)),
+                         n->n_scalars };
+        PUT(h, 4);
+        PUT(n->in, sizeof(int32_t) * (size_t)n->n_in);
+        uint8_t t[3] = { 'N', n->out.dtype, n->out.ndim };
+        PUT(t, 3);
+        PUT(n->out.shape, sizeof(int64_t) * n->out.ndim);
+        if (has_attr) PUT(&n->attr, sizeof n->attr);
+    }
+#undef PUT
+    return ok ? len : 0;
+}
+
+const uint8_t *ctpu_trace_rec_read(const ctpu_trace_rec *r) { return r->read; }
+
+bool ctpu_trace_rec_prov_span(const ctpu_trace_rec *r, ctpu_op_prov *lo, ctpu_op_prov *hi)
+{
+    if (r->n_nodes == 0) return false;
+    *lo = r->prov[r->prov_lo];
+    *hi = r->prov[r->prov_hi];
+    return true;
 }
 
 int ctpu_trace_rec_inputs(const ctpu_trace_rec *r, ctpu_buffer *const **bufs, const size_t **offs,
@@ -325,6 +448,9 @@ static void copy_nodes(const final_ctx *f, ctpu_trace_final *out)
         t->nodes[k++] = n;
         for (int j = 0; j < n.n_scalars; j++) out->plan->scal_src[s++] = r->scal_start[i] + j;
     }
+    bool ident = true;
+    for (int i = 0; i < f->n_scal && ident; i++) ident = out->plan->scal_src[i] == i;
+    out->plan->scal_ident = ident;
 }
 
 /* Request q's output, written into its parameter's own buffer when that is

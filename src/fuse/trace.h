@@ -29,6 +29,24 @@ ctpu_vref ctpu_trace_rec_node(ctpu_trace_rec *r, const ctpu_node *node, const do
 /* The raw key so far: every input and node in recording order (types,
  * wiring, attrs; no scalar values). False if it ran out of memory. */
 bool ctpu_trace_rec_key(const ctpu_trace_rec *r, const uint8_t **key, size_t *len);
+/* The full key at a cut, built and hashed while recording: the raw key
+ * followed by the caller's suffix (the live-out requests and options), and
+ * its XXH3-64 (the running hash of the recorded bytes, folded in as they
+ * come, carried over the suffix: no walk over the trace). *key points into
+ * the recorder (valid until it records or resets again). False if it ran
+ * out of memory. */
+bool ctpu_trace_rec_key_final(ctpu_trace_rec *r, const void *suffix, size_t slen, const uint8_t **key, size_t *len,
+                              uint64_t *hash);
+/* The raw key written from scratch by walking the recorded inputs and
+ * nodes (the incremental key's specification; tests compare the two).
+ * Returns its length, or 0 if cap is too small. */
+size_t ctpu_trace_rec_key_scratch(const ctpu_trace_rec *r, uint8_t *buf, size_t cap);
+/* [nodes] 1 where some recorded node reads that node's value. */
+const uint8_t *ctpu_trace_rec_read(const ctpu_trace_rec *r);
+/* The provenance of the recorded nodes with the lowest nonzero and the
+ * highest op number (the first of equals; node 0 when none is numbered):
+ * what a program running every recorded node spans. False: no nodes. */
+bool ctpu_trace_rec_prov_span(const ctpu_trace_rec *r, ctpu_op_prov *lo, ctpu_op_prov *hi);
 int ctpu_trace_rec_inputs(const ctpu_trace_rec *r, ctpu_buffer *const **bufs, const size_t **offs,
                           const ctpu_vtype **types);
 const double *ctpu_trace_rec_scalars(const ctpu_trace_rec *r);
