@@ -971,6 +971,36 @@ START_TEST(bad_calls_are_errors)
 }
 END_TEST
 
+/* A freed step is refused without reading freed memory (ASan checks it): a
+ * call on a step freed after its runtime's shutdown, and on one whose report
+ * row was dropped past the freed-row limit (64), is CTPU_ERR_INVALID_ARG, as
+ * is a second free (a no-op). A new user found the first read freed memory. */
+START_TEST(freed_steps_are_refused_without_reading_them)
+{
+    ctpu_tensor x = ctpu_keep(T_VEC(1, 2)), out[1];
+    double sc[1] = { 1 };
+    ctpu_compiled *first = ctpu_compile(step_scale, NULL, NULL);
+    ck_assert_int_eq(ctpu_compiled_call(first, 1, &x, 1, sc, 1, out), CTPU_OK);
+    ctpu_release(out[0]);
+    ctpu_compiled_free(first);
+    ck_assert_int_eq(ctpu_compiled_call(first, 1, &x, 1, sc, 1, out), CTPU_ERR_INVALID_ARG);
+    ck_assert_msg(t_contains(ctpu_last_error(), "compiled_call: c is not a compiled step (freed?)"), "%s", ctpu_last_error());
+    for (int i = 0; i < 70; i++) ctpu_compiled_free(ctpu_compile(step_scale, NULL, NULL));   /* first's row is dropped */
+    ck_assert_int_eq(ctpu_compiled_call(first, 1, &x, 1, sc, 1, out), CTPU_ERR_INVALID_ARG);
+    ctpu_compiled_info info;
+    ck_assert_int_eq(ctpu_compiled_get_info(first, &info), CTPU_ERR_INVALID_ARG);
+    ctpu_compiled_free(first);   /* a no-op */
+    ctpu_compiled *kept = ctpu_compile(step_scale, NULL, NULL);
+    ctpu_release(x);
+    ctpu_shutdown();
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    ctpu_compiled_free(kept);    /* its runtime is gone: freed at once */
+    ctpu_tensor y = T_VEC(1);
+    ck_assert_int_eq(ctpu_compiled_call(kept, 1, &y, 1, sc, 1, out), CTPU_ERR_INVALID_ARG);
+    ctpu_compiled_free(kept);
+}
+END_TEST
+
 /* ------------------------------------------------------------ capturable optimizers */
 typedef struct { mlp md; ctpu_optim *opt; } opt_ctx;
 
@@ -1096,6 +1126,7 @@ static Suite *suite(void)
     tcase_add_test(t, recompile_limit_then_eager);
     tcase_add_test(t, compile_disable_runs_fn);
     tcase_add_test(t, bad_calls_are_errors);
+    tcase_add_test(t, freed_steps_are_refused_without_reading_them);
     tcase_add_test(t, capturable_optimizers_bit_identical);
     tcase_add_test(t, non_capturable_optimizer_refused_in_capture);
     suite_add_tcase(s, t);

@@ -35,6 +35,60 @@
 
 #define COMPILED_MAGIC 0x6374707573746570ull   /* "ctpustep" */
 #define RETIRED_MAGIC 0x6374707572657464ull    /* "ctpuretd": freed by the user, kept for the report */
+
+/* Every ctpu_compiled this process has allocated and not yet freed, so a
+ * call given a pointer that was freed (or never was a compiled step) is
+ * refused without reading it: the magic alone would be a read of freed
+ * memory. Few steps live at once; a linear scan is a few ns. */
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static const void **live_steps;
+static size_t live_n, live_cap;
+
+static bool live_add(const void *c)
+{
+    pthread_mutex_lock(&live_mu);
+    bool ok = true;
+    if (live_n == live_cap) {
+        size_t cap = live_cap ? live_cap * 2 : 16;
+        const void **p = realloc(live_steps, cap * sizeof *p);
+        if (p) {
+            live_steps = p;
+            live_cap = cap;
+        } else {
+            ok = false;
+        }
+    }
+    if (ok) live_steps[live_n++] = c;
+    pthread_mutex_unlock(&live_mu);
+    return ok;
+}
+
+static bool live_has(const void *c)
+{
+    if (!c) return false;
+    pthread_mutex_lock(&live_mu);
+    bool found = false;
+    for (size_t i = 0; i < live_n && !found; i++) found = live_steps[i] == c;
+    pthread_mutex_unlock(&live_mu);
+    return found;
+}
+
+static void live_free(void *c)
+{
+    pthread_mutex_lock(&live_mu);
+    for (size_t i = 0; i < live_n; i++)
+        if (live_steps[i] == c) {
+            live_steps[i] = live_steps[--live_n];
+            break;
+        }
+    if (live_n == 0) {
+        free(live_steps);
+        live_steps = NULL;
+        live_cap = 0;
+    }
+    pthread_mutex_unlock(&live_mu);
+    free(c);
+}
 #define MAX_RETIRED 64                           /* freed steps the report keeps (the oldest go first) */
 #define N_EVENTS 8                               /* the last guard failures and graph breaks a row lists */
 #define MAX_ARGS 4096
@@ -1135,6 +1189,11 @@ ctpu_compiled *ctpu_compile(ctpu_step_fn fn, void *ctx, const ctpu_compile_opts 
         ctpu_set_error(CTPU_ERR_OOM, "compile: out of host memory");
         return NULL;
     }
+    if (!live_add(c)) {
+        free(c);
+        ctpu_set_error(CTPU_ERR_OOM, "compile: out of host memory");
+        return NULL;
+    }
     ctpu_runtime *rt = ctpu_rt;
     c->magic = COMPILED_MAGIC;
     c->epoch = rt->epoch;
@@ -1162,7 +1221,7 @@ static ctpu_status check_call_args(const ctpu_compiled *c, int n_in, const ctpu_
                                    const double *scalars, int n_out, const ctpu_tensor *out)
 {
     if (!ctpu_check_init("compiled_call")) return CTPU_ERR_NOT_INITIALIZED;
-    if (!c || c->magic != COMPILED_MAGIC) {
+    if (!live_has(c) || c->magic != COMPILED_MAGIC) {
         ctpu_set_error(CTPU_ERR_INVALID_ARG, "compiled_call: c is %s", c ? "not a compiled step (freed?)" : "NULL");
         return CTPU_ERR_INVALID_ARG;
     }
@@ -1418,7 +1477,7 @@ bool ctpu_is_compiling(void) { return ctpu_rt && ctpu__capturing() != NULL; }
 
 ctpu_status ctpu_compiled_get_info(const ctpu_compiled *c, ctpu_compiled_info *out)
 {
-    if (!c || c->magic != COMPILED_MAGIC || !out) {
+    if (!live_has(c) || c->magic != COMPILED_MAGIC || !out) {
         ctpu_set_error(CTPU_ERR_INVALID_ARG, "compiled_get_info: %s", !out ? "out is NULL" : c ? "c is not a compiled step (freed?)" : "c is NULL");
         return CTPU_ERR_INVALID_ARG;
     }
@@ -1436,11 +1495,11 @@ ctpu_status ctpu_compiled_get_info(const ctpu_compiled *c, ctpu_compiled_info *o
  * MAX_RETIRED freed rows the oldest is dropped. */
 void ctpu_compiled_free(ctpu_compiled *c)
 {
-    if (!c || c->magic != COMPILED_MAGIC) return;
+    if (!live_has(c) || c->magic != COMPILED_MAGIC) return;
     ctpu_runtime *rt = ctpu_rt;
     if (!rt || c->epoch != rt->epoch) {
         c->magic = 0;
-        free(c);
+        live_free(c);
         return;
     }
     versions_free(c);
@@ -1460,7 +1519,7 @@ void ctpu_compiled_free(ctpu_compiled *c)
     pthread_mutex_unlock(&rt->compiled_mu);
     if (drop) {
         drop->magic = 0;
-        free(drop);
+        live_free(drop);
     }
 }
 
@@ -1478,7 +1537,7 @@ void ctpu__compiled_final(ctpu_runtime *rt)
         n = c->next;
         if (c->retired) {
             c->magic = 0;
-            free(c);
+            live_free(c);
         } else {
             c->epoch = 0;     /* a later call is CTPU_ERR_STATE; free only frees it */
         }
