@@ -864,6 +864,37 @@ static void names_call(ctpu_status st, const char *call)
     ctpu_clear_error();
 }
 
+/* A released handle given to a loss or dropout: the message names the nn
+ * call and the argument (a new user saw "ndim: t is a released ..."). */
+START_TEST(t_stale_arguments_name_the_call_and_argument)
+{
+    float lg[6] = { 1, 2, 3, 4, 5, 6 };
+    int32_t lab[2] = { 0, 2 };
+    int64_t s2[2] = { 2, 3 }, s1[1] = { 2 };
+    ctpu_tensor x = t_f32(lg, 2, s2), y = t_i32(lab, 1, s1);
+    ctpu_tensor gone = ctpu_add_scalar(x, 1);
+    ctpu_release(gone);
+#define STALE_CASE(call, msg)                                                              \
+    do {                                                                                   \
+        ctpu_tensor r_ = (call);                                                           \
+        ck_assert(ctpu_is_null(r_));                                                       \
+        ck_assert_msg(t_contains(ctpu_last_error(), msg), "%s", ctpu_last_error());        \
+    } while (0)
+    STALE_CASE(ctpu_cross_entropy(gone, y, NULL), "cross_entropy: logits is a released (stale) handle");
+    STALE_CASE(ctpu_cross_entropy(x, gone, NULL), "cross_entropy: labels is a released (stale) handle");
+    STALE_CASE(ctpu_nll_loss(gone, y, NULL), "nll_loss: input is a released (stale) handle");
+    STALE_CASE(ctpu_nll_loss(x, gone, NULL), "nll_loss: target is a released (stale) handle");
+    STALE_CASE(ctpu_mse_loss(gone, x, CTPU_REDUCE_MEAN), "mse_loss: pred is a released (stale) handle");
+    STALE_CASE(ctpu_mse_loss(x, gone, CTPU_REDUCE_MEAN), "mse_loss: target is a released (stale) handle");
+    STALE_CASE(ctpu_bce_with_logits(gone, x, CTPU_REDUCE_MEAN), "bce_with_logits: logits is a released (stale) handle");
+    STALE_CASE(ctpu_bce_with_logits(x, gone, CTPU_REDUCE_MEAN), "bce_with_logits: target is a released (stale) handle");
+    STALE_CASE(ctpu_dropout(gone, 0.5, true), "dropout: x is a released (stale) handle");
+#undef STALE_CASE
+    ctpu_tensor ok = ctpu_cross_entropy(x, y, NULL);   /* the runtime stays usable */
+    ck_assert(!ctpu_is_null(ok));
+}
+END_TEST
+
 START_TEST(t_messages_name_the_call)
 {
     ctpu_shutdown();
@@ -1121,6 +1152,7 @@ static Suite *suite(void)
     tcase_add_test(tc, t_layer_norm_dropout_embedding);
     tcase_add_test(tc, t_batch_iter);
     tcase_add_test(tc, t_messages_name_the_call);
+    tcase_add_test(tc, t_stale_arguments_name_the_call_and_argument);
     suite_add_tcase(s, tc);
     TCase *ti = tcase_create("idx");
     tcase_add_checked_fixture(ti, idx_setup, idx_teardown);

@@ -45,6 +45,16 @@ const char *ctpu__nn_why(ctpu_tensor t, ctpu_status *st, char *buf, size_t len)
     return buf;
 }
 
+bool ctpu__nn_arg(const char *op, const char *arg, ctpu_tensor t)
+{
+    if (ctpu_is_valid(t)) return true;
+    char why[256];
+    ctpu_status st;
+    ctpu__nn_why(t, &st, why, sizeof why);
+    ctpu_report_error(st == CTPU_OK ? CTPU_ERR_STALE_HANDLE : st, "%s: %s is %s", op, arg, why);
+    return false;
+}
+
 const char *ctpu__nn_fmt(ctpu_tensor t, char *buf, size_t len)
 {
     int64_t s[CTPU_MAX_DIMS];
@@ -295,6 +305,7 @@ ctpu_tensor ctpu_dropout(ctpu_tensor x, double p, bool training)
     }
     if (ctpu__nn_is_error(x)) return ctpu__nn_pass(x);
     if (ctpu_is_null(x)) return x;
+    if (!ctpu__nn_arg("dropout", "x", x)) return ctpu_error_handle();
     if (!training || p == 0) return ctpu_contiguous(x);
     if (p == 1) return ctpu_mul_scalar(x, 0.0);
     int64_t s[CTPU_MAX_DIMS];
@@ -336,6 +347,8 @@ ctpu_tensor ctpu_cross_entropy(ctpu_tensor logits, ctpu_tensor labels, const ctp
                           (int)o.reduction, o.label_smoothing);
         return ctpu_error_handle();
     }
+    if (!ctpu__nn_arg("cross_entropy", "logits", logits) || !ctpu__nn_arg("cross_entropy", "labels", labels))
+        return ctpu_error_handle();
     char a[128], b[128];
     int nl = ctpu_ndim(logits), ny = ctpu_ndim(labels);
     if (nl < 0 || ny < 0) return ctpu_error_handle();
@@ -389,6 +402,9 @@ static bool pair_check(const char *op, ctpu_tensor pred, ctpu_tensor target, ctp
         ctpu_report_error(CTPU_ERR_NULL_HANDLE, "%s: %s is a null handle", op, ctpu_is_null(pred) ? "pred" : "target");
         return false;
     }
+    if (!ctpu__nn_arg(op, strcmp(op, "bce_with_logits") == 0 ? "logits" : "pred", pred) ||
+        !ctpu__nn_arg(op, "target", target))
+        return false;
     int64_t s1[CTPU_MAX_DIMS], s2[CTPU_MAX_DIMS];
     int n1, n2;
     if (ctpu_shape(pred, s1, &n1) != CTPU_OK || ctpu_shape(target, s2, &n2) != CTPU_OK) {
@@ -430,6 +446,8 @@ ctpu_tensor ctpu_nll_loss(ctpu_tensor input, ctpu_tensor target, const ctpu_nll_
         ctpu_report_error(CTPU_ERR_INVALID_ARG, "nll_loss: reduction=%d: need a ctpu_reduction", (int)o.reduction);
         return ctpu_error_handle();
     }
+    if (!ctpu__nn_arg("nll_loss", "input", input) || !ctpu__nn_arg("nll_loss", "target", target))
+        return ctpu_error_handle();
     char a[128], b[128];
     int nl = ctpu_ndim(input), ny = ctpu_ndim(target);
     if (nl < 0 || ny < 0) { ctpu__nn_blame("nll_loss", nl < 0 ? "input" : "target"); return ctpu_error_handle(); }
@@ -523,6 +541,8 @@ ctpu_tensor ctpu_mse_loss(ctpu_tensor pred, ctpu_tensor target, ctpu_reduction r
     if (!ctpu__nn_ready("mse_loss")) return ctpu_error_handle();
     PASS_ERROR(pred, target);
     if (ctpu_is_null(pred) || ctpu_is_null(target)) return ctpu_is_null(pred) ? pred : target;
+    if (!ctpu__nn_arg("mse_loss", "pred", pred) || !ctpu__nn_arg("mse_loss", "target", target))
+        return ctpu_error_handle();
     int64_t s1[CTPU_MAX_DIMS], s2[CTPU_MAX_DIMS];
     int n1, n2;
     if (ctpu_shape(pred, s1, &n1) != CTPU_OK || ctpu_shape(target, s2, &n2) != CTPU_OK) return ctpu_error_handle();

@@ -18,6 +18,9 @@ ctpu_status ctpu__nn_blame(const char *op, const char *what);
  * (stale) handle: ...", "the result of a failed call (from <cause>)"; *st the
  * status to report. */
 const char *ctpu__nn_why(ctpu_tensor t, ctpu_status *st, char *buf, size_t len);
+/* t usable as argument `arg` of nn call `op`: else false with the error
+ * "op: arg is <why>" (a null, released or foreign handle). */
+bool ctpu__nn_arg(const char *op, const char *arg, ctpu_tensor t);
 /* An error handle given to an nn call: returned unchanged with its cause
  * the last error again (ctpu_keep, an op, does both), as ctpu's ops do. */
 static inline ctpu_tensor ctpu__nn_pass(ctpu_tensor e) { return ctpu_keep(e); }
