@@ -679,8 +679,9 @@ static void render_policies(out_t *o, const cJSON *d)
         for (int j = 0; j < arr_n(dims) && k < sizeof dn; j++)
             k += (size_t)snprintf(dn + k, sizeof dn - k, "%s%s (to %.0f)", j ? ", " : "", str(cJSON_GetArrayItem(dims, j), "name"),
                                   num(cJSON_GetArrayItem(dims, j), "upper_bound"));
-        line(o, "program %.0f (%s): %s took %.0f shapes over %.0f launches", num(s, "program"), str(s, "ops"),
-             dn[0] ? dn : "its extents", num(s, "shapes"), num(s, "launches"));
+        line(o, "program %.0f (%s): %s took %.0f shape%s over %.0f launch%s", num(s, "program"), str(s, "ops"),
+             dn[0] ? dn : "its extents", num(s, "shapes"), num(s, "shapes") == 1 ? "" : "s", num(s, "launches"),
+             num(s, "launches") == 1 ? "" : "es");
         /* the histogram: "extent (launches)", 12 to a line */
         char hb[640];
         k = 0;
@@ -689,6 +690,7 @@ static void render_policies(out_t *o, const cJSON *d)
         for (int j = 0; j < n_h; j++) {
             const cJSON *e = cJSON_GetArrayItem(h, j), *ex = obj(e, "extent");
             k += (size_t)snprintf(hb + k, sizeof hb - k, "%s", j % 12 ? ", " : "");
+            if (arr_n(ex) == 0 && k < sizeof hb) k += (size_t)snprintf(hb + k, sizeof hb - k, "one shape");
             for (int q = 0; q < arr_n(ex) && k < sizeof hb; q++)
                 k += (size_t)snprintf(hb + k, sizeof hb - k, "%s%.0f", q ? "x" : "", val(cJSON_GetArrayItem(ex, q)));
             if (k < sizeof hb) k += (size_t)snprintf(hb + k, sizeof hb - k, " (%.0f)", num(e, "launches"));
