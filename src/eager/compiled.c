@@ -1313,7 +1313,7 @@ static version *find_version(ctpu_compiled *c, int n_in, const ctpu_tensor *in, 
 {
     why[0] = 0;
     *dyn_of = NULL;
-    char w[192];
+    char w[192] = "";   /* (no version: no reason) */
     for (version *v = c->versions; v; v = v->next) {
         bool ext = false;
         if (guards_hold(v, n_in, in, inrec, n_scalars, n_out, w, sizeof w, &ext)) {
