@@ -242,9 +242,9 @@ CTPU_API ctpu_status ctpu_shape(ctpu_tensor t, int64_t out[CTPU_MAX_DIMS], int *
  * "input 0 dim 1 = 300 outside dynamic range [2, 256]", and counts as a
  * shape for TORCH_TPU_RECOMPILE_LIMIT. Strict and debug eager ignore the
  * mark (their one-op programs see concrete extents). Marking again replaces
- * the dim's range. Each batch is a new tensor: mark it (or let
- * ctpu_nn_batches_set_dynamic mark the batches it returns) before its first
- * use in the step. A reshape of a dynamic tensor that is not valid for every
+ * the dim's range. Each batch is a new tensor: mark it before its first use
+ * in the step, or declare the batches' dims once with
+ * ctpu_declare_dynamic_inputs (below). A reshape of a dynamic tensor that is not valid for every
  * extent in range is an error at the reshape call (CTPU_ERR_SHAPE, naming
  * the range): give the extent that varies as -1 or as a multiple of the
  * current extent. t must be a computed tensor (not a pending value of the
@@ -262,7 +262,8 @@ CTPU_API ctpu_status ctpu_mark_dynamic(ctpu_tensor t, int dim, int64_t lo, int64
  * range, would be marked too). A declaration for the same dt, ndim and dim
  * replaces the old one; at most 4 stand at once; ctpu_clear_dynamic_inputs
  * ends them all. They belong to the calling thread and stay across modes
- * and runtimes until cleared. Strict and debug eager ignore the marks, as
+ * and runtimes until cleared (so both calls work before ctpu_init and after
+ * ctpu_shutdown: a declaration is host state, not a device call). Strict and debug eager ignore the marks, as
  * ctpu_mark_dynamic's. Errors: CTPU_ERR_INVALID_ARG (dt not a dtype, ndim
  * outside [1, 8], dim outside [-ndim, ndim), lo < 2, hi < lo, hi > 2^40, a
  * fifth declaration), the message naming the arguments; CTPU_ERR_OOM. A
