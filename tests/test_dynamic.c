@@ -3,6 +3,7 @@
  * bit-identical to strict eager, exact compile counts, out-of-range
  * recompile reasons, reshape validity at the call, bad input. */
 #include "t_core.h"
+#include "ctpu_nn.h"
 
 /* One step of a small MLP with a loss and its backward over a batch of B
  * rows: out[] gets y (B x 8) then dW (16 x 8) then the reduced loss. */
@@ -307,6 +308,116 @@ START_TEST(hostile_mark_dynamic)
 }
 END_TEST
 
+/* ---------------------------------------------------------------- found by a user */
+/* One step of x [B, 16] -> matmul w [16, 8] (w requires grad) -> [gelu,
+ * layer_norm] -> loss (mean, or cross entropy with labels y [B] and label
+ * smoothing 0.1) -> backward; marked (lo > 0): x and y dim 0 in [lo, 64].
+ * out gets the loss then dW (1 + 128 floats). */
+enum { USR_LN = 1, USR_CE = 2, USR_BACKWARD = 4 };
+
+static void user_step(ctpu_tensor w, int64_t B, int var, int64_t lo, float *out)
+{
+    float *xd = batch_data(B, (uint32_t)(B * 3 + 1));
+    int32_t *yd = malloc(sizeof(int32_t) * (size_t)B);
+    for (int64_t i = 0; i < B; i++) yd[i] = (int32_t)((i * 3 + B) % 8);
+    ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
+    int64_t xs[2] = { B, 16 };
+    ctpu_tensor x = ctpu_from_host(xd, CTPU_F32, 2, xs);
+    ctpu_tensor y = ctpu_from_host(yd, CTPU_I32, 1, &B);
+    free(xd);
+    free(yd);
+    if (lo > 0) {
+        ck_assert_int_eq(ctpu_mark_dynamic(x, 0, lo, 64), CTPU_OK);
+        ck_assert_int_eq(ctpu_mark_dynamic(y, 0, lo, 64), CTPU_OK);
+    }
+    ctpu_tensor h = ctpu_matmul(x, w);
+    if (var & USR_LN) h = ctpu_layer_norm(ctpu_gelu(h, false), CTPU_NULL, CTPU_NULL, 1e-5);
+    ctpu_ce_opts o = ctpu_ce_defaults();
+    o.label_smoothing = 0.1;
+    ctpu_tensor loss = (var & USR_CE) ? ctpu_cross_entropy(h, y, &o) : ctpu_mean(h, 0, NULL, false);
+    ck_assert_msg(!ctpu_is_null(loss), "%s", ctpu_last_error());
+    if (var & USR_BACKWARD) ck_assert_msg(ctpu_backward(loss) == CTPU_OK, "backward: %s", ctpu_last_error());
+    ck_assert_int_eq(ctpu_to_host(loss, out, sizeof(float)), CTPU_OK);
+    memset(out + 1, 0, sizeof(float) * 128);
+    if (var & USR_BACKWARD) ck_assert_int_eq(ctpu_to_host(ctpu_grad(w), out + 1, sizeof(float) * 128), CTPU_OK);
+    ctpu_zero_grad(w);
+    ck_assert_int_eq(ctpu_step_end(), CTPU_OK);
+}
+
+static ctpu_tensor user_w(void)
+{
+    float wd[16 * 8];
+    for (int i = 0; i < 16 * 8; i++) wd[i] = sinf((float)i * 0.37f) * 0.3f;
+    int64_t ws[2] = { 16, 8 };
+    ctpu_tensor w = ctpu_from_host(wd, CTPU_F32, 2, ws);
+    ctpu_set_requires_grad(w, true);
+    return w;
+}
+
+/* In a fresh runtime (TORCH_TPU_AUTO_DYNAMIC=1 if auto_dyn): runs the
+ * extents in strict eager, then in defer and fuse (marked when lo > 0);
+ * every step bit-identical; returns the programs defer and fuse compiled. */
+static int64_t user_run(const int64_t *ext, int n, int var, int64_t lo, bool auto_dyn)
+{
+    ctpu_shutdown();
+    t_clear_env();
+    if (auto_dyn) setenv("TORCH_TPU_AUTO_DYNAMIC", "1", 1);
+    ck_assert_msg(ctpu_init() == CTPU_OK, "%s", ctpu_last_error());
+    unsetenv("TORCH_TPU_AUTO_DYNAMIC");
+    ctpu_tensor w = user_w();
+    float *ref = malloc(sizeof(float) * 129 * (size_t)n), got[129];
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+    for (int e = 0; e < n; e++) user_step(w, ext[e], var, lo, ref + 129 * e);
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEFER_FUSE), CTPU_OK);
+    int64_t c0 = ctpu_metric_counter("programs_compiled");
+    for (int e = 0; e < n; e++) {
+        user_step(w, ext[e], var, lo, got);
+        ck_assert_msg(memcmp(got, ref + 129 * e, sizeof got) == 0, "var %d B=%lld differs from strict eager", var,
+                      (long long)ext[e]);
+    }
+    int64_t c = ctpu_metric_counter("programs_compiled") - c0;
+    if (getenv("CTPU_TEST_DYN_DEBUG")) {
+        char lg[8192];
+        ctpu_cache_recompile_log(lg, sizeof lg);
+        fprintf(stderr, "var %d: %lld compiles\n%s\n", var, (long long)c, lg);
+    }
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+    ctpu_release(w);
+    free(ref);
+    return c;
+}
+
+/* TORCH_TPU_AUTO_DYNAMIC holds once the step has a backward: the backward
+ * reads x again through the copy autograd saved of it, a second handle of
+ * the same input, speculatively marked too; the first one-dim recompile
+ * (4 -> 7) compiles the dynamic program and 9, 4, 12 reuse it (2 programs,
+ * as forward-only; it was 3: the two marks of one input did not count as
+ * the one changed dim, and the recompile compiled a static program). */
+START_TEST(auto_dynamic_with_backward)
+{
+    static const int64_t ext[] = { 4, 7, 9, 4, 12 };
+    ck_assert_int_eq(user_run(ext, 5, 0, 0, true), 2);                 /* forward only */
+    ck_assert_int_eq(user_run(ext, 5, USR_BACKWARD, 0, true), 2);
+    ck_assert_int_eq(user_run(ext, 5, USR_BACKWARD | USR_LN, 0, true), 2);
+    ck_assert_int_eq(user_run(ext, 5, USR_BACKWARD | USR_CE, 0, true), 2);
+}
+END_TEST
+
+/* A marked batch compiles one program over extents that equal a multiple
+ * of another extent of the trace (2, 4, 8, 16 against the 8 classes and 16
+ * features): layer_norm's and label-smoothed cross entropy's backward
+ * expand a [B, 1] to [B, 8], and the probe moved the 8 with the symbol at
+ * B = 2, 4, 8 (8 = 4s, 2s, s), so the expand and everything after it were
+ * keyed static there (3 programs for 2 4 7 9 2 5 3). */
+START_TEST(marked_batch_expand_backward_one_program)
+{
+    static const int64_t ext[] = { 2, 4, 7, 9, 8, 16, 2, 5, 3 };
+    ck_assert_int_eq(user_run(ext, 9, USR_BACKWARD | USR_LN, 2, false), 1);
+    ck_assert_int_eq(user_run(ext, 9, USR_BACKWARD | USR_CE, 2, false), 1);
+    ck_assert_int_eq(user_run(ext, 9, USR_BACKWARD | USR_LN | USR_CE, 2, false), 1);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("dynamic");
@@ -322,6 +433,8 @@ int main(void)
     tcase_add_test(tc, invalid_reshape_fails_at_the_call);
     tcase_add_test(tc, strict_ignores_marks);
     tcase_add_test(tc, hostile_mark_dynamic);
+    tcase_add_test(tc, auto_dynamic_with_backward);
+    tcase_add_test(tc, marked_batch_expand_backward_one_program);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -872,16 +872,24 @@ static const char *first_label(const ctpu_trace_final *fin)
 /* TORCH_TPU_AUTO_DYNAMIC: the speculative marks of this trace are exactly
  * the dim its structure's first one-dim recompile changes (the policy's
  * detection, before the compile): they stay, and the recompile compiles
- * the dynamic program. */
+ * the dynamic program. Compared as sets of (input, dim): one input read
+ * through several handles (the tensor and the copy autograd saves of it
+ * for a backward rule) is marked once per handle, one input all the same. */
 static bool spec_confirm(const ctpu_trace_final *fin)
 {
     int in[8], dim[8];
     int n = ctpu__report_auto_would(&fin->t, in, dim, 8);
     const ctpu_launch_plan *pl = fin->plan;
-    if (n <= 0 || !pl || n < t_df.n_spec) return false;
+    if (n <= 0 || !pl) return false;
     for (int k = 0; k < n; k++) {
         bool found = false;
         for (int s = 0; s < t_df.n_spec && !found; s++)
+            found = in[k] >= 0 && in[k] < pl->n_in && pl->in_src[in[k]] == t_df.spec[s].rec && dim[k] == t_df.spec[s].dim;
+        if (!found) return false;
+    }
+    for (int s = 0; s < t_df.n_spec; s++) {
+        bool found = false;
+        for (int k = 0; k < n && !found; k++)
             found = in[k] >= 0 && in[k] < pl->n_in && pl->in_src[in[k]] == t_df.spec[s].rec && dim[k] == t_df.spec[s].dim;
         if (!found) return false;
     }

@@ -1100,8 +1100,8 @@ static bool dyn_of_sym(const ctpu_trec *r, int d, const dyn_sym *y)
 /* An argument extent that is a multiple of the symbol: moved with it. */
 static int64_t dyn_move(int64_t x, const dyn_sym *y) { return x > 0 && x % y->v == 0 ? x / y->v * (y->v + 1) : x; }
 
-/* Probe the rule for symbol y; false: not valid at s + 1. pick: for a
- * reshape, which multiple-of-s target extent moves (-1: every one). */
+/* Probe the rule for symbol y; false: not valid at s + 1. pick: which
+ * multiple-of-s target extent moves (-1: every one; -2: none). */
 static bool dyn_probe_one(int op, const char *opn, const char *const *names, int n_in, ctpu_trec *const *in,
                           const op_args *a, const dyn_sym *y, int pick, ctpu_node *pn)
 {
@@ -1119,12 +1119,17 @@ static bool dyn_probe_one(int op, const char *opn, const char *const *names, int
     if (a->shape && a->ndim > 0 && a->ndim <= CTPU_MAX_DIMS) {
         for (int d = 0, k = 0; d < a->ndim; d++) {
             bool mult = a->shape[d] > 0 && a->shape[d] % y->v == 0;
-            shp[d] = mult && (sh != CTPU_SH_RESHAPE || pick < 0 || pick == k) ? dyn_move(a->shape[d], y) : a->shape[d];
+            shp[d] = mult && (pick == -1 || pick == k) ? dyn_move(a->shape[d], y) : a->shape[d];
             if (mult) k++;
         }
         pa.shape = shp;
     }
-    if (sh == CTPU_SH_SLICE) { pa.end = dyn_move(a->end, y); pa.start = dyn_move(a->start, y); }   /* (a packed value's parts) */
+    /* (a packed value's parts; bounds of a dim that is not of the symbol,
+     * such as x[:, 0:8] of x[s, 16], stay put) */
+    if (sh == CTPU_SH_SLICE && a->dim >= 0 && a->dim < in[0]->type.ndim && dyn_of_sym(in[0], a->dim, y)) {
+        pa.end = dyn_move(a->end, y);
+        pa.start = dyn_move(a->start, y);
+    }
     ctpu__ts->quiet_errors++;
     bool ok = infer_rules(op, opn, names, n_in, pin, &pa, pn);
     ctpu__ts->quiet_errors--;
@@ -1139,11 +1144,19 @@ static bool dyn_probe(int op, const char *opn, const char *const *names, int n_i
     ctpu_dyndim out[CTPU_MAX_DIMS];
     memset(out, 0, sizeof out);
     bool reshape = ctpu_op_infos[op].shape_rule == CTPU_SH_RESHAPE;
+    bool args = a->shape && a->ndim > 0;
     for (int k = 0; k < ns; k++) {
         ctpu_node pn;
-        bool ok = dyn_probe_one(op, opn, names, n_in, in, a, &sy[k], -1, &pn);
-        for (int pick = 0; !ok && reshape && pick < CTPU_MAX_DIMS; pick++)
+        /* which shape-argument extents are of the symbol: a reshape's target
+         * keeps the element count, so every multiple of s moves first; other
+         * ops (expand) move the fewest that keep the rule valid, so an extent
+         * equal to a multiple of s by coincidence (expand of [s, 1] to [s, 8]
+         * at s = 2, 4 or 8) stays static */
+        bool ok = reshape || !args ? dyn_probe_one(op, opn, names, n_in, in, a, &sy[k], -1, &pn)
+                                   : dyn_probe_one(op, opn, names, n_in, in, a, &sy[k], -2, &pn);
+        for (int pick = 0; !ok && args && pick < CTPU_MAX_DIMS; pick++)
             ok = dyn_probe_one(op, opn, names, n_in, in, a, &sy[k], pick, &pn);
+        if (!ok && args && !reshape) ok = dyn_probe_one(op, opn, names, n_in, in, a, &sy[k], -1, &pn);
         if ((!ok || pn.out.ndim != n->out.ndim) && !reshape) {
             /* (an operand whose extent equals the symbol's now, such as a
              * tensor made at this extent: the value is static in the key,
