@@ -1294,7 +1294,7 @@ static ctpu_status bind_buffers(flush_ctx *f)
     for (int k = 0; k < nin; k++) { cmd->buf[k] = ib[pl->in_src[k]]; cmd->off[k] = io[pl->in_src[k]]; }
     for (int j = 0; j < no; j++) { cmd->buf[nin + j] = f->outb[j]; cmd->off[nin + j] = f->outo[j]; }
     if (f->scratch) { cmd->buf[nb - 1] = f->scratch; cmd->off[nb - 1] = 0; }
-    if (pl->scal_ident) memcpy(cmd->scalars, rs, sizeof(double) * (size_t)pl->n_scal);
+    if (pl->scal_ident) { if (pl->n_scal) memcpy(cmd->scalars, rs, sizeof(double) * (size_t)pl->n_scal); }   /* (no scalars: rs may be NULL) */
     else for (int i = 0; i < pl->n_scal; i++) cmd->scalars[i] = rs[pl->scal_src[i]];
     cmd->debug_checks = f->dbg;
     cmd->program_id = f->res.program_id;
