@@ -396,13 +396,15 @@ ctpu_tensor ctpu_cross_entropy(ctpu_tensor logits, ctpu_tensor labels, const ctp
         if (ctpu__nn_is_error(b)) return ctpu__nn_pass(b);                                                    \
     } while (0)
 
-static bool pair_check(const char *op, ctpu_tensor pred, ctpu_tensor target, ctpu_reduction reduction, bool need_float)
+/* first: the first argument's name in the header ("pred", or "logits") */
+static bool pair_check(const char *op, const char *first, ctpu_tensor pred, ctpu_tensor target, ctpu_reduction reduction,
+                       bool need_float)
 {
     if (ctpu_is_null(pred) || ctpu_is_null(target)) {
         ctpu_report_error(CTPU_ERR_NULL_HANDLE, "%s: %s is a null handle", op, ctpu_is_null(pred) ? "pred" : "target");
         return false;
     }
-    if (!ctpu__nn_arg(op, strcmp(op, "bce_with_logits") == 0 ? "logits" : "pred", pred) ||
+    if (!ctpu__nn_arg(op, first, pred) ||
         !ctpu__nn_arg(op, "target", target))
         return false;
     int64_t s1[CTPU_MAX_DIMS], s2[CTPU_MAX_DIMS];
@@ -484,7 +486,7 @@ ctpu_tensor ctpu_bce_with_logits(ctpu_tensor logits, ctpu_tensor target, ctpu_re
 {
     if (!ctpu__nn_ready("bce_with_logits")) return ctpu_error_handle();
     PASS_ERROR(logits, target);
-    if (!pair_check("bce_with_logits", logits, target, reduction, true)) return ctpu_error_handle();
+    if (!pair_check("bce_with_logits", "logits", logits, target, reduction, true)) return ctpu_error_handle();
     ctpu_scope_begin();
     ctpu_tensor x = ctpu_dtype_of(logits) == CTPU_F32 ? logits : ctpu_cast(logits, CTPU_F32);
     ctpu_tensor y = ctpu_dtype_of(target) == CTPU_F32 ? target : ctpu_cast(target, CTPU_F32);
@@ -505,7 +507,7 @@ ctpu_tensor ctpu_l1_loss(ctpu_tensor pred, ctpu_tensor target, ctpu_reduction re
 {
     if (!ctpu__nn_ready("l1_loss")) return ctpu_error_handle();
     PASS_ERROR(pred, target);
-    if (!pair_check("l1_loss", pred, target, reduction, false)) return ctpu_error_handle();
+    if (!pair_check("l1_loss", "pred", pred, target, reduction, false)) return ctpu_error_handle();
     ctpu_scope_begin();
     ctpu_tensor r = reduce_as(ctpu_abs(ctpu_sub(pred, target)), reduction);
     if (ctpu_is_null(r)) { ctpu__nn_blame("l1_loss", NULL); r = ctpu_error_handle(); }
@@ -518,7 +520,7 @@ ctpu_tensor ctpu_smooth_l1_loss(ctpu_tensor pred, ctpu_tensor target, ctpu_reduc
 {
     if (!ctpu__nn_ready("smooth_l1_loss")) return ctpu_error_handle();
     PASS_ERROR(pred, target);
-    if (!pair_check("smooth_l1_loss", pred, target, reduction, false)) return ctpu_error_handle();
+    if (!pair_check("smooth_l1_loss", "pred", pred, target, reduction, false)) return ctpu_error_handle();
     if (!(beta >= 0) || !isfinite(beta)) {
         ctpu_report_error(CTPU_ERR_INVALID_ARG, "smooth_l1_loss: beta=%g must be finite and >= 0", beta);
         return ctpu_error_handle();
