@@ -239,7 +239,15 @@ CTPU_API ctpu_optim *ctpu_adam_create(int n, const ctpu_tensor *params, const ct
 CTPU_API ctpu_optim *ctpu_sgd_create_groups(int n_groups, const ctpu_param_group *groups, const ctpu_sgd_opts *opts);
 CTPU_API ctpu_optim *ctpu_adam_create_groups(int n_groups, const ctpu_param_group *groups, const ctpu_adamw_opts *opts);
 CTPU_API ctpu_optim *ctpu_adamw_create_groups(int n_groups, const ctpu_param_group *groups, const ctpu_adamw_opts *opts);
-/* One update of every parameter with a .grad. Errors: those of the ops, and
+/* One update of every parameter with a .grad. In strict eager (outside a
+ * capture, not capturable) the update of every parameter is one program,
+ * as torch.optim.AdamW(fused=True) is one kernel in eager mode: a compiled
+ * step of the optimizer's own (it shows in the compiled-steps report as
+ * "sgd_step", "adam_step" or "adamw_step"), the same ops as op by op, so
+ * the same bits, and all or nothing on error. A step where a parameter has
+ * no .grad, or whose host coefficients collide (equal bit for bit, e.g. lr
+ * 0 over groups of different lr_scale), runs op by op; so does every step
+ * under TORCH_COMPILE_DISABLE=1. Errors: those of the ops, and
  * CTPU_ERR_STALE_HANDLE if a parameter was released. */
 CTPU_API ctpu_status ctpu_optim_step(ctpu_optim *o);
 /* ctpu_zero_grad (set-to-none) on every parameter. */

@@ -45,4 +45,9 @@ void ctpu__test_capture_limit(uint32_t n);
  * register-resident tape (on: true, the default); the bits are the same. */
 void ctpu__test_vm_tape(bool on);
 
+/* nn/optim.c: in strict eager, run every optimizer's update as its one
+ * compiled step (on: true, the default) or op by op (off: false); the bits
+ * are the same. */
+void ctpu__test_optim_fused(bool on);
+
 #endif

@@ -1086,6 +1086,105 @@ START_TEST(t_losses_optimizers_mode_parity)
 }
 END_TEST
 
+/* ------------------------------------------------- strict eager: the fused optimizer step */
+/* Strict eager runs an optimizer's update of every parameter as one
+ * compiled step of its own (optim.c fused_step): the same bits as op by op
+ * (ctpu__test_optim_fused(false)) for every optimizer and option, over
+ * three groups (two share an lr_scale), an f32 and a bf16 parameter, a
+ * changing lr; lr 0 at the first step (colliding arguments: op by op), a
+ * step where one parameter has no gradient (op by op), capturable. Later
+ * steps replay: the update dispatches fewer ops than op by op. */
+typedef struct {
+    int kind;                 /* 0 Adam, 1 AdamW, 2 SGD */
+    double momentum, dampening;
+    bool nesterov, capturable, lr0, skip;
+} fused_cfg;
+
+static const fused_cfg fused_cfgs[] = {
+    { 0, 0, 0, false, false, false, false }, { 1, 0, 0, false, false, false, false },
+    { 2, 0, 0, false, false, false, false }, { 2, 0.9, 0, false, false, false, false },
+    { 2, 0.9, 0.25, false, false, false, false }, { 2, 0.8, 0, true, false, false, false },
+    { 1, 0, 0, false, false, true, false }, { 0, 0, 0, false, false, true, true },
+    { 2, 0.9, 0.25, false, false, true, true }, { 1, 0, 0, false, false, false, true },
+    { 1, 0, 0, false, true, false, false }, { 2, 0.9, 0, true, true, false, false },
+};
+enum { FUSED_NCFG = sizeof fused_cfgs / sizeof fused_cfgs[0], FUSED_STEPS = 6, FUSED_VALS = 35 + 7 + 12 };
+
+/* The parameters and every state tensor after FUSED_STEPS steps, as f32
+ * bits; ops[step]: ops dispatched by that step's ctpu_optim_step. */
+static void fused_run(const fused_cfg *c, bool fused, float *out, int64_t *ops)
+{
+    ctpu__test_optim_fused(fused);
+    static const int64_t n[3] = { 35, 7, 12 };
+    ctpu_tensor ps[3];
+    for (int i = 0; i < 3; i++) {
+        float v[35];
+        for (int k = 0; k < n[i]; k++) v[k] = sinf((float)(k + 11 * i) * 0.61f);
+        ps[i] = vec(v, n[i]);
+        if (i == 1 && !c->capturable) ps[i] = ctpu_cast(ps[i], CTPU_BF16);   /* capturable: f32 only (see the report) */
+        ck_assert_int_eq(ctpu_set_requires_grad(ps[i], true), CTPU_OK);
+    }
+    ctpu_param_group gs[3] = { { .n = 1, .params = &ps[0], .lr_scale = 1.0, .weight_decay = 0.1 },
+                               { .n = 1, .params = &ps[1], .lr_scale = 0.5, .weight_decay = 0.0 },
+                               { .n = 1, .params = &ps[2], .lr_scale = 1.0, .weight_decay = 0.0 } };
+    ctpu_adamw_opts ao = ctpu_adamw_defaults();
+    ctpu_sgd_opts so = { .lr = 0.1, .momentum = c->momentum, .dampening = c->dampening, .nesterov = c->nesterov };
+    ctpu_optim *o = c->kind == 0 ? ctpu_adam_create_groups(3, gs, &ao)
+                  : c->kind == 1 ? ctpu_adamw_create_groups(3, gs, &ao) : ctpu_sgd_create_groups(3, gs, &so);
+    ck_assert_ptr_nonnull(o);
+    if (c->capturable) ck_assert_int_eq(ctpu_optim_set_capturable(o, true), CTPU_OK);
+    for (int step = 0; step < FUSED_STEPS; step++) {
+        ctpu_optim_zero_grad(o);
+        for (int i = 0; i < 3; i++) {
+            if (c->skip && step == 2 && i == 2) continue;
+            float g[35];
+            for (int k = 0; k < n[i]; k++) g[k] = cosf((float)(k * (step + 1)) * 0.37f) + 0.25f * (float)i;
+            ctpu_scope_begin();
+            ctpu_tensor x = vec(g, n[i]);
+            if (i == 1 && !c->capturable) x = ctpu_cast(x, CTPU_BF16);
+            ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_mul(ctpu_mul(ps[i], ps[i]), x), 0, NULL, false)), CTPU_OK);
+            ctpu_scope_end();
+        }
+        double lr = c->lr0 && step == 0 ? 0.0 : ctpu_lr_cosine(0.05, step, FUSED_STEPS + 1, 0.001);
+        ck_assert_int_eq(ctpu_optim_set_lr(o, lr), CTPU_OK);
+        int64_t d0 = ctpu_metric_counter("ops_dispatched");
+        ck_assert_msg(ctpu_optim_step(o) == CTPU_OK, "%s", ctpu_last_error());
+        ops[step] = ctpu_metric_counter("ops_dispatched") - d0;
+    }
+    int at = 0;
+    for (int i = 0; i < 3; i++) {
+        int ns = c->kind == 2 ? (c->momentum > 0) : 2;
+        for (int k = -1; k < ns; k++) {
+            ctpu_tensor t = k < 0 ? ps[i] : ctpu_optim_state(o, i, k);
+            readt(ctpu_cast(t, CTPU_F32), out + at, n[i]);
+            at += (int)n[i];
+        }
+    }
+    ctpu_optim_free(o);
+    for (int i = 0; i < 3; i++) ctpu_release(ps[i]);
+    ctpu__test_optim_fused(true);
+}
+
+START_TEST(t_optim_fused_strict_bits)
+{
+    const fused_cfg *c = &fused_cfgs[_i];
+    float a[3 * FUSED_VALS], b[3 * FUSED_VALS];
+    int64_t oa[FUSED_STEPS], ob[FUSED_STEPS];
+    memset(a, 0, sizeof a);
+    memset(b, 0, sizeof b);
+    fused_run(c, true, a, oa);
+    fused_run(c, false, b, ob);
+    for (int i = 0; i < 3 * FUSED_VALS; i++)
+        ck_assert_msg(t_same(a[i], b[i]), "config %d value %d: fused %a, op by op %a", _i, i, a[i], b[i]);
+    ck_assert(a[0] != sinf(0.0f) || a[1] != sinf(0.61f));   /* it moved */
+    /* the last steps replay the one program, op by op dispatches every op */
+    if (!c->capturable)
+        for (int s = FUSED_STEPS - 2; s < FUSED_STEPS; s++)
+            ck_assert_msg(oa[s] * 4 < ob[s], "config %d step %d: %lld ops fused, %lld op by op", _i, s,
+                          (long long)oa[s], (long long)ob[s]);
+}
+END_TEST
+
 /* In defer and fuse, clip_grad_norm over all gradients is one program. */
 START_TEST(t_clip_grad_norm_one_program)
 {
@@ -1138,6 +1237,7 @@ static Suite *suite(void)
     tcase_add_test(tc, t_clip_grad_norm);
     tcase_add_test(tc, t_clip_grad_norm_one_program);
     tcase_add_loop_test(tc, t_losses_optimizers_mode_parity, 0, 15);
+    tcase_add_loop_test(tc, t_optim_fused_strict_bits, 0, FUSED_NCFG);
     tcase_add_test(tc, t_lr_warmup_cosine);
     tcase_add_test(tc, t_nll_loss);
     tcase_add_test(tc, t_pointwise_losses);

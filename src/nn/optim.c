@@ -8,6 +8,7 @@
 
 #include "ctpu_nn.h"
 #include "nn_internal.h"
+#include "../testing.h"
 
 enum { OPT_SGD, OPT_ADAMW, OPT_ADAM };
 
@@ -27,13 +28,25 @@ struct ctpu_optim {
     ctpu_adamw_opts adam;
     bool capturable;      /* lr and steps live in lr_t and step_t (0-d f32, global) */
     ctpu_tensor lr_t, step_t;
+    /* strict eager: Adam/AdamW's update of every parameter as one compiled
+     * step of its own (fused_step), or NULL until its first use */
+    ctpu_compiled *fused;
+    bool fused_off;       /* it could not be made: the update runs op by op */
+    int n_slots;          /* its scalar arguments (fused_layout) */
+    int *slot_step, *slot_decay;   /* [n_groups], NULL until the layout is made */
 };
+
+static bool test_fused_off;   /* ctpu__test_optim_fused */
+void ctpu__test_optim_fused(bool on) { test_fused_off = !on; }
 
 ctpu_adamw_opts ctpu_adamw_defaults(void) { return (ctpu_adamw_opts){ 1e-3, 0.9, 0.999, 1e-8, 1e-2 }; }
 ctpu_adamw_opts ctpu_adam_defaults(void) { return (ctpu_adamw_opts){ 1e-3, 0.9, 0.999, 1e-8, 0.0 }; }
 
 static void free_host(ctpu_optim *o)
 {
+    ctpu_compiled_free(o->fused);
+    free(o->slot_step);
+    free(o->slot_decay);
     if (ctpu_is_valid(o->lr_t)) ctpu_release(o->lr_t);
     if (ctpu_is_valid(o->step_t)) ctpu_release(o->step_t);
     free(o->params);
@@ -244,52 +257,229 @@ static void replace_state(ctpu_tensor *slot, ctpu_tensor v)
     ctpu_release(old);
 }
 
-static ctpu_status sgd_one(ctpu_optim *o, ctpu_tensor p, ctpu_tensor g, ctpu_tensor *buf, double lr, double wd)
+/* torch: the first step sets buf = d (no dampening); buf starts as zeros
+ * here, so the first step's coefficient of d is 1, later ones 1 - dampening. */
+static double sgd_first(const ctpu_optim *o) { return o->steps == 0 ? 1.0 : 1.0 - o->sgd.dampening; }
+
+/* c: sgd_first's coefficient. in_place: buf is assigned (the fused step's
+ * handle stays), else replaced by the new value's handle. */
+static ctpu_status sgd_apply(ctpu_optim *o, ctpu_tensor p, ctpu_tensor g, ctpu_tensor *buf, double lr, double wd,
+                             double c, bool in_place)
 {
     const ctpu_sgd_opts *s = &o->sgd;
     ctpu_tensor d = g;
     if (wd != 0) d = ctpu_add(d, ctpu_mul_scalar(p, wd));
     if (s->momentum != 0) {
-        /* torch: the first step sets buf = d (no dampening); buf starts as zeros here */
-        double c = o->steps == 0 ? 1.0 : 1.0 - s->dampening;
         ctpu_tensor nb = ctpu_add(ctpu_mul_scalar(*buf, s->momentum), ctpu_mul_scalar(d, c));
         if (ctpu_is_null(nb)) return ctpu_last_status();
         d = s->nesterov ? ctpu_add(d, ctpu_mul_scalar(nb, s->momentum)) : nb;
         ctpu_tensor np = ctpu_sub(p, ctpu_mul_scalar(d, lr));
         ctpu_status st = ctpu_is_null(np) ? ctpu_last_status() : ctpu_assign(p, np);
-        if (st == CTPU_OK) replace_state(buf, nb);
+        if (st == CTPU_OK && in_place) st = ctpu_assign(*buf, nb);
+        else if (st == CTPU_OK) replace_state(buf, nb);
         return st;
     }
     ctpu_tensor np = ctpu_sub(p, ctpu_mul_scalar(d, lr));
     return ctpu_is_null(np) ? ctpu_last_status() : ctpu_assign(p, np);
 }
 
-/* AdamW (decoupled decay: p *= 1 - lr wd) or Adam (L2: g += wd p, as
- * torch.optim.Adam); lr and wd are the parameter's group's. */
-static ctpu_status adamw_one(ctpu_optim *o, ctpu_tensor p, ctpu_tensor g, ctpu_tensor *m, ctpu_tensor *v, double lr,
-                             double wd)
+/* Adam/AdamW's host coefficients of a group at this step: the decay
+ * factor 1 - lr wd, eps sqrt(bc2) and the step lr sqrt(bc2) / bc1. */
+typedef struct { double decay, eps_s, step_s; } adam_coef;
+
+static adam_coef adam_coefs(const ctpu_optim *o, double lr, double wd)
 {
     const ctpu_adamw_opts *a = &o->adam;
     double t = (double)(o->steps + 1);
     double bc1 = 1.0 - pow(a->beta1, t), bc2s = sqrt(1.0 - pow(a->beta2, t));
+    return (adam_coef){ 1.0 - lr * wd, a->eps * bc2s, lr * bc2s / bc1 };
+}
+
+/* AdamW (decoupled decay: p *= 1 - lr wd) or Adam (L2: g += wd p, as
+ * torch.optim.Adam); wd is the parameter's group's, c its coefficients.
+ * in_place: m and v are assigned (the fused step's handles stay), else
+ * replaced by the new values' handles (the same values). */
+static ctpu_status adamw_apply(ctpu_optim *o, ctpu_tensor p, ctpu_tensor g, ctpu_tensor *m, ctpu_tensor *v,
+                               const adam_coef *c, double wd, bool in_place)
+{
+    const ctpu_adamw_opts *a = &o->adam;
     /* m / (sqrt(v) / sqrt(bc2) + eps) = sqrt(bc2) m / (sqrt(v) + eps sqrt(bc2)): one pass fewer */
     ctpu_tensor p1 = p;
     if (o->kind == OPT_ADAM) {
         if (wd != 0) g = ctpu_add(g, ctpu_mul_scalar(p, wd));
     } else if (wd != 0) {
-        p1 = ctpu_mul_scalar(p, 1.0 - lr * wd);
+        p1 = ctpu_mul_scalar(p, c->decay);
     }
     ctpu_tensor nm = ctpu_add(ctpu_mul_scalar(*m, a->beta1), ctpu_mul_scalar(g, 1.0 - a->beta1));
     ctpu_tensor nv = ctpu_add(ctpu_mul_scalar(*v, a->beta2), ctpu_mul_scalar(ctpu_mul(g, g), 1.0 - a->beta2));
-    ctpu_tensor denom = ctpu_add_scalar(ctpu_sqrt(nv), a->eps * bc2s);
-    ctpu_tensor np = ctpu_sub(p1, ctpu_mul_scalar(ctpu_div(nm, denom), lr * bc2s / bc1));
+    ctpu_tensor denom = ctpu_add_scalar(ctpu_sqrt(nv), c->eps_s);
+    ctpu_tensor np = ctpu_sub(p1, ctpu_mul_scalar(ctpu_div(nm, denom), c->step_s));
     if (ctpu_is_null(np)) return ctpu_last_status();
     ctpu_status st = ctpu_assign(p, np);
-    if (st == CTPU_OK) {
+    if (st == CTPU_OK && in_place) {
+        st = ctpu_assign(*m, nm);
+        if (st == CTPU_OK) st = ctpu_assign(*v, nv);
+    } else if (st == CTPU_OK) {
         replace_state(m, nm);
         replace_state(v, nv);
     }
     return st;
+}
+
+static ctpu_status adamw_one(ctpu_optim *o, ctpu_tensor p, ctpu_tensor g, ctpu_tensor *m, ctpu_tensor *v, double lr,
+                             double wd, bool in_place)
+{
+    adam_coef c = adam_coefs(o, lr, wd);
+    return adamw_apply(o, p, g, m, v, &c, wd, in_place);
+}
+
+/* ---------------------------------------------------- strict eager: one program
+ * In strict eager every op is a launch and a pass over its operands, so
+ * Adam/AdamW's thirteen elementwise ops per parameter (SGD's two to seven)
+ * are that many launches. As torch.optim.AdamW(fused=True) is one kernel in
+ * eager mode, the update of every parameter runs as one program instead: a
+ * compiled step of the optimizer's own (ctpu_compile), whose inputs are the
+ * gradients and whose scalars are the step's host coefficients, with the
+ * parameters and the state read and assigned in place through their
+ * handles. The same ops on the same values as op by op, so the same bits
+ * (compiled steps are bit-identical to strict eager); one call of
+ * ctpu_optim_step is one launch, all or nothing.
+ *
+ * A compiled step binds a recorded scalar to argument i when their values
+ * are equal bit for bit, so the arguments are laid out without duplicates
+ * by construction (one step slot per distinct lr_scale, one decay slot per
+ * distinct (lr_scale, weight decay)), and a step whose arguments still
+ * collide (lr 0 over groups of different lr_scale, an argument equal to a
+ * constant such as beta1) runs op by op: a capture from it would bind an
+ * op to another's slot. */
+enum { FUSED_MAX_SLOTS = 256 };
+
+static uint64_t bits_of(double d)
+{
+    uint64_t u;
+    memcpy(&u, &d, sizeof u);
+    return u;
+}
+
+/* Slot layout: Adam/AdamW [0] eps sqrt(bc2); SGD [0] the momentum's first
+ * coefficient; then per distinct lr_scale its step (Adam lr_g sqrt(bc2) /
+ * bc1, SGD lr_g); then AdamW's decays 1 - lr_g wd. slot_step/slot_decay
+ * [n_groups]: each group's slots (-1: none). */
+static bool fused_layout(ctpu_optim *o)
+{
+    o->slot_step = malloc(sizeof(int) * (size_t)o->n_groups);
+    o->slot_decay = malloc(sizeof(int) * (size_t)o->n_groups);
+    if (!o->slot_step || !o->slot_decay) return false;
+    int n = 1;
+    for (int g = 0; g < o->n_groups; g++) {
+        o->slot_step[g] = -1;
+        for (int h = 0; h < g && o->slot_step[g] < 0; h++)
+            if (o->lr_scale[h] == o->lr_scale[g]) o->slot_step[g] = o->slot_step[h];
+        if (o->slot_step[g] < 0) o->slot_step[g] = n++;
+    }
+    for (int g = 0; g < o->n_groups; g++) {
+        o->slot_decay[g] = -1;
+        if (o->kind != OPT_ADAMW || o->group_wd[g] == 0) continue;
+        for (int h = 0; h < g && o->slot_decay[g] < 0; h++)
+            if (o->slot_decay[h] >= 0 && o->lr_scale[h] == o->lr_scale[g] && o->group_wd[h] == o->group_wd[g])
+                o->slot_decay[g] = o->slot_decay[h];
+        if (o->slot_decay[g] < 0) o->slot_decay[g] = n++;
+    }
+    o->n_slots = n;
+    return n <= FUSED_MAX_SLOTS;
+}
+
+/* This step's arguments into sc[n_slots]; false when two are equal or one
+ * equals a constant the update records (a capture would confuse them). */
+static bool fused_scalars(const ctpu_optim *o, double *sc)
+{
+    double k[8 + 2 * FUSED_MAX_SLOTS];
+    int nk = 0;
+    if (o->kind == OPT_SGD) {
+        const ctpu_sgd_opts *s = &o->sgd;
+        sc[0] = sgd_first(o);
+        if (s->momentum != 0) k[nk++] = s->momentum;
+    } else {
+        const ctpu_adamw_opts *a = &o->adam;
+        double t = (double)(o->steps + 1);
+        sc[0] = a->eps * sqrt(1.0 - pow(a->beta2, t));
+        k[nk++] = a->beta1;
+        k[nk++] = 1.0 - a->beta1;
+        k[nk++] = a->beta2;
+        k[nk++] = 1.0 - a->beta2;
+    }
+    for (int g = 0; g < o->n_groups; g++) {
+        double lr = o->lr * o->lr_scale[g], wd = o->group_wd[g];
+        if (o->kind == OPT_SGD) {
+            sc[o->slot_step[g]] = lr;
+        } else {
+            adam_coef c = adam_coefs(o, lr, wd);
+            sc[o->slot_step[g]] = c.step_s;
+            if (o->slot_decay[g] >= 0) sc[o->slot_decay[g]] = c.decay;
+        }
+        if (wd != 0 && o->kind != OPT_ADAMW && nk < (int)(sizeof k / sizeof k[0])) k[nk++] = wd;
+    }
+    /* SGD without momentum records no first coefficient: its slot is unread */
+    int first = o->kind == OPT_SGD && o->sgd.momentum == 0 ? 1 : 0;
+    for (int i = first; i < o->n_slots; i++) {
+        uint64_t b = bits_of(sc[i]);
+        for (int j = first; j < i; j++)
+            if (bits_of(sc[j]) == b) return false;
+        for (int j = 0; j < nk; j++)
+            if (bits_of(k[j]) == b) return false;
+    }
+    return true;
+}
+
+static ctpu_status fused_fn(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)out;
+    ctpu_optim *o = ctx;
+    ctpu_status st = CTPU_OK;
+    for (int i = 0; i < o->n && st == CTPU_OK; i++) {
+        int gi = o->group_of[i];
+        ctpu_tensor *sv = o->state + i * o->n_state;
+        if (o->kind == OPT_SGD) {
+            st = sgd_apply(o, o->params[i], in[i], sv, sc[o->slot_step[gi]], o->group_wd[gi], sc[0], true);
+        } else {
+            adam_coef c = { o->slot_decay[gi] >= 0 ? sc[o->slot_decay[gi]] : 1.0, sc[0], sc[o->slot_step[gi]] };
+            st = adamw_apply(o, o->params[i], in[i], sv, sv + 1, &c, o->group_wd[gi], true);
+        }
+    }
+    return st;
+}
+
+/* False: not taken (a parameter without a gradient, colliding arguments,
+ * too many parameters, no compiled step): the caller updates op by op.
+ * True: *st is the update's status. */
+static bool fused_step(ctpu_optim *o, ctpu_status *st)
+{
+    if (o->fused_off || o->n > 4096 || test_fused_off) return false;
+    if (!o->slot_step && !fused_layout(o)) {
+        o->fused_off = true;
+        return false;
+    }
+    double sc[FUSED_MAX_SLOTS];
+    if (!fused_scalars(o, sc)) return false;
+    ctpu_tensor gs[64], *g = o->n <= 64 ? gs : malloc(sizeof *g * (size_t)o->n);
+    if (!g) return false;
+    bool ok = true;
+    for (int i = 0; i < o->n && ok; i++) {
+        g[i] = ctpu_grad(o->params[i]);
+        ok = !ctpu_is_null(g[i]);
+    }
+    if (ok && !o->fused) {
+        static const char *const names[] = { "sgd_step", "adamw_step", "adam_step" };
+        ctpu_compile_opts co = { .name = names[o->kind] };
+        o->fused = ctpu_compile(fused_fn, o, &co);
+        if (!o->fused) {
+            o->fused_off = true;
+            ok = false;
+        }
+    }
+    if (ok) *st = ctpu_compiled_call(o->fused, o->n, g, o->n_slots, sc, 0, NULL);
+    if (g != gs) free(g);
+    return ok;
 }
 
 /* ---------------------------------------------------- capturable updates
@@ -397,6 +587,16 @@ ctpu_status ctpu_optim_step(ctpu_optim *o)
         if (st != CTPU_OK) ctpu__nn_blame("optim_step", NULL);
         return st;
     }
+    if (ctpu_get_mode() == CTPU_MODE_STRICT && !ctpu_is_compiling()) {
+        if (fused_step(o, &st)) {
+            ctpu_no_grad_end();
+            if (st == CTPU_OK) o->steps++;
+            else ctpu__nn_blame("optim_step", NULL);
+            return st;
+        }
+    }
+    /* once the fused step exists, its handles of the state stay */
+    bool in_place = o->fused != NULL;
     for (int i = 0; i < o->n && st == CTPU_OK; i++) {
         ctpu_tensor g = ctpu_grad(o->params[i]);
         if (ctpu_is_null(g)) continue;
@@ -404,7 +604,8 @@ ctpu_status ctpu_optim_step(ctpu_optim *o)
         ctpu_tensor *sv = o->state + i * o->n_state;
         int gi = o->group_of[i];
         double lr = o->lr * o->lr_scale[gi], wd = o->group_wd[gi];
-        st = o->kind == OPT_SGD ? sgd_one(o, o->params[i], g, sv, lr, wd) : adamw_one(o, o->params[i], g, sv, sv + 1, lr, wd);
+        st = o->kind == OPT_SGD ? sgd_apply(o, o->params[i], g, sv, lr, wd, sgd_first(o), in_place)
+                                : adamw_one(o, o->params[i], g, sv, sv + 1, lr, wd, in_place);
         ctpu_status se = ctpu_scope_end();
         if (st == CTPU_OK) st = se;
     }
@@ -504,6 +705,13 @@ bool ctpu__optim_hp_valid(const ctpu__optim_hp *hp)
 
 void ctpu__optim_put(ctpu_optim *o, const ctpu__optim_hp *hp)
 {
+    /* the fused step baked the betas, weight decays and slot layout in */
+    ctpu_compiled_free(o->fused);
+    o->fused = NULL;
+    o->fused_off = false;
+    free(o->slot_step);
+    free(o->slot_decay);
+    o->slot_step = o->slot_decay = NULL;
     ctpu_optim_set_lr(o, hp->lr);
     ctpu_optim_set_steps(o, hp->steps);
     if (o->kind != OPT_SGD) o->adam = hp->adam;
