@@ -265,6 +265,24 @@ static int p_norm_bf16(ctpu_tensor *o)
     return 1;
 }
 
+/* a bf16 expand in a row group: bf16 subnormals (raw bits from the host)
+ * are copied as the strict expand copies them, not flushed by a rounding */
+static int p_bf16_expand(ctpu_tensor *o)
+{
+    static const uint16_t rb[6] = { 0x0001, 0x807f, 0x0040, 0x3f80, 0x0000, 0x8001 };
+    ctpu_tensor r = pin(ctpu_from_host(rb, CTPU_BF16, 2, (int64_t[]){ 6, 1 }));
+    ctpu_tensor x = pin(ctpu_rand_normal(CTPU_BF16, 2, (int64_t[]){ 6, 40 }, 0, 2));
+    pat_begin();
+    ctpu_tensor e = ctpu_mul_scalar(ctpu_expand(r, 2, (int64_t[]){ 6, 40 }), 0x1p100);
+    o[0] = out(ctpu_sum(ctpu_mul(e, x), 1, (int[]){ 1 }, true));
+    /* live-out, so stored: the row group leaves it to a kernel of its own */
+    ctpu_tensor e2 = ctpu_expand(r, 2, (int64_t[]){ 6, 40 });
+    o[1] = out(e2);
+    o[2] = out(ctpu_sum(ctpu_mul_scalar(e2, 0x1p100), 1, (int[]){ 1 }, true));
+    pat_end();
+    return 3;
+}
+
 /* mean and var (correction 1, not kept: stored beside) feeding consumers;
  * the layer norm of bench/fuse's block written with ops */
 static int p_mean_var_consumers(ctpu_tensor *o)
@@ -380,8 +398,12 @@ static int p_ce_train_sum(ctpu_tensor *o) { return ce_train(o, 3000, 7, CTPU_RED
 static int p_ce_train_none(ctpu_tensor *o) { return ce_train(o, 40, 50, CTPU_REDUCE_NONE, 0, false); }
 static int p_ce_train_smooth(ctpu_tensor *o) { return ce_train(o, 300, 260, CTPU_REDUCE_MEAN, 0.1, false); }
 static int p_ce_train_smooth_sum(ctpu_tensor *o) { return ce_train(o, 40, 50, CTPU_REDUCE_SUM, 0.25, false); }
+/* bf16 logits with label smoothing: mean, sum and none */
+static int p_ce_train_bf16_smooth(ctpu_tensor *o) { return ce_train(o, 37, 65, CTPU_REDUCE_MEAN, 0.1, true); }
+static int p_ce_train_bf16_smooth_sum(ctpu_tensor *o) { return ce_train(o, 300, 260, CTPU_REDUCE_SUM, 0.2, true); }
+static int p_ce_train_bf16_smooth_none(ctpu_tensor *o) { return ce_train(o, 40, 50, CTPU_REDUCE_NONE, 0.1, true); }
 
-/* forward only: sum, none and label smoothing (mean is the nll step's, above) */
+/* forward only: sum, none and label smoothing (mean: p_cross_entropy, above) */
 static int p_ce_forward_variants(ctpu_tensor *o)
 {
     ctpu_tensor x = randn(2, (int64_t[]){ 40, 50 }, 2), y = labels(40, 50);
@@ -484,6 +506,7 @@ START_TEST(row_groups)
     check_pattern("rms_norm", p_rms_norm, 1);
     check_pattern("residual + layer_norm + rms_norm", p_residual_norm, 1);
     check_pattern("bf16 layer_norm", p_norm_bf16, 1);
+    check_pattern("bf16 expand (subnormals) -> scale -> product -> sum; a stored one alone", p_bf16_expand, 3);
     check_pattern("mean/var producers and consumers", p_mean_var_consumers, 1);
     check_pattern("scale + mask -> softmax -> scale; log_softmax", p_softmax_chain, 1);
     check_pattern("rms_norm assigned in place", p_inplace_norm, 1);
@@ -492,7 +515,7 @@ START_TEST(row_groups)
     check_pattern("rms_norm forward + backward", p_rms_backward, 1);
     check_pattern("layer_norm forward + backward, 3-D, threaded", p_ln_backward_3d, 1);
     check_pattern("mean / max over a softmax's rows", p_row_columns, 1);
-    /* log_softmax, then the nll step (the label path, the gather, the mean) */
+    /* log_softmax, then the loss step (the label path, the gather, the mean) */
     check_pattern("cross_entropy forward", p_cross_entropy, 2);
     check_pattern("cross_entropy bf16, nll_loss, all ignored", p_cross_entropy_more, 6);
 }
@@ -508,13 +531,16 @@ START_TEST(loss_steps)
     check_pattern("cross_entropy none (weighted sum) forward + backward", p_ce_train_none, 2);
     check_pattern("cross_entropy label smoothing forward + backward", p_ce_train_smooth, 2);
     check_pattern("cross_entropy label smoothing, sum, forward + backward", p_ce_train_smooth_sum, 2);
+    check_pattern("cross_entropy bf16 label smoothing forward + backward", p_ce_train_bf16_smooth, 2);
+    check_pattern("cross_entropy bf16 label smoothing, sum, forward + backward", p_ce_train_bf16_smooth_sum, 2);
+    check_pattern("cross_entropy bf16 label smoothing, none, forward + backward", p_ce_train_bf16_smooth_none, 2);
     check_pattern("cross_entropy sum / none / label smoothing forward (3 x log_softmax + loss)",
                   p_ce_forward_variants, 6);
     check_pattern("nll_loss sum forward, a matmul, backward", p_nll_train, 4);
 }
 END_TEST
 
-/* a label out of range: the nll step faults as the gather does, named by
+/* a label out of range: the loss step faults as the gather does, named by
  * the gather's op number and cross_entropy's call scope, in both modes the
  * same message */
 START_TEST(nll_fault_parity)

@@ -88,6 +88,14 @@ static bool bcasts_into(const ctpu_vtype *a, const ctpu_vtype *b)
 
 static void scan_nodes(const ctpu_trace *t, int i, int max_end, ctpu_row_scan_info *f);
 
+/* An expand of a bf16 value. The block VM does not take it (vm.c
+ * ctpu_vm_fusable: its f32 register would be rounded to bf16 again, which
+ * flushes a bf16 subnormal the copy keeps); a row group copies the exact f32
+ * widening unrounded (row_fields), so it takes one whose value it does not
+ * store (a store rounds: such a node ends the group, ctpu_row_scan). Label
+ * smoothing's expand in a bf16 loss step's gradient is one. */
+static bool bf16_expand(const ctpu_node *m) { return m->op == CTPU_OP_EXPAND && m->out.dtype == CTPU_KDT_BF16; }
+
 /* Is m a COL node: a sum / mean / max / min of an in-group FULL value over
  * exactly the row dims [0, first), or a reshape of a COL value keeping its
  * element count? */
@@ -108,9 +116,9 @@ void ctpu_row_scan(const ctpu_trace *t, int i, const int32_t *uses, ctpu_row_sca
 {
     int nin = t->n_inputs;
     scan_nodes(t, i, t->n_nodes, f);
-    /* a BCAST value read outside the group ends the group before it */
+    /* a BCAST value or a bf16 expand read outside the group ends the group before it */
     for (int k = i; k < f->end; k++) {
-        if (f->cls[k - i] != CTPU_ROW_BCAST) continue;
+        if (f->cls[k - i] != CTPU_ROW_BCAST && !bf16_expand(&t->nodes[k])) continue;
         int reads = 0;
         for (int q = k + 1; q < f->end; q++)
             for (int r = 0; r < t->nodes[q].n_in; r++) reads += t->nodes[q].in[r] == nin + k;
@@ -150,7 +158,7 @@ static void scan_nodes(const ctpu_trace *t, int i, int max_end, ctpu_row_scan_in
             if (f->first != f->R.ndim - 1 || it[0]->dtype == CTPU_KDT_I32 || it[1]->dtype != CTPU_KDT_I32) break;
             if (m->in[0] >= nin + i || m->in[1] >= nin + i || !same(it[0], &f->P) || !same(it[1], &f->P)) break;
             cls = CTPU_ROW_FULL;
-        } else if (ctpu_vm_fusable(m, it)) {
+        } else if (ctpu_vm_fusable(m, it) || bf16_expand(m)) {
             if (!has_R) { f->R = m->out; has_R = true; }
             if (same(&m->out, &f->R)) cls = CTPU_ROW_FULL;
             else if (f->first >= 0 && same(&m->out, &f->P)) cls = CTPU_ROW_ROW;
@@ -223,7 +231,7 @@ static void row_fields(const ctpu_node *m, int cls, int64_t n, ctpu_row_ins *I)
         I->kind = cls == CTPU_ROW_ROW ? CTPU_ROWI_EW_ROW : CTPU_ROWI_EW_FULL;
         ew_fields(m, I);
     }
-    if (m->out.dtype == CTPU_KDT_BF16) I->flags |= CTPU_VM_ROUND_BF16;
+    if (m->out.dtype == CTPU_KDT_BF16 && !bf16_expand(m)) I->flags |= CTPU_VM_ROUND_BF16;
 }
 
 int ctpu_row_build(ctpu_row_prog *p, const ctpu_trace *t, int i, const ctpu_row_scan_info *f,
