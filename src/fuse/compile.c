@@ -64,7 +64,6 @@ typedef struct {
     int32_t *group;            /* [nn] fusion group of each node */
     int n_groups;
     bool *row_group;           /* [nn] per group: a row group (rows.c) */
-    bool *nll_group;           /* [nn] per group: an nll step (nll.c) */
     bool *loss_group;          /* [nn] per group: a loss step (loss.c) */
     bool *used_outside;        /* [nn] the node's value is read outside its group (or is an output) */
     /* plan buffers */
@@ -289,9 +288,8 @@ static bool pass_group_nodes(compile_ctx *cx)
     cx->group = al_alloc(&cx->al, sizeof(int32_t) * (size_t)(nn + 1));
     cx->used_outside = al_alloc(&cx->al, (size_t)(nn + 1));
     cx->row_group = al_alloc(&cx->al, (size_t)(nn + 1));
-    cx->nll_group = al_alloc(&cx->al, (size_t)(nn + 1));
     cx->loss_group = al_alloc(&cx->al, (size_t)(nn + 1));
-    if (!cx->uses || !cx->epi || !cx->group || !cx->used_outside || !cx->row_group || !cx->nll_group || !cx->loss_group)
+    if (!cx->uses || !cx->epi || !cx->group || !cx->used_outside || !cx->row_group || !cx->loss_group)
         return oom(cx);
     for (int i = 0; i < nn; i++)
         for (int k = 0; k < t->nodes[i].n_in; k++) cx->uses[t->nodes[i].in[k]]++;
@@ -303,13 +301,8 @@ static bool pass_group_nodes(compile_ctx *cx)
         for (int k = 0; k < n->n_in; k++) it[k] = type_of(t, n->in[k]);
         int j = i + 1;
         for (int q = 0; q < 4; q++) cx->epi[4 * i + q] = -1;
-        ctpu_nll_prog np;
-        int jn = t->debug_checks || n->op != CTPU_OP_NE_SCALAR ? -1 : ctpu_nll_match(t, i, cx->uses, &np);
-        int jl = jn > 0 || t->debug_checks ? -1 : ctpu_loss_match(t, i, cx->uses);
-        if (jn > 0) {
-            j = jn;
-            cx->nll_group[cx->n_groups] = true;
-        } else if (jl > 0) {
+        int jl = t->debug_checks ? -1 : ctpu_loss_match(t, i, cx->uses);
+        if (jl > 0) {
             j = jl;
             cx->loss_group[cx->n_groups] = true;
         } else if (ctpu_op_fusion(n->op) == CTPU_FUSE_MXU && n->out.ndim >= 2 && n->out.dtype == CTPU_KDT_F32 && !t->debug_checks)
@@ -529,29 +522,6 @@ static void mark_streams(const compile_ctx *cx, ctpu_vm_prog *vp)
     }
 }
 
-/* Nodes [i, j) as one nll step (nll.c). */
-static bool emit_nll(compile_ctx *cx, int i, int j, ctpu_step *step)
-{
-    ctpu_nll_prog *np = al_alloc(&cx->al, sizeof *np);
-    if (!np) return oom(cx);
-    if (ctpu_nll_match(cx->t, i, cx->uses, np) != j) {
-        snprintf(cx->err, cx->errlen, "compile: nll step at node %d cannot be built", i);
-        return false;
-    }
-    np->x_slot = cx->slot_of[np->x_val];
-    np->label_slot = cx->slot_of[np->label_val];
-    np->out_slot = cx->slot_of[cx->nin + j - 1];
-    np->sc_ne = cx->scal_base[np->node_ne];
-    np->sc_full_i = cx->scal_base[np->node_full_i];
-    np->sc_full_f = cx->scal_base[np->node_full_f];
-    if (np->x_slot < 0 || np->label_slot < 0 || np->out_slot < 0) {
-        snprintf(cx->err, cx->errlen, "compile: nll step at node %d cannot be bound", i);
-        return false;
-    }
-    *step = (ctpu_step){ ctpu_nll_exec, np };
-    return true;
-}
-
 /* Nodes [i, j) as one loss step (loss.c). */
 static bool emit_loss(compile_ctx *cx, int i, int j, ctpu_step *step)
 {
@@ -611,7 +581,6 @@ static bool pass_emit_steps(compile_ctx *cx)
         while (j < nn && cx->group[j] == cx->group[i]) j++;
         bool ok;
         if (cx->row_group[cx->group[i]]) ok = emit_row_group(cx, i, j, &cx->steps[s]);
-        else if (cx->nll_group[cx->group[i]]) ok = emit_nll(cx, i, j, &cx->steps[s]);
         else if (cx->loss_group[cx->group[i]]) ok = emit_loss(cx, i, j, &cx->steps[s]);
         else if (j - i >= 2 && ctpu_op_fusion(t->nodes[i].op) == CTPU_FUSE_MXU) ok = emit_matmul(cx, i, j, &cx->steps[s]);
         else if (j - i >= 2 && ctpu_op_is(t->nodes[j - 1].op, CTPU_OPK_REDUCTION))
@@ -707,7 +676,7 @@ static bool pass_debug_tables(compile_ctx *cx)
         cx->out_nan_ok[j] = t->outputs[j] >= nin && nan_defined(t, &t->nodes[t->outputs[j] - nin]);
     for (int st = 0; st < ns; st++) cx->step_node[st] = 0;
     /* the group's last node names its step, unless the group holds a node
-     * that can fault (an nll step's gather): a fault is that node's, with its op
+     * that can fault (a loss step's gather): a fault is that node's, with its op
      * number and label */
     for (int k = 0; k < nn; k++) {
         int32_t *sn = &cx->step_node[cx->group_step[cx->group[k]]];
@@ -896,7 +865,6 @@ static bool same_groups(const compile_ctx *cx, const compile_ctx *d)
     return memcmp(cx->group, d->group, sizeof(int32_t) * nn) == 0 &&
            memcmp(cx->epi, d->epi, sizeof(int32_t) * 4 * nn) == 0 &&
            memcmp(cx->row_group, d->row_group, (size_t)cx->n_groups) == 0 &&
-           memcmp(cx->nll_group, d->nll_group, (size_t)cx->n_groups) == 0 &&
            memcmp(cx->loss_group, d->loss_group, (size_t)cx->n_groups) == 0 &&
            memcmp(cx->used_outside, d->used_outside, nn) == 0;
 }

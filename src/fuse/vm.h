@@ -173,27 +173,6 @@ int ctpu_row_build(ctpu_row_prog *p, const ctpu_trace *t, int i, const ctpu_row_
                    const int32_t *slot_of, const bool *store, const int32_t *scalar_base);
 void ctpu_row_exec(const void *data, ctpu_exec_ctx *ctx);
 
-/* ------------------------------------------------------------ nll (nll.c)
- * nll_loss / cross_entropy's label path with mean reduction over a float
- * x [N, C] (log_softmax's output for cross_entropy) and i32 labels [N]:
- * valid, the safe index, the gathered value, its negation, the masked loss,
- * both sums and the division in one step, each with its node's bits. */
-typedef struct {
-    int64_t N, C;
-    uint8_t x_dtype;
-    bool neg_in_x_dtype;            /* the neg ran on x's dtype (bf16: rounded), before the cast */
-    int32_t x_val, label_val;       /* value ids (build) */
-    int node_ne, node_full_i, node_full_f;
-    int32_t x_slot, label_slot, out_slot;
-    int32_t sc_ne, sc_full_i, sc_full_f;   /* runtime scalars: ignore_index, the fills */
-} ctpu_nll_prog;
-
-/* The end of the nll pattern starting at node i (exactly its nodes, every
- * value but the division's read only inside), or -1; fills p's value and
- * node fields. */
-int ctpu_nll_match(const ctpu_trace *t, int i, const int32_t *uses, ctpu_nll_prog *p);
-void ctpu_nll_exec(const void *data, ctpu_exec_ctx *ctx);
-
 /* ------------------------------------------------------------ loss step (loss.c)
  * A classification loss's label path, reduction and gradient after
  * log_softmax (cross_entropy, nll_loss: every reduction, label smoothing,
