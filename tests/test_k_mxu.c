@@ -551,6 +551,36 @@ START_TEST(test_threads)
 }
 END_TEST
 
+/* Just-in-time packing: at one thread every operand, at 2 and 3 the split
+ * one (M, N or a batched operand) is packed chunk by chunk at first use, the
+ * shared one first. K over several 128-pair chunks (odd: the last chunk's
+ * zero partner), every split, B broadcast over a batch, A and B transposed
+ * or not (every pack path), every micro-kernel, at two precisions. */
+START_TEST(test_threads_jit_pack)
+{
+    const int64_t sh[][5] = { /* batch, M, N, K, B broadcast */
+        { 1, 30, 70, 301, 0 }, { 1, 90, 20, 277, 0 }, { 1, 16, 130, 263, 0 }, { 3, 9, 40, 259, 1 },
+        { 4, 10, 33, 270, 0 } };
+    ctpu_isa isa = all_isas[_i];
+    if (!have_isa(isa)) return;
+    cur_force = forced_impl(_i);
+    for (size_t si = 0; si < sizeof sh / sizeof sh[0]; si++)
+        for (int nt = 1; nt <= 3; nt++)
+            for (int v = 0; v < 4; v++) {
+                if (isa == CTPU_ISA_SCALAR && (nt == 2 || v > 1)) continue;   /* slow */
+                prob p = P(sh[si][0], sh[si][1], sh[si][2], sh[si][3]);
+                p.bcast_b = (int)sh[si][4];
+                p.ta = v & 1; p.tb = (v >> 1) & 1;
+                p.adt = (si + (size_t)v) & 1 ? CTPU_KDT_BF16 : CTPU_KDT_F32;
+                p.cdt = nt == 2 ? CTPU_KDT_BF16 : CTPU_KDT_F32;
+                p.prec = v == 3 ? 1 : 0;
+                p.level = 1;
+                check_prob(&p, isa, nt);
+            }
+    cur_force = NULL;
+}
+END_TEST
+
 /* A 1-row product equals that row of a larger product (and a 1-column one
  * that column), with the detected ISA: tiling never changes a result. */
 START_TEST(test_row_of_larger)
@@ -626,6 +656,7 @@ static Suite *mxu_suite(void)
     tcase_add_test(tc, test_epilogue_unfused);
     tcase_add_loop_test(tc, test_residual_in_place, 0, 4);
     tcase_add_test(tc, test_threads);
+    tcase_add_loop_test(tc, test_threads_jit_pack, 0, 4);
     tcase_add_test(tc, test_row_of_larger);
     tcase_add_test(tc, test_i32_exact);
     suite_add_tcase(s, tc);

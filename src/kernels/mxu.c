@@ -3,6 +3,9 @@
  *
  * 1. Pack (parallel over panels): both operands rounded to bf16 once, split
  *    into precision parts, laid out in K-pair-interleaved panels (mxu.h).
+ *    An operand only one thread reads is instead packed by it chunk by chunk
+ *    just before first use, its source prefetched by the micro-kernel before
+ *    (the row layout only: mm_prefetch_of).
  * 2. Compute (parallel over M x N only, never K): each thread owns a range of
  *    batch elements, N panels or M panels; within it, blocks of MC x NC are
  *    accumulated in an f32 scratch tile over KC-pair chunks (the accumulator
@@ -46,6 +49,7 @@ typedef struct {
     int lw;                     /* dwords per element pair per row: 1 or 2 (planar) */
     int direct;                 /* full tiles accumulate in c (f32, not read by the epilogue) */
     int64_t ars;                /* > 0: A in the row layout, this row stride (dwords) */
+    int lazy_a, lazy_b;         /* packed by the computing thread just before first use */
 } mm_ctx;
 
 /* Do bytes [p, p + n) and [q, q + m) overlap? */
@@ -58,7 +62,7 @@ static int mm_overlap(const void *p, int64_t n, const void *q, int64_t m)
 static void mm_pack_task(void *vctx, int tid, int nt)
 {
     mm_ctx *x = vctx;
-    int64_t ua = x->nba * x->mp, tot = ua + x->nbb * x->np;
+    int64_t ua = x->lazy_a ? 0 : x->nba * x->mp, tot = ua + (x->lazy_b ? 0 : x->nbb * x->np);
     int64_t u0 = tot * tid / nt, u1 = tot * (tid + 1) / nt;
     const ctpu_mm_args *g = x->g;
     while (u0 < u1) {
@@ -85,6 +89,30 @@ static void mm_pack_task(void *vctx, int tid, int nt)
         }
         if (is_a && x->ars) x->im->pack_ar(&pa, x->ars, q0, q1);
         else x->im->pack(&pa, q0, q1);
+    }
+}
+
+/* Just-in-time packing (one pass only): pairs [k0, k0 + kc) of panel q of
+ * batch element bi of A (is_a) or B, as a packing of the sub-operand that
+ * starts at the panel's first row and the chunk's first element (K' = 2 kc,
+ * or what is left of K: an odd K's zero partner is the chunk's), written at
+ * the chunk's place in the panel. The same dwords as packing whole panels. */
+static void mm_pack_chunk(const mm_ctx *x, int is_a, int64_t bi, int64_t q, int64_t k0, int64_t kc)
+{
+    const ctpu_mm_args *g = x->g;
+    ctpu_mxu_pack_args pa = is_a ? x->pka : x->pkb;
+    int64_t es = (int64_t)ctpu_kdt_size(pa.dt), bs = is_a ? g->a_bs : g->b_bs, e0 = 2 * k0;
+    pa.src = (const char *)pa.src + (bi * bs + q * pa.w * pa.si + e0 * pa.sk) * es;
+    pa.I -= q * pa.w;
+    pa.K = pa.K - e0 < 2 * kc ? pa.K - e0 : 2 * kc;
+    uint32_t *panel = is_a ? x->ap + ((x->nba > 1 ? bi : 0) * x->mp + q) * x->apd
+                           : x->bp + ((x->nbb > 1 ? bi : 0) * x->np + q) * x->bpd;
+    if (is_a && x->ars) {
+        pa.dst = panel + k0;
+        x->im->pack_ar(&pa, x->ars, 0, 1);
+    } else {
+        pa.dst = panel + k0 * pa.w * x->lw;
+        x->im->pack(&pa, 0, 1);
     }
 }
 
@@ -126,8 +154,7 @@ static void mm_finish(const ctpu_mm_args *g, int64_t bi, int64_t m0, int64_t m1,
         }
         int64_t coff = bi * g->c_bs + m * g->ldc + n0;
         if (g->c_dtype == CTPU_KDT_BF16) {
-            uint16_t *c = (uint16_t *)g->c + coff;
-            for (int64_t j = 0; j < w; j++) c[j] = ctpu_f32_to_bf16(v[j]);
+            ctpu_k_f32_to_bf16(v, (uint16_t *)g->c + coff, w);   /* the ISA's, same bits */
         } else if ((float *)g->c + coff != v) {    /* else accumulated in c itself */
             memcpy((float *)g->c + coff, v, (size_t)w * sizeof(float));
         }
@@ -143,8 +170,89 @@ static void mm_transpose(const ctpu_mxu_impl *im, const float *s, int64_t ld, in
         for (int64_t i = 0; i < rows; i++) d[j * ldd + i] = s[i * ld + j];
 }
 
+/* The source lines of part `part` of `parts` (split by its contiguous rows)
+ * of pairs [k0, k0 + kc) of panel q of batch bi of A (is_a) or B: what
+ * mm_pack_chunk will read. Operands with unit stride along i or k only
+ * (else pf->n = 0). */
+static void mm_src_lines(const mm_ctx *x, int is_a, int64_t bi, int64_t q, int64_t k0, int64_t kc, int64_t part,
+                         int64_t parts, ctpu_mxu_pf *pf)
+{
+    const ctpu_mm_args *g = x->g;
+    const ctpu_mxu_pack_args *pa = is_a ? &x->pka : &x->pkb;
+    int64_t es = (int64_t)ctpu_kdt_size(pa->dt), e0 = 2 * k0;
+    int64_t ni = pa->I - q * pa->w < pa->w ? pa->I - q * pa->w : pa->w;
+    int64_t nk = pa->K - e0 < 2 * kc ? pa->K - e0 : 2 * kc;
+    int64_t rows, len, stride;
+    pf->n = 0;
+    if (pa->sk == 1) { rows = ni; len = nk * es; stride = pa->si * es; }
+    else if (pa->si == 1) { rows = nk; len = ni * es; stride = pa->sk * es; }
+    else return;
+    const char *src = (const char *)pa->src + (bi * (is_a ? g->a_bs : g->b_bs) + q * pa->w * pa->si +
+                                               e0 * pa->sk) * es;
+    int64_t r0 = rows * part / parts, r1 = rows * (part + 1) / parts;
+    pf->base = src + r0 * stride;
+    pf->stride = stride;
+    pf->lpr = (int)((len + 63) / 64 + 1);   /* + 1: a row may start mid-line */
+    pf->n = (int)((r1 - r0) * pf->lpr);
+}
+
+/* Where a region's loops are: the block (jn.., im0..) and the tile. */
+typedef struct { int64_t bi, pm0, pm1, pn0, jn, jn1, im0, im1, k0, kc, j, i; int pack_a, pack_b; } mm_pos;
+
+/* What tile p prefetches: while the tiles of a just-packed chunk compute,
+ * the source of the next chunk to be packed — the next A panel's chunk, or
+ * else this tile's share of the next B panel's (the block's row of tiles
+ * shares it). Returns NULL when nothing is to be packed next. */
+static __attribute__((noinline)) const ctpu_mxu_pf *mm_prefetch_of(const mm_ctx *x, const mm_pos *p, ctpu_mxu_pf *pf)
+{
+    pf->n = 0;
+    if (p->pack_a && p->jn == p->pn0 && p->j == p->jn) {
+        int64_t qi = p->i + 1, k0 = p->k0;
+        if (qi >= p->im1) { qi = p->im0; k0 += MXU_KC; }
+        if (k0 >= x->kp) { qi = p->im1; k0 = 0; }
+        if (qi < p->pm1) mm_src_lines(x, 1, p->bi, qi, k0, MXU_KC, 0, 1, pf);
+    }
+    if (pf->n == 0 && p->pack_b && p->im0 == p->pm0) {
+        int64_t qj = p->j + 1, k0 = p->k0;
+        if (qj >= p->jn1) { qj = p->jn; k0 += MXU_KC; }
+        if (k0 < x->kp) mm_src_lines(x, 0, p->bi, qj, k0, MXU_KC, p->i - p->im0, p->im1 - p->im0, pf);
+    }
+    return pf->n > 0 ? pf : NULL;
+}
+
+/* One MR x NR tile of chunk p->k0: full tiles of a direct c (x->direct)
+ * accumulate in the scratch and the last chunk stores into c (with the row
+ * layout; other micro-kernels only when K is one chunk); edge tiles (past
+ * M or N) stay in the scratch. */
+static void mm_tile(const mm_ctx *x, const mm_pos *p, const uint32_t *ab, const uint32_t *bb, float *scr,
+                    float *cb, int64_t pmf, int64_t pnf)
+{
+    const ctpu_mm_args *g = x->g;
+    const ctpu_mxu_impl *im = x->im;
+    int mr = x->mr, nr = x->nr;
+    int64_t i = p->i, j = p->j, k0 = p->k0, kc = p->kc, ld = x->scr_ld;
+    int packing_b = p->pack_b && p->im0 == p->pm0, packing_a = p->pack_a && p->jn == p->pn0 && j == p->jn;
+    if (packing_b && i == p->im0 && kc > 0) mm_pack_chunk(x, 0, p->bi, j, k0, kc);
+    if (packing_a && kc > 0) mm_pack_chunk(x, 1, p->bi, i, k0, kc);
+    const uint32_t *bj = bb + j * x->bpd + k0 * nr * x->lw;
+    int last = !(i < x->mp - 1 || g->M % mr == 0), full = i < pmf && j < pnf;
+    float *st = scr + (i - p->im0) * mr * ld + (j - p->jn) * nr;
+    float *ct = full ? cb + i * mr * g->ldc + j * nr : st;
+    int64_t lc = full ? g->ldc : ld;
+    if (x->ars) {
+        ctpu_mxu_pf pfd;
+        const ctpu_mxu_pf *pf = packing_a || packing_b ? mm_prefetch_of(x, p, &pfd) : NULL;
+        int lastk = k0 + kc >= x->kp;
+        im->kernel_ar[last ? g->M % mr : mr](kc, ab + i * x->apd + k0, x->ars, bj, k0 > 0 ? st : NULL, ld,
+                                             lastk ? ct : st, lastk ? lc : ld, pf);
+        return;
+    }
+    ctpu_mxu_kernel_fn kf = !last || !im->kernel_rows ? im->kernel : im->kernel_rows[g->M % mr];
+    kf(kc, ab + i * x->apd + k0 * mr * x->lw, bj, ct, lc, k0 > 0);
+}
+
 /* One batch element, M panels [pm0, pm1) x N panels [pn0, pn1). */
-static void mm_region(mm_ctx *x, float *scr, int64_t bi, int64_t pm0, int64_t pm1, int64_t pn0,
+static void mm_region(mm_ctx *x, float *scr, int64_t bi, int first_bi, int64_t pm0, int64_t pm1, int64_t pn0,
                       int64_t pn1)
 {
     const ctpu_mm_args *g = x->g;
@@ -153,31 +261,21 @@ static void mm_region(mm_ctx *x, float *scr, int64_t bi, int64_t pm0, int64_t pm
     const uint32_t *ab = x->ap + (x->nba > 1 ? bi : 0) * x->mp * x->apd;
     const uint32_t *bb = x->bp + (x->nbb > 1 ? bi : 0) * x->np * x->bpd;
     int64_t ld = x->scr_ld;
-    /* full tiles accumulate in c itself when it can hold them (x->direct);
-     * edge tiles (past M or N) in the scratch */
     int64_t pmf = x->direct ? g->M / mr : 0, pnf = x->direct ? g->N / nr : 0;
     float *cb = (float *)g->c + bi * g->c_bs;
+    /* this call is the first use of its A (B) panels: pack them as it goes */
+    mm_pos p = { .bi = bi, .pm0 = pm0, .pm1 = pm1, .pn0 = pn0,
+                 .pack_a = x->lazy_a && (first_bi || x->nba > 1), .pack_b = x->lazy_b && (first_bi || x->nbb > 1) };
     for (int64_t jn = pn0; jn < pn1; jn += MXU_NC_PANELS) {
         int64_t jn1 = jn + MXU_NC_PANELS < pn1 ? jn + MXU_NC_PANELS : pn1;
         for (int64_t im0 = pm0; im0 < pm1; im0 += MXU_MC_PANELS) {
             int64_t im1 = im0 + MXU_MC_PANELS < pm1 ? im0 + MXU_MC_PANELS : pm1;
+            p.jn = jn; p.jn1 = jn1; p.im0 = im0; p.im1 = im1;
             for (int64_t k0 = 0; k0 == 0 || k0 < x->kp; k0 += MXU_KC) {
-                int64_t kc = x->kp - k0 < MXU_KC ? x->kp - k0 : MXU_KC;
-                for (int64_t j = jn; j < jn1; j++)
-                    for (int64_t i = im0; i < im1; i++) {
-                        const uint32_t *bj = bb + j * x->bpd + k0 * nr * x->lw;
-                        int last = !(i < x->mp - 1 || g->M % mr == 0);
-                        float *ct = i < pmf && j < pnf ? cb + i * mr * g->ldc + j * nr
-                                                       : scr + (i - im0) * mr * ld + (j - jn) * nr;
-                        int64_t lc = i < pmf && j < pnf ? g->ldc : ld;
-                        if (x->ars) {
-                            im->kernel_ar[last ? g->M % mr : mr](kc, ab + i * x->apd + k0, x->ars, bj, ct, lc,
-                                                                 k0 > 0);
-                            continue;
-                        }
-                        ctpu_mxu_kernel_fn kf = !last || !im->kernel_rows ? im->kernel : im->kernel_rows[g->M % mr];
-                        kf(kc, ab + i * x->apd + k0 * mr * x->lw, bj, ct, lc, k0 > 0);
-                    }
+                p.k0 = k0;
+                p.kc = x->kp - k0 < MXU_KC ? x->kp - k0 : MXU_KC;
+                for (p.j = jn; p.j < jn1; p.j++)
+                    for (p.i = im0; p.i < im1; p.i++) mm_tile(x, &p, ab, bb, scr, cb, pmf, pnf);
             }
             int64_t m0 = im0 * mr, m1 = im1 * mr < g->M ? im1 * mr : g->M;
             int64_t n0 = jn * nr, n1 = jn1 * nr < g->N ? jn1 * nr : g->N;
@@ -214,7 +312,7 @@ static void mm_compute_task(void *vctx, int tid, int nt)
     else if (x->split == 1) { n0 = x->np * tid / nt; n1 = x->np * (tid + 1) / nt; }
     else { m0 = x->mp * tid / nt; m1 = x->mp * (tid + 1) / nt; }
     if (m0 >= m1 || n0 >= n1) return;
-    for (int64_t bi = b0; bi < b1; bi++) mm_region(x, scr, bi, m0, m1, n0, n1);
+    for (int64_t bi = b0; bi < b1; bi++) mm_region(x, scr, bi, bi == b0, m0, m1, n0, n1);
 }
 
 static void mm_run(ctpu_k_pool *pool, int nt, void (*fn)(void *, int, int), void *ctx)
@@ -324,12 +422,14 @@ static void mm_do(const ctpu_mm_args *go, ctpu_k_pool *pool, ctpu_k_ws *ws)
     }
     x.bpd = ctpu_mxu_panel_dwords(&x.pkb) * (x.im->planar ? 2 : 1);
     x.lw = x.im->planar ? 2 : 1;
-    /* c as the accumulator: when K is one chunk (each tile is written once:
-     * no scratch, no copy; over several chunks c's rows, often 4 KiB apart,
-     * would share L1 sets), f32, rows at least N apart, and neither epilogue
-     * input in c's bytes (they are read after c is written) */
+    /* c as the output of full tiles: when K is one chunk (each tile is
+     * written once: no scratch, no copy) or, with the row layout, the last
+     * chunk's micro-kernel stores there (the chunks before accumulate in the
+     * scratch: c's rows, often 4 KiB apart, would share L1 sets); f32,
+     * rows at least N apart, and neither epilogue input in c's bytes (they
+     * are read after c is written) */
     int64_t cext = ((g->batch - 1) * g->c_bs + (g->M - 1) * g->ldc + g->N) * 4;
-    x.direct = !x.swap && x.kp <= MXU_KC && g->c_dtype == CTPU_KDT_F32 && g->ldc >= g->N && g->c_bs >= 0 &&
+    x.direct = !x.swap && (x.kp <= MXU_KC || x.ars) && g->c_dtype == CTPU_KDT_F32 && g->ldc >= g->N && g->c_bs >= 0 &&
                (!g->bias || !mm_overlap(g->c, cext, g->bias, g->N * (int64_t)ctpu_kdt_size(g->bias_dtype))) &&
                (!g->residual ||
                 !mm_overlap(g->c, cext, g->residual,
@@ -346,6 +446,18 @@ static void mm_do(const ctpu_mm_args *go, ctpu_k_pool *pool, ctpu_k_ws *ws)
     double ib = mm_imbalance(g->batch, nt), in = mm_imbalance(x.np, nt),
            imm = mm_imbalance(x.mp, nt);
     x.split = ib <= in && ib <= imm ? 0 : in <= imm ? 1 : 2;
+    /* With the row layout (one pass, the vdpbf16ps micro-kernel): an
+     * operand whose panels one thread alone reads (all of them at one
+     * thread; the split one's; a batched one's under a batch split) is
+     * packed by that thread chunk by chunk just before its first use, while
+     * the micro-kernel computing the chunk before prefetches its source
+     * (mm_prefetch_list): packing overlaps computing, and the packed chunk is
+     * still in cache when it is read. The shared ones are packed first, in
+     * parallel (so are all operands of the other micro-kernels). */
+    if (x.ars) {
+        x.lazy_a = nt == 1 || x.split == 2 || (x.split == 0 && x.nba > 1);
+        x.lazy_b = nt == 1 || x.split == 1 || (x.split == 0 && x.nbb > 1);
+    }
 
     x.scr_ld = (int64_t)MXU_NC_PANELS * x.nr + MXU_SCR_PAD;   /* rows not 2^k floats apart */
     x.scr_n = (int64_t)MXU_MC_PANELS * x.mr * x.scr_ld;
@@ -376,7 +488,7 @@ static void mm_do(const ctpu_mm_args *go, ctpu_k_pool *pool, ctpu_k_ws *ws)
 #ifdef MXU_PROF
     double t0 = mxu_prof_now();
 #endif
-    if (x.kp > 0) mm_run(pool, nt, mm_pack_task, &x);
+    if (x.kp > 0 && !(x.lazy_a && x.lazy_b)) mm_run(pool, nt, mm_pack_task, &x);
 #ifdef MXU_PROF
     double t1 = mxu_prof_now();
 #endif

@@ -232,9 +232,16 @@ static inline void ctpu_mxu_pack_generic(const ctpu_mxu_pack_args *pa, int64_t q
 typedef void (*ctpu_mxu_kernel_fn)(int64_t kp, const uint32_t *a, const uint32_t *b, float *c,
                                    int64_t ldc, int load);
 typedef void (*ctpu_mxu_pack_fn)(const ctpu_mxu_pack_args *pa, int64_t q0, int64_t q1);
-/* The same on a row-layout A (row r of the panel at a + r * as dwords). */
-typedef void (*ctpu_mxu_kernel_ar_fn)(int64_t kp, const uint32_t *a, int64_t as, const uint32_t *b, float *c,
-                                      int64_t ldc, int load);
+/* Cache lines for a micro-kernel to prefetch while it computes (hints, never
+ * read): n lines, lpr per row, the rows at base + r * stride (each from its
+ * 64-byte line down). */
+typedef struct { const char *base; int64_t stride; int lpr, n; } ctpu_mxu_pf;
+/* The same on a row-layout A (row r of the panel at a + r * as dwords),
+ * starting from cin (row stride ldin; NULL: from +0; may equal c) and
+ * storing into c; pf: NULL, or lines to prefetch, two per pair step. */
+typedef void (*ctpu_mxu_kernel_ar_fn)(int64_t kp, const uint32_t *a, int64_t as, const uint32_t *b,
+                                      const float *cin, int64_t ldin, float *c, int64_t ldc,
+                                      const ctpu_mxu_pf *pf);
 /* Row-layout packing: panel q at dst + q * w * rs, row r of it at + r * rs. */
 typedef void (*ctpu_mxu_pack_ar_fn)(const ctpu_mxu_pack_args *pa, int64_t rs, int64_t q0, int64_t q1);
 

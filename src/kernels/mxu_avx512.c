@@ -72,17 +72,29 @@ static const ctpu_mxu_kernel_fn mxu_dp_kernel_rows[DP_MR + 1] = {
 
 /* The same tile on a row-layout A (mxu.h): row r's pair p at a[r * as + p].
  * Five row pointers (rows 3j, 3j+1, 3j+2 at + 0, as, 2 as) advance one dword
- * per pair. */
-static inline __attribute__((always_inline)) void mxu_dp_rows_ar(int R, int64_t kp, const uint32_t *a,
-                                                                 int64_t as, const uint32_t *b, float *c,
-                                                                 int64_t ldc, int load)
+ * per pair. Starts from cin (NULL: +0), stores to c; with pf, each pair step
+ * also prefetches the next two of pf's lines (the source of the next chunk
+ * to pack: those loads wait on memory while this tile computes). */
+static inline __attribute__((always_inline)) void mxu_dp_rows_ar(int R, int PF, int64_t kp, const uint32_t *a,
+                                                                 int64_t as, const uint32_t *b, const float *cin,
+                                                                 int64_t ldin, float *c, int64_t ldc,
+                                                                 const ctpu_mxu_pf *pf)
 {
-    __m512 acc[DP_MR][2];
-    if (load) {
+    uintptr_t prow = PF ? (uintptr_t)pf->base : 0, pline = prow & ~(uintptr_t)63;
+    int pcol = 0, pleft = PF ? pf->n : 0;
+    if (c != cin) {   /* the output tile (c itself, not the scratch): its lines arrive while this computes */
 #pragma GCC unroll 14
         for (int r = 0; r < R; r++) {
-            acc[r][0] = _mm512_loadu_ps(c + r * ldc);
-            acc[r][1] = _mm512_loadu_ps(c + r * ldc + 16);
+            __builtin_prefetch(c + r * ldc, 1, 3);
+            __builtin_prefetch(c + r * ldc + 16, 1, 3);
+        }
+    }
+    __m512 acc[DP_MR][2];
+    if (cin) {
+#pragma GCC unroll 14
+        for (int r = 0; r < R; r++) {
+            acc[r][0] = _mm512_loadu_ps(cin + r * ldin);
+            acc[r][1] = _mm512_loadu_ps(cin + r * ldin + 16);
         }
     } else {
 #pragma GCC unroll 14
@@ -92,6 +104,19 @@ static inline __attribute__((always_inline)) void mxu_dp_rows_ar(int R, int64_t 
 #pragma GCC unroll 5
     for (int j = 0; j < 5; j++) ar[j] = a + (3 * j < R ? 3 * j : 0) * as;
     for (int64_t p = 0; p < kp; p++) {
+        if (PF && pleft > 0) {
+#pragma GCC unroll 2
+            for (int u = 0; u < 2; u++) {
+                _mm_prefetch((const char *)pline, _MM_HINT_T0);
+                pline += 64;
+                if (++pcol == pf->lpr) {
+                    pcol = 0;
+                    prow += (uintptr_t)pf->stride;
+                    pline = prow & ~(uintptr_t)63;
+                }
+            }
+            pleft -= 2;
+        }
         __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + p * NR);
         __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + p * NR + 16);
 #pragma GCC unroll 14
@@ -110,11 +135,13 @@ static inline __attribute__((always_inline)) void mxu_dp_rows_ar(int R, int64_t 
     }
 }
 
-#define MXU_DP_AR(R)                                                                                 \
+#define MXU_DP_AR(R)                                                                                  \
     static void mxu_kernel_avx512_dp_ar_##R(int64_t kp, const uint32_t *a, int64_t as, const uint32_t *b, \
-                                            float *c, int64_t ldc, int load)                         \
-    {                                                                                                \
-        mxu_dp_rows_ar(R, kp, a, as, b, c, ldc, load);                                               \
+                                            const float *cin, int64_t ldin, float *c, int64_t ldc,    \
+                                            const ctpu_mxu_pf *pf)                                    \
+    {                                                                                                 \
+        if (pf && pf->n > 0) mxu_dp_rows_ar(R, 1, kp, a, as, b, cin, ldin, c, ldc, pf);                            \
+        else mxu_dp_rows_ar(R, 0, kp, a, as, b, cin, ldin, c, ldc, pf);                               \
     }
 MXU_DP_AR(1) MXU_DP_AR(2) MXU_DP_AR(3) MXU_DP_AR(4) MXU_DP_AR(5) MXU_DP_AR(6) MXU_DP_AR(7)
 MXU_DP_AR(8) MXU_DP_AR(9) MXU_DP_AR(10) MXU_DP_AR(11) MXU_DP_AR(12) MXU_DP_AR(13) MXU_DP_AR(14)
