@@ -15,6 +15,8 @@
  *                                        exact-emulation limit), _vs_openblas /
  *                                        _vs_onednn per shape (1 thread),
  *                                        _2t_vs_1t at 1024^3
+ * argv[1] keeps only the lines whose names contain it, or any of its
+ * comma-separated parts (`peak,_1t`: the 1-thread lines and their limit).
  * Each anchor is optional: a `# skip` line on stderr when it is absent.
  * Every ctpu result is validated against ctpu_k_matmul_ref (bit for bit, on
  * sampled rows for the big shapes) before timing; times are medians (of
@@ -351,8 +353,20 @@ static double bench_sgemm(const shape *s, int nt, int lib)
 }
 #endif
 
-static const char *filter;   /* argv[1]: run only the lines whose name contains it */
-static int want(const char *name) { return !filter || strstr(name, filter); }
+static const char *filter;   /* argv[1]: run only the lines whose name contains it (or, comma-separated, any of them) */
+static int want(const char *name)
+{
+    if (!filter) return 1;
+    for (const char *f = filter; *f;) {
+        const char *e = strchr(f, ',');
+        size_t n = e ? (size_t)(e - f) : strlen(f);
+        for (const char *q = name; n && *q; q++)
+            if (!strncmp(q, f, n)) return 1;
+        if (!e) break;
+        f = e + 1;
+    }
+    return 0;
+}
 static void line(const char *name, double v, const char *unit) { printf("%s %.4g %s\n", name, v, unit); fflush(stdout); }
 
 int main(int argc, char **argv)
