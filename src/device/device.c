@@ -65,6 +65,13 @@ struct ctpu_device {
     _Alignas(64) atomic_uint_fast64_t completed; /* commands done (device) */
     _Alignas(64) atomic_int dev_sleeping;
     atomic_int host_waiters;
+    /* the lowest command count a parked host thread waits for (UINT64_MAX:
+     * none); set under mu by the waiters, reset by the device when it wakes
+     * them, so the device wakes a parked host once per wait, not once per
+     * command (a host waiting for half the queued work used to be woken,
+     * and go back to sleep, after every command: two futex calls on the
+     * device thread per command) */
+    atomic_uint_fast64_t wake_seq;
     _Alignas(64) pthread_mutex_t submit_mu;      /* producers */
     pthread_mutex_t mu;                          /* parking */
     pthread_cond_t cv_work, cv_done, cv_space;
@@ -73,6 +80,7 @@ struct ctpu_device {
     ctpu_buffer **deferred;
     size_t n_deferred, cap_deferred;
     atomic_size_t n_deferred_hint;
+    uint64_t deferred_min;                 /* the lowest last_seq in deferred (under defer_mu) */
     atomic_uint_fast64_t deferred_bytes;   /* HBM held only by pending commands */
     uint64_t deferred_limit;               /* past it, the host waits for the device */
     /* faults */
@@ -168,17 +176,27 @@ static void drain_deferred(ctpu_device *dev)
     if (atomic_load_explicit(&dev->n_deferred_hint, memory_order_relaxed) == 0) return;
     pthread_mutex_lock(&dev->defer_mu);
     uint64_t done = atomic_load(&dev->completed);
+    /* nothing has finished yet: no walk (a host running ahead allocates
+     * with thousands of buffers deferred) */
+    if (done < dev->deferred_min) {
+        pthread_mutex_unlock(&dev->defer_mu);
+        return;
+    }
     size_t k = 0;
+    uint64_t lo = UINT64_MAX;
     for (size_t i = 0; i < dev->n_deferred; i++) {
         ctpu_buffer *b = dev->deferred[i];
-        if (atomic_load(&b->last_seq) <= done) {
+        uint64_t q = atomic_load(&b->last_seq);
+        if (q <= done) {
             atomic_fetch_sub(&dev->deferred_bytes, b->bytes < 64 ? 64 : (b->bytes + 63) & ~(uint64_t)63);
             buffer_free_now(dev, b);
         } else {
             dev->deferred[k++] = b;
+            if (q < lo) lo = q;
         }
     }
     dev->n_deferred = k;
+    dev->deferred_min = lo;
     atomic_store(&dev->n_deferred_hint, k);
     pthread_mutex_unlock(&dev->defer_mu);
 }
@@ -280,6 +298,9 @@ void ctpu_buffer_release(ctpu_device *dev, ctpu_buffer *b)
         dev->cap_deferred = nc;
     }
     dev->deferred[dev->n_deferred++] = b;
+    /* a buffer no handle or command can reach any more: its last_seq is final */
+    uint64_t q = atomic_load(&b->last_seq);
+    if (dev->n_deferred == 1 || q < dev->deferred_min) dev->deferred_min = q;
     atomic_store(&dev->n_deferred_hint, dev->n_deferred);
     atomic_fetch_add(&dev->deferred_bytes, b->bytes < 64 ? 64 : (b->bytes + 63) & ~(uint64_t)63);
     pthread_mutex_unlock(&dev->defer_mu);
@@ -732,8 +753,9 @@ static void *device_main(void *p)
          * read, this is Dekker's pattern; a release store lets the
          * host_waiters load pass it and a host going to sleep is never woken */
         atomic_store_explicit(&dev->completed, head, memory_order_seq_cst);
-        if (atomic_load(&dev->host_waiters) > 0) {
+        if (atomic_load(&dev->host_waiters) > 0 && head >= atomic_load(&dev->wake_seq)) {
             pthread_mutex_lock(&dev->mu);
+            atomic_store(&dev->wake_seq, UINT64_MAX);   /* the woken re-register what they still wait for */
             pthread_cond_broadcast(&dev->cv_done);
             pthread_cond_broadcast(&dev->cv_space);
             pthread_mutex_unlock(&dev->mu);
@@ -759,7 +781,13 @@ static void wait_until(ctpu_device *dev, uint64_t seq, pthread_cond_t *cv)
         if ((++spins & 63) == 0 && ctpu_now_ns() - t0 > HOST_SPIN_NS) {
             pthread_mutex_lock(&dev->mu);
             atomic_fetch_add(&dev->host_waiters, 1);
-            while (atomic_load(&dev->completed) < seq) pthread_cond_wait(cv, &dev->mu);
+            /* seq_cst: wake_seq stored, then completed loaded, against the
+             * device's completed stored, then wake_seq loaded (Dekker's) */
+            while (atomic_load(&dev->completed) < seq) {
+                if (seq < atomic_load(&dev->wake_seq)) atomic_store(&dev->wake_seq, seq);
+                if (atomic_load(&dev->completed) >= seq) break;
+                pthread_cond_wait(cv, &dev->mu);
+            }
             atomic_fetch_sub(&dev->host_waiters, 1);
             pthread_mutex_unlock(&dev->mu);
         }
@@ -771,8 +799,10 @@ uint64_t ctpu_device_submit(ctpu_device *dev, ctpu_cmd *cmd)
     pthread_mutex_lock(&dev->submit_mu);
     uint64_t t = atomic_load_explicit(&dev->tail, memory_order_relaxed);
     if (t - atomic_load(&dev->completed) >= CTPU_RING_SIZE) {
+        /* a full ring: wait until half of it has run, not for one slot
+         * (one wake-up per half ring instead of one per command) */
         wake_device(dev);
-        wait_until(dev, t - CTPU_RING_SIZE + 1, &dev->cv_space);
+        wait_until(dev, t - CTPU_RING_SIZE / 2 + 1, &dev->cv_space);
     }
     ctpu_cmd *slot = &dev->ring[t % CTPU_RING_SIZE];
     *slot = *cmd;
@@ -843,6 +873,7 @@ ctpu_device *ctpu_device_create(const ctpu_chip_info *chip, uint64_t hbm_cap, in
     pthread_cond_init(&dev->cv_work, NULL);
     pthread_cond_init(&dev->cv_done, NULL);
     pthread_cond_init(&dev->cv_space, NULL);
+    atomic_init(&dev->wake_seq, UINT64_MAX);
 
     worker_pool *wp = &dev->wp;
     if (nthreads < 1) nthreads = 1;
