@@ -72,6 +72,8 @@ typedef struct {
     int32_t *group_step;       /* [n_groups] the step that runs each group */
     int32_t *def_step;         /* [nv] step defining each value (-1: an input) */
     int32_t *last_use;         /* [nv] last step reading it from memory, -1 none */
+    int32_t *view_of;          /* [nv] the scratch value whose memory a view (reshape, contiguous slice) is, -1 none */
+    size_t *view_off;          /* [nv] a view's byte offset into that value's memory */
     int n_steps;
     int n_virtual;             /* values given scratch offsets */
     size_t *virt_off;          /* [n_virtual] */
@@ -378,8 +380,57 @@ static bool order_steps(compile_ctx *cx)
     return true;
 }
 
+/* The byte offset at which node value v (a reshape, or a slice of
+ * contiguous elements: step 1 along a dim with only 1s before it) reads its
+ * input's memory; -1 when it is neither. */
+static int64_t view_offset(const compile_ctx *cx, int v)
+{
+    const ctpu_node *n = &cx->t->nodes[v - cx->nin];
+    if (n->op == CTPU_OP_RESHAPE) return 0;
+    if (n->op != CTPU_OP_SLICE) return -1;
+    const ctpu_vtype *x = type_of(cx->t, n->in[0]);
+    int dim = n->attr.dims[0];
+    if (n->attr.i64[2] != 1 && n->out.shape[dim] > 1) return -1;
+    int64_t inner = 1;
+    for (int d = 0; d < x->ndim; d++) {
+        if (d < dim && x->shape[d] != 1) return -1;
+        if (d > dim) inner *= x->shape[d];
+    }
+    return n->attr.i64[0] * inner * (int64_t)ctpu_kdt_size(x->dtype);
+}
+
+/* Views: a reshape or contiguous slice that is a step of its own, of a
+ * scratch value, itself in scratch (not a program input or output), at a
+ * 64-byte aligned offset, is that value's memory (the step does nothing);
+ * the viewed value (the root of a chain of views) then lives until the
+ * last read of any of its views. The same bytes either way: a copy of
+ * them is what the step did before. */
+static bool plan_views(compile_ctx *cx)
+{
+    int nin = cx->nin, nn = cx->nn;
+    cx->view_of = al_alloc(&cx->al, sizeof(int32_t) * (size_t)(cx->nv + 1));
+    cx->view_off = al_alloc(&cx->al, sizeof(size_t) * (size_t)(cx->nv + 1));
+    if (!cx->view_of || !cx->view_off) return oom(cx);
+    for (int v = 0; v < cx->nv; v++) { cx->view_of[v] = -1; cx->view_off[v] = 0; }
+    for (int i = 0; i < nn; i++) {
+        int v = nin + i;
+        bool alone = (i == 0 || cx->group[i - 1] != cx->group[i]) && (i + 1 == nn || cx->group[i + 1] != cx->group[i]);
+        if (!alone || cx->slot_of[v] >= 0 || !cx->used_outside[i] || cx->t->debug_checks) continue;
+        int32_t u = cx->t->nodes[i].in[0];
+        if (u < nin || cx->slot_of[u] >= 0 || !cx->used_outside[u - nin]) continue;
+        int64_t off = view_offset(cx, v);
+        if (off < 0 || off % 64) continue;
+        int32_t root = cx->view_of[u] >= 0 ? cx->view_of[u] : u;
+        cx->view_of[v] = root;
+        cx->view_off[v] = cx->view_off[u] + (size_t)off;
+        if (cx->last_use[v] > cx->last_use[root]) cx->last_use[root] = cx->last_use[v];
+    }
+    return true;
+}
+
 /* Values needing memory that are not bound get scratch offsets; an offset
- * is reused once the value there is dead (first fit). */
+ * is reused once the value there is dead (first fit). A view takes its
+ * root's offset plus its own (roots are placed first). */
 static bool plan_scratch(compile_ctx *cx)
 {
     int nin = cx->nin, nv = cx->nv;
@@ -389,8 +440,9 @@ static bool plan_scratch(compile_ctx *cx)
     int32_t *vv = al_alloc(&cx->al, sizeof(int32_t) * ((size_t)cx->n_virtual + 1));
     size_t *vsize = al_alloc(&cx->al, sizeof(size_t) * ((size_t)cx->n_virtual + 1));
     if (!cx->virt_off || !vv || !vsize) return oom(cx);
-    for (int v = nin, k = 0; v < nv; v++) {
-        if (cx->slot_of[v] >= 0 || !cx->used_outside[v - nin]) continue;
+    int k = 0;
+    for (int v = nin; v < nv; v++) {
+        if (cx->slot_of[v] >= 0 || !cx->used_outside[v - nin] || cx->view_of[v] >= 0) continue;
         const ctpu_vtype *ty = type_of(cx->t, v);
         size_t sz = ((size_t)ctpu_vtype_numel(ty) * ctpu_kdt_size(ty->dtype) + 63) & ~(size_t)63;
         /* first fit among offsets of values dead before this one is defined */
@@ -414,12 +466,19 @@ static bool plan_scratch(compile_ctx *cx)
         if (off + sz > cx->scratch) cx->scratch = off + sz;
         k++;
     }
+    for (int v = nin; v < nv; v++) {
+        if (cx->view_of[v] < 0) continue;
+        int32_t rk = cx->slot_of[cx->view_of[v]] - (cx->nin + cx->no + 1);
+        cx->virt_off[k] = cx->virt_off[rk] + cx->view_off[v];
+        cx->slot_of[v] = cx->nin + cx->no + 1 + k;
+        k++;
+    }
     return true;
 }
 
 static bool pass_plan_buffers(compile_ctx *cx)
 {
-    return order_steps(cx) && plan_scratch(cx);
+    return order_steps(cx) && plan_views(cx) && plan_scratch(cx);
 }
 
 /* ------------------------------------------------------------ emit steps */
@@ -553,13 +612,20 @@ static bool emit_vm_group(compile_ctx *cx, int i, int j, ctpu_step *step)
 }
 
 /* Node i alone: its op's kernel entry. */
+/* A view's step: its value is already there (plan_views). */
+static void exec_view(const void *data, ctpu_exec_ctx *ctx)
+{
+    (void)data;
+    (void)ctx;
+}
+
 static bool emit_node(compile_ctx *cx, int i, ctpu_step *step)
 {
     const ctpu_node *nd = &cx->t->nodes[i];
     ctpu_step_data *sd = node_data(cx, i);
     if (!sd) return oom(cx);
     sd->out_slot = cx->slot_of[cx->nin + i];
-    ctpu_dev_step_fn fn = ctpu_exec_fn_for(nd->op);
+    ctpu_dev_step_fn fn = cx->view_of[cx->nin + i] >= 0 ? exec_view : ctpu_exec_fn_for(nd->op);
     bool bad = fn == NULL || sd->out_slot < 0;
     for (int q = 0; q < nd->n_in; q++) bad |= sd->in_slot[q] < 0;
     if (bad) {
