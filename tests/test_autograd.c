@@ -719,6 +719,32 @@ START_TEST(t_softplus_threshold)
 }
 END_TEST
 
+/* exact GELU's gradient Φ(x) + x φ(x), Φ taken from the forward's result
+ * (gelu(x) / x, 0.5 where |x| < 1e-30): within 2e-6 of the float64 value
+ * from x = -5 to 7, the tail included (Φ as (1 + erf(x / sqrt 2)) / 2 was
+ * 4e-3 off at -5: 1 + erf cancels), exactly 0.5 at 0, at a subnormal and
+ * at 1e-31, and in debug eager too (no NaN made at 0: debug checks would
+ * report it). */
+START_TEST(t_gelu_erf_grad)
+{
+    float v[12] = { -5, -4, -3, -1.5f, -0.25f, -1e-31f, 0, 1e-40f, 1e-30f, 0.75f, 2.5f, 7 }, g[12];
+    for (int mode = 0; mode < 3; mode++) {
+        ctpu_set_mode(mode == 0 ? CTPU_MODE_STRICT : mode == 1 ? CTPU_MODE_DEBUG : CTPU_MODE_DEFER_FUSE);
+        ctpu_tensor x = vec(v, 12);
+        ctpu_set_requires_grad(x, true);
+        ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_gelu(x, false), 0, NULL, false)), CTPU_OK);
+        readt(ctpu_grad(x), g, 12);
+        for (int i = 0; i < 12; i++) {
+            double xd = v[i], ref = 0.5 * erfc(-xd / sqrt(2.0)) + xd * exp(-0.5 * xd * xd) / sqrt(2.0 * M_PI);
+            if (fabs(xd) < 1e-30) ck_assert_msg(g[i] == 0.5f, "gelu'(%g) = %.9g, not 0.5 (mode %d)", xd, g[i], mode);
+            else ck_assert_msg(fabs(g[i] - ref) <= 2e-6 * fabs(ref), "gelu'(%g) = %.9g, float64 %.9g (mode %d)", xd, g[i], ref, mode);
+        }
+        ctpu_release(x);
+    }
+    ctpu_set_mode(CTPU_MODE_STRICT);
+}
+END_TEST
+
 /* embedding backward adds repeated indices (in input order) */
 START_TEST(t_embedding_repeats)
 {
@@ -866,6 +892,7 @@ static Suite *suite(void)
     tcase_add_test(ts, t_bf16_cast);
     tcase_add_test(ts, t_max_ties);
     tcase_add_test(ts, t_softplus_threshold);
+    tcase_add_test(ts, t_gelu_erf_grad);
     tcase_add_test(ts, t_embedding_repeats);
     tcase_add_test(ts, t_no_leak);
     suite_add_tcase(s, ts);
