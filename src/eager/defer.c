@@ -209,8 +209,66 @@ static bool dyn_guess(const ctpu_node *n, ctpu_trec *const *in, ctpu_dyndim *out
     return any;
 }
 
+/* Is recorded input j (type ty) what entry e's last trace had there, but
+ * for the dims e learnt? */
+static bool amem_explains(const ctpu_auto_mem *e, int j, const ctpu_vtype *ty)
+{
+    const ctpu_vtype *b = &e->in[j];
+    for (int q = 0; q < ty->ndim; q++) {
+        if (ty->shape[q] == b->shape[q]) continue;
+        bool dyn = false;
+        for (int k = 0; k < e->n_dims && !dyn && e->learnt; k++)
+            dyn = e->rec[k] == j && e->dim[k] == q && ty->shape[q] % e->coef[k] == 0;
+        if (!dyn) return false;
+    }
+    return true;
+}
+
+/* TORCH_TPU_AUTO_DYNAMIC: the structure entry recorded input i (of the
+ * types it) follows: of those whose input dtypes and ranks agree with the
+ * trace's so far, the most recent of the ones whose inputs it explains
+ * (the same extents but for its learnt dims), else the most recent. */
+static ctpu_auto_mem *amem_follow(const ctpu_vtype *it, size_t i)
+{
+    ctpu_defer_state *df = &t_df;
+    for (size_t j = (size_t)df->amem_hi; j <= i; j++)
+        for (int k = 0; k < df->n_amem; k++) {
+            const ctpu_auto_mem *e = &df->amem[k];
+            uint32_t bit = 1u << k;
+            if (!(df->amem_alive & bit)) continue;
+            if (j >= (size_t)e->n_in || e->in[j].dtype != it[j].dtype || e->in[j].ndim != it[j].ndim)
+                df->amem_alive &= ~bit;
+            else if (!amem_explains(e, (int)j, &it[j]))
+                df->amem_expl &= ~bit;
+        }
+    if (i + 1 > (size_t)df->amem_hi) df->amem_hi = (int)(i + 1);
+    ctpu_auto_mem *best = NULL;
+    for (int pass = 0; pass < 2 && !best; pass++) {
+        uint32_t m = df->amem_alive & (pass == 0 ? df->amem_expl : ~0u);
+        for (int k = 0; k < df->n_amem; k++)
+            if ((m & (1u << k)) && (!best || df->amem[k].used > best->used)) best = &df->amem[k];
+    }
+    df->amem_none = !best;           /* later inputs cannot agree either */
+    return best;
+}
+
+/* The extent coefficient of a speculated dim that changed from -> to: 1
+ * for the trace's first such change (or the same extents), c when it is
+ * c times the first one's in both; 1 otherwise (another dim: the flush
+ * will not confirm it). */
+static int64_t spec_coef(int64_t from, int64_t to)
+{
+    if (!t_df.spec_from) { t_df.spec_from = from; t_df.spec_to = to; return 1; }
+    int64_t f0 = t_df.spec_from, t0 = t_df.spec_to;
+    if (from % f0 == 0 && to % t0 == 0 && from / f0 == to / t0 && from / f0 >= 2) return from / f0;
+    return 1;
+}
+
 /* TORCH_TPU_AUTO_DYNAMIC: recorded input i (record r, no marks of its own)
- * gets the dims a rule learnt (auto_dynamic_learn) when its type matches. */
+ * marked as the structure the trace follows says: its learnt dims, or,
+ * none learnt yet, the one dim the input differs in from that structure's
+ * last trace, over [2, 2^31-1] (coef c for an extent c x the first changed
+ * one's). The marks are tentative (spec) until the flush confirms them. */
 static void auto_dynamic_mark(ctpu_trec *r, size_t i)
 {
     ctpu_buffer *const *ib;
@@ -218,49 +276,41 @@ static void auto_dynamic_mark(ctpu_trec *r, size_t i)
     const ctpu_vtype *it;
     int ni = ctpu_trace_rec_inputs(t_df.rec, &ib, &io, &it);
     if (i >= (size_t)ni) return;
+    ctpu_auto_mem *e = amem_follow(it, i);
+    if (!e) return;
+    const ctpu_vtype *a = &it[i], *b = &e->in[i];
     ctpu_dyndim d[CTPU_MAX_DIMS];
     memset(d, 0, sizeof d);
     bool any = false;
-    for (int k = 0; k < t_df.n_auto_dyn; k++) {
-        const ctpu_vtype *ty = &t_df.auto_dyn[k].type;
-        int dim = t_df.auto_dyn[k].dim;
-        if ((size_t)t_df.auto_dyn[k].rec != i || ty->dtype != it[i].dtype || ty->ndim != it[i].ndim) continue;
-        bool same = true;
-        for (int e = 0; e < ty->ndim && same; e++) same = e == dim || ty->shape[e] == it[i].shape[e];
-        if (!same) continue;
-        d[dim] = (ctpu_dyndim){ 2, 2147483647, 1 };
+    if (e->learnt) {
+        for (int k = 0; k < e->n_dims; k++) {
+            int dim = e->dim[k];
+            int64_t c = e->coef[k];
+            if (e->rec[k] != (int32_t)i || dim >= a->ndim || c < 1 || a->shape[dim] % c) continue;
+            if (a->shape[dim] / c < 2 || a->shape[dim] / c > 2147483647) continue;
+            d[dim] = (ctpu_dyndim){ 2, 2147483647, c };
+            any = true;
+        }
+    } else {
+        int n = 0, dim = -1;
+        for (int q = 0; q < a->ndim; q++)
+            if (a->shape[q] != b->shape[q]) { n++; dim = q; }
+        if (n != 1 || b->shape[dim] < 1) return;
+        int64_t c = spec_coef(b->shape[dim], a->shape[dim]);
+        if (a->shape[dim] / c < 2 || a->shape[dim] / c > 2147483647) return;
+        d[dim] = (ctpu_dyndim){ 2, 2147483647, c };
         any = true;
     }
-    if (any) ctpu__rec_set_dyn(r, d, it[i].ndim);
-}
-
-/* TORCH_TPU_AUTO_DYNAMIC, no rule learnt for it yet: recorded input i
- * (record r) that differs from the last flushed trace's input at its
- * position in exactly one dim (an extent >= 2) gets that dim marked over
- * [2, 2^31-1] speculatively; the flush keeps the marks only if the trace
- * is its structure's first one-dim recompile (spec_confirm), so that
- * recompile compiles the dynamic program. */
-static void auto_dynamic_speculate(ctpu_trec *r, size_t i)
-{
-    ctpu_buffer *const *ib;
-    const size_t *io;
-    const ctpu_vtype *it;
-    int ni = ctpu_trace_rec_inputs(t_df.rec, &ib, &io, &it);
-    if (i >= (size_t)ni || i >= (size_t)t_df.n_prev_in || t_df.n_spec == 16) return;
-    const ctpu_vtype *a = &it[i], *b = &t_df.prev_in[i];
-    if (a->dtype != b->dtype || a->ndim != b->ndim) return;
-    int n = 0, dim = -1;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d]) { n++; dim = d; }
-    if (n != 1 || a->shape[dim] < 2 || a->shape[dim] > 2147483647) return;
-    ctpu_dyndim d[CTPU_MAX_DIMS];
-    memset(d, 0, sizeof d);
-    d[dim] = (ctpu_dyndim){ 2, 2147483647, 1 };
-    if (!ctpu__rec_set_dyn(r, d, a->ndim)) return;
-    t_df.spec[t_df.n_spec].rec = (int32_t)i;
-    t_df.spec[t_df.n_spec].dim = dim;
-    t_df.spec[t_df.n_spec].r = r;
-    t_df.spec[t_df.n_spec++].gen = atomic_load_explicit(&r->gen, memory_order_relaxed);
+    if (!any || !ctpu__rec_set_dyn(r, d, a->ndim)) return;
+    for (int q = 0; q < a->ndim; q++) {
+        if (d[q].coef <= 0) continue;
+        if (t_df.n_spec == 16) { t_df.spec_full = true; continue; }
+        t_df.spec[t_df.n_spec].rec = (int32_t)i;
+        t_df.spec[t_df.n_spec].dim = q;
+        t_df.spec[t_df.n_spec].coef = (int32_t)d[q].coef;
+        t_df.spec[t_df.n_spec].r = r;
+        t_df.spec[t_df.n_spec++].gen = atomic_load_explicit(&r->gen, memory_order_relaxed);
+    }
 }
 
 static bool is_spec(const ctpu_trec *r)
@@ -270,16 +320,24 @@ static bool is_spec(const ctpu_trec *r)
     return false;
 }
 
-/* The marks of the inputs: the tensor's own (ctpu_mark_dynamic, or kept
- * from a trace before), a learnt automatic rule's, a speculative one. */
+/* Recorded input i has dims marked otherwise than automatically. */
+static void note_other(size_t i)
+{
+    t_df.other_dyn = true;
+    for (int k = 0; k < t_df.n_other && k < 16; k++)
+        if (t_df.other_rec[k] == (int32_t)i) return;
+    if (t_df.n_other < 16) t_df.other_rec[t_df.n_other] = (int32_t)i;
+    if (t_df.n_other <= 16) t_df.n_other++;
+}
+
+/* The marks of the inputs: the tensor's own (ctpu_mark_dynamic, or a value
+ * a trace before made with dynamic dims), or automatic ones. */
 static void input_marks(ctpu_trec *r, size_t i)
 {
     if (r->dyn) {
-        if (!is_spec(r)) t_df.other_dyn = true;
-    } else {
-        if (t_df.n_auto_dyn) auto_dynamic_mark(r, i);
-        if (r->dyn) t_df.other_dyn = true;
-        else if (ctpu_rt->auto_dynamic) auto_dynamic_speculate(r, i);
+        if (!is_spec(r)) note_other(i);
+    } else if (ctpu_rt->auto_dynamic && !t_df.amem_none) {
+        auto_dynamic_mark(r, i);
     }
     if (r->dyn) dyn_note(true, i, r->dyn);
 }
@@ -305,6 +363,17 @@ static bool input_vref(ctpu_trec *r, const char *op, ctpu_vref *out)
     else if (r->dyn) dyn_note(true, (size_t)(-v - 1), r->dyn);   /* a capture: ctpu_mark_dynamic's marks only */
     *out = v;
     return true;
+}
+
+void ctpu__defer_auto_inputs(ctpu_trec *const *in, int n_in)
+{
+    if (ctpu__capturing() || !state_ready()) return;
+    for (int i = 0; i < n_in; i++) {
+        ctpu_trec *r = in[i];
+        if (!r || r->dyn || ctpu_rec_pending(r) || t_df.amem_none) continue;
+        ctpu_vref v = ctpu_trace_rec_input(t_df.rec, r->buf, r->off, &r->type);
+        if (v != CTPU_VREF_OOM && v < 0) input_marks(r, (size_t)(-v - 1));
+    }
 }
 
 ctpu_tensor ctpu__defer_node(ctpu_node *node, const char *call, ctpu_trec *const *inputs, const ctpu_tensor *in_h,
@@ -460,9 +529,10 @@ static void poison_holders(ctpu_status st, const char *msg)
     }
 }
 
-/* Speculative automatic marks the flush did not confirm: gone from the
- * inputs and from the values the trace made (their automatic dims). */
-static void drop_spec(void)
+/* The automatic marks of the trace: gone from its input handles (the next
+ * trace marks them again, as its structure says) and, when the flush did
+ * not confirm them, from the values the trace made (their automatic dims). */
+static void drop_spec(bool confirmed)
 {
     for (int k = 0; k < t_df.n_spec; k++) {
         ctpu_trec *r = t_df.spec[k].r;
@@ -472,6 +542,7 @@ static void drop_spec(void)
         d[t_df.spec[k].dim] = (ctpu_dyndim){ 0, 0, 0 };
         ctpu__rec_set_dyn(r, d, r->type.ndim);
     }
+    if (confirmed) return;
     ctpu_trec *const *pages = ctpu_rt->pages;
     for (size_t i = 0; i < t_df.n_holders; i++) {
         ctpu_trec *r = ctpu_slot_if_live(pages, t_df.holders[i]);
@@ -484,31 +555,85 @@ static void drop_spec(void)
     }
 }
 
-/* TORCH_TPU_AUTO_DYNAMIC: the recorded inputs' types, for the next trace's
- * speculative marks (a trace without inputs leaves the last one's). */
-static void keep_prev_inputs(void)
+/* TORCH_TPU_AUTO_DYNAMIC, after a flush of structure sh: its entry takes
+ * this trace's recorded input types and, once the structure's first
+ * one-dim recompile is known (fin: the trace compiled here), its dims. */
+static void amem_update(uint64_t sh, const ctpu_trace_final *fin, const ctpu_launch_plan *pl)
 {
+    ctpu_defer_state *df = &t_df;
     ctpu_buffer *const *ib;
     const size_t *io;
     const ctpu_vtype *it;
-    int ni = ctpu_trace_rec_inputs(t_df.rec, &ib, &io, &it);
-    if (ni <= 0) return;
-    if (ni > t_df.cap_prev_in) {
-        ctpu_vtype *p = realloc(t_df.prev_in, sizeof *p * (size_t)ni);
-        if (!p) { t_df.n_prev_in = 0; return; }
-        t_df.prev_in = p;
-        t_df.cap_prev_in = ni;
+    int ni = ctpu_trace_rec_inputs(df->rec, &ib, &io, &it);
+    if (!sh || ni <= 0) return;
+    ctpu_auto_mem *e = NULL;
+    for (int k = 0; k < df->n_amem && !e; k++)
+        if (df->amem[k].struct_hash == sh) e = &df->amem[k];
+    if (!e && df->n_amem < 16) {
+        if (df->n_amem == df->cap_amem) {
+            ctpu_auto_mem *na = realloc(df->amem, sizeof *na * (size_t)(df->cap_amem ? df->cap_amem * 2 : 4));
+            if (!na) return;
+            df->amem = na;
+            df->cap_amem = df->cap_amem ? df->cap_amem * 2 : 4;
+        }
+        e = &df->amem[df->n_amem++];
+        memset(e, 0, sizeof *e);
+    } else if (!e) {                 /* the least recently flushed structure makes room */
+        e = &df->amem[0];
+        for (int k = 1; k < df->n_amem; k++)
+            if (df->amem[k].used < e->used) e = &df->amem[k];
+        free(e->in);
+        memset(e, 0, sizeof *e);
     }
-    memcpy(t_df.prev_in, it, sizeof *it * (size_t)ni);
-    t_df.n_prev_in = ni;
+    if (e->struct_hash != sh || ni > e->n_in) {
+        ctpu_vtype *p = realloc(e->in, sizeof *p * (size_t)ni);
+        if (!p) { e->n_in = 0; return; }
+        e->in = p;
+    }
+    e->struct_hash = sh;
+    e->used = ++df->amem_seq;
+    memcpy(e->in, it, sizeof *it * (size_t)ni);
+    e->n_in = ni;
+    int in[16], dim[16], coef[16];
+    int n = !e->learnt && fin && pl ? ctpu__report_auto_pairs(&fin->t, in, dim, coef, 16) : 0;
+    for (int k = 0; k < n; k++) {
+        if (in[k] < 0 || in[k] >= pl->n_in) continue;
+        int32_t rec = pl->in_src[in[k]];
+        if (rec < 0 || rec >= ni || dim[k] < 0 || dim[k] >= it[rec].ndim) continue;
+        e->rec[e->n_dims] = rec;
+        e->dim[e->n_dims] = dim[k];
+        e->coef[e->n_dims++] = coef[k];
+    }
+    e->learnt |= n > 0;
+}
+
+/* The structure a program was compiled for (amem_update on a cache hit). */
+static void amap_put(uint64_t program, uint64_t sh)
+{
+    int n = (int)(sizeof t_df.amap / sizeof t_df.amap[0]);
+    for (int k = 0; k < t_df.n_amap && k < n; k++)
+        if (t_df.amap[k].program == program) { t_df.amap[k].struct_hash = sh; return; }
+    int k = t_df.n_amap++ % n;
+    t_df.amap[k].program = program;
+    t_df.amap[k].struct_hash = sh;
+}
+
+static uint64_t amap_get(uint64_t program)
+{
+    int n = (int)(sizeof t_df.amap / sizeof t_df.amap[0]);
+    for (int k = 0; k < t_df.n_amap && k < n; k++)
+        if (t_df.amap[k].program == program) return t_df.amap[k].struct_hash;
+    return 0;
 }
 
 static void reset_trace(void)
 {
-    if (t_df.n_spec && !t_df.spec_ok) drop_spec();
-    t_df.n_spec = 0;
-    t_df.spec_ok = t_df.other_dyn = false;
-    if (ctpu_rt->auto_dynamic) keep_prev_inputs();
+    if (t_df.n_spec) drop_spec(t_df.spec_ok);
+    t_df.n_spec = t_df.n_other = 0;
+    t_df.spec_ok = t_df.other_dyn = t_df.spec_full = t_df.amem_none = false;
+    t_df.spec_from = t_df.spec_to = 0;
+    t_df.amem_alive = t_df.amem_expl = ~0u;
+    t_df.amem_hi = 0;
     if (t_df.any_dyn) {
         if (t_df.in_has_dyn) memset(t_df.in_has_dyn, 0, t_df.cap_in_dyn);
         if (t_df.node_has_dyn) memset(t_df.node_has_dyn, 0, t_df.cap_node_dyn);
@@ -869,28 +994,49 @@ static const char *first_label(const ctpu_trace_final *fin)
     return l[0] ? l : NULL;
 }
 
-/* TORCH_TPU_AUTO_DYNAMIC: the speculative marks of this trace are exactly
- * the dim its structure's first one-dim recompile changes (the policy's
- * detection, before the compile): they stay, and the recompile compiles
- * the dynamic program. Compared as sets of (input, dim): one input read
- * through several handles (the tensor and the copy autograd saves of it
- * for a backward rule) is marked once per handle, one input all the same. */
+/* Does the (recorded input, dim, coef) triple of spec entry s, or of the
+ * required triple (rec, dim, coef), have its match in the other set? */
+static bool spec_has(int32_t rec, int dim, int coef)
+{
+    for (int s = 0; s < t_df.n_spec; s++)
+        if (t_df.spec[s].rec == rec && t_df.spec[s].dim == dim && t_df.spec[s].coef == coef) return true;
+    return false;
+}
+
+static bool is_other(int32_t rec)
+{
+    for (int k = 0; k < t_df.n_other && k < 16; k++)
+        if (t_df.other_rec[k] == rec) return true;
+    return false;
+}
+
+/* TORCH_TPU_AUTO_DYNAMIC: the automatic marks of this trace are exactly
+ * what its own structure requires (policy.c): the dims its first one-dim
+ * recompile made dynamic, or, when this trace is that recompile (the
+ * policy's detection, before the compile), the dim it changes. Then they
+ * stay and the recompile compiles the dynamic program. Compared as sets of
+ * (recorded input, dim, coef): one input read through several handles (the
+ * tensor and the copy autograd saves of it for a backward rule) is marked
+ * once per handle, one input all the same; inputs marked otherwise
+ * (ctpu_mark_dynamic, a value made dynamic) are not compared. */
 static bool spec_confirm(const ctpu_trace_final *fin)
 {
-    int in[8], dim[8];
-    int n = ctpu__report_auto_would(&fin->t, in, dim, 8);
+    int in[16], dim[16], coef[16];
+    int32_t rec[16];
     const ctpu_launch_plan *pl = fin->plan;
-    if (n <= 0 || !pl) return false;
+    if (!pl || t_df.spec_full || t_df.n_other > 16) return false;
+    int n = ctpu__report_auto_pairs(&fin->t, in, dim, coef, 16);
+    if (n == 0) n = ctpu__report_auto_would(&fin->t, in, dim, coef, 16);
+    if (n <= 0) return false;
     for (int k = 0; k < n; k++) {
-        bool found = false;
-        for (int s = 0; s < t_df.n_spec && !found; s++)
-            found = in[k] >= 0 && in[k] < pl->n_in && pl->in_src[in[k]] == t_df.spec[s].rec && dim[k] == t_df.spec[s].dim;
-        if (!found) return false;
+        if (in[k] < 0 || in[k] >= pl->n_in) return false;
+        rec[k] = pl->in_src[in[k]];
+        if (!is_other(rec[k]) && !spec_has(rec[k], dim[k], coef[k])) return false;
     }
     for (int s = 0; s < t_df.n_spec; s++) {
         bool found = false;
         for (int k = 0; k < n && !found; k++)
-            found = in[k] >= 0 && in[k] < pl->n_in && pl->in_src[in[k]] == t_df.spec[s].rec && dim[k] == t_df.spec[s].dim;
+            found = rec[k] == t_df.spec[s].rec && dim[k] == t_df.spec[s].dim && coef[k] == t_df.spec[s].coef;
         if (!found) return false;
     }
     t_df.spec_ok = true;
@@ -905,9 +1051,9 @@ static bool compile_miss(flush_ctx *f, ctpu_cache_pending *miss, const ctpu_cach
         snprintf(f->err, sizeof f->err, "out of host memory finalising the trace");
         return false;
     }
-    if (f->dynamic && t_df.n_spec && !t_df.other_dyn && !spec_confirm(fin)) {
-        /* speculative automatic marks that are not a one-dim recompile: the
-         * trace is keyed and compiled static */
+    if (f->dynamic && (t_df.n_spec || t_df.spec_full) && !spec_confirm(fin)) {
+        /* automatic marks its structure does not require: the trace is
+         * keyed and compiled static */
         ctpu_cache_abandon(cache, miss);
         f->dynamic = false;
         miss = NULL;
@@ -1021,29 +1167,6 @@ static bool bind_dynamic(flush_ctx *f)
 /* The program this flush runs: a dynamic program's launch, or the program. */
 static inline ctpu_program *run_prog(const flush_ctx *f) { return f->bound ? f->bound : f->prog; }
 
-/* TORCH_TPU_AUTO_DYNAMIC: this recompile changed one dim alone (policy.c
- * found it): later traces mark the recorded inputs it maps to dynamic over
- * [2, 2^31-1] when they come with the same type but for that dim. */
-static void auto_dynamic_learn(flush_ctx *f, const ctpu_trace *t)
-{
-    int in[8], dim[8];
-    int n = ctpu__report_auto_take(t, in, dim, 8);
-    ctpu_buffer *const *ib;
-    const size_t *io;
-    const ctpu_vtype *it;
-    int ni = ctpu_trace_rec_inputs(t_df.rec, &ib, &io, &it);
-    for (int i = 0; i < n && t_df.n_auto_dyn < 16; i++) {
-        if (in[i] < 0 || in[i] >= f->plan->n_in) continue;
-        int32_t rec = f->plan->in_src[in[i]];
-        if (rec < 0 || rec >= ni || dim[i] < 0 || dim[i] >= it[rec].ndim) continue;
-        ctpu_vtype ty = it[rec];
-        ty.shape[dim[i]] = 0;
-        t_df.auto_dyn[t_df.n_auto_dyn].rec = rec;
-        t_df.auto_dyn[t_df.n_auto_dyn].dim = dim[i];
-        t_df.auto_dyn[t_df.n_auto_dyn++].type = ty;
-    }
-}
-
 /* Where the trace was cut: a host read is numbered as an op (the read
  * itself, in the label open at it); any other cut, after the last recorded op. */
 static ctpu_op_prov cut_at(const flush_ctx *f)
@@ -1132,7 +1255,12 @@ static ctpu_status lookup_or_compile(flush_ctx *f)
     ctpu__report_cut(f->why, cut_at(f), rt_t, bound, &f->res, f->prog ? run_prog(f) : NULL);   /* report.c: programs, cuts, trace */
     if (have_fin && f->op_by_op) ctpu__report_fallback(&fin.t, bound);   /* report.c: the shape policies */
     free(bound);
-    if (have_fin && rt->auto_dynamic && f->res.recompile && f->prog && f->plan) auto_dynamic_learn(f, &fin.t);
+    if (rt->auto_dynamic && (have_fin || f->prog)) {
+        const ctpu_launch_plan *pl = have_fin && fin.plan ? fin.plan : f->plan;
+        uint64_t sh = have_fin ? ctpu_trace_struct_hash(&fin.t) : amap_get(f->res.program_id);
+        if (have_fin && f->prog) amap_put(f->res.program_id, sh);
+        amem_update(sh, have_fin ? &fin : NULL, pl);
+    }
     if (have_fin) ctpu_trace_final_free(&fin);
     free(f->bt.in_type);
     free(f->bt.nodes);

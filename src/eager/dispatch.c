@@ -1038,6 +1038,10 @@ static inline bool infer_named(int op, const char *opn, const char *const *names
     if (!infer_rules(op, opn, names, n_in, in, a, n)) return false;
     ctpu_thread_state *ts = ctpu__ts;   /* (a thread without state reads a constant one: written only when set) */
     if (ts->dyn_out_set) ts->dyn_out_set = false;
+    /* (not for a view, which records no node and so no input; a slice may be one) */
+    if (__builtin_expect(ctpu_rt->auto_dynamic, 0) && !ctpu_op_is(op, CTPU_OPK_VIEW) && op != CTPU_OP_SLICE &&
+        ctpu_mode_now() == CTPU_MODE_DEFER_FUSE && ctpu__ts_get())
+        ctpu__defer_auto_inputs(in, n_in);
     bool any = false;
     for (int i = 0; i < n_in; i++) any |= in[i]->dyn != NULL;
     if (__builtin_expect(any, 0) && ctpu_mode_now() == CTPU_MODE_DEFER_FUSE && ctpu__ts_get())

@@ -105,6 +105,15 @@ typedef struct {                     /* tensor.c */
     bool step;
 } ctpu_scope;
 
+/* TORCH_TPU_AUTO_DYNAMIC: one structure's automatic-dynamic state (defer.c). */
+typedef struct {
+    uint64_t struct_hash, used;
+    ctpu_vtype *in;                  /* its last flushed trace's recorded input types */
+    int n_in, n_dims;
+    int32_t rec[16], dim[16], coef[16];   /* its learnt dims (n_dims of them) */
+    bool learnt;
+} ctpu_auto_mem;
+
 typedef struct {                     /* defer.c: this thread's defer-and-fuse trace */
     ctpu_trace_rec *rec;
     uint64_t id;                     /* current trace id, 0 = none yet */
@@ -127,23 +136,33 @@ typedef struct {                     /* defer.c: this thread's defer-and-fuse tr
     bool any_dyn;                    /* some recorded value has a dynamic dim */
     struct { int64_t lo, hi, v; } sym[8];   /* the symbols of the marked inputs recorded so far */
     int n_sym;
-    /* TORCH_TPU_AUTO_DYNAMIC (policy.c detects, defer.c marks): a trace's
-     * recorded input `rec` of this type (dim `dim` aside) gets dim `dim`
-     * dynamic over [2, 2^31-1] */
-    struct { int32_t rec, dim; ctpu_vtype type; } auto_dyn[16];
-    int n_auto_dyn;
-    /* ... and before a structure's first one-dim recompile is known: the
-     * last flushed trace's recorded input types; an input that differs from
-     * the one at its position in exactly one dim gets that dim marked
-     * speculatively (spec), so the recompile, once the flush confirms it
-     * (policy.c), compiles the dynamic program itself, as torch.compile's
-     * automatic dynamic shapes do; unconfirmed, the marks are dropped */
-    ctpu_vtype *prev_in;
-    int n_prev_in, cap_prev_in;
-    struct { int32_t rec, dim; struct ctpu_trec *r; uint32_t gen; } spec[16];
+    /* TORCH_TPU_AUTO_DYNAMIC (policy.c detects, defer.c marks), per
+     * structure as torch.compile's per-frame automatic-dynamic state: the
+     * recorded input types of each structure's last flushed trace and,
+     * once its first one-dim recompile is known, the (recorded input, dim,
+     * coef) triples it made dynamic. A trace's inputs are marked as the
+     * most recent structure whose input dtypes and ranks agree so far says
+     * (its learnt dims; before that, the one dim an input differs in from
+     * it, speculatively); the flush keeps the marks (spec) only when they
+     * are exactly what the trace's own structure requires, else the trace
+     * is keyed and compiled static and the marks are dropped */
+    ctpu_auto_mem *amem;
+    int n_amem, cap_amem;            /* at most 16 */
+    uint32_t amem_alive, amem_expl;  /* entries whose input dtypes and ranks agree with this trace's so far; whose
+                                        inputs it explains (learnt dims aside) */
+    int amem_hi;                     /* recorded inputs compared so far */
+    bool amem_none;                  /* no entry agrees with this trace's inputs so far */
+    uint64_t amem_seq;
+    struct { uint64_t program, struct_hash; } amap[128];  /* program id -> structure (ring) */
+    int n_amap;
+    int64_t spec_from, spec_to;      /* the first speculated dim's old and new extent (0: none yet) */
+    struct { int32_t rec, dim, coef; struct ctpu_trec *r; uint32_t gen; } spec[16];
     int n_spec;
-    bool spec_ok;                    /* the flush confirmed them: they stay */
-    bool other_dyn;                  /* an input with dims marked otherwise (ctpu_mark_dynamic, a learnt rule) */
+    bool spec_ok;                    /* the flush confirmed them: the values the trace made keep them */
+    bool spec_full;                  /* more marks than spec holds: not confirmed */
+    bool other_dyn;                  /* an input with dims marked otherwise (ctpu_mark_dynamic, a value made dynamic) */
+    int32_t other_rec[16];           /* those inputs (recorded index; n_other > 16: more) */
+    int n_other;
 } ctpu_defer_state;
 
 struct ctpu_strict_front;            /* dispatch.c */
@@ -443,6 +462,10 @@ typedef enum {
 } ctpu_cut_reason;
 /* Record a node into this thread's trace; returns the pending output handle.
  * call: the public call its errors name (NULL: the op's name). */
+/* TORCH_TPU_AUTO_DYNAMIC, defer and fuse: the automatic marks of an op's
+ * device-buffer inputs, recorded into the trace before the op's shape rule
+ * is probed for dynamic dims (dispatch.c), so its first op sees them. */
+void ctpu__defer_auto_inputs(ctpu_trec *const *in, int n_in);
 ctpu_tensor ctpu__defer_node(ctpu_node *node, const char *call, ctpu_trec *const *inputs, const ctpu_tensor *in_h,
                              const double *scalars);
 /* Cut this thread's trace: compile (or hit the cache), launch, give every
@@ -541,15 +564,16 @@ void ctpu__report_held(uint64_t count, uint64_t step, const char (*ex)[96], int 
 /* A defer-and-fuse trace past the recompile limit, run op by op
  * (defer.c): a launch of its structure at its shape (the shape policies). */
 void ctpu__report_fallback(const ctpu_trace *t, const int64_t *bound);
-/* TORCH_TPU_AUTO_DYNAMIC: the canonical (input, dim) pairs that t's
- * structure's first one-dim recompile changed (at most max), handed out
- * once (the caller marks them; the report says they became dynamic). */
-int ctpu__report_auto_take(const ctpu_trace *t, int *in, int *dim, int max);
-/* TORCH_TPU_AUTO_DYNAMIC, before t is compiled: the canonical (input, dim)
- * pairs of one dim whose extent alone differs from the last launched shape
- * of t's structure, if that structure has not had its one-dim recompile
- * yet (at most max; 0: none). Records nothing but t's shape. */
-int ctpu__report_auto_would(const ctpu_trace *t, int *in, int *dim, int max);
+/* TORCH_TPU_AUTO_DYNAMIC: the canonical (input, dim, coef) triples that
+ * t's structure's first one-dim recompile made dynamic (at most max; 0:
+ * it has had none); the report then says they became dynamic. */
+int ctpu__report_auto_pairs(const ctpu_trace *t, int *in, int *dim, int *coef, int max);
+/* TORCH_TPU_AUTO_DYNAMIC, before t is compiled: the canonical (input, dim,
+ * coef) triples of one dim whose extent alone differs from the last
+ * launched shape of t's structure (coef c: an extent c x it), if that
+ * structure has not had its one-dim recompile yet (at most max; 0: none).
+ * Records nothing but t's shape. */
+int ctpu__report_auto_would(const ctpu_trace *t, int *in, int *dim, int *coef, int max);
 /* A strict/debug op launched (dispatch.c): the node and its program (whose
  * estimate it adds up). */
 void ctpu__report_op(const ctpu_node *n, bool hit, const ctpu_program *prog, ctpu_trec *const *in, ctpu_op_prov prov);

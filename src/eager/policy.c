@@ -261,13 +261,12 @@ void ctpu__policy_hit(ctpu_policy_state *ps, uint64_t program)
     p->last = ++ps->seq;
 }
 
-int ctpu__policy_auto_take(ctpu_policy_state *ps, uint64_t struct_hash, int *in, int *dim, int max)
+int ctpu__policy_auto_pairs(ctpu_policy_state *ps, uint64_t struct_hash, int *in, int *dim, int *coef, int max)
 {
     ctpu_policy_auto *a = ctpu__policy_auto(ps, struct_hash);
-    if (!a || !a->detected || a->dynamic) return 0;
-    int n = a->n_dims < 8 ? a->n_dims : 8;
-    if (n > max) n = max;
-    for (int i = 0; i < n; i++) { in[i] = a->in[i]; dim[i] = a->dim[i]; }
+    if (!a || !a->detected) return 0;
+    int n = a->n_pairs < max ? a->n_pairs : max;
+    for (int i = 0; i < n; i++) { in[i] = a->in[i]; dim[i] = a->dim[i]; coef[i] = a->coef[i]; }
     a->dynamic = true;
     return n;
 }
@@ -461,26 +460,44 @@ static const pshape *one_dim_change(const pstruct *s, const pshape *now, symset 
     return y->total == 1 && y->pos[0] < in_positions(s) ? prev : NULL;
 }
 
-/* The (canonical input, dim) pairs of the changed dim's class, at most max. */
+/* Input position p as (canonical input, dim). */
+static void in_dim_of(const pstruct *s, size_t p, int *in, int *dim)
+{
+    int i = 0;
+    while (i < s->n_in && p >= s->in_type[i].ndim) p -= s->in_type[i++].ndim;
+    *in = i;
+    *dim = (int)p;
+}
+
+/* The (canonical input, dim, coef) triples of the changed dim: its class
+ * (coef 1), then the input extents derived from it as c x v (c an integer
+ * >= 2; a flattened [B*T] of T), at most max. */
 static int class_pairs(const pstruct *s, const pshape *prev, const pshape *now, const symset *y, int *in, int *dim,
-                       int max)
+                       int *coef, int max)
 {
     int live[2] = { (int)(prev - s->shapes), (int)(now - s->shapes) };
     size_t nin = in_positions(s);
     int n = 0;
-    for (size_t p = 0; p < nin && n < max; p++) {
-        if (!same_class(s, live, 2, p, y->pos[0])) continue;
-        size_t q = p;
-        int i = 0;
-        while (i < s->n_in && q >= s->in_type[i].ndim) q -= s->in_type[i++].ndim;
-        in[n] = i;
-        dim[n++] = (int)q;
-    }
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t p = 0; p < nin && n < max; p++) {
+            int64_t c = 1;
+            if (pass == 0 && !same_class(s, live, 2, p, y->pos[0])) continue;
+            if (pass == 1) {
+                if (!varies(s, live, 2, p) || same_class(s, live, 2, p, y->pos[0])) continue;
+                int64_t v0 = prev->ext[y->pos[0]], v1 = now->ext[y->pos[0]];
+                if (v0 <= 0 || v1 <= 0 || prev->ext[p] % v0 || now->ext[p] % v1) continue;
+                c = prev->ext[p] / v0;
+                if (c < 2 || c != now->ext[p] / v1 || c > 2147483647) continue;
+            }
+            in_dim_of(s, p, &in[n], &dim[n]);
+            if (coef) coef[n] = (int)c;
+            n++;
+        }
     return n;
 }
 
 int ctpu__policy_auto_would(ctpu_policy_state *ps, uint64_t struct_hash, const ctpu_trace *t, uint64_t step, int *in,
-                            int *dim, int max)
+                            int *dim, int *coef, int max)
 {
     if (!ps || !ps->auto_dynamic || !struct_hash || !t) return 0;
     pstruct *s = NULL;
@@ -492,7 +509,7 @@ int ctpu__policy_auto_would(ctpu_policy_state *ps, uint64_t struct_hash, const c
     if (!now || s->n_shapes == before) return 0;   /* a shape seen before: not a new extent */
     symset y;
     const pshape *prev = one_dim_change(s, now, &y);
-    return prev ? class_pairs(s, prev, now, &y, in, dim, max) : 0;
+    return prev ? class_pairs(s, prev, now, &y, in, dim, coef, max) : 0;
 }
 
 static void detect_auto(pstruct *s, const pshape *now, uint64_t program, uint64_t step)
@@ -508,6 +525,7 @@ static void detect_auto(pstruct *s, const pshape *now, uint64_t program, uint64_
     a->old_program = prev->program;
     a->from = prev->ext[y.pos[0]];
     a->to = now->ext[y.pos[0]];
+    a->n_pairs = class_pairs(s, prev, now, &y, a->in, a->dim, a->coef, 16);
     size_t k = 0, nin = in_positions(s);
     a->dims[0] = 0;
     a->n_dims = 0;
@@ -516,15 +534,12 @@ static void detect_auto(pstruct *s, const pshape *now, uint64_t program, uint64_
         char nm[64];
         sym_name(s, p, nm, sizeof nm);
         k += (size_t)snprintf(a->dims + k, sizeof a->dims - k, "%s%s", a->n_dims ? ", " : "", nm);
-        if (a->n_dims < 8) {
-            size_t q = p;
-            int i = 0;
-            while (i < s->n_in && q >= s->in_type[i].ndim) q -= s->in_type[i++].ndim;
-            a->in[a->n_dims] = i;
-            a->dim[a->n_dims] = (int)q;
-        }
         a->n_dims++;
     }
+    for (int q = 0; q < a->n_pairs && k < sizeof a->dims; q++)
+        if (a->coef[q] > 1)
+            k += (size_t)snprintf(a->dims + k, sizeof a->dims - k, ", input %d dim %d (%d x it)", a->in[q], a->dim[q],
+                                  a->coef[q]);
 }
 
 /* ------------------------------------------------------------ policies */

@@ -22,8 +22,9 @@ typedef struct {
     bool detected;                 /* a recompile changed only one dim's extent */
     uint64_t step, program, old_program;
     int n_dims;
-    char dims[160];                /* "input 0 dim 1, input 1 dim 1" */
-    int in[8], dim[8];             /* the same as (canonical input, dim) pairs, n_dims of them (at most 8) */
+    char dims[160];                /* "input 0 dim 1, input 1 dim 1" (the class; derived c x v dims after it) */
+    int n_pairs;                   /* the dims to mark, as (canonical input, dim, coef) triples (at most 16): */
+    int in[16], dim[16], coef[16]; /* the class's dims (coef 1), then the c x v ones derived from it (coef c) */
     int64_t from, to;
     bool dynamic;                  /* handed to defer.c, which marks them dynamic in later traces */
 } ctpu_policy_auto;
@@ -46,14 +47,16 @@ void ctpu__policy_clear(ctpu_policy_state *ps);
 void ctpu__policy_launch(ctpu_policy_state *ps, uint64_t struct_hash, const ctpu_trace *t, const int64_t *bound,
                          uint64_t program, uint64_t step, bool recompile, bool dynamic);
 /* Before t (a new shape of a known structure) is compiled: the canonical
- * (input, dim) pairs of the one dim whose extent alone changed against the
- * structure's last launched shape, when it has had no such recompile yet
+ * (input, dim, coef) triples of the one dim whose extent alone changed
+ * against the structure's last launched shape (coef 1; an input extent
+ * derived from it as c x v, coef c), when it has had no such recompile yet
  * (the detection ctpu__policy_launch then records); 0 otherwise. Adds t's
  * shape (no launch). */
 int ctpu__policy_auto_would(ctpu_policy_state *ps, uint64_t struct_hash, const ctpu_trace *t, uint64_t step, int *in,
-                            int *dim, int max);
-/* The detected pairs of structure struct_hash, once (see ctpu_policy_auto). */
-int ctpu__policy_auto_take(ctpu_policy_state *ps, uint64_t struct_hash, int *in, int *dim, int max);
+                            int *dim, int *coef, int max);
+/* The triples structure struct_hash's detection made dynamic (see
+ * ctpu_policy_auto); 0 before it has had one. */
+int ctpu__policy_auto_pairs(ctpu_policy_state *ps, uint64_t struct_hash, int *in, int *dim, int *coef, int max);
 /* One launch of a cached program. */
 void ctpu__policy_hit(ctpu_policy_state *ps, uint64_t program);
 /* The automatic-dynamic record of a structure, or NULL if it is not known. */

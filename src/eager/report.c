@@ -375,19 +375,19 @@ void ctpu__report_fallback(const ctpu_trace *t, const int64_t *bound)
     pthread_mutex_unlock(&r->mu);
 }
 
-int ctpu__report_auto_take(const ctpu_trace *t, int *in, int *dim, int max)
+int ctpu__report_auto_pairs(const ctpu_trace *t, int *in, int *dim, int *coef, int max)
 {
     ctpu_runtime *rt = ctpu_rt;
     ctpu_report_state *r = rt ? rt->report : NULL;
     if (!r || !t) return 0;
     uint64_t sh = ctpu_trace_struct_hash(t);
     pthread_mutex_lock(&r->mu);
-    int n = ctpu__policy_auto_take(r->policy, sh, in, dim, max);
+    int n = ctpu__policy_auto_pairs(r->policy, sh, in, dim, coef, max);
     pthread_mutex_unlock(&r->mu);
     return n;
 }
 
-int ctpu__report_auto_would(const ctpu_trace *t, int *in, int *dim, int max)
+int ctpu__report_auto_would(const ctpu_trace *t, int *in, int *dim, int *coef, int max)
 {
     ctpu_runtime *rt = ctpu_rt;
     ctpu_report_state *r = rt ? rt->report : NULL;
@@ -395,7 +395,7 @@ int ctpu__report_auto_would(const ctpu_trace *t, int *in, int *dim, int max)
     uint64_t sh = ctpu_trace_struct_hash(t);
     uint64_t step = atomic_load(&rt->marked_steps);
     pthread_mutex_lock(&r->mu);
-    int n = ctpu__policy_auto_would(r->policy, sh, t, step, in, dim, max);
+    int n = ctpu__policy_auto_would(r->policy, sh, t, step, in, dim, coef, max);
     pthread_mutex_unlock(&r->mu);
     return n;
 }

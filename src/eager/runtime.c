@@ -45,7 +45,8 @@ static void ts_drop(ctpu_thread_state *s, const ctpu_runtime *rt)
     free(s->df.suffix);
     free(s->df.made);
     free(s->df.in_dyn);
-    free(s->df.prev_in);
+    for (int i = 0; i < s->df.n_amem; i++) free(s->df.amem[i].in);
+    free(s->df.amem);
     free(s->df.node_dyn);
     free(s->df.in_has_dyn);
     free(s->df.node_has_dyn);
