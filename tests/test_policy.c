@@ -590,6 +590,108 @@ START_TEST(auto_dynamic_speculation_dropped)
 }
 END_TEST
 
+/* Per-structure automatic-dynamic state: every step runs a "train" trace
+ * (x [4, T] and a flat y [4 T]: sum(relu(x) * 3) over dim 1 and sum(exp(y /
+ * 8)); a host read cuts it) and an "eval" trace of another structure (e
+ * [4, T]: sum(exp(e) - 1) over dim 1), T = 16 20 24 16 28 12. Each structure's
+ * first one-dim recompile (16 -> 20) compiles its dynamic program, whatever
+ * ran in between (y's dim 0 is 4 x T: the same symbol); later T bind it, 16
+ * hits its static program: 4 compiles, 2 recompiles, 6 binds (7 compiles
+ * when the speculation compared with the last flushed trace, the other
+ * structure's). */
+static void run_train_eval(const int64_t *T, int n, float *out)
+{
+    float xd[4 * 64];
+    for (int i = 0; i < 4 * 64; i++) xd[i] = (float)((i * 7) % 23) * 0.25f - 2.0f;
+    int32_t dim = 1;
+    for (int s = 0; s < n; s++) {
+        ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
+        ctpu_tensor x = ctpu_from_host(xd, CTPU_F32, 2, (int64_t[]){ 4, T[s] });
+        ctpu_tensor y = ctpu_from_host(xd, CTPU_F32, 1, (int64_t[]){ 4 * T[s] });
+        ctpu_tensor u = ctpu_sum(ctpu_mul_scalar(ctpu_relu(x), 3.0), 1, &dim, false);
+        ctpu_tensor z = ctpu_keep(ctpu_sum(ctpu_exp(ctpu_mul_scalar(y, 0.125)), 0, NULL, false));
+        float *a = t_read(u, NULL);
+        ctpu_tensor e = ctpu_from_host(xd + 3, CTPU_F32, 2, (int64_t[]){ 4, T[s] });
+        ctpu_tensor v = ctpu_keep(ctpu_sum(ctpu_add_scalar(ctpu_exp(e), -1.0), 1, &dim, false));
+        ck_assert_int_eq(ctpu_step_end(), CTPU_OK);
+        float *b = t_read(v, NULL), *c = t_read(z, NULL);
+        memcpy(out + s * 9, a, sizeof(float) * 4);
+        memcpy(out + s * 9 + 4, b, sizeof(float) * 4);
+        out[s * 9 + 8] = c[0];
+        free(a);
+        free(b);
+        free(c);
+        ctpu_release(v);
+        ctpu_release(z);
+    }
+}
+
+START_TEST(auto_dynamic_per_structure)
+{
+    static const int64_t T[6] = { 16, 20, 24, 16, 28, 12 };
+    float want[6 * 9], got[6 * 9];
+    init_mode(NULL, false);
+    run_train_eval(T, 6, want);
+    ctpu_shutdown();
+    init_mode("TORCH_TPU_DEFER_AND_FUSE", true);
+    run_train_eval(T, 6, got);
+    for (int i = 0; i < 6 * 9; i++) ck_assert_msg(t_same(got[i], want[i]), "element %d differs", i);
+    cJSON *d = metrics_doc();
+    const cJSON *a = auto_list(d);
+    ck_assert_int_eq(cJSON_GetArraySize(a), 2);
+    for (int k = 0; k < 2; k++) {
+        const cJSON *x = cJSON_GetArrayItem(a, k);
+        ck_assert_int_eq((int)num(x, "step"), 1);
+        ck_assert_int_eq((int)num(x, "from"), 16);
+        ck_assert_int_eq((int)num(x, "to"), 20);
+        ck_assert(cJSON_IsTrue(item(x, "dynamic")));
+    }
+    ck_assert_int_eq((int)num(item(d, "cache"), "compiles"), 4);
+    ck_assert_int_eq((int)num(item(d, "cache"), "recompiles"), 2);
+    ck_assert_int_eq((int)num(item(d, "counters"), "dynamic_binds"), 6);
+    cJSON_Delete(d);
+    ctpu_shutdown();
+    /* without TORCH_TPU_AUTO_DYNAMIC: one program per T and structure */
+    init_mode("TORCH_TPU_DEFER_AND_FUSE", false);
+    run_train_eval(T, 6, got);
+    for (int i = 0; i < 6 * 9; i++) ck_assert_msg(t_same(got[i], want[i]), "element %d differs", i);
+    d = metrics_doc();
+    ck_assert_int_eq((int)num(item(d, "cache"), "compiles"), 10);
+    cJSON_Delete(d);
+    ctpu_shutdown();
+}
+END_TEST
+
+/* Several dims: after T (dim 1) became dynamic, a change of B (dim 0) is a
+ * recompile of the dynamic program at the new B (the structure's first
+ * one-dim recompile alone makes a dim dynamic; B stays static): 4x16
+ * static, 4x20 dynamic, 6x20 dynamic at B 6, 6x24 and 4x28 bind: 3
+ * compiles, 2 binds; the same bits as strict eager (4 compiles when the
+ * learnt rule matched an input's whole type but the dim: 6x24 was static). */
+START_TEST(auto_dynamic_second_dim)
+{
+    static const int64_t rc[5][2] = { { 4, 16 }, { 4, 20 }, { 6, 20 }, { 6, 24 }, { 4, 28 } };
+    init_mode(NULL, false);
+    int64_t n_want, n_got;
+    float *want = run_rc(rc, 5, &n_want);
+    ctpu_shutdown();
+    init_mode("TORCH_TPU_DEFER_AND_FUSE", true);
+    float *got = run_rc(rc, 5, &n_got);
+    ck_assert_int_eq(n_got, n_want);
+    for (int64_t i = 0; i < n_want; i++) ck_assert_msg(t_same(got[i], want[i]), "element %lld differs", (long long)i);
+    cJSON *d = metrics_doc();
+    const cJSON *a = auto_list(d);
+    ck_assert_int_eq(cJSON_GetArraySize(a), 1);
+    ck_assert_str_eq(str(cJSON_GetArrayItem(a, 0), "dims"), "input 0 dim 1");
+    ck_assert_int_eq((int)num(item(d, "cache"), "compiles"), 3);
+    ck_assert_int_eq((int)num(item(d, "counters"), "dynamic_binds"), 2);
+    cJSON_Delete(d);
+    free(want);
+    free(got);
+    ctpu_shutdown();
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("policy");
@@ -605,6 +707,8 @@ int main(void)
     tcase_add_test(tc, auto_dynamic_after_one_recompile);
     tcase_add_test(tc, auto_dynamic_needs_one_dim);
     tcase_add_test(tc, auto_dynamic_speculation_dropped);
+    tcase_add_test(tc, auto_dynamic_per_structure);
+    tcase_add_test(tc, auto_dynamic_second_dim);
     suite_add_tcase(s, tc);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);

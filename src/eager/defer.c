@@ -304,7 +304,7 @@ static void auto_dynamic_mark(ctpu_trec *r, size_t i)
     if (!any || !ctpu__rec_set_dyn(r, d, a->ndim)) return;
     for (int q = 0; q < a->ndim; q++) {
         if (d[q].coef <= 0) continue;
-        if (t_df.n_spec == 16) { t_df.spec_full = true; continue; }
+        if (t_df.n_spec == (int)(sizeof t_df.spec / sizeof t_df.spec[0])) { t_df.spec_full = true; continue; }
         t_df.spec[t_df.n_spec].rec = (int32_t)i;
         t_df.spec[t_df.n_spec].dim = q;
         t_df.spec[t_df.n_spec].coef = (int32_t)d[q].coef;

@@ -156,7 +156,7 @@ typedef struct {                     /* defer.c: this thread's defer-and-fuse tr
     struct { uint64_t program, struct_hash; } amap[128];  /* program id -> structure (ring) */
     int n_amap;
     int64_t spec_from, spec_to;      /* the first speculated dim's old and new extent (0: none yet) */
-    struct { int32_t rec, dim, coef; struct ctpu_trec *r; uint32_t gen; } spec[16];
+    struct { int32_t rec, dim, coef; struct ctpu_trec *r; uint32_t gen; } spec[32];
     int n_spec;
     bool spec_ok;                    /* the flush confirmed them: the values the trace made keep them */
     bool spec_full;                  /* more marks than spec holds: not confirmed */

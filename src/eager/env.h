@@ -52,8 +52,10 @@
     X(TORCH_TPU_AUTO_DYNAMIC, BOOL, "0",                                                                           \
       "`1`: automatic dynamic dims (torch.compile's): a structure's first recompile caused only by one dim's "    \
       "extent compiles the dynamic program itself, with that dim of the inputs it maps to dynamic over "           \
-      "[2, 2^31-1], and later traces mark it too (`ctpu_mark_dynamic`'s mechanism): two compiles for any number "  \
-      "of extents, as torch.compile; the cache report says which dims and at which step")                          \
+      "[2, 2^31-1], and later traces of that structure mark it too (`ctpu_mark_dynamic`'s mechanism; the state "    \
+      "is per structure, as torch.compile's per frame, so traces of other structures in between do not matter): "  \
+      "two compiles for any number of extents, as torch.compile; the cache report says which dims and at which "   \
+      "step")                                                                                                       \
     X(TORCH_COMPILE_DISABLE, BOOL, "0",                                                                             \
       "`1`: every `ctpu_compiled_call` runs its step function in the current mode (PyTorch's switch, for debugging)") \
     X(CTPU_QUIET, BOOL, "0",                                                                                        \
