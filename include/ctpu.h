@@ -877,7 +877,8 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  * every later call that way. With opts->fullgraph it is an error instead,
  * raised before the op that breaks runs. A capture longer than defer and
  * fuse's trace-length cut (20,000 ops) is still one program. Guard failures recapture, up to
- * the recompile limit (8); past it, calls run fn in the current mode.
+ * the recompile limit (8); past it, a call at a shape already captured still
+ * replays and only an unseen shape runs fn in the current mode.
  * TORCH_COMPILE_DISABLE=1 makes every call run fn in the current mode.
  * Results are bit-identical to running fn in strict eager. */
 typedef struct ctpu_compiled ctpu_compiled;

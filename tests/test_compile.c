@@ -914,6 +914,28 @@ START_TEST(recompile_limit_then_eager)
     ck_assert_int_eq(info.eager_calls, 3);
     ck_assert_int_eq(info.graph_breaks, 0);
     ck_assert_msg(t_contains(info.last_reason, "TORCH_TPU_RECOMPILE_LIMIT"), "%s", info.last_reason);
+    ck_assert_int_eq(info.replays, 0);
+    /* past the limit the shapes captured keep replaying (torch.compile keeps
+     * serving its cache entries); only unseen ones run fn */
+    int shapes[6] = { 3, 1, 8, 13, 5, 10 };
+    for (int k = 0; k < 6; k++) {
+        int n = shapes[k];
+        ctpu_scope_begin();
+        float d[16];
+        for (int i = 0; i < n; i++) d[i] = (float)(i + k);
+        ctpu_tensor x = t_f32(d, 1, (int64_t[]){ n });
+        ctpu_tensor out[1];
+        ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 1, sc, 1, out), CTPU_OK);
+        float *v = t_read(out[0], NULL);
+        for (int i = 0; i < n; i++) ck_assert(v[i] == 2 * d[i]);
+        free(v);
+        ctpu_scope_end();
+    }
+    ctpu_compiled_get_info(c, &info);
+    ck_assert_int_eq(info.replays, 4);        /* 3, 1, 8, 5 */
+    ck_assert_int_eq(info.eager_calls, 5);    /* 10..12 before, 13 and 10 (past the limit: never captured) */
+    ck_assert_int_eq(info.captures, 9);
+    ck_assert_int_eq(info.guard_failures, 8);
     ctpu_compiled_free(c);
 }
 END_TEST

@@ -717,8 +717,12 @@ static void execute(ctpu_device *dev, ctpu_cmd *cmd)
                 atomic_store(&cmd->buf[i]->fault, id);
     }
     if (ptr != ptr_inl) free(ptr);
-    if (cmd->buf != cmd->buf_inl) { free(cmd->buf); free(cmd->off); }
-    if (cmd->scalars != cmd->scal_inl) free(cmd->scalars);
+    if (cmd->one_block) {
+        free(cmd->buf);
+    } else {
+        if (cmd->buf != cmd->buf_inl) { free(cmd->buf); free(cmd->off); }
+        if (cmd->scalars != cmd->scal_inl) free(cmd->scalars);
+    }
     if (cmd->n_prov && cmd->prov != &cmd->prov_inl) free(cmd->prov);
     ctpu_counter_add(dev->metrics, CTPU_CTR_COMMANDS_EXECUTED, 1);
 }

@@ -118,6 +118,7 @@ typedef struct {
     size_t *off;
     double scal_inl[CTPU_CMD_MAX_SCALARS];
     double *scalars;         /* scal_inl, or a heap array the command owns */
+    bool one_block;          /* buf is one heap block holding off (and scalars unless scal_inl) too: freed once */
     bool debug_checks;
     bool prov_span;          /* prov[n_prov], prov[n_prov + 1]: the program's first and last ops (trace file) */
     /* provenance of the program's steps: prov[s] for step s (n_prov of

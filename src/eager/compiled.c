@@ -155,6 +155,8 @@ typedef struct version {
     uint64_t *hid;             /* [n_h] */
     uint8_t *hrole;            /* [n_h] H_* bits */
     ctpu_trec **hrec;          /* [n_h] this call's records (NULL: not live) */
+    ctpu_trec **hslot;         /* [n_h] the slot each handle names (slots never move) */
+    uint32_t *hgen;            /* [n_h] and its generation: live when the slot still has it */
     uint64_t *inplace_ids;     /* [n_inplace] the H_INPLACE handles, sorted */
     int n_inplace;
     /* the program's scratch buffer, kept across replays: the device runs
@@ -173,6 +175,12 @@ typedef struct version {
     int n_dyn;
     int32_t *unconf;           /* [n_psc] argument slots not yet confirmed */
     int n_unconf;
+    /* the replay's lists, built with the version (each call walks only its own) */
+    int32_t *fresh_o;          /* [n_fresh] outputs not written in place: a reused old .grad or a fresh buffer */
+    int n_fresh;
+    int32_t *held_hs;          /* [n_pout] the handle row whose storage output o is written in place into, or -1 */
+    int32_t *pub_q;            /* [n_pub] requests a call publishes: rebinds and new .grads */
+    int n_pub;
 } version;
 
 enum { OUT_FRESH = 1, OUT_HELD, OUT_REUSED };
@@ -296,6 +304,11 @@ static void version_free(version *v)
     free(v->inplace_ids);
     free(v->hrole);
     free(v->hrec);
+    free(v->hslot);
+    free(v->hgen);
+    free(v->fresh_o);
+    free(v->held_hs);
+    free(v->pub_q);
     free(v->outb);
     free(v->outo);
     free(v->outk);
@@ -646,7 +659,14 @@ static bool build_handles(version *v)
         else if (r->kind == RQ_GRAD) r->hs = handle_row(v, r->h, H_LEAF);
     }
     v->inplace_ids = malloc(sizeof *v->inplace_ids * ((size_t)v->n_h + 1));
-    if (!v->inplace_ids) return false;
+    v->hslot = malloc(sizeof *v->hslot * ((size_t)v->n_h + 1));
+    v->hgen = malloc(sizeof *v->hgen * ((size_t)v->n_h + 1));
+    if (!v->inplace_ids || !v->hslot || !v->hgen) return false;
+    for (int h = 0; h < v->n_h; h++) {
+        ctpu_tensor t = { v->hid[h] };
+        v->hslot[h] = ctpu_slot(ctpu_handle_slot(t));   /* live at the capture: its slot exists */
+        v->hgen[h] = ctpu_handle_gen(t);
+    }
     for (int h = 0; h < v->n_h; h++)
         if (v->hrole[h] & H_INPLACE) v->inplace_ids[v->n_inplace++] = v->hid[h];
     qsort(v->inplace_ids, (size_t)v->n_inplace, sizeof *v->inplace_ids, cmp_u64);
@@ -665,6 +685,24 @@ static void map_grads(version *v)
             }
         v->grad_rq[o] = n == 1 ? g : -1;
     }
+}
+
+/* The replay's lists: which outputs need a buffer found or made, which are
+ * written into a handle's own storage, which requests are published. */
+static bool plan_replay(version *v)
+{
+    v->fresh_o = malloc(sizeof *v->fresh_o * ((size_t)v->n_pout + 1));
+    v->held_hs = malloc(sizeof *v->held_hs * ((size_t)v->n_pout + 1));
+    v->pub_q = malloc(sizeof *v->pub_q * ((size_t)v->nreq + 1));
+    if (!v->fresh_o || !v->held_hs || !v->pub_q) return false;
+    for (int o = 0; o < v->n_pout; o++) {
+        int q = v->alias_req[o];
+        v->held_hs[o] = q >= 0 ? v->rq[q].hs : -1;
+        if (q < 0) v->fresh_o[v->n_fresh++] = o;
+    }
+    for (int q = 0; q < v->nreq; q++)
+        if (v->rq[q].kind == RQ_REBIND || v->rq[q].kind == RQ_GRAD) v->pub_q[v->n_pub++] = q;
+    return true;
 }
 
 void ctpu__capture_sink(const ctpu_capture_sink *s)
@@ -697,8 +735,12 @@ void ctpu__capture_sink(const ctpu_capture_sink *s)
         snprintf(cap->fail, sizeof cap->fail, "out of host memory");
         ok = false;
     }
+    if (ok) map_grads(v);
+    if (ok && !plan_replay(v)) {
+        snprintf(cap->fail, sizeof cap->fail, "out of host memory");
+        ok = false;
+    }
     if (ok) {
-        map_grads(v);
         ctpu_program_retain(s->prog);
         v->prog = s->prog;
         if (s->run) ctpu_program_retain(s->run);
@@ -764,6 +806,14 @@ static bool dyn_extent(const version *v, int i, const ctpu_trec *r, char *why, s
     return false;
 }
 
+/* Handle row h's record if its handle is live. */
+static inline ctpu_trec *row_rec(const version *v, int h)
+{
+    ctpu_trec *r = v->hslot[h];
+    return atomic_load_explicit(&r->live, memory_order_relaxed) &&
+           atomic_load_explicit(&r->gen, memory_order_relaxed) == v->hgen[h] ? r : NULL;
+}
+
 /* The tensors a version reads and writes through handles still fit it;
  * fills v->hrec (one lookup per handle per call). False with the reason
  * (the cache report's diff format); *extent: the inputs differ from the
@@ -802,7 +852,7 @@ static bool guards_hold(version *v, int n_in, const ctpu_tensor *in, ctpu_trec *
         return false;
     }
     for (int h = 0; h < v->n_h; h++) {
-        ctpu_trec *r = live_rec(v->hid[h]);
+        ctpu_trec *r = row_rec(v, h);
         v->hrec[h] = r;
         uint8_t f = v->hrole[h];
         if (f == H_LEAF) continue;   /* only its .grad is written: a released leaf gets none */
@@ -858,16 +908,17 @@ typedef struct {
  * released while a queued command uses it is freed after that command). */
 static void release_fresh(replay_ctx *x)
 {
-    for (int o = 0; o < x->v->n_pout; o++)
+    const version *v = x->v;
+    for (int i = 0; i < v->n_fresh; i++) {
+        int o = v->fresh_o[i];
         if (x->outk[o] == OUT_FRESH) ctpu_buffer_release(ctpu_rt->dev, x->outb[o]);
+    }
 }
 
 static void replay_unwind(replay_ctx *x)
 {
     release_fresh(x);
-    ctpu_cmd *cmd = &x->cmd;
-    if (cmd->buf && cmd->buf != cmd->buf_inl) { free(cmd->buf); free(cmd->off); }
-    if (cmd->scalars && cmd->scalars != cmd->scal_inl) free(cmd->scalars);
+    if (x->cmd.one_block) free(x->cmd.buf);
 }
 
 /* Output buffers: an assigned tensor's own, the old .grad's (nothing else
@@ -875,15 +926,16 @@ static void replay_unwind(replay_ctx *x)
 static bool replay_outputs(replay_ctx *x, const ctpu_program *prog)
 {
     version *v = x->v;
+    for (int i = 0; i < v->n_fresh; i++) x->outk[v->fresh_o[i]] = 0;
     for (int o = 0; o < v->n_pout; o++) {
-        int q = v->alias_req[o];
-        if (q >= 0) {
-            const ctpu_trec *r = v->hrec[v->rq[q].hs];
-            x->outb[o] = r->buf;
-            x->outo[o] = r->off;
-            x->outk[o] = OUT_HELD;
-            continue;
-        }
+        int hs = v->held_hs[o];
+        if (hs < 0) continue;
+        const ctpu_trec *r = v->hrec[hs];
+        x->outb[o] = r->buf;
+        x->outo[o] = r->off;
+    }
+    for (int i = 0; i < v->n_fresh; i++) {
+        int o = v->fresh_o[i];
         if (v->grad_rq[o] >= 0) {
             const ctpu_trec *leaf = v->hrec[v->rq[v->grad_rq[o]].hs];
             ctpu_trec *gr = leaf ? live_rec(ctpu__ag_grad_id(leaf)) : NULL;
@@ -910,52 +962,68 @@ static bool replay_outputs(replay_ctx *x, const ctpu_program *prog)
     return true;
 }
 
+/* The command's arrays: inline when they fit, else one heap block (buffers,
+ * offsets, then the scalars when they do not fit inline) the device frees. */
+static bool cmd_arrays(ctpu_cmd *cmd, int nb, int n_sc)
+{
+    cmd->n_bufs = nb;
+    cmd->one_block = nb > CTPU_CMD_INLINE_BUFS || n_sc > CTPU_CMD_MAX_SCALARS;
+    if (!cmd->one_block) {
+        cmd->buf = cmd->buf_inl;
+        cmd->off = cmd->off_inl;
+        cmd->scalars = cmd->scal_inl;
+        return true;
+    }
+    size_t sc_bytes = n_sc > CTPU_CMD_MAX_SCALARS ? sizeof(double) * (size_t)n_sc : 0;
+    char *blk = malloc((sizeof(ctpu_buffer *) + sizeof(size_t)) * (size_t)nb + sc_bytes);
+    if (!blk) {
+        cmd->one_block = false;
+        return false;
+    }
+    _Static_assert(sizeof(ctpu_buffer *) == sizeof(size_t) && sizeof(double) == sizeof(size_t), "one block's alignment");
+    cmd->buf = (ctpu_buffer **)(void *)blk;
+    cmd->off = (size_t *)(void *)(blk + sizeof(ctpu_buffer *) * (size_t)nb);
+    cmd->scalars = sc_bytes ? (double *)(void *)(blk + (sizeof(ctpu_buffer *) + sizeof(size_t)) * (size_t)nb)
+                            : cmd->scal_inl;
+    return true;
+}
+
 static bool replay_cmd(replay_ctx *x, const ctpu_program *prog, const double *scalars)
 {
     const version *v = x->v;
     ctpu_cmd *cmd = &x->cmd;
     int nb = v->n_pin + v->n_pout + (x->scratch ? 1 : 0);
     cmd->prog = &prog->prog;
-    cmd->n_bufs = nb;
-    cmd->buf = nb <= CTPU_CMD_INLINE_BUFS ? cmd->buf_inl : malloc(sizeof(ctpu_buffer *) * (size_t)nb);
-    cmd->off = nb <= CTPU_CMD_INLINE_BUFS ? cmd->off_inl : malloc(sizeof(size_t) * (size_t)nb);
-    cmd->scalars = v->n_psc <= CTPU_CMD_MAX_SCALARS ? cmd->scal_inl : malloc(sizeof(double) * (size_t)v->n_psc);
-    if (!cmd->buf || !cmd->off || !cmd->scalars) {
+    if (!cmd_arrays(cmd, nb, v->n_psc)) {
         snprintf(x->err, sizeof x->err, "out of host memory");
         return false;
     }
+    ctpu_buffer **cb = cmd->buf;
+    size_t *co = cmd->off;
     for (int k = 0; k < v->n_pin; k++) {
         const in_src *s = &v->in[k];
-        const ctpu_trec *r = s->kind == IN_USER ? x->inrec[s->idx] : s->kind == IN_OWNER ? v->hrec[s->hs] : NULL;
-        cmd->buf[k] = r ? r->buf : s->buf;
-        cmd->off[k] = (size_t)((int64_t)(r ? r->off : 0) + s->delta);
+        const ctpu_trec *r = s->kind == IN_OWNER ? v->hrec[s->hs] : s->kind == IN_USER ? x->inrec[s->idx] : NULL;
+        cb[k] = r ? r->buf : s->buf;
+        co[k] = (size_t)((int64_t)(r ? r->off : 0) + s->delta);
     }
-    for (int o = 0; o < v->n_pout; o++) {
-        cmd->buf[v->n_pin + o] = x->outb[o];
-        cmd->off[v->n_pin + o] = x->outo[o];
-    }
-    if (x->scratch) { cmd->buf[nb - 1] = x->scratch; cmd->off[nb - 1] = 0; }
-    uint64_t seed_inl[8], off_inl[8];
-    uint64_t *seed = v->n_rng <= 8 ? seed_inl : malloc(sizeof *seed * (size_t)v->n_rng);
-    uint64_t *off = v->n_rng <= 8 ? off_inl : malloc(sizeof *off * (size_t)v->n_rng);
-    if (!seed || !off) {
-        if (seed != seed_inl) free(seed);
-        if (off != off_inl) free(off);
-        snprintf(x->err, sizeof x->err, "out of host memory");
-        return false;
-    }
-    for (int k = 0; k < v->n_rng; k++) ctpu__rng_take(v->rng[k].n, &seed[k], &off[k]);   /* as fn would, in order */
+    memcpy(cb + v->n_pin, x->outb, sizeof *cb * (size_t)v->n_pout);
+    memcpy(co + v->n_pin, x->outo, sizeof *co * (size_t)v->n_pout);
+    if (x->scratch) { cb[nb - 1] = x->scratch; co[nb - 1] = 0; }
     if (v->n_psc) memcpy(cmd->scalars, v->sc_tmpl, sizeof(double) * (size_t)v->n_psc);
     for (int d = 0; d < v->n_dyn; d++) {
-        int i = v->sc_dyn[d];
-        const sc_src *s = &v->sc[i];
-        cmd->scalars[i] = s->kind == SC_CONST ? s->v
-                        : s->kind == SC_ARG   ? scalars[s->idx]
-                        : s->kind == SC_SEED  ? ctpu_bits_scalar(seed[s->idx])
-                                              : ctpu_bits_scalar(off[s->idx]);
+        const sc_src *s = &v->sc[v->sc_dyn[d]];
+        if (s->kind == SC_ARG) cmd->scalars[v->sc_dyn[d]] = scalars[s->idx];
     }
-    if (seed != seed_inl) free(seed);
-    if (off != off_inl) free(off);
+    for (int k = 0; k < v->n_rng; k++) {
+        /* as fn would, in order: each draw's seed and offset, into its slots */
+        uint64_t seed, off;
+        ctpu__rng_take(v->rng[k].n, &seed, &off);
+        for (int d = 0; d < v->n_dyn; d++) {
+            const sc_src *s = &v->sc[v->sc_dyn[d]];
+            if (s->idx != k || (s->kind != SC_SEED && s->kind != SC_OFF)) continue;
+            cmd->scalars[v->sc_dyn[d]] = ctpu_bits_scalar(s->kind == SC_SEED ? seed : off);
+        }
+    }
     cmd->debug_checks = v->dbg;
     cmd->program_id = v->program_id;
     return true;
@@ -966,9 +1034,8 @@ static void replay_publish(replay_ctx *x, ctpu_tensor *out)
 {
     const version *v = x->v;
     ctpu_device *dev = ctpu_rt->dev;
-    for (int q = 0; q < v->nreq; q++) {
-        const rq_t *r = &v->rq[q];
-        if (r->kind == RQ_NONE || r->kind == RQ_INPLACE || r->kind == RQ_OUT) continue;
+    for (int p = 0; p < v->n_pub; p++) {
+        const rq_t *r = &v->rq[v->pub_q[p]];
         ctpu_buffer *b = x->outb[r->out];
         size_t bo = x->outo[r->out];
         if (r->kind == RQ_REBIND) {
@@ -1008,7 +1075,6 @@ static ctpu_status replay(version *v, ctpu_trec *const *inrec, const double *sca
     ctpu_runtime *rt = ctpu_rt;
     ctpu_program *prog = v->run ? v->run : v->prog;   /* a dynamic program's launch at these extents, or the program */
     replay_ctx x = { .v = v, .inrec = inrec, .outb = v->outb, .outo = v->outo, .outk = v->outk };
-    memset(v->outk, 0, (size_t)v->n_pout);
     ctpu_status st = CTPU_OK;
     if (!replay_outputs(&x, prog) || !replay_cmd(&x, prog, scalars)) {
         st = CTPU_ERR_OOM;
@@ -1159,7 +1225,7 @@ static ctpu_status run_capture(ctpu_compiled *c, int n_in, const ctpu_tensor *in
 static const char *state_name(const ctpu_compiled *c)
 {
     if (ctpu_rt->compile_disable) return "TORCH_COMPILE_DISABLE: fn runs in the current mode";
-    if (c->limited) return "past the recompile limit: fn runs in the current mode";
+    if (c->limited) return "past the recompile limit: captured shapes replay, others run fn in the current mode";
     if (c->broken) return "graph break: runs as defer and fuse";
     return c->versions ? "replays" : "not captured";
 }
@@ -1379,11 +1445,18 @@ static ctpu_status call_dispatch(ctpu_compiled *c, int n_in, const ctpu_tensor *
     ctpu_status st = resolve_inputs(n_in, in, inrec);
     if (st != CTPU_OK) return st;
     ctpu__ts->label.op_no = 0;   /* a compiled call is a step: its ops are numbered from 1 (issue 11) */
-    if (c->limited) { c->info.eager_calls++; return run_fn(c, in, scalars, n_out, out); }
     if (c->broken) { c->info.eager_calls++; return run_deferred(c, in, scalars, n_out, out); }
     char why[192];
     version *dv;
     version *v = find_version(c, n_in, in, inrec, n_scalars, n_out, why, sizeof why, &dv);
+    if (c->limited && !(v && !needs_confirm(v, scalars))) {
+        /* past the recompile limit: the versions captured keep serving (as
+         * torch.compile keeps its cache entries); an unseen shape, or a
+         * value that would need a capture to confirm, runs fn in the
+         * current mode */
+        c->info.eager_calls++;
+        return run_fn(c, in, scalars, n_out, out);
+    }
     if (!v && dv) return capture_extent(c, dv, n_in, in, inrec, n_scalars, scalars, n_out, out);
     if (v && needs_confirm(v, scalars)) {
         st = run_capture(c, n_in, in, inrec, n_scalars, scalars, n_out, out);

@@ -242,6 +242,7 @@ ctpu_status ctpu__strict_launch(ctpu_node *node, ctpu_trec *const *in, const ctp
     cmd.off[n_in] = out_off;
     cmd.scalars = cmd.scal_inl;
     for (int i = 0; i < node->n_scalars; i++) cmd.scalars[i] = scalars[i];
+    cmd.one_block = false;
     cmd.debug_checks = dbg;
     cmd.n_prov = 1;
     cmd.prov_span = false;
