@@ -343,8 +343,8 @@ static ctpu_status step_dyn(void *ctx, const ctpu_tensor *in, const double *sc, 
     return CTPU_OK;
 }
 
-static void run_dyn(bool compiled, const int64_t *ts, int n, float *loss, float *w_out, ctpu_compiled_info *info,
-                    char *reason, size_t rlen)
+static void run_dyn_lr(bool compiled, const int64_t *ts, int n, double lr_step, float *loss, float *w_out,
+                       ctpu_compiled_info *info, char *reason, size_t rlen)
 {
     ctpu_manual_seed(11);
     ctpu_tensor w = ctpu_keep(ctpu_rand_normal(CTPU_F32, 2, (int64_t[]){ DYN_D, DYN_D }, 0, 0.5));
@@ -356,7 +356,7 @@ static void run_dyn(bool compiled, const int64_t *ts, int n, float *loss, float 
         ctpu_scope_begin();
         ctpu_tensor in[1] = { t_f32(x, 2, (int64_t[]){ ts[s], DYN_D }) };
         ck_assert_int_eq(ctpu_mark_dynamic(in[0], 0, 2, 256), CTPU_OK);
-        double sc[1] = { 0.25 };
+        double sc[1] = { 0.25 - lr_step * s };   /* lr_step > 0: a schedule, a new value at every call */
         ctpu_tensor out[2] = { CTPU_NULL, CTPU_NULL };
         if (compiled) {
             ck_assert_msg(ctpu_compiled_call(c, 1, in, 1, sc, 2, out) == CTPU_OK, "call %d: %s", s, ctpu_last_error());
@@ -384,6 +384,46 @@ static void run_dyn(bool compiled, const int64_t *ts, int n, float *loss, float 
     ctpu_zero_grad(w);
     ctpu_release(w);
 }
+
+static void run_dyn(bool compiled, const int64_t *ts, int n, float *loss, float *w_out, ctpu_compiled_info *info,
+                    char *reason, size_t rlen)
+{
+    run_dyn_lr(compiled, ts, n, 0, loss, w_out, info, reason, rlen);
+}
+
+/* A new user's report: with a schedule (a new lr at every call) every
+ * extent of a dynamic input cost one capture more than its own, to tell
+ * the lr argument from an equal constant again. What two captures of the
+ * program tell is now shared by all its versions: the value changing
+ * between the captures at two extents confirms the argument (no capture
+ * for the value at all), and a change at the first extent confirms it
+ * once for every extent; bit-identical to strict eager. */
+START_TEST(changing_scalars_capture_once_per_program)
+{
+    static const int64_t a[8] = { 5, 9, 5, 12, 9, 12, 7, 5 }, b[8] = { 5, 5, 9, 5, 12, 9, 12, 7 };
+    const int64_t *seqs[2] = { a, b };
+    for (int q = 0; q < 2; q++) {
+        float lr[8], lc[8], wr[DYN_D * DYN_D], wc[DYN_D * DYN_D];
+        ctpu_compiled_info info;
+        char reason[192];
+        run_dyn_lr(false, seqs[q], 8, 0.01, lr, wr, NULL, NULL, 0);
+        ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEFER_FUSE), CTPU_OK);
+        run_dyn_lr(true, seqs[q], 8, 0.01, lc, wc, &info, reason, sizeof reason);
+        ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+        for (int s = 0; s < 8; s++) ck_assert_msg(t_same(lc[s], lr[s]), "seq %d step %d: %.9g vs %.9g", q, s, lc[s], lr[s]);
+        for (int i = 0; i < DYN_D * DYN_D; i++) ck_assert_msg(t_same(wc[i], wr[i]), "seq %d weight %d", q, i);
+        ck_assert_int_eq(info.calls, 8);
+        ck_assert_int_eq(info.dynamic_captures, 3);   /* 9, 12, 7 */
+        ck_assert_int_eq(info.guard_failures, 0);
+        /* a: the first capture and the three extents' (lr changed between
+         * the captures at 5 and 9: confirmed there); b: one capture more,
+         * at the second call (5 again with a new lr), then never again */
+        ck_assert_msg(info.captures == (q == 0 ? 4 : 5), "seq %d: %d captures, %d replays: %s", q, (int)info.captures,
+                      (int)info.replays, reason);
+        ck_assert_int_eq(info.replays, q == 0 ? 4 : 3);
+    }
+}
+END_TEST
 
 START_TEST(dynamic_input_binds_one_program)
 {
@@ -1145,6 +1185,7 @@ static Suite *suite(void)
     tcase_add_test(t, capture_longer_than_the_trace_limit_is_one_program);
     tcase_add_test(t, capture_past_its_length_limit_is_a_graph_break);
     tcase_add_test(t, scalars_are_runtime_arguments);
+    tcase_add_test(t, changing_scalars_capture_once_per_program);
     tcase_add_test(t, recompile_limit_then_eager);
     tcase_add_test(t, compile_disable_runs_fn);
     tcase_add_test(t, bad_calls_are_errors);

@@ -108,6 +108,7 @@ typedef struct {
     uint8_t kind;
     int32_t idx;               /* SC_ARG: scalars[idx]; SC_SEED/SC_OFF: random draw idx */
     double v;                  /* SC_CONST */
+    bool conf;                 /* SC_ARG: seen to follow scalars[idx] across two captures of the program */
 } sc_src;
 
 enum { RQ_NONE, RQ_OUT, RQ_INPLACE, RQ_REBIND, RQ_GRAD };
@@ -148,7 +149,6 @@ typedef struct version {
     int32_t *out_rq;           /* [n_out_user] request giving out[j], or -1 */
     uint64_t *out_fixed;       /* [n_out_user] a handle made before the call fn returned, or 0 */
     double *arg_val;           /* [n_scalars] scalars[i] at the capture */
-    bool *arg_conf;            /* [n_scalars] seen to follow scalars[i] across two captures */
     /* the distinct handles it reads, assigns or whose .grad it writes: one
      * lookup each per call (the guards fill hrec; the binding reads it) */
     int n_h;
@@ -299,7 +299,6 @@ static void version_free(version *v)
     free(v->out_rq);
     free(v->out_fixed);
     free(v->arg_val);
-    free(v->arg_conf);
     free(v->hid);
     free(v->inplace_ids);
     free(v->hrole);
@@ -572,7 +571,6 @@ static bool version_alloc(version *v, const ctpu_capture_sink *s, const struct c
     v->out_rq = malloc(sizeof *v->out_rq * ((size_t)v->n_out_user + 1));
     v->out_fixed = calloc((size_t)v->n_out_user + 1, sizeof *v->out_fixed);
     v->arg_val = malloc(sizeof *v->arg_val * ((size_t)v->n_scalars + 1));
-    v->arg_conf = calloc((size_t)v->n_scalars + 1, sizeof *v->arg_conf);
     v->outb = calloc((size_t)v->n_pout + 1, sizeof *v->outb);
     v->outo = calloc((size_t)v->n_pout + 1, sizeof *v->outo);
     v->outk = calloc((size_t)v->n_pout + 1, 1);
@@ -581,7 +579,7 @@ static bool version_alloc(version *v, const ctpu_capture_sink *s, const struct c
     v->unconf = malloc(sizeof *v->unconf * ((size_t)v->n_psc + 1));
     if (!v->outb || !v->outo || !v->outk || !v->sc_tmpl || !v->sc_dyn || !v->unconf) return false;
     return v->user_type && v->user_same && v->in && v->sc && v->rq && v->alias_req && v->grad_rq && v->out_bytes &&
-           v->rng && v->no_grad_leaf && v->out_rq && v->out_fixed && v->arg_val && v->arg_conf;
+           v->rng && v->no_grad_leaf && v->out_rq && v->out_fixed && v->arg_val;
 }
 
 /* The guards' facts and the plan's copies. */
@@ -1347,29 +1345,59 @@ static void prepare(version *v)
         const sc_src *s = &v->sc[k];
         v->sc_tmpl[k] = s->kind == SC_CONST ? s->v : 0;
         if (s->kind != SC_CONST) v->sc_dyn[v->n_dyn++] = k;
-        if (s->kind == SC_ARG && !v->arg_conf[s->idx]) v->unconf[v->n_unconf++] = k;
+        if (s->kind == SC_ARG && !s->conf) v->unconf[v->n_unconf++] = k;
     }
     v->prepared = true;
 }
 
-/* Two captures of one program with different scalars: a slot is an
- * argument when both say so, a constant otherwise; old is dropped. */
+/* What two captures of one program (two versions: the same shapes, or two
+ * extents of one dynamic program) tell about w's scalar slots from src's:
+ * a slot src holds as a constant is one in w too (an argument equals its
+ * scalar at every capture); one both hold as argument i is confirmed when
+ * src's is, or when scalars[i] differed between the two captures. */
+static bool same_program(const version *a, const version *b)
+{
+    return a != b && a->program_id == b->program_id && a->n_psc == b->n_psc && a->n_scalars == b->n_scalars;
+}
+
+static void learn_scalars(version *w, const version *src)
+{
+    if (!same_program(w, src)) return;
+    for (int k = 0; k < w->n_psc; k++) {
+        sc_src *s = &w->sc[k];
+        const sc_src *o = &src->sc[k];
+        if (s->kind != SC_ARG || s->conf) continue;
+        if (o->kind == SC_CONST) {
+            s->kind = SC_CONST;   /* .v holds its value at w's capture */
+            w->prepared = false;
+        } else if (o->kind == SC_ARG && o->idx == s->idx &&
+                   (o->conf || ctpu_scalar_bits(src->arg_val[s->idx]) != ctpu_scalar_bits(w->arg_val[s->idx]))) {
+            s->conf = true;
+            w->prepared = false;
+        }
+    }
+}
+
+/* A new version nv learns from every version of its program and teaches
+ * them back, so a schedule's new value is confirmed once per program, not
+ * once per extent or shape. */
+static void share_scalars(ctpu_compiled *c, version *nv)
+{
+    for (const version *w = c->versions; w; w = w->next) learn_scalars(nv, w);
+    for (version *w = c->versions; w; w = w->next) learn_scalars(w, nv);
+}
+
+/* Two captures of one shape with different scalars: what they tell is
+ * shared, and old is dropped (nv replaces it). */
 static void merge_confirmed(ctpu_compiled *c, version *old, version *nv)
 {
-    if (old->program_id != nv->program_id || old->n_psc != nv->n_psc || old->n_scalars != nv->n_scalars) return;
-    for (int k = 0; k < nv->n_psc; k++) {
-        sc_src *s = &nv->sc[k];
-        const sc_src *o = &old->sc[k];
-        if (s->kind != SC_ARG) continue;
-        if (o->kind != SC_ARG || o->idx != s->idx) s->kind = SC_CONST;   /* .v holds its value */
-    }
-    for (int i = 0; i < nv->n_scalars; i++)
-        nv->arg_conf[i] = old->arg_conf[i] || ctpu_scalar_bits(old->arg_val[i]) != ctpu_scalar_bits(nv->arg_val[i]);
-    nv->prepared = false;
+    if (!same_program(old, nv)) return;
+    learn_scalars(nv, old);
     version **pp = &c->versions;
     while (*pp && *pp != old) pp = &(*pp)->next;
     if (*pp) *pp = old->next;
     version_free(old);
+    share_scalars(c, nv);
 }
 
 /* ... *extent: no version holds, but one differs only by an in-range
@@ -1393,29 +1421,53 @@ static version *find_version(ctpu_compiled *c, int n_in, const ctpu_tensor *in, 
     return NULL;
 }
 
+#define MAX_VERSIONS 64
+/* The marks of version dv's dynamic dims, lent to unmarked inputs for a
+ * capture (lent[i]: to take back after it). */
+static void lend_marks(const version *dv, int n_in, ctpu_trec *const *inrec, bool *lent)
+{
+    for (int i = 0; i < n_in && i < 64; i++) {
+        bool any = false;
+        lent[i] = false;
+        for (int d = 0; d < CTPU_MAX_DIMS && dv->user_dyn; d++) any |= dv->user_dyn[i][d].coef > 0;
+        if (any && !inrec[i]->dyn) lent[i] = ctpu__rec_set_dyn(inrec[i], dv->user_dyn[i], inrec[i]->type.ndim);
+    }
+}
+
+static void take_back_marks(int n_in, ctpu_trec *const *inrec, const bool *lent)
+{
+    for (int i = 0; i < n_in && i < 64; i++)
+        if (lent[i]) ctpu__rec_set_dyn(inrec[i], NULL, 0);
+}
+
+/* A capture at dv's shapes or at another extent of its dynamic dims (dv's
+ * marks lent); a new version of dv's program learns and shares what the
+ * captures tell of the scalars. */
+static ctpu_status capture_like(ctpu_compiled *c, const version *dv, int n_in, const ctpu_tensor *in,
+                                ctpu_trec *const *inrec, int n_scalars, const double *scalars, int n_out,
+                                ctpu_tensor *out)
+{
+    bool lent[64];
+    lend_marks(dv, n_in, inrec, lent);
+    const version *head = c->versions;
+    ctpu_status st = run_capture(c, n_in, in, inrec, n_scalars, scalars, n_out, out);
+    take_back_marks(n_in, inrec, lent);
+    if (st == CTPU_OK && c->versions && c->versions != head) share_scalars(c, c->versions);
+    return st;
+}
+
 /* A call at another in-range extent of version dv's dynamic inputs: a
  * capture at it, with dv's ranges on the inputs (a tensor the user did not
  * mark gets them for the capture only), so its flush finds the dynamic
  * program by its dynamic key and binds it at these extents (no compile).
  * Not a guard failure. The versions kept are bounded: past MAX_VERSIONS
  * the oldest goes. */
-#define MAX_VERSIONS 64
 static ctpu_status capture_extent(ctpu_compiled *c, const version *dv, int n_in, const ctpu_tensor *in,
                                   ctpu_trec *const *inrec, int n_scalars, const double *scalars, int n_out,
                                   ctpu_tensor *out)
 {
-    bool lent[MAX_ARGS > 64 ? 64 : MAX_ARGS] = { false };
-    for (int i = 0; i < n_in && i < 64; i++) {
-        bool any = false;
-        for (int d = 0; d < CTPU_MAX_DIMS; d++) any |= dv->user_dyn[i][d].coef > 0;
-        if (any && !inrec[i]->dyn) lent[i] = ctpu__rec_set_dyn(inrec[i], dv->user_dyn[i], inrec[i]->type.ndim);
-    }
     c->info.dynamic_captures++;
-    /* (the new version confirms its scalar arguments by itself: a constant
-     * that equals an argument at this extent is not dv's) */
-    ctpu_status st = run_capture(c, n_in, in, inrec, n_scalars, scalars, n_out, out);
-    for (int i = 0; i < n_in && i < 64; i++)
-        if (lent[i]) ctpu__rec_set_dyn(inrec[i], NULL, 0);
+    ctpu_status st = capture_like(c, dv, n_in, in, inrec, n_scalars, scalars, n_out, out);
     int n = 0;
     for (version **pp = &c->versions; *pp; pp = &(*pp)->next)
         if (++n == MAX_VERSIONS) {
@@ -1459,8 +1511,11 @@ static ctpu_status call_dispatch(ctpu_compiled *c, int n_in, const ctpu_tensor *
     }
     if (!v && dv) return capture_extent(c, dv, n_in, in, inrec, n_scalars, scalars, n_out, out);
     if (v && needs_confirm(v, scalars)) {
-        st = run_capture(c, n_in, in, inrec, n_scalars, scalars, n_out, out);
-        if (st == CTPU_OK && c->versions && c->versions != v) merge_confirmed(c, v, c->versions);
+        /* (capture_like shares what it tells with every version of the
+         * program; the old one at these shapes is then dropped) */
+        version *head = c->versions;
+        st = capture_like(c, v, n_in, in, inrec, n_scalars, scalars, n_out, out);
+        if (st == CTPU_OK && c->versions && c->versions != head) merge_confirmed(c, v, c->versions);
         return st;
     }
     if (v) {
