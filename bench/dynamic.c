@@ -24,8 +24,10 @@
  * wall time; each run ends with a sync. Medians of the 5 runs.
  * ratio_dynamic_vs_static_<wl>_<extent> = static time / dynamic time
  * (target >= 0.9). Prints `name value unit`. `dynamic mlp` or `dynamic gpt`
- * runs one workload (the callgrind harness: valgrind --tool=callgrind
- * --toggle-collect=ctpu_step_end ./dynamic gpt). */
+ * runs one workload; `dynamic gpt 8 dynamic 200` (or static) one model at
+ * one extent, the callgrind harness for comparing the two launch kinds:
+ * valgrind --tool=callgrind ./dynamic gpt 8 dynamic 200, against 100 steps,
+ * the difference per step). */
 #include <ctpu.h>
 #include <ctpu_nn.h>
 #include <math.h>
@@ -282,15 +284,50 @@ static void bench(bool gpt)
     for (int e = 0; e < NE; e++) { free_batches(&dyn[e]); free_batches(&stat[e]); }
 }
 
+/* `dynamic <mlp|gpt> <extent> <dynamic|static> <steps>`: one model at one
+ * extent (the callgrind harness for one launch kind: a dynamic run first
+ * compiles the dynamic program at another extent, as the bench does). */
+static int profile_one(bool gpt, int64_t E, bool marked, int steps)
+{
+    if (marked) {
+        batches other;
+        make_batches(gpt, E == 20 ? 40 : 20, true, &other);
+        model w;
+        model_init(&w, gpt);
+        for (int s = 0; s < WARM; s++) one_step(&w, &other, s);
+        CHECK(ctpu_sync() == CTPU_OK);
+        model_free(&w);
+        free_batches(&other);
+    }
+    batches bs;
+    make_batches(gpt, E, marked, &bs);
+    model m;
+    model_init(&m, gpt);
+    for (int s = 0; s < steps; s++) one_step(&m, &bs, s);
+    CHECK(ctpu_sync() == CTPU_OK);
+    model_free(&m);
+    free_batches(&bs);
+    printf("profile_%s_%lld_%s %d steps, %lld programs compiled, %lld dynamic binds\n", gpt ? "gpt" : "mlp",
+           (long long)E, marked ? "dynamic" : "static", steps, (long long)ctpu_metric_counter("programs_compiled"),
+           (long long)ctpu_metric_counter("dynamic_binds"));
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     bool mlp = argc < 2 || strcmp(argv[1], "mlp") == 0, gpt = argc < 2 || strcmp(argv[1], "gpt") == 0;
-    if (argc > 2 || (!mlp && !gpt)) {
-        fprintf(stderr, "usage: dynamic [mlp | gpt]\n");
+    bool one = argc == 5 && (strcmp(argv[3], "dynamic") == 0 || strcmp(argv[3], "static") == 0);
+    if ((argc > 2 && !one) || (!mlp && !gpt) || (one && (atoi(argv[2]) < 2 || atoi(argv[4]) < 1))) {
+        fprintf(stderr, "usage: dynamic [mlp | gpt [extent dynamic|static steps]]\n");
         return 2;
     }
     if (ctpu_init() != CTPU_OK) { fprintf(stderr, "bench/dynamic: %s\n", ctpu_last_error()); return 1; }
     CHECK(ctpu_set_mode(CTPU_MODE_DEFER_FUSE) == CTPU_OK);
+    if (one) {
+        int rc = profile_one(gpt, atoi(argv[2]), strcmp(argv[3], "dynamic") == 0, atoi(argv[4]));
+        ctpu_shutdown();
+        return rc;
+    }
     if (mlp) bench(false);
     if (gpt) bench(true);
     ctpu_shutdown();

@@ -169,6 +169,13 @@ static void dyn_note(bool input, size_t i, const ctpu_dyndim *d)
     }
     (input ? df->in_has_dyn : df->node_has_dyn)[i] = true;
     df->any_dyn = true;
+    uint64_t h = df->dyn_sig ^ ((uint64_t)i << 1 | input);
+    for (int k = 0; k < CTPU_MAX_DIMS; k++) {   /* the same notes in the same order: the same rows */
+        h = (h ^ (uint64_t)d[k].lo) * 0x100000001b3ull;
+        h = (h ^ (uint64_t)d[k].hi) * 0x100000001b3ull;
+        h = (h ^ (uint64_t)d[k].coef) * 0x9e3779b97f4a7c15ull;
+    }
+    df->dyn_sig = h ^ (h >> 29);
 }
 
 /* A node whose dims no shape-rule probe gave (the backward helpers
@@ -639,6 +646,7 @@ static void reset_trace(void)
         if (t_df.node_has_dyn) memset(t_df.node_has_dyn, 0, t_df.cap_node_dyn);
         t_df.any_dyn = false;
     }
+    t_df.dyn_sig = 0;
     t_df.n_sym = 0;
     ctpu_trace_rec_reset(t_df.rec, ctpu_rt->dev);
     t_df.n_holders = 0;
@@ -823,7 +831,6 @@ typedef struct {
     ctpu_buffer *scratch;
     bool op_by_op;                 /* past the recompile limit: run through strict eager, node by node */
     bool dynamic;                  /* keyed by the dynamic key (a miss compiles a dynamic program) */
-    ctpu_trace bt;                 /* with bound: the trace at the launch's extents (for the report), or zeroes */
     ctpu_program *bound;           /* a dynamic program's launch at this trace's extents (ours), or NULL */
     size_t *out_bytes;             /* [plan->n_out] with bound: the outputs' bytes at these extents */
     char dyn_why[160];             /* a dynamic dim out of its range: the recompile reason */
@@ -1113,6 +1120,19 @@ static void count_lookup(const flush_ctx *f)
     if (res->collisions) ctpu_counter_add(m, CTPU_CTR_CACHE_COLLISIONS, res->collisions);
 }
 
+/* The outputs' bytes of a bound launch (at its extents), into f->out_bytes. */
+static bool bound_out_bytes(flush_ctx *f)
+{
+    const ctpu_trace *bt = f->bound->bound_trace;
+    if (!bt || !f->out_bytes) return false;
+    for (int j = 0; j < bt->n_outputs; j++) {
+        int32_t v = bt->outputs[j];
+        const ctpu_vtype *vt = v < bt->n_inputs ? &bt->in_type[v] : &bt->nodes[v - bt->n_inputs].out;
+        f->out_bytes[j] = (size_t)ctpu_vtype_numel(vt) * ctpu_kdt_size(vt->dtype);
+    }
+    return true;
+}
+
 /* A dynamic program found for this trace: its launch at the recorded
  * extents (ctpu_fuse_bind). False when its fusion groups do not hold here
  * (f->err says so): the caller compiles the trace statically. */
@@ -1142,24 +1162,47 @@ static bool bind_dynamic(flush_ctx *f)
     ctpu_program *evicted = NULL;
     if (ok) f->bound = ctpu_fuse_bind_cached(f->prog, &bt, &reused, &evicted, f->err, sizeof f->err);
     if (evicted) ctpu_cache_orphan(f->rt->fused_cache, evicted);   /* it may still be running */
-    for (int j = 0; f->bound && j < ct->n_outputs; j++) {
-        int32_t v = bt.outputs[j];
-        const ctpu_vtype *vt = v < bt.n_inputs ? &bt.in_type[v] : &bt.nodes[v - bt.n_inputs].out;
-        f->out_bytes[j] = (size_t)ctpu_vtype_numel(vt) * ctpu_kdt_size(vt->dtype);
-    }
-    if (f->bound) {
-        f->bt = bt;                         /* the report's: this launch's extents (freed after the cut) */
-    } else {
-        free(bt.in_type);
-        free(bt.nodes);
+    free(bt.in_type);
+    free(bt.nodes);
+    if (f->bound && !bound_out_bytes(f)) {
+        ctpu_cache_release(f->rt->fused_cache, f->bound);   /* never submitted (the program keeps it) */
+        f->bound = NULL;
     }
     if (!f->bound) {
         free(f->out_bytes);
         f->out_bytes = NULL;
         return false;
     }
+    ctpu_cache_alias_add(f->rt->fused_cache, f->key, f->klen, f->khash, t_df.dyn_sig, f->prog, f->bound);
     ctpu_counter_add(&f->rt->metrics, CTPU_CTR_DYNAMIC_BINDS, 1);
     if (reused) ctpu_counter_add(&f->rt->metrics, CTPU_CTR_DYNAMIC_BIND_REUSES, 1);
+    ctpu_timer_add(&f->rt->metrics, CTPU_TMR_DYNAMIC_BIND_TIME, ctpu_now_ns() - t0);
+    return true;
+}
+
+/* A trace seen before, bound to a dynamic program then (fuse.h bound
+ * aliases: the same static key and dynamic marks): that program and its
+ * launch, without the dynamic key or a bind. Counted as a kept bound
+ * launch's reuse. */
+static bool alias_dynamic(flush_ctx *f, const ctpu_cache_opts *opts)
+{
+    uint64_t t0 = ctpu_now_ns();
+    f->prog = ctpu_cache_peek_alias(f->rt->fused_cache, f->key, f->klen, f->khash, t_df.dyn_sig, opts, &f->res,
+                                    &f->plan, &f->bound);
+    if (!f->prog) return false;
+    f->out_bytes = malloc(sizeof(size_t) * ((size_t)f->bound->bound_trace->n_outputs + 1));
+    if (!f->out_bytes || !bound_out_bytes(f)) {   /* out of memory: the dynamic key's way */
+        free(f->out_bytes);
+        f->out_bytes = NULL;
+        ctpu_cache_release(f->rt->fused_cache, f->bound);
+        ctpu_cache_release(f->rt->fused_cache, f->prog);
+        f->bound = f->prog = NULL;
+        f->plan = NULL;
+        return false;
+    }
+    f->dynamic = true;
+    ctpu_counter_add(&f->rt->metrics, CTPU_CTR_DYNAMIC_BINDS, 1);
+    ctpu_counter_add(&f->rt->metrics, CTPU_CTR_DYNAMIC_BIND_REUSES, 1);
     ctpu_timer_add(&f->rt->metrics, CTPU_TMR_DYNAMIC_BIND_TIME, ctpu_now_ns() - t0);
     return true;
 }
@@ -1213,31 +1256,32 @@ static ctpu_status lookup_or_compile(flush_ctx *f)
     uint64_t khash = 0;
     if (!raw_key(f->reqs, f->nreq, f->dbg, &key, &klen, &khash))
         return flush_fail(CTPU_ERR_OOM, "mark_step: out of host memory keying the trace", f->reqs, f->rrec);
-    bool any_sym = false;
-    f->dyn_why[0] = 0;
-    uint8_t *dkey = t_df.any_dyn ? dyn_key(f->reqs, f->nreq, f->dbg, &dlen, &any_sym, f->dyn_why,
-                                                       sizeof f->dyn_why)
-                                            : NULL;
     uint64_t step = atomic_load(&rt->marked_steps);
     f->step = step;
     bool only = atomic_load(&rt->cache_only) ||
                 (rt->cache_only_after >= 0 && step >= (uint64_t)rt->cache_only_after);
     ctpu_cache_opts opts = { .allow_compile = !only, .track_recompiles = true, .step = step, .dev = rt->dev };
     ctpu_cache_pending *miss = NULL;
-    f->prog = NULL;
+    f->key = key;
+    f->klen = klen;
+    f->khash = khash;
+    /* marked: the exact static entry, then a launch bound for this very
+     * trace before, then the dynamic key */
+    f->prog = t_df.any_dyn ? ctpu_cache_peek_hashed(rt->fused_cache, key, klen, khash, &opts, &f->res, &f->plan) : NULL;
+    bool any_sym = false;
+    f->dyn_why[0] = 0;
+    uint8_t *dkey = t_df.any_dyn && !f->prog && !alias_dynamic(f, &opts)
+                        ? dyn_key(f->reqs, f->nreq, f->dbg, &dlen, &any_sym, f->dyn_why, sizeof f->dyn_why)
+                        : NULL;
     if (dkey && any_sym) {
-        f->prog = ctpu_cache_peek_hashed(rt->fused_cache, key, klen, khash, &opts, &f->res, &f->plan);
-        if (!f->prog) {
-            f->dynamic = true;
-            f->prog = ctpu_cache_find(rt->fused_cache, dkey, dlen, &opts, &f->res, &f->plan, &miss, f->err,
-                                      sizeof f->err);
-            if (f->prog && f->prog->dyn && !bind_dynamic(f)) {   /* its groups do not hold here: a static program */
-                ctpu_cache_release(rt->fused_cache, f->prog);
-                f->prog = NULL;
-                f->dynamic = false;
-                snprintf(f->dyn_why, sizeof f->dyn_why, "%.150s", f->err);
-                f->err[0] = 0;
-            }
+        f->dynamic = true;
+        f->prog = ctpu_cache_find(rt->fused_cache, dkey, dlen, &opts, &f->res, &f->plan, &miss, f->err, sizeof f->err);
+        if (f->prog && f->prog->dyn && !bind_dynamic(f)) {   /* its groups do not hold here: a static program */
+            ctpu_cache_release(rt->fused_cache, f->prog);
+            f->prog = NULL;
+            f->dynamic = false;
+            snprintf(f->dyn_why, sizeof f->dyn_why, "%.150s", f->err);
+            f->err[0] = 0;
         }
     }
     if (!f->prog && !miss)
@@ -1245,12 +1289,9 @@ static ctpu_status lookup_or_compile(flush_ctx *f)
                                          sizeof f->err);
     free(dkey);
     ctpu_trace_final fin;
-    f->key = key;
-    f->klen = klen;
-    f->khash = khash;
     bool have_fin = miss && compile_miss(f, miss, &opts, &fin);
     f->key = NULL;
-    const ctpu_trace *rt_t = have_fin ? &fin.t : f->bound ? &f->bt : NULL;
+    const ctpu_trace *rt_t = have_fin ? &fin.t : f->bound ? f->bound->bound_trace : NULL;
     int64_t *bound = mark_bounds(have_fin && fin.plan ? fin.plan : f->plan, rt_t);
     ctpu__report_cut(f->why, cut_at(f), rt_t, bound, &f->res, f->prog ? run_prog(f) : NULL);   /* report.c: programs, cuts, trace */
     if (have_fin && f->op_by_op) ctpu__report_fallback(&fin.t, bound);   /* report.c: the shape policies */
@@ -1262,10 +1303,6 @@ static ctpu_status lookup_or_compile(flush_ctx *f)
         amem_update(sh, have_fin ? &fin : NULL, pl);
     }
     if (have_fin) ctpu_trace_final_free(&fin);
-    free(f->bt.in_type);
-    free(f->bt.nodes);
-    f->bt.in_type = NULL;
-    f->bt.nodes = NULL;
     count_lookup(f);
     if (f->op_by_op) {
         ctpu_counter_add(&rt->metrics, CTPU_CTR_RECOMPILE_LIMIT_FALLBACKS, 1);

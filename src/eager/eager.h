@@ -134,6 +134,8 @@ typedef struct {                     /* defer.c: this thread's defer-and-fuse tr
     bool *in_has_dyn, *node_has_dyn;
     size_t cap_in_dyn, cap_node_dyn;
     bool any_dyn;                    /* some recorded value has a dynamic dim */
+    uint64_t dyn_sig;                /* a hash of every dynamic-dim note of the trace, in order (the bound
+                                        alias's signature, fuse.h ctpu_cache_alias_add) */
     struct { int64_t lo, hi, v; } sym[8];   /* the symbols of the marked inputs recorded so far */
     int n_sym;
     /* TORCH_TPU_AUTO_DYNAMIC (policy.c detects, defer.c marks), per

@@ -291,7 +291,12 @@ void ctpu__report_cut(int why, ctpu_op_prov at, const ctpu_trace *t, const int64
     const char *label = label_now();
     /* a new program, or a dynamic program's launch (t: its trace at the
      * launch's extents): its structure, hashed outside the lock */
-    uint64_t sh = res && prog && t ? ctpu_trace_struct_hash(t) : 0;
+    uint64_t sh = 0;
+    if (res && prog && t) {   /* a bound launch keeps its structure's hash */
+        sh = prog->bound_trace == t ? atomic_load(&((ctpu_program *)prog)->struct_hash) : 0;
+        if (!sh) sh = ctpu_trace_struct_hash(t);
+        if (prog->bound_trace == t) atomic_store(&((ctpu_program *)prog)->struct_hash, sh);
+    }
     pthread_mutex_lock(&r->mu);
     if (why == CTPU_CUT_HOST_READ) label_get(r, label)->cuts++;
     if (res && prog && res->hit && !sh) ctpu__policy_hit(r->policy, res->program_id);

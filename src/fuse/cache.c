@@ -55,8 +55,19 @@ struct ctpu_cache_pending {
     uint8_t *key;
 };
 
+/* A bound alias (fuse.h ctpu_cache_alias_add): tick 0 = free. */
+typedef struct {
+    uint64_t hash, sig, tick;
+    size_t len;
+    uint8_t *key;
+    struct entry *e;              /* the dynamic program's entry */
+    ctpu_program *bound;          /* the alias's reference */
+} alias;
+
 struct ctpu_cache {
     pthread_mutex_t mu;
+    alias aliases[CTPU_CACHE_ALIASES];
+    uint64_t alias_tick;
     pthread_cond_t done;
     ctpu_cache_pending *pending;
     entry **buckets;
@@ -147,6 +158,7 @@ static void progs_free_chain(ctpu_program *p)
 void ctpu_cache_destroy(ctpu_cache *c)
 {
     if (!c) return;
+    for (int i = 0; i < CTPU_CACHE_ALIASES; i++) free(c->aliases[i].key);   /* the programs go below */
     for (entry *e = c->lru_head, *n; e; e = n) {
         n = e->lru_next;
         prog_free(e->prog);
@@ -639,6 +651,91 @@ bool ctpu_cache_shape_allowed(ctpu_cache *c, const ctpu_cache_pending *miss, con
     return ok;
 }
 
+/* ------------------------------------------------------------ bound aliases */
+static void alias_clear(alias *a)
+{
+    free(a->key);
+    if (a->bound) atomic_fetch_sub_explicit(&a->bound->refs, 1, memory_order_acq_rel);   /* kept by its program */
+    *a = (alias){ 0 };
+}
+
+/* The aliases of entry e (its program leaves the table), under c->mu: the
+ * bound launches stay with the program (or are orphans already). */
+static void aliases_drop(ctpu_cache *c, const entry *e)
+{
+    for (int i = 0; i < CTPU_CACHE_ALIASES; i++)
+        if (c->aliases[i].tick && c->aliases[i].e == e) alias_clear(&c->aliases[i]);
+}
+
+static alias *alias_find(ctpu_cache *c, const uint8_t *key, size_t len, uint64_t hash, uint64_t sig)
+{
+    for (int i = 0; i < CTPU_CACHE_ALIASES; i++) {
+        alias *a = &c->aliases[i];
+        if (a->tick && a->hash == hash && a->sig == sig && a->len == len && memcmp(a->key, key, len) == 0) return a;
+    }
+    return NULL;
+}
+
+void ctpu_cache_alias_add(ctpu_cache *c, const uint8_t *key, size_t len, uint64_t hash, uint64_t sig,
+                          ctpu_program *prog, ctpu_program *bound)
+{
+    uint8_t *k = malloc(len ? len : 1);
+    if (!k) return;   /* out of memory: no alias, the next launch binds through the dynamic key */
+    memcpy(k, key, len);
+    pthread_mutex_lock(&c->mu);
+    entry *e = NULL;
+    for (entry *x = c->lru_head; x && !e; x = x->lru_next)
+        if (x->prog == prog) e = x;
+    alias *a = e ? alias_find(c, key, len, hash, sig) : NULL;
+    if (e && !a) {
+        a = &c->aliases[0];
+        for (int i = 1; i < CTPU_CACHE_ALIASES && a->tick; i++)
+            if (c->aliases[i].tick < a->tick) a = &c->aliases[i];
+    }
+    if (a) {
+        alias_clear(a);
+        ctpu_program_retain(bound);
+        *a = (alias){ .hash = hash, .sig = sig, .tick = ++c->alias_tick, .len = len, .key = k, .e = e, .bound = bound };
+        k = NULL;
+    }
+    pthread_mutex_unlock(&c->mu);
+    free(k);
+}
+
+ctpu_program *ctpu_cache_peek_alias(ctpu_cache *c, const uint8_t *key, size_t len, uint64_t hash, uint64_t sig,
+                                    const ctpu_cache_opts *o, ctpu_cache_result *res, const ctpu_launch_plan **plan,
+                                    ctpu_program **bound)
+{
+    memset(res, 0, sizeof *res);
+    *plan = NULL;
+    *bound = NULL;
+    pthread_mutex_lock(&c->mu);
+    alias *a = alias_find(c, key, len, hash, sig);
+    if (a && !ctpu_fuse_bound_touch(a->e->prog, a->bound)) {   /* its program let the launch go */
+        alias_clear(a);
+        a = NULL;
+    }
+    ctpu_program *prog = NULL;
+    if (a) {
+        entry *e = a->e;
+        a->tick = ++c->alias_tick;
+        c->st.requests++;
+        e->info.hits++;
+        e->info.last_use = o ? o->step : 0;
+        c->st.hits++;
+        if (c->capacity && c->lru_head != e) { lru_unlink(c, e); lru_push_front(c, e); }
+        res->hit = true;
+        res->program_id = e->info.id;
+        *plan = e->prog->plan;
+        prog = e->prog;
+        ctpu_program_retain(prog);
+        ctpu_program_retain(a->bound);
+        *bound = a->bound;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return prog;
+}
+
 /* Bounded: unlink entries from the LRU tail (never e), their programs
  * orphaned (the entry's reference dropped); returns the entries chained by
  * lru_next, to free outside the lock. */
@@ -654,6 +751,7 @@ static entry *evict_over_capacity(ctpu_cache *c, const entry *e, ctpu_cache_resu
         c->count--;
         c->st.evictions++;
         res->evicted++;
+        aliases_drop(c, v);
         v->prog->orphan_next = c->orphans;
         c->orphans = v->prog;
         c->n_orphans++;

@@ -935,6 +935,25 @@ static bool same_groups(const compile_ctx *cx, const compile_ctx *d)
            memcmp(cx->used_outside, d->used_outside, nn) == 0;
 }
 
+/* A bound launch's copy of its trace (fuse.h bound_trace): the inputs' and
+ * nodes' types and attrs are the launch's; outputs and aliases are the
+ * dynamic program's (it outlives its launches). */
+static bool keep_bound_trace(compile_ctx *cx, ctpu_program *c)
+{
+    const ctpu_trace *t = cx->t;
+    ctpu_trace *bt = al_alloc(&cx->al, sizeof *bt);
+    ctpu_vtype *in = al_alloc(&cx->al, sizeof(ctpu_vtype) * ((size_t)t->n_inputs + 1));
+    ctpu_node *nodes = al_alloc(&cx->al, sizeof(ctpu_node) * ((size_t)t->n_nodes + 1));
+    if (!bt || !in || !nodes) return oom(cx);
+    *bt = *t;
+    if (t->n_inputs) memcpy(in, t->in_type, sizeof(ctpu_vtype) * (size_t)t->n_inputs);
+    if (t->n_nodes) memcpy(nodes, t->nodes, sizeof(ctpu_node) * (size_t)t->n_nodes);
+    bt->in_type = in;
+    bt->nodes = nodes;
+    c->bound_trace = bt;
+    return true;
+}
+
 ctpu_program *ctpu_fuse_bind(const ctpu_program *p, const ctpu_trace *t, char *err, size_t errlen)
 {
     uint64_t t0 = ctpu_now_ns();
@@ -965,6 +984,7 @@ ctpu_program *ctpu_fuse_bind(const ctpu_program *p, const ctpu_trace *t, char *e
     }
     ok = ok && pass_debug_tables(&cx);
     ok = ok && pass_estimate_cost(&cx, &c->cost);
+    ok = ok && keep_bound_trace(&cx, c);
     return finish_program(&cx, c, ok, t0);
 }
 
@@ -1006,6 +1026,21 @@ static uint8_t *dyn_extent_key(const ctpu_trace *t, size_t *len)
     }
     *len = n;
     return key;
+}
+
+bool ctpu_fuse_bound_touch(ctpu_program *p, const ctpu_program *b)
+{
+    struct ctpu_dyn_info *d = p->dyn;
+    if (!d) return false;
+    bool kept = false;
+    pthread_mutex_lock(&d->mu);
+    for (int i = 0; i < CTPU_DYN_BOUND_CAP && !kept; i++)
+        if (d->b[i].tick && d->b[i].bound == b) {
+            d->b[i].tick = ++d->tick;
+            kept = true;
+        }
+    pthread_mutex_unlock(&d->mu);
+    return kept;
 }
 
 ctpu_program *ctpu_fuse_bind_cached(ctpu_program *p, const ctpu_trace *t, bool *reused, ctpu_program **evicted,

@@ -64,6 +64,10 @@ typedef struct ctpu_program {
     struct ctpu_launch_plan *plan;  /* the cache's: a fused entry's launch plan, freed with the program */
     const int32_t *step_node;  /* [n_steps] the canonical node naming each step (its group's last) */
     struct ctpu_dyn_info *dyn; /* a dynamic program (ctpu_fuse_compile_dynamic): what a bind reuses; else NULL */
+    const ctpu_trace *bound_trace;  /* a bound launch (ctpu_fuse_bind): the trace at its extents (its own copy of
+                                       the inputs' and nodes' types and attrs; the rest points into the dynamic
+                                       program's), for output sizes and the report; else NULL */
+    _Atomic uint64_t struct_hash;   /* a bound launch: ctpu_trace_struct_hash(bound_trace) once computed, else 0 */
 } ctpu_program;
 
 /* Compile a trace into a program (one reference, the caller's). NULL with
@@ -79,8 +83,9 @@ ctpu_program *ctpu_fuse_compile_dynamic(const ctpu_trace *t, char *err, size_t e
  * extents, then each step's data (extents, broadcast plans, block counts,
  * scratch offsets, element counts) and the cost estimate are derived from
  * them. A new program with one reference, run once and dropped (its fault
- * tables point into p: p must outlive it); NULL with err set when the groups
- * do not hold (compile t statically instead) or out of memory. */
+ * tables point into p: p must outlive it) that keeps a copy of t
+ * (bound_trace); NULL with err set when the groups do not hold (compile t
+ * statically instead) or out of memory. */
 /* The canonical trace a dynamic program was compiled from (NULL: not dynamic). */
 const ctpu_trace *ctpu_program_dyn_trace(const ctpu_program *p);
 ctpu_program *ctpu_fuse_bind(const ctpu_program *p, const ctpu_trace *t, char *err, size_t errlen);
@@ -99,6 +104,10 @@ ctpu_program *ctpu_fuse_bind(const ctpu_program *p, const ctpu_trace *t, char *e
  * ctpu_fuse_bind's. Thread-safe. */
 ctpu_program *ctpu_fuse_bind_cached(ctpu_program *p, const ctpu_trace *t, bool *reused, ctpu_program **evicted,
                                     char *err, size_t errlen);
+/* Is b still one of dynamic program p's kept bound launches? If so it
+ * counts as used now (its slot the most recently used). b must be held
+ * (a reference), so that its address cannot be another launch's. */
+bool ctpu_fuse_bound_touch(ctpu_program *p, const ctpu_program *b);
 /* A command running p was submitted as seq (before its submitter lets go
  * of its reference). */
 static inline void ctpu_program_note_submit(ctpu_program *p, uint64_t seq)
@@ -225,6 +234,23 @@ ctpu_program *ctpu_cache_peek(ctpu_cache *c, const uint8_t *key, size_t len, con
                               ctpu_cache_result *res, const ctpu_launch_plan **plan);
 ctpu_program *ctpu_cache_peek_hashed(ctpu_cache *c, const uint8_t *key, size_t len, uint64_t hash,
                                      const ctpu_cache_opts *o, ctpu_cache_result *res, const ctpu_launch_plan **plan);
+/* Bound aliases (DESIGN.md "Dynamic dims"): a dynamic program's launch
+ * remembered by the exact static key of the trace that bound it and a
+ * signature of that trace's dynamic marks (sig, the caller's hash of every
+ * mark it recorded), so the same trace again resolves to the same program
+ * and bound launch without building its dynamic key or binding. At most
+ * CTPU_CACHE_ALIASES, least recently used replaced; an alias goes with its
+ * program's entry. ctpu_cache_alias_add: prog is a cached dynamic program,
+ * bound its launch (the alias takes a reference). ctpu_cache_peek_alias: a
+ * hit on prog's entry as ctpu_cache_peek's (counted, prog with a reference,
+ * *plan its plan) and *bound with a reference for the caller (ctpu_cache_release
+ * after its submit), or NULL with nothing counted. */
+#define CTPU_CACHE_ALIASES 64
+void ctpu_cache_alias_add(ctpu_cache *c, const uint8_t *key, size_t len, uint64_t hash, uint64_t sig,
+                          ctpu_program *prog, ctpu_program *bound);
+ctpu_program *ctpu_cache_peek_alias(ctpu_cache *c, const uint8_t *key, size_t len, uint64_t hash, uint64_t sig,
+                                    const ctpu_cache_opts *o, ctpu_cache_result *res, const ctpu_launch_plan **plan,
+                                    ctpu_program **bound);
 /* Hand over a program nobody else holds (a dynamic program's bound launch,
  * submitted): it is freed once its last command has run, the caller's
  * reference dropped here. */
