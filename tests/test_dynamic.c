@@ -418,6 +418,110 @@ START_TEST(marked_batch_expand_backward_one_program)
 }
 END_TEST
 
+/* A char-GPT-like step (embedding + position slice, layer norm, q/k/v split
+ * into heads by reshape and permute, causal SDPA, heads merged back, a tied
+ * head, cross entropy, backward) with T marked dynamic in [2, 12], at every
+ * T including T = head_dim (4) and T = dmodel (8), extents the trace also
+ * has as static dims: one program, no recompile, each T bit-identical to
+ * strict eager (at T = dmodel a node dim equal to T was taken for the
+ * symbol or for dmodel and that extent compiled its own program). */
+enum { GD = 8, GH = 2, GHD = 4, GV = 11, GCTX = 12, GB = 2 };
+typedef struct { ctpu_tensor te, pe, g, bt, wq, wk, wv, wo; } tgpt;
+
+static ctpu_tensor tg_param(int nd, const int64_t *s, uint32_t seed, float scale)
+{
+    int64_t n = 1;
+    for (int i = 0; i < nd; i++) n *= s[i];
+    float *d = malloc(sizeof(float) * (size_t)n);
+    uint32_t z = seed * 2654435761u + 7;
+    for (int64_t i = 0; i < n; i++) {
+        z = z * 1664525u + 1013904223u;
+        d[i] = scale * (float)((int32_t)(z >> 8) % 2001 - 1000) / 1000.0f;
+    }
+    ctpu_tensor t = ctpu_from_host(d, CTPU_F32, nd, s);
+    free(d);
+    ctpu_set_requires_grad(t, true);
+    return t;
+}
+
+static tgpt tgpt_make(void)
+{
+    int64_t te[2] = { GV, GD }, pe[2] = { GCTX, GD }, dd[2] = { GD, GD }, d1 = GD;
+    tgpt m = { tg_param(2, te, 1, 0.5f), tg_param(2, pe, 2, 0.5f), tg_param(1, &d1, 3, 1.0f), tg_param(1, &d1, 4, 0.1f),
+               tg_param(2, dd, 5, 0.4f), tg_param(2, dd, 6, 0.4f), tg_param(2, dd, 7, 0.4f), tg_param(2, dd, 8, 0.4f) };
+    return m;
+}
+
+static ctpu_tensor tg_heads(ctpu_tensor t, int64_t T)
+{
+    int64_t s[4] = { GB, T, GH, GHD };
+    static const int perm[4] = { 0, 2, 1, 3 };
+    return ctpu_permute(ctpu_reshape(t, 4, s), perm);
+}
+
+/* out: loss, then grad te [GV*GD], grad wq [GD*GD] */
+static void tgpt_step(tgpt *m, int64_t T, bool marked, float *out)
+{
+    ctpu_scope_begin();
+    int32_t x[GB * GCTX], y[GB * GCTX];
+    for (int64_t i = 0; i < GB * T; i++) { x[i] = (int32_t)((i * 7 + T) % GV); y[i] = (int32_t)((i * 5 + 3 * T) % GV); }
+    int64_t sh[2] = { GB, T };
+    ctpu_tensor xt = ctpu_from_host(x, CTPU_I32, 2, sh), yt = ctpu_from_host(y, CTPU_I32, 2, sh);
+    if (marked) {
+        ck_assert_int_eq(ctpu_mark_dynamic(xt, 1, 2, GCTX), CTPU_OK);
+        ck_assert_int_eq(ctpu_mark_dynamic(yt, 1, 2, GCTX), CTPU_OK);
+    }
+    ctpu_tensor h = ctpu_add(ctpu_embedding(m->te, xt), ctpu_slice(m->pe, 0, 0, T, 1));
+    ctpu_tensor a = ctpu_layer_norm(h, m->g, m->bt, 1e-5);
+    ctpu_tensor q = tg_heads(ctpu_matmul(a, m->wq), T), k = tg_heads(ctpu_matmul(a, m->wk), T);
+    ctpu_tensor v = tg_heads(ctpu_matmul(a, m->wv), T);
+    ctpu_tensor o = ctpu_scaled_dot_product_attention(q, k, v, CTPU_NULL, CTPU_MASK_NONE, true, 0.0, 0.0);
+    static const int perm[4] = { 0, 2, 1, 3 };
+    int64_t s3[3] = { GB, T, GD };
+    o = ctpu_reshape(ctpu_contiguous(ctpu_permute(o, perm)), 3, s3);
+    h = ctpu_add(h, ctpu_matmul(o, m->wo));
+    ctpu_tensor logits = ctpu_matmul_t(h, m->te, false, true);
+    int64_t s2[2] = { GB * T, GV }, s1 = GB * T;
+    ctpu_ce_opts ce = ctpu_ce_defaults();
+    ctpu_tensor loss = ctpu_cross_entropy(ctpu_reshape(logits, 2, s2), ctpu_reshape(yt, 1, &s1), &ce);
+    ck_assert_msg(!ctpu_is_null(loss), "%s", ctpu_last_error());
+    ck_assert_msg(ctpu_backward(loss) == CTPU_OK, "backward: %s", ctpu_last_error());
+    ck_assert_int_eq(ctpu_to_host(loss, out, sizeof(float)), CTPU_OK);
+    ck_assert_int_eq(ctpu_to_host(ctpu_grad(m->te), out + 1, sizeof(float) * GV * GD), CTPU_OK);
+    ck_assert_int_eq(ctpu_to_host(ctpu_grad(m->wq), out + 1 + GV * GD, sizeof(float) * GD * GD), CTPU_OK);
+    ctpu_tensor *ps = &m->te;
+    for (int i = 0; i < 8; i++) ctpu_zero_grad(ps[i]);
+    ctpu_scope_end();
+    ctpu_mark_step();
+}
+
+START_TEST(seq_len_through_static_extents_one_program)
+{
+    enum { NO = 1 + GV * GD + GD * GD };
+    static const int64_t order[] = { 7, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12, 4, 8, 7 };
+    enum { NT = (int)(sizeof order / sizeof order[0]) };
+    float ref[NT][NO], got[NO];
+    tgpt m = tgpt_make();
+    for (int e = 0; e < NT; e++) tgpt_step(&m, order[e], false, ref[e]);
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEFER_FUSE), CTPU_OK);
+    int64_t c0 = -1, r0 = ctpu_metric_counter("recompiles");
+    for (int e = 0; e < NT; e++) {
+        tgpt_step(&m, order[e], true, got);
+        if (getenv("CTPU_TEST_DYN_DEBUG"))
+            fprintf(stderr, "T %lld: compiled %lld binds %lld\n", (long long)order[e],
+                    (long long)ctpu_metric_counter("programs_compiled"), (long long)ctpu_metric_counter("dynamic_binds"));
+        if (e == 0) c0 = ctpu_metric_counter("programs_compiled");
+        ck_assert_msg(memcmp(got, ref[e], sizeof got) == 0, "T = %lld differs from strict eager", (long long)order[e]);
+    }
+    if (getenv("CTPU_TEST_DYN_DEBUG")) { char lg[8192]; ctpu_cache_recompile_log(lg, sizeof lg); fprintf(stderr, "%s\n", lg); }
+    ck_assert_int_eq(ctpu_metric_counter("programs_compiled"), c0);
+    ck_assert_int_eq(ctpu_metric_counter("recompiles"), r0);
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+    ctpu_tensor *ps = &m.te;
+    for (int i = 0; i < 8; i++) ctpu_release(ps[i]);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("dynamic");
@@ -435,6 +539,7 @@ int main(void)
     tcase_add_test(tc, hostile_mark_dynamic);
     tcase_add_test(tc, auto_dynamic_with_backward);
     tcase_add_test(tc, marked_batch_expand_backward_one_program);
+    tcase_add_test(tc, seq_len_through_static_extents_one_program);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

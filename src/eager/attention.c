@@ -66,11 +66,17 @@ static bool check_qkv(ctpu_trec *const *in, const ctpu_trec *mask)
     return true;
 }
 
-/* The packed value's part [start, start + n) as `shape` (4-D). */
-static ctpu_tensor part(ctpu_tensor packed, int64_t start, const ctpu_vtype *like)
+/* The packed value's part [start, start + n) as `shape` (4-D), with the
+ * dynamic dims of `from` (the input it has the shape of: the flat part's
+ * one symbol cannot say which of [B, H, T, Dh] it is when T = B or H). */
+static ctpu_tensor part(ctpu_tensor packed, int64_t start, const ctpu_vtype *like, const ctpu_trec *from)
 {
     ctpu_tensor s = ctpu_slice(packed, 0, start, start + numel4(like), 1);
-    return ctpu_reshape(s, like->ndim, like->shape);
+    ctpu_thread_state *ts = from && from->dyn ? ctpu__ts_get() : NULL;
+    if (ts) ts->dyn_like = from;
+    ctpu_tensor r = ctpu_reshape(s, like->ndim, like->shape);
+    if (ts) ts->dyn_like = NULL;
+    return r;
 }
 
 ctpu_tensor ctpu_scaled_dot_product_attention(ctpu_tensor q, ctpu_tensor k, ctpu_tensor v, ctpu_tensor mask,
@@ -129,7 +135,7 @@ ctpu_tensor ctpu_scaled_dot_product_attention(ctpu_tensor q, ctpu_tensor k, ctpu
     ot.dtype = CTPU_F32;
     if (ctpu_scope_begin() != CTPU_OK) return ctpu_failed();
     ctpu_tensor packed = ctpu_dispatch(&n, in, ts, sc);
-    ctpu_tensor o = ctpu_is_null(packed) ? packed : part(packed, 0, &ot);
+    ctpu_tensor o = ctpu_is_null(packed) ? packed : part(packed, 0, &ot, in[0]);
     if (!ctpu_is_null(o) && qt->dtype != CTPU_F32) o = ctpu_cast(o, (ctpu_dtype)qt->dtype);
     if (!ctpu_is_null(o)) o = ctpu_keep(o);
     ctpu_scope_end();
@@ -160,8 +166,8 @@ bool ctpu__sdpa_backward(const ctpu_node *fwd, const double *sc, const ctpu_tens
     n.out.shape[0] = numel4(&qt) + 2 * numel4(&kt);
     ctpu_tensor r = ctpu_dispatch(&n, in, ts, sc);
     if (ctpu_is_null(r)) return false;
-    *gq = part(r, 0, &qt);
-    *gk = part(r, numel4(&qt), &kt);
-    *gv = part(r, numel4(&qt) + numel4(&kt), &kt);
+    *gq = part(r, 0, &qt, in[0]);
+    *gk = part(r, numel4(&qt), &kt, in[1]);
+    *gv = part(r, numel4(&qt) + numel4(&kt), &kt, in[2]);
     return !ctpu_is_null(*gq) && !ctpu_is_null(*gk) && !ctpu_is_null(*gv);
 }

@@ -781,21 +781,28 @@ static void ts_hint_set(ag_node *x)
     if (ts->ag_hint != h) ts->ag_hint = h;   /* (written only when it changes: a thread without state has a constant one) */
 }
 
-bool ctpu__ag_hint_dyn(const ctpu_vtype *t, ctpu_dyndim *out)
+int ctpu__ag_hint_dyn(const ctpu_vtype *t, ctpu_dyndim *out)
 {
     const ag_node *x = ctpu__ts->ag_hint;
-    if (!x) return false;
+    if (!x) return 0;
+    /* the inputs first, a static one included (slice_backward of a position
+     * table sliced whole, at T = ctx: the table's shape, not the slice's
+     * dims), then the output */
     for (int i = 0; i <= x->node.n_in; i++) {
         const ctpu_vtype *v = i < x->node.n_in ? &x->in_type[i] : &x->node.out;
         const ctpu_dyndim *d = x->dyn + i * CTPU_MAX_DIMS;
         if (v->ndim != t->ndim) continue;
         bool same = true, any = false;
         for (int k = 0; k < t->ndim && same; k++) { same = v->shape[k] == t->shape[k]; any |= d[k].coef > 0; }
-        if (!same || !any) continue;
+        if (!same) continue;
+        if (!any) {
+            if (i < x->node.n_in) return -1;
+            continue;
+        }
         memcpy(out, d, sizeof(ctpu_dyndim) * CTPU_MAX_DIMS);
-        return true;
+        return 1;
     }
-    return false;
+    return 0;
 }
 
 void ctpu__ag_record(const ctpu_node *node, const ctpu_tensor *inputs, const double *scalars, ctpu_tensor out)

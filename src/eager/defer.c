@@ -187,7 +187,8 @@ static bool dyn_guess(const ctpu_node *n, ctpu_trec *const *in, ctpu_dyndim *out
 {
     bool any = false;
     memset(out, 0, sizeof(ctpu_dyndim) * CTPU_MAX_DIMS);
-    if (ctpu__ag_hint_dyn(&n->out, out)) return true;
+    int hint = ctpu__ag_hint_dyn(&n->out, out);
+    if (hint) return hint > 0;
     for (int d = 0; d < n->out.ndim; d++) {
         for (int pass = 0; pass < 1 && !out[d].coef; pass++)   /* the same position only: a coincidence elsewhere costs recompiles */
             for (int i = 0; i < n->n_in && !out[d].coef; i++) {

@@ -1011,25 +1011,46 @@ static bool dyn_probe(int op, const char *opn, const char *const *names, int n_i
  * entry's input or output takes its dynamic dims. Only the key depends on it: a
  * coincidence costs a recompile, never a wrong program (a bind derives
  * every step from the launch's own extents). */
-static void dyn_guess_args(const ctpu_node *n)
+static void dyn_guess_args(const ctpu_node *n, const op_args *a)
 {
     ctpu_thread_state *ts = ctpu__ts;
     ctpu_dyndim out[CTPU_MAX_DIMS];
     memset(out, 0, sizeof out);
-    if (ctpu__ag_hint_dyn(&n->out, out)) {   /* a backward rule's tensor at its forward value's shape */
+    int hint = ctpu__ag_hint_dyn(&n->out, out);
+    if (hint) {   /* a backward rule's tensor at its forward value's shape */
+        if (hint < 0) return;
         memcpy(ts->dyn_out, out, sizeof out);
         ts->dyn_out_set = true;
         return;
     }
     bool any = false;
+    /* a slice's other dims are its input's (static): x[0:T] of a [ctx, dmodel]
+     * table at T = dmodel is [T, dmodel] */
+    bool slice = ctpu_op_infos[n->op].shape_rule == CTPU_SH_SLICE;
+    int only = slice && a->dim < 0 ? a->dim + n->out.ndim : a->dim;
     for (int d = 0; d < n->out.ndim; d++) {
         int64_t x = n->out.shape[d];
+        if (slice && d != only) continue;
         for (int q = 0; q < ts->df.n_sym && !out[d].coef; q++)
             if (x == ts->df.sym[q].v) out[d] = (ctpu_dyndim){ ts->df.sym[q].lo, ts->df.sym[q].hi, 1 };
         any |= out[d].coef > 0;
     }
     if (!any) return;
     memcpy(ts->dyn_out, out, sizeof out);
+    ts->dyn_out_set = true;
+}
+
+/* A value dispatch reshapes to another value's type (attention's packed
+ * output parts, attention.c): that value's dims, when its shape is this
+ * node's (the probe may have moved a dim of equal extent instead). */
+static void dyn_take_like(const ctpu_node *n)
+{
+    ctpu_thread_state *ts = ctpu__ts;
+    const ctpu_trec *l = ts->dyn_like;
+    if (ctpu_op_infos[n->op].shape_rule != CTPU_SH_RESHAPE || l->type.ndim != n->out.ndim ||
+        memcmp(l->type.shape, n->out.shape, sizeof(int64_t) * (size_t)n->out.ndim) != 0)
+        return;
+    memcpy(ts->dyn_out, l->dyn, sizeof ts->dyn_out);
     ts->dyn_out_set = true;
 }
 
@@ -1045,11 +1066,24 @@ static inline bool infer_named(int op, const char *opn, const char *const *names
         ctpu__defer_auto_inputs(in, n_in);
     bool any = false;
     for (int i = 0; i < n_in; i++) any |= in[i]->dyn != NULL;
-    if (__builtin_expect(any, 0) && ctpu_mode_now() == CTPU_MODE_DEFER_FUSE && ctpu__ts_get())
-        return dyn_probe(op, opn, names, n_in, in, a, n);
+    if (__builtin_expect(any, 0) && ctpu_mode_now() == CTPU_MODE_DEFER_FUSE && ctpu__ts_get()) {
+        if (!dyn_probe(op, opn, names, n_in, in, a, n)) return false;
+        if (ts->dyn_like) dyn_take_like(n);
+        if (ts->ag_hint && ts->dyn_out_set) {
+            /* a backward rule's tensor at a static input's shape is static;
+             * a reshape back to its forward input's shape takes that
+             * input's dims (the gradient of [B, T, V] -> [B*T, V] at T = B:
+             * the flat dim's split is ambiguous to the probe) */
+            ctpu_dyndim h[CTPU_MAX_DIMS];
+            int hint = ctpu__ag_hint_dyn(&n->out, h);
+            if (hint < 0) memset(ts->dyn_out, 0, sizeof ts->dyn_out);
+            else if (hint > 0 && ctpu_op_infos[op].shape_rule == CTPU_SH_RESHAPE) memcpy(ts->dyn_out, h, sizeof h);
+        }
+        return true;
+    }
     if (__builtin_expect(ts->df.n_sym > 0, 0) && ((a->shape && ts->ag_hint) || ctpu_op_infos[op].shape_rule == CTPU_SH_SLICE) &&
         ctpu_mode_now() == CTPU_MODE_DEFER_FUSE)
-        dyn_guess_args(n);
+        dyn_guess_args(n, a);
     return true;
 }
 
@@ -1141,6 +1175,32 @@ static bool dyn_probe_one(int op, const char *opn, const char *const *names, int
     return ok;
 }
 
+/* A reshape whose target has several multiples of s, not all of the
+ * symbol (a split [B, T, dmodel] -> [B, T, heads, head_dim] at T = B or
+ * T = heads): the target dim that holds the input's dim of the symbol (the
+ * element-count prefix before it divides the one before the input dim, and
+ * the prefix through it is a multiple of the one through the input dim) is
+ * the one to move, as dyn_probe_one's pick (-2: it is a -1, nothing moves);
+ * -3: none does (the symbol's dim is itself split). */
+static int reshape_pick(const ctpu_trec *x, const op_args *a, const ctpu_node *n, const dyn_sym *y)
+{
+    int e = -1;
+    for (int d = 0; d < x->type.ndim && e < 0; d++)
+        if (dyn_of_sym(x, d, y)) e = d;
+    if (e < 0 || a->ndim != n->out.ndim) return -3;
+    int64_t p_in = 1, p = 1;
+    for (int d = 0; d < e; d++) p_in *= x->type.shape[d];
+    int64_t p_through = p_in * x->type.shape[e];
+    for (int d = 0, k = 0; d < n->out.ndim; d++) {
+        int64_t q = p * n->out.shape[d];
+        bool mult = a->shape[d] > 0 && a->shape[d] % y->v == 0;
+        if (p > 0 && p_in % p == 0 && p_through > 0 && q % p_through == 0) return mult ? k : a->shape[d] < 0 ? -2 : -3;
+        if (mult) k++;
+        p = q;
+    }
+    return -3;
+}
+
 static bool dyn_probe(int op, const char *opn, const char *const *names, int n_in, ctpu_trec *const *in,
                       const op_args *a, const ctpu_node *n)
 {
@@ -1159,8 +1219,10 @@ static bool dyn_probe(int op, const char *opn, const char *const *names, int n_i
          * at s = 2, 4 or 8) stays static */
         bool ok = reshape || !args ? dyn_probe_one(op, opn, names, n_in, in, a, &sy[k], -1, &pn)
                                    : dyn_probe_one(op, opn, names, n_in, in, a, &sy[k], -2, &pn);
+        int pref = reshape && args && !ok ? reshape_pick(in[0], a, n, &sy[k]) : -3;
+        if (pref > -3) ok = dyn_probe_one(op, opn, names, n_in, in, a, &sy[k], pref, &pn);
         for (int pick = 0; !ok && args && pick < CTPU_MAX_DIMS; pick++)
-            ok = dyn_probe_one(op, opn, names, n_in, in, a, &sy[k], pick, &pn);
+            ok = pick != pref && dyn_probe_one(op, opn, names, n_in, in, a, &sy[k], pick, &pn);
         if (!ok && args && !reshape) ok = dyn_probe_one(op, opn, names, n_in, in, a, &sy[k], -1, &pn);
         if ((!ok || pn.out.ndim != n->out.ndim) && !reshape) {
             /* (an operand whose extent equals the symbol's now, such as a

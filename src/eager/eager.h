@@ -196,6 +196,8 @@ typedef struct ctpu_thread_state {
     const void *ag_hint;             /* autograd.c: the tape entry whose backward rule runs (its dynamic dims) */
     bool dyn_out_set;                /* dispatch.c: the dynamic dims the last shape rule's probe gave the node */
     ctpu_dyndim dyn_out[CTPU_MAX_DIMS];
+    const struct ctpu_trec *dyn_like; /* attention.c: a packed value's part is reshaped to this value's type, and
+                                        takes its dynamic dims (dispatch.c infer_named), or NULL */
     struct ctpu_strict_front *strict_front; /* dispatch.c: lock-free front of the strict program table */
     struct ctpu_capture *cap;        /* compiled.c: the capture fn is running in, or NULL */
     struct { int dt, ndim, dim; int64_t lo, hi; } dyn_decl[CTPU_DYN_DECLS];  /* dispatch.c: ctpu_declare_dynamic_inputs */
@@ -378,9 +380,11 @@ ctpu_trec *ctpu_rec_get(ctpu_tensor t, const char *op, const char *arg, bool qui
 /* r's dynamic dims: a copy of d[0..ndim) (NULL or all static: none). False
  * on out of memory (r keeps none). */
 bool ctpu__rec_set_dyn(ctpu_trec *r, const ctpu_dyndim *d, int ndim);
-/* In a backward rule: the dynamic dims of the tape entry's input (or
- * output) of type t, if it has any (autograd.c). */
-bool ctpu__ag_hint_dyn(const ctpu_vtype *t, ctpu_dyndim *out);
+/* In a backward rule, a tensor of type t (autograd.c): 1, *out the
+ * dynamic dims of the tape entry's first input of that shape (or else of
+ * its output); -1: that input is static (slice_backward's result at
+ * T = ctx is the position table's shape, not the slice's); 0: no hint. */
+int ctpu__ag_hint_dyn(const ctpu_vtype *t, ctpu_dyndim *out);
 
 /* Make a handle for a new record owning one handle ref on buf (buf's
  * handle_refs is incremented; the caller's buffer ref is transferred).
