@@ -182,6 +182,10 @@ typedef struct {
 } fz_exec;
 
 static ctpu_tensor do_unary(int sub, ctpu_tensor a);
+static ctpu_tensor do_binary(int k, ctpu_tensor a, ctpu_tensor b);
+static ctpu_tensor do_scalar(int k, ctpu_tensor a, double s);
+#define N_BINARY 13
+#define N_SCALAR 16
 static void *make_data(uint32_t seed, int dt, int64_t n, int32_t bound);
 
 /* FZ_VARLEN: p[2] steps of one structure (from host [p[0] + k, p[1]] of
@@ -227,6 +231,111 @@ static ctpu_tensor dyn_reduce(int k, ctpu_tensor a)
     }
 }
 
+/* FZ_DYNAMIC's tail p[6] (0: none), p[7] its choice: one more op on the
+ * matmul's m [E, K] with E of the symbol, so that every op the fuzzer
+ * knows runs with a dynamic dim (issue 15): a binary op against a value of
+ * m's shape or a static row, a scalar op, where, clamp, cast, argmax, a
+ * softmax over the dynamic dim, reshapes (split, flatten, -1), permute,
+ * transpose + contiguous, slices (of the dynamic dim too, a step of 2:
+ * not c x s, a static value), concat along either dim, expand of a
+ * [E, 1], embedding and gather with indices of E rows, creations at
+ * [E, K] (zeros, ones, full, arange, rand_uniform, rand_normal), detach,
+ * assign, the reductions over dim 1, matmul_t contracting E. */
+enum { DT_NONE, DT_BINARY, DT_SCALAR, DT_WHERE, DT_CLAMP, DT_CAST, DT_ARGMAX, DT_SOFTMAX0, DT_RESHAPE, DT_PERMUTE,
+       DT_TRANSPOSE, DT_SLICE, DT_CONCAT, DT_EXPAND, DT_EMBEDDING, DT_GATHER, DT_CREATE, DT_DETACH, DT_ASSIGN,
+       DT_REDUCE1, DT_MATMUL_T, DT_COUNT };
+static const char *const dyn_tail_names[DT_COUNT] = { "none", "binary", "scalar", "where", "clamp", "cast", "argmax",
+    "softmax over rows", "reshape", "permute", "transpose", "slice", "concat", "expand", "embedding", "gather",
+    "create", "detach", "assign", "reduce over cols", "matmul_t over rows" };
+
+static ctpu_tensor dyn_host(uint32_t seed, int dt, int nd, const int64_t *s)
+{
+    void *d = make_data(seed, dt, numel_of(nd, s), 0);
+    ctpu_tensor t = ctpu_from_host(d, (ctpu_dtype)dt, nd, s);
+    free(d);
+    return t;
+}
+
+static ctpu_tensor dyn_tail(const fz_ins *in, ctpu_tensor m, int64_t E, int64_t K)
+{
+    int q = in->p[7] < 0 ? -in->p[7] : in->p[7], dt = in->dt;
+    double s1 = in->s1;
+    int64_t ek[2] = { E, K };
+    switch (in->p[6] % DT_COUNT) {
+    case DT_BINARY: {
+        ctpu_tensor o = q / N_BINARY % 2 ? ctpu_tanh(m) : dyn_host(in->data ^ 0x9e3779b9u, dt, 1, &K);
+        return do_binary(q % N_BINARY, m, o);
+    }
+    case DT_SCALAR: return do_scalar(q % N_SCALAR, m, s1);
+    case DT_WHERE: return ctpu_where(ctpu_gt_scalar(m, s1), m, ctpu_neg(m));
+    case DT_CLAMP: return ctpu_clamp(m, -fabs(s1) - 0.25, fabs(s1) + 0.25);
+    case DT_CAST: return q % 3 == 2 ? ctpu_cast(m, CTPU_I32) : ctpu_cast(ctpu_cast(m, dt == CTPU_F32 ? CTPU_BF16 : CTPU_F32), (ctpu_dtype)dt);
+    case DT_ARGMAX: return ctpu_argmax(m, q % 2, q / 2 % 2);
+    case DT_SOFTMAX0: return q % 2 ? ctpu_log_softmax(m, 0) : ctpu_softmax(m, 0);
+    case DT_RESHAPE: {
+        int64_t a[3] = { K, -1 }, b[3] = { E, 1, K }, c[1] = { E * K };
+        return q % 3 == 0 ? ctpu_reshape(m, 2, a) : q % 3 == 1 ? ctpu_reshape(m, 3, b) : ctpu_reshape(m, 1, c);
+    }
+    case DT_PERMUTE: {
+        int64_t b[3] = { E, K, 1 };
+        static const int perms[3][3] = { { 2, 0, 1 }, { 1, 2, 0 }, { 0, 2, 1 } };
+        return ctpu_permute(ctpu_reshape(m, 3, b), perms[q % 3]);
+    }
+    case DT_TRANSPOSE: return q % 2 ? ctpu_contiguous(ctpu_transpose(m, 0, 1)) : ctpu_transpose(m, 1, 0);
+    case DT_SLICE:
+        switch (q % 4) {
+        case 0: return ctpu_slice(m, 0, 1, E, 1);
+        case 1: return ctpu_slice(m, 0, 0, E, 2);                /* ceil(E / 2) rows: static */
+        case 2: return ctpu_slice(m, 1, 0, K, 2);
+        default: return ctpu_slice(m, 0, 0, E - 1, 1);
+        }
+    case DT_CONCAT: {
+        ctpu_tensor ts[2] = { m, ctpu_neg(m) };
+        return ctpu_concat(2, ts, q % 2);
+    }
+    case DT_EXPAND: return ctpu_expand(ctpu_sum(m, 1, (int[]){ 1 }, true), 2, ek);
+    case DT_EMBEDDING: {
+        int64_t ts[2] = { K, 3 };
+        return ctpu_embedding(dyn_host(in->data ^ 0x85ebca6bu, dt, 2, ts), ctpu_argmax(m, 1, false));
+    }
+    case DT_GATHER: return ctpu_gather(m, 1, ctpu_argmax(m, 1, true));
+    case DT_CREATE: {
+        ctpu_tensor c;
+        switch (q % 6) {
+        case 0: c = ctpu_zeros((ctpu_dtype)dt, 2, ek); break;
+        case 1: c = ctpu_ones((ctpu_dtype)dt, 2, ek); break;
+        case 2: c = ctpu_full((ctpu_dtype)dt, 2, ek, s1); break;
+        case 3: {
+            int64_t e1[2] = { E, 1 };
+            c = ctpu_reshape(ctpu_arange(0, (double)E, 1, (ctpu_dtype)dt), 2, e1);
+            break;
+        }
+        case 4: c = ctpu_rand_uniform((ctpu_dtype)dt, 2, ek, -1, 1); break;
+        default: c = ctpu_rand_normal((ctpu_dtype)dt, 2, ek, 0, 1); break;
+        }
+        return ctpu_add(m, c);
+    }
+    case DT_DETACH: return ctpu_mul(ctpu_detach(m), m);
+    case DT_ASSIGN: {
+        ctpu_tensor z = ctpu_zeros((ctpu_dtype)dt, 2, ek);
+        return ctpu_assign(z, ctpu_exp(m)) == CTPU_OK ? z : CTPU_NULL;   /* (its status is the tail's) */
+    }
+    case DT_REDUCE1: {
+        int d1[1] = { 1 };
+        bool kd = q / 5 % 2;
+        switch (q % 5) {
+        case 0: return ctpu_sum(m, 1, d1, kd);
+        case 1: return ctpu_mean(m, 1, d1, kd);
+        case 2: return ctpu_max(m, 1, d1, kd);
+        case 3: return ctpu_min(m, 1, d1, kd);
+        default: return ctpu_var(m, 1, d1, q % 2, kd);
+        }
+    }
+    case DT_MATMUL_T: return ctpu_matmul_t(m, ctpu_tanh(m), true, false);   /* [K, K]: E contracted */
+    default: return CTPU_NULL;
+    }
+}
+
 static ctpu_status exec_dynamic(fz_exec *x, const fz_ins *in, int i)
 {
     ctpu_status st = ctpu_mark_step();
@@ -253,7 +362,16 @@ static ctpu_status exec_dynamic(fz_exec *x, const fz_ins *in, int i)
         tape_read(x->tape, i, 5, ctpu_reshape(m, 1, &flat));
         ctpu_tensor r = dyn_reduce(in->p[5], m);
         tape_read(x->tape, i, 6, r);
-        ctpu_status bs = ctpu_backward(ctpu_sum(r, 0, NULL, false));
+        ctpu_tensor loss = ctpu_sum(r, 0, NULL, false);
+        if (in->p[6] % DT_COUNT != DT_NONE) {
+            ctpu_clear_error();
+            ctpu_tensor t = dyn_tail(in, m, s[0], K);
+            tape_event(x->tape, i, 9, ctpu_is_null(t) ? ctpu_last_status() : CTPU_OK, ctpu_is_null(t), -1, NULL, 0);
+            if (!ctpu_is_null(t)) tape_read(x->tape, i, 10, ctpu_reshape(t, 1, &flat));
+            if (!ctpu_is_null(t) && ctpu_dtype_of(t) == (ctpu_dtype)in->dt)   /* its gradient too */
+                loss = ctpu_add(loss, ctpu_mul_scalar(ctpu_sum(t, 0, NULL, false), 0.5));
+        }
+        ctpu_status bs = ctpu_backward(loss);
         tape_event(x->tape, i, 7, bs, false, -1, NULL, 0);
         if (bs == CTPU_OK) tape_read(x->tape, i, 8, ctpu_grad(b));
         ctpu_scope_end();
@@ -278,8 +396,6 @@ static const char *const scalar_names[] = { "add_scalar", "sub_scalar", "mul_sca
 static const char *const reduce_names[] = { "sum", "mean", "max", "min", "var" };
 static const char *const create_names[] = { "zeros", "ones", "full", "arange", "rand_uniform", "rand_normal" };
 #define N_UNARY 11
-#define N_BINARY 13
-#define N_SCALAR 16
 #define N_REDUCE 5
 #define N_CREATE 6
 
@@ -645,8 +761,9 @@ void fz_describe(const fz_prog *p, int i, char *buf, size_t len)
         break;
     case FZ_DYNAMIC:
         snprintf(buf, len, "dynamic: %d steps of rows 2 + (%d + 13k) %% 47 marked in [2, 48], %s, cols %d, %s, "
-                 "softmax kind %d, matmul to %d, reduce %d, backward", in->p[2], in->p[0], dtn(in->dt), in->p[1],
-                 in->sub >= 9 ? "gelu" : unary_names[in->sub], in->p[3] % 3, in->p[4], in->p[5] % 5);
+                 "softmax kind %d, matmul to %d, reduce %d, tail %s (%d), backward", in->p[2], in->p[0], dtn(in->dt),
+                 in->p[1], in->sub >= 9 ? "gelu" : unary_names[in->sub], in->p[3] % 3, in->p[4], in->p[5] % 5,
+                 dyn_tail_names[in->p[6] % DT_COUNT], in->p[7]);
         break;
     default: snprintf(buf, len, "?"); break;
     }
@@ -894,8 +1011,8 @@ static void gen_one(gen *g)
         emit(g, (fz_ins){ .kind = FZ_DYNAMIC, .sub = (uint8_t)rn_below(g->r, N_UNARY), .a = -1, .b = -1, .c = -1,
                           .dt = (uint8_t)(rn_pct(g->r, 70) ? CTPU_F32 : CTPU_BF16),
                           .p = { rn_below(g->r, 47), 2 + rn_below(g->r, 9), 3 + rn_below(g->r, 4), rn_below(g->r, 3),
-                                 1 + rn_below(g->r, 6), rn_below(g->r, 5) },
-                          .s0 = rand_scalar(g), .data = (uint32_t)rn_below(g->r, 1 << 30) });
+                                 1 + rn_below(g->r, 6), rn_below(g->r, 5), rn_below(g->r, DT_COUNT), rn_below(g->r, 64) },
+                          .s0 = rand_scalar(g), .s1 = rand_scalar(g), .data = (uint32_t)rn_below(g->r, 1 << 30) });
         return;
     }
     if (g->p->n > 0 && rn_pct(g->r, 2) && g->p->n + 1 < g->o->max_ins) {

@@ -13,8 +13,12 @@
  * FZ_DYNAMIC is a loop of steps whose rows change each step with the batch
  * marked dynamic (ctpu_mark_dynamic, issue 15): in defer and fuse one
  * program bound at every extent, through a unary op, a broadcast add of a
- * leaf, a scalar op, a softmax, a matmul, a reduction and the backward; the
- * bits must be strict eager's at every extent.
+ * leaf, a scalar op, a softmax, a matmul, a reduction, one more op of any
+ * kind the fuzzer knows (its tail: binary, scalar, where, clamp, cast,
+ * argmax, softmax, reshape, permute, transpose, contiguous, slice, concat,
+ * expand, embedding, gather, creations, detach, assign, reductions,
+ * matmul_t) and the backward; the bits must be strict eager's at every
+ * extent.
  *
  * A program is generated from a seed (or from a byte string: libFuzzer)
  * by running it once in strict eager, choosing each call's arguments from

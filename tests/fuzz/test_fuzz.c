@@ -187,6 +187,39 @@ START_TEST(dynamic_dims_parity)
 }
 END_TEST
 
+/* Every op the fuzzer knows with a dynamic dim (issue 15): the FZ_DYNAMIC
+ * loop with each tail op (fz.c dyn_tail: binary, scalar, where, clamp,
+ * cast, argmax, softmax over the rows, reshape, permute, transpose,
+ * slice, concat, expand, embedding, gather, creations, detach, assign,
+ * reductions over the columns, matmul_t over the rows) and each of its
+ * choices, f32 (and bf16 for some), parity with strict eager at every
+ * extent; the launches bind the dynamic program. */
+START_TEST(dynamic_dims_every_op)
+{
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    static const int choices[] = { 0, 26, 16, 1, 1, 3, 4, 2, 3, 3, 2, 4, 2, 1, 1, 1, 6, 1, 1, 10, 1 };
+    _Static_assert(sizeof choices / sizeof choices[0] == 21, "one entry per tail kind");
+    int runs = 0;
+    for (int tail = 1; tail < 21; tail++)
+        for (int q = 0; q < choices[tail]; q++) {
+            int dt = (tail + q) % 7 == 0 ? CTPU_BF16 : CTPU_F32;
+            fz_prog p = { .seed = 13, .n = 1, .ins = {
+                { .kind = FZ_DYNAMIC, .sub = (uint8_t)((tail + q) % 11), .a = -1, .b = -1, .c = -1, .dt = (uint8_t)dt,
+                  .p = { 5 * tail + q, 3 + q % 4, 4, q % 3, 3 + tail % 3, (tail + q) % 5, tail, q },
+                  .s0 = 0.75, .s1 = q % 2 ? -0.5 : 0.25, .data = (uint32_t)(300 + 7 * tail + q) } } };
+            char why[512] = "";
+            bool skipped = false;
+            int64_t b0 = ctpu_metric_counter("dynamic_binds");
+            ck_assert_msg(fz_check(&p, why, sizeof why, &skipped), "tail %d choice %d dt %d: %s", tail, q, dt, why);
+            ck_assert(!skipped);
+            ck_assert_int_gt(ctpu_metric_counter("dynamic_binds"), b0);
+            runs++;
+        }
+    ck_assert_int_gt(runs, 80);
+    ctpu_shutdown();
+}
+END_TEST
+
 START_TEST(short_fuzz_no_grad)
 {
     campaign(false, env_u64("CTPU_TEST_FUZZ_SEED", 1), (int)env_u64("CTPU_TEST_FUZZ_COUNT", 400));
@@ -212,6 +245,7 @@ static Suite *suite(void)
     tcase_add_test(h, harness_selftest);
     tcase_add_test(h, minimiser_shrinks);
     tcase_add_test(h, dynamic_dims_parity);
+    tcase_add_test(h, dynamic_dims_every_op);
     suite_add_tcase(s, h);
     TCase *r = tcase_create("regressions");
     tcase_set_timeout(r, 120);
