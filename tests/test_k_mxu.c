@@ -52,6 +52,10 @@ static void fill(void *p, int dt, int64_t n, int level)
         float v = special_val(level);
         if (dt == CTPU_KDT_BF16) ((uint16_t *)p)[i] = ctpu_f32_to_bf16(v);
         else ((float *)p)[i] = v;
+        /* level 1, bf16: also raw bf16 subnormals and signalling NaNs, which
+         * no f32 rounds to (the packers' bf16 fast paths must see them) */
+        if (dt == CTPU_KDT_BF16 && level == 1 && i % 13 == 5)
+            ((uint16_t *)p)[i] = (uint16_t)((i & 32 ? 0x8000u : 0) | (i & 64 ? 0x7f81u : 1u + (uint32_t)(i % 127)));
     }
 }
 

@@ -235,6 +235,16 @@ static inline __mmask16 mxu_special16(__m512i u)
     return _mm512_fpclass_ps_mask(_mm512_castsi512_ps(u), 0xa1);   /* QNaN | denormal | SNaN */
 }
 
+/* Any of 32 bf16 (words) a NaN or a nonzero subnormal (mxu_special16 of
+ * their f32 widening)? Elsewhere a bf16 is its own rounding, so its raw bits
+ * are the packed ones. */
+static inline int mxu_special32_bf16(__m512i w)
+{
+    __m512i t = _mm512_and_si512(w, _mm512_set1_epi16(0x7fff));
+    return (_mm512_cmpgt_epu16_mask(t, _mm512_set1_epi16(0x7f80)) |
+            (_mm512_cmplt_epu16_mask(t, _mm512_set1_epi16(0x0080)) & _mm512_test_epi16_mask(t, t))) != 0;
+}
+
 /* Raw x0 = X[2j], x1 = X[2j+1] (lanes j) -> 16 pair dwords (low half x0). */
 static inline __m512i mxu_pairs_lanes(__m512i x0, __m512i x1)
 {
@@ -381,14 +391,21 @@ static void mxu_pack_avx512_dp(const ctpu_mxu_pack_args *pa, int64_t q0, int64_t
                         int64_t step = 2 * sk * (int64_t)ctpu_kdt_size(pa->dt), rs = step / 2;
                         for (; p < pf; p++, x += step) {
                             __m512i e, od;
+                            __m512i v;
                             if (pa->dt == CTPU_KDT_F32) {
                                 e = _mm512_loadu_si512(x);
                                 od = _mm512_loadu_si512(x + rs);
+                                v = mxu_pairs_lanes(e, od);
                             } else {
-                                e = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)x)), 16);
-                                od = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + rs))), 16);
+                                __m256i he = _mm256_loadu_si256((const __m256i *)x),
+                                        ho = _mm256_loadu_si256((const __m256i *)(x + rs));
+                                e = _mm512_cvtepu16_epi32(he);
+                                od = _mm512_cvtepu16_epi32(ho);
+                                if (!mxu_special32_bf16(_mm512_inserti64x4(_mm512_castsi256_si512(he), ho, 1)))
+                                    v = _mm512_or_si512(e, _mm512_slli_epi32(od, 16));   /* raw bits, interleaved */
+                                else
+                                    v = mxu_pairs_lanes(_mm512_slli_epi32(e, 16), _mm512_slli_epi32(od, 16));
                             }
-                            __m512i v = mxu_pairs_lanes(e, od);
                             if (wc == 16) _mm512_storeu_si512(d + p * w + r, v);
                             else _mm512_mask_storeu_epi32(d + p * w + r, ms, v);
                         }
@@ -477,6 +494,18 @@ static void mxu_pack_avx512_dp_ar(const ctpu_mxu_pack_args *pa, int64_t rs, int6
                 const float *x = (const float *)pa->src + off;
                 for (; k0 + 32 <= K; k0 += 32) {
                     __m512i x0 = _mm512_loadu_si512(x + k0), x1 = _mm512_loadu_si512(x + k0 + 16);
+                    _mm512_storeu_si512(o + k0 / 2, mxu_pairs_row(x0, x1));
+                }
+            } else {   /* 32 bf16 are 16 pair dwords as they are, unless one is special */
+                const uint16_t *x = (const uint16_t *)pa->src + off;
+                for (; k0 + 32 <= K; k0 += 32) {
+                    __m512i w = _mm512_loadu_si512(x + k0);
+                    if (!mxu_special32_bf16(w)) {
+                        _mm512_storeu_si512(o + k0 / 2, w);
+                        continue;
+                    }
+                    __m512i x0 = mxu_load16_raw(pa->src, pa->dt, off + k0, 16),
+                            x1 = mxu_load16_raw(pa->src, pa->dt, off + k0 + 16, 16);
                     _mm512_storeu_si512(o + k0 / 2, mxu_pairs_row(x0, x1));
                 }
             }
