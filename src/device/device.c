@@ -602,6 +602,7 @@ static void execute_tracked(ctpu_device *dev, ctpu_cmd *cmd, void **ptr)
         return;
     }
     bool any = false;
+    unsigned oom = 0;   /* a step out of host memory: it computed nothing, so every output takes it */
     for (int i = 0; i < prog->n_in; i++) any |= (in_fault[i] = atomic_load(&cmd->buf[i]->fault)) != 0;
     ctpu_exec_ctx ctx = { .ptr = ptr, .scalars = cmd->scalars, .pool = &dev->wp.pool,
                           .metrics = dev->metrics, .mxu_size = dev->chip->mxu_size, .fault_status = CTPU_OK };
@@ -615,6 +616,7 @@ static void execute_tracked(ctpu_device *dev, ctpu_cmd *cmd, void **ptr)
             char msg[256];
             ctpu_device_prov_msg(dev, cmd_prov(cmd, s), ctx.fault_msg, msg, sizeof msg);
             step_fault[s] = fault_record(dev, ctx.fault_status, msg);
+            if (ctx.fault_status == CTPU_ERR_OOM && !oom) oom = step_fault[s];
             ctx.fault_status = CTPU_OK;
             any = true;
         } else if (check && prog->step_out_slot[s] >= 0 && !prog->step_nan_ok[s] &&
@@ -644,6 +646,7 @@ static void execute_tracked(ctpu_device *dev, ctpu_cmd *cmd, void **ptr)
             const uint64_t *ds = prog->out_dep_step + (size_t)j * (size_t)prog->dep_words_step;
             for (int i = 0; i < prog->n_in && !f; i++) if (in_fault[i] && bit_set(di, i)) f = in_fault[i];
             for (int s = 0; s < ns && !f; s++) if (step_fault[s] && bit_set(ds, s)) f = step_fault[s];
+            if (!f) f = oom;
         }
         atomic_store(&cmd->buf[prog->n_in + j]->fault, f);   /* a good result clears an old fault */
     }

@@ -662,7 +662,9 @@ static bool pass_emit_steps(compile_ctx *cx)
 /* ------------------------------------------------------------ fault deps */
 /* Per output, the inputs and steps it depends on: a fault poisons only the
  * outputs computed from it (multi-node programs; skipped past ~8 MiB of
- * dependency words: then every output takes any fault). */
+ * dependency words: then every output takes any fault). A step depends on
+ * its own fault through every node of its group, but a loss step (loss.c)
+ * only through its gathers, which are what can fault in it. */
 static bool pass_fault_deps(compile_ctx *cx)
 {
     const ctpu_trace *t = cx->t;
@@ -686,8 +688,11 @@ static bool pass_fault_deps(compile_ctx *cx)
             const uint64_t *e = dep + (size_t)t->nodes[k].in[q] * w;
             for (size_t x = 0; x < w; x++) d[x] |= e[x];
         }
+        /* a loss step's faults are its gathers' (a label out of range): only
+         * what is computed from one takes it, as in strict eager (its out of
+         * memory poisons every output: device.c) */
         int st = cx->group_step[cx->group[k]];
-        d[wi + (st >> 6)] |= 1ull << (st & 63);
+        if (!cx->loss_group[cx->group[k]] || ctpu_op_can_fault(t->nodes[k].op)) d[wi + (st >> 6)] |= 1ull << (st & 63);
     }
     for (int j = 0; j < no; j++) {
         const uint64_t *d = dep + (size_t)t->outputs[j] * w;
