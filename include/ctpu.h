@@ -423,7 +423,9 @@ CTPU_API ctpu_status ctpu_assign(ctpu_tensor dst, ctpu_tensor src);
  * NumPy broadcasting; result dtype by PyTorch promotion (f32 wins over bf16,
  * float over i32); a host scalar never changes the tensor's dtype. Every
  * result is rounded to its dtype. Math in f32 (SLEEF non-FMA u10 for
- * transcendentals). Errors: CTPU_ERR_SHAPE (not broadcastable), CTPU_ERR_DTYPE. */
+ * transcendentals; tanh, also inside gelu's tanh form, in double steps rounded
+ * once, <= 1 ulp: docs/CONTRACTS.md). Errors: CTPU_ERR_SHAPE (not
+ * broadcastable), CTPU_ERR_DTYPE. */
 CTPU_API ctpu_tensor ctpu_neg(ctpu_tensor a);
 CTPU_API ctpu_tensor ctpu_abs(ctpu_tensor a);
 CTPU_API ctpu_tensor ctpu_exp(ctpu_tensor a);     /* float result (i32 input -> f32) */

@@ -35,14 +35,32 @@ static inline float ref_u_EXP(float x) { return Sleef_expf1_u10purec(x); }
 static inline float ref_u_LOG(float x) { return Sleef_logf1_u10purec(x); }
 static inline float ref_u_SQRT(float x) { return sqrtf(x); }
 static inline float ref_u_RSQRT(float x) { return 1.0f / sqrtf(x); }
-static inline float ref_u_TANH(float x) { return Sleef_tanhf1_u10purec(x); }
+/* TANH in double (kernels.h): expm1 of the reduced 2|x| by Horner, 2^k by
+ * its exponent bits, one division, one rounding; simd_avx2.c / simd_avx512.c
+ * do the same double operations per lane. */
+static inline float ref_u_TANH(float x)
+{
+    if (x != x) return x + x;
+    double y = fabs((double)x);
+    y = y < 10.0 ? y : 10.0;
+    double u = y + y;
+    double kd = (u * CTPU_K_TANH_INV_LN2 + CTPU_K_TANH_SHIFT) - CTPU_K_TANH_SHIFT;
+    double r = (u - kd * CTPU_K_TANH_LN2_HI) - kd * CTPU_K_TANH_LN2_LO;
+    double p = r * (1.0 + r * (1.0 / 2 + r * (1.0 / 6 + r * (1.0 / 24 + r * (1.0 / 120 + r * (1.0 / 720 +
+               r * (1.0 / 5040 + r * (1.0 / 40320 + r * (1.0 / 362880)))))))));
+    uint64_t sb = (uint64_t)((int64_t)kd + 1023) << 52;
+    double s;
+    memcpy(&s, &sb, sizeof s);
+    double sp = s * p;
+    return copysignf((float)(((s - 1.0) + sp) / ((s + 1.0) + sp)), x);
+}
 static inline float ref_u_SIGMOID(float x) { return 1.0f / (1.0f + Sleef_expf1_u10purec(-x)); }
 static inline float ref_u_RELU(float x) { return x > 0.0f ? x : (x != x ? x : 0.0f); }
 static inline float ref_u_GELU_TANH(float x)
 {
     float x3 = x * x * x;
     float inner = 0.7978845608f * (x + 0.044715f * x3);
-    return 0.5f * x * (1.0f + Sleef_tanhf1_u10purec(inner));
+    return 0.5f * x * (1.0f + ref_u_TANH(inner));
 }
 /* exact GELU in f32 (kernels.h): erfc at z = f32(x * C), corrected by the
  * rounding of z to first order; simd_elementwise.h does the same steps. */

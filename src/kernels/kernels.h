@@ -92,12 +92,27 @@ static inline int32_t ctpu_f32_to_i32(float f)
 #define CTPU_K_GELU_C_HI12 (-0x1.6ap-1f)
 #define CTPU_K_GELU_C_LO12 (-0x1.3ccp-14f)
 #define CTPU_K_GELU_2_SQRTPI 0x1.20dd76p+0f
+/* TANH's double steps (elementwise_ref.c ref_u_TANH): 1/ln 2, ln 2 in two
+ * parts (the high one's low 21 bits zero: k * HI is exact), the rounding
+ * shift 1.5 * 2^52 */
+#define CTPU_K_TANH_INV_LN2 0x1.71547652b82fep+0
+#define CTPU_K_TANH_LN2_HI 0x1.62e42fee00000p-1
+#define CTPU_K_TANH_LN2_LO 0x1.a39ef35793c76p-33
+#define CTPU_K_TANH_SHIFT 0x1.8p+52
 
 /* ---- elementwise on f32 blocks ------------------------------------------
  * The block VM's instruction set. Every op reads and writes f32 arrays of n
  * elements (n <= CTPU_K_BLOCK in the VM; any n is allowed). y may alias an
  * input. Definitions (exactly what _ref computes, in f32):
- *   NEG -x;  ABS |x|;  EXP/LOG/TANH/SQRT: SLEEF u10 (sqrt: IEEE sqrt);
+ *   NEG -x;  ABS |x|;  EXP/LOG/SQRT: SLEEF u10 (sqrt: IEEE sqrt);
+ *   TANH in double, rounded once: y = min(|x|, 10), u = 2y, k = rint(u/ln 2)
+ *     (the 1.5*2^52 shift), r = (u - k*LN2_HI) - k*LN2_LO, p = expm1(r) as
+ *     r*(1 + r*(1/2! + r*(1/3! + ... + r*(1/9!)))) (Horner, each step one double
+ *     operation), s = 2^k, tanh = ((s-1) + s*p) / ((s+1) + s*p), rounded to f32
+ *     with x's sign; NaN x: x + x. Every ISA does these double operations
+ *     (half a vector's lanes at a time), so the same bits; <= 1 ulp of
+ *     float64 tanh (the double value is within 2^-33 relative of it: checked
+ *     over all 2^32 inputs, as the ISAs' equality);
  *   RSQRT 1/sqrt(x);  SIGMOID 1/(1+exp(-x));  RELU x>0 ? x : (x!=x ? x : +0);
  *   GELU_TANH 0.5*x*(1+tanh(0.7978845608f*(x+0.044715f*(x*x*x))))  (products
  *     left to right, each rounded);  GELU_ERF in f32: z = x*C (C = f32(-1/sqrt 2)),
@@ -120,10 +135,10 @@ static inline int32_t ctpu_f32_to_i32(float f)
  *   CLAMP(x,lo,hi): MIN(MAX(x,lo),hi) with NaN propagation from any side.
  *   ROUND_BF16: x rounded to bf16 and back (ctpu_f32_to_bf16).
  *
- * SLEEF variants: _ref calls Sleef_{exp,log,tanh,erf,log1p}f1_u10purec and
+ * SLEEF variants: _ref calls Sleef_{exp,log,erf,log1p}f1_u10purec and
  * Sleef_powf1_u10purec; AVX2 the same functions as Sleef_*f8_u10avx, AVX-512
- * as Sleef_*f16_u10avx512fnofma. Checked bit for bit (SLEEF 3.5.1): exp, log,
- * tanh and erf over all 2^32 inputs, pow on 3.8e8 pairs (random bits, wide
+ * as Sleef_*f16_u10avx512fnofma. Checked bit for bit (SLEEF 3.5.1): exp, log
+ * and erf over all 2^32 inputs (tanh too, while it was SLEEF's), pow on 3.8e8 pairs (random bits, wide
  * and near-1 bases, negative bases with integer exponents), SOFTPLUS (exp
  * then log1p) on 2^28 inputs (every 16th bit pattern): no difference, so
  * every variant calls its own ISA's function. The FMA family does differ

@@ -78,6 +78,36 @@ AI V verfc(V x) { return Sleef_erfcf8_u15avx(x); }
 CTPU_K_AVX2_DBL(vsin, Sleef_sind4_u10avx)
 CTPU_K_AVX2_DBL(vcos, Sleef_cosd4_u10avx)
 
+/* TANH's double steps (elementwise_ref.c ref_u_TANH) on 4 lanes: |tanh| */
+AI __m256d tanh_abs_pd(__m256d x)
+{
+#define D(c) _mm256_set1_pd(c)
+    __m256d y = _mm256_min_pd(_mm256_andnot_pd(D(-0.0), x), D(10.0));   /* y < 10 ? y : 10 */
+    __m256d u = _mm256_add_pd(y, y);
+    __m256d t = _mm256_add_pd(_mm256_mul_pd(u, D(CTPU_K_TANH_INV_LN2)), D(CTPU_K_TANH_SHIFT));
+    __m256d kd = _mm256_sub_pd(t, D(CTPU_K_TANH_SHIFT));
+    __m256d r = _mm256_sub_pd(_mm256_sub_pd(u, _mm256_mul_pd(kd, D(CTPU_K_TANH_LN2_HI))),
+                              _mm256_mul_pd(kd, D(CTPU_K_TANH_LN2_LO)));
+    __m256d p = D(1.0 / 362880);
+    static const double c[8] = { 1.0 / 40320, 1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 1.0 / 2, 1.0 };
+    for (int i = 0; i < 8; i++) p = _mm256_add_pd(D(c[i]), _mm256_mul_pd(r, p));
+    p = _mm256_mul_pd(r, p);
+    /* 2^k: t's low bits hold k (t = 1.5 * 2^52 + k exactly) */
+    __m256i kb = _mm256_sub_epi64(_mm256_castpd_si256(t), _mm256_castpd_si256(D(CTPU_K_TANH_SHIFT)));
+    __m256d s = _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_add_epi64(kb, _mm256_set1_epi64x(1023)), 52));
+    __m256d sp = _mm256_mul_pd(s, p);
+    return _mm256_div_pd(_mm256_add_pd(_mm256_sub_pd(s, D(1.0)), sp), _mm256_add_pd(_mm256_add_pd(s, D(1.0)), sp));
+#undef D
+}
+AI V vtanh(V x)
+{
+    __m128 lo = _mm256_cvtpd_ps(tanh_abs_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(x))));
+    __m128 hi = _mm256_cvtpd_ps(tanh_abs_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(x, 1))));
+    V a = _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
+    a = _mm256_or_ps(a, _mm256_and_ps(x, vset(-0.0f)));   /* x's sign */
+    return vsel(VCMP(x, x, _CMP_UNORD_Q), vadd(x, x), a);
+}
+
 /* Non-temporal store of one vector (p aligned to the vector); a tape strip is
  * TK vectors. */
 AI void st_nt(float *p, V v) { _mm256_stream_ps(p, v); }

@@ -74,6 +74,37 @@ AI V verfc(V x) { return Sleef_erfcf16_u15avx512fnofma(x); }
 CTPU_K_AVX512_DBL(vsin, Sleef_sind8_u10avx512fnofma)
 CTPU_K_AVX512_DBL(vcos, Sleef_cosd8_u10avx512fnofma)
 
+/* TANH's double steps (elementwise_ref.c ref_u_TANH) on 8 lanes: |tanh| */
+AI __m512d tanh_abs_pd(__m512d x)
+{
+#define D(c) _mm512_set1_pd(c)
+    __m512d y = _mm512_min_pd(_mm512_andnot_pd(D(-0.0), x), D(10.0));   /* y < 10 ? y : 10 */
+    __m512d u = _mm512_add_pd(y, y);
+    __m512d t = _mm512_add_pd(_mm512_mul_pd(u, D(CTPU_K_TANH_INV_LN2)), D(CTPU_K_TANH_SHIFT));
+    __m512d kd = _mm512_sub_pd(t, D(CTPU_K_TANH_SHIFT));
+    __m512d r = _mm512_sub_pd(_mm512_sub_pd(u, _mm512_mul_pd(kd, D(CTPU_K_TANH_LN2_HI))),
+                              _mm512_mul_pd(kd, D(CTPU_K_TANH_LN2_LO)));
+    __m512d p = D(1.0 / 362880);
+    static const double c[8] = { 1.0 / 40320, 1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 1.0 / 2, 1.0 };
+    for (int i = 0; i < 8; i++) p = _mm512_add_pd(D(c[i]), _mm512_mul_pd(r, p));
+    p = _mm512_mul_pd(r, p);
+    /* 2^k: t's low bits hold k (t = 1.5 * 2^52 + k exactly) */
+    __m512i kb = _mm512_sub_epi64(_mm512_castpd_si512(t), _mm512_castpd_si512(D(CTPU_K_TANH_SHIFT)));
+    __m512d s = _mm512_castsi512_pd(_mm512_slli_epi64(_mm512_add_epi64(kb, _mm512_set1_epi64(1023)), 52));
+    __m512d sp = _mm512_mul_pd(s, p);
+    return _mm512_div_pd(_mm512_add_pd(_mm512_sub_pd(s, D(1.0)), sp), _mm512_add_pd(_mm512_add_pd(s, D(1.0)), sp));
+#undef D
+}
+AI V vtanh(V x)
+{
+    __m256 lo = _mm512_cvtpd_ps(tanh_abs_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x))));
+    __m256 hi = _mm512_cvtpd_ps(tanh_abs_pd(_mm512_cvtps_pd(
+        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)))));
+    V a = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+    a = _mm512_or_ps(a, _mm512_and_ps(x, vset(-0.0f)));   /* x's sign */
+    return vsel(VCMP(x, x, _CMP_UNORD_Q), vadd(x, x), a);
+}
+
 /* Non-temporal store of one vector (p aligned to the vector); a tape strip is
  * TK vectors. */
 AI void st_nt(float *p, V v) { _mm512_stream_ps(p, v); }

@@ -19,7 +19,8 @@
  *   vmax_raw vmin_raw         vmaxps/vminps: a > b ? a : b (b when either is NaN);
  *   vsel(m, a, b)             m ? a : b;   vmaskz(m, a)  m ? a : +0;
  *   VCMP(a, b, pred)          IEEE compare with an _CMP_* predicate -> M;
- *   vexp vlog vtanh verf vlog1p vexpm1 vpow  SLEEF's non-FMA u10 functions of the ISA;
+ *   vexp vlog verf vlog1p vexpm1 vpow  SLEEF's non-FMA u10 functions of the ISA;
+ *   vtanh                     kernels.h's double steps per lane (ref_u_TANH's);
  *   verfc                     SLEEF's non-FMA f32 erfc u15 of the ISA;
  *   vsin vcos                 in double per lane (widen, SLEEF double non-FMA
  *                             sin / cos u10, round once), as _ref;
@@ -58,7 +59,6 @@
     AI V vmin_raw(V a, V b) { return P##_min_ps(a, b); }                                    \
     AI V vexp(V x) { return Sleef_exp##S(x); }                                              \
     AI V vlog(V x) { return Sleef_log##S(x); }                                              \
-    AI V vtanh(V x) { return Sleef_tanh##S(x); }                                            \
     AI V verf(V x) { return Sleef_erf##S(x); }                                              \
     AI V vlog1p(V x) { return Sleef_log1p##S(x); }                                          \
     AI V vexpm1(V x) { return Sleef_expm1##S(x); }                                          \
