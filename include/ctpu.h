@@ -870,7 +870,7 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  *   (detached: the step's backward is inside fn).
  * A graph break (a host read such as ctpu_item or ctpu_to_host, a mode
  * change, a collective such as ctpu_all_reduce, a nested
- * ctpu_compiled_call inside fn, a ctpu_sync, ctpu_mark_step or
+ * ctpu_compiled_call of another step inside fn, a ctpu_sync, ctpu_mark_step or
  * ctpu_step_end inside fn, a capture past 1,000,000 ops) makes that
  * call run as defer and fuse around it and is reported with its op number
  * and label as faults are (ops numbered from 1 within each call in dispatch
@@ -896,7 +896,8 @@ typedef struct {
  * is captured until the first call. NULL with CTPU_ERR_INVALID_ARG (fn
  * NULL), CTPU_ERR_NOT_INITIALIZED or CTPU_ERR_OOM. Freed by
  * ctpu_compiled_free, or with the runtime at ctpu_shutdown (a call after
- * that is CTPU_ERR_STATE). */
+ * that is CTPU_ERR_NOT_INITIALIZED, or CTPU_ERR_STATE once ctpu_init made a
+ * new runtime). */
 CTPU_API ctpu_compiled *ctpu_compile(ctpu_step_fn fn, void *ctx, const ctpu_compile_opts *opts);
 /* Run the step: capture and compile (first call, guard failure) or replay.
  * n_in tensors in (0..4096), n_scalars doubles (0..4096), n_out slots out
@@ -905,7 +906,9 @@ CTPU_API ctpu_compiled *ctpu_compile(ctpu_step_fn fn, void *ctx, const ctpu_comp
  * with a count > 0), handle errors on in[i], fn's own error (its ops'),
  * CTPU_ERR_STATE (a graph break under fullgraph: nothing changed; c from a
  * previous runtime; another thread is inside a call of c: one call at a
- * time per compiled step, so compile one step per thread), CTPU_ERR_OOM. A pending trace of this thread (defer
+ * time per compiled step, so compile one step per thread; c called from
+ * inside its own call, by its fn or a step its fn calls: a recursion),
+ * CTPU_ERR_OOM. A pending trace of this thread (defer
  * and fuse) is cut first. */
 CTPU_API ctpu_status ctpu_compiled_call(ctpu_compiled *c, int n_in, const ctpu_tensor *in, int n_scalars,
                                         const double *scalars, int n_out, ctpu_tensor *out);

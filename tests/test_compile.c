@@ -425,6 +425,123 @@ START_TEST(changing_scalars_capture_once_per_program)
 }
 END_TEST
 
+/* Two scalars equal at a capture (and equal to a constant of fn): the slot
+ * may read either, so a new value of the later one captures again instead of
+ * replaying the value the capture baked (a new user's wrong result: (2, 2)
+ * then (2, 5) replayed 36 for 90; (7, 7), (8, 8), (8, 9) confirmed the
+ * slot as argument 0). */
+static ctpu_status amb_fn(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)ctx;
+    ctpu_tensor t = ctpu_mul_scalar(in[0], 2.0);
+    t = ctpu_add_scalar(t, sc[0]);
+    t = ctpu_mul_scalar(t, sc[1]);
+    out[0] = ctpu_sum(t, 0, NULL, false);
+    return CTPU_OK;
+}
+
+START_TEST(equal_scalars_are_not_baked)
+{
+    static const double seqs[4][8] = {
+        { 2, 2, 2, 2, 2, 5, 3, 5 },
+        { 7, 7, 8, 8, 8, 9, 1, 9 },
+        { 7, 7, 8, 7, 8, 9, 8, 2 },
+        { 0, 0, 0, 0, 0, 1, 1, 0 },
+    };
+    float a[3] = { 1, 2, 3 };
+    ctpu_tensor x = ctpu_from_host(a, CTPU_F32, 1, (int64_t[]){ 3 });
+    for (int q = 0; q < 4; q++) {
+        ctpu_compiled *c = ctpu_compile(amb_fn, NULL, NULL);
+        ck_assert_ptr_nonnull(c);
+        for (int k = 0; k < 4; k++) {
+            double sc[2] = { seqs[q][2 * k], seqs[q][2 * k + 1] }, got, ref;
+            ctpu_tensor o = CTPU_NULL, r = CTPU_NULL;
+            ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 2, sc, 1, &o), CTPU_OK);
+            ck_assert_int_eq(amb_fn(NULL, &x, sc, &r), CTPU_OK);   /* strict eager */
+            ck_assert_int_eq(ctpu_item(o, &got), CTPU_OK);
+            ck_assert_int_eq(ctpu_item(r, &ref), CTPU_OK);
+            ck_assert_msg(got == ref, "seq %d call %d (%g, %g): %g, strict %g", q, k, sc[0], sc[1], got, ref);
+            ctpu_release(o);
+            ctpu_release(r);
+        }
+        ctpu_compiled_free(c);
+    }
+    ctpu_release(x);
+}
+END_TEST
+
+/* fn calling its own step: an error, not a recursion 64 scopes deep */
+static ctpu_status self_fn(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)sc;
+    ctpu_compiled *self = *(ctpu_compiled **)ctx;
+    ctpu_tensor o2 = CTPU_NULL;
+    ctpu_status st = ctpu_compiled_call(self, 1, in, 0, NULL, 1, &o2);
+    if (st != CTPU_OK) return st;
+    out[0] = ctpu_add(in[0], o2);
+    return CTPU_OK;
+}
+
+START_TEST(self_call_is_an_error)
+{
+    ctpu_compiled *c = NULL;
+    c = ctpu_compile(self_fn, &c, NULL);
+    ck_assert_ptr_nonnull(c);
+    float a[2] = { 1, 2 };
+    ctpu_tensor x = ctpu_from_host(a, CTPU_F32, 1, (int64_t[]){ 2 }), o = CTPU_NULL;
+    for (int k = 0; k < 2; k++) {
+        ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, &o), CTPU_ERR_STATE);
+        ck_assert_msg(t_contains(ctpu_last_error(), "called from inside its own call"), "%s", ctpu_last_error());
+        ck_assert(ctpu_is_null(o));
+    }
+    /* the runtime stays usable */
+    ctpu_tensor y = ctpu_add(x, x);
+    double v;
+    ck_assert_int_eq(ctpu_item(ctpu_sum(y, 0, NULL, false), &v), CTPU_OK);
+    ck_assert(v == 6.0);
+    ctpu_compiled_free(c);
+    ctpu_release(x);
+}
+END_TEST
+
+/* A parameter assigned by the step while a view of it (a slice) is alive:
+ * the step reads the parameter's storage through the parameter, not through
+ * the view, so the next call (a new view) replays instead of failing the
+ * guard "a tensor the step reads was released" every call (a new user's
+ * report: an optimizer over a sliced parameter never replayed). */
+static ctpu_status halve_fn(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)in, (void)sc, (void)out;
+    ctpu_tensor p = *(ctpu_tensor *)ctx;
+    return ctpu_assign(p, ctpu_add_scalar(ctpu_mul_scalar(p, 0.5), 1.0));
+}
+
+START_TEST(assigned_tensor_with_a_live_view_replays)
+{
+    float a[8] = { 1, 2, 3, 4, 5, 6, 7, 8 }, ref[8], got[8];
+    for (int i = 0; i < 8; i++) ref[i] = a[i];
+    ctpu_tensor p = ctpu_from_host(a, CTPU_F32, 1, (int64_t[]){ 8 });
+    ctpu_compiled *c = ctpu_compile(halve_fn, &p, NULL);
+    ck_assert_ptr_nonnull(c);
+    for (int k = 0; k < 5; k++) {
+        ctpu_tensor view = ctpu_slice(p, 0, 0, 3, 1);
+        ck_assert(!ctpu_is_null(view));
+        ck_assert_int_eq(ctpu_compiled_call(c, 0, NULL, 0, NULL, 0, NULL), CTPU_OK);
+        ctpu_release(view);
+        for (int i = 0; i < 8; i++) ref[i] = ref[i] * 0.5f + 1.0f;
+    }
+    ck_assert_int_eq(ctpu_to_host(p, got, sizeof got), CTPU_OK);
+    for (int i = 0; i < 8; i++) ck_assert_msg(t_same(got[i], ref[i]), "%d: %.9g vs %.9g", i, got[i], ref[i]);
+    ctpu_compiled_info info;
+    ck_assert_int_eq(ctpu_compiled_get_info(c, &info), CTPU_OK);
+    ck_assert_msg(info.captures == 1 && info.replays == 4 && info.guard_failures == 0,
+                  "%d captures, %d replays, %d guard failures", (int)info.captures, (int)info.replays,
+                  (int)info.guard_failures);
+    ctpu_compiled_free(c);
+    ctpu_release(p);
+}
+END_TEST
+
 START_TEST(dynamic_input_binds_one_program)
 {
     static const int64_t ts[8] = { 5, 9, 5, 12, 9, 300, 12, 5 };
@@ -1186,6 +1303,9 @@ static Suite *suite(void)
     tcase_add_test(t, capture_past_its_length_limit_is_a_graph_break);
     tcase_add_test(t, scalars_are_runtime_arguments);
     tcase_add_test(t, changing_scalars_capture_once_per_program);
+    tcase_add_test(t, equal_scalars_are_not_baked);
+    tcase_add_test(t, self_call_is_an_error);
+    tcase_add_test(t, assigned_tensor_with_a_live_view_replays);
     tcase_add_test(t, recompile_limit_then_eager);
     tcase_add_test(t, compile_disable_runs_fn);
     tcase_add_test(t, bad_calls_are_errors);

@@ -109,6 +109,7 @@ typedef struct {
     int32_t idx;               /* SC_ARG: scalars[idx]; SC_SEED/SC_OFF: random draw idx */
     double v;                  /* SC_CONST */
     bool conf;                 /* SC_ARG: seen to follow scalars[idx] across two captures of the program */
+    bool amb;                  /* SC_ARG: at its capture a later scalars[j] had the same bits (it may read j) */
 } sc_src;
 
 enum { RQ_NONE, RQ_OUT, RQ_INPLACE, RQ_REBIND, RQ_GRAD };
@@ -456,6 +457,15 @@ static void classify_inputs(build_ctx *b)
                                .delta = (int64_t)s->rin_off[r] - (int64_t)s->rrec[q]->off };
                 b->resolved[r] = true;
             }
+        /* an assigned tensor's old storage, rebound (a view of it, such as
+         * a slice, was alive): read through that tensor, not the view (the
+         * view is gone by the next call) */
+        for (int q = 0; q < s->nreq && !b->resolved[r]; q++)
+            if (s->rrec[q] && s->rrec[q]->buf == s->rin_buf[r] && live_rec(s->rh[q]) == s->rrec[q]) {
+                *x = (in_src){ .kind = IN_OWNER, .owner = s->rh[q],
+                               .delta = (int64_t)s->rin_off[r] - (int64_t)s->rrec[q]->off };
+                b->resolved[r] = true;
+            }
         unresolved += !b->resolved[r];
     }
     if (unresolved) {
@@ -488,7 +498,11 @@ static sc_src classify_scalar(const struct ctpu_capture *cap, int r, double val)
     }
     uint64_t bits = ctpu_scalar_bits(val);
     for (int i = 0; i < cap->n_scalars; i++)
-        if (ctpu_scalar_bits(cap->scalars[i]) == bits) return (sc_src){ .kind = SC_ARG, .idx = i, .v = val };
+        if (ctpu_scalar_bits(cap->scalars[i]) == bits) {
+            bool amb = false;
+            for (int j = i + 1; j < cap->n_scalars && !amb; j++) amb = ctpu_scalar_bits(cap->scalars[j]) == bits;
+            return (sc_src){ .kind = SC_ARG, .idx = i, .v = val, .amb = amb };
+        }
     return (sc_src){ .kind = SC_CONST, .v = val };
 }
 
@@ -1331,7 +1345,12 @@ static bool needs_confirm(const version *v, const double *scalars)
 {
     for (int u = 0; u < v->n_unconf; u++) {
         const sc_src *s = &v->sc[v->unconf[u]];
-        if (ctpu_scalar_bits(scalars[s->idx]) != ctpu_scalar_bits(v->arg_val[s->idx])) return true;
+        uint64_t was = ctpu_scalar_bits(v->arg_val[s->idx]);
+        if (ctpu_scalar_bits(scalars[s->idx]) != was) return true;
+        /* an ambiguous slot may read any argument that had its value: a new
+         * value of any of them captures again (else it would stay baked) */
+        for (int j = s->idx + 1; j < v->n_scalars && s->amb; j++)
+            if (ctpu_scalar_bits(v->arg_val[j]) == was && ctpu_scalar_bits(scalars[j]) != was) return true;
     }
     return false;
 }
@@ -1370,8 +1389,24 @@ static void learn_scalars(version *w, const version *src)
         if (o->kind == SC_CONST) {
             s->kind = SC_CONST;   /* .v holds its value at w's capture */
             w->prepared = false;
-        } else if (o->kind == SC_ARG && o->idx == s->idx &&
-                   (o->conf || ctpu_scalar_bits(src->arg_val[s->idx]) != ctpu_scalar_bits(w->arg_val[s->idx]))) {
+            continue;
+        }
+        if (o->kind != SC_ARG) continue;
+        /* an op reads one fixed argument: where src's capture tells which
+         * (no other argument had its value) and w's value allows it, w's
+         * slot reads that one too */
+        if (s->amb && !o->amb && o->idx != s->idx && o->idx < w->n_scalars &&
+            ctpu_scalar_bits(w->arg_val[o->idx]) == ctpu_scalar_bits(s->v)) {
+            s->idx = o->idx;
+            s->amb = false;
+            w->prepared = false;
+        }
+        if (o->idx != s->idx) continue;
+        if (s->amb && (!o->amb || o->conf)) {
+            s->amb = false;
+            w->prepared = false;
+        }
+        if (!s->amb && (o->conf || ctpu_scalar_bits(src->arg_val[s->idx]) != ctpu_scalar_bits(w->arg_val[s->idx]))) {
             s->conf = true;
             w->prepared = false;
         }
@@ -1555,8 +1590,8 @@ ctpu_status ctpu_compiled_call(ctpu_compiled *c, int n_in, const ctpu_tensor *in
         return CTPU_ERR_OOM;
     }
     /* one call at a time per compiled step: a replay's scratch arrays and
-     * counts belong to the step, not to the thread (a nested call from the
-     * same thread is a graph break, handled below) */
+     * counts belong to the step, not to the thread (a nested call of another
+     * step from the same thread is a graph break; of this one, an error) */
     void *idle = NULL;
     bool owner = atomic_compare_exchange_strong(&c->owner, &idle, (void *)me);
     if (!owner && idle != (void *)me) {
@@ -1565,8 +1600,14 @@ ctpu_status ctpu_compiled_call(ctpu_compiled *c, int n_in, const ctpu_tensor *in
                        "(one call at a time per compiled step; compile one step per thread)", c->name);
         return CTPU_ERR_STATE;
     }
+    if (!owner) {   /* fn (or a step fn calls) calls c again: a recursion that would never end */
+        for (int j = 0; j < n_out; j++) out[j] = CTPU_NULL;
+        ctpu_set_error(CTPU_ERR_STATE, "compiled_call: compiled step %s is called from inside its own call "
+                       "(its fn, or a step its fn calls, calls it again)", c->name);
+        return CTPU_ERR_STATE;
+    }
     ctpu_status res = compiled_call_owned(c, n_in, in, n_scalars, scalars, n_out, out);
-    if (owner) atomic_store(&c->owner, NULL);
+    atomic_store(&c->owner, NULL);
     return res;
 }
 
