@@ -320,6 +320,23 @@ ctpu_program *ctpu_cache_find(ctpu_cache *c, const uint8_t *key, size_t len, con
                                   errlen);
 }
 
+/* A hit on e (c->mu held; requests counted by the caller): its counts, its
+ * LRU place, the result, and the program retained for the caller (read under
+ * the lock: once it is released, another thread's insert may evict and free e). */
+static ctpu_program *take_hit(ctpu_cache *c, entry *e, const ctpu_cache_opts *o, ctpu_cache_result *res,
+                              const ctpu_launch_plan **plan)
+{
+    e->info.hits++;
+    e->info.last_use = o ? o->step : 0;
+    c->st.hits++;
+    if (c->capacity && c->lru_head != e) { lru_unlink(c, e); lru_push_front(c, e); }
+    res->hit = true;
+    res->program_id = e->info.id;
+    if (plan) *plan = e->prog->plan;
+    ctpu_program_retain(e->prog);   /* the caller's, until it has submitted */
+    return e->prog;
+}
+
 ctpu_program *ctpu_cache_find_hashed(ctpu_cache *c, const uint8_t *key, size_t len, uint64_t hash,
                                      const ctpu_cache_opts *o, ctpu_cache_result *res, const ctpu_launch_plan **plan,
                                      ctpu_cache_pending **miss, char *err, size_t errlen)
@@ -333,16 +350,7 @@ ctpu_program *ctpu_cache_find_hashed(ctpu_cache *c, const uint8_t *key, size_t l
     for (bool first = true;; first = false) {
         entry *e = table_find(c, h, key, len, first ? &res->collisions : NULL);
         if (e) {
-            e->info.hits++;
-            e->info.last_use = o ? o->step : 0;
-            c->st.hits++;
-            if (c->capacity && c->lru_head != e) { lru_unlink(c, e); lru_push_front(c, e); }
-            res->hit = true;
-            res->program_id = e->info.id;
-            if (plan) *plan = e->prog->plan;
-            ctpu_program *prog = e->prog;     /* read under the lock: once it is released,
-                                                  * another thread's insert may evict and free e */
-            ctpu_program_retain(prog);        /* the caller's, until it has submitted */
+            ctpu_program *prog = take_hit(c, e, o, res, plan);
             pthread_mutex_unlock(&c->mu);
             return prog;
         }
@@ -392,15 +400,7 @@ ctpu_program *ctpu_cache_peek_hashed(ctpu_cache *c, const uint8_t *key, size_t l
     ctpu_program *prog = NULL;
     if (e) {
         c->st.requests++;
-        e->info.hits++;
-        e->info.last_use = o ? o->step : 0;
-        c->st.hits++;
-        if (c->capacity && c->lru_head != e) { lru_unlink(c, e); lru_push_front(c, e); }
-        res->hit = true;
-        res->program_id = e->info.id;
-        *plan = e->prog->plan;
-        prog = e->prog;
-        ctpu_program_retain(prog);
+        prog = take_hit(c, e, o, res, plan);
     }
     pthread_mutex_unlock(&c->mu);
     return prog;
@@ -717,18 +717,9 @@ ctpu_program *ctpu_cache_peek_alias(ctpu_cache *c, const uint8_t *key, size_t le
     }
     ctpu_program *prog = NULL;
     if (a) {
-        entry *e = a->e;
         a->tick = ++c->alias_tick;
         c->st.requests++;
-        e->info.hits++;
-        e->info.last_use = o ? o->step : 0;
-        c->st.hits++;
-        if (c->capacity && c->lru_head != e) { lru_unlink(c, e); lru_push_front(c, e); }
-        res->hit = true;
-        res->program_id = e->info.id;
-        *plan = e->prog->plan;
-        prog = e->prog;
-        ctpu_program_retain(prog);
+        prog = take_hit(c, a->e, o, res, plan);
         ctpu_program_retain(a->bound);
         *bound = a->bound;
     }
