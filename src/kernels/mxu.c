@@ -374,6 +374,40 @@ void ctpu_mxu_set_thread_min_flop(double flop) { mm_min_flop = flop; }
 
 static int64_t mm_pad(int64_t n, int w) { return (n + w - 1) / w * w; }
 
+/* The scratch sizes, and the packed panels' and scratch's memory for nt
+ * threads: from ws (grown here) or, ws NULL, the shared cached workspace
+ * (*need bytes, given back by the caller). */
+static char *mm_workspace(mm_ctx *x, int nt, ctpu_k_ws *ws, size_t *need_out)
+{
+    x->scr_ld = (int64_t)MXU_NC_PANELS * x->nr + MXU_SCR_PAD;   /* rows not 2^k floats apart */
+    x->scr_n = (int64_t)MXU_MC_PANELS * x->mr * x->scr_ld;
+    if (x->swap) {                               /* + the transposed block */
+        x->tld = (int64_t)MXU_MC_PANELS * x->mr + MXU_SCR_PAD;
+        x->scr_n = 2 * (x->scr_n > (int64_t)MXU_NC_PANELS * x->nr * x->tld ? x->scr_n
+                                                                        : (int64_t)MXU_NC_PANELS * x->nr * x->tld);
+    }
+    size_t abytes = (size_t)(x->nba * x->mp * x->apd) * 4, bbytes = (size_t)(x->nbb * x->np * x->bpd) * 4;
+    size_t sbytes = (size_t)(nt * x->scr_n) * sizeof(float);
+    size_t need = ((abytes + 63) / 64 + (bbytes + 63) / 64 + (sbytes + 63) / 64) * 64 + 64;
+    char *mem;
+    if (ws) {
+        if (ws->size < need) {
+            free(ws->p);
+            ws->size = (need + need / 4 + 63) / 64 * 64;
+            ws->p = aligned_alloc(64, ws->size);
+            assert(ws->p);
+        }
+        mem = ws->p;
+    } else {
+        mem = mm_ws_take(need);
+    }
+    x->ap = (uint32_t *)mem;
+    x->bp = (uint32_t *)(mem + (abytes + 63) / 64 * 64);
+    x->scratch = (float *)(mem + (abytes + 63) / 64 * 64 + (bbytes + 63) / 64 * 64);
+    *need_out = need;
+    return mem;
+}
+
 /* ws == NULL: the shared cached workspace; else the caller's (grown here). */
 static void mm_do(const ctpu_mm_args *go, ctpu_k_pool *pool, ctpu_k_ws *ws)
 {
@@ -459,31 +493,8 @@ static void mm_do(const ctpu_mm_args *go, ctpu_k_pool *pool, ctpu_k_ws *ws)
         x.lazy_b = nt == 1 || x.split == 1 || (x.split == 0 && x.nbb > 1);
     }
 
-    x.scr_ld = (int64_t)MXU_NC_PANELS * x.nr + MXU_SCR_PAD;   /* rows not 2^k floats apart */
-    x.scr_n = (int64_t)MXU_MC_PANELS * x.mr * x.scr_ld;
-    if (x.swap) {                               /* + the transposed block */
-        x.tld = (int64_t)MXU_MC_PANELS * x.mr + MXU_SCR_PAD;
-        x.scr_n = 2 * (x.scr_n > (int64_t)MXU_NC_PANELS * x.nr * x.tld ? x.scr_n
-                                                                      : (int64_t)MXU_NC_PANELS * x.nr * x.tld);
-    }
-    size_t abytes = (size_t)(x.nba * x.mp * x.apd) * 4, bbytes = (size_t)(x.nbb * x.np * x.bpd) * 4;
-    size_t sbytes = (size_t)(nt * x.scr_n) * sizeof(float);
-    size_t need = ((abytes + 63) / 64 + (bbytes + 63) / 64 + (sbytes + 63) / 64) * 64 + 64;
-    char *mem;
-    if (ws) {
-        if (ws->size < need) {
-            free(ws->p);
-            ws->size = (need + need / 4 + 63) / 64 * 64;
-            ws->p = aligned_alloc(64, ws->size);
-            assert(ws->p);
-        }
-        mem = ws->p;
-    } else {
-        mem = mm_ws_take(need);
-    }
-    x.ap = (uint32_t *)mem;
-    x.bp = (uint32_t *)(mem + (abytes + 63) / 64 * 64);
-    x.scratch = (float *)(mem + (abytes + 63) / 64 * 64 + (bbytes + 63) / 64 * 64);
+    size_t need;
+    char *mem = mm_workspace(&x, nt, ws, &need);
 
 #ifdef MXU_PROF
     double t0 = mxu_prof_now();
