@@ -421,7 +421,11 @@ CTPU_API ctpu_status ctpu_assign(ctpu_tensor dst, ctpu_tensor src);
 
 /* --------------------------------------------------------- elementwise
  * NumPy broadcasting; result dtype by PyTorch promotion (f32 wins over bf16,
- * float over i32); a host scalar never changes the tensor's dtype. Every
+ * float over i32); a host scalar never changes the tensor's dtype, and, as
+ * in torch, neither does a 0-d tensor of the same category: bf16[N] (+) f32[]
+ * is a bf16 op, the 0-d value rounded to bf16 first (comparisons and
+ * ctpu_where's branches too; two 0-d tensors, or a dimensioned f32, promote
+ * as above). Every
  * result is rounded to its dtype. Math in f32 (SLEEF non-FMA u10 for
  * transcendentals; tanh, also inside gelu's tanh form, in double steps rounded
  * once, <= 1 ulp: docs/CONTRACTS.md). Errors: CTPU_ERR_SHAPE (not

@@ -195,7 +195,9 @@ typedef struct {
  * denom = sqrt(v) / (sqrt(1 - b2^t) * -step_size) + eps / -step_size,
  * p += m / denom (AdamW first p *= 1 - lr wd), all in f32 on the device
  * (the non-capturable form computes the coefficients in double on the
- * host, so the two differ in the last bits). A compiled step
+ * host, so the two differ in the last bits); over a bf16 parameter the
+ * update is bf16, the 0-d coefficients rounded to bf16 first (torch's
+ * promotion of 0-d tensors). A compiled step
  * (ctpu_compile) needs it: ctpu_optim_step of a non-capturable optimizer
  * inside a capture is CTPU_ERR_STATE, since its host-side lr and step count
  * would be baked into the capture. ctpu_optim_lr and ctpu_optim_steps of a

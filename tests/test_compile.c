@@ -1260,6 +1260,70 @@ START_TEST(capturable_optimizers_bit_identical)
 }
 END_TEST
 
+/* A capturable AdamW over a bf16 parameter (its lr and step 0-d f32
+ * tensors meet bf16 operands: torch's 0-d rule keeps the update bf16), in a
+ * compiled step and not: the same bits, the parameter stays bf16. */
+typedef struct { ctpu_tensor p; ctpu_optim *opt; } bf16_opt_ctx;
+
+static ctpu_status bf16_opt_step(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    bf16_opt_ctx *x = ctx;
+    ctpu_optim_zero_grad(x->opt);
+    ctpu_tensor loss = ctpu_sum(ctpu_mul(ctpu_mul(x->p, x->p), in[0]), 0, NULL, false);
+    ctpu_status st = ctpu_backward(loss);
+    if (st == CTPU_OK) st = ctpu_optim_set_lr(x->opt, sc[0]);
+    if (st == CTPU_OK) st = ctpu_optim_step(x->opt);
+    out[0] = loss;
+    return st;
+}
+
+static void run_bf16_opt(bool compiled, float *w)
+{
+    enum { N = 24, STEPS = 6 };
+    float v[N];
+    for (int k = 0; k < N; k++) v[k] = sinf((float)k * 0.61f);
+    bf16_opt_ctx x = { ctpu_cast(t_f32(v, 1, (int64_t[]){ N }), CTPU_BF16), NULL };
+    ck_assert_int_eq(ctpu_set_requires_grad(x.p, true), CTPU_OK);
+    ctpu_adamw_opts ao = ctpu_adamw_defaults();
+    x.opt = ctpu_adamw_create(1, &x.p, &ao);
+    ck_assert_ptr_nonnull(x.opt);
+    ck_assert_int_eq(ctpu_optim_set_capturable(x.opt, true), CTPU_OK);
+    ctpu_compiled *c = compiled ? ctpu_compile(bf16_opt_step, &x, NULL) : NULL;
+    for (int s = 0; s < STEPS; s++) {
+        float g[N];
+        for (int k = 0; k < N; k++) g[k] = cosf((float)(k * (s + 1)) * 0.37f);
+        ctpu_scope_begin();
+        ctpu_tensor in[1] = { ctpu_cast(t_f32(g, 1, (int64_t[]){ N }), CTPU_BF16) }, out[1];
+        double sc[1] = { 0.02 / (s + 1) };
+        if (c) ck_assert_msg(ctpu_compiled_call(c, 1, in, 1, sc, 1, out) == CTPU_OK, "%s", ctpu_last_error());
+        else ck_assert_msg(bf16_opt_step(&x, in, sc, out) == CTPU_OK, "%s", ctpu_last_error());
+        ctpu_scope_end();
+        ck_assert_int_eq(ctpu_dtype_of(x.p), CTPU_BF16);
+    }
+    ck_assert_int_eq(ctpu_optim_steps(x.opt), STEPS);
+    if (c) {
+        ctpu_compiled_info info;
+        ctpu_compiled_get_info(c, &info);
+        ck_assert_msg(info.replays >= STEPS - 2, "replays %d: %s", (int)info.replays, info.last_reason);
+        ctpu_compiled_free(c);
+    }
+    ctpu_tensor p32 = ctpu_cast(x.p, CTPU_F32);
+    ck_assert_int_eq(ctpu_to_host(p32, w, sizeof(float) * N), CTPU_OK);
+    ctpu_release(p32);
+    ctpu_optim_free(x.opt);
+    ctpu_release(x.p);
+}
+
+START_TEST(capturable_optimizer_over_bf16_params)
+{
+    float a[24], b[24];
+    run_bf16_opt(false, a);
+    run_bf16_opt(true, b);
+    for (int i = 0; i < 24; i++) ck_assert_msg(t_same(a[i], b[i]), "weight %d: %.9g vs %.9g", i, a[i], b[i]);
+    ck_assert(a[1] != sinf(0.61f));   /* it moved */
+}
+END_TEST
+
 START_TEST(non_capturable_optimizer_refused_in_capture)
 {
     opt_ctx x;
@@ -1312,6 +1376,7 @@ static Suite *suite(void)
     tcase_add_test(t, freed_steps_are_refused_without_reading_them);
     tcase_add_test(t, capturable_optimizers_bit_identical);
     tcase_add_test(t, non_capturable_optimizer_refused_in_capture);
+    tcase_add_test(t, capturable_optimizer_over_bf16_params);
     suite_add_tcase(s, t);
     return s;
 }

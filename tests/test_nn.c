@@ -1121,7 +1121,7 @@ static void fused_run(const fused_cfg *c, bool fused, float *out, int64_t *ops)
         float v[35];
         for (int k = 0; k < n[i]; k++) v[k] = sinf((float)(k + 11 * i) * 0.61f);
         ps[i] = vec(v, n[i]);
-        if (i == 1 && !c->capturable) ps[i] = ctpu_cast(ps[i], CTPU_BF16);   /* capturable: f32 only (see the report) */
+        if (i == 1) ps[i] = ctpu_cast(ps[i], CTPU_BF16);
         ck_assert_int_eq(ctpu_set_requires_grad(ps[i], true), CTPU_OK);
     }
     ctpu_param_group gs[3] = { { .n = 1, .params = &ps[0], .lr_scale = 1.0, .weight_decay = 0.1 },
@@ -1141,7 +1141,7 @@ static void fused_run(const fused_cfg *c, bool fused, float *out, int64_t *ops)
             for (int k = 0; k < n[i]; k++) g[k] = cosf((float)(k * (step + 1)) * 0.37f) + 0.25f * (float)i;
             ctpu_scope_begin();
             ctpu_tensor x = vec(g, n[i]);
-            if (i == 1 && !c->capturable) x = ctpu_cast(x, CTPU_BF16);
+            if (i == 1) x = ctpu_cast(x, CTPU_BF16);
             ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_mul(ctpu_mul(ps[i], ps[i]), x), 0, NULL, false)), CTPU_OK);
             ctpu_scope_end();
         }

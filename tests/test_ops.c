@@ -303,14 +303,16 @@ static void case_binary(int op)
             if (dt == 1) a = ctpu_cast(a, CTPU_BF16);
             ctpu_tensor y = apply_binary(op, a, b);
             ck_assert_msg(!ctpu_is_null(y), "%s: %s", name, ctpu_last_error());
-            ctpu_dtype want = cmp || dt != 1 ? CTPU_F32 : CTPU_BF16;
+            /* f32[] @ bf16[...]: torch's 0-d rule, a bf16 op (a rounded to bf16 first) */
+            bool bf16_op = dt == 1 || (dt == 2 && bs->a.nd == 0 && bs->b.nd > 0);
+            ctpu_dtype want = cmp || !bf16_op ? CTPU_F32 : CTPU_BF16;
             ck_assert_int_eq(ctpu_dtype_of(y), want);
             t_expect_shape(y, bs->o.nd, bs->o.s);
             float *g = t_read(y, NULL);
             for (int64_t i = 0; i < no; i++) {
                 double va = xa[bidx(i, bs->o.nd, bs->o.s, bs->a.nd, bs->a.s)];
                 double vb = xb[bidx(i, bs->o.nd, bs->o.s, bs->b.nd, bs->b.s)];
-                if (dt == 1) va = bf16_round(va);
+                if (bf16_op) va = bf16_round(va);
                 if (dt >= 1) vb = bf16_round(vb);
                 double r = ref_binary(kop, va, vb);
                 double tol = tol_binary(kop, r);
@@ -1872,6 +1874,40 @@ START_TEST(op_conformance)
 END_TEST
 
 /* ------------------------------------------------------------ promotion */
+/* torch's 0-d rule: a 0-d f32 tensor does not raise a dimensioned bf16
+ * operand (bf16[N] * f32[] is bf16, the 0-d value rounded to bf16 first:
+ * torch.tensor([1.0], dtype=torch.bfloat16) < torch.tensor(1.001) is
+ * False); a dimensioned f32 still wins, two 0-d tensors promote as usual;
+ * the 0-d operand's gradient stays f32. */
+START_TEST(zero_dim_tensor_promotion)
+{
+    ctpu_tensor b = ctpu_cast(T_VEC(1, 3), CTPU_BF16);
+    ctpu_tensor z = ctpu_full(CTPU_F32, 0, NULL, 1.001);   /* bf16(1.001) = 1 */
+    ctpu_tensor zb = ctpu_cast(ctpu_full(CTPU_F32, 0, NULL, 2), CTPU_BF16);
+    ck_assert_int_eq(ctpu_dtype_of(ctpu_mul(b, z)), CTPU_BF16);
+    ck_assert_int_eq(ctpu_dtype_of(ctpu_add(z, b)), CTPU_BF16);
+    ck_assert_int_eq(ctpu_dtype_of(ctpu_div(b, z)), CTPU_BF16);
+    ck_assert_int_eq(ctpu_dtype_of(ctpu_where(ctpu_gt_scalar(b, 2), b, z)), CTPU_BF16);
+    ck_assert_int_eq(ctpu_dtype_of(ctpu_mul(zb, z)), CTPU_F32);                 /* both 0-d */
+    ck_assert_int_eq(ctpu_dtype_of(ctpu_mul(T_VEC(1, 2), zb)), CTPU_F32);       /* f32[N] wins */
+    ck_assert_int_eq(ctpu_dtype_of(ctpu_mul(ctpu_cast(z, CTPU_BF16), T_VEC(1, 2))), CTPU_F32);
+    float *g = t_read(ctpu_lt(b, z), NULL);   /* compared in bf16: 1 < 1 is false (in f32, true) */
+    ck_assert(g[0] == 0 && g[1] == 0);
+    free(g);
+    g = t_read(ctpu_sub(b, z), NULL);
+    ck_assert(g[0] == 0 && g[1] == 2);
+    free(g);
+    ctpu_tensor w = ctpu_full(CTPU_F32, 0, NULL, 0.5);
+    ck_assert_int_eq(ctpu_set_requires_grad(w, true), CTPU_OK);
+    ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_mul(b, w), 0, NULL, false)), CTPU_OK);
+    ctpu_tensor gw = ctpu_grad(w);
+    ck_assert_int_eq(ctpu_dtype_of(gw), CTPU_F32);
+    double v;
+    ck_assert_int_eq(ctpu_item(gw, &v), CTPU_OK);
+    ck_assert(v == 4);
+}
+END_TEST
+
 START_TEST(dtype_promotion)
 {
     ctpu_tensor f = T_VEC(1.5f, -2), b = ctpu_cast(T_VEC(0.5f, 4), CTPU_BF16);
@@ -2572,6 +2608,7 @@ static Suite *suite(void)
     tcase_set_timeout(c, 120);
     tcase_add_loop_test(c, op_conformance, 0, CTPU_OP_COUNT);
     tcase_add_test(c, dtype_promotion);
+    tcase_add_test(c, zero_dim_tensor_promotion);
     tcase_add_test(c, silu_is_its_composition);
     tcase_add_test(c, norms_against_float64);
     tcase_add_test(c, movement_composites);

@@ -1372,6 +1372,40 @@ static inline bool infer(int op, const char *opn, int n_in, ctpu_trec *const *in
     return infer_named(op, opn, input_names(&ctpu_op_infos[op], a), n_in, in, a, n);
 }
 
+/* PyTorch's promotion of a 0-d tensor: it does not raise the dtype of a
+ * dimensioned operand of its category, so bf16[N] op f32[] (add, mul, div,
+ * a comparison, where's branches, ...) is a bf16 op, the 0-d value rounded
+ * to bf16 first (torch casts the operands to the common dtype). Returns the
+ * index of the 0-d f32 operand to cast, or -1 (the common case: one compare
+ * of the op's dtype rule). */
+static int zero_dim_to_bf16(int op, int n_in, ctpu_trec *const *in)
+{
+    const int r = ctpu_op_infos[op].dtype_rule;
+    int i = r == CTPU_DT_WHERE ? 1 : 0;
+    if (!(r == CTPU_DT_PROMOTE || r == CTPU_DT_PROMOTE_FLOAT || r == CTPU_DT_WHERE || r == CTPU_DT_MASK) || n_in != i + 2)
+        return -1;
+    const ctpu_vtype *x = &in[i]->type, *y = &in[i + 1]->type;
+    if (x->dtype == CTPU_BF16 && x->ndim > 0 && y->dtype == CTPU_F32 && y->ndim == 0) return i + 1;
+    if (y->dtype == CTPU_BF16 && y->ndim > 0 && x->dtype == CTPU_F32 && x->ndim == 0) return i;
+    return -1;
+}
+
+static ctpu_tensor apply(int op, int n_in, const ctpu_tensor *ts, const op_args *a, const double *scalars);
+
+/* apply with operand z (a 0-d f32 tensor) cast to bf16 first: the cast is
+ * an op of its own (recorded, differentiated), released once used. */
+static ctpu_tensor apply_zero_dim_cast(int op, int n_in, const ctpu_tensor *ts, const op_args *a, const double *scalars,
+                                       int z)
+{
+    ctpu_tensor t[CTPU_NODE_MAX_IN];
+    memcpy(t, ts, sizeof *t * (size_t)n_in);
+    t[z] = ctpu_cast(ts[z], CTPU_BF16);
+    if (ctpu_is_null(t[z])) return ctpu_failed();
+    ctpu_tensor r = apply(op, n_in, t, a, scalars);
+    ctpu_release(t[z]);
+    return r;
+}
+
 /* Resolve the inputs, build the node, dispatch it (a view for view ops). */
 static ctpu_tensor apply(int op, int n_in, const ctpu_tensor *ts, const op_args *a, const double *scalars)
 {
@@ -1380,6 +1414,10 @@ static ctpu_tensor apply(int op, int n_in, const ctpu_tensor *ts, const op_args 
     const char *const *names = input_names(o, a);
     ctpu_trec *in[CTPU_NODE_MAX_IN];
     if (!get_inputs(opn, n_in, ts, names, in)) return ctpu_failed();
+    if (n_in >= 2) {
+        int z = zero_dim_to_bf16(op, n_in, in);
+        if (z >= 0) return apply_zero_dim_cast(op, n_in, ts, a, scalars, z);
+    }
     ctpu_node n;
     if (!infer_named(op, opn, names, n_in, in, a, &n)) return ctpu_failed();
     if (ctpu_op_is(op, CTPU_OPK_VIEW)) return make_view(&n, in[0], ts[0], in[0]->off);
