@@ -159,7 +159,9 @@ CTPU_API const char *ctpu_mode_name(ctpu_mode m); /* "strict", "debug", "defer_f
 
 /* Debug checks: an op whose output holds a NaN where none of its inputs
  * holds a NaN or an Inf is an error (CTPU_ERR_NAN) naming it, its op number
- * and label (a gradient rule's: "backward of <op>"); passing a NaN along and
+ * and label (a gradient rule's: "backward of <op>"; an op inside a library
+ * call such as ctpu_cross_entropy is named after the call first:
+ * "cross_entropy (op #13): div: debug check: ..."); passing a NaN along and
  * Inf results are not errors. Default: they follow this thread's current
  * mode (on in debug eager, off otherwise, ctpu_set_mode and
  * ctpu_set_thread_mode included); TORCH_TPU_ENABLE_DEBUG_CHECKS or

@@ -105,7 +105,9 @@ CTPU_API ctpu_ce_opts ctpu_ce_defaults(void);
  * ce([[1e8, 1e8]], [1]) == ln 2 and -inf logits of other classes are fine),
  * the picked entries through gather, label smoothing eps as
  * (1 - eps) * nll + eps * mean_c(-log_softmax). opts NULL = defaults.
- * Result: a 0-d f32 (mean, sum) or [N] (none). A label outside [0, C) other
+ * Result: a 0-d f32 (mean, sum) or [N] (none); the mean over no
+ * non-ignored row is NaN (0 / 0, as torch), which debug checks report as
+ * cross_entropy's. A label outside [0, C) other
  * than ignore_index is a device fault naming cross_entropy and the label
  * ("cross_entropy (op #6): labels 7 at position 1 is out of range [0, 5)"), raised
  * at the next sync (strict eager) or at the call (debug eager); validate

@@ -548,13 +548,23 @@ static const char *span_args(const ctpu_device *dev, const ctpu_cmd *cmd, char *
 }
 
 /* The debug check's message for a NaN op made at step s. */
+static ctpu_op_prov cmd_prov(const ctpu_cmd *cmd, int s);
+
+/* Under a call scope the op is named after the user's call, as faults are
+ * (call_msg): "cross_entropy (op #9): div: debug check: ...". */
 static void nan_msg(const ctpu_device *dev, const ctpu_cmd *cmd, int s, const char *op, char *out, size_t len)
 {
-    char pv[128], m[256];
-    ctpu_device_prov_str(dev, cmd_prov(cmd, s), pv, sizeof pv);
-    snprintf(m, sizeof m, "%s%s: debug check: NaN in the output, none in its inputs (TORCH_TPU_ENABLE_DEBUG_CHECKS)",
-             op, pv);
-    snprintf(out, len, "%s", m);
+    char pv[128];
+    ctpu_op_prov p = cmd_prov(cmd, s);
+    ctpu_device_prov_str(dev, p, pv, sizeof pv);
+    const char *ca = p.call ? ctpu_device_label(dev, p.call) : NULL;
+    const char *sep = ca ? strchr(ca, '\x1f') : NULL;
+    if (sep)
+        snprintf(out, len, "%.*s%s: %s: debug check: NaN in the output, none in its inputs (TORCH_TPU_ENABLE_DEBUG_CHECKS)",
+                 (int)(sep - ca), ca, pv, op);
+    else
+        snprintf(out, len, "%s%s: debug check: NaN in the output, none in its inputs (TORCH_TPU_ENABLE_DEBUG_CHECKS)", op,
+                 pv);
 }
 
 static bool has_nan(const void *p, int dtype, int64_t n)
