@@ -494,6 +494,56 @@ START_TEST(compiled_step_one_call_at_a_time)
 }
 END_TEST
 
+/* Counters are per-thread shards summed on read (metrics.h): counts made
+ * by threads that have exited stay in the sums, a later thread takes an
+ * exited thread's shard over, ctpu_metrics_clear zeroes every shard's
+ * share, and a new runtime starts from zero. */
+#define COUNT_OPS 50
+static void *count_ops(void *p)
+{
+    ctpu_tensor x = *(ctpu_tensor *)p;
+    for (int i = 0; i < COUNT_OPS; i++) ctpu_release(ctpu_add(x, x));
+    return NULL;
+}
+
+static void count_in_threads(ctpu_tensor x, int n)
+{
+    pthread_t th[4];
+    for (int i = 0; i < n; i++) ck_assert_int_eq(pthread_create(&th[i], NULL, count_ops, &x), 0);
+    for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+}
+
+START_TEST(counters_sum_over_threads)
+{
+    int64_t n = 8;
+    ctpu_tensor x = ctpu_keep(ctpu_ones(CTPU_F32, 1, &n));
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    ctpu_metrics_clear();
+    ck_assert_int_eq(ctpu_metric_counter("ops_dispatched"), 0);
+    count_in_threads(x, 4);   /* four threads, exited by now */
+    count_ops(&x);            /* and this one */
+    ck_assert_int_eq(ctpu_metric_counter("ops_dispatched"), 5 * COUNT_OPS);
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    ck_assert_int_eq(ctpu_metric_counter("commands_executed"), 5 * COUNT_OPS);   /* the device thread's */
+    count_in_threads(x, 2);   /* they take over two exited threads' shards */
+    ck_assert_int_eq(ctpu_metric_counter("ops_dispatched"), 7 * COUNT_OPS);
+    ctpu_metrics_clear();
+    ck_assert_int_eq(ctpu_metric_counter("ops_dispatched"), 0);
+    count_in_threads(x, 3);
+    ck_assert_int_eq(ctpu_metric_counter("ops_dispatched"), 3 * COUNT_OPS);
+    ctpu_release(x);
+    ctpu_shutdown();   /* a new runtime: the old shards count for the old one */
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    ck_assert_int_eq(ctpu_metric_counter("ops_dispatched"), 0);
+    x = ctpu_keep(ctpu_ones(CTPU_F32, 1, &n));
+    int64_t base = ctpu_metric_counter("ops_dispatched");
+    count_in_threads(x, 2);
+    count_ops(&x);
+    ck_assert_int_eq(ctpu_metric_counter("ops_dispatched") - base, 3 * COUNT_OPS);
+    ctpu_release(x);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("threads");
@@ -507,6 +557,7 @@ int main(void)
     tcase_add_test(t, same_key_compiled_once);
     tcase_add_test(t, same_key_given_up_compiled_by_the_waiter);
     tcase_add_test(t, compiled_step_one_call_at_a_time);
+    tcase_add_test(t, counters_sum_over_threads);
     suite_add_tcase(s, t);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);

@@ -31,8 +31,90 @@ uint64_t ctpu_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* ------------------------------------------------------------ counter shards */
+_Thread_local ctpu_counter_shard *ctpu__ctr_shard __attribute__((tls_model("initial-exec")));
+static _Atomic(ctpu_counter_shard *) shard_head;   /* every shard, newest first; never freed */
+static pthread_mutex_t shard_mu = PTHREAD_MUTEX_INITIALIZER;   /* claims and pushes */
+static pthread_once_t shard_once = PTHREAD_ONCE_INIT;
+static pthread_key_t shard_key;   /* its destructor gives a thread's shard up at its exit */
+static bool shard_key_ok;
+static atomic_uint_fast64_t metrics_gen;
+
+static void shard_give_up(void *p)
+{
+    ctpu_counter_shard *s = p;
+    /* a later destructor that counts binds again (and registers again) */
+    if (ctpu__ctr_shard == s) ctpu__ctr_shard = NULL;
+    atomic_store(&s->taken, false);
+}
+
+static void shard_key_make(void) { shard_key_ok = pthread_key_create(&shard_key, shard_give_up) == 0; }
+
+/* s's values start over for generation gen (its owner, or under shard_mu) */
+static void shard_start(ctpu_counter_shard *s, uint64_t gen)
+{
+    for (int i = 0; i < CTPU_CTR_COUNT; i++) atomic_store_explicit(&s->v[i], 0, memory_order_relaxed);
+    atomic_store_explicit(&s->gen, gen, memory_order_release);
+}
+
+ctpu_counter_shard *ctpu__counter_shard_bind(ctpu_metrics *m)
+{
+    ctpu_counter_shard *s = ctpu__ctr_shard;
+    if (s) {   /* this thread's, counting for an earlier runtime */
+        shard_start(s, m->gen);
+        return s;
+    }
+    pthread_once(&shard_once, shard_key_make);
+    if (!shard_key_ok) return NULL;
+    pthread_mutex_lock(&shard_mu);
+    /* a free shard: one of this generation first (its counts are kept) */
+    ctpu_counter_shard *other = NULL;
+    for (ctpu_counter_shard *q = atomic_load(&shard_head); q && !s; q = q->next) {
+        if (atomic_load(&q->taken)) continue;
+        if (atomic_load(&q->gen) == m->gen) s = q;
+        else if (!other) other = q;
+    }
+    if (!s && other) {
+        s = other;
+        shard_start(s, m->gen);
+    }
+    if (!s && (s = aligned_alloc(_Alignof(ctpu_counter_shard), sizeof *s))) {
+        for (int i = 0; i < CTPU_CTR_COUNT; i++) atomic_init(&s->v[i], 0);
+        atomic_init(&s->gen, m->gen);
+        atomic_init(&s->taken, false);
+        s->next = atomic_load(&shard_head);
+        atomic_store_explicit(&shard_head, s, memory_order_release);
+    }
+    if (s) atomic_store(&s->taken, true);
+    pthread_mutex_unlock(&shard_mu);
+    if (!s) return NULL;
+    if (pthread_setspecific(shard_key, s) != 0) {
+        atomic_store(&s->taken, false);
+        return NULL;
+    }
+    ctpu__ctr_shard = s;
+    return s;
+}
+
+/* The shards' sum of counter id for m's generation. */
+static long long shards_sum(const ctpu_metrics *m, int id)
+{
+    long long v = 0;
+    for (ctpu_counter_shard *s = atomic_load_explicit(&shard_head, memory_order_acquire); s; s = s->next)
+        if (atomic_load_explicit(&s->gen, memory_order_acquire) == m->gen)
+            v += atomic_load_explicit(&s->v[id], memory_order_relaxed);
+    return v;
+}
+
+long long ctpu_counter_get(ctpu_metrics *m, ctpu_counter_id id)
+{
+    return atomic_load(&m->counters[id].v) + shards_sum(m, id);
+}
+
+/* ------------------------------------------------------------ registry */
 void ctpu_metrics_init(ctpu_metrics *m)
 {
+    m->gen = atomic_fetch_add(&metrics_gen, 1) + 1;
     for (int i = 0; i < CTPU_CTR_COUNT; i++) atomic_init(&m->counters[i].v, 0);
     pthread_mutex_init(&m->timer_mu, NULL);
     memset(m->timers, 0, sizeof m->timers);
@@ -45,7 +127,8 @@ void ctpu_metrics_destroy(ctpu_metrics *m) { pthread_mutex_destroy(&m->timer_mu)
 
 void ctpu_metrics_reset(ctpu_metrics *m)
 {
-    for (int i = 0; i < CTPU_CTR_COUNT; i++) atomic_store(&m->counters[i].v, 0);
+    /* the base cancels what the shards hold (they are their threads' to write) */
+    for (int i = 0; i < CTPU_CTR_COUNT; i++) atomic_store(&m->counters[i].v, -shards_sum(m, i));
     pthread_mutex_lock(&m->timer_mu);
     memset(m->timers, 0, sizeof m->timers);
     memset(&m->hist, 0, sizeof m->hist);
@@ -74,11 +157,10 @@ void ctpu_metrics_step(ctpu_metrics *m, uint64_t step)
 {
     ctpu_step_point p = {
         .step = step,
-        .requests = (uint64_t)(atomic_load(&m->counters[CTPU_CTR_CACHE_REQUESTS].v) +
-                               atomic_load(&m->counters[CTPU_CTR_STRICT_CACHE_REQUESTS].v)),
-        .hits = (uint64_t)(atomic_load(&m->counters[CTPU_CTR_CACHE_HITS].v) +
-                           atomic_load(&m->counters[CTPU_CTR_STRICT_CACHE_HITS].v)),
-        .compiles = (uint64_t)atomic_load(&m->counters[CTPU_CTR_PROGRAMS_COMPILED].v),
+        .requests = (uint64_t)(ctpu_counter_get(m, CTPU_CTR_CACHE_REQUESTS) +
+                               ctpu_counter_get(m, CTPU_CTR_STRICT_CACHE_REQUESTS)),
+        .hits = (uint64_t)(ctpu_counter_get(m, CTPU_CTR_CACHE_HITS) + ctpu_counter_get(m, CTPU_CTR_STRICT_CACHE_HITS)),
+        .compiles = (uint64_t)ctpu_counter_get(m, CTPU_CTR_PROGRAMS_COMPILED),
     };
     pthread_mutex_lock(&m->timer_mu);
     ctpu_step_history *h = &m->hist;
@@ -128,7 +210,7 @@ long long ctpu_metrics_counter_by_name(ctpu_metrics *m, const char *name)
 {
     if (!name) return -1;
     for (int i = 0; i < CTPU_CTR_COUNT; i++)
-        if (strcmp(counter_names[i], name) == 0) return atomic_load(&m->counters[i].v);
+        if (strcmp(counter_names[i], name) == 0) return ctpu_counter_get(m, (ctpu_counter_id)i);
     for (int i = 0; i < CTPU_TMR_COUNT; i++)
         if (strcmp(timer_names[i], name) == 0) {
             pthread_mutex_lock(&m->timer_mu);
@@ -192,7 +274,7 @@ void ctpu_metrics_print(ctpu_metrics *m, FILE *f)
     }
     pthread_mutex_unlock(&m->timer_mu);
     for (int i = 0; i < CTPU_CTR_COUNT; i++) {
-        long long v = atomic_load(&m->counters[i].v);
+        long long v = ctpu_counter_get(m, (ctpu_counter_id)i);
         if (v) fprintf(f, "Counter: %s\n  Value: %lld\n", counter_names[i], v);
     }
 }

@@ -752,7 +752,7 @@ static cJSON *timer_json(ctpu_metrics *m, ctpu_timer_id id)
     return o;
 }
 
-static double ctr(ctpu_metrics *m, ctpu_counter_id id) { return (double)atomic_load(&m->counters[id].v); }
+static double ctr(ctpu_metrics *m, ctpu_counter_id id) { return (double)ctpu_counter_get(m, id); }
 /* hits as a percentage of requests for "%.1f%%": never 100.0% with a miss */
 static double hit_pct(double hit, double req)
 {

@@ -186,7 +186,15 @@ ctpu_tensor ctpu_handle_new(const ctpu_vtype *type, ctpu_buffer *buf, size_t off
     r->made_by = NULL;
     r->origin = ts && ts->label.call_name ? ts->label.call_name : op;   /* the leak watch names the user's call */
     r->origin_label = ts && ts->label.depth ? ts->label.stack[ts->label.depth - 1] : 0;
-    if (buf) atomic_fetch_add(&buf->handle_refs, 1);
+    if (buf) {
+        /* refs 1: the caller's reference (this handle's now) is the only
+         * one, so no other thread can touch handle_refs (0): a plain store,
+         * not a locked add (a fresh op output, on every strict op) */
+        if (atomic_load_explicit(&buf->refs, memory_order_relaxed) == 1)
+            atomic_store_explicit(&buf->handle_refs, 1, memory_order_relaxed);
+        else
+            atomic_fetch_add(&buf->handle_refs, 1);
+    }
     ctpu_tensor t = { ((uint64_t)atomic_load_explicit(&r->gen, memory_order_relaxed) << 32) | (idx + 1) };
     if (ts && ts->scope_depth > 0) {
         scope_t *s = &ts->scopes[ts->scope_depth - 1];
