@@ -63,6 +63,7 @@ struct ctpu_device {
     atomic_uint_fast64_t peak, allocs, frees;
     /* stream */
     _Alignas(64) atomic_uint_fast64_t tail;      /* commands submitted (host) */
+    uint64_t done_seen;   /* (under submit_lk) a value of completed: the ring has room below it + RING_SIZE */
     _Alignas(64) atomic_uint_fast64_t completed; /* commands done (device) */
     _Alignas(64) atomic_int dev_sleeping;
     atomic_int host_waiters;
@@ -169,10 +170,10 @@ static void hbm_raw_free(ctpu_device *dev, void *p)
     free(p);
 }
 
-/* A buffer is one allocation: a 64-byte header (the ctpu_buffer) followed
- * by its 64-byte aligned data. */
-#define BUF_HDR 64
-_Static_assert(sizeof(ctpu_buffer) <= BUF_HDR, "buffer header grew past 64 bytes");
+/* A buffer is one allocation: a 128-byte header (the ctpu_buffer, two
+ * lines) followed by its 64-byte aligned data. */
+#define BUF_HDR 128
+_Static_assert(sizeof(ctpu_buffer) <= BUF_HDR, "buffer header grew past 128 bytes");
 
 static void buffer_free_now(ctpu_device *dev, ctpu_buffer *b)
 {
@@ -838,24 +839,59 @@ static void submit_lock(ctpu_device *dev)
     }
 }
 
+/* cmd into its ring slot: the fixed fields, and of the inline arrays the
+ * parts in use (the slot's other lines are not written: they stay in the
+ * cache of the device core, which read them last) */
+static void cmd_copy(ctpu_cmd *slot, const ctpu_cmd *cmd, int n_scal)
+{
+    slot->prog = cmd->prog;
+    slot->n_bufs = cmd->n_bufs;
+    slot->n_prov = cmd->n_prov;
+    slot->prov_inl = cmd->prov_inl;
+    slot->one_block = cmd->one_block;
+    slot->debug_checks = cmd->debug_checks;
+    slot->prov_span = cmd->prov_span;
+    slot->program_id = cmd->program_id;
+    int nb = cmd->n_bufs < CTPU_CMD_INLINE_BUFS ? cmd->n_bufs : CTPU_CMD_INLINE_BUFS;
+    slot->buf = cmd->buf;
+    if (cmd->buf == cmd->buf_inl) {
+        slot->buf = slot->buf_inl;
+        for (int i = 0; i < nb; i++) slot->buf_inl[i] = cmd->buf_inl[i];
+    }
+    slot->off = cmd->off;
+    if (cmd->off == cmd->off_inl) {
+        slot->off = slot->off_inl;
+        for (int i = 0; i < nb; i++) slot->off_inl[i] = cmd->off_inl[i];
+    }
+    slot->scalars = cmd->scalars;
+    if (cmd->scalars == cmd->scal_inl) {
+        slot->scalars = slot->scal_inl;
+        for (int i = 0; i < n_scal && i < CTPU_CMD_MAX_SCALARS; i++) slot->scal_inl[i] = cmd->scal_inl[i];
+    }
+    slot->prov = cmd->prov == &cmd->prov_inl ? &slot->prov_inl : cmd->prov;
+}
+
 uint64_t ctpu_device_submit(ctpu_device *dev, ctpu_cmd *cmd)
+{
+    return ctpu_device_submit_n(dev, cmd, CTPU_CMD_MAX_SCALARS);
+}
+
+uint64_t ctpu_device_submit_n(ctpu_device *dev, ctpu_cmd *cmd, int n_scal)
 {
     submit_lock(dev);
     uint64_t t = atomic_load_explicit(&dev->tail, memory_order_relaxed);
-    if (t - atomic_load(&dev->completed) >= CTPU_RING_SIZE) {
+    /* completed is read only when the ring may be full by the last value
+     * read: it is the device's line, written at every command, and a read
+     * on every submit moved it to the host core and back */
+    if (t - dev->done_seen >= CTPU_RING_SIZE) dev->done_seen = atomic_load(&dev->completed);
+    if (t - dev->done_seen >= CTPU_RING_SIZE) {
         /* a full ring: wait until half of it has run, not for one slot
          * (one wake-up per half ring instead of one per command) */
         wake_device(dev);
         wait_until(dev, t - CTPU_RING_SIZE / 2 + 1, &dev->cv_space);
     }
     ctpu_cmd *slot = &dev->ring[t % CTPU_RING_SIZE];
-    *slot = *cmd;
-    if (cmd->buf == cmd->buf_inl) {
-        slot->buf = slot->buf_inl;
-        slot->off = slot->off_inl;
-    }
-    if (cmd->scalars == cmd->scal_inl) slot->scalars = slot->scal_inl;
-    if (cmd->prov == &cmd->prov_inl) slot->prov = &slot->prov_inl;
+    cmd_copy(slot, cmd, n_scal);
     slot->seq = t + 1;
     for (int i = 0; i < slot->n_bufs; i++)
         atomic_store_explicit(&slot->buf[i]->last_seq, t + 1, memory_order_relaxed);
@@ -895,7 +931,8 @@ ctpu_device *ctpu_device_create(const ctpu_chip_info *chip, uint64_t hbm_cap, in
 {
     ctpu_device *dev = calloc(1, sizeof *dev);
     if (!dev) { snprintf(err, errlen, "out of host memory"); return NULL; }
-    dev->ring = calloc(CTPU_RING_SIZE, sizeof *dev->ring);
+    dev->ring = aligned_alloc(64, CTPU_RING_SIZE * sizeof *dev->ring);
+    if (dev->ring) memset(dev->ring, 0, CTPU_RING_SIZE * sizeof *dev->ring);
     if (!dev->ring) { free(dev); snprintf(err, errlen, "out of host memory"); return NULL; }
     dev->chip = chip;
     dev->metrics = metrics;

@@ -16,17 +16,23 @@
 #include "metrics.h"
 
 /* ------------------------------------------------------------ buffers */
+/* Two cache lines: the first is what the device thread reads (data, fault),
+ * written at the allocation and when a fault changes; the second is written
+ * by the host on every op that uses the buffer (last_seq at each submit,
+ * the reference counts). On one line, every op's submit took that line
+ * from the device core and the device took it back to read the data
+ * pointer of each input. */
 typedef struct ctpu_buffer {
     void *data;
     size_t bytes;
-    atomic_int refs;        /* host-side references: handles, traces, launchers */
-    atomic_int handle_refs; /* live handles only (assign's in-place test) */
     atomic_uint fault;      /* 0, or 1 + index into the device's fault table */
+    char *name;             /* the user's name for the value it holds (ctpu_set_name), malloc'd, or NULL */
+    _Alignas(64) atomic_int refs;   /* host-side references: handles, traces, launchers */
+    atomic_int handle_refs; /* live handles only (assign's in-place test) */
     /* the last command that reads or writes it: a buffer whose last
      * reference goes while that command is pending is freed once it is done
      * (so the device thread never touches reference counts) */
     atomic_uint_fast64_t last_seq;
-    char *name;             /* the user's name for the value it holds (ctpu_set_name), malloc'd, or NULL */
 } ctpu_buffer;
 
 /* ------------------------------------------------------------ programs
@@ -109,26 +115,33 @@ typedef struct { uint32_t op_no, label, call; } ctpu_op_prov;
 /* ------------------------------------------------------------ commands */
 #define CTPU_CMD_INLINE_BUFS 8
 #define CTPU_CMD_MAX_SCALARS 8
+/* A ring slot is 64-byte aligned (the ring is; the size is a multiple of
+ * 64; the type itself asks no alignment: commands live in malloc'd
+ * structs too) and the submit copies only the parts in use: the fixed fields come first (80 bytes), then the inline arrays, so
+ * a one-op command (three buffers, no scalars) fills three cache lines of
+ * the slot, the lines that move from the host core to the device core. */
 typedef struct {
     const ctpu_dev_program *prog;
     int n_bufs;
-    ctpu_buffer *buf_inl[CTPU_CMD_INLINE_BUFS];
-    size_t off_inl[CTPU_CMD_INLINE_BUFS];
-    ctpu_buffer **buf;       /* points at buf_inl, or a heap array if more */
-    size_t *off;
-    double scal_inl[CTPU_CMD_MAX_SCALARS];
-    double *scalars;         /* scal_inl, or a heap array the command owns */
-    bool one_block;          /* buf is one heap block holding off (and scalars unless scal_inl) too: freed once */
-    bool debug_checks;
-    bool prov_span;          /* prov[n_prov], prov[n_prov + 1]: the program's first and last ops (trace file) */
     /* provenance of the program's steps: prov[s] for step s (n_prov of
      * them; a one-op program has prov_inl); n_prov 0: none recorded */
     int n_prov;
     ctpu_op_prov prov_inl;
+    bool one_block;          /* buf is one heap block holding off (and scalars unless scal_inl) too: freed once */
+    bool debug_checks;
+    bool prov_span;          /* prov[n_prov], prov[n_prov + 1]: the program's first and last ops (trace file) */
+    ctpu_buffer **buf;       /* points at buf_inl, or a heap array if more */
+    size_t *off;
+    double *scalars;         /* scal_inl, or a heap array the command owns */
     ctpu_op_prov *prov;      /* points at prov_inl, or a heap array the command owns */
     uint64_t seq;
     uint64_t program_id;     /* the report's program id (fused cache); 0: strict eager's one-op program */
+    ctpu_buffer *buf_inl[CTPU_CMD_INLINE_BUFS];
+    size_t off_inl[CTPU_CMD_INLINE_BUFS];
+    double scal_inl[CTPU_CMD_MAX_SCALARS];
+    uint8_t pad_[48];        /* to 320 bytes: five whole lines */
 } ctpu_cmd;
+_Static_assert(sizeof(ctpu_cmd) % 64 == 0, "a ring slot is whole cache lines");
 
 /* ------------------------------------------------------------ device */
 typedef struct ctpu_fault_rec {
@@ -163,6 +176,9 @@ uint64_t ctpu_hbm_queued_bytes(ctpu_device *dev);
  * not freed before that command has run.
  * Returns its sequence number. cmd->buf/off may point at the inline arrays. */
 uint64_t ctpu_device_submit(ctpu_device *dev, ctpu_cmd *cmd);
+/* The same, for a command that uses only n_scal of its inline scalars (a
+ * one-op command: the op's); ctpu_device_submit copies all of them. */
+uint64_t ctpu_device_submit_n(ctpu_device *dev, ctpu_cmd *cmd, int n_scal);
 /* Wait for command seq (0 = everything submitted so far). */
 void ctpu_device_wait(ctpu_device *dev, uint64_t seq);
 /* The sticky error: first fault latched since the last take. Returns

@@ -249,7 +249,7 @@ ctpu_status ctpu__strict_launch(ctpu_node *node, ctpu_trec *const *in, const ctp
     cmd.prov_inl = prov;
     cmd.prov = &cmd.prov_inl;
     cmd.program_id = 0;
-    uint64_t seq = ctpu_device_submit(rt->dev, &cmd);
+    uint64_t seq = ctpu_device_submit_n(rt->dev, &cmd, node->n_scalars);
     ctpu_program_note_submit(prog, seq);
     if (owned) ctpu_cache_release(rt->strict_cache, prog);
     ctpu_counter_add(&rt->metrics, CTPU_CTR_OPS_DISPATCHED, 1);
