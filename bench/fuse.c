@@ -110,16 +110,33 @@ static inline __m128 chain8_4(__m128 v)
 }
 #endif
 
+/* The input is prefetched HAND_PF floats (8 KiB) ahead, a line per 16
+ * elements, as ctpu's VM prefetches its next block: on the Intel machine of
+ * issue 18 the hardware prefetchers alone leave this loop latency-bound
+ * (the NT loop ran at 4 GB/s, 33 ms for 16M; with the prefetch 10 ms; a
+ * plain copy loop is not affected, the chain's arithmetic between loads
+ * holds fewer misses in flight). The prefetch reads nothing the loop does
+ * not read, and past the end it is a hint (no fault). */
+#define HAND_PF 2048
 static void hand_range(const float *x, float *y, int64_t n, int kind)
 {
     if (kind == 0) { memcpy(y, x, (size_t)n * 4); return; }
     int64_t i = 0;
 #if defined(__SSE2__)
     for (; i < n && ((uintptr_t)(y + i) & 15); i++) y[i] = chain8_1(x[i]);
-    if (kind == 2)
+    if (kind == 2) {
+        for (; i + 16 <= n; i += 16) {
+            __builtin_prefetch(x + i + HAND_PF, 0, 3);
+            for (int k = 0; k < 16; k += 4) _mm_stream_ps(y + i + k, chain8_4(_mm_loadu_ps(x + i + k)));
+        }
         for (; i + 4 <= n; i += 4) _mm_stream_ps(y + i, chain8_4(_mm_loadu_ps(x + i)));
-    else
+    } else {
+        for (; i + 16 <= n; i += 16) {
+            __builtin_prefetch(x + i + HAND_PF, 0, 3);
+            for (int k = 0; k < 16; k += 4) _mm_store_ps(y + i + k, chain8_4(_mm_loadu_ps(x + i + k)));
+        }
         for (; i + 4 <= n; i += 4) _mm_store_ps(y + i, chain8_4(_mm_loadu_ps(x + i)));
+    }
     _mm_sfence();
 #endif
     for (; i < n; i++) y[i] = chain8_1(x[i]);
