@@ -35,7 +35,12 @@ static void vm_range(const ctpu_vm_prog *p, ctpu_exec_ctx *ctx, int64_t b0, int6
 
 /* Ask for the next block of each contiguous operand and DIRECT output
  * while this one is computed: a block of f32 is one 4 KiB page, and the
- * hardware prefetchers stop at page boundaries. */
+ * hardware prefetchers stop at page boundaries. The block-kernel path only:
+ * the tape reads each operand once, a strip at a time, and there the burst
+ * of 64 prefetches per operand at each block's start cost more than it
+ * saved (issue 18, the Intel machine: the 16M chain 16.1-18.1 ms of
+ * process CPU time with it, 11.9-16.0 without, 5 runs each; the 1M chain 0.94-0.97 ->
+ * 0.77-0.85 ms). */
 static void vm_prefetch_next(const ctpu_vm_prog *p, const ctpu_exec_ctx *ctx, int64_t s, int64_t b1, int32_t red_slot)
 {
     if (s + CTPU_K_BLOCK >= b1) return;
@@ -131,7 +136,6 @@ static bool vm_range_tape(const ctpu_vm_prog *p, ctpu_exec_ctx *ctx, int64_t b0,
                     : (p->ins[p->out_ins[o]].flags & CTPU_VM_STREAM) ? CTPU_K_TO_F32_STREAM : CTPU_K_TO_F32;
     for (int64_t s = b0; s < b1; s += CTPU_K_BLOCK) {
         int64_t n = b1 - s < CTPU_K_BLOCK ? b1 - s : CTPU_K_BLOCK;
-        vm_prefetch_next(p, ctx, s, b1, red_slot);
         for (int e = 0; e < p->n_ext; e++)   /* its own buffer past the registers */
             val[e] = (float *)ctpu_load_block(ctx->ptr[p->ext_slot[e]], p->ext_dtype[e], &p->plan, e, s, n,
                                               reg[p->n_reg + e]);

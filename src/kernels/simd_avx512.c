@@ -106,8 +106,11 @@ AI V vtanh(V x)
 }
 
 /* Non-temporal store of one vector (p aligned to the vector); a tape strip is
- * TK vectors. */
+ * TK vectors: 8 (128 floats; the 32 zmm registers hold a strip's results
+ * and operands), half the per-instruction dispatch of 4 (issue 18, the
+ * Intel machine: the 1M chain 0.77-0.85 -> 0.48-0.53 ms of process CPU
+ * time; 16 spills and runs about 2x slower). */
 AI void st_nt(float *p, V v) { _mm512_stream_ps(p, v); }
-#define TK 4
+#define TK 8
 #include "simd_elementwise.h"
 #include "simd_reduce.h"
