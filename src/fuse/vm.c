@@ -24,6 +24,8 @@ static bool ctx_tape_off(void) { return vm_tape_off; }
 typedef struct {
     const ctpu_vm_prog *p;
     ctpu_exec_ctx *ctx;
+    int64_t chunk;              /* elements a claim takes (whole blocks) */
+    _Atomic int64_t next;       /* the next chunk to claim */
 } vm_job;
 
 static void vm_range_to(const ctpu_vm_prog *p, ctpu_exec_ctx *ctx, int64_t b0, int64_t b1, int32_t red_slot,
@@ -175,14 +177,23 @@ static void vm_range_to(const ctpu_vm_prog *p, ctpu_exec_ctx *ctx, int64_t b0, i
     free(rp);
 }
 
+/* Each kernel thread claims chunks of whole blocks from a shared counter
+ * until none is left: a thread the OS delays (the cores shared with other
+ * jobs) takes fewer, instead of the step waiting for its fixed half. Every
+ * element is computed by the same tape whichever thread runs it: the same
+ * bits. */
 static void vm_task(void *arg, int tid, int nt)
 {
+    (void)tid;
+    (void)nt;
     vm_job *j = arg;
     int64_t total = j->p->numel;
-    int64_t nblocks = (total + CTPU_K_BLOCK - 1) / CTPU_K_BLOCK;
-    int64_t b0 = nblocks * tid / nt * CTPU_K_BLOCK, b1 = nblocks * (tid + 1) / nt * CTPU_K_BLOCK;
-    if (b1 > total) b1 = total;
-    if (b0 < b1) vm_range(j->p, j->ctx, b0, b1);
+    for (;;) {
+        int64_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (c >= (total + j->chunk - 1) / j->chunk) break;
+        int64_t b0 = c * j->chunk, b1 = b0 + j->chunk < total ? b0 + j->chunk : total;
+        vm_range(j->p, j->ctx, b0, b1);
+    }
 }
 
 void ctpu_vm_exec(const void *data, ctpu_exec_ctx *ctx)
@@ -190,7 +201,10 @@ void ctpu_vm_exec(const void *data, ctpu_exec_ctx *ctx)
     const ctpu_vm_prog *p = data;
     if (p->numel == 0) return;
     if (p->numel >= (1 << 16) && ctx->pool && ctx->pool->nthreads > 1) {
-        vm_job j = { p, ctx };
+        /* about 8 chunks a thread, at least 16 blocks (64 KiB of f32) each */
+        int64_t nblocks = (p->numel + CTPU_K_BLOCK - 1) / CTPU_K_BLOCK;
+        int64_t per = nblocks / (8 * (int64_t)ctx->pool->nthreads);
+        vm_job j = { p, ctx, (per > 16 ? per : 16) * CTPU_K_BLOCK, 0 };
         ctx->pool->run(ctx->pool, vm_task, &j);
     } else {
         vm_range(p, ctx, 0, p->numel);
