@@ -184,6 +184,21 @@ START_TEST(stream_stores)
 }
 END_TEST
 
+/* the same chain on 2 and 3 kernel threads: the blocks are claimed in
+ * chunks from a shared counter (vm.c vm_task), an odd tail in the last */
+START_TEST(stream_stores_threads)
+{
+    static const char *const thr[] = { "2", "3" };
+    for (int t = 0; t < 2; t++) {
+        ctpu_shutdown();
+        t_clear_env();
+        setenv("CTPU_NUM_THREADS", thr[t], 1);
+        ck_assert_int_eq(ctpu_init(), CTPU_OK);
+        check_pattern(thr[t][0] == '2' ? "8 MiB chain, 2 threads" : "8 MiB chain, 3 threads", p_stream_store, 1);
+    }
+}
+END_TEST
+
 START_TEST(small_broadcast_producers)
 {
     check_pattern("a*(1-w)+b*w, w (1,); exp(v [1,70]) * [50,70]", p_lerp, 1);
@@ -679,6 +694,7 @@ static Suite *suite(void)
     tcase_add_test(p, matmul_epilogues);
     tcase_add_test(p, small_broadcast_producers);
     tcase_add_test(p, stream_stores);
+    tcase_add_test(p, stream_stores_threads);
     tcase_add_test(p, vm_tape);
     tcase_add_test(p, nll_fault_parity);
     tcase_add_test(p, loss_step_fault_parity);
