@@ -273,13 +273,19 @@ ctpu_buffer *ctpu_buffer_alloc(ctpu_device *dev, size_t bytes, char *err, size_t
         snprintf(err, errlen, "out of host memory for a %zu-byte device buffer", bytes);
         return NULL;
     }
-    b->data = (char *)b + BUF_HDR;
-    b->bytes = bytes;
+    /* The first line is the one the device reads. A buffer is most often
+     * the memory of one just freed, of the same size: its first line then
+     * already holds these values, and is written only where it does not
+     * (a store would take the line from the device core, which read it
+     * last, and the next command would take it back). */
+    char *data = (char *)b + BUF_HDR;
+    if (b->data != data) b->data = data;
+    if (b->bytes != bytes) b->bytes = bytes;
+    if (atomic_load_explicit(&b->fault, memory_order_relaxed) != 0) atomic_store_explicit(&b->fault, 0, memory_order_relaxed);
+    if (b->name) b->name = NULL;
     atomic_init(&b->refs, 1);
     atomic_init(&b->handle_refs, 0);
-    atomic_init(&b->fault, 0);
     atomic_init(&b->last_seq, 0);
-    b->name = NULL;
     uint64_t now = cur + need, pk = atomic_load(&dev->peak);
     while (now > pk && !atomic_compare_exchange_weak(&dev->peak, &pk, now)) {}
     atomic_fetch_add(&dev->allocs, 1);
