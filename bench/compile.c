@@ -277,12 +277,13 @@ int main(int argc, char **argv)
     if (argc > 1) {
         bool gpt = strcmp(argv[1], "gpt-compiled") == 0;
         if (!gpt && strcmp(argv[1], "mlp-compiled") != 0) {
-            fprintf(stderr, "usage: compile [mlp-compiled | gpt-compiled]\n");
+            fprintf(stderr, "usage: compile [mlp-compiled | gpt-compiled] [calls per timed run]\n");
             return 2;
         }
         ctpu_tensor b[NBATCH][2];
         make_batches(gpt, b);
-        int reps = gpt ? 40 : 10;
+        int reps = argc > 2 ? atoi(argv[2]) : gpt ? 40 : 10;
+        if (reps < 1) { fprintf(stderr, "usage: compile [mlp-compiled | gpt-compiled] [calls per timed run]\n"); return 2; }
         result r = run(M_COMPILED, gpt, b, reps);
         printf("compiled_host_us_per_step_%s %.2f us\n", gpt ? "gpt" : "mlp", r.host_us);
         printf("compiled_calls %d calls (the first 6 warm up: %d replayed in the timed runs)\n", 6 + 7 * reps, 7 * reps);
