@@ -4,8 +4,8 @@
  * 1. Pack (parallel over panels): both operands rounded to bf16 once, split
  *    into precision parts, laid out in K-pair-interleaved panels (mxu.h).
  *    An operand only one thread reads is instead packed by it chunk by chunk
- *    just before first use, its source prefetched by the micro-kernel before
- *    (the row layout only: mm_prefetch_of).
+ *    just before first use (one pass only), its source prefetched by the
+ *    micro-kernel before (the row layout only: mm_prefetch_of).
  * 2. Compute (parallel over M x N only, never K): each thread owns a range of
  *    batch elements, N panels or M panels; within it, blocks of MC x NC are
  *    accumulated in an f32 scratch tile over KC-pair chunks (the accumulator
@@ -480,15 +480,16 @@ static void mm_do(const ctpu_mm_args *go, ctpu_k_pool *pool, ctpu_k_ws *ws)
     double ib = mm_imbalance(g->batch, nt), in = mm_imbalance(x.np, nt),
            imm = mm_imbalance(x.mp, nt);
     x.split = ib <= in && ib <= imm ? 0 : in <= imm ? 1 : 2;
-    /* With the row layout (one pass, the vdpbf16ps micro-kernel): an
+    /* One pass (any micro-kernel): an
      * operand whose panels one thread alone reads (all of them at one
      * thread; the split one's; a batched one's under a batch split) is
-     * packed by that thread chunk by chunk just before its first use, while
-     * the micro-kernel computing the chunk before prefetches its source
-     * (mm_prefetch_list): packing overlaps computing, and the packed chunk is
-     * still in cache when it is read. The shared ones are packed first, in
-     * parallel (so are all operands of the other micro-kernels). */
-    if (x.ars) {
+     * packed by that thread chunk by chunk just before its first use (with
+     * the row layout, the micro-kernel computing the chunk before also
+     * prefetches its source: mm_prefetch_of): the packed chunk is still in
+     * cache when it is read, and a batch's packed panels never go to
+     * memory and back. The shared ones are packed first, in
+     * parallel (so are all operands at HIGH and HIGHEST). */
+    if (x.npass == 1) {
         x.lazy_a = nt == 1 || x.split == 2 || (x.split == 0 && x.nba > 1);
         x.lazy_b = nt == 1 || x.split == 1 || (x.split == 0 && x.nbb > 1);
     }

@@ -281,6 +281,24 @@ static inline __m512i mxu_load16(const void *src, int dt, int64_t off, int n)
     return mxu_round16(u);
 }
 
+/* mxu_load16, cheaper where no lane is special (NaN, nonzero subnormal:
+ * mxu_special16): there round16 is the plain round-to-nearest-even add
+ * (a normal, zero or Inf input never rounds into the tiny range, and an
+ * overflow carries into Inf by itself). Same bits as mxu_load16. */
+static inline __m512i mxu_round16_fast(__m512i u)
+{
+    if (mxu_special16(u)) return mxu_round16(u);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    return _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb),
+                            _mm512_set1_epi32((int)0xffff0000u));
+}
+static inline __m512i mxu_load16_fast(const void *src, int dt, int64_t off, int n)
+{
+    return mxu_round16_fast(mxu_load16_raw(src, dt, off, n));
+}
+
+static inline void mxu_transpose16(const __m512i r[16], __m512i t[16]);
+
 /* Planar packing (mxu.h). Default precision with unit stride along k (A
  * row-major, B transposed) or along i (B row-major, A transposed) take
  * vector paths; the rest, the generic one. */
@@ -291,42 +309,68 @@ static void mxu_pack_avx512_planar(const ctpu_mxu_pack_args *pa, int64_t q0, int
     int64_t pd = 2 * kh * w;
     int fast = pa->npass == 1 && pa->parts[0] == 0 && (pa->dt == CTPU_KDT_F32 || pa->dt == CTPU_KDT_BF16);
     if (!fast || (si != 1 && sk != 1)) { ctpu_mxu_pack_planar(pa, q0, q1); return; }
+    if (si == 1 && !(sk == 1 && w < 16)) {
+        /* k-rows contiguous over i: vectors along i, in blocks of 16 pairs
+         * (32 source rows) across the panels, so that each source row is
+         * read left to right (a panel's column of the rows, taken down all
+         * K at once, would touch 2 lines per row: no stream to prefetch) */
+        for (int64_t pb = 0; pb < kh; pb += 16) {
+            int64_t pe = kh - pb < 16 ? kh : pb + 16;
+            for (int64_t q = q0; q < q1; q++) {
+                uint32_t *d = pa->dst + q * pd;
+                int64_t i0 = q * w, n = pa->I - i0 < w ? pa->I - i0 : w;
+                int64_t p = pb;
+                if (n == w && w % 16 == 0 && pa->dt == CTPU_KDT_F32) {   /* whole vectors */
+                    const uint32_t *x = (const uint32_t *)pa->src + i0;
+                    int64_t pf = pe < K / 2 ? pe : K / 2;
+                    for (; p < pf; p++) {
+                        uint32_t *od = d + p * 2 * w, *ev = od + w;
+                        const uint32_t *x0 = x + 2 * p * sk, *x1 = x0 + sk;
+                        for (int r = 0; r < w; r += 16) {
+                            _mm512_storeu_si512(ev + r, mxu_round16_fast(_mm512_loadu_si512(x0 + r)));
+                            _mm512_storeu_si512(od + r, mxu_round16_fast(_mm512_loadu_si512(x1 + r)));
+                        }
+                    }
+                }
+                for (; p < pe; p++) {
+                    uint32_t *od = d + p * 2 * w, *ev = od + w;
+                    int has1 = 2 * p + 1 < K;
+                    for (int r = 0; r < w; r += 16) {
+                        int cnt = n - r < 0 ? 0 : n - r > 16 ? 16 : (int)(n - r);
+                        int wc = w - r < 16 ? w - r : 16;
+                        __mmask16 ms = (__mmask16)(wc >= 16 ? 0xffff : (1u << wc) - 1);
+                        __m512i e = mxu_load16_fast(pa->src, pa->dt, 2 * p * sk + i0 + r, cnt);
+                        __m512i o = has1 ? mxu_load16_fast(pa->src, pa->dt, (2 * p + 1) * sk + i0 + r, cnt)
+                                         : _mm512_setzero_si512();
+                        _mm512_mask_storeu_epi32(ev + r, ms, e);
+                        _mm512_mask_storeu_epi32(od + r, ms, o);
+                    }
+                }
+            }
+        }
+        return;
+    }
     for (int64_t q = q0; q < q1; q++) {
         uint32_t *d = pa->dst + q * pd;
         int64_t i0 = q * w, n = pa->I - i0 < w ? pa->I - i0 : w;
-        if (si == 1 && !(sk == 1 && w < 16)) {
-            /* k-rows contiguous over i: vectors along i */
-            for (int64_t p = 0; p < kh; p++) {
-                uint32_t *od = d + p * 2 * w, *ev = od + w;
-                for (int r = 0; r < w; r += 16) {
-                    int cnt = n - r < 0 ? 0 : n - r > 16 ? 16 : (int)(n - r);
-                    int wc = w - r < 16 ? w - r : 16;
-                    __mmask16 ms = (__mmask16)(wc >= 16 ? 0xffff : (1u << wc) - 1);
-                    __m512i e = mxu_load16(pa->src, pa->dt, 2 * p * sk + i0 + r, cnt);
-                    __m512i o = 2 * p + 1 < K ? mxu_load16(pa->src, pa->dt, (2 * p + 1) * sk + i0 + r, cnt)
-                                              : _mm512_setzero_si512();
-                    _mm512_mask_storeu_epi32(ev + r, ms, e);
-                    _mm512_mask_storeu_epi32(od + r, ms, o);
-                }
-            }
-            continue;
-        }
-        /* each i's k contiguous: round 16 k at a time into a small buffer,
-         * then spread the 8 pairs over the panel */
-        uint32_t tmp[16];
-        for (int64_t k0 = 0; k0 < K; k0 += 16) {   /* k outer: the 8 pairs' slice stays in L1 */
-            int cnt = K - k0 < 16 ? (int)(K - k0) : 16;
-            for (int64_t r = 0; r < w; r++) {
-                uint32_t *o = d + (k0 / 2) * 2 * w + r;
-                if (r >= n) {
-                    for (int j = 0; j < (cnt + 1) / 2; j++) o[j * 2 * w] = o[j * 2 * w + w] = 0;
-                    continue;
-                }
-                _mm512_storeu_si512(tmp, mxu_load16(pa->src, pa->dt, (i0 + r) * si + k0, cnt));
-                for (int j = 0; j < (cnt + 1) / 2; j++) {
-                    o[j * 2 * w] = tmp[2 * j + 1];      /* zero past K (masked load) */
-                    o[j * 2 * w + w] = tmp[2 * j];
-                }
+        /* each i's k contiguous: 16 rows x 16 k rounded, transposed by
+         * 16 x 16 dword blocks, each column k stored as the odd (k odd) or
+         * even row of its pair; rows past I load as zeros, and so do k past
+         * K (an odd K's zero partner) */
+        for (int r0 = 0; r0 < w; r0 += 16) {
+            int wc = w - r0 < 16 ? w - r0 : 16;
+            __mmask16 ms = (__mmask16)(wc >= 16 ? 0xffff : (1u << wc) - 1);
+            for (int64_t k0 = 0; k0 < K; k0 += 16) {
+                int cnt = K - k0 < 16 ? (int)(K - k0) : 16;
+                __m512i v[16], t[16];
+                for (int rr = 0; rr < 16; rr++)
+                    v[rr] = r0 + rr < n ? mxu_load16_fast(pa->src, pa->dt, (i0 + r0 + rr) * si + k0, cnt)
+                                        : _mm512_setzero_si512();
+                mxu_transpose16(v, t);
+                uint32_t *o = d + (k0 / 2) * 2 * w + r0;
+                int nj = 2 * ((cnt + 1) / 2);
+                for (int j = 0; j < nj; j++)
+                    _mm512_mask_storeu_epi32(o + (j / 2) * 2 * w + (j & 1 ? 0 : w), ms, t[j]);
             }
         }
     }
