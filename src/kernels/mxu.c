@@ -444,6 +444,9 @@ static void mm_do(const ctpu_mm_args *go, ctpu_k_pool *pool, ctpu_k_ws *ws)
     x.pkb = (ctpu_mxu_pack_args){ .src = g->b, .dt = g->b_dtype, .si = g->b_cs, .sk = g->b_rs,
         .I = g->N, .K = g->K, .w = x.nr, .npass = x.npass,
         .parts = (x.swap ? ctpu_mxu_pass_a : ctpu_mxu_pass_b)[g->precision] };
+    /* sources past L2 (2 MiB on the CPUs seen): the packers may prefetch */
+    x.pka.pf = (double)x.nba * (double)g->M * (double)g->K * (double)ctpu_kdt_size(g->a_dtype) > 1048576.0;
+    x.pkb.pf = (double)x.nbb * (double)g->N * (double)g->K * (double)ctpu_kdt_size(g->b_dtype) > 1048576.0;
     x.apd = ctpu_mxu_panel_dwords(&x.pka) * (x.im->planar ? 2 : 1);
     /* A with unit stride along k at default precision: the row layout (no
      * transpose in packing) where the ISA has it. Rows 64-byte aligned and

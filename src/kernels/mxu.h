@@ -102,6 +102,7 @@ typedef struct {
     const void *src; int dt; int64_t si, sk, I, K;
     int w, npass; const uint8_t *parts;
     uint32_t *dst;
+    int pf;     /* a hint: the source is larger than the caches (the packer may prefetch ahead) */
 } ctpu_mxu_pack_args;
 static inline int64_t ctpu_mxu_kh(int64_t K) { return (K + 1) / 2; }
 static inline int64_t ctpu_mxu_panel_dwords(const ctpu_mxu_pack_args *p)

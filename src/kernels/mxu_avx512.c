@@ -321,12 +321,17 @@ static void mxu_pack_avx512_planar(const ctpu_mxu_pack_args *pa, int64_t q0, int
                 int64_t i0 = q * w, n = pa->I - i0 < w ? pa->I - i0 : w;
                 int64_t p = pb;
                 if (n == w && w % 16 == 0 && pa->dt == CTPU_KDT_F32) {   /* whole vectors */
+                    int nxt = pa->pf && i0 + 2 * w <= pa->I;
                     const uint32_t *x = (const uint32_t *)pa->src + i0;
                     int64_t pf = pe < K / 2 ? pe : K / 2;
                     for (; p < pf; p++) {
                         uint32_t *od = d + p * 2 * w, *ev = od + w;
                         const uint32_t *x0 = x + 2 * p * sk, *x1 = x0 + sk;
                         for (int r = 0; r < w; r += 16) {
+                            if (nxt) {   /* the next panel's same rows: what this packs next */
+                                _mm_prefetch((const char *)(x0 + w + r), _MM_HINT_T0);
+                                _mm_prefetch((const char *)(x1 + w + r), _MM_HINT_T0);
+                            }
                             _mm512_storeu_si512(ev + r, mxu_round16_fast(_mm512_loadu_si512(x0 + r)));
                             _mm512_storeu_si512(od + r, mxu_round16_fast(_mm512_loadu_si512(x1 + r)));
                         }
@@ -363,9 +368,15 @@ static void mxu_pack_avx512_planar(const ctpu_mxu_pack_args *pa, int64_t q0, int
             for (int64_t k0 = 0; k0 < K; k0 += 16) {
                 int cnt = K - k0 < 16 ? (int)(K - k0) : 16;
                 __m512i v[16], t[16];
-                for (int rr = 0; rr < 16; rr++)
+                for (int rr = 0; rr < 16; rr++) {
+                    /* the next panel's row, same k: what this packs next (in
+                     * a batch, rows of memory the hardware does not stream) */
+                    if (pa->pf && i0 + w + r0 + rr < pa->I && r0 + rr < w)
+                        _mm_prefetch((const char *)pa->src + ((i0 + w + r0 + rr) * si + k0) * (int64_t)ctpu_kdt_size(pa->dt),
+                                     _MM_HINT_T0);
                     v[rr] = r0 + rr < n ? mxu_load16_fast(pa->src, pa->dt, (i0 + r0 + rr) * si + k0, cnt)
                                         : _mm512_setzero_si512();
+                }
                 mxu_transpose16(v, t);
                 uint32_t *o = d + (k0 / 2) * 2 * w + r0;
                 int nj = 2 * ((cnt + 1) / 2);
