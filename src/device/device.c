@@ -178,7 +178,7 @@ _Static_assert(sizeof(ctpu_buffer) <= BUF_HDR, "buffer header grew past 128 byte
 static void buffer_free_now(ctpu_device *dev, ctpu_buffer *b)
 {
     uint64_t need = b->bytes < 64 ? 64 : (b->bytes + 63) & ~(uint64_t)63;
-    free(b->name);
+    if (b->name) free(b->name);
     hbm_raw_free(dev, b);
     atomic_fetch_sub(&dev->in_use, need);
     atomic_fetch_add(&dev->frees, 1);
@@ -298,7 +298,13 @@ void ctpu_buffer_retain(ctpu_buffer *b) { atomic_fetch_add_explicit(&b->refs, 1,
 
 void ctpu_buffer_release(ctpu_device *dev, ctpu_buffer *b)
 {
-    if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1) return;
+    /* refs 1 (acquire: after every other holder's release): the caller's is
+     * the last reference and nobody can take another, so no locked
+     * subtract is needed to see it reach 0 (an op result released: every
+     * strict op's) */
+    if (atomic_load_explicit(&b->refs, memory_order_acquire) != 1 &&
+        atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1)
+        return;
     if (atomic_load(&b->last_seq) <= atomic_load(&dev->completed)) {
         buffer_free_now(dev, b);
         return;

@@ -225,12 +225,21 @@ void ctpu_handle_release_rec(ctpu_trec *r, uint32_t idx)
     uint32_t g = atomic_load_explicit(&r->gen, memory_order_relaxed) + 1;
     atomic_store_explicit(&r->gen, g ? g : 1, memory_order_relaxed);
     r->buf = NULL;
-    free(r->name);
-    r->name = NULL;
-    free(r->dyn);
-    r->dyn = NULL;
+    if (r->name) {
+        free(r->name);
+        r->name = NULL;
+    }
+    if (r->dyn) {
+        free(r->dyn);
+        r->dyn = NULL;
+    }
     if (b) {
-        atomic_fetch_sub(&b->handle_refs, 1);
+        /* refs 1: this handle's reference is the only one (see
+         * ctpu_handle_new): a plain store, not a locked subtract */
+        if (atomic_load_explicit(&b->refs, memory_order_relaxed) == 1)
+            atomic_store_explicit(&b->handle_refs, 0, memory_order_relaxed);
+        else
+            atomic_fetch_sub(&b->handle_refs, 1);
         ctpu_buffer_release(ctpu_rt->dev, b);
     }
     slot_free(idx);
