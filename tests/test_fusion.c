@@ -126,8 +126,47 @@ static int p_mm_scale_act(ctpu_tensor *o)
     return 2;
 }
 
+/* a softmax over the last dim as the matmul's last epilogue step: in each
+ * MXU block (it holds whole rows) for the composition-written attention of
+ * bench/fuse's block (scores x scale -> softmax; edge rows of M = 100 past
+ * 12-row panels), N = 40 (edge columns from the scratch tile) and batched
+ * 4-D with + mask before it; over c after the MXU finished for N = 600 (past
+ * one block's 512 columns) and skinny N = 10 (C^T computed). With
+ * CTPU_NUM_THREADS=2, rows or columns split over threads. */
+static int p_mm_softmax(ctpu_tensor *o)
+{
+    ctpu_tensor h = randn(2, (int64_t[]){ 100, 64 }, 1), w = randn(2, (int64_t[]){ 64, 600 }, 0.3);
+    ctpu_tensor w2 = randn(2, (int64_t[]){ 64, 40 }, 0.3), w3 = randn(2, (int64_t[]){ 64, 10 }, 0.3);
+    ctpu_tensor q = randn(4, (int64_t[]){ 2, 3, 20, 16 }, 1), k = randn(4, (int64_t[]){ 2, 3, 24, 16 }, 1);
+    ctpu_tensor m = randn(4, (int64_t[]){ 2, 3, 20, 24 }, 1);
+    pat_begin();
+    o[0] = out(ctpu_softmax(ctpu_mul_scalar(ctpu_matmul_t(h, h, false, true), 0.125), 1));
+    o[1] = out(ctpu_softmax(ctpu_matmul(h, w), -1));
+    o[2] = out(ctpu_softmax(ctpu_gelu(ctpu_matmul(h, w2), true), 1));
+    o[3] = out(ctpu_softmax(ctpu_matmul(h, w3), 1));
+    o[4] = out(ctpu_softmax(ctpu_add(ctpu_mul_scalar(ctpu_matmul_t(q, k, false, true), 0.25), m), 3));
+    pat_end();
+    return 5;
+}
+
+/* softmax over another dim, log_softmax, or a matmul output read twice:
+ * not an epilogue (a step of its own) */
+static int p_mm_softmax_not(ctpu_tensor *o)
+{
+    ctpu_tensor h = randn(2, (int64_t[]){ 30, 64 }, 1), w = randn(2, (int64_t[]){ 64, 50 }, 0.3);
+    pat_begin();
+    o[0] = out(ctpu_softmax(ctpu_matmul(h, w), 0));
+    o[1] = out(ctpu_log_softmax(ctpu_matmul(h, w), 1));
+    ctpu_tensor s = ctpu_matmul(h, w);
+    o[2] = out(ctpu_add(ctpu_softmax(s, 1), s));
+    pat_end();
+    return 3;
+}
+
 START_TEST(matmul_epilogues)
 {
+    check_pattern("mm (scale, gelu, + mask) -> softmax over the last dim", p_mm_softmax, 5);
+    check_pattern("softmax over dim 0, log_softmax, a twice-read scores", p_mm_softmax_not, 6);
     check_pattern("bmm scale+bias+gelu+residual", p_bmm_epilogue, 1);
     check_pattern("scores x scale + mask", p_scores_scale, 1);
     check_pattern("mm scale+gelu+residual, scale+relu", p_mm_scale_act, 2);

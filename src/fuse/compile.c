@@ -3,7 +3,7 @@
  * here once. The passes, in order, over one compile_ctx:
  *
  *   group nodes       fusion groups: an f32 matmul (batched too) with its
- *                     scale / bias / activation / residual epilogue; maximal runs of
+ *                     scale / bias / activation / residual / softmax epilogue; maximal runs of
  *                     consecutive VM-fusable nodes of one shape (one
  *                     block-VM step: their intermediates never exist in
  *                     memory), optionally ending in a reduction over trailing
@@ -30,6 +30,9 @@
 #include <string.h>
 
 #include "vm.h"
+
+/* per matmul: bias value, activation, residual value, scale node, softmax node */
+#define EPI_N 5
 
 typedef struct {
     void **p;
@@ -60,7 +63,8 @@ typedef struct {
     size_t errlen;
     /* group nodes */
     int32_t *uses;             /* [nv] reads of each value (an output counts 2: never internal) */
-    int32_t *epi;              /* [4 nn] per matmul: bias value, activation, residual value, scale node; -1 none */
+    int32_t *epi;              /* [EPI_N nn] per matmul: bias value, activation, residual value, scale node,
+                                  softmax node; -1 none */
     int32_t *group;            /* [nn] fusion group of each node */
     int n_groups;
     bool *row_group;           /* [nn] per group: a row group (rows.c) */
@@ -165,16 +169,16 @@ static bool is_bias(const ctpu_vtype *ot, const ctpu_vtype *o)
 /* The matmul at node i and the epilogue nodes after it that the MXU kernel
  * applies to its accumulator (bit-identical to the separate ops), in the
  * kernel's order: x a scalar (mul_scalar), + bias, an activation, +
- * residual, each the only use of the value before. Batched matmuls too:
+ * residual, then a softmax over the last dim, each the only use of the value before. Batched matmuls too:
  * the bias is a row vector, the residual has the output's shape. Returns
  * the end of the group. */
 static int group_matmul(compile_ctx *cx, int i)
 {
     const ctpu_trace *t = cx->t;
     const ctpu_node *n = &t->nodes[i];
-    int32_t *epi = cx->epi + 4 * i;
+    int32_t *epi = cx->epi + EPI_N * i;
     int32_t cur = cx->nin + i;              /* the value the chain has produced so far */
-    int stage = 0;                          /* 0: anything next, 1: bias, act or residual, 2: act or residual, 3: residual */
+    int stage = 0;                          /* 0: anything next, 1: bias, act or residual, 2: act or residual, 3: residual, 4: softmax (each stage: and softmax) */
     int j = i + 1;
     while (j < cx->nn && cx->uses[cur] == 1) {
         const ctpu_node *m = &t->nodes[j];
@@ -192,12 +196,15 @@ static int group_matmul(compile_ctx *cx, int i)
         } else if (stage == 0 && m->op == CTPU_OP_MUL_SCALAR && m->in[0] == cur) {
             epi[3] = j;
             stage = 1;
+        } else if (m->op == CTPU_OP_SOFTMAX && m->in[0] == cur && m->attr.dims[0] == n->out.ndim - 1) {
+            epi[4] = j;   /* over each finished row (ctpu_k_softmax's bits: they depend on the row alone) */
+            stage = 4;
         } else {
             break;
         }
         cur = cx->nin + j;
         j++;
-        if (stage == 4) break;
+        if (epi[4] >= 0) break;   /* (after + residual, only a softmax may follow) */
     }
     return j;
 }
@@ -286,7 +293,7 @@ static bool pass_group_nodes(compile_ctx *cx)
     const ctpu_trace *t = cx->t;
     int nin = cx->nin, nn = cx->nn;
     cx->uses = al_alloc(&cx->al, sizeof(int32_t) * (size_t)(cx->nv + 1));
-    cx->epi = al_alloc(&cx->al, sizeof(int32_t) * 4 * (size_t)(nn + 1));
+    cx->epi = al_alloc(&cx->al, sizeof(int32_t) * EPI_N * (size_t)(nn + 1));
     cx->group = al_alloc(&cx->al, sizeof(int32_t) * (size_t)(nn + 1));
     cx->used_outside = al_alloc(&cx->al, (size_t)(nn + 1));
     cx->row_group = al_alloc(&cx->al, (size_t)(nn + 1));
@@ -302,7 +309,7 @@ static bool pass_group_nodes(compile_ctx *cx)
         const ctpu_vtype *it[CTPU_NODE_MAX_IN];
         for (int k = 0; k < n->n_in; k++) it[k] = type_of(t, n->in[k]);
         int j = i + 1;
-        for (int q = 0; q < 4; q++) cx->epi[4 * i + q] = -1;
+        for (int q = 0; q < EPI_N; q++) cx->epi[EPI_N * i + q] = -1;
         int jl = t->debug_checks ? -1 : ctpu_loss_match(t, i, cx->uses);
         if (jl > 0) {
             j = jl;
@@ -501,7 +508,7 @@ static ctpu_step_data *node_data(compile_ctx *cx, int i)
 /* The matmul at node i with its epilogue nodes (i, j). */
 static bool emit_matmul(compile_ctx *cx, int i, int j, ctpu_step *step)
 {
-    const int32_t *epi = cx->epi + 4 * i, *slot_of = cx->slot_of;
+    const int32_t *epi = cx->epi + EPI_N * i, *slot_of = cx->slot_of;
     ctpu_step_data *sd = node_data(cx, i);
     if (!sd) return oom(cx);
     sd->out_slot = slot_of[cx->nin + j - 1];          /* the chain's last value */
@@ -509,6 +516,7 @@ static bool emit_matmul(compile_ctx *cx, int i, int j, ctpu_step *step)
     sd->epi_act = (uint8_t)(epi[1] >= 0 ? epi[1] : CTPU_K_ACT_NONE);
     sd->epi_res_slot = epi[2] >= 0 ? slot_of[epi[2]] : -1;
     sd->epi_scale = epi[3] >= 0 ? cx->scal_base[epi[3]] : -1;
+    sd->epi_softmax = epi[4] >= 0;
     if (sd->out_slot < 0 || sd->in_slot[0] < 0 || sd->in_slot[1] < 0 || (epi[0] >= 0 && sd->epi_bias_slot < 0) ||
         (epi[2] >= 0 && sd->epi_res_slot < 0)) {
         snprintf(cx->err, cx->errlen, "compile: matmul epilogue at node %d cannot be bound", i);
@@ -934,7 +942,7 @@ static bool same_groups(const compile_ctx *cx, const compile_ctx *d)
     if (cx->n_groups != d->n_groups) return false;
     size_t nn = (size_t)cx->nn;
     return memcmp(cx->group, d->group, sizeof(int32_t) * nn) == 0 &&
-           memcmp(cx->epi, d->epi, sizeof(int32_t) * 4 * nn) == 0 &&
+           memcmp(cx->epi, d->epi, sizeof(int32_t) * EPI_N * nn) == 0 &&
            memcmp(cx->row_group, d->row_group, (size_t)cx->n_groups) == 0 &&
            memcmp(cx->loss_group, d->loss_group, (size_t)cx->n_groups) == 0 &&
            memcmp(cx->used_outside, d->used_outside, nn) == 0;

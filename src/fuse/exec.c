@@ -837,6 +837,7 @@ static void exec_matmul(const void *data, ctpu_exec_ctx *ctx)
         .bias_dtype = CTPU_KDT_F32,
         .residual = sd->epi_res_slot >= 0 ? ctx->ptr[sd->epi_res_slot] : NULL,
         .residual_dtype = CTPU_KDT_F32, .residual_bs = M * N, .residual_ld = N,
+        .softmax = sd->epi_softmax,
     };
     /* batch strides of a and b against the broadcast output batch dims */
     int64_t ast[8] = {0}, bst[8] = {0};

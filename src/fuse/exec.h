@@ -17,6 +17,7 @@ typedef struct {
      * residual [..., M, N] f32 (the output's shape); slots -1 when absent */
     int32_t epi_bias_slot, epi_res_slot, epi_scale;
     uint8_t epi_act;           /* ctpu_k_act */
+    uint8_t epi_softmax;       /* a softmax over the last dim of the result (after the rest) */
 } ctpu_step_data;
 
 /* Broadcast plan: operand strides against the output, adjacent dims

@@ -351,7 +351,9 @@ void ctpu_k_rand_int(uint64_t seed, uint64_t offset, int64_t start, int64_t n, i
  * this order, each step rounded to f32 exactly as the separate op would be):
  *   x scale (if scaled: a mul_scalar), + bias[n] (f32 or bf16 vector, if
  *   bias != NULL), activation, + residual (contiguous [M,N] per batch,
- *   residual_dtype, if residual != NULL). */
+ *   residual_dtype, if residual != NULL), then (softmax != 0) softmax over
+ *   each row of the f32 result as ctpu_k_softmax (c f32 only), rounded to
+ *   c's dtype: the bits of the separate softmax over the matmul's output. */
 typedef enum { CTPU_PREC_DEFAULT = 0, CTPU_PREC_HIGH = 1, CTPU_PREC_HIGHEST = 2, CTPU_PREC_COUNT } ctpu_k_precision;
 typedef enum { CTPU_K_ACT_NONE = 0, CTPU_K_ACT_RELU, CTPU_K_ACT_GELU_TANH, CTPU_K_ACT_GELU_ERF } ctpu_k_act;
 
@@ -366,6 +368,7 @@ typedef struct {
     const void *bias; int bias_dtype;
     ctpu_k_act act;
     const void *residual; int residual_dtype; int64_t residual_bs, residual_ld;
+    int softmax;
 } ctpu_mm_args;
 
 void ctpu_k_matmul(const ctpu_mm_args *args, ctpu_k_pool *pool);

@@ -50,6 +50,7 @@ typedef struct {
     int direct;                 /* full tiles accumulate in c (f32, not read by the epilogue) */
     int64_t ars;                /* > 0: A in the row layout, this row stride (dwords) */
     int lazy_a, lazy_b;         /* packed by the computing thread just before first use */
+    int row_sm;                 /* softmax epilogue on each finished block (it holds whole rows) */
 } mm_ctx;
 
 /* Do bytes [p, p + n) and [q, q + m) overlap? */
@@ -299,6 +300,8 @@ static void mm_region(mm_ctx *x, float *scr, int64_t bi, int first_bi, int64_t p
             mm_finish(g, bi, m0, mf, n0, nf, cb + m0 * g->ldc + n0, g->ldc);
             mm_finish(g, bi, m0, mf, nf, n1, scr + (nf - n0), ld);
             mm_finish(g, bi, mf, m1, n0, n1, scr + (mf - m0) * ld, ld);
+            /* the block's rows are whole and stored, still in cache */
+            if (x->row_sm) ctpu_k_softmax(cb + m0 * g->ldc, m1 - m0, g->N, cb + m0 * g->ldc, false, NULL);
         }
     }
 }
@@ -497,6 +500,10 @@ static void mm_do(const ctpu_mm_args *go, ctpu_k_pool *pool, ctpu_k_ws *ws)
         x.lazy_b = nt == 1 || x.split == 1 || (x.split == 0 && x.nbb > 1);
     }
 
+    /* a softmax epilogue (f32 c): in each block when a block holds whole
+     * contiguous rows and one thread computes them, else over c at the end */
+    x.row_sm = go->softmax && go->c_dtype == CTPU_KDT_F32 && !x.swap && x.np <= MXU_NC_PANELS && x.split != 1 && g->ldc == g->N;
+
     size_t need;
     char *mem = mm_workspace(&x, nt, ws, &need);
 
@@ -513,6 +520,12 @@ static void mm_do(const ctpu_mm_args *go, ctpu_k_pool *pool, ctpu_k_ws *ws)
     mxu_prof_compute += mxu_prof_now() - t1;
 #endif
     if (!ws) mm_ws_give(mem, need);
+    if (go->softmax && go->c_dtype == CTPU_KDT_F32 && !x.row_sm)
+        for (int64_t bi = 0; bi < go->batch; bi++)
+            for (int64_t m = 0; m < go->M; m++) {
+                float *row = (float *)go->c + bi * go->c_bs + m * go->ldc;
+                ctpu_k_softmax(row, 1, go->N, row, false, NULL);
+            }
 }
 
 void ctpu_k_matmul(const ctpu_mm_args *go, ctpu_k_pool *pool) { mm_do(go, pool, NULL); }

@@ -73,6 +73,12 @@ void ctpu_k_matmul_ref(const ctpu_mm_args *g)
                                           bi * g->residual_bs + m * g->residual_ld + n);
                 mm_store(g->c, g->c_dtype, bi * g->c_bs + m * g->ldc + n, v);
             }
+    if (g->softmax && g->c_dtype == CTPU_KDT_F32)   /* each finished row, in place */
+        for (int64_t bi = 0; bi < g->batch; bi++)
+            for (int64_t m = 0; m < g->M; m++) {
+                float *row = (float *)g->c + bi * g->c_bs + m * g->ldc;
+                ctpu_k_softmax_ref(row, 1, g->N, row, false);
+            }
 }
 
 /* Scalar micro-kernel on the packed layout (the SCALAR variant). */
