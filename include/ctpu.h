@@ -161,8 +161,11 @@ CTPU_API const char *ctpu_mode_name(ctpu_mode m); /* "strict", "debug", "defer_f
  * holds a NaN or an Inf is an error (CTPU_ERR_NAN) naming it, its op number
  * and label (a gradient rule's: "backward of <op>"; an op inside a library
  * call such as ctpu_cross_entropy is named after the call first:
- * "cross_entropy (op #13): div: debug check: ..."); passing a NaN along and
- * Inf results are not errors. Default: they follow this thread's current
+ * "cross_entropy (op #13): div: debug check: ..."); passing a NaN along (from
+ * an input, or a NaN or Inf given as a host number: add_scalar(x, NAN),
+ * full(NAN): in strict and debug eager; inside a multi-op program of defer
+ * and fuse such a NaN is still reported as made) and Inf results are not
+ * errors. Default: they follow this thread's current
  * mode (on in debug eager, off otherwise, ctpu_set_mode and
  * ctpu_set_thread_mode included); TORCH_TPU_ENABLE_DEBUG_CHECKS or
  * ctpu_set_debug_checks forces them on or off in every mode. */
@@ -368,7 +371,9 @@ CTPU_API ctpu_tensor ctpu_arange(double start, double end, double step, ctpu_dty
 /* Counter-based random numbers (Philox4x32-10): element i depends only on
  * (seed, offset, i). The generator's offset advances by numel per draw, so two
  * draws differ; ctpu_manual_seed sets the seed and resets the offset to 0.
- * f32 or bf16. */
+ * f32 or bf16. rand_uniform draws from [lo, hi) (lo > hi, or a non-finite
+ * bound: CTPU_ERR_INVALID_ARG, as torch's uniform_), rand_normal from
+ * N(mean, std^2) (std < 0: CTPU_ERR_INVALID_ARG). */
 CTPU_API void ctpu_manual_seed(uint64_t seed);
 /* The generator's whole state is (seed, offset): the offset counts the
  * elements drawn since the seed was set (taken when a draw is dispatched or,
@@ -491,7 +496,9 @@ CTPU_API ctpu_tensor ctpu_div(ctpu_tensor a, ctpu_tensor b);   /* i32/i32 -> f32
 CTPU_API ctpu_tensor ctpu_pow(ctpu_tensor a, ctpu_tensor b);
 CTPU_API ctpu_tensor ctpu_maximum(ctpu_tensor a, ctpu_tensor b); /* NaN from either side */
 CTPU_API ctpu_tensor ctpu_minimum(ctpu_tensor a, ctpu_tensor b);
-/* Comparisons give f32 masks (1.0 / 0.0). */
+/* Comparisons give f32 masks (1.0 / 0.0). A bf16 tensor is compared with a
+ * host number (the *_scalar forms) in bf16, the number rounded to bf16 first
+ * as torch does: eq_scalar(bf16 1, 1.001) is 1. */
 CTPU_API ctpu_tensor ctpu_eq(ctpu_tensor a, ctpu_tensor b);
 CTPU_API ctpu_tensor ctpu_ne(ctpu_tensor a, ctpu_tensor b);
 CTPU_API ctpu_tensor ctpu_lt(ctpu_tensor a, ctpu_tensor b);

@@ -269,7 +269,8 @@ CTPU_API int64_t ctpu_optim_steps(const ctpu_optim *o);   /* steps taken so far 
  * (o NULL, steps < 0). */
 CTPU_API ctpu_status ctpu_optim_set_steps(ctpu_optim *o, int64_t steps);
 /* The state tensor k of parameter i (SGD: 0 = momentum buffer; AdamW: 0 =
- * exp_avg, 1 = exp_avg_sq), or a null handle; valid until the next step.
+ * exp_avg, 1 = exp_avg_sq), or a null handle (CTPU_ERR_INVALID_ARG: o NULL,
+ * i or k out of range); valid until the next step.
  * For tests and checkpoints. */
 CTPU_API ctpu_tensor ctpu_optim_state(const ctpu_optim *o, int i, int k);
 CTPU_API void ctpu_optim_free(ctpu_optim *o);

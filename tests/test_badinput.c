@@ -248,6 +248,7 @@ START_TEST(creation_bad_sizes)
     EXPECT_NULL(ctpu_rand_uniform(CTPU_I32, 2, ok, 0, 1), CTPU_ERR_DTYPE, "rand_uniform");
     EXPECT_NULL(ctpu_rand_uniform(CTPU_F32, 2, huge, 0, 1), CTPU_ERR_SHAPE, "rand_uniform");
     EXPECT_NULL(ctpu_rand_uniform(CTPU_F32, 2, ok, NAN, 1), CTPU_ERR_INVALID_ARG, "rand_uniform");
+    EXPECT_NULL(ctpu_rand_uniform(CTPU_F32, 2, ok, 1, 0), CTPU_ERR_INVALID_ARG, "lo=1 > hi=0");
     EXPECT_NULL(ctpu_rand_normal(CTPU_F32, 2, ok, 0, -1), CTPU_ERR_INVALID_ARG, "rand_normal");
     EXPECT_NULL(ctpu_rand_normal(CTPU_F32, 2, NULL, 0, 1), CTPU_ERR_INVALID_ARG, "rand_normal");
     EXPECT_NULL(ctpu_rand_normal((ctpu_dtype)3, 2, ok, 0, 1), CTPU_ERR_DTYPE, "rand_normal");

@@ -1133,6 +1133,11 @@ static void fused_run(const fused_cfg *c, bool fused, float *out, int64_t *ops)
                   : c->kind == 1 ? ctpu_adamw_create_groups(3, gs, &ao) : ctpu_sgd_create_groups(3, gs, &so);
     ck_assert_ptr_nonnull(o);
     if (c->capturable) ck_assert_int_eq(ctpu_optim_set_capturable(o, true), CTPU_OK);
+    ctpu_clear_error();
+    ck_assert(ctpu_is_null(ctpu_optim_state(o, 3, 0)));   /* out of range: a null handle with its message */
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_INVALID_ARG);
+    ck_assert_msg(t_contains(ctpu_last_error(), "optim_state: i=3, k=0"), "%s", ctpu_last_error());
+    ctpu_clear_error();
     for (int step = 0; step < FUSED_STEPS; step++) {
         ctpu_optim_zero_grad(o);
         for (int i = 0; i < 3; i++) {

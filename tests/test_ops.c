@@ -407,7 +407,8 @@ static void case_scalar(int op)
                     double s = (float)scal[k];
                     for (int64_t i = 0; i < n; i++) {
                         double xi = dt ? bf16_round(x[i]) : x[i];
-                        double r = rev ? ref_binary(kop, s, xi) : ref_binary(kop, xi, s);
+                        double sv = cmp && dt ? bf16_round((float)s) : s;   /* bf16 compares in bf16 (torch) */
+                        double r = rev ? ref_binary(kop, sv, xi) : ref_binary(kop, xi, sv);
                         double tol = tol_binary(kop, r);
                         if (!cmp) r = (double)(float)r;
                         if (want == CTPU_BF16) { tol += 2 * t_ulp_of(r); r = bf16_round(r); }
@@ -1896,6 +1897,16 @@ START_TEST(zero_dim_tensor_promotion)
     free(g);
     g = t_read(ctpu_sub(b, z), NULL);
     ck_assert(g[0] == 0 && g[1] == 2);
+    free(g);
+    /* a bf16 tensor compared with a host number: in bf16 too (torch) */
+    g = t_read(ctpu_eq_scalar(b, 1.001), NULL);
+    ck_assert(g[0] == 1 && g[1] == 0);
+    free(g);
+    g = t_read(ctpu_lt_scalar(b, 1.001), NULL);
+    ck_assert(g[0] == 0 && g[1] == 0);
+    free(g);
+    g = t_read(ctpu_lt_scalar(T_VEC(1, 3), 1.001), NULL);   /* f32: unchanged */
+    ck_assert(g[0] == 1 && g[1] == 0);
     free(g);
     ctpu_tensor w = ctpu_full(CTPU_F32, 0, NULL, 0.5);
     ck_assert_int_eq(ctpu_set_requires_grad(w, true), CTPU_OK);

@@ -558,6 +558,11 @@ START_TEST(nan_made_passed_inf)
     ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_NAN);
     ck_assert_str_eq(ctpu_last_error(), "log (op #5): debug check: NaN in the output, none in its inputs "
                                         "(TORCH_TPU_ENABLE_DEBUG_CHECKS)");
+    /* a NaN (or an Inf) given as a host number is passed along too */
+    ck_assert_msg(!ctpu_is_null(ctpu_add_scalar(neg, NAN)), "%s", ctpu_last_error());
+    ck_assert_msg(!ctpu_is_null(ctpu_full(CTPU_F32, 1, (int64_t[]){ 3 }, NAN)), "%s", ctpu_last_error());
+    ck_assert_msg(!ctpu_is_null(ctpu_clamp(neg, NAN, 1)), "%s", ctpu_last_error());
+    ck_assert_msg(!ctpu_is_null(ctpu_mul_scalar(T_VEC(0), INFINITY)), "%s", ctpu_last_error());
     /* mean and var over an empty dim, var with n <= correction: NaN, no error */
     ctpu_tensor e = ctpu_zeros(CTPU_F32, 2, (int64_t[]){ 3, 0 });
     ck_assert(!ctpu_is_null(ctpu_mean(e, 1, (int[]){ 1 }, false)));

@@ -741,6 +741,7 @@ static void execute(ctpu_device *dev, ctpu_cmd *cmd)
                 bool made = true;
                 for (int i = 0; i < prog->n_in && made; i++)
                     made = !has_nonfinite(ptr[i], prog->in_dtype[i], prog->in_numel[i]);
+                for (int i = 0; i < prog->n_scal_check && made; i++) made = isfinite(cmd->scalars[i]);
                 if (!made) continue;
                 ctx.fault_status = CTPU_ERR_NAN;
                 nan_msg(dev, cmd, prog->n_steps - 1, prog->out_op ? prog->out_op[o] : prog->name, ctx.fault_msg,

@@ -100,6 +100,10 @@ typedef struct ctpu_dev_program {   /* the device's program format */
     const uint8_t *in_dtype;
     const int64_t *in_numel;
     const uint8_t *out_nan_ok;
+    /* a one-op program: its op's first n_scal_check runtime scalars are host
+     * values (not a random op's seed and offset bits); a NaN or an Inf among
+     * them is passed along, not made (add_scalar(x, NAN), full(NAN)) */
+    int n_scal_check;
 } ctpu_dev_program;
 
 /* ------------------------------------------------------------ provenance

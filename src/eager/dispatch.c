@@ -1418,6 +1418,13 @@ static ctpu_tensor apply(int op, int n_in, const ctpu_tensor *ts, const op_args 
         int z = zero_dim_to_bf16(op, n_in, in);
         if (z >= 0) return apply_zero_dim_cast(op, n_in, ts, a, scalars, z);
     }
+    double bf16_s;
+    if (n_in == 1 && in[0]->type.dtype == CTPU_BF16 && ctpu_op_is(op, CTPU_OPK_COMPARE) && ctpu_op_is(op, CTPU_OPK_SCALAR)) {
+        /* torch compares a bf16 tensor with a number in bf16: the number rounded to bf16 first
+         * (eq_scalar(bf16 1, 1.001) is true; a host scalar in arithmetic stays f32 math) */
+        bf16_s = (double)ctpu_bf16_to_f32(ctpu_f32_to_bf16((float)scalars[0]));
+        scalars = &bf16_s;
+    }
     ctpu_node n;
     if (!infer_named(op, opn, names, n_in, in, a, &n)) return ctpu_failed();
     if (ctpu_op_is(op, CTPU_OPK_VIEW)) return make_view(&n, in[0], ts[0], in[0]->off);
@@ -2169,6 +2176,10 @@ static ctpu_tensor rand_op(const char *opn, int op, ctpu_dtype dt, int ndim, con
     }
     if (!isfinite(p0) || !isfinite(p1) || (op == CTPU_OP_RAND_NORMAL && p1 < 0)) {
         ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: parameters %g, %g are invalid", opn, p0, p1);
+        return ctpu_failed();
+    }
+    if (op == CTPU_OP_RAND_UNIFORM && p0 > p1) {   /* torch's uniform_(from, to) refuses from > to too */
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: lo=%g > hi=%g: the range [lo, hi) needs lo <= hi", opn, p0, p1);
         return ctpu_failed();
     }
     ctpu_node n;

@@ -841,6 +841,7 @@ static void program_fill(const compile_ctx *cx, ctpu_program *c)
         .step_in_off = cx->si_off, .step_in_slot = cx->si_slot, .step_in_dtype = cx->si_dt,
         .step_in_numel = cx->si_n, .step_nan_ok = cx->so_nan_ok,
         .in_dtype = cx->in_dtype, .in_numel = cx->in_numel, .out_nan_ok = cx->out_nan_ok,
+        .n_scal_check = cx->nn == 1 && !ctpu_op_is(t->nodes[0].op, CTPU_OPK_RANDOM) ? t->nodes[0].n_scalars : 0,
     };
     c->step_node = cx->step_node;
 }

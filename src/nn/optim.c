@@ -724,7 +724,13 @@ void ctpu__optim_put(ctpu_optim *o, const ctpu__optim_hp *hp)
 
 ctpu_tensor ctpu_optim_state(const ctpu_optim *o, int i, int k)
 {
-    if (!o || i < 0 || i >= o->n || k < 0 || k >= o->n_state) return CTPU_NULL;
+    if (!o || i < 0 || i >= o->n || k < 0 || k >= o->n_state) {
+        if (!o) ctpu_report_error(CTPU_ERR_INVALID_ARG, "optim_state: o is NULL");
+        else
+            ctpu_report_error(CTPU_ERR_INVALID_ARG, "optim_state: i=%d, k=%d: need 0 <= i < %d (parameters) and 0 <= k < %d (state tensors)",
+                              i, k, o->n, o->n_state);
+        return CTPU_NULL;
+    }
     return o->state[i * o->n_state + k];
 }
 
