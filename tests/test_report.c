@@ -493,6 +493,102 @@ START_TEST(compiled_step_rows)
 }
 END_TEST
 
+/* Compiled-step replays in the reports (new-user report item 2): a replay is
+ * a launch of its program, with its ops and estimate, as the same program
+ * launched by defer and fuse. N compiled calls against the same N steps run
+ * by TORCH_COMPILE_DISABLE=1 under defer and fuse: the same launches, op
+ * counts, FLOPs, HBM bytes, per-step cost, MFU and $ on every chip. */
+static ctpu_status cstep_mm_neg(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)ctx;
+    (void)sc;
+    out[0] = ctpu_neg(ctpu_matmul(in[0], in[1]));
+    return CTPU_OK;
+}
+
+typedef struct {
+    ctpu_cost_table t;
+    double launches, mm_count, neg_count, mm_shape_count, op_s_neg;
+} replay_run;
+
+static replay_run run_mm_steps(bool disable, int n)
+{
+    env_base();
+    setenv("CTPU_QUIET", "1", 1);
+    if (disable) {
+        setenv("TORCH_COMPILE_DISABLE", "1", 1);
+        setenv("TORCH_TPU_DEFER_AND_FUSE", "1", 1);
+    }
+    ck_assert_msg(ctpu_init() == CTPU_OK, "%s", ctpu_last_error());
+    float *a = calloc(128 * 256, sizeof *a);
+    for (int i = 0; i < 128 * 256; i++) a[i] = (float)(i % 7) * 0.125f;
+    ctpu_tensor x = ctpu_keep(ctpu_from_host(a, CTPU_F32, 2, (int64_t[]){ 128, 256 }));
+    ctpu_tensor w = ctpu_keep(ctpu_from_host(a, CTPU_F32, 2, (int64_t[]){ 256, 128 }));
+    ctpu_compiled *c = ctpu_compile(cstep_mm_neg, NULL, &(ctpu_compile_opts){ .name = "mmneg" });
+    ck_assert_ptr_nonnull(c);
+    ctpu_tensor in[2] = { x, w };
+    for (int k = 0; k < n; k++) {
+        ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
+        ctpu_tensor o;
+        ck_assert_msg(ctpu_compiled_call(c, 2, in, 0, NULL, 1, &o) == CTPU_OK, "%s", ctpu_last_error());
+        ctpu_keep(o);   /* live past the step: defer and fuse computes it */
+        ck_assert_int_eq(ctpu_step_end(), CTPU_OK);
+        ctpu_release(o);
+    }
+    replay_run r = { 0 };
+    ck_assert_int_eq(ctpu_cost_table_get(&r.t), CTPU_OK);
+    cJSON *d = metrics_doc();
+    const cJSON *ps = cJSON_GetObjectItem(d, "programs");
+    for (int i = 0; i < cJSON_GetArraySize(ps); i++) r.launches += jnum(cJSON_GetArrayItem(ps, i), "launches");
+    const cJSON *ops = cJSON_GetObjectItem(d, "ops");
+    for (int i = 0; i < cJSON_GetArraySize(ops); i++) {
+        const cJSON *o = cJSON_GetArrayItem(ops, i);
+        const char *name = cJSON_GetObjectItem(o, "op")->valuestring;
+        if (strcmp(name, "matmul") == 0) r.mm_count = jnum(o, "count");
+        if (strcmp(name, "neg") == 0) { r.neg_count = jnum(o, "count"); r.op_s_neg = jnum(o, "est_s"); }
+    }
+    const cJSON *mms = cJSON_GetObjectItem(d, "matmuls");
+    for (int i = 0; i < cJSON_GetArraySize(mms); i++) r.mm_shape_count += jnum(cJSON_GetArrayItem(mms, i), "count");
+    cJSON_Delete(d);
+    ctpu_compiled_free(c);
+    ctpu_release(x);
+    ctpu_release(w);
+    free(a);
+    ctpu_shutdown();
+    unsetenv("TORCH_COMPILE_DISABLE");
+    unsetenv("TORCH_TPU_DEFER_AND_FUSE");
+    return r;
+}
+
+static bool near_rel(double a, double b) { return fabs(a - b) <= 1e-9 * fmax(fabs(a), fabs(b)); }
+
+START_TEST(compiled_replays_counted)
+{
+    const int n = 20;
+    replay_run cr = run_mm_steps(false, n), df = run_mm_steps(true, n);
+    ck_assert_uint_eq(cr.t.steps, (uint64_t)n);
+    ck_assert_uint_eq(df.t.steps, (uint64_t)n);
+    ck_assert_msg(df.launches == n && df.mm_count == n && df.neg_count == n && df.mm_shape_count == n,
+                  "defer and fuse: launches %g, matmul %g, neg %g, matmul shapes %g", df.launches, df.mm_count,
+                  df.neg_count, df.mm_shape_count);
+    ck_assert_msg(cr.launches == n && cr.mm_count == n && cr.neg_count == n && cr.mm_shape_count == n,
+                  "compiled: launches %g, matmul %g, neg %g, matmul shapes %g (want %d each)", cr.launches, cr.mm_count,
+                  cr.neg_count, cr.mm_shape_count, n);
+    ck_assert(cr.op_s_neg > 0 && near_rel(cr.op_s_neg, df.op_s_neg));
+    ck_assert(cr.t.model_flops > 0 && near_rel(cr.t.model_flops, df.t.model_flops));
+    ck_assert(near_rel(cr.t.hbm_bytes, df.t.hbm_bytes));
+    ck_assert(near_rel(cr.t.vector_ops, df.t.vector_ops));
+    ck_assert_int_eq(cr.t.n_rows, df.t.n_rows);
+    for (int i = 0; i < cr.t.n_rows; i++) {
+        const ctpu_cost_row *a = &cr.t.rows[i], *b = &df.t.rows[i];
+        ck_assert_msg(a->step_s > 0 && near_rel(a->step_s, b->step_s), "%s: compiled %g s per step, defer and fuse %g",
+                      a->chip, a->step_s, b->step_s);
+        ck_assert(near_rel(a->run_s, b->run_s) && near_rel(a->mfu, b->mfu));
+        ck_assert(near_rel(a->mxu_utilization, b->mxu_utilization) && near_rel(a->usd_run, b->usd_run));
+    }
+}
+END_TEST
+
 /* ---------------------------------------------------------------- trace */
 static int count_events(const cJSON *ev, const char *cat, const char *ph, int pid)
 {
@@ -1500,6 +1596,7 @@ static Suite *suite(void)
     tcase_add_test(tc, golden_report_text);
     tcase_add_test(tc, tool_round_trip);
     tcase_add_test(tc, compiled_step_rows);
+    tcase_add_test(tc, compiled_replays_counted);
     tcase_add_test(tc, trace_file);
     tcase_add_test(tc, trace_buffer_drops);
     tcase_add_test(tc, trace_events_setting);

@@ -1103,6 +1103,7 @@ static ctpu_status replay(version *v, ctpu_trec *const *inrec, const double *sca
         ctpu_counter_add(m, CTPU_CTR_FUSED_CACHE_REQUESTS, 1);
         ctpu_counter_add(m, CTPU_CTR_CACHE_HITS, 1);
         ctpu_counter_add(m, CTPU_CTR_FUSED_CACHE_HITS, 1);
+        ctpu__report_replay(v->program_id);   /* report.c: a launch of the program, its ops and estimate */
         replay_publish(&x, out);
         release_fresh(&x);
     } else {

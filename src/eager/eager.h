@@ -580,6 +580,11 @@ int ctpu__report_auto_pairs(const ctpu_trace *t, int *in, int *dim, int *coef, i
  * structure has not had its one-dim recompile yet (at most max; 0: none).
  * Records nothing but t's shape. */
 int ctpu__report_auto_would(const ctpu_trace *t, int *in, int *dim, int *coef, int max);
+/* A compiled step's replay of program program_id (compiled.c): a launch
+ * and cache hit of that program, as defer and fuse counts one (launches,
+ * per-op counts, estimates, MFU, $). O(1): the per-op and per-run totals
+ * take the replays at the next read. */
+void ctpu__report_replay(uint64_t program_id);
 /* A strict/debug op launched (dispatch.c): the node and its program (whose
  * estimate it adds up). */
 void ctpu__report_op(const ctpu_node *n, bool hit, const ctpu_program *prog, ctpu_trec *const *in, ctpu_op_prov prov);

@@ -33,6 +33,7 @@ typedef struct {
     int n_ops, n_kernels, n_inputs;
     uint64_t compile_ns;
     uint64_t launches, hits, first_step, last_step;
+    uint64_t replays_unfolded;       /* compiled-step replays not yet in the run totals (fold_replays) */
     double est_s[CTPU_COST_MAX_CHIPS];   /* per launch, per chip profile */
     double hbm_bytes, flops, vector_ops;
     double macs_useful[CTPU_COST_MAX_CHIPS], macs_padded[CTPU_COST_MAX_CHIPS];
@@ -154,6 +155,7 @@ static void totals_clear(ctpu_report_state *r)
     for (size_t i = 0; i < r->n_progs; i++) {
         r->progs[i].launches = 0;
         r->progs[i].hits = 0;
+        r->progs[i].replays_unfolded = 0;
     }
     for (int i = 0; i < r->n_labels; i++) r->labels[i].reads = r->labels[i].cuts = 0;
     r->n_mms = 0;
@@ -243,21 +245,38 @@ static void describe_program(ctpu_report_state *r, prog_rec *p, const ctpu_trace
     p->vector_ops = cp->chip[r->current].vector_ops;
 }
 
-static void launch_add(ctpu_report_state *r, prog_rec *p)
+/* n launches of p into the run totals; step: into this marked step's too. */
+static void launch_add_n(ctpu_report_state *r, const prog_rec *p, uint64_t n, bool step)
 {
+    double f = (double)n;
     for (int c = 0; c < r->n_chips; c++) {
-        r->run_s[c] += p->est_s[c];
-        if (c == r->current) r->step_s += p->est_s[c];
-        r->macs_useful[c] += p->macs_useful[c];
-        r->macs_padded[c] += p->macs_padded[c];
+        r->run_s[c] += f * p->est_s[c];
+        if (step && c == r->current) r->step_s += f * p->est_s[c];
+        r->macs_useful[c] += f * p->macs_useful[c];
+        r->macs_padded[c] += f * p->macs_padded[c];
     }
-    r->flops += p->flops;
-    r->vector_ops += p->vector_ops;
-    r->hbm_bytes += p->hbm_bytes;
-    r->hbm_s += p->hbm_bytes / (r->chips[r->current]->hbm_gbps * 1e9);
+    r->flops += f * p->flops;
+    r->vector_ops += f * p->vector_ops;
+    r->hbm_bytes += f * p->hbm_bytes;
+    r->hbm_s += f * p->hbm_bytes / (r->chips[r->current]->hbm_gbps * 1e9);
     for (int i = 0; i < p->n_op_s; i++) {
-        r->op_s[p->op_s[i].op] += p->op_s[i].s;
-        r->op_count[p->op_s[i].op] += p->op_s[i].nodes;
+        r->op_s[p->op_s[i].op] += f * p->op_s[i].s;
+        r->op_count[p->op_s[i].op] += n * p->op_s[i].nodes;
+    }
+}
+
+static void launch_add(ctpu_report_state *r, prog_rec *p) { launch_add_n(r, p, 1, true); }
+
+/* The compiled-step replays counted since the last read (their launches,
+ * hits and step estimate are already in), into the run totals. Every
+ * reader of the totals calls it first. Under r->mu. */
+static void fold_replays(ctpu_report_state *r)
+{
+    for (size_t i = 0; i < r->n_progs; i++) {
+        prog_rec *p = &r->progs[i];
+        if (!p->replays_unfolded) continue;
+        launch_add_n(r, p, p->replays_unfolded, false);
+        p->replays_unfolded = 0;
     }
 }
 
@@ -366,6 +385,25 @@ void ctpu__report_cut(int why, ctpu_op_prov at, const ctpu_trace *t, const int64
             }
         }
     }
+}
+
+void ctpu__report_replay(uint64_t program_id)
+{
+    ctpu_runtime *rt = ctpu_rt;
+    ctpu_report_state *r = rt ? rt->report : NULL;
+    if (!r || program_id == 0) return;
+    uint64_t step = atomic_load(&rt->marked_steps);
+    pthread_mutex_lock(&r->mu);
+    ctpu__policy_hit(r->policy, program_id);
+    if (program_id <= r->n_progs) {   /* its capture's launch made the record */
+        prog_rec *p = &r->progs[program_id - 1];
+        p->launches++;
+        p->hits++;
+        p->last_step = step;
+        p->replays_unfolded++;
+        r->step_s += p->est_s[r->current];
+    }
+    pthread_mutex_unlock(&r->mu);
 }
 
 void ctpu__report_fallback(const ctpu_trace *t, const int64_t *bound)
@@ -678,6 +716,7 @@ static void cost_table_locked(ctpu_runtime *rt, ctpu_cost_table *out)
     out->steps = steps;
     uint64_t den = steps ? steps : 1;
     out->steps_per_epoch = r->steps_per_epoch > 0 ? (uint64_t)r->steps_per_epoch : den;
+    fold_replays(r);
     out->model_flops = r->flops;
     out->hbm_bytes = r->hbm_bytes;
     out->vector_ops = r->vector_ops;
@@ -1041,6 +1080,7 @@ static cJSON *build_json(ctpu_runtime *rt)
     ctpu_cache_entry_info *ei = calloc(ne + 1, sizeof *ei);
     ne = ei ? ctpu_cache_entries_info(rt->fused_cache, ei, ne) : 0;
     pthread_mutex_lock(&r->mu);
+    fold_replays(r);
     programs_json(doc, r, ei, ne);
     free(ei);
     recompiles_json(doc, rt, r);
