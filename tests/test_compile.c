@@ -573,6 +573,158 @@ START_TEST(dynamic_input_binds_one_program)
 }
 END_TEST
 
+/* ------------------------------------------------------------ random draws at every replay */
+/* A new user's report: SDPA's built-in dropout in a compiled step reused
+ * the capture's mask at every replay and left the generator behind (offset
+ * 16, 16, 16 where strict eager goes 16, 32, 48), while rand_like and
+ * dropout were right: only rand_uniform / rand_normal nodes were noted as
+ * draws. Every op that draws (SDPA's forward, randint, dropout, rand_like)
+ * advances the generator at each replay as in strict eager, and SDPA's
+ * backward reads its forward's new draw. */
+#define RD_T 6
+#define RD_D 4
+static ctpu_status step_draws(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    ctpu_tensor *w = ctx;
+    (void)sc;
+    ctpu_zero_grad(*w);
+    ctpu_tensor q = ctpu_reshape(ctpu_matmul(in[0], *w), 4, (int64_t[]){ 1, 1, RD_T, RD_D });
+    ctpu_tensor a = ctpu_scaled_dot_product_attention(q, q, q, CTPU_NULL, CTPU_MASK_NONE, true, 0, 0.5);
+    ctpu_tensor d = ctpu_dropout(in[0], 0.3, true);
+    ctpu_tensor r = ctpu_add(ctpu_randint_like(in[0], 0, 7), ctpu_rand_like(in[0]));
+    ctpu_tensor loss = ctpu_sum(ctpu_mul(a, a), 0, NULL, false);
+    ctpu_status st = ctpu_backward(loss);
+    if (st != CTPU_OK) return st;
+    out[0] = a;
+    out[1] = ctpu_add(d, r);
+    out[2] = ctpu_contiguous(ctpu_grad(*w));
+    return CTPU_OK;
+}
+
+static void run_draws(bool compiled, int n, float (*res)[3][RD_T * RD_D], uint64_t *offs)
+{
+    ctpu_manual_seed(21);
+    ctpu_tensor w = ctpu_keep(ctpu_rand_normal(CTPU_F32, 2, (int64_t[]){ RD_D, RD_D }, 0, 0.7));
+    ck_assert_int_eq(ctpu_set_requires_grad(w, true), CTPU_OK);
+    ctpu_compiled *c = compiled ? ctpu_compile(step_draws, &w, &(ctpu_compile_opts){ .name = "draws" }) : NULL;
+    float x[RD_T * RD_D];
+    for (int i = 0; i < RD_T * RD_D; i++) x[i] = (float)((i * 5) % 11) * 0.25f - 1.0f;
+    for (int s = 0; s < n; s++) {
+        ctpu_scope_begin();
+        ctpu_tensor in[1] = { t_f32(x, 2, (int64_t[]){ RD_T, RD_D }) };
+        ctpu_tensor out[3] = { CTPU_NULL, CTPU_NULL, CTPU_NULL };
+        if (compiled)
+            ck_assert_msg(ctpu_compiled_call(c, 1, in, 0, NULL, 3, out) == CTPU_OK, "call %d: %s", s, ctpu_last_error());
+        else ck_assert_int_eq(step_draws(&w, in, NULL, out), CTPU_OK);
+        memset(res[s], 0, sizeof res[s]);
+        for (int j = 0; j < 3; j++)   /* (the gradient of w: [RD_D, RD_D]) */
+            ck_assert_int_eq(ctpu_to_host(out[j], res[s][j], sizeof(float) * (j < 2 ? RD_T : RD_D) * RD_D), CTPU_OK);
+        uint64_t seed;
+        ck_assert_int_eq(ctpu_rng_get_state(&seed, &offs[s]), CTPU_OK);
+        ctpu_scope_end();
+    }
+    if (c) {
+        ctpu_compiled_info info;
+        ck_assert_int_eq(ctpu_compiled_get_info(c, &info), CTPU_OK);
+        ck_assert_int_eq(info.captures, 1);
+        ck_assert_int_eq(info.replays, n - 1);
+        ctpu_compiled_free(c);
+    }
+    ctpu_zero_grad(w);
+    ctpu_release(w);
+}
+
+START_TEST(random_draws_advance_at_every_replay)
+{
+    enum { N = 4 };
+    float er[N][3][RD_T * RD_D], cr[N][3][RD_T * RD_D];
+    uint64_t eo[N], co[N];
+    run_draws(false, N, er, eo);
+    for (int s = 1; s < N; s++) ck_assert_msg(memcmp(er[s][0], er[0][0], sizeof er[0][0]) != 0, "eager call %d", s);
+    ctpu_mode modes[2] = { CTPU_MODE_STRICT, CTPU_MODE_DEFER_FUSE };
+    for (int k = 0; k < 2; k++) {
+        ck_assert_int_eq(ctpu_set_mode(modes[k]), CTPU_OK);
+        run_draws(true, N, cr, co);
+        for (int s = 0; s < N; s++) {
+            ck_assert_msg(co[s] == eo[s], "mode %d call %d: rng offset %llu, strict eager %llu", k, s,
+                          (unsigned long long)co[s], (unsigned long long)eo[s]);
+            for (int j = 0; j < 3; j++)
+                for (int i = 0; i < RD_T * RD_D; i++)
+                    ck_assert_msg(t_same(cr[s][j][i], er[s][j][i]), "mode %d call %d out %d [%d]: %.9g vs %.9g", k,
+                                  s, j, i, cr[s][j][i], er[s][j][i]);
+        }
+        ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+    }
+}
+END_TEST
+
+/* The same report: a dynamic input with a random op compiled at every new
+ * extent (compiles 1, 2, 2, 3, 3, 4 for 5, 9, 5, 12, 9, 300), while the
+ * counters called each a bind: dropout's rand_uniform was made at the
+ * input's concrete shape, a static dim in the dynamic key. Its draws now
+ * take the input's dynamic dims (as rand_like, zeros_like), so the one
+ * dynamic program binds; bit-identical to strict eager. */
+static ctpu_status step_dyn_drop(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)ctx;
+    (void)sc;
+    out[0] = ctpu_sum(ctpu_softmax(ctpu_mul_scalar(in[0], 2), 1), 1, (int[]){ 0 }, false);
+    out[1] = ctpu_add(ctpu_dropout(in[0], 0.5, true), ctpu_add(ctpu_rand_like(in[0]), ctpu_zeros_like(in[0])));
+    return CTPU_OK;
+}
+
+static void run_dyn_drop(bool compiled, const int64_t *ts, int n, float *got, uint64_t *offs, ctpu_compiled_info *info)
+{
+    ctpu_manual_seed(5);
+    ctpu_compiled *c = compiled ? ctpu_compile(step_dyn_drop, NULL, &(ctpu_compile_opts){ .name = "dyn_drop" }) : NULL;
+    float x[300 * DYN_D];
+    for (int i = 0; i < 300 * DYN_D; i++) x[i] = (float)((i * 7) % 19) * 0.125f - 1.0f;
+    for (int s = 0; s < n; s++) {
+        ctpu_scope_begin();
+        ctpu_tensor in[1] = { t_f32(x, 2, (int64_t[]){ ts[s], DYN_D }) };
+        ck_assert_int_eq(ctpu_mark_dynamic(in[0], 0, 2, 256), CTPU_OK);
+        ctpu_tensor out[2] = { CTPU_NULL, CTPU_NULL };
+        if (compiled)
+            ck_assert_msg(ctpu_compiled_call(c, 1, in, 0, NULL, 2, out) == CTPU_OK, "call %d: %s", s, ctpu_last_error());
+        else ck_assert_int_eq(step_dyn_drop(NULL, in, NULL, out), CTPU_OK);
+        ck_assert_int_eq(ctpu_to_host(out[0], got + s * 301 * DYN_D, sizeof(float) * DYN_D), CTPU_OK);
+        ck_assert_int_eq(ctpu_to_host(out[1], got + s * 301 * DYN_D + DYN_D, sizeof(float) * (size_t)(ts[s] * DYN_D)),
+                         CTPU_OK);
+        uint64_t seed;
+        ck_assert_int_eq(ctpu_rng_get_state(&seed, &offs[s]), CTPU_OK);
+        ctpu_scope_end();
+    }
+    if (c) {
+        ck_assert_int_eq(ctpu_compiled_get_info(c, info), CTPU_OK);
+        ctpu_compiled_free(c);
+    }
+}
+
+START_TEST(dynamic_input_with_a_random_op_binds_one_program)
+{
+    static const int64_t ts[8] = { 5, 9, 5, 12, 9, 300, 12, 5 };
+    static float er[8 * 301 * DYN_D], cr[8 * 301 * DYN_D];
+    uint64_t eo[8], co[8];
+    ctpu_compiled_info info;
+    run_dyn_drop(false, ts, 8, er, eo, NULL);
+    ctpu_sync();
+    int64_t compiles0 = C("programs_compiled"), binds0 = C("dynamic_binds");
+    run_dyn_drop(true, ts, 8, cr, co, &info);
+    for (int s = 0; s < 8; s++) {
+        ck_assert_msg(co[s] == eo[s], "call %d: rng offset %llu, strict eager %llu", s, (unsigned long long)co[s],
+                      (unsigned long long)eo[s]);
+        for (int i = 0; i < (int)(ts[s] + 1) * DYN_D; i++)
+            ck_assert_msg(t_same(cr[s * 301 * DYN_D + i], er[s * 301 * DYN_D + i]), "call %d [%d]", s, i);
+    }
+    ck_assert_int_eq(info.dynamic_captures, 2);
+    ck_assert_int_eq(info.captures, 4);
+    ck_assert_int_eq(info.replays, 4);
+    ck_assert_int_eq(info.guard_failures, 1);
+    ck_assert_int_eq(C("programs_compiled") - compiles0, 2);   /* the dynamic program, and T = 300's */
+    ck_assert_int_eq(C("dynamic_binds") - binds0, 2);          /* at 9 and at 12 */
+}
+END_TEST
+
 /* ------------------------------------------------------------ graph breaks */
 typedef struct { ctpu_tensor w; double seen; int runs; } brk;
 
@@ -1358,6 +1510,8 @@ static Suite *suite(void)
     tcase_add_test(t, fullgraph_break_is_an_error_and_changes_nothing);
     tcase_add_test(t, fullgraph_sync_and_mark_step_fail_before_the_cut);
     tcase_add_test(t, dynamic_input_binds_one_program);
+    tcase_add_test(t, random_draws_advance_at_every_replay);
+    tcase_add_test(t, dynamic_input_with_a_random_op_binds_one_program);
     tcase_add_test(t, mode_change_is_a_graph_break);
     tcase_add_test(t, data_dependent_branch_follows_the_data);
     tcase_add_test(t, nested_compiled_call_is_a_graph_break);

@@ -124,7 +124,11 @@ typedef struct {
 /* How a version uses a handle made before the call (bits of hrole). */
 enum { H_READ = 1, H_ASSIGN = 2, H_INPLACE = 4, H_LEAF = 8 };
 
-typedef struct { int s; uint64_t n; } rng_note;
+/* A draw from the generator during the capture, in order: n taken at
+ * (seed, off); s: the first of the two scalar slots that read it (-1: none
+ * does, a replay still takes n, as fn would); alias >= 0: no draw, slot s
+ * reads draw alias's seed and offset (SDPA's backward reuses its forward's). */
+typedef struct { int s, alias; uint64_t n, seed, off; } rng_note;
 
 /* One capture: a program and how a call binds to it. */
 typedef struct version {
@@ -387,12 +391,30 @@ void ctpu__capture_cut(int why)
     }
 }
 
-void ctpu__capture_note_rng(int s, uint64_t n)
+void ctpu__capture_note_take(uint64_t n, uint64_t seed, uint64_t offset)
 {
     struct ctpu_capture *cap = cap_now();
-    rng_note r = { s, n };
+    rng_note r = { -1, -1, n, seed, offset };
     if (cap && !push((void **)&cap->rng, &cap->n_rng, &cap->cap_rng, sizeof r, &r))
         snprintf(cap->fail, sizeof cap->fail, "out of host memory");
+}
+
+void ctpu__capture_note_rng(int s, const double *sc)
+{
+    struct ctpu_capture *cap = cap_now();
+    if (!cap) return;
+    uint64_t seed = ctpu_scalar_bits(sc[0]), off = ctpu_scalar_bits(sc[1]);
+    for (int k = cap->n_rng - 1; k >= 0; k--) {
+        rng_note *d = &cap->rng[k];
+        if (d->alias >= 0 || d->seed != seed || d->off != off) continue;
+        if (d->s < 0) { d->s = s; return; }   /* the draw's own op */
+        rng_note r = { s, k, 0, seed, off };  /* another op reads the same draw */
+        if (!push((void **)&cap->rng, &cap->n_rng, &cap->cap_rng, sizeof r, &r))
+            snprintf(cap->fail, sizeof cap->fail, "out of host memory");
+        return;
+    }
+    /* a draw before the capture (SDPA's backward of a forward outside it):
+     * its seed and offset stay the values it was given */
 }
 
 void ctpu__capture_note_assign(uint64_t h)
@@ -493,6 +515,7 @@ static void classify_inputs(build_ctx *b)
 static sc_src classify_scalar(const struct ctpu_capture *cap, int r, double val)
 {
     for (int k = 0; k < cap->n_rng; k++) {
+        if (cap->rng[k].s < 0) continue;
         if (r == cap->rng[k].s) return (sc_src){ .kind = SC_SEED, .idx = k };
         if (r == cap->rng[k].s + 1) return (sc_src){ .kind = SC_OFF, .idx = k };
     }
@@ -1027,9 +1050,19 @@ static bool replay_cmd(replay_ctx *x, const ctpu_program *prog, const double *sc
         if (s->kind == SC_ARG) cmd->scalars[v->sc_dyn[d]] = scalars[s->idx];
     }
     for (int k = 0; k < v->n_rng; k++) {
-        /* as fn would, in order: each draw's seed and offset, into its slots */
+        /* as fn would, in order: each draw's seed and offset, into its
+         * slots (kept in the note: an alias reads an earlier draw's) */
+        rng_note *g = &v->rng[k];
         uint64_t seed, off;
-        ctpu__rng_take(v->rng[k].n, &seed, &off);
+        if (g->alias >= 0) {
+            seed = v->rng[g->alias].seed;
+            off = v->rng[g->alias].off;
+        } else {
+            ctpu__rng_take(g->n, &seed, &off);
+            g->seed = seed;
+            g->off = off;
+        }
+        if (g->s < 0) continue;
         for (int d = 0; d < v->n_dyn; d++) {
             const sc_src *s = &v->sc[v->sc_dyn[d]];
             if (s->idx != k || (s->kind != SC_SEED && s->kind != SC_OFF)) continue;

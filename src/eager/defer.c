@@ -407,8 +407,11 @@ ctpu_tensor ctpu__defer_node(ctpu_node *node, const char *call, ctpu_trec *const
     for (int i = 0; i < node->n_in; i++)
         if (!input_vref(inputs[i], opn, &node->in[i])) return ctpu_failed();
     bool capturing = ctpu__capturing() != NULL;
-    if (capturing && (node->op == CTPU_OP_RAND_UNIFORM || node->op == CTPU_OP_RAND_NORMAL))
-        ctpu__capture_note_rng(ctpu_trace_rec_n_scalars(t_df.rec), (uint64_t)ctpu_vtype_numel(&node->out));
+    /* the ops whose scalars 0 and 1 are a draw's seed and offset */
+    if (capturing && node->n_scalars >= 2 &&
+        (node->op == CTPU_OP_RAND_UNIFORM || node->op == CTPU_OP_RAND_NORMAL || node->op == CTPU_OP_RAND_INT ||
+         node->op == CTPU_OP_SDPA || node->op == CTPU_OP_SDPA_BACKWARD))
+        ctpu__capture_note_rng(ctpu_trace_rec_n_scalars(t_df.rec), scalars);
     ctpu_vref v = ctpu_trace_rec_node(t_df.rec, node, scalars, prov);
     if (v < 0) {
         ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory recording the trace", opn);

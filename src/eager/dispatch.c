@@ -1081,6 +1081,16 @@ static inline bool infer_named(int op, const char *opn, const char *const *names
         }
         return true;
     }
+    if (__builtin_expect(n_in == 0 && ts->dyn_like != NULL, 0) && ctpu_mode_now() == CTPU_MODE_DEFER_FUSE) {
+        /* a *_like creator of a value with dynamic dims: the value's dims */
+        const ctpu_trec *l = ts->dyn_like;
+        if (l->type.ndim == n->out.ndim &&
+            memcmp(l->type.shape, n->out.shape, sizeof(int64_t) * (size_t)n->out.ndim) == 0) {
+            memcpy(ts->dyn_out, l->dyn, sizeof ts->dyn_out);
+            ts->dyn_out_set = true;
+            return true;
+        }
+    }
     if (__builtin_expect(ts->df.n_sym > 0, 0) && ((a->shape && ts->ag_hint) || ctpu_op_infos[op].shape_rule == CTPU_SH_SLICE) &&
         ctpu_mode_now() == CTPU_MODE_DEFER_FUSE)
         dyn_guess_args(n, a);
@@ -2216,55 +2226,79 @@ ctpu_tensor ctpu_randint(ctpu_dtype dt, int ndim, const int64_t *shape, int64_t 
 }
 
 /* ------------------------------------------------------------ creator composites */
-/* a's dtype and shape (a resolved, its error named by op) */
+/* a's dtype and shape (a resolved, its error named by op). In defer and
+ * fuse, a with dynamic dims (ctpu_mark_dynamic) lends them to the creator
+ * node that follows (infer_named), until like_done: the node has a's
+ * symbols, so a compiled step binds its one dynamic program at another
+ * extent instead of compiling one per extent (dropout's rand_like). */
 static bool like_of(const char *op, ctpu_tensor a, ctpu_vtype *t)
 {
     ctpu_trec *in[1];
     if (!get_inputs(op, 1, &a, NM_A, in)) return false;
     *t = in[0]->type;
+    ctpu_thread_state *ts = in[0]->dyn ? ctpu__ts_get() : NULL;
+    if (ts) ts->dyn_like = in[0];
     return true;
+}
+
+static ctpu_tensor like_done(ctpu_tensor r)
+{
+    ctpu_thread_state *ts = ctpu__ts_get();
+    if (ts) ts->dyn_like = NULL;
+    return r;
 }
 
 ctpu_tensor ctpu_full_like(ctpu_tensor a, double value)
 {
     ctpu_vtype t;
     if (!like_of("full_like", a, &t)) return ctpu_failed();
-    return create("full_like", CTPU_OP_FULL, (ctpu_dtype)t.dtype, t.ndim, t.shape, &value, 1);
+    return like_done(create("full_like", CTPU_OP_FULL, (ctpu_dtype)t.dtype, t.ndim, t.shape, &value, 1));
 }
 
 ctpu_tensor ctpu_zeros_like(ctpu_tensor a)
 {
     ctpu_vtype t;
     if (!like_of("zeros_like", a, &t)) return ctpu_failed();
-    return create("zeros_like", CTPU_OP_FULL, (ctpu_dtype)t.dtype, t.ndim, t.shape, (const double[]){ 0 }, 1);
+    return like_done(
+        create("zeros_like", CTPU_OP_FULL, (ctpu_dtype)t.dtype, t.ndim, t.shape, (const double[]){ 0 }, 1));
 }
 
 ctpu_tensor ctpu_ones_like(ctpu_tensor a)
 {
     ctpu_vtype t;
     if (!like_of("ones_like", a, &t)) return ctpu_failed();
-    return create("ones_like", CTPU_OP_FULL, (ctpu_dtype)t.dtype, t.ndim, t.shape, (const double[]){ 1 }, 1);
+    return like_done(
+        create("ones_like", CTPU_OP_FULL, (ctpu_dtype)t.dtype, t.ndim, t.shape, (const double[]){ 1 }, 1));
 }
 
 ctpu_tensor ctpu_rand_like(ctpu_tensor a)
 {
     ctpu_vtype t;
     if (!like_of("rand_like", a, &t)) return ctpu_failed();
-    return rand_op("rand_like", CTPU_OP_RAND_UNIFORM, (ctpu_dtype)t.dtype, t.ndim, t.shape, 0, 1);
+    return like_done(rand_op("rand_like", CTPU_OP_RAND_UNIFORM, (ctpu_dtype)t.dtype, t.ndim, t.shape, 0, 1));
+}
+
+/* nn_internal.h: ctpu_dropout's f32 uniform draws at a's shape (any
+ * dtype), with a's dynamic dims, as ctpu_rand_like's are */
+ctpu_tensor ctpu__rand_uniform_f32_like(ctpu_tensor a)
+{
+    ctpu_vtype t;
+    if (!like_of("dropout", a, &t)) return ctpu_failed();
+    return like_done(rand_op("dropout", CTPU_OP_RAND_UNIFORM, CTPU_F32, t.ndim, t.shape, 0, 1));
 }
 
 ctpu_tensor ctpu_randn_like(ctpu_tensor a)
 {
     ctpu_vtype t;
     if (!like_of("randn_like", a, &t)) return ctpu_failed();
-    return rand_op("randn_like", CTPU_OP_RAND_NORMAL, (ctpu_dtype)t.dtype, t.ndim, t.shape, 0, 1);
+    return like_done(rand_op("randn_like", CTPU_OP_RAND_NORMAL, (ctpu_dtype)t.dtype, t.ndim, t.shape, 0, 1));
 }
 
 ctpu_tensor ctpu_randint_like(ctpu_tensor a, int64_t low, int64_t high)
 {
     ctpu_vtype t;
     if (!like_of("randint_like", a, &t)) return ctpu_failed();
-    return ctpu_randint((ctpu_dtype)t.dtype, t.ndim, t.shape, low, high);
+    return like_done(ctpu_randint((ctpu_dtype)t.dtype, t.ndim, t.shape, low, high));
 }
 
 /* eq(arange(m) as [1, m], arange(n) as [n, 1]) in i32 (exact at any size), cast to dt */

@@ -424,6 +424,8 @@ bool ctpu__sdpa_backward(const ctpu_node *fwd, const double *sc, const ctpu_tens
  * release every record at shutdown. */
 bool ctpu__validate_shape(const char *op, int ndim, const int64_t *shape, ctpu_dtype dt, ctpu_vtype *out);
 void ctpu__rng_take(uint64_t n, uint64_t *seed, uint64_t *offset);
+/* dispatch.c, for ctpu_dropout (declared in src/nn/nn_internal.h too) */
+ctpu_tensor ctpu__rand_uniform_f32_like(ctpu_tensor a);
 void ctpu__tensors_shutdown(ctpu_runtime *rt);
 /* Leak watch (tensor.c): the live handles, the distinct HBM bytes they
  * hold, and the origins holding the most (bytes, then handles), most first.
@@ -522,8 +524,14 @@ static inline struct ctpu_capture *ctpu__capturing(void)
 bool ctpu__capture_break(int why, const char *what);
 /* defer.c: a trace cut during a capture (not the capture's own flush). */
 void ctpu__capture_cut(int why);
-/* defer.c: a recorded random node's scalars start at index s (n draws). */
-void ctpu__capture_note_rng(int s, uint64_t n);
+/* tensor.c (ctpu__rng_take): a draw of n from the generator during a
+ * capture, at (seed, offset); a replay takes n again, in the same order. */
+void ctpu__capture_note_take(uint64_t n, uint64_t seed, uint64_t offset);
+/* defer.c: a recorded node reads a draw's seed and offset, its scalars s
+ * and s + 1 (sc: the node's scalars from s); a replay puts that draw's new
+ * seed and offset there (the draw's op, or an op that reuses its draw:
+ * SDPA's backward). */
+void ctpu__capture_note_rng(int s, const double *sc);
 /* defer.c: handle h, made before the capture, was assigned in it. */
 void ctpu__capture_note_assign(uint64_t h);
 /* autograd.c: ctpu_zero_grad(leaf); backward made leaf's .grad g. */

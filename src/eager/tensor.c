@@ -810,4 +810,8 @@ void ctpu__rng_take(uint64_t n, uint64_t *seed, uint64_t *offset)
     *offset = ctpu_rt->rng_offset;
     ctpu_rt->rng_offset += n;
     pthread_mutex_unlock(&ctpu_rt->rng_mu);
+    /* a compiled step's replay draws again: every op that draws, not only
+     * the ones a kind of node names (SDPA's dropout was missed, issue: a
+     * replay reused the capture's mask and left the generator behind) */
+    if (ctpu__capturing()) ctpu__capture_note_take(n, *seed, *offset);
 }

@@ -308,11 +308,8 @@ ctpu_tensor ctpu_dropout(ctpu_tensor x, double p, bool training)
     if (!ctpu__nn_arg("dropout", "x", x)) return ctpu_error_handle();
     if (!training || p == 0) return ctpu_contiguous(x);
     if (p == 1) return ctpu_mul_scalar(x, 0.0);
-    int64_t s[CTPU_MAX_DIMS];
-    int nd;
-    if (ctpu_shape(x, s, &nd) != CTPU_OK) return ctpu_error_handle();
     ctpu_scope_begin();
-    ctpu_tensor u = ctpu_rand_uniform(CTPU_F32, nd, s, 0.0, 1.0);
+    ctpu_tensor u = ctpu__rand_uniform_f32_like(x);
     ctpu_tensor y = ctpu_mul_scalar(ctpu_mul(x, ctpu_ge_scalar(u, p)), 1.0 / (1.0 - p));
     ctpu_keep(y);
     ctpu_scope_end();

@@ -1,10 +1,15 @@
-/* Helpers shared by the nn sources (public API only). */
+/* Helpers shared by the nn sources (public API only, but for one entry below). */
 #ifndef CTPU_NN_INTERNAL_H
 #define CTPU_NN_INTERNAL_H
 
 #include <stddef.h>
 #include "ctpu_nn.h"
 
+/* (src/eager/dispatch.c, the one core entry nn uses beyond the public API)
+ * f32 uniform [0, 1) draws at t's shape, taking t's dynamic dims
+ * (ctpu_mark_dynamic) as ctpu_rand_like does: ctpu_dropout's mask, so a
+ * compiled step binds its dynamic program at a new extent, no compile. */
+ctpu_tensor ctpu__rand_uniform_f32_like(ctpu_tensor t);
 /* Move t to no scope (parameters, optimizer state); returns t. */
 ctpu_tensor ctpu__nn_global(ctpu_tensor t);
 /* Before ctpu_init, an nn call's message names that call (not the ctpu op
