@@ -62,17 +62,27 @@ static inline float ref_u_GELU_TANH(float x)
     float inner = 0.7978845608f * (x + 0.044715f * x3);
     return 0.5f * x * (1.0f + ref_u_TANH(inner));
 }
-/* exact GELU in f32 (kernels.h): erfc at z = f32(x * C), corrected by the
- * rounding of z to first order; simd_elementwise.h does the same steps. */
+/* exact GELU in double (kernels.h): erfc(|x| / sqrt 2) as the erfcx
+ * polynomial times exp(-u^2), phi from it, one rounding; simd_avx2.c /
+ * simd_avx512.c do the same double operations per lane. */
+static const double ew_gelu_c[CTPU_K_GELU_NC] = { CTPU_K_GELU_ERFCX_COEFFS };
+static const double ew_exp_c[12] = { CTPU_K_GELU_EXP_COEFFS };
 static inline float ref_u_GELU_ERF(float x)
 {
-    float z = x * CTPU_K_GELU_C;
-    float t = x * 4097.0f, xh = t - (t - x), xl = x - xh;
-    float err = (((xh * CTPU_K_GELU_C_HI12 - z) + xh * CTPU_K_GELU_C_LO12) + xl * CTPU_K_GELU_C_HI12) + xl * CTPU_K_GELU_C_LO12;
-    float dz = err + x * CTPU_K_GELU_C_LO;
-    float corr = dz * (Sleef_expf1_u10purec(-(z * z)) * CTPU_K_GELU_2_SQRTPI);
-    if (!(fabsf(x) < 16.0f)) corr = 0.0f;   /* the split overflows; erfc is flat there */
-    return (0.5f * x) * (Sleef_erfcf1_u15purec(z) - corr);
+    double xd = (double)x, u = fabs(xd) * CTPU_K_GELU_INV_SQRT2;
+    double s = ((u - 3.0) / (u + 3.0) - CTPU_K_GELU_TC) * CTPU_K_GELU_INV_TH;
+    double p = ew_gelu_c[CTPU_K_GELU_NC - 1];
+    for (int i = CTPU_K_GELU_NC - 2; i >= 0; i--) p = ew_gelu_c[i] + s * p;
+    double uc = u < CTPU_K_GELU_U_MAX ? u : CTPU_K_GELU_U_MAX, v = uc * uc;
+    double kd = (v * CTPU_K_TANH_INV_LN2 + CTPU_K_TANH_SHIFT) - CTPU_K_TANH_SHIFT;
+    double w = -((v - kd * CTPU_K_TANH_LN2_HI) - kd * CTPU_K_TANH_LN2_LO);
+    double q = ew_exp_c[11];
+    for (int i = 10; i >= 0; i--) q = ew_exp_c[i] + w * q;
+    uint64_t sb = (uint64_t)(1023 - (int64_t)kd) << 52;
+    double s2;
+    memcpy(&s2, &sb, sizeof s2);
+    double e = u < CTPU_K_GELU_U_MAX ? (p * q) * s2 : 0.0, h = 0.5 * e;
+    return (float)(xd * (xd < 0.0 ? h : 1.0 - h));
 }
 static inline float ref_u_RECIP(float x) { return 1.0f / x; }
 static inline float ref_u_SQUARE(float x) { return x * x; }

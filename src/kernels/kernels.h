@@ -85,13 +85,25 @@ static inline int32_t ctpu_f32_to_i32(float f)
     return (int32_t)f;
 }
 
-/* GELU_ERF's constants (below): C = f32(-1/sqrt 2), C_LO = f32(-1/sqrt 2 - C),
- * C's Veltkamp halves (12 bits each), f32(2/sqrt(pi)). */
-#define CTPU_K_GELU_C (-0x1.6a09e6p-1f)
-#define CTPU_K_GELU_C_LO (-0x1.9fcef4p-27f)
-#define CTPU_K_GELU_C_HI12 (-0x1.6ap-1f)
-#define CTPU_K_GELU_C_LO12 (-0x1.3ccp-14f)
-#define CTPU_K_GELU_2_SQRTPI 0x1.20dd76p+0f
+/* GELU_ERF's double steps (elementwise_ref.c ref_u_GELU_ERF): 1/sqrt 2;
+ * erfcx(u) = exp(u^2) erfc(u) on [0, 10.5] as a degree-14 polynomial in
+ * s = (t - TC) * INV_TH, t = (u - 3) / (u + 3) (a Chebyshev fit to mpmath's
+ * erfcx, converted to powers of s; its relative error is below 6e-12 there);
+ * the coefficients, s^0 first. */
+#define CTPU_K_GELU_INV_SQRT2 0x1.6a09e667f3bcdp-1
+#define CTPU_K_GELU_U_MAX 10.5
+#define CTPU_K_GELU_TC (-0x1.c71c71c71c71cp-3)
+#define CTPU_K_GELU_INV_TH 0x1.4924924924924p+0
+#define CTPU_K_GELU_NC 15
+/* e^w's Taylor coefficients 1/n!, n = 0 .. 11 (as double constant expressions) */
+#define CTPU_K_GELU_EXP_COEFFS 1.0, 1.0, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120, 1.0 / 720, 1.0 / 5040, \
+    1.0 / 40320, 1.0 / 362880, 1.0 / 3628800, 1.0 / 39916800
+#define CTPU_K_GELU_ERFCX_COEFFS \
+    0x1.0fd540053f4b2p-2, -0x1.6f3ad898740c0p-2, 0x1.ca12e4ded09b0p-3, \
+    -0x1.b4f09ef962031p-4, 0x1.30735853ef22ep-5, -0x1.0e479f940a033p-7, \
+    0x1.0f2031cf1ab32p-11, 0x1.3d8329efbf385p-12, -0x1.2b1ff031962b2p-14, \
+    -0x1.816e3900485cfp-17, 0x1.6714030f13780p-18, 0x1.6684252e06669p-21, \
+    -0x1.9d725b4672c21p-22, -0x1.8d8e63e511fe0p-25, 0x1.7a1f3d946b06ep-26
 /* TANH's double steps (elementwise_ref.c ref_u_TANH): 1/ln 2, ln 2 in two
  * parts (the high one's low 21 bits zero: k * HI is exact), the rounding
  * shift 1.5 * 2^52 */
@@ -115,13 +127,16 @@ static inline int32_t ctpu_f32_to_i32(float f)
  *     over all 2^32 inputs, as the ISAs' equality);
  *   RSQRT 1/sqrt(x);  SIGMOID 1/(1+exp(-x));  RELU x>0 ? x : (x!=x ? x : +0);
  *   GELU_TANH 0.5*x*(1+tanh(0.7978845608f*(x+0.044715f*(x*x*x))))  (products
- *     left to right, each rounded);  GELU_ERF in f32: z = x*C (C = f32(-1/sqrt 2)),
- *     dz = x*C - z exactly (Dekker's product, no FMA) + x*C_LO (C_LO = -1/sqrt 2 - C),
- *     corr = dz * (exp(-(z*z)) * 2/sqrt(pi)) (+0 unless |x| < 16),
- *     (0.5*x) * (erfc(z) - corr), each step one f32 operation, erfc SLEEF f32 u15
- *     (the first-order Taylor step corrects z's rounding, which alone costs up
- *     to 174 ulp in the tail): <= 2 ulp of exact GELU on [-12, 12] (measured
- *     on every 37th f32 there; tests/test_k_elementwise.c samples it);
+ *     left to right, each rounded);  GELU_ERF in double, rounded once: u = |x| / sqrt 2
+ *     (x widened, times f64(1/sqrt 2)), E = erfc(u) = P(s) * exp(-u^2) with P the
+ *     erfcx polynomial above (Horner, s^14 first), exp(-v) for v = min(u, 10.5)^2
+ *     as 2^-k * e^-r (k = rint(v/ln 2) by the 1.5*2^52 shift, r = (v - k*LN2_HI)
+ *     - k*LN2_LO as TANH's, e^-r by its degree-11 Taylor Horner in -r),
+ *     E = +0 unless u < 10.5; phi = x < 0 ? E/2 : 1 - E/2; result f32(x * phi)
+ *     (NaN stays NaN; -inf gives NaN, as -inf * 0). Every ISA does these double
+ *     operations (half a vector's lanes at a time), so the same bits (checked
+ *     over all 2^32 inputs, scalar against AVX2 and AVX-512); within 0.5001 ulp
+ *     of exact GELU (0.5 x erfc(-x/sqrt 2) in float64) over all 2^32 inputs;
  *   RECIP 1/x;  SQUARE x*x;
  *   SOFTPLUS x > 20 ? x : log1p(exp(x))  (torch.nn.functional.softplus with
  *     beta 1, threshold 20; exp and log1p SLEEF u10);

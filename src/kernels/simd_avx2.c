@@ -66,7 +66,6 @@ AI void st_i32(int32_t *p, V x)
 }
 AI __m256 vfold8(int cop, V v) { (void)cop; return v; }
 
-AI V verfc(V x) { return Sleef_erfcf8_u15avx(x); }
 /* In double per lane, then rounded once (the f32 results of _ref). */
 #define CTPU_K_AVX2_DBL(name, fn)                                                            \
     AI V name(V x)                                                                           \
@@ -108,6 +107,39 @@ AI V vtanh(V x)
     return vsel(VCMP(x, x, _CMP_UNORD_Q), vadd(x, x), a);
 }
 
+/* GELU_ERF's double steps (elementwise_ref.c ref_u_GELU_ERF) on 4 lanes */
+AI __m256d gelu_erf_pd(__m256d xd)
+{
+#define D(c) _mm256_set1_pd(c)
+    static const double c[CTPU_K_GELU_NC] = { CTPU_K_GELU_ERFCX_COEFFS }, e[12] = { CTPU_K_GELU_EXP_COEFFS };
+    __m256d u = _mm256_mul_pd(_mm256_andnot_pd(D(-0.0), xd), D(CTPU_K_GELU_INV_SQRT2));
+    __m256d s = _mm256_mul_pd(_mm256_sub_pd(_mm256_div_pd(_mm256_sub_pd(u, D(3.0)), _mm256_add_pd(u, D(3.0))),
+                                            D(CTPU_K_GELU_TC)), D(CTPU_K_GELU_INV_TH));
+    __m256d p = D(c[CTPU_K_GELU_NC - 1]);
+    for (int i = CTPU_K_GELU_NC - 2; i >= 0; i--) p = _mm256_add_pd(D(c[i]), _mm256_mul_pd(s, p));
+    __m256d uc = _mm256_min_pd(u, D(CTPU_K_GELU_U_MAX));   /* u < 10.5 ? u : 10.5 (NaN: 10.5) */
+    __m256d v = _mm256_mul_pd(uc, uc);
+    __m256d t = _mm256_add_pd(_mm256_mul_pd(v, D(CTPU_K_TANH_INV_LN2)), D(CTPU_K_TANH_SHIFT));
+    __m256d kd = _mm256_sub_pd(t, D(CTPU_K_TANH_SHIFT));
+    __m256d w = _mm256_sub_pd(D(0.0), _mm256_sub_pd(_mm256_sub_pd(v, _mm256_mul_pd(kd, D(CTPU_K_TANH_LN2_HI))),
+                                                  _mm256_mul_pd(kd, D(CTPU_K_TANH_LN2_LO))));
+    __m256d q = D(e[11]);
+    for (int i = 10; i >= 0; i--) q = _mm256_add_pd(D(e[i]), _mm256_mul_pd(w, q));
+    __m256i kb = _mm256_sub_epi64(_mm256_castpd_si256(t), _mm256_castpd_si256(D(CTPU_K_TANH_SHIFT)));
+    __m256d s2 = _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_sub_epi64(_mm256_set1_epi64x(1023), kb), 52));
+    __m256d er = _mm256_and_pd(_mm256_cmp_pd(u, D(CTPU_K_GELU_U_MAX), _CMP_LT_OQ),
+                               _mm256_mul_pd(_mm256_mul_pd(p, q), s2));
+    __m256d h = _mm256_mul_pd(D(0.5), er);
+    __m256d phi = _mm256_blendv_pd(_mm256_sub_pd(D(1.0), h), h, _mm256_cmp_pd(xd, D(0.0), _CMP_LT_OQ));
+    return _mm256_mul_pd(xd, phi);
+#undef D
+}
+AI V vgelu_erf(V x)
+{
+    __m128 lo = _mm256_cvtpd_ps(gelu_erf_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(x))));
+    __m128 hi = _mm256_cvtpd_ps(gelu_erf_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(x, 1))));
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
+}
 /* Non-temporal store of one vector (p aligned to the vector); a tape strip is
  * TK vectors. */
 AI void st_nt(float *p, V v) { _mm256_stream_ps(p, v); }

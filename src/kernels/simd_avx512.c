@@ -61,7 +61,6 @@ AI __m256 vfold8(int cop, V v)
     return h_comb(cop, _mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
 }
 
-AI V verfc(V x) { return Sleef_erfcf16_u15avx512fnofma(x); }
 /* In double per lane, then rounded once (the f32 results of _ref). */
 #define CTPU_K_AVX512_DBL(name, fn)                                                          \
     AI V name(V x)                                                                           \
@@ -105,6 +104,40 @@ AI V vtanh(V x)
     return vsel(VCMP(x, x, _CMP_UNORD_Q), vadd(x, x), a);
 }
 
+/* GELU_ERF's double steps (elementwise_ref.c ref_u_GELU_ERF) on 8 lanes */
+AI __m512d gelu_erf_pd(__m512d xd)
+{
+#define D(c) _mm512_set1_pd(c)
+    static const double c[CTPU_K_GELU_NC] = { CTPU_K_GELU_ERFCX_COEFFS }, e[12] = { CTPU_K_GELU_EXP_COEFFS };
+    __m512d u = _mm512_mul_pd(_mm512_andnot_pd(D(-0.0), xd), D(CTPU_K_GELU_INV_SQRT2));
+    __m512d s = _mm512_mul_pd(_mm512_sub_pd(_mm512_div_pd(_mm512_sub_pd(u, D(3.0)), _mm512_add_pd(u, D(3.0))),
+                                            D(CTPU_K_GELU_TC)), D(CTPU_K_GELU_INV_TH));
+    __m512d p = D(c[CTPU_K_GELU_NC - 1]);
+    for (int i = CTPU_K_GELU_NC - 2; i >= 0; i--) p = _mm512_add_pd(D(c[i]), _mm512_mul_pd(s, p));
+    __m512d uc = _mm512_min_pd(u, D(CTPU_K_GELU_U_MAX));   /* u < 10.5 ? u : 10.5 (NaN: 10.5) */
+    __m512d v = _mm512_mul_pd(uc, uc);
+    __m512d t = _mm512_add_pd(_mm512_mul_pd(v, D(CTPU_K_TANH_INV_LN2)), D(CTPU_K_TANH_SHIFT));
+    __m512d kd = _mm512_sub_pd(t, D(CTPU_K_TANH_SHIFT));
+    __m512d w = _mm512_sub_pd(D(0.0), _mm512_sub_pd(_mm512_sub_pd(v, _mm512_mul_pd(kd, D(CTPU_K_TANH_LN2_HI))),
+                                                  _mm512_mul_pd(kd, D(CTPU_K_TANH_LN2_LO))));
+    __m512d q = D(e[11]);
+    for (int i = 10; i >= 0; i--) q = _mm512_add_pd(D(e[i]), _mm512_mul_pd(w, q));
+    __m512i kb = _mm512_sub_epi64(_mm512_castpd_si512(t), _mm512_castpd_si512(D(CTPU_K_TANH_SHIFT)));
+    __m512d s2 = _mm512_castsi512_pd(_mm512_slli_epi64(_mm512_sub_epi64(_mm512_set1_epi64(1023), kb), 52));
+    __m512d er = _mm512_maskz_mov_pd(_mm512_cmp_pd_mask(u, D(CTPU_K_GELU_U_MAX), _CMP_LT_OQ),
+                                     _mm512_mul_pd(_mm512_mul_pd(p, q), s2));
+    __m512d h = _mm512_mul_pd(D(0.5), er);
+    __m512d phi = _mm512_mask_mov_pd(_mm512_sub_pd(D(1.0), h), _mm512_cmp_pd_mask(xd, D(0.0), _CMP_LT_OQ), h);
+    return _mm512_mul_pd(xd, phi);
+#undef D
+}
+AI V vgelu_erf(V x)
+{
+    __m256 lo = _mm512_cvtpd_ps(gelu_erf_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x))));
+    __m256 hi = _mm512_cvtpd_ps(gelu_erf_pd(_mm512_cvtps_pd(
+        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)))));
+    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
 /* Non-temporal store of one vector (p aligned to the vector); a tape strip is
  * TK vectors: 8 (128 floats; the 32 zmm registers hold a strip's results
  * and operands), half the per-instruction dispatch of 4 (issue 18, the

@@ -27,19 +27,8 @@ AI V u_GELU_TANH(V x)
     V inner = vmul(vset(0.7978845608f), vadd(x, vmul(vset(0.044715f), x3)));
     return vmul(vmul(vset(0.5f), x), vadd(vset(1.0f), vtanh(inner)));
 }
-/* elementwise_ref.c's ref_u_GELU_ERF, step for step */
-AI V u_GELU_ERF(V x)
-{
-    V z = vmul(x, vset(CTPU_K_GELU_C));
-    V t = vmul(x, vset(4097.0f)), xh = vsub(t, vsub(t, x)), xl = vsub(x, xh);
-    V err = vadd(vadd(vadd(vsub(vmul(xh, vset(CTPU_K_GELU_C_HI12)), z), vmul(xh, vset(CTPU_K_GELU_C_LO12))),
-                      vmul(xl, vset(CTPU_K_GELU_C_HI12))),
-                 vmul(xl, vset(CTPU_K_GELU_C_LO12)));
-    V dz = vadd(err, vmul(x, vset(CTPU_K_GELU_C_LO)));
-    V corr = vmul(dz, vmul(vexp(vneg(vmul(z, z))), vset(CTPU_K_GELU_2_SQRTPI)));
-    corr = vmaskz(VCMP(vabs(x), vset(16.0f), _CMP_LT_OQ), corr);
-    return vmul(vmul(vset(0.5f), x), vsub(verfc(z), corr));
-}
+/* elementwise_ref.c's ref_u_GELU_ERF: the ISA's double steps (vgelu_erf) */
+AI V u_GELU_ERF(V x) { return vgelu_erf(x); }
 AI V u_RECIP(V x) { return vdiv(vset(1.0f), x); }
 AI V u_SQUARE(V x) { return vmul(x, x); }
 AI V u_ROUND_BF16(V x) { return vround_bf16(x); }

@@ -21,7 +21,7 @@
  *   VCMP(a, b, pred)          IEEE compare with an _CMP_* predicate -> M;
  *   vexp vlog verf vlog1p vexpm1 vpow  SLEEF's non-FMA u10 functions of the ISA;
  *   vtanh                     kernels.h's double steps per lane (ref_u_TANH's);
- *   verfc                     SLEEF's non-FMA f32 erfc u15 of the ISA;
+ *   vgelu_erf                 kernels.h's GELU_ERF double steps per lane (ref_u_GELU_ERF's);
  *   vsin vcos                 in double per lane (widen, SLEEF double non-FMA
  *                             sin / cos u10, round once), as _ref;
  *   vround_bf16(x)            ctpu_f32_to_bf16 as f32 bits (low half zero);
