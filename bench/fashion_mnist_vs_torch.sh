@@ -24,7 +24,7 @@ i=0
 while [ $i -lt "$runs" ]; do
     env -u TORCH_TPU_LAUNCH_BLOCKING -u TORCH_TPU_DEFER_AND_FUSE \
         "$exe" --threads "$threads" --epochs "$epochs" --no-progress > "$tmp/c$i" 2> "$tmp/c$i.err"
-    /usr/bin/python3 "$py" --threads "$threads" --epochs "$epochs" > "$tmp/t$i"
+    OMP_NUM_THREADS="$threads" MKL_NUM_THREADS="$threads" /usr/bin/python3 "$py" --threads "$threads" --epochs "$epochs" > "$tmp/t$i"
     field images_per_s "$tmp/c$i" >> "$tmp/c_ips"
     field images_per_s "$tmp/t$i" >> "$tmp/t_ips"
     field test_accuracy "$tmp/c$i" >> "$tmp/c_acc"

@@ -57,7 +57,10 @@ run strict env -u TORCH_TPU_LAUNCH_BLOCKING -u TORCH_TPU_DEFER_AND_FUSE "$exe" "
   --log "$tmp/strict.csv"
 run fused env -u TORCH_TPU_LAUNCH_BLOCKING TORCH_TPU_DEFER_AND_FUSE=1 "$exe" "${args[@]}" --no-progress --sample 0 \
   --log "$tmp/fused.csv"
-run torch /usr/bin/python3 "$py" "${args[@]}"
+# OMP/MKL limits as well as torch.set_num_threads: without them torch 1.13
+# keeps a second thread busy at --threads 1 (about 1.6x the CPU of the wall
+# time on a 20-step run), so a 1-thread comparison was not one
+run torch env OMP_NUM_THREADS="$threads" MKL_NUM_THREADS="$threads" /usr/bin/python3 "$py" "${args[@]}"
 cmp -s "$tmp/strict.csv" "$tmp/fused.csv" || echo "gpt_vs_torch: warning: strict and fused loss logs differ" >&2
 vc=$(field val_loss "$tmp/strict.out")
 vt=$(field val_loss "$tmp/torch.out")
