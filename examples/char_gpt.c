@@ -276,6 +276,9 @@ static int parse_args(int argc, char **argv, opts_t *o)
         fprintf(stderr, "char_gpt: --by-document needs --ctx 2 or more\n");
         return 2;
     }
+    if (o->dynamic && !o->by_doc)
+        fprintf(stderr, "char_gpt: note: --dynamic without --by-document: every batch (training, "
+                        "evaluation and the sampling window) has T = --ctx, so the dynamic dim never varies\n");
     if (!o->head_dim) {
         if (o->dmodel % o->heads) {
             fprintf(stderr, "char_gpt: --dmodel %lld is not a multiple of --heads %lld (or give --head-dim)\n",

@@ -650,6 +650,17 @@ START_TEST(auto_dynamic_per_structure)
     ck_assert_int_eq((int)num(item(d, "cache"), "recompiles"), 2);
     ck_assert_int_eq((int)num(item(d, "counters"), "dynamic_binds"), 6);
     cJSON_Delete(d);
+    /* the advice names the recompiles that made T dynamic, and does not
+     * tell the user to pad a dim that is already dynamic */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(ctpu_cache_report(f), CTPU_OK);
+    fclose(f);
+    ck_assert_msg(strstr(text, "made the dim dynamic (automatic dynamic)") != NULL, "report:\n%s", text);
+    ck_assert_msg(strstr(text, "pad it to a few fixed sizes") == NULL, "report:\n%s", text);
+    free(text);
     ctpu_shutdown();
     /* without TORCH_TPU_AUTO_DYNAMIC: one program per T and structure */
     init_mode("TORCH_TPU_DEFER_AND_FUSE", false);
@@ -692,6 +703,67 @@ START_TEST(auto_dynamic_second_dim)
 }
 END_TEST
 
+/* A dynamic program's launches are priced at the extents they ran at (the
+ * tester's report: the matmul table listed them all at the first extent,
+ * and the run's FLOPs were the first extent's x launches): per step x [T,
+ * 24] from the host, y = relu(x @ w) kept, w [24, 40]; T = 8 12 8 20. With x
+ * marked dynamic (one program) the matmul table, the model FLOPs and the
+ * estimated run time equal those of the run without marks (one program
+ * per T, each priced at its own compile). */
+static cJSON *run_dyn_matmuls(bool marked)
+{
+    static const int64_t T[4] = { 8, 12, 8, 20 };
+    float xd[20 * 24], wd[24 * 40];
+    for (int i = 0; i < 20 * 24; i++) xd[i] = (float)(i % 11) * 0.25f - 1.0f;
+    for (int i = 0; i < 24 * 40; i++) wd[i] = (float)(i % 7) * 0.125f - 0.375f;
+    init_df(NULL, NULL);
+    ctpu_tensor w = ctpu_from_host(wd, CTPU_F32, 2, (int64_t[]){ 24, 40 });
+    for (int s = 0; s < 4; s++) {
+        ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
+        ctpu_tensor x = ctpu_from_host(xd, CTPU_F32, 2, (int64_t[]){ T[s], 24 });
+        if (marked) ck_assert_int_eq(ctpu_mark_dynamic(x, 0, 2, 32), CTPU_OK);
+        ctpu_tensor y = ctpu_keep(ctpu_relu(ctpu_matmul(x, w)));
+        ck_assert(!ctpu_is_null(y));
+        ck_assert_int_eq(ctpu_step_end(), CTPU_OK);
+        ctpu_release(y);
+    }
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    cJSON *d = metrics_doc();
+    ck_assert_int_eq((int)num(item(d, "cache"), "compiles"), marked ? 1 : 3);
+    ctpu_release(w);
+    ctpu_shutdown();
+    return d;
+}
+
+static int64_t mm_count(const cJSON *d, int64_t m)
+{
+    const cJSON *mms = item(d, "matmuls");
+    int64_t n = 0;
+    for (int i = 0; i < cJSON_GetArraySize(mms); i++) {
+        const cJSON *x = cJSON_GetArrayItem(mms, i);
+        if ((int64_t)num(x, "m") == m && (int64_t)num(x, "k") == 24 && (int64_t)num(x, "n") == 40)
+            n += (int64_t)num(x, "count");
+    }
+    return n;
+}
+
+START_TEST(dynamic_launches_priced_at_their_extents)
+{
+    cJSON *dyn = run_dyn_matmuls(true), *stat = run_dyn_matmuls(false);
+    ck_assert_int_eq(mm_count(dyn, 8), 2);
+    ck_assert_int_eq(mm_count(dyn, 12), 1);
+    ck_assert_int_eq(mm_count(dyn, 20), 1);
+    ck_assert_int_eq(cJSON_GetArraySize(item(dyn, "matmuls")), 3);
+    const cJSON *cd = item(dyn, "cost"), *cs = item(stat, "cost");
+    ck_assert_double_eq_tol(num(cd, "model_flops"), num(cs, "model_flops"), 1e-6 * num(cs, "model_flops"));
+    ck_assert_double_eq_tol(num(cd, "model_flops"), 2.0 * 48 * 24 * 40, 1.0);
+    ck_assert_double_eq_tol(num(cd, "hbm_bytes"), num(cs, "hbm_bytes"), 1e-6 * num(cs, "hbm_bytes"));
+    ck_assert_double_eq_tol(num(cd, "vector_ops"), num(cs, "vector_ops"), 1e-6 * num(cs, "vector_ops") + 1e-9);
+    cJSON_Delete(dyn);
+    cJSON_Delete(stat);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("policy");
@@ -708,6 +780,7 @@ int main(void)
     tcase_add_test(tc, auto_dynamic_needs_one_dim);
     tcase_add_test(tc, auto_dynamic_speculation_dropped);
     tcase_add_test(tc, auto_dynamic_per_structure);
+    tcase_add_test(tc, dynamic_launches_priced_at_their_extents);
     tcase_add_test(tc, auto_dynamic_second_dim);
     suite_add_tcase(s, tc);
     SRunner *r = srunner_create(s);

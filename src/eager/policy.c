@@ -38,6 +38,7 @@ typedef struct {
     int64_t *ext;                      /* [n_ext] every extent: inputs' dims, then nodes' out dims */
     uint64_t launches, program, first_step, last;   /* last: the state's launch count at its latest launch */
     double est_s[CTPU_COST_MAX_CHIPS], flops, hbm_bytes;
+    ctpu_policy_est *launch_est;       /* a dynamic launch's whole estimate, made at its first (or NULL) */
 } pshape;
 
 typedef struct {
@@ -60,18 +61,19 @@ struct ctpu_policy_state {
     int n, cap;
     int32_t *by_prog;                  /* [n_prog] program id - 1 -> struct index * MAX_SHAPES + shape, or -1 */
     size_t n_prog;
-    int n_chips;
+    int n_chips, current;
     const ctpu_chip_info *chips[CTPU_COST_MAX_CHIPS];
     uint64_t seq;                      /* launches recorded */
     bool auto_dynamic;                 /* TORCH_TPU_AUTO_DYNAMIC: detect the first one-dim recompile */
 };
 
-ctpu_policy_state *ctpu__policy_create(const ctpu_chip_info *const *chips, int n_chips, bool auto_dynamic)
+ctpu_policy_state *ctpu__policy_create(const ctpu_chip_info *const *chips, int n_chips, int current, bool auto_dynamic)
 {
     ctpu_policy_state *ps = calloc(1, sizeof *ps);
     if (!ps) return NULL;
     ps->auto_dynamic = auto_dynamic;
     ps->n_chips = n_chips < CTPU_COST_MAX_CHIPS ? n_chips : CTPU_COST_MAX_CHIPS;
+    ps->current = current >= 0 && current < ps->n_chips ? current : 0;
     for (int c = 0; c < ps->n_chips; c++) ps->chips[c] = chips[c];
     return ps;
 }
@@ -81,7 +83,11 @@ void ctpu__policy_free(ctpu_policy_state *ps)
     if (!ps) return;
     for (int i = 0; i < ps->n; i++) {
         pstruct *s = &ps->s[i];
-        for (int j = 0; j < s->n_shapes; j++) free(s->shapes[j].ext);
+        for (int j = 0; j < s->n_shapes; j++) {
+            free(s->shapes[j].ext);
+            if (s->shapes[j].launch_est) free(s->shapes[j].launch_est->ops);
+            free(s->shapes[j].launch_est);
+        }
         free(s->shapes);
         free(s->in_type);
         free(s->nodes);
@@ -184,6 +190,42 @@ static void cost_of_arrays(const ctpu_policy_state *ps, const ctpu_node *nodes, 
     free(ops);
 }
 
+/* A dynamic launch's whole estimate at t's own extents (the report adds it
+ * per launch as it adds a static program's compile-time estimate). */
+static ctpu_policy_est *launch_est_of(const ctpu_policy_state *ps, const ctpu_trace *t)
+{
+    int nops = ctpu_cost_distinct_ops(t->nodes, t->n_nodes);
+    ctpu_cost_op *ops = malloc(sizeof *ops * (size_t)(nops + 1));
+    ctpu_policy_est *e = calloc(1, sizeof *e);
+    if (e) e->ops = calloc((size_t)nops + 1, sizeof *e->ops);
+    if (!ops || !e || !e->ops) {
+        free(ops);
+        if (e) free(e->ops);
+        free(e);
+        return NULL;
+    }
+    ctpu_chip_info chips[CTPU_COST_MAX_CHIPS];
+    for (int c = 0; c < ps->n_chips; c++) chips[c] = *ps->chips[c];
+    ctpu_cost_program p;
+    ctpu_cost_program_of(&p, chips, ps->n_chips, t->nodes, t->n_nodes, t->in_type, t->n_inputs, t->outputs,
+                         t->n_outputs, ops);
+    for (int c = 0; c < ps->n_chips && c < p.n_chips; c++) {
+        e->est_s[c] = p.chip[c].total_s;
+        e->macs_useful[c] = p.chip[c].macs_useful;
+        e->macs_padded[c] = p.chip[c].macs_padded;
+    }
+    e->flops = p.chip[ps->current].flops;
+    e->hbm_bytes = p.chip[ps->current].hbm_bytes;
+    e->vector_ops = p.chip[ps->current].vector_ops;
+    e->n_mm = p.n_mm;
+    memcpy(e->mm, p.mm, sizeof e->mm);
+    e->n_ops = p.n_ops;
+    for (int i = 0; i < p.n_ops; i++)
+        e->ops[i] = (struct ctpu_policy_op){ p.ops[i].op, p.ops[i].nodes, p.ops[i].s_f[ps->current] };
+    free(ops);
+    return e;
+}
+
 static pshape *shape_get(ctpu_policy_state *ps, pstruct *s, const ctpu_trace *t, uint64_t program, uint64_t step)
 {
     if (n_ext_of(t) != s->n_ext) return NULL;
@@ -230,14 +272,15 @@ static void map_program(ctpu_policy_state *ps, uint64_t program, int si, int sj)
 
 static void detect_auto(pstruct *s, const pshape *now, uint64_t program, uint64_t step);
 
-void ctpu__policy_launch(ctpu_policy_state *ps, uint64_t struct_hash, const ctpu_trace *t, const int64_t *bound,
-                         uint64_t program, uint64_t step, bool recompile, bool dynamic)
+const ctpu_policy_est *ctpu__policy_launch(ctpu_policy_state *ps, uint64_t struct_hash, const ctpu_trace *t,
+                                           const int64_t *bound, uint64_t program, uint64_t step, bool recompile,
+                                           bool dynamic)
 {
-    if (!ps || !struct_hash || !t) return;
+    if (!ps || !struct_hash || !t) return NULL;
     pstruct *s = struct_get(ps, struct_hash, t, program);
     int before = s ? s->n_shapes : 0;
     pshape *p = s ? shape_get(ps, s, t, program, step) : NULL;
-    if (!p) return;
+    if (!p) return NULL;   /* past the records' bounds: the report keeps the compile-time estimate */
     s->dynamic |= dynamic;
     size_t k = 0;
     for (int i = 0; bound && i < t->n_inputs && i < s->n_in; i++)
@@ -249,6 +292,8 @@ void ctpu__policy_launch(ctpu_policy_state *ps, uint64_t struct_hash, const ctpu
     p->launches++;
     p->last = ++ps->seq;
     map_program(ps, program, (int)(s - ps->s), (int)(p - s->shapes));
+    if (dynamic && !p->launch_est) p->launch_est = launch_est_of(ps, t);
+    return dynamic ? p->launch_est : NULL;
 }
 
 void ctpu__policy_hit(ctpu_policy_state *ps, uint64_t program)

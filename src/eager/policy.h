@@ -6,6 +6,7 @@
 #define CTPU_POLICY_H
 
 #include "eager.h"
+#include "cost/costmodel.h"
 
 enum { CTPU_POLICY_RECOMPILE, CTPU_POLICY_PAD_TO_MAX, CTPU_POLICY_BUCKET_POW2, CTPU_POLICY_COUNT };
 
@@ -31,7 +32,25 @@ typedef struct {
 
 typedef struct ctpu_policy_state ctpu_policy_state;
 
-ctpu_policy_state *ctpu__policy_create(const ctpu_chip_info *const *chips, int n_chips, bool auto_dynamic);
+/* The estimate of one launch at one shape's own extents (a dynamic
+ * program's launch is priced at the extents it ran at, not those it was
+ * compiled at): what the report's run totals, ops and matmul tables add per
+ * launch. Per chip profile where indexed, else on the current chip. */
+typedef struct {
+    double est_s[CTPU_COST_MAX_CHIPS], macs_useful[CTPU_COST_MAX_CHIPS], macs_padded[CTPU_COST_MAX_CHIPS];
+    double flops, hbm_bytes, vector_ops;
+    int n_mm;
+    ctpu_cost_mm mm[CTPU_COST_PROGRAM_MMS];
+    int n_ops;
+    struct ctpu_policy_op {
+        uint16_t op;
+        uint32_t nodes;
+        float s;                   /* its nodes' compute seconds on the current chip */
+    } *ops;
+} ctpu_policy_est;
+
+/* current: the index in chips of the emulated chip (the ops' seconds). */
+ctpu_policy_state *ctpu__policy_create(const ctpu_chip_info *const *chips, int n_chips, int current, bool auto_dynamic);
 void ctpu__policy_free(ctpu_policy_state *ps);
 /* ctpu_metrics_clear: launches back to 0 (the shapes stay known). */
 void ctpu__policy_clear(ctpu_policy_state *ps);
@@ -44,8 +63,12 @@ void ctpu__policy_clear(ctpu_policy_state *ps);
  * range pads it to (coef x hi), 0 where none: pad_to_max pads a marked
  * dim to it (TorchTPU's bounded dynamism), an automatic or unmarked one to
  * the largest extent seen. */
-void ctpu__policy_launch(ctpu_policy_state *ps, uint64_t struct_hash, const ctpu_trace *t, const int64_t *bound,
-                         uint64_t program, uint64_t step, bool recompile, bool dynamic);
+/* Returns, for a dynamic launch (dynamic: through a dynamic program), the
+ * estimate at t's extents (made once per shape; valid under the report's
+ * lock until ctpu__policy_free), else NULL (also when out of memory). */
+const ctpu_policy_est *ctpu__policy_launch(ctpu_policy_state *ps, uint64_t struct_hash, const ctpu_trace *t,
+                                           const int64_t *bound, uint64_t program, uint64_t step, bool recompile,
+                                           bool dynamic);
 /* Before t (a new shape of a known structure) is compiled: the canonical
  * (input, dim, coef) triples of the one dim whose extent alone changed
  * against the structure's last launched shape (coef 1; an input extent

@@ -20,7 +20,7 @@
 #include "device/tracefile.h"
 
 #define MAX_LABELS 32
-#define MAX_MMS 64
+#define MAX_MMS 256
 
 typedef ctpu_cost_mm mm_dims;
 
@@ -34,6 +34,8 @@ typedef struct {
     uint64_t compile_ns;
     uint64_t launches, hits, first_step, last_step;
     uint64_t replays_unfolded;       /* compiled-step replays not yet in the run totals (fold_replays) */
+    uint64_t priced_launches;        /* launches priced at their own extents (a dynamic program's), whose
+                                      * matmuls are in the report's table already */
     double est_s[CTPU_COST_MAX_CHIPS];   /* per launch, per chip profile */
     double hbm_bytes, flops, vector_ops;
     double macs_useful[CTPU_COST_MAX_CHIPS], macs_padded[CTPU_COST_MAX_CHIPS];
@@ -65,7 +67,7 @@ struct ctpu_report_state {
     size_t n_progs;
     label_rec labels[MAX_LABELS];
     int n_labels;
-    mm_rec mms[MAX_MMS];             /* strict-mode matmuls (fused ones are per program) */
+    mm_rec mms[MAX_MMS];             /* strict-mode matmuls and dynamic launches' (other fused ones are per program) */
     int n_mms;
     uint64_t op_count[CTPU_OP_COUNT];
     double op_s[CTPU_OP_COUNT];      /* compute seconds per op on the current chip */
@@ -121,7 +123,7 @@ ctpu_status ctpu__report_init(ctpu_runtime *rt, char *err, size_t len)
             return CTPU_ERR_OOM;
         }
     }
-    r->policy = ctpu__policy_create(r->chips, r->n_chips, rt->auto_dynamic);
+    r->policy = ctpu__policy_create(r->chips, r->n_chips, r->current, rt->auto_dynamic);
     if (!r->policy) {
         snprintf(err, len, "ctpu_init: out of host memory");
         ctpu_tracebuf_destroy(r->trace);
@@ -156,6 +158,7 @@ static void totals_clear(ctpu_report_state *r)
         r->progs[i].launches = 0;
         r->progs[i].hits = 0;
         r->progs[i].replays_unfolded = 0;
+        r->progs[i].priced_launches = 0;
     }
     for (int i = 0; i < r->n_labels; i++) r->labels[i].reads = r->labels[i].cuts = 0;
     r->n_mms = 0;
@@ -267,6 +270,28 @@ static void launch_add_n(ctpu_report_state *r, const prog_rec *p, uint64_t n, bo
 
 static void launch_add(ctpu_report_state *r, prog_rec *p) { launch_add_n(r, p, 1, true); }
 
+/* One launch of a dynamic program, priced at the extents it ran at (e, from
+ * the shape policies' records) rather than those it was compiled at. */
+static void launch_add_est(ctpu_report_state *r, prog_rec *p, const ctpu_policy_est *e)
+{
+    for (int c = 0; c < r->n_chips; c++) {
+        r->run_s[c] += e->est_s[c];
+        if (c == r->current) r->step_s += e->est_s[c];
+        r->macs_useful[c] += e->macs_useful[c];
+        r->macs_padded[c] += e->macs_padded[c];
+    }
+    r->flops += e->flops;
+    r->vector_ops += e->vector_ops;
+    r->hbm_bytes += e->hbm_bytes;
+    r->hbm_s += e->hbm_bytes / (r->chips[r->current]->hbm_gbps * 1e9);
+    for (int i = 0; i < e->n_ops; i++) {
+        r->op_s[e->ops[i].op] += e->ops[i].s;
+        r->op_count[e->ops[i].op] += e->ops[i].nodes;
+    }
+    for (int j = 0; j < e->n_mm; j++) mm_add(r, e->mm[j], 1);
+    p->priced_launches++;
+}
+
 /* The compiled-step replays counted since the last read (their launches,
  * hits and step estimate are already in), into the run totals. Every
  * reader of the totals calls it first. Under r->mu. */
@@ -318,9 +343,10 @@ void ctpu__report_cut(int why, ctpu_op_prov at, const ctpu_trace *t, const int64
     }
     pthread_mutex_lock(&r->mu);
     if (why == CTPU_CUT_HOST_READ) label_get(r, label)->cuts++;
+    const ctpu_policy_est *pe = NULL;   /* a dynamic launch's estimate at its own extents */
     if (res && prog && res->hit && !sh) ctpu__policy_hit(r->policy, res->program_id);
-    else if (sh) ctpu__policy_launch(r->policy, sh, t, bound, res->program_id, step, !res->hit && res->recompile,
-                                     res->hit || ctpu_program_dyn_trace(prog) != NULL);
+    else if (sh) pe = ctpu__policy_launch(r->policy, sh, t, bound, res->program_id, step, !res->hit && res->recompile,
+                                          res->hit || ctpu_program_dyn_trace(prog) != NULL);
     prog_rec *p = NULL;
     if (res && prog && res->program_id > 0 && res->program_id <= MAX_PROG_RECS) {
         /* ids are bounded by distinct programs (a thrashed key keeps its id);
@@ -345,7 +371,8 @@ void ctpu__report_cut(int why, ctpu_op_prov at, const ctpu_trace *t, const int64
             p->launches++;
             if (res->hit) p->hits++;
             p->last_step = step;
-            launch_add(r, p);
+            if (pe) launch_add_est(r, p, pe);
+            else launch_add(r, p);
         }
     }
     if (why == CTPU_CUT_LOOP) r->loop_cuts++;
@@ -938,7 +965,8 @@ static void cuts_json(cJSON *doc, ctpu_runtime *rt, ctpu_report_state *r)
     }
 }
 
-/* Matmul shapes: strict-mode ops plus each program's matmuls x launches;
+/* Matmul shapes: strict-mode ops and dynamic launches (at their own extents)
+ * plus each program's matmuls x its other launches;
  * ops by estimated compute time. Under r->mu. */
 static void shapes_ops_json(cJSON *doc, ctpu_runtime *rt, ctpu_report_state *r)
 {
@@ -947,11 +975,12 @@ static void shapes_ops_json(cJSON *doc, ctpu_runtime *rt, ctpu_report_state *r)
     for (int i = 0; i < r->n_mms; i++) all[nall++] = r->mms[i];
     for (size_t pi = 0; pi < r->n_progs; pi++) {
         const prog_rec *p = &r->progs[pi];
-        for (int j = 0; j < p->n_mm && p->launches; j++) {
+        uint64_t n = p->launches - p->priced_launches;   /* at the compile's extents */
+        for (int j = 0; j < p->n_mm && n; j++) {
             int f = -1;
             for (int q = 0; q < nall; q++) if (memcmp(&all[q].d, &p->mm[j], sizeof p->mm[j]) == 0) f = q;
-            if (f >= 0) all[f].count += p->launches;
-            else if (nall < MAX_MMS) all[nall++] = (mm_rec){ p->mm[j], p->launches };
+            if (f >= 0) all[f].count += n;
+            else if (nall < MAX_MMS) all[nall++] = (mm_rec){ p->mm[j], n };
         }
     }
     cJSON *mms = cJSON_AddArrayToObject(doc, "matmuls");

@@ -268,6 +268,20 @@ static void advise_held(const cJSON *d, advice_t *a)
            one ? "it" : "them", one ? "it" : "them");
 }
 
+/* Whether recompile record r is the one automatic dynamic turned into a
+ * dynamic program (shape_policies.auto_dynamic: same old and new program). */
+static bool made_dim_dynamic(const cJSON *d, const cJSON *r)
+{
+    const cJSON *ad = obj(obj(d, "shape_policies"), "auto_dynamic");
+    for (int i = 0; i < arr_n(ad); i++) {
+        const cJSON *e = cJSON_GetArrayItem(ad, i);
+        if (boolean(e, "dynamic") && num(e, "program") == num(r, "program") &&
+            num(e, "old_program") == num(r, "old_program"))
+            return true;
+    }
+    return false;
+}
+
 static void build_advice(const cJSON *d, advice_t *a)
 {
     memset(a, 0, sizeof *a);
@@ -289,14 +303,21 @@ static void build_advice(const cJSON *d, advice_t *a)
         for (int j = 0; j < nseen; j++) dup |= strcmp(seen[j], key) == 0;
         if (dup || nseen == 8) continue;
         snprintf(seen[nseen++], sizeof seen[0], "%s", key);
-        int count = 0;
+        int count = 0, made_dynamic = 0;
         for (int j = 0; j < arr_n(rs); j++) {
             int i2, d2;
             long long f2, t2;
-            if (parse_reason(str(cJSON_GetArrayItem(rs, j), "reason"), &i2, &d2, &f2, &t2) && i2 == in && d2 == dim)
+            const cJSON *r = cJSON_GetArrayItem(rs, j);
+            if (parse_reason(str(r, "reason"), &i2, &d2, &f2, &t2) && i2 == in && d2 == dim) {
                 count++;
+                made_dynamic += made_dim_dynamic(d, r);
+            }
         }
-        if (dim == 0 && to < from)
+        if (made_dynamic == count)
+            advise(a, "%d recompile%s from dim %d of input %d (%lld -> %lld) made the dim dynamic (automatic dynamic): "
+                      "later extents reuse the dynamic program; ctpu_mark_dynamic before the first step avoids %s too",
+                   count, count == 1 ? "" : "s", dim, in, from, to, count == 1 ? "this one" : "these");
+        else if (dim == 0 && to < from)
             advise(a, "%d recompile%s per run from dim 0 of input %d (%lld -> %lld, a smaller last batch): "
                       "dropping the last partial batch (drop_last) or padding it to the full size avoids it",
                    count, count == 1 ? "" : "s", in, from, to);
