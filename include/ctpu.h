@@ -895,7 +895,10 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  * the recompile limit (8); past it, a call at a shape already captured still
  * replays and only an unseen shape runs fn in the current mode.
  * TORCH_COMPILE_DISABLE=1 makes every call run fn in the current mode.
- * Results are bit-identical to running fn in strict eager. */
+ * Results are bit-identical to running fn in strict eager. A device fault in
+ * a replay (an index out of range) is reported as the capture's ops made it:
+ * the op (or the library call, ctpu_call_push: "cross_entropy", not its
+ * gather), its number in the call and its label. */
 typedef struct ctpu_compiled ctpu_compiled;
 /* A step: reads in[0..n_in) and scalars[0..n_scalars), writes out[0..n_out)
  * (every slot NULL-initialised by the caller of fn). Returns CTPU_OK or the

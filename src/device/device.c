@@ -763,7 +763,7 @@ static void execute(ctpu_device *dev, ctpu_cmd *cmd)
         if (cmd->buf != cmd->buf_inl) { free(cmd->buf); free(cmd->off); }
         if (cmd->scalars != cmd->scal_inl) free(cmd->scalars);
     }
-    if (cmd->n_prov && cmd->prov != &cmd->prov_inl) free(cmd->prov);
+    if (cmd->n_prov && cmd->prov != &cmd->prov_inl && !cmd->prov_shared) free(cmd->prov);
     ctpu_counter_add(dev->metrics, CTPU_CTR_COMMANDS_EXECUTED, 1);
 }
 
@@ -864,6 +864,7 @@ static void cmd_copy(ctpu_cmd *slot, const ctpu_cmd *cmd, int n_scal)
     slot->one_block = cmd->one_block;
     slot->debug_checks = cmd->debug_checks;
     slot->prov_span = cmd->prov_span;
+    slot->prov_shared = cmd->prov_shared;
     slot->program_id = cmd->program_id;
     int nb = cmd->n_bufs < CTPU_CMD_INLINE_BUFS ? cmd->n_bufs : CTPU_CMD_INLINE_BUFS;
     slot->buf = cmd->buf;

@@ -134,6 +134,7 @@ typedef struct {
     bool one_block;          /* buf is one heap block holding off (and scalars unless scal_inl) too: freed once */
     bool debug_checks;
     bool prov_span;          /* prov[n_prov], prov[n_prov + 1]: the program's first and last ops (trace file) */
+    bool prov_shared;        /* prov is borrowed (a compiled step's replay: its version owns it): not freed */
     ctpu_buffer **buf;       /* points at buf_inl, or a heap array if more */
     size_t *off;
     double *scalars;         /* scal_inl, or a heap array the command owns */

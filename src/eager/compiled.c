@@ -186,6 +186,15 @@ typedef struct version {
     int32_t *held_hs;          /* [n_pout] the handle row whose storage output o is written in place into, or -1 */
     int32_t *pub_q;            /* [n_pub] requests a call publishes: rebinds and new .grads */
     int n_pub;
+    /* the capture's provenance of the program's steps (the device's
+     * ctpu_cmd prov, n_prov, prov_span), lent to every replay's command so
+     * that its faults name the ops and calls fn made (as the capture's
+     * did: a compiled call numbers its ops from 1 as each capture does);
+     * freed once the last command that borrowed it has run (prov_seq) */
+    ctpu_op_prov *prov;
+    int n_prov;
+    bool prov_span;
+    uint64_t prov_seq;
 } version;
 
 enum { OUT_FRESH = 1, OUT_HELD, OUT_REUSED };
@@ -320,6 +329,8 @@ static void version_free(version *v)
     free(v->sc_dyn);
     free(v->unconf);
     if (v->scratch) ctpu_buffer_release(ctpu_rt->dev, v->scratch);
+    if (v->prov && v->prov_seq && ctpu_rt && ctpu_rt->dev) ctpu_device_wait(ctpu_rt->dev, v->prov_seq);
+    free(v->prov);
     free(v);
 }
 
@@ -743,7 +754,10 @@ static bool plan_replay(version *v)
 void ctpu__capture_sink(const ctpu_capture_sink *s)
 {
     struct ctpu_capture *cap = ctpu__ts->cap;
-    if (!cap || cap->fail[0]) return;
+    if (!cap || cap->fail[0]) {
+        free(s->prov);
+        return;
+    }
     version *v = calloc(1, sizeof *v);
     build_ctx b = { .cap = cap, .s = s, .v = v };
     b.rsrc = calloc((size_t)s->n_rin + 1, sizeof *b.rsrc);
@@ -780,6 +794,11 @@ void ctpu__capture_sink(const ctpu_capture_sink *s)
         v->prog = s->prog;
         if (s->run) ctpu_program_retain(s->run);
         v->run = s->run;
+        v->prov = s->prov;
+        v->n_prov = s->n_prov;
+        v->prov_span = s->prov_span;
+    } else {
+        free(s->prov);
     }
     free(b.rsrc);
     free(b.resolved);
@@ -1071,6 +1090,12 @@ static bool replay_cmd(replay_ctx *x, const ctpu_program *prog, const double *sc
     }
     cmd->debug_checks = v->dbg;
     cmd->program_id = v->program_id;
+    if (v->prov) {   /* borrowed: the version frees it after the last command that read it */
+        cmd->prov = v->prov;
+        cmd->n_prov = v->n_prov;
+        cmd->prov_span = v->prov_span;
+        cmd->prov_shared = true;
+    }
     return true;
 }
 
@@ -1127,6 +1152,7 @@ static ctpu_status replay(version *v, ctpu_trec *const *inrec, const double *sca
     }
     if (st == CTPU_OK) {
         uint64_t seq = ctpu_device_submit(rt->dev, &x.cmd);   /* the command owns heap arrays now */
+        if (v->prov) v->prov_seq = seq;
         ctpu_program_note_submit(prog, seq);
         if (prog != v->prog) ctpu_program_note_submit(v->prog, seq);   /* the bound launch reads its tables */
         ctpu_metrics *m = &rt->metrics;

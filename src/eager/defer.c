@@ -1477,6 +1477,10 @@ static void publish(flush_ctx *f)
     ctpu_runtime *rt = f->rt;
     ctpu_metrics *m = &rt->metrics;
     if (!f->op_by_op) {
+        ctpu_op_prov *cap_prov = NULL;   /* a capture's copy of the launch's provenance, for its replays */
+        size_t n_cap_prov = (size_t)f->cmd.n_prov + (f->cmd.prov_span ? 2 : 0);
+        if (f->sink && f->cmd.n_prov > 0 && (cap_prov = malloc(sizeof *cap_prov * n_cap_prov)))
+            memcpy(cap_prov, f->cmd.prov, sizeof *cap_prov * n_cap_prov);
         uint64_t seq = ctpu_device_submit(rt->dev, &f->cmd);   /* the command owns heap arrays now */
         ctpu_program_note_submit(f->prog, seq);
         ctpu_program *run_keep = NULL;   /* a capture's bound launch, held until its sink took its own ref */
@@ -1491,12 +1495,16 @@ static void publish(flush_ctx *f)
         if (f->sink) {                        /* before the handles change: owners still hold the inputs */
             ctpu_capture_sink cs = { .program_id = f->res.program_id, .prog = f->prog, .plan = f->plan,
                                      .nreq = f->nreq, .reqs = f->reqs, .rrec = f->rrec, .rh = f->rh,
-                                     .run = run_keep, .out_bytes = f->out_bytes };
+                                     .run = run_keep, .out_bytes = f->out_bytes,
+                                     .prov = cap_prov, .n_prov = cap_prov ? f->cmd.n_prov : 0,
+                                     .prov_span = cap_prov && f->cmd.prov_span };
             cs.n_rin = ctpu_trace_rec_inputs(t_df.rec, &cs.rin_buf, &cs.rin_off, &cs.rin_type);
             cs.rscal = ctpu_trace_rec_scalars(t_df.rec);
             cs.n_rscal = ctpu_trace_rec_n_scalars(t_df.rec);
-            ctpu__capture_sink(&cs);
+            ctpu__capture_sink(&cs);   /* takes cap_prov */
+            cap_prov = NULL;
         }
+        free(cap_prov);
         if (run_keep) ctpu_cache_release(rt->fused_cache, run_keep);
     }
     t_df.n_made = 0;

@@ -509,6 +509,13 @@ typedef struct {
      * its outputs' bytes; NULL: prog ran as compiled, plan->out_bytes */
     struct ctpu_program *run;
     const size_t *out_bytes;
+    /* the capture's launch provenance (its command's prov, n_prov, prov_span),
+     * a malloc'd copy the sink takes (NULL: none): a replay's device faults
+     * name the ops and calls of the capture (op numbers, labels, the call a
+     * loss's gather is reported as) */
+    ctpu_op_prov *prov;
+    int n_prov;
+    bool prov_span;
 } ctpu_capture_sink;
 
 /* ------------------------------------------------------------ compiled steps (compiled.c) */
