@@ -498,8 +498,9 @@ static cap_coef cap_coefs(const ctpu_optim *o, int g)
 {
     cap_coef c = { ctpu_mul_scalar(o->lr_t, o->lr_scale[g]), CTPU_NULL, CTPU_NULL, CTPU_NULL, CTPU_NULL };
     if (o->kind == OPT_SGD) {
+        /* cap_step has counted this step already: step_t is 1 at the first */
         if (o->sgd.momentum != 0 && o->sgd.dampening != 0)
-            c.first = ctpu_where(ctpu_eq_scalar(o->step_t, 0), ctpu_full(CTPU_F32, 0, NULL, 1.0),
+            c.first = ctpu_where(ctpu_eq_scalar(o->step_t, 1), ctpu_full(CTPU_F32, 0, NULL, 1.0),
                                  ctpu_full(CTPU_F32, 0, NULL, 1.0 - o->sgd.dampening));
         return c;
     }
