@@ -880,7 +880,10 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  *   step counter, an optimizer's host-side lr or step count) is baked into
  *   the capture, as torch.compile specialises Python values.
  * - out[j]: fn's results, new handles in the caller's scope at each call
- *   (detached: the step's backward is inside fn).
+ *   (detached: the step's backward is inside fn). An input fn returns is
+ *   that call's in[i]; a view fn makes without an op (detach, reshape,
+ *   transpose) of an input or of a tensor the step reads is made anew on
+ *   that call's storage, as torch.compile regenerates output views.
  * A graph break (a host read such as ctpu_item or ctpu_to_host, a mode
  * change, a collective such as ctpu_all_reduce, a nested
  * ctpu_compiled_call of another step inside fn, a ctpu_sync, ctpu_mark_step or

@@ -1300,6 +1300,255 @@ START_TEST(clip_grad_norm_edges)
 }
 END_TEST
 
+
+/* ================================================= 21. in-place on aliases: a = a + a^T, a = a^T; reshape of views
+ * torch: a += a.T reads a's old values everywhere (torch errors on the
+ * overlapping in-place form, pytorch/pytorch#8212; out-of-place it is
+ * a + a^T); a fused in-place write must not clobber what a transposed read
+ * still needs (pytorch/xla#2267-class aliasing in lazy traces). Reshape of a
+ * transposed / permuted / strided view reads the view's order
+ * (pytorch/pytorch#2530-class view-vs-reshape bugs). 64 x 48 so that fused
+ * blocks and threads split the matrix. */
+#define AR 48
+static void rg_inplace_alias(int m, float *out_sum, float *out_t)
+{
+    static float a0[AR * AR];
+    for (int i = 0; i < AR * AR; i++) a0[i] = (float)(i % 97) - 40;
+    ctpu_set_mode((ctpu_mode)m);
+    ctpu_scope_begin();
+    ctpu_tensor a = t_f32(a0, 2, (const int64_t[]){ AR, AR });
+    ctpu_tensor b = t_f32(a0, 2, (const int64_t[]){ AR, AR });
+    ctpu_tensor c = t_f32(a0, 2, (const int64_t[]){ AR, AR });
+    ck_assert_int_eq(ctpu_assign(a, ctpu_add(a, ctpu_transpose(a, 0, 1))), CTPU_OK);
+    ck_assert_int_eq(ctpu_assign(b, ctpu_transpose(b, 0, 1)), CTPU_OK);
+    /* c = 2 c^T - c, then c = c^T again in the same trace */
+    ck_assert_int_eq(ctpu_assign(c, ctpu_sub(ctpu_mul_scalar(ctpu_transpose(c, 0, 1), 2), c)), CTPU_OK);
+    ck_assert_int_eq(ctpu_assign(c, ctpu_contiguous(ctpu_transpose(c, 0, 1))), CTPU_OK);
+    ck_assert_int_eq(ctpu_to_host(a, out_sum, sizeof(float) * AR * AR), CTPU_OK);
+    ck_assert_int_eq(ctpu_to_host(b, out_t, sizeof(float) * AR * AR), CTPU_OK);
+    static float gc[AR * AR];
+    ck_assert_int_eq(ctpu_to_host(c, gc, sizeof gc), CTPU_OK);
+    for (int i = 0; i < AR; i++)
+        for (int j = 0; j < AR; j++) {
+            float x = a0[i * AR + j], xt = a0[j * AR + i];
+            ck_assert_msg(out_sum[i * AR + j] == x + xt, "[%s] a = a + a^T at (%d,%d): %g, want %g", rg_mode_name[m], i,
+                          j, out_sum[i * AR + j], x + xt);
+            ck_assert_msg(out_t[i * AR + j] == xt, "[%s] a = a^T at (%d,%d): %g, want %g", rg_mode_name[m], i, j,
+                          out_t[i * AR + j], xt);
+            /* c1 = 2 c0^T - c0; c2 = c1^T = 2 c0 - c0^T */
+            ck_assert_msg(gc[i * AR + j] == 2 * x - xt, "[%s] c at (%d,%d): %g, want %g", rg_mode_name[m], i, j,
+                          gc[i * AR + j], 2 * x - xt);
+        }
+    ctpu_scope_end();
+    ctpu_set_mode(CTPU_MODE_STRICT);
+}
+START_TEST(inplace_assign_through_transposed_alias)
+{
+    static float s[AR * AR], t[AR * AR];
+    for (int m = 0; m < 3; m++) rg_inplace_alias(m, s, t);
+}
+END_TEST
+
+static ctpu_tensor f_reshape_t(const ctpu_tensor *in)
+{
+    return ctpu_reshape(ctpu_transpose(in[0], 0, 1), 1, (const int64_t[]){ -1 });
+}
+static ctpu_tensor f_flatten_perm(const ctpu_tensor *in)
+{
+    return ctpu_flatten(ctpu_permute(in[0], (const int[]){ 2, 0, 1 }), 0, 2);
+}
+static ctpu_tensor f_reshape_slice(const ctpu_tensor *in)
+{
+    return ctpu_reshape(ctpu_slice(in[0], 1, 1, 4, 2), 1, (const int64_t[]){ -1 });
+}
+static ctpu_tensor f_expand_reshape(const ctpu_tensor *in)
+{
+    return ctpu_reshape(ctpu_expand(in[0], 2, (const int64_t[]){ 3, 2 }), 1, (const int64_t[]){ 6 });
+}
+START_TEST(reshape_of_noncontiguous_views)
+{
+    const float x[6] = { 0, 1, 2, 3, 4, 5 };
+    rg_in i23 = RG_IN(CTPU_F32, 2, x, 2, 3);
+    const double wt[6] = { 0, 3, 1, 4, 2, 5 };
+    rg_expect("reshape(transpose)", f_reshape_t, 1, &i23, 6, wt, 0);
+    float y[24];
+    for (int i = 0; i < 24; i++) y[i] = (float)i;
+    rg_in i234 = RG_IN(CTPU_F32, 3, y, 2, 3, 4);
+    double wp[24];
+    for (int k = 0, n = 0; k < 4; k++)   /* permute(2, 0, 1): [4, 2, 3] */
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 3; j++) wp[n++] = i * 12 + j * 4 + k;
+    rg_expect("flatten(permute)", f_flatten_perm, 1, &i234, 24, wp, 0);
+    rg_in i24 = RG_IN(CTPU_F32, 2, y, 2, 4);
+    const double ws[4] = { 1, 3, 5, 7 };
+    rg_expect("reshape(slice step 2)", f_reshape_slice, 1, &i24, 4, ws, 0);
+    rg_in i12 = RG_IN(CTPU_F32, 2, x, 1, 2);
+    const double we[6] = { 0, 1, 0, 1, 0, 1 };
+    rg_expect("reshape(expand)", f_expand_reshape, 1, &i12, 6, we, 0);
+    rg_grad_expect("reshape(transpose)", f_reshape_t, 1, &i23, 6, (const double[]){ 1, 1, 1, 1, 1, 1 }, 0);
+}
+END_TEST
+
+/* A trace reading a tensor that is assigned later in the same trace reads
+ * the old value (defer and fuse; pytorch/xla#1991-class mutation ordering). */
+START_TEST(read_before_assign_in_one_trace)
+{
+    for (int m = 0; m < 3; m++) {
+        ctpu_set_mode((ctpu_mode)m);
+        ctpu_scope_begin();
+        ctpu_tensor w = T_VEC(1, 2, 3);
+        ctpu_tensor y = ctpu_mul_scalar(w, 2);
+        ck_assert_int_eq(ctpu_assign(w, ctpu_full(CTPU_F32, 1, (const int64_t[]){ 3 }, 10)), CTPU_OK);
+        ctpu_tensor z = ctpu_add(w, y);
+        float gy[3], gz[3];
+        ck_assert_int_eq(ctpu_to_host(y, gy, sizeof gy), CTPU_OK);
+        ck_assert_int_eq(ctpu_to_host(z, gz, sizeof gz), CTPU_OK);
+        for (int i = 0; i < 3; i++) {
+            ck_assert_msg(gy[i] == 2 * (i + 1), "[%s] y[%d] = %g: read after the assign", rg_mode_name[m], i, gy[i]);
+            ck_assert_msg(gz[i] == 10 + 2 * (i + 1), "[%s] z[%d] = %g", rg_mode_name[m], i, gz[i]);
+        }
+        ctpu_scope_end();
+    }
+    ctpu_set_mode(CTPU_MODE_STRICT);
+}
+END_TEST
+
+
+/* ================================================= 22. compiled steps: guards, mutation, aliasing, freed captures
+ * torch.compile-class bugs: a changed scalar argument must not replay the
+ * old value (pytorch/pytorch#100455-class missing guards on Python
+ * scalars); a changed dtype must recompile (pytorch/pytorch#93749-class);
+ * a tensor mutated between calls must be read anew (pytorch/pytorch#91555:
+ * stale captured tensor in CUDA graphs / cudagraph trees); two inputs that
+ * alias at the capture but not later (pytorch/pytorch#96219-class aliasing
+ * guards); an input returned as an output; a captured tensor released
+ * between calls (pytorch/pytorch#102302-class freed weakref in guards). */
+static ctpu_tensor rg_W;     /* a parameter the step reads (made before the call) */
+static int rg_fn_runs;
+static ctpu_status st_scale(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)ctx;
+    rg_fn_runs++;
+    out[0] = ctpu_add_scalar(ctpu_mul(in[0], rg_W), sc[0]);
+    return ctpu_is_null(out[0]) ? ctpu_last_status() : CTPU_OK;
+}
+static ctpu_status st_two(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)ctx; (void)sc;
+    rg_fn_runs++;
+    out[0] = ctpu_sub(ctpu_mul_scalar(in[0], 3), in[1]);
+    return ctpu_is_null(out[0]) ? ctpu_last_status() : CTPU_OK;
+}
+static ctpu_status st_ident(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)ctx; (void)sc;
+    rg_fn_runs++;
+    out[0] = in[0];
+    out[1] = ctpu_add_scalar(in[0], 1);
+    out[2] = ctpu_detach(in[0]);
+    out[3] = ctpu_reshape(in[0], 2, (const int64_t[]){ 1, 3 });
+    out[4] = ctpu_contiguous(in[0]);
+    out[5] = ctpu_transpose(ctpu_reshape(in[0], 2, (const int64_t[]){ 3, 1 }), 0, 1);
+    out[6] = ctpu_reshape(rg_W, 2, (const int64_t[]){ 3, 1 });   /* a view of a tensor the step reads */
+    out[7] = ctpu_add(rg_W, in[0]);
+    return CTPU_OK;
+}
+static void rg_vals(ctpu_tensor t, float *v, int n)
+{
+    ck_assert_msg(ctpu_to_host_as_f32(t, v, sizeof(float) * (size_t)n) == CTPU_OK, "%s", ctpu_last_error());
+}
+START_TEST(compiled_guards_mutation_aliasing)
+{
+    int64_t n3 = 3;
+    rg_W = ctpu_keep(T_VEC(1, 2, 3));
+    ctpu_compiled *c = ctpu_compile(st_scale, NULL, NULL);
+    float v[3];
+    rg_fn_runs = 0;
+    for (int call = 0; call < 6; call++) {
+        ctpu_scope_begin();
+        ctpu_tensor x = T_VEC(1, 1, 1), out = CTPU_NULL;
+        double sc = call < 3 ? 0.5 : 0.25 * call;   /* a new value from call 3 on */
+        if (call == 4) ck_assert_int_eq(ctpu_assign(rg_W, T_VEC(10, 20, 30)), CTPU_OK);   /* mutated eagerly */
+        ck_assert_msg(ctpu_compiled_call(c, 1, &x, 1, &sc, 1, &out) == CTPU_OK, "%s", ctpu_last_error());
+        rg_vals(out, v, 3);
+        const float w = call >= 4 ? 10 : 1;
+        for (int i = 0; i < 3; i++)
+            ck_assert_msg(v[i] == (float)(w * (i + 1) + sc), "call %d: element %d is %g, want %g", call, i, v[i],
+                          w * (i + 1) + sc);
+        ctpu_scope_end();
+    }
+    /* an f32 input replaced by bf16: a guard failure, recaptured, computed in bf16 */
+    ctpu_scope_begin();
+    const float xb[3] = { 1, 1, 1 };
+    ctpu_tensor xh = ctpu_from_host_f32_as_bf16(xb, 1, &n3), out = CTPU_NULL;
+    double sc = 0.5;
+    int runs = rg_fn_runs;
+    ck_assert_msg(ctpu_compiled_call(c, 1, &xh, 1, &sc, 1, &out) == CTPU_OK, "%s", ctpu_last_error());
+    ck_assert_int_eq(rg_fn_runs, runs + 1);
+    ctpu_compiled_info info;
+    ctpu_compiled_get_info(c, &info);
+    ck_assert_msg(t_contains(info.last_reason, "input 0"), "guard reason: %s", info.last_reason);
+    rg_vals(out, v, 3);
+    ck_assert_msg(v[0] == 10.5f && v[1] == 20.5f && v[2] == 30.5f, "bf16 call: %g %g %g", v[0], v[1], v[2]);
+    ctpu_scope_end();
+    /* the captured W released: the next call must not read its old storage */
+    ck_assert_int_eq(ctpu_release(rg_W), CTPU_OK);
+    ctpu_scope_begin();
+    ctpu_tensor x = T_VEC(1, 1, 1);
+    ctpu_status st = ctpu_compiled_call(c, 1, &x, 1, &sc, 1, &out);
+    ck_assert_msg(st != CTPU_OK, "a call after its captured tensor was released succeeded (read freed storage)");
+    ck_assert_msg(t_contains(ctpu_last_error(), "released") || t_contains(ctpu_last_error(), "stale"), "%s",
+                  ctpu_last_error());
+    ctpu_scope_end();
+    ctpu_compiled_free(c);
+    ctpu_clear_error();
+
+    /* inputs aliasing: the same tensor twice at the capture, two tensors later, and back */
+    c = ctpu_compile(st_two, NULL, NULL);
+    for (int call = 0; call < 5; call++) {
+        ctpu_scope_begin();
+        ctpu_tensor a = T_VEC(1, 2, 3), b = T_VEC(5, 5, 5);
+        ctpu_tensor in[2] = { a, (call == 0 || call == 1 || call == 4) ? a : b };
+        ck_assert_msg(ctpu_compiled_call(c, 2, in, 0, NULL, 1, &out) == CTPU_OK, "%s", ctpu_last_error());
+        rg_vals(out, v, 3);
+        for (int i = 0; i < 3; i++) {
+            float want = 3.0f * (float)(i + 1) - (in[1].id == a.id ? (float)(i + 1) : 5.0f);
+            ck_assert_msg(v[i] == want, "aliasing call %d: element %d is %g, want %g", call, i, v[i], want);
+        }
+        ctpu_scope_end();
+    }
+    ctpu_compiled_free(c);
+
+    /* an input returned as an output, and views of it and of a parameter (torch.compile regenerates
+     * output views of inputs: pytorch/pytorch#93472-class "output aliases input" bugs): each call
+     * returns views of that call's storage */
+    rg_W = ctpu_keep(T_VEC(100, 100, 100));
+    c = ctpu_compile(st_ident, NULL, NULL);
+    for (int call = 0; call < 4; call++) {
+        ctpu_scope_begin();
+        ck_assert_int_eq(ctpu_assign(rg_W, ctpu_full(CTPU_F32, 1, &n3, 100.0 * call)), CTPU_OK);
+        ctpu_tensor a = ctpu_full(CTPU_F32, 1, &n3, (double)call), o2[8];
+        ck_assert_msg(ctpu_compiled_call(c, 1, &a, 0, NULL, 8, o2) == CTPU_OK, "%s", ctpu_last_error());
+        rg_vals(o2[6], v, 3);
+        ck_assert_msg(v[0] == 100.0f * call, "call %d: reshape(W) holds %g, W is %g", call, v[0], 100.0 * call);
+        rg_vals(o2[7], v, 3);
+        ck_assert_msg(v[0] == 101.0f * call, "call %d: W + in holds %g", call, v[0]);
+        static const char *const what[6] = { "the input", "input + 1", "detach(input)", "reshape(input)",
+                                             "contiguous(input)", "transpose(reshape(input))" };
+        for (int j = 0; j < 6; j++) {
+            rg_vals(o2[j], v, 3);
+            ck_assert_msg(v[0] == (float)call + (j == 1), "call %d: out[%d] = %s holds %g (a stale capture value?)",
+                          call, j, what[j], v[0]);
+        }
+        ctpu_scope_end();
+    }
+    ctpu_compiled_get_info(c, &info);
+    ck_assert_msg(info.replays >= 2, "views of inputs: %d replays of 4 calls (%s)", (int)info.replays, info.last_reason);
+    ctpu_compiled_free(c);
+    ctpu_release(rg_W);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("regress");
@@ -1330,6 +1579,10 @@ int main(void)
     tcase_add_test(tc, autograd_diamond_and_views);
     tcase_add_test(tc, optimizers_match_torch);
     tcase_add_test(tc, clip_grad_norm_edges);
+    tcase_add_test(tc, inplace_assign_through_transposed_alias);
+    tcase_add_test(tc, reshape_of_noncontiguous_views);
+    tcase_add_test(tc, read_before_assign_in_one_trace);
+    tcase_add_test(tc, compiled_guards_mutation_aliasing);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -153,6 +153,14 @@ typedef struct version {
     uint64_t *no_grad_leaf;    /* [n_no_grad] guard: no .grad at the call's start */
     int32_t *out_rq;           /* [n_out_user] request giving out[j], or -1 */
     uint64_t *out_fixed;       /* [n_out_user] a handle made before the call fn returned, or 0 */
+    int32_t *out_in;           /* [n_out_user] the input fn returned as out[j] (each call's in[i]), or -1 */
+    /* out[j] a view fn made (no op recorded) of an input's storage (base i
+     * >= 0) or of a tensor the step reads (row h: base -2 - h), -1: none;
+     * each replay makes it anew on that call's storage: its type, at the
+     * base's offset + delta bytes */
+    int32_t *out_vbase;        /* [n_out_user] */
+    ctpu_vtype *out_vtype;     /* [n_out_user] */
+    int64_t *out_vdelta;       /* [n_out_user] */
     double *arg_val;           /* [n_scalars] scalars[i] at the capture */
     /* the distinct handles it reads, assigns or whose .grad it writes: one
      * lookup each per call (the guards fill hrec; the binding reads it) */
@@ -312,6 +320,10 @@ static void version_free(version *v)
     free(v->no_grad_leaf);
     free(v->out_rq);
     free(v->out_fixed);
+    free(v->out_in);
+    free(v->out_vbase);
+    free(v->out_vtype);
+    free(v->out_vdelta);
     free(v->arg_val);
     free(v->hid);
     free(v->inplace_ids);
@@ -618,6 +630,10 @@ static bool version_alloc(version *v, const ctpu_capture_sink *s, const struct c
     v->no_grad_leaf = malloc(sizeof *v->no_grad_leaf * ((size_t)cap->n_grads + 1));
     v->out_rq = malloc(sizeof *v->out_rq * ((size_t)v->n_out_user + 1));
     v->out_fixed = calloc((size_t)v->n_out_user + 1, sizeof *v->out_fixed);
+    v->out_in = malloc(sizeof *v->out_in * ((size_t)v->n_out_user + 1));
+    v->out_vbase = malloc(sizeof *v->out_vbase * ((size_t)v->n_out_user + 1));
+    v->out_vtype = malloc(sizeof *v->out_vtype * ((size_t)v->n_out_user + 1));
+    v->out_vdelta = malloc(sizeof *v->out_vdelta * ((size_t)v->n_out_user + 1));
     v->arg_val = malloc(sizeof *v->arg_val * ((size_t)v->n_scalars + 1));
     v->outb = calloc((size_t)v->n_pout + 1, sizeof *v->outb);
     v->outo = calloc((size_t)v->n_pout + 1, sizeof *v->outo);
@@ -627,7 +643,8 @@ static bool version_alloc(version *v, const ctpu_capture_sink *s, const struct c
     v->unconf = malloc(sizeof *v->unconf * ((size_t)v->n_psc + 1));
     if (!v->outb || !v->outo || !v->outk || !v->sc_tmpl || !v->sc_dyn || !v->unconf) return false;
     return v->user_type && v->user_same && v->in && v->sc && v->rq && v->alias_req && v->grad_rq && v->out_bytes &&
-           v->rng && v->no_grad_leaf && v->out_rq && v->out_fixed && v->arg_val;
+           v->rng && v->no_grad_leaf && v->out_rq && v->out_fixed && v->out_in && v->out_vbase && v->out_vtype &&
+           v->out_vdelta && v->arg_val;
 }
 
 /* The guards' facts and the plan's copies. */
@@ -653,8 +670,12 @@ static void version_fill(version *v, const ctpu_capture_sink *s, const struct ct
     for (int i = 0; i < v->n_scalars; i++) v->arg_val[i] = cap->scalars[i];
     for (int j = 0; j < v->n_out_user; j++) {
         v->out_rq[j] = -1;
+        v->out_in[j] = -1;
+        v->out_vbase[j] = -1;
         ctpu_trec *r = live_rec(cap->out[j].id);
         if (r && !ctpu_rec_pending(r)) v->out_fixed[j] = cap->out[j].id;   /* fn returned a tensor made before */
+        for (int i = 0; r && i < v->n_user; i++)   /* an input returned: each call returns its own in[i] */
+            if (cap->inrec[i] == r) { v->out_in[j] = i; v->out_fixed[j] = 0; break; }
     }
 }
 
@@ -751,6 +772,36 @@ static bool plan_replay(version *v)
     return true;
 }
 
+/* An out[j] fn made as a view (a new handle on existing storage, no op
+ * recorded: detach, reshape, a transpose) of an input or of a tensor the
+ * step reads: each replay makes it on that call's storage (the capture's
+ * handle holds the capture's value, and its scope may have ended). A
+ * tensor made before the call returned as itself stays fixed. */
+static void map_out_views(version *v, const struct ctpu_capture *cap)
+{
+    for (int j = 0; j < v->n_out_user; j++) {
+        uint64_t id = v->out_fixed[j];
+        const ctpu_trec *r = id ? live_rec(id) : NULL;
+        if (!r || !r->buf) continue;
+        bool own = false;
+        for (int h = 0; h < v->n_h && !own; h++) own = v->hid[h] == id;
+        if (own) continue;
+        int base = -1;
+        size_t boff = 0;
+        for (int i = 0; i < v->n_user && base == -1; i++)
+            if (cap->inrec[i]->buf == r->buf) { base = i; boff = cap->inrec[i]->off; }
+        for (int h = 0; h < v->n_h && base == -1; h++) {
+            const ctpu_trec *b = live_rec(v->hid[h]);
+            if (b && !ctpu_rec_pending(b) && b->buf == r->buf) { base = -2 - h; boff = b->off; }
+        }
+        if (base == -1) continue;
+        v->out_vbase[j] = base;
+        v->out_vtype[j] = r->type;
+        v->out_vdelta[j] = (int64_t)r->off - (int64_t)boff;
+        v->out_fixed[j] = 0;
+    }
+}
+
 void ctpu__capture_sink(const ctpu_capture_sink *s)
 {
     struct ctpu_capture *cap = ctpu__ts->cap;
@@ -785,6 +836,7 @@ void ctpu__capture_sink(const ctpu_capture_sink *s)
         ok = false;
     }
     if (ok) map_grads(v);
+    if (ok) map_out_views(v, cap);
     if (ok && !plan_replay(v)) {
         snprintf(cap->fail, sizeof cap->fail, "out of host memory");
         ok = false;
@@ -948,6 +1000,7 @@ static bool guards_hold(version *v, int n_in, const ctpu_tensor *in, ctpu_trec *
 /* ------------------------------------------------------------ replay */
 typedef struct {
     version *v;
+    const ctpu_tensor *in;     /* the call's inputs */
     ctpu_trec *const *inrec;
     ctpu_buffer **outb;        /* v's arrays */
     size_t *outo;
@@ -1125,7 +1178,14 @@ static void replay_publish(replay_ctx *x, ctpu_tensor *out)
         if (!ctpu_is_null(g) && !ctpu__ag_set_grad((ctpu_tensor){ r->h }, g)) ctpu_release(g);
     }
     for (int j = 0; j < v->n_out_user; j++) {
-        out[j] = (ctpu_tensor){ v->out_fixed[j] };
+        out[j] = v->out_in[j] >= 0 ? x->in[v->out_in[j]] : (ctpu_tensor){ v->out_fixed[j] };
+        if (v->out_vbase[j] != -1) {   /* a view: on this call's storage */
+            int bs = v->out_vbase[j];
+            const ctpu_trec *b = bs >= 0 ? x->inrec[bs] : v->hrec[-2 - bs];
+            ctpu_buffer_retain(b->buf);
+            out[j] = ctpu_handle_new(&v->out_vtype[j], b->buf, (size_t)((int64_t)b->off + v->out_vdelta[j]),
+                                     "compiled_call");
+        }
         int q = v->out_rq[j];
         if (q < 0) continue;
         int first = j;
@@ -1140,11 +1200,12 @@ static void replay_publish(replay_ctx *x, ctpu_tensor *out)
 
 /* One launch of a version's program (held by the version: an evicted one
  * still runs, freed after its holder lets go and its last command ran). */
-static ctpu_status replay(version *v, ctpu_trec *const *inrec, const double *scalars, ctpu_tensor *out)
+static ctpu_status replay(version *v, const ctpu_tensor *in, ctpu_trec *const *inrec, const double *scalars,
+                          ctpu_tensor *out)
 {
     ctpu_runtime *rt = ctpu_rt;
     ctpu_program *prog = v->run ? v->run : v->prog;   /* a dynamic program's launch at these extents, or the program */
-    replay_ctx x = { .v = v, .inrec = inrec, .outb = v->outb, .outo = v->outo, .outk = v->outk };
+    replay_ctx x = { .v = v, .in = in, .inrec = inrec, .outb = v->outb, .outo = v->outo, .outk = v->outk };
     ctpu_status st = CTPU_OK;
     if (!replay_outputs(&x, prog) || !replay_cmd(&x, prog, scalars)) {
         st = CTPU_ERR_OOM;
@@ -1614,7 +1675,7 @@ static ctpu_status call_dispatch(ctpu_compiled *c, int n_in, const ctpu_tensor *
         return st;
     }
     if (v) {
-        st = replay(v, inrec, scalars, out);
+        st = replay(v, in, inrec, scalars, out);
         if (st == CTPU_OK) c->info.replays++;
         return st;
     }
