@@ -404,6 +404,11 @@ static const int64_t shapes[][4] = {
     { 1, 30, 50, 37 },   /* a partial 32-wide panel with 16 whole lanes (the plain-load pack path) */
     /* skinny N, computed as C^T (the transposed store: 16 x 16 tiles, partial ones) */
     { 1, 128, 10, 128 }, { 1, 200, 9, 33 }, { 2, 45, 3, 20 },
+    /* K >= 32 with A row-major: the FMA row layout (each row count of the
+     * last panel, K odd and even, chunks of 128 pairs crossed) */
+    { 1, 11, 33, 32 }, { 1, 13, 17, 33 }, { 1, 25, 31, 64 }, { 2, 12, 16, 257 }, { 1, 23, 15, 300 },
+    { 1, 1, 40, 45 }, { 1, 16, 64, 513 }, { 1, 14, 1, 99 }, { 1, 22, 47, 35 }, { 1, 21, 32, 40 },
+    { 1, 20, 33, 41 }, { 1, 19, 2, 34 }, { 1, 18, 65, 36 },
 };
 
 START_TEST(test_isa_bitexact)

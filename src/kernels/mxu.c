@@ -20,6 +20,9 @@
 #ifndef MXU_KC           /* (overridable for tuning builds only) */
 #define MXU_KC 128       /* pairs per chunk: a 32-column planar B micro-panel is 32 KiB */
 #endif
+#ifndef MXU_AR_MIN_K     /* the FMA row layout from this K on (below, the planar one was faster) */
+#define MXU_AR_MIN_K 32
+#endif
 #ifndef MXU_SCR_PAD
 #define MXU_SCR_PAD 16
 #endif
@@ -109,7 +112,7 @@ static void mm_pack_chunk(const mm_ctx *x, int is_a, int64_t bi, int64_t q, int6
     uint32_t *panel = is_a ? x->ap + ((x->nba > 1 ? bi : 0) * x->mp + q) * x->apd
                            : x->bp + ((x->nbb > 1 ? bi : 0) * x->np + q) * x->bpd;
     if (is_a && x->ars) {
-        pa.dst = panel + k0;
+        pa.dst = panel + k0 * x->lw;
         x->im->pack_ar(&pa, x->ars, 0, 1);
     } else {
         pa.dst = panel + k0 * pa.w * x->lw;
@@ -244,7 +247,7 @@ static void mm_tile(const mm_ctx *x, const mm_pos *p, const uint32_t *ab, const 
         ctpu_mxu_pf pfd;
         const ctpu_mxu_pf *pf = packing_a || packing_b ? mm_prefetch_of(x, p, &pfd) : NULL;
         int lastk = k0 + kc >= x->kp;
-        im->kernel_ar[last ? g->M % mr : mr](kc, ab + i * x->apd + k0, x->ars, bj, k0 > 0 ? st : NULL, ld,
+        im->kernel_ar[last ? g->M % mr : mr](kc, ab + i * x->apd + k0 * x->lw, x->ars, bj, k0 > 0 ? st : NULL, ld,
                                              lastk ? ct : st, lastk ? lc : ld, pf);
         return;
     }
@@ -454,14 +457,14 @@ static void mm_do(const ctpu_mm_args *go, ctpu_k_pool *pool, ctpu_k_ws *ws)
     /* A with unit stride along k at default precision: the row layout (no
      * transpose in packing) where the ISA has it. Rows 64-byte aligned and
      * not a multiple of 1 KiB apart (the W rows would share L1 sets). */
+    x.lw = x.im->planar ? 2 : 1;
     if (x.im->kernel_ar && x.npass == 1 && x.pka.parts[0] == 0 && x.pka.sk == 1 && x.pka.si != 1 &&
-        (g->a_dtype == CTPU_KDT_F32 || g->a_dtype == CTPU_KDT_BF16)) {
-        x.ars = (x.kp + 15) / 16 * 16;
+        (g->a_dtype == CTPU_KDT_F32 || g->a_dtype == CTPU_KDT_BF16) && (!x.im->planar || g->K >= MXU_AR_MIN_K)) {
+        x.ars = (x.kp * x.lw + 15) / 16 * 16;
         if (x.ars % 256 == 0) x.ars += 16;
         x.apd = x.ars * x.mr;
     }
     x.bpd = ctpu_mxu_panel_dwords(&x.pkb) * (x.im->planar ? 2 : 1);
-    x.lw = x.im->planar ? 2 : 1;
     /* c as the output of full tiles: when K is one chunk (each tile is
      * written once: no scratch, no copy) or, with the row layout, the last
      * chunk's micro-kernel stores there (the chunks before accumulate in the

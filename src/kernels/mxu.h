@@ -48,11 +48,13 @@
  * ceil(K/2). Rows past I and the odd partner past K are +0.
  * A second, planar layout (for FMA micro-kernels) holds the same values as
  * f32: for each kp, W odd elements X[.., 2p+1] then W even elements X[.., 2p].
- * A third, row layout (A only, vdpbf16ps micro-kernel, default precision,
- * A with unit stride along k): the same pair dwords, but each of the panel's
- * W rows holds its kp dwords contiguously (row r at r * rs dwords, rs >= kp,
- * padded so the rows do not share L1 sets): packing is one vcvtne2ps2bf16
- * per 32 elements, no transpose; the micro-kernel broadcasts from W rows.
+ * A third, row layout (A only, default precision, A with unit stride along
+ * k): each of the panel's W rows holds its kp pairs contiguously (row r at
+ * r * rs dwords, padded so the rows do not share L1 sets), no transpose; the
+ * micro-kernel broadcasts from W rows. For the vdpbf16ps micro-kernel the
+ * same pair dwords (rs >= kp; one vcvtne2ps2bf16 per 32 elements); for the
+ * FMA ones (planar impls) the row's elements as bf16-valued f32 in natural
+ * order, 2 kp of them (rs >= 2 kp; the odd partner past K a +0).
  * A micro-kernel computes a full MR x NR tile of f32 into c (row stride ldc),
  * starting from c (load != 0) or from +0.
  */

@@ -6,7 +6,10 @@
  *   FTZ|DAZ (tininess after rounding, as vdpbf16ps), so a K pair is two
  *   vfmadd231ps, odd element first, on operands packed as bf16-valued f32
  *   (planar layout). Micro-tile 12 x 32: 24 zmm accumulators, 4 B vectors
- *   per K pair, A broadcast from memory. The faster one where vfmadd231ps zmm
+ *   per K pair, A broadcast from memory: from planar panels, or, for an A
+ *   with unit stride along k (K >= 32), from the row layout (mxu.h: a
+ *   rounded copy of the rows, no transpose), with a kernel for each row
+ *   count of a last panel. The faster one where vfmadd231ps zmm
  *   issues 2 per cycle and vdpbf16ps 1 per 2 (Sapphire Rapids).
  * - vdpbf16ps (ctpu_mxu_impl_avx512_dp): the instruction is the step itself.
  *   Micro-tile 14 x 32 on pair-dword panels. The faster one where both issue
@@ -153,54 +156,136 @@ static const ctpu_mxu_kernel_ar_fn mxu_dp_kernel_ar[DP_MR + 1] = {
     mxu_kernel_avx512_dp_ar_13, mxu_kernel_avx512_dp_ar_14,
 };
 
-static void mxu_kernel_avx512_fma(int64_t kp, const uint32_t *a, const uint32_t *b, float *c,
-                                  int64_t ldc, int load)
+/* The FMA micro-kernels: rows 0..R-1 of a tile NV x 16 columns wide (NR =
+ * 16 NV), R <= FMA_MAXR. A planar (AR = 0: pair p's odd elements at
+ * a + p*2W, its even ones W further; W the panel width) or in the row
+ * layout (AR = 1: row r's element k at a + r*as + k, natural order, the odd
+ * partner past K a stored +0; rows 3j..3j+2 from one pointer). Starts from
+ * cin (row stride ldin; NULL: +0; may equal c), stores to c; with PF, each
+ * pair step also prefetches the next two of pf's lines. */
+#define FMA_MAXR 12
+static inline __attribute__((always_inline)) void mxu_fma_tile(int R, int W, int NV, int AR, int PF, int64_t kp,
+                                                               const float *a, int64_t as, const float *b,
+                                                               const float *cin, int64_t ldin, float *c,
+                                                               int64_t ldc, const ctpu_mxu_pf *pf)
 {
+    const int nr = 16 * NV;
+    uintptr_t prow = PF ? (uintptr_t)pf->base : 0, pline = prow & ~(uintptr_t)63;
+    int pcol = 0, pleft = PF ? pf->n : 0;
+    if (AR && c != cin) {   /* the output tile (c itself, not the scratch): its lines arrive while this computes */
+#pragma GCC unroll 12
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+            for (int v = 0; v < NV; v++) __builtin_prefetch(c + r * ldc + 16 * v, 1, 3);
+    }
     unsigned csr = _mm_getcsr();
     _mm_setcsr((csr & ~0x6000u) | 0x8040u);        /* FTZ | DAZ, round to nearest */
-    const float *af = (const float *)a, *bf = (const float *)b;
-    __m512 acc[FMA_MR][2];
-    if (load) {
+    __m512 acc[FMA_MAXR][2];
+    if (cin) {
 #pragma GCC unroll 12
-        for (int r = 0; r < FMA_MR; r++) {
-            acc[r][0] = _mm512_loadu_ps(c + r * ldc);
-            acc[r][1] = _mm512_loadu_ps(c + r * ldc + 16);
-        }
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+            for (int v = 0; v < NV; v++) acc[r][v] = _mm512_loadu_ps(cin + r * ldin + 16 * v);
     } else {
 #pragma GCC unroll 12
-        for (int r = 0; r < FMA_MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+            for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
     }
     /* GCC does not order FP arithmetic against ldmxcsr: pin the accumulators
      * between the two MXCSR writes. */
 #pragma GCC unroll 12
-    for (int r = 0; r < FMA_MR; r++) __asm__ volatile("" : "+v"(acc[r][0]), "+v"(acc[r][1]));
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++) __asm__ volatile("" : "+v"(acc[r][v]));
+    const float *ar[(FMA_MAXR + 2) / 3];
+#pragma GCC unroll 4
+    for (int j = 0; j < (FMA_MAXR + 2) / 3; j++) ar[j] = a + (AR && 3 * j < R ? 3 * j : 0) * as;
     for (int64_t p = 0; p < kp; p++) {
-        const float *bp = bf + p * 2 * NR, *ap = af + p * 2 * FMA_MR;
-        __m512 bo0 = _mm512_loadu_ps(bp), bo1 = _mm512_loadu_ps(bp + 16);
-        __m512 be0 = _mm512_loadu_ps(bp + NR), be1 = _mm512_loadu_ps(bp + NR + 16);
-#pragma GCC unroll 12
-        for (int r = 0; r < FMA_MR; r++) {
-            __m512 ao = _mm512_set1_ps(ap[r]);
-            acc[r][0] = _mm512_fmadd_ps(ao, bo0, acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(ao, bo1, acc[r][1]);
+        if (PF && pleft > 0) {
+#pragma GCC unroll 2
+            for (int u = 0; u < 2; u++) {
+                _mm_prefetch((const char *)pline, _MM_HINT_T0);
+                pline += 64;
+                if (++pcol == pf->lpr) {
+                    pcol = 0;
+                    prow += (uintptr_t)pf->stride;
+                    pline = prow & ~(uintptr_t)63;
+                }
+            }
+            pleft -= 2;
+        }
+        const float *bp = b + p * 2 * nr, *ap = a + p * 2 * W;
+        __m512 bo[2], be[2];
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++) {
+            bo[v] = _mm512_loadu_ps(bp + 16 * v);
+            be[v] = _mm512_loadu_ps(bp + nr + 16 * v);
         }
 #pragma GCC unroll 12
-        for (int r = 0; r < FMA_MR; r++) {
-            __m512 ae = _mm512_set1_ps(ap[FMA_MR + r]);
-            acc[r][0] = _mm512_fmadd_ps(ae, be0, acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(ae, be1, acc[r][1]);
+        for (int r = 0; r < R; r++) {
+            __m512 ao = _mm512_set1_ps(AR ? ar[r / 3][(r % 3) * as + 1] : ap[r]);
+#pragma GCC unroll 2
+            for (int v = 0; v < NV; v++) acc[r][v] = _mm512_fmadd_ps(ao, bo[v], acc[r][v]);
+        }
+#pragma GCC unroll 12
+        for (int r = 0; r < R; r++) {
+            __m512 ae = _mm512_set1_ps(AR ? ar[r / 3][(r % 3) * as] : ap[W + r]);
+#pragma GCC unroll 2
+            for (int v = 0; v < NV; v++) acc[r][v] = _mm512_fmadd_ps(ae, be[v], acc[r][v]);
+        }
+        if (AR) {
+#pragma GCC unroll 4
+            for (int j = 0; j < (FMA_MAXR + 2) / 3; j++) ar[j] += 2;
         }
     }
 #pragma GCC unroll 12
-    for (int r = 0; r < FMA_MR; r++) __asm__ volatile("" : "+v"(acc[r][0]), "+v"(acc[r][1]));
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++) __asm__ volatile("" : "+v"(acc[r][v]));
     _mm_setcsr(csr);
 #pragma GCC unroll 12
-    for (int r = 0; r < FMA_MR; r++) {
-        _mm512_storeu_ps(c + r * ldc, acc[r][0]);
-        _mm512_storeu_ps(c + r * ldc + 16, acc[r][1]);
-    }
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
 }
 
+/* Planar A: the ctpu_mxu_kernel_fn form (c loaded when load != 0). */
+#define MXU_FMA_PL(NAME, R, W, NV)                                                                       \
+    static void NAME(int64_t kp, const uint32_t *a, const uint32_t *b, float *c, int64_t ldc, int load) \
+    {                                                                                                    \
+        mxu_fma_tile(R, W, NV, 0, 0, kp, (const float *)a, 0, (const float *)b, load ? c : NULL, ldc, c, \
+                     ldc, NULL);                                                                         \
+    }
+/* Row-layout A: the ctpu_mxu_kernel_ar_fn form. */
+#define MXU_FMA_AR(NAME, R, NV)                                                                           \
+    static void NAME(int64_t kp, const uint32_t *a, int64_t as, const uint32_t *b, const float *cin,      \
+                     int64_t ldin, float *c, int64_t ldc, const ctpu_mxu_pf *pf)                          \
+    {                                                                                                     \
+        if (pf && pf->n > 0)                                                                              \
+            mxu_fma_tile(R, 0, NV, 1, 1, kp, (const float *)a, as, (const float *)b, cin, ldin, c, ldc, pf); \
+        else                                                                                              \
+            mxu_fma_tile(R, 0, NV, 1, 0, kp, (const float *)a, as, (const float *)b, cin, ldin, c, ldc, pf); \
+    }
+#define MXU_FMA_SET(T, R)                                                                                 \
+    MXU_FMA_PL(mxu_fma_##T##_pl_##R, R, T##_MR, T##_NV) MXU_FMA_AR(mxu_fma_##T##_ar_##R, R, T##_NV)
+#define MXU_FMA_LISTS(T)                                                                                  \
+    static const ctpu_mxu_kernel_fn mxu_fma_##T##_pl[] = {                                                \
+        NULL, mxu_fma_##T##_pl_1, mxu_fma_##T##_pl_2, mxu_fma_##T##_pl_3, mxu_fma_##T##_pl_4,             \
+        mxu_fma_##T##_pl_5, mxu_fma_##T##_pl_6, mxu_fma_##T##_pl_7, mxu_fma_##T##_pl_8,                   \
+        mxu_fma_##T##_pl_9, mxu_fma_##T##_pl_10, mxu_fma_##T##_pl_11, mxu_fma_##T##_pl_12 };   \
+    static const ctpu_mxu_kernel_ar_fn mxu_fma_##T##_ar[] = {                                             \
+        NULL, mxu_fma_##T##_ar_1, mxu_fma_##T##_ar_2, mxu_fma_##T##_ar_3, mxu_fma_##T##_ar_4,             \
+        mxu_fma_##T##_ar_5, mxu_fma_##T##_ar_6, mxu_fma_##T##_ar_7, mxu_fma_##T##_ar_8,                   \
+        mxu_fma_##T##_ar_9, mxu_fma_##T##_ar_10, mxu_fma_##T##_ar_11, mxu_fma_##T##_ar_12 };
+
+/* W32: the 12 x 32 tile (24 accumulators, 4 B vectors per pair). */
+#define W32_MR FMA_MR
+#define W32_NV 2
+MXU_FMA_SET(W32, 1) MXU_FMA_SET(W32, 2) MXU_FMA_SET(W32, 3) MXU_FMA_SET(W32, 4) MXU_FMA_SET(W32, 5)
+MXU_FMA_SET(W32, 6) MXU_FMA_SET(W32, 7) MXU_FMA_SET(W32, 8) MXU_FMA_SET(W32, 9) MXU_FMA_SET(W32, 10)
+MXU_FMA_SET(W32, 11) MXU_FMA_SET(W32, 12)
+MXU_FMA_LISTS(W32)
 
 /* 16 f32 (bits) -> bf16-valued f32 bits, exactly ctpu_mxu_round_bits. */
 static inline __m512i mxu_round16(__m512i u)
@@ -576,9 +661,40 @@ static void mxu_pack_avx512_dp_ar(const ctpu_mxu_pack_args *pa, int64_t rs, int6
     }
 }
 
+/* Row-layout packing for the FMA kernels (planar impls): row r of a panel is
+ * the row's K elements rounded (bf16-valued f32), in order, then a +0 when
+ * K is odd (the odd partner); rows past I are zeros. No transpose. */
+static void mxu_pack_avx512_fma_ar(const ctpu_mxu_pack_args *pa, int64_t rs, int64_t q0, int64_t q1)
+{
+    int64_t K = pa->K, k2 = 2 * ctpu_mxu_kh(K), si = pa->si;
+    int w = pa->w;
+    for (int64_t q = q0; q < q1; q++) {
+        uint32_t *d = pa->dst + q * w * rs;
+        for (int r = 0; r < w; r++) {
+            uint32_t *o = d + r * rs;
+            int64_t i = q * w + r, k0 = 0;
+            if (i >= pa->I) {
+                for (; k0 < k2; k0 += 16) {
+                    int n = k2 - k0 < 16 ? (int)(k2 - k0) : 16;
+                    _mm512_mask_storeu_epi32(o + k0, (__mmask16)((1u << n) - 1), _mm512_setzero_si512());
+                }
+                continue;
+            }
+            int64_t off = i * si;
+            for (; k0 + 16 <= K; k0 += 16) _mm512_storeu_si512(o + k0, mxu_load16_fast(pa->src, pa->dt, off + k0, 16));
+            if (k0 < k2) {   /* the tail, its zero partner included */
+                int n = (int)(k2 - k0), cnt = (int)(K - k0);
+                _mm512_mask_storeu_epi32(o + k0, (__mmask16)((1u << n) - 1),
+                                         mxu_load16_fast(pa->src, pa->dt, off + k0, cnt));
+            }
+        }
+    }
+}
+
 const ctpu_mxu_impl ctpu_mxu_impl_avx512 = {
-    .name = "avx512", .mr = FMA_MR, .nr = NR, .planar = 1, .kernel = mxu_kernel_avx512_fma,
-    .kernel_rows = NULL, .pack = mxu_pack_avx512_planar, .transpose = mxu_transpose_avx512,
+    .name = "avx512", .mr = FMA_MR, .nr = NR, .planar = 1, .kernel = mxu_fma_W32_pl_12,
+    .kernel_rows = mxu_fma_W32_pl, .pack = mxu_pack_avx512_planar, .transpose = mxu_transpose_avx512,
+    .kernel_ar = mxu_fma_W32_ar, .pack_ar = mxu_pack_avx512_fma_ar,
 };
 const ctpu_mxu_impl ctpu_mxu_impl_avx512_dp = {
     .name = "avx512_dp", .mr = DP_MR, .nr = NR, .planar = 0, .kernel = mxu_kernel_avx512_dp_14,
