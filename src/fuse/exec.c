@@ -864,7 +864,19 @@ static void exec_matmul(const void *data, ctpu_exec_ctx *ctx)
             eb_exp *= o->shape[d];
         }
     }
-    if (uniform) {
+    if (uniform && ub == 0 && !ta && ua == M * K) {
+        /* b shared by every batch element, a's rows contiguous across the
+         * batch ([.., M, K] @ [K, N], a linear layer): one product of
+         * batch * M rows. Each output element is the same sum in the same K
+         * order (CONTRACTS: the order depends only on K), so the same bits;
+         * fewer edge tiles and one call's fixed cost. */
+        args.M = batch * M;
+        args.a = ctx->ptr[sd->in_slot[0]];
+        args.b = ctx->ptr[sd->in_slot[1]];
+        args.c = ctx->ptr[sd->out_slot];
+        args.residual_bs = 0;
+        ctpu_k_matmul(&args, ctx->pool);
+    } else if (uniform) {
         args.batch = batch;
         args.a = ctx->ptr[sd->in_slot[0]];
         args.b = ctx->ptr[sd->in_slot[1]];
