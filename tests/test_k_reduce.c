@@ -133,6 +133,39 @@ START_TEST(reduce_parity)
 }
 END_TEST
 
+/* Short columns, many of them (a weight gradient's sum over a batch of 2:
+ * [2, 32, 128] -> [1, 32, 128]): whole columns go to the kernel thousands at
+ * a time and a column shorter than the 16 lanes skips the lane loops; every
+ * data mode (signed zeros, Inf, NaN) against the reference. */
+START_TEST(reduce_short_wide)
+{
+    int isa = _i;
+    if (!isa_ok(isa)) return;
+    ctpu_k_reduce_select((ctpu_isa)isa);
+    const int64_t shapes[][3] = { { 1, 2, 4096 }, { 3, 2, 300 }, { 2, 5, 4099 }, { 1, 15, 9000 }, { 1, 16, 33 },
+                                  { 4, 1, 70 } };
+    for (int s = 0; s < LEN(shapes); s++)
+        for (int mode = 0; mode < D_COUNT; mode++) {
+            int64_t outer = shapes[s][0], n = shapes[s][1], inner = shapes[s][2], cols = outer * inner;
+            float *x = fbuf(outer * n * inner), *mean = fbuf(cols), *want = fbuf(cols), *got = fbuf(cols);
+            fill(x, outer * n * inner, mode);
+            ctpu_k_reduce_ref(CTPU_K_RED_SUM, x, outer, n, inner, mean);
+            for (int op = 0; op <= CTPU_K_RED_COUNT; op++) {   /* CTPU_K_RED_COUNT: sqdev */
+                if (op == CTPU_K_RED_COUNT) ctpu_k_sqdev_ref(x, mean, outer, n, inner, want);
+                else ctpu_k_reduce_ref((ctpu_k_red_op)op, x, outer, n, inner, want);
+                for (int t = 0; t < LEN(THREADS); t++) {
+                    ctpu_k_pool p = k_pool_make(THREADS[t]);
+                    for (int64_t i = 0; i < cols; i++) got[i] = 12345.0f;
+                    if (op == CTPU_K_RED_COUNT) ctpu_k_sqdev(x, mean, outer, n, inner, got, &p);
+                    else ctpu_k_reduce((ctpu_k_red_op)op, x, outer, n, inner, got, &p);
+                    check_same(want, got, cols, "reduce", isa, op, THREADS[t], outer, n, inner, mode);
+                }
+            }
+            free(x); free(mean); free(want); free(got);
+        }
+}
+END_TEST
+
 /* Few columns, many chunks: the driver splits columns into chunk blocks. */
 START_TEST(reduce_chunk_split)
 {
@@ -533,6 +566,7 @@ static Suite *suite(void)
     tcase_set_timeout(p, 600);
     tcase_add_loop_test(p, reduce_parity, 0, CTPU_ISA_COUNT * D_COUNT);
     tcase_add_loop_test(p, reduce_chunk_split, 0, CTPU_ISA_COUNT);
+    tcase_add_loop_test(p, reduce_short_wide, 0, CTPU_ISA_COUNT);
     tcase_add_loop_test(p, softmax_parity, 0, CTPU_ISA_COUNT * D_COUNT);
     tcase_add_test(p, default_is_scalar);
     suite_add_tcase(s, p);

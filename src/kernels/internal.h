@@ -43,8 +43,10 @@ enum { CTPU_K_RED_SQDEV = CTPU_K_RED_COUNT, CTPU_K_RED_EXPSUM };
 /* Column kernels of a reduction variant (the threaded driver in reduce_ref.c
  * calls them). op: ctpu_k_red_op or CTPU_K_RED_SQDEV (c / cv: the mean).
  * rows1: `rows` whole contiguous columns (inner == 1, n > 0) of length n,
- * y[r] = reduction of x[r*n ..]; col1: one contiguous column x[0..n); colv: up
- * to 16 columns x[j*inner + c], c < ncols. col1 and colv give the tree node
+ * y[r] = reduction of x[r*n ..]; col1: one contiguous column x[0..n); colv:
+ * ncols columns x[j*inner + c], c < ncols (any number, each computed alone,
+ * out[c] its value; the driver passes up to 16 when a column is split into
+ * blocks, up to 4096 when whole). col1 and colv give the tree node
  * over the aligned chunk range [k0, k1) (k0 a multiple of a power of two
  * B >= k1 - k0), NaN propagated for max/min. softmax_row: one row of n > 0
  * elements (y == x allowed). */

@@ -255,9 +255,47 @@ AI void colvW(int op, const float *x, const float *cv, int64_t n, int64_t inner,
     st_m(out, km, r);
 }
 
+/* Columns shorter than the 16 lanes (one chunk: a sum over a batch of 2):
+ * colvW's values without its loops. Lane l < n holds ident op x[l]; the
+ * lanes >= n hold the identity, and a lane op the identity is that lane (the
+ * file comment), so only the tree's combines of two such lanes are done, in
+ * their places: the same bits. */
+AI void colv_short(int op, const float *x, const float *cv, int n, int64_t inner, int ncols, float *out)
+{
+    const int cop = comb_op(op);
+    for (int g = 0; g < ncols; g += W) {
+        M km = tail_mask(ncols - g < W ? ncols - g : W);
+        V vc = cv ? ld_m(cv + g, km) : vzero();
+        V id = vset(s_ident(cop));
+        V acc[CTPU_K_RED_LANES];
+        M nan = m_zero();
+#pragma GCC unroll 16
+        for (int l = 0; l < CTPU_K_RED_LANES; l++) {
+            if (l < n) {
+                V v = v_elem(op, ld_m(x + g + l * inner, km), vc);
+                if (is_minmax(op)) nan = m_or(nan, VCMP(v, v, _CMP_UNORD_Q));
+                acc[l] = v_comb(cop, id, v);
+            }
+        }
+        int live = n;
+#pragma GCC unroll 8
+        for (int s = CTPU_K_RED_LANES / 2; s > 0; s /= 2) {
+#pragma GCC unroll 8
+            for (int i = 0; i < s; i++)
+                if (i + s < live) acc[i] = v_comb(cop, acc[i], acc[i + s]);
+            if (live > s) live = s;
+        }
+        st_m(out + g, km, vsel(nan, vset(NAN), acc[0]));
+    }
+}
+
 AI void colv_impl(int op, const float *x, const float *cv, int64_t n, int64_t inner, int ncols,
                   int64_t k0, int64_t k1, float *out)
 {
+    if (k0 == 0 && k1 == 1 && n < CTPU_K_RED_LANES) {
+        colv_short(op, x, cv, (int)n, inner, ncols, out);
+        return;
+    }
     for (int g = 0; g < ncols; g += W)
         colvW(op, x + g, cv ? cv + g : NULL, n, inner, ncols - g < W ? ncols - g : W, k0, k1,
               out + g);
