@@ -5,6 +5,11 @@
 
 #include <errno.h>
 #include <sched.h>
+#include <unistd.h>
+#if defined(__linux__)
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#endif
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,16 +60,26 @@ struct ctpu_device {
     unsigned arena;
     bool have_arena;
     atomic_bool stop, hold;
+    /* the device thread parks with a process-wide barrier (membarrier), so
+     * a submit needs no fence of its own between publishing its slot and
+     * reading dev_sleeping (false: the kernel has none; the submit fences) */
+    bool park_barrier;
     pthread_t thread;
     bool thread_started;
     ctpu_cmd *ring;
+    /* Host-written and device-written groups are 128 bytes apart (pad_*):
+     * the L2 prefetcher fetches a line's 128-byte buddy with it, so two
+     * lines of one pair behave as one between the cores. */
+    char pad_rm_[64];
     /* HBM accounting (host threads) */
     _Alignas(64) atomic_uint_fast64_t in_use;
     atomic_uint_fast64_t peak, allocs, frees;
     /* stream */
-    _Alignas(64) atomic_uint_fast64_t tail;      /* commands submitted (host) */
+    _Alignas(64) atomic_uint_fast64_t tail;      /* commands submitted (host; the device polls the slots' seq) */
     uint64_t done_seen;   /* (under submit_lk) a value of completed: the ring has room below it + RING_SIZE */
+    char pad_tail_[64];
     _Alignas(64) atomic_uint_fast64_t completed; /* commands done (device) */
+    char pad_done_[64];
     _Alignas(64) atomic_int dev_sleeping;
     atomic_int host_waiters;
     /* the lowest command count a parked host thread waits for (UINT64_MAX:
@@ -78,6 +93,7 @@ struct ctpu_device {
      * instructions and ~60 more of glibc per op; this is one, its release a
      * plain store). A producer that waits for it spins, then yields: it is
      * held only to fill one ring slot, or while the ring is full. */
+    char pad_wake_[64];
     _Alignas(64) atomic_int submit_lk;
     pthread_mutex_t mu;                          /* parking */
     pthread_cond_t cv_work, cv_done, cv_space;
@@ -672,7 +688,7 @@ static void execute_tracked(ctpu_device *dev, ctpu_cmd *cmd, void **ptr)
     ctpu_timer_add(dev->metrics, CTPU_TMR_EXECUTE_TIME, t1 - t0);
     if (dev->metrics->trace) {
         char span[160];
-        ctpu_trace_program(dev->metrics->trace, prog->name, cmd->program_id, cmd->seq, ns, t0, t1,
+        ctpu_trace_program(dev->metrics->trace, prog->name, cmd->program_id, atomic_load_explicit(&cmd->seq, memory_order_relaxed), ns, t0, t1,
                            span_args(dev, cmd, span, sizeof span));
     }
     for (int j = 0; j < prog->n_out; j++) {
@@ -729,7 +745,8 @@ static void execute(ctpu_device *dev, ctpu_cmd *cmd)
         ctpu_timer_add(dev->metrics, CTPU_TMR_EXECUTE_TIME, t1 - t0);
         if (dev->metrics->trace) {
             char span[160];
-            ctpu_trace_program(dev->metrics->trace, prog->name, cmd->program_id, cmd->seq, prog->n_steps, t0, t1,
+            ctpu_trace_program(dev->metrics->trace, prog->name, cmd->program_id,
+                               atomic_load_explicit(&cmd->seq, memory_order_relaxed), prog->n_steps, t0, t1,
                                span_args(dev, cmd, span, sizeof span));
         }
         if (ctx.fault_status == CTPU_OK && cmd->debug_checks && prog->out_dtype) {
@@ -767,6 +784,32 @@ static void execute(ctpu_device *dev, ctpu_cmd *cmd)
     ctpu_counter_add(dev->metrics, CTPU_CTR_COMMANDS_EXECUTED, 1);
 }
 
+/* Is command head + 1 (the next in the ring) published, and not held? */
+static inline bool next_ready(ctpu_device *dev, const ctpu_cmd *slot, uint64_t head)
+{
+    return atomic_load_explicit(&slot->seq, memory_order_acquire) == head + 1 &&
+           !atomic_load_explicit(&dev->hold, memory_order_acquire);
+}
+
+/* Park until the next command is published (or stop). dev_sleeping is
+ * stored, then the slot read again: against a submit's store of the slot's
+ * seq then load of dev_sleeping, Dekker's pattern. The submit has no fence
+ * between the two (it would cost every op); the barrier here
+ * (MEMBARRIER_CMD_PRIVATE_EXPEDITED: every running thread of the process
+ * passes a full barrier) orders them: either this thread sees the seq or
+ * the submit sees dev_sleeping. */
+static void device_park(ctpu_device *dev, const ctpu_cmd *slot, uint64_t head)
+{
+    pthread_mutex_lock(&dev->mu);
+    atomic_store(&dev->dev_sleeping, 1);
+#if defined(__linux__)
+    if (dev->park_barrier) syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+#endif
+    while (!next_ready(dev, slot, head) && !atomic_load(&dev->stop)) pthread_cond_wait(&dev->cv_work, &dev->mu);
+    atomic_store(&dev->dev_sleeping, 0);
+    pthread_mutex_unlock(&dev->mu);
+}
+
 static void *device_main(void *p)
 {
     ctpu_device *dev = p;
@@ -774,23 +817,19 @@ static void *device_main(void *p)
     for (;;) {
         uint64_t t0 = ctpu_now_ns();
         unsigned spins = 0;
-        while (atomic_load_explicit(&dev->tail, memory_order_acquire) == head ||
-               atomic_load_explicit(&dev->hold, memory_order_acquire)) {
-            if (atomic_load(&dev->stop) && atomic_load(&dev->tail) == head) return NULL;
+        ctpu_cmd *slot = &dev->ring[head % CTPU_RING_SIZE];
+        while (!next_ready(dev, slot, head)) {
+            /* stop comes after the host waited for every command */
+            if (atomic_load(&dev->stop) && atomic_load_explicit(&slot->seq, memory_order_acquire) != head + 1)
+                return NULL;
             cpu_relax();
             if ((spins & 255) == 0) progress();
             if ((++spins & 255) == 0 && ctpu_now_ns() - t0 > DEVICE_SPIN_NS) {
-                pthread_mutex_lock(&dev->mu);
-                atomic_store(&dev->dev_sleeping, 1);
-                while ((atomic_load(&dev->tail) == head || atomic_load(&dev->hold)) &&
-                       !atomic_load(&dev->stop))
-                    pthread_cond_wait(&dev->cv_work, &dev->mu);
-                atomic_store(&dev->dev_sleeping, 0);
-                pthread_mutex_unlock(&dev->mu);
+                device_park(dev, slot, head);
                 t0 = ctpu_now_ns();
             }
         }
-        execute(dev, &dev->ring[head % CTPU_RING_SIZE]);
+        execute(dev, slot);
         progress();
         head++;
         /* seq_cst, not release: with the host's host_waiters++ then completed
@@ -906,11 +945,14 @@ uint64_t ctpu_device_submit_n(ctpu_device *dev, ctpu_cmd *cmd, int n_scal)
     }
     ctpu_cmd *slot = &dev->ring[t % CTPU_RING_SIZE];
     cmd_copy(slot, cmd, n_scal);
-    slot->seq = t + 1;
     for (int i = 0; i < slot->n_bufs; i++)
         atomic_store_explicit(&slot->buf[i]->last_seq, t + 1, memory_order_relaxed);
-    atomic_store_explicit(&dev->tail, t + 1, memory_order_seq_cst);
+    atomic_store_explicit(&slot->seq, t + 1, memory_order_release);   /* published */
+    atomic_store_explicit(&dev->tail, t + 1, memory_order_release);
     atomic_store_explicit(&dev->submit_lk, 0, memory_order_release);
+    /* (device_park's barrier orders the seq store before the dev_sleeping
+     * load; without it, a fence here does) */
+    if (!dev->park_barrier) atomic_thread_fence(memory_order_seq_cst);
     wake_device(dev);
     return t + 1;
 }
@@ -969,6 +1011,12 @@ ctpu_device *ctpu_device_create(const ctpu_chip_info *chip, uint64_t hbm_cap, in
     pthread_cond_init(&dev->cv_done, NULL);
     pthread_cond_init(&dev->cv_space, NULL);
     atomic_init(&dev->wake_seq, UINT64_MAX);
+#if defined(__linux__)
+    /* registration once per process is enough; a second is a no-op */
+    long mb = syscall(__NR_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+    dev->park_barrier = mb > 0 && (mb & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
+                        syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+#endif
 
     worker_pool *wp = &dev->wp;
     if (nthreads < 1) nthreads = 1;

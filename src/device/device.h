@@ -123,8 +123,13 @@ typedef struct { uint32_t op_no, label, call; } ctpu_op_prov;
  * 64; the type itself asks no alignment: commands live in malloc'd
  * structs too) and the submit copies only the parts in use: the fixed fields come first (80 bytes), then the inline arrays, so
  * a one-op command (three buffers, no scalars) fills three cache lines of
- * the slot, the lines that move from the host core to the device core. */
+ * the slot, the lines that move from the host core to the device core.
+ * seq, in the slot's first line, is how a slot is published: the submit
+ * stores it last (release) and the device polls the next slot's seq, not a
+ * tail counter of the host's (that line moved between the cores on every
+ * op, besides the slot's lines). */
 typedef struct {
+    _Atomic uint64_t seq;    /* (set by the submit) the command's sequence number, from 1 */
     const ctpu_dev_program *prog;
     int n_bufs;
     /* provenance of the program's steps: prov[s] for step s (n_prov of
@@ -139,7 +144,6 @@ typedef struct {
     size_t *off;
     double *scalars;         /* scal_inl, or a heap array the command owns */
     ctpu_op_prov *prov;      /* points at prov_inl, or a heap array the command owns */
-    uint64_t seq;
     uint64_t program_id;     /* the report's program id (fused cache); 0: strict eager's one-op program */
     ctpu_buffer *buf_inl[CTPU_CMD_INLINE_BUFS];
     size_t off_inl[CTPU_CMD_INLINE_BUFS];

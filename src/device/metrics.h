@@ -144,6 +144,12 @@ typedef struct ctpu_metrics {
      * less the shards' sums at the last reset */
     ctpu_counter_slot counters[CTPU_CTR_COUNT];
     uint64_t gen;                  /* unique per ctpu_metrics_init in the process */
+    /* gen is read at every counter add (the host's several per op); the
+     * device thread takes timer_mu at every command: 128 bytes apart, so
+     * they are not one line, nor the two lines of a 128-byte pair that the
+     * L2 prefetcher fetches together (on one, each op's first counter add
+     * waited for the line from the device core) */
+    char pad_gen_[128];
     pthread_mutex_t timer_mu;
     ctpu_timer timers[CTPU_TMR_COUNT];
     ctpu_step_history hist;        /* under timer_mu */
