@@ -317,23 +317,7 @@ static void char_gpt_case(int np, const char *const *extra, const char *mode_env
     const char *env[] = { mode_env, NULL };
     run_result a = run((char *const *)one, mode_env ? env : NULL, 300, NULL);
     ck_assert_msg(a.status == 0, "%s: char_gpt --grad-accum %d: status %d\n%s", name, np, a.status, a.out);
-    /* Under the asan setup LeakSanitizer's tracer itself crashed in these
-     * ranks on the Intel machine ("Tracer caught signal 11 ... LeakSanitizer
-     * has encountered a fatal error" at exit, every run, also with builds
-     * that passed earlier): the char_gpt ranks run with AddressSanitizer's
-     * memory checks but without the leak check; dist_worker's ranks keep it. */
-    const char *ao = getenv("ASAN_OPTIONS");
-    char *saved = ao ? strdup(ao) : NULL;
-    if (saved) {
-        char nao[1100];
-        snprintf(nao, sizeof nao, "%s:detect_leaks=0", saved);
-        setenv("ASAN_OPTIONS", nao, 1);
-    }
     run_result b = mpirun_np(np, two, mode_env ? env : NULL, 300, NULL);
-    if (saved) {
-        setenv("ASAN_OPTIONS", saved, 1);
-        free(saved);
-    }
     ck_assert_msg(b.status == 0, "%s: mpirun -np %d char_gpt --ddp: status %d\n%s", name, np, b.status, b.out);
     ck_assert_msg(strstr(b.out, "world_size=") != NULL, "%s", b.out);
     ck_assert_msg(same_file(la, lb), "%s: the --ddp log differs from --grad-accum %d's (%s, %s)", name, np, la, lb);
