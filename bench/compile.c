@@ -34,7 +34,7 @@ static double clk(clockid_t id)
 }
 
 /* ------------------------------------------------------------ models */
-#define MAXP 64
+#define MAXP 256
 typedef struct {
     ctpu_tensor p[MAXP], decay[MAXP], nodecay[MAXP];
     int np, nd, nn;
@@ -55,6 +55,8 @@ static ctpu_tensor mk(model *m, int nd, const int64_t *s, double std, double fil
     return t;
 }
 
+static int g_layers = 2;   /* the GPT step's layers (the 6-layer line: host time by op count) */
+
 static void model_init(model *m, bool gpt)
 {
     memset(m, 0, sizeof *m);
@@ -66,7 +68,7 @@ static void model_init(model *m, bool gpt)
         mk(m, 2, s2, 0.08, 0); mk(m, 1, &b2, 0, 0);
         mk(m, 2, s3, 0.1, 0);  mk(m, 1, &b3, 0, 0);
     } else {
-        m->L = 2, m->D = 32, m->H = 2, m->hd = 16, m->T = 16, m->V = 64, m->B = 2;
+        m->L = g_layers, m->D = 32, m->H = 2, m->hd = 16, m->T = 16, m->V = 64, m->B = 2;
         int64_t D = m->D, te[2] = { m->V, D }, pe[2] = { m->T, D }, dd[2] = { D, D }, d4[2] = { D, 4 * D },
                 d4t[2] = { 4 * D, D }, f4 = 4 * D;
         double proj = 0.02 / sqrt(2.0 * (double)m->L);
@@ -277,13 +279,17 @@ int main(int argc, char **argv)
     if (argc > 1) {
         bool gpt = strcmp(argv[1], "gpt-compiled") == 0;
         if (!gpt && strcmp(argv[1], "mlp-compiled") != 0) {
-            fprintf(stderr, "usage: compile [mlp-compiled | gpt-compiled] [calls per timed run]\n");
+            fprintf(stderr, "usage: compile [mlp-compiled | gpt-compiled] [calls per timed run] [GPT layers, 1-15]\n");
             return 2;
         }
         ctpu_tensor b[NBATCH][2];
         make_batches(gpt, b);
         int reps = argc > 2 ? atoi(argv[2]) : gpt ? 40 : 10;
-        if (reps < 1) { fprintf(stderr, "usage: compile [mlp-compiled | gpt-compiled] [calls per timed run]\n"); return 2; }
+        if (argc > 3) g_layers = atoi(argv[3]);
+        if (reps < 1 || g_layers < 1 || g_layers > 15) {
+            fprintf(stderr, "usage: compile [mlp-compiled | gpt-compiled] [calls per timed run] [GPT layers, 1-15]\n");
+            return 2;
+        }
         result r = run(M_COMPILED, gpt, b, reps);
         printf("compiled_host_us_per_step_%s %.2f us\n", gpt ? "gpt" : "mlp", r.host_us);
         printf("compiled_calls %d calls (the first 6 warm up: %d replayed in the timed runs)\n", 6 + 7 * reps, 7 * reps);
@@ -294,6 +300,17 @@ int main(int argc, char **argv)
     }
     bench(false);
     bench(true);
+    {
+        /* the compiled step's host time is to be the same whatever its op
+         * count: the GPT step with 6 layers (about 3x the ops and handles) */
+        ctpu_tensor b[NBATCH][2];
+        make_batches(true, b);
+        g_layers = 6;
+        result r = run(M_COMPILED, true, b, 40);
+        printf("compiled_host_us_per_step_gpt_6layers %.2f us\n", r.host_us);
+        free(r.w);
+        for (int k = 0; k < NBATCH; k++) { ctpu_release(b[k][0]); ctpu_release(b[k][1]); }
+    }
     ctpu_shutdown();
     return 0;
 }
