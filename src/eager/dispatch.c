@@ -246,6 +246,7 @@ ctpu_status ctpu__strict_launch(ctpu_node *node, ctpu_trec *const *in, const ctp
     cmd.debug_checks = dbg;
     cmd.n_prov = 1;
     cmd.prov_span = false;
+    cmd.prov_shared = false;
     cmd.prov_inl = prov;
     cmd.prov = &cmd.prov_inl;
     cmd.program_id = 0;
