@@ -981,7 +981,7 @@ int main(int argc, char **argv)
     ctpu_compiled *cstep = o.compile ? ctpu_compile(train_step, &sctx, &(ctpu_compile_opts){ .name = "char_gpt.train_step" })
                                      : NULL;
     if (o.compile && !cstep) return fail("compiling the step");
-    loop_state lst = { 0 };
+    loop_state lst = { .train_loss = NAN, .val_loss = NAN };   /* nan until the first evaluation */
     if (o.resume_path) {
         if (resume_run(g, opt, &o, &lst)) return 1;
         printf("char_gpt: resumed %s at step %lld (%lld steps into the interval)\n", o.resume_path,
@@ -1002,7 +1002,14 @@ int main(int argc, char **argv)
         }
         fprintf(log, "step,lr,train_loss,val_loss\n");
     }
-    const char *mode = o.compile ? "compiled" : ctpu_mode_name(ctpu_get_mode());
+    /* TORCH_COMPILE_DISABLE=1 (the runtime's switch): --compile's step runs
+     * fn in the current mode, and the result line names that mode */
+    const char *cdis = getenv("TORCH_COMPILE_DISABLE");
+    bool compile_off = o.compile && cdis && strcmp(cdis, "1") == 0;
+    const char *mode = o.compile && !compile_off ? "compiled" : ctpu_mode_name(ctpu_get_mode());
+    if (compile_off)
+        printf("char_gpt: --compile with TORCH_COMPILE_DISABLE=1: compilation disabled, the step runs in mode %s\n",
+               mode);
     int64_t nparams = 0;
     for (int i = 0; i < g->n_decay; i++) nparams += ctpu_numel(g->decay[i]);
     for (int i = 0; i < g->n_no_decay; i++) nparams += ctpu_numel(g->no_decay[i]);

@@ -383,7 +383,14 @@ int main(int argc, char **argv)
         if (!log) { fprintf(stderr, "fashion_mnist: cannot write %s: %s\n", o.log_path, strerror(errno)); return 1; }
         fprintf(log, "step,epoch,lr,loss\n");
     }
-    const char *mode = o.compile ? "compiled" : ctpu_mode_name(ctpu_get_mode());
+    /* TORCH_COMPILE_DISABLE=1 (the runtime's switch): --compile's step runs
+     * fn in the current mode, and the result line names that mode */
+    const char *cdis = getenv("TORCH_COMPILE_DISABLE");
+    bool compile_off = o.compile && cdis && strcmp(cdis, "1") == 0;
+    const char *mode = o.compile && !compile_off ? "compiled" : ctpu_mode_name(ctpu_get_mode());
+    if (compile_off)
+        printf("fashion_mnist: --compile with TORCH_COMPILE_DISABLE=1: compilation disabled, the step runs in mode %s\n",
+               mode);
     printf("fashion_mnist: %lld train / %lld test images, MLP %lld-256-128-10, AdamW lr %g wd %g, batch %lld, "
            "%d epochs, seed %llu, mode %s%s\n", (long long)train.n, (long long)n_test, (long long)px, o.lr, o.wd,
            (long long)o.batch, o.epochs, (unsigned long long)o.seed, mode, o.ddp ? ", DDP" : "");

@@ -31,6 +31,14 @@ fi
 w=$(grep '^result' "$tmp/whole.out" | sed 's/ tokens_per_s=[0-9]*//; s/ compiles=.*//')
 r=$(grep '^result' "$tmp/b.out" | sed 's/ tokens_per_s=[0-9]*//; s/ compiles=.*//')
 [ "$w" = "$r" ] || { echo "char_gpt_resume: result lines differ: '$w' vs '$r'"; exit 1; }
+# stopped before the first evaluation: no loss measured yet, the result line says nan (not 0.0000)
+"$demo" "${args[@]}" --stop-after 5 > "$tmp/d.out" 2>&1
+grep -q '^result val_loss=nan train_loss=nan steps=5 ' "$tmp/d.out" ||
+  { echo "char_gpt_resume: a run stopped before any evaluation should report nan losses"; cat "$tmp/d.out"; exit 1; }
+# --compile under TORCH_COMPILE_DISABLE=1: the result line names the mode that ran, not "compiled"
+TORCH_COMPILE_DISABLE=1 "$demo" "${args[@]}" --compile --stop-after 3 > "$tmp/e.out" 2>&1
+grep -q 'compilation disabled' "$tmp/e.out" && ! grep -q '^result .*mode=compiled' "$tmp/e.out" ||
+  { echo "char_gpt_resume: TORCH_COMPILE_DISABLE=1 --compile should not report mode=compiled"; cat "$tmp/e.out"; exit 1; }
 # resuming with another --seed is refused
 if "$demo" "${args[@]}" --seed 2 --resume "$tmp/run.safetensors" > "$tmp/c.out" 2>&1; then
   echo "char_gpt_resume: resuming with another --seed was accepted"; exit 1

@@ -261,6 +261,41 @@ END_TEST
 
 /* host state fn reads is baked into the capture: md->baked changes after
  * the capture, and the replay still multiplies by the captured value */
+/* A guard failure's reason is a diff against the closest captured version
+ * (fewest failing guards; ties: the newest), not the latest capture (as
+ * TORCH_LOGS=recompiles names each cache entry's failing guard). */
+static ctpu_status relu_sum(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)ctx;
+    (void)sc;
+    out[0] = ctpu_sum(ctpu_relu(in[0]), 0, NULL, false);
+    return ctpu_is_null(out[0]) ? ctpu_last_status() : CTPU_OK;
+}
+
+START_TEST(guard_reason_names_the_closest_version)
+{
+    ctpu_compiled *c = ctpu_compile(relu_sum, NULL, NULL);
+    ctpu_scope_begin();
+    ctpu_tensor a = ctpu_ones(CTPU_F32, 2, (int64_t[]){ 8, 4 });
+    ctpu_tensor xs[4] = { a, ctpu_ones(CTPU_F32, 2, (int64_t[]){ 5, 4 }), ctpu_cast(a, CTPU_BF16),
+                          ctpu_ones(CTPU_F32, 2, (int64_t[]){ 8, 7 }) };
+    int ns[5] = { 1, 2, 1, 1, 1 };
+    int which[5] = { 0, 0, 1, 2, 3 };
+    const char *want[5] = { "", "n_scalars: 1 -> 2", "input 0 dim 0: 8 -> 5", "input 0 dtype: f32 -> bf16",
+                            "input 0 dim 1: 4 -> 7" };
+    double sc[2] = { 1, 2 };
+    for (int k = 0; k < 5; k++) {
+        ctpu_tensor o = CTPU_NULL;
+        ck_assert_msg(ctpu_compiled_call(c, 1, &xs[which[k]], ns[k], sc, 1, &o) == CTPU_OK, "%s", ctpu_last_error());
+        ctpu_compiled_info info;
+        ctpu_compiled_get_info(c, &info);
+        ck_assert_msg(t_contains(info.last_reason, want[k]), "call %d: want '%s': '%s'", k, want[k], info.last_reason);
+    }
+    ctpu_scope_end();
+    ctpu_compiled_free(c);
+}
+END_TEST
+
 START_TEST(host_state_is_baked)
 {
     mlp md;
@@ -1531,6 +1566,7 @@ static Suite *suite(void)
     tcase_add_test(t, capturable_optimizers_bit_identical);
     tcase_add_test(t, non_capturable_optimizer_refused_in_capture);
     tcase_add_test(t, capturable_optimizer_over_bf16_params);
+    tcase_add_test(t, guard_reason_names_the_closest_version);
     suite_add_tcase(s, t);
     return s;
 }

@@ -226,6 +226,47 @@ static char *read_all(const char *path)
     return buf;
 }
 
+/* The advice calls a smaller dim-0 extent "a smaller last batch" only when
+ * its program launched few times beside the larger extent's; the warm-up
+ * line points past the recompiles list for a later step that compiled a
+ * new structure (hand-written documents: the counts are the point). */
+static char *render_doc_with(double small_launches, double late_steps)
+{
+    char json[1024];
+    snprintf(json, sizeof json,
+             "{\"ctpu_metrics_version\": 1, \"mode\": \"defer_fuse\", \"cache\": {\"steps\": 8, \"all_hit_reached\": true, \"warmup_steps\": 1, "
+             "\"late_compile_steps\": %.0f, \"recompiles\": 1}, "
+             "\"programs\": [{\"id\": 1, \"launches\": 8, \"cached\": true}, {\"id\": 2, \"launches\": %.0f, "
+             "\"cached\": true}], \"recompiles\": [{\"program\": 2, \"old_program\": 1, \"step\": 3, "
+             "\"reason\": \"input 0 dim 0: 8 -> 6\"}]}", late_steps, small_launches);
+    return render(json, "doc", CTPU_REPORT_TEXT);
+}
+
+START_TEST(report_last_batch_and_warmup_wording)
+{
+    char *t = render_doc_with(8, 1);   /* 6 as often as 8: the batch size varies */
+    ck_assert_msg(t_contains(t, "the batch size varies between steps"), "%s", t);
+    ck_assert_msg(!t_contains(t, "a smaller last batch"), "%s", t);
+    ck_assert_msg(t_contains(t, "1 later step compiled (see recompiles)"), "%s", t);
+    free(t);
+    t = render_doc_with(1, 2);   /* one launch at 6 against 8 at 8: a last batch; a second late step not listed */
+    ck_assert_msg(t_contains(t, "(8 -> 6, a smaller last batch)"), "%s", t);
+    ck_assert_msg(t_contains(t, "2 later steps compiled (1 in recompiles; the other compiled a new program structure, "
+                                "not a recompile: see programs)"), "%s", t);
+    free(t);
+    /* a compiled step past the limit after 2 guard failures of its own: the advice says others used it up */
+    const char *cj = "{\"ctpu_metrics_version\": 1, \"mode\": \"strict\", \"cache\": {}, \"compiled_steps\": [{\"name\": \"dyn\", "
+                     "\"guard_failures\": 2, \"state\": \"past the recompile limit\", \"events\": [{\"kind\": "
+                     "\"recompile limit\", \"reason\": \"past TORCH_TPU_RECOMPILE_LIMIT: the step's program structure "
+                     "compiled its limit of shapes, most by other compiled steps or traces of that structure\"}]}]}";
+    t = render(cj, "doc", CTPU_REPORT_TEXT);
+    ck_assert_msg(t_contains(t, "compiled step dyn: its program structure passed the recompile limit after only 2 guard "
+                                "failures of its own: other compiled steps"), "%s", t);
+    ck_assert_msg(!t_contains(t, "2 guard failures passed the recompile limit"), "%s", t);
+    free(t);
+}
+END_TEST
+
 START_TEST(golden_report_text)
 {
     init_df();
@@ -1590,6 +1631,7 @@ static Suite *suite(void)
     TCase *tc = tcase_create("report");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, cost_weights_complete);
+    tcase_add_test(tc, report_last_batch_and_warmup_wording);
     tcase_add_test(tc, dist_per_step_counts_training_steps);
     tcase_add_test(tc, counters_scripted_df);
     tcase_add_test(tc, counters_strict_and_history);

@@ -24,6 +24,7 @@
  * inputs share storage, the scalar count, precision and debug checks, each
  * handle's liveness, in-place targets still unshared, .grad presence) and
  * one command: no fn, no recording, no key. */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -1342,7 +1343,11 @@ static ctpu_status run_capture(ctpu_compiled *c, int n_in, const ctpu_tensor *in
         if (st == CTPU_OK && !cap.fail[0] && !cap.broken) {
             /* the flush ran it op by op: the cache's TORCH_TPU_RECOMPILE_LIMIT */
             c->limited = true;
-            note_reason(c, "recompile limit", "", "past TORCH_TPU_RECOMPILE_LIMIT: the step's program structure compiled its limit of shapes");
+            bool shared = ctpu_rt->recompile_limit && c->info.guard_failures < (uint64_t)ctpu_rt->recompile_limit;
+            note_reason(c, "recompile limit", "", shared
+                        ? "past TORCH_TPU_RECOMPILE_LIMIT: the step's program structure compiled its limit of shapes, "
+                          "most by other compiled steps or traces of that structure (the cache is per structure)"
+                        : "past TORCH_TPU_RECOMPILE_LIMIT: the step's program structure compiled its limit of shapes");
         } else if (st == CTPU_OK && cap.fail[0]) {
             /* the call ran as defer and fuse; later calls will too */
             c->broken = true;
@@ -1556,14 +1561,40 @@ static void merge_confirmed(ctpu_compiled *c, version *old, version *nv)
     share_scalars(c, nv);
 }
 
+/* How many of version v's call-level guards the call fails (counts of
+ * arguments, each input's dtype, rank and each extent, storage sharing,
+ * the mode); at least 1 for a version whose guards do not hold. Only on a
+ * miss: it picks the version a guard-failure reason is a diff against. */
+static int guard_distance(const version *v, int n_in, ctpu_trec *const *inrec, int n_scalars, int n_out)
+{
+    int n = (n_in != v->n_user) + (n_scalars != v->n_scalars) + (n_out != v->n_out_user);
+    for (int i = 0; i < n_in && i < v->n_user; i++) {
+        const ctpu_vtype *was = &v->user_type[i], *now = &inrec[i]->type;
+        n += was->dtype != now->dtype;
+        if (was->ndim != now->ndim) n++;
+        else
+            for (int d = 0; d < was->ndim; d++) n += was->shape[d] != now->shape[d];
+        int same = i;
+        for (int j = 0; j < i; j++)
+            if (inrec[j]->buf == inrec[i]->buf) { same = j; break; }
+        n += same != v->user_same[i];
+    }
+    n += v->precision != (uint8_t)ctpu_rt->precision || v->dbg != ctpu_rt->debug_checks;
+    return n ? n : 1;
+}
+
 /* ... *extent: no version holds, but one differs only by an in-range
- * extent of its dynamic dims (a capture at this extent binds its program). */
+ * extent of its dynamic dims (a capture at this extent binds its program).
+ * On a miss, why names the first failing guard of the closest version
+ * (fewest guards failed; of those, the newest), as torch's
+ * TORCH_LOGS=recompiles names each cache entry's failing guard. */
 static version *find_version(ctpu_compiled *c, int n_in, const ctpu_tensor *in, ctpu_trec *const *inrec, int n_scalars,
                              int n_out, char *why, size_t len, version **dyn_of)
 {
     why[0] = 0;
     *dyn_of = NULL;
     char w[192] = "";   /* (no version: no reason) */
+    int best = INT_MAX;
     for (version *v = c->versions; v; v = v->next) {
         bool ext = false;
         if (guards_hold(v, n_in, in, inrec, n_scalars, n_out, w, sizeof w, &ext)) {
@@ -1571,7 +1602,12 @@ static version *find_version(ctpu_compiled *c, int n_in, const ctpu_tensor *in, 
             return v;
         }
         if (ext && !*dyn_of) *dyn_of = v;
-        if (!why[0] && !ext) snprintf(why, len, "%s", w);
+        if (ext) continue;
+        int d = guard_distance(v, n_in, inrec, n_scalars, n_out);
+        if (d < best) {
+            best = d;
+            snprintf(why, len, "%s", w);
+        }
     }
     if (!why[0]) snprintf(why, len, "%s", w);
     return NULL;

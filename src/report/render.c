@@ -282,6 +282,56 @@ static bool made_dim_dynamic(const cJSON *d, const cJSON *r)
     return false;
 }
 
+/* Program id's launches in the document's programs table, -1 if not listed. */
+static double program_launches(const cJSON *d, double id)
+{
+    const cJSON *ps = obj(d, "programs");
+    for (int i = 0; i < arr_n(ps); i++)
+        if (num(cJSON_GetArrayItem(ps, i), "id") == id) return num(cJSON_GetArrayItem(ps, i), "launches");
+    return -1;
+}
+
+/* A smaller dim-0 extent reads as a partial last batch only when its
+ * program (the recompile's) launched few times beside the larger extent's
+ * (the old program's): at most a quarter as often. */
+static bool looks_like_last_batch(const cJSON *d, const cJSON *r)
+{
+    double small = program_launches(d, num(r, "program")), big = program_launches(d, num(r, "old_program"));
+    return small >= 0 && big > 0 && small * 4 <= big;
+}
+
+/* The compiled steps' advice: a graph break, or the recompile limit (used up
+ * by the step itself, or mostly by other steps of its structure). */
+static void advise_compiled(const cJSON *d, advice_t *a)
+{
+    const cJSON *steps_c = obj(d, "compiled_steps");
+    for (int i = 0; i < arr_n(steps_c); i++) {
+        const cJSON *st = cJSON_GetArrayItem(steps_c, i), *ev = obj(st, "events");
+        const char *brk = NULL, *gf = NULL;
+        bool shared = false;   /* the structure's limit went mostly to other steps or traces */
+        for (int j = 0; j < arr_n(ev); j++) {
+            const cJSON *e = cJSON_GetArrayItem(ev, j);
+            shared |= strcmp(str(e, "kind"), "recompile limit") == 0 && strstr(str(e, "reason"), "by other compiled");
+            if (strcmp(str(e, "kind"), "graph break") == 0) brk = str(e, "reason");
+            if (strcmp(str(e, "kind"), "guard failure") == 0) gf = str(e, "reason");
+        }
+        if (num(st, "graph_breaks") > 0)
+            advise(a, "compiled step %s: %s%s; its calls run fn as defer and fuse: move that out of fn (fullgraph "
+                      "makes it an error)", str(st, "name"), brk ? brk : "a graph break", brk ? "" : " (not listed)");
+        if (shared)
+            advise(a, "compiled step %s: its program structure passed the recompile limit after only %.0f guard "
+                      "failure%s of its own: other compiled steps or traces of the same structure compiled the rest "
+                      "of its shapes (the cache is per structure, as torch.compile's per code object); its calls at "
+                      "new shapes run fn in the current mode: mark the dim dynamic (ctpu_mark_dynamic) in the first "
+                      "step that compiles the structure, or keep the shapes fixed",
+                   str(st, "name"), num(st, "guard_failures"), num(st, "guard_failures") == 1 ? "" : "s");
+        else if (num(st, "guard_failures") > 0 && strstr(str(st, "state"), "recompile limit"))
+            advise(a, "compiled step %s: %.0f guard failures passed the recompile limit (the last: %s); its calls run fn "
+                      "in the current mode: keep its inputs' shapes fixed", str(st, "name"), num(st, "guard_failures"),
+                   gf ? gf : "?");
+    }
+}
+
 static void build_advice(const cJSON *d, advice_t *a)
 {
     memset(a, 0, sizeof *a);
@@ -304,6 +354,7 @@ static void build_advice(const cJSON *d, advice_t *a)
         if (dup || nseen == 8) continue;
         snprintf(seen[nseen++], sizeof seen[0], "%s", key);
         int count = 0, made_dynamic = 0;
+        const cJSON *first = cJSON_GetArrayItem(rs, i);
         for (int j = 0; j < arr_n(rs); j++) {
             int i2, d2;
             long long f2, t2;
@@ -317,6 +368,11 @@ static void build_advice(const cJSON *d, advice_t *a)
             advise(a, "%d recompile%s from dim %d of input %d (%lld -> %lld) made the dim dynamic (automatic dynamic): "
                       "later extents reuse the dynamic program; ctpu_mark_dynamic before the first step avoids %s too",
                    count, count == 1 ? "" : "s", dim, in, from, to, count == 1 ? "this one" : "these");
+        else if (dim == 0 && to < from && !looks_like_last_batch(d, first))
+            advise(a, "%d recompile%s from dim 0 of input %d (%lld -> %lld): the batch size varies between steps "
+                      "(the smaller extent's program launched about as often as the larger one's, so not only a "
+                      "last batch); pad the batch to a few fixed sizes, or ctpu_mark_dynamic dim 0",
+                   count, count == 1 ? "" : "s", in, from, to);
         else if (dim == 0 && to < from)
             advise(a, "%d recompile%s per run from dim 0 of input %d (%lld -> %lld, a smaller last batch): "
                       "dropping the last partial batch (drop_last) or padding it to the full size avoids it",
@@ -374,23 +430,7 @@ static void build_advice(const cJSON *d, advice_t *a)
                   "ctpu_sync() after making it (before the loop) gives every step one program", what, str(r, "made_by"));
         break;
     }
-    const cJSON *steps_c = obj(d, "compiled_steps");
-    for (int i = 0; i < arr_n(steps_c); i++) {
-        const cJSON *st = cJSON_GetArrayItem(steps_c, i), *ev = obj(st, "events");
-        const char *brk = NULL, *gf = NULL;
-        for (int j = 0; j < arr_n(ev); j++) {
-            const cJSON *e = cJSON_GetArrayItem(ev, j);
-            if (strcmp(str(e, "kind"), "graph break") == 0) brk = str(e, "reason");
-            if (strcmp(str(e, "kind"), "guard failure") == 0) gf = str(e, "reason");
-        }
-        if (num(st, "graph_breaks") > 0)
-            advise(a, "compiled step %s: %s%s; its calls run fn as defer and fuse: move that out of fn (fullgraph "
-                      "makes it an error)", str(st, "name"), brk ? brk : "a graph break", brk ? "" : " (not listed)");
-        if (num(st, "guard_failures") > 0 && strstr(str(st, "state"), "recompile limit"))
-            advise(a, "compiled step %s: %.0f guard failures passed the recompile limit (the last: %s); its calls run fn "
-                      "in the current mode: keep its inputs' shapes fixed", str(st, "name"), num(st, "guard_failures"),
-                   gf ? gf : "?");
-    }
+    advise_compiled(d, a);
     advise_held(d, a);
     if (strcmp(str(d, "mode"), "defer_fuse") != 0 && num(c, "strict_requests") > 0)
         advise(a, "strict eager launches one program per op (%.0f launches); TORCH_TPU_DEFER_AND_FUSE=1 fuses each step",
@@ -447,8 +487,33 @@ static void render_cost(out_t *o, const cJSON *d)
 }
 
 /* The title, the two caches, compile totals and warm-up. */
+/* Where the warm-up line's later compiles are explained: the recompiles
+ * list when it names a step (0-based, from warmup_steps on) for each of
+ * them; else the rest compiled a new program structure (not a recompile,
+ * not listed there: the programs table has every program). */
+static const char *late_pointer(const cJSON *d, double warm, double late, char *b, size_t n)
+{
+    const cJSON *rs = obj(d, "recompiles");
+    double steps[64];
+    int k = 0;
+    for (int i = 0; i < arr_n(rs) && k < 64; i++) {
+        double st = num(cJSON_GetArrayItem(rs, i), "step");
+        bool dup = st < warm;
+        for (int j = 0; j < k && !dup; j++) dup = steps[j] == st;
+        if (!dup) steps[k++] = st;
+    }
+    if (k >= late) return " (see recompiles)";
+    bool fb = num(obj(d, "cache"), "recompile_limit_fallbacks") > 0;
+    const char *what = fb ? "a new program structure (not a recompile) or one-op programs past the recompile limit"
+                          : "a new program structure, not a recompile";
+    if (k == 0) snprintf(b, n, " (%s: see programs)", what);
+    else snprintf(b, n, " (%d in recompiles; the other%s compiled %s: see programs)", k, late - k == 1 ? "" : "s", what);
+    return b;
+}
+
 static void render_overview(out_t *o, const cJSON *d, const char *name)
 {
+    char late[192];
     const cJSON *c = obj(d, "cache"), *cs = obj(d, "counters");
     char b1[32];
     if (o->md) fprintf(o->f, "## ctpu cache report%s%s\n\n", name ? ": " : "", name ? name : "");
@@ -483,7 +548,8 @@ static void render_overview(out_t *o, const cJSON *d, const char *name)
                  num(c, "warmup_steps") == 1 ? "" : "s", num(c, "late_compile_steps"),
                  num(c, "late_compile_steps") == 1 ? "" : "s",
                  num(c, "late_compile_steps") <= 0 ? ""
-                 : arr_n(obj(d, "recompiles")) > 0 ? " (see recompiles)"
+                 : arr_n(obj(d, "recompiles")) > 0 ? late_pointer(d, num(c, "warmup_steps"), num(c, "late_compile_steps"),
+                                                                  late, sizeof late)
                  : strcmp(str(d, "mode"), "defer_fuse") != 0 ? " (one-op programs for an op or shape first seen then)"
                  : " (new programs, listed below)");
         else line(o, "warm-up: the cache never went all-hit (%.0f of %.0f steps compiled)", num(c, "compile_steps"),
