@@ -422,8 +422,10 @@ CTPU_API ctpu_tensor ctpu_linspace(double start, double end, int64_t steps, ctpu
 
 /* dst takes the value of src (same shape and dtype, else CTPU_ERR_SHAPE /
  * CTPU_ERR_DTYPE). Writes dst's storage in place when no other live handle
- * shares it (the stream is in order, so reads already enqueued see the old
- * value), otherwise gives dst a new buffer (copy-on-write). */
+ * shares it and no pending defer-and-fuse trace of another thread reads it
+ * (the stream is in order, so reads already enqueued see the old value; a
+ * trace recorded before the assign reads the old value too), otherwise
+ * gives dst a new buffer (copy-on-write). */
 CTPU_API ctpu_status ctpu_assign(ctpu_tensor dst, ctpu_tensor src);
 
 /* --------------------------------------------------------- elementwise

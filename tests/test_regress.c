@@ -7,6 +7,8 @@
  * (NaN compared as a class) and strict against the reference.
  * Where ctpu deliberately differs from torch, the case checks ctpu's
  * documented rule and names the doc that says so. */
+#include <pthread.h>
+
 #include "t_core.h"
 #include "ctpu_nn.h"
 
@@ -1549,6 +1551,272 @@ START_TEST(compiled_guards_mutation_aliasing)
 }
 END_TEST
 
+
+/* ================================================= 23. dynamic dims at 0 and 1, empty mark_step
+ * torch.compile specialises sizes 0 and 1 (a dynamic dim of extent 1
+ * broadcasts differently: pytorch/pytorch#105634, #104853 "0/1
+ * specialization"); ctpu's dynamic range starts at 2 and extents 0 and 1
+ * compile their own programs (ctpu.h ctpu_mark_dynamic). Check the values
+ * at 5, 1, 0, 3 in defer and fuse and a compiled step against strict; and
+ * a mark_step with nothing recorded compiles nothing (pytorch/xla#4404-class
+ * empty graph execution). */
+static ctpu_status st_dyn(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)ctx; (void)sc;
+    ctpu_tensor b = ctpu_add(in[0], in[1]);                       /* [n, 3] + [1, 3] */
+    int d0 = 0;
+    out[0] = ctpu_concat(2, (ctpu_tensor[]){ ctpu_sum(b, 1, &d0, false), ctpu_max(in[1], 1, &d0, false) }, 0);
+    out[1] = ctpu_softmax(b, 1);
+    return ctpu_is_null(out[0]) || ctpu_is_null(out[1]) ? ctpu_last_status() : CTPU_OK;
+}
+START_TEST(dynamic_dims_at_zero_and_one)
+{
+    const int64_t ns[5] = { 5, 1, 0, 3, 1 };
+    const float row[3] = { 0.5f, -1, 2 };
+    ctpu_compiled *c = ctpu_compile(st_dyn, NULL, NULL);
+    for (int k = 0; k < 5; k++) {
+        int64_t n = ns[k];
+        float x[15], ref0[6], ref1[15], got[15];
+        for (int i = 0; i < n * 3; i++) x[i] = (float)i * 0.25f;
+        for (int m = 0; m < 3; m++) {
+            ctpu_scope_begin();
+            ctpu_tensor in[2] = { t_f32(x, 2, (const int64_t[]){ n, 3 }), t_f32(row, 2, (const int64_t[]){ 1, 3 }) };
+            ctpu_tensor out[2] = { CTPU_NULL, CTPU_NULL };
+            if (m == 2) {
+                ck_assert_int_eq(ctpu_mark_dynamic(in[0], 0, 2, 64), CTPU_OK);
+                ck_assert_msg(ctpu_compiled_call(c, 2, in, 0, NULL, 2, out) == CTPU_OK, "n=%lld: %s", (long long)n,
+                              ctpu_last_error());
+            } else {
+                ctpu_set_mode(m == 0 ? CTPU_MODE_STRICT : CTPU_MODE_DEFER_FUSE);
+                if (m == 1) ck_assert_int_eq(ctpu_mark_dynamic(in[0], 0, 2, 64), CTPU_OK);
+                ck_assert_int_eq(st_dyn(NULL, in, NULL, out), CTPU_OK);
+            }
+            ck_assert_int_eq(ctpu_numel(out[0]), 6);
+            ck_assert_int_eq(ctpu_numel(out[1]), n * 3);
+            float *a = m == 0 ? ref0 : got;
+            ck_assert_int_eq(ctpu_to_host(out[0], a, sizeof(float) * 6), CTPU_OK);
+            if (m) for (int i = 0; i < 6; i++) ck_assert_msg(rg_eq(got[i], ref0[i]), "n=%lld mode %d: sum/max %d: %g vs %g", (long long)n, m, i, got[i], ref0[i]);
+            a = m == 0 ? ref1 : got;
+            if (n) ck_assert_int_eq(ctpu_to_host(out[1], a, sizeof(float) * (size_t)(n * 3)), CTPU_OK);
+            if (m) for (int i = 0; i < n * 3; i++) ck_assert_msg(rg_eq(got[i], ref1[i]), "n=%lld mode %d: softmax %d", (long long)n, m, i);
+            ctpu_set_mode(CTPU_MODE_STRICT);
+            ctpu_scope_end();
+        }
+        /* the sums: column sums of x + row over n rows (n = 0: zeros) */
+        for (int j = 0; j < 3; j++) {
+            double w = 0;
+            for (int i = 0; i < n; i++) w += x[i * 3 + j] + row[j];
+            ck_assert_msg(ref0[j] == (float)w, "n=%lld: sum %d is %g, want %g", (long long)n, j, ref0[j], w);
+        }
+    }
+    ctpu_compiled_free(c);
+    /* an empty mark_step, twice, in defer and fuse: no program */
+    ctpu_set_mode(CTPU_MODE_DEFER_FUSE);
+    ck_assert_int_eq(ctpu_mark_step(), CTPU_OK);
+    int64_t before = ctpu_metric_counter("programs_compiled");
+    ck_assert_int_eq(ctpu_mark_step(), CTPU_OK);
+    ck_assert_int_eq(ctpu_mark_step(), CTPU_OK);
+    ck_assert_int_eq(ctpu_step_begin(), CTPU_OK);
+    ck_assert_int_eq(ctpu_step_end(), CTPU_OK);
+    ck_assert_int_eq(ctpu_metric_counter("programs_compiled"), before);
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    ctpu_set_mode(CTPU_MODE_STRICT);
+}
+END_TEST
+
+/* ================================================= 24. two traces sharing a tensor
+ * Thread A records y = 2 w in defer and fuse (pending); thread B assigns w
+ * in strict eager before A's trace runs; A must see w's value at its op
+ * (pytorch/xla#3314-class: an in-place update reaching a lazy trace that
+ * captured the tensor). And two threads' traces reading one tensor at once. */
+typedef struct {
+    ctpu_tensor w;
+    int phase;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} rg_share;
+static void rg_wait_phase(rg_share *s, int p)
+{
+    pthread_mutex_lock(&s->mu);
+    while (s->phase < p) pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+static void rg_set_phase(rg_share *s, int p)
+{
+    pthread_mutex_lock(&s->mu);
+    s->phase = p;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+static void *rg_writer(void *arg)
+{
+    rg_share *s = arg;
+    ctpu_set_thread_mode(CTPU_MODE_STRICT);
+    rg_wait_phase(s, 1);
+    ctpu_scope_begin();
+    ctpu_status st = ctpu_assign(s->w, ctpu_full(CTPU_F32, 1, (const int64_t[]){ 4 }, 7));
+    ctpu_scope_end();
+    ctpu_sync();
+    rg_set_phase(s, 2);
+    return (void *)(intptr_t)st;
+}
+START_TEST(two_traces_share_a_tensor)
+{
+    rg_share s = { .phase = 0 };
+    pthread_mutex_init(&s.mu, NULL);
+    pthread_cond_init(&s.cv, NULL);
+    s.w = ctpu_keep(T_VEC(1, 2, 3, 4));
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    pthread_t th;
+    pthread_create(&th, NULL, rg_writer, &s);
+    ctpu_set_thread_mode(CTPU_MODE_DEFER_FUSE);
+    ctpu_scope_begin();
+    ctpu_tensor y = ctpu_mul_scalar(s.w, 2);     /* recorded, not run */
+    rg_set_phase(&s, 1);
+    rg_wait_phase(&s, 2);
+    ctpu_tensor z = ctpu_mul_scalar(s.w, 3);     /* after the write */
+    float gy[4], gz[4];
+    ck_assert_int_eq(ctpu_to_host(y, gy, sizeof gy), CTPU_OK);
+    ck_assert_int_eq(ctpu_to_host(z, gz, sizeof gz), CTPU_OK);
+    void *rv;
+    pthread_join(th, &rv);
+    ck_assert_int_eq((int)(intptr_t)rv, CTPU_OK);
+    for (int i = 0; i < 4; i++) {
+        ck_assert_msg(gy[i] == 2.0f * (float)(i + 1), "y[%d] = %g: the trace read w after another thread's assign", i,
+                      gy[i]);
+        ck_assert_msg(gz[i] == 21, "z[%d] = %g: the trace did not see the assign made before its op", i, gz[i]);
+    }
+    ctpu_scope_end();
+    ctpu_clear_thread_mode();
+    /* with no trace pending, an assign writes in place again (the readers' count went back to 0) */
+    ctpu_mark_step();
+    int64_t inplace = ctpu_metric_counter("assign_in_place");
+    ctpu_scope_begin();
+    ck_assert_int_eq(ctpu_assign(s.w, ctpu_full(CTPU_F32, 1, (const int64_t[]){ 4 }, 8)), CTPU_OK);
+    ctpu_scope_end();
+    ck_assert_int_eq(ctpu_metric_counter("assign_in_place"), inplace + 1);
+    /* the same in defer and fuse: a training step that reads w and assigns it writes in place */
+    ctpu_set_mode(CTPU_MODE_DEFER_FUSE);
+    for (int k = 0; k < 2; k++) {
+        ctpu_step_begin();
+        ck_assert_int_eq(ctpu_assign(s.w, ctpu_mul_scalar(s.w, 0.5)), CTPU_OK);
+        ctpu_step_end();
+    }
+    ctpu_set_mode(CTPU_MODE_STRICT);
+    float gw[4];
+    ck_assert_int_eq(ctpu_to_host(s.w, gw, sizeof gw), CTPU_OK);
+    ck_assert(gw[0] == 2);
+    ctpu_release(s.w);
+    pthread_mutex_destroy(&s.mu);
+    pthread_cond_destroy(&s.cv);
+}
+END_TEST
+
+/* ================================================= 25. cache eviction while a program is in use
+ * TORCH_TPU_CACHE_SIZE=1: two compiled steps and two defer-and-fuse traces
+ * alternate, each evicting the other's program while its launches may still
+ * be queued (pytorch/xla#5048-class cache eviction of an executing
+ * computation); every result right. */
+static ctpu_status st_a(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)ctx; (void)sc;
+    out[0] = ctpu_exp(ctpu_mul_scalar(in[0], 0.5));
+    return CTPU_OK;
+}
+static ctpu_status st_b(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)ctx; (void)sc;
+    out[0] = ctpu_tanh(ctpu_add_scalar(in[0], 1));
+    return CTPU_OK;
+}
+START_TEST(cache_eviction_while_in_use)
+{
+    ctpu_shutdown();
+    t_clear_env();
+    setenv("TORCH_TPU_CACHE_SIZE", "1", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    static float x[4096], ra[4096], rb[4096], g[4096];
+    for (int i = 0; i < 4096; i++) x[i] = (float)(i % 61) / 30 - 1;
+    ctpu_tensor t = ctpu_keep(t_f32(x, 1, (const int64_t[]){ 4096 }));
+    ctpu_to_host(ctpu_exp(ctpu_mul_scalar(t, 0.5)), ra, sizeof ra);
+    ctpu_to_host(ctpu_tanh(ctpu_add_scalar(t, 1)), rb, sizeof rb);
+    ctpu_compiled *ca = ctpu_compile(st_a, NULL, NULL), *cb = ctpu_compile(st_b, NULL, NULL);
+    ctpu_tensor outs[40];
+    ctpu_scope_begin();
+    for (int k = 0; k < 40; k++) {   /* queued without reading: programs evicted while their launches wait */
+        ck_assert_int_eq(ctpu_compiled_call(k % 2 ? cb : ca, 1, &t, 0, NULL, 1, &outs[k]), CTPU_OK);
+        if (k % 5 == 4) {
+            ctpu_set_mode(CTPU_MODE_DEFER_FUSE);
+            ctpu_tensor y = k % 2 ? ctpu_tanh(ctpu_add_scalar(t, 1)) : ctpu_exp(ctpu_mul_scalar(t, 0.5));
+            ctpu_mark_step();
+            ctpu_to_host(y, g, sizeof g);
+            for (int i = 0; i < 4096; i++) ck_assert(g[i] == (k % 2 ? rb[i] : ra[i]));
+            ctpu_set_mode(CTPU_MODE_STRICT);
+        }
+    }
+    for (int k = 0; k < 40; k++) {
+        ck_assert_int_eq(ctpu_to_host(outs[k], g, sizeof g), CTPU_OK);
+        for (int i = 0; i < 4096; i++)
+            ck_assert_msg(g[i] == (k % 2 ? rb[i] : ra[i]), "call %d element %d: %g", k, i, g[i]);
+    }
+    ctpu_scope_end();
+    ctpu_cache_info info;
+    ctpu_cache_get_info(&info);
+    ck_assert_msg(info.evictions > 0, "no eviction happened (capacity %llu)", (unsigned long long)info.capacity);
+    ctpu_compiled_free(ca);
+    ctpu_compiled_free(cb);
+    ctpu_release(t);
+}
+END_TEST
+
+/* ================================================= 26. RNG: same seed, same bits across threads and ISAs
+ * jax-ml/jax#9159-class (different random bits across devices / sharding),
+ * pytorch/pytorch#61227-class (CPU RNG depends on the thread count):
+ * rand_normal, rand_uniform, randint and dropout after manual_seed are the
+ * same at 1, 2 and 3 kernel threads and in every mode. */
+static void rg_draws(float *out, int n)
+{
+    ctpu_manual_seed(42);
+    int64_t s = n / 4;
+    ctpu_scope_begin();
+    ctpu_tensor a = ctpu_rand_normal(CTPU_F32, 1, &s, 0, 1);
+    ctpu_tensor b = ctpu_rand_uniform(CTPU_F32, 1, &s, -2, 3);
+    ctpu_tensor c = ctpu_randint(CTPU_F32, 1, &s, -1000, 1000);
+    ctpu_tensor d = ctpu_dropout(ctpu_ones(CTPU_F32, 1, &s), 0.3, true);
+    ctpu_to_host(a, out, sizeof(float) * (size_t)s);
+    ctpu_to_host(b, out + s, sizeof(float) * (size_t)s);
+    ctpu_to_host(c, out + 2 * s, sizeof(float) * (size_t)s);
+    ctpu_to_host(d, out + 3 * s, sizeof(float) * (size_t)s);
+    ctpu_scope_end();
+}
+START_TEST(rng_same_bits_across_threads_and_modes)
+{
+    enum { N = 4 * 50001 };
+    static float ref[N], got[N];
+    rg_draws(ref, N);
+    for (int m = 1; m < 3; m++) {
+        ctpu_set_mode((ctpu_mode)m);
+        rg_draws(got, N);
+        ck_assert_msg(memcmp(got, ref, sizeof ref) == 0, "draws differ in mode %s", rg_mode_name[m]);
+    }
+    ctpu_set_mode(CTPU_MODE_STRICT);
+    for (int nt = 1; nt <= 3; nt++) {
+        ctpu_shutdown();
+        t_clear_env();
+        char b[4];
+        snprintf(b, sizeof b, "%d", nt);
+        setenv("CTPU_NUM_THREADS", b, 1);
+        ck_assert_int_eq(ctpu_init(), CTPU_OK);
+        rg_draws(got, N);
+        ck_assert_msg(memcmp(got, ref, sizeof ref) == 0, "draws differ at %d threads", nt);
+        ctpu_set_mode(CTPU_MODE_DEFER_FUSE);
+        rg_draws(got, N);
+        ck_assert_msg(memcmp(got, ref, sizeof ref) == 0, "draws differ at %d threads, defer and fuse", nt);
+        ctpu_set_mode(CTPU_MODE_STRICT);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("regress");
@@ -1583,6 +1851,10 @@ int main(void)
     tcase_add_test(tc, reshape_of_noncontiguous_views);
     tcase_add_test(tc, read_before_assign_in_one_trace);
     tcase_add_test(tc, compiled_guards_mutation_aliasing);
+    tcase_add_test(tc, dynamic_dims_at_zero_and_one);
+    tcase_add_test(tc, two_traces_share_a_tensor);
+    tcase_add_test(tc, cache_eviction_while_in_use);
+    tcase_add_test(tc, rng_same_bits_across_threads_and_modes);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

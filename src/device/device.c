@@ -301,6 +301,7 @@ ctpu_buffer *ctpu_buffer_alloc(ctpu_device *dev, size_t bytes, char *err, size_t
     if (b->name) b->name = NULL;
     atomic_init(&b->refs, 1);
     atomic_init(&b->handle_refs, 0);
+    atomic_init(&b->trace_readers, 0);
     atomic_init(&b->last_seq, 0);
     uint64_t now = cur + need, pk = atomic_load(&dev->peak);
     while (now > pk && !atomic_compare_exchange_weak(&dev->peak, &pk, now)) {}

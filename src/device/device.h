@@ -29,6 +29,9 @@ typedef struct ctpu_buffer {
     char *name;             /* the user's name for the value it holds (ctpu_set_name), malloc'd, or NULL */
     _Alignas(64) atomic_int refs;   /* host-side references: handles, traces, launchers */
     atomic_int handle_refs; /* live handles only (assign's in-place test) */
+    /* input entries of pending defer-and-fuse traces (any thread's) that read
+     * it: an assign writes in place only when no other trace will read it */
+    atomic_int trace_readers;
     /* the last command that reads or writes it: a buffer whose last
      * reference goes while that command is pending is freed once it is done
      * (so the device thread never touches reference counts) */

@@ -974,6 +974,12 @@ static bool guards_hold(version *v, int n_in, const ctpu_tensor *in, ctpu_trec *
             snprintf(why, len, "tensor %.64s%sassigned in place shares its storage now", nm, nm[0] ? " " : "");
             return false;
         }
+        if (atomic_load_explicit(&r->buf->trace_readers, memory_order_acquire) != 0) {
+            const char *nm = ctpu_rec_name(r);
+            snprintf(why, len, "tensor %.64s%sassigned in place is read by another thread's pending trace", nm,
+                     nm[0] ? " " : "");
+            return false;
+        }
     }
     /* an input sharing an in-place target's storage: with that storage held
      * by one handle (checked above), the input is that handle */

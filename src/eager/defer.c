@@ -862,6 +862,10 @@ static bool collect_live_outs(flush_ctx *f)
         ctpu_trec *r = ctpu_slot_if_live(pages, holders[i]);
         if (!r || r->trace_id != id) continue;
         bool own = r->buf && atomic_load(&r->buf->handle_refs) == 1 && !f->dbg;
+        if (own) {   /* another thread's pending trace reads it: copy, do not write under that trace */
+            int tr = atomic_load_explicit(&r->buf->trace_readers, memory_order_acquire);
+            own = tr == 0 || tr == ctpu_trace_rec_reads_buf(t_df.rec, r->buf);
+        }
         f->reqs[nreq] = (ctpu_liveout_req){ r->tval, own ? r->buf : NULL, own ? r->off : 0 };
         if (f->rh) f->rh[nreq] = holders[i];
         f->rrec[nreq++] = r;

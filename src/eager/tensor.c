@@ -744,8 +744,9 @@ ctpu_status ctpu_assign(ctpu_tensor dst, ctpu_tensor src)
     if (d->buf == s->buf && d->off == s->off) return CTPU_OK;
     ctpu_node node = { .op = CTPU_OP_COPY, .n_in = 1, .out = d->type };
     ctpu_trec *in[1] = { s };
-    if (atomic_load(&d->buf->handle_refs) == 1) {
-        /* in place: the stream is in order, reads already enqueued see the old value */
+    if (atomic_load(&d->buf->handle_refs) == 1 && atomic_load(&d->buf->trace_readers) == 0) {
+        /* in place: the stream is in order, reads already enqueued see the old value (and no
+         * other thread's pending trace reads it: that trace runs later, it keeps the old buffer) */
         ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_ASSIGN_IN_PLACE, 1);
         return ctpu_dispatch_into(&node, in, NULL, d->buf, d->off, prov);
     }

@@ -106,7 +106,10 @@ void ctpu_trace_rec_reset(ctpu_trace_rec *r, ctpu_device *dev)
 {
     /* dev NULL: the runtime is gone, and the buffers with it */
     if (dev)
-        for (int i = 0; i < r->n_in; i++) ctpu_buffer_release(dev, r->in_buf[i]);
+        for (int i = 0; i < r->n_in; i++) {
+            atomic_fetch_sub_explicit(&r->in_buf[i]->trace_readers, 1, memory_order_release);
+            ctpu_buffer_release(dev, r->in_buf[i]);
+        }
     r->n_in = 0;
     r->n_nodes = 0;
     r->n_scal = 0;
@@ -165,10 +168,18 @@ ctpu_vref ctpu_trace_rec_input(ctpu_trace_rec *r, ctpu_buffer *buf, size_t off, 
     r->in_buf[r->n_in] = buf;
     r->in_off[r->n_in] = off;
     ctpu_buffer_retain(buf);
+    atomic_fetch_add_explicit(&buf->trace_readers, 1, memory_order_acq_rel);   /* an assign elsewhere copies now */
     r->n_in++;
     key_vtype(r, 'I', t);
     key_maybe_fold(r);
     return -r->n_in;
+}
+
+int ctpu_trace_rec_reads_buf(const ctpu_trace_rec *r, const ctpu_buffer *buf)
+{
+    int n = 0;
+    for (int i = 0; i < r->n_in; i++) n += r->in_buf[i] == buf;
+    return n;
 }
 
 ctpu_vref ctpu_trace_rec_node(ctpu_trace_rec *r, const ctpu_node *node, const double *scalars, ctpu_op_prov prov)

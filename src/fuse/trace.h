@@ -49,6 +49,9 @@ const uint8_t *ctpu_trace_rec_read(const ctpu_trace_rec *r);
 bool ctpu_trace_rec_prov_span(const ctpu_trace_rec *r, ctpu_op_prov *lo, ctpu_op_prov *hi);
 int ctpu_trace_rec_inputs(const ctpu_trace_rec *r, ctpu_buffer *const **bufs, const size_t **offs,
                           const ctpu_vtype **types);
+/* How many of r's input entries read buf (each counts once in buf's
+ * trace_readers while r holds it). */
+int ctpu_trace_rec_reads_buf(const ctpu_trace_rec *r, const ctpu_buffer *buf);
 const double *ctpu_trace_rec_scalars(const ctpu_trace_rec *r);
 /* Node i as recorded (its in[] are vrefs) and its runtime scalars. */
 const ctpu_node *ctpu_trace_rec_node_at(const ctpu_trace_rec *r, int i, const double **scalars);
