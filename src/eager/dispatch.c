@@ -1874,7 +1874,9 @@ ctpu_tensor ctpu_leaky_relu(ctpu_tensor a, double negative_slope)
 }
 
 /* where(x > 0, x, alpha * expm1(min(x, 0))): the min keeps expm1 finite where
- * the branch is not taken, so the gradient there is an exact 0, never 0 * inf */
+ * the branch is not taken, so the gradient there is an exact 0, never 0 * inf.
+ * The min is clamp(x, -inf, 0), whose gradient is 1 at x == 0 (minimum_scalar's
+ * tie rule would give 0.5: elu'(0) would be alpha / 2, torch's is alpha). */
 ctpu_tensor ctpu_elu(ctpu_tensor a, double alpha)
 {
     ctpu_trec *in[1];
@@ -1884,7 +1886,7 @@ ctpu_tensor ctpu_elu(ctpu_tensor a, double alpha)
         return ctpu_failed();
     }
     ctpu_tensor pos = ctpu_gt_scalar(a, 0.0);
-    ctpu_tensor m = ctpu_minimum_scalar(a, 0.0);
+    ctpu_tensor m = ctpu_clamp(a, -INFINITY, 0.0);
     ctpu_tensor e = ctpu_expm1(m);
     ctpu_tensor neg = ctpu_mul_scalar(e, alpha);
     ctpu_tensor r = ctpu_is_null(pos) || ctpu_is_null(neg) ? ctpu_failed() : ctpu_where(pos, a, neg);
