@@ -1960,6 +1960,110 @@ START_TEST(shape_rules_matmul_slice_concat_scatter)
 }
 END_TEST
 
+
+/* ================================================= 29. parameter groups, NaN gradients, schedules
+ * torch: AdamW's decoupled decay uses the group's lr (lr * scale * wd,
+ * pytorch/pytorch#50271-class per-group decay), a group with decay 0 does
+ * not decay; a NaN gradient makes its own element NaN only (SGD momentum);
+ * a zero-grad'ed (set-to-none) parameter is skipped by the step, as torch;
+ * cosine at step >= total is min_lr. */
+START_TEST(optimizer_groups_nan_and_schedules)
+{
+    for (int m = 0; m < 3; m++) {
+        ctpu_set_mode((ctpu_mode)m);
+        ctpu_tensor p1 = ctpu_keep(T_VEC(1, -2)), p2 = ctpu_keep(T_VEC(0.5f));
+        ctpu_set_requires_grad(p1, true);
+        ctpu_set_requires_grad(p2, true);
+        ctpu_adamw_opts o = ctpu_adamw_defaults();
+        o.lr = 0.1;
+        ctpu_param_group g[2] = { { &p1, 1, 0.5, 0.5 }, { &p2, 1, 1.0, 0.0 } };
+        ctpu_optim *opt = ctpu_adamw_create_groups(2, g, &o);
+        ck_assert_ptr_nonnull(opt);
+        for (int s = 0; s < 2; s++) {
+            ctpu_optim_zero_grad(opt);
+            ctpu_step_begin();
+            ctpu_tensor l = ctpu_add(ctpu_sum(ctpu_mul(p1, p1), 0, NULL, false), ctpu_sum(ctpu_mul_scalar(p2, 3), 0, NULL, false));
+            ck_assert_int_eq(ctpu_backward(l), CTPU_OK);
+            ck_assert_int_eq(ctpu_optim_step(opt), CTPU_OK);
+            ctpu_step_end();
+        }
+        float a[2], b[1];
+        ctpu_to_host(p1, a, sizeof a);
+        ctpu_to_host(p2, b, sizeof b);
+        ck_assert_msg(t_ulps(a[0], 0.852014422416687f) <= 8 && t_ulps(a[1], -1.8025833368301392f) <= 8 &&
+                      t_ulps(b[0], 0.30000001192092896f) <= 8, "[%s] groups: %.9g %.9g %.9g (torch 0.852014422 "
+                      "-1.80258334 0.300000012)", rg_mode_name[m], a[0], a[1], b[0]);
+        /* a parameter without a .grad is skipped, its state untouched */
+        ctpu_optim_zero_grad(opt);
+        ctpu_step_begin();
+        ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_mul(p1, p1), 0, NULL, false)), CTPU_OK);
+        ck_assert_int_eq(ctpu_optim_step(opt), CTPU_OK);
+        ctpu_step_end();
+        float b2[1];
+        ctpu_to_host(p2, b2, sizeof b2);
+        ck_assert_msg(b2[0] == b[0], "[%s] a parameter without .grad moved: %g -> %g", rg_mode_name[m], b[0], b2[0]);
+        ctpu_optim_free(opt);
+        ctpu_zero_grad(p1);
+        ctpu_zero_grad(p2);
+        ctpu_release(p1);
+        ctpu_release(p2);
+        /* a NaN gradient stays in its element */
+        ctpu_tensor x = ctpu_keep(T_VEC(0, 1));
+        ctpu_set_requires_grad(x, true);
+        ctpu_sgd_opts so = { .lr = 0.1, .momentum = 0.9 };
+        opt = ctpu_sgd_create(1, &x, &so);
+        ctpu_step_begin();
+        ck_assert_int_eq(ctpu_backward_with(ctpu_mul(x, ctpu_ones_like(x)), T_VEC(NAN, 1)), CTPU_OK);
+        ck_assert_int_eq(ctpu_optim_step(opt), CTPU_OK);
+        ctpu_step_end();
+        float xv[2];
+        ctpu_to_host(x, xv, sizeof xv);
+        ck_assert_msg(isnan(xv[0]) && xv[1] == 0.9f, "[%s] NaN grad: %g %g (torch nan 0.9)", rg_mode_name[m], xv[0], xv[1]);
+        ctpu_optim_free(opt);
+        ctpu_zero_grad(x);
+        ctpu_release(x);
+        ctpu_set_mode(CTPU_MODE_STRICT);
+        ctpu_sync();
+    }
+    ck_assert(ctpu_lr_cosine(1.0, 10, 10, 0.1) == 0.1 && ctpu_lr_cosine(1.0, 11, 10, 0.1) == 0.1);
+    ck_assert(ctpu_lr_cosine(1.0, 0, 10, 0.1) == 1.0);
+    ck_assert(fabs(ctpu_lr_cosine(1.0, 5, 10, 0.0) - 0.5) < 1e-15);
+    ck_assert(ctpu_lr_warmup_cosine(1.0, 0, 4, 10, 0.1) == 0.2 && ctpu_lr_warmup_cosine(1.0, 99, 4, 10, 0.1) == 0.1);
+    ck_assert(ctpu_lr_step(1.0, 5, 2, 0.5) == 0.25);
+}
+END_TEST
+
+/* ================================================= 30. comparisons and small-row softmax
+ * torch: NaN == NaN is false and NaN != NaN true (jax-ml/jax#2831-class NaN
+ * comparisons in fused code); softmax over dim 0; log_softmax of one
+ * element is 0; i32 pow is exact (2^3 = 8, (-2)^3 = -8, 3^0 = 1). */
+static ctpu_tensor f_eq(const ctpu_tensor *in) { return ctpu_eq(in[0], in[1]); }
+static ctpu_tensor f_ne(const ctpu_tensor *in) { return ctpu_ne(in[0], in[1]); }
+static ctpu_tensor f_lt(const ctpu_tensor *in) { return ctpu_lt(in[0], in[1]); }
+static ctpu_tensor f_ge(const ctpu_tensor *in) { return ctpu_ge(in[0], in[1]); }
+static ctpu_tensor f_sm_dim0(const ctpu_tensor *in) { return ctpu_softmax(in[0], 0); }
+static ctpu_tensor f_lsm_neg1(const ctpu_tensor *in) { return ctpu_log_softmax(in[0], -1); }
+START_TEST(comparisons_nan_and_small_softmax)
+{
+    const float a[4] = { NAN, 1, NAN, INFINITY }, b[4] = { NAN, NAN, 1, INFINITY };
+    rg_in ab[2] = { RG_IN(CTPU_F32, 1, a, 4), RG_IN(CTPU_F32, 1, b, 4) };
+    { const double w[4] = { 0, 0, 0, 1 }; rg_expect("eq NaN", f_eq, 2, ab, 4, w, 0); }
+    { const double w[4] = { 1, 1, 1, 0 }; rg_expect("ne NaN", f_ne, 2, ab, 4, w, 0); }
+    { const double w[4] = { 0, 0, 0, 0 }; rg_expect("lt NaN", f_lt, 2, ab, 4, w, 0); }
+    { const double w[4] = { 0, 0, 0, 1 }; rg_expect("ge NaN", f_ge, 2, ab, 4, w, 0); }
+    const float x[4] = { 1, 2, 3, 5 };
+    rg_in ix = RG_IN(CTPU_F32, 2, x, 2, 2);
+    { const double w[4] = { 0.11920291930437088, 0.04742587357759476, 0.8807970285415649, 0.9525741338729858 };
+      rg_expect("softmax over dim 0", f_sm_dim0, 1, &ix, 4, w, 2); }
+    const float one[1] = { 5 };
+    rg_in i1 = RG_IN(CTPU_F32, 2, one, 1, 1);
+    { const double w[1] = { 0 }; rg_expect("log_softmax of one element", f_lsm_neg1, 1, &i1, 1, w, 0); }
+    const int32_t pb[3] = { 2, -2, 3 }, pe[3] = { 3, 3, 0 };
+    rg_in ip[2] = { RG_IN(CTPU_I32, 1, pb, 3), RG_IN(CTPU_I32, 1, pe, 3) };
+    { const double w[3] = { 8, -8, 1 }; rg_expect("i32 pow", f_pow, 2, ip, 3, w, 0); }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("regress");
@@ -2000,6 +2104,8 @@ int main(void)
     tcase_add_test(tc, rng_same_bits_across_threads_and_modes);
     tcase_add_test(tc, loss_and_activation_gradient_edges);
     tcase_add_test(tc, shape_rules_matmul_slice_concat_scatter);
+    tcase_add_test(tc, optimizer_groups_nan_and_schedules);
+    tcase_add_test(tc, comparisons_nan_and_small_softmax);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
