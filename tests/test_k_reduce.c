@@ -96,6 +96,35 @@ static void check_same(const float *want, const float *got, int64_t cnt, const c
 }
 
 /* ---- ISA and thread parity ---------------------------------------------------- */
+/* One shape: every op (sqdev too) at every thread count against _ref. */
+static void parity_case(int isa, int mode, int64_t outer, int64_t n, int64_t inner)
+{
+    int64_t cols = outer * inner;
+    float *x = fbuf(outer * n * inner), *mean = fbuf(cols);
+    float *want = fbuf(cols), *got = fbuf(cols);
+    fill(x, outer * n * inner, mode);
+    for (int op = 0; op <= CTPU_K_RED_COUNT; op++) {   /* COUNT = sqdev */
+        if (op == CTPU_K_RED_COUNT) {
+            ctpu_k_reduce_ref(CTPU_K_RED_SUM, x, outer, n, inner, mean);
+            for (int64_t i = 0; i < cols; i++) mean[i] = n ? mean[i] / (float)n : 0.0f;
+            ctpu_k_sqdev_ref(x, mean, outer, n, inner, want);
+        } else {
+            ctpu_k_reduce_ref((ctpu_k_red_op)op, x, outer, n, inner, want);
+        }
+        for (int t = 0; t < LEN(THREADS); t++) {
+            ctpu_k_pool p = k_pool_make(THREADS[t]);
+            for (int64_t i = 0; i < cols; i++) got[i] = 12345.0f;
+            if (op == CTPU_K_RED_COUNT)
+                ctpu_k_sqdev(x, mean, outer, n, inner, got, t ? &p : NULL);
+            else
+                ctpu_k_reduce((ctpu_k_red_op)op, x, outer, n, inner, got, t ? &p : NULL);
+            check_same(want, got, cols, op == CTPU_K_RED_COUNT ? "sqdev" : "reduce",
+                       isa, op, THREADS[t], outer, n, inner, mode);
+        }
+    }
+    free(x); free(mean); free(want); free(got);
+}
+
 /* _i = isa * D_COUNT + data mode */
 START_TEST(reduce_parity)
 {
@@ -104,32 +133,22 @@ START_TEST(reduce_parity)
     ctpu_k_reduce_select((ctpu_isa)isa);
     for (int a = 0; a < LEN(Ns); a++)
         for (int b = 0; b < LEN(INNERs); b++)
-            for (int c = 0; c < LEN(OUTERs); c++) {
-                int64_t n = Ns[a], inner = INNERs[b], outer = OUTERs[c], cols = outer * inner;
-                float *x = fbuf(outer * n * inner), *mean = fbuf(cols);
-                float *want = fbuf(cols), *got = fbuf(cols);
-                fill(x, outer * n * inner, mode);
-                for (int op = 0; op <= CTPU_K_RED_COUNT; op++) {   /* COUNT = sqdev */
-                    if (op == CTPU_K_RED_COUNT) {
-                        ctpu_k_reduce_ref(CTPU_K_RED_SUM, x, outer, n, inner, mean);
-                        for (int64_t i = 0; i < cols; i++) mean[i] = n ? mean[i] / (float)n : 0.0f;
-                        ctpu_k_sqdev_ref(x, mean, outer, n, inner, want);
-                    } else {
-                        ctpu_k_reduce_ref((ctpu_k_red_op)op, x, outer, n, inner, want);
-                    }
-                    for (int t = 0; t < LEN(THREADS); t++) {
-                        ctpu_k_pool p = k_pool_make(THREADS[t]);
-                        for (int64_t i = 0; i < cols; i++) got[i] = 12345.0f;
-                        if (op == CTPU_K_RED_COUNT)
-                            ctpu_k_sqdev(x, mean, outer, n, inner, got, t ? &p : NULL);
-                        else
-                            ctpu_k_reduce((ctpu_k_red_op)op, x, outer, n, inner, got, t ? &p : NULL);
-                        check_same(want, got, cols, op == CTPU_K_RED_COUNT ? "sqdev" : "reduce",
-                                   isa, op, THREADS[t], outer, n, inner, mode);
-                    }
-                }
-                free(x); free(mean); free(want); free(got);
-            }
+            for (int c = 0; c < LEN(OUTERs); c++) parity_case(isa, mode, OUTERs[c], Ns[a], INNERs[b]);
+}
+END_TEST
+
+/* Wide rows (bias gradients: [B*T, C] summed over rows): the SIMD colv
+ * sweeps up to 128 columns at once; widths around its groups (W = 8 / 16
+ * lanes) and sweeps (128), several chunks, the last group partial. */
+START_TEST(reduce_wide_parity)
+{
+    int isa = _i / D_COUNT, mode = _i % D_COUNT;
+    if (!isa_ok(isa)) return;
+    ctpu_k_reduce_select((ctpu_isa)isa);
+    static const int64_t wn[] = { 1, 17, 4097, 2 * 4096 + 5 };
+    static const int64_t wi[] = { 24, 33, 128, 130, 300 };
+    for (int a = 0; a < LEN(wn); a++)
+        for (int b = 0; b < LEN(wi); b++) parity_case(isa, mode, a == 1 ? 3 : 1, wn[a], wi[b]);
 }
 END_TEST
 
@@ -173,7 +192,8 @@ START_TEST(reduce_chunk_split)
     if (!isa_ok(isa)) return;
     ctpu_k_reduce_select((ctpu_isa)isa);
     const int64_t shapes[][3] = { { 1, (1 << 20) + 123, 1 }, { 1, 37 * 4096 + 1, 3 },
-                                  { 2, 64 * 4096, 1 }, { 1, 9 * 4096, 17 }, { 3, 5 * 4096 + 7, 2 } };
+                                  { 2, 64 * 4096, 1 }, { 1, 9 * 4096, 17 }, { 3, 5 * 4096 + 7, 2 },
+                                  { 1, 9 * 4096 + 3, 150 } };
     for (int s = 0; s < LEN(shapes); s++) {
         int64_t outer = shapes[s][0], n = shapes[s][1], inner = shapes[s][2], cols = outer * inner;
         float *x = fbuf(outer * n * inner), *want = fbuf(cols), *got = fbuf(cols);
@@ -565,6 +585,7 @@ static Suite *suite(void)
     TCase *p = tcase_create("parity");
     tcase_set_timeout(p, 600);
     tcase_add_loop_test(p, reduce_parity, 0, CTPU_ISA_COUNT * D_COUNT);
+    tcase_add_loop_test(p, reduce_wide_parity, 0, CTPU_ISA_COUNT * D_COUNT);
     tcase_add_loop_test(p, reduce_chunk_split, 0, CTPU_ISA_COUNT);
     tcase_add_loop_test(p, reduce_short_wide, 0, CTPU_ISA_COUNT);
     tcase_add_loop_test(p, softmax_parity, 0, CTPU_ISA_COUNT * D_COUNT);

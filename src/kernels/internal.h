@@ -46,7 +46,8 @@ enum { CTPU_K_RED_SQDEV = CTPU_K_RED_COUNT, CTPU_K_RED_EXPSUM };
  * y[r] = reduction of x[r*n ..]; col1: one contiguous column x[0..n); colv:
  * ncols columns x[j*inner + c], c < ncols (any number, each computed alone,
  * out[c] its value; the driver passes up to 16 when a column is split into
- * blocks, up to 4096 when whole). col1 and colv give the tree node
+ * blocks, up to 4096 when whole; the SIMD variants sweep up to 128 of
+ * them down the rows at once, each row read contiguously). col1 and colv give the tree node
  * over the aligned chunk range [k0, k1) (k0 a multiple of a power of two
  * B >= k1 - k0), NaN propagated for max/min. softmax_row: one row of n > 0
  * elements (y == x allowed). */

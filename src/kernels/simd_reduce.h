@@ -289,11 +289,85 @@ AI void colv_short(int op, const float *x, const float *cv, int n, int64_t inner
     }
 }
 
+/* Up to CV_COLS adjacent columns in one sweep down the rows: each row's
+ * ncols floats are read contiguously (CV_COLS * 4 bytes, not one 64-byte
+ * line per row and pass as colvW does), the G = ceil(ncols / W) groups'
+ * 16 lane accumulators held in L1 (acc[g][l] is colvW's acc[l] of group g:
+ * the same operations in the same order, so the same bits). Chunk ranges
+ * of at most 2^CV_DEPTH_LOG chunks (the stacks' depth). */
+enum { CV_COLS = 128, CV_G = CV_COLS / W, CV_DEPTH_LOG = 20 };
+AI void colvG(int op, const float *x, const float *cv, int64_t n, int64_t inner, int ncols,
+              int64_t k0, int64_t k1, float *out)
+{
+    const int cop = comb_op(op);
+    const int G = (ncols + W - 1) / W, Gf = ncols / W;   /* groups, full groups */
+    const M kl = tail_mask(ncols - Gf * W);               /* the partial last group's lanes */
+    const V id = vset(s_ident(cop));
+    V vc[CV_G];
+    M nan[CV_G];
+    for (int g = 0; g < G; g++) {
+        vc[g] = cv ? ld_m(cv + g * W, tail_mask(ncols - g * W)) : vzero();
+        nan[g] = m_zero();
+    }
+    V acc[CV_G][CTPU_K_RED_LANES] __attribute__((aligned(64)));
+    V stk[CV_DEPTH_LOG + 2][CV_G] __attribute__((aligned(64)));
+    int sp = 0;
+#define ROW(rp, l)                                                                   \
+    do {                                                                             \
+        for (int g = 0; g < Gf; g++) {                                               \
+            V v_ = v_elem(op, ld((rp) + g * W), vc[g]);                              \
+            if (is_minmax(op)) nan[g] = m_or(nan[g], VCMP(v_, v_, _CMP_UNORD_Q));     \
+            acc[g][l] = v_comb(cop, acc[g][l], v_);                                  \
+        }                                                                            \
+        if (Gf < G) {                                                                \
+            V v_ = v_elem(op, ld_m((rp) + Gf * W, kl), vc[Gf]);                      \
+            if (is_minmax(op)) nan[Gf] = m_or(nan[Gf], VCMP(v_, v_, _CMP_UNORD_Q));   \
+            acc[Gf][l] = v_comb(cop, acc[Gf][l], v_);                                \
+        }                                                                            \
+    } while (0)
+    for (int64_t k = k0; k < k1; k++) {
+        const float *xc = x + k * CTPU_K_RED_CHUNK * inner;
+        int64_t len = chunk_len(n, k);
+        for (int g = 0; g < G; g++)
+            for (int l = 0; l < CTPU_K_RED_LANES; l++) acc[g][l] = id;
+        int64_t j = 0;
+        for (; j + CTPU_K_RED_LANES <= len; j += CTPU_K_RED_LANES) {
+#pragma GCC unroll 16
+            for (int l = 0; l < CTPU_K_RED_LANES; l++) ROW(xc + (j + l) * inner, l);
+        }
+        for (int l = 0; l < (int)(len - j); l++) ROW(xc + (j + l) * inner, l);
+        for (int g = 0; g < G; g++) {
+#pragma GCC unroll 8
+            for (int s = CTPU_K_RED_LANES / 2; s > 0; s /= 2)
+#pragma GCC unroll 8
+                for (int i = 0; i < s; i++) acc[g][i] = v_comb(cop, acc[g][i], acc[g][i + s]);
+            stk[sp][g] = acc[g][0];
+        }
+        sp++;
+        for (int64_t t = k - k0 + 1; (t & 1) == 0; t >>= 1, sp--)
+            for (int g = 0; g < G; g++) stk[sp - 2][g] = v_comb(cop, stk[sp - 2][g], stk[sp - 1][g]);
+    }
+#undef ROW
+    for (; sp > 1; sp--)
+        for (int g = 0; g < G; g++) stk[sp - 2][g] = v_comb(cop, stk[sp - 2][g], stk[sp - 1][g]);
+    for (int g = 0; g < G; g++) {
+        V r = sp ? stk[0][g] : id;
+        r = vsel(nan[g], vset(NAN), r);
+        st_m(out + g * W, tail_mask(ncols - g * W), r);
+    }
+}
+
 AI void colv_impl(int op, const float *x, const float *cv, int64_t n, int64_t inner, int ncols,
                   int64_t k0, int64_t k1, float *out)
 {
     if (k0 == 0 && k1 == 1 && n < CTPU_K_RED_LANES) {
         colv_short(op, x, cv, (int)n, inner, ncols, out);
+        return;
+    }
+    if (ncols > W && k1 - k0 <= ((int64_t)1 << CV_DEPTH_LOG)) {
+        for (int c = 0; c < ncols; c += CV_COLS)
+            colvG(op, x + c, cv ? cv + c : NULL, n, inner, ncols - c < CV_COLS ? ncols - c : CV_COLS, k0, k1,
+                  out + c);
         return;
     }
     for (int g = 0; g < ncols; g += W)
