@@ -8,7 +8,7 @@
  * bytes plus one id for unseen bytes.
  *
  * Model: token and position embeddings, --layers pre-norm blocks (causal
- * self-attention, one ctpu_scaled_dot_product_attention (is_causal, scale
+ * self-attention, one ctpu_scaled_dot_product_attention_bthd (is_causal, scale
  * 1/sqrt(head_dim), --dropout on the probabilities), then a GELU (erf) MLP
  * of 4 x dmodel), a final layer norm and a head tied to the token
  * embedding. q, k and v
@@ -436,12 +436,12 @@ static ctpu_status gpt_init(gpt *g, const opts_t *o, int64_t vocab)
     return CTPU_OK;
 }
 
-/* [B, T, H*hd] -> [B, H, T, hd] */
+/* [B, T, H*hd] -> [B, T, H, hd] (a view: the attention kernel reads the
+ * heads in this layout, no permute copies) */
 static ctpu_tensor split_heads(const gpt *g, ctpu_tensor t, int64_t B, int64_t T)
 {
     int64_t s[4] = { B, T, g->H, g->hd };
-    static const int perm[4] = { 0, 2, 1, 3 };
-    return ctpu_permute(ctpu_reshape(t, 4, s), perm);
+    return ctpu_reshape(t, 4, s);
 }
 
 /* A parameter as the forward uses it: with --dtype bf16 a bf16 copy of the
@@ -459,13 +459,15 @@ static ctpu_tensor norm(const gpt *g, ctpu_tensor x, ctpu_tensor w, ctpu_tensor 
     return ctpu_layer_norm(x, P(g, w), P(g, b), 1e-5);
 }
 
-/* Causal self-attention: q, k, v [B, H, T, hd] -> [B, H, T, hd], one
- * blockwise kernel (ctpu_scaled_dot_product_attention: scale 1/sqrt(hd),
- * causal, dropout on the probabilities); no [T, T] score tensor exists. */
+/* Causal self-attention: q, k, v [B, T, H, hd] -> [B, T, H, hd], one
+ * blockwise kernel (ctpu_scaled_dot_product_attention_bthd: scale
+ * 1/sqrt(hd), causal, dropout on the probabilities; the bits of
+ * ctpu_scaled_dot_product_attention on the [B, H, T, hd] permutes, without
+ * their copies); no [T, T] score tensor exists. */
 static ctpu_tensor attention(const gpt *g, ctpu_tensor q, ctpu_tensor k, ctpu_tensor v, bool training)
 {
-    return ctpu_scaled_dot_product_attention(q, k, v, CTPU_NULL, CTPU_MASK_NONE, true, 0.0,
-                                             training ? g->dropout : 0.0);
+    return ctpu_scaled_dot_product_attention_bthd(q, k, v, CTPU_NULL, CTPU_MASK_NONE, true, 0.0,
+                                                  training ? g->dropout : 0.0);
 }
 
 /* Next-token logits [B, T, V] of x [B, T] (T <= ctx). */
@@ -476,14 +478,13 @@ static ctpu_tensor gpt_logits(const gpt *g, ctpu_tensor x, int64_t B, int64_t T,
     ctpu_tensor wpe = P(g, ctpu_slice(g->wpe, 0, 0, T, 1));   /* at T = ctx too: one structure for every T */
     ctpu_tensor h = ctpu_add(ctpu_embedding(wte, x), wpe);   /* [B, T, D] + [T, D] */
     h = ctpu_dropout(h, p, training);
-    static const int perm[4] = { 0, 2, 1, 3 };
     for (int64_t l = 0; l < g->L; l++) {
         const block *b = &g->blk[l];
         ctpu_tensor a = norm(g, h, b->ln1_w, b->ln1_b);
         ctpu_tensor q = split_heads(g, linear(g, a, b->wq, b->bq), B, T);
         ctpu_tensor k = split_heads(g, linear(g, a, b->wk, b->bk), B, T);
         ctpu_tensor v = split_heads(g, linear(g, a, b->wv, b->bv), B, T);
-        ctpu_tensor o = ctpu_contiguous(ctpu_permute(attention(g, q, k, v, training), perm));   /* [B, T, H, hd] */
+        ctpu_tensor o = attention(g, q, k, v, training);   /* [B, T, H, hd] */
         int64_t s3[3] = { B, T, g->H * g->hd };
         o = linear(g, ctpu_reshape(o, 3, s3), b->wo, b->bo);
         h = ctpu_add(h, ctpu_dropout(o, p, training));

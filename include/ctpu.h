@@ -691,6 +691,18 @@ CTPU_API ctpu_tensor ctpu_causal_mask(int64_t T, int64_t S, ctpu_mask_kind kind)
 CTPU_API ctpu_tensor ctpu_scaled_dot_product_attention(ctpu_tensor q, ctpu_tensor k, ctpu_tensor v, ctpu_tensor mask,
                                                        ctpu_mask_kind mask_kind, bool is_causal, double scale,
                                                        double dropout_p);
+/* ctpu_scaled_dot_product_attention with heads as the third dim, the layout
+ * a [B,T,H*Dh] projection has once reshaped: q [B,Tq,H,Dh], k and v
+ * [B,Tk,H,Dh]; the result is [B,Tq,H,Dh] and the gradients are of q's, k's
+ * and v's shapes. Equal bit for bit, result and gradients, to
+ * permute(ctpu_scaled_dot_product_attention(permute(q, {0,2,1,3}), ...,
+ * same mask, kind, is_causal, scale, dropout_p), {0,2,1,3}), the mask and
+ * the dropout draws indexed as there ([B,H,Tq,Tk]), without the four
+ * permute copies forward and back. Errors as
+ * ctpu_scaled_dot_product_attention's, the shapes read in this layout. */
+CTPU_API ctpu_tensor ctpu_scaled_dot_product_attention_bthd(ctpu_tensor q, ctpu_tensor k, ctpu_tensor v,
+                                                            ctpu_tensor mask, ctpu_mask_kind mask_kind,
+                                                            bool is_causal, double scale, double dropout_p);
 /* weight [V, D] (f32/bf16), indices i32 of any shape -> [..., D]. An index
  * outside [0, V) is a device fault naming `embedding` and the index, raised
  * at the next sync (strict eager) or at the call (debug eager); its row is 0. */

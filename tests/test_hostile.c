@@ -223,6 +223,7 @@ static void uninitialised_sweep(void)
     UN_T(ctpu_stack, "stack", 2, ts, 0); UN_T(ctpu_tril, "tril", t, 0); UN_T(ctpu_triu, "triu", t, 0);
     UN_T(ctpu_causal_mask, "causal_mask", 4, 4, CTPU_MASK_ADDITIVE); UN_T(ctpu_index_select, "index_select", t, 0, t);
     UN_T(ctpu_scaled_dot_product_attention, "scaled_dot_product_attention", t, t, t, t, CTPU_MASK_ADDITIVE, false, 0, 0);
+    UN_T(ctpu_scaled_dot_product_attention_bthd, "scaled_dot_product_attention", t, t, t, t, CTPU_MASK_ADDITIVE, false, 0, 0);
     UN_T(ctpu_erf, "erf", t); UN_T(ctpu_sin, "sin", t); UN_T(ctpu_cos, "cos", t); UN_T(ctpu_log1p, "log1p", t); UN_T(ctpu_expm1, "expm1", t);
     UN_T(ctpu_leaky_relu, "leaky_relu", t, 0.01); UN_T(ctpu_elu, "elu", t, 1.0);
     UN_T(ctpu_add, "add", t, t); UN_T(ctpu_sub, "sub", t, t); UN_T(ctpu_mul, "mul", t, t);
@@ -594,6 +595,10 @@ START_TEST(extreme_integers_and_values)
     NUL(ctpu_scaled_dot_product_attention(a, a, a, CTPU_NULL, CTPU_MASK_NONE, true, 0, INFINITY), CTPU_ERR_INVALID_ARG,
         "scaled_dot_product_attention");
     NUL(ctpu_scaled_dot_product_attention(a, a, a, a, CTPU_MASK_KEEP01, true, 0, 0), CTPU_ERR_SHAPE,
+        "scaled_dot_product_attention");
+    NUL(ctpu_scaled_dot_product_attention_bthd(a, a, a, CTPU_NULL, CTPU_MASK_NONE, true, 0, INFINITY),
+        CTPU_ERR_INVALID_ARG, "scaled_dot_product_attention");
+    NUL(ctpu_scaled_dot_product_attention_bthd(a, a, a, a, CTPU_MASK_KEEP01, true, 0, 0), CTPU_ERR_SHAPE,
         "scaled_dot_product_attention");
     NUL(ctpu_transpose(a, INT_MIN, 0), CTPU_ERR_SHAPE, "transpose");
     NUL(ctpu_transpose(a, 0, INT_MAX), CTPU_ERR_SHAPE, "transpose");

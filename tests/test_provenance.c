@@ -187,6 +187,10 @@ static void sweep(void)
     EP_T(ctpu_scaled_dot_product_attention, q4, q4, E, CTPU_NULL, CTPU_MASK_NONE, false, 0, 0.5);
     EP_T(ctpu_scaled_dot_product_attention, q4, q4, q4, E, CTPU_MASK_ADDITIVE, false, 0, 0);
     EP_T(ctpu_scaled_dot_product_attention, q4, q4, q4, E, CTPU_MASK_NONE, false, 0, 0);
+    EP_T(ctpu_scaled_dot_product_attention_bthd, E, q4, q4, CTPU_NULL, CTPU_MASK_NONE, false, 0, 0);
+    EP_T(ctpu_scaled_dot_product_attention_bthd, q4, E, q4, CTPU_NULL, CTPU_MASK_NONE, true, 0, 0);
+    EP_T(ctpu_scaled_dot_product_attention_bthd, q4, q4, E, CTPU_NULL, CTPU_MASK_NONE, false, 0, 0.5);
+    EP_T(ctpu_scaled_dot_product_attention_bthd, q4, q4, q4, E, CTPU_MASK_ADDITIVE, false, 0, 0);
     /* autograd */
     EP_S(ctpu_set_requires_grad, "requires_grad", E, true);
     EP_S(ctpu_backward, "backward", E);

@@ -539,6 +539,147 @@ START_TEST(kernel_vs_ref)
 }
 END_TEST
 
+/* ------------------------------------------------------------ the BTHD layout */
+/* x [B,H,T,D] <-> [B,T,H,D] (to_bthd true: BHTD -> BTHD) */
+static void perm_bh(const float *x, float *y, int64_t B, int64_t H, int64_t T, int64_t D, bool to_bthd)
+{
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t t = 0; t < T; t++) {
+                const float *src = to_bthd ? x + ((b * H + h) * T + t) * D : x + ((b * T + t) * H + h) * D;
+                float *dst = to_bthd ? y + ((b * T + t) * H + h) * D : y + ((b * H + h) * T + t) * D;
+                memcpy(dst, src, sizeof(float) * (size_t)D);
+            }
+}
+
+/* The kernel in the BTHD layout (ctpu_attn_args.layout) equals the BHTD
+ * scalar reference on the permuted tensors, bit for bit: reference and ISA
+ * kernels, every ISA's build, 1 to 3 threads (both backward splits). */
+START_TEST(kernel_bthd_layout)
+{
+    /* causal; causal with a key block no query sees; not causal */
+    static const int64_t dims[][5] = { { 2, 3, 130, 129, 32 }, { 1, 2, 70, 200, 24 }, { 1, 2, 130, 150, 16 } };
+    for (int ci = 0; ci < 3; ci++) {
+        int64_t B = dims[ci][0], H = dims[ci][1], Tq = dims[ci][2], Tk = dims[ci][3], D = dims[ci][4];
+        int64_t nq = B * H * Tq * D, nk = B * H * Tk * D, nl = B * H * Tq;
+        float *x = malloc(4 * (size_t)(2 * nq + 2 * nk)), *xt = malloc(4 * (size_t)(2 * nq + 2 * nk));
+        float *m = malloc(4 * (size_t)(Tq * Tk));
+        float *ref = malloc(4 * (size_t)(2 * nq + nl + 2 * nk)), *got = malloc(4 * (size_t)(2 * nq + nl + 2 * nk));
+        float *un = malloc(4 * (size_t)(nq + nk));
+        uint64_t s = 7 + (uint64_t)ci;
+        for (int64_t i = 0; i < 2 * nq + 2 * nk; i++) x[i] = t_rand_f(&s, -2, 2);
+        for (int64_t i = 0; i < Tq * Tk; i++) m[i] = t_rand_f(&s, 0, 1) < 0.1f ? -INFINITY : t_rand_f(&s, -1, 1);
+        /* x: q [nq], k [nk], v [nk], dout [nq], each BHTD; xt: the same BTHD */
+        int64_t off[4] = { 0, nq, nq + nk, nq + 2 * nk }, tl[4] = { Tq, Tk, Tk, Tq };
+        for (int t = 0; t < 4; t++) perm_bh(x + off[t], xt + off[t], B, H, tl[t], D, true);
+        for (int pass = 0; pass < 6 + (int)ctpu_isa_detect(); pass++) {
+            bool bthd = pass > 0;
+            const float *src = bthd ? xt : x;
+            float *o = bthd ? got : ref;
+            ctpu_attn_args a = { .B = B, .H = H, .Tq = Tq, .Tk = Tk, .D = D,
+                                 .layout = bthd ? CTPU_K_ATTN_BTHD : CTPU_K_ATTN_BHTD,
+                                 .q = src, .k = src + off[1], .v = src + off[2], .dtype = CTPU_KDT_F32, .mask = m,
+                                 .mask_kind = CTPU_K_MASK_ADD, .ms = { 0, 0, Tk, 1 }, .causal = ci < 2,
+                                 .scale = 0.2f, .p = 0.15, .seed = 3, .offset = 77, .precision = CTPU_PREC_DEFAULT };
+            a.o = o;
+            a.lse = o + nq;
+            a.o_in = o;
+            a.lse_in = o + nq;
+            a.dout = src + off[3];
+            a.dq = o + nq + nl;
+            a.dk = a.dq + nq;
+            a.dv = a.dk + nk;
+            /* pass 0: BHTD ref; 1: BTHD ref; 2-4: ISA kernel at 1-3 threads; then each ISA's build */
+            ctpu_isa was = ctpu_kernels_isa();
+            ctpu_k_pool pool = k_pool_make(pass >= 2 && pass <= 4 ? pass - 1 : 1);
+            if (pass >= 5) ck_assert(ctpu_kernels_set_isa((ctpu_isa)(pass - 5)));
+            if (pass <= 1) { ctpu_k_attn_fwd_ref(&a); ctpu_k_attn_bwd_ref(&a); }
+            else { ctpu_k_attn_fwd(&a, &pool); ctpu_k_attn_bwd(&a, &pool); }
+            ck_assert(ctpu_kernels_set_isa(was));
+            if (!bthd) continue;
+            /* o, dq back to BHTD; dk, dv too; lse is BHT in both */
+            perm_bh(got, un, B, H, Tq, D, false);
+            for (int64_t i = 0; i < nq; i++) T_CHECK(t_same(ref[i], un[i]), "case %d pass %d o %lld", ci, pass, (long long)i);
+            for (int64_t i = 0; i < nl; i++)
+                T_CHECK(t_same(ref[nq + i], got[nq + i]), "case %d pass %d lse %lld", ci, pass, (long long)i);
+            const float *g0 = ref + nq + nl, *g1 = got + nq + nl;
+            int64_t go[3] = { 0, nq, nq + nk }, gt[3] = { Tq, Tk, Tk };
+            for (int t = 0; t < 3; t++) {
+                perm_bh(g1 + go[t], un, B, H, gt[t], D, false);
+                for (int64_t i = 0; i < gt[t] * B * H * D; i++)
+                    T_CHECK(t_same(g0[go[t] + i], un[i]), "case %d pass %d grad %d element %lld", ci, pass, t,
+                            (long long)i);
+            }
+        }
+        free(x); free(xt); free(m); free(ref); free(got); free(un);
+    }
+}
+END_TEST
+
+/* ctpu_scaled_dot_product_attention_bthd in every mode (f32 and bf16) equals
+ * ctpu_scaled_dot_product_attention on the permuted tensors, result and
+ * gradients, bit for bit; its shape errors read the BTHD layout. */
+START_TEST(bthd_equals_permuted)
+{
+    for (int dt = 0; dt < 2; dt++) {
+        cfg_t c = PAR;
+        c.dt = dt ? CTPU_BF16 : CTPU_F32;
+        data_t d;
+        make_data(&c, 5, &d);
+        void *ref[4];
+        bits_of(&c, &d, ref);
+        int64_t B = c.B, H = c.H, Tq = c.Tq, Tk = c.Tk, D = c.D;
+        float *qt = malloc(4 * (size_t)d.nq), *kt = malloc(4 * (size_t)d.nk), *vt = malloc(4 * (size_t)d.nk),
+              *wt = malloc(4 * (size_t)d.nq), *un = malloc(4 * (size_t)(d.nq > d.nk ? d.nq : d.nk));
+        perm_bh(d.q, qt, B, H, Tq, D, true);
+        perm_bh(d.k, kt, B, H, Tk, D, true);
+        perm_bh(d.v, vt, B, H, Tk, D, true);
+        perm_bh(d.w, wt, B, H, Tq, D, true);
+        static const ctpu_mode modes[] = { CTPU_MODE_STRICT, CTPU_MODE_DEBUG, CTPU_MODE_DEFER_FUSE };
+        for (int mi = 0; mi < 3; mi++) {
+            ck_assert_int_eq(ctpu_set_mode(modes[mi]), CTPU_OK);
+            int64_t sq[4] = { B, Tq, H, D }, sk[4] = { B, Tk, H, D }, sm4[4] = { B, 1, Tq, Tk };
+            ck_assert_int_eq(ctpu_rng_set_state(1234, 99), CTPU_OK);   /* as run() */
+            ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+            ctpu_tensor q = up(qt, c.dt, 4, sq), k = up(kt, c.dt, 4, sk), v = up(vt, c.dt, 4, sk);
+            ctpu_tensor w = up(wt, CTPU_F32, 4, sq), m = up(d.m, CTPU_F32, 4, sm4);
+            ck_assert_int_eq(ctpu_set_requires_grad(q, true), CTPU_OK);
+            ck_assert_int_eq(ctpu_set_requires_grad(k, true), CTPU_OK);
+            ck_assert_int_eq(ctpu_set_requires_grad(v, true), CTPU_OK);
+            ctpu_tensor o = ctpu_scaled_dot_product_attention_bthd(q, k, v, m, (ctpu_mask_kind)c.mask, c.causal, 0, c.p);
+            ck_assert_msg(!ctpu_is_null(o), "sdpa_bthd: %s", ctpu_last_error());
+            t_expect_shape(o, 4, sq);
+            ck_assert_int_eq(ctpu_dtype_of(o), c.dt);
+            ck_assert(ctpu_backward(ctpu_sum(ctpu_mul(o, w), 0, NULL, false)) == CTPU_OK);
+            float *got[4] = { t_read(o, NULL), grad_of(q), grad_of(k), grad_of(v) };
+            ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+            ck_assert_msg(ctpu_sync() == CTPU_OK, "%s", ctpu_last_error());
+            int64_t T4[4] = { Tq, Tq, Tk, Tk };
+            for (int t = 0; t < 4; t++) {
+                perm_bh(got[t], un, B, H, T4[t], D, false);
+                const float *r = ref[t];
+                for (int64_t i = 0; i < B * H * T4[t] * D; i++)
+                    T_CHECK(t_same(r[i], un[i]), "%s %s tensor %d element %lld: %a vs %a", ctpu_mode_name(modes[mi]),
+                            dt ? "bf16" : "f32", t, (long long)i, un[i], r[i]);
+                free(got[t]);
+            }
+        }
+        ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+        for (int t = 0; t < 4; t++) free(ref[t]);
+        free(qt); free(kt); free(vt); free(wt); free(un);
+        free_data(&d);
+    }
+    /* the shapes as BTHD: k's H (dim 2) must be q's */
+    int64_t sq[4] = { 1, 5, 2, 8 }, sk[4] = { 1, 6, 3, 8 };
+    ctpu_tensor q = ctpu_zeros(CTPU_F32, 4, sq), k = ctpu_zeros(CTPU_F32, 4, sk);
+    ctpu_tensor o = ctpu_scaled_dot_product_attention_bthd(q, k, k, CTPU_NULL, CTPU_MASK_NONE, false, 0, 0);
+    ck_assert(ctpu_is_null(o));
+    ck_assert_msg(t_contains(ctpu_last_error(), "[B,Tk,H,Dh]"), "%s", ctpu_last_error());
+    ctpu_release(q);
+    ctpu_release(k);
+}
+END_TEST
+
 /* ------------------------------------------------------------ fully masked rows */
 START_TEST(fully_masked_row_is_zero)
 {
@@ -674,6 +815,8 @@ static Suite *suite(void)
     tcase_add_test(tc, mode_parity);
     tcase_add_test(tc, isa_and_thread_parity);
     tcase_add_test(tc, kernel_vs_ref);
+    tcase_add_test(tc, kernel_bthd_layout);
+    tcase_add_test(tc, bthd_equals_permuted);
     tcase_add_test(tc, fully_masked_row_is_zero);
     tcase_add_test(tc, no_score_buffer);
     tcase_add_test(tc, bad_input);

@@ -66,8 +66,9 @@ static const double op_weight[CTPU_OP_COUNT] = {
 int ctpu_cost_attn_mms(const ctpu_node *n, const ctpu_vtype *const *in, ctpu_cost_mm *mm)
 {
     if (ctpu_op_cost(n->op) != CTPU_CC_ATTN || n->n_in < 2 || in[0]->ndim != 4 || in[1]->ndim != 4) return 0;
-    int64_t bh = in[0]->shape[0] * in[0]->shape[1], tq = in[0]->shape[2], d = in[0]->shape[3],
-            tk = in[1]->shape[2];
+    int th = n->attr.i64[2] == 1 ? 1 : 2;   /* T's dim: [B,T,H,Dh] (attr.i64[2] 1, attention.c) or [B,H,T,Dh] */
+    int64_t bh = in[0]->shape[0] * in[0]->shape[3 - th], tq = in[0]->shape[th], d = in[0]->shape[3],
+            tk = in[1]->shape[th];
     mm[0] = (ctpu_cost_mm){ bh, tq, d, tk };            /* S = Q Kᵀ */
     if (n->op == CTPU_OP_SDPA) {
         mm[1] = (ctpu_cost_mm){ bh, tq, tk, d };        /* O = P V */

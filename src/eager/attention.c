@@ -9,7 +9,9 @@
  *   sdpa_backward:                dq [B,H,Tq,Dh], dk then dv [B,H,Tk,Dh].
  * Inputs: q, k, v (backward: then the forward's packed output and its
  * gradient), the mask last when there is one. Attributes (part of the key):
- * i64[0] the kernel's mask kind, i64[1] causal, extra the precision.
+ * i64[0] the kernel's mask kind, i64[1] causal, i64[2] the layout
+ * (CTPU_K_ATTN_BTHD: ctpu_scaled_dot_product_attention_bthd's q, k, v, o,
+ * dq, dk, dv are [B,T,H,Dh]; lse stays [B,H,Tq]), extra the precision.
  * Runtime scalars: seed, offset (bits), dropout p, scale. */
 #include <math.h>
 #include <string.h>
@@ -21,8 +23,9 @@ static const char *const OPN = "scaled_dot_product_attention";
 
 static int64_t numel4(const ctpu_vtype *t) { return ctpu_vtype_numel(t); }
 
-/* q, k, v, mask against the rules of ctpu.h; sets the error. */
-static bool check_qkv(ctpu_trec *const *in, const ctpu_trec *mask)
+/* q, k, v, mask against the rules of ctpu.h; sets the error. bthd: q is
+ * [B,Tq,H,Dh], k and v [B,Tk,H,Dh] (else [B,H,T,Dh]). */
+static bool check_qkv(ctpu_trec *const *in, const ctpu_trec *mask, bool bthd)
 {
     const ctpu_vtype *q = &in[0]->type, *k = &in[1]->type, *v = &in[2]->type;
     char a[128], b[128], c[128];
@@ -30,18 +33,20 @@ static bool check_qkv(ctpu_trec *const *in, const ctpu_trec *mask)
     ctpu_fmt_type(k, b, sizeof b);
     ctpu_fmt_type(v, c, sizeof c);
     if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4) {
-        ctpu_set_error(CTPU_ERR_SHAPE, "%s: q is %s, k is %s, v is %s: need 4-D [B,H,T,Dh] tensors", OPN, a, b, c);
+        ctpu_set_error(CTPU_ERR_SHAPE, "%s: q is %s, k is %s, v is %s: need 4-D %s tensors", OPN, a, b, c,
+                       bthd ? "[B,T,H,Dh]" : "[B,H,T,Dh]");
         return false;
     }
     if (q->dtype == CTPU_I32 || q->dtype != k->dtype || q->dtype != v->dtype) {
         ctpu_set_error(CTPU_ERR_DTYPE, "%s: q is %s, k is %s, v is %s: need one dtype, f32 or bf16", OPN, a, b, c);
         return false;
     }
-    bool same = q->shape[0] == k->shape[0] && q->shape[1] == k->shape[1] && q->shape[3] == k->shape[3];
+    int hd = bthd ? 2 : 1, td = 3 - hd;   /* H's and T's dims */
+    bool same = q->shape[0] == k->shape[0] && q->shape[hd] == k->shape[hd] && q->shape[3] == k->shape[3];
     for (int d = 0; d < 4; d++) same = same && k->shape[d] == v->shape[d];
     if (!same || q->shape[3] < 1) {
-        ctpu_set_error(CTPU_ERR_SHAPE, "%s: q is %s, k is %s, v is %s: need q [B,H,Tq,Dh], k and v [B,H,Tk,Dh], Dh >= 1",
-                       OPN, a, b, c);
+        ctpu_set_error(CTPU_ERR_SHAPE, "%s: q is %s, k is %s, v is %s: need q %s, k and v %s, Dh >= 1", OPN, a, b,
+                       c, bthd ? "[B,Tq,H,Dh]" : "[B,H,Tq,Dh]", bthd ? "[B,Tk,H,Dh]" : "[B,H,Tk,Dh]");
         return false;
     }
     if (!mask) return true;
@@ -52,7 +57,7 @@ static bool check_qkv(ctpu_trec *const *in, const ctpu_trec *mask)
         ctpu_set_error(CTPU_ERR_DTYPE, "%s: mask is %s: need f32", OPN, mb);
         return false;
     }
-    int64_t full[4] = { q->shape[0], q->shape[1], q->shape[2], k->shape[2] };
+    int64_t full[4] = { q->shape[0], q->shape[hd], q->shape[td], k->shape[td] };
     bool ok = m->ndim <= 4;
     for (int d = 0; ok && d < m->ndim; d++) {
         int64_t e = m->shape[d], want = full[d + 4 - m->ndim];
@@ -79,9 +84,8 @@ static ctpu_tensor part(ctpu_tensor packed, int64_t start, const ctpu_vtype *lik
     return r;
 }
 
-ctpu_tensor ctpu_scaled_dot_product_attention(ctpu_tensor q, ctpu_tensor k, ctpu_tensor v, ctpu_tensor mask,
-                                              ctpu_mask_kind mask_kind, bool is_causal, double scale,
-                                              double dropout_p)
+static ctpu_tensor sdpa(ctpu_tensor q, ctpu_tensor k, ctpu_tensor v, ctpu_tensor mask, ctpu_mask_kind mask_kind,
+                        bool is_causal, double scale, double dropout_p, bool bthd)
 {
     if (!ctpu_check_init(OPN)) return ctpu_failed();
     if ((unsigned)mask_kind > CTPU_MASK_NONE) {
@@ -113,9 +117,10 @@ ctpu_tensor ctpu_scaled_dot_product_attention(ctpu_tensor q, ctpu_tensor k, ctpu
     ctpu_trec *in[4];
     for (int i = 0; i < 3 + has_mask; i++)
         if (!(in[i] = ctpu_rec_get(ts[i], OPN, names[i], true))) return ctpu_failed();
-    if (!check_qkv(in, has_mask ? in[3] : NULL)) return ctpu_failed();
+    if (!check_qkv(in, has_mask ? in[3] : NULL, bthd)) return ctpu_failed();
     const ctpu_vtype *qt = &in[0]->type, *kt = &in[1]->type;
-    int64_t B = qt->shape[0], H = qt->shape[1], Tq = qt->shape[2], Tk = kt->shape[2], D = qt->shape[3];
+    int hd = bthd ? 2 : 1, td = 3 - hd;
+    int64_t B = qt->shape[0], H = qt->shape[hd], Tq = qt->shape[td], Tk = kt->shape[td], D = qt->shape[3];
     ctpu_node n;
     memset(&n, 0, sizeof n);
     n.op = CTPU_OP_SDPA;
@@ -126,6 +131,7 @@ ctpu_tensor ctpu_scaled_dot_product_attention(ctpu_tensor q, ctpu_tensor k, ctpu
     n.out.shape[0] = B * H * Tq * D + B * H * Tq;
     n.attr.i64[0] = !has_mask ? CTPU_K_MASK_NONE : mask_kind == CTPU_MASK_ADDITIVE ? CTPU_K_MASK_ADD : CTPU_K_MASK_KEEP01;
     n.attr.i64[1] = is_causal;
+    n.attr.i64[2] = bthd ? CTPU_K_ATTN_BTHD : CTPU_K_ATTN_BHTD;
     n.attr.extra = (int32_t)ctpu_rt->precision;
     uint64_t seed = 0, offset = 0;
     if (dropout_p > 0) ctpu__rng_take((uint64_t)(B * H * Tq * Tk), &seed, &offset);
@@ -140,6 +146,20 @@ ctpu_tensor ctpu_scaled_dot_product_attention(ctpu_tensor q, ctpu_tensor k, ctpu
     if (!ctpu_is_null(o)) o = ctpu_keep(o);
     ctpu_scope_end();
     return o;
+}
+
+ctpu_tensor ctpu_scaled_dot_product_attention(ctpu_tensor q, ctpu_tensor k, ctpu_tensor v, ctpu_tensor mask,
+                                              ctpu_mask_kind mask_kind, bool is_causal, double scale,
+                                              double dropout_p)
+{
+    return sdpa(q, k, v, mask, mask_kind, is_causal, scale, dropout_p, false);
+}
+
+ctpu_tensor ctpu_scaled_dot_product_attention_bthd(ctpu_tensor q, ctpu_tensor k, ctpu_tensor v, ctpu_tensor mask,
+                                                   ctpu_mask_kind mask_kind, bool is_causal, double scale,
+                                                   double dropout_p)
+{
+    return sdpa(q, k, v, mask, mask_kind, is_causal, scale, dropout_p, true);
 }
 
 /* The backward rule's node (autograd.c's bw_sdpa): the gradients of q, k

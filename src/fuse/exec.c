@@ -1140,8 +1140,10 @@ static void sdpa_args(const ctpu_step_data *sd, ctpu_exec_ctx *ctx, int mask_in,
     const ctpu_node *nd = &sd->node;
     const ctpu_vtype *q = &sd->in[0], *k = &sd->in[1];
     const double *sc = ctx->scalars + sd->scalar_base;
+    bool bthd = nd->attr.i64[2] == CTPU_K_ATTN_BTHD;   /* q [B,Tq,H,D] (else [B,H,Tq,D]) */
     *a = (ctpu_attn_args){
-        .B = q->shape[0], .H = q->shape[1], .Tq = q->shape[2], .Tk = k->shape[2], .D = q->shape[3],
+        .B = q->shape[0], .H = q->shape[bthd ? 2 : 1], .Tq = q->shape[bthd ? 1 : 2], .Tk = k->shape[bthd ? 1 : 2],
+        .D = q->shape[3], .layout = bthd ? CTPU_K_ATTN_BTHD : CTPU_K_ATTN_BHTD,
         .q = ctx->ptr[sd->in_slot[0]], .k = ctx->ptr[sd->in_slot[1]], .v = ctx->ptr[sd->in_slot[2]],
         .dtype = q->dtype, .mask_kind = (int)nd->attr.i64[0], .causal = nd->attr.i64[1] != 0,
         .seed = double_to_bits(sc[0]), .offset = double_to_bits(sc[1]), .p = sc[2], .scale = (float)sc[3],

@@ -243,9 +243,26 @@ static void row_max(const float *restrict m, const float *restrict s, int64_t bq
     }
 }
 
-static inline const void *row_of(const void *base, int dt, int64_t row, int64_t D)
+/* Row t of head bh of a [B,H,T,D] (or, BTHD, [B,T,H,D]) tensor: its
+ * element offset, and the stride between a head's rows. */
+static inline int64_t roff(const ctpu_attn_args *a, int64_t bh, int64_t T, int64_t t)
 {
-    return (const char *)base + (size_t)(row * D) * ctpu_kdt_size(dt);
+    if (a->layout == CTPU_K_ATTN_BTHD) return ((bh / a->H * T + t) * a->H + bh % a->H) * a->D;
+    return (bh * T + t) * a->D;
+}
+static inline int64_t rstr(const ctpu_attn_args *a) { return a->layout == CTPU_K_ATTN_BTHD ? a->H * a->D : a->D; }
+
+static inline const void *row_of(const ctpu_attn_args *a, const void *base, int64_t bh, int64_t T, int64_t t)
+{
+    return (const char *)base + (size_t)roff(a, bh, T, t) * ctpu_kdt_size(a->dtype);
+}
+static inline float *frow(const ctpu_attn_args *a, float *base, int64_t bh, int64_t T, int64_t t)
+{
+    return base + roff(a, bh, T, t);
+}
+static inline const float *crow(const ctpu_attn_args *a, const float *base, int64_t bh, int64_t T, int64_t t)
+{
+    return base + roff(a, bh, T, t);
 }
 
 static inline int64_t blen(int64_t T, int64_t x0) { return T - x0 < BL ? T - x0 : BL; }
@@ -267,18 +284,18 @@ static int64_t key_blocks(const ctpu_attn_args *a, int64_t i0, int64_t bq)
 static void pack_head(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, int64_t bh, bool bwd)
 {
     if (!o->im || w->hbh == bh * 2 + bwd) return;
-    int64_t D = a->D, nkb = (a->Tk + BL - 1) / BL;
+    int64_t D = a->D, rs = rstr(a), nkb = (a->Tk + BL - 1) / BL;
     for (int64_t kb = 0; kb < nkb; kb++) {
         int64_t j0 = kb * BL, bk = blen(a->Tk, j0);
-        const void *kr = row_of(a->k, a->dtype, bh * a->Tk + j0, D), *vr = row_of(a->v, a->dtype, bh * a->Tk + j0, D);
-        xop K = { kr, a->dtype, D, 1, bk, D, 1 };
+        const void *kr = row_of(a, a->k, bh, a->Tk, j0), *vr = row_of(a, a->v, bh, a->Tk, j0);
+        xop K = { kr, a->dtype, rs, 1, bk, D, 1 };
         pk(o, &K, o->im->mr, w->hk + kb * w->blk_a);
         if (bwd) {
-            xop V = { vr, a->dtype, D, 1, bk, D, 1 }, Kt = { kr, a->dtype, 1, D, D, bk, 1 };
+            xop V = { vr, a->dtype, rs, 1, bk, D, 1 }, Kt = { kr, a->dtype, 1, rs, D, bk, 1 };
             pk(o, &V, o->im->mr, w->hv + kb * w->blk_b);
             pk(o, &Kt, o->im->nr, w->hk2 + kb * w->blk_b);
         } else {
-            xop Vt = { vr, a->dtype, 1, D, D, bk, 1 };
+            xop Vt = { vr, a->dtype, 1, rs, D, bk, 1 };
             pk(o, &Vt, o->im->nr, w->hv + kb * w->blk_b);
         }
     }
@@ -292,7 +309,7 @@ static void scores(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, int64
                    int64_t kb, const xop *qx, const uint32_t *pq)
 {
     int64_t D = a->D, j0 = kb * BL, bk = blen(a->Tk, j0);
-    xop K = { row_of(a->k, a->dtype, bh * a->Tk + j0, D), a->dtype, D, 1, bk, D, 1 };
+    xop K = { row_of(a, a->k, bh, a->Tk, j0), a->dtype, rstr(a), 1, bk, D, 1 };
     product(o, w, &K, o->im ? w->hk + kb * w->blk_a : NULL, qx, pq, w->s, BL);
     int64_t b = bh / a->H, h = bh % a->H;
     float sc = a->scale;
@@ -368,7 +385,8 @@ static void fwd_block(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, in
     for (int64_t i = 0; i < bq; i++) { w->m[i] = -INFINITY; w->l[i] = 0.0f; w->mu[i] = 0.0f; }
     memset(w->acc, 0, sizeof(float) * (size_t)(bq * D));
     pack_head(a, o, w, bh, false);
-    xop Q = { row_of(a->q, a->dtype, bh * a->Tq + i0, D), a->dtype, D, 1, bq, D, 0 };
+    int64_t rs = rstr(a);
+    xop Q = { row_of(a, a->q, bh, a->Tq, i0), a->dtype, rs, 1, bq, D, 0 };
     const uint32_t *pq = NULL;
     if (o->im) { pk(o, &Q, o->im->nr, w->pq[1]); pq = w->pq[1]; }
     int64_t nkb = key_blocks(a, i0, bq);
@@ -389,16 +407,16 @@ static void fwd_block(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, in
         }
         /* O_I += P V_J: A = P [bq x bk] (stored transposed), B = V_Jᵀ */
         xop P = { bf16p ? (const void *)w->p : (const void *)w->s, bf16p ? CTPU_KDT_BF16 : CTPU_KDT_F32, 1, BL, bq, bk, 0 };
-        xop Vt = { row_of(a->v, a->dtype, bh * a->Tk + j0, D), a->dtype, 1, D, D, bk, 1 };
+        xop Vt = { row_of(a, a->v, bh, a->Tk, j0), a->dtype, 1, rs, D, bk, 1 };
         product(o, w, &P, NULL, &Vt, o->im ? w->hv + kb * w->blk_b : NULL, w->t, D);
         for (int64_t x = 0; x < bq * D; x++) w->acc[x] = w->acc[x] + w->t[x];
     }
     float keep = (float)(1.0 - a->p);
-    float *out = a->o + (bh * a->Tq + i0) * D, *lse = a->lse + bh * a->Tq + i0;
+    float *out = frow(a, a->o, bh, a->Tq, i0), *lse = a->lse + bh * a->Tq + i0;
     for (int64_t i = 0; i < bq; i++) {
         float den = w->l[i] * keep;
         const float *ar = w->acc + i * D;
-        float *orow = out + i * D;
+        float *orow = out + i * rs;
         if (w->l[i] == 0.0f) memset(orow, 0, sizeof(float) * (size_t)D);
         else for (int64_t d = 0; d < D; d++) orow[d] = ar[d] / den;
     }
@@ -432,6 +450,31 @@ static void add_into(float *dst, const float *t, int64_t n)
     for (int64_t x = 0; x < n; x++) dst[x] = dst[x] + t[x];
 }
 
+/* dst[x] = +0 + t[x]: the first term of a sum that starts at +0, its bits
+ * without zeroing and reading dst first */
+static void first_into(float *dst, const float *t, int64_t n)
+{
+    for (int64_t x = 0; x < n; x++) dst[x] = t[x] + 0.0f;
+}
+
+/* rows r < nr of D floats: dst[r*rs + d] += t[r*D + d] (first: the sum's
+ * first term, dst = +0 + t) */
+static void add_rows(float *dst, int64_t rs, const float *t, int64_t nr, int64_t D, bool first)
+{
+    void (*f)(float *, const float *, int64_t) = first ? first_into : add_into;
+    if (rs == D) { f(dst, t, nr * D); return; }
+    for (int64_t r = 0; r < nr; r++) f(dst + r * rs, t + r * D, D);
+}
+
+/* rows [t0, t0 + nr) of head bh set to +0 */
+static void zero_rows(const ctpu_attn_args *a, float *base, int64_t bh, int64_t T, int64_t t0, int64_t nr)
+{
+    int64_t rs = rstr(a);
+    float *p = frow(a, base, bh, T, t0);
+    if (rs == a->D) { memset(p, 0, sizeof(float) * (size_t)(nr * a->D)); return; }
+    for (int64_t r = 0; r < nr; r++) memset(p + r * rs, 0, sizeof(float) * (size_t)a->D);
+}
+
 /* Query block I's per-row values (mu: the lse to subtract, +inf for a fully
  * masked row: P = 0; l: Dr_i = sum_d dO_id * O_id, left to right) and its
  * operands packed (ISA): Q and dO as B panels [bq x D]; with dkv, dOᵀ and
@@ -439,43 +482,46 @@ static void add_into(float *dst, const float *t, int64_t n)
 static void bwd_prep(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, int64_t bh, int64_t i0, int64_t bq,
                      bool dkv)
 {
-    int64_t D = a->D;
+    int64_t D = a->D, rs = rstr(a);
     for (int64_t i = 0; i < bq; i++) {
-        int64_t row = bh * a->Tq + i0 + i;
-        float lse = a->lse_in[row];
+        float lse = a->lse_in[bh * a->Tq + i0 + i];
         w->mu[i] = lse == -INFINITY ? INFINITY : lse;
-        const float *or = a->o_in + row * D, *g = a->dout + row * D;
-        float s = 0.0f;
-        for (int64_t d = 0; d < D; d++) s = s + g[d] * or[d];
-        w->l[i] = s;
+        w->l[i] = 0.0f;
     }
+    /* Dr_i: each row's sum left to right, the rows side by side (a row's
+     * chain of D dependent additions alone would wait on each one) */
+    const float *o0 = crow(a, a->o_in, bh, a->Tq, i0), *g0 = crow(a, a->dout, bh, a->Tq, i0);
+    for (int64_t d = 0; d < D; d++)
+        for (int64_t i = 0; i < bq; i++) w->l[i] = w->l[i] + g0[i * rs + d] * o0[i * rs + d];
     if (!o->im) return;
-    const void *qr = row_of(a->q, a->dtype, bh * a->Tq + i0, D);
-    const float *dO = a->dout + (bh * a->Tq + i0) * D;
-    xop Q = { qr, a->dtype, D, 1, bq, D, 0 }, G = { dO, CTPU_KDT_F32, D, 1, bq, D, 0 };
+    const void *qr = row_of(a, a->q, bh, a->Tq, i0);
+    const float *dO = crow(a, a->dout, bh, a->Tq, i0);
+    xop Q = { qr, a->dtype, rs, 1, bq, D, 0 }, G = { dO, CTPU_KDT_F32, rs, 1, bq, D, 0 };
     pk(o, &Q, o->im->nr, w->pq[1]);
     pk(o, &G, o->im->nr, w->pq[2]);
     if (!dkv) return;
-    xop Gt = { dO, CTPU_KDT_F32, 1, D, D, bq, 1 }, Qt = { qr, a->dtype, 1, D, D, bq, 1 };
+    xop Gt = { dO, CTPU_KDT_F32, 1, rs, D, bq, 1 }, Qt = { qr, a->dtype, 1, rs, D, bq, 1 };
     pk(o, &Gt, o->im->nr, w->pq[3]);
     pk(o, &Qt, o->im->nr, w->pq[4]);
 }
 
 #define WANT_DQ 1
 #define WANT_DKV 2
+#define FIRST_DQ 4    /* this pair's term is the first of dQ_I's sum (else added) */
+#define FIRST_DKV 8   /* ... of dK_J's and dV_J's */
 
 /* One (query block I, key block J) of the backward (kernels.h's order),
  * blocks transposed ([key][query]); `want`: the sums it adds to. */
 static void bwd_pair(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, int64_t bh, int64_t i0, int64_t bq,
                      int64_t kb, int want)
 {
-    int64_t D = a->D, j0 = kb * BL, bk = blen(a->Tk, j0);
+    int64_t D = a->D, rs = rstr(a), j0 = kb * BL, bk = blen(a->Tk, j0);
     float pf = (float)a->p, inv = a->p > 0 ? (float)(1.0 / (1.0 - a->p)) : 1.0f, sc = a->scale;
-    const float *dO = a->dout + (bh * a->Tq + i0) * D;
-    const void *qr = row_of(a->q, a->dtype, bh * a->Tq + i0, D);
-    const void *kr = row_of(a->k, a->dtype, bh * a->Tk + j0, D), *vr = row_of(a->v, a->dtype, bh * a->Tk + j0, D);
+    const float *dO = crow(a, a->dout, bh, a->Tq, i0);
+    const void *qr = row_of(a, a->q, bh, a->Tq, i0);
+    const void *kr = row_of(a, a->k, bh, a->Tk, j0), *vr = row_of(a, a->v, bh, a->Tk, j0);
     bool isa = o->im != NULL;
-    xop Q = { qr, a->dtype, D, 1, bq, D, 0 };
+    xop Q = { qr, a->dtype, rs, 1, bq, D, 0 };
     scores(a, o, w, bh, i0, bq, kb, &Q, isa ? w->pq[1] : NULL);
     for (int64_t j = 0; j < bk; j++) {
         float *r = w->s + j * BL;
@@ -497,12 +543,12 @@ static void bwd_pair(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, int
         pd = w->ds;
     }
     if (want & WANT_DKV) {   /* dV_J += Pdᵀ dO_I */
-        xop A = { pd, CTPU_KDT_F32, BL, 1, bk, bq, 0 }, B = { dO, CTPU_KDT_F32, 1, D, D, bq, 1 };
+        xop A = { pd, CTPU_KDT_F32, BL, 1, bk, bq, 0 }, B = { dO, CTPU_KDT_F32, 1, rs, D, bq, 1 };
         product(o, w, &A, NULL, &B, isa ? w->pq[3] : NULL, w->t, D);
-        add_into(a->dv + (bh * a->Tk + j0) * D, w->t, bk * D);
+        add_rows(frow(a, a->dv, bh, a->Tk, j0), rs, w->t, bk, D, want & FIRST_DKV);
     }
     /* dP = dO_I V_Jᵀ (transposed: V_J dO_Iᵀ) into ds, then dS = P * (dP * z - Dr) * scale */
-    xop V = { vr, a->dtype, D, 1, bk, D, 1 }, G = { dO, CTPU_KDT_F32, D, 1, bq, D, 0 };
+    xop V = { vr, a->dtype, rs, 1, bk, D, 1 }, G = { dO, CTPU_KDT_F32, rs, 1, bq, D, 0 };
     product(o, w, &V, isa ? w->hv + kb * w->blk_b : NULL, &G, isa ? w->pq[2] : NULL, w->ds, BL);
     for (int64_t j = 0; j < bk; j++) {
         float *dr = w->ds + j * BL;
@@ -514,57 +560,66 @@ static void bwd_pair(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, int
         for (int64_t i = 0; i < bq; i++) dr[i] = r[i] * (dr[i] - w->l[i]) * sc;
     }
     if (want & WANT_DQ) {    /* dQ_I += dS K_J */
-        xop A = { w->ds, CTPU_KDT_F32, 1, BL, bq, bk, 0 }, B = { kr, a->dtype, 1, D, D, bk, 1 };
+        xop A = { w->ds, CTPU_KDT_F32, 1, BL, bq, bk, 0 }, B = { kr, a->dtype, 1, rs, D, bk, 1 };
         product(o, w, &A, NULL, &B, isa ? w->hk2 + kb * w->blk_b : NULL, w->t, D);
-        add_into(a->dq + (bh * a->Tq + i0) * D, w->t, bq * D);
+        add_rows(frow(a, a->dq, bh, a->Tq, i0), rs, w->t, bq, D, want & FIRST_DQ);
     }
     if (want & WANT_DKV) {   /* dK_J += dSᵀ Q_I */
-        xop A = { w->ds, CTPU_KDT_F32, BL, 1, bk, bq, 0 }, B = { qr, a->dtype, 1, D, D, bq, 1 };
+        xop A = { w->ds, CTPU_KDT_F32, BL, 1, bk, bq, 0 }, B = { qr, a->dtype, 1, rs, D, bq, 1 };
         product(o, w, &A, NULL, &B, isa ? w->pq[4] : NULL, w->t, D);
-        add_into(a->dk + (bh * a->Tk + j0) * D, w->t, bk * D);
+        add_rows(frow(a, a->dk, bh, a->Tk, j0), rs, w->t, bk, D, want & FIRST_DKV);
     }
 }
 
 /* The whole head: query blocks ascending, in each the key blocks ascending. */
 static void bwd_head(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, int64_t bh)
 {
-    int64_t D = a->D;
-    memset(a->dq + bh * a->Tq * D, 0, sizeof(float) * (size_t)(a->Tq * D));
-    memset(a->dk + bh * a->Tk * D, 0, sizeof(float) * (size_t)(a->Tk * D));
-    memset(a->dv + bh * a->Tk * D, 0, sizeof(float) * (size_t)(a->Tk * D));
     pack_head(a, o, w, bh, true);
+    int64_t seen = 0;   /* key blocks [0, seen) have their first dK, dV terms */
     for (int64_t i0 = 0; i0 < a->Tq; i0 += BL) {
         int64_t bq = blen(a->Tq, i0);
         bwd_prep(a, o, w, bh, i0, bq, true);
         int64_t nkb = key_blocks(a, i0, bq);
-        for (int64_t kb = 0; kb < nkb; kb++) bwd_pair(a, o, w, bh, i0, bq, kb, WANT_DQ | WANT_DKV);
+        for (int64_t kb = 0; kb < nkb; kb++)
+            bwd_pair(a, o, w, bh, i0, bq, kb, WANT_DQ | WANT_DKV | (kb == 0 ? FIRST_DQ : 0) | (kb >= seen ? FIRST_DKV : 0));
+        if (nkb > seen) seen = nkb;
+        if (nkb == 0) zero_rows(a, a->dq, bh, a->Tq, i0, bq);
+    }
+    /* key blocks no query sees (causal, Tk > Tq): their sums are +0 */
+    if (seen * BL < a->Tk) {
+        zero_rows(a, a->dk, bh, a->Tk, seen * BL, a->Tk - seen * BL);
+        zero_rows(a, a->dv, bh, a->Tk, seen * BL, a->Tk - seen * BL);
     }
 }
 
 /* dQ_I alone: key blocks ascending (the same sum as bwd_head's). */
 static void bwd_dq(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, int64_t bh, int64_t qb)
 {
-    int64_t D = a->D, i0 = qb * BL, bq = blen(a->Tq, i0);
-    memset(a->dq + (bh * a->Tq + i0) * D, 0, sizeof(float) * (size_t)(bq * D));
+    int64_t i0 = qb * BL, bq = blen(a->Tq, i0);
     pack_head(a, o, w, bh, true);
     bwd_prep(a, o, w, bh, i0, bq, false);
     int64_t nkb = key_blocks(a, i0, bq);
-    for (int64_t kb = 0; kb < nkb; kb++) bwd_pair(a, o, w, bh, i0, bq, kb, WANT_DQ);
+    if (nkb == 0) zero_rows(a, a->dq, bh, a->Tq, i0, bq);
+    for (int64_t kb = 0; kb < nkb; kb++) bwd_pair(a, o, w, bh, i0, bq, kb, WANT_DQ | (kb == 0 ? FIRST_DQ : 0));
 }
 
 /* dK_J and dV_J alone: the query blocks that see key block J, ascending
  * (the same sums as bwd_head's). */
 static void bwd_dkv(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, int64_t bh, int64_t kb)
 {
-    int64_t D = a->D, j0 = kb * BL, bk = blen(a->Tk, j0);
-    memset(a->dk + (bh * a->Tk + j0) * D, 0, sizeof(float) * (size_t)(bk * D));
-    memset(a->dv + (bh * a->Tk + j0) * D, 0, sizeof(float) * (size_t)(bk * D));
+    int64_t j0 = kb * BL, bk = blen(a->Tk, j0);
     pack_head(a, o, w, bh, true);
+    bool first = true;
     for (int64_t i0 = 0; i0 < a->Tq; i0 += BL) {
         int64_t bq = blen(a->Tq, i0);
         if (key_blocks(a, i0, bq) <= kb) continue;
         bwd_prep(a, o, w, bh, i0, bq, true);
-        bwd_pair(a, o, w, bh, i0, bq, kb, WANT_DKV);
+        bwd_pair(a, o, w, bh, i0, bq, kb, WANT_DKV | (first ? FIRST_DKV : 0));
+        first = false;
+    }
+    if (first) {   /* no query sees this key block: its sums are +0 */
+        zero_rows(a, a->dk, bh, a->Tk, j0, bk);
+        zero_rows(a, a->dv, bh, a->Tk, j0, bk);
     }
 }
 

@@ -422,8 +422,14 @@ void ctpu_k_ws_free(ctpu_k_ws *ws);
  * Outputs o [B,H,Tq,D] and lse [B,H,Tq], f32. */
 #define CTPU_K_ATTN_BLOCK 128
 enum { CTPU_K_MASK_NONE = 0, CTPU_K_MASK_ADD = 1, CTPU_K_MASK_KEEP01 = 2 };
+/* layout CTPU_K_ATTN_BTHD: q, o, dout, dq and o_in are [B,Tq,H,D], k, v, dk,
+ * dv [B,Tk,H,D] (row (b,h,t) at ((b*T + t)*H + h)*D: the projections' own
+ * layout, no permute copies); lse stays [B,H,Tq]. The same operations in the
+ * same order as on the permuted [B,H,T,D] tensors, so the same bits. */
+enum { CTPU_K_ATTN_BHTD = 0, CTPU_K_ATTN_BTHD = 1 };
 typedef struct {
     int64_t B, H, Tq, Tk, D;
+    int layout;                            /* CTPU_K_ATTN_BHTD or _BTHD */
     const void *q, *k, *v; int dtype;
     const float *mask; int mask_kind; int64_t ms[4];
     bool causal;
