@@ -73,7 +73,8 @@ extern "C" {
  * return it unchanged; every other call given one fails with the record's
  * status and a message ending in its cause, e.g. "item: t is the result of a
  * failed call (from matmul: a is f32[2,3], b is f32[2,3]: inner dims differ
- * (3 vs 2))". CTPU_NULL itself gives CTPU_ERR_NULL_HANDLE. A record pushed
+ * (3 vs 2))". CTPU_NULL itself gives CTPU_ERR_NULL_HANDLE in every call (an
+ * op: "add: b is a null handle (CTPU_NULL)" and a new error handle). A record pushed
  * out of the ring (or made by another thread) gives CTPU_ERR_NULL_HANDLE and
  * says so. */
 typedef struct { uint64_t id; } ctpu_tensor;
@@ -365,7 +366,12 @@ CTPU_API ctpu_tensor ctpu_zeros(ctpu_dtype dt, int ndim, const int64_t *shape);
 CTPU_API ctpu_tensor ctpu_ones(ctpu_dtype dt, int ndim, const int64_t *shape);
 /* value is converted to dt (bf16: RNE; i32: toward zero, saturating). */
 CTPU_API ctpu_tensor ctpu_full(ctpu_dtype dt, int ndim, const int64_t *shape, double value);
-/* [start, end) in steps of step (step != 0): 1-D, ceil((end-start)/step) elements. */
+/* [start, end) in steps of step (step != 0): 1-D, ceil((end-start)/step)
+ * elements, value i = start + i*step. As torch: for i32, start and step are
+ * truncated toward zero first (arange(0, 5, 1.5, i32) = [0 1 2 3]; the count
+ * is still from the doubles). Errors: CTPU_ERR_INVALID_ARG (not finite, step
+ * 0 (i32: |step| < 1), end - start of the other sign than step: "upper bound
+ * and larger bound inconsistent with step sign"; end == start is empty). */
 CTPU_API ctpu_tensor ctpu_arange(double start, double end, double step, ctpu_dtype dt);
 
 /* Counter-based random numbers (Philox4x32-10): element i depends only on
@@ -651,7 +657,8 @@ CTPU_API ctpu_tensor ctpu_index_select(ctpu_tensor a, int dim, ctpu_tensor index
  * j <= i (top-left aligned, as torch's tril(ones(T, S)) and
  * scaled_dot_product_attention(is_causal=True)). CTPU_MASK_ADDITIVE gives 0
  * where allowed and -inf elsewhere (add it to the scores); CTPU_MASK_BINARY
- * gives 1 / 0. Errors: CTPU_ERR_INVALID_ARG (T or S < 1, another kind). */
+ * gives 1 / 0. Errors: CTPU_ERR_INVALID_ARG (T or S < 1 or > 2^24, T*S >
+ * 2^36, another kind); its failures (out of HBM) name causal_mask. */
 typedef enum {
     CTPU_MASK_ADDITIVE = 0,   /* f32 added to the scores (0 keeps, -inf drops) */
     CTPU_MASK_BINARY = 1,     /* f32 1 / 0 (causal_mask's second kind) */

@@ -308,19 +308,136 @@ START_TEST(every_entry_point_keeps_the_cause)
 }
 END_TEST
 
-/* CTPU_NULL itself: CTPU_ERR_NULL_HANDLE as before; ops return CTPU_NULL. */
+/* torch.arange for i32: start and step truncated, the count from the doubles;
+ * a step of the wrong sign is an error, end == start empty. A composite's
+ * failure names the user's call (causal_mask, not its internal sub). */
+START_TEST(arange_int_step_and_composite_names)
+{
+    int32_t v[5] = { 0 };
+    ctpu_tensor a = ctpu_arange(0, 5, 1.5, CTPU_I32);
+    ck_assert_int_eq(ctpu_numel(a), 4);
+    ck_assert_int_eq(ctpu_to_host(a, v, sizeof v[0] * 4), CTPU_OK);
+    ck_assert(v[0] == 0 && v[1] == 1 && v[2] == 2 && v[3] == 3);
+    a = ctpu_arange(-2.7, 3, 1.3, CTPU_I32);   /* torch: [-2 -1 0 1 2] */
+    ck_assert_int_eq(ctpu_numel(a), 5);
+    ck_assert_int_eq(ctpu_to_host(a, v, sizeof v), CTPU_OK);
+    ck_assert(v[0] == -2 && v[1] == -1 && v[2] == 0 && v[3] == 1 && v[4] == 2);
+    a = ctpu_arange(5, 0, -1.5, CTPU_I32);     /* torch: [5 4 3 2] */
+    ck_assert_int_eq(ctpu_numel(a), 4);
+    ck_assert_int_eq(ctpu_to_host(a, v, sizeof v[0] * 4), CTPU_OK);
+    ck_assert(v[0] == 5 && v[1] == 4 && v[2] == 3 && v[3] == 2);
+    ck_assert(ctpu_is_null(ctpu_arange(0, 5, 0.5, CTPU_I32)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_INVALID_ARG);
+    const double bad[][3] = { { 10, 0, 1 }, { 0, 10, -1 }, { 0, -1, 0.5 } };
+    for (int i = 0; i < 3; i++) {
+        ck_assert(ctpu_is_null(ctpu_arange(bad[i][0], bad[i][1], bad[i][2], CTPU_F32)));
+        ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_INVALID_ARG);
+        ck_assert(strstr(ctpu_last_error(), "arange: ") == ctpu_last_error());
+        ck_assert(strstr(ctpu_last_error(), "inconsistent with step sign") != NULL);
+    }
+    ck_assert_int_eq(ctpu_numel(ctpu_arange(3, 3, 1, CTPU_F32)), 0);
+    ck_assert_int_eq(ctpu_numel(ctpu_arange(3, 3, -1, CTPU_I32)), 0);
+    /* 2^48 elements never fit: refused up front */
+    ck_assert(ctpu_is_null(ctpu_causal_mask((int64_t)1 << 24, (int64_t)1 << 24, CTPU_MASK_ADDITIVE)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_INVALID_ARG);
+    ck_assert(strncmp(ctpu_last_error(), "causal_mask: ", 13) == 0);
+    /* 2^36 f32 elements pass the check but not the HBM: named causal_mask */
+    for (int k = 0; k < 2; k++) {
+        ctpu_tensor m = ctpu_causal_mask((int64_t)1 << 18, (int64_t)1 << 18, k ? CTPU_MASK_BINARY : CTPU_MASK_ADDITIVE);
+        ck_assert(ctpu_is_null(m));
+        ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_OOM);
+        ck_assert_msg(strncmp(ctpu_last_error(), "causal_mask: ", 13) == 0, "%s", ctpu_last_error());
+        double d;
+        ck_assert_int_eq(ctpu_item(m, &d), CTPU_ERR_OOM);
+        ck_assert(strstr(ctpu_last_error(), "(from causal_mask: ") != NULL);
+    }
+    ctpu_clear_error();
+}
+END_TEST
+
+/* CTPU_NULL itself: CTPU_ERR_NULL_HANDLE in every call, ops included: the
+ * op fails naming itself and the argument and returns a new error handle, so
+ * the call that reads it names the first cause. */
 START_TEST(literal_null_unchanged)
 {
     double v;
     ck_assert_int_eq(ctpu_item(CTPU_NULL, &v), CTPU_ERR_NULL_HANDLE);
-    ck_assert_str_eq(ctpu_last_error(), "item: t is a null handle");
+    ck_assert_str_eq(ctpu_last_error(), "item: t is a null handle (CTPU_NULL)");
     ctpu_tensor e = make_error();
     ctpu_tensor r = ctpu_relu(CTPU_NULL);
-    ck_assert(r.id == 0);
-    ck_assert(ctpu_error_handle().id == 0);
+    ck_assert(ctpu_is_null(r) && r.id != 0);
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_NULL_HANDLE);
+    ck_assert_str_eq(ctpu_last_error(), "relu: a is a null handle (CTPU_NULL)");
+    ck_assert(ctpu_error_handle().id == r.id);
+    ck_assert_int_eq(ctpu_item(r, &v), CTPU_ERR_NULL_HANDLE);
+    ck_assert_str_eq(ctpu_last_error(), "item: t is the result of a failed call (from relu: a is a null handle (CTPU_NULL))");
     ck_assert_int_eq(ctpu_item(ctpu_relu(e), &v), CTPU_ERR_SHAPE);
     ck_assert_str_eq(ctpu_last_error(), "item: t is the result of a failed call " FROM);
     ck_assert(ctpu_is_null(e) && ctpu_is_null(CTPU_NULL) && !ctpu_is_null(T_VEC(1)));
+}
+END_TEST
+
+/* Every kind of op given CTPU_NULL for a tensor argument: the status is
+ * CTPU_ERR_NULL_HANDLE (never CTPU_OK, never an earlier unrelated error) and
+ * the message "<op>: <arg> is a null handle (CTPU_NULL)" names the user's
+ * call, composites included. */
+START_TEST(literal_null_every_kind_of_op)
+{
+    ctpu_tensor a = t_f32((float[]){ 1, 2, 3, 4, 5, 6 }, 2, (int64_t[]){ 2, 3 });
+    ctpu_tensor lab = ctpu_from_host((int32_t[]){ 0, 1 }, CTPU_I32, 1, (int64_t[]){ 2 });
+    ctpu_tensor q = ctpu_ones(CTPU_F32, 4, (int64_t[]){ 1, 1, 2, 4 });
+    const ctpu_tensor N = CTPU_NULL;
+    ctpu_linear lin;
+    ck_assert_int_eq(ctpu_linear_init(&lin, 3, 2, true, CTPU_F32), CTPU_OK);
+#define NCASE(expr, pre)                                                                                \
+    do {                                                                                                \
+        ctpu_matmul(a, a); /* an unrelated earlier error must not show through */                       \
+        ck_assert_int_ne(ctpu_last_status(), CTPU_OK);                                                  \
+        ctpu_tensor r_ = (expr);                                                                        \
+        ck_assert_msg(ctpu_is_null(r_), "%s: not null", #expr);                                        \
+        ck_assert_msg(ctpu_last_status() == CTPU_ERR_NULL_HANDLE, "%s: status %d (%s)", #expr,          \
+                      (int)ctpu_last_status(), ctpu_last_error());                                      \
+        ck_assert_msg(strncmp(ctpu_last_error(), pre, strlen(pre)) == 0, "%s: '%s' (want '%s...')",     \
+                      #expr, ctpu_last_error(), pre);                                                   \
+        ck_assert_msg(strstr(ctpu_last_error(), "null handle") != NULL, "%s: '%s'", #expr,              \
+                      ctpu_last_error());                                                               \
+    } while (0)
+    NCASE(ctpu_relu(N), "relu: a ");
+    NCASE(ctpu_exp(N), "exp: ");
+    NCASE(ctpu_gelu(N, true), "gelu");
+    NCASE(ctpu_cast(N, CTPU_BF16), "cast: ");
+    NCASE(ctpu_add(a, N), "add: b is a null handle (CTPU_NULL)");
+    NCASE(ctpu_add(N, a), "add: a is a null handle (CTPU_NULL)");
+    NCASE(ctpu_mul(a, N), "mul: b ");
+    NCASE(ctpu_mul_scalar(N, 2), "mul_scalar: ");
+    NCASE(ctpu_where(N, a, a), "where: ");
+    NCASE(ctpu_matmul(N, a), "matmul: a ");
+    NCASE(ctpu_sum(N, 0, NULL, false), "sum: ");
+    NCASE(ctpu_mean(N, 1, (int[]){ 0 }, false), "mean: ");
+    NCASE(ctpu_max(N, 0, NULL, false), "max: ");
+    NCASE(ctpu_softmax(N, 1), "softmax: ");
+    NCASE(ctpu_reshape(N, 1, (int64_t[]){ 6 }), "reshape: ");
+    NCASE(ctpu_permute(N, (int[]){ 1, 0 }), "permute: ");
+    NCASE(ctpu_transpose(N, 0, 1), "transpose: ");
+    NCASE(ctpu_slice(N, 0, 0, 1, 1), "slice: ");
+    NCASE(ctpu_expand(N, 2, (int64_t[]){ 2, 3 }), "expand: ");
+    NCASE(ctpu_concat(2, (ctpu_tensor[]){ a, N }, 0), "concat: ");
+    NCASE(ctpu_stack(2, (ctpu_tensor[]){ N, a }, 0), "stack: ");
+    NCASE(ctpu_index_select(a, 0, N), "index_select: ");
+    NCASE(ctpu_embedding(N, lab), "embedding: ");
+    NCASE(ctpu_layer_norm(N, CTPU_NULL, CTPU_NULL, 1e-5), "layer_norm: x ");
+    NCASE(ctpu_rms_norm(N, CTPU_NULL, 1e-5), "rms_norm: x ");
+    NCASE(ctpu_scaled_dot_product_attention(q, N, q, CTPU_NULL, CTPU_MASK_NONE, true, 0.5, 0),
+          "scaled_dot_product_attention: k ");
+    NCASE(ctpu_cross_entropy(N, lab, NULL), "cross_entropy: ");
+    NCASE(ctpu_cross_entropy(a, N, NULL), "cross_entropy: ");
+    NCASE(ctpu_mse_loss(N, a, CTPU_REDUCE_MEAN), "mse_loss: ");
+    NCASE(ctpu_linear_forward(&lin, N), "linear");
+    NCASE(ctpu_keep(N), "keep: ");
+    NCASE(ctpu_detach(N), "detach: ");
+#undef NCASE
+    ctpu_linear_free(&lin);
+    ctpu_clear_error();
 }
 END_TEST
 
@@ -853,6 +970,8 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, every_entry_point_keeps_the_cause);
     tcase_add_test(tc, literal_null_unchanged);
+    tcase_add_test(tc, literal_null_every_kind_of_op);
+    tcase_add_test(tc, arange_int_step_and_composite_names);
     tcase_add_test(tc, chain_reports_the_first_cause);
     tcase_add_test(tc, ring_is_bounded);
     suite_add_tcase(s, tc);

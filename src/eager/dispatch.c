@@ -1805,6 +1805,23 @@ ctpu_tensor ctpu_index_add(ctpu_tensor self, int dim, ctpu_tensor index, ctpu_te
 }
 
 /* f32 [R, C]: (j - i) op k as 1 / 0 (op: le for tril, ge for triu) */
+/* A composite's failure names the user's call, not the op inside it that
+ * failed: "sub: output f32[..]: out of HBM" becomes "causal_mask: output
+ * f32[..]: out of HBM" (a new failure record; r itself when it is fine). */
+static ctpu_tensor relabel(const char *op, ctpu_tensor r)
+{
+    if (!ctpu_is_null(r)) return r;
+    ctpu_status st = ctpu_last_status();
+    const char *m = ctpu_last_error();
+    size_t n = strlen(op);
+    if (st == CTPU_OK || (strncmp(m, op, n) == 0 && m[n] == ':')) return r;
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", m);
+    const char *rest = strstr(buf, ": ");
+    ctpu_set_error(st, "%s: %s", op, rest ? rest + 2 : buf);
+    return ctpu_failed();
+}
+
 static ctpu_tensor band(int64_t R, int64_t C, int64_t k, bool lower)
 {
     int64_t r1[2] = { R, 1 }, c1[2] = { 1, C };
@@ -1832,6 +1849,7 @@ static ctpu_tensor tri(const char *op, ctpu_tensor a, int64_t k, bool lower)
     if (ctpu_scope_begin() != CTPU_OK) return ctpu_failed();
     ctpu_tensor r = ctpu_where(band(R, C, k, lower), a, ctpu_zeros(in[0]->type.dtype, 0, NULL));
     if (!ctpu_is_null(r)) r = ctpu_keep(r);
+    r = relabel(op, r);
     ctpu_scope_end();
     return r;
 }
@@ -1842,8 +1860,10 @@ ctpu_tensor ctpu_triu(ctpu_tensor a, int64_t k) { return tri("triu", a, k, false
 ctpu_tensor ctpu_causal_mask(int64_t T, int64_t S, ctpu_mask_kind kind)
 {
     if (!ctpu_check_init("causal_mask")) return ctpu_failed();
-    if (T < 1 || S < 1 || (unsigned)kind > CTPU_MASK_BINARY || T > (1 << 24) || S > (1 << 24)) {
-        ctpu_set_error(CTPU_ERR_INVALID_ARG, "causal_mask: T=%lld S=%lld kind=%d: need 1 <= T, S <= 2^24 and a ctpu_mask_kind",
+    if (T < 1 || S < 1 || (unsigned)kind > CTPU_MASK_BINARY || T > (1 << 24) || S > (1 << 24) ||
+        T * S > ((int64_t)1 << 36)) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG,
+                       "causal_mask: T=%lld S=%lld kind=%d: need 1 <= T, S <= 2^24, T*S <= 2^36 elements and a ctpu_mask_kind",
                        (long long)T, (long long)S, (int)kind);
         return ctpu_failed();
     }
@@ -1851,6 +1871,7 @@ ctpu_tensor ctpu_causal_mask(int64_t T, int64_t S, ctpu_mask_kind kind)
     ctpu_tensor m = band(T, S, 0, true);
     if (kind == CTPU_MASK_ADDITIVE) m = ctpu_where(m, ctpu_zeros(CTPU_F32, 0, NULL), ctpu_full(CTPU_F32, 0, NULL, -INFINITY));
     if (!ctpu_is_null(m)) m = ctpu_keep(m);
+    m = relabel("causal_mask", m);
     ctpu_scope_end();
     return m;
 }
@@ -2169,6 +2190,21 @@ ctpu_tensor ctpu_arange(double start, double end, double step, ctpu_dtype dt)
                        start, end, step);
         return ctpu_failed();
     }
+    /* torch.arange: an integer dtype steps by the truncated start and step
+     * (arange(0, 5, 1.5, i32) = [0 1 2 3]), its count from the given doubles;
+     * the bounds' order must agree with the step's sign (end == start: empty) */
+    double x0 = start, xs = step, x1 = end;
+    if (dt == CTPU_I32) { x0 = trunc(start); xs = trunc(step); x1 = trunc(end); }
+    if (xs == 0) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "arange: step=%g is 0 as an integer (dtype i32): step must be nonzero", step);
+        return ctpu_failed();
+    }
+    if ((xs > 0 && x1 < x0) || (xs < 0 && x1 > x0)) {
+        ctpu_set_error(CTPU_ERR_INVALID_ARG,
+                       "arange: start=%g end=%g step=%g: upper bound and larger bound inconsistent with step sign",
+                       start, end, step);
+        return ctpu_failed();
+    }
     double cnt = ceil((end - start) / step);
     if (cnt < 0) cnt = 0;
     if (cnt > 72057594037927936.0) {
@@ -2176,7 +2212,7 @@ ctpu_tensor ctpu_arange(double start, double end, double step, ctpu_dtype dt)
         return ctpu_failed();
     }
     int64_t shape[1] = { (int64_t)cnt };
-    double sc[2] = { start, step };
+    double sc[2] = { x0, xs };
     return create("arange", CTPU_OP_ARANGE, dt, 1, shape, sc, 2);
 }
 

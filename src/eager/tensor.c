@@ -143,9 +143,15 @@ ctpu_trec *ctpu_rec_get(ctpu_tensor t, const char *op, const char *arg, bool qui
 {
     if (!ctpu_check_init(op)) return NULL;
     if (ctpu_is_null(t)) {
-        if (t.id != 0) ctpu__fail_from(t, op, arg, quiet_null);
-        else if (!quiet_null) ctpu_set_error(CTPU_ERR_NULL_HANDLE, "%s: %s is a null handle", op, arg);
-        else if (ctpu__ts->fail_handle != 0) ctpu__ts_get()->fail_handle = 0; /* passed along as given */
+        if (t.id != 0) {
+            ctpu__fail_from(t, op, arg, quiet_null);
+        } else {
+            /* CTPU_NULL itself is an error in every call, ops included: a new
+             * failure (and error handle) naming op and arg. (An error handle
+             * is passed along above, its first cause kept.) */
+            if (ctpu__ts->fail_handle != 0) ctpu__ts_get()->fail_handle = 0;
+            ctpu_set_error(CTPU_ERR_NULL_HANDLE, "%s: %s is a null handle (CTPU_NULL)", op, arg);
+        }
         return NULL;
     }
     uint32_t idx = ctpu_handle_slot(t);

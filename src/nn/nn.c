@@ -338,7 +338,10 @@ ctpu_tensor ctpu_cross_entropy(ctpu_tensor logits, ctpu_tensor labels, const ctp
     ctpu_ce_opts o = opts ? *opts : ctpu_ce_defaults();
     if (ctpu__nn_is_error(logits) || ctpu__nn_is_error(labels))
         return ctpu__nn_pass(ctpu__nn_is_error(logits) ? logits : labels);
-    if (ctpu_is_null(logits) || ctpu_is_null(labels)) return ctpu_is_null(logits) ? logits : labels;
+    if (ctpu_is_null(logits) || ctpu_is_null(labels)) {
+        ctpu_report_error(CTPU_ERR_NULL_HANDLE, "cross_entropy: %s is a null handle (CTPU_NULL)", ctpu_is_null(logits) ? "logits" : "labels");
+        return ctpu_error_handle();
+    }
     if ((unsigned)o.reduction > CTPU_REDUCE_NONE || !(o.label_smoothing >= 0 && o.label_smoothing <= 1)) {
         ctpu_report_error(CTPU_ERR_INVALID_ARG, "cross_entropy: reduction=%d, label_smoothing=%g: need a ctpu_reduction and smoothing in [0, 1]",
                           (int)o.reduction, o.label_smoothing);
@@ -398,7 +401,7 @@ static bool pair_check(const char *op, const char *first, ctpu_tensor pred, ctpu
                        bool need_float)
 {
     if (ctpu_is_null(pred) || ctpu_is_null(target)) {
-        ctpu_report_error(CTPU_ERR_NULL_HANDLE, "%s: %s is a null handle", op, ctpu_is_null(pred) ? "pred" : "target");
+        ctpu_report_error(CTPU_ERR_NULL_HANDLE, "%s: %s is a null handle (CTPU_NULL)", op, ctpu_is_null(pred) ? "pred" : "target");
         return false;
     }
     if (!ctpu__nn_arg(op, first, pred) ||
@@ -438,7 +441,7 @@ ctpu_tensor ctpu_nll_loss(ctpu_tensor input, ctpu_tensor target, const ctpu_nll_
     if (ctpu__nn_is_error(input)) return ctpu__nn_pass(input);      /* an error handle: passed along */
     if (ctpu__nn_is_error(target)) return ctpu__nn_pass(target);
     if (ctpu_is_null(input) || ctpu_is_null(target)) {
-        ctpu_report_error(CTPU_ERR_NULL_HANDLE, "nll_loss: %s is a null handle", ctpu_is_null(input) ? "input" : "target");
+        ctpu_report_error(CTPU_ERR_NULL_HANDLE, "nll_loss: %s is a null handle (CTPU_NULL)", ctpu_is_null(input) ? "input" : "target");
         return ctpu_error_handle();
     }
     if ((unsigned)o.reduction > CTPU_REDUCE_NONE) {
