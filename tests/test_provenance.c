@@ -433,7 +433,6 @@ START_TEST(literal_null_every_kind_of_op)
     NCASE(ctpu_cross_entropy(a, N, NULL), "cross_entropy: ");
     NCASE(ctpu_mse_loss(N, a, CTPU_REDUCE_MEAN), "mse_loss: ");
     NCASE(ctpu_linear_forward(&lin, N), "linear");
-    NCASE(ctpu_keep(N), "keep: ");
     NCASE(ctpu_detach(N), "detach: ");
 #undef NCASE
     ctpu_linear_free(&lin);

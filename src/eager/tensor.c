@@ -531,6 +531,7 @@ static ctpu_status mark_step_as(const char *op)
 
 ctpu_tensor ctpu_keep(ctpu_tensor t)
 {
+    if (ctpu_absent(t)) return t;   /* keep(CTPU_NULL) is CTPU_NULL without a message (a scope utility) */
     ctpu_trec *r = ctpu_rec_get(t, "keep", "t", true);
     if (!r) return ctpu_failed();
     ctpu_thread_state *ts = ctpu_ts_current();   /* none: no scope is open */

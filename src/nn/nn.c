@@ -542,7 +542,10 @@ ctpu_tensor ctpu_mse_loss(ctpu_tensor pred, ctpu_tensor target, ctpu_reduction r
 {
     if (!ctpu__nn_ready("mse_loss")) return ctpu_error_handle();
     PASS_ERROR(pred, target);
-    if (ctpu_is_null(pred) || ctpu_is_null(target)) return ctpu_is_null(pred) ? pred : target;
+    if (ctpu_is_null(pred) || ctpu_is_null(target)) {
+        ctpu_report_error(CTPU_ERR_NULL_HANDLE, "mse_loss: %s is a null handle (CTPU_NULL)", ctpu_is_null(pred) ? "pred" : "target");
+        return ctpu_error_handle();
+    }
     if (!ctpu__nn_arg("mse_loss", "pred", pred) || !ctpu__nn_arg("mse_loss", "target", target))
         return ctpu_error_handle();
     int64_t s1[CTPU_MAX_DIMS], s2[CTPU_MAX_DIMS];
