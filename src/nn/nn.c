@@ -193,7 +193,10 @@ ctpu_tensor ctpu_linear_forward(const ctpu_linear *l, ctpu_tensor x)
     if (!ctpu__nn_ready("linear")) return ctpu_error_handle();
     if (!l) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "linear: l is NULL"); return ctpu_error_handle(); }
     if (ctpu__nn_is_error(x)) return ctpu__nn_pass(x);
-    if (ctpu_is_null(x)) return x;
+    if (ctpu_is_null(x)) {
+        ctpu_report_error(CTPU_ERR_NULL_HANDLE, "linear: x is a null handle (CTPU_NULL)");
+        return ctpu_error_handle();
+    }
     int nd = ctpu_ndim(x);
     if (nd < 0) return ctpu_error_handle();
     if (nd < 1 || ctpu_dim(x, -1) != l->in_features) {
@@ -248,7 +251,10 @@ ctpu_tensor ctpu_layer_norm_layer_forward(const ctpu_layer_norm_layer *ln, ctpu_
     if (!ctpu__nn_ready("layer_norm_layer")) return ctpu_error_handle();
     if (!ln) { ctpu_report_error(CTPU_ERR_INVALID_ARG, "layer_norm_layer: ln is NULL"); return ctpu_error_handle(); }
     if (ctpu__nn_is_error(x)) return ctpu__nn_pass(x);
-    if (ctpu_is_null(x)) return x;
+    if (ctpu_is_null(x)) {
+        ctpu_report_error(CTPU_ERR_NULL_HANDLE, "layer_norm_layer: x is a null handle (CTPU_NULL)");
+        return ctpu_error_handle();
+    }
     int nd = ctpu_ndim(x);
     if (nd < 0) return ctpu_error_handle();
     if (nd < 1 || ctpu_dim(x, -1) != ln->dim) {
@@ -304,7 +310,10 @@ ctpu_tensor ctpu_dropout(ctpu_tensor x, double p, bool training)
         return ctpu_error_handle();
     }
     if (ctpu__nn_is_error(x)) return ctpu__nn_pass(x);
-    if (ctpu_is_null(x)) return x;
+    if (ctpu_is_null(x)) {
+        ctpu_report_error(CTPU_ERR_NULL_HANDLE, "dropout: x is a null handle (CTPU_NULL)");
+        return ctpu_error_handle();
+    }
     if (!ctpu__nn_arg("dropout", "x", x)) return ctpu_error_handle();
     if (!training || p == 0) return ctpu_contiguous(x);
     if (p == 1) return ctpu_mul_scalar(x, 0.0);
