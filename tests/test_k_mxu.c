@@ -409,6 +409,11 @@ static const int64_t shapes[][4] = {
     { 1, 11, 33, 32 }, { 1, 13, 17, 33 }, { 1, 25, 31, 64 }, { 2, 12, 16, 257 }, { 1, 23, 15, 300 },
     { 1, 1, 40, 45 }, { 1, 16, 64, 513 }, { 1, 14, 1, 99 }, { 1, 22, 47, 35 }, { 1, 21, 32, 40 },
     { 1, 20, 33, 41 }, { 1, 19, 2, 34 }, { 1, 18, 65, 36 },
+    /* one M panel (M <= 12, or the C^T of a skinny N): an f32 B with unit
+     * stride along n read in place (partial 32-column tiles of 1..31
+     * columns, odd K, chunks of 128 pairs crossed) */
+    { 1, 12, 70, 301 }, { 1, 5, 17, 260 }, { 3, 7, 40, 33 }, { 1, 200, 9, 300 }, { 1, 11, 48, 1 },
+    { 2, 10, 31, 128 },
 };
 
 START_TEST(test_isa_bitexact)

@@ -53,6 +53,7 @@ typedef struct {
     int direct;                 /* full tiles accumulate in c (f32, not read by the epilogue) */
     int64_t ars;                /* > 0: A in the row layout, this row stride (dwords) */
     int lazy_a, lazy_b;         /* packed by the computing thread just before first use */
+    int bdirect;                /* B never packed: the micro-kernel reads it (kernel_bd) */
     int row_sm;                 /* softmax epilogue on each finished block (it holds whole rows) */
 } mm_ctx;
 
@@ -66,7 +67,7 @@ static int mm_overlap(const void *p, int64_t n, const void *q, int64_t m)
 static void mm_pack_task(void *vctx, int tid, int nt)
 {
     mm_ctx *x = vctx;
-    int64_t ua = x->lazy_a ? 0 : x->nba * x->mp, tot = ua + (x->lazy_b ? 0 : x->nbb * x->np);
+    int64_t ua = x->lazy_a ? 0 : x->nba * x->mp, tot = ua + (x->lazy_b || x->bdirect ? 0 : x->nbb * x->np);
     int64_t u0 = tot * tid / nt, u1 = tot * (tid + 1) / nt;
     const ctpu_mm_args *g = x->g;
     while (u0 < u1) {
@@ -251,6 +252,13 @@ static void mm_tile(const mm_ctx *x, const mm_pos *p, const uint32_t *ab, const 
                                              lastk ? ct : st, lastk ? lc : ld, pf);
         return;
     }
+    if (x->bdirect) {
+        int64_t e0 = 2 * k0, ne = g->K - e0 < 2 * kc ? g->K - e0 : 2 * kc, nc = g->N - j * nr < nr ? g->N - j * nr : nr;
+        const float *bs = (const float *)g->b + p->bi * g->b_bs + j * nr + e0 * g->b_rs;
+        im->kernel_bd[last ? g->M % mr : mr](kc, ab + i * x->apd + k0 * mr * x->lw, bs, g->b_rs, (int)nc, (int)(ne & 1),
+                                             ct, lc, k0 > 0);
+        return;
+    }
     ctpu_mxu_kernel_fn kf = !last || !im->kernel_rows ? im->kernel : im->kernel_rows[g->M % mr];
     kf(kc, ab + i * x->apd + k0 * mr * x->lw, bj, ct, lc, k0 > 0);
 }
@@ -269,7 +277,7 @@ static void mm_region(mm_ctx *x, float *scr, int64_t bi, int first_bi, int64_t p
     float *cb = (float *)g->c + bi * g->c_bs;
     /* this call is the first use of its A (B) panels: pack them as it goes */
     mm_pos p = { .bi = bi, .pm0 = pm0, .pm1 = pm1, .pn0 = pn0,
-                 .pack_a = x->lazy_a && (first_bi || x->nba > 1), .pack_b = x->lazy_b && (first_bi || x->nbb > 1) };
+                 .pack_a = x->lazy_a && (first_bi || x->nba > 1), .pack_b = !x->bdirect && x->lazy_b && (first_bi || x->nbb > 1) };
     for (int64_t jn = pn0; jn < pn1; jn += MXU_NC_PANELS) {
         int64_t jn1 = jn + MXU_NC_PANELS < pn1 ? jn + MXU_NC_PANELS : pn1;
         for (int64_t im0 = pm0; im0 < pm1; im0 += MXU_MC_PANELS) {
@@ -503,6 +511,12 @@ static void mm_do(const ctpu_mm_args *go, ctpu_k_pool *pool, ctpu_k_ws *ws)
         x.lazy_b = nt == 1 || x.split == 1 || (x.split == 0 && x.nbb > 1);
     }
 
+    /* One M panel (e.g. the C^T of a skinny N): each B element is read by
+     * one tile only, so an f32 B with unit stride along n is not packed at
+     * all: the micro-kernel reads and rounds it in place (kernel_bd). */
+    x.bdirect = x.im->kernel_bd && x.mp == 1 && !x.ars && x.npass == 1 && x.pkb.si == 1 &&
+                g->b_dtype == CTPU_KDT_F32;
+
     /* a softmax epilogue (f32 c): in each block when a block holds whole
      * contiguous rows and one thread computes them, else over c at the end */
     x.row_sm = go->softmax && go->c_dtype == CTPU_KDT_F32 && !x.swap && x.np <= MXU_NC_PANELS && x.split != 1 && g->ldc == g->N;
@@ -513,7 +527,7 @@ static void mm_do(const ctpu_mm_args *go, ctpu_k_pool *pool, ctpu_k_ws *ws)
 #ifdef MXU_PROF
     double t0 = mxu_prof_now();
 #endif
-    if (x.kp > 0 && !(x.lazy_a && x.lazy_b)) mm_run(pool, nt, mm_pack_task, &x);
+    if (x.kp > 0 && !(x.lazy_a && (x.lazy_b || x.bdirect))) mm_run(pool, nt, mm_pack_task, &x);
 #ifdef MXU_PROF
     double t1 = mxu_prof_now();
 #endif

@@ -245,6 +245,12 @@ typedef struct { const char *base; int64_t stride; int lpr, n; } ctpu_mxu_pf;
 typedef void (*ctpu_mxu_kernel_ar_fn)(int64_t kp, const uint32_t *a, int64_t as, const uint32_t *b,
                                       const float *cin, int64_t ldin, float *c, int64_t ldc,
                                       const ctpu_mxu_pf *pf);
+/* The same on planar A (kp pairs) and B read in place: f32 B[k][n] at
+ * b + k * bsk + n for the tile's k rows and its first ncols (<= nr) columns
+ * (the rest +0), each element rounded as packing would (ctpu_mxu_round_bits);
+ * kodd: the last pair's odd row is past K (+0). c loaded when load != 0. */
+typedef void (*ctpu_mxu_kernel_bd_fn)(int64_t kp, const uint32_t *a, const float *b, int64_t bsk, int ncols,
+                                      int kodd, float *c, int64_t ldc, int load);
 /* Row-layout packing: panel q at dst + q * w * rs, row r of it at + r * rs. */
 typedef void (*ctpu_mxu_pack_ar_fn)(const ctpu_mxu_pack_args *pa, int64_t rs, int64_t q0, int64_t q1);
 
@@ -263,6 +269,9 @@ typedef struct {
     /* row-layout A (see above), or NULL: [r] as kernel_rows, [mr] the full tile */
     const ctpu_mxu_kernel_ar_fn *kernel_ar;
     ctpu_mxu_pack_ar_fn pack_ar;
+    /* B read in place, or NULL: [r] rows 0..r-1 (1 <= r <= mr) of a tile on a
+     * packed A panel and an unpacked f32 B with unit stride along n */
+    const ctpu_mxu_kernel_bd_fn *kernel_bd;
 } ctpu_mxu_impl;
 
 extern const ctpu_mxu_impl ctpu_mxu_impl_ref, ctpu_mxu_impl_avx2, ctpu_mxu_impl_avx512,

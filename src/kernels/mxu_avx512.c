@@ -382,6 +382,74 @@ static inline __m512i mxu_load16_fast(const void *src, int dt, int64_t off, int 
     return mxu_round16_fast(mxu_load16_raw(src, dt, off, n));
 }
 
+/* Rows 0..R-1 of the 12 x 32 FMA tile with B read where it is (an f32
+ * [K,N] operand with unit stride along n, row stride bsk; `b` at the
+ * tile's first column and the chunk's first k row) and rounded in
+ * registers: no packed copy, for a B that one M panel alone reads. ncols
+ * (1..32) columns are loaded, the others are zeros; kodd: the chunk's last
+ * pair has no odd row (K odd), its odd B element is +0. A planar (W =
+ * FMA_MR). Same steps, same order as mxu_fma_tile. */
+static inline __attribute__((always_inline)) void mxu_fma_tile_bd(int R, int64_t kp, const float *a, const float *b,
+                                                                  int64_t bsk, int ncols, int kodd, float *c,
+                                                                  int64_t ldc, int load)
+{
+    __mmask16 m0 = (__mmask16)(ncols >= 16 ? 0xffff : (1u << ncols) - 1);
+    __mmask16 m1 = (__mmask16)(ncols >= 32 ? 0xffff : ncols <= 16 ? 0 : (1u << (ncols - 16)) - 1);
+    unsigned csr = _mm_getcsr();
+    _mm_setcsr((csr & ~0x6000u) | 0x8040u);        /* FTZ | DAZ, round to nearest */
+    __m512 acc[FMA_MR][2];
+#pragma GCC unroll 12
+    for (int r = 0; r < R; r++) {
+        acc[r][0] = load ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();
+        acc[r][1] = load ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps();
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < R; r++) __asm__ volatile("" : "+v"(acc[r][0]), "+v"(acc[r][1]));
+    int64_t kfull = kp - (kodd ? 1 : 0);
+    for (int64_t p = 0; p < kp; p++) {
+        const float *b0 = b + 2 * p * bsk, *b1 = b0 + bsk, *ap = a + p * 2 * FMA_MR;
+        __m512 be0 = _mm512_castsi512_ps(mxu_round16_fast(_mm512_maskz_loadu_epi32(m0, b0)));
+        __m512 be1 = _mm512_castsi512_ps(mxu_round16_fast(_mm512_maskz_loadu_epi32(m1, b0 + 16)));
+        __m512 bo0 = _mm512_setzero_ps(), bo1 = _mm512_setzero_ps();
+        if (p < kfull) {
+            bo0 = _mm512_castsi512_ps(mxu_round16_fast(_mm512_maskz_loadu_epi32(m0, b1)));
+            bo1 = _mm512_castsi512_ps(mxu_round16_fast(_mm512_maskz_loadu_epi32(m1, b1 + 16)));
+        }
+#pragma GCC unroll 12
+        for (int r = 0; r < R; r++) {
+            __m512 ao = _mm512_set1_ps(ap[r]);
+            acc[r][0] = _mm512_fmadd_ps(ao, bo0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(ao, bo1, acc[r][1]);
+        }
+#pragma GCC unroll 12
+        for (int r = 0; r < R; r++) {
+            __m512 ae = _mm512_set1_ps(ap[FMA_MR + r]);
+            acc[r][0] = _mm512_fmadd_ps(ae, be0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(ae, be1, acc[r][1]);
+        }
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < R; r++) __asm__ volatile("" : "+v"(acc[r][0]), "+v"(acc[r][1]));
+    _mm_setcsr(csr);
+#pragma GCC unroll 12
+    for (int r = 0; r < R; r++) {
+        _mm512_storeu_ps(c + r * ldc, acc[r][0]);
+        _mm512_storeu_ps(c + r * ldc + 16, acc[r][1]);
+    }
+}
+#define MXU_FMA_BD(R)                                                                                     \
+    static void mxu_fma_bd_##R(int64_t kp, const uint32_t *a, const float *b, int64_t bsk, int ncols,      \
+                               int kodd, float *c, int64_t ldc, int load)                                 \
+    {                                                                                                     \
+        mxu_fma_tile_bd(R, kp, (const float *)a, b, bsk, ncols, kodd, c, ldc, load);                      \
+    }
+MXU_FMA_BD(1) MXU_FMA_BD(2) MXU_FMA_BD(3) MXU_FMA_BD(4) MXU_FMA_BD(5) MXU_FMA_BD(6) MXU_FMA_BD(7)
+MXU_FMA_BD(8) MXU_FMA_BD(9) MXU_FMA_BD(10) MXU_FMA_BD(11) MXU_FMA_BD(12)
+static const ctpu_mxu_kernel_bd_fn mxu_fma_bd[FMA_MR + 1] = {
+    NULL, mxu_fma_bd_1, mxu_fma_bd_2, mxu_fma_bd_3, mxu_fma_bd_4, mxu_fma_bd_5, mxu_fma_bd_6,
+    mxu_fma_bd_7, mxu_fma_bd_8, mxu_fma_bd_9, mxu_fma_bd_10, mxu_fma_bd_11, mxu_fma_bd_12,
+};
+
 static inline void mxu_transpose16(const __m512i r[16], __m512i t[16]);
 
 /* Planar packing (mxu.h). Default precision with unit stride along k (A
@@ -694,7 +762,7 @@ static void mxu_pack_avx512_fma_ar(const ctpu_mxu_pack_args *pa, int64_t rs, int
 const ctpu_mxu_impl ctpu_mxu_impl_avx512 = {
     .name = "avx512", .mr = FMA_MR, .nr = NR, .planar = 1, .kernel = mxu_fma_W32_pl_12,
     .kernel_rows = mxu_fma_W32_pl, .pack = mxu_pack_avx512_planar, .transpose = mxu_transpose_avx512,
-    .kernel_ar = mxu_fma_W32_ar, .pack_ar = mxu_pack_avx512_fma_ar,
+    .kernel_ar = mxu_fma_W32_ar, .pack_ar = mxu_pack_avx512_fma_ar, .kernel_bd = mxu_fma_bd,
 };
 const ctpu_mxu_impl ctpu_mxu_impl_avx512_dp = {
     .name = "avx512_dp", .mr = DP_MR, .nr = NR, .planar = 0, .kernel = mxu_kernel_avx512_dp_14,
