@@ -20,6 +20,9 @@
 #ifndef MXU_KC           /* (overridable for tuning builds only) */
 #define MXU_KC 128       /* pairs per chunk: a 32-column planar B micro-panel is 32 KiB */
 #endif
+#ifndef MXU_AR_MAX_N     /* the row layout up to this N (past it, packing A is amortised over many B panels and the transposed layout streams better) */
+#define MXU_AR_MAX_N 512
+#endif
 #ifndef MXU_AR_MIN_K     /* the FMA row layout from this K on (below, the planar one was faster) */
 #define MXU_AR_MIN_K 32
 #endif
@@ -467,7 +470,8 @@ static void mm_do(const ctpu_mm_args *go, ctpu_k_pool *pool, ctpu_k_ws *ws)
      * not a multiple of 1 KiB apart (the W rows would share L1 sets). */
     x.lw = x.im->planar ? 2 : 1;
     if (x.im->kernel_ar && x.npass == 1 && x.pka.parts[0] == 0 && x.pka.sk == 1 && x.pka.si != 1 &&
-        (g->a_dtype == CTPU_KDT_F32 || g->a_dtype == CTPU_KDT_BF16) && (!x.im->planar || g->K >= MXU_AR_MIN_K)) {
+        (g->a_dtype == CTPU_KDT_F32 || g->a_dtype == CTPU_KDT_BF16) && (!x.im->planar || g->K >= MXU_AR_MIN_K) &&
+        g->N <= MXU_AR_MAX_N) {
         x.ars = (x.kp * x.lw + 15) / 16 * 16;
         if (x.ars % 256 == 0) x.ars += 16;
         x.apd = x.ars * x.mr;
