@@ -426,6 +426,21 @@ static char *mm_workspace(mm_ctx *x, int nt, ctpu_k_ws *ws, size_t *need_out)
 }
 
 /* ws == NULL: the shared cached workspace; else the caller's (grown here). */
+/* A with unit stride along k at default precision: the row layout (no
+ * transpose in packing) where the ISA has it. Rows 64-byte aligned and
+ * not a multiple of 1 KiB apart (the W rows would share L1 sets). */
+static void mm_row_layout(mm_ctx *x, const ctpu_mm_args *g)
+{
+    x->lw = x->im->planar ? 2 : 1;
+    if (x->im->kernel_ar && x->npass == 1 && x->pka.parts[0] == 0 && x->pka.sk == 1 && x->pka.si != 1 &&
+        (g->a_dtype == CTPU_KDT_F32 || g->a_dtype == CTPU_KDT_BF16) && (!x->im->planar || g->K >= MXU_AR_MIN_K) &&
+        g->N <= MXU_AR_MAX_N) {
+        x->ars = (x->kp * x->lw + 15) / 16 * 16;
+        if (x->ars % 256 == 0) x->ars += 16;
+        x->apd = x->ars * x->mr;
+    }
+}
+
 static void mm_do(const ctpu_mm_args *go, ctpu_k_pool *pool, ctpu_k_ws *ws)
 {
     assert(go->precision >= 0 && go->precision < CTPU_PREC_COUNT);
@@ -465,17 +480,7 @@ static void mm_do(const ctpu_mm_args *go, ctpu_k_pool *pool, ctpu_k_ws *ws)
     x.pka.pf = (double)x.nba * (double)g->M * (double)g->K * (double)ctpu_kdt_size(g->a_dtype) > 1048576.0;
     x.pkb.pf = (double)x.nbb * (double)g->N * (double)g->K * (double)ctpu_kdt_size(g->b_dtype) > 1048576.0;
     x.apd = ctpu_mxu_panel_dwords(&x.pka) * (x.im->planar ? 2 : 1);
-    /* A with unit stride along k at default precision: the row layout (no
-     * transpose in packing) where the ISA has it. Rows 64-byte aligned and
-     * not a multiple of 1 KiB apart (the W rows would share L1 sets). */
-    x.lw = x.im->planar ? 2 : 1;
-    if (x.im->kernel_ar && x.npass == 1 && x.pka.parts[0] == 0 && x.pka.sk == 1 && x.pka.si != 1 &&
-        (g->a_dtype == CTPU_KDT_F32 || g->a_dtype == CTPU_KDT_BF16) && (!x.im->planar || g->K >= MXU_AR_MIN_K) &&
-        g->N <= MXU_AR_MAX_N) {
-        x.ars = (x.kp * x.lw + 15) / 16 * 16;
-        if (x.ars % 256 == 0) x.ars += 16;
-        x.apd = x.ars * x.mr;
-    }
+    mm_row_layout(&x, g);
     x.bpd = ctpu_mxu_panel_dwords(&x.pkb) * (x.im->planar ? 2 : 1);
     /* c as the output of full tiles: when K is one chunk (each tile is
      * written once: no scratch, no copy) or, with the row layout, the last
