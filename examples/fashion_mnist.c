@@ -310,6 +310,155 @@ static void progress_bar(int epoch, int epochs, int64_t done, int64_t total, dou
     fflush(stderr);
 }
 
+/* One run's state, shared by main and the epoch loop. */
+typedef struct {
+    const opts_t *o;
+    mlp *m;
+    ctpu_optim *opt;
+    ctpu_compiled *cstep;   /* NULL without --compile */
+    ctpu_ddp *ddp;          /* NULL without --ddp */
+    ctpu_batch_iter *it;
+    ctpu_image_set *train, *test;
+    int64_t n_test, per_epoch, total, step, images;
+    int rank, world;
+    bool tty;
+    FILE *log;
+    const char *const *names, *const *meta;
+    ctpu_tensor params[6];
+    step_ctx sctx;         /* the compiled step's ctx */
+    ctpu_tensor *losses;   /* per_epoch entries each */
+    int64_t *sizes;
+    double *lrs;
+    double train_time, train_loss, acc;
+    bool evaluated, stopped;
+} run_t;
+
+/* One training step on the global batch's rows idx[0..k): this rank's shard,
+ * forward, backward, the gradients' all_reduce with --ddp, the AdamW update
+ * (or the compiled step doing all of it). The loss stays on the device. */
+static int train_batch(run_t *r, const int64_t *idx, int64_t k, double lr, ctpu_tensor *loss_out, int64_t *rows)
+{
+    ctpu_optim_zero_grad(r->opt);
+    ctpu_step_begin();
+    int64_t lo = 0, hi = k;   /* this rank's rows of the global batch */
+    if (r->ddp) {
+        ctpu_ddp_shard(k, r->rank, r->world, &lo, &hi);
+        if (hi == lo) { fprintf(stderr, "fashion_mnist: a batch of %lld rows for %d ranks\n", (long long)k, r->world); return 1; }
+        ctpu_ddp_step_begin(r->ddp);
+    }
+    ctpu_tensor x, y, loss;
+    if (ctpu_image_set_batch(r->train, idx + lo, hi - lo, &x, &y) != CTPU_OK) return fail("batch");
+    if (r->cstep) {
+        if (ctpu_compiled_call(r->cstep, 2, (ctpu_tensor[]){ x, y }, 1, &lr, 1, &loss) != CTPU_OK)
+            return fail("compiled step");
+    } else {
+        loss = ctpu_cross_entropy(mlp_forward(r->m, x), y, NULL);
+        if (ctpu_is_null(loss)) return fail("forward");
+        if (ctpu_backward(loss) != CTPU_OK) return fail("backward");
+        if (r->ddp && ctpu_ddp_sync_grads(r->ddp) != CTPU_OK) return fail("averaging the gradients");
+        ctpu_optim_set_lr(r->opt, lr);
+        if (ctpu_optim_step(r->opt) != CTPU_OK) return fail("optimizer step");
+    }
+    *loss_out = ctpu_keep(ctpu_detach(loss));
+    ctpu_step_end();
+    *rows = hi - lo;
+    return 0;
+}
+
+/* One epoch: its batches, then one read of their losses (waits for the
+ * device), the log lines, the evaluation and the epoch line. Returns 0 or
+ * the process's exit status. */
+static int train_epoch(run_t *r, int ep)
+{
+    const opts_t *o = r->o;
+    double t0 = now_s();
+    int64_t nb = 0, seen = 0, k;
+    const int64_t *idx;
+    while (!(r->stopped = o->stop_after && r->step >= o->stop_after) && (k = ctpu_batch_iter_next(r->it, &idx)) > 0) {
+        double lr = ctpu_lr_cosine(o->lr, r->step, r->total, 0.0);
+        int rc = train_batch(r, idx, k, lr, &r->losses[nb], &r->sizes[nb]);
+        if (rc) return rc;
+        r->lrs[nb] = lr;
+        nb++;
+        seen += k;
+        r->step++;
+        if (o->save_every && r->step % o->save_every == 0 && r->rank == 0 &&
+            ctpu_checkpoint_save(o->save_path, 6, r->names, r->params, r->opt, r->it, 1, r->meta) != CTPU_OK)
+            return fail("saving a checkpoint");
+        if (r->tty && (nb % 25 == 0 || nb == r->per_epoch)) {
+            double l = 0;
+            if (ctpu_item(r->losses[nb - 1], &l) != CTPU_OK) return fail("reading the loss");
+            progress_bar(ep + 1, o->epochs, nb, r->per_epoch, l, (double)seen / (now_s() - t0));
+        }
+    }
+    double sum = 0, rows = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        double l;
+        if (ctpu_item(r->losses[i], &l) != CTPU_OK) return fail("reading the losses");
+        ctpu_release(r->losses[i]);
+        sum += l * (double)r->sizes[i];
+        rows += (double)r->sizes[i];
+        if (r->log) fprintf(r->log, "%lld,%d,%.9g,%.9g\n", (long long)(r->step - nb + i), ep + 1, r->lrs[i], l);
+    }
+    if (nb == 0) return 0;   /* resumed at the end of this epoch's batches, or stopped */
+    if (sum_over_ranks(&sum, &rows) != CTPU_OK) return fail("adding up the losses");
+    double dt = now_s() - t0;
+    r->train_time += dt;
+    r->images += seen;
+    r->train_loss = rows > 0 ? sum / rows : 0;
+    if (r->tty) fprintf(stderr, "\n");
+    if (evaluate(r->m, r->test, r->n_test, &r->acc) != CTPU_OK) return fail("evaluation");
+    r->evaluated = true;
+    printf("epoch %d/%d train_loss=%.4f test_accuracy=%.4f time=%.2fs images_per_s=%.0f\n", ep + 1, o->epochs,
+           r->train_loss, r->acc, dt, (double)seen / dt);
+    fflush(stdout);
+    return 0;
+}
+
+/* The model, the optimizer, the compiled step, the DDP wrapper and the batch
+ * iterator; --resume's state. Returns 0 or the process's exit status. */
+static int make_run(run_t *r, mlp *m, int *first_epoch)
+{
+    const opts_t *o = r->o;
+    ctpu_manual_seed(o->seed);
+    int64_t px = r->train->rows * r->train->cols;
+    if (ctpu_linear_init(&m->fc1, px, 256, true, CTPU_F32) != CTPU_OK ||
+        ctpu_linear_init(&m->fc2, 256, 128, true, CTPU_F32) != CTPU_OK ||
+        ctpu_linear_init(&m->fc3, 128, 10, true, CTPU_F32) != CTPU_OK)
+        return fail("making the model");
+    ctpu_tensor ps[6] = { m->fc1.weight, m->fc1.bias, m->fc2.weight, m->fc2.bias, m->fc3.weight, m->fc3.bias };
+    memcpy(r->params, ps, sizeof ps);
+    r->m = m;
+    ctpu_adamw_opts ao = { o->lr, o->beta1, o->beta2, o->eps, o->wd };
+    r->opt = ctpu_adamw_create(6, r->params, &ao);
+    if (!r->opt) return fail("making the optimizer");
+    if (o->capturable && ctpu_optim_set_capturable(r->opt, true) != CTPU_OK) return fail("making the optimizer");
+    r->sctx = (step_ctx){ m, r->opt };
+    r->cstep = o->compile ? ctpu_compile(train_step, &r->sctx, &(ctpu_compile_opts){ .name = "fashion_mnist.train_step" })
+                          : NULL;
+    if (o->compile && !r->cstep) return fail("compiling the step");
+    if (o->ddp && !(r->ddp = ctpu_ddp_create(6, r->params, NULL))) return fail("making the DDP wrapper");
+    r->it = ctpu_batch_iter_create(r->train->n, o->batch, true, false, o->seed);
+    if (!r->it) return fail("making the batch iterator");
+    r->per_epoch = ctpu_batch_iter_batches_per_epoch(r->it);
+    r->total = r->per_epoch * o->epochs;
+    ctpu_set_steps_per_epoch(r->per_epoch);   /* the cost table's per-epoch figures */
+    static const char *const names[6] = { "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias" };
+    static const char *const meta[2] = { "demo", "fashion_mnist" };
+    r->names = names;
+    r->meta = meta;
+    *first_epoch = 0;
+    if (o->resume_path) {
+        if (ctpu_checkpoint_load(o->resume_path, 6, names, r->params, r->opt, r->it) != CTPU_OK) return fail("resuming");
+        ctpu_batch_iter_state bs;
+        ctpu_batch_iter_get_state(r->it, &bs);
+        *first_epoch = (int)bs.epoch;
+        printf("fashion_mnist: resumed %s at step %lld (epoch %d, %lld images into it)\n", o->resume_path,
+               (long long)ctpu_optim_steps(r->opt), *first_epoch + 1, (long long)bs.position);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     opts_t o;
@@ -324,12 +473,14 @@ int main(int argc, char **argv)
         snprintf(b, sizeof b, "%d", o.threads);
         setenv("CTPU_NUM_THREADS", b, 1);
     }
-    bool tty = o.progress < 0 ? isatty(fileno(stderr)) : o.progress == 1;
+    run_t r = { .o = &o };
+    r.tty = o.progress < 0 ? isatty(fileno(stderr)) : o.progress == 1;
     if ((o.ddp ? ctpu_dist_init() : ctpu_init()) != CTPU_OK) return fail("init");
-    int rank = ctpu_dist_rank(), world = ctpu_dist_world_size();
-    if (rank != 0) {   /* rank 0 speaks for the job */
+    r.rank = ctpu_dist_rank();
+    r.world = ctpu_dist_world_size();
+    if (r.rank != 0) {   /* rank 0 speaks for the job */
         if (!freopen("/dev/null", "w", stdout)) return fail("silencing stdout");
-        tty = false;
+        r.tty = false;
         o.log_path = NULL;
     }
 
@@ -337,51 +488,21 @@ int main(int argc, char **argv)
     if (load_split(o.data_dir, "train", &train) != CTPU_OK) return fail("loading the training set");
     if (load_split(o.data_dir, "t10k", &test) != CTPU_OK) return fail("loading the test set");
     if (o.limit > 0 && o.limit < train.n) train.n = o.limit;
-    int64_t n_test = o.test_limit > 0 && o.test_limit < test.n ? o.test_limit : test.n;
+    r.train = &train;
+    r.test = &test;
+    r.n_test = o.test_limit > 0 && o.test_limit < test.n ? o.test_limit : test.n;
     double mean, std;
     ctpu_image_set_stats(&train, &mean, &std);
     ctpu_image_set_normalize(&train, mean, std);
     ctpu_image_set_normalize(&test, mean, std);
 
-    ctpu_manual_seed(o.seed);
     mlp m;
-    int64_t px = train.rows * train.cols;
-    if (ctpu_linear_init(&m.fc1, px, 256, true, CTPU_F32) != CTPU_OK ||
-        ctpu_linear_init(&m.fc2, 256, 128, true, CTPU_F32) != CTPU_OK ||
-        ctpu_linear_init(&m.fc3, 128, 10, true, CTPU_F32) != CTPU_OK)
-        return fail("making the model");
-    ctpu_tensor params[6] = { m.fc1.weight, m.fc1.bias, m.fc2.weight, m.fc2.bias, m.fc3.weight, m.fc3.bias };
-    ctpu_adamw_opts ao = { o.lr, o.beta1, o.beta2, o.eps, o.wd };
-    ctpu_optim *opt = ctpu_adamw_create(6, params, &ao);
-    if (!opt) return fail("making the optimizer");
-    if (o.capturable && ctpu_optim_set_capturable(opt, true) != CTPU_OK) return fail("making the optimizer");
-    step_ctx sctx = { &m, opt };
-    ctpu_compiled *cstep = o.compile ? ctpu_compile(train_step, &sctx, &(ctpu_compile_opts){ .name = "fashion_mnist.train_step" })
-                                     : NULL;
-    if (o.compile && !cstep) return fail("compiling the step");
-    ctpu_ddp *ddp = NULL;
-    if (o.ddp && !(ddp = ctpu_ddp_create(6, params, NULL))) return fail("making the DDP wrapper");
-    ctpu_batch_iter *it = ctpu_batch_iter_create(train.n, o.batch, true, false, o.seed);
-    if (!it) return fail("making the batch iterator");
-    int64_t per_epoch = ctpu_batch_iter_batches_per_epoch(it), total = per_epoch * o.epochs;
-    ctpu_set_steps_per_epoch(per_epoch);   /* the cost table's per-epoch figures */
-    static const char *const names[6] = { "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias" };
-    static const char *const meta[2] = { "demo", "fashion_mnist" };
-    int first_epoch = 0;
-    if (o.resume_path) {
-        if (ctpu_checkpoint_load(o.resume_path, 6, names, params, opt, it) != CTPU_OK) return fail("resuming");
-        ctpu_batch_iter_state bs;
-        ctpu_batch_iter_get_state(it, &bs);
-        first_epoch = (int)bs.epoch;
-        printf("fashion_mnist: resumed %s at step %lld (epoch %d, %lld images into it)\n", o.resume_path,
-               (long long)ctpu_optim_steps(opt), first_epoch + 1, (long long)bs.position);
-    }
-
-    FILE *log = NULL;
+    int first_epoch, rc = make_run(&r, &m, &first_epoch);
+    if (rc) return rc;
     if (o.log_path) {
-        log = fopen(o.log_path, "w");
-        if (!log) { fprintf(stderr, "fashion_mnist: cannot write %s: %s\n", o.log_path, strerror(errno)); return 1; }
-        fprintf(log, "step,epoch,lr,loss\n");
+        r.log = fopen(o.log_path, "w");
+        if (!r.log) { fprintf(stderr, "fashion_mnist: cannot write %s: %s\n", o.log_path, strerror(errno)); return 1; }
+        fprintf(r.log, "step,epoch,lr,loss\n");
     }
     /* TORCH_COMPILE_DISABLE=1 (the runtime's switch): --compile's step runs
      * fn in the current mode, and the result line names that mode */
@@ -392,18 +513,17 @@ int main(int argc, char **argv)
         printf("fashion_mnist: --compile with TORCH_COMPILE_DISABLE=1: compilation disabled, the step runs in mode %s\n",
                mode);
     printf("fashion_mnist: %lld train / %lld test images, MLP %lld-256-128-10, AdamW lr %g wd %g, batch %lld, "
-           "%d epochs, seed %llu, mode %s%s\n", (long long)train.n, (long long)n_test, (long long)px, o.lr, o.wd,
-           (long long)o.batch, o.epochs, (unsigned long long)o.seed, mode, o.ddp ? ", DDP" : "");
-    if (o.ddp) printf("fashion_mnist: data parallel over %d ranks (global batch %lld)\n", world, (long long)o.batch);
+           "%d epochs, seed %llu, mode %s%s\n", (long long)train.n, (long long)r.n_test,
+           (long long)(train.rows * train.cols), o.lr, o.wd, (long long)o.batch, o.epochs,
+           (unsigned long long)o.seed, mode, o.ddp ? ", DDP" : "");
+    if (o.ddp) printf("fashion_mnist: data parallel over %d ranks (global batch %lld)\n", r.world, (long long)o.batch);
     fflush(stdout);
 
-    ctpu_tensor *losses = malloc(sizeof(ctpu_tensor) * (size_t)per_epoch);
-    int64_t *sizes = malloc(sizeof(int64_t) * (size_t)per_epoch);
-    double *lrs = malloc(sizeof(double) * (size_t)per_epoch);
-    if (!losses || !sizes || !lrs) { fprintf(stderr, "fashion_mnist: out of memory\n"); return 1; }
-    double train_time = 0, train_loss = 0, acc = 0;
-    int64_t step = ctpu_optim_steps(opt), images = 0;
-    bool evaluated = false, stopped = false;
+    r.losses = malloc(sizeof(ctpu_tensor) * (size_t)r.per_epoch);
+    r.sizes = malloc(sizeof(int64_t) * (size_t)r.per_epoch);
+    r.lrs = malloc(sizeof(double) * (size_t)r.per_epoch);
+    if (!r.losses || !r.sizes || !r.lrs) { fprintf(stderr, "fashion_mnist: out of memory\n"); return 1; }
+    r.step = ctpu_optim_steps(r.opt);
     if (ctpu_sync() != CTPU_OK) return fail("making the model");   /* a pending trace compiles here, not below */
     /* --dynamic: each batch is a new tensor; the images [n, 784] and labels [n] ctpu_image_set_batch
      * makes from here on come with n marked dynamic in [2, batch] (after the parameters are made) */
@@ -412,102 +532,32 @@ int main(int argc, char **argv)
          ctpu_declare_dynamic_inputs(CTPU_I32, 1, 0, 2, o.batch) != CTPU_OK))
         return fail("declaring the batches dynamic");
     int64_t compiles0 = ctpu_metric_counter("programs_compiled"), recompiles0 = ctpu_metric_counter("recompiles") + ctpu_metric_counter("strict_recompiles");
-    for (int ep = first_epoch; ep < o.epochs; ep++) {
-        double t0 = now_s();
-        int64_t nb = 0, seen = 0;
-        const int64_t *idx;
-        int64_t k;
-        while (!(stopped = o.stop_after && step >= o.stop_after) && (k = ctpu_batch_iter_next(it, &idx)) > 0) {
-            double lr = ctpu_lr_cosine(o.lr, step, total, 0.0);
-            ctpu_optim_zero_grad(opt);
-            ctpu_step_begin();
-            int64_t lo = 0, hi = k;   /* this rank's rows of the global batch */
-            if (ddp) {
-                ctpu_ddp_shard(k, rank, world, &lo, &hi);
-                if (hi == lo) { fprintf(stderr, "fashion_mnist: a batch of %lld rows for %d ranks\n", (long long)k, world); return 1; }
-                ctpu_ddp_step_begin(ddp);
-            }
-            ctpu_tensor x, y, loss;
-            if (ctpu_image_set_batch(&train, idx + lo, hi - lo, &x, &y) != CTPU_OK) return fail("batch");
-            if (cstep) {
-                if (ctpu_compiled_call(cstep, 2, (ctpu_tensor[]){ x, y }, 1, &lr, 1, &loss) != CTPU_OK)
-                    return fail("compiled step");
-            } else {
-                loss = ctpu_cross_entropy(mlp_forward(&m, x), y, NULL);
-                if (ctpu_is_null(loss)) return fail("forward");
-                if (ctpu_backward(loss) != CTPU_OK) return fail("backward");
-                if (ddp && ctpu_ddp_sync_grads(ddp) != CTPU_OK) return fail("averaging the gradients");
-                ctpu_optim_set_lr(opt, lr);
-                if (ctpu_optim_step(opt) != CTPU_OK) return fail("optimizer step");
-            }
-            losses[nb] = ctpu_keep(ctpu_detach(loss));
-            ctpu_step_end();
-            sizes[nb] = hi - lo;
-            lrs[nb] = lr;
-            nb++;
-            seen += k;
-            step++;
-            if (o.save_every && step % o.save_every == 0 && rank == 0 &&
-                ctpu_checkpoint_save(o.save_path, 6, names, params, opt, it, 1, meta) != CTPU_OK)
-                return fail("saving a checkpoint");
-            if (tty && (nb % 25 == 0 || nb == per_epoch)) {
-                double l = 0;
-                if (ctpu_item(losses[nb - 1], &l) != CTPU_OK) return fail("reading the loss");
-                progress_bar(ep + 1, o.epochs, nb, per_epoch, l, (double)seen / (now_s() - t0));
-            }
-        }
-        /* the epoch's losses: one read at the end (waits for the device) */
-        double sum = 0;
-        for (int64_t i = 0; i < nb; i++) {
-            double l;
-            if (ctpu_item(losses[i], &l) != CTPU_OK) return fail("reading the losses");
-            ctpu_release(losses[i]);
-            sum += l * (double)sizes[i];
-            if (log) fprintf(log, "%lld,%d,%.9g,%.9g\n", (long long)(step - nb + i), ep + 1, lrs[i], l);
-        }
-        if (nb == 0) {   /* resumed at the end of this epoch's batches, or stopped */
-            if (stopped) break;
-            continue;
-        }
-        double rows = 0;
-        for (int64_t i = 0; i < nb; i++) rows += (double)sizes[i];
-        if (sum_over_ranks(&sum, &rows) != CTPU_OK) return fail("adding up the losses");
-        double dt = now_s() - t0;
-        train_time += dt;
-        images += seen;
-        train_loss = rows > 0 ? sum / rows : 0;
-        if (tty) fprintf(stderr, "\n");
-        if (evaluate(&m, &test, n_test, &acc) != CTPU_OK) return fail("evaluation");
-        evaluated = true;
-        printf("epoch %d/%d train_loss=%.4f test_accuracy=%.4f time=%.2fs images_per_s=%.0f\n", ep + 1, o.epochs,
-               train_loss, acc, dt, (double)seen / dt);
-        fflush(stdout);
-        if (stopped) break;
-    }
-    if (log) fclose(log);
-    if (!evaluated && evaluate(&m, &test, n_test, &acc) != CTPU_OK) return fail("evaluation");
-    if (o.save_path && rank == 0) {
-        if (ctpu_checkpoint_save(o.save_path, 6, names, params, opt, it, 1, meta) != CTPU_OK)
+    for (int ep = first_epoch; ep < o.epochs && !r.stopped; ep++)
+        if ((rc = train_epoch(&r, ep))) return rc;
+    if (r.log) fclose(r.log);
+    if (!r.evaluated && evaluate(&m, &test, r.n_test, &r.acc) != CTPU_OK) return fail("evaluation");
+    if (o.save_path && r.rank == 0) {
+        if (ctpu_checkpoint_save(o.save_path, 6, r.names, r.params, r.opt, r.it, 1, r.meta) != CTPU_OK)
             return fail("saving the checkpoint");
-        printf("fashion_mnist: saved %s at step %lld\n", o.save_path, (long long)step);
+        printf("fashion_mnist: saved %s at step %lld\n", o.save_path, (long long)r.step);
     }
     char ws[32] = "";
-    if (o.ddp) snprintf(ws, sizeof ws, " world_size=%d", world);
+    if (o.ddp) snprintf(ws, sizeof ws, " world_size=%d", r.world);
     printf("result test_accuracy=%.4f train_loss=%.4f epochs=%d images_per_s=%.0f compiles=%lld recompiles=%lld "
-           "mode=%s%s\n", acc, train_loss, o.epochs, train_time > 0 ? (double)images / train_time : 0.0,
+           "mode=%s%s\n", r.acc, r.train_loss, o.epochs, r.train_time > 0 ? (double)r.images / r.train_time : 0.0,
            (long long)(ctpu_metric_counter("programs_compiled") - compiles0),
            (long long)(ctpu_metric_counter("recompiles") + ctpu_metric_counter("strict_recompiles") - recompiles0),
            mode, ws);
     /* the compile-cache report and the TPU cost table, on stderr (stdout's last line stays the result) */
     fflush(stdout);
-    if (rank == 0) ctpu_cache_report(stderr);   /* with --ddp: compute against communication, estimated */
-    ctpu_ddp_free(ddp);
-    free(losses);
-    free(sizes);
-    free(lrs);
-    ctpu_batch_iter_free(it);
-    ctpu_compiled_free(cstep);   /* the caller owns a compiled step (NULL without --compile) */
-    ctpu_optim_free(opt);
+    if (r.rank == 0) ctpu_cache_report(stderr);   /* with --ddp: compute against communication, estimated */
+    ctpu_ddp_free(r.ddp);
+    free(r.losses);
+    free(r.sizes);
+    free(r.lrs);
+    ctpu_batch_iter_free(r.it);
+    ctpu_compiled_free(r.cstep);   /* the caller owns a compiled step (NULL without --compile) */
+    ctpu_optim_free(r.opt);
     ctpu_linear_free(&m.fc1);
     ctpu_linear_free(&m.fc2);
     ctpu_linear_free(&m.fc3);
