@@ -378,6 +378,8 @@ static ctpu_status step_dyn(void *ctx, const ctpu_tensor *in, const double *sc, 
     return CTPU_OK;
 }
 
+static bool dyn_mark = true;   /* run_dyn_lr marks dim 0 of its input (ctpu_mark_dynamic) */
+
 static void run_dyn_lr(bool compiled, const int64_t *ts, int n, double lr_step, float *loss, float *w_out,
                        ctpu_compiled_info *info, char *reason, size_t rlen)
 {
@@ -390,7 +392,7 @@ static void run_dyn_lr(bool compiled, const int64_t *ts, int n, double lr_step, 
     for (int s = 0; s < n; s++) {
         ctpu_scope_begin();
         ctpu_tensor in[1] = { t_f32(x, 2, (int64_t[]){ ts[s], DYN_D }) };
-        ck_assert_int_eq(ctpu_mark_dynamic(in[0], 0, 2, 256), CTPU_OK);
+        if (dyn_mark) ck_assert_int_eq(ctpu_mark_dynamic(in[0], 0, 2, 256), CTPU_OK);
         double sc[1] = { 0.25 - lr_step * s };   /* lr_step > 0: a schedule, a new value at every call */
         ctpu_tensor out[2] = { CTPU_NULL, CTPU_NULL };
         if (compiled) {
@@ -574,6 +576,182 @@ START_TEST(assigned_tensor_with_a_live_view_replays)
                   (int)info.guard_failures);
     ctpu_compiled_free(c);
     ctpu_release(p);
+}
+END_TEST
+
+/* A new user's report: TORCH_TPU_AUTO_DYNAMIC=1 did nothing for compiled
+ * steps (every new extent a guard failure and a capture until the
+ * recompile limit). As torch.compile's automatic dynamic shapes: the first
+ * guard failure that changes one dim's extent alone recaptures with that
+ * dim dynamic (ctpu_mark_dynamic's path), later extents bind the dynamic
+ * program without compiling; bit-identical to strict eager. */
+START_TEST(auto_dynamic_applies_to_compiled_steps)
+{
+    ctpu_shutdown();
+    setenv("TORCH_TPU_AUTO_DYNAMIC", "1", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    unsetenv("TORCH_TPU_AUTO_DYNAMIC");
+    dyn_mark = false;
+    static const int64_t ts[8] = { 5, 9, 5, 12, 9, 300, 12, 5 };
+    float lr[8], lc[8], wr[DYN_D * DYN_D], wc[DYN_D * DYN_D];
+    ctpu_compiled_info info;
+    char reason[192];
+    run_dyn(false, ts, 8, lr, wr, NULL, NULL, 0);
+    ctpu_mode modes[2] = { CTPU_MODE_STRICT, CTPU_MODE_DEFER_FUSE };
+    for (int k = 0; k < 2; k++) {
+        ck_assert_int_eq(ctpu_set_mode(modes[k]), CTPU_OK);
+        ctpu_sync();
+        int64_t compiles0 = C("programs_compiled"), binds0 = C("dynamic_binds");
+        run_dyn(true, ts, 8, lc, wc, &info, reason, sizeof reason);
+        for (int s = 0; s < 8; s++) ck_assert_msg(t_same(lc[s], lr[s]), "mode %d step %d: %.9g vs %.9g", k, s, lc[s], lr[s]);
+        for (int i = 0; i < DYN_D * DYN_D; i++) ck_assert_msg(t_same(wc[i], wr[i]), "weight %d", i);
+        /* 5: capture; 9: guard failure, the capture with dim 0 dynamic;
+         * 12, 300: dynamic captures (bind); 5, 9, 12, 5: replays */
+        ck_assert_int_eq(info.calls, 8);
+        ck_assert_int_eq(info.guard_failures, 1);
+        ck_assert_int_eq(info.captures, 4);
+        ck_assert_int_eq(info.dynamic_captures, 2);
+        ck_assert_int_eq(info.replays, 4);
+        if (k == 0) {   /* (the cache outlives the step: the second run finds these programs) */
+            ck_assert_int_eq(C("programs_compiled") - compiles0, 2);   /* T = 5's, and the dynamic program */
+            ck_assert_int_ge(C("dynamic_binds") - binds0, 2);          /* at 12 and at 300 */
+        }
+        ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+    }
+    dyn_mark = true;
+    ctpu_shutdown();
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+}
+END_TEST
+
+/* A step whose other extents follow the input's (issue 17, char_gpt
+ * --compile --by-document): fn slices a position table (a parameter, not
+ * an input) to [0, T) with T a host int from ctx, before it first reads
+ * x [T, POS_D]; h = tanh((x + pos) @ w), loss = mean(h), backward, SGD on
+ * both. At T = POS_CTX the slice is the whole table (a structure of its
+ * own). */
+#define POS_D 5
+#define POS_CTX 16
+typedef struct { ctpu_tensor tab, w; int64_t T; } pos_ctx;
+
+static ctpu_status step_pos(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    pos_ctx *p = ctx;
+    ctpu_zero_grad(p->tab);
+    ctpu_zero_grad(p->w);
+    ctpu_tensor pos = ctpu_slice(p->tab, 0, 0, p->T, 1);   /* before x is read */
+    ctpu_tensor h = ctpu_tanh(ctpu_matmul(ctpu_add(in[0], pos), p->w));
+    ctpu_tensor loss = ctpu_mean(h, 0, NULL, false);
+    ctpu_status st = ctpu_backward(loss);
+    if (st != CTPU_OK) return st;
+    ctpu_no_grad_begin();
+    ctpu_assign(p->tab, ctpu_sub(p->tab, ctpu_mul_scalar(ctpu_grad(p->tab), sc[0])));
+    ctpu_assign(p->w, ctpu_sub(p->w, ctpu_mul_scalar(ctpu_grad(p->w), sc[0])));
+    ctpu_no_grad_end();
+    out[0] = loss;
+    return CTPU_OK;
+}
+
+/* mark: ctpu_mark_dynamic(x, 0, 2, POS_CTX) at each call. w_out: the
+ * table, then w. */
+static void run_pos(bool compiled, bool mark, const int64_t *ts, int n, float *loss, float *w_out,
+                    ctpu_compiled_info *info, int64_t *compiles)
+{
+    ctpu_manual_seed(13);
+    pos_ctx p = { .tab = ctpu_keep(ctpu_rand_normal(CTPU_F32, 2, (int64_t[]){ POS_CTX, POS_D }, 0, 0.5)),
+                  .w = ctpu_keep(ctpu_rand_normal(CTPU_F32, 2, (int64_t[]){ POS_D, POS_D }, 0, 0.5)) };
+    ck_assert_int_eq(ctpu_set_requires_grad(p.tab, true), CTPU_OK);
+    ck_assert_int_eq(ctpu_set_requires_grad(p.w, true), CTPU_OK);
+    ctpu_compiled *c = compiled ? ctpu_compile(step_pos, &p, &(ctpu_compile_opts){ .name = "pos" }) : NULL;
+    float x[POS_CTX * POS_D];
+    for (int i = 0; i < POS_CTX * POS_D; i++) x[i] = (float)((i * 5) % 17) * 0.125f - 1.0f;
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);   /* (the tables' own trace in defer and fuse) */
+    int64_t compiles0 = C("programs_compiled");
+    for (int s = 0; s < n; s++) {
+        ctpu_scope_begin();
+        p.T = ts[s];
+        ctpu_tensor in[1] = { t_f32(x, 2, (int64_t[]){ ts[s], POS_D }) };
+        if (mark) ck_assert_int_eq(ctpu_mark_dynamic(in[0], 0, 2, POS_CTX), CTPU_OK);
+        double sc[1] = { 0.25 };
+        ctpu_tensor out[1] = { CTPU_NULL };
+        if (compiled) {
+            ck_assert_msg(ctpu_compiled_call(c, 1, in, 1, sc, 1, out) == CTPU_OK, "call %d: %s", s, ctpu_last_error());
+        } else {
+            ctpu_scope_begin();
+            ck_assert_int_eq(step_pos(&p, in, sc, out), CTPU_OK);
+            ctpu_keep(out[0]);
+            ctpu_scope_end();
+        }
+        double l;
+        ck_assert_int_eq(ctpu_item(out[0], &l), CTPU_OK);
+        loss[s] = (float)l;
+        ctpu_scope_end();
+    }
+    if (compiles) *compiles = C("programs_compiled") - compiles0;
+    float *tv = t_read(p.tab, NULL), *wv = t_read(p.w, NULL);
+    memcpy(w_out, tv, sizeof(float) * POS_CTX * POS_D);
+    memcpy(w_out + POS_CTX * POS_D, wv, sizeof(float) * POS_D * POS_D);
+    free(tv);
+    free(wv);
+    if (c) {
+        ck_assert_int_eq(ctpu_compiled_get_info(c, info), CTPU_OK);
+        ctpu_compiled_free(c);
+    }
+    ctpu_zero_grad(p.tab);
+    ctpu_zero_grad(p.w);
+    ctpu_release(p.tab);
+    ctpu_release(p.w);
+}
+
+/* torch.compile's automatic dynamic shapes: after the guard failure on
+ * T the recompiled graph treats T as symbolic and the sizes derived from
+ * it follow, here a slice of a parameter by the host int T made before the
+ * input is read (the symbol is live from the capture's start, the rule
+ * ctpu_mark_dynamic follows): T = POS_CTX's program, the dynamic program
+ * at the first shorter T, and every later T binds it (before: a capture
+ * and a compile per T, the slice at a static extent). With
+ * ctpu_mark_dynamic instead: one program for every T. Bit-identical to
+ * strict eager. */
+START_TEST(auto_dynamic_follows_a_slice_by_the_host_extent)
+{
+    static const int64_t ts[8] = { POS_CTX, 9, 12, 5, 9, 7, 12, 3 };
+    float lr[8], lc[8], wr[POS_CTX * POS_D + POS_D * POS_D], wc[POS_CTX * POS_D + POS_D * POS_D];
+    ctpu_compiled_info info;
+    ctpu_shutdown();
+    setenv("TORCH_TPU_AUTO_DYNAMIC", "1", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    unsetenv("TORCH_TPU_AUTO_DYNAMIC");
+    run_pos(false, false, ts, 8, lr, wr, NULL, NULL);
+    ctpu_mode modes[2] = { CTPU_MODE_STRICT, CTPU_MODE_DEFER_FUSE };
+    for (int k = 0; k < 2; k++) {
+        ck_assert_int_eq(ctpu_set_mode(modes[k]), CTPU_OK);
+        int64_t compiles;
+        run_pos(true, false, ts, 8, lc, wc, &info, &compiles);
+        for (int s = 0; s < 8; s++) ck_assert_msg(t_same(lc[s], lr[s]), "mode %d step %d: %.9g vs %.9g", k, s, lc[s], lr[s]);
+        for (size_t i = 0; i < sizeof wr / sizeof wr[0]; i++) ck_assert_msg(t_same(wc[i], wr[i]), "mode %d weight %zu", k, i);
+        /* 16: capture; 9: guard failure, the capture with T dynamic; 12,
+         * 5, 7, 3: dynamic captures (bind); 9, 12: replays */
+        ck_assert_int_eq(info.guard_failures, 1);
+        ck_assert_int_eq(info.dynamic_captures, 4);
+        ck_assert_int_eq(info.replays, 2);
+        ck_assert_int_eq(compiles, (k == 0 ? 2 : 0));   /* (the cache outlives the step: the second run finds them) */
+        ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+    }
+    ctpu_shutdown();
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    /* marked by the caller: every T in [2, POS_CTX) binds the program the
+     * first call compiled */
+    static const int64_t tm[6] = { 9, 12, 5, 9, 7, 3 };
+    run_pos(false, true, tm, 6, lr, wr, NULL, NULL);
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEFER_FUSE), CTPU_OK);
+    int64_t compiles;
+    run_pos(true, true, tm, 6, lc, wc, &info, &compiles);
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+    for (int s = 0; s < 6; s++) ck_assert_msg(t_same(lc[s], lr[s]), "marked step %d: %.9g vs %.9g", s, lc[s], lr[s]);
+    for (size_t i = 0; i < sizeof wr / sizeof wr[0]; i++) ck_assert_msg(t_same(wc[i], wr[i]), "marked weight %zu", i);
+    ck_assert_int_eq(info.guard_failures, 0);
+    ck_assert_int_eq(info.dynamic_captures, 4);
+    ck_assert_int_eq(compiles, 1);
 }
 END_TEST
 
@@ -1545,6 +1723,8 @@ static Suite *suite(void)
     tcase_add_test(t, fullgraph_break_is_an_error_and_changes_nothing);
     tcase_add_test(t, fullgraph_sync_and_mark_step_fail_before_the_cut);
     tcase_add_test(t, dynamic_input_binds_one_program);
+    tcase_add_test(t, auto_dynamic_applies_to_compiled_steps);
+    tcase_add_test(t, auto_dynamic_follows_a_slice_by_the_host_extent);
     tcase_add_test(t, random_draws_advance_at_every_replay);
     tcase_add_test(t, dynamic_input_with_a_random_op_binds_one_program);
     tcase_add_test(t, mode_change_is_a_graph_break);

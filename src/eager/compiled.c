@@ -224,6 +224,7 @@ struct ctpu_compiled {
     bool fullgraph;
     bool broken;                   /* a graph break: every call runs as defer and fuse */
     bool limited;                  /* past the recompile limit: every call runs fn in the current mode */
+    bool auto_done;                /* TORCH_TPU_AUTO_DYNAMIC: the step's one automatic recapture happened */
     _Atomic(void *) owner;         /* the thread state of the thread inside a call, NULL when idle */
     version *versions;
     ctpu_compiled_info info;       /* the calling thread's counts */
@@ -1303,6 +1304,33 @@ static void note_reason(ctpu_compiled *c, const char *kind, const char *what, co
     pthread_mutex_unlock(&ctpu_rt->compiled_mu);
 }
 
+/* The symbols of the capture's dynamic inputs (ctpu_mark_dynamic's marks,
+ * or those a capture lends), live in the trace from its start, as
+ * ctpu_mark_dynamic makes them live when it marks: a value fn makes from a
+ * host int equal to one before it first reads that input (a slice of a
+ * position table to [0, T), a creation at T) takes the symbol (dispatch.c
+ * dyn_guess_args), wherever in fn it comes. */
+static void note_symbols(int n_in, ctpu_trec *const *inrec)
+{
+    ctpu_defer_state *df = &ctpu__ts->df;
+    for (int i = 0; i < n_in; i++) {
+        const ctpu_trec *r = inrec[i];
+        for (int d = 0; r->dyn && d < r->type.ndim; d++) {
+            const ctpu_dyndim *y = &r->dyn[d];
+            if (y->coef <= 0 || r->type.shape[d] % y->coef) continue;
+            int64_t v = r->type.shape[d] / y->coef;
+            bool seen = v < y->lo || v > y->hi;
+            for (int q = 0; q < df->n_sym && !seen; q++)
+                seen = df->sym[q].lo == y->lo && df->sym[q].hi == y->hi && df->sym[q].v == v;
+            if (!seen && df->n_sym < 8) {
+                df->sym[df->n_sym].lo = y->lo;
+                df->sym[df->n_sym].hi = y->hi;
+                df->sym[df->n_sym++].v = v;
+            }
+        }
+    }
+}
+
 /* Capture: fn with the thread in defer and fuse, one trace, compiled whole. */
 static ctpu_status run_capture(ctpu_compiled *c, int n_in, const ctpu_tensor *in, ctpu_trec *const *inrec, int n_scalars,
                                const double *scalars, int n_out, ctpu_tensor *out)
@@ -1313,6 +1341,7 @@ static ctpu_status run_capture(ctpu_compiled *c, int n_in, const ctpu_tensor *in
     int saved = ts->mode_override;
     ts->mode_override = CTPU_MODE_DEFER_FUSE;
     ts->cap = &cap;
+    note_symbols(n_in, inrec);
     ctpu_status st = run_fn(c, in, scalars, n_out, out);
     cap.in_final = true;
     if (cap.refused) {
@@ -1676,6 +1705,61 @@ static ctpu_status capture_extent(ctpu_compiled *c, const version *dv, int n_in,
     return st;
 }
 
+/* TORCH_TPU_AUTO_DYNAMIC: the marks that make a guard failure against the
+ * newest version v a change of one dim's extent alone (policy.c's rule:
+ * every changed input extent equal to one symbol's, old and new, or c x it,
+ * c an integer >= 2), over [2, 2^31-1] in that symbol; false when the
+ * failure is anything else (dtype, rank, storage, an input with marks of
+ * its own, no change at all). */
+static bool auto_marks(const version *v, int n_in, ctpu_trec *const *inrec, int n_scalars, int n_out,
+                       ctpu_dyndim (*d)[CTPU_MAX_DIMS])
+{
+    if (v->user_dyn || n_in != v->n_user || n_scalars != v->n_scalars || n_out != v->n_out_user || n_in > 64) return false;
+    int64_t v0 = 0, v1 = 0;
+    for (int i = 0; i < n_in; i++) {   /* the symbol: the changed extent smallest before */
+        const ctpu_vtype *was = &v->user_type[i], *now = &inrec[i]->type;
+        if (was->dtype != now->dtype || was->ndim != now->ndim) return false;
+        for (int q = 0; q < was->ndim; q++)
+            if (was->shape[q] != now->shape[q] && (!v0 || was->shape[q] < v0)) { v0 = was->shape[q]; v1 = now->shape[q]; }
+    }
+    if (v0 < 1 || v1 < 2 || v1 > 2147483647) return false;
+    memset(d, 0, sizeof *d * (size_t)n_in);
+    for (int i = 0; i < n_in; i++) {
+        const ctpu_vtype *was = &v->user_type[i], *now = &inrec[i]->type;
+        for (int q = 0; q < was->ndim; q++) {
+            if (was->shape[q] == now->shape[q]) continue;
+            int64_t c = was->shape[q] / v0;
+            if (inrec[i]->dyn || was->shape[q] % v0 || now->shape[q] != c * v1 || c > 2147483647) return false;
+            d[i][q] = (ctpu_dyndim){ 2, 2147483647, c };
+        }
+        int same = i;
+        for (int j = 0; j < i; j++)
+            if (inrec[j]->buf == inrec[i]->buf) { same = j; break; }
+        if (same != v->user_same[i]) return false;
+    }
+    return true;
+}
+
+/* The automatic recapture: the capture at these shapes with the changed
+ * dims marked (ctpu_mark_dynamic's path: lent to the inputs for the capture
+ * only, kept by the version as its dynamic dims), so its flush compiles the
+ * dynamic program and later extents bind it (capture_extent). */
+static ctpu_status capture_auto(ctpu_compiled *c, int n_in, const ctpu_tensor *in, ctpu_trec *const *inrec,
+                                int n_scalars, const double *scalars, int n_out, ctpu_tensor *out,
+                                ctpu_dyndim (*d)[CTPU_MAX_DIMS])
+{
+    bool lent[64];
+    for (int i = 0; i < n_in; i++) {
+        bool any = false;
+        for (int q = 0; q < CTPU_MAX_DIMS; q++) any |= d[i][q].coef > 0;
+        lent[i] = any && ctpu__rec_set_dyn(inrec[i], d[i], inrec[i]->type.ndim);
+    }
+    c->auto_done = true;
+    ctpu_status st = run_capture(c, n_in, in, inrec, n_scalars, scalars, n_out, out);
+    take_back_marks(n_in, inrec, lent);
+    return st;
+}
+
 static ctpu_status call_dispatch(ctpu_compiled *c, int n_in, const ctpu_tensor *in, ctpu_trec **inrec, int n_scalars,
                                  const double *scalars, int n_out, ctpu_tensor *out)
 {
@@ -1732,6 +1816,9 @@ static ctpu_status call_dispatch(ctpu_compiled *c, int n_in, const ctpu_tensor *
             c->info.eager_calls++;
             return run_fn(c, in, scalars, n_out, out);
         }
+        ctpu_dyndim d[64][CTPU_MAX_DIMS];
+        if (rt->auto_dynamic && !c->auto_done && auto_marks(c->versions, n_in, inrec, n_scalars, n_out, d))
+            return capture_auto(c, n_in, in, inrec, n_scalars, scalars, n_out, out, d);
     }
     return run_capture(c, n_in, in, inrec, n_scalars, scalars, n_out, out);
 }

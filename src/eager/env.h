@@ -55,7 +55,8 @@
       "[2, 2^31-1], and later traces of that structure mark it too (`ctpu_mark_dynamic`'s mechanism; the state "    \
       "is per structure, as torch.compile's per frame, so traces of other structures in between do not matter): "  \
       "two compiles for any number of extents, as torch.compile; the cache report says which dims and at which "   \
-      "step")                                                                                                       \
+      "step; a compiled step's first guard failure on one dim's extent alone recaptures it with that dim "         \
+      "dynamic (README \"Compiled steps\")")                                                                                                       \
     X(TORCH_COMPILE_DISABLE, BOOL, "0",                                                                             \
       "`1`: every `ctpu_compiled_call` runs its step function in the current mode (PyTorch's switch, for debugging)") \
     X(CTPU_QUIET, BOOL, "0",                                                                                        \
