@@ -5,6 +5,8 @@
  * (and meson runs test_fusion_scalar). */
 #include "t_core.h"
 #include "ctpu_nn.h"
+#include "kernels.h"
+#include "mxu.h"
 
 static int64_t C(const char *n) { return ctpu_metric_counter(n); }
 
@@ -170,6 +172,97 @@ START_TEST(matmul_epilogues)
     check_pattern("bmm scale+bias+gelu+residual", p_bmm_epilogue, 1);
     check_pattern("scores x scale + mask", p_scores_scale, 1);
     check_pattern("mm scale+gelu+residual, scale+relu", p_mm_scale_act, 2);
+}
+END_TEST
+
+/* ------------------------------------------------------------ shared packed operands */
+/* matmul steps reading one value as the same operand share its packed
+ * panels (compile.c plan_packs; operands of 128 KiB of panels and more): the
+ * q, k, v projections of one batched input (odd K, M past 12-row panels),
+ * weight-gradient-like products of a 2-D transpose, B shared by two steps
+ * (one reading x2 as A^T, the other as A: two layouts, nothing shared) */
+static int p_shared_panels(ctpu_tensor *o)
+{
+    ctpu_tensor x = randn(3, (int64_t[]){ 4, 64, 129 }, 1), x2 = randn(2, (int64_t[]){ 256, 130 }, 1);
+    ctpu_tensor wq = randn(2, (int64_t[]){ 129, 64 }, 0.3), wk = randn(2, (int64_t[]){ 129, 64 }, 0.3);
+    ctpu_tensor wv = randn(2, (int64_t[]){ 129, 96 }, 0.3), g1 = randn(2, (int64_t[]){ 256, 40 }, 1);
+    ctpu_tensor g2 = randn(2, (int64_t[]){ 256, 48 }, 1), b = randn(2, (int64_t[]){ 130, 256 }, 1);
+    pat_begin();
+    o[0] = out(ctpu_matmul(x, wq));
+    o[1] = out(ctpu_gelu(ctpu_matmul(x, wk), true));
+    o[2] = out(ctpu_matmul(x, wv));
+    o[3] = out(ctpu_matmul_t(x2, g1, true, false));
+    o[4] = out(ctpu_mul_scalar(ctpu_matmul_t(x2, g2, true, false), 0.5));
+    o[5] = out(ctpu_matmul(x2, b));
+    o[6] = out(ctpu_matmul(ctpu_matmul_t(g1, x2, true, false), b));
+    pat_end();
+    return 7;
+}
+
+START_TEST(shared_panels)
+{
+    check_pattern("shared packed operands: q/k/v, dW-like, shared B", p_shared_panels, 8);
+}
+END_TEST
+
+/* The kernel's side: a call told the operand is already packed never reads
+ * it (a is all NaN there) and gives the bits of packing it itself; A
+ * batched, B shared, transposed A. Skipped where no plan holds. */
+static int shared_case(int role, int64_t batch, int64_t M, int64_t N, int64_t K, int trans)
+{
+    int ran = 0;
+    int64_t na = batch * M * K, nb = K * N, nc = batch * M * N;
+    float *a = malloc(sizeof(float) * (size_t)na), *b = malloc(sizeof(float) * (size_t)nb);
+    float *junk = malloc(sizeof(float) * (size_t)(na > nb ? na : nb));
+    float *c0 = malloc(sizeof(float) * (size_t)nc), *c1 = malloc(sizeof(float) * (size_t)nc);
+    uint32_t st = 7;
+    for (int64_t i = 0; i < na; i++) { st = st * 1664525u + 1013904223u; a[i] = (float)(st >> 8) / 16777216.0f - 0.5f; }
+    for (int64_t i = 0; i < nb; i++) { st = st * 1664525u + 1013904223u; b[i] = (float)(st >> 8) / 16777216.0f - 0.5f; }
+    for (int64_t i = 0; i < (na > nb ? na : nb); i++) junk[i] = NAN;
+    ctpu_mm_args g = { .batch = batch, .M = M, .N = N, .K = K, .a = a, .a_dtype = CTPU_KDT_F32,
+                       .a_bs = role ? M * K : (batch > 1 ? M * K : 0), .a_rs = trans ? 1 : K, .a_cs = trans ? M : 1,
+                       .b = b, .b_dtype = CTPU_KDT_F32, .b_rs = N, .b_cs = 1,
+                       .c = c0, .c_dtype = CTPU_KDT_F32, .c_bs = M * N, .ldc = N };
+    ctpu_k_prepack pp = { .role = role, .dt = CTPU_KDT_F32, .si = role ? g.b_cs : g.a_rs, .sk = role ? g.b_rs : g.a_cs,
+                          .I = role ? N : M, .K = K, .nb = role ? 1 : batch, .bs = role ? 0 : (batch > 1 ? M * K : 0) };
+    if (!ctpu_k_mm_prepack_plan(&g, &pp)) goto done;
+    void *buf = aligned_alloc(64, (pp.bytes + 63) / 64 * 64);
+    ctpu_k_matmul(&g, NULL);                    /* c0: on its own */
+    ctpu_mm_args k1 = g;
+    k1.c = c1;
+    k1.pre[role] = &pp;
+    k1.pre_buf[role] = buf;
+    k1.pre_keep[role] = 1;
+    ctpu_k_matmul(&k1, NULL);                   /* packs into buf */
+    ck_assert_msg(memcmp(c0, c1, sizeof(float) * (size_t)nc) == 0, "shared panels (keep): bits differ");
+    memset(c1, 0, sizeof(float) * (size_t)nc);
+    k1.pre_keep[role] = 0;
+    if (role) k1.b = junk; else k1.a = junk;
+    ctpu_k_matmul(&k1, NULL);                   /* reads buf only */
+    ck_assert_msg(memcmp(c0, c1, sizeof(float) * (size_t)nc) == 0,
+                  "shared panels: role %d batch %lld %lldx%lldx%lld: bits differ", role, (long long)batch,
+                  (long long)M, (long long)N, (long long)K);
+    free(buf);
+    ran = 1;
+done:
+    free(a); free(b); free(junk); free(c0); free(c1);
+    return ran;
+}
+
+START_TEST(shared_panels_kernel)
+{
+    /* the ISA's micro-kernel, and on AVX-512 both (vdpbf16ps: A in the row layout) */
+    const ctpu_mxu_impl *cur = ctpu_mxu_current();
+    int both = (cur == &ctpu_mxu_impl_avx512 || cur == &ctpu_mxu_impl_avx512_dp) &&
+               __builtin_cpu_supports("avx512bf16");
+    for (int v = 0; v < (both ? 2 : 1); v++) {
+        if (both) ctpu_mxu_force_impl(v ? &ctpu_mxu_impl_avx512_dp : &ctpu_mxu_impl_avx512);
+        int ran = shared_case(0, 1, 37, 45, 70, 0) + shared_case(0, 1, 256, 256, 256, 0) +
+                  shared_case(0, 3, 30, 40, 47, 0) + shared_case(0, 1, 47, 40, 120, 1) +
+                  shared_case(1, 1, 45, 37, 33, 0) + shared_case(1, 2, 50, 64, 200, 0);
+        ck_assert_msg(ran >= 4, "shared panels (%s): only %d of 6 cases have a plan", ctpu_mxu_current()->name, ran);
+    }
+    ctpu_mxu_force_impl(NULL);
 }
 END_TEST
 
@@ -740,6 +833,8 @@ static Suite *suite(void)
     tcase_add_test(p, row_groups);
     tcase_add_test(p, loss_steps);
     tcase_add_test(p, column_reductions);
+    tcase_add_test(p, shared_panels);
+    tcase_add_test(p, shared_panels_kernel);
     suite_add_tcase(s, p);
     return s;
 }

@@ -82,6 +82,8 @@ typedef struct {
     int n_virtual;             /* values given scratch offsets */
     size_t *virt_off;          /* [n_virtual] */
     size_t scratch;            /* scratch bytes */
+    struct pack_link *links;   /* [n_links] packed operands shared by matmul steps (plan_packs) */
+    int n_links;
     /* emit steps */
     ctpu_step *steps;          /* [n_steps] */
     /* fault deps */
@@ -483,9 +485,121 @@ static bool plan_scratch(compile_ctx *cx)
     return true;
 }
 
+/* Shared packed operands: matmul steps that read the same value as the
+ * same operand in the same packed layout (the q, k and v projections of one
+ * normed input; their weight gradients' transposed input) share its packed
+ * panels: the first packs them into a scratch slot of their own as it would
+ * into its workspace, the others skip packing (kernels.h ctpu_k_prepack; the
+ * plan, made here for the micro-kernel in use, is checked again by each call
+ * at run time). Operands whose panels take 128 KiB to 8 MiB: below, packing
+ * is cheap and stays in cache while the panels would still add memory. */
+#define PACK_LINK_USERS 8
+typedef struct pack_link {
+    int32_t value, slot;
+    int n, user[PACK_LINK_USERS];   /* matmul nodes, in step order: user[0] packs */
+    ctpu_k_prepack pp;
+} pack_link;
+
+/* Matmul node k's plan for its operand `role`, or false. */
+static bool pack_plan_of(const compile_ctx *cx, int k, int role, ctpu_k_prepack *pp)
+{
+    const ctpu_node *c = &cx->t->nodes[k];
+    if (c->op != CTPU_OP_MATMUL || (k > 0 && cx->group[k - 1] == cx->group[k]) || cx->row_group[cx->group[k]] ||
+        cx->loss_group[cx->group[k]])
+        return false;
+    ctpu_mm_args g;
+    int64_t ast[8], bst[8];
+    if (!ctpu_exec_matmul_args(c, type_of(cx->t, c->in[0]), type_of(cx->t, c->in[1]), &g, ast, bst)) return false;
+    memset(pp, 0, sizeof *pp);
+    *pp = (ctpu_k_prepack){ .role = role, .dt = role ? g.b_dtype : g.a_dtype, .si = role ? g.b_cs : g.a_rs,
+                            .sk = role ? g.b_rs : g.a_cs, .I = role ? g.N : g.M, .K = g.K,
+                            .bs = role ? g.b_bs : g.a_bs };
+    pp->nb = pp->bs == 0 ? 1 : g.batch;
+    if (pp->nb == 1) pp->bs = 0;
+    return ctpu_k_mm_prepack_plan(&g, pp) && pp->bytes >= ((size_t)128 << 10) && pp->bytes <= ((size_t)8 << 20);
+}
+
+static bool plan_packs(compile_ctx *cx)
+{
+    int nn = cx->nn, n = 0;
+    if (cx->t->debug_checks) return true;
+    pack_link *l = al_alloc(&cx->al, sizeof(pack_link) * 2 * ((size_t)nn + 1));
+    if (!l) return oom(cx);
+    for (int k = 0; k < nn; k++)
+        for (int role = 0; role < 2; role++) {
+            ctpu_k_prepack pp;
+            if (!pack_plan_of(cx, k, role, &pp)) continue;
+            int32_t v = cx->t->nodes[k].in[role];
+            int q = 0;
+            while (q < n && !(l[q].value == v && memcmp(&l[q].pp, &pp, sizeof pp) == 0)) q++;
+            if (q == n) l[n++] = (pack_link){ .value = v, .pp = pp };
+            if (l[q].n < PACK_LINK_USERS) l[q].user[l[q].n++] = k;
+        }
+    int m = 0;
+    for (int q = 0; q < n; q++)
+        if (l[q].n >= 2) l[m++] = l[q];
+    if (m == 0) return true;
+    /* each link's panels: a scratch slot of its own, first fit among the
+     * values' and earlier links' memory not alive from its first user's
+     * step to its last's */
+    size_t *off = al_alloc(&cx->al, sizeof(size_t) * ((size_t)(cx->n_virtual + m) + 1));
+    int32_t *it = al_alloc(&cx->al, sizeof(int32_t) * 3 * ((size_t)(cx->nv + m) + 1));   /* first, last step, slot */
+    if (!off || !it) return oom(cx);
+    if (cx->n_virtual) memcpy(off, cx->virt_off, sizeof(size_t) * (size_t)cx->n_virtual);
+    int base = cx->nin + cx->no + 1, ni = 0;
+    size_t *isz = al_alloc(&cx->al, sizeof(size_t) * ((size_t)(cx->nv + m) + 1));
+    if (!isz) return oom(cx);
+    for (int v = cx->nin; v < cx->nv; v++) {
+        if (cx->slot_of[v] < base || cx->view_of[v] >= 0) continue;
+        const ctpu_vtype *ty = type_of(cx->t, v);
+        it[3 * ni] = cx->def_step[v];
+        it[3 * ni + 1] = cx->last_use[v] > cx->def_step[v] ? cx->last_use[v] : cx->def_step[v];
+        it[3 * ni + 2] = cx->slot_of[v] - base;
+        isz[ni++] = ((size_t)ctpu_vtype_numel(ty) * ctpu_kdt_size(ty->dtype) + 63) & ~(size_t)63;
+    }
+    for (int q = 0; q < m; q++) {
+        int32_t d = cx->group_step[cx->group[l[q].user[0]]], e = cx->group_step[cx->group[l[q].user[l[q].n - 1]]];
+        size_t sz = (l[q].pp.bytes + 63) & ~(size_t)63, o = 0;
+        for (bool moved = true; moved;) {
+            moved = false;
+            for (int k = 0; k < ni; k++) {
+                size_t ko = off[it[3 * k + 2]];
+                if (it[3 * k + 1] < d || e < it[3 * k] || o >= ko + isz[k] || ko >= o + sz) continue;
+                o = ko + isz[k];
+                moved = true;
+            }
+        }
+        off[cx->n_virtual] = o;
+        l[q].slot = base + cx->n_virtual;
+        it[3 * ni] = d;
+        it[3 * ni + 1] = e;
+        it[3 * ni + 2] = cx->n_virtual++;
+        isz[ni++] = sz;
+        if (o + sz > cx->scratch) cx->scratch = o + sz;
+    }
+    cx->virt_off = off;
+    cx->links = l;
+    cx->n_links = m;
+    return true;
+}
+
+/* Matmul node i's shared panels into its step data. */
+static void attach_packs(const compile_ctx *cx, int i, ctpu_step_data *sd)
+{
+    for (int q = 0; q < cx->n_links; q++) {
+        const pack_link *l = &cx->links[q];
+        for (int u = 0; u < l->n; u++)
+            if (l->user[u] == i) {
+                sd->pre[l->pp.role] = &l->pp;
+                sd->pre_slot[l->pp.role] = l->slot;
+                sd->pre_keep[l->pp.role] = u == 0;
+            }
+    }
+}
+
 static bool pass_plan_buffers(compile_ctx *cx)
 {
-    return order_steps(cx) && plan_views(cx) && plan_scratch(cx);
+    return order_steps(cx) && plan_views(cx) && plan_scratch(cx) && plan_packs(cx);
 }
 
 /* ------------------------------------------------------------ emit steps */
@@ -517,6 +631,7 @@ static bool emit_matmul(compile_ctx *cx, int i, int j, ctpu_step *step)
     sd->epi_res_slot = epi[2] >= 0 ? slot_of[epi[2]] : -1;
     sd->epi_scale = epi[3] >= 0 ? cx->scal_base[epi[3]] : -1;
     sd->epi_softmax = epi[4] >= 0;
+    attach_packs(cx, i, sd);
     if (sd->out_slot < 0 || sd->in_slot[0] < 0 || sd->in_slot[1] < 0 || (epi[0] >= 0 && sd->epi_bias_slot < 0) ||
         (epi[2] >= 0 && sd->epi_res_slot < 0)) {
         snprintf(cx->err, cx->errlen, "compile: matmul epilogue at node %d cannot be bound", i);
@@ -634,6 +749,7 @@ static bool emit_node(compile_ctx *cx, int i, ctpu_step *step)
     if (!sd) return oom(cx);
     sd->out_slot = cx->slot_of[cx->nin + i];
     ctpu_dev_step_fn fn = cx->view_of[cx->nin + i] >= 0 ? exec_view : ctpu_exec_fn_for(nd->op);
+    if (nd->op == CTPU_OP_MATMUL) attach_packs(cx, i, sd);
     bool bad = fn == NULL || sd->out_slot < 0;
     for (int q = 0; q < nd->n_in; q++) bad |= sd->in_slot[q] < 0;
     if (bad) {

@@ -812,11 +812,19 @@ static void exec_scatter_add(const void *data, ctpu_exec_ctx *ctx)
 }
 
 /* ------------------------------------------------------------ matmul */
-static void exec_matmul(const void *data, ctpu_exec_ctx *ctx)
+/* The shape part of matmul node nd's kernel arguments (a of type a, b of
+ * type b; no pointers, no epilogue) and the operands' batch strides against
+ * the output's batch dims. Returns 0 when the batch needs a call per element
+ * (strides not uniform), 1 when one call covers it (batch, a_bs, b_bs and
+ * c_bs are that call's), 2 when that call is one product of batch * M rows
+ * (b shared by every batch element and a's rows contiguous across the
+ * batch, [.., M, K] @ [K, N], a linear layer: each output element is the
+ * same sum in the same K order, CONTRACTS: the order depends only on K, so
+ * the same bits; fewer edge tiles and one call's fixed cost). */
+int ctpu_exec_matmul_args(const ctpu_node *nd, const ctpu_vtype *a, const ctpu_vtype *b, ctpu_mm_args *args,
+                          int64_t ast[8], int64_t bst[8])
 {
-    const ctpu_step_data *sd = data;
-    const ctpu_node *nd = &sd->node;
-    const ctpu_vtype *a = &sd->in[0], *b = &sd->in[1], *o = &nd->out;
+    const ctpu_vtype *o = &nd->out;
     int on = o->ndim;
     /* CTPU_ATTR_TRANS_A/B (autograd's transposed operands): a stored [K,M], b [N,K] */
     bool ta = (nd->attr.flags & CTPU_ATTR_TRANS_A) != 0, tb = (nd->attr.flags & CTPU_ATTR_TRANS_B) != 0;
@@ -824,23 +832,15 @@ static void exec_matmul(const void *data, ctpu_exec_ctx *ctx)
     int nb = on - 2;
     int64_t batch = 1;
     for (int d = 0; d < nb; d++) batch *= o->shape[d];
-    if (batch * M * N == 0) return;
-    ctpu_mm_args args = {
+    *args = (ctpu_mm_args){
         .batch = 1, .M = M, .N = N, .K = K,
         .a_dtype = a->dtype, .a_rs = ta ? 1 : K, .a_cs = ta ? M : 1,
         .b_dtype = b->dtype, .b_rs = tb ? 1 : N, .b_cs = tb ? K : 1,
         .c_dtype = o->dtype, .ldc = N,
         .precision = (ctpu_k_precision)nd->attr.extra,
-        .scaled = sd->epi_scale >= 0, .scale = sd->epi_scale >= 0 ? (float)ctx->scalars[sd->epi_scale] : 0.0f,
-        .act = (ctpu_k_act)sd->epi_act,
-        .bias = sd->epi_bias_slot >= 0 ? ctx->ptr[sd->epi_bias_slot] : NULL,
-        .bias_dtype = CTPU_KDT_F32,
-        .residual = sd->epi_res_slot >= 0 ? ctx->ptr[sd->epi_res_slot] : NULL,
-        .residual_dtype = CTPU_KDT_F32, .residual_bs = M * N, .residual_ld = N,
-        .softmax = sd->epi_softmax,
     };
     /* batch strides of a and b against the broadcast output batch dims */
-    int64_t ast[8] = {0}, bst[8] = {0};
+    for (int d = 0; d < 8; d++) ast[d] = bst[d] = 0;
     int64_t sa = M * K, sb = K * N;
     for (int d = a->ndim - 3; d >= 0; d--) {
         int od = d + (nb - (a->ndim - 2));
@@ -852,38 +852,59 @@ static void exec_matmul(const void *data, ctpu_exec_ctx *ctx)
         bst[od] = b->shape[d] == 1 ? 0 : sb;
         sb *= b->shape[d];
     }
-    size_t ea = ctpu_kdt_size(a->dtype), eb = ctpu_kdt_size(b->dtype), ec = ctpu_kdt_size(o->dtype);
     /* uniform batch strides -> one call */
-    bool uniform = true;
     int64_t ua = nb ? ast[nb - 1] : 0, ub = nb ? bst[nb - 1] : 0;
-    {
-        int64_t ea_exp = ua, eb_exp = ub;
-        for (int d = nb - 1; d >= 0; d--) {
-            if (ast[d] != ea_exp || bst[d] != eb_exp) { uniform = false; break; }
-            ea_exp *= o->shape[d];
-            eb_exp *= o->shape[d];
-        }
+    int64_t ea_exp = ua, eb_exp = ub;
+    for (int d = nb - 1; d >= 0; d--) {
+        if (ast[d] != ea_exp || bst[d] != eb_exp) return 0;
+        ea_exp *= o->shape[d];
+        eb_exp *= o->shape[d];
     }
-    if (uniform && ub == 0 && !ta && ua == M * K) {
-        /* b shared by every batch element, a's rows contiguous across the
-         * batch ([.., M, K] @ [K, N], a linear layer): one product of
-         * batch * M rows. Each output element is the same sum in the same K
-         * order (CONTRACTS: the order depends only on K), so the same bits;
-         * fewer edge tiles and one call's fixed cost. */
-        args.M = batch * M;
+    if (ub == 0 && !ta && ua == M * K) {
+        args->M = batch * M;
+        return 2;
+    }
+    args->batch = batch;
+    args->a_bs = ua;
+    args->b_bs = ub;
+    args->c_bs = M * N;
+    return 1;
+}
+
+static void exec_matmul(const void *data, ctpu_exec_ctx *ctx)
+{
+    const ctpu_step_data *sd = data;
+    const ctpu_node *nd = &sd->node;
+    const ctpu_vtype *a = &sd->in[0], *b = &sd->in[1], *o = &nd->out;
+    int on = o->ndim, nb = on - 2;
+    int64_t M = o->shape[on - 2], N = o->shape[on - 1], batch = 1;
+    for (int d = 0; d < nb; d++) batch *= o->shape[d];
+    if (batch * M * N == 0) return;
+    ctpu_mm_args args;
+    int64_t ast[8], bst[8];
+    int calls = ctpu_exec_matmul_args(nd, a, b, &args, ast, bst);
+    int64_t K = args.K;
+    args.scaled = sd->epi_scale >= 0;
+    args.scale = sd->epi_scale >= 0 ? (float)ctx->scalars[sd->epi_scale] : 0.0f;
+    args.act = (ctpu_k_act)sd->epi_act;
+    args.bias = sd->epi_bias_slot >= 0 ? ctx->ptr[sd->epi_bias_slot] : NULL;
+    args.bias_dtype = CTPU_KDT_F32;
+    args.residual = sd->epi_res_slot >= 0 ? ctx->ptr[sd->epi_res_slot] : NULL;
+    args.residual_dtype = CTPU_KDT_F32;
+    args.residual_bs = calls == 2 ? 0 : M * N;
+    args.residual_ld = N;
+    args.softmax = sd->epi_softmax;
+    size_t ea = ctpu_kdt_size(a->dtype), eb = ctpu_kdt_size(b->dtype), ec = ctpu_kdt_size(o->dtype);
+    if (calls) {
         args.a = ctx->ptr[sd->in_slot[0]];
         args.b = ctx->ptr[sd->in_slot[1]];
         args.c = ctx->ptr[sd->out_slot];
-        args.residual_bs = 0;
-        ctpu_k_matmul(&args, ctx->pool);
-    } else if (uniform) {
-        args.batch = batch;
-        args.a = ctx->ptr[sd->in_slot[0]];
-        args.b = ctx->ptr[sd->in_slot[1]];
-        args.c = ctx->ptr[sd->out_slot];
-        args.a_bs = ua;
-        args.b_bs = ub;
-        args.c_bs = M * N;
+        for (int r = 0; r < 2; r++)   /* panels shared with other matmul steps (compile.c plan_packs) */
+            if (sd->pre[r]) {
+                args.pre[r] = sd->pre[r];
+                args.pre_buf[r] = ctx->ptr[sd->pre_slot[r]];
+                args.pre_keep[r] = sd->pre_keep[r];
+            }
         ctpu_k_matmul(&args, ctx->pool);
     } else {
         int64_t pos[8] = {0};

@@ -18,6 +18,12 @@ typedef struct {
     int32_t epi_bias_slot, epi_res_slot, epi_scale;
     uint8_t epi_act;           /* ctpu_k_act */
     uint8_t epi_softmax;       /* a softmax over the last dim of the result (after the rest) */
+    /* operand r (0 A, 1 B) packed at slot pre_slot[r] in the layout pre[r]
+     * (NULL: none), shared with other matmul steps: packed there by this
+     * step (pre_keep[r]) or by an earlier one (compile.c plan_packs) */
+    const ctpu_k_prepack *pre[2];
+    int32_t pre_slot[2];
+    uint8_t pre_keep[2];
 } ctpu_step_data;
 
 /* Broadcast plan: operand strides against the output, adjacent dims
@@ -38,6 +44,11 @@ const float *ctpu_load_block(const void *base, int dt, const bcast_plan *p, int 
                              int64_t n, float *dst);
 /* Store n f32 values into dst of dtype dt (one rounding). */
 void ctpu_from_f32(const float *src, int dt, void *dst, int64_t n);
+
+/* The shape part of matmul node nd's kernel arguments (exec.c): 0 a call
+ * per batch element, 1 one call, 2 one call over batch * M rows. */
+int ctpu_exec_matmul_args(const ctpu_node *nd, const ctpu_vtype *a, const ctpu_vtype *b, ctpu_mm_args *args,
+                           int64_t ast[8], int64_t bst[8]);
 
 /* The kernel entry for an op, or NULL if the op has none (views). */
 ctpu_dev_step_fn ctpu_exec_fn_for(int op);

@@ -384,7 +384,33 @@ typedef struct {
     ctpu_k_act act;
     const void *residual; int residual_dtype; int64_t residual_bs, residual_ld;
     int softmax;
+    /* Packed panels shared between calls (defer and fuse; NULL otherwise,
+     * and never needed for the bits): operand r (0 A, 1 B) in the layout
+     * pre[r] plans, at pre_buf[r], packed there by this call (pre_keep[r])
+     * or already by an earlier call that read the same operand, when the
+     * plan holds for this call (else packed as always). */
+    const struct ctpu_k_prepack *pre[2];
+    void *pre_buf[2];
+    int pre_keep[2];
 } ctpu_mm_args;
+
+/* An operand as the MXU packs it, for calls that read the same one (role 0:
+ * their A, 1: their B; X[i,k] = x[bi*bs + i*si + k*sk], I x K, nb batch
+ * elements packed (1: broadcast), dtype dt). ctpu_k_mm_prepack_plan fills
+ * the layout of a call's shape-only arguments (a, b, c unused) and the
+ * micro-kernel in use, or returns 0 when that call would not read such
+ * panels (C^T path, more than one pass). Packing is a pure function of the
+ * operand's values (bf16 rounding and layout, docs/CONTRACTS.md), so a call's
+ * bits are the same whoever packed them; each call checks the plan against
+ * itself at run time and packs for itself when it does not hold. Two calls
+ * share panels only when their plans are equal (memcmp). */
+typedef struct ctpu_k_prepack {
+    int role, dt; int64_t si, sk, I, K, nb, bs;    /* the caller's */
+    const void *impl; int w, lw;                    /* the plan's: micro-kernel table, panel width, dwords per pair */
+    int64_t rs, panels, pd;                         /* A's row layout stride (0 none), panels per batch element, dwords each */
+    size_t bytes;                                   /* what pre_buf must hold */
+} ctpu_k_prepack;
+int ctpu_k_mm_prepack_plan(const ctpu_mm_args *call, ctpu_k_prepack *pp);
 
 void ctpu_k_matmul(const ctpu_mm_args *args, ctpu_k_pool *pool);
 void ctpu_k_matmul_ref(const ctpu_mm_args *args);

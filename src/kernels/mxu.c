@@ -58,6 +58,7 @@ typedef struct {
     int lazy_a, lazy_b;         /* packed by the computing thread just before first use */
     int bdirect;                /* B never packed: the micro-kernel reads it (kernel_bd) */
     int row_sm;                 /* softmax epilogue on each finished block (it holds whole rows) */
+    int have_a, have_b;         /* operand already packed by an earlier call (go->pre) */
 } mm_ctx;
 
 /* Do bytes [p, p + n) and [q, q + m) overlap? */
@@ -70,7 +71,8 @@ static int mm_overlap(const void *p, int64_t n, const void *q, int64_t m)
 static void mm_pack_task(void *vctx, int tid, int nt)
 {
     mm_ctx *x = vctx;
-    int64_t ua = x->lazy_a ? 0 : x->nba * x->mp, tot = ua + (x->lazy_b || x->bdirect ? 0 : x->nbb * x->np);
+    int64_t ua = x->lazy_a || x->have_a ? 0 : x->nba * x->mp,
+            tot = ua + (x->lazy_b || x->have_b || x->bdirect ? 0 : x->nbb * x->np);
     int64_t u0 = tot * tid / nt, u1 = tot * (tid + 1) / nt;
     const ctpu_mm_args *g = x->g;
     while (u0 < u1) {
@@ -425,7 +427,6 @@ static char *mm_workspace(mm_ctx *x, int nt, ctpu_k_ws *ws, size_t *need_out)
     return mem;
 }
 
-/* ws == NULL: the shared cached workspace; else the caller's (grown here). */
 /* A with unit stride along k at default precision: the row layout (no
  * transpose in packing) where the ISA has it. Rows 64-byte aligned and
  * not a multiple of 1 KiB apart (the W rows would share L1 sets). */
@@ -441,47 +442,107 @@ static void mm_row_layout(mm_ctx *x, const ctpu_mm_args *g)
     }
 }
 
+/* A call's layout decisions, before any memory: C^T or not (into gs), the
+ * passes, panels, packing arguments and A's row layout. */
+static void mm_setup(mm_ctx *x, const ctpu_mm_args *go, ctpu_mm_args *gs)
+{
+    x->mr = x->im->mr;
+    x->nr = x->im->nr;
+    /* Skinny N (e.g. [128,128] x [128,10] with 32-wide B panels): compute
+     * C^T = B^T A^T when that pads to fewer MACs by 3/4 or more. Each output
+     * element is the same sum in the same K order (products are exact and
+     * commute), so the bits do not change. */
+    if ((double)mm_pad(go->N, x->mr) * (double)mm_pad(go->M, x->nr) <
+        0.75 * (double)mm_pad(go->M, x->mr) * (double)mm_pad(go->N, x->nr)) {
+        *gs = *go;
+        gs->M = go->N; gs->N = go->M;
+        gs->a = go->b; gs->a_dtype = go->b_dtype; gs->a_bs = go->b_bs; gs->a_rs = go->b_cs; gs->a_cs = go->b_rs;
+        gs->b = go->a; gs->b_dtype = go->a_dtype; gs->b_bs = go->a_bs; gs->b_rs = go->a_cs; gs->b_cs = go->a_rs;
+        x->g = gs;
+        x->swap = 1;
+    }
+    const ctpu_mm_args *g = x->g;
+    x->npass = ctpu_mxu_npass[g->precision];
+    x->kp = x->npass * ctpu_mxu_kh(g->K);
+    x->mp = (g->M + x->mr - 1) / x->mr;
+    x->np = (g->N + x->nr - 1) / x->nr;
+    x->nba = g->a_bs == 0 ? 1 : g->batch;
+    x->nbb = g->b_bs == 0 ? 1 : g->batch;
+    x->pka = (ctpu_mxu_pack_args){ .src = g->a, .dt = g->a_dtype, .si = g->a_rs, .sk = g->a_cs,
+        .I = g->M, .K = g->K, .w = x->mr, .npass = x->npass,
+        .parts = (x->swap ? ctpu_mxu_pass_b : ctpu_mxu_pass_a)[g->precision] };
+    x->pkb = (ctpu_mxu_pack_args){ .src = g->b, .dt = g->b_dtype, .si = g->b_cs, .sk = g->b_rs,
+        .I = g->N, .K = g->K, .w = x->nr, .npass = x->npass,
+        .parts = (x->swap ? ctpu_mxu_pass_a : ctpu_mxu_pass_b)[g->precision] };
+    /* sources past L2 (2 MiB on the CPUs seen): the packers may prefetch */
+    x->pka.pf = (double)x->nba * (double)g->M * (double)g->K * (double)ctpu_kdt_size(g->a_dtype) > 1048576.0;
+    x->pkb.pf = (double)x->nbb * (double)g->N * (double)g->K * (double)ctpu_kdt_size(g->b_dtype) > 1048576.0;
+    x->apd = ctpu_mxu_panel_dwords(&x->pka) * (x->im->planar ? 2 : 1);
+    mm_row_layout(x, g);
+    x->bpd = ctpu_mxu_panel_dwords(&x->pkb) * (x->im->planar ? 2 : 1);
+    /* One M panel (e.g. the C^T of a skinny N): each B element is read by
+     * one tile only, so an f32 B with unit stride along n is not packed at
+     * all: the micro-kernel reads and rounds it in place (kernel_bd). */
+    x->bdirect = x->im->kernel_bd && x->mp == 1 && !x->ars && x->npass == 1 && x->pkb.si == 1 &&
+                 g->b_dtype == CTPU_KDT_F32;
+}
+
+/* Is pp this call's own layout of its operand `role`? */
+static int mm_pre_ok(const mm_ctx *x, const ctpu_k_prepack *pp, int role)
+{
+    const ctpu_mxu_pack_args *pa = role ? &x->pkb : &x->pka;
+    int64_t nb = role ? x->nbb : x->nba, bs = role ? x->g->b_bs : x->g->a_bs;
+    return pp && pp->impl == (const void *)x->im && pp->role == role && !x->swap && x->npass == 1 &&
+           !(role && x->bdirect) &&
+           pa->dt == pp->dt && pa->si == pp->si && pa->sk == pp->sk && pa->I == pp->I && pa->K == pp->K &&
+           nb == pp->nb && (nb == 1 || bs == pp->bs) && pa->w == pp->w && pp->lw == x->lw &&
+           pp->rs == (role ? 0 : x->ars) && pp->panels == (role ? x->np : x->mp) &&
+           pp->pd == (role ? x->bpd : x->apd);
+}
+
+int ctpu_k_mm_prepack_plan(const ctpu_mm_args *call, ctpu_k_prepack *pp)
+{
+    if (call->batch <= 0 || call->M <= 0 || call->N <= 0 || call->K <= 0 || call->a_dtype == CTPU_KDT_I32 ||
+        (pp->role != 0 && pp->role != 1) || call->precision < 0 || call->precision >= CTPU_PREC_COUNT)
+        return 0;
+    mm_ctx x = { .g = call, .go = call, .im = ctpu_mxu_current() };
+    ctpu_mm_args gs;
+    mm_setup(&x, call, &gs);
+    pp->impl = x.im;
+    pp->w = pp->role ? x.nr : x.mr;
+    pp->lw = x.lw;
+    pp->rs = pp->role ? 0 : x.ars;
+    pp->panels = pp->role ? x.np : x.mp;
+    pp->pd = pp->role ? x.bpd : x.apd;
+    pp->bytes = (size_t)(pp->nb * pp->panels * pp->pd) * 4;
+    return mm_pre_ok(&x, pp, pp->role);
+}
+
+/* Operands shared with other calls (go->pre): packed by this call into the
+ * shared panels, or already there (then not packed again). */
+static void mm_shared_panels(mm_ctx *x)
+{
+    const ctpu_mm_args *go = x->go;
+    for (int r = 0; r < 2; r++) {
+        if (!go->pre_buf[r] || !mm_pre_ok(x, go->pre[r], r)) continue;
+        if (r == 0) x->ap = (uint32_t *)go->pre_buf[0];
+        else x->bp = (uint32_t *)go->pre_buf[1];
+        if (go->pre_keep[r]) continue;
+        if (r == 0) { x->have_a = 1; x->lazy_a = 0; }
+        else { x->have_b = 1; x->lazy_b = 0; }
+    }
+}
+
+/* ws == NULL: the shared cached workspace; else the caller's (grown here). */
 static void mm_do(const ctpu_mm_args *go, ctpu_k_pool *pool, ctpu_k_ws *ws)
 {
     assert(go->precision >= 0 && go->precision < CTPU_PREC_COUNT);
     if (go->batch <= 0 || go->M <= 0 || go->N <= 0) return;
     if (go->a_dtype == CTPU_KDT_I32) { ctpu_k_matmul_ref(go); return; }
     mm_ctx x = { .g = go, .go = go, .im = ctpu_mxu_current() };
-    x.mr = x.im->mr;
-    x.nr = x.im->nr;
-    /* Skinny N (e.g. [128,128] x [128,10] with 32-wide B panels): compute
-     * C^T = B^T A^T when that pads to fewer MACs by 3/4 or more. Each output
-     * element is the same sum in the same K order (products are exact and
-     * commute), so the bits do not change. */
     ctpu_mm_args gs;
-    if ((double)mm_pad(go->N, x.mr) * (double)mm_pad(go->M, x.nr) <
-        0.75 * (double)mm_pad(go->M, x.mr) * (double)mm_pad(go->N, x.nr)) {
-        gs = *go;
-        gs.M = go->N; gs.N = go->M;
-        gs.a = go->b; gs.a_dtype = go->b_dtype; gs.a_bs = go->b_bs; gs.a_rs = go->b_cs; gs.a_cs = go->b_rs;
-        gs.b = go->a; gs.b_dtype = go->a_dtype; gs.b_bs = go->a_bs; gs.b_rs = go->a_cs; gs.b_cs = go->a_rs;
-        x.g = &gs;
-        x.swap = 1;
-    }
+    mm_setup(&x, go, &gs);
     const ctpu_mm_args *g = x.g;
-    x.npass = ctpu_mxu_npass[g->precision];
-    x.kp = x.npass * ctpu_mxu_kh(g->K);
-    x.mp = (g->M + x.mr - 1) / x.mr;
-    x.np = (g->N + x.nr - 1) / x.nr;
-    x.nba = g->a_bs == 0 ? 1 : g->batch;
-    x.nbb = g->b_bs == 0 ? 1 : g->batch;
-    x.pka = (ctpu_mxu_pack_args){ .src = g->a, .dt = g->a_dtype, .si = g->a_rs, .sk = g->a_cs,
-        .I = g->M, .K = g->K, .w = x.mr, .npass = x.npass,
-        .parts = (x.swap ? ctpu_mxu_pass_b : ctpu_mxu_pass_a)[g->precision] };
-    x.pkb = (ctpu_mxu_pack_args){ .src = g->b, .dt = g->b_dtype, .si = g->b_cs, .sk = g->b_rs,
-        .I = g->N, .K = g->K, .w = x.nr, .npass = x.npass,
-        .parts = (x.swap ? ctpu_mxu_pass_a : ctpu_mxu_pass_b)[g->precision] };
-    /* sources past L2 (2 MiB on the CPUs seen): the packers may prefetch */
-    x.pka.pf = (double)x.nba * (double)g->M * (double)g->K * (double)ctpu_kdt_size(g->a_dtype) > 1048576.0;
-    x.pkb.pf = (double)x.nbb * (double)g->N * (double)g->K * (double)ctpu_kdt_size(g->b_dtype) > 1048576.0;
-    x.apd = ctpu_mxu_panel_dwords(&x.pka) * (x.im->planar ? 2 : 1);
-    mm_row_layout(&x, g);
-    x.bpd = ctpu_mxu_panel_dwords(&x.pkb) * (x.im->planar ? 2 : 1);
     /* c as the output of full tiles: when K is one chunk (each tile is
      * written once: no scratch, no copy) or, with the row layout, the last
      * chunk's micro-kernel stores there (the chunks before accumulate in the
@@ -520,23 +581,18 @@ static void mm_do(const ctpu_mm_args *go, ctpu_k_pool *pool, ctpu_k_ws *ws)
         x.lazy_b = nt == 1 || x.split == 1 || (x.split == 0 && x.nbb > 1);
     }
 
-    /* One M panel (e.g. the C^T of a skinny N): each B element is read by
-     * one tile only, so an f32 B with unit stride along n is not packed at
-     * all: the micro-kernel reads and rounds it in place (kernel_bd). */
-    x.bdirect = x.im->kernel_bd && x.mp == 1 && !x.ars && x.npass == 1 && x.pkb.si == 1 &&
-                g->b_dtype == CTPU_KDT_F32;
-
     /* a softmax epilogue (f32 c): in each block when a block holds whole
      * contiguous rows and one thread computes them, else over c at the end */
     x.row_sm = go->softmax && go->c_dtype == CTPU_KDT_F32 && !x.swap && x.np <= MXU_NC_PANELS && x.split != 1 && g->ldc == g->N;
 
     size_t need;
     char *mem = mm_workspace(&x, nt, ws, &need);
+    mm_shared_panels(&x);
 
 #ifdef MXU_PROF
     double t0 = mxu_prof_now();
 #endif
-    if (x.kp > 0 && !(x.lazy_a && (x.lazy_b || x.bdirect))) mm_run(pool, nt, mm_pack_task, &x);
+    if (x.kp > 0 && !((x.lazy_a || x.have_a) && (x.lazy_b || x.have_b || x.bdirect))) mm_run(pool, nt, mm_pack_task, &x);
 #ifdef MXU_PROF
     double t1 = mxu_prof_now();
 #endif
