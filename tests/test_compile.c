@@ -735,6 +735,9 @@ START_TEST(auto_dynamic_follows_a_slice_by_the_host_extent)
         ck_assert_int_eq(info.dynamic_captures, 4);
         ck_assert_int_eq(info.replays, 2);
         ck_assert_int_eq(compiles, (k == 0 ? 2 : 0));   /* (the cache outlives the step: the second run finds them) */
+        char *j = ctpu_metrics_json();   /* the step's row in the report names the dims */
+        ck_assert_msg(j && t_contains(j, "input 0 dim 0 became dynamic over [2, 2147483647]"), "%s", j ? j : "");
+        free(j);
         ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
     }
     ctpu_shutdown();
@@ -1413,6 +1416,101 @@ START_TEST(scalars_are_runtime_arguments)
 }
 END_TEST
 
+/* fn returning an error makes no version: as torch.compile's limit counts
+ * the frame's cache entries and only a compile that succeeded adds one
+ * (torch/_dynamo/cache_size.py), such a capture does not count against
+ * TORCH_TPU_RECOMPILE_LIMIT (8). Before: 11 failing calls at new shapes
+ * used the limit up and every later call ran fn in the current mode. */
+static ctpu_status step_scale_or_fail(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    if (*(const bool *)ctx) {   /* an op inside fn fails: fn returns its status */
+        ctpu_tensor bad = ctpu_reshape(in[0], 1, (int64_t[]){ 1000 });
+        (void)bad;
+        return ctpu_last_status();
+    }
+    out[0] = ctpu_mul_scalar(in[0], sc[0]);
+    return CTPU_OK;
+}
+
+START_TEST(failed_capture_does_not_count_against_the_limit)
+{
+    bool fail = false;
+    ctpu_compiled *c = ctpu_compile(step_scale_or_fail, &fail, &(ctpu_compile_opts){ .name = "flaky" });
+    double sc[1] = { 2 };
+    /* 1: capture; 2..12 fail inside fn; then 2..8 (the structure's 8 shapes
+     * of the cache's own limit) capture and 1..8 replay */
+    int ns[26] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 6, 7, 8 };
+    for (int k = 0; k < 26; k++) {
+        int n = ns[k];
+        fail = k >= 1 && k <= 11;
+        ctpu_scope_begin();
+        float d[12];
+        for (int i = 0; i < n; i++) d[i] = (float)(i + k);
+        ctpu_tensor x = t_f32(d, 1, (int64_t[]){ n });
+        ctpu_tensor out[1];
+        ctpu_status st = ctpu_compiled_call(c, 1, &x, 1, sc, 1, out);
+        if (fail) {
+            ck_assert_int_eq(st, CTPU_ERR_SHAPE);
+            /* the guard that sent the call to fn first, then fn's error */
+            ck_assert_msg(t_contains(ctpu_last_error(), "compiled step flaky: guard failed: input 0 dim 0") &&
+                          t_contains(ctpu_last_error(), "recapturing: reshape"), "%s", ctpu_last_error());
+        } else {
+            ck_assert_msg(st == CTPU_OK, "call %d: %s", k, ctpu_last_error());
+            float *v = t_read(out[0], NULL);
+            for (int i = 0; i < n; i++) ck_assert(v[i] == 2 * d[i]);
+            free(v);
+        }
+        ctpu_scope_end();
+    }
+    ctpu_compiled_info info;
+    ctpu_compiled_get_info(c, &info);
+    ck_assert_int_eq(info.guard_failures, 11 + 7);
+    ck_assert_int_eq(info.captures, 1 + 11 + 7);
+    ck_assert_int_eq(info.eager_calls, 0);
+    ck_assert_int_eq(info.replays, 7);
+    ctpu_compiled_free(c);
+}
+END_TEST
+
+/* A parameter released after the capture (fn still holds its stale
+ * handle): the call names the guard, which captured tensor and where the
+ * program reads it, before the error of the op inside fn that found it. */
+static ctpu_status step_bias(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)sc;
+    const ctpu_tensor *p = ctx;
+    out[0] = ctpu_add(ctpu_matmul(in[0], p[0]), p[1]);
+    return ctpu_is_null(out[0]) ? ctpu_last_status() : CTPU_OK;
+}
+
+START_TEST(released_parameter_names_the_guard)
+{
+    ctpu_tensor p[2] = { ctpu_keep(ctpu_ones(CTPU_F32, 2, (int64_t[]){ 3, 4 })),
+                         ctpu_keep(ctpu_ones(CTPU_F32, 1, (int64_t[]){ 4 })) };
+    ck_assert_int_eq(ctpu_set_name(p[1], "bias"), CTPU_OK);
+    ctpu_compiled *c = ctpu_compile(step_bias, p, &(ctpu_compile_opts){ .name = "lin" });
+    ctpu_tensor x = ctpu_keep(ctpu_ones(CTPU_F32, 2, (int64_t[]){ 2, 3 }));
+    ctpu_tensor out[1];
+    for (int k = 0; k < 2; k++) {
+        ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_OK);
+        ctpu_release(out[0]);
+    }
+    ctpu_release(p[1]);
+    ck_assert_int_ne(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_OK);
+    const char *e = ctpu_last_error();
+    ck_assert_msg(t_contains(e, "compiled step lin: guard failed: captured tensor released: program input ") &&
+                  t_contains(e, "(f32[4] bias), which the step reads; recapturing: add"), "%s", e);
+    ck_assert(ctpu_is_null(out[0]));
+    ctpu_compiled_info info;
+    ctpu_compiled_get_info(c, &info);
+    ck_assert_msg(t_contains(info.last_reason, "captured tensor released"), "%s", info.last_reason);
+    ck_assert_int_eq(info.guard_failures, 1);
+    ctpu_compiled_free(c);
+    ctpu_release(p[0]);
+    ctpu_release(x);
+}
+END_TEST
+
 START_TEST(recompile_limit_then_eager)
 {
     ctpu_compiled *c = ctpu_compile(step_scale, NULL, NULL);
@@ -1740,6 +1838,8 @@ static Suite *suite(void)
     tcase_add_test(t, self_call_is_an_error);
     tcase_add_test(t, assigned_tensor_with_a_live_view_replays);
     tcase_add_test(t, recompile_limit_then_eager);
+    tcase_add_test(t, failed_capture_does_not_count_against_the_limit);
+    tcase_add_test(t, released_parameter_names_the_guard);
     tcase_add_test(t, compile_disable_runs_fn);
     tcase_add_test(t, bad_calls_are_errors);
     tcase_add_test(t, freed_steps_are_refused_without_reading_them);

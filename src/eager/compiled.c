@@ -171,6 +171,7 @@ typedef struct version {
     ctpu_trec **hrec;          /* [n_h] this call's records (NULL: not live) */
     ctpu_trec **hslot;         /* [n_h] the slot each handle names (slots never move) */
     uint32_t *hgen;            /* [n_h] and its generation: live when the slot still has it */
+    char (*hdesc)[160];        /* [n_h] for a guard failure: "program input 3 (f32[12,16] w)", at the capture */
     uint64_t *inplace_ids;     /* [n_inplace] the H_INPLACE handles, sorted */
     int n_inplace;
     /* the program's scratch buffer, kept across replays: the device runs
@@ -225,6 +226,7 @@ struct ctpu_compiled {
     bool broken;                   /* a graph break: every call runs as defer and fuse */
     bool limited;                  /* past the recompile limit: every call runs fn in the current mode */
     bool auto_done;                /* TORCH_TPU_AUTO_DYNAMIC: the step's one automatic recapture happened */
+    uint64_t recompiles;           /* guard failures whose capture made a version: what the recompile limit counts */
     _Atomic(void *) owner;         /* the thread state of the thread inside a call, NULL when idle */
     version *versions;
     ctpu_compiled_info info;       /* the calling thread's counts */
@@ -333,6 +335,7 @@ static void version_free(version *v)
     free(v->hrec);
     free(v->hslot);
     free(v->hgen);
+    free(v->hdesc);
     free(v->fresh_o);
     free(v->held_hs);
     free(v->pub_q);
@@ -711,6 +714,25 @@ static bool is_inplace_target(const version *v, uint64_t id)
     return false;
 }
 
+/* Each handle row in words, while its tensor is live (the capture): the
+ * first program input that reads it (the cache report's input numbers),
+ * its type and name. Out of host memory: none (the guard says less). */
+static void describe_rows(version *v)
+{
+    v->hdesc = malloc(sizeof *v->hdesc * ((size_t)v->n_h + 1));
+    for (int h = 0; v->hdesc && h < v->n_h; h++) {
+        const ctpu_trec *r = live_rec(v->hid[h]);
+        int pin = -1;
+        for (int k = 0; k < v->n_pin && pin < 0; k++)
+            if (v->in[k].kind == IN_OWNER && v->in[k].hs == h) pin = k;
+        char tb[64] = "", at[32] = "";
+        if (r) ctpu_fmt_type(&r->type, tb, sizeof tb);
+        if (pin >= 0) snprintf(at, sizeof at, "program input %d ", pin);
+        const char *nm = r ? ctpu_rec_name(r) : "";
+        snprintf(v->hdesc[h], sizeof v->hdesc[h], "%s(%s%s%.40s)", at, tb, nm[0] ? " " : "", nm);
+    }
+}
+
 /* The handle table: every IN_OWNER input and every request naming a handle. */
 static bool build_handles(version *v)
 {
@@ -738,6 +760,7 @@ static bool build_handles(version *v)
     }
     for (int h = 0; h < v->n_h; h++)
         if (v->hrole[h] & H_INPLACE) v->inplace_ids[v->n_inplace++] = v->hid[h];
+    describe_rows(v);
     qsort(v->inplace_ids, (size_t)v->n_inplace, sizeof *v->inplace_ids, cmp_u64);
     return true;
 }
@@ -965,8 +988,8 @@ static bool guards_hold(version *v, int n_in, const ctpu_tensor *in, ctpu_trec *
         uint8_t f = v->hrole[h];
         if (f == H_LEAF) continue;   /* only its .grad is written: a released leaf gets none */
         if (!r || ctpu_rec_pending(r) || !r->buf) {
-            snprintf(why, len, "a tensor the step %s was released or is pending elsewhere",
-                     f & (H_ASSIGN | H_INPLACE) ? "assigns" : "reads");
+            snprintf(why, len, "captured tensor %s: %s, which the step %s", !r ? "released" : "pending elsewhere",
+                     v->hdesc ? v->hdesc[h] : "", f & (H_ASSIGN | H_INPLACE) ? "assigns" : "reads");
             return false;
         }
         if (!(f & H_INPLACE)) continue;
@@ -1290,18 +1313,23 @@ static void capture_free(struct ctpu_capture *cap)
     free(cap->grads);
 }
 
-static void note_reason(ctpu_compiled *c, const char *kind, const char *what, const char *reason)
+static void note_event(ctpu_compiled *c, const char *kind, const char *reason)
 {
-    size_t n = strlen(what) < sizeof c->info.last_reason ? strlen(what) : 0;
-    memcpy(c->info.last_reason, what, n);
-    snprintf(c->info.last_reason + n, sizeof c->info.last_reason - n, "%.*s", (int)(sizeof c->info.last_reason - n - 1),
-             reason);
     pthread_mutex_lock(&ctpu_rt->compiled_mu);
     step_event *e = &c->events[c->n_events++ % N_EVENTS];
     e->call = c->info.calls + 1;
     e->kind = kind;
     snprintf(e->reason, sizeof e->reason, "%s", reason);
     pthread_mutex_unlock(&ctpu_rt->compiled_mu);
+}
+
+static void note_reason(ctpu_compiled *c, const char *kind, const char *what, const char *reason)
+{
+    size_t n = strlen(what) < sizeof c->info.last_reason ? strlen(what) : 0;
+    memcpy(c->info.last_reason, what, n);
+    snprintf(c->info.last_reason + n, sizeof c->info.last_reason - n, "%.*s", (int)(sizeof c->info.last_reason - n - 1),
+             reason);
+    note_event(c, kind, reason);
 }
 
 /* The symbols of the capture's dynamic inputs (ctpu_mark_dynamic's marks,
@@ -1378,7 +1406,7 @@ static ctpu_status run_capture(ctpu_compiled *c, int n_in, const ctpu_tensor *in
         if (st == CTPU_OK && !cap.fail[0] && !cap.broken) {
             /* the flush ran it op by op: the cache's TORCH_TPU_RECOMPILE_LIMIT */
             c->limited = true;
-            bool shared = ctpu_rt->recompile_limit && c->info.guard_failures < (uint64_t)ctpu_rt->recompile_limit;
+            bool shared = ctpu_rt->recompile_limit && c->recompiles + 1 < (uint64_t)ctpu_rt->recompile_limit;
             note_reason(c, "recompile limit", "", shared
                         ? "past TORCH_TPU_RECOMPILE_LIMIT: the step's program structure compiled its limit of shapes, "
                           "most by other compiled steps or traces of that structure (the cache is per structure)"
@@ -1755,8 +1783,49 @@ static ctpu_status capture_auto(ctpu_compiled *c, int n_in, const ctpu_tensor *i
         lent[i] = any && ctpu__rec_set_dyn(inrec[i], d[i], inrec[i]->type.ndim);
     }
     c->auto_done = true;
+    const version *head = c->versions;
     ctpu_status st = run_capture(c, n_in, in, inrec, n_scalars, scalars, n_out, out);
     take_back_marks(n_in, inrec, lent);
+    if (c->versions != head) {   /* the report's row: which dims ("input 0 dim 1, input 1 dim 1") */
+        char dims[192] = "";
+        size_t k = 0;
+        for (int i = 0; i < n_in; i++)
+            for (int q = 0; q < CTPU_MAX_DIMS && k < 120; q++)
+                if (d[i][q].coef > 0)
+                    k += (size_t)snprintf(dims + k, sizeof dims - k, "%sinput %d dim %d", k ? ", " : "", i, q);
+        char r[192];
+        snprintf(r, sizeof r, "%s became dynamic over [2, 2147483647] (this capture compiled the dynamic program; "
+                 "later extents bind it)", dims);
+        note_event(c, "automatic dynamic", r);
+    }
+    return st;
+}
+
+/* The capture after a guard failure (why: its reason). As torch.compile's
+ * recompile limit counts the frame's cache entries, which only a compile
+ * that succeeded adds (torch/_dynamo/cache_size.py compute_cache_size,
+ * exceeds_cache_size_limit), only a capture that made a version counts
+ * against TORCH_TPU_RECOMPILE_LIMIT: fn returning an error does not. A
+ * failed capture's error names the guard that sent the call to fn first
+ * (a parameter released after the capture: "captured tensor released:
+ * program input 3 (f32[12,16] w)", then the op inside fn that found it). */
+static ctpu_status recapture(ctpu_compiled *c, const char *why, int n_in, const ctpu_tensor *in,
+                             ctpu_trec *const *inrec, int n_scalars, const double *scalars, int n_out,
+                             ctpu_tensor *out)
+{
+    const version *head = c->versions;
+    ctpu_dyndim d[64][CTPU_MAX_DIMS];
+    ctpu_status st;
+    if (ctpu_rt->auto_dynamic && !c->auto_done && auto_marks(c->versions, n_in, inrec, n_scalars, n_out, d))
+        st = capture_auto(c, n_in, in, inrec, n_scalars, scalars, n_out, out, d);
+    else
+        st = run_capture(c, n_in, in, inrec, n_scalars, scalars, n_out, out);
+    if (c->versions != head) c->recompiles++;
+    else if (st != CTPU_OK && ctpu_last_status() == st) {
+        char msg[sizeof ctpu__ts->err_msg];
+        snprintf(msg, sizeof msg, "%s", ctpu_last_error());
+        ctpu_set_error(st, "compiled_call: compiled step %s: guard failed: %s; recapturing: %s", step_name(c), why, msg);
+    }
     return st;
 }
 
@@ -1808,7 +1877,7 @@ static ctpu_status call_dispatch(ctpu_compiled *c, int n_in, const ctpu_tensor *
     if (c->versions) {
         c->info.guard_failures++;
         note_reason(c, "guard failure", "guard failed: ", why);
-        if (rt->recompile_limit && c->info.guard_failures > (uint64_t)rt->recompile_limit) {
+        if (rt->recompile_limit && c->recompiles >= (uint64_t)rt->recompile_limit) {
             /* torch: past cache_size_limit the frame runs without compiling */
             c->limited = true;
             note_reason(c, "recompile limit", "", "past TORCH_TPU_RECOMPILE_LIMIT: guard failures ran out; fn runs in the current mode");
@@ -1816,9 +1885,7 @@ static ctpu_status call_dispatch(ctpu_compiled *c, int n_in, const ctpu_tensor *
             c->info.eager_calls++;
             return run_fn(c, in, scalars, n_out, out);
         }
-        ctpu_dyndim d[64][CTPU_MAX_DIMS];
-        if (rt->auto_dynamic && !c->auto_done && auto_marks(c->versions, n_in, inrec, n_scalars, n_out, d))
-            return capture_auto(c, n_in, in, inrec, n_scalars, scalars, n_out, out, d);
+        return recapture(c, why, n_in, in, inrec, n_scalars, scalars, n_out, out);
     }
     return run_capture(c, n_in, in, inrec, n_scalars, scalars, n_out, out);
 }
