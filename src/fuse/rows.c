@@ -306,11 +306,13 @@ int ctpu_row_build(ctpu_row_prog *p, const ctpu_trace *t, int i, const ctpu_row_
 }
 
 /* ------------------------------------------------------------ running
- * Rows go in tiles of T rows (T x n about 8K elements): a FULL value's tile
+ * Rows go in tiles of T rows (T x n about 2K elements): a FULL value's tile
  * is T x n contiguous floats, a ROW value's T floats, so each kernel call
  * covers a tile (reductions and softmax take T rows at once: the same order
- * per row). */
-enum { ROW_TILE_ELEMS = 8192 };
+ * per row). 8 KiB per tile buffer: a layer norm's source tile, its two
+ * buffers and its output tile stay in L1 (48 KiB) from one instruction to
+ * the next (8K-element tiles, 32 KiB each, went through L2). */
+enum { ROW_TILE_ELEMS = 2048 };
 
 typedef struct {
     const ctpu_row_prog *p;
