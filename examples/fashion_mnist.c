@@ -18,8 +18,14 @@
  * safetensors file) at the end and, with --save-every K, after every K
  * steps; --resume PATH continues such a run where it stopped, giving the
  * losses the unbroken run would have given, bit for bit (same options
- * needed: the batch, --limit and --seed are checked). The epoch lines of a
- * resumed run cover the steps it ran.
+ * needed: the batch, --limit and --seed are checked by the checkpoint,
+ * --epochs, --lr, --wd, --betas and --eps by the demo's metadata). The
+ * checkpoint also carries the unfinished epoch's train-loss sum, rows and
+ * batches, so a resumed epoch's train_loss is the unbroken run's (under
+ * --ddp to float rounding: the ranks' sums are added in another order); its
+ * time and images_per_s cover the steps this run ran. A run stopped inside an
+ * epoch ends that epoch's line with "(stopped after B of N batches)"; a
+ * finished run resumed trains nothing and prints its last train_loss.
  *
  * Data parallel: --ddp under mpirun (`mpirun -np 2 ./build/examples/fashion_mnist
  * --ddp`) makes each process a rank of ctpu_dist_init (one emulated chip);
@@ -112,11 +118,34 @@ static bool parse_num(const char *s, double *out)
     return true;
 }
 
+/* An integer option's value: all of s a decimal integer in [lo, hi]. */
+static bool parse_int(const char *s, long long lo, long long hi, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+/* "--x" or "--x=v" that getopt_long refused as '?': ambiguous when the
+ * name is a prefix of two options (getopt's own message is off). */
+static bool ambiguous(const char *arg, const struct option *opts)
+{
+    if (strncmp(arg, "--", 2) != 0) return false;
+    arg += 2;
+    size_t n = strcspn(arg, "=");
+    int hits = 0;
+    for (const struct option *p = opts; p->name; p++) hits += n > 0 && strncmp(p->name, arg, n) == 0;
+    return hits > 1;
+}
+
 static int parse_args(int argc, char **argv, opts_t *o)
 {
     *o = (opts_t){ .data_dir = "/usr/share/datasets/fashion-mnist", .epochs = 5, .batch = 128, .lr = 1e-3,
                    .wd = 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .seed = 1, .progress = -1 };
-    /* getopt_long: "--epochs 1", "--epochs=1" and unique prefixes ("--ep=1") */
+    /* getopt_long: "--epochs 1", "--epochs=1" and unique prefixes ("--epo=1") */
     enum { O_DATA = 256, O_LOG, O_BETAS, O_EPOCHS, O_BATCH, O_LR, O_WD, O_EPS, O_SEED, O_THREADS, O_LIMIT,
            O_TEST_LIMIT, O_SAVE, O_SAVE_EVERY, O_RESUME, O_STOP_AFTER, O_PROGRESS, O_NO_PROGRESS, O_VERSION, O_DDP, O_COMPILE, O_CAPTURABLE, O_DYNAMIC };
     static const struct option longopts[] = {
@@ -156,29 +185,43 @@ static int parse_args(int argc, char **argv, opts_t *o)
         case O_LOG: o->log_path = v; break;
         case O_SAVE: o->save_path = v; break;
         case O_RESUME: o->resume_path = v; break;
-        case O_BETAS: ok = sscanf(v, "%lf,%lf", &o->beta1, &o->beta2) == 2; break;
+        case O_BETAS: {   /* torch.optim.AdamW: 0 <= beta < 1 */
+            int used = -1;
+            ok = sscanf(v, "%lf,%lf%n", &o->beta1, &o->beta2, &used) == 2 && used == (int)strlen(v) &&
+                 o->beta1 >= 0 && o->beta1 < 1 && o->beta2 >= 0 && o->beta2 < 1;
+            break;
+        }
         case ':':
             fprintf(stderr, "fashion_mnist: %s needs a value (see --help)\n", argv[optind - 1]);
             return 2;
         case '?':
-            fprintf(stderr, "fashion_mnist: unknown option %s (see --help)\n", argv[optind - 1]);
+            fprintf(stderr, "fashion_mnist: %s option %s (see --help)\n",
+                    ambiguous(argv[optind - 1], longopts) ? "ambiguous" : "unknown", argv[optind - 1]);
             return 2;
-        default:
-            if (!(ok = parse_num(v, &x))) break;
+        case O_LR: ok = parse_num(v, &x) && x > 0 && isfinite(x); o->lr = x; break;
+        case O_WD: ok = parse_num(v, &x) && x >= 0 && isfinite(x); o->wd = x; break;
+        case O_EPS: ok = parse_num(v, &x) && x > 0 && isfinite(x); o->eps = x; break;
+        case O_SEED: {
+            char *end;
+            errno = 0;
+            unsigned long long u = strtoull(v, &end, 10);
+            ok = !errno && end != v && !*end && v[strspn(v, " ")] != '-';
+            o->seed = u;
+            break;
+        }
+        default: {   /* the integer options */
+            long long n = 0;
             switch (c) {
-            case O_EPOCHS: o->epochs = (int)x; ok = x >= 1 && x == (int)x; break;
-            case O_BATCH: o->batch = (int64_t)x; ok = x >= 1 && x == (int64_t)x; break;
-            case O_LR: o->lr = x; ok = x > 0 && isfinite(x); break;
-            case O_WD: o->wd = x; ok = x >= 0 && isfinite(x); break;
-            case O_EPS: o->eps = x; ok = x > 0 && isfinite(x); break;
-            case O_SEED: o->seed = (uint64_t)x; ok = x >= 0 && x < 1.8446744073709552e19; break;
-            case O_THREADS: o->threads = (int)x; ok = x >= 1 && x <= 64; break;
-            case O_LIMIT: o->limit = (int64_t)x; ok = x >= 1 && x < 9.2e18; break;
-            case O_TEST_LIMIT: o->test_limit = (int64_t)x; ok = x >= 1 && x < 9.2e18; break;
-            case O_SAVE_EVERY: o->save_every = (int64_t)x; ok = x >= 1 && x == (int64_t)x; break;
-            case O_STOP_AFTER: o->stop_after = (int64_t)x; ok = x >= 1 && x == (int64_t)x; break;
+            case O_EPOCHS: ok = parse_int(v, 1, 1000000, &n); o->epochs = (int)n; break;
+            case O_BATCH: ok = parse_int(v, 1, INT64_MAX, &n); o->batch = n; break;
+            case O_THREADS: ok = parse_int(v, 1, 64, &n); o->threads = (int)n; break;
+            case O_LIMIT: ok = parse_int(v, 1, INT64_MAX, &n); o->limit = n; break;
+            case O_TEST_LIMIT: ok = parse_int(v, 1, INT64_MAX, &n); o->test_limit = n; break;
+            case O_SAVE_EVERY: ok = parse_int(v, 1, INT64_MAX, &n); o->save_every = n; break;
+            case O_STOP_AFTER: ok = parse_int(v, 1, INT64_MAX, &n); o->stop_after = n; break;
             default: ok = false; break;
             }
+        }
         }
         if (!ok) { fprintf(stderr, "fashion_mnist: bad value '%s' for --%s (see --help)\n", v, name); return 2; }
         li = -1;
@@ -323,15 +366,104 @@ typedef struct {
     int rank, world;
     bool tty;
     FILE *log;
-    const char *const *names, *const *meta;
+    const char *const *names;
     ctpu_tensor params[6];
     step_ctx sctx;         /* the compiled step's ctx */
     ctpu_tensor *losses;   /* per_epoch entries each */
     int64_t *sizes;
     double *lrs;
+    double *lvals;         /* the epoch's losses read so far (per_epoch entries) */
+    int64_t nread;         /* losses[0, nread) of this run's epoch are read into lvals */
+    /* the epoch's train-loss sum and row count over its batches read so far,
+     * and its batch count, all counting the batches before a --resume (the
+     * checkpoint carries them), so a resumed epoch's train_loss is the
+     * unbroken run's */
+    double esum, erows;
+    int64_t ebatches;
+    double epoch_loss;     /* the last complete epoch's train loss (NaN: none yet) */
     double train_time, train_loss, acc;
     bool evaluated, stopped;
 } run_t;
+
+/* Read this run's epoch losses [nread, nb) (waits for the device) into lvals
+ * and the epoch's sum; under --ddp the sum is this rank's. */
+static int read_losses(run_t *r, int64_t nb)
+{
+    for (int64_t i = r->nread; i < nb; i++) {
+        double l;
+        if (ctpu_item(r->losses[i], &l) != CTPU_OK) return fail("reading the losses");
+        ctpu_release(r->losses[i]);
+        r->lvals[i] = l;
+        r->esum += l * (double)r->sizes[i];
+        r->erows += (double)r->sizes[i];
+    }
+    r->nread = nb;
+    return 0;
+}
+
+/* The checkpoint: the run (ctpu_checkpoint_save) plus the demo's metadata:
+ * the recipe (checked on --resume) and the unfinished epoch's loss sum, rows
+ * and batches (%.17g: a double reads back exactly). Under --ddp every rank
+ * calls it (the partial sum is added up over the ranks; rank 0 writes). */
+static int save_run(run_t *r, int64_t nb)
+{
+    const opts_t *o = r->o;
+    int rc = read_losses(r, nb);
+    if (rc) return rc;
+    double sum = r->esum, rows = r->erows;
+    if (sum_over_ranks(&sum, &rows) != CTPU_OK) return fail("adding up the losses");
+    if (r->rank != 0) return 0;
+    char v[5][256];
+    snprintf(v[0], sizeof v[0], "%.17g", sum);
+    snprintf(v[1], sizeof v[1], "%.17g", rows);
+    snprintf(v[2], sizeof v[2], "%lld", (long long)r->ebatches);
+    snprintf(v[3], sizeof v[3], "%.17g", r->epoch_loss);
+    snprintf(v[4], sizeof v[4], "--epochs %d --lr %.12g --wd %.12g --betas %.12g,%.12g --eps %.12g", o->epochs, o->lr, o->wd,
+             o->beta1, o->beta2, o->eps);
+    const char *meta[12] = { "demo", "fashion_mnist", "fashion_mnist.epoch_sum", v[0], "fashion_mnist.epoch_rows", v[1],
+                             "fashion_mnist.epoch_batches", v[2], "fashion_mnist.train_loss", v[3],
+                             "fashion_mnist.recipe", v[4] };
+    if (ctpu_checkpoint_save(o->save_path, 6, r->names, r->params, r->opt, r->it, 6, meta) != CTPU_OK)
+        return fail("saving a checkpoint");
+    return 0;
+}
+
+/* --resume's demo metadata (save_run's): false with a message naming the key. */
+static bool resume_meta(run_t *r)
+{
+    const opts_t *o = r->o;
+    ctpu_safetensors *f = ctpu_safetensors_open(o->resume_path);
+    if (!f) return false;
+    char want[256];
+    snprintf(want, sizeof want, "--epochs %d --lr %.12g --wd %.12g --betas %.12g,%.12g --eps %.12g", o->epochs, o->lr, o->wd,
+             o->beta1, o->beta2, o->eps);
+    const char *keys[5] = { "fashion_mnist.epoch_sum", "fashion_mnist.epoch_rows", "fashion_mnist.epoch_batches",
+                            "fashion_mnist.train_loss", "fashion_mnist.recipe" };
+    double d[4] = { 0 };
+    bool ok = true;
+    for (int i = 0; i < 5 && ok; i++) {
+        const char *v = ctpu_safetensors_metadata(f, keys[i]);
+        char *end = NULL;
+        if (v && i < 4) d[i] = strtod(v, &end);
+        ok = v && (i == 4 || (end != v && !*end));
+        if (!ok) fprintf(stderr, "fashion_mnist: %s: %s metadata \"%s\" (not a checkpoint of this fashion_mnist?)\n",
+                         o->resume_path, v ? "malformed" : "no", keys[i]);
+        else if (i == 4 && strcmp(v, want) != 0) {
+            fprintf(stderr, "fashion_mnist: %s was saved with %s, not %s (--resume needs the same options)\n",
+                    o->resume_path, v, want);
+            ok = false;
+        }
+    }
+    ctpu_safetensors_close(f);
+    if (!ok) return false;
+    if (r->rank == 0) {   /* the ranks' sum, added once */
+        r->esum = d[0];
+        r->erows = d[1];
+    }
+    r->ebatches = (int64_t)d[2];
+    r->epoch_loss = d[3];
+    return true;
+}
 
 /* One training step on the global batch's rows idx[0..k): this rank's shard,
  * forward, backward, the gradients' all_reduce with --ddp, the AdamW update
@@ -373,44 +505,48 @@ static int train_epoch(run_t *r, int ep)
     const opts_t *o = r->o;
     double t0 = now_s();
     int64_t nb = 0, seen = 0, k;
+    int rc;
     const int64_t *idx;
     while (!(r->stopped = o->stop_after && r->step >= o->stop_after) && (k = ctpu_batch_iter_next(r->it, &idx)) > 0) {
         double lr = ctpu_lr_cosine(o->lr, r->step, r->total, 0.0);
-        int rc = train_batch(r, idx, k, lr, &r->losses[nb], &r->sizes[nb]);
-        if (rc) return rc;
+        if ((rc = train_batch(r, idx, k, lr, &r->losses[nb], &r->sizes[nb]))) return rc;
         r->lrs[nb] = lr;
         nb++;
         seen += k;
         r->step++;
-        if (o->save_every && r->step % o->save_every == 0 && r->rank == 0 &&
-            ctpu_checkpoint_save(o->save_path, 6, r->names, r->params, r->opt, r->it, 1, r->meta) != CTPU_OK)
-            return fail("saving a checkpoint");
+        r->ebatches++;
+        if (o->save_every && r->step % o->save_every == 0 && (rc = save_run(r, nb))) return rc;
         if (r->tty && (nb % 25 == 0 || nb == r->per_epoch)) {
-            double l = 0;
-            if (ctpu_item(r->losses[nb - 1], &l) != CTPU_OK) return fail("reading the loss");
+            double l = nb <= r->nread ? r->lvals[nb - 1] : 0;   /* read already if a save just read it */
+            if (nb > r->nread && ctpu_item(r->losses[nb - 1], &l) != CTPU_OK) return fail("reading the loss");
             progress_bar(ep + 1, o->epochs, nb, r->per_epoch, l, (double)seen / (now_s() - t0));
         }
     }
-    double sum = 0, rows = 0;
-    for (int64_t i = 0; i < nb; i++) {
-        double l;
-        if (ctpu_item(r->losses[i], &l) != CTPU_OK) return fail("reading the losses");
-        ctpu_release(r->losses[i]);
-        sum += l * (double)r->sizes[i];
-        rows += (double)r->sizes[i];
-        if (r->log) fprintf(r->log, "%lld,%d,%.9g,%.9g\n", (long long)(r->step - nb + i), ep + 1, r->lrs[i], l);
-    }
+    if ((rc = read_losses(r, nb))) return rc;
+    for (int64_t i = 0; i < nb; i++)
+        if (r->log) fprintf(r->log, "%lld,%d,%.9g,%.9g\n", (long long)(r->step - nb + i), ep + 1, r->lrs[i], r->lvals[i]);
+    r->nread = 0;
     if (nb == 0) return 0;   /* resumed at the end of this epoch's batches, or stopped */
+    double sum = r->esum, rows = r->erows;
     if (sum_over_ranks(&sum, &rows) != CTPU_OK) return fail("adding up the losses");
+    bool whole = r->ebatches == r->per_epoch;
     double dt = now_s() - t0;
     r->train_time += dt;
     r->images += seen;
-    r->train_loss = rows > 0 ? sum / rows : 0;
+    r->train_loss = rows > 0 ? sum / rows : NAN;
+    if (whole) {   /* the next epoch starts from nothing */
+        r->epoch_loss = r->train_loss;
+        r->esum = r->erows = 0;
+        r->ebatches = 0;
+    }
     if (r->tty) fprintf(stderr, "\n");
     if (evaluate(r->m, r->test, r->n_test, &r->acc) != CTPU_OK) return fail("evaluation");
     r->evaluated = true;
-    printf("epoch %d/%d train_loss=%.4f test_accuracy=%.4f time=%.2fs images_per_s=%.0f\n", ep + 1, o->epochs,
-           r->train_loss, r->acc, dt, (double)seen / dt);
+    char part[64] = "";
+    if (!whole) snprintf(part, sizeof part, " (stopped after %lld of %lld batches)", (long long)r->ebatches,
+                         (long long)r->per_epoch);
+    printf("epoch %d/%d train_loss=%.4f test_accuracy=%.4f time=%.2fs images_per_s=%.0f%s\n", ep + 1, o->epochs,
+           r->train_loss, r->acc, dt, (double)seen / dt, part);
     fflush(stdout);
     return 0;
 }
@@ -444,11 +580,11 @@ static int make_run(run_t *r, mlp *m, int *first_epoch)
     r->total = r->per_epoch * o->epochs;
     ctpu_set_steps_per_epoch(r->per_epoch);   /* the cost table's per-epoch figures */
     static const char *const names[6] = { "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias" };
-    static const char *const meta[2] = { "demo", "fashion_mnist" };
     r->names = names;
-    r->meta = meta;
     *first_epoch = 0;
+    r->epoch_loss = NAN;
     if (o->resume_path) {
+        if (!resume_meta(r)) return 1;
         if (ctpu_checkpoint_load(o->resume_path, 6, names, r->params, r->opt, r->it) != CTPU_OK) return fail("resuming");
         ctpu_batch_iter_state bs;
         ctpu_batch_iter_get_state(r->it, &bs);
@@ -522,7 +658,8 @@ int main(int argc, char **argv)
     r.losses = malloc(sizeof(ctpu_tensor) * (size_t)r.per_epoch);
     r.sizes = malloc(sizeof(int64_t) * (size_t)r.per_epoch);
     r.lrs = malloc(sizeof(double) * (size_t)r.per_epoch);
-    if (!r.losses || !r.sizes || !r.lrs) { fprintf(stderr, "fashion_mnist: out of memory\n"); return 1; }
+    r.lvals = malloc(sizeof(double) * (size_t)r.per_epoch);
+    if (!r.losses || !r.sizes || !r.lrs || !r.lvals) { fprintf(stderr, "fashion_mnist: out of memory\n"); return 1; }
     r.step = ctpu_optim_steps(r.opt);
     if (ctpu_sync() != CTPU_OK) return fail("making the model");   /* a pending trace compiles here, not below */
     /* --dynamic: each batch is a new tensor; the images [n, 784] and labels [n] ctpu_image_set_batch
@@ -535,10 +672,10 @@ int main(int argc, char **argv)
     for (int ep = first_epoch; ep < o.epochs && !r.stopped; ep++)
         if ((rc = train_epoch(&r, ep))) return rc;
     if (r.log) fclose(r.log);
+    if (!r.evaluated) r.train_loss = r.epoch_loss;   /* nothing trained: the checkpoint's last epoch, or NaN */
     if (!r.evaluated && evaluate(&m, &test, r.n_test, &r.acc) != CTPU_OK) return fail("evaluation");
-    if (o.save_path && r.rank == 0) {
-        if (ctpu_checkpoint_save(o.save_path, 6, r.names, r.params, r.opt, r.it, 1, r.meta) != CTPU_OK)
-            return fail("saving the checkpoint");
+    if (o.save_path) {
+        if ((rc = save_run(&r, 0))) return rc;
         printf("fashion_mnist: saved %s at step %lld\n", o.save_path, (long long)r.step);
     }
     char ws[32] = "";
@@ -555,6 +692,7 @@ int main(int argc, char **argv)
     free(r.losses);
     free(r.sizes);
     free(r.lrs);
+    free(r.lvals);
     ctpu_batch_iter_free(r.it);
     ctpu_compiled_free(r.cstep);   /* the caller owns a compiled step (NULL without --compile) */
     ctpu_optim_free(r.opt);

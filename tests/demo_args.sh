@@ -23,6 +23,14 @@ expect 2 "unknown option --bogus=1" "$demo" --bogus=1
 expect 2 "needs a value" "$demo" --epochs
 expect 2 "unexpected argument stray" "$demo" stray
 expect 2 "needs --save PATH" "$demo" --save-every=3
+# integer options take integers only; --betas all of it, each in [0, 1) as torch.optim.AdamW
+expect 2 "bad value '2000.7' for --limit" "$demo" --limit 2000.7
+expect 2 "bad value '1.5' for --seed" "$demo" --seed 1.5
+expect 2 "bad value '-1' for --seed" "$demo" --seed -1
+expect 2 "bad value '0.9,0.999junk' for --betas" "$demo" --betas 0.9,0.999junk
+expect 2 "bad value '1,0.5' for --betas" "$demo" --betas 1,0.5
+# a prefix of two options is ambiguous, not unknown
+expect 2 "ambiguous option --ep=1" "$demo" --ep=1
 # --opt=value reaches the program: a missing data directory named from --data=
 expect 1 "/nonexistent-ctpu-data" "$demo" --data=/nonexistent-ctpu-data --epochs=1
 expect 0 "^ctpu-report (ctpu [0-9][0-9.]*)$" "$report" --version
