@@ -139,11 +139,14 @@ AI V vgelu_erf(V x)
     return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
 }
 /* Non-temporal store of one vector (p aligned to the vector); a tape strip is
- * TK vectors: 8 (128 floats; the 32 zmm registers hold a strip's results
- * and operands), half the per-instruction dispatch of 4 (issue 18, the
- * Intel machine: the 1M chain 0.77-0.85 -> 0.48-0.53 ms of process CPU
- * time; 16 spills and runs about 2x slower). */
+ * TK vectors: 16 (256 floats). Only the strip's results stay in registers
+ * from one instruction to the next (simd_elementwise.h tape_strip), so 16
+ * fit the 32 zmm registers with the operands and constants; with operand
+ * arrays live across the strip 8 was the most before spilling (issue 18,
+ * the Intel machine: 4 -> 8 took the 1M chain from 0.77-0.85 to 0.48-0.53 ms
+ * of process CPU time; 8 -> 16 with the scoped operands: the 16M chain
+ * 13.2 -> 12.1 ms, the 1M chain 0.62 -> 0.52 ms, medians of A/B runs). */
 AI void st_nt(float *p, V v) { _mm512_stream_ps(p, v); }
-#define TK 8
+#define TK 16
 #include "simd_elementwise.h"
 #include "simd_reduce.h"

@@ -145,10 +145,11 @@ EW_CONVERT(ew_f32_to_i32, float, int32_t, ld, st_i32, ctpu_f32_to_i32)
  * The light ops are their bodies above on registers; the others (the SLEEF
  * ones, POW) run their loop on a strip copy, the same bodies. K and r are
  * constants where tape_strip is inlined: r < W only for a masked tail (K 1). */
-#define T_FOR(stmt) _Pragma("GCC unroll 8") for (int k = 0; k < K; k++) { stmt; }
-#define T_LD(idx, k) ((idx) < 0 ? acc[k] : r < W ? ld_m(val[idx] + i + (k) * W, m) : ld(val[idx] + i + (k) * W))
-#define T_ST(p, k, v) do { if (r < W) st_m((p) + i + (k) * W, m, (v)); else st((p) + i + (k) * W, (v)); } while (0)
-enum { T_BIN = 32, T_WHERE = 64, T_CLAMP, T_FILL, T_COPY };   /* the strip's opcodes past the unary kops */
+#define T_FOR(stmt) _Pragma("GCC unroll 16") for (int k = 0; k < K; k++) { stmt; }
+#define T_LD(p, k) ((p) == NULL ? acc[k] : r < W ? ld_m((p) + (k) * W, m) : ld((p) + (k) * W))
+#define T_ST(p, k, v) do { if (r < W) st_m((p) + (k) * W, m, (v)); else st((p) + (k) * W, (v)); } while (0)
+/* the strip's opcodes: the unary kops, then binary (a op b), AS (a op s0), SA (s0 op a) by kop, then the rest */
+enum { T_BIN = 32, T_AS = 64, T_SA = 96, T_WHERE = 128, T_CLAMP, T_FILL, T_COPY };
 
 AI void tape_out(const ctpu_k_tape_out *o, int64_t i, const V *acc, const int K, int64_t r, M m)
 {
@@ -165,47 +166,67 @@ AI void tape_out(const ctpu_k_tape_out *o, int64_t i, const V *acc, const int K,
         float *q = (float *)o->p + i;
         T_FOR(st_nt(q + k * W, acc[k]))
     } else {
-        T_FOR(T_ST((float *)o->p, k, acc[k]))
+        float *q = (float *)o->p + i;
+        T_FOR(T_ST(q, k, acc[k]))
     }
 }
 
+/* Only acc[] lives from one instruction to the next: each instruction's
+ * sources are one pointer at the strip each (NULL: acc), read inside the
+ * case that computes, one case per operand form, so the K vectors and the
+ * constants stay in the vector registers (with operand arrays a[], b[], c[]
+ * live across the loop and an offset per vector hoisted out of it, GCC
+ * spilled operands and offsets to the stack at every instruction). */
+#define T_A(k) (r < W ? ld_m(pa + (k) * W, m) : ld(pa + (k) * W))
+#define T_B_(k) (r < W ? ld_m(pb + (k) * W, m) : ld(pb + (k) * W))
+#define T_U(NAME)                                                                           \
+    case CTPU_K_U_##NAME:                                                                   \
+        if (pa) { T_FOR(acc[k] = u_##NAME(T_A(k))) } else { T_FOR(acc[k] = u_##NAME(acc[k])) } \
+        break;
+#define T_B(NAME)                                                                           \
+    case T_BIN + CTPU_K_B_##NAME:                                                           \
+        if (!pa && pb) { T_FOR(acc[k] = b_##NAME(acc[k], T_B_(k))) }                        \
+        else if (pa && !pb) { T_FOR(acc[k] = b_##NAME(T_A(k), acc[k])) }                    \
+        else if (pa) { T_FOR(acc[k] = b_##NAME(T_A(k), T_B_(k))) }                          \
+        else { T_FOR(acc[k] = b_##NAME(acc[k], acc[k])) }                                   \
+        break;                                                                              \
+    case T_AS + CTPU_K_B_##NAME:                                                            \
+        if (pa) { T_FOR(acc[k] = b_##NAME(T_A(k), s0)) } else { T_FOR(acc[k] = b_##NAME(acc[k], s0)) } \
+        break;                                                                              \
+    case T_SA + CTPU_K_B_##NAME:                                                            \
+        if (pa) { T_FOR(acc[k] = b_##NAME(s0, T_A(k))) } else { T_FOR(acc[k] = b_##NAME(s0, acc[k])) } \
+        break;
 AI void tape_strip(const ctpu_k_tape_ins *ins, const uint8_t *code, int n_ins, float *const *val,
                    const ctpu_k_tape_out *out, int64_t i, const int K, const int64_t r)
 {
-    V acc[TK], a[TK], b[TK], c[TK];
-    T_FOR(acc[k] = a[k] = b[k] = c[k] = vzero())
+    V acc[TK];
+    T_FOR(acc[k] = vzero())
     M m = tail_mask(r);
     for (int q = 0; q < n_ins; q++) {
         const ctpu_k_tape_ins *in = &ins[q];
-        int kind = in->kind;
-        if (kind == CTPU_K_T_SA) {
-            T_FOR(a[k] = vset(in->s0); b[k] = T_LD(in->a, k))
-        } else if (kind != CTPU_K_T_FILL) {
-            T_FOR(a[k] = T_LD(in->a, k))
-            if (kind == CTPU_K_T_BINARY || kind == CTPU_K_T_WHERE) { T_FOR(b[k] = T_LD(in->b, k)) }
-            else if (kind == CTPU_K_T_AS || kind == CTPU_K_T_CLAMP) { T_FOR(b[k] = vset(in->s0)) }
-            if (kind == CTPU_K_T_WHERE) { T_FOR(c[k] = T_LD(in->c, k)) }
-            else if (kind == CTPU_K_T_CLAMP) { T_FOR(c[k] = vset(in->s1)) }
-        }
+        const float *pa = in->a < 0 ? NULL : val[in->a] + i, *pb = in->b < 0 ? NULL : val[in->b] + i;
+        const V s0 = vset(in->s0);
         switch (code[q]) {
-#define T_U(NAME) case CTPU_K_U_##NAME: T_FOR(acc[k] = u_##NAME(a[k])) break;
-#define T_B(NAME) case T_BIN + CTPU_K_B_##NAME: T_FOR(acc[k] = b_##NAME(a[k], b[k])) break;
         T_U(NEG) T_U(ABS) T_U(SQRT) T_U(RSQRT) T_U(RELU) T_U(RECIP) T_U(SQUARE) T_U(ROUND_BF16)
         T_B(ADD) T_B(SUB) T_B(MUL) T_B(DIV) T_B(MAX) T_B(MIN)
         T_B(EQ) T_B(NE) T_B(LT) T_B(LE) T_B(GT) T_B(GE)
-#undef T_U
-#undef T_B
-        case T_WHERE: T_FOR(acc[k] = where1(a[k], b[k], c[k])) break;
-        case T_CLAMP: T_FOR(acc[k] = clamp1(a[k], b[k], c[k])) break;
-        case T_FILL: T_FOR(acc[k] = vset(in->s0)) break;
-        case T_COPY: T_FOR(acc[k] = a[k]) break;
-        default: {   /* a transcendental op or POW: its loop over the strip */
+        case T_WHERE: {
+            const float *pc = in->c < 0 ? NULL : val[in->c] + i;
+            T_FOR(acc[k] = where1(T_LD(pa, k), T_LD(pb, k), T_LD(pc, k)))
+            break;
+        }
+        case T_CLAMP: T_FOR(acc[k] = clamp1(T_LD(pa, k), s0, vset(in->s1))) break;
+        case T_FILL: T_FOR(acc[k] = s0) break;
+        case T_COPY: T_FOR(acc[k] = T_LD(pa, k)) break;
+        default: {   /* a transcendental op or POW (b, or s0 on its side): its loop over the strip */
             float ta[TK * W] __attribute__((aligned(64))), tb[TK * W] __attribute__((aligned(64)));
-            T_FOR(st(ta + k * W, a[k]))
-            if (code[q] < T_BIN) {
+            int c = code[q];
+            if (c < T_BIN) {
+                T_FOR(st(ta + k * W, T_LD(pa, k)))
                 CTPU_K_PASTE(ctpu_k_ew_, CTPU_K_ISA).unary[in->kop](ta, ta, K * W);
             } else {
-                T_FOR(st(tb + k * W, b[k]))
+                T_FOR(st(ta + k * W, c >= T_SA ? s0 : T_LD(pa, k)))
+                T_FOR(st(tb + k * W, c >= T_SA ? T_LD(pa, k) : c >= T_AS ? s0 : T_LD(pb, k)))
                 CTPU_K_PASTE(ctpu_k_ew_, CTPU_K_ISA).binary[in->kop](ta, tb, ta, K * W);
             }
             T_FOR(acc[k] = ld(ta + k * W))
@@ -213,10 +234,17 @@ AI void tape_strip(const ctpu_k_tape_ins *ins, const uint8_t *code, int n_ins, f
         }
         }
         if (in->round_bf16) { T_FOR(acc[k] = vround_bf16(acc[k])) }
-        if (in->dst >= 0) { T_FOR(T_ST(val[in->dst], k, acc[k])) }
+        if (in->dst >= 0) {
+            float *pd = val[in->dst] + i;
+            T_FOR(T_ST(pd, k, acc[k]))
+        }
         if (in->out >= 0) tape_out(&out[in->out], i, acc, K, r, m);
     }
 }
+#undef T_U
+#undef T_B
+#undef T_A
+#undef T_B_
 
 static void ew_tape(const ctpu_k_tape_ins *ins, int n_ins, float *const *val, const ctpu_k_tape_out *out,
                     int64_t n)
@@ -228,7 +256,9 @@ static void ew_tape(const ctpu_k_tape_ins *ins, int n_ins, float *const *val, co
     for (int q = 0; q < n_ins; q++) {
         int kind = ins[q].kind;
         code[q] = (uint8_t)(kind == CTPU_K_T_UNARY ? ins[q].kop
-                            : kind <= CTPU_K_T_SA ? T_BIN + ins[q].kop
+                            : kind == CTPU_K_T_BINARY ? T_BIN + ins[q].kop
+                            : kind == CTPU_K_T_AS ? T_AS + ins[q].kop
+                            : kind == CTPU_K_T_SA ? T_SA + ins[q].kop
                             : T_WHERE + (kind - CTPU_K_T_WHERE));
         if (ins[q].out >= n_out) n_out = ins[q].out + 1;
     }
