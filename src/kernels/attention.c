@@ -71,20 +71,64 @@ static void pk(const attn_ops *o, const xop *x, int w, uint32_t *dst)
     o->im->pack(&pa, 0, (x->I + w - 1) / w);
 }
 
-/* ISA: c (row stride ldc) = packed A [M x K] (panels of mr) times packed B
- * [N x K] (panels of nr); tile: scratch for the edge tiles. */
-static void mm_packed(const attn_ops *o, const uint32_t *ap, const uint32_t *bp, int64_t M, int64_t N, int64_t K,
-                      float *c, int64_t ldc, float *tile)
+/* The row layout's row stride (dwords) for A operand x (mxu.h: A with
+ * unit stride along k at default precision, no transpose in packing; the
+ * rule of mxu.c's mm_row_layout), or 0: the ISA has none, or x does not
+ * qualify. The row-layout micro-kernels run the same steps in the same
+ * order as the planar ones (test_k_mxu), so the same bits. */
+static int64_t ar_stride(const attn_ops *o, const xop *x)
+{
+    const ctpu_mxu_impl *im = o->im;
+    if (!im->kernel_ar || !im->pack_ar || o->npass != 1 || o->prec != CTPU_PREC_DEFAULT || x->sk != 1 || x->si == 1 ||
+        (x->dt != CTPU_KDT_F32 && x->dt != CTPU_KDT_BF16) || (im->planar && x->K < 32))
+        return 0;
+    int64_t rs = (ctpu_mxu_kh(x->K) * (im->planar ? 2 : 1) + 15) / 16 * 16;
+    return rs % 256 == 0 ? rs + 16 : rs;
+}
+
+/* A operand x packed into dst as panels of mr: in the row layout when ars
+ * (ar_stride's) is not 0, else as pk does. */
+static void pk_a(const attn_ops *o, const xop *x, int64_t ars, uint32_t *dst)
+{
+    if (!ars) { pk(o, x, o->im->mr, dst); return; }
+    ctpu_mxu_pack_args p = { .src = x->src, .dt = x->dt, .si = x->si, .sk = x->sk, .I = x->I, .K = x->K,
+                             .w = o->im->mr, .npass = 1, .parts = ctpu_mxu_pass_a[CTPU_PREC_DEFAULT], .dst = dst };
+    o->im->pack_ar(&p, ars, 0, (x->I + o->im->mr - 1) / o->im->mr);
+}
+
+/* Dwords of an A operand of I x K packed either way (the row layout's rows
+ * padded by up to 32 dwords). */
+static int64_t pk_a_dwords(const attn_ops *o, int64_t I, int64_t K)
+{
+    int mr = o->im->mr;
+    int64_t ar = (I + mr - 1) / mr * mr * ((ctpu_mxu_kh(K) * (o->im->planar ? 2 : 1) + 15) / 16 * 16 + 16);
+    int64_t pl = pk_dwords(o, mr, I, K);
+    return ar > pl ? ar : pl;
+}
+
+/* ISA: c (row stride ldc) = packed A [M x K] (panels of mr; ars: the row
+ * layout's row stride, 0: planar or pair panels) times packed B [N x K]
+ * (panels of nr); tile: scratch for the edge tiles. */
+static void mm_packed(const attn_ops *o, const uint32_t *ap, int64_t ars, const uint32_t *bp, int64_t M, int64_t N,
+                      int64_t K, float *c, int64_t ldc, float *tile)
 {
     const ctpu_mxu_impl *im = o->im;
     int mr = im->mr, nr = im->nr, lw = im->planar ? 2 : 1;
-    int64_t kp = o->npass * ctpu_mxu_kh(K), apd = kp * mr * lw, bpd = kp * nr * lw;
+    int64_t kp = o->npass * ctpu_mxu_kh(K), apd = ars ? ars * mr : kp * mr * lw, bpd = kp * nr * lw;
     int64_t mp = (M + mr - 1) / mr, np = (N + nr - 1) / nr;
     for (int64_t j = 0; j < np; j++) {
         int64_t n0 = j * nr, nn = N - n0 < nr ? N - n0 : nr;
         for (int64_t i = 0; i < mp; i++) {
             int64_t m0 = i * mr, mm = M - m0 < mr ? M - m0 : mr;
             const uint32_t *a = ap + i * apd, *b = bp + j * bpd;
+            if (ars) {   /* kernel_ar[mm] stores rows 0..mm-1 only */
+                bool full = nn == nr;
+                im->kernel_ar[mm](kp, a, ars, b, NULL, 0, full ? c + m0 * ldc + n0 : tile, full ? ldc : nr, NULL);
+                if (!full)
+                    for (int64_t r = 0; r < mm; r++)
+                        memcpy(c + (m0 + r) * ldc + n0, tile + r * nr, sizeof(float) * (size_t)nn);
+                continue;
+            }
             if (mm == mr && nn == nr) {
                 im->kernel(kp, a, b, c + m0 * ldc + n0, ldc, 0);
                 continue;
@@ -111,18 +155,19 @@ typedef struct {
 typedef struct {
     attn_pfs s[PFQ_MAX];
     int n, t;                   /* slices; the current one */
-    int64_t pos;                /* the next line in slice t */
+    int64_t row;                /* the current row of slice t */
+    int line;                   /* the next line of that row */
 } attn_pfq;
 
 static void pfq_step(attn_pfq *q, int k)
 {
     while (k > 0 && q->t < q->n) {
         const attn_pfs *s = &q->s[q->t];
-        if (q->pos >= s->rows * s->lpr) { q->t++; q->pos = 0; continue; }
-        const char *line = s->base + q->pos / s->lpr * s->stride + q->pos % s->lpr * 64;
+        if (q->row >= s->rows) { q->t++; q->row = 0; continue; }
+        const char *line = s->base + q->row * s->stride + q->line * 64;
         if (s->write) __builtin_prefetch(line, 1, 2);
         else __builtin_prefetch(line, 0, 2);
-        q->pos++;
+        if (++q->line == s->lpr) { q->line = 0; q->row++; }
         k--;
     }
 }
@@ -174,11 +219,11 @@ static bool ws_init(attn_ws *w, const ctpu_attn_args *a, const attn_ops *o)
     int mr = o->im->mr, nr = o->im->nr;
     int64_t nkb = (a->Tk + BL - 1) / BL;
     w->tile = al64(sizeof(float) * (size_t)(mr * nr));
-    w->pa = al64(4 * (size_t)pk_dwords(o, mr, BL, BL));
+    w->pa = al64(4 * (size_t)pk_a_dwords(o, BL, BL));
     for (int i = 0; i < 5; i++) w->pq[i] = al64(4 * (size_t)pk_dwords(o, nr, TD, TD));
     /* K_J as A panels [bk x D]; V_J as A panels (backward) or Vᵀ as B
      * panels [D x bk] (forward); Kᵀ as B panels [D x bk] */
-    int64_t ka = pk_dwords(o, mr, BL, D), kb = pk_dwords(o, nr, D, BL);
+    int64_t ka = pk_a_dwords(o, BL, D), kb = pk_dwords(o, nr, D, BL);
     w->blk_a = ka;
     w->blk_b = ka > kb ? ka : kb;
     w->hk = al64(4 * (size_t)(nkb * ka));
@@ -213,9 +258,10 @@ static void product(const attn_ops *o, attn_ws *w, const xop *A, const uint32_t 
 {
     int64_t M = A->I, N = B->I, K = A->K;
     if (o->im) {
-        if (!pa) { pk(o, A, o->im->mr, w->pa); pa = w->pa; }
+        int64_t ars = ar_stride(o, A);   /* pack_head's A operands follow the same rule */
+        if (!pa) { pk_a(o, A, ars, w->pa); pa = w->pa; }
         if (!pb) { pk(o, B, o->im->nr, w->pq[0]); pb = w->pq[0]; }
-        mm_packed(o, pa, pb, M, N, K, c, ldc, w->tile);
+        mm_packed(o, pa, ars, pb, M, N, K, c, ldc, w->tile);
         return;
     }
     /* the reference, in the contract's orientation: A role 0 is C = A Bᵀ's
@@ -365,10 +411,10 @@ static void pack_head(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, in
         int64_t j0 = kb * BL, bk = blen(a->Tk, j0);
         const void *kr = row_of(a, a->k, bh, a->Tk, j0), *vr = row_of(a, a->v, bh, a->Tk, j0);
         xop K = { kr, a->dtype, rs, 1, bk, D, 1 };
-        pk(o, &K, o->im->mr, w->hk + kb * w->blk_a);
+        pk_a(o, &K, ar_stride(o, &K), w->hk + kb * w->blk_a);
         if (bwd) {
             xop V = { vr, a->dtype, rs, 1, bk, D, 1 }, Kt = { kr, a->dtype, 1, rs, D, bk, 1 };
-            pk(o, &V, o->im->mr, w->hv + kb * w->blk_b);
+            pk_a(o, &V, ar_stride(o, &V), w->hv + kb * w->blk_b);
             pk(o, &Kt, o->im->nr, w->hk2 + kb * w->blk_b);
         } else {
             xop Vt = { vr, a->dtype, 1, rs, D, bk, 1 };
