@@ -916,7 +916,7 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  * every later call that way. With opts->fullgraph it is an error instead,
  * raised before the op that breaks runs. A capture longer than defer and
  * fuse's trace-length cut (20,000 ops) is still one program. Guard failures recapture, up to
- * the recompile limit (8; a recapture whose fn returned an error does not
+ * the recompile limit (8 versions, the first capture included; a recapture whose fn returned an error does not
  * count, as a failed compile adds no torch.compile cache entry, and its error
  * names the failed guard before fn's); past it, a call at a shape already captured still
  * replays and only an unseen shape runs fn in the current mode.

@@ -225,6 +225,7 @@ struct ctpu_compiled {
     bool fullgraph;
     bool broken;                   /* a graph break: every call runs as defer and fuse */
     bool limited;                  /* past the recompile limit: every call runs fn in the current mode */
+    bool freed_replaying;          /* freed while it had versions: the report's row keeps "replays" */
     bool auto_done;                /* TORCH_TPU_AUTO_DYNAMIC: the step's one automatic recapture happened */
     uint64_t recompiles;           /* guard failures whose capture made a version: what the recompile limit counts */
     _Atomic(void *) owner;         /* the thread state of the thread inside a call, NULL when idle */
@@ -1254,7 +1255,10 @@ static ctpu_status replay(version *v, const ctpu_tensor *in, ctpu_trec *const *i
         ctpu_counter_add(m, CTPU_CTR_FUSED_CACHE_REQUESTS, 1);
         ctpu_counter_add(m, CTPU_CTR_CACHE_HITS, 1);
         ctpu_counter_add(m, CTPU_CTR_FUSED_CACHE_HITS, 1);
-        ctpu__report_replay(v->program_id);   /* report.c: a launch of the program, its ops and estimate */
+        /* report.c: a launch of the program, its ops and estimate (a bound
+         * dynamic launch at its own extents) */
+        if (v->run || ctpu_program_dyn_trace(v->prog)) ctpu__report_replay_bound(v->program_id, prog);
+        else ctpu__report_replay(v->program_id);
         replay_publish(&x, out);
         release_fresh(&x);
     } else {
@@ -1428,7 +1432,7 @@ static const char *state_name(const ctpu_compiled *c)
     if (ctpu_rt->compile_disable) return "TORCH_COMPILE_DISABLE: fn runs in the current mode";
     if (c->limited) return "past the recompile limit: captured shapes replay, others run fn in the current mode";
     if (c->broken) return "graph break: runs as defer and fuse";
-    return c->versions ? "replays" : "not captured";
+    return c->versions || c->freed_replaying ? "replays" : "not captured";
 }
 
 /* The counts get_info and the report read (under the runtime's lock). */
@@ -1877,11 +1881,17 @@ static ctpu_status call_dispatch(ctpu_compiled *c, int n_in, const ctpu_tensor *
     if (c->versions) {
         c->info.guard_failures++;
         note_reason(c, "guard failure", "guard failed: ", why);
-        if (rt->recompile_limit && c->recompiles >= (uint64_t)rt->recompile_limit) {
-            /* torch: past cache_size_limit the frame runs without compiling */
+        if (rt->recompile_limit && c->recompiles + 1 >= (uint64_t)rt->recompile_limit) {
+            /* torch: a frame holds at most cache_size_limit entries (the
+             * first capture and its recaptures: 1 + recompiles versions);
+             * past it the frame runs without compiling. As the fused
+             * cache's per-structure limit, so no capture is made that the
+             * cache would refuse to compile */
             c->limited = true;
-            note_reason(c, "recompile limit", "", "past TORCH_TPU_RECOMPILE_LIMIT: guard failures ran out; fn runs in the current mode");
-            note_reason(c, "guard failure", "guard failed: ", why);
+            char lim[256];
+            snprintf(lim, sizeof lim, "past TORCH_TPU_RECOMPILE_LIMIT=%zu (%llu versions captured): %.150s; fn runs in the "
+                     "current mode", rt->recompile_limit, (unsigned long long)(c->recompiles + 1), why);
+            note_reason(c, "recompile limit", "", lim);
             c->info.eager_calls++;
             return run_fn(c, in, scalars, n_out, out);
         }
@@ -1988,6 +1998,7 @@ void ctpu_compiled_free(ctpu_compiled *c)
         live_free(c);
         return;
     }
+    c->freed_replaying = c->versions != NULL;
     versions_free(c);
     publish_info(c);
     ctpu_compiled *drop = NULL;

@@ -600,6 +600,7 @@ int ctpu__report_auto_would(const ctpu_trace *t, int *in, int *dim, int *coef, i
  * per-op counts, estimates, MFU, $). O(1): the per-op and per-run totals
  * take the replays at the next read. */
 void ctpu__report_replay(uint64_t program_id);
+void ctpu__report_replay_bound(uint64_t program_id, const ctpu_program *run);
 /* A strict/debug op launched (dispatch.c): the node and its program (whose
  * estimate it adds up). */
 void ctpu__report_op(const ctpu_node *n, bool hit, const ctpu_program *prog, ctpu_trec *const *in, ctpu_op_prov prov);

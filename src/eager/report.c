@@ -414,6 +414,38 @@ void ctpu__report_cut(int why, ctpu_op_prov at, const ctpu_trace *t, const int64
     }
 }
 
+/* A compiled step's replay of a dynamic program bound at a version's
+ * extents (run: the bound launch, or the dynamic program itself at the
+ * extents it was compiled at): priced and counted in the shape
+ * policies' histogram at those extents, as defer and fuse's launches of a
+ * dynamic program are (ctpu__report_replay would count it at the extents
+ * the program last launched at). */
+void ctpu__report_replay_bound(uint64_t program_id, const ctpu_program *run)
+{
+    ctpu_runtime *rt = ctpu_rt;
+    ctpu_report_state *r = rt ? rt->report : NULL;
+    if (!r || program_id == 0) return;
+    const ctpu_trace *t = !run ? NULL : run->bound_trace ? run->bound_trace : ctpu_program_dyn_trace(run);
+    if (!t) { ctpu__report_replay(program_id); return; }
+    uint64_t sh = atomic_load(&((ctpu_program *)run)->struct_hash);
+    if (!sh) {
+        sh = ctpu_trace_struct_hash(t);
+        atomic_store(&((ctpu_program *)run)->struct_hash, sh);
+    }
+    uint64_t step = atomic_load(&rt->marked_steps);
+    pthread_mutex_lock(&r->mu);
+    const ctpu_policy_est *pe = ctpu__policy_launch(r->policy, sh, t, NULL, program_id, step, false, true);
+    if (program_id <= r->n_progs) {
+        prog_rec *p = &r->progs[program_id - 1];
+        p->launches++;
+        p->hits++;
+        p->last_step = step;
+        if (pe) launch_add_est(r, p, pe);
+        else launch_add(r, p);
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
 void ctpu__report_replay(uint64_t program_id)
 {
     ctpu_runtime *rt = ctpu_rt;

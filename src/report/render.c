@@ -326,9 +326,10 @@ static void advise_compiled(const cJSON *d, advice_t *a)
                       "step that compiles the structure, or keep the shapes fixed",
                    str(st, "name"), num(st, "guard_failures"), num(st, "guard_failures") == 1 ? "" : "s");
         else if (num(st, "guard_failures") > 0 && strstr(str(st, "state"), "recompile limit"))
-            advise(a, "compiled step %s: %.0f guard failures passed the recompile limit (the last: %s); its calls run fn "
-                      "in the current mode: keep its inputs' shapes fixed", str(st, "name"), num(st, "guard_failures"),
-                   gf ? gf : "?");
+            advise(a, "compiled step %s: %.0f guard failures used up the recompile limit (the last: %s); its calls "
+                      "at shapes not captured run fn in the current mode: keep its inputs' shapes fixed, or mark the "
+                      "varying dim dynamic (ctpu_mark_dynamic, TORCH_TPU_AUTO_DYNAMIC=1)", str(st, "name"),
+                   num(st, "guard_failures"), gf ? gf : "?");
     }
 }
 
