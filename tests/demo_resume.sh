@@ -23,7 +23,8 @@ if ! cmp <(tail -n +2 "$tmp/whole.csv") <(tail -n +2 "$tmp/a.csv"; tail -n +2 "$
   exit 1
 fi
 # the resumed epoch's train_loss counts the steps before the stop (the checkpoint carries their sum)
-key() { grep "^$1" "$2" | sed 's/ time=.*//; s/ images_per_s=[0-9]*//'; }
+# (the losses and accuracy; compiles= counts this run's programs, which differ)
+key() { grep "^$1" "$2" | grep -o "^[a-z]* [0-9/]*\|train_loss=[^ ]*\|test_accuracy=[^ ]*" | tr '\n' ' '; }
 if [ "$(key epoch "$tmp/whole.out")" != "$(key epoch "$tmp/b.out")" ] || [ "$(key result "$tmp/whole.out")" != "$(key result "$tmp/b.out")" ]; then
   echo "demo_resume: the resumed run's epoch or result lines differ from the unbroken run's"
   diff <(key epoch "$tmp/whole.out"; key result "$tmp/whole.out") <(key epoch "$tmp/b.out"; key result "$tmp/b.out")
