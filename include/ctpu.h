@@ -485,7 +485,7 @@ CTPU_API ctpu_tensor ctpu_expm1(ctpu_tensor a);
 /* torch.nn.functional.leaky_relu: x > 0 ? x : x * negative_slope (NaN stays
  * NaN). A composite: where(gt_scalar(x, 0), x, mul_scalar(x, slope)); the
  * gradient is 1 / slope (slope at 0, as torch). Same shape and dtype as x
- * (i32 stays i32 when the slope product does). Exact: x, or the f32
+ * (but an i32 x gives f32: the slope is a float scalar). Exact: x, or the f32
  * rounding of x * slope (tests/test_ops.c). Errors: as its ops, and
  * CTPU_ERR_INVALID_ARG for a non-finite slope; named "leaky_relu". */
 CTPU_API ctpu_tensor ctpu_leaky_relu(ctpu_tensor a, double negative_slope);
@@ -515,7 +515,16 @@ CTPU_API ctpu_tensor ctpu_gt(ctpu_tensor a, ctpu_tensor b);
 CTPU_API ctpu_tensor ctpu_ge(ctpu_tensor a, ctpu_tensor b);
 
 /* Scalar forms: the scalar is a runtime argument (never part of a cache key).
- * _rscalar forms put the scalar first (s - a, s / a, s ** a). */
+ * _rscalar forms put the scalar first (s - a, s / a, s ** a).
+ * The double s is a float scalar, as a Python float in torch's type
+ * promotion: with an i32 tensor, add / sub / rsub / mul / maximum /
+ * minimum_scalar (and ctpu_clamp) give f32, the tensor cast to f32 first
+ * (torch.tensor([0, 1, 2]) + 0.5 is f32 [0.5, 1.5, 2.5]; i32 * 2.0 is f32
+ * too, as in torch: the dtype follows from the call, never from the value).
+ * f32 stays f32 and bf16 stays bf16 (computed in f32, rounded once); div and
+ * pow give a float (i32 -> f32); comparisons give f32 masks. For an int
+ * scalar (Python's int: i32 + 1 stays i32) use the *_scalar_int forms below.
+ * Errors: CTPU_ERR_NULL_HANDLE / CTPU_ERR_STALE_HANDLE, named by the op. */
 CTPU_API ctpu_tensor ctpu_add_scalar(ctpu_tensor a, double s);
 CTPU_API ctpu_tensor ctpu_sub_scalar(ctpu_tensor a, double s);
 CTPU_API ctpu_tensor ctpu_mul_scalar(ctpu_tensor a, double s);
@@ -532,11 +541,27 @@ CTPU_API ctpu_tensor ctpu_lt_scalar(ctpu_tensor a, double s);
 CTPU_API ctpu_tensor ctpu_le_scalar(ctpu_tensor a, double s);
 CTPU_API ctpu_tensor ctpu_gt_scalar(ctpu_tensor a, double s);
 CTPU_API ctpu_tensor ctpu_ge_scalar(ctpu_tensor a, double s);
+/* Int scalar forms (torch's Python-int scalar): an i32 tensor stays i32, its
+ * arithmetic saturating at the i32 range as add_scalar's (README "Where ctpu
+ * differs": torch wraps); an f32 or bf16 tensor gives what the double form
+ * gives with (double)s (s exact for |s| <= 2^53). Same shape as a.
+ * Errors: CTPU_ERR_NULL_HANDLE / CTPU_ERR_STALE_HANDLE, named by the op
+ * ("add_scalar", ...). */
+CTPU_API ctpu_tensor ctpu_add_scalar_int(ctpu_tensor a, int64_t s);
+CTPU_API ctpu_tensor ctpu_sub_scalar_int(ctpu_tensor a, int64_t s);
+CTPU_API ctpu_tensor ctpu_mul_scalar_int(ctpu_tensor a, int64_t s);
+CTPU_API ctpu_tensor ctpu_rsub_scalar_int(ctpu_tensor a, int64_t s);   /* s - a */
+CTPU_API ctpu_tensor ctpu_maximum_scalar_int(ctpu_tensor a, int64_t s);
+CTPU_API ctpu_tensor ctpu_minimum_scalar_int(ctpu_tensor a, int64_t s);
 
 /* cond != 0 ? a : b, all three broadcast together; cond of any dtype. */
 CTPU_API ctpu_tensor ctpu_where(ctpu_tensor cond, ctpu_tensor a, ctpu_tensor b);
-/* min(max(a, lo), hi); NaN propagates. lo <= hi is not required (as torch). */
+/* min(max(a, lo), hi); NaN propagates. lo <= hi is not required (as torch).
+ * Float bounds: an i32 a gives f32 (torch.clamp(i32 [0, 1, 2], 1.5, 2.5) is
+ * f32 [1.5, 1.5, 2]); ctpu_clamp_int's int bounds keep i32. Same shape as a.
+ * Errors: CTPU_ERR_NULL_HANDLE / CTPU_ERR_STALE_HANDLE, named "clamp". */
 CTPU_API ctpu_tensor ctpu_clamp(ctpu_tensor a, double lo, double hi);
+CTPU_API ctpu_tensor ctpu_clamp_int(ctpu_tensor a, int64_t lo, int64_t hi);
 /* Convert to dt: f32->bf16 RNE (subnormal -> 0), f32->i32 toward zero,
  * saturating, NaN -> 0 (docs/CONTRACTS.md "Dtypes"). */
 CTPU_API ctpu_tensor ctpu_cast(ctpu_tensor a, ctpu_dtype dt);

@@ -381,6 +381,20 @@ static ctpu_tensor apply_scalar(int op, ctpu_tensor a, double s, bool rev)
     }
 }
 
+/* The int-scalar form of op (CTPU_NULL, no error: none) */
+static ctpu_tensor apply_scalar_int(int op, ctpu_tensor a, int64_t s)
+{
+    ctpu_clear_error();
+    switch (op) {
+    case CTPU_OP_ADD_SCALAR: return ctpu_add_scalar_int(a, s);
+    case CTPU_OP_SUB_SCALAR: return ctpu_sub_scalar_int(a, s);
+    case CTPU_OP_MUL_SCALAR: return ctpu_mul_scalar_int(a, s);
+    case CTPU_OP_MAXIMUM_SCALAR: return ctpu_maximum_scalar_int(a, s);
+    case CTPU_OP_MINIMUM_SCALAR: return ctpu_minimum_scalar_int(a, s);
+    default: return CTPU_NULL;
+    }
+}
+
 static void case_scalar(int op)
 {
     const char *name = ctpu_op_name(op);
@@ -421,18 +435,31 @@ static void case_scalar(int op)
         }
         free(x);
     }
-    /* i32 tensor: the result stays i32 (div/pow give f32; comparisons f32) */
+    /* i32 tensor with a double (torch's Python float): f32 for every op
+     * (comparisons: f32 masks); with the *_int forms (Python's int) the
+     * arithmetic ones stay i32 (README "Where ctpu differs") */
     int32_t iv[4] = { -5, 0, 7, 100 };
     int64_t s4 = 4;
-    ctpu_tensor y = apply_scalar(op, t_i32(iv, 1, &s4), 3, false);
-    ck_assert_msg(!ctpu_is_null(y), "%s: %s", name, ctpu_last_error());
-    bool float_out = cmp || ctpu_op_is(op, CTPU_OPK_FLOAT_OUT);
-    ck_assert_int_eq(ctpu_dtype_of(y), float_out ? CTPU_F32 : CTPU_I32);
-    float *g = t_read(y, NULL);
+    for (int form = 0; form < 2; form++) {
+        ctpu_tensor y = form ? apply_scalar_int(op, t_i32(iv, 1, &s4), 3) : apply_scalar(op, t_i32(iv, 1, &s4), 3, false);
+        if (form && ctpu_is_null(y) && !ctpu_last_status()) continue;   /* (no int form) */
+        ck_assert_msg(!ctpu_is_null(y), "%s: %s", name, ctpu_last_error());
+        ck_assert_int_eq(ctpu_dtype_of(y), form ? CTPU_I32 : CTPU_F32);
+        float *g = t_read(y, NULL);
+        for (int i = 0; i < 4; i++) {
+            double r = ref_binary(kop, iv[i], 3.0);
+            if (!cmp) r = (double)(float)r;
+            expect_close(name, i, g[i], r, tol_binary(kop, r), (float)iv[i], 3);
+        }
+        free(g);
+    }
+    int32_t half[4] = { -5, 0, 7, 100 };
+    ctpu_tensor h = apply_scalar(op, t_i32(half, 1, &s4), 2.5, false);
+    float *g = t_read(h, NULL);
     for (int i = 0; i < 4; i++) {
-        double r = ref_binary(kop, iv[i], 3.0);
+        double r = ref_binary(kop, half[i], 2.5);
         if (!cmp) r = (double)(float)r;
-        expect_close(name, i, g[i], r, tol_binary(kop, r), (float)iv[i], 3);
+        expect_close(name, i, g[i], r, tol_binary(kop, r), (float)half[i], 2.5f);
     }
     free(g);
 }
@@ -502,14 +529,19 @@ static void case_clamp(int op)
             free(g);
         }
     }
-    /* i32 stays i32 */
+    /* int bounds: i32 stays i32; float bounds: f32 (torch.clamp(i32, 1.5, 2.5) is f32) */
     int32_t iv[4] = { -100, 0, 5, 1000 };
     int64_t s4 = 4;
-    ctpu_tensor y = ctpu_clamp(t_i32(iv, 1, &s4), -10, 10);
+    ctpu_tensor y = ctpu_clamp_int(t_i32(iv, 1, &s4), -10, 10);
     ck_assert_int_eq(ctpu_dtype_of(y), CTPU_I32);
     int32_t *g = t_read_raw(y, NULL);
     ck_assert(g[0] == -10 && g[1] == 0 && g[2] == 5 && g[3] == 10);
     free(g);
+    y = ctpu_clamp(t_i32(iv, 1, &s4), -10, 10.5);
+    ck_assert_int_eq(ctpu_dtype_of(y), CTPU_F32);
+    float *gf = t_read(y, NULL);
+    ck_assert(gf[0] == -10 && gf[1] == 0 && gf[2] == 5 && gf[3] == 10.5f);
+    free(gf);
 }
 
 /* ------------------------------------------------------------ cast */
@@ -1429,9 +1461,19 @@ static void case_full(int op)
     static const struct { ctpu_dtype dt; double v; float want; } cs[] = {
         { CTPU_F32, 0.1, 0.1f }, { CTPU_F32, -0.0, -0.0f }, { CTPU_F32, 1e300, INFINITY }, { CTPU_F32, NAN, NAN },
         { CTPU_BF16, 1.00390625, 1.0f }, { CTPU_BF16, 3.4e38, INFINITY }, { CTPU_BF16, 3.3e38, 0x1.fp+127f }, { CTPU_BF16, -2.5, -2.5f },
-        { CTPU_I32, 2.7, 2 }, { CTPU_I32, -2.7, -2 }, { CTPU_I32, NAN, 0 }, { CTPU_I32, -1e10, -2147483648.0f },
-        { CTPU_I32, 1e10, 2147483647.0f },
+        { CTPU_I32, 2.7, 2 }, { CTPU_I32, -2.7, -2 }, { CTPU_I32, -2147483648.0, -2147483648.0f },
+        { CTPU_I32, 2147483647.9, 2147483647.0f },
     };
+    /* i32 from a value that does not fit: an error, as torch's "value cannot be converted to type int without
+     * overflow" (NaN, +-Inf, |trunc(v)| past the range) */
+    static const double bad[] = { NAN, INFINITY, -INFINITY, -1e10, 1e10, 2147483648.0, -2147483649.0 };
+    for (size_t c = 0; c < sizeof bad / sizeof bad[0]; c++) {
+        int64_t one = 1;
+        ck_assert(ctpu_is_null(ctpu_full(CTPU_I32, 1, &one, bad[c])));
+        ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_INVALID_ARG);
+        ck_assert(t_contains(ctpu_last_error(), "full: value=") && t_contains(ctpu_last_error(), "cannot be converted"));
+        ctpu_clear_error();
+    }
     static const shp shapes[] = { { 1, { 0 } }, { 0, { 0 } }, { 2, { 3, 7 } }, { 3, { 2, 0, 4 } } };
     for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
         for (int s = 0; s < 4; s++) {
@@ -1476,11 +1518,13 @@ static void case_arange(int op)
     float *g = t_read(t, NULL);
     for (int i = 0; i < 10; i++) ck_assert(g[i] == (float)(0 + i * 0.1));
     free(g);
-    /* i32 arange saturates like every f32 -> i32 conversion */
-    int32_t *gi = t_read_raw(ctpu_arange(0, 1e10, 4e9, CTPU_I32), NULL);
-    ck_assert_int_eq(gi[0], 0);
+    /* an i32 arange past the i32 range is an error (torch wraps; ctpu used to saturate) */
+    ck_assert(ctpu_is_null(ctpu_arange(0, 1e10, 4e9, CTPU_I32)));
+    ck_assert(t_contains(ctpu_last_error(), "arange: last value=8e+09 cannot be converted to i32"));
+    ctpu_clear_error();
+    int32_t *gi = t_read_raw(ctpu_arange(2147483646.0, 2147483648.0, 1, CTPU_I32), NULL);
+    ck_assert_int_eq(gi[0], INT32_MAX - 1);
     ck_assert_int_eq(gi[1], INT32_MAX);
-    ck_assert_int_eq(gi[2], INT32_MAX);
     free(gi);
 }
 
@@ -1932,7 +1976,10 @@ START_TEST(dtype_promotion)
     ck_assert_int_eq(ctpu_dtype_of(ctpu_add(b, b)), CTPU_BF16);
     /* host scalar keeps the dtype */
     ck_assert_int_eq(ctpu_dtype_of(ctpu_mul_scalar(b, 1e10)), CTPU_BF16);
-    ck_assert_int_eq(ctpu_dtype_of(ctpu_add_scalar(i, 2.5)), CTPU_I32);
+    ck_assert_int_eq(ctpu_dtype_of(ctpu_add_scalar_int(i, 2)), CTPU_I32);
+    /* except a float scalar with an i32 tensor: f32, as torch (a double is a Python float) */
+    ck_assert_int_eq(ctpu_dtype_of(ctpu_add_scalar(i, 2.5)), CTPU_F32);
+    ck_assert_int_eq(ctpu_dtype_of(ctpu_add_scalar(i, 2)), CTPU_F32);
     ck_assert_int_eq(ctpu_dtype_of(ctpu_add_scalar(f, 2)), CTPU_F32);
     /* i32 (+) f32 -> f32, i32 (+) bf16 -> bf16 */
     ck_assert_int_eq(ctpu_dtype_of(ctpu_add(i, f)), CTPU_F32);

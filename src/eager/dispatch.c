@@ -118,6 +118,22 @@ static size_t strict_key(const ctpu_trace *tr, const ctpu_vtype *const *in_type,
  * compiles a signature, its other shapes are that step's compiles (a model's
  * adds of [B,T,D] and [D] are not recompiles of each other); a program
  * evicted from the table and compiled again counts too. Called on a miss. */
+/* The report's record of a strict recompile: "cast f32[2,16] -> bf16[2,16]"
+ * at step, its signature first compiled at first. Under strict_sig_mu. */
+static void strict_recompile_note(ctpu_runtime *rt, const ctpu_trace *tr, const ctpu_vtype *const *in_type,
+                                  uint64_t step, uint64_t first)
+{
+    size_t slot = (size_t)(rt->strict_rc_n++ % CTPU_STRICT_RC_LOG);
+    char *w = rt->strict_rc[slot].what, tb[96];
+    size_t len = sizeof rt->strict_rc[slot].what, k = 0;
+    rt->strict_rc[slot].step = step;
+    rt->strict_rc[slot].first_step = first;
+    k += (size_t)snprintf(w, len, "%s", ctpu_op_name(tr->nodes->op));
+    for (int i = 0; i < tr->n_inputs && k < len; i++)
+        k += (size_t)snprintf(w + k, len - k, "%s%s", i ? ", " : " ", ctpu_fmt_type(in_type[i], tb, sizeof tb));
+    if (k < len) snprintf(w + k, len - k, " -> %s", ctpu_fmt_type(&tr->nodes->out, tb, sizeof tb));
+}
+
 static bool strict_recompile(ctpu_runtime *rt, const ctpu_trace *tr, const ctpu_vtype *const *in_type)
 {
     const ctpu_node *n = tr->nodes;
@@ -162,6 +178,7 @@ static bool strict_recompile(ctpu_runtime *rt, const ctpu_trace *tr, const ctpu_
         while (rt->strict_sig[j] && rt->strict_sig[j] != h) j = (j + 1) & (rt->strict_sig_cap - 1);
         if (rt->strict_sig[j]) {
             re = rt->strict_sig_step[j] < step;
+            if (re) strict_recompile_note(rt, tr, in_type, step, rt->strict_sig_step[j]);
         } else {
             rt->strict_sig[j] = h;
             rt->strict_sig_step[j] = step;
@@ -483,6 +500,7 @@ typedef struct {
     int precision;              /* matmul */
     int n_scalars;              /* runtime scalars the node takes */
     int call;                   /* CTPU_CALL_*: the composite a faulting node is made for */
+    bool int_scalar;            /* *_scalar_int, clamp_int: the host scalars are ints (an i32 tensor stays i32) */
 } op_args;
 
 static const char *const NM_A[] = { "a" };
@@ -1417,6 +1435,33 @@ static ctpu_tensor apply_zero_dim_cast(int op, int n_in, const ctpu_tensor *ts, 
     return r;
 }
 
+/* A float host scalar (a double: Python's float) with an i32 tensor in an
+ * op whose dtype rule is SAME: torch gives the default float dtype
+ * (torch.tensor([0, 1]) + 0.5 is f32 [0.5, 1.5]), so the tensor is cast to
+ * f32 first, a recorded op of its own (fused, captured and keyed as any
+ * cast; the result's dtype follows from the call, never from the scalar's
+ * value, which stays a runtime argument). The *_int forms keep i32. */
+static bool float_scalar_promotes(int op, const op_args *a, const ctpu_trec *x)
+{
+    if (x->type.dtype != CTPU_I32 || a->int_scalar) return false;
+    switch (op) {
+    case CTPU_OP_ADD_SCALAR: case CTPU_OP_SUB_SCALAR: case CTPU_OP_MUL_SCALAR:
+    case CTPU_OP_MAXIMUM_SCALAR: case CTPU_OP_MINIMUM_SCALAR: case CTPU_OP_CLAMP:
+        return true;
+    default:
+        return false;
+    }
+}
+
+static ctpu_tensor apply_float_scalar(int op, const ctpu_tensor *ts, const op_args *a, const double *scalars)
+{
+    ctpu_tensor x = ctpu_cast(ts[0], CTPU_F32);
+    if (ctpu_is_null(x)) return ctpu_failed();
+    ctpu_tensor r = apply(op, 1, &x, a, scalars);
+    ctpu_release(x);
+    return r;
+}
+
 /* Resolve the inputs, build the node, dispatch it (a view for view ops). */
 static ctpu_tensor apply(int op, int n_in, const ctpu_tensor *ts, const op_args *a, const double *scalars)
 {
@@ -1429,6 +1474,7 @@ static ctpu_tensor apply(int op, int n_in, const ctpu_tensor *ts, const op_args 
         int z = zero_dim_to_bf16(op, n_in, in);
         if (z >= 0) return apply_zero_dim_cast(op, n_in, ts, a, scalars, z);
     }
+    if (n_in == 1 && float_scalar_promotes(op, a, in[0])) return apply_float_scalar(op, ts, a, scalars);
     double bf16_s;
     if (n_in == 1 && in[0]->type.dtype == CTPU_BF16 && ctpu_op_is(op, CTPU_OPK_COMPARE) && ctpu_op_is(op, CTPU_OPK_SCALAR)) {
         /* torch compares a bf16 tensor with a number in bf16: the number rounded to bf16 first
@@ -1514,6 +1560,24 @@ ctpu_tensor ctpu_le_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_L
 ctpu_tensor ctpu_gt_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_GT_SCALAR, a, s, false); }
 ctpu_tensor ctpu_ge_scalar(ctpu_tensor a, double s) { return scalar_op(CTPU_OP_GE_SCALAR, a, s, false); }
 
+/* Int host scalars (Python's int): an i32 tensor stays i32 (saturating, as
+ * add_scalar's i32 arithmetic); f32 / bf16 as the double forms. */
+static const op_args iscalar_args = { .n_scalars = 1, .int_scalar = true };
+static const op_args irscalar_args = { .n_scalars = 1, .flags = CTPU_ATTR_SCALAR_FIRST, .int_scalar = true };
+
+static ctpu_tensor iscalar_op(int op, ctpu_tensor a, int64_t s, bool scalar_first)
+{
+    double d = (double)s;
+    return apply(op, 1, &a, scalar_first ? &irscalar_args : &iscalar_args, &d);
+}
+
+ctpu_tensor ctpu_add_scalar_int(ctpu_tensor a, int64_t s) { return iscalar_op(CTPU_OP_ADD_SCALAR, a, s, false); }
+ctpu_tensor ctpu_sub_scalar_int(ctpu_tensor a, int64_t s) { return iscalar_op(CTPU_OP_SUB_SCALAR, a, s, false); }
+ctpu_tensor ctpu_mul_scalar_int(ctpu_tensor a, int64_t s) { return iscalar_op(CTPU_OP_MUL_SCALAR, a, s, false); }
+ctpu_tensor ctpu_rsub_scalar_int(ctpu_tensor a, int64_t s) { return iscalar_op(CTPU_OP_SUB_SCALAR, a, s, true); }
+ctpu_tensor ctpu_maximum_scalar_int(ctpu_tensor a, int64_t s) { return iscalar_op(CTPU_OP_MAXIMUM_SCALAR, a, s, false); }
+ctpu_tensor ctpu_minimum_scalar_int(ctpu_tensor a, int64_t s) { return iscalar_op(CTPU_OP_MINIMUM_SCALAR, a, s, false); }
+
 
 ctpu_tensor ctpu_where(ctpu_tensor cond, ctpu_tensor a, ctpu_tensor b)
 {
@@ -1525,6 +1589,12 @@ ctpu_tensor ctpu_clamp(ctpu_tensor a, double lo, double hi)
 {
     double s[2] = { lo, hi };
     return apply(CTPU_OP_CLAMP, 1, &a, &(op_args){ .n_scalars = 2 }, s);
+}
+
+ctpu_tensor ctpu_clamp_int(ctpu_tensor a, int64_t lo, int64_t hi)
+{
+    double s[2] = { (double)lo, (double)hi };
+    return apply(CTPU_OP_CLAMP, 1, &a, &(op_args){ .n_scalars = 2, .int_scalar = true }, s);
 }
 
 ctpu_tensor ctpu_cast(ctpu_tensor a, ctpu_dtype dt)
@@ -2167,8 +2237,20 @@ static ctpu_tensor create(const char *opn, int op, ctpu_dtype dt, int ndim, cons
     return apply(op, 0, NULL, &args, sc);
 }
 
+/* torch.full(..., dtype=torch.int32) refuses a value that does not fit
+ * ("value cannot be converted to type int without overflow"): NaN, +-Inf,
+ * or one whose truncation is outside [-2^31, 2^31) (0.5 gives 0, as torch). */
+static bool int_value_ok(const char *opn, const char *arg, ctpu_dtype dt, double v)
+{
+    if (dt != CTPU_I32 || (v > -2147483649.0 && v < 2147483648.0)) return true;
+    ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: %s=%g cannot be converted to i32 without overflow", opn, arg, v);
+    return false;
+}
+
 ctpu_tensor ctpu_full(ctpu_dtype dt, int ndim, const int64_t *shape, double value)
 {
+    if (!ctpu_check_init("full")) return ctpu_failed();
+    if (!int_value_ok("full", "value", dt, value)) return ctpu_failed();
     return create("full", CTPU_OP_FULL, dt, ndim, shape, &value, 1);
 }
 ctpu_tensor ctpu_zeros(ctpu_dtype dt, int ndim, const int64_t *shape)
@@ -2211,6 +2293,8 @@ ctpu_tensor ctpu_arange(double start, double end, double step, ctpu_dtype dt)
         ctpu_set_error(CTPU_ERR_SHAPE, "arange: start=%g end=%g step=%g gives too many elements", start, end, step);
         return ctpu_failed();
     }
+    if (dt == CTPU_I32 && cnt > 0 && (!int_value_ok("arange", "start", dt, x0) ||
+                                      !int_value_ok("arange", "last value", dt, x0 + (cnt - 1) * xs))) return ctpu_failed();
     int64_t shape[1] = { (int64_t)cnt };
     double sc[2] = { x0, xs };
     return create("arange", CTPU_OP_ARANGE, dt, 1, shape, sc, 2);
@@ -2291,6 +2375,7 @@ ctpu_tensor ctpu_full_like(ctpu_tensor a, double value)
 {
     ctpu_vtype t;
     if (!like_of("full_like", a, &t)) return ctpu_failed();
+    if (!int_value_ok("full_like", "value", (ctpu_dtype)t.dtype, value)) return like_done(ctpu_failed());
     return like_done(create("full_like", CTPU_OP_FULL, (ctpu_dtype)t.dtype, t.ndim, t.shape, &value, 1));
 }
 

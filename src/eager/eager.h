@@ -48,6 +48,11 @@ typedef struct ctpu_runtime {
     pthread_mutex_t strict_sig_mu;
     uint64_t *strict_sig, *strict_sig_step;
     size_t strict_sig_n, strict_sig_cap;
+    /* the last CTPU_STRICT_RC_LOG strict recompiles, for the cache report
+     * (under strict_sig_mu; strict_rc_n counts all, the ring keeps the last) */
+#define CTPU_STRICT_RC_LOG 16
+    struct { uint64_t step, first_step; char what[200]; } strict_rc[CTPU_STRICT_RC_LOG];
+    uint64_t strict_rc_n;
     ctpu_cache *fused_cache;         /* defer and fuse: bounded LRU */
     atomic_uint_fast64_t next_trace_id;
     atomic_bool user_marks_steps;    /* loop detector 'auto' turns off at the first mark */

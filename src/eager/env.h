@@ -54,7 +54,10 @@
       "extent compiles the dynamic program itself, with that dim of the inputs it maps to dynamic over "           \
       "[2, 2^31-1], and later traces of that structure mark it too (`ctpu_mark_dynamic`'s mechanism; the state "    \
       "is per structure, as torch.compile's per frame, so traces of other structures in between do not matter): "  \
-      "two compiles for any number of extents, as torch.compile; the cache report says which dims and at which "   \
+      "two compiles for any number of extents, as torch.compile (in defer and fuse only when the dim maps to a "   \
+      "trace input: a trace that makes its values from a host shape, such as `ctpu_rand_normal` of [B, 4], has "   \
+      "no input dim to mark and compiles once per extent until the recompile limit); the cache report says "       \
+      "which dims and at which "                                                                                    \
       "step; a compiled step's first guard failure on one dim's extent alone recaptures it with that dim "         \
       "dynamic (README \"Compiled steps\")")                                                                                                       \
     X(TORCH_COMPILE_DISABLE, BOOL, "0",                                                                             \

@@ -975,6 +975,24 @@ static void recompiles_json(cJSON *doc, ctpu_runtime *rt, ctpu_report_state *r)
     }
 }
 
+/* The last strict recompiles (one-op programs of strict and debug eager
+ * compiled again for a new shape in a later step than their signature's
+ * first compile). */
+static void strict_recompiles_json(cJSON *doc, ctpu_runtime *rt)
+{
+    cJSON *rs = cJSON_AddArrayToObject(doc, "strict_recompiles");
+    pthread_mutex_lock(&rt->strict_sig_mu);
+    uint64_t n = rt->strict_rc_n, first = n > CTPU_STRICT_RC_LOG ? n - CTPU_STRICT_RC_LOG : 0;
+    for (uint64_t i = first; i < n; i++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "step", (double)rt->strict_rc[i % CTPU_STRICT_RC_LOG].step);
+        cJSON_AddNumberToObject(o, "first_step", (double)rt->strict_rc[i % CTPU_STRICT_RC_LOG].first_step);
+        cJSON_AddStringToObject(o, "op", rt->strict_rc[i % CTPU_STRICT_RC_LOG].what);
+        cJSON_AddItemToArray(rs, o);
+    }
+    pthread_mutex_unlock(&rt->strict_sig_mu);
+}
+
 /* Trace cuts by reason, host reads by label. Under r->mu. */
 static void cuts_json(cJSON *doc, ctpu_runtime *rt, ctpu_report_state *r)
 {
@@ -1145,6 +1163,7 @@ static cJSON *build_json(ctpu_runtime *rt)
     programs_json(doc, r, ei, ne);
     free(ei);
     recompiles_json(doc, rt, r);
+    strict_recompiles_json(doc, rt);
     cuts_json(doc, rt, r);
     shapes_ops_json(doc, rt, r);
     ctpu_cost_table tbl;

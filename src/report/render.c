@@ -640,6 +640,17 @@ static void render_cache_events(out_t *o, const cJSON *d)
         }
     }
 
+    const cJSON *srs = obj(d, "strict_recompiles");
+    if (arr_n(srs) > 0) {
+        heading(o, "strict recompiles (%.0f; the last %d listed: a one-op program compiled again for a new shape of "
+                   "a signature first compiled in an earlier step)", num(c, "strict_recompiles"), arr_n(srs));
+        for (int i = 0; i < arr_n(srs); i++) {
+            const cJSON *r = cJSON_GetArrayItem(srs, i);
+            line(o, "step %.0f: %s (signature first compiled at step %.0f)", num(r, "step"), str(r, "op"),
+                 num(r, "first_step"));
+        }
+    }
+
     double ncut = num(cs, "trace_cuts");
     if (ncut > 0) {
         heading(o, "trace cuts (%.0f)", ncut);
@@ -886,8 +897,8 @@ static cJSON *summary_json(const cJSON *d, const char *name)
     const cJSON *c = obj(d, "cache");
     double req = num(c, "requests") + num(c, "strict_requests"), hits = num(c, "hits") + num(c, "strict_hits");
     cJSON_AddNumberToObject(s, "hit_rate", req > 0 ? hits / req : 0);
-    static const char *const keep[] = { "cache", "recompiles", "cuts", "host_reads", "matmuls", "cost", "hbm",
-                                        "shape_policies", "dist", "compiled_steps" };
+    static const char *const keep[] = { "cache", "recompiles", "strict_recompiles", "cuts", "host_reads", "matmuls",
+                                        "cost", "hbm", "shape_policies", "dist", "compiled_steps" };
     for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++) {
         const cJSON *x = obj(d, keep[i]);
         if (x) cJSON_AddItemToObject(s, keep[i], cJSON_Duplicate(x, true));
