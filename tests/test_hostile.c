@@ -237,6 +237,10 @@ static void uninitialised_sweep(void)
     UN_T(ctpu_eq_scalar, "eq", t, 1); UN_T(ctpu_ne_scalar, "ne", t, 1); UN_T(ctpu_lt_scalar, "lt", t, 1);
     UN_T(ctpu_le_scalar, "le", t, 1); UN_T(ctpu_gt_scalar, "gt", t, 1); UN_T(ctpu_ge_scalar, "ge", t, 1);
     UN_T(ctpu_where, "where", t, t, t); UN_T(ctpu_clamp, "clamp", t, 0, 1); UN_T(ctpu_cast, "cast", t, CTPU_BF16);
+    UN_T(ctpu_add_scalar_int, "add", t, 1); UN_T(ctpu_sub_scalar_int, "sub", t, 1);
+    UN_T(ctpu_mul_scalar_int, "mul", t, 1); UN_T(ctpu_rsub_scalar_int, "sub", t, 1);
+    UN_T(ctpu_maximum_scalar_int, "maximum", t, 1); UN_T(ctpu_minimum_scalar_int, "minimum", t, 1);
+    UN_T(ctpu_clamp_int, "clamp", t, 0, 1);
     /* reductions, movement, matmul */
     UN_T(ctpu_sum, "sum", t, 1, dims, false); UN_T(ctpu_mean, "mean", t, 0, NULL, true);
     UN_T(ctpu_max, "max", t, 1, dims, false); UN_T(ctpu_min, "min", t, 1, dims, false);
@@ -670,8 +674,10 @@ START_TEST(extreme_integers_and_values)
     }
     float six[6];
     ck_assert_int_eq(ctpu_to_host(a, six, SIZE_MAX), CTPU_OK);         /* a huge dst_bytes is fine */
-    /* values that are legal however odd: NaN fill of i32 is 0, Inf clamps */
-    ctpu_tensor z = ctpu_full(CTPU_I32, 1, (int64_t[]){ 2 }, NAN);
+    /* a NaN fill of i32 is an error (torch: "value cannot be converted to type int without overflow");
+     * values that are legal however odd: -0.5 fills i32 with 0, Inf clamps */
+    NUL(ctpu_full(CTPU_I32, 1, (int64_t[]){ 2 }, NAN), CTPU_ERR_INVALID_ARG, "full: value=nan");
+    ctpu_tensor z = ctpu_full(CTPU_I32, 1, (int64_t[]){ 2 }, -0.5);
     int32_t zi[2];
     ck_assert_int_eq(ctpu_to_host(z, zi, sizeof zi), CTPU_OK);
     ck_assert_int_eq(zi[0], 0);

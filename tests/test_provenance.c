@@ -157,7 +157,9 @@ static void sweep(void)
     EP_T(ctpu_rpow_scalar, E, 2); EP_T(ctpu_eq_scalar, E, 1); EP_T(ctpu_ne_scalar, E, 1); EP_T(ctpu_lt_scalar, E, 1);
     EP_T(ctpu_le_scalar, E, 1); EP_T(ctpu_gt_scalar, E, 1); EP_T(ctpu_ge_scalar, E, 1);
     EP_T(ctpu_where, E, ok, ok); EP_T(ctpu_where, ok, E, ok); EP_T(ctpu_where, ok, ok, E);
-    EP_T(ctpu_clamp, E, 0, 1); EP_T(ctpu_cast, E, CTPU_BF16);
+    EP_T(ctpu_clamp, E, 0, 1); EP_T(ctpu_cast, E, CTPU_BF16); EP_T(ctpu_clamp_int, E, 0, 1);
+    EP_T(ctpu_add_scalar_int, E, 1); EP_T(ctpu_sub_scalar_int, E, 1); EP_T(ctpu_mul_scalar_int, E, 1);
+    EP_T(ctpu_rsub_scalar_int, E, 1); EP_T(ctpu_maximum_scalar_int, E, 1); EP_T(ctpu_minimum_scalar_int, E, 1);
     /* reductions, norms, movement, matmul */
     EP_T(ctpu_sum, E, 1, dims, false); EP_T(ctpu_mean, E, 0, NULL, false); EP_T(ctpu_max, E, 1, dims, false);
     EP_T(ctpu_min, E, 1, dims, false); EP_T(ctpu_var, E, 1, dims, 1, false); EP_T(ctpu_argmax, E, 0, false);
