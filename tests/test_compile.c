@@ -758,6 +758,67 @@ START_TEST(auto_dynamic_follows_a_slice_by_the_host_extent)
 }
 END_TEST
 
+/* torch.compile's automatic dynamic shapes make each size that changes
+ * dynamic, keeping those before: x [B, T], T changes first, then B. */
+static ctpu_status step_bt(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)ctx;
+    ctpu_tensor h = ctpu_tanh(ctpu_mul_scalar(in[0], sc[0]));
+    out[0] = ctpu_mean(ctpu_mul(h, h), 0, NULL, false);
+    return ctpu_is_null(out[0]) ? ctpu_last_status() : CTPU_OK;
+}
+
+START_TEST(auto_dynamic_makes_each_changing_dim_dynamic)
+{
+    ctpu_shutdown();
+    setenv("TORCH_TPU_AUTO_DYNAMIC", "1", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    unsetenv("TORCH_TPU_AUTO_DYNAMIC");
+    static const int64_t bt[8][2] = { { 4, 5 }, { 4, 9 }, { 4, 12 }, { 6, 12 }, { 3, 7 }, { 6, 5 }, { 4, 9 }, { 3, 7 } };
+    float x[6 * 12];
+    for (int i = 0; i < 6 * 12; i++) x[i] = (float)((i * 7) % 23) * 0.0625f - 0.5f;
+    double ref[8];
+    for (int k = 0; k < 8; k++) {   /* strict eager's values */
+        ctpu_scope_begin();
+        ctpu_tensor in[1] = { t_f32(x, 2, bt[k]) }, out[1];
+        double sc[1] = { 0.75 };
+        ck_assert_int_eq(step_bt(NULL, in, sc, out), CTPU_OK);
+        ck_assert_int_eq(ctpu_item(out[0], &ref[k]), CTPU_OK);
+        ctpu_scope_end();
+    }
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEFER_FUSE), CTPU_OK);
+    ctpu_compiled *c = ctpu_compile(step_bt, NULL, &(ctpu_compile_opts){ .name = "bt" });
+    int64_t compiles0 = C("programs_compiled");
+    for (int k = 0; k < 8; k++) {
+        ctpu_scope_begin();
+        ctpu_tensor in[1] = { t_f32(x, 2, bt[k]) }, out[1];
+        double sc[1] = { 0.75 }, a;
+        ck_assert_msg(ctpu_compiled_call(c, 1, in, 1, sc, 1, out) == CTPU_OK, "call %d: %s", k, ctpu_last_error());
+        ck_assert_int_eq(ctpu_item(out[0], &a), CTPU_OK);
+        ck_assert_msg(t_same((float)a, (float)ref[k]), "call %d: %.9g vs %.9g", k, a, ref[k]);
+        ctpu_scope_end();
+    }
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    int64_t compiles = C("programs_compiled") - compiles0;
+    ctpu_compiled_info info;
+    ck_assert_int_eq(ctpu_compiled_get_info(c, &info), CTPU_OK);
+    /* (4, 5): capture; (4, 9): T dynamic; (4, 12): bind; (6, 12): B dynamic
+     * too; (3, 7), (6, 5): bind; (4, 9), (3, 7): replays */
+    ck_assert_int_eq(info.guard_failures, 2);
+    ck_assert_int_eq(info.dynamic_captures, 3);
+    ck_assert_int_eq(info.replays, 2);
+    ck_assert_int_eq(compiles, 3);
+    char *j = ctpu_metrics_json();
+    ck_assert_msg(j && t_contains(j, "input 0 dim 1 became dynamic") && t_contains(j, "input 0 dim 0 became dynamic"),
+                  "%s", j ? j : "");
+    free(j);
+    ctpu_compiled_free(c);
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+    ctpu_shutdown();
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+}
+END_TEST
+
 START_TEST(dynamic_input_binds_one_program)
 {
     static const int64_t ts[8] = { 5, 9, 5, 12, 9, 300, 12, 5 };
@@ -1855,6 +1916,7 @@ static Suite *suite(void)
     tcase_add_test(t, dynamic_replays_count_at_their_extents);
     tcase_add_test(t, auto_dynamic_applies_to_compiled_steps);
     tcase_add_test(t, auto_dynamic_follows_a_slice_by_the_host_extent);
+    tcase_add_test(t, auto_dynamic_makes_each_changing_dim_dynamic);
     tcase_add_test(t, random_draws_advance_at_every_replay);
     tcase_add_test(t, dynamic_input_with_a_random_op_binds_one_program);
     tcase_add_test(t, mode_change_is_a_graph_break);

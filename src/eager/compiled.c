@@ -226,7 +226,6 @@ struct ctpu_compiled {
     bool broken;                   /* a graph break: every call runs as defer and fuse */
     bool limited;                  /* past the recompile limit: every call runs fn in the current mode */
     bool freed_replaying;          /* freed while it had versions: the report's row keeps "replays" */
-    bool auto_done;                /* TORCH_TPU_AUTO_DYNAMIC: the step's one automatic recapture happened */
     uint64_t recompiles;           /* guard failures whose capture made a version: what the recompile limit counts */
     _Atomic(void *) owner;         /* the thread state of the thread inside a call, NULL when idle */
     version *versions;
@@ -1340,7 +1339,7 @@ static void note_reason(ctpu_compiled *c, const char *kind, const char *what, co
  * or those a capture lends), live in the trace from its start, as
  * ctpu_mark_dynamic makes them live when it marks: a value fn makes from a
  * host int equal to one before it first reads that input (a slice of a
- * position table to [0, T), a creation at T) takes the symbol (dispatch.c
+ * position table to [0, T)) takes the symbol (dispatch.c
  * dyn_guess_args), wherever in fn it comes. */
 static void note_symbols(int n_in, ctpu_trec *const *inrec)
 {
@@ -1738,30 +1737,41 @@ static ctpu_status capture_extent(ctpu_compiled *c, const version *dv, int n_in,
 }
 
 /* TORCH_TPU_AUTO_DYNAMIC: the marks that make a guard failure against the
- * newest version v a change of one dim's extent alone (policy.c's rule:
- * every changed input extent equal to one symbol's, old and new, or c x it,
- * c an integer >= 2), over [2, 2^31-1] in that symbol; false when the
- * failure is anything else (dtype, rank, storage, an input with marks of
- * its own, no change at all). */
+ * newest version v a change of one symbol's extent in dims v has static
+ * (policy.c's rule: every such changed input extent equal to one symbol's,
+ * old and new, or c x it, c an integer >= 2), over [2, 2^31-1] in that
+ * symbol, with the dims v has dynamic already (an earlier automatic
+ * recapture's: as torch.compile's automatic dynamic shapes, each size
+ * that changes becomes dynamic, the ones before it stay); false when the
+ * failure is anything else (dtype, rank, storage, a dynamic dim out of its
+ * range, an input marked by the caller, no static dim changed). */
 static bool auto_marks(const version *v, int n_in, ctpu_trec *const *inrec, int n_scalars, int n_out,
                        ctpu_dyndim (*d)[CTPU_MAX_DIMS])
 {
-    if (v->user_dyn || n_in != v->n_user || n_scalars != v->n_scalars || n_out != v->n_out_user || n_in > 64) return false;
+    if (n_in != v->n_user || n_scalars != v->n_scalars || n_out != v->n_out_user || n_in > 64) return false;
     int64_t v0 = 0, v1 = 0;
-    for (int i = 0; i < n_in; i++) {   /* the symbol: the changed extent smallest before */
+    for (int i = 0; i < n_in; i++) {   /* the symbol: the changed static extent smallest before */
         const ctpu_vtype *was = &v->user_type[i], *now = &inrec[i]->type;
-        if (was->dtype != now->dtype || was->ndim != now->ndim) return false;
-        for (int q = 0; q < was->ndim; q++)
+        if (inrec[i]->dyn || was->dtype != now->dtype || was->ndim != now->ndim) return false;
+        for (int q = 0; q < was->ndim; q++) {
+            const ctpu_dyndim *y = v->user_dyn ? &v->user_dyn[i][q] : NULL;
+            if (y && y->coef > 0) {
+                int64_t x = now->shape[q];
+                if (x % y->coef || x / y->coef < y->lo || x / y->coef > y->hi) return false;
+                continue;
+            }
             if (was->shape[q] != now->shape[q] && (!v0 || was->shape[q] < v0)) { v0 = was->shape[q]; v1 = now->shape[q]; }
+        }
     }
     if (v0 < 1 || v1 < 2 || v1 > 2147483647) return false;
     memset(d, 0, sizeof *d * (size_t)n_in);
+    if (v->user_dyn) memcpy(d, v->user_dyn, sizeof *d * (size_t)n_in);
     for (int i = 0; i < n_in; i++) {
         const ctpu_vtype *was = &v->user_type[i], *now = &inrec[i]->type;
         for (int q = 0; q < was->ndim; q++) {
-            if (was->shape[q] == now->shape[q]) continue;
+            if (was->shape[q] == now->shape[q] || d[i][q].coef > 0) continue;
             int64_t c = was->shape[q] / v0;
-            if (inrec[i]->dyn || was->shape[q] % v0 || now->shape[q] != c * v1 || c > 2147483647) return false;
+            if (was->shape[q] % v0 || now->shape[q] != c * v1 || c > 2147483647) return false;
             d[i][q] = (ctpu_dyndim){ 2, 2147483647, c };
         }
         int same = i;
@@ -1786,16 +1796,15 @@ static ctpu_status capture_auto(ctpu_compiled *c, int n_in, const ctpu_tensor *i
         for (int q = 0; q < CTPU_MAX_DIMS; q++) any |= d[i][q].coef > 0;
         lent[i] = any && ctpu__rec_set_dyn(inrec[i], d[i], inrec[i]->type.ndim);
     }
-    c->auto_done = true;
     const version *head = c->versions;
     ctpu_status st = run_capture(c, n_in, in, inrec, n_scalars, scalars, n_out, out);
     take_back_marks(n_in, inrec, lent);
-    if (c->versions != head) {   /* the report's row: which dims ("input 0 dim 1, input 1 dim 1") */
+    if (c->versions != head) {   /* the report's row: which dims are new ("input 0 dim 1, input 1 dim 1") */
         char dims[192] = "";
         size_t k = 0;
         for (int i = 0; i < n_in; i++)
             for (int q = 0; q < CTPU_MAX_DIMS && k < 120; q++)
-                if (d[i][q].coef > 0)
+                if (d[i][q].coef > 0 && !(head->user_dyn && head->user_dyn[i][q].coef > 0))
                     k += (size_t)snprintf(dims + k, sizeof dims - k, "%sinput %d dim %d", k ? ", " : "", i, q);
         char r[192];
         snprintf(r, sizeof r, "%s became dynamic over [2, 2147483647] (this capture compiled the dynamic program; "
@@ -1820,7 +1829,7 @@ static ctpu_status recapture(ctpu_compiled *c, const char *why, int n_in, const 
     const version *head = c->versions;
     ctpu_dyndim d[64][CTPU_MAX_DIMS];
     ctpu_status st;
-    if (ctpu_rt->auto_dynamic && !c->auto_done && auto_marks(c->versions, n_in, inrec, n_scalars, n_out, d))
+    if (ctpu_rt->auto_dynamic && auto_marks(c->versions, n_in, inrec, n_scalars, n_out, d))
         st = capture_auto(c, n_in, in, inrec, n_scalars, scalars, n_out, out, d);
     else
         st = run_capture(c, n_in, in, inrec, n_scalars, scalars, n_out, out);

@@ -58,8 +58,8 @@
       "trace input: a trace that makes its values from a host shape, such as `ctpu_rand_normal` of [B, 4], has "   \
       "no input dim to mark and compiles once per extent until the recompile limit); the cache report says "       \
       "which dims and at which "                                                                                    \
-      "step; a compiled step's first guard failure on one dim's extent alone recaptures it with that dim "         \
-      "dynamic (README \"Compiled steps\")")                                                                                                       \
+      "step; a compiled step's guard failure on one dim's extent alone recaptures it with that dim dynamic "      \
+      "too (README \"Compiled steps\")")                                                                                                       \
     X(TORCH_COMPILE_DISABLE, BOOL, "0",                                                                             \
       "`1`: every `ctpu_compiled_call` runs its step function in the current mode (PyTorch's switch, for debugging)") \
     X(CTPU_QUIET, BOOL, "0",                                                                                        \
