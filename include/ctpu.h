@@ -554,7 +554,10 @@ CTPU_API ctpu_tensor ctpu_rsub_scalar_int(ctpu_tensor a, int64_t s);   /* s - a 
 CTPU_API ctpu_tensor ctpu_maximum_scalar_int(ctpu_tensor a, int64_t s);
 CTPU_API ctpu_tensor ctpu_minimum_scalar_int(ctpu_tensor a, int64_t s);
 
-/* cond != 0 ? a : b, all three broadcast together; cond of any dtype. */
+/* cond != 0 ? a : b, all three broadcast together; cond of any dtype.
+ * Gradient: g to a where cond != 0 and to b elsewhere, each summed to its
+ * shape; a float cond that requires grad gets 0 (a step in cond; torch's
+ * conditions are bool, without a gradient). */
 CTPU_API ctpu_tensor ctpu_where(ctpu_tensor cond, ctpu_tensor a, ctpu_tensor b);
 /* min(max(a, lo), hi); NaN propagates. lo <= hi is not required (as torch).
  * Float bounds: an i32 a gives f32 (torch.clamp(i32 [0, 1, 2], 1.5, 2.5) is

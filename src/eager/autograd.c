@@ -477,6 +477,9 @@ static bool bw_maxmin_scalar(const ag_node *n, ctpu_tensor g, const bool *need, 
 static bool bw_where(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
 {
     ctpu_tensor c = IN(n, 0);
+    /* a float condition that requires grad (a mask computed from parameters) gets 0: where() is a step
+     * in it, flat almost everywhere (torch takes only bool conditions, which have no gradient) */
+    if (need[0]) gin[0] = ctpu_zeros(ctpu_dtype_of(g), n->in_type[0].ndim, n->in_type[0].shape);
     if (need[1]) gin[1] = ctpu_where(c, g, zero0(g));
     if (need[2]) gin[2] = ctpu_where(c, zero0(g), g);
     return true;
