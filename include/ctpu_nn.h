@@ -170,7 +170,15 @@ CTPU_API ctpu_tensor ctpu_smooth_l1_loss(ctpu_tensor pred, ctpu_tensor target, c
  * (owned, created as zeros at construction, in no scope; a step replaces
  * the state handles with the new values). A step reads each
  * parameter's .grad (parameters without one are skipped, as PyTorch) and
- * writes the new values with ctpu_assign under no_grad. The learning rate,
+ * writes the new values with ctpu_assign under no_grad. Step counts are
+ * per parameter, as torch's state['step']: a step that skips a parameter
+ * does not count for it, so its next update takes Adam's bias corrections
+ * and SGD's first-step rule (no dampening) from its own count
+ * (tests/test_regress2.c); ctpu_optim_steps is the optimizer's count. Two
+ * limits: a capturable optimizer keeps one count for every parameter (its
+ * step tensor), and a checkpoint (ctpu_optim_save) stores the optimizer's
+ * count, which a load (as ctpu_optim_set_steps) gives to every parameter.
+ * The learning rate,
  * the step count and every coefficient derived from them are runtime scalars
  * (*_scalar ops), never part of a program's key: a schedule never recompiles. */
 typedef struct ctpu_optim ctpu_optim;
@@ -252,7 +260,8 @@ CTPU_API ctpu_optim *ctpu_adamw_create_groups(int n_groups, const ctpu_param_gro
  * step of the optimizer's own (it shows in the compiled-steps report as
  * "sgd_step", "adam_step" or "adamw_step"), the same ops as op by op, so
  * the same bits, and all or nothing on error. A step where a parameter has
- * no .grad, or whose host coefficients collide (equal bit for bit, e.g. lr
+ * no .grad, every Adam / AdamW step after one (the skipped parameter's own
+ * step count gives it other coefficients), or a step whose host coefficients collide (equal bit for bit, e.g. lr
  * 0 over groups of different lr_scale), runs op by op; so does every step
  * under TORCH_COMPILE_DISABLE=1. Errors: those of the ops, and
  * CTPU_ERR_STALE_HANDLE if a parameter was released. */
@@ -267,8 +276,9 @@ CTPU_API ctpu_status ctpu_optim_set_lr(ctpu_optim *o, double lr);
 CTPU_API ctpu_status ctpu_optim_set_capturable(ctpu_optim *o, bool on);
 CTPU_API double ctpu_optim_lr(const ctpu_optim *o);
 CTPU_API int64_t ctpu_optim_steps(const ctpu_optim *o);   /* steps taken so far */
-/* Set the step count (AdamW's bias corrections use steps + 1; SGD's first
- * step skips dampening), e.g. when resuming. Errors: CTPU_ERR_INVALID_ARG
+/* Set the step count of the optimizer and of every parameter (AdamW's bias
+ * corrections use steps + 1; SGD's first step skips dampening), e.g. when
+ * resuming. Errors: CTPU_ERR_INVALID_ARG
  * (o NULL, steps < 0). */
 CTPU_API ctpu_status ctpu_optim_set_steps(ctpu_optim *o, int64_t steps);
 /* The state tensor k of parameter i (SGD: 0 = momentum buffer; AdamW: 0 =
@@ -366,7 +376,9 @@ CTPU_API double ctpu_lr_cosine(double base_lr, int64_t step, int64_t total, doub
  * (or total <= warmup after the warmup) gives min_lr. A negative step counts
  * as 0. Pure host arithmetic: never fails. */
 CTPU_API double ctpu_lr_warmup_cosine(double base_lr, int64_t step, int64_t warmup, int64_t total, double min_lr);
-/* base_lr * gamma ^ floor(step / step_size), as StepLR. */
+/* base_lr * gamma ^ floor(step / step_size), as StepLR. step_size <= 0 or a
+ * negative step gives base_lr (torch's StepLR(step_size=0) raises
+ * ZeroDivisionError; this never fails). */
 CTPU_API double ctpu_lr_step(double base_lr, int64_t step, int64_t step_size, double gamma);
 
 /* ------------------------------------------------------------ data */

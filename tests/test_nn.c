@@ -1093,7 +1093,9 @@ END_TEST
  * three groups (two share an lr_scale), an f32 and a bf16 parameter, a
  * changing lr; lr 0 at the first step (colliding arguments: op by op), a
  * step where one parameter has no gradient (op by op), capturable. Later
- * steps replay: the update dispatches fewer ops than op by op. */
+ * steps replay: the update dispatches fewer ops than op by op; except
+ * Adam's / AdamW's after that step, whose skipped parameter keeps its own
+ * step count (torch's per-parameter state['step']): op by op from there. */
 typedef struct {
     int kind;                 /* 0 Adam, 1 AdamW, 2 SGD */
     double momentum, dampening;
@@ -1183,10 +1185,11 @@ START_TEST(t_optim_fused_strict_bits)
         ck_assert_msg(t_same(a[i], b[i]), "config %d value %d: fused %a, op by op %a", _i, i, a[i], b[i]);
     ck_assert(a[0] != sinf(0.0f) || a[1] != sinf(0.61f));   /* it moved */
     /* the last steps replay the one program, op by op dispatches every op */
+    bool own_counts = c->skip && c->kind != 2;   /* Adam / AdamW after a skipped parameter */
     if (!c->capturable)
         for (int s = FUSED_STEPS - 2; s < FUSED_STEPS; s++)
-            ck_assert_msg(oa[s] * 4 < ob[s], "config %d step %d: %lld ops fused, %lld op by op", _i, s,
-                          (long long)oa[s], (long long)ob[s]);
+            ck_assert_msg(own_counts ? oa[s] >= ob[s] : oa[s] * 4 < ob[s],   /* (in place: its assigns too) */
+                          "config %d step %d: %lld ops fused, %lld op by op", _i, s, (long long)oa[s], (long long)ob[s]);
 }
 END_TEST
 

@@ -24,6 +24,10 @@ struct ctpu_optim {
     double *group_wd;     /* [n_groups]: the group's weight decay */
     double lr;
     int64_t steps;
+    /* [n]: the steps in which parameter i had a .grad (torch's per-parameter
+     * state['step']: its bias corrections and SGD's first step); equal to
+     * steps until a step skips a parameter. Not capturable (step_t is global). */
+    int64_t *psteps;
     ctpu_sgd_opts sgd;
     ctpu_adamw_opts adam;
     bool capturable;      /* lr and steps live in lr_t and step_t (0-d f32, global) */
@@ -54,6 +58,7 @@ static void free_host(ctpu_optim *o)
     free(o->group_of);
     free(o->lr_scale);
     free(o->group_wd);
+    free(o->psteps);
     free(o);
 }
 
@@ -113,7 +118,8 @@ static ctpu_optim *create(const char *op, int kind, int n_groups, const ctpu_par
     if (o) o->group_of = malloc(sizeof(int) * (size_t)n);
     if (o) o->lr_scale = malloc(sizeof(double) * (size_t)n_groups);
     if (o) o->group_wd = malloc(sizeof(double) * (size_t)n_groups);
-    if (!o || !o->params || !o->state || !o->group_of || !o->lr_scale || !o->group_wd) {
+    if (o) o->psteps = calloc((size_t)n, sizeof(int64_t));
+    if (!o || !o->params || !o->state || !o->group_of || !o->lr_scale || !o->group_wd || !o->psteps) {
         if (o) free_host(o);
         ctpu_report_error(CTPU_ERR_OOM, "%s: out of host memory", op);
         return NULL;
@@ -259,7 +265,8 @@ static void replace_state(ctpu_tensor *slot, ctpu_tensor v)
 
 /* torch: the first step sets buf = d (no dampening); buf starts as zeros
  * here, so the first step's coefficient of d is 1, later ones 1 - dampening. */
-static double sgd_first(const ctpu_optim *o) { return o->steps == 0 ? 1.0 : 1.0 - o->sgd.dampening; }
+static double sgd_first_at(const ctpu_optim *o, int64_t steps) { return steps == 0 ? 1.0 : 1.0 - o->sgd.dampening; }
+static double sgd_first(const ctpu_optim *o) { return sgd_first_at(o, o->steps); }
 
 /* c: sgd_first's coefficient. in_place: buf is assigned (the fused step's
  * handle stays), else replaced by the new value's handle. */
@@ -287,13 +294,14 @@ static ctpu_status sgd_apply(ctpu_optim *o, ctpu_tensor p, ctpu_tensor g, ctpu_t
  * factor 1 - lr wd, eps sqrt(bc2) and the step lr sqrt(bc2) / bc1. */
 typedef struct { double decay, eps_s, step_s; } adam_coef;
 
-static adam_coef adam_coefs(const ctpu_optim *o, double lr, double wd)
+static adam_coef adam_coefs_at(const ctpu_optim *o, double lr, double wd, int64_t steps)
 {
     const ctpu_adamw_opts *a = &o->adam;
-    double t = (double)(o->steps + 1);
+    double t = (double)(steps + 1);
     double bc1 = 1.0 - pow(a->beta1, t), bc2s = sqrt(1.0 - pow(a->beta2, t));
     return (adam_coef){ 1.0 - lr * wd, a->eps * bc2s, lr * bc2s / bc1 };
 }
+static adam_coef adam_coefs(const ctpu_optim *o, double lr, double wd) { return adam_coefs_at(o, lr, wd, o->steps); }
 
 /* AdamW (decoupled decay: p *= 1 - lr wd) or Adam (L2: g += wd p, as
  * torch.optim.Adam); wd is the parameter's group's, c its coefficients.
@@ -327,9 +335,9 @@ static ctpu_status adamw_apply(ctpu_optim *o, ctpu_tensor p, ctpu_tensor g, ctpu
 }
 
 static ctpu_status adamw_one(ctpu_optim *o, ctpu_tensor p, ctpu_tensor g, ctpu_tensor *m, ctpu_tensor *v, double lr,
-                             double wd, bool in_place)
+                             double wd, int64_t steps, bool in_place)
 {
-    adam_coef c = adam_coefs(o, lr, wd);
+    adam_coef c = adam_coefs_at(o, lr, wd, steps);
     return adamw_apply(o, p, g, m, v, &c, wd, in_place);
 }
 
@@ -455,6 +463,10 @@ static ctpu_status fused_fn(void *ctx, const ctpu_tensor *in, const double *sc, 
 static bool fused_step(ctpu_optim *o, ctpu_status *st)
 {
     if (o->fused_off || o->n > 4096 || test_fused_off) return false;
+    /* a parameter skipped before has its own coefficients: Adam's bias corrections from its count, SGD's
+     * first-step rule when its count is 0 and the optimizer's is not */
+    for (int i = 0; i < o->n; i++)
+        if (o->kind == OPT_SGD ? (o->psteps[i] == 0) != (o->steps == 0) : o->psteps[i] != o->steps) return false;
     if (!o->slot_step && !fused_layout(o)) {
         o->fused_off = true;
         return false;
@@ -591,8 +603,12 @@ ctpu_status ctpu_optim_step(ctpu_optim *o)
     if (ctpu_get_mode() == CTPU_MODE_STRICT && !ctpu_is_compiling()) {
         if (fused_step(o, &st)) {
             ctpu_no_grad_end();
-            if (st == CTPU_OK) o->steps++;
-            else ctpu__nn_blame("optim_step", NULL);
+            if (st == CTPU_OK) {
+                o->steps++;
+                for (int i = 0; i < o->n; i++) o->psteps[i]++;
+            } else {
+                ctpu__nn_blame("optim_step", NULL);
+            }
             return st;
         }
     }
@@ -605,14 +621,19 @@ ctpu_status ctpu_optim_step(ctpu_optim *o)
         ctpu_tensor *sv = o->state + i * o->n_state;
         int gi = o->group_of[i];
         double lr = o->lr * o->lr_scale[gi], wd = o->group_wd[gi];
-        st = o->kind == OPT_SGD ? sgd_apply(o, o->params[i], g, sv, lr, wd, sgd_first(o), in_place)
-                                : adamw_one(o, o->params[i], g, sv, sv + 1, lr, wd, in_place);
+        st = o->kind == OPT_SGD ? sgd_apply(o, o->params[i], g, sv, lr, wd, sgd_first_at(o, o->psteps[i]), in_place)
+                                : adamw_one(o, o->params[i], g, sv, sv + 1, lr, wd, o->psteps[i], in_place);
         ctpu_status se = ctpu_scope_end();
         if (st == CTPU_OK) st = se;
     }
     ctpu_no_grad_end();
-    if (st == CTPU_OK) o->steps++;
-    else ctpu__nn_blame("optim_step", NULL);
+    if (st == CTPU_OK) {
+        o->steps++;
+        for (int i = 0; i < o->n; i++)
+            if (!ctpu_is_null(ctpu_grad(o->params[i]))) o->psteps[i]++;
+    } else {
+        ctpu__nn_blame("optim_step", NULL);
+    }
     return st;
 }
 
@@ -641,6 +662,7 @@ ctpu_status ctpu_optim_set_capturable(ctpu_optim *o, bool on)
     if (!on) {
         o->lr = ctpu_optim_lr(o);
         o->steps = ctpu_optim_steps(o);
+        for (int i = 0; i < o->n; i++) o->psteps[i] = o->steps;
         ctpu_release(o->lr_t);
         ctpu_release(o->step_t);
         o->lr_t = o->step_t = CTPU_NULL;
@@ -681,6 +703,7 @@ ctpu_status ctpu_optim_set_steps(ctpu_optim *o, int64_t steps)
         return ctpu_report_error(CTPU_ERR_INVALID_ARG, "optim_set_steps: %s",
                                  o ? "steps must be >= 0" : "o is NULL");
     o->steps = steps;
+    for (int i = 0; i < o->n; i++) o->psteps[i] = steps;
     if (o->capturable) return ctpu_assign(o->step_t, ctpu_full(CTPU_F32, 0, NULL, (double)steps));
     return CTPU_OK;
 }
