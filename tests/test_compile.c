@@ -579,6 +579,41 @@ START_TEST(assigned_tensor_with_a_live_view_replays)
 }
 END_TEST
 
+/* The frame of the dynamic-extent tests: fn in strict eager once (the
+ * reference), then the compiled step in mode k (0: strict, 1: defer and
+ * fuse), its losses and weights bit-identical to the reference's; the
+ * caller checks r->info and the counters' deltas from compiles0 / binds0. */
+typedef struct {
+    const int64_t *ts;
+    int n;
+    float lr[16], wr[DYN_D * DYN_D];
+    ctpu_compiled_info info;
+    char reason[192];
+    int64_t compiles0, binds0;
+} dyn_modes_run;
+
+static void dyn_modes_reference(dyn_modes_run *r, const int64_t *ts, int n)
+{
+    ck_assert_int_le(n, 16);
+    r->ts = ts;
+    r->n = n;
+    run_dyn(false, ts, n, r->lr, r->wr, NULL, NULL, 0);
+}
+
+static void dyn_modes_compiled(dyn_modes_run *r, int k)
+{
+    static const ctpu_mode modes[2] = { CTPU_MODE_STRICT, CTPU_MODE_DEFER_FUSE };
+    float lc[16], wc[DYN_D * DYN_D];
+    ck_assert_int_eq(ctpu_set_mode(modes[k]), CTPU_OK);
+    ctpu_sync();
+    r->compiles0 = C("programs_compiled");
+    r->binds0 = C("dynamic_binds");
+    run_dyn(true, r->ts, r->n, lc, wc, &r->info, r->reason, sizeof r->reason);
+    for (int s = 0; s < r->n; s++)
+        ck_assert_msg(t_same(lc[s], r->lr[s]), "mode %d step %d: %.9g vs %.9g", k, s, lc[s], r->lr[s]);
+    for (int i = 0; i < DYN_D * DYN_D; i++) ck_assert_msg(t_same(wc[i], r->wr[i]), "weight %d", i);
+}
+
 /* A new user's report: TORCH_TPU_AUTO_DYNAMIC=1 did nothing for compiled
  * steps (every new extent a guard failure and a capture until the
  * recompile limit). As torch.compile's automatic dynamic shapes: the first
@@ -593,28 +628,20 @@ START_TEST(auto_dynamic_applies_to_compiled_steps)
     unsetenv("TORCH_TPU_AUTO_DYNAMIC");
     dyn_mark = false;
     static const int64_t ts[8] = { 5, 9, 5, 12, 9, 300, 12, 5 };
-    float lr[8], lc[8], wr[DYN_D * DYN_D], wc[DYN_D * DYN_D];
-    ctpu_compiled_info info;
-    char reason[192];
-    run_dyn(false, ts, 8, lr, wr, NULL, NULL, 0);
-    ctpu_mode modes[2] = { CTPU_MODE_STRICT, CTPU_MODE_DEFER_FUSE };
+    dyn_modes_run r;
+    dyn_modes_reference(&r, ts, 8);
     for (int k = 0; k < 2; k++) {
-        ck_assert_int_eq(ctpu_set_mode(modes[k]), CTPU_OK);
-        ctpu_sync();
-        int64_t compiles0 = C("programs_compiled"), binds0 = C("dynamic_binds");
-        run_dyn(true, ts, 8, lc, wc, &info, reason, sizeof reason);
-        for (int s = 0; s < 8; s++) ck_assert_msg(t_same(lc[s], lr[s]), "mode %d step %d: %.9g vs %.9g", k, s, lc[s], lr[s]);
-        for (int i = 0; i < DYN_D * DYN_D; i++) ck_assert_msg(t_same(wc[i], wr[i]), "weight %d", i);
+        dyn_modes_compiled(&r, k);
         /* 5: capture; 9: guard failure, the capture with dim 0 dynamic;
          * 12, 300: dynamic captures (bind); 5, 9, 12, 5: replays */
-        ck_assert_int_eq(info.calls, 8);
-        ck_assert_int_eq(info.guard_failures, 1);
-        ck_assert_int_eq(info.captures, 4);
-        ck_assert_int_eq(info.dynamic_captures, 2);
-        ck_assert_int_eq(info.replays, 4);
+        ck_assert_int_eq(r.info.calls, 8);
+        ck_assert_int_eq(r.info.guard_failures, 1);
+        ck_assert_int_eq(r.info.captures, 4);
+        ck_assert_int_eq(r.info.dynamic_captures, 2);
+        ck_assert_int_eq(r.info.replays, 4);
         if (k == 0) {   /* (the cache outlives the step: the second run finds these programs) */
-            ck_assert_int_eq(C("programs_compiled") - compiles0, 2);   /* T = 5's, and the dynamic program */
-            ck_assert_int_ge(C("dynamic_binds") - binds0, 2);          /* at 12 and at 300 */
+            ck_assert_int_eq(C("programs_compiled") - r.compiles0, 2);   /* T = 5's, and the dynamic program */
+            ck_assert_int_ge(C("dynamic_binds") - r.binds0, 2);          /* at 12 and at 300 */
         }
         ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
     }
@@ -822,28 +849,20 @@ END_TEST
 START_TEST(dynamic_input_binds_one_program)
 {
     static const int64_t ts[8] = { 5, 9, 5, 12, 9, 300, 12, 5 };
-    float lr[8], lc[8], wr[DYN_D * DYN_D], wc[DYN_D * DYN_D];
-    ctpu_compiled_info info;
-    char reason[192];
-    run_dyn(false, ts, 8, lr, wr, NULL, NULL, 0);
-    ctpu_mode modes[2] = { CTPU_MODE_STRICT, CTPU_MODE_DEFER_FUSE };
+    dyn_modes_run r;
+    dyn_modes_reference(&r, ts, 8);
     for (int k = 0; k < 2; k++) {
-        ck_assert_int_eq(ctpu_set_mode(modes[k]), CTPU_OK);
-        ctpu_sync();
-        int64_t compiles0 = C("programs_compiled"), binds0 = C("dynamic_binds");
-        run_dyn(true, ts, 8, lc, wc, &info, reason, sizeof reason);
-        for (int s = 0; s < 8; s++) ck_assert_msg(t_same(lc[s], lr[s]), "mode %d step %d: %.9g vs %.9g", k, s, lc[s], lr[s]);
-        for (int i = 0; i < DYN_D * DYN_D; i++) ck_assert_msg(t_same(wc[i], wr[i]), "weight %d", i);
+        dyn_modes_compiled(&r, k);
         /* 5: capture, compile; 9, 12: dynamic captures (bind); 5, 9, 12, 5: replays; 300: guard failure */
-        ck_assert_int_eq(info.calls, 8);
-        ck_assert_int_eq(info.dynamic_captures, 2);
-        ck_assert_int_eq(info.captures, 4);
-        ck_assert_int_eq(info.replays, 4);
-        ck_assert_int_eq(info.guard_failures, 1);
-        ck_assert_msg(t_contains(reason, "guard failed: input 0 dim 0 = 300 outside dynamic range [2, 256]"), "%s", reason);
+        ck_assert_int_eq(r.info.calls, 8);
+        ck_assert_int_eq(r.info.dynamic_captures, 2);
+        ck_assert_int_eq(r.info.captures, 4);
+        ck_assert_int_eq(r.info.replays, 4);
+        ck_assert_int_eq(r.info.guard_failures, 1);
+        ck_assert_msg(t_contains(r.reason, "guard failed: input 0 dim 0 = 300 outside dynamic range [2, 256]"), "%s", r.reason);
         if (k == 0) {   /* (the cache outlives the step: the second run finds these programs) */
-            ck_assert_int_eq(C("programs_compiled") - compiles0, 2);   /* the dynamic program, and T = 300's */
-            ck_assert_int_eq(C("dynamic_binds") - binds0, 2);          /* at 9 and at 12 */
+            ck_assert_int_eq(C("programs_compiled") - r.compiles0, 2);   /* the dynamic program, and T = 300's */
+            ck_assert_int_eq(C("dynamic_binds") - r.binds0, 2);          /* at 9 and at 12 */
         }
         ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
     }
