@@ -414,6 +414,10 @@ static const int64_t shapes[][4] = {
      * columns, odd K, chunks of 128 pairs crossed) */
     { 1, 12, 70, 301 }, { 1, 5, 17, 260 }, { 3, 7, 40, 33 }, { 1, 200, 9, 300 }, { 1, 11, 48, 1 },
     { 2, 10, 31, 128 },
+    /* the AVX2 6 x 16 tile: whole tiles, one row / column past, the row
+     * layout's two row pointers (rows 0..2, 3..5) with 4 and 5 rows */
+    { 1, 6, 16, 64 }, { 1, 7, 17, 65 }, { 1, 12, 48, 257 }, { 1, 5, 15, 31 }, { 1, 4, 16, 40 },
+    { 2, 18, 32, 33 },
 };
 
 START_TEST(test_isa_bitexact)
