@@ -118,11 +118,147 @@ static const ctpu_mxu_kernel_ar_fn mxu_fma8_ar[MR + 1] = {
     NULL, mxu_fma8_ar_1, mxu_fma8_ar_2, mxu_fma8_ar_3, mxu_fma8_ar_4, mxu_fma8_ar_5, mxu_fma8_ar_6,
 };
 
-/* Planar packing (mxu.h): the shared packer (its default-precision fast
- * paths vectorise here). */
+/* 8 f32 (bits) -> bf16-valued f32 bits, exactly ctpu_mxu_round_bits. */
+static inline __m256i mxu_round8(__m256i u)
+{
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u), inf = _mm256_set1_epi32(0x7f800000);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_and_si256(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), hi);
+    __m256i q = _mm256_and_si256(_mm256_or_si256(u, _mm256_set1_epi32(0x00400000)), hi);
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), inf);
+    __m256i h = _mm256_blendv_epi8(r, q, nan);
+    __m256i tiny = _mm256_cmpeq_epi32(_mm256_and_si256(h, inf), _mm256_setzero_si256());
+    return _mm256_blendv_epi8(h, _mm256_and_si256(h, _mm256_set1_epi32((int)0x80000000u)), tiny);
+}
+
+/* n (0..8) elements of an f32 or bf16 row at element offset off, rounded,
+ * as f32 bits; lanes past n are +0 (nothing past them is read). */
+static inline __m256i mxu_load8(const void *src, int dt, int64_t off, int n)
+{
+    __m256i u;
+    if (dt == CTPU_KDT_F32) {
+        if (n >= 8) {
+            u = _mm256_loadu_si256((const __m256i *)((const uint32_t *)src + off));
+        } else {
+            const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx);
+            u = _mm256_maskload_epi32((const int *)((const uint32_t *)src + off), m);
+        }
+    } else {
+        __m128i h;
+        if (n >= 8) {
+            h = _mm_loadu_si128((const __m128i *)((const uint16_t *)src + off));
+        } else {
+            uint16_t t[8] = { 0 };
+            for (int i = 0; i < n; i++) t[i] = ((const uint16_t *)src)[off + i];
+            h = _mm_loadu_si128((const __m128i *)t);
+        }
+        u = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
+    }
+    return mxu_round8(u);
+}
+
+/* Lanes 0..n-1 (n <= 8) of v at d. */
+static inline void mxu_store8(uint32_t *d, __m256i v, int n)
+{
+    if (n >= 8) { _mm256_storeu_si256((__m256i *)d, v); return; }
+    __m128i lo = _mm256_castsi256_si128(v);
+    if (n >= 4) {
+        _mm_storeu_si128((__m128i *)d, lo);
+        lo = _mm256_extracti128_si256(v, 1);
+        d += 4;
+        n -= 4;
+    }
+    if (n >= 2) {
+        _mm_storel_epi64((__m128i *)d, lo);
+        lo = _mm_srli_si128(lo, 8);
+        d += 2;
+        n -= 2;
+    }
+    if (n) *d = (uint32_t)_mm_cvtsi128_si32(lo);
+}
+
+/* t[j] = column j of the 8 x 8 dword matrix whose rows are r[0..7]. */
+static inline void mxu_transpose8(const __m256i r[8], __m256i t[8])
+{
+    __m256 a[8], b[8];
+    for (int i = 0; i < 4; i++) {
+        a[2 * i] = _mm256_unpacklo_ps(_mm256_castsi256_ps(r[2 * i]), _mm256_castsi256_ps(r[2 * i + 1]));
+        a[2 * i + 1] = _mm256_unpackhi_ps(_mm256_castsi256_ps(r[2 * i]), _mm256_castsi256_ps(r[2 * i + 1]));
+    }
+    for (int i = 0; i < 2; i++) {
+        b[4 * i] = _mm256_shuffle_ps(a[4 * i], a[4 * i + 2], 0x44);
+        b[4 * i + 1] = _mm256_shuffle_ps(a[4 * i], a[4 * i + 2], 0xee);
+        b[4 * i + 2] = _mm256_shuffle_ps(a[4 * i + 1], a[4 * i + 3], 0x44);
+        b[4 * i + 3] = _mm256_shuffle_ps(a[4 * i + 1], a[4 * i + 3], 0xee);
+    }
+    for (int c = 0; c < 4; c++) {
+        t[c] = _mm256_castps_si256(_mm256_permute2f128_ps(b[c], b[4 + c], 0x20));
+        t[4 + c] = _mm256_castps_si256(_mm256_permute2f128_ps(b[c], b[4 + c], 0x31));
+    }
+}
+
+/* Planar packing (mxu.h). Default precision, f32 or bf16, with unit stride
+ * along i (B row-major, A transposed: vectors along i, in blocks of 16
+ * pairs across the panels so that each source row is read left to right)
+ * or along k (A row-major, B transposed: 8 rows x 8 k rounded, transposed,
+ * each column k stored as the odd or even row of its pair; k past K and
+ * rows past I load as zeros); the rest, the shared packer. */
 static void mxu_pack_avx2_planar(const ctpu_mxu_pack_args *pa, int64_t q0, int64_t q1)
 {
-    ctpu_mxu_pack_planar(pa, q0, q1);
+    int64_t kh = ctpu_mxu_kh(pa->K), K = pa->K, si = pa->si, sk = pa->sk;
+    int w = pa->w;
+    int64_t pd = 2 * kh * w;
+    int fast = pa->npass == 1 && pa->parts[0] == 0 && (pa->dt == CTPU_KDT_F32 || pa->dt == CTPU_KDT_BF16);
+    if (!fast || (si != 1 && sk != 1)) { ctpu_mxu_pack_planar(pa, q0, q1); return; }
+    if (si == 1 && !(sk == 1 && w < 8)) {
+        for (int64_t pb = 0; pb < kh; pb += 16) {
+            int64_t pe = kh - pb < 16 ? kh : pb + 16;
+            for (int64_t q = q0; q < q1; q++) {
+                uint32_t *d = pa->dst + q * pd;
+                int64_t i0 = q * w, n = pa->I - i0 < w ? pa->I - i0 : w;
+                int64_t es = (int64_t)ctpu_kdt_size(pa->dt);
+                for (int64_t p = pb; p < pe; p++) {
+                    uint32_t *od = d + p * 2 * w, *ev = od + w;
+                    int has1 = 2 * p + 1 < K;
+                    if (2 * p + 17 < K) {   /* 8 pairs ahead: the rows arrive while this packs */
+                        const char *x = (const char *)pa->src + ((2 * p + 16) * sk + i0) * es;
+                        _mm_prefetch(x, _MM_HINT_T0);
+                        _mm_prefetch(x + w * es - 1, _MM_HINT_T0);
+                        _mm_prefetch(x + sk * es, _MM_HINT_T0);
+                        _mm_prefetch(x + sk * es + w * es - 1, _MM_HINT_T0);
+                    }
+                    for (int r = 0; r < w; r += 8) {
+                        /* 8 lanes in bounds: a plain load (lanes past the panel are not stored) */
+                        int cnt = i0 + r + 8 <= pa->I ? 8 : n - r < 0 ? 0 : n - r > 8 ? 8 : (int)(n - r);
+                        int wc = w - r < 8 ? w - r : 8;
+                        mxu_store8(ev + r, mxu_load8(pa->src, pa->dt, 2 * p * sk + i0 + r, cnt), wc);
+                        mxu_store8(od + r, has1 ? mxu_load8(pa->src, pa->dt, (2 * p + 1) * sk + i0 + r, cnt)
+                                                : _mm256_setzero_si256(), wc);
+                    }
+                }
+            }
+        }
+        return;
+    }
+    for (int64_t q = q0; q < q1; q++) {
+        uint32_t *d = pa->dst + q * pd;
+        int64_t i0 = q * w, n = pa->I - i0 < w ? pa->I - i0 : w;
+        for (int r0 = 0; r0 < w; r0 += 8) {
+            int wc = w - r0 < 8 ? w - r0 : 8;
+            for (int64_t k0 = 0; k0 < K; k0 += 8) {
+                int cnt = K - k0 < 8 ? (int)(K - k0) : 8;
+                __m256i v[8], t[8];
+                for (int rr = 0; rr < 8; rr++)
+                    v[rr] = r0 + rr < n ? mxu_load8(pa->src, pa->dt, (i0 + r0 + rr) * si + k0, cnt)
+                                        : _mm256_setzero_si256();
+                mxu_transpose8(v, t);
+                uint32_t *o = d + (k0 / 2) * 2 * w + r0;
+                int nj = 2 * ((cnt + 1) / 2);
+                for (int j = 0; j < nj; j++) mxu_store8(o + (j / 2) * 2 * w + (j & 1 ? 0 : w), t[j], wc);
+            }
+        }
+    }
 }
 
 /* Row-layout packing for the FMA kernel: row r of a panel is the row's K
