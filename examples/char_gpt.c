@@ -77,6 +77,7 @@
  * below).
  */
 #include "corpus.h"
+#include "demo_util.h"
 #include "docbatch.h"
 
 #include <ctpu.h>
@@ -1120,15 +1121,7 @@ int main(int argc, char **argv)
         printf("char_gpt: saved %s at step %lld\n", o.save_path, (long long)step);
     }
     if (log) fclose(log);
-    if (cstep) {
-        ctpu_compiled_info ci;
-        ctpu_compiled_get_info(cstep, &ci);
-        printf("compiled step: calls=%llu captures=%llu replays=%llu guard_failures=%llu graph_breaks=%llu "
-               "host_us_per_call=%.1f%s%s\n", (unsigned long long)ci.calls, (unsigned long long)ci.captures,
-               (unsigned long long)ci.replays, (unsigned long long)ci.guard_failures,
-               (unsigned long long)ci.graph_breaks, ci.calls ? (double)ci.host_ns / 1e3 / (double)ci.calls : 0.0,
-               ci.last_reason[0] ? " last: " : "", ci.last_reason);
-    }
+    demo_print_compiled(cstep);
     char ws[32] = "";
     if (o.ddp) snprintf(ws, sizeof ws, " world_size=%d", ctpu_dist_world_size());
     printf("result val_loss=%.4f train_loss=%.4f steps=%lld tokens_per_s=%.0f compiles=%lld recompiles=%lld mode=%s%s\n",

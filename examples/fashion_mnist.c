@@ -45,6 +45,8 @@
  * structure was cached with other shapes, "recompiles", plus one-op programs
  * whose op signature was first compiled in an earlier step,
  * "strict_recompiles": the last, smaller batch recompiles in every mode). */
+#include "demo_util.h"
+
 #include <ctpu.h>
 #include <ctpu_nn.h>
 
@@ -678,6 +680,7 @@ int main(int argc, char **argv)
         if ((rc = save_run(&r, 0))) return rc;
         printf("fashion_mnist: saved %s at step %lld\n", o.save_path, (long long)r.step);
     }
+    demo_print_compiled(r.cstep);
     char ws[32] = "";
     if (o.ddp) snprintf(ws, sizeof ws, " world_size=%d", r.world);
     printf("result test_accuracy=%.4f train_loss=%.4f epochs=%d images_per_s=%.0f compiles=%lld recompiles=%lld "
