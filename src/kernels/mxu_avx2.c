@@ -118,22 +118,29 @@ static const ctpu_mxu_kernel_ar_fn mxu_fma8_ar[MR + 1] = {
     NULL, mxu_fma8_ar_1, mxu_fma8_ar_2, mxu_fma8_ar_3, mxu_fma8_ar_4, mxu_fma8_ar_5, mxu_fma8_ar_6,
 };
 
-/* 8 f32 (bits) -> bf16-valued f32 bits, exactly ctpu_mxu_round_bits. */
-static inline __m256i mxu_round8(__m256i u)
+/* 8 f32 (bits) -> bf16-valued f32 bits, exactly ctpu_mxu_round_bits: the
+ * round-to-nearest-even add, NaNs quieted and truncated (only when a lane is
+ * one), then results with a zero exponent (subnormal bf16) flushed to the
+ * sign's zero. */
+static inline __attribute__((always_inline)) __m256i mxu_round8(__m256i u)
 {
     const __m256i hi = _mm256_set1_epi32((int)0xffff0000u), inf = _mm256_set1_epi32(0x7f800000);
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_and_si256(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), hi);
-    __m256i q = _mm256_and_si256(_mm256_or_si256(u, _mm256_set1_epi32(0x00400000)), hi);
+    __m256i h = _mm256_and_si256(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), hi);
     __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), inf);
-    __m256i h = _mm256_blendv_epi8(r, q, nan);
+    if (!_mm256_testz_si256(nan, nan)) {
+        __m256i q = _mm256_and_si256(_mm256_or_si256(u, _mm256_set1_epi32(0x00400000)), hi);
+        h = _mm256_blendv_epi8(h, q, nan);
+    }
     __m256i tiny = _mm256_cmpeq_epi32(_mm256_and_si256(h, inf), _mm256_setzero_si256());
-    return _mm256_blendv_epi8(h, _mm256_and_si256(h, _mm256_set1_epi32((int)0x80000000u)), tiny);
+    /* tiny lanes keep the sign bit only */
+    return _mm256_and_si256(h, _mm256_or_si256(_mm256_xor_si256(tiny, _mm256_set1_epi32(-1)),
+                                               _mm256_set1_epi32((int)0x80000000u)));
 }
 
 /* n (0..8) elements of an f32 or bf16 row at element offset off, rounded,
  * as f32 bits; lanes past n are +0 (nothing past them is read). */
-static inline __m256i mxu_load8(const void *src, int dt, int64_t off, int n)
+static inline __attribute__((always_inline)) __m256i mxu_load8(const void *src, int dt, int64_t off, int n)
 {
     __m256i u;
     if (dt == CTPU_KDT_F32) {
@@ -159,7 +166,7 @@ static inline __m256i mxu_load8(const void *src, int dt, int64_t off, int n)
 }
 
 /* Lanes 0..n-1 (n <= 8) of v at d. */
-static inline void mxu_store8(uint32_t *d, __m256i v, int n)
+static inline __attribute__((always_inline)) void mxu_store8(uint32_t *d, __m256i v, int n)
 {
     if (n >= 8) { _mm256_storeu_si256((__m256i *)d, v); return; }
     __m128i lo = _mm256_castsi256_si128(v);
@@ -179,7 +186,7 @@ static inline void mxu_store8(uint32_t *d, __m256i v, int n)
 }
 
 /* t[j] = column j of the 8 x 8 dword matrix whose rows are r[0..7]. */
-static inline void mxu_transpose8(const __m256i r[8], __m256i t[8])
+static inline __attribute__((always_inline)) void mxu_transpose8(const __m256i r[8], __m256i t[8])
 {
     __m256 a[8], b[8];
     for (int i = 0; i < 4; i++) {
@@ -198,55 +205,47 @@ static inline void mxu_transpose8(const __m256i r[8], __m256i t[8])
     }
 }
 
-/* Planar packing (mxu.h). Default precision, f32 or bf16, with unit stride
- * along i (B row-major, A transposed: vectors along i, in blocks of 16
- * pairs across the panels so that each source row is read left to right)
- * or along k (A row-major, B transposed: 8 rows x 8 k rounded, transposed,
- * each column k stored as the odd or even row of its pair; k past K and
- * rows past I load as zeros); the rest, the shared packer. */
-static void mxu_pack_avx2_planar(const ctpu_mxu_pack_args *pa, int64_t q0, int64_t q1)
+/* An 8 x 8 block of an f32 operand with unit stride along k, all in
+ * bounds: NRW (6 or 8) rows at x (row stride si), 8 k, rounded, transposed
+ * and stored as 4 pairs of a planar panel of width w at o (lanes past NRW
+ * are zeros; WC of them stored). */
+static inline __attribute__((always_inline)) void mxu_rows_block_f32(int NRW, int WC, const uint32_t *x, int64_t si,
+                                                                     uint32_t *o, int w)
 {
-    int64_t kh = ctpu_mxu_kh(pa->K), K = pa->K, si = pa->si, sk = pa->sk;
+    __m256i v[8], t[8];
+#pragma GCC unroll 8
+    for (int rr = 0; rr < 8; rr++)
+        v[rr] = rr < NRW ? mxu_round8(_mm256_loadu_si256((const __m256i *)(x + rr * si))) : _mm256_setzero_si256();
+    mxu_transpose8(v, t);
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) mxu_store8(o + (j / 2) * 2 * w + (j & 1 ? 0 : w), t[j], WC);
+}
+
+/* Planar packing of an operand with unit stride along k (default
+ * precision, f32 or bf16): 8 rows x 8 k rounded, transposed, each column k
+ * stored as the odd or even row of its pair; k past K and rows past I load
+ * as zeros. Whole f32 blocks of 8 (or a 6-row panel's 6) rows take
+ * mxu_rows_block_f32. */
+static __attribute__((noinline)) void mxu_pack_avx2_rows(const ctpu_mxu_pack_args *pa, int64_t q0, int64_t q1)
+{
+    int64_t kh = ctpu_mxu_kh(pa->K), K = pa->K, si = pa->si;
     int w = pa->w;
     int64_t pd = 2 * kh * w;
-    int fast = pa->npass == 1 && pa->parts[0] == 0 && (pa->dt == CTPU_KDT_F32 || pa->dt == CTPU_KDT_BF16);
-    if (!fast || (si != 1 && sk != 1)) { ctpu_mxu_pack_planar(pa, q0, q1); return; }
-    if (si == 1 && !(sk == 1 && w < 8)) {
-        for (int64_t pb = 0; pb < kh; pb += 16) {
-            int64_t pe = kh - pb < 16 ? kh : pb + 16;
-            for (int64_t q = q0; q < q1; q++) {
-                uint32_t *d = pa->dst + q * pd;
-                int64_t i0 = q * w, n = pa->I - i0 < w ? pa->I - i0 : w;
-                int64_t es = (int64_t)ctpu_kdt_size(pa->dt);
-                for (int64_t p = pb; p < pe; p++) {
-                    uint32_t *od = d + p * 2 * w, *ev = od + w;
-                    int has1 = 2 * p + 1 < K;
-                    if (2 * p + 17 < K) {   /* 8 pairs ahead: the rows arrive while this packs */
-                        const char *x = (const char *)pa->src + ((2 * p + 16) * sk + i0) * es;
-                        _mm_prefetch(x, _MM_HINT_T0);
-                        _mm_prefetch(x + w * es - 1, _MM_HINT_T0);
-                        _mm_prefetch(x + sk * es, _MM_HINT_T0);
-                        _mm_prefetch(x + sk * es + w * es - 1, _MM_HINT_T0);
-                    }
-                    for (int r = 0; r < w; r += 8) {
-                        /* 8 lanes in bounds: a plain load (lanes past the panel are not stored) */
-                        int cnt = i0 + r + 8 <= pa->I ? 8 : n - r < 0 ? 0 : n - r > 8 ? 8 : (int)(n - r);
-                        int wc = w - r < 8 ? w - r : 8;
-                        mxu_store8(ev + r, mxu_load8(pa->src, pa->dt, 2 * p * sk + i0 + r, cnt), wc);
-                        mxu_store8(od + r, has1 ? mxu_load8(pa->src, pa->dt, (2 * p + 1) * sk + i0 + r, cnt)
-                                                : _mm256_setzero_si256(), wc);
-                    }
-                }
-            }
-        }
-        return;
-    }
     for (int64_t q = q0; q < q1; q++) {
         uint32_t *d = pa->dst + q * pd;
         int64_t i0 = q * w, n = pa->I - i0 < w ? pa->I - i0 : w;
         for (int r0 = 0; r0 < w; r0 += 8) {
             int wc = w - r0 < 8 ? w - r0 : 8;
-            for (int64_t k0 = 0; k0 < K; k0 += 8) {
+            int64_t k0 = 0;
+            if (pa->dt == CTPU_KDT_F32 && (wc == 8 || wc == 6) && n - r0 >= wc) {
+                const uint32_t *x = (const uint32_t *)pa->src + (i0 + r0) * si;
+                uint32_t *o = d + r0;
+                if (wc == 8)
+                    for (; k0 + 8 <= K; k0 += 8) mxu_rows_block_f32(8, 8, x + k0, si, o + (k0 / 2) * 2 * w, w);
+                else
+                    for (; k0 + 8 <= K; k0 += 8) mxu_rows_block_f32(6, 6, x + k0, si, o + (k0 / 2) * 2 * w, w);
+            }
+            for (; k0 < K; k0 += 8) {
                 int cnt = K - k0 < 8 ? (int)(K - k0) : 8;
                 __m256i v[8], t[8];
                 for (int rr = 0; rr < 8; rr++)
@@ -259,6 +258,93 @@ static void mxu_pack_avx2_planar(const ctpu_mxu_pack_args *pa, int64_t q0, int64
             }
         }
     }
+}
+
+/* Rows 2p and 2p+1 (p in [p0, p1)) of an f32 operand with unit stride along
+ * i, W (16 or 6) lanes of each from x (row stride sk), rounded, as the
+ * even and odd rows of planar panel d; the source rows 16 rows ahead
+ * prefetched (not past K). 8-lane loads: the caller checks they are in bounds. */
+static inline __attribute__((always_inline)) void mxu_cols_f32(int W, const uint32_t *x, int64_t sk, uint32_t *d,
+                                                               int64_t p0, int64_t p1, int64_t K)
+{
+    for (int64_t p = p0; p < p1; p++) {
+        const uint32_t *x0 = x + 2 * p * sk, *x1 = x0 + sk;
+        uint32_t *od = d + p * 2 * W, *ev = od + W;
+        if (2 * p + 17 < K) {
+            _mm_prefetch((const char *)(x0 + 16 * sk), _MM_HINT_T0);
+            _mm_prefetch((const char *)(x0 + 16 * sk + W - 1), _MM_HINT_T0);
+            _mm_prefetch((const char *)(x1 + 16 * sk), _MM_HINT_T0);
+            _mm_prefetch((const char *)(x1 + 16 * sk + W - 1), _MM_HINT_T0);
+        }
+#pragma GCC unroll 2
+        for (int r = 0; r < W; r += 8) {
+            int wc = W - r < 8 ? W - r : 8;
+            mxu_store8(ev + r, mxu_round8(_mm256_loadu_si256((const __m256i *)(x0 + r))), wc);
+            mxu_store8(od + r, mxu_round8(_mm256_loadu_si256((const __m256i *)(x1 + r))), wc);
+        }
+    }
+}
+
+/* Planar packing of an operand with unit stride along i (default
+ * precision, f32 or bf16): vectors along i, in blocks of 16 pairs across
+ * the panels so that each source row is read left to right; partial
+ * panels' lanes past I load as zeros. */
+static __attribute__((noinline)) void mxu_pack_avx2_cols(const ctpu_mxu_pack_args *pa, int64_t q0, int64_t q1)
+{
+    int64_t kh = ctpu_mxu_kh(pa->K), K = pa->K, sk = pa->sk;
+    int w = pa->w;
+    int64_t pd = 2 * kh * w;
+    for (int64_t pb = 0; pb < kh; pb += 16) {
+        int64_t pe = kh - pb < 16 ? kh : pb + 16;
+        for (int64_t q = q0; q < q1; q++) {
+            uint32_t *d = pa->dst + q * pd;
+            int64_t i0 = q * w, n = pa->I - i0 < w ? pa->I - i0 : w;
+            int64_t es = (int64_t)ctpu_kdt_size(pa->dt);
+            int64_t p = pb;
+            if (pa->dt == CTPU_KDT_F32 && (w == 16 || w == 6) && i0 + (w + 7) / 8 * 8 <= pa->I) {
+                /* whole vectors in bounds, both rows of each pair */
+                int64_t pf = pe < K / 2 ? pe : K / 2;
+                const uint32_t *x = (const uint32_t *)pa->src + i0;
+                if (w == 16) mxu_cols_f32(16, x, sk, d, p, pf, K);
+                else mxu_cols_f32(6, x, sk, d, p, pf, K);
+                p = pf > p ? pf : p;
+            }
+            for (; p < pe; p++) {
+                uint32_t *od = d + p * 2 * w, *ev = od + w;
+                int has1 = 2 * p + 1 < K;
+                if (2 * p + 17 < K) {   /* 8 pairs ahead: the rows arrive while this packs */
+                    const char *x = (const char *)pa->src + ((2 * p + 16) * sk + i0) * es;
+                    _mm_prefetch(x, _MM_HINT_T0);
+                    _mm_prefetch(x + w * es - 1, _MM_HINT_T0);
+                    _mm_prefetch(x + sk * es, _MM_HINT_T0);
+                    _mm_prefetch(x + sk * es + w * es - 1, _MM_HINT_T0);
+                }
+                for (int r = 0; r < w; r += 8) {
+                    /* 8 lanes in bounds: a plain load (lanes past the panel are not stored) */
+                    int cnt = i0 + r + 8 <= pa->I ? 8 : n - r < 0 ? 0 : n - r > 8 ? 8 : (int)(n - r);
+                    int wc = w - r < 8 ? w - r : 8;
+                    mxu_store8(ev + r, mxu_load8(pa->src, pa->dt, 2 * p * sk + i0 + r, cnt), wc);
+                    mxu_store8(od + r, has1 ? mxu_load8(pa->src, pa->dt, (2 * p + 1) * sk + i0 + r, cnt)
+                                            : _mm256_setzero_si256(), wc);
+                }
+            }
+        }
+    }
+}
+
+/* Planar packing (mxu.h). Default precision, f32 or bf16, with unit stride
+ * along i (B row-major, A transposed: vectors along i, in blocks of 16
+ * pairs across the panels so that each source row is read left to right)
+ * or along k (A row-major, B transposed: 8 rows x 8 k rounded, transposed,
+ * each column k stored as the odd or even row of its pair; k past K and
+ * rows past I load as zeros); the rest, the shared packer. */
+static void mxu_pack_avx2_planar(const ctpu_mxu_pack_args *pa, int64_t q0, int64_t q1)
+{
+    int64_t si = pa->si, sk = pa->sk;
+    int fast = pa->npass == 1 && pa->parts[0] == 0 && (pa->dt == CTPU_KDT_F32 || pa->dt == CTPU_KDT_BF16);
+    if (!fast || (si != 1 && sk != 1)) { ctpu_mxu_pack_planar(pa, q0, q1); return; }
+    if (si == 1 && !(sk == 1 && pa->w < 8)) mxu_pack_avx2_cols(pa, q0, q1);
+    else mxu_pack_avx2_rows(pa, q0, q1);
 }
 
 /* Row-layout packing for the FMA kernel: row r of a panel is the row's K
