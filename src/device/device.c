@@ -838,21 +838,29 @@ static void *device_main(void *p)
          * host_waiters load pass it and a host going to sleep is never woken */
         atomic_store_explicit(&dev->completed, head, memory_order_seq_cst);
         if (atomic_load(&dev->host_waiters) > 0 && head >= atomic_load(&dev->wake_seq)) {
+            /* the broadcasts after the unlock (as wake_device's signal):
+             * a waiter is on the condition before the lock is taken here */
             pthread_mutex_lock(&dev->mu);
             atomic_store(&dev->wake_seq, UINT64_MAX);   /* the woken re-register what they still wait for */
+            pthread_mutex_unlock(&dev->mu);
             pthread_cond_broadcast(&dev->cv_done);
             pthread_cond_broadcast(&dev->cv_space);
-            pthread_mutex_unlock(&dev->mu);
         }
     }
 }
 
+/* The lock only orders this against device_park: a parked device set
+ * dev_sleeping under it and is inside pthread_cond_wait once it is free.
+ * The signal comes after the unlock: signalled under the lock, the device
+ * thread woke on its core, found the mutex held and slept on it again, and
+ * the unlock paid a second futex wake-up (perf: __lll_lock_wake in every
+ * cache hit that found the device parked). */
 static void wake_device(ctpu_device *dev)
 {
     if (atomic_load(&dev->dev_sleeping)) {
         pthread_mutex_lock(&dev->mu);
-        pthread_cond_signal(&dev->cv_work);
         pthread_mutex_unlock(&dev->mu);
+        pthread_cond_signal(&dev->cv_work);
     }
 }
 
@@ -977,8 +985,8 @@ void ctpu_device_hold(ctpu_device *dev, bool hold)
     atomic_store(&dev->hold, hold);
     if (!hold) {
         pthread_mutex_lock(&dev->mu);
-        pthread_cond_signal(&dev->cv_work);
         pthread_mutex_unlock(&dev->mu);
+        pthread_cond_signal(&dev->cv_work);   /* after the unlock: wake_device */
     }
 }
 
