@@ -1917,6 +1917,134 @@ START_TEST(non_capturable_optimizer_refused_in_capture)
 }
 END_TEST
 
+/* The binding cache (compiled.c: a replay skips the per-handle guards while
+ * the binding epoch is unchanged): every kind of thing a guard or the
+ * replay's binding checks, mutated one at a time between replays (each
+ * after two plain replays, so the cache is warm), and the step's values
+ * after each bit-identical to fn's in strict eager given the same
+ * mutations; the mutations that fail a guard count as guard failures,
+ * the released tensor is the guard's error. */
+typedef struct { ctpu_tensor w, m, c; } bind_st;
+
+static ctpu_status bind_fn(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)sc;
+    bind_st *b = ctx;
+    ctpu_zero_grad(b->w);
+    ctpu_tensor y = ctpu_add(ctpu_matmul(in[0], b->w), b->c);
+    ctpu_tensor loss = ctpu_sum(ctpu_mul(y, y), 0, NULL, false);
+    ctpu_status st = ctpu_backward(loss);
+    if (st != CTPU_OK) return st;
+    ctpu_no_grad_begin();
+    ctpu_assign(b->m, ctpu_add(ctpu_mul_scalar(b->m, 0.9), ctpu_grad(b->w)));
+    ctpu_assign(b->w, ctpu_sub(b->w, ctpu_mul_scalar(b->m, 0.01)));
+    ctpu_no_grad_end();
+    out[0] = loss;
+    return ctpu_last_status();
+}
+
+enum { BM_NONE, BM_VIEW_W, BM_VIEW_M, BM_DROP_VIEWS, BM_ASSIGN_M, BM_ZERO_GRAD, BM_VIEW_GRAD, BM_DEFER_ASSIGN,
+       BM_SET_GRAD_OFF, BM_SET_GRAD_ON, BM_COUNT };
+
+typedef struct { float w[12], m[12], loss[BM_COUNT * 3], gview[12]; int64_t failures; } bind_out;
+
+static void bind_mutate(bind_st *b, int k, ctpu_tensor *views, int *nv)
+{
+    switch (k) {
+    case BM_VIEW_W: views[(*nv)++] = ctpu_keep(ctpu_slice(b->w, 0, 0, 2, 1)); break;
+    case BM_VIEW_M: views[(*nv)++] = ctpu_keep(ctpu_reshape(b->m, 1, (int64_t[]){ 12 })); break;
+    case BM_DROP_VIEWS:
+        while (*nv) ctpu_release(views[--*nv]);
+        break;
+    case BM_ASSIGN_M: ctpu_assign(b->m, ctpu_mul_scalar(b->m, 0.5)); break;
+    case BM_ZERO_GRAD: ctpu_zero_grad(b->w); break;
+    case BM_VIEW_GRAD: views[(*nv)++] = ctpu_keep(ctpu_reshape(ctpu_grad(b->w), 1, (int64_t[]){ 12 })); break;
+    case BM_DEFER_ASSIGN:
+        ctpu_set_mode(CTPU_MODE_DEFER_FUSE);
+        ctpu_assign(b->m, ctpu_add_scalar(b->m, 1.0));
+        ctpu_set_mode(CTPU_MODE_STRICT);
+        break;
+    case BM_SET_GRAD_OFF: ctpu_zero_grad(b->w); ctpu_set_requires_grad(b->c, true); break;
+    case BM_SET_GRAD_ON: ctpu_set_requires_grad(b->c, false); break;
+    default: break;
+    }
+}
+
+static void bind_run(bool compiled, bind_out *r)
+{
+    memset(r, 0, sizeof *r);
+    bind_st b;
+    float w0[12], x0[6];
+    for (int i = 0; i < 12; i++) w0[i] = 0.1f * (float)(i % 5) - 0.2f;
+    for (int i = 0; i < 6; i++) x0[i] = 0.3f * (float)i - 0.7f;
+    b.w = ctpu_keep(t_f32(w0, 2, (int64_t[]){ 3, 4 }));
+    ck_assert_int_eq(ctpu_set_requires_grad(b.w, true), CTPU_OK);
+    b.m = ctpu_keep(ctpu_zeros(CTPU_F32, 2, (int64_t[]){ 3, 4 }));
+    b.c = ctpu_keep(ctpu_full(CTPU_F32, 1, (int64_t[]){ 4 }, 0.25));
+    ctpu_tensor x = ctpu_keep(t_f32(x0, 2, (int64_t[]){ 2, 3 }));
+    ctpu_compiled *c = compiled ? ctpu_compile(bind_fn, &b, &(ctpu_compile_opts){ .name = "bind" }) : NULL;
+    ctpu_tensor views[8];
+    int nv = 0, n = 0;
+    for (int k = 0; k < BM_COUNT; k++) {
+        bind_mutate(&b, k, views, &nv);
+        for (int rep = 0; rep < 3; rep++) {
+            ctpu_tensor out[1];
+            if (compiled) {
+                ck_assert_msg(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out) == CTPU_OK, "mutation %d: %s", k,
+                              ctpu_last_error());
+            } else {
+                ctpu_scope_begin();
+                ck_assert_int_eq(bind_fn(&b, &x, NULL, out), CTPU_OK);
+                ctpu_keep(out[0]);
+                ctpu_scope_end();
+            }
+            ck_assert_int_eq(ctpu_to_host(out[0], &r->loss[n++], sizeof(float)), CTPU_OK);
+            ctpu_release(out[0]);
+        }
+        if (k == BM_VIEW_GRAD) ck_assert_int_eq(ctpu_to_host(views[nv - 1], r->gview, sizeof r->gview), CTPU_OK);
+    }
+    while (nv) ctpu_release(views[--nv]);
+    ck_assert_int_eq(ctpu_to_host(b.w, r->w, sizeof r->w), CTPU_OK);
+    ck_assert_int_eq(ctpu_to_host(b.m, r->m, sizeof r->m), CTPU_OK);
+    if (compiled) {
+        /* last: a released tensor the step reads is the guard's error */
+        ctpu_release(b.c);
+        ctpu_tensor out[1];
+        ck_assert_int_ne(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_OK);
+        ck_assert_msg(t_contains(ctpu_last_error(), "guard failed: captured tensor released"), "%s", ctpu_last_error());
+        ctpu_compiled_info info;
+        ck_assert_int_eq(ctpu_compiled_get_info(c, &info), CTPU_OK);
+        r->failures = info.guard_failures;
+        ctpu_compiled_free(c);
+    } else {
+        ctpu_release(b.c);
+    }
+    ctpu_zero_grad(b.w);
+    ctpu_release(b.w);
+    ctpu_release(b.m);
+    ctpu_release(x);
+}
+
+START_TEST(binding_cache_notices_every_change)
+{
+    bind_out ref, got;
+    bind_run(false, &ref);
+    bind_run(true, &got);
+    for (int i = 0; i < BM_COUNT * 3; i++)
+        ck_assert_msg(t_same(got.loss[i], ref.loss[i]), "call %d (mutation %d): loss %.9g vs %.9g", i, i / 3,
+                      got.loss[i], ref.loss[i]);
+    for (int i = 0; i < 12; i++) {
+        ck_assert_msg(t_same(got.w[i], ref.w[i]), "w[%d] %.9g vs %.9g", i, got.w[i], ref.w[i]);
+        ck_assert_msg(t_same(got.m[i], ref.m[i]), "m[%d] %.9g vs %.9g", i, got.m[i], ref.m[i]);
+    }
+    for (int i = 0; i < 12; i++)   /* a view of the old .grad keeps its values (the replay wrote a fresh one) */
+        ck_assert_msg(t_same(got.gview[i], ref.gview[i]), "grad view[%d] %.9g vs %.9g", i, got.gview[i], ref.gview[i]);
+    /* guard failures: a live view of the in-place targets w and m, the
+     * read tensor released */
+    ck_assert_msg(got.failures >= 3, "%lld guard failures", (long long)got.failures);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("compile");
@@ -1960,6 +2088,7 @@ static Suite *suite(void)
     tcase_add_test(t, non_capturable_optimizer_refused_in_capture);
     tcase_add_test(t, capturable_optimizer_over_bf16_params);
     tcase_add_test(t, guard_reason_names_the_closest_version);
+    tcase_add_test(t, binding_cache_notices_every_change);
     suite_add_tcase(s, t);
     return s;
 }

@@ -303,6 +303,7 @@ ctpu_buffer *ctpu_buffer_alloc(ctpu_device *dev, size_t bytes, char *err, size_t
     atomic_init(&b->handle_refs, 0);
     atomic_init(&b->trace_readers, 0);
     atomic_init(&b->last_seq, 0);
+    atomic_init(&b->watched, false);
     uint64_t now = cur + need, pk = atomic_load(&dev->peak);
     while (now > pk && !atomic_compare_exchange_weak(&dev->peak, &pk, now)) {}
     atomic_fetch_add(&dev->allocs, 1);
@@ -932,6 +933,8 @@ static void cmd_copy(ctpu_cmd *slot, const ctpu_cmd *cmd, int n_scal)
     }
     slot->prov = cmd->prov == &cmd->prov_inl ? &slot->prov_inl : cmd->prov;
 }
+
+atomic_uint_fast64_t ctpu__bind_epoch = 1;
 
 uint64_t ctpu_device_submit(ctpu_device *dev, ctpu_cmd *cmd)
 {

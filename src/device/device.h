@@ -36,7 +36,22 @@ typedef struct ctpu_buffer {
      * reference goes while that command is pending is freed once it is done
      * (so the device thread never touches reference counts) */
     atomic_uint_fast64_t last_seq;
+    /* a compiled step's binding cache relies on the handles bound to it
+     * (src/eager/compiled.c): a change to them bumps ctpu__bind_epoch */
+    atomic_bool watched;
 } ctpu_buffer;
+
+/* The binding epoch (compiled steps' binding cache, src/eager/compiled.c):
+ * bumped by anything that can change what a compiled step's guards check
+ * about the handles it reads and writes: a handle made on or released from
+ * a watched buffer, a watched handle assigned, rebound or made pending, a
+ * trace reading a watched buffer, any .grad set or cleared. */
+extern atomic_uint_fast64_t ctpu__bind_epoch;
+static inline void ctpu_bind_bump(void) { atomic_fetch_add(&ctpu__bind_epoch, 1); }
+static inline void ctpu_buffer_bind_touch(const ctpu_buffer *b)
+{
+    if (b && atomic_load_explicit(&b->watched, memory_order_relaxed)) ctpu_bind_bump();
+}
 
 /* ------------------------------------------------------------ programs
  * A program is a list of steps; a step is a kernel entry and its immutable

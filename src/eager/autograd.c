@@ -146,6 +146,7 @@ void ctpu__ag_release(ctpu_trec *rec)
         m->leaf->alive = false;
         ctpu_tensor g = m->leaf->grad;
         m->leaf->grad = CTPU_NULL;
+        ctpu_bind_bump();
         release_quiet(g);
         leaf_unref(m->leaf);
     }
@@ -875,6 +876,7 @@ ctpu_status ctpu_set_requires_grad(ctpu_tensor t, bool requires_grad)
 {
     ctpu_trec *r = ctpu_rec_get(t, "set_requires_grad", "t", false);
     if (!r) return ctpu_last_status();
+    ctpu_bind_bump();   /* a leaf made or dropped: what a compiled step's .grads bind to */
     char tb[128];
     ag_meta *m = r->ag;
     if (requires_grad) {
@@ -933,6 +935,7 @@ ctpu_status ctpu_zero_grad(ctpu_tensor t)
     if (m && m->leaf) {
         ctpu_tensor g = m->leaf->grad;
         m->leaf->grad = CTPU_NULL;
+        ctpu_bind_bump();
         release_quiet(g);
         if (ctpu__capturing()) ctpu__capture_note_zero_grad(t.id);
     }
@@ -952,6 +955,7 @@ bool ctpu__ag_set_grad(ctpu_tensor leaf, ctpu_tensor g)
     if (!m || !m->leaf) return false;
     ctpu_tensor old = m->leaf->grad;
     m->leaf->grad = CTPU_NULL;
+    ctpu_bind_bump();
     release_quiet(old);
     rec_of(g)->scope_id = 0;
     rec_of(g)->leaf_grad = true;
@@ -1099,6 +1103,7 @@ static ctpu_status leaf_apply(ag_leaf *l, ctpu_status st)
         rec_of(g)->scope_id = 0;   /* .grad lives in no scope */
         rec_of(g)->leaf_grad = true;
         l->grad = g;
+        ctpu_bind_bump();
         if (ctpu__capturing()) ctpu__capture_note_grad(l->self, g.id);
     }
     return st;

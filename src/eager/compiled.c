@@ -205,6 +205,20 @@ typedef struct version {
     int n_prov;
     bool prov_span;
     uint64_t prov_seq;
+    /* the binding cache: bound when every per-handle guard held at
+     * bound_epoch (ctpu__bind_epoch, device.h) and nothing bumped it through
+     * the replay after: while the epoch stays there, hrec, the held and
+     * reused outputs (outb, outo, outk) and the handles' program inputs
+     * (pin_b, pin_o) are as the last call found them, and a call checks only
+     * its own inputs and the call-level guards. check_epoch: the epoch read
+     * before this call's handle guards; bindable: they watched every buffer
+     * they rely on (ctpu_buffer.watched). */
+    bool bound, bindable;
+    uint64_t bound_epoch, check_epoch;
+    ctpu_buffer **pin_b;       /* [n_pin] the program inputs' buffers and offsets at the last call */
+    size_t *pin_o;
+    int32_t *pin_user;         /* [n_pin_user] the IN_USER program inputs (each call's in[i]) */
+    int n_pin_user;
 } version;
 
 enum { OUT_FRESH = 1, OUT_HELD, OUT_REUSED };
@@ -345,6 +359,9 @@ static void version_free(version *v)
     free(v->sc_tmpl);
     free(v->sc_dyn);
     free(v->unconf);
+    free(v->pin_b);
+    free(v->pin_user);
+    free(v->pin_o);
     if (v->scratch) ctpu_buffer_release(ctpu_rt->dev, v->scratch);
     if (v->prov && v->prov_seq && ctpu_rt && ctpu_rt->dev) ctpu_device_wait(ctpu_rt->dev, v->prov_seq);
     free(v->prov);
@@ -646,7 +663,10 @@ static bool version_alloc(version *v, const ctpu_capture_sink *s, const struct c
     v->sc_tmpl = malloc(sizeof *v->sc_tmpl * ((size_t)v->n_psc + 1));
     v->sc_dyn = malloc(sizeof *v->sc_dyn * ((size_t)v->n_psc + 1));
     v->unconf = malloc(sizeof *v->unconf * ((size_t)v->n_psc + 1));
-    if (!v->outb || !v->outo || !v->outk || !v->sc_tmpl || !v->sc_dyn || !v->unconf) return false;
+    v->pin_b = calloc((size_t)v->n_pin + 1, sizeof *v->pin_b);
+    v->pin_o = calloc((size_t)v->n_pin + 1, sizeof *v->pin_o);
+    v->pin_user = calloc((size_t)v->n_pin + 1, sizeof *v->pin_user);
+    if (!v->outb || !v->outo || !v->outk || !v->sc_tmpl || !v->sc_dyn || !v->unconf || !v->pin_b || !v->pin_o || !v->pin_user) return false;
     return v->user_type && v->user_same && v->in && v->sc && v->rq && v->alias_req && v->grad_rq && v->out_bytes &&
            v->rng && v->no_grad_leaf && v->out_rq && v->out_fixed && v->out_in && v->out_vbase && v->out_vtype &&
            v->out_vdelta && v->arg_val;
@@ -794,6 +814,8 @@ static bool plan_replay(version *v)
     }
     for (int q = 0; q < v->nreq; q++)
         if (v->rq[q].kind == RQ_REBIND || v->rq[q].kind == RQ_GRAD) v->pub_q[v->n_pub++] = q;
+    for (int k = 0; k < v->n_pin; k++)
+        if (v->in[k].kind == IN_USER) v->pin_user[v->n_pin_user++] = k;
     return true;
 }
 
@@ -945,6 +967,10 @@ static inline ctpu_trec *row_rec(const version *v, int h)
            atomic_load_explicit(&r->gen, memory_order_relaxed) == v->hgen[h] ? r : NULL;
 }
 
+static bool handles_hold(version *v, char *why, size_t len);
+static bool inputs_not_inplace(const version *v, int n_in, const ctpu_tensor *in, char *why, size_t len);
+static bool no_grad_holds(version *v, char *why, size_t len);
+
 /* The tensors a version reads and writes through handles still fit it;
  * fills v->hrec (one lookup per handle per call). False with the reason
  * (the cache report's diff format); *extent: the inputs differ from the
@@ -982,10 +1008,25 @@ static bool guards_hold(version *v, int n_in, const ctpu_tensor *in, ctpu_trec *
         snprintf(why, len, "%s changed", v->dbg != ctpu_rt->debug_checks ? "debug checks" : "matmul precision");
         return false;
     }
+    uint64_t epoch = atomic_load(&ctpu__bind_epoch);
+    v->check_epoch = epoch;
+    if (v->bound && v->bound_epoch == epoch) return inputs_not_inplace(v, n_in, in, why, len);
+    v->bound = false;
+    return handles_hold(v, why, len) && inputs_not_inplace(v, n_in, in, why, len) && no_grad_holds(v, why, len);
+}
+
+/* The per-handle guards (what the binding cache skips): each row live,
+ * computed and with storage; in-place targets unshared; each buffer they
+ * rely on watched, so a change to it bumps the binding epoch. */
+static bool handles_hold(version *v, char *why, size_t len)
+{
+    v->bindable = true;
     for (int h = 0; h < v->n_h; h++) {
         ctpu_trec *r = row_rec(v, h);
         v->hrec[h] = r;
         uint8_t f = v->hrole[h];
+        if (r && r->buf) atomic_store_explicit(&r->buf->watched, true, memory_order_relaxed);
+        else if (r) v->bindable = false;
         if (f == H_LEAF) continue;   /* only its .grad is written: a released leaf gets none */
         if (!r || ctpu_rec_pending(r) || !r->buf) {
             snprintf(why, len, "captured tensor %s: %s, which the step %s", !r ? "released" : "pending elsewhere",
@@ -1005,6 +1046,11 @@ static bool guards_hold(version *v, int n_in, const ctpu_tensor *in, ctpu_trec *
             return false;
         }
     }
+    return true;
+}
+
+static bool inputs_not_inplace(const version *v, int n_in, const ctpu_tensor *in, char *why, size_t len)
+{
     /* an input sharing an in-place target's storage: with that storage held
      * by one handle (checked above), the input is that handle */
     for (int i = 0; i < n_in && v->n_inplace; i++)
@@ -1012,12 +1058,19 @@ static bool guards_hold(version *v, int n_in, const ctpu_tensor *in, ctpu_trec *
             snprintf(why, len, "input %d is the storage of a tensor the step assigns in place", i);
             return false;
         }
+    return true;
+}
+
+static bool no_grad_holds(version *v, char *why, size_t len)
+{
     for (int i = 0; i < v->n_no_grad; i++) {
         const ctpu_trec *leaf = live_rec(v->no_grad_leaf[i]);
         if (!leaf) {
             snprintf(why, len, "a leaf whose .grad the step makes was released");
             return false;
         }
+        if (leaf->buf) atomic_store_explicit(&leaf->buf->watched, true, memory_order_relaxed);
+        else v->bindable = false;
         if (live_rec(ctpu__ag_grad_id(leaf))) {
             const char *nm = ctpu_rec_name(leaf);
             snprintf(why, len, "leaf %.64s%shas a .grad now, none at the capture (backward would accumulate)", nm,
@@ -1059,11 +1112,39 @@ static void replay_unwind(replay_ctx *x)
     if (x->cmd.one_block) free(x->cmd.buf);
 }
 
+/* The program's scratch buffer, kept across replays. */
+static bool replay_scratch(replay_ctx *x, const ctpu_program *prog)
+{
+    version *v = x->v;
+    if (prog->prog.n_virtual > 0) {
+        if (!v->scratch) {
+            v->scratch = ctpu_buffer_alloc(ctpu_rt->dev, prog->prog.scratch_bytes, x->err, sizeof x->err);
+            if (!v->scratch) return false;
+        }
+        x->scratch = v->scratch;
+    }
+    return true;
+}
+
 /* Output buffers: an assigned tensor's own, the old .grad's (nothing else
  * holds it), or fresh. */
 static bool replay_outputs(replay_ctx *x, const ctpu_program *prog)
 {
     version *v = x->v;
+    if (v->bound) {
+        /* the binding cache: the held outputs' storage and each reused old
+         * .grad are the last call's; only the fresh ones are new */
+        for (int i = 0; i < v->n_fresh; i++) {
+            int o = v->fresh_o[i];
+            if (x->outk[o] == OUT_REUSED) continue;
+            x->outk[o] = 0;
+            x->outo[o] = 0;
+            x->outb[o] = ctpu_buffer_alloc(ctpu_rt->dev, v->out_bytes[o], x->err, sizeof x->err);
+            if (!x->outb[o]) return false;
+            x->outk[o] = OUT_FRESH;
+        }
+        return replay_scratch(x, prog);
+    }
     for (int i = 0; i < v->n_fresh; i++) x->outk[v->fresh_o[i]] = 0;
     for (int o = 0; o < v->n_pout; o++) {
         int hs = v->held_hs[o];
@@ -1079,6 +1160,7 @@ static bool replay_outputs(replay_ctx *x, const ctpu_program *prog)
             ctpu_trec *gr = leaf ? live_rec(ctpu__ag_grad_id(leaf)) : NULL;
             if (gr && !ctpu_rec_pending(gr) && gr->buf && atomic_load(&gr->buf->handle_refs) == 1 &&
                 vtype_eq(&gr->type, &v->rq[v->grad_rq[o]].type)) {
+                atomic_store_explicit(&gr->buf->watched, true, memory_order_relaxed);
                 x->outb[o] = gr->buf;
                 x->outo[o] = gr->off;
                 x->outk[o] = OUT_REUSED;
@@ -1090,14 +1172,7 @@ static bool replay_outputs(replay_ctx *x, const ctpu_program *prog)
         if (!x->outb[o]) return false;
         x->outk[o] = OUT_FRESH;
     }
-    if (prog->prog.n_virtual > 0) {
-        if (!v->scratch) {
-            v->scratch = ctpu_buffer_alloc(ctpu_rt->dev, prog->prog.scratch_bytes, x->err, sizeof x->err);
-            if (!v->scratch) return false;
-        }
-        x->scratch = v->scratch;
-    }
-    return true;
+    return replay_scratch(x, prog);
 }
 
 /* The command's arrays: inline when they fit, else one heap block (buffers,
@@ -1138,11 +1213,26 @@ static bool replay_cmd(replay_ctx *x, const ctpu_program *prog, const double *sc
     }
     ctpu_buffer **cb = cmd->buf;
     size_t *co = cmd->off;
-    for (int k = 0; k < v->n_pin; k++) {
-        const in_src *s = &v->in[k];
-        const ctpu_trec *r = s->kind == IN_OWNER ? v->hrec[s->hs] : s->kind == IN_USER ? x->inrec[s->idx] : NULL;
-        cb[k] = r ? r->buf : s->buf;
-        co[k] = (size_t)((int64_t)(r ? r->off : 0) + s->delta);
+    if (v->bound) {
+        /* the binding cache: the handles' inputs are the last call's */
+        memcpy(cb, v->pin_b, sizeof *cb * (size_t)v->n_pin);
+        memcpy(co, v->pin_o, sizeof *co * (size_t)v->n_pin);
+        for (int u = 0; u < v->n_pin_user; u++) {
+            int k = v->pin_user[u];
+            const in_src *s = &v->in[k];
+            const ctpu_trec *r = x->inrec[s->idx];
+            cb[k] = r->buf;
+            co[k] = (size_t)((int64_t)r->off + s->delta);
+        }
+    } else {
+        for (int k = 0; k < v->n_pin; k++) {
+            const in_src *s = &v->in[k];
+            const ctpu_trec *r = s->kind == IN_OWNER ? v->hrec[s->hs] : s->kind == IN_USER ? x->inrec[s->idx] : NULL;
+            cb[k] = r ? r->buf : s->buf;
+            co[k] = (size_t)((int64_t)(r ? r->off : 0) + s->delta);
+        }
+        memcpy(v->pin_b, cb, sizeof *cb * (size_t)v->n_pin);
+        memcpy(v->pin_o, co, sizeof *co * (size_t)v->n_pin);
     }
     memcpy(cb + v->n_pin, x->outb, sizeof *cb * (size_t)v->n_pout);
     memcpy(co + v->n_pin, x->outo, sizeof *co * (size_t)v->n_pout);
@@ -1195,6 +1285,7 @@ static void replay_publish(replay_ctx *x, ctpu_tensor *out)
         if (r->kind == RQ_REBIND) {
             ctpu_trec *t = v->hrec[r->hs];
             if (t->buf == b) continue;
+            ctpu_buffer_bind_touch(t->buf);
             ctpu_buffer_retain(b);
             atomic_fetch_add(&b->handle_refs, 1);
             atomic_fetch_sub(&t->buf->handle_refs, 1);
@@ -1260,7 +1351,13 @@ static ctpu_status replay(version *v, const ctpu_tensor *in, ctpu_trec *const *i
         else ctpu__report_replay(v->program_id);
         replay_publish(&x, out);
         release_fresh(&x);
+        /* bound while nothing bumped the epoch since the guards read it
+         * (this call's own rebinds and new .grads do) */
+        uint64_t e = atomic_load(&ctpu__bind_epoch);
+        v->bound = v->bindable && e == v->check_epoch;
+        v->bound_epoch = e;
     } else {
+        v->bound = false;
         ctpu_set_error(st, "compiled_call: program %llu: %s", (unsigned long long)v->program_id, x.err);
     }
     return st;

@@ -499,6 +499,7 @@ ctpu_status ctpu__defer_assign(ctpu_trec *dst, ctpu_tensor dst_h, ctpu_trec *src
         }
     }
     bool was_pending = ctpu_rec_pending(dst);
+    ctpu_buffer_bind_touch(dst->buf);
     dst->trace_id = t_df.id;
     dst->tval = v;
     /* dst->buf stays: the storage the new value is written into at the cut */
@@ -517,6 +518,7 @@ static void poison_holders(ctpu_status st, const char *msg)
     ctpu_device *dev = ctpu_rt->dev;
     unsigned id = ctpu_device_fault_new(dev, st, msg, false);
     char err[256];
+    ctpu_bind_bump();
     for (size_t i = 0; i < t_df.n_holders; i++) {
         ctpu_tensor h = { t_df.holders[i] };
         ctpu_trec *r = ctpu_slot(ctpu_handle_slot(h));
@@ -1544,6 +1546,7 @@ static void publish(flush_ctx *f)
             continue;
         }
         if (r->buf) {
+            ctpu_buffer_bind_touch(r->buf);
             ctpu_counter_add(m, CTPU_CTR_ASSIGN_COPY, 1);
             atomic_fetch_sub(&r->buf->handle_refs, 1);
             ctpu_buffer_release(rt->dev, r->buf);
@@ -1736,6 +1739,7 @@ bool ctpu__defer_has_nodes(void)
 void ctpu__defer_abandon(void)
 {
     if (!ctpu_ts_current() || !t_df.rec) return;
+    ctpu_bind_bump();
     /* a tensor assigned in the trace keeps its storage, which still holds
      * its old value: it is simply not pending any more */
     for (size_t i = 0; i < t_df.n_holders; i++) {

@@ -193,6 +193,7 @@ ctpu_tensor ctpu_handle_new(const ctpu_vtype *type, ctpu_buffer *buf, size_t off
     r->origin = ts && ts->label.call_name ? ts->label.call_name : op;   /* the leak watch names the user's call */
     r->origin_label = ts && ts->label.depth ? ts->label.stack[ts->label.depth - 1] : 0;
     if (buf) {
+        ctpu_buffer_bind_touch(buf);
         /* refs 1: the caller's reference (this handle's now) is the only
          * one, so no other thread can touch handle_refs (0): a plain store,
          * not a locked add (a fresh op output, on every strict op) */
@@ -240,6 +241,7 @@ void ctpu_handle_release_rec(ctpu_trec *r, uint32_t idx)
         r->dyn = NULL;
     }
     if (b) {
+        ctpu_buffer_bind_touch(b);
         /* refs 1: this handle's reference is the only one (see
          * ctpu_handle_new): a plain store, not a locked subtract */
         if (atomic_load_explicit(&b->refs, memory_order_relaxed) == 1)
@@ -769,6 +771,7 @@ ctpu_status ctpu_assign(ctpu_tensor dst, ctpu_tensor src)
     if (st != CTPU_OK) { ctpu_buffer_release(ctpu_rt->dev, nb); return st; }
     ctpu_counter_add(&ctpu_rt->metrics, CTPU_CTR_ASSIGN_COPY, 1);
     ctpu_buffer *old = d->buf;
+    ctpu_buffer_bind_touch(old);
     atomic_fetch_add(&nb->handle_refs, 1);
     d->buf = nb;
     d->off = 0;

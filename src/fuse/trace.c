@@ -168,6 +168,7 @@ ctpu_vref ctpu_trace_rec_input(ctpu_trace_rec *r, ctpu_buffer *buf, size_t off, 
     r->in_buf[r->n_in] = buf;
     r->in_off[r->n_in] = off;
     ctpu_buffer_retain(buf);
+    ctpu_buffer_bind_touch(buf);
     atomic_fetch_add_explicit(&buf->trace_readers, 1, memory_order_acq_rel);   /* an assign elsewhere copies now */
     r->n_in++;
     key_vtype(r, 'I', t);
