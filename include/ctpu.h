@@ -313,7 +313,8 @@ CTPU_API ctpu_status ctpu_scope_begin(void);
  * the enclosing scope. Errors: CTPU_ERR_STATE if no scope is open. */
 CTPU_API ctpu_status ctpu_scope_end(void);
 /* Keep t past the end of its scope (it moves to the enclosing scope, or
- * becomes global at the outermost). Returns t, or null on a bad handle. */
+ * becomes global at the outermost). Returns t, or null on a bad handle (CTPU_NULL
+ * included: CTPU_ERR_NULL_HANDLE, "keep: t is a null handle"). */
 CTPU_API ctpu_tensor ctpu_keep(ctpu_tensor t);
 /* A step scope: ctpu_scope_begin plus, at its end, a trace cut (mark_step).
  * In the eager modes a step end is a scope end. */

@@ -80,10 +80,12 @@ START_TEST(keep_moves_out)
     ck_assert(!ctpu_is_valid(a));
     ck_assert(ctpu_is_valid(b));
     expect_vals(b, (float[]){ 3, 6 }, 2);
-    /* keep(null) is null without a message */
+    /* keep(null) is null with an error naming the call, as every call's null argument */
     ctpu_clear_error();
     ck_assert(ctpu_is_null(ctpu_keep(CTPU_NULL)));
-    ck_assert_str_eq(ctpu_last_error(), "");
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_NULL_HANDLE);
+    ck_assert_msg(strstr(ctpu_last_error(), "keep") && strstr(ctpu_last_error(), "t"), "%s", ctpu_last_error());
+    ctpu_clear_error();
 }
 END_TEST
 

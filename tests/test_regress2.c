@@ -1120,6 +1120,137 @@ START_TEST(optimizer_steps_count_per_parameter)
 }
 END_TEST
 
+/* ================================================= 60. zero-size shapes with extents past the element cap
+ * torch refuses a shape whose extents overflow even when one is 0
+ * (torch.zeros(0, 2**62 + 1) raises: the size is checked per dim). ctpu
+ * accepted [0, 2^62+1] (the cap checked as a running product, which stayed
+ * 0); a reduction over the 0 dim then gave f32[2^62+1] in 64 B of HBM and the
+ * next elementwise op wrote past it (a segfault in loop_as_ADD). Rule
+ * (docs/CONTRACTS.md): every shape made or accepted keeps each extent and the
+ * product of its nonzero extents within 2^56 — creation, views, broadcast,
+ * reductions, matmul. Every refusal is CTPU_ERR_SHAPE naming the op. */
+static void cap_refused(const char *what, int m, ctpu_tensor t, const char *op)
+{
+    ck_assert_msg(ctpu_is_null(t), "[%s] %s made a tensor (numel %lld)", rg_mode_name[m], what,
+                  (long long)ctpu_numel(t));
+    ck_assert_msg(ctpu_last_status() == CTPU_ERR_SHAPE, "[%s] %s: status %d: %s", rg_mode_name[m], what,
+                  ctpu_last_status(), ctpu_last_error());
+    ck_assert_msg(strstr(ctpu_last_error(), op) && strstr(ctpu_last_error(), "2^56"), "[%s] %s: %s", rg_mode_name[m],
+                  what, ctpu_last_error());
+    ctpu_clear_error();
+}
+START_TEST(zero_size_shapes_keep_the_element_cap)
+{
+    const int64_t big = (INT64_C(1) << 62) + 1, e40 = INT64_C(1) << 40;
+    for (int m = 0; m < 3; m++) {
+        ck_assert_int_eq(ctpu_set_mode((ctpu_mode)m), CTPU_OK);
+        ctpu_scope_begin();
+        ctpu_clear_error();
+        cap_refused("zeros(0, 2^62+1)", m, ctpu_zeros(CTPU_F32, 2, (const int64_t[]){ 0, big }), "zeros");
+        cap_refused("zeros(0, INT64_MAX)", m, ctpu_zeros(CTPU_F32, 2, (const int64_t[]){ 0, INT64_MAX }), "zeros");
+        cap_refused("full(2^30, 0, 2^30)", m, ctpu_full(CTPU_F32, 3, (const int64_t[]){ 1 << 30, 0, 1 << 30 }, 1.0),
+                    "full");
+        cap_refused("from_host(0, 2^62+1)", m, ctpu_from_host(NULL, CTPU_F32, 2, (const int64_t[]){ 0, big }),
+                    "from_host");
+        /* views and reshapes of an empty tensor */
+        ctpu_tensor z0 = ctpu_zeros(CTPU_F32, 1, (const int64_t[]){ 0 });
+        ck_assert(!ctpu_is_null(z0));
+        cap_refused("reshape(zeros(0), [0, 2^40, 2^40])", m, ctpu_reshape(z0, 3, (const int64_t[]){ 0, e40, e40 }),
+                    "reshape");
+        ctpu_tensor one = ctpu_zeros(CTPU_F32, 3, (const int64_t[]){ 1, 1, 1 });
+        cap_refused("expand([1,1,1], [0, 2^62+1, 1])", m, ctpu_expand(one, 3, (const int64_t[]){ 0, big, 1 }),
+                    "expand");
+        /* broadcast: [0, 2^30, 1] + [0, 1, 2^30] would be [0, 2^30, 2^30] */
+        ctpu_tensor ea = ctpu_zeros(CTPU_F32, 3, (const int64_t[]){ 0, 1 << 30, 1 });
+        ctpu_tensor eb = ctpu_zeros(CTPU_F32, 3, (const int64_t[]){ 0, 1, 1 << 30 });
+        ck_assert_msg(!ctpu_is_null(ea) && !ctpu_is_null(eb), "[%s] %s", rg_mode_name[m], ctpu_last_error());
+        cap_refused("add([0,2^30,1], [0,1,2^30])", m, ctpu_add(ea, eb), "add");
+        cap_refused("expand([0,2^30,1], [0,2^30,2^30])", m,
+                    ctpu_expand(ea, 3, (const int64_t[]){ 0, 1 << 30, 1 << 30 }), "expand");
+        /* matmul: [2^40, 0] @ [0, 2^20] would be [2^40, 2^20] */
+        ctpu_tensor za = ctpu_zeros(CTPU_F32, 2, (const int64_t[]){ 0, e40 });
+        ctpu_tensor zb = ctpu_zeros(CTPU_F32, 2, (const int64_t[]){ 0, INT64_C(1) << 20 });
+        ck_assert_msg(!ctpu_is_null(za) && !ctpu_is_null(zb), "[%s] %s", rg_mode_name[m], ctpu_last_error());
+        cap_refused("matmul(transpose([0,2^40]), [0,2^20])", m, ctpu_matmul(ctpu_transpose(za, 0, 1), zb), "matmul");
+        /* a reduction over the 0 dim of a shape within the cap: a valid (small) result */
+        ctpu_tensor z5 = ctpu_zeros(CTPU_F32, 2, (const int64_t[]){ 0, 5 });
+        ctpu_tensor s5 = ctpu_add_scalar(ctpu_sum(z5, 1, (const int[]){ 0 }, false), 1.0);
+        float v[5];
+        ck_assert_msg(ctpu_to_host(s5, v, sizeof v) == CTPU_OK, "[%s] %s", rg_mode_name[m], ctpu_last_error());
+        for (int i = 0; i < 5; i++) ck_assert(v[i] == 1.0f);
+        /* the runtime stays usable */
+        ck_assert_msg(ctpu_sync() == CTPU_OK, "[%s] sync: %s", rg_mode_name[m], ctpu_last_error());
+        ck_assert_int_eq(ctpu_last_status(), CTPU_OK);
+        ctpu_scope_end();
+    }
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+}
+END_TEST
+
+/* ================================================= 61. logsumexp over an empty dim leaves no error
+ * torch.logsumexp(torch.zeros(0, 3), 0) is [-inf, -inf, -inf], no error.
+ * ctpu returned that but left CTPU_ERR_SHAPE and a stray "reshape: ..."
+ * message from an internal reshape of the 0-d max (ctpu.h: a successful
+ * call sets no error). */
+START_TEST(logsumexp_empty_dim_sets_no_error)
+{
+    for (int m = 0; m < 3; m++) {
+        ck_assert_int_eq(ctpu_set_mode((ctpu_mode)m), CTPU_OK);
+        ctpu_scope_begin();
+        ctpu_tensor e = ctpu_zeros(CTPU_F32, 2, (const int64_t[]){ 0, 3 });
+        for (int keep = 0; keep < 2; keep++) {
+            ctpu_clear_error();
+            ctpu_tensor r = ctpu_logsumexp(e, 1, (const int[]){ 0 }, keep);
+            ck_assert_msg(!ctpu_is_null(r) && ctpu_numel(r) == 3 && ctpu_ndim(r) == 2 - !keep, "[%s] %s",
+                          rg_mode_name[m], ctpu_last_error());
+            ck_assert_msg(ctpu_last_status() == CTPU_OK && !ctpu_last_error()[0], "[%s] keepdim=%d left '%s'",
+                          rg_mode_name[m], keep, ctpu_last_error());
+            float v[3] = { 0, 0, 0 };
+            ck_assert_int_eq(ctpu_to_host(r, v, sizeof v), CTPU_OK);
+            for (int i = 0; i < 3; i++) ck_assert(isinf(v[i]) && v[i] < 0);
+        }
+        ctpu_clear_error();
+        double x = 0;
+        ck_assert_int_eq(ctpu_item(ctpu_logsumexp(e, 0, NULL, false), &x), CTPU_OK);
+        ck_assert(isinf(x) && x < 0);
+        ck_assert_msg(ctpu_last_status() == CTPU_OK, "[%s] all dims left '%s'", rg_mode_name[m], ctpu_last_error());
+        ctpu_scope_end();
+    }
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+}
+END_TEST
+
+/* ================================================= 62. reshape's argument errors
+ * torch: x.reshape(-1, -1) raises "only one dimension can be inferred".
+ * A NULL shape is CTPU_ERR_INVALID_ARG as every NULL pointer argument
+ * (zeros, expand); keep(CTPU_NULL) is an error naming the call. */
+START_TEST(reshape_null_and_two_inferred_dims)
+{
+    ctpu_tensor x = ctpu_zeros(CTPU_F32, 1, (const int64_t[]){ 6 });
+    ctpu_clear_error();
+    ck_assert(ctpu_is_null(ctpu_reshape(x, 1, NULL)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_INVALID_ARG);
+    ck_assert_msg(strstr(ctpu_last_error(), "reshape") && strstr(ctpu_last_error(), "NULL"), "%s", ctpu_last_error());
+    ctpu_clear_error();
+    ck_assert(ctpu_is_null(ctpu_zeros(CTPU_F32, 1, NULL)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_INVALID_ARG);
+    ctpu_clear_error();
+    ck_assert(ctpu_is_null(ctpu_expand(x, 2, NULL)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_INVALID_ARG);
+    ctpu_clear_error();
+    ck_assert(ctpu_is_null(ctpu_reshape(x, 3, (const int64_t[]){ -1, 2, -1 })));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_SHAPE);
+    ck_assert_msg(strstr(ctpu_last_error(), "only one dimension can be -1") && strstr(ctpu_last_error(), "[-1,2,-1]"),
+                  "%s", ctpu_last_error());
+    ctpu_clear_error();
+    ck_assert(ctpu_is_null(ctpu_keep(CTPU_NULL)));
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_NULL_HANDLE);
+    ck_assert_msg(strstr(ctpu_last_error(), "keep"), "%s", ctpu_last_error());
+    ctpu_clear_error();
+    ctpu_release(x);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("regress2");
@@ -1154,6 +1285,9 @@ int main(void)
     tcase_add_test(tc, bf16_softmax_and_norms_in_f32);
     tcase_add_test(tc, bf16_embedding_gradient_accumulates_in_f32);
     tcase_add_test(tc, optimizer_steps_count_per_parameter);
+    tcase_add_test(tc, zero_size_shapes_keep_the_element_cap);
+    tcase_add_test(tc, logsumexp_empty_dim_sets_no_error);
+    tcase_add_test(tc, reshape_null_and_two_inferred_dims);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

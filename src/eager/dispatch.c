@@ -337,6 +337,7 @@ static __attribute__((noinline)) ctpu_tensor dispatch_eager(ctpu_node *node, con
 ctpu_tensor ctpu_dispatch_as(ctpu_node *node, const char *call, ctpu_trec *const *inputs, const ctpu_tensor *in_h,
                              const double *scalars)
 {
+    if (!ctpu__type_ok(call ? call : ctpu_op_name(node->op), "the output", &node->out)) return ctpu_failed();
     if (ctpu_mode_now() == CTPU_MODE_DEFER_FUSE) return ctpu__defer_node(node, call, inputs, in_h, scalars);
     return dispatch_eager(node, call, inputs, in_h, scalars);
 }
@@ -351,6 +352,7 @@ ctpu_tensor ctpu_dispatch(ctpu_node *node, ctpu_trec *const *inputs, const ctpu_
 static ctpu_tensor make_view(ctpu_node *node, ctpu_trec *rec, ctpu_tensor in_h, size_t off)
 {
     node->n_in = 1;
+    if (!ctpu__type_ok(ctpu_op_name(node->op), "the view", &node->out)) return ctpu_failed();
     if (ctpu_rec_pending(rec)) {
         /* a view of a value not computed yet is a node of the trace */
         ctpu_trec *in[1] = { rec };
@@ -594,8 +596,9 @@ static bool sh_reshape(const char *opn, const char *const *names, ctpu_trec *con
     int ndim = a->ndim;
     const int64_t *shape = a->shape;
     if (ndim < 0 || ndim > CTPU_MAX_DIMS || (ndim > 0 && !shape)) {
-        ctpu_set_error(CTPU_ERR_SHAPE, "%s: a is %s: ndim=%d%s", opn, ctpu_fmt_type(&in[0]->type, tb, sizeof tb),
-                       ndim, ndim > 0 && !shape ? " with shape NULL" : " is outside [0, 8]");
+        ctpu_set_error(ndim > 0 && ndim <= CTPU_MAX_DIMS ? CTPU_ERR_INVALID_ARG : CTPU_ERR_SHAPE,
+                       "%s: a is %s: ndim=%d%s", opn, ctpu_fmt_type(&in[0]->type, tb, sizeof tb),
+                       ndim, ndim > 0 && ndim <= CTPU_MAX_DIMS ? " with shape NULL" : " is outside [0, 8]");
         return false;
     }
     ctpu_vtype t = { .dtype = in[0]->type.dtype, .ndim = (uint8_t)ndim };
@@ -604,8 +607,16 @@ static bool sh_reshape(const char *opn, const char *const *names, ctpu_trec *con
     for (int d = 0; d < ndim; d++) {
         if (shape[d] == -1 && infer < 0) { infer = d; continue; }
         if (shape[d] < 0) {
-            ctpu_set_error(CTPU_ERR_SHAPE, "%s: a is %s: shape[%d]=%lld is invalid", opn,
-                           ctpu_fmt_type(&in[0]->type, tb, sizeof tb), d, (long long)shape[d]);
+            ctpu_vtype asked = { .dtype = t.dtype, .ndim = (uint8_t)ndim };
+            memcpy(asked.shape, shape, sizeof(int64_t) * (size_t)ndim);
+            char ts[128];
+            ctpu_fmt_type(&asked, ts, sizeof ts);
+            if (shape[d] == -1)
+                ctpu_set_error(CTPU_ERR_SHAPE, "%s: a is %s, shape %s: only one dimension can be -1 (dims %d and %d)",
+                               opn, ctpu_fmt_type(&in[0]->type, tb, sizeof tb), ts + strcspn(ts, "["), infer, d);
+            else
+                ctpu_set_error(CTPU_ERR_SHAPE, "%s: a is %s, shape %s: shape[%d]=%lld is invalid", opn,
+                               ctpu_fmt_type(&in[0]->type, tb, sizeof tb), ts + strcspn(ts, "["), d, (long long)shape[d]);
             return false;
         }
         t.shape[d] = shape[d];
@@ -621,6 +632,7 @@ static bool sh_reshape(const char *opn, const char *const *names, ctpu_trec *con
         t.shape[infer] = numel / known;
         known = numel;
     }
+    if (!ctpu__type_ok(opn, "the new shape", &t)) return false;
     if (known != numel) {
         ctpu_set_error(CTPU_ERR_SHAPE, "%s: a is %s (%lld elements): the new shape has %lld", opn,
                        ctpu_fmt_type(&in[0]->type, tb, sizeof tb), (long long)numel, (long long)known);
@@ -733,8 +745,9 @@ static bool sh_expand(const char *opn, const char *const *names, ctpu_trec *cons
     const int64_t *shape = a->shape;
     char tb[128];
     if (ndim < t->ndim || ndim > CTPU_MAX_DIMS || (ndim && !shape)) {
-        ctpu_set_error(CTPU_ERR_SHAPE, "%s: a is %s: ndim=%d must be in [%d, 8] with a shape", opn,
-                       ctpu_fmt_type(t, tb, sizeof tb), ndim, t->ndim);
+        ctpu_set_error(ndim >= t->ndim && ndim <= CTPU_MAX_DIMS ? CTPU_ERR_INVALID_ARG : CTPU_ERR_SHAPE,
+                       "%s: a is %s: ndim=%d must be in [%d, 8] with a shape%s", opn,
+                       ctpu_fmt_type(t, tb, sizeof tb), ndim, t->ndim, shape ? "" : " (shape is NULL)");
         return false;
     }
     n->out = (ctpu_vtype){ .dtype = t->dtype, .ndim = (uint8_t)ndim };
@@ -2044,8 +2057,8 @@ ctpu_tensor ctpu_logsumexp(ctpu_tensor a, int ndims, const int *dims, bool keepd
         mk = ctpu_zeros(CTPU_F32, 0, NULL);   /* an empty slice: log(0) = -inf */
     }
     ctpu_tensor s = ctpu_sum(ctpu_exp(ctpu_sub(x, mk)), ndims, dims, keepdim);
-    ctpu_tensor m_out = ctpu_reshape(mk, probe.out.ndim, probe.out.shape);
-    if (reduced_count(in[0], &probe) == 0) m_out = mk;
+    /* (an empty slice's mk is 0-d: it broadcasts, and reshaping it to the result's shape would fail) */
+    ctpu_tensor m_out = reduced_count(in[0], &probe) > 0 ? ctpu_reshape(mk, probe.out.ndim, probe.out.shape) : mk;
     ctpu_tensor y = ctpu_add(ctpu_log(s), m_out);
     if (!ctpu_is_null(y) && dt == CTPU_BF16) y = ctpu_cast(y, CTPU_BF16);
     if (!ctpu_is_null(y)) y = ctpu_keep(y);

@@ -428,6 +428,11 @@ bool ctpu__sdpa_backward(const ctpu_node *fwd, const double *sc, const ctpu_tens
  * take n numbers from the global generator (its seed and start offset);
  * release every record at shutdown. */
 bool ctpu__validate_shape(const char *op, int ndim, const int64_t *shape, ctpu_dtype dt, ctpu_vtype *out);
+/* The element cap every shape keeps: each extent, and the product of the
+ * nonzero extents, at most 2^56. ctpu__type_ok checks a shape an op made
+ * (false with the error set: "op: what would be f32[...]: dim d ..."). */
+#define CTPU_NUMEL_CAP (INT64_C(1) << 56)
+bool ctpu__type_ok(const char *op, const char *what, const ctpu_vtype *t);
 void ctpu__rng_take(uint64_t n, uint64_t *seed, uint64_t *offset);
 /* dispatch.c, for ctpu_dropout (declared in src/nn/nn_internal.h too) */
 ctpu_tensor ctpu__rand_uniform_f32_like(ctpu_tensor a);

@@ -533,7 +533,7 @@ static ctpu_status mark_step_as(const char *op)
 
 ctpu_tensor ctpu_keep(ctpu_tensor t)
 {
-    if (ctpu_absent(t)) return t;   /* keep(CTPU_NULL) is CTPU_NULL without a message (a scope utility) */
+    /* (keep(CTPU_NULL) is an error as any call's: CTPU_ERR_NULL_HANDLE, "keep: t is a null handle") */
     ctpu_trec *r = ctpu_rec_get(t, "keep", "t", true);
     if (!r) return ctpu_failed();
     ctpu_thread_state *ts = ctpu_ts_current();   /* none: no scope is open */
@@ -552,6 +552,35 @@ ctpu_tensor ctpu_keep(ctpu_tensor t)
 }
 
 /* ------------------------------------------------------------ host transfers */
+/* The first dim of a shape that breaks the element cap: a negative extent,
+ * an extent above CTPU_NUMEL_CAP, or the dim at which the product of the
+ * nonzero extents passes it (a zero extent does not hide a huge one: a
+ * reduction over the zero dim would give the huge one a buffer sized by a
+ * wrapped product); -1 when the shape is within it. */
+static int shape_bad_dim(int ndim, const int64_t *shape)
+{
+    uint64_t n = 1;
+    for (int d = 0; d < ndim; d++) {
+        int64_t x = shape[d];
+        if (x < 0 || x > CTPU_NUMEL_CAP) return d;
+        if (x == 0) continue;
+        if (n > (uint64_t)CTPU_NUMEL_CAP / (uint64_t)x) return d;
+        n *= (uint64_t)x;
+    }
+    return -1;
+}
+
+bool ctpu__type_ok(const char *op, const char *what, const ctpu_vtype *t)
+{
+    int bad = shape_bad_dim(t->ndim, t->shape);
+    if (__builtin_expect(bad < 0, 1)) return true;
+    char tb[160];
+    ctpu_set_error(CTPU_ERR_SHAPE, "%s: %s would be %s: dim %d (%lld) %s the 2^56 element cap", op, what,
+                   ctpu_fmt_type(t, tb, sizeof tb), bad, (long long)t->shape[bad],
+                   t->shape[bad] < 0 ? "is negative, outside" : t->shape[bad] > CTPU_NUMEL_CAP ? "exceeds" : "takes the element count past");
+    return false;
+}
+
 static bool validate_shape(const char *op, int ndim, const int64_t *shape, ctpu_dtype dt, ctpu_vtype *out)
 {
     if ((unsigned)dt >= CTPU_DTYPE_COUNT) {
@@ -566,19 +595,14 @@ static bool validate_shape(const char *op, int ndim, const int64_t *shape, ctpu_
         ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: shape is NULL with ndim=%d", op, ndim);
         return false;
     }
-    uint64_t n = 1;
-    bool zero = false;
-    for (int d = 0; d < ndim; d++) {
-        if (shape[d] < 0) {
-            ctpu_set_error(CTPU_ERR_SHAPE, "%s: shape[%d]=%lld is negative", op, d, (long long)shape[d]);
-            return false;
-        }
-        if (shape[d] == 0) zero = true;
-        else if (!zero && n > (UINT64_C(1) << 56) / (uint64_t)shape[d]) {
-            ctpu_set_error(CTPU_ERR_SHAPE, "%s: shape overflows: element count exceeds 2^56 at dim %d", op, d);
-            return false;
-        }
-        if (!zero) n *= (uint64_t)shape[d];
+    int bad = shape_bad_dim(ndim, shape);
+    if (bad >= 0) {
+        if (shape[bad] < 0)
+            ctpu_set_error(CTPU_ERR_SHAPE, "%s: shape[%d]=%lld is negative", op, bad, (long long)shape[bad]);
+        else
+            ctpu_set_error(CTPU_ERR_SHAPE, "%s: shape[%d]=%lld: %s exceeds the 2^56 element cap", op, bad,
+                           (long long)shape[bad], shape[bad] > CTPU_NUMEL_CAP ? "the extent" : "the element count");
+        return false;
     }
     out->dtype = (uint8_t)dt;
     out->ndim = (uint8_t)ndim;
