@@ -141,8 +141,15 @@ AI V vgelu_erf(V x)
     return _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
 }
 /* Non-temporal store of one vector (p aligned to the vector); a tape strip is
- * TK vectors. */
+ * TK vectors: 8 (64 floats). Each tape instruction costs a dispatch per strip
+ * (its operand pointers, its opcode's jump), which at 4 vectors was most of a
+ * fused chain's time here; 8 acc vectors leave half of the 16 ymm registers
+ * for operands and constants (GCC spills a few acc around the switch, to L1).
+ * Issue 18, AMD Zen 2, bench/fuse process-CPU ratios, medians of 3 A/B runs:
+ * 4 -> 8 took chain16m vs memcpy 0.35 -> 0.59, vs hand-fused NT 0.57 -> 0.83
+ * (2 threads 0.50 -> 0.79), the 1M chain vs hand-fused NT 0.51 -> 0.77; 16
+ * was no better than 8 (more spills). */
 AI void st_nt(float *p, V v) { _mm256_stream_ps(p, v); }
-#define TK 4
+#define TK 8
 #include "simd_elementwise.h"
 #include "simd_reduce.h"
