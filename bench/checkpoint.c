@@ -16,12 +16,7 @@
 #define ELEMS (2 * 1024 * 1024)   /* 8 MiB of f32 each */
 #define REPS 5
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+static double now_s(void) { return bench_clock(CLOCK_MONOTONIC); }
 
 int main(void)
 {

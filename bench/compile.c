@@ -26,12 +26,6 @@
 
 #define CHECK(x) do { if (!(x)) { fprintf(stderr, "bench/compile: %s failed: %s\n", #x, ctpu_last_error()); exit(1); } } while (0)
 
-static double clk(clockid_t id)
-{
-    struct timespec ts;
-    clock_gettime(id, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ------------------------------------------------------------ models */
 #define MAXP 256
@@ -226,11 +220,11 @@ static result run(int mode, bool gpt, ctpu_tensor (*b)[2], int reps)
         /* one thread-CPU-clock pair around the run's steps: that clock is a
          * system call here (about 0.55 us of CPU time a read, measured on
          * this machine), so a pair per step added about 0.5 us to each */
-        double t0 = clk(CLOCK_MONOTONIC), c0 = clk(CLOCK_THREAD_CPUTIME_ID);
+        double t0 = bench_clock(CLOCK_MONOTONIC), c0 = bench_clock(CLOCK_THREAD_CPUTIME_ID);
         for (int i = 0; i < reps; i++, step++) one_step(mode, &m, c, b[step % NBATCH], step);
-        double h = clk(CLOCK_THREAD_CPUTIME_ID) - c0;
+        double h = bench_clock(CLOCK_THREAD_CPUTIME_ID) - c0;
         CHECK(ctpu_sync() == CTPU_OK);
-        wall[k] = (clk(CLOCK_MONOTONIC) - t0) / reps;
+        wall[k] = (bench_clock(CLOCK_MONOTONIC) - t0) / reps;
         host[k] = h / reps;
     }
     r.host_us = median(host, 7) * 1e6;

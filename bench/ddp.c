@@ -29,12 +29,7 @@
 #include <time.h>
 #include "bench.h"
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+static double now_s(void) { return bench_clock(CLOCK_MONOTONIC); }
 
 static int fail(const char *what)
 {

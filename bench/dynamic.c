@@ -39,12 +39,6 @@
 
 #define CHECK(x) do { if (!(x)) { fprintf(stderr, "bench/dynamic: %s failed: %s\n", #x, ctpu_last_error()); exit(1); } } while (0)
 
-static double clk(clockid_t id)
-{
-    struct timespec ts;
-    clock_gettime(id, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ------------------------------------------------------------ models */
 #define MAXP 64
@@ -222,11 +216,11 @@ static result run(bool gpt, const batches *bs, int reps)
     CHECK(ctpu_sync() == CTPU_OK);
     double cpu[RUNS], wall[RUNS];
     for (int k = 0; k < RUNS; k++) {
-        double t0 = clk(CLOCK_MONOTONIC), c0 = clk(CLOCK_PROCESS_CPUTIME_ID);
+        double t0 = bench_clock(CLOCK_MONOTONIC), c0 = bench_clock(CLOCK_PROCESS_CPUTIME_ID);
         for (int i = 0; i < reps; i++, step++) one_step(&m, bs, step);
         CHECK(ctpu_sync() == CTPU_OK);
-        cpu[k] = (clk(CLOCK_PROCESS_CPUTIME_ID) - c0) / reps;
-        wall[k] = (clk(CLOCK_MONOTONIC) - t0) / reps;
+        cpu[k] = (bench_clock(CLOCK_PROCESS_CPUTIME_ID) - c0) / reps;
+        wall[k] = (bench_clock(CLOCK_MONOTONIC) - t0) / reps;
     }
     result r = { median(cpu, RUNS) * 1e3, median(wall, RUNS) * 1e3, NULL, 0 };
     for (int i = 0; i < m.np; i++) r.nw += ctpu_numel(m.p[i]);

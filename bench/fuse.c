@@ -25,21 +25,11 @@
 #include "peak.h"
 #endif
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+static double now_s(void) { return bench_clock(CLOCK_MONOTONIC); }
 
 /* CPU time of the whole process (the host thread and the device thread):
  * less disturbed than wall time when other jobs share the cores */
-static double cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+static double cpu_s(void) { return bench_clock(CLOCK_PROCESS_CPUTIME_ID); }
 
 #define CHECK(x) do { if (!(x)) { fprintf(stderr, "bench/fuse: %s failed: %s\n", #x, ctpu_last_error()); exit(1); } } while (0)
 
@@ -298,12 +288,7 @@ static double time_mlp(ctpu_mode m, ctpu_tensor x, ctpu_tensor y, float *w_out, 
 
 /* This core's register-loop peak (GFLOP/s, thread CPU time, median of 5;
  * bench/peak.h), 0 when the CPU lacks the instruction. */
-static double thread_cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+static double thread_cpu_s(void) { return bench_clock(CLOCK_THREAD_CPUTIME_ID); }
 
 static double peak_1t(int bf16)
 {

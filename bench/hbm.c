@@ -12,12 +12,7 @@
 #include "eager/eager.h"
 #include "bench.h"
 
-static double now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
+static double now_ns(void) { return 1e9 * bench_clock(CLOCK_MONOTONIC); }
 
 static void touch(char *p, size_t bytes)
 {

@@ -22,12 +22,7 @@
 
 #define RUNS 9
 
-static double cpu_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
+static double cpu_ns(void) { return 1e9 * bench_clock(CLOCK_THREAD_CPUTIME_ID); }
 
 #define CHECK(x)                                                                  \
     do {                                                                          \

@@ -48,21 +48,11 @@
 #include "bench.h"
 #include "peak.h"
 
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
+static double now(void) { return bench_clock(CLOCK_MONOTONIC); }
 
 /* This thread's CPU time: the machine is shared, so a preempted thread's
  * waiting is not counted (wall-clock times here were noise at load 10-20). */
-static double cpu_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
+static double cpu_now(void) { return bench_clock(CLOCK_THREAD_CPUTIME_ID); }
 
 /* ---- a small persistent pool: spin briefly, then wait on a condvar -------- */
 typedef struct {

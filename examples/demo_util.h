@@ -1,10 +1,27 @@
-/* Shared by the demos: the `compiled step:` line a demo prints after its
- * training loop when it ran its step with --compile (public API only). */
+/* Shared by the demos (public API only): the wall clock, the error line,
+ * and the `compiled step:` line a demo prints after its training loop when
+ * it ran its step with --compile. */
 #ifndef CTPU_DEMO_UTIL_H
 #define CTPU_DEMO_UTIL_H
 
 #include <ctpu.h>
 #include <stdio.h>
+#include <time.h>
+
+/* Seconds of CLOCK_MONOTONIC. */
+static inline double demo_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Prints "PROG: WHAT: <ctpu_last_error()>" on stderr; returns 1 (the exit status). */
+static inline int demo_fail(const char *prog, const char *what)
+{
+    fprintf(stderr, "%s: %s: %s\n", prog, what, ctpu_last_error());
+    return 1;
+}
 
 /* Prints "compiled step: calls=.. captures=.. replays=.. guard_failures=..
  * graph_breaks=.. host_us_per_call=.. [last: REASON]" for cstep on stdout;

@@ -239,18 +239,8 @@ static int parse_args(int argc, char **argv, opts_t *o)
     return 0;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int fail(const char *what)
-{
-    fprintf(stderr, "fashion_mnist: %s: %s\n", what, ctpu_last_error());
-    return 1;
-}
+static double now_s(void) { return demo_now_s(); }
+static int fail(const char *what) { return demo_fail("fashion_mnist", what); }
 
 static ctpu_status load_split(const char *dir, const char *split, ctpu_image_set *s)
 {

@@ -239,6 +239,31 @@ typedef void (*ctpu_mxu_pack_fn)(const ctpu_mxu_pack_args *pa, int64_t q0, int64
  * read): n lines, lpr per row, the rows at base + r * stride (each from its
  * 64-byte line down). */
 typedef struct { const char *base; int64_t stride; int lpr, n; } ctpu_mxu_pf;
+/* A micro-kernel's walk over a ctpu_mxu_pf's lines: the current row and
+ * line, the line's column in its row, the lines still to prefetch. */
+typedef struct { uintptr_t row, line; int col, left; } ctpu_mxu_pf_cursor;
+static inline __attribute__((always_inline)) ctpu_mxu_pf_cursor ctpu_mxu_pf_start(int PF, const ctpu_mxu_pf *pf)
+{
+    ctpu_mxu_pf_cursor k = {PF ? (uintptr_t)pf->base : 0, 0, 0, PF ? pf->n : 0};
+    k.line = k.row & ~(uintptr_t)63;
+    return k;
+}
+/* Prefetches the next two lines (none once all n are issued). */
+static inline __attribute__((always_inline)) void ctpu_mxu_pf_step2(ctpu_mxu_pf_cursor *k, const ctpu_mxu_pf *pf)
+{
+    if (k->left <= 0) return;
+#pragma GCC unroll 2
+    for (int u = 0; u < 2; u++) {
+        __builtin_prefetch((const void *)k->line, 0, 3);   /* prefetcht0 */
+        k->line += 64;
+        if (++k->col == pf->lpr) {
+            k->col = 0;
+            k->row += (uintptr_t)pf->stride;
+            k->line = k->row & ~(uintptr_t)63;
+        }
+    }
+    k->left -= 2;
+}
 /* The same on a row-layout A (row r of the panel at a + r * as dwords),
  * starting from cin (row stride ldin; NULL: from +0; may equal c) and
  * storing into c; pf: NULL, or lines to prefetch, two per pair step. */

@@ -25,8 +25,7 @@ static inline __attribute__((always_inline)) void mxu_fma8_tile(int R, int AR, i
                                                                 int64_t ldin, float *c, int64_t ldc,
                                                                 const ctpu_mxu_pf *pf)
 {
-    uintptr_t prow = PF ? (uintptr_t)pf->base : 0, pline = prow & ~(uintptr_t)63;
-    int pcol = 0, pleft = PF ? pf->n : 0;
+    ctpu_mxu_pf_cursor pfc = ctpu_mxu_pf_start(PF, pf);
     if (AR && c != cin) {   /* the output tile (c itself, not the scratch): its lines arrive while this computes */
 #pragma GCC unroll 6
         for (int r = 0; r < R; r++) __builtin_prefetch(c + r * ldc, 1, 3);
@@ -50,19 +49,7 @@ static inline __attribute__((always_inline)) void mxu_fma8_tile(int R, int AR, i
     for (int r = 0; r < R; r++) __asm__ volatile("" : "+x"(acc[r][0]), "+x"(acc[r][1]));
     const float *ar0 = a, *ar1 = a + (AR && R > 3 ? 3 * as : 0);
     for (int64_t p = 0; p < kp; p++) {
-        if (PF && pleft > 0) {
-#pragma GCC unroll 2
-            for (int u = 0; u < 2; u++) {
-                _mm_prefetch((const char *)pline, _MM_HINT_T0);
-                pline += 64;
-                if (++pcol == pf->lpr) {
-                    pcol = 0;
-                    prow += (uintptr_t)pf->stride;
-                    pline = prow & ~(uintptr_t)63;
-                }
-            }
-            pleft -= 2;
-        }
+        if (PF) ctpu_mxu_pf_step2(&pfc, pf);
         const float *bp = b + p * 2 * NR, *ap = a + p * 2 * MR;
         __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
 #pragma GCC unroll 6

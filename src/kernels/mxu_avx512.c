@@ -83,8 +83,7 @@ static inline __attribute__((always_inline)) void mxu_dp_rows_ar(int R, int PF, 
                                                                  int64_t ldin, float *c, int64_t ldc,
                                                                  const ctpu_mxu_pf *pf)
 {
-    uintptr_t prow = PF ? (uintptr_t)pf->base : 0, pline = prow & ~(uintptr_t)63;
-    int pcol = 0, pleft = PF ? pf->n : 0;
+    ctpu_mxu_pf_cursor pfc = ctpu_mxu_pf_start(PF, pf);
     if (c != cin) {   /* the output tile (c itself, not the scratch): its lines arrive while this computes */
 #pragma GCC unroll 14
         for (int r = 0; r < R; r++) {
@@ -107,19 +106,7 @@ static inline __attribute__((always_inline)) void mxu_dp_rows_ar(int R, int PF, 
 #pragma GCC unroll 5
     for (int j = 0; j < 5; j++) ar[j] = a + (3 * j < R ? 3 * j : 0) * as;
     for (int64_t p = 0; p < kp; p++) {
-        if (PF && pleft > 0) {
-#pragma GCC unroll 2
-            for (int u = 0; u < 2; u++) {
-                _mm_prefetch((const char *)pline, _MM_HINT_T0);
-                pline += 64;
-                if (++pcol == pf->lpr) {
-                    pcol = 0;
-                    prow += (uintptr_t)pf->stride;
-                    pline = prow & ~(uintptr_t)63;
-                }
-            }
-            pleft -= 2;
-        }
+        if (PF) ctpu_mxu_pf_step2(&pfc, pf);
         __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + p * NR);
         __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + p * NR + 16);
 #pragma GCC unroll 14
@@ -170,8 +157,7 @@ static inline __attribute__((always_inline)) void mxu_fma_tile(int R, int W, int
                                                                int64_t ldc, const ctpu_mxu_pf *pf)
 {
     const int nr = 16 * NV;
-    uintptr_t prow = PF ? (uintptr_t)pf->base : 0, pline = prow & ~(uintptr_t)63;
-    int pcol = 0, pleft = PF ? pf->n : 0;
+    ctpu_mxu_pf_cursor pfc = ctpu_mxu_pf_start(PF, pf);
     if (AR && c != cin) {   /* the output tile (c itself, not the scratch): its lines arrive while this computes */
 #pragma GCC unroll 12
         for (int r = 0; r < R; r++)
@@ -202,19 +188,7 @@ static inline __attribute__((always_inline)) void mxu_fma_tile(int R, int W, int
 #pragma GCC unroll 4
     for (int j = 0; j < (FMA_MAXR + 2) / 3; j++) ar[j] = a + (AR && 3 * j < R ? 3 * j : 0) * as;
     for (int64_t p = 0; p < kp; p++) {
-        if (PF && pleft > 0) {
-#pragma GCC unroll 2
-            for (int u = 0; u < 2; u++) {
-                _mm_prefetch((const char *)pline, _MM_HINT_T0);
-                pline += 64;
-                if (++pcol == pf->lpr) {
-                    pcol = 0;
-                    prow += (uintptr_t)pf->stride;
-                    pline = prow & ~(uintptr_t)63;
-                }
-            }
-            pleft -= 2;
-        }
+        if (PF) ctpu_mxu_pf_step2(&pfc, pf);
         const float *bp = b + p * 2 * nr, *ap = a + p * 2 * W;
         __m512 bo[2], be[2];
 #pragma GCC unroll 2
