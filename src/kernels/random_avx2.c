@@ -21,7 +21,7 @@ static inline VI vi_iota64(uint32_t base, int k)
     return _mm256_add_epi64(_mm256_set1_epi64x((long long)base), _mm256_setr_epi64x(k, k + 1, k + 2, k + 3));
 }
 static inline VI vi_mul64(VI a, VI m) { return _mm256_mul_epu32(a, m); }
-static inline VI vi_srl64(VI a) { return _mm256_srli_epi64(a, 32); }
+static inline VI vi_hi64(VI a) { return _mm256_shuffle_epi32(a, 0xB1); }
 static inline VI vi_pack_lo(VI a, VI b)
 {
     const VI idx = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);

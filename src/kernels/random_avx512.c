@@ -25,7 +25,7 @@ static inline VI vi_iota64(uint32_t base, int k)
                                                                                    k + 5, k + 6, k + 7));
 }
 static inline VI vi_mul64(VI a, VI m) { return _mm512_mul_epu32(a, m); }
-static inline VI vi_srl64(VI a) { return _mm512_srli_epi64(a, 32); }
+static inline VI vi_hi64(VI a) { return _mm512_shuffle_epi32(a, _MM_PERM_CDAB); }
 static inline VI vi_pack_lo(VI a, VI b)
 {
     return _mm512_permutex2var_epi32(a, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), b);

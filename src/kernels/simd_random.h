@@ -8,7 +8,8 @@
  * reference. Included once per ISA after its primitives:
  *   VI, VF, RW; vi1(u), vi_add, vi_xor, vi_xor3, vi_srl(a, s) (32-bit
  *   lanes), vi_iota(base); vi_iota64(base, k) (64-bit lanes base + k + i),
- *   vi_mul64 (low halves' 64-bit products), vi_srl64 (>> 32), vi_pack_lo(a, b)
+ *   vi_mul64 (low halves' 64-bit products), vi_hi64 (each 64-bit lane's high half
+ *   in its low half; the high half may be anything), vi_pack_lo(a, b)
  *   (the low halves of a's then b's 64-bit lanes); vf1(f), vf_mul, vf_add, vf_sqrt, vf_cvt
  *   (u32 < 2^31 to f32), vf_st(p, v); VLOG, VCOS; RAND_NAME(x). */
 
@@ -29,40 +30,45 @@
  * Rounds 0 and 1 are the general round with what is known: words 2 and 3
  * start at 0 (round 0 multiplies only word 0) and word 1 the same in every
  * lane (round 1's word 0 is one scalar product). */
-typedef struct { VI a, b; } RAND_NAME(v2);
+/* PHX_MAXNB vectors of counters at most in one philox2n: 2 * nb independent
+ * chains of rounds, so the multiplies' latency overlaps. */
+#define PHX_MAXNB 2
 
-static inline void RAND_NAME(philox2)(uint32_t lo, uint32_t hi, const uint32_t *rs, VI *w0, VI *w1)
+static inline __attribute__((always_inline)) void RAND_NAME(philox2n)(int nb, uint32_t lo, uint32_t hi,
+                                                                       const uint32_t *rs, VI *w0, VI *w1)
 {
     const VI m0 = vi1(PHX_M0), m1 = vi1(PHX_M1);
-    VI ca = vi_iota64(lo, 0), cb = vi_iota64(lo, RW / 2);
-    VI p0a = vi_mul64(ca, m0), p0b = vi_mul64(cb, m0);                       /* round 0 */
+    VI c0[2 * PHX_MAXNB], c1[2 * PHX_MAXNB], c2[2 * PHX_MAXNB], c3[2 * PHX_MAXNB];
     uint32_t s0 = hi ^ rs[0];                                                 /* c0; c1 = 0 */
-    VI c2a = vi_xor(vi_srl64(p0a), vi1(rs[1])), c2b = vi_xor(vi_srl64(p0b), vi1(rs[1]));
-    VI c3a = p0a, c3b = p0b;
-    uint64_t p = (uint64_t)PHX_M0 * s0;                                       /* round 1 */
-    VI p1a = vi_mul64(c2a, m1), p1b = vi_mul64(c2b, m1);
-    VI c0a = vi_xor(vi_srl64(p1a), vi1(rs[2])), c0b = vi_xor(vi_srl64(p1b), vi1(rs[2]));
-    VI c1a = p1a, c1b = p1b;
-    VI t = vi1((uint32_t)(p >> 32) ^ rs[3]);
-    c2a = vi_xor(c3a, t);
-    c2b = vi_xor(c3b, t);
-    c3a = c3b = vi1((uint32_t)p);
-    for (int r = 2; r < 10; r++) {
-        p0a = vi_mul64(c0a, m0);
-        p0b = vi_mul64(c0b, m0);
-        p1a = vi_mul64(c2a, m1);
-        p1b = vi_mul64(c2b, m1);
-        c0a = vi_xor3(vi_srl64(p1a), c1a, vi1(rs[2 * r]));
-        c0b = vi_xor3(vi_srl64(p1b), c1b, vi1(rs[2 * r]));
-        c1a = p1a;
-        c1b = p1b;
-        c2a = vi_xor3(vi_srl64(p0a), c3a, vi1(rs[2 * r + 1]));
-        c2b = vi_xor3(vi_srl64(p0b), c3b, vi1(rs[2 * r + 1]));
-        c3a = p0a;
-        c3b = p0b;
+    uint64_t p = (uint64_t)PHX_M0 * s0;                                       /* round 1's word 0 */
+    const VI t = vi1((uint32_t)(p >> 32) ^ rs[3]), plo = vi1((uint32_t)p);
+#pragma GCC unroll 4
+    for (int q = 0; q < 2 * nb; q++) {   /* q: vector q / 2, half q % 2 */
+        VI p0 = vi_mul64(vi_iota64(lo + (uint32_t)(q / 2 * RW), q % 2 * (RW / 2)), m0);   /* round 0 */
+        VI x2 = vi_xor(vi_hi64(p0), vi1(rs[1]));
+        VI p1 = vi_mul64(x2, m1);                                               /* round 1 */
+        c0[q] = vi_xor(vi_hi64(p1), vi1(rs[2]));
+        c1[q] = p1;
+        c2[q] = vi_xor(p0, t);
+        c3[q] = plo;
     }
-    *w0 = vi_pack_lo(c0a, c0b);
-    *w1 = vi_pack_lo(c1a, c1b);
+#pragma GCC unroll 8
+    for (int r = 2; r < 10; r++) {
+        const VI k0 = vi1(rs[2 * r]), k1 = vi1(rs[2 * r + 1]);
+#pragma GCC unroll 4
+        for (int q = 0; q < 2 * nb; q++) {
+            VI p0 = vi_mul64(c0[q], m0), p1 = vi_mul64(c2[q], m1);
+            c0[q] = vi_xor3(vi_hi64(p1), c1[q], k0);
+            c1[q] = p1;
+            c2[q] = vi_xor3(vi_hi64(p0), c3[q], k1);
+            c3[q] = p0;
+        }
+    }
+#pragma GCC unroll 2
+    for (int k = 0; k < nb; k++) {
+        w0[k] = vi_pack_lo(c0[2 * k], c0[2 * k + 1]);
+        w1[k] = vi_pack_lo(c1[2 * k], c1[2 * k + 1]);
+    }
 }
 
 /* Whole RW-blocks from j = 0 while the low counter word does not wrap
@@ -82,11 +88,13 @@ static int64_t RAND_NAME(blocks_)(uint64_t seed, uint64_t first, int64_t n, bool
             uint64_t c = first + (uint64_t)j;
             if ((uint32_t)c > 0xFFFFFFFFu - (RAND_NB * RW - 1)) break;
             VF u1[RAND_NB], x2[RAND_NB], r[RAND_NB];
-            for (int k = 0; k < RAND_NB; k++) {
-                VI w0, w1;
-                RAND_NAME(philox2)((uint32_t)c + (uint32_t)(k * RW), (uint32_t)(c >> 32), rs, &w0, &w1);
-                u1[k] = vf_mul(vf_cvt(vi_add(vi_srl(w0, 8), vi1(1))), scale);
-                x2[k] = vf_mul(two_pi, vf_mul(vf_cvt(vi_srl(w1, 8)), scale));
+            for (int k0 = 0; k0 < RAND_NB; k0 += PHX_MAXNB) {
+                VI w0[PHX_MAXNB], w1[PHX_MAXNB];
+                RAND_NAME(philox2n)(PHX_MAXNB, (uint32_t)c + (uint32_t)(k0 * RW), (uint32_t)(c >> 32), rs, w0, w1);
+                for (int k = 0; k < PHX_MAXNB; k++) {
+                    u1[k0 + k] = vf_mul(vf_cvt(vi_add(vi_srl(w0[k], 8), vi1(1))), scale);
+                    x2[k0 + k] = vf_mul(two_pi, vf_mul(vf_cvt(vi_srl(w1[k], 8)), scale));
+                }
             }
             for (int k = 0; k < RAND_NB; k++) r[k] = vf_sqrt(vf_mul(m2, VLOG(u1[k])));
             for (int k = 0; k < RAND_NB; k++)
@@ -97,7 +105,7 @@ static int64_t RAND_NAME(blocks_)(uint64_t seed, uint64_t first, int64_t n, bool
         uint64_t c = first + (uint64_t)j;
         if ((uint32_t)c > 0xFFFFFFFFu - (RW - 1)) break;
         VI w0, w1;
-        RAND_NAME(philox2)((uint32_t)c, (uint32_t)(c >> 32), rs, &w0, &w1);
+        RAND_NAME(philox2n)(1, (uint32_t)c, (uint32_t)(c >> 32), rs, &w0, &w1);
         if (!normal) {
             VF u = vf_mul(vf_cvt(vi_srl(w0, 8)), scale);
             vf_st(y + j, vf_add(va, vf_mul(vb, u)));          /* lo + range * u */
