@@ -359,14 +359,13 @@ static int want(const char *name)
 }
 static void line(const char *name, double v, const char *unit) { printf("%s %.4g %s\n", name, v, unit); fflush(stdout); }
 
-int main(int argc, char **argv)
+/* OpenBLAS picks its kernels when it loads. Drop the machine's pins; and
+ * where its own detection does not know this CPU (on this VM it falls
+ * back to Prescott, SSE3), ask for its AVX-512 kernels by name: the
+ * anchor is OpenBLAS at its best here. Re-executed once (marker). */
+static void openblas_reexec(char **argv)
 {
-    if (argc > 1) filter = argv[1];
 #ifdef CTPU_HAVE_OPENBLAS
-    /* OpenBLAS picks its kernels when it loads. Drop the machine's pins; and
-     * where its own detection does not know this CPU (on this VM it falls
-     * back to Prescott, SSE3), ask for its AVX-512 kernels by name: the
-     * anchor is OpenBLAS at its best here. Re-executed once (marker). */
     if (!getenv("CTPU_BENCH_REEXEC")) {
         const char *core = openblas_get_corename();
         int avx512_core = core && (strcasestr(core, "skylakex") || strcasestr(core, "cooperlake") ||
@@ -382,6 +381,13 @@ int main(int argc, char **argv)
     }
     fprintf(stderr, "# openblas core %s\n", openblas_get_corename());
 #endif
+    (void)argv;
+}
+
+/* CTPU_ISA or the detected ISA for the kernels; prints the MXU kernel the
+ * probe chose (and the probe's own lines); 1 when the ISA is unavailable. */
+static int select_isa(void)
+{
     ctpu_isa isa = ctpu_isa_detect();
     const char *force = getenv("CTPU_ISA");
     if (force)
@@ -407,6 +413,37 @@ int main(int argc, char **argv)
 #ifndef CTPU_HAVE_ONEDNN
     fprintf(stderr, "# skip sgemm_onednn: oneDNN not found at build time (tools/install-deps.sh --bench)\n");
 #endif
+    return 0;
+}
+
+/* The ratio lines: against the exact-emulation limit, the anchors, 2 threads. */
+static void print_ratios(const shape *sh, int nsh, int nsq, double ct[][2][3], double an[][2][3], double limit)
+{
+    static const char *lib_name[2] = { "openblas", "onednn" };
+    char name[128];
+    if (limit > 0)
+        for (int i = 2; i < nsq; i++)
+            for (int dt = 0; dt < 2; dt++)
+                if (ct[i][dt][1] > 0) {
+                    snprintf(name, sizeof name, "ratio_%s_%s_vs_limit_1t", dt ? "bf16in" : "f32in", sh[i].name);
+                    line(name, ct[i][dt][1] / limit, "x");
+                }
+    if (limit > 0 && ct[nsq][0][1] > 0) line("ratio_mlp_fwd1_vs_limit_1t", ct[nsq][0][1] / limit, "x");
+    for (int lib = 0; lib < 2; lib++)
+        for (int i = 0; i < nsh; i++)
+            if (ct[i][0][1] > 0 && an[i][lib][1] > 0) {
+                snprintf(name, sizeof name, "ratio_%s_vs_%s_1t", sh[i].name, lib_name[lib]);
+                line(name, ct[i][0][1] / an[i][lib][1], "x");
+            }
+    if (ct[3][0][1] > 0 && ct[3][0][2] > 0) line("ratio_2t_vs_1t", ct[3][0][2] / ct[3][0][1], "x");
+    if (ct[3][1][1] > 0 && ct[3][1][2] > 0) line("ratio_bf16in_2t_vs_1t", ct[3][1][2] / ct[3][1][1], "x");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1) filter = argv[1];
+    openblas_reexec(argv);
+    if (select_isa()) return 1;
     bpool p2;
     bpool_start(&p2, 2);
     ctpu_k_pool *pools[3] = { NULL, NULL, &p2.base };
@@ -488,22 +525,7 @@ int main(int argc, char **argv)
                 line(name, an[i][lib][nt], "GFLOP/s");
             }
     }
-    if (limit > 0)
-        for (int i = 2; i < NSQ; i++)
-            for (int dt = 0; dt < 2; dt++)
-                if (ct[i][dt][1] > 0) {
-                    snprintf(name, sizeof name, "ratio_%s_%s_vs_limit_1t", dt ? "bf16in" : "f32in", sh[i].name);
-                    line(name, ct[i][dt][1] / limit, "x");
-                }
-    if (limit > 0 && ct[NSQ][0][1] > 0) line("ratio_mlp_fwd1_vs_limit_1t", ct[NSQ][0][1] / limit, "x");
-    for (int lib = 0; lib < 2; lib++)
-        for (int i = 0; i < NSH; i++)
-            if (ct[i][0][1] > 0 && an[i][lib][1] > 0) {
-                snprintf(name, sizeof name, "ratio_%s_vs_%s_1t", sh[i].name, lib_name[lib]);
-                line(name, ct[i][0][1] / an[i][lib][1], "x");
-            }
-    if (ct[3][0][1] > 0 && ct[3][0][2] > 0) line("ratio_2t_vs_1t", ct[3][0][2] / ct[3][0][1], "x");
-    if (ct[3][1][1] > 0 && ct[3][1][2] > 0) line("ratio_bf16in_2t_vs_1t", ct[3][1][2] / ct[3][1][1], "x");
+    print_ratios(sh, NSH, NSQ, ct, an, limit);
     (void)pk_fp32_2; (void)pk_bf16_2;
     bpool_stop(&p2);
     return 0;

@@ -929,212 +929,303 @@ static ctpu_status save_ranks(const gpt *g, const ctpu_optim *opt, const opts_t 
     return st;
 }
 
-int main(int argc, char **argv)
-{
+/* What the training loop carries: the model and its optimizer, the step
+ * (compiled or not), the interval's pending losses and learning rates, the
+ * counters of the result line. */
+typedef struct {
     opts_t o;
-    int pr = parse_args(argc, argv, &o);
-    if (pr) return pr == 1 ? 0 : 2;
-    if (o.threads > 0) {
-        char b[32];
-        snprintf(b, sizeof b, "%d", o.threads);
-        setenv("CTPU_NUM_THREADS", b, 1);
-    }
-    bool tty = o.progress < 0 ? isatty(fileno(stderr)) : o.progress == 1;
     corpus c;
-    char err[512];
-    if (corpus_load(o.data, &c, err, sizeof err) != 0) { fprintf(stderr, "char_gpt: %s\n", err); return 1; }
-    if (!o.by_doc && (c.n_train <= o.ctx || c.n_val <= o.ctx)) {
-        fprintf(stderr, "char_gpt: %s: %lld train / %lld val tokens, --ctx %lld needs more than that\n", o.data,
-                (long long)c.n_train, (long long)c.n_val, (long long)o.ctx);
-        corpus_free(&c);
-        return 1;
-    }
     batcher btr, bva;
-    memset(&bva, 0, sizeof bva);
-    if (batcher_init(&btr, c.train, c.n_train, c.doc_train, c.fortunes_train, &o, 1, err, sizeof err) ||
-        batcher_init(&bva, c.val, c.n_val, c.doc_val, c.fortunes_val, &o, 2, err, sizeof err)) {
-        fprintf(stderr, "char_gpt: %s: %s\n", o.data, err);
-        batcher_free(&btr);
-        batcher_free(&bva);
-        corpus_free(&c);
+    gpt *g;
+    ctpu_optim *opt;
+    step_ctx sctx;
+    ctpu_compiled *cstep;
+    ctpu_ddp *ddp;
+    FILE *log;
+    const char *mode;
+    bool tty;
+    loop_state lst;
+    ctpu_tensor *losses;
+    double *lrs;
+    double train_time, t0;
+    int64_t tokens, nb, step, compiles0, recompiles0;
+} run_t;
+
+/* Reads the corpus and makes the two batchers; 1 (with the message) when
+ * the data cannot serve --ctx. */
+static int load_data(run_t *r)
+{
+    const opts_t *o = &r->o;
+    char err[512];
+    if (corpus_load(o->data, &r->c, err, sizeof err) != 0) { fprintf(stderr, "char_gpt: %s\n", err); return 1; }
+    if (!o->by_doc && (r->c.n_train <= o->ctx || r->c.n_val <= o->ctx)) {
+        fprintf(stderr, "char_gpt: %s: %lld train / %lld val tokens, --ctx %lld needs more than that\n", o->data,
+                (long long)r->c.n_train, (long long)r->c.n_val, (long long)o->ctx);
+        corpus_free(&r->c);
         return 1;
     }
-    if (data_parallel_init(&o, &tty)) return 1;
-    ctpu_manual_seed(o.seed);
-    gpt *g = malloc(sizeof *g);
+    memset(&r->bva, 0, sizeof r->bva);
+    if (batcher_init(&r->btr, r->c.train, r->c.n_train, r->c.doc_train, r->c.fortunes_train, o, 1, err, sizeof err) ||
+        batcher_init(&r->bva, r->c.val, r->c.n_val, r->c.doc_val, r->c.fortunes_val, o, 2, err, sizeof err)) {
+        fprintf(stderr, "char_gpt: %s: %s\n", o->data, err);
+        batcher_free(&r->btr);
+        batcher_free(&r->bva);
+        corpus_free(&r->c);
+        return 1;
+    }
+    return 0;
+}
+
+/* The model, the optimizer, the compiled step (--compile), a resumed run
+ * (--resume), the dynamic batches (--dynamic), the DDP wrapper (--ddp). */
+static int make_model(run_t *r)
+{
+    const opts_t *o = &r->o;
+    ctpu_manual_seed(o->seed);
+    gpt *g = r->g = malloc(sizeof *g);
     if (!g) { fprintf(stderr, "char_gpt: out of memory\n"); return 1; }
-    if (gpt_init(g, &o, c.vocab) != CTPU_OK) return fail("making the model");
-    ctpu_param_group groups[2] = { { g->decay, g->n_decay, 1.0, o.wd }, { g->no_decay, g->n_no_decay, 1.0, 0.0 } };
-    ctpu_adamw_opts ao = { o.lr, 0.9, 0.95, 1e-8, o.wd };
-    ctpu_optim *opt = ctpu_adamw_create_groups(2, groups, &ao);
-    if (!opt) return fail("making the optimizer");
-    if (o.capturable && ctpu_optim_set_capturable(opt, true) != CTPU_OK) return fail("making the optimizer");
-    step_ctx sctx = { g, opt, o.batch, o.ctx };
-    ctpu_compiled *cstep = o.compile ? ctpu_compile(train_step, &sctx, &(ctpu_compile_opts){ .name = "char_gpt.train_step" })
-                                     : NULL;
-    if (o.compile && !cstep) return fail("compiling the step");
-    loop_state lst = { .train_loss = NAN, .val_loss = NAN };   /* nan until the first evaluation */
-    if (o.resume_path) {
-        if (resume_run(g, opt, &o, &lst)) return 1;
-        printf("char_gpt: resumed %s at step %lld (%lld steps into the interval)\n", o.resume_path,
-               (long long)ctpu_optim_steps(opt), (long long)lst.in);
+    if (gpt_init(g, o, r->c.vocab) != CTPU_OK) return fail("making the model");
+    ctpu_param_group groups[2] = { { g->decay, g->n_decay, 1.0, o->wd }, { g->no_decay, g->n_no_decay, 1.0, 0.0 } };
+    ctpu_adamw_opts ao = { o->lr, 0.9, 0.95, 1e-8, o->wd };
+    if (!(r->opt = ctpu_adamw_create_groups(2, groups, &ao))) return fail("making the optimizer");
+    if (o->capturable && ctpu_optim_set_capturable(r->opt, true) != CTPU_OK) return fail("making the optimizer");
+    r->sctx = (step_ctx){ g, r->opt, o->batch, o->ctx };
+    r->cstep = o->compile ? ctpu_compile(train_step, &r->sctx, &(ctpu_compile_opts){ .name = "char_gpt.train_step" })
+                          : NULL;
+    if (o->compile && !r->cstep) return fail("compiling the step");
+    r->lst = (loop_state){ .train_loss = NAN, .val_loss = NAN };   /* nan until the first evaluation */
+    if (o->resume_path) {
+        if (resume_run(g, r->opt, o, &r->lst)) return 1;
+        printf("char_gpt: resumed %s at step %lld (%lld steps into the interval)\n", o->resume_path,
+               (long long)ctpu_optim_steps(r->opt), (long long)r->lst.in);
     }
     /* --dynamic: each batch is a new tensor; every i32 [B, T] made from host data from here on (the
      * training and evaluation batches, the sampling prompts) comes with T marked dynamic in [2, ctx].
      * Declared after the parameters are made or loaded. */
-    if (o.dynamic && o.ctx >= 2 && ctpu_declare_dynamic_inputs(CTPU_I32, 2, 1, 2, o.ctx) != CTPU_OK)
+    if (o->dynamic && o->ctx >= 2 && ctpu_declare_dynamic_inputs(CTPU_I32, 2, 1, 2, o->ctx) != CTPU_OK)
         return fail("declaring the batches dynamic");
-    ctpu_ddp *ddp = NULL;   /* after a resume: rank 0's parameters are broadcast */
-    if (o.ddp && !(ddp = ctpu_ddp_create(g->n_params, g->params, NULL))) return fail("making the DDP wrapper");
-    FILE *log = NULL;
-    if (o.log_path) {
-        if (!(log = fopen(o.log_path, "w"))) {
-            fprintf(stderr, "char_gpt: cannot write %s: %s\n", o.log_path, strerror(errno));
+    /* after a resume: rank 0's parameters are broadcast */
+    if (o->ddp && !(r->ddp = ctpu_ddp_create(g->n_params, g->params, NULL))) return fail("making the DDP wrapper");
+    return 0;
+}
+
+/* The --log file's header; the mode the result line names (TORCH_COMPILE_DISABLE=1, the
+ * runtime's switch: --compile's step runs fn in the current mode); the banner. */
+static int open_log_and_banner(run_t *r)
+{
+    const opts_t *o = &r->o;
+    if (o->log_path) {
+        if (!(r->log = fopen(o->log_path, "w"))) {
+            fprintf(stderr, "char_gpt: cannot write %s: %s\n", o->log_path, strerror(errno));
             return 1;
         }
-        fprintf(log, "step,lr,train_loss,val_loss\n");
+        fprintf(r->log, "step,lr,train_loss,val_loss\n");
     }
-    /* TORCH_COMPILE_DISABLE=1 (the runtime's switch): --compile's step runs
-     * fn in the current mode, and the result line names that mode */
     const char *cdis = getenv("TORCH_COMPILE_DISABLE");
-    bool compile_off = o.compile && cdis && strcmp(cdis, "1") == 0;
-    const char *mode = o.compile && !compile_off ? "compiled" : ctpu_mode_name(ctpu_get_mode());
+    bool compile_off = o->compile && cdis && strcmp(cdis, "1") == 0;
+    r->mode = o->compile && !compile_off ? "compiled" : ctpu_mode_name(ctpu_get_mode());
     if (compile_off)
         printf("char_gpt: --compile with TORCH_COMPILE_DISABLE=1: compilation disabled, the step runs in mode %s\n",
-               mode);
+               r->mode);
+    const gpt *g = r->g;
+    const corpus *c = &r->c;
     int64_t nparams = 0;
     for (int i = 0; i < g->n_decay; i++) nparams += ctpu_numel(g->decay[i]);
     for (int i = 0; i < g->n_no_decay; i++) nparams += ctpu_numel(g->no_decay[i]);
     printf("char_gpt: %s: %lld files, %lld/%lld fortunes, %lld/%lld train/val tokens, vocab %d; GPT %lld layers, "
            "%lld heads x %lld, dmodel %lld, ctx %lld, %lld parameters, %s; batch %lld%s, %lld steps, lr %g, "
            "warmup %lld, dropout %g, seed %llu, mode %s\n",
-           o.data, (long long)c.files, (long long)c.fortunes_train, (long long)c.fortunes_val, (long long)c.n_train,
-           (long long)c.n_val, c.vocab, (long long)o.layers, (long long)o.heads, (long long)o.head_dim,
-           (long long)o.dmodel, (long long)o.ctx, (long long)nparams, ctpu_dtype_name(o.dtype), (long long)o.batch,
-           o.by_doc ? " (by document)" : "", (long long)o.steps, o.lr,
-           (long long)o.warmup, o.dropout, (unsigned long long)o.seed, mode);
-    if (o.ddp) printf("char_gpt: data parallel over %d ranks (global batch %lld)\n", ctpu_dist_world_size(), (long long)o.batch);
-    if (o.grad_accum > 1) printf("char_gpt: %lld micro-batches per step, gradients accumulated\n", (long long)o.grad_accum);
+           o->data, (long long)c->files, (long long)c->fortunes_train, (long long)c->fortunes_val, (long long)c->n_train,
+           (long long)c->n_val, c->vocab, (long long)o->layers, (long long)o->heads, (long long)o->head_dim,
+           (long long)o->dmodel, (long long)o->ctx, (long long)nparams, ctpu_dtype_name(o->dtype), (long long)o->batch,
+           o->by_doc ? " (by document)" : "", (long long)o->steps, o->lr,
+           (long long)o->warmup, o->dropout, (unsigned long long)o->seed, r->mode);
+    if (o->ddp) printf("char_gpt: data parallel over %d ranks (global batch %lld)\n", ctpu_dist_world_size(), (long long)o->batch);
+    if (o->grad_accum > 1) printf("char_gpt: %lld micro-batches per step, gradients accumulated\n", (long long)o->grad_accum);
     fflush(stdout);
+    return 0;
+}
 
-    ctpu_tensor *losses = malloc(sizeof(ctpu_tensor) * (size_t)o.eval_every);
-    double *lrs = malloc(sizeof(double) * (size_t)o.eval_every);
-    if (!losses || !lrs) { fprintf(stderr, "char_gpt: out of memory\n"); return 1; }
-    double train_time = 0, min_lr = o.lr / 10;
-    int64_t tokens = 0, nb = 0, step = ctpu_optim_steps(opt);
+/* One training step at learning rate lr: the compiled step, or forward,
+ * backward (data parallel or accumulated when asked) and the update; its
+ * loss joins the interval's. */
+static int train_one(run_t *r, double lr)
+{
+    const opts_t *o = &r->o;
+    ctpu_step_begin();
+    ctpu_tensor x, y;
+    int64_t T, real;
+    if (make_batch(&r->btr, o, (uint64_t)r->step, &x, &y, &T, &real) != CTPU_OK) return fail("batch");
+    ctpu_tensor in[2] = { x, y }, loss;
+    r->sctx.T = T;   /* read by a capture only: a new T fails the guard and recaptures */
+    if (r->cstep) {
+        if (ctpu_compiled_call(r->cstep, 2, in, 1, &lr, 1, &loss) != CTPU_OK) return fail("compiled step");
+    } else {
+        ctpu_optim_zero_grad(r->opt);
+        if (r->ddp || o->grad_accum > 1) {
+            loss = data_parallel_step(r->g, r->ddp, o, x, y, T);
+            if (ctpu_is_null(loss)) return fail("forward and backward");
+        } else {
+            loss = gpt_loss(r->g, x, y, o->batch, T, true);
+            if (ctpu_is_null(loss)) return fail("forward");
+            if (ctpu_backward(loss) != CTPU_OK) return fail("backward");
+        }
+        ctpu_optim_set_lr(r->opt, lr);
+        if (ctpu_optim_step(r->opt) != CTPU_OK) return fail("optimizer step");
+    }
+    r->losses[r->nb] = ctpu_keep(ctpu_detach(loss));
+    ctpu_step_end();
+    r->lrs[r->nb++] = lr;
+    r->tokens += real;
+    return 0;
+}
+
+/* The interval ends: its losses read once (waits for the device), the
+ * evaluation, the --log rows and the step line. */
+static int end_interval(run_t *r)
+{
+    const opts_t *o = &r->o;
+    loop_state *lst = &r->lst;
+    int64_t nb = r->nb, step = r->step;
+    if (ddp_mean_losses(r->losses, nb, &lst->meaned) != CTPU_OK) return fail("averaging the losses");
+    double sum = lst->isum;
+    double *ls = malloc(sizeof(double) * (size_t)nb);
+    if (!ls) { fprintf(stderr, "char_gpt: out of memory\n"); return 1; }
+    for (int64_t i = 0; i < nb; i++) {
+        if (ctpu_item(r->losses[i], &ls[i]) != CTPU_OK) { free(ls); return fail("reading the losses"); }
+        ctpu_release(r->losses[i]);
+        sum += ls[i];
+    }
+    r->train_time += now_s() - r->t0;
+    lst->train_loss = sum / (double)(lst->in + nb);
+    if (evaluate_ranks(r->g, &r->bva, o, &lst->val_loss) != CTPU_OK) { free(ls); return fail("evaluation"); }
+    if (r->log) {
+        for (int64_t i = 0; i < nb; i++) {
+            fprintf(r->log, "%lld,%.9g,%.9g,", (long long)(step + 1 - nb + i), r->lrs[i], ls[i]);
+            if (i == nb - 1) fprintf(r->log, "%.9g", lst->val_loss);
+            fprintf(r->log, "\n");
+        }
+    }
+    free(ls);
+    if (r->tty) fprintf(stderr, "\n");
+    printf("step %lld/%lld train_loss=%.4f val_loss=%.4f val_bpc=%.4f tokens_per_s=%.0f\n",
+           (long long)step + 1, (long long)o->steps, lst->train_loss, lst->val_loss, lst->val_loss / M_LN2,
+           (double)r->tokens / r->train_time);
+    fflush(stdout);
+    r->nb = 0;
+    lst->isum = 0;
+    lst->in = 0;
+    lst->meaned = 0;
+    r->t0 = now_s();
+    return 0;
+}
+
+/* Stopped inside an interval: log its steps so far (no val loss) and carry their sum. */
+static int end_partial_interval(run_t *r)
+{
+    if (r->nb == 0) return 0;
+    if (r->tty) fprintf(stderr, "\n");
+    r->train_time += now_s() - r->t0;
+    if (ddp_mean_losses(r->losses, r->nb, &r->lst.meaned) != CTPU_OK) return fail("averaging the losses");
+    for (int64_t i = 0; i < r->nb; i++) {
+        double l;
+        if (ctpu_item(r->losses[i], &l) != CTPU_OK) return fail("reading the losses");
+        ctpu_release(r->losses[i]);
+        r->lst.isum += l;
+        if (r->log) fprintf(r->log, "%lld,%.9g,%.9g,\n", (long long)(r->step - r->nb + i), r->lrs[i], l);
+    }
+    r->lst.in += r->nb;
+    r->nb = 0;
+    return 0;
+}
+
+/* The training loop from the optimizer's step count to --steps (or --stop-after). */
+static int train(run_t *r)
+{
+    const opts_t *o = &r->o;
+    r->losses = malloc(sizeof(ctpu_tensor) * (size_t)o->eval_every);
+    r->lrs = malloc(sizeof(double) * (size_t)o->eval_every);
+    if (!r->losses || !r->lrs) { fprintf(stderr, "char_gpt: out of memory\n"); return 1; }
+    double min_lr = o->lr / 10;
+    r->step = ctpu_optim_steps(r->opt);
     /* the result line's compiles / recompiles: the training and evaluation steps' programs (not those
      * that made and loaded the model: they run before this, and ctpu_sync compiles a pending trace) */
     if (ctpu_sync() != CTPU_OK) return fail("making the model");
-    int64_t compiles0 = ctpu_metric_counter("programs_compiled"), recompiles0 = ctpu_metric_counter("recompiles") + ctpu_metric_counter("strict_recompiles");
-    double t0 = now_s();
-    for (; step < o.steps && !(o.stop_after && step >= o.stop_after); step++) {
-        double lr = ctpu_lr_warmup_cosine(o.lr, step, o.warmup, o.steps, min_lr);
-        ctpu_step_begin();
-        ctpu_tensor x, y;
-        int64_t T, real;
-        if (make_batch(&btr, &o, (uint64_t)step, &x, &y, &T, &real) != CTPU_OK) return fail("batch");
-        ctpu_tensor in[2] = { x, y }, loss;
-        sctx.T = T;   /* read by a capture only: a new T fails the guard and recaptures */
-        if (cstep) {
-            if (ctpu_compiled_call(cstep, 2, in, 1, &lr, 1, &loss) != CTPU_OK) return fail("compiled step");
-        } else {
-            ctpu_optim_zero_grad(opt);
-            if (ddp || o.grad_accum > 1) {
-                loss = data_parallel_step(g, ddp, &o, x, y, T);
-                if (ctpu_is_null(loss)) return fail("forward and backward");
-            } else {
-                loss = gpt_loss(g, x, y, o.batch, T, true);
-                if (ctpu_is_null(loss)) return fail("forward");
-                if (ctpu_backward(loss) != CTPU_OK) return fail("backward");
-            }
-            ctpu_optim_set_lr(opt, lr);
-            if (ctpu_optim_step(opt) != CTPU_OK) return fail("optimizer step");
-        }
-        losses[nb] = ctpu_keep(ctpu_detach(loss));
-        ctpu_step_end();
-        lrs[nb++] = lr;
-        tokens += real;
-        if (tty) progress_bar(step + 1, o.steps, lr);
-        if ((step + 1) % o.eval_every == 0 || step + 1 == o.steps) {   /* the interval ends */
-            if (ddp_mean_losses(losses, nb, &lst.meaned) != CTPU_OK) return fail("averaging the losses");
-            double sum = lst.isum;   /* the interval's losses: read once (waits for the device) */
-            double *ls = malloc(sizeof(double) * (size_t)nb);
-            if (!ls) { fprintf(stderr, "char_gpt: out of memory\n"); return 1; }
-            for (int64_t i = 0; i < nb; i++) {
-                if (ctpu_item(losses[i], &ls[i]) != CTPU_OK) return fail("reading the losses");
-                ctpu_release(losses[i]);
-                sum += ls[i];
-            }
-            train_time += now_s() - t0;
-            lst.train_loss = sum / (double)(lst.in + nb);
-            if (evaluate_ranks(g, &bva, &o, &lst.val_loss) != CTPU_OK) return fail("evaluation");
-            if (log) {
-                for (int64_t i = 0; i < nb; i++) {
-                    fprintf(log, "%lld,%.9g,%.9g,", (long long)(step + 1 - nb + i), lrs[i], ls[i]);
-                    if (i == nb - 1) fprintf(log, "%.9g", lst.val_loss);
-                    fprintf(log, "\n");
-                }
-            }
-            free(ls);
-            if (tty) fprintf(stderr, "\n");
-            printf("step %lld/%lld train_loss=%.4f val_loss=%.4f val_bpc=%.4f tokens_per_s=%.0f\n",
-                   (long long)step + 1, (long long)o.steps, lst.train_loss, lst.val_loss, lst.val_loss / M_LN2,
-                   (double)tokens / train_time);
-            fflush(stdout);
-            nb = 0;
-            lst.isum = 0;
-            lst.in = 0;
-            lst.meaned = 0;
-            t0 = now_s();
-        }
-        if (o.save_every && (step + 1) % o.save_every == 0 && save_ranks(g, opt, &o, &lst, losses, nb) != CTPU_OK)
+    r->compiles0 = ctpu_metric_counter("programs_compiled");
+    r->recompiles0 = ctpu_metric_counter("recompiles") + ctpu_metric_counter("strict_recompiles");
+    r->t0 = now_s();
+    for (; r->step < o->steps && !(o->stop_after && r->step >= o->stop_after); r->step++) {
+        double lr = ctpu_lr_warmup_cosine(o->lr, r->step, o->warmup, o->steps, min_lr);
+        if (train_one(r, lr)) return 1;
+        if (r->tty) progress_bar(r->step + 1, o->steps, lr);
+        if (((r->step + 1) % o->eval_every == 0 || r->step + 1 == o->steps) && end_interval(r)) return 1;
+        if (o->save_every && (r->step + 1) % o->save_every == 0 &&
+            save_ranks(r->g, r->opt, o, &r->lst, r->losses, r->nb) != CTPU_OK)
             return fail("saving a checkpoint");
     }
-    if (nb > 0) {   /* stopped inside an interval: log its steps so far (no val loss) and carry their sum */
-        if (tty) fprintf(stderr, "\n");
-        train_time += now_s() - t0;
-        if (ddp_mean_losses(losses, nb, &lst.meaned) != CTPU_OK) return fail("averaging the losses");
-        for (int64_t i = 0; i < nb; i++) {
-            double l;
-            if (ctpu_item(losses[i], &l) != CTPU_OK) return fail("reading the losses");
-            ctpu_release(losses[i]);
-            lst.isum += l;
-            if (log) fprintf(log, "%lld,%.9g,%.9g,\n", (long long)(step - nb + i), lrs[i], l);
-        }
-        lst.in += nb;
-        nb = 0;
+    return end_partial_interval(r);
+}
+
+/* After the loop: the last checkpoint (--save), the result line, the sample,
+ * the attention cost and cache reports. */
+static int finish(run_t *r)
+{
+    const opts_t *o = &r->o;
+    if (o->stop_after && r->step < o->steps)
+        printf("char_gpt: stopped after step %lld of %lld\n", (long long)r->step, (long long)o->steps);
+    if (o->save_path) {
+        if (save_ranks(r->g, r->opt, o, &r->lst, r->losses, 0) != CTPU_OK) return fail("saving the checkpoint");
+        printf("char_gpt: saved %s at step %lld\n", o->save_path, (long long)r->step);
     }
-    if (o.stop_after && step < o.steps)
-        printf("char_gpt: stopped after step %lld of %lld\n", (long long)step, (long long)o.steps);
-    if (o.save_path) {
-        if (save_ranks(g, opt, &o, &lst, losses, 0) != CTPU_OK) return fail("saving the checkpoint");
-        printf("char_gpt: saved %s at step %lld\n", o.save_path, (long long)step);
-    }
-    if (log) fclose(log);
-    demo_print_compiled(cstep);
+    if (r->log) fclose(r->log);
+    r->log = NULL;
+    demo_print_compiled(r->cstep);
     char ws[32] = "";
-    if (o.ddp) snprintf(ws, sizeof ws, " world_size=%d", ctpu_dist_world_size());
+    if (o->ddp) snprintf(ws, sizeof ws, " world_size=%d", ctpu_dist_world_size());
     printf("result val_loss=%.4f train_loss=%.4f steps=%lld tokens_per_s=%.0f compiles=%lld recompiles=%lld mode=%s%s\n",
-           lst.val_loss, lst.train_loss, (long long)step, train_time > 0 ? (double)tokens / train_time : 0.0,
-           (long long)(ctpu_metric_counter("programs_compiled") - compiles0),
-           (long long)(ctpu_metric_counter("recompiles") + ctpu_metric_counter("strict_recompiles") - recompiles0),
-           mode, ws);
+           r->lst.val_loss, r->lst.train_loss, (long long)r->step,
+           r->train_time > 0 ? (double)r->tokens / r->train_time : 0.0,
+           (long long)(ctpu_metric_counter("programs_compiled") - r->compiles0),
+           (long long)(ctpu_metric_counter("recompiles") + ctpu_metric_counter("strict_recompiles") - r->recompiles0),
+           r->mode, ws);
     fflush(stdout);
-    if (o.sample_len > 0 && generate(g, &c, &o)) return 1;
-    if (ctpu_dist_rank() == 0 && attention_cost_report(g, o.batch)) return 1;
+    if (o->sample_len > 0 && generate(r->g, &r->c, o)) return 1;
+    if (ctpu_dist_rank() == 0 && attention_cost_report(r->g, o->batch)) return 1;
     if (ctpu_dist_rank() == 0) ctpu_cache_report(stderr);   /* with --ddp: compute against communication */
-    ctpu_ddp_free(ddp);
-    batcher_free(&btr);
-    batcher_free(&bva);
-    free(losses);
-    free(lrs);
-    ctpu_compiled_free(cstep);   /* the caller owns a compiled step (NULL without --compile) */
-    ctpu_optim_free(opt);
-    for (int i = 0; i < g->n_decay; i++) ctpu_release(g->decay[i]);
-    for (int i = 0; i < g->n_no_decay; i++) ctpu_release(g->no_decay[i]);
-    free(g);
-    corpus_free(&c);
-    if (o.ddp) ctpu_dist_shutdown();
+    return 0;
+}
+
+static void free_run(run_t *r)
+{
+    ctpu_ddp_free(r->ddp);
+    batcher_free(&r->btr);
+    batcher_free(&r->bva);
+    free(r->losses);
+    free(r->lrs);
+    ctpu_compiled_free(r->cstep);   /* the caller owns a compiled step (NULL without --compile) */
+    ctpu_optim_free(r->opt);
+    for (int i = 0; i < r->g->n_decay; i++) ctpu_release(r->g->decay[i]);
+    for (int i = 0; i < r->g->n_no_decay; i++) ctpu_release(r->g->no_decay[i]);
+    free(r->g);
+    corpus_free(&r->c);
+}
+
+int main(int argc, char **argv)
+{
+    static run_t r;
+    int pr = parse_args(argc, argv, &r.o);
+    if (pr) return pr == 1 ? 0 : 2;
+    if (r.o.threads > 0) {
+        char b[32];
+        snprintf(b, sizeof b, "%d", r.o.threads);
+        setenv("CTPU_NUM_THREADS", b, 1);
+    }
+    r.tty = r.o.progress < 0 ? isatty(fileno(stderr)) : r.o.progress == 1;
+    if (load_data(&r)) return 1;
+    if (data_parallel_init(&r.o, &r.tty)) return 1;
+    if (make_model(&r) || open_log_and_banner(&r) || train(&r) || finish(&r)) return 1;
+    free_run(&r);
+    if (r.o.ddp) ctpu_dist_shutdown();
     else ctpu_shutdown();
     return 0;
 }
