@@ -425,7 +425,10 @@ static bool resume_meta(run_t *r)
 {
     const opts_t *o = r->o;
     ctpu_safetensors *f = ctpu_safetensors_open(o->resume_path);
-    if (!f) return false;
+    if (!f) {   /* missing, unreadable or not a safetensors file: the library's message says which */
+        fprintf(stderr, "fashion_mnist: --resume: %s\n", ctpu_last_error());
+        return false;
+    }
     char want[256];
     snprintf(want, sizeof want, "--epochs %d --lr %.12g --wd %.12g --betas %.12g,%.12g --eps %.12g", o->epochs, o->lr, o->wd,
              o->beta1, o->beta2, o->eps);

@@ -433,8 +433,9 @@ CTPU_API int64_t ctpu_batch_iter_epoch(const ctpu_batch_iter *it);   /* 0-based,
  * the same arguments makes the next calls return what that iterator's
  * would have (an epoch's order is a function of (seed, epoch) only).
  * Errors: CTPU_ERR_INVALID_ARG (a NULL pointer; arguments that differ from
- * this iterator's, named; epoch < 0; a position outside [0, n] that is
- * neither a multiple of the batch nor n). */
+ * this iterator's, named; epoch < 0 or above CTPU_BATCH_ITER_MAX_EPOCH;
+ * a position outside [0, n] that is neither a multiple of the batch nor n). */
+#define CTPU_BATCH_ITER_MAX_EPOCH (INT64_C(1) << 62)
 typedef struct {
     int64_t n, batch;
     bool shuffle, drop_last;

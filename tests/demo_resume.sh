@@ -38,5 +38,13 @@ grep ^result "$tmp/c.out" | grep -q -- "$want" || { echo "demo_resume: a finishe
 if "$demo" "${args[@]}" --resume "$tmp/run.safetensors" --lr 2e-3 > "$tmp/d.out" 2>&1 || ! grep -q "needs the same options" "$tmp/d.out"; then
   echo "demo_resume: --resume with another --lr was not refused"; cat "$tmp/d.out"; exit 1
 fi
+# --resume of a missing or corrupt file fails with the reason (it printed nothing)
+printf 'garbage' > "$tmp/bad.safetensors"
+for bad in "$tmp/absent.safetensors" "$tmp/bad.safetensors"; do
+  if "$demo" "${args[@]}" --resume "$bad" > "$tmp/e.out" 2>&1 || ! grep -q -- "--resume: safetensors_open: $bad" "$tmp/e.out"; then
+    echo "demo_resume: --resume $bad did not fail with its reason"; cat "$tmp/e.out"; exit 1
+  fi
+done
+rm -f "$tmp/bad.safetensors"
 ls "$tmp" | grep -q '\.tmp\.' && { echo "demo_resume: a temporary file was left behind"; exit 1; }
 echo "demo_resume: $(($(wc -l < "$tmp/whole.csv") - 1)) steps, stopped after 9, resumed: identical losses"

@@ -334,6 +334,8 @@ START_TEST(ops_bad_dtypes_and_shapes)
     EXPECT_NULL(ctpu_concat(2, (ctpu_tensor[]){ a, a }, 2), CTPU_ERR_SHAPE, "concat");
     EXPECT_NULL(ctpu_concat(0, (ctpu_tensor[]){ a }, 0), CTPU_ERR_INVALID_ARG, "concat");
     EXPECT_NULL(ctpu_concat(-3, (ctpu_tensor[]){ a }, 0), CTPU_ERR_INVALID_ARG, "concat");
+    /* a null input is named by its index (the message said "ts[i]") */
+    EXPECT_NULL(ctpu_concat(3, (ctpu_tensor[]){ a, a, CTPU_NULL }, 0), CTPU_ERR_NULL_HANDLE, "concat: ts[2] is a null handle");
     EXPECT_NULL(ctpu_concat(2, NULL, 0), CTPU_ERR_INVALID_ARG, "concat");
     EXPECT_NULL(ctpu_concat(1, &sc, 0), CTPU_ERR_SHAPE, "concat");
     ctpu_tensor many[20];

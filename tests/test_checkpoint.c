@@ -716,8 +716,22 @@ START_TEST(t_optim_roundtrip)
                            "ctpu.optim.group.0.weight_decay", "0" };
     ck_assert_int_eq(ctpu_save_ex(at("badhp"), 4, sn, st0, 11, meta), CTPU_OK);
     ck_assert_int_eq(ctpu_optim_load(b, at("badhp")), CTPU_ERR_IO);
-    check_msg(at("badhp"), NULL, "invalid");
+    check_msg(at("badhp"), NULL, "ctpu.optim.group.0.beta1 = 1.5 (need [0, 1))");   /* the key, the value, the rule */
     ck_assert_int_eq(ctpu_optim_steps(b), 42);
+    /* each bad key is named (not "lr and step"): eps, weight_decay, a NaN lr_scale */
+    static const char *bad_kv[][3] = { { "ctpu.optim.group.0.eps", "0", "ctpu.optim.group.0.eps = 0" },
+                                       { "ctpu.optim.group.0.weight_decay", "-1", "ctpu.optim.group.0.weight_decay = -1" },
+                                       { "ctpu.optim.group.0.beta2", "1", "ctpu.optim.group.0.beta2 = 1" } };
+    for (int k = 0; k < 3; k++) {
+        const char *m2[22];
+        memcpy(m2, meta, sizeof m2);
+        m2[15] = "0.9";   /* beta1 fixed */
+        for (int i = 0; i < 22; i += 2)
+            if (!strcmp(m2[i], bad_kv[k][0])) m2[i + 1] = bad_kv[k][1];
+        ck_assert_int_eq(ctpu_save_ex(at("badhp2"), 4, sn, st0, 11, m2), CTPU_OK);
+        ck_assert_int_eq(ctpu_optim_load(b, at("badhp2")), CTPU_ERR_IO);
+        check_msg(at("badhp2"), NULL, bad_kv[k][2]);
+    }
     ck_assert_int_eq(ctpu_save_ex(at("nokey"), 4, sn, st0, 10, meta), CTPU_OK);
     ck_assert_int_eq(ctpu_optim_load(b, at("nokey")), CTPU_ERR_IO);
     check_msg(at("nokey"), NULL, "'ctpu.optim.group.0.weight_decay' is missing");
@@ -794,6 +808,18 @@ START_TEST(t_batch_iter_state)
     ck_assert_int_eq(ctpu_batch_iter_set_state(it, &bad), CTPU_OK);
     bad.epoch = -1;
     ck_assert_int_eq(ctpu_batch_iter_set_state(it, &bad), CTPU_ERR_INVALID_ARG);
+    /* an epoch near INT64_MAX (a tampered checkpoint) is refused: the next epoch's number would overflow */
+    bad.epoch = INT64_MAX;
+    ck_assert_int_eq(ctpu_batch_iter_set_state(it, &bad), CTPU_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(ctpu_last_error(), "2^62"));
+    bad.epoch = CTPU_BATCH_ITER_MAX_EPOCH + 1;
+    ck_assert_int_eq(ctpu_batch_iter_set_state(it, &bad), CTPU_ERR_INVALID_ARG);
+    bad.epoch = CTPU_BATCH_ITER_MAX_EPOCH;   /* the largest: its order is made, the next epoch follows */
+    bad.position = 0;
+    ck_assert_msg(ctpu_batch_iter_set_state(it, &bad) == CTPU_OK, "%s", ctpu_last_error());
+    const int64_t *ix;
+    for (int c = 0; c < 6; c++) ctpu_batch_iter_next(it, &ix);
+    ck_assert(ctpu_batch_iter_epoch(it) >= CTPU_BATCH_ITER_MAX_EPOCH);
     ck_assert_int_eq(ctpu_batch_iter_set_state(NULL, &s), CTPU_ERR_INVALID_ARG);
     ck_assert_int_eq(ctpu_batch_iter_get_state(it, NULL), CTPU_ERR_INVALID_ARG);
     ctpu_batch_iter_free(it);

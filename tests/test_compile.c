@@ -296,6 +296,47 @@ START_TEST(guard_reason_names_the_closest_version)
 }
 END_TEST
 
+/* The storage-sharing guard's reason says which way it changed (it read
+ * "input 1: shares storage with input 1, was 0" when two inputs stopped
+ * sharing). */
+static ctpu_status add2(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)ctx;
+    (void)sc;
+    out[0] = ctpu_add(in[0], in[1]);
+    return ctpu_is_null(out[0]) ? ctpu_last_status() : CTPU_OK;
+}
+
+START_TEST(guard_reason_says_how_sharing_changed)
+{
+    ctpu_compiled *c = ctpu_compile(add2, NULL, NULL);
+    ctpu_scope_begin();
+    ctpu_tensor a = ctpu_ones(CTPU_F32, 1, (int64_t[]){ 4 }), b = ctpu_ones(CTPU_F32, 1, (int64_t[]){ 4 });
+    ctpu_tensor same[2] = { a, a }, apart[2] = { a, b };
+    const ctpu_tensor *seq[2] = { same, apart };
+    const char *want[2] = { "", "input 1: no longer shares storage with input 0" };
+    for (int k = 0; k < 2; k++) {
+        ctpu_tensor o = CTPU_NULL;
+        ck_assert_msg(ctpu_compiled_call(c, 2, seq[k], 0, NULL, 1, &o) == CTPU_OK, "%s", ctpu_last_error());
+        ctpu_compiled_info info;
+        ctpu_compiled_get_info(c, &info);
+        ck_assert_msg(t_contains(info.last_reason, want[k]), "call %d: want '%s': '%s'", k, want[k], info.last_reason);
+    }
+    ctpu_compiled *d = ctpu_compile(add2, NULL, NULL);
+    for (int k = 0; k < 2; k++) {
+        ctpu_tensor o = CTPU_NULL;
+        ck_assert_msg(ctpu_compiled_call(d, 2, seq[1 - k], 0, NULL, 1, &o) == CTPU_OK, "%s", ctpu_last_error());
+    }
+    ctpu_compiled_info info;
+    ctpu_compiled_get_info(d, &info);
+    ck_assert_msg(t_contains(info.last_reason, "input 1: now shares storage with input 0 (it did not at capture)"), "%s",
+                  info.last_reason);
+    ctpu_scope_end();
+    ctpu_compiled_free(c);
+    ctpu_compiled_free(d);
+}
+END_TEST
+
 START_TEST(host_state_is_baked)
 {
     mlp md;
@@ -2088,6 +2129,7 @@ static Suite *suite(void)
     tcase_add_test(t, non_capturable_optimizer_refused_in_capture);
     tcase_add_test(t, capturable_optimizer_over_bf16_params);
     tcase_add_test(t, guard_reason_names_the_closest_version);
+    tcase_add_test(t, guard_reason_says_how_sharing_changed);
     tcase_add_test(t, binding_cache_notices_every_change);
     suite_add_tcase(s, t);
     return s;

@@ -401,17 +401,20 @@ END_TEST
 /* Bad values of TORCH_TPU_COMPILE_SECONDS fail ctpu_init naming it. */
 START_TEST(policy_env_checked)
 {
-    const char *bad[] = { "-1", "abc", "1e99", "", "3s" };
+    const char *bad[] = { "-1", "abc", "1e99", "", "3s", "-", "-nan", "-inf", "--0", " 1" };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         t_clear_env();
         setenv("TORCH_TPU_COMPILE_SECONDS", bad[i], 1);
         ck_assert_int_eq(ctpu_init(), CTPU_ERR_ENV);
         ck_assert_msg(t_contains(ctpu_last_error(), "TORCH_TPU_COMPILE_SECONDS"), "%s", ctpu_last_error());
     }
-    t_clear_env();
-    setenv("TORCH_TPU_COMPILE_SECONDS", "0.5", 1);
-    ck_assert_int_eq(ctpu_init(), CTPU_OK);
-    ctpu_shutdown();
+    const char *good[] = { "0.5", "-0", "+2", "-0.0", "0" };   /* -0 is a number >= 0 */
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        t_clear_env();
+        setenv("TORCH_TPU_COMPILE_SECONDS", good[i], 1);
+        ck_assert_msg(ctpu_init() == CTPU_OK, "%s: %s", good[i], ctpu_last_error());
+        ctpu_shutdown();
+    }
     unsetenv("TORCH_TPU_COMPILE_SECONDS");
 }
 END_TEST

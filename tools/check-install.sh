@@ -35,6 +35,12 @@ out=$(env -u LD_LIBRARY_PATH CTPU_QUIET=1 "$root/hello")
 cc -std=c11 -o "$root/hello2" examples/hello.c $cflags $libs
 out=$(LD_LIBRARY_PATH="$libdir" CTPU_QUIET=1 "$root/hello2")
 [ "$out" = "sum = 14 (mode strict)" ] || { echo "check-install: hello (LD_LIBRARY_PATH) printed '$out'" >&2; exit 1; }
+# the installed ctpu-report starts from the prefix (its RUNPATH), no LD_LIBRARY_PATH
+bindir=$(meson introspect "$build" --buildoptions | python3 -c \
+  'import json,sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"] == "bindir"))')
+case $bindir in /*) ;; *) bindir=$prefix/$bindir ;; esac
+env -u LD_LIBRARY_PATH "$root$bindir/ctpu-report" --version >/dev/null ||
+  { echo "check-install: the installed ctpu-report does not start" >&2; exit 1; }
 # static: pkg-config --static adds Libs.private
 if [ -e "$libdir/libctpu.a" ]; then
   cc -std=c11 -o "$root/hello3" examples/hello.c $cflags -L"$libdir" -Wl,-Bstatic -lctpu -Wl,-Bdynamic \
@@ -42,4 +48,4 @@ if [ -e "$libdir/libctpu.a" ]; then
   out=$(CTPU_QUIET=1 "$root/hello3")
   [ "$out" = "sum = 14 (mode strict)" ] || { echo "check-install: hello (static) printed '$out'" >&2; exit 1; }
 fi
-echo "check-install: ok (installed under ${prefix}, hello built with pkg-config alone: shared with rpath, LD_LIBRARY_PATH, static)"
+echo "check-install: ok (installed under ${prefix}, hello built with pkg-config alone: shared with rpath, LD_LIBRARY_PATH, static; bin/ctpu-report runs)"

@@ -995,7 +995,12 @@ static bool guards_hold(version *v, int n_in, const ctpu_tensor *in, ctpu_trec *
         for (int j = 0; j < i; j++)
             if (inrec[j]->buf == inrec[i]->buf) { same = j; break; }
         if (same != v->user_same[i]) {
-            snprintf(why, len, "input %d: shares storage with input %d, was %d", i, same, v->user_same[i]);
+            if (same == i)
+                snprintf(why, len, "input %d: no longer shares storage with input %d", i, v->user_same[i]);
+            else if (v->user_same[i] == i)
+                snprintf(why, len, "input %d: now shares storage with input %d (it did not at capture)", i, same);
+            else
+                snprintf(why, len, "input %d: shares storage with input %d, was with input %d", i, same, v->user_same[i]);
             return false;
         }
     }

@@ -511,9 +511,9 @@ static const char *const NM_WHERE[] = { "cond", "a", "b" };
 static const char *const NM_EMBEDDING[] = { "weight", "indices" };
 static const char *const NM_GATHER[] = { "a", "index" };
 static const char *const NM_SCATTER[] = { "self", "index", "src" };
-static const char *const NM_TS[CTPU_NODE_MAX_IN] = {
-    "ts[i]", "ts[i]", "ts[i]", "ts[i]", "ts[i]", "ts[i]", "ts[i]", "ts[i]",
-    "ts[i]", "ts[i]", "ts[i]", "ts[i]", "ts[i]", "ts[i]", "ts[i]", "ts[i]",
+static const char *const NM_TS[CTPU_NODE_MAX_IN] = {   /* concat's and stack's inputs, by index */
+    "ts[0]", "ts[1]", "ts[2]",  "ts[3]",  "ts[4]",  "ts[5]",  "ts[6]",  "ts[7]",
+    "ts[8]", "ts[9]", "ts[10]", "ts[11]", "ts[12]", "ts[13]", "ts[14]", "ts[15]",
 };
 
 /* ------------------------------------------------------------ shape rules

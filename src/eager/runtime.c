@@ -566,8 +566,9 @@ static bool parse_var(int id, const char *v, env_val *out, char *err, size_t len
     case ENV_SECONDS: {
         char *end;
         errno = 0;
-        out->d = *v && (isdigit((unsigned char)*v) || *v == '.') ? strtod(v, &end) : -1;
-        if (out->d >= 0 && out->d <= 1e7 && !errno && !*end) return true;
+        const char *m = *v == '-' || *v == '+' ? v + 1 : v;   /* a sign: "-0" is 0, as the README's ">= 0" says */
+        out->d = *m && (isdigit((unsigned char)*m) || *m == '.') ? strtod(v, &end) : -1;
+        if (out->d >= 0 && out->d <= 1e7 && !errno && !*end) { out->d += 0.0; return true; }   /* -0 -> +0 */
         break;
     }
     }

@@ -600,7 +600,7 @@ static void limit_message(const ctpu_cache *c, const srec *r, const ctpu_trace *
             if (now[i] == r->ext[0][i]) continue;
             int o = 0;
             o += snprintf(vary + o, sizeof vary - (size_t)o, "dim %d varies: ", dim_at(t, i));
-            if (r->ext[1]) o += snprintf(vary + o, sizeof vary - (size_t)o, "%lld -> ", (long long)r->ext[1][i]);
+            if (r->ext[1] && r->ext[1][i] != r->ext[0][i]) o += snprintf(vary + o, sizeof vary - (size_t)o, "%lld -> ", (long long)r->ext[1][i]);
             snprintf(vary + o, sizeof vary - (size_t)o, "%lld -> %lld", (long long)r->ext[0][i], (long long)now[i]);
             break;
         }

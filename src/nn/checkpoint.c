@@ -346,9 +346,9 @@ static bool optim_read(const reader *r, const ctpu_optim *o, ctpu__optim_hp *hp,
     if (!ok) { hp_free(hp); return false; }
     if (cur.adamw) hp->adam.weight_decay = hp->group_wd[0];
     else hp->sgd.weight_decay = hp->group_wd[0];
-    if (!ctpu__optim_hp_valid(hp)) {
-        ctpu_report_error(CTPU_ERR_IO, "%s: %s: the file's optimizer hyper-parameters are invalid (lr %g, step %lld)",
-                          r->op, r->path, hp->lr, (long long)hp->steps);
+    char why[160];
+    if (!ctpu__optim_hp_valid(hp, why, sizeof why)) {
+        ctpu_report_error(CTPU_ERR_IO, "%s: %s: the file's optimizer hyper-parameter %s", r->op, r->path, why);
         hp_free(hp);
         return false;
     }

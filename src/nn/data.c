@@ -269,7 +269,7 @@ static void start_epoch(ctpu_batch_iter *it)
 {
     for (int64_t i = 0; i < it->n; i++) it->perm[i] = i;
     if (it->shuffle) {
-        uint64_t s = it->seed ^ (0xd1b54a32d192ed03ull * (uint64_t)(it->epoch + 1));
+        uint64_t s = it->seed ^ (0xd1b54a32d192ed03ull * ((uint64_t)it->epoch + 1));
         for (int64_t i = it->n - 1; i > 0; i--) {
             uint64_t j = (uint64_t)(((unsigned __int128)splitmix64(&s) * (uint64_t)(i + 1)) >> 64);
             int64_t t = it->perm[i];
@@ -288,7 +288,7 @@ int64_t ctpu_batch_iter_next(ctpu_batch_iter *it, const int64_t **idx)
     int64_t left = it->n - it->pos;
     int64_t k = left < it->batch ? left : it->batch;
     if (k == 0 || (k < it->batch && it->drop_last)) {
-        it->epoch++;
+        if (it->epoch < INT64_MAX) it->epoch++;   /* unreachable in practice: 2^62 epochs at most are restored */
         it->fresh = true;
         *idx = NULL;
         return 0;
@@ -326,9 +326,10 @@ ctpu_status ctpu__batch_iter_check(const char *op, const ctpu_batch_iter *it, co
                                  (long long)s->n, (long long)s->batch, (int)s->shuffle, (int)s->drop_last,
                                  (unsigned long long)s->seed, (long long)it->n, (long long)it->batch,
                                  (int)it->shuffle, (int)it->drop_last, (unsigned long long)it->seed);
-    if (s->epoch < 0 || s->position < 0 || s->position > it->n || (s->position % it->batch && s->position != it->n))
+    if (s->epoch < 0 || s->epoch > CTPU_BATCH_ITER_MAX_EPOCH || s->position < 0 || s->position > it->n ||
+        (s->position % it->batch && s->position != it->n))
         return ctpu_report_error(CTPU_ERR_INVALID_ARG,
-                                 "%s: epoch=%lld position=%lld: need epoch >= 0 and a position that is a multiple of "
+                                 "%s: epoch=%lld position=%lld: need 0 <= epoch <= 2^62 and a position that is a multiple of "
                                  "the batch (%lld) or n (%lld)", op, (long long)s->epoch, (long long)s->position,
                                  (long long)it->batch, (long long)it->n);
     return CTPU_OK;

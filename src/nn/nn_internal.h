@@ -51,7 +51,8 @@ typedef struct {
 } ctpu__optim_hp;
 void ctpu__optim_get(const ctpu_optim *o, ctpu__optim_hp *hp);
 /* hyper-parameters as the create functions accept them; lr >= 0, steps >= 0 */
-bool ctpu__optim_hp_valid(const ctpu__optim_hp *hp);
+/* false with "KEY = VALUE (need RULE)" in why[0, n) for the first bad field */
+bool ctpu__optim_hp_valid(const ctpu__optim_hp *hp, char *why, size_t n);
 /* lr, steps and the hyper-parameters of o's kind */
 void ctpu__optim_put(ctpu_optim *o, const ctpu__optim_hp *hp);
 

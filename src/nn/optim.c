@@ -718,13 +718,44 @@ void ctpu__optim_get(const ctpu_optim *o, ctpu__optim_hp *hp)
                             .group_wd = o->group_wd };
 }
 
-bool ctpu__optim_hp_valid(const ctpu__optim_hp *hp)
+/* Writes "KEY = VALUE (need RULE)" for the first bad field into why. */
+static bool hp_bad(char *why, size_t n, const char *key, double v, const char *rule)
+{
+    snprintf(why, n, "%s = %g (need %s)", key, v, rule);
+    return false;
+}
+
+static bool hp_group_valid(const ctpu__optim_hp *hp, int g, char *why, size_t n)
+{
+    char k[64];
+    if (!(hp->lr_scale[g] >= 0) || !isfinite(hp->lr_scale[g]))
+        return snprintf(k, sizeof k, "ctpu.optim.group.%d.lr_scale", g), hp_bad(why, n, k, hp->lr_scale[g], "finite, >= 0");
+    if (!(hp->group_wd[g] >= 0) || !isfinite(hp->group_wd[g]))
+        return snprintf(k, sizeof k, "ctpu.optim.group.%d.weight_decay", g), hp_bad(why, n, k, hp->group_wd[g], "finite, >= 0");
+    return true;
+}
+
+bool ctpu__optim_hp_valid(const ctpu__optim_hp *hp, char *why, size_t n)
 {
     for (int g = 0; g < hp->n_groups; g++)
-        if (!(hp->lr_scale[g] >= 0) || !isfinite(hp->lr_scale[g]) || !(hp->group_wd[g] >= 0) || !isfinite(hp->group_wd[g]))
-            return false;
-    return hp->lr >= 0 && isfinite(hp->lr) && hp->steps >= 0 &&
-           (hp->adamw ? adamw_opts_valid(&hp->adam) : sgd_opts_valid(&hp->sgd));
+        if (!hp_group_valid(hp, g, why, n)) return false;
+    if (!(hp->lr >= 0) || !isfinite(hp->lr)) return hp_bad(why, n, "ctpu.optim.lr", hp->lr, "finite, >= 0");
+    if (hp->steps < 0) return hp_bad(why, n, "ctpu.optim.step", (double)hp->steps, ">= 0");
+    if (hp->adamw) {
+        const ctpu_adamw_opts *a = &hp->adam;
+        if (!(a->lr > 0) || !isfinite(a->lr)) return hp_bad(why, n, "ctpu.optim.group.0.initial_lr / lr_scale", a->lr, "finite, > 0");
+        if (!(a->beta1 >= 0 && a->beta1 < 1)) return hp_bad(why, n, "ctpu.optim.group.0.beta1", a->beta1, "[0, 1)");
+        if (!(a->beta2 >= 0 && a->beta2 < 1)) return hp_bad(why, n, "ctpu.optim.group.0.beta2", a->beta2, "[0, 1)");
+        if (!(a->eps > 0) || !isfinite(a->eps)) return hp_bad(why, n, "ctpu.optim.group.0.eps", a->eps, "finite, > 0");
+        return adamw_opts_valid(a) || hp_bad(why, n, "ctpu.optim.group.0.weight_decay", a->weight_decay, "finite, >= 0");
+    }
+    const ctpu_sgd_opts *s = &hp->sgd;
+    if (!(s->lr > 0) || !isfinite(s->lr)) return hp_bad(why, n, "ctpu.optim.group.0.initial_lr / lr_scale", s->lr, "finite, > 0");
+    if (!(s->momentum >= 0) || !isfinite(s->momentum)) return hp_bad(why, n, "ctpu.optim.group.0.momentum", s->momentum, "finite, >= 0");
+    if (!isfinite(s->dampening)) return hp_bad(why, n, "ctpu.optim.group.0.dampening", s->dampening, "finite");
+    if (s->nesterov && !(s->momentum > 0 && s->dampening == 0))
+        return hp_bad(why, n, "ctpu.optim.group.0.nesterov", 1, "momentum > 0 and dampening 0");
+    return sgd_opts_valid(s) || hp_bad(why, n, "ctpu.optim.group.0.weight_decay", s->weight_decay, "finite, >= 0");
 }
 
 void ctpu__optim_put(ctpu_optim *o, const ctpu__optim_hp *hp)
