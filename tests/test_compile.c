@@ -2086,6 +2086,110 @@ START_TEST(binding_cache_notices_every_change)
 }
 END_TEST
 
+/* ---------------------------------- fn returns the tensor it assigns (alias) */
+/* A step that assigns a tensor made before the call and also returns it
+ * (out[0] = P after assign(P, ...), the parameter it updates): every replay
+ * writes P (never the tensor it only reads) and hands back P itself, as
+ * eager. Each variant is a combination: an assigned captured global, the
+ * same handle returned twice, an assigned input, an input returned
+ * unchanged, an unassigned global, an output next to a new tensor. */
+enum { RA_P, RA_EMA, RA_TWICE, RA_IN, RA_IN_UNCHANGED, RA_READ_TOO, RA_NEW_TOO, RA_COUNT };
+typedef struct { int variant; ctpu_tensor P, Q; } ra_ctx;
+
+static ctpu_status ra_fn(void *vc, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)sc;
+    ra_ctx *c = vc;
+    ctpu_tensor P = c->P, Q = c->Q;
+    switch (c->variant) {
+    case RA_P: out[0] = P; return ctpu_assign(P, ctpu_add(Q, in[0]));
+    case RA_EMA: out[0] = P; return ctpu_assign(P, ctpu_add(ctpu_mul_scalar(P, 0.5), ctpu_add(Q, in[0])));
+    case RA_TWICE: out[0] = out[1] = P; return ctpu_assign(P, ctpu_add(Q, in[0]));
+    case RA_IN: out[0] = in[1]; return ctpu_assign(in[1], ctpu_add(in[1], in[0]));
+    case RA_IN_UNCHANGED: out[0] = in[0]; out[1] = P; return ctpu_assign(P, ctpu_add(Q, in[0]));
+    case RA_READ_TOO: out[0] = P; out[1] = Q; return ctpu_assign(P, ctpu_add(P, ctpu_add(Q, in[0])));
+    default: {
+        ctpu_status st = ctpu_assign(P, ctpu_add(Q, in[0]));
+        out[0] = ctpu_add_scalar(P, 0);
+        out[1] = P;
+        return st;
+    }
+    }
+}
+
+#define RA_CALLS 4
+typedef struct { float p[RA_CALLS], q[RA_CALLS], s[RA_CALLS], o[RA_CALLS][2]; int same[RA_CALLS][2]; } ra_log;
+
+/* out[j]'s identity: 1 P, 2 Q, 3 in[0], 4 in[1], 0 another (released). */
+static int ra_who(ctpu_tensor o, const ra_ctx *c, const ctpu_tensor *in)
+{
+    return o.id == c->P.id ? 1 : o.id == c->Q.id ? 2 : o.id == in[0].id ? 3 : o.id == in[1].id ? 4 : 0;
+}
+
+static void ra_run(int variant, bool compiled, ra_log *lg)
+{
+    int64_t sh[1] = { 4 };
+    ra_ctx c = { .variant = variant };
+    c.P = ctpu_keep(ctpu_zeros(CTPU_F32, 1, sh));
+    c.Q = ctpu_keep(ctpu_from_host((float[]){ 1, 2, 3, 4 }, CTPU_F32, 1, sh));
+    ctpu_tensor S = ctpu_keep(ctpu_full(CTPU_F32, 1, sh, 3));
+    ctpu_compiled *cs = compiled ? ctpu_compile(ra_fn, &c, NULL) : NULL;
+    for (int it = 0; it < RA_CALLS; it++) {
+        ctpu_tensor in[2] = { ctpu_keep(ctpu_full(CTPU_F32, 1, sh, 10 * (it + 1))), S }, out[2] = { CTPU_NULL, CTPU_NULL };
+        if (compiled) {
+            ck_assert_int_eq(ctpu_compiled_call(cs, 2, in, 0, NULL, 2, out), CTPU_OK);
+        } else {
+            ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+            ck_assert_int_eq(ra_fn(&c, in, NULL, out), CTPU_OK);
+            for (int j = 0; j < 2; j++)
+                if (!ctpu_is_null(out[j]) && (j == 0 || out[1].id != out[0].id)) ctpu_keep(out[j]);
+            ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+        }
+        float v[4];
+        ck_assert_int_eq(ctpu_to_host(c.P, v, sizeof v), CTPU_OK); lg->p[it] = v[1];
+        ck_assert_int_eq(ctpu_to_host(c.Q, v, sizeof v), CTPU_OK); lg->q[it] = v[1];
+        ck_assert_int_eq(ctpu_to_host(S, v, sizeof v), CTPU_OK); lg->s[it] = v[1];
+        for (int j = 0; j < 2; j++) {
+            lg->o[it][j] = -1;
+            lg->same[it][j] = -1;
+            if (ctpu_is_null(out[j])) continue;
+            ck_assert_int_eq(ctpu_to_host(out[j], v, sizeof v), CTPU_OK);
+            lg->o[it][j] = v[1];
+            lg->same[it][j] = ra_who(out[j], &c, in);
+        }
+        for (int j = 0; j < 2; j++)
+            if (lg->same[it][j] == 0 && (j == 0 || out[1].id != out[0].id)) ctpu_release(out[j]);
+        ctpu_release(in[0]);
+    }
+    ctpu_compiled_free(cs);
+    ctpu_release(c.P);
+    ctpu_release(c.Q);
+    ctpu_release(S);
+}
+
+START_TEST(returned_assigned_tensor_is_written_and_returned)
+{
+    for (int var = 0; var < RA_COUNT; var++) {
+        ra_log ref, got;
+        memset(&ref, 0, sizeof ref);
+        memset(&got, 0, sizeof got);
+        ra_run(var, false, &ref);
+        ra_run(var, true, &got);
+        for (int it = 0; it < RA_CALLS; it++) {
+            ck_assert_msg(t_same(got.p[it], ref.p[it]), "variant %d call %d: P %g vs eager %g", var, it, got.p[it], ref.p[it]);
+            ck_assert_msg(t_same(got.q[it], ref.q[it]), "variant %d call %d: Q %g vs eager %g", var, it, got.q[it], ref.q[it]);
+            ck_assert_msg(t_same(got.s[it], ref.s[it]), "variant %d call %d: in[1] %g vs eager %g", var, it, got.s[it], ref.s[it]);
+            for (int j = 0; j < 2; j++) {
+                ck_assert_msg(t_same(got.o[it][j], ref.o[it][j]), "variant %d call %d: out[%d] %g vs eager %g", var, it, j,
+                              got.o[it][j], ref.o[it][j]);
+                ck_assert_msg(got.same[it][j] == ref.same[it][j], "variant %d call %d: out[%d] is %d, eager %d", var, it, j,
+                              got.same[it][j], ref.same[it][j]);
+            }
+        }
+    }
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("compile");
@@ -2131,6 +2235,7 @@ static Suite *suite(void)
     tcase_add_test(t, guard_reason_names_the_closest_version);
     tcase_add_test(t, guard_reason_says_how_sharing_changed);
     tcase_add_test(t, binding_cache_notices_every_change);
+    tcase_add_test(t, returned_assigned_tensor_is_written_and_returned);
     suite_add_tcase(s, t);
     return s;
 }

@@ -574,6 +574,19 @@ static sc_src classify_scalar(const struct ctpu_capture *cap, int r, double val)
     return (sc_src){ .kind = SC_CONST, .v = val };
 }
 
+/* out[j] that is an assigned tensor made before the call (fn returned the
+ * parameter it updates): each replay returns that handle, or the call's
+ * own in[i] when it is an input, never a new handle on the program output
+ * (the capture's pending handle is the tensor itself). */
+static void set_returned_assigned(version *v, const struct ctpu_capture *cap, uint64_t h)
+{
+    for (int j = 0; j < cap->n_out; j++) {
+        if (cap->out[j].id != h) continue;
+        v->out_rq[j] = -1;
+        v->out_fixed[j] = v->out_in[j] >= 0 ? 0 : h;
+    }
+}
+
 /* Each live-out request: out[j], an assigned tensor made before the call
  * (in place or rebound), or a leaf's new .grad. False (cap->fail says why)
  * for anything else: a tensor made in the step that outlives it. */
@@ -588,6 +601,15 @@ static bool classify_requests(build_ctx *b)
         *x = (rq_t){ .kind = RQ_NONE, .out = o, .type = s->rrec[q]->type };
         if (o < 0) continue;
         uint64_t h = s->rh[q];
+        /* a tensor made before the call that fn assigns is written through
+         * (in place or rebound) even when fn also returns it: out[j] is then
+         * that handle itself, as eager gives (set_returned_assigned) */
+        if (contains(cap->assigned, cap->n_assigned, h)) {
+            x->kind = s->plan->alias_req[o] == q ? RQ_INPLACE : RQ_REBIND;
+            x->h = h;
+            set_returned_assigned(v, cap, h);
+            continue;
+        }
         for (int j = 0; j < cap->n_out; j++)
             if (cap->out[j].id == h) { v->out_rq[j] = q; x->kind = RQ_OUT; }
         if (x->kind == RQ_OUT) continue;
@@ -598,11 +620,6 @@ static bool classify_requests(build_ctx *b)
             if (!cap->grads[g].zeroed) v->no_grad_leaf[v->n_no_grad++] = cap->grads[g].leaf;
         }
         if (x->kind != RQ_NONE) continue;
-        if (contains(cap->assigned, cap->n_assigned, h)) {
-            x->kind = s->plan->alias_req[o] == q ? RQ_INPLACE : RQ_REBIND;
-            x->h = h;
-            continue;
-        }
         const char *nm = ctpu_rec_name(s->rrec[q]);
         char tb[96];
         snprintf(cap->fail, sizeof cap->fail, "a tensor made in the step outlives it and is not an output: %s%s%s (made by %s)",
