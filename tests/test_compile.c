@@ -2093,8 +2093,32 @@ END_TEST
  * eager. Each variant is a combination: an assigned captured global, the
  * same handle returned twice, an assigned input, an input returned
  * unchanged, an unassigned global, an output next to a new tensor. */
-enum { RA_P, RA_EMA, RA_TWICE, RA_IN, RA_IN_UNCHANGED, RA_READ_TOO, RA_NEW_TOO, RA_COUNT };
+enum { RA_P, RA_EMA, RA_TWICE, RA_IN, RA_IN_UNCHANGED, RA_READ_TOO, RA_NEW_TOO,
+       /* a view of P taken before the assign (reshape, detach, unsqueeze),
+        * returned: it keeps P's value at the call's start, a new handle per
+        * call; a view taken after it sees the new value */
+       RA_VIEW_BEFORE, RA_DETACH_BEFORE, RA_VIEW_BEFORE_EMA, RA_VIEW_AFTER, RA_VIEW_IN_BEFORE, RA_COUNT };
 typedef struct { int variant; ctpu_tensor P, Q; } ra_ctx;
+
+static ctpu_status ra_view_fn(int variant, ctpu_tensor P, ctpu_tensor Q, const ctpu_tensor *in, ctpu_tensor *out)
+{
+    int64_t sq[2] = { 2, 2 };
+    switch (variant) {
+    case RA_VIEW_BEFORE: out[0] = ctpu_reshape(P, 2, sq); out[1] = P; return ctpu_assign(P, ctpu_add(Q, in[0]));
+    case RA_DETACH_BEFORE: out[0] = ctpu_detach(P); out[1] = P; return ctpu_assign(P, ctpu_add(Q, in[0]));
+    case RA_VIEW_BEFORE_EMA:
+        out[1] = ctpu_unsqueeze(P, 0);
+        out[0] = P;
+        return ctpu_assign(P, ctpu_add(ctpu_mul_scalar(P, 0.5), in[0]));
+    case RA_VIEW_AFTER: {
+        ctpu_status st = ctpu_assign(P, ctpu_add(Q, in[0]));
+        out[0] = ctpu_reshape(P, 2, sq);
+        out[1] = P;
+        return st;
+    }
+    default: out[0] = ctpu_reshape(in[1], 2, sq); out[1] = in[1]; return ctpu_assign(in[1], ctpu_add(in[1], in[0]));
+    }
+}
 
 static ctpu_status ra_fn(void *vc, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
 {
@@ -2108,12 +2132,13 @@ static ctpu_status ra_fn(void *vc, const ctpu_tensor *in, const double *sc, ctpu
     case RA_IN: out[0] = in[1]; return ctpu_assign(in[1], ctpu_add(in[1], in[0]));
     case RA_IN_UNCHANGED: out[0] = in[0]; out[1] = P; return ctpu_assign(P, ctpu_add(Q, in[0]));
     case RA_READ_TOO: out[0] = P; out[1] = Q; return ctpu_assign(P, ctpu_add(P, ctpu_add(Q, in[0])));
-    default: {
+    case RA_NEW_TOO: {
         ctpu_status st = ctpu_assign(P, ctpu_add(Q, in[0]));
         out[0] = ctpu_add_scalar(P, 0);
         out[1] = P;
         return st;
     }
+    default: return ra_view_fn(c->variant, P, Q, in, out);
     }
 }
 
@@ -2153,7 +2178,8 @@ static void ra_run(int variant, bool compiled, ra_log *lg)
             lg->o[it][j] = -1;
             lg->same[it][j] = -1;
             if (ctpu_is_null(out[j])) continue;
-            ck_assert_int_eq(ctpu_to_host(out[j], v, sizeof v), CTPU_OK);
+            ck_assert_msg(ctpu_to_host(out[j], v, sizeof v) == CTPU_OK, "variant %d %s call %d out[%d]: %s", variant,
+                          compiled ? "compiled" : "eager", it, j, ctpu_last_error());
             lg->o[it][j] = v[1];
             lg->same[it][j] = ra_who(out[j], &c, in);
         }

@@ -162,6 +162,9 @@ typedef struct version {
     int32_t *out_vbase;        /* [n_out_user] */
     ctpu_vtype *out_vtype;     /* [n_out_user] */
     int64_t *out_vdelta;       /* [n_out_user] */
+    /* [n_out_user] the view was taken of the storage row h had at the
+     * call's start, before fn assigned it: made before the rebinds */
+    bool *out_vold;
     double *arg_val;           /* [n_scalars] scalars[i] at the capture */
     /* the distinct handles it reads, assigns or whose .grad it writes: one
      * lookup each per call (the guards fill hrec; the binding reads it) */
@@ -342,6 +345,7 @@ static void version_free(version *v)
     free(v->out_vbase);
     free(v->out_vtype);
     free(v->out_vdelta);
+    free(v->out_vold);
     free(v->arg_val);
     free(v->hid);
     free(v->inplace_ids);
@@ -673,6 +677,7 @@ static bool version_alloc(version *v, const ctpu_capture_sink *s, const struct c
     v->out_vbase = malloc(sizeof *v->out_vbase * ((size_t)v->n_out_user + 1));
     v->out_vtype = malloc(sizeof *v->out_vtype * ((size_t)v->n_out_user + 1));
     v->out_vdelta = malloc(sizeof *v->out_vdelta * ((size_t)v->n_out_user + 1));
+    v->out_vold = calloc((size_t)v->n_out_user + 1, sizeof *v->out_vold);
     v->arg_val = malloc(sizeof *v->arg_val * ((size_t)v->n_scalars + 1));
     v->outb = calloc((size_t)v->n_pout + 1, sizeof *v->outb);
     v->outo = calloc((size_t)v->n_pout + 1, sizeof *v->outo);
@@ -686,7 +691,7 @@ static bool version_alloc(version *v, const ctpu_capture_sink *s, const struct c
     if (!v->outb || !v->outo || !v->outk || !v->sc_tmpl || !v->sc_dyn || !v->unconf || !v->pin_b || !v->pin_o || !v->pin_user) return false;
     return v->user_type && v->user_same && v->in && v->sc && v->rq && v->alias_req && v->grad_rq && v->out_bytes &&
            v->rng && v->no_grad_leaf && v->out_rq && v->out_fixed && v->out_in && v->out_vbase && v->out_vtype &&
-           v->out_vdelta && v->arg_val;
+           v->out_vdelta && v->out_vold && v->arg_val;
 }
 
 /* The guards' facts and the plan's copies. */
@@ -841,7 +846,38 @@ static bool plan_replay(version *v)
  * step reads: each replay makes it on that call's storage (the capture's
  * handle holds the capture's value, and its scope may have ended). A
  * tensor made before the call returned as itself stays fixed. */
-static void map_out_views(version *v, const struct ctpu_capture *cap)
+/* The handle row whose storage holds a view on (buf, off) at the capture,
+ * its offset from that row's in *delta: a live row's storage now, or (old
+ * set) its storage at the call's start, which fn assigned after taking the
+ * view (the row's pending record still holds it, or a program input read
+ * it through the row): the view keeps that value, as eager's.
+ * -1: none. */
+static int view_base_row(const version *v, const ctpu_capture_sink *s, const ctpu_buffer *buf, size_t off,
+                         int64_t *delta, bool *old)
+{
+    for (int h = 0; h < v->n_h; h++) {
+        const ctpu_trec *b = live_rec(v->hid[h]);
+        if (!b || b->buf != buf) continue;
+        *delta = (int64_t)off - (int64_t)b->off;
+        *old = ctpu_rec_pending(b);   /* an assigned tensor's storage before its rebind */
+        return h;
+    }
+    for (int k = 0; k < v->n_pin; k++) {
+        int r = s->plan->in_src[k];
+        if (v->in[k].kind != IN_OWNER || s->rin_buf[r] != buf) continue;
+        *delta = (int64_t)off - ((int64_t)s->rin_off[r] - v->in[k].delta);   /* from the row's offset */
+        *old = true;
+        return v->in[k].hs;
+    }
+    return -1;
+}
+
+/* An out[j] fn made as a view (a new handle on existing storage, no op
+ * recorded: detach, reshape, a transpose) of an input or of a tensor the
+ * step reads: each replay makes it on that call's storage (the capture's
+ * handle holds the capture's value, and its scope may have ended). A
+ * tensor made before the call returned as itself stays fixed. */
+static void map_out_views(version *v, const struct ctpu_capture *cap, const ctpu_capture_sink *s)
 {
     for (int j = 0; j < v->n_out_user; j++) {
         uint64_t id = v->out_fixed[j];
@@ -851,17 +887,23 @@ static void map_out_views(version *v, const struct ctpu_capture *cap)
         for (int h = 0; h < v->n_h && !own; h++) own = v->hid[h] == id;
         if (own) continue;
         int base = -1;
-        size_t boff = 0;
+        int64_t delta = 0;
+        bool old = false;
         for (int i = 0; i < v->n_user && base == -1; i++)
-            if (cap->inrec[i]->buf == r->buf) { base = i; boff = cap->inrec[i]->off; }
-        for (int h = 0; h < v->n_h && base == -1; h++) {
-            const ctpu_trec *b = live_rec(v->hid[h]);
-            if (b && !ctpu_rec_pending(b) && b->buf == r->buf) { base = -2 - h; boff = b->off; }
+            if (cap->inrec[i]->buf == r->buf) {
+                base = i;
+                delta = (int64_t)r->off - (int64_t)cap->inrec[i]->off;
+                old = ctpu_rec_pending(cap->inrec[i]);   /* an assigned input's storage before its rebind */
+            }
+        if (base == -1) {
+            int h = view_base_row(v, s, r->buf, r->off, &delta, &old);
+            if (h >= 0) base = -2 - h;
         }
         if (base == -1) continue;
         v->out_vbase[j] = base;
         v->out_vtype[j] = r->type;
-        v->out_vdelta[j] = (int64_t)r->off - (int64_t)boff;
+        v->out_vdelta[j] = delta;
+        v->out_vold[j] = old;
         v->out_fixed[j] = 0;
     }
 }
@@ -900,7 +942,7 @@ void ctpu__capture_sink(const ctpu_capture_sink *s)
         ok = false;
     }
     if (ok) map_grads(v);
-    if (ok) map_out_views(v, cap);
+    if (ok) map_out_views(v, cap, s);
     if (ok && !plan_replay(v)) {
         snprintf(cap->fail, sizeof cap->fail, "out of host memory");
         ok = false;
@@ -1295,8 +1337,18 @@ static bool replay_cmd(replay_ctx *x, const ctpu_program *prog, const double *sc
     return true;
 }
 
-/* After the launch: out[j] handles, rebound tensors, new .grads. */
-static void replay_publish(replay_ctx *x, ctpu_tensor *out)
+/* out[j] a view fn made: a new handle on this call's storage. */
+static ctpu_tensor publish_view(const replay_ctx *x, int j)
+{
+    const version *v = x->v;
+    int bs = v->out_vbase[j];
+    const ctpu_trec *b = bs >= 0 ? x->inrec[bs] : v->hrec[-2 - bs];
+    ctpu_buffer_retain(b->buf);
+    return ctpu_handle_new(&v->out_vtype[j], b->buf, (size_t)((int64_t)b->off + v->out_vdelta[j]), "compiled_call");
+}
+
+/* Rebound tensors take their new storage; new .grads are set. */
+static void publish_requests(replay_ctx *x)
 {
     const version *v = x->v;
     ctpu_device *dev = ctpu_rt->dev;
@@ -1321,15 +1373,22 @@ static void replay_publish(replay_ctx *x, ctpu_tensor *out)
         ctpu_tensor g = ctpu_handle_new(&r->type, b, bo, "compiled_call");
         if (!ctpu_is_null(g) && !ctpu__ag_set_grad((ctpu_tensor){ r->h }, g)) ctpu_release(g);
     }
+}
+
+/* After the launch: out[j] handles, rebound tensors, new .grads. Views of
+ * a tensor's storage at the call's start are made before its rebind. */
+static void replay_publish(replay_ctx *x, ctpu_tensor *out)
+{
+    const version *v = x->v;
+    for (int j = 0; j < v->n_out_user; j++)
+        if (v->out_vbase[j] != -1 && v->out_vold[j]) out[j] = publish_view(x, j);
+    publish_requests(x);
     for (int j = 0; j < v->n_out_user; j++) {
-        out[j] = v->out_in[j] >= 0 ? x->in[v->out_in[j]] : (ctpu_tensor){ v->out_fixed[j] };
         if (v->out_vbase[j] != -1) {   /* a view: on this call's storage */
-            int bs = v->out_vbase[j];
-            const ctpu_trec *b = bs >= 0 ? x->inrec[bs] : v->hrec[-2 - bs];
-            ctpu_buffer_retain(b->buf);
-            out[j] = ctpu_handle_new(&v->out_vtype[j], b->buf, (size_t)((int64_t)b->off + v->out_vdelta[j]),
-                                     "compiled_call");
+            if (!v->out_vold[j]) out[j] = publish_view(x, j);
+            continue;
         }
+        out[j] = v->out_in[j] >= 0 ? x->in[v->out_in[j]] : (ctpu_tensor){ v->out_fixed[j] };
         int q = v->out_rq[j];
         if (q < 0) continue;
         int first = j;
