@@ -128,7 +128,13 @@ CTPU_API ctpu_status ctpu_init(void);
  * count and HBM bytes of the live handles, the five ops holding the most
  * and the open scopes ("ctpu: at shutdown 150 handles were still live,
  * holding 37.5 MiB of HBM (most: full 37.5 MiB in 150); ..."). CTPU_QUIET=1
- * silences it. */
+ * silences it.
+ * Refused (nothing is shut down, the runtime stays usable; the error is
+ * CTPU_ERR_STATE, read with ctpu_last_status / ctpu_last_error) when called
+ * from inside a callback ctpu is running (a compiled step's fn, a grad hook:
+ * "ctpu_shutdown: called from inside a compiled step's fn ...", and the
+ * call that ran the callback fails with CTPU_ERR_STATE), or while another
+ * thread is inside one. See "Callbacks" below ctpu_call_pop. */
 CTPU_API void ctpu_shutdown(void);
 CTPU_API bool ctpu_is_initialized(void);
 /* The library's version, "MAJOR.MINOR.PATCH" (meson.build's project
@@ -310,14 +316,16 @@ CTPU_API const char *ctpu_name(ctpu_tensor t);
  * the most of them. */
 CTPU_API ctpu_status ctpu_scope_begin(void);
 /* Release every handle of the innermost scope except kept ones, which move to
- * the enclosing scope. Errors: CTPU_ERR_STATE if no scope is open. */
+ * the enclosing scope. Errors: CTPU_ERR_STATE if no scope is open (inside a
+ * callback: none the callback opened, "Callbacks" below ctpu_call_pop). */
 CTPU_API ctpu_status ctpu_scope_end(void);
 /* Keep t past the end of its scope (it moves to the enclosing scope, or
  * becomes global at the outermost). Returns t, or null on a bad handle (CTPU_NULL
  * included: CTPU_ERR_NULL_HANDLE, "keep: t is a null handle"). */
 CTPU_API ctpu_tensor ctpu_keep(ctpu_tensor t);
 /* A step scope: ctpu_scope_begin plus, at its end, a trace cut (mark_step).
- * In the eager modes a step end is a scope end. */
+ * In the eager modes a step end is a scope end. step_end errors: as
+ * scope_end's, and CTPU_ERR_STATE if the innermost scope is not a step. */
 CTPU_API ctpu_status ctpu_step_begin(void);
 CTPU_API ctpu_status ctpu_step_end(void);
 /* Cut the current trace here (defer and fuse); a no-op in the eager modes
@@ -856,11 +864,17 @@ CTPU_API ctpu_status ctpu_zero_grad(ctpu_tensor t);
  * way). One hook per leaf (a second call replaces it; fn NULL removes it).
  * The same bits as without a hook: with one, the backward writes each hooked
  * leaf's .grad as soon as its last contribution is in, instead of at its end.
+ * fn is a callback ("Callbacks" below ctpu_call_pop): a hook that leaves a
+ * scope, no-grad region, label or call scope open, pops one it did not
+ * open, or calls ctpu_shutdown makes the backward fail with CTPU_ERR_STATE
+ * (its stacks restored; the .grad written before it stays).
  * Errors: CTPU_ERR_STATE (t is not a leaf that requires grad), handle errors. */
 typedef void (*ctpu_grad_hook)(ctpu_tensor leaf, void *ctx);
 CTPU_API ctpu_status ctpu_register_post_accumulate_grad_hook(ctpu_tensor t, ctpu_grad_hook fn, void *ctx);
 /* No-grad regions (per thread, nest): ops record nothing. end without begin:
- * CTPU_ERR_STATE. Optimizer updates run in one. */
+ * CTPU_ERR_STATE (inside a callback: without a begin of its own, e.g. a
+ * grad hook ending backward's region; "Callbacks" below ctpu_call_pop).
+ * Optimizer updates run in one. */
 CTPU_API ctpu_status ctpu_no_grad_begin(void);
 CTPU_API ctpu_status ctpu_no_grad_end(void);
 CTPU_API bool ctpu_grad_enabled(void);
@@ -978,7 +992,9 @@ CTPU_API ctpu_compiled *ctpu_compile(ctpu_step_fn fn, void *ctx, const ctpu_comp
  * CTPU_ERR_STATE (a graph break under fullgraph: nothing changed; c from a
  * previous runtime; another thread is inside a call of c: one call at a
  * time per compiled step, so compile one step per thread; c called from
- * inside its own call, by its fn or a step its fn calls: a recursion),
+ * inside its own call, by its fn or a step its fn calls: a recursion; fn
+ * mis-nested a scope, no-grad region, label or call scope, or called
+ * ctpu_shutdown: "Callbacks" below ctpu_call_pop),
  * CTPU_ERR_OOM. A pending trace of this thread (defer
  * and fuse) is cut first. */
 CTPU_API ctpu_status ctpu_compiled_call(ctpu_compiled *c, int n_in, const ctpu_tensor *in, int n_scalars,
@@ -1002,7 +1018,10 @@ CTPU_API ctpu_status ctpu_compiled_get_info(const ctpu_compiled *c, ctpu_compile
  * torch.compiler.is_compiling()): libraries use it to refuse host state a
  * replay would not see. */
 CTPU_API bool ctpu_is_compiling(void);
-/* Free a compiled step (NULL: no-op). Its programs stay in the cache. */
+/* Free a compiled step (NULL: no-op). Its programs stay in the cache.
+ * Refused while a call of c runs (from c's own fn, or on another thread):
+ * CTPU_ERR_STATE ("ctpu_compiled_free: compiled step ... is inside a
+ * call"), c stays valid; free it after the call returns. */
 CTPU_API void ctpu_compiled_free(ctpu_compiled *c);
 
 
@@ -1073,6 +1092,26 @@ CTPU_API ctpu_status ctpu_label_pop(void);
  * no scope open; more than 1024 distinct call/arg pairs). */
 CTPU_API ctpu_status ctpu_call_push(const char *call, const char *arg);
 CTPU_API ctpu_status ctpu_call_pop(void);
+
+/* Callbacks. ctpu calls back into user code in two places: a compiled
+ * step's fn (ctpu_compiled_call) and a grad hook
+ * (ctpu_register_post_accumulate_grad_hook, inside ctpu_backward). Inside
+ * one (docs/CONTRACTS.md "Callbacks"):
+ * - ctpu_shutdown is refused (CTPU_ERR_STATE, nothing changes), and so is
+ *   ctpu_compiled_free of the step whose call is running;
+ * - the per-thread stacks (scopes and step scopes, no-grad regions,
+ *   ctpu_label_push labels, ctpu_call_push call scopes) have a floor at
+ *   their depth on entry: a pop the callback did not push (scope_end,
+ *   step_end, no_grad_end, label_pop, call_pop) is refused with
+ *   CTPU_ERR_STATE naming it ("scope_end: inside a compiled step's fn, no
+ *   scope of its own is open ..."), and what it leaves open is closed when
+ *   it returns (a scope's handles released, no trace cut);
+ * - either makes the call that ran it (ctpu_compiled_call, ctpu_backward)
+ *   fail with CTPU_ERR_STATE, unless fn returned an error of its own: that
+ *   error is returned (the stacks are restored all the same). So after the
+ *   call the stacks are as they were before it, whatever the callback did.
+ * At top level a pop with nothing open is CTPU_ERR_STATE, never an
+ * underflow. Callbacks nest (a hook inside a backward inside a fn). */
 
 /* A call-site label for this thread's host reads (ctpu_to_host, ctpu_item)
  * from now on, e.g. "loss.item"; the cache report counts reads and the

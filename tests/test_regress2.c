@@ -7,6 +7,7 @@
  * all bit-identical to strict and strict against the reference. Where ctpu
  * deliberately differs from torch, the case checks ctpu's documented rule
  * and names the doc that says so. */
+#include <stdatomic.h>
 #include <unistd.h>
 
 #include "t_regress.h"
@@ -1251,6 +1252,308 @@ START_TEST(reshape_null_and_two_inferred_dims)
 }
 END_TEST
 
+/* ================================================= 63. ctpu_shutdown from inside a callback
+ * torch has no shutdown; the class is the re-entrant teardown of runtimes
+ * with callbacks (pytorch/pytorch#19948 "destroying the process group from
+ * a hook deadlocks", CUDA's cudaDeviceReset from a stream callback being
+ * undefined). ctpu's rule (ctpu.h ctpu_shutdown, CONTRACTS.md "Callbacks"):
+ * inside a compiled step's fn or a grad hook, or while another thread is
+ * in one, ctpu_shutdown does nothing but set CTPU_ERR_STATE; the call that
+ * ran the callback fails with CTPU_ERR_STATE and the runtime stays usable.
+ * In every eager mode (a compiled call captures whatever the mode). */
+static struct { bool act; ctpu_status st; char msg[512]; bool up; } rb;
+
+static void rb_note(void)
+{
+    rb.st = ctpu_last_status();
+    snprintf(rb.msg, sizeof rb.msg, "%s", ctpu_last_error());
+    rb.up = ctpu_is_initialized();
+}
+
+static ctpu_status rb_shutdown_fn(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)ctx, (void)sc;
+    if (rb.act) {
+        ctpu_shutdown();
+        rb_note();
+    }
+    out[0] = ctpu_add_scalar(in[0], 1.0);
+    return ctpu_is_null(out[0]) ? ctpu_last_status() : CTPU_OK;
+}
+
+static void rb_shutdown_hook(ctpu_tensor leaf, void *ctx)
+{
+    (void)leaf, (void)ctx;
+    ctpu_shutdown();
+    rb_note();
+}
+
+static float rb_value(ctpu_tensor t)
+{
+    float v = -1;
+    ck_assert_msg(ctpu_to_host_as_f32(t, &v, sizeof v) == CTPU_OK, "%s", ctpu_last_error());
+    return v;
+}
+
+/* x * 3 summed: backward gives .grad 3; the hook (if any) runs in it */
+static ctpu_status rb_backward(ctpu_tensor *x)
+{
+    *x = ctpu_from_host((const float[]){ 2 }, CTPU_F32, 1, (const int64_t[]){ 1 });
+    ck_assert(ctpu_set_requires_grad(*x, true) == CTPU_OK);
+    return ctpu_backward(ctpu_sum(ctpu_mul_scalar(*x, 3.0), 0, NULL, false));
+}
+
+static void rb_shutdown_in_fn_and_hook(void)
+{
+    ctpu_compiled *c = ctpu_compile(rb_shutdown_fn, NULL, NULL);
+    ck_assert_ptr_nonnull(c);
+    ctpu_tensor x = ctpu_from_host((const float[]){ 4 }, CTPU_F32, 1, (const int64_t[]){ 1 }), y = CTPU_NULL;
+    rb.act = true;
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, &y), CTPU_ERR_STATE);
+    ck_assert_msg(rb.up && rb.st == CTPU_ERR_STATE, "%d %s", rb.st, rb.msg);
+    ck_assert_msg(strstr(rb.msg, "ctpu_shutdown: called from inside a compiled step's fn"), "%s", rb.msg);
+    ck_assert_msg(strstr(ctpu_last_error(), "compiled_call: a compiled step's fn called ctpu_shutdown (refused"), "%s",
+                  ctpu_last_error());
+    rb.act = false;   /* usable: the same step captures and replays */
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, &y) == CTPU_OK, "%s", ctpu_last_error());
+        ck_assert(rb_value(y) == 5.0f);
+    }
+    ctpu_compiled_free(c);
+    ctpu_tensor w;
+    rb_backward(&w);   /* a hook: the backward fails, the runtime and .grad stay */
+    ck_assert(ctpu_register_post_accumulate_grad_hook(w, rb_shutdown_hook, NULL) == CTPU_OK);
+    ctpu_zero_grad(w);
+    ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_mul_scalar(w, 3.0), 0, NULL, false)), CTPU_ERR_STATE);
+    ck_assert_msg(rb.up && strstr(rb.msg, "ctpu_shutdown: called from inside a grad hook"), "%s", rb.msg);
+    ck_assert(ctpu_grad_enabled());
+    ck_assert(rb_value(ctpu_grad(w)) == 3.0f);
+    ck_assert(ctpu_register_post_accumulate_grad_hook(w, NULL, NULL) == CTPU_OK);
+    ctpu_zero_grad(w);
+    ck_assert_msg(ctpu_backward(ctpu_sum(ctpu_mul_scalar(w, 3.0), 0, NULL, false)) == CTPU_OK, "%s", ctpu_last_error());
+    ck_assert(rb_value(ctpu_grad(w)) == 3.0f);
+}
+
+/* another thread inside a compiled step's fn: its fn waits until the main
+ * thread's shutdown was refused */
+static atomic_int rb_phase;
+static ctpu_status rb_wait_fn(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)ctx, (void)sc;
+    atomic_store(&rb_phase, 1);
+    while (atomic_load(&rb_phase) != 2) usleep(100);
+    out[0] = ctpu_add_scalar(in[0], 1.0);
+    return ctpu_is_null(out[0]) ? ctpu_last_status() : CTPU_OK;
+}
+static void *rb_thread(void *arg)
+{
+    ctpu_compiled *c = arg;
+    ctpu_scope_begin();
+    ctpu_tensor x = ctpu_from_host((const float[]){ 1 }, CTPU_F32, 1, (const int64_t[]){ 1 }), y = CTPU_NULL;
+    static ctpu_status st;
+    st = ctpu_compiled_call(c, 1, &x, 0, NULL, 1, &y);
+    if (st == CTPU_OK && rb_value(y) != 2.0f) st = CTPU_ERR_STATE;
+    if (ctpu_scope_end() != CTPU_OK) st = CTPU_ERR_STATE;
+    return &st;
+}
+
+START_TEST(shutdown_inside_callbacks_is_refused)
+{
+    for (int m = 0; m < 3; m++) {
+        ck_assert(ctpu_set_mode((ctpu_mode)m) == CTPU_OK);
+        ctpu_scope_begin();
+        rb_shutdown_in_fn_and_hook();
+        ck_assert_msg(ctpu_scope_end() == CTPU_OK, "%s", ctpu_last_error());
+    }
+    ck_assert(ctpu_set_mode(CTPU_MODE_STRICT) == CTPU_OK);
+    ctpu_compiled *c = ctpu_compile(rb_wait_fn, NULL, NULL);
+    pthread_t th;
+    atomic_store(&rb_phase, 0);
+    ck_assert(pthread_create(&th, NULL, rb_thread, c) == 0);
+    while (atomic_load(&rb_phase) != 1) usleep(100);
+    ctpu_clear_error();
+    ctpu_shutdown();
+    ck_assert(ctpu_is_initialized());
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_STATE);
+    ck_assert_msg(strstr(ctpu_last_error(), "ctpu_shutdown: 1 other thread is inside a compiled step's fn"), "%s",
+                  ctpu_last_error());
+    atomic_store(&rb_phase, 2);
+    void *ret;
+    ck_assert(pthread_join(th, &ret) == 0);
+    ck_assert_int_eq(*(ctpu_status *)ret, CTPU_OK);
+    ctpu_compiled_free(c);
+    ctpu_shutdown();   /* now it runs */
+    ck_assert(!ctpu_is_initialized());
+    ck_assert(ctpu_init() == CTPU_OK);
+}
+END_TEST
+
+/* ================================================= 64. freeing a compiled step from inside its own call
+ * torch: a compiled function is a Python object kept alive by its running
+ * frame; ctpu's is freed explicitly, so ctpu_compiled_free(c) from c's fn
+ * (or while another thread runs it) is refused: CTPU_ERR_STATE, c stays
+ * valid, the call finishes, later calls replay, a free after it works
+ * (ASan: no use after free). */
+static ctpu_status rb_free_self_fn(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)sc;
+    ctpu_compiled_free(*(ctpu_compiled **)ctx);
+    rb_note();
+    out[0] = ctpu_mul_scalar(in[0], 2.0);
+    return ctpu_is_null(out[0]) ? ctpu_last_status() : CTPU_OK;
+}
+
+START_TEST(compiled_free_inside_its_call_is_refused)
+{
+    for (int m = 0; m < 3; m++) {
+        ck_assert(ctpu_set_mode((ctpu_mode)m) == CTPU_OK);
+        ctpu_scope_begin();
+        static ctpu_compiled *c;
+        c = ctpu_compile(rb_free_self_fn, &c, NULL);
+        ck_assert_ptr_nonnull(c);
+        ctpu_tensor x = ctpu_from_host((const float[]){ 3 }, CTPU_F32, 1, (const int64_t[]){ 1 }), y = CTPU_NULL;
+        ck_assert_msg(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, &y) == CTPU_OK, "%s", ctpu_last_error());
+        ck_assert_msg(rb.st == CTPU_ERR_STATE && strstr(rb.msg, "ctpu_compiled_free: compiled step") &&
+                      strstr(rb.msg, "inside a call"), "%s", rb.msg);
+        ck_assert(rb_value(y) == 6.0f);
+        ck_assert_msg(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, &y) == CTPU_OK, "%s", ctpu_last_error());   /* replay */
+        ck_assert(rb_value(y) == 6.0f);
+        ctpu_compiled_info info;
+        ck_assert(ctpu_compiled_get_info(c, &info) == CTPU_OK);
+        ck_assert_uint_eq(info.calls, 2);
+        ctpu_compiled_free(c);
+        ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, &y), CTPU_ERR_INVALID_ARG);
+        ck_assert_msg(ctpu_scope_end() == CTPU_OK, "%s", ctpu_last_error());
+    }
+}
+END_TEST
+
+/* ================================================= 65. callbacks that mis-nest scopes, and pops at top level
+ * torch: a no_grad or autocast context opened in a hook and never exited
+ * leaks into the rest of backward (pytorch/pytorch#44269 "hooks that change
+ * grad mode"); torch.compile restores grad mode after a graph
+ * (torch._dynamo's GradModeVariable). ctpu's rule (ctpu.h "Callbacks"):
+ * inside a compiled step's fn or a grad hook, a scope, step, no-grad,
+ * label or call-scope pop below the depth it had on entry is refused
+ * (CTPU_ERR_STATE naming it); what the callback leaves open is closed when
+ * it returns; either makes the call that ran it fail with CTPU_ERR_STATE,
+ * and the stacks are as on entry. At top level a pop with nothing open is
+ * CTPU_ERR_STATE, never an underflow. */
+enum { RB_LEAVE_SCOPE, RB_LEAVE_STEP, RB_LEAVE_NO_GRAD, RB_LEAVE_LABEL, RB_LEAVE_CALL, RB_POP_SCOPE, RB_POP_STEP,
+       RB_POP_NO_GRAD, RB_POP_LABEL, RB_POP_CALL, RB_N };
+static const char *const rb_want[RB_N] = {
+    "left 1 scope", "left 1 scope", "left 1 no-grad region", "left 1 label", "left 1 call scope",
+    "called scope_end with no scope of its own open", "called step_end with no step scope of its own open",
+    "called no_grad_end with no no-grad region of its own open", "called label_pop with no label of its own open",
+    "called call_pop with no call scope of its own open",
+};
+static int rb_what;
+
+static void rb_misnest(void)
+{
+    switch (rb_what) {
+    case RB_LEAVE_SCOPE: ctpu_scope_begin(); ctpu_keep(ctpu_zeros(CTPU_F32, 1, (const int64_t[]){ 4 })); break;
+    case RB_LEAVE_STEP: ctpu_step_begin(); break;
+    case RB_LEAVE_NO_GRAD: ctpu_no_grad_begin(); break;
+    case RB_LEAVE_LABEL: ctpu_label_push("rb.left"); break;
+    case RB_LEAVE_CALL: ctpu_call_push("rb_call", "x"); break;
+    case RB_POP_SCOPE: ctpu_scope_end(); break;
+    case RB_POP_STEP: ctpu_step_end(); break;
+    case RB_POP_NO_GRAD: ctpu_no_grad_end(); break;
+    case RB_POP_LABEL: ctpu_label_pop(); break;
+    case RB_POP_CALL: ctpu_call_pop(); break;
+    }
+    if (rb_what >= RB_POP_SCOPE) rb_note();
+}
+static ctpu_status rb_misnest_fn(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)ctx, (void)sc;
+    rb_misnest();
+    out[0] = ctpu_add_scalar(in[0], 1.0);
+    return CTPU_OK;   /* ignores the pop's error, as careless code does */
+}
+static void rb_misnest_hook(ctpu_tensor leaf, void *ctx)
+{
+    (void)leaf, (void)ctx;
+    rb_misnest();
+}
+
+/* the caller's stacks, one of each open, then exactly one of each closes */
+static void rb_open_all(bool step)
+{
+    ck_assert(ctpu_scope_begin() == CTPU_OK);
+    ck_assert(ctpu_label_push("rb.outer") == CTPU_OK);
+    ck_assert(ctpu_call_push("rb_outer", "y") == CTPU_OK);
+    if (step) ck_assert(ctpu_step_begin() == CTPU_OK);
+}
+static void rb_close_all(bool step)
+{
+    ck_assert(ctpu_grad_enabled());
+    if (step) ck_assert_msg(ctpu_step_end() == CTPU_OK, "%s", ctpu_last_error());
+    ck_assert_msg(ctpu_call_pop() == CTPU_OK, "%s", ctpu_last_error());
+    ck_assert_msg(ctpu_label_pop() == CTPU_OK, "%s", ctpu_last_error());
+    ck_assert_msg(ctpu_scope_end() == CTPU_OK, "%s", ctpu_last_error());
+    ck_assert_int_eq(ctpu_scope_end(), CTPU_ERR_STATE);
+    ck_assert_int_eq(ctpu_label_pop(), CTPU_ERR_STATE);
+    ck_assert_int_eq(ctpu_call_pop(), CTPU_ERR_STATE);
+    ck_assert_int_eq(ctpu_no_grad_end(), CTPU_ERR_STATE);
+    ctpu_clear_error();
+}
+
+static void rb_misnest_case(int what, bool hook)
+{
+    rb_what = what;
+    rb.st = CTPU_OK;
+    bool step = what == RB_POP_STEP;
+    rb_open_all(step);
+    /* (a hook's no_grad_end meets backward's own no-grad region: below its floor too) */
+    ctpu_status st;
+    ctpu_tensor y = CTPU_NULL;
+    if (hook) {
+        ctpu_tensor w = ctpu_from_host((const float[]){ 2 }, CTPU_F32, 1, (const int64_t[]){ 1 });
+        ctpu_set_requires_grad(w, true);
+        ctpu_register_post_accumulate_grad_hook(w, rb_misnest_hook, NULL);
+        st = ctpu_backward(ctpu_sum(ctpu_mul_scalar(w, 3.0), 0, NULL, false));
+        ck_assert(ctpu_is_null(ctpu_grad(w)) || rb_value(ctpu_grad(w)) == 3.0f);
+    } else {
+        ctpu_compiled *c = ctpu_compile(rb_misnest_fn, NULL, NULL);
+        ctpu_tensor x = ctpu_from_host((const float[]){ 1 }, CTPU_F32, 1, (const int64_t[]){ 1 });
+        st = ctpu_compiled_call(c, 1, &x, 0, NULL, 1, &y);
+        ctpu_compiled_free(c);
+    }
+    const char *where = hook ? "backward: a grad hook" : "compiled_call: a compiled step's fn";
+    ck_assert_msg(st == CTPU_ERR_STATE, "case %d hook %d: %d %s", what, hook, st, ctpu_last_error());
+    ck_assert_msg(strstr(ctpu_last_error(), where) && strstr(ctpu_last_error(), rb_want[what]),
+                  "case %d hook %d: %s", what, hook, ctpu_last_error());
+    if (what >= RB_POP_SCOPE) ck_assert_msg(rb.st == CTPU_ERR_STATE && strstr(rb.msg, ": inside ") &&
+                                            strstr(rb.msg, "of its own is open"), "%s", rb.msg);
+    rb_close_all(step);
+}
+
+START_TEST(callbacks_that_misnest_scopes_are_errors)
+{
+    /* top level: every pop with nothing open */
+    ck_assert_int_eq(ctpu_scope_end(), CTPU_ERR_STATE);
+    ck_assert_int_eq(ctpu_step_end(), CTPU_ERR_STATE);
+    ck_assert_int_eq(ctpu_no_grad_end(), CTPU_ERR_STATE);
+    ck_assert_msg(strstr(ctpu_last_error(), "no_grad_end: no no-grad region is open"), "%s", ctpu_last_error());
+    ck_assert_int_eq(ctpu_label_pop(), CTPU_ERR_STATE);
+    ck_assert_int_eq(ctpu_call_pop(), CTPU_ERR_STATE);
+    ck_assert(ctpu_grad_enabled());
+    for (int m = 0; m < 3; m++) {
+        ck_assert(ctpu_set_mode((ctpu_mode)m) == CTPU_OK);
+        for (int what = 0; what < RB_N; what++) {
+            rb_misnest_case(what, false);
+            if (what != RB_LEAVE_STEP && what != RB_POP_STEP) rb_misnest_case(what, true);
+        }
+    }
+    ck_assert(ctpu_scope_begin() == CTPU_OK);   /* still usable */
+    ctpu_tensor a = ctpu_from_host((const float[]){ 2 }, CTPU_F32, 1, (const int64_t[]){ 1 });
+    ck_assert(rb_value(ctpu_add_scalar(a, 1.0)) == 3.0f);
+    ck_assert(ctpu_scope_end() == CTPU_OK);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("regress2");
@@ -1288,6 +1591,9 @@ int main(void)
     tcase_add_test(tc, zero_size_shapes_keep_the_element_cap);
     tcase_add_test(tc, logsumexp_empty_dim_sets_no_error);
     tcase_add_test(tc, reshape_null_and_two_inferred_dims);
+    tcase_add_test(tc, shutdown_inside_callbacks_is_refused);
+    tcase_add_test(tc, compiled_free_inside_its_call_is_refused);
+    tcase_add_test(tc, callbacks_that_misnest_scopes_are_errors);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

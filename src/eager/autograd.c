@@ -979,6 +979,9 @@ ctpu_status ctpu_no_grad_end(void)
 {
     if (!ctpu_check_init("no_grad_end")) return CTPU_ERR_NOT_INITIALIZED;
     ctpu_thread_state *ts = ctpu_ts_current();
+    if (ts && ctpu__user_underflow(ts, ts->no_grad, ts->user.no_grad, "no_grad_end", "no-grad region",
+                                   "ctpu_no_grad_begin"))
+        return CTPU_ERR_STATE;
     if (!ts || ts->no_grad == 0) {
         ctpu_set_error(CTPU_ERR_STATE, "no_grad_end: no no-grad region is open");
         return CTPU_ERR_STATE;
@@ -1126,6 +1129,18 @@ static bool hooks_plan(ag_node **ns, size_t n, uint64_t pass)
     return any;
 }
 
+/* Call l's hook as a user frame: ctpu_shutdown is refused inside it, and
+ * the scopes, no-grad regions, labels and call scopes it leaves open (or
+ * pops below their depth on entry) are closed and make the backward fail
+ * with CTPU_ERR_STATE. */
+static ctpu_status hook_call(ag_leaf *l)
+{
+    ctpu_user_frame f;
+    ctpu__user_enter(&f, "backward", "a grad hook");
+    l->hook((ctpu_tensor){ l->self }, l->hook_ctx);
+    return ctpu__user_exit(&f, CTPU_OK);
+}
+
 /* After node k: the hooked leaves it was the last contribution to get their
  * .grad now and their hook called. */
 static ctpu_status hooks_fire(ag_node *x, size_t k, uint64_t pass, ctpu_status st)
@@ -1137,7 +1152,7 @@ static ctpu_status hooks_fire(ag_node *x, size_t k, uint64_t pass, ctpu_status s
             continue;
         st = leaf_apply(l, st);
         l->hook_done = pass;
-        if (st == CTPU_OK && l->alive) l->hook((ctpu_tensor){ l->self }, l->hook_ctx);
+        if (st == CTPU_OK && l->alive) st = hook_call(l);
     }
     return st;
 }
@@ -1236,7 +1251,7 @@ static ctpu_status run_backward(ag_meta *root, ctpu_tensor g0, bool retain, cons
         st = leaf_apply(ls[k], st);
         if (st == CTPU_OK && ls[k]->hook && ls[k]->alive) {
             ls[k]->hook_done = pass;
-            ls[k]->hook((ctpu_tensor){ ls[k]->self }, ls[k]->hook_ctx);
+            st = hook_call(ls[k]);
         }
     }
     /* drop what is left of the pass, free the tape unless retained */

@@ -1465,7 +1465,9 @@ static ctpu_status run_fn(ctpu_compiled *c, const ctpu_tensor *in, const double 
     for (int j = 0; j < n_out; j++) out[j] = CTPU_NULL;
     ctpu_status st = ctpu_scope_begin();
     if (st != CTPU_OK) return st;
-    st = c->fn(c->ctx, in, scalars, out);
+    ctpu_user_frame uf;   /* runtime.c: shutdown refused inside fn; its stacks restored at its return */
+    ctpu__user_enter(&uf, "compiled_call", "a compiled step's fn");
+    st = ctpu__user_exit(&uf, c->fn(c->ctx, in, scalars, out));
     if (st == CTPU_OK) finish_outputs(out, n_out);
     ctpu_status se = ctpu_scope_end();
     if (st != CTPU_OK) for (int j = 0; j < n_out; j++) out[j] = CTPU_NULL;
@@ -2179,6 +2181,11 @@ ctpu_status ctpu_compiled_get_info(const ctpu_compiled *c, ctpu_compiled_info *o
 void ctpu_compiled_free(ctpu_compiled *c)
 {
     if (!live_has(c) || c->magic != COMPILED_MAGIC) return;
+    if (atomic_load(&c->owner)) {   /* its call is running (its fn frees it, or another thread): refused */
+        ctpu_set_error(CTPU_ERR_STATE, "ctpu_compiled_free: compiled step %s is inside a call (from its own fn, "
+                       "or on another thread): not freed; free it after the call returns", c->name);
+        return;
+    }
     ctpu_runtime *rt = ctpu_rt;
     if (!rt || c->epoch != rt->epoch) {
         c->magic = 0;

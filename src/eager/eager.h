@@ -64,6 +64,7 @@ typedef struct ctpu_runtime {
     struct ctpu_compiled *compiled;
     uint64_t next_compiled_id;
     _Atomic uint32_t bw_label[CTPU_OP_COUNT]; /* "backward of <op>" label ids, 0 until first used */
+    atomic_int user_frames;          /* runtime.c: threads' user frames open (ctpu__user_enter): shutdown refuses */
 
     /* tensor records: pages of slots, never moved */
     pthread_mutex_t slot_mu;
@@ -220,6 +221,12 @@ typedef struct ctpu_thread_state {
         const char *call_name;       /* runtime.c: that call alone, interned (handles made in the scope name it); NULL: none */
         int call_depth;
     } label;
+    struct {                         /* runtime.c: the user frame this thread is in (ctpu__user_enter) */
+        int depth;                   /* frames open (0: not inside user code called back by ctpu) */
+        const char *what;            /* the innermost's name, "a compiled step's fn", or NULL */
+        int scope, no_grad, label, call;  /* its floors: the depths on entry (pops never go below them) */
+        char bad[200];               /* the first mis-nesting inside it, "" if none */
+    } user;
     struct {
         int64_t bucket_plus1;        /* collective.c: ctpu_dist_set_bucket + 1 (0 = none) */
         bool keep_collectives;       /* collective.c: ctpu_dist_set_collective_cut(false) */
@@ -284,6 +291,36 @@ bool ctpu__label_push_id(uint32_t id);
 void ctpu__label_pop(void);
 /* The label id of "backward of <op>" (interned once per op). */
 uint32_t ctpu__backward_label(int op);
+
+/* A user frame: ctpu calling back into user code (a compiled step's fn, a
+ * grad hook). Inside one, ctpu_shutdown is refused (the runtime would be
+ * freed under its caller), and the scope, no-grad, label and call-scope
+ * stacks have a floor: a pop below the depth they had on entry is refused
+ * (CTPU_ERR_STATE), and whatever the callback left open is closed on
+ * exit. op names the call that runs it ("compiled_call", "backward"), what
+ * the callback ("a compiled step's fn"). Frames nest. */
+typedef struct {
+    const char *op, *what;
+    int scope, no_grad, label, call;  /* the enclosing frame's floors */
+    const char *prev_what;
+    char prev_bad[200];
+    bool entered;
+} ctpu_user_frame;
+void ctpu__user_enter(ctpu_user_frame *f, const char *op, const char *what);
+/* Close the frame: restore the stacks to their depth on entry. Returns st,
+ * or CTPU_ERR_STATE (message set) when st is CTPU_OK and the callback
+ * mis-nested (left a scope open, popped below its floor, called
+ * ctpu_shutdown). */
+ctpu_status ctpu__user_exit(ctpu_user_frame *f, ctpu_status st);
+/* A pop of stack `name` (e.g. "scope") at depth, whose floor is floor: true
+ * (error set, recorded for the frame's exit) when it would go below the
+ * floor of the user frame the thread is in, or below zero. op is the pop
+ * ("scope_end"), push its pair ("ctpu_scope_begin"). */
+bool ctpu__user_underflow(ctpu_thread_state *s, int depth, int floor, const char *op, const char *name,
+                          const char *push);
+/* tensor.c: end this thread's scopes down to depth (their handles released,
+ * no trace cut even for a step scope); returns how many were open. */
+int ctpu__scopes_unwind(ctpu_thread_state *s, int depth);
 
 /* Drop the calling thread's runtime-bound parts while the runtime still
  * lives (ctpu_shutdown: its unfinished trace releases its input buffers). */

@@ -59,6 +59,7 @@ static void ts_drop(ctpu_thread_state *s, const ctpu_runtime *rt)
     s->no_grad = 0;
     s->mode_override = -1;
     memset(&s->label, 0, sizeof s->label);
+    memset(&s->user, 0, sizeof s->user);
     s->epoch = 0;
 }
 
@@ -103,6 +104,91 @@ void ctpu__ts_drop_runtime(void)
 {
     ctpu_thread_state *s = ctpu_ts_current();
     if (s) ts_drop(s, ctpu_rt);
+}
+
+/* ------------------------------------------------------------ user frames */
+void ctpu__user_enter(ctpu_user_frame *f, const char *op, const char *what)
+{
+    ctpu_thread_state *s = ctpu_ts();
+    f->entered = s != NULL;   /* out of host memory: no floors, as before */
+    if (!s) return;
+    f->op = op;
+    f->what = what;
+    f->scope = s->user.scope;
+    f->no_grad = s->user.no_grad;
+    f->label = s->user.label;
+    f->call = s->user.call;
+    f->prev_what = s->user.what;
+    memcpy(f->prev_bad, s->user.bad, sizeof f->prev_bad);
+    s->user.scope = s->scope_depth;
+    s->user.no_grad = s->no_grad;
+    s->user.label = s->label.depth;
+    s->user.call = s->label.call_depth;
+    s->user.what = what;
+    s->user.bad[0] = 0;
+    s->user.depth++;
+    atomic_fetch_add(&ctpu_rt->user_frames, 1);
+}
+
+bool ctpu__user_underflow(ctpu_thread_state *s, int depth, int floor, const char *op, const char *name,
+                          const char *push)
+{
+    if (depth > floor || s->user.depth == 0) return false;   /* top level: the pop's own "none open" error */
+    ctpu_set_error(CTPU_ERR_STATE, "%s: inside %s, no %s of its own is open (those open belong to its caller): "
+                   "a pop without its %s; refused", op, s->user.what, name, push);
+    if (!s->user.bad[0])
+        snprintf(s->user.bad, sizeof s->user.bad, "called %s with no %s of its own open (a pop without its %s; "
+                 "refused)", op, name, push);
+    return true;
+}
+
+/* "2 scopes", appended to buf at *k when n > 0 */
+static void user_left(char *buf, size_t len, size_t *k, int n, const char *one, const char *many, const char *why)
+{
+    if (n <= 0 || *k >= len) return;
+    *k += (size_t)snprintf(buf + *k, len - *k, "%s%d %s (%s)", *k ? ", " : "", n, n == 1 ? one : many, why);
+}
+
+ctpu_status ctpu__user_exit(ctpu_user_frame *f, ctpu_status st)
+{
+    if (!f->entered) return st;
+    ctpu_thread_state *s = ctpu__ts;   /* still bound: shutdown is refused inside a frame */
+    char left[256] = "", bad[200];
+    size_t k = 0;
+    user_left(left, sizeof left, &k, ctpu__scopes_unwind(s, s->user.scope), "scope", "scopes",
+              "a scope or step begin without its end");
+    user_left(left, sizeof left, &k, s->no_grad - s->user.no_grad, "no-grad region", "no-grad regions",
+              "ctpu_no_grad_begin without ctpu_no_grad_end");
+    user_left(left, sizeof left, &k, s->label.depth - s->user.label, "label", "labels",
+              "ctpu_label_push without ctpu_label_pop");
+    user_left(left, sizeof left, &k, s->label.call_depth - s->user.call, "call scope", "call scopes",
+              "ctpu_call_push without ctpu_call_pop");
+    s->no_grad = s->user.no_grad;
+    s->label.depth = s->user.label;
+    s->label.call_depth = s->user.call;
+    if (s->user.call == 0) {
+        s->label.call = 0;
+        s->label.call_name = NULL;
+    }
+    memcpy(bad, s->user.bad, sizeof bad);
+    s->user.scope = f->scope;
+    s->user.no_grad = f->no_grad;
+    s->user.label = f->label;
+    s->user.call = f->call;
+    s->user.what = f->prev_what;
+    memcpy(s->user.bad, f->prev_bad, sizeof s->user.bad);
+    s->user.depth--;
+    atomic_fetch_sub(&ctpu_rt->user_frames, 1);
+    if (st != CTPU_OK) return st;   /* the callback's own error first (an early return skips its pops) */
+    if (left[0]) {
+        ctpu_set_error(CTPU_ERR_STATE, "%s: %s left %s open; they were closed when it returned", f->op, f->what, left);
+        return CTPU_ERR_STATE;
+    }
+    if (bad[0]) {
+        ctpu_set_error(CTPU_ERR_STATE, "%s: %s %s", f->op, f->what, bad);
+        return CTPU_ERR_STATE;
+    }
+    return st;
 }
 
 /* ------------------------------------------------------------ errors */
@@ -320,6 +406,8 @@ ctpu_status ctpu_call_pop(void)
 {
     if (!ctpu_check_init("call_pop")) return CTPU_ERR_NOT_INITIALIZED;
     ctpu_thread_state *s = ctpu_ts_current();
+    if (s && ctpu__user_underflow(s, s->label.call_depth, s->user.call, "call_pop", "call scope", "ctpu_call_push"))
+        return CTPU_ERR_STATE;
     if (!s || s->label.call_depth == 0) {
         ctpu_set_error(CTPU_ERR_STATE, "call_pop: no call scope is open (ctpu_call_push)");
         return CTPU_ERR_STATE;
@@ -335,6 +423,8 @@ ctpu_status ctpu_label_pop(void)
 {
     if (!ctpu_check_init("label_pop")) return CTPU_ERR_NOT_INITIALIZED;
     ctpu_thread_state *s = ctpu_ts_current();
+    if (s && ctpu__user_underflow(s, s->label.depth, s->user.label, "label_pop", "label", "ctpu_label_push"))
+        return CTPU_ERR_STATE;
     if (!s || s->label.depth == 0) {
         ctpu_set_error(CTPU_ERR_STATE, "label_pop: no label is open (ctpu_label_push)");
         return CTPU_ERR_STATE;
@@ -854,11 +944,34 @@ static void shutdown_leak_line(ctpu_runtime *rt, char *line, size_t len)
     if (k < len) snprintf(line + k, len - k, "; ctpu_shutdown released them");
 }
 
+/* Shutdown would free the runtime under a caller: from inside a user frame
+ * (a compiled step's fn, a grad hook) of this thread or while another
+ * thread is in one. Refused: the error is set and nothing changes. */
+static bool shutdown_refused(ctpu_runtime *rt)
+{
+    int frames = atomic_load(&rt->user_frames);
+    if (frames == 0) return false;
+    ctpu_thread_state *s = ctpu_ts_current();
+    if (s && s->user.depth > 0) {
+        ctpu_set_error(CTPU_ERR_STATE, "ctpu_shutdown: called from inside %s (ctpu is still running its caller): "
+                       "nothing was shut down, the runtime stays usable; shut down after that call returns",
+                       s->user.what);
+        if (!s->user.bad[0])
+            snprintf(s->user.bad, sizeof s->user.bad, "called ctpu_shutdown (refused: the runtime stays up)");
+    } else {
+        ctpu_set_error(CTPU_ERR_STATE, "ctpu_shutdown: %d other thread%s inside a compiled step's fn or a grad "
+                       "hook: nothing was shut down, the runtime stays usable; shut down once they return",
+                       frames, frames == 1 ? " is" : "s are");
+    }
+    return true;
+}
+
 void ctpu_shutdown(void)
 {
     pthread_mutex_lock(&init_mu);
     ctpu_runtime *rt = ctpu_rt;
     if (!rt) { pthread_mutex_unlock(&init_mu); return; }
+    if (shutdown_refused(rt)) { pthread_mutex_unlock(&init_mu); return; }
     char leaks[1024];
     shutdown_leak_line(rt, leaks, sizeof leaks);   /* before this thread's scopes go */
     ctpu__ts_drop_runtime();        /* this thread's unfinished trace, scopes, overrides */

@@ -476,10 +476,27 @@ static ctpu_status scope_begin(bool step, const char *op)
 
 static ctpu_status mark_step_as(const char *op);
 
+/* End ts's innermost scope: release its handles (kept ones moved out already). */
+static void scope_release(ctpu_thread_state *ts)
+{
+    scope_t *s = &ts->scopes[ts->scope_depth - 1];
+    ctpu_trec *const *pages = ctpu_rt->pages;
+    const uint64_t *items = s->items, sid = s->id;
+    for (size_t i = 0, n = s->n; i < n; i++) {
+        ctpu_trec *r = ctpu_slot_if_live(pages, items[i]);
+        if (r && r->scope_id == sid) ctpu_handle_release_rec(r, ctpu_handle_slot((ctpu_tensor){ items[i] }));
+    }
+    s->n = 0;
+    ts->scope_depth--;
+}
+
 static ctpu_status scope_end(bool step, const char *op)
 {
     if (!ctpu_check_init(op)) return CTPU_ERR_NOT_INITIALIZED;
     ctpu_thread_state *ts = ctpu_ts_current();
+    if (ts && ctpu__user_underflow(ts, ts->scope_depth, ts->user.scope, op, step ? "step scope" : "scope",
+                                   step ? "ctpu_step_begin" : "ctpu_scope_begin"))
+        return CTPU_ERR_STATE;
     if (!ts || ts->scope_depth == 0) {
         ctpu_set_error(CTPU_ERR_STATE, "%s: no scope is open", op);
         return CTPU_ERR_STATE;
@@ -490,17 +507,16 @@ static ctpu_status scope_end(bool step, const char *op)
                        s->step ? "step" : "plain");
         return CTPU_ERR_STATE;
     }
-    /* release first: at a step's end only kept values are live-out */
-    ctpu_trec *const *pages = ctpu_rt->pages;
-    const uint64_t *items = s->items, sid = s->id;
-    for (size_t i = 0, n = s->n; i < n; i++) {
-        ctpu_trec *r = ctpu_slot_if_live(pages, items[i]);
-        if (r && r->scope_id == sid) ctpu_handle_release_rec(r, ctpu_handle_slot((ctpu_tensor){ items[i] }));
-    }
-    s->n = 0;
-    ts->scope_depth--;
+    scope_release(ts);   /* release first: at a step's end only kept values are live-out */
     if (step) return mark_step_as(op);
     return CTPU_OK;
+}
+
+int ctpu__scopes_unwind(ctpu_thread_state *ts, int depth)
+{
+    int n = 0;
+    for (; ts->scope_depth > depth; n++) scope_release(ts);
+    return n;
 }
 
 ctpu_status ctpu_scope_begin(void) { return scope_begin(false, "scope_begin"); }
