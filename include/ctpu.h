@@ -951,7 +951,10 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  * A graph break (a host read such as ctpu_item or ctpu_to_host, a mode
  * change, a collective such as ctpu_all_reduce, a nested
  * ctpu_compiled_call of another step inside fn, a ctpu_sync, ctpu_mark_step or
- * ctpu_step_end inside fn, a capture past 1,000,000 ops) makes that
+ * ctpu_step_end inside fn, a capture past 1,000,000 ops, and host effects a
+ * replay would not repeat: ctpu_manual_seed, ctpu_rng_set_state or
+ * ctpu_rng_get_state, a ctpu_release of a tensor made before the call)
+ * makes that
  * call run as defer and fuse around it and is reported with its op number
  * and label as faults are (ops numbered from 1 within each call in dispatch
  * order, the innermost ctpu_label_push label: 'graph break (at op #4,
@@ -963,6 +966,10 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  * count, as a failed compile adds no torch.compile cache entry, and its error
  * names the failed guard before fn's); past it, a call at a shape already captured still
  * replays and only an unseen shape runs fn in the current mode.
+ * A capture that records no device op (fn returns inputs or views, or does
+ * host work only) is skipped, as torch.compile skips such a frame: every
+ * call runs fn in the current mode (the report's reason: "fn recorded no
+ * device op").
  * TORCH_COMPILE_DISABLE=1 makes every call run fn in the current mode.
  * Results are bit-identical to running fn in strict eager. A device fault in
  * a replay (an index out of range) is reported as the capture's ops made it:
@@ -996,7 +1003,8 @@ CTPU_API ctpu_compiled *ctpu_compile(ctpu_step_fn fn, void *ctx, const ctpu_comp
  * mis-nested a scope, no-grad region, label or call scope, or called
  * ctpu_shutdown: "Callbacks" below ctpu_call_pop),
  * CTPU_ERR_OOM. A pending trace of this thread (defer
- * and fuse) is cut first. */
+ * and fuse) is cut first. out may be the in array (or overlap it): the call
+ * reads its inputs first, then writes every out[j]. */
 CTPU_API ctpu_status ctpu_compiled_call(ctpu_compiled *c, int n_in, const ctpu_tensor *in, int n_scalars,
                                         const double *scalars, int n_out, ctpu_tensor *out);
 /* What a compiled step did so far. host_ns: wall time (CLOCK_MONOTONIC) the

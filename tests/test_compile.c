@@ -2216,6 +2216,202 @@ START_TEST(returned_assigned_tensor_is_written_and_returned)
 }
 END_TEST
 
+
+/* ---------------------------------- host effects inside fn are graph breaks */
+/* fn seeding the generator, setting or reading its state, or releasing a
+ * tensor made before the call changes host state that a replay (fn not run)
+ * would leave alone: a graph break, so every call does what eager does.
+ * Under fullgraph: an error, the generator and the tensor unchanged. A
+ * release of a tensor fn made itself is no break. */
+enum { HE_SEED, HE_SET_STATE, HE_GET_STATE, HE_RELEASE_IN, HE_RELEASE_OWN, HE_COUNT };
+typedef struct { int how; uint64_t got_off; } he_ctx;
+
+static ctpu_status he_fn(void *vc, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)sc;
+    he_ctx *k = vc;
+    int64_t sh[1] = { 4 };
+    ctpu_status st = CTPU_OK;
+    uint64_t seed;
+    switch (k->how) {
+    case HE_SEED: ctpu_manual_seed(7); st = ctpu_last_status(); break;
+    case HE_SET_STATE: st = ctpu_rng_set_state(7, 100); break;
+    case HE_GET_STATE: st = ctpu_rng_get_state(&seed, &k->got_off); break;
+    case HE_RELEASE_IN: st = ctpu_release(in[1]); break;
+    default: st = ctpu_release(ctpu_add_scalar(in[0], 1)); break;
+    }
+    if (st != CTPU_OK) return st;
+    out[0] = ctpu_add(in[0], ctpu_rand_uniform(CTPU_F32, 1, sh, 0, 1));
+    return CTPU_OK;
+}
+
+#define HE_CALLS 3
+typedef struct { float o[HE_CALLS][4]; uint64_t off[HE_CALLS]; bool in1_live[HE_CALLS]; } he_log;
+
+static void he_run(int how, bool compiled, he_log *lg, ctpu_compiled_info *info)
+{
+    int64_t sh[1] = { 4 };
+    he_ctx k = { .how = how };
+    ctpu_manual_seed(1);
+    ctpu_compiled *c = compiled ? ctpu_compile(he_fn, &k, NULL) : NULL;
+    for (int it = 0; it < HE_CALLS; it++) {
+        ctpu_tensor in[2] = { ctpu_keep(ctpu_full(CTPU_F32, 1, sh, it)), ctpu_keep(ctpu_zeros(CTPU_F32, 1, sh)) };
+        ctpu_tensor out[1] = { CTPU_NULL };
+        if (compiled) {
+            ck_assert_msg(ctpu_compiled_call(c, 2, in, 0, NULL, 1, out) == CTPU_OK, "%s", ctpu_last_error());
+        } else {
+            ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+            ck_assert_int_eq(he_fn(&k, in, NULL, out), CTPU_OK);
+            ctpu_keep(out[0]);
+            ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+        }
+        ck_assert_int_eq(ctpu_to_host(out[0], lg->o[it], sizeof lg->o[it]), CTPU_OK);
+        lg->off[it] = k.got_off;
+        lg->in1_live[it] = ctpu_is_valid(in[1]);
+        ctpu_release(out[0]);
+        ctpu_release(in[0]);
+        if (lg->in1_live[it]) ctpu_release(in[1]);
+    }
+    if (c) ck_assert_int_eq(ctpu_compiled_get_info(c, info), CTPU_OK);
+    ctpu_compiled_free(c);
+}
+
+START_TEST(host_effects_in_fn_are_graph_breaks)
+{
+    static const char *const what[HE_COUNT] = { "manual_seed", "rng_set_state", "rng_get_state",
+                                                "release of a tensor made before the call", "" };
+    for (int how = 0; how < HE_COUNT; how++) {
+        he_log ref, got;
+        ctpu_compiled_info info;
+        memset(&ref, 0, sizeof ref);
+        memset(&got, 0, sizeof got);
+        he_run(how, false, &ref, NULL);
+        he_run(how, true, &got, &info);
+        for (int it = 0; it < HE_CALLS; it++) {
+            for (int i = 0; i < 4; i++)
+                ck_assert_msg(t_same(got.o[it][i], ref.o[it][i]), "effect %d call %d: out[%d] %.9g vs eager %.9g", how, it,
+                              i, got.o[it][i], ref.o[it][i]);
+            ck_assert_msg(got.off[it] == ref.off[it], "effect %d call %d: offset read %llu vs eager %llu", how, it,
+                          (unsigned long long)got.off[it], (unsigned long long)ref.off[it]);
+            ck_assert_msg(got.in1_live[it] == ref.in1_live[it], "effect %d call %d: in[1] live %d vs eager %d", how, it,
+                          got.in1_live[it], ref.in1_live[it]);
+        }
+        if (how == HE_RELEASE_OWN) {
+            ck_assert_int_eq(info.graph_breaks, 0);
+            ck_assert_int_eq(info.replays, HE_CALLS - 1);
+        } else {
+            ck_assert_int_eq(info.graph_breaks, 1);
+            ck_assert_int_eq(info.replays, 0);
+            ck_assert_msg(t_contains(info.last_reason, what[how]), "effect %d: %s", how, info.last_reason);
+        }
+    }
+}
+END_TEST
+
+START_TEST(host_effects_under_fullgraph_are_errors_and_change_nothing)
+{
+    int64_t sh[1] = { 4 };
+    for (int how = 0; how < HE_RELEASE_OWN; how++) {
+        he_ctx k = { .how = how };
+        ck_assert_int_eq(ctpu_rng_set_state(3, 40), CTPU_OK);
+        ctpu_compiled *c = ctpu_compile(he_fn, &k, &(ctpu_compile_opts){ .fullgraph = true });
+        ctpu_tensor in[2] = { ctpu_keep(ctpu_zeros(CTPU_F32, 1, sh)), ctpu_keep(ctpu_zeros(CTPU_F32, 1, sh)) };
+        ctpu_tensor out[1];
+        ck_assert_int_eq(ctpu_compiled_call(c, 2, in, 0, NULL, 1, out), CTPU_ERR_STATE);
+        ck_assert_msg(t_contains(ctpu_last_error(), "fullgraph: graph break"), "%s", ctpu_last_error());
+        ck_assert(ctpu_is_null(out[0]));
+        uint64_t seed, off;
+        ck_assert_int_eq(ctpu_rng_get_state(&seed, &off), CTPU_OK);
+        ck_assert_msg(seed == 3 && off == 40, "effect %d: generator at (%llu, %llu)", how, (unsigned long long)seed,
+                      (unsigned long long)off);
+        ck_assert(ctpu_is_valid(in[1]));
+        ctpu_compiled_free(c);
+        ctpu_release(in[0]);
+        ctpu_release(in[1]);
+    }
+}
+END_TEST
+
+/* ---------------------------------- a step with no device op */
+/* fn that records nothing (returns an input and a view of it): as
+ * torch.compile skips such a frame, every call runs fn, with no
+ * misleading recompile-limit report; results and identities are eager's. */
+typedef struct { int runs; } empty_ctx;
+
+static ctpu_status empty_fn(void *vc, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)sc;
+    ((empty_ctx *)vc)->runs++;
+    int64_t sq[2] = { 2, 2 };
+    out[0] = in[0];
+    out[1] = ctpu_reshape(in[0], 2, sq);
+    return CTPU_OK;
+}
+
+START_TEST(step_with_no_device_op_is_skipped)
+{
+    empty_ctx k = { 0 };
+    ctpu_compiled *c = ctpu_compile(empty_fn, &k, &(ctpu_compile_opts){ .name = "noop" });
+    for (int it = 0; it < 4; it++) {
+        ctpu_tensor x = ctpu_keep(T_VEC(it, 1, 2, 3)), out[2];
+        ck_assert_msg(ctpu_compiled_call(c, 1, &x, 0, NULL, 2, out) == CTPU_OK, "%s", ctpu_last_error());
+        ck_assert(out[0].id == x.id);
+        float *v = t_read(out[1], NULL);
+        ck_assert(v[0] == (float)it && v[3] == 3);
+        free(v);
+        ctpu_release(out[1]);
+        ctpu_release(x);
+    }
+    ck_assert_int_eq(k.runs, 4);
+    ctpu_compiled_info info;
+    ck_assert_int_eq(ctpu_compiled_get_info(c, &info), CTPU_OK);
+    ck_assert_int_eq(info.replays, 0);
+    ck_assert_int_eq(info.eager_calls, 3);
+    ck_assert_msg(t_contains(info.last_reason, "no device op") && !t_contains(info.last_reason, "recompile"), "%s",
+                  info.last_reason);
+    ctpu_compiled_free(c);
+}
+END_TEST
+
+/* ---------------------------------- out is the in array */
+/* ctpu_compiled_call(c, 2, arr, 0, NULL, 2, arr): the call reads the
+ * inputs as given, then writes the outputs over them (a capture and the
+ * replays alike). */
+static ctpu_status inout_fn(void *vc, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)vc;
+    (void)sc;
+    out[0] = ctpu_add(in[0], in[1]);
+    out[1] = ctpu_mul(in[0], in[1]);
+    out[2] = in[0];
+    return CTPU_OK;
+}
+
+START_TEST(out_array_may_be_the_in_array)
+{
+    ctpu_compiled *c = ctpu_compile(inout_fn, NULL, NULL);
+    for (int it = 0; it < 3; it++) {
+        ctpu_tensor x = ctpu_keep(T_VEC(it + 1, 2)), y = ctpu_keep(T_VEC(3, 4));
+        ctpu_tensor arr[3] = { x, y, CTPU_NULL };
+        ck_assert_msg(ctpu_compiled_call(c, 2, arr, 0, NULL, 3, arr) == CTPU_OK, "%s", ctpu_last_error());
+        float *s = t_read(arr[0], NULL), *p = t_read(arr[1], NULL);
+        ck_assert_msg(s[0] == it + 4 && s[1] == 6, "call %d: sum %g %g", it, s[0], s[1]);
+        ck_assert_msg(p[0] == 3 * (it + 1) && p[1] == 8, "call %d: product %g %g", it, p[0], p[1]);
+        ck_assert(arr[2].id == x.id);
+        free(s);
+        free(p);
+        ctpu_release(arr[0]);
+        ctpu_release(arr[1]);
+        ctpu_release(x);
+        ctpu_release(y);
+    }
+    ctpu_compiled_info info;
+    ck_assert_int_eq(ctpu_compiled_get_info(c, &info), CTPU_OK);
+    ck_assert_int_eq(info.replays, 2);
+    ctpu_compiled_free(c);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("compile");
@@ -2262,6 +2458,10 @@ static Suite *suite(void)
     tcase_add_test(t, guard_reason_says_how_sharing_changed);
     tcase_add_test(t, binding_cache_notices_every_change);
     tcase_add_test(t, returned_assigned_tensor_is_written_and_returned);
+    tcase_add_test(t, host_effects_in_fn_are_graph_breaks);
+    tcase_add_test(t, host_effects_under_fullgraph_are_errors_and_change_nothing);
+    tcase_add_test(t, step_with_no_device_op_is_skipped);
+    tcase_add_test(t, out_array_may_be_the_in_array);
     suite_add_tcase(s, t);
     return s;
 }

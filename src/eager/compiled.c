@@ -229,7 +229,7 @@ enum { OUT_FRESH = 1, OUT_HELD, OUT_REUSED };
 /* A guard failure, graph break or fallback, for the report's rows. */
 typedef struct {
     uint64_t call;                 /* the call it happened in, from 1 */
-    const char *kind;              /* "guard failure", "graph break", "not replayable", "recompile limit" */
+    const char *kind;              /* "guard failure", "graph break", "not replayable", "recompile limit", "skipped" */
     char reason[192];
 } step_event;
 
@@ -242,6 +242,7 @@ struct ctpu_compiled {
     bool fullgraph;
     bool broken;                   /* a graph break: every call runs as defer and fuse */
     bool limited;                  /* past the recompile limit: every call runs fn in the current mode */
+    bool skipped;                  /* fn recorded no device op: every call runs fn in the current mode */
     bool freed_replaying;          /* freed while it had versions: the report's row keeps "replays" */
     uint64_t recompiles;           /* guard failures whose capture made a version: what the recompile limit counts */
     _Atomic(void *) owner;         /* the thread state of the thread inside a call, NULL when idle */
@@ -260,7 +261,8 @@ typedef struct { uint64_t leaf, g; bool zeroed; } grad_note;
 
 struct ctpu_capture {
     ctpu_compiled *c;
-    bool broken, refused, in_final;
+    bool broken, refused, in_final, empty;
+    uint64_t scope_floor;          /* scopes opened from here on are the call's (fn's handles) */
     char reason[192];
     int n_in, n_scalars, n_out;
     const double *scalars;
@@ -424,6 +426,24 @@ bool ctpu__capture_break(int why, const char *what)
     if (!cap->broken) snprintf(cap->reason, sizeof cap->reason, "%s", reason);
     cap->broken = true;
     return true;
+}
+
+bool ctpu__capture_host_effect(const char *what)
+{
+    struct ctpu_capture *cap = cap_now();
+    if (!cap || cap->in_final) return true;
+    return ctpu__capture_break(CTPU_CUT_MODE, what);
+}
+
+bool ctpu__capture_note_release(const ctpu_trec *r)
+{
+    struct ctpu_capture *cap = cap_now();
+    if (!cap || cap->in_final || (r->scope_id != 0 && r->scope_id >= cap->scope_floor)) return true;
+    char what[128];
+    const char *nm = ctpu_rec_name(r);
+    snprintf(what, sizeof what, "release of a tensor made before the call%s%.64s (a replay would not release it)",
+             nm[0] ? ": " : "", nm);
+    return ctpu__capture_break(CTPU_CUT_MODE, what);
 }
 
 void ctpu__capture_cut(int why)
@@ -1548,7 +1568,8 @@ static ctpu_status run_capture(ctpu_compiled *c, int n_in, const ctpu_tensor *in
 {
     ctpu_thread_state *ts = ctpu__ts;
     struct ctpu_capture cap = { .c = c, .n_in = n_in, .n_scalars = n_scalars, .n_out = n_out, .scalars = scalars,
-                                .out = out, .inrec = inrec };
+                                .out = out, .inrec = inrec,
+                                .scope_floor = atomic_load(&ctpu_rt->next_scope_id) };
     int saved = ts->mode_override;
     ts->mode_override = CTPU_MODE_DEFER_FUSE;
     ts->cap = &cap;
@@ -1570,6 +1591,8 @@ static ctpu_status run_capture(ctpu_compiled *c, int n_in, const ctpu_tensor *in
     } else if (st != CTPU_OK || cap.broken) {
         ctpu_status fs = ctpu__defer_flush(CTPU_CUT_MARK_STEP);
         if (st == CTPU_OK) st = fs;
+    } else if (!ctpu__defer_has_nodes()) {
+        cap.empty = true;          /* nothing to compile (out[j] inputs or views, host work only) */
     } else {
         st = ctpu__defer_flush_capture();
     }
@@ -1584,6 +1607,11 @@ static ctpu_status run_capture(ctpu_compiled *c, int n_in, const ctpu_tensor *in
     if (st == CTPU_OK && cap.made && !cap.fail[0] && !cap.broken) {
         cap.made->next = c->versions;
         c->versions = cap.made;
+    } else if (st == CTPU_OK && cap.empty && !cap.fail[0] && !cap.broken) {
+        /* as torch.compile skips a frame with no tensor ops: fn runs at
+         * every call, so its host work and returned handles stay eager's */
+        c->skipped = true;
+        note_reason(c, "skipped", "", "fn recorded no device op: every call runs fn in the current mode");
     } else {
         version_free(cap.made);
         if (st == CTPU_OK && !cap.fail[0] && !cap.broken) {
@@ -1609,6 +1637,7 @@ static ctpu_status run_capture(ctpu_compiled *c, int n_in, const ctpu_tensor *in
 static const char *state_name(const ctpu_compiled *c)
 {
     if (ctpu_rt->compile_disable) return "TORCH_COMPILE_DISABLE: fn runs in the current mode";
+    if (c->skipped) return "skipped: fn records no device op, it runs in the current mode";
     if (c->limited) return "past the recompile limit: captured shapes replay, others run fn in the current mode";
     if (c->broken) return "graph break: runs as defer and fuse";
     return c->versions || c->freed_replaying ? "replays" : "not captured";
@@ -2042,6 +2071,7 @@ static ctpu_status call_dispatch(ctpu_compiled *c, int n_in, const ctpu_tensor *
     if (st != CTPU_OK) return st;
     ctpu__ts->label.op_no = 0;   /* a compiled call is a step: its ops are numbered from 1 (issue 11) */
     if (c->broken) { c->info.eager_calls++; return run_deferred(c, in, scalars, n_out, out); }
+    if (c->skipped) { c->info.eager_calls++; return run_fn(c, in, scalars, n_out, out); }
     char why[192];
     version *dv;
     version *v = find_version(c, n_in, in, inrec, n_scalars, n_out, why, sizeof why, &dv);
@@ -2122,7 +2152,22 @@ ctpu_status ctpu_compiled_call(ctpu_compiled *c, int n_in, const ctpu_tensor *in
                        "(its fn, or a step its fn calls, calls it again)", c->name);
         return CTPU_ERR_STATE;
     }
+    /* out overlapping in (the caller passes one array for both): the call
+     * reads its own copy of in, so writing out[j] never changes an input */
+    ctpu_tensor in_inl[16], *in_copy = NULL;
+    uintptr_t ib = (uintptr_t)in, ie = ib + sizeof *in * (size_t)n_in, ob = (uintptr_t)out;
+    if (n_in > 0 && n_out > 0 && ib < ob + sizeof *out * (size_t)n_out && ob < ie) {
+        in_copy = n_in <= 16 ? in_inl : malloc(sizeof *in * (size_t)n_in);
+        if (!in_copy) {
+            atomic_store(&c->owner, NULL);
+            ctpu_set_error(CTPU_ERR_OOM, "compiled_call: out of host memory");
+            return CTPU_ERR_OOM;
+        }
+        memcpy(in_copy, in, sizeof *in * (size_t)n_in);
+        in = in_copy;
+    }
     ctpu_status res = compiled_call_owned(c, n_in, in, n_scalars, scalars, n_out, out);
+    if (in_copy != in_inl) free(in_copy);
     atomic_store(&c->owner, NULL);
     return res;
 }

@@ -586,6 +586,16 @@ void ctpu__capture_note_take(uint64_t n, uint64_t seed, uint64_t offset);
  * seed and offset there (the draw's op, or an op that reuses its draw:
  * SDPA's backward). */
 void ctpu__capture_note_rng(int s, const double *sc);
+/* tensor.c: fn changes host state a replay would not change again: the
+ * generator's state (ctpu_manual_seed, ctpu_rng_set_state, read by
+ * ctpu_rng_get_state) or a release of a tensor made before the call
+ * (what names it). A graph break (true: go on as defer and fuse; false:
+ * fullgraph, the error is set, the caller changes nothing). True outside
+ * a capture. */
+bool ctpu__capture_host_effect(const char *what);
+/* tensor.c: release of r inside a capture: a graph break when r was made
+ * before the call (see ctpu__capture_host_effect). */
+bool ctpu__capture_note_release(const struct ctpu_trec *r);
 /* defer.c: handle h, made before the capture, was assigned in it. */
 void ctpu__capture_note_assign(uint64_t h);
 /* autograd.c: ctpu_zero_grad(leaf); backward made leaf's .grad g. */

@@ -264,6 +264,7 @@ ctpu_status ctpu_release(ctpu_tensor t)
                        "drop it with ctpu_zero_grad(leaf)");
         return CTPU_ERR_STATE;
     }
+    if (!ctpu__capture_note_release(r)) return ctpu_last_status();   /* fullgraph: not released */
     ctpu_handle_release_rec(r, ctpu_handle_slot(t));
     return CTPU_OK;
 }
@@ -824,6 +825,7 @@ ctpu_status ctpu_assign(ctpu_tensor dst, ctpu_tensor src)
 void ctpu_manual_seed(uint64_t seed)
 {
     if (!ctpu_rt) return;
+    if (!ctpu__capture_host_effect("manual_seed (the generator's state is host state)")) return;   /* fullgraph */
     pthread_mutex_lock(&ctpu_rt->rng_mu);
     ctpu_rt->rng_seed = seed;
     ctpu_rt->rng_offset = 0;
@@ -837,6 +839,7 @@ ctpu_status ctpu_rng_get_state(uint64_t *seed, uint64_t *offset)
         ctpu_set_error(CTPU_ERR_INVALID_ARG, "rng_get_state: %s is NULL", seed ? "offset" : "seed");
         return CTPU_ERR_INVALID_ARG;
     }
+    if (!ctpu__capture_host_effect("rng_get_state (a host read of the generator's state)")) return ctpu_last_status();
     pthread_mutex_lock(&ctpu_rt->rng_mu);
     *seed = ctpu_rt->rng_seed;
     *offset = ctpu_rt->rng_offset;
@@ -847,6 +850,7 @@ ctpu_status ctpu_rng_get_state(uint64_t *seed, uint64_t *offset)
 ctpu_status ctpu_rng_set_state(uint64_t seed, uint64_t offset)
 {
     if (!ctpu_check_init("rng_set_state")) return CTPU_ERR_NOT_INITIALIZED;
+    if (!ctpu__capture_host_effect("rng_set_state (the generator's state is host state)")) return ctpu_last_status();
     pthread_mutex_lock(&ctpu_rt->rng_mu);
     ctpu_rt->rng_seed = seed;
     ctpu_rt->rng_offset = offset;
