@@ -251,6 +251,7 @@ static void mlp_step(model *md, ctpu_tensor x, ctpu_tensor y1h, int step)
     CHECK(ctpu_backward(loss) == CTPU_OK);
     double lr = 1e-3, b1 = 0.9, b2 = 0.999, t = step + 1;
     double c1 = 1 - pow(b1, t), c2 = 1 - pow(b2, t);
+    ctpu_no_grad_begin();   /* the update: parameters are leaves that require grad */
     for (int i = 0; i < md->np; i++) {
         ctpu_tensor g = ctpu_grad(md->p[i]);
         ctpu_assign(md->m[i], ctpu_add(ctpu_mul_scalar(md->m[i], b1), ctpu_mul_scalar(g, 1 - b1)));
@@ -261,6 +262,7 @@ static void mlp_step(model *md, ctpu_tensor x, ctpu_tensor y1h, int step)
         ctpu_assign(md->p[i], ctpu_sub(decayed, ctpu_mul_scalar(upd, lr)));
         ctpu_zero_grad(md->p[i]);
     }
+    ctpu_no_grad_end();
     CHECK(ctpu_step_end() == CTPU_OK);
 }
 
@@ -580,10 +582,12 @@ static void gpt_block_step(const gpt_blk *g, ctpu_tensor x)
     ctpu_step_begin();
     ctpu_tensor y = gpt_block(g, x, 4, 128);
     CHECK(ctpu_backward(ctpu_mean(ctpu_mul(y, y), 0, NULL, false)) == CTPU_OK);
+    ctpu_no_grad_begin();
     for (int j = 0; j < g->np; j++) {
         ctpu_assign(g->p[j], ctpu_sub(g->p[j], ctpu_mul_scalar(ctpu_grad(g->p[j]), 1e-2)));
         ctpu_zero_grad(g->p[j]);
     }
+    ctpu_no_grad_end();
     CHECK(ctpu_step_end() == CTPU_OK);
 }
 

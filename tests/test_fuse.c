@@ -331,6 +331,7 @@ static ctpu_tensor mlp_step(mlp *p, ctpu_tensor x, ctpu_tensor y, int step, int 
     ck_assert_msg(ctpu_backward(loss) == CTPU_OK, "backward: %s", ctpu_last_error());
     double lr = 1e-2 * 0.5 * (1 + cos(M_PI * step / total));
     ctpu_tensor ps[4] = { p->w1, p->b1, p->w2, p->b2 };
+    ctpu_no_grad_begin();   /* the update: the parameters are leaves that require grad */
     for (int i = 0; i < 4; i++) {
         ctpu_tensor g = ctpu_grad(ps[i]);
         ck_assert(!ctpu_is_null(g));
@@ -340,6 +341,7 @@ static ctpu_tensor mlp_step(mlp *p, ctpu_tensor x, ctpu_tensor y, int step, int 
         ctpu_assign(ps[i], ctpu_sub(ps[i], ctpu_mul_scalar(upd, lr)));
         ctpu_zero_grad(ps[i]);
     }
+    ctpu_no_grad_end();
     ctpu_tensor kept = want_loss ? ctpu_keep(loss) : CTPU_NULL;
     ck_assert_int_eq(ctpu_step_end(), CTPU_OK);
     return kept;

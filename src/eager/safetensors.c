@@ -644,9 +644,13 @@ static ctpu_status st_load(const char *op, const ctpu_safetensors *f, int n, con
                 st = ctpu_report_error(ctpu_last_status(), "%s: %s: tensor '" NM "': %s", op, f->path, names[i],
                                        ctpu_last_error());
         }
+        /* under no_grad, as torch's load_state_dict copies: a parameter is a
+         * leaf that requires grad, which assign refuses with grad mode on */
+        bool ng = st == CTPU_OK && (st = ctpu_no_grad_begin()) == CTPU_OK;
         for (int i = 0; st == CTPU_OK && i < n; i++)
             if ((st = ctpu_assign(tensors[i], src[i])) != CTPU_OK)
                 ctpu_report_error(st, "%s: %s: tensor '" NM "': %s", op, f->path, names[i], ctpu_last_error());
+        if (ng) ctpu_no_grad_end();
         free(src);
         ctpu_scope_end();
         /* a cut: in defer and fuse the assigns run now, apart from the next step's trace */
