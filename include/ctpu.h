@@ -440,7 +440,22 @@ CTPU_API ctpu_tensor ctpu_linspace(double start, double end, int64_t steps, ctpu
  * shares it and no pending defer-and-fuse trace of another thread reads it
  * (the stream is in order, so reads already enqueued see the old value; a
  * trace recorded before the assign reads the old value too), otherwise
- * gives dst a new buffer (copy-on-write). */
+ * gives dst a new buffer (copy-on-write). A view of dst (or dst a view of
+ * a base) keeps its value: only dst changes.
+ * Autograd, as torch's dst.copy_(src) (docs/CONTRACTS.md "Scopes, autograd,
+ * optimizers"): with grad mode on, dst a leaf that requires grad is
+ * CTPU_ERR_STATE ("assign: dst f32[4] is a leaf that requires grad: ...";
+ * nothing changes; write parameters under ctpu_no_grad_begin/end, as the
+ * optimizers and ctpu_load do); otherwise, when dst or src requires grad,
+ * dst's history is replaced by a copy of src's: backward through dst sends
+ * the gradient to src and zeros to dst's old history (torch's
+ * CopyBackwards), and a dst that did not require grad now does (it is no
+ * longer a leaf). Under no_grad dst keeps its history and leaf status. A
+ * value the tape saved before the assign (dst, a view of it, an output)
+ * keeps the value it had, so backward reads the old value: the saved
+ * reference shares the storage, so the write goes to a new buffer (where
+ * torch raises "modified by an inplace operation" at backward). The same in
+ * every mode. */
 CTPU_API ctpu_status ctpu_assign(ctpu_tensor dst, ctpu_tensor src);
 
 /* --------------------------------------------------------- elementwise

@@ -14,6 +14,8 @@
  * - Semantics: accumulation across backward calls, zero_grad (set-to-none),
  *   retain_graph and the released-tape error, no_grad, detach, a tape that
  *   survives the release of every intermediate handle, errors, no leaks. */
+#include <unistd.h>
+
 #include "t_core.h"
 #include "ctpu_nn.h"
 
@@ -871,6 +873,247 @@ START_TEST(t_grad_ready_hook)
 }
 END_TEST
 
+/* ------------------------------------------------------------ assign and autograd
+ * ctpu_assign(dst, src) against torch's dst.copy_(src) (CONTRACTS.md
+ * "Scopes, autograd, optimizers"), in strict, debug and defer and fuse,
+ * with bit-identical values and gradients in the three:
+ * a) a non-leaf dst with grad mode on is rebased: the gradient goes to src,
+ *    dst's old history gets zeros through it (torch's CopyBackwards; it
+ *    used to keep its old grad_fn and send the gradient there);
+ * b) a dst that did not require grad takes src's history;
+ * c) a leaf that requires grad is refused with grad mode on (CTPU_ERR_STATE,
+ *    nothing changed), allowed under no_grad (it stays a leaf; a non-leaf
+ *    keeps its history, as torch's in-place write under no_grad);
+ * d) a value a tape node saved (an input, an output, a view of dst) keeps
+ *    the value it had: backward reads the old value, never the assigned
+ *    one (copy-on-write: the saved handle shares the storage, so assign
+ *    gives dst a new buffer), and a view of dst keeps its value. */
+#define AS_N 4
+typedef struct { float v[64][AS_N]; int n; } as_log;
+
+static const float as_x[AS_N] = { 0.5f, -1.25f, 2.0f, 0.75f };
+static const float as_w[AS_N] = { 0.3f, -0.7f, 1.1f, 0.2f };
+static const float as_c[AS_N] = { 1.0f, -2.0f, 0.5f, 3.0f };
+static const float as_k[AS_N] = { 4.0f, 5.5f, -6.0f, 7.25f };
+
+static float *as_put(as_log *lg, ctpu_tensor t)
+{
+    ck_assert_int_lt(lg->n, 64);
+    float *o = lg->v[lg->n++];
+    readt(t, o, AS_N);
+    return o;
+}
+
+static ctpu_tensor as_leaf(const float *v)
+{
+    ctpu_tensor t = vec(v, AS_N);
+    ck_assert_int_eq(ctpu_set_requires_grad(t, true), CTPU_OK);
+    return t;
+}
+
+static ctpu_tensor as_dot_c(ctpu_tensor y)   /* sum(y * c) */
+{
+    return ctpu_sum(ctpu_mul(ctpu_reshape(y, 1, (int64_t[]){ AS_N }), vec(as_c, AS_N)), 0, NULL, false);
+}
+
+static void as_want(const float *got, const float *want, const char *what, int mode)
+{
+    for (int i = 0; i < AS_N; i++)
+        ck_assert_msg(t_same(got[i], want[i]), "%s[%d] = %.9g, want %.9g (mode %d)", what, i, got[i], want[i], mode);
+}
+
+/* a) and b) */
+static void as_rebase(as_log *lg, int mode)
+{
+    float z[AS_N] = { 0 }, want[AS_N], *ev, *g;
+    ctpu_tensor x = as_leaf(as_x), w = as_leaf(as_w);
+    ctpu_tensor y = ctpu_mul_scalar(x, 3.0);               /* a non-leaf, history -> x */
+    ctpu_tensor s = ctpu_exp(w);
+    ck_assert_int_eq(ctpu_assign(y, s), CTPU_OK);
+    ck_assert(ctpu_requires_grad(y));
+    ck_assert_int_eq(ctpu_backward(as_dot_c(y)), CTPU_OK);
+    ev = as_put(lg, y);
+    as_want(ev, as_put(lg, s), "a: y", mode);
+    as_want(as_put(lg, ctpu_grad(x)), z, "a: x.grad (old history: zeros)", mode);
+    for (int i = 0; i < AS_N; i++) want[i] = as_c[i] * ev[i];
+    as_want(as_put(lg, ctpu_grad(w)), want, "a: w.grad", mode);
+    /* a) src a leaf */
+    ctpu_tensor x2 = as_leaf(as_x), w2 = as_leaf(as_w), y2 = ctpu_mul_scalar(x2, 2.0);
+    ck_assert_int_eq(ctpu_assign(y2, w2), CTPU_OK);
+    ck_assert_int_eq(ctpu_backward(as_dot_c(y2)), CTPU_OK);
+    as_want(as_put(lg, ctpu_grad(w2)), as_c, "a: leaf src grad", mode);
+    as_want(as_put(lg, ctpu_grad(x2)), z, "a: x2.grad", mode);
+    /* b) dst did not require grad: it takes src's history (no longer a leaf) */
+    ctpu_tensor w3 = as_leaf(as_w), d = ctpu_zeros(CTPU_F32, 1, (int64_t[]){ AS_N });
+    ck_assert(!ctpu_requires_grad(d));
+    ck_assert_int_eq(ctpu_assign(d, ctpu_exp(w3)), CTPU_OK);
+    ck_assert(ctpu_requires_grad(d));
+    ck_assert_int_eq(ctpu_set_requires_grad(d, false), CTPU_ERR_STATE);
+    ck_assert_int_eq(ctpu_backward(as_dot_c(d)), CTPU_OK);
+    g = as_put(lg, ctpu_grad(w3));
+    as_want(g, want, "b: w3.grad", mode);
+    /* b) under no_grad nothing is recorded */
+    ctpu_tensor d2 = ctpu_zeros(CTPU_F32, 1, (int64_t[]){ AS_N });
+    ck_assert_int_eq(ctpu_no_grad_begin(), CTPU_OK);
+    ck_assert_int_eq(ctpu_assign(d2, ctpu_exp(w3)), CTPU_OK);
+    ck_assert_int_eq(ctpu_no_grad_end(), CTPU_OK);
+    ck_assert(!ctpu_requires_grad(d2));
+    /* a non-leaf dst, src without grad: still requires grad, zeros to its history */
+    ctpu_tensor x4 = as_leaf(as_x), y4 = ctpu_mul_scalar(x4, 3.0);
+    ck_assert_int_eq(ctpu_assign(y4, vec(as_k, AS_N)), CTPU_OK);
+    ck_assert(ctpu_requires_grad(y4));
+    ck_assert_int_eq(ctpu_backward(as_dot_c(y4)), CTPU_OK);
+    as_want(as_put(lg, ctpu_grad(x4)), z, "a: x4.grad", mode);
+    as_want(as_put(lg, y4), as_k, "a: y4", mode);
+}
+
+/* c) */
+static void as_leaf_refused(as_log *lg, int mode)
+{
+    float want[AS_N];
+    ctpu_tensor p = as_leaf(as_x);
+    ck_assert_int_eq(ctpu_assign(p, vec(as_k, AS_N)), CTPU_ERR_STATE);
+    ck_assert_msg(strstr(ctpu_last_error(), "assign: dst f32[4] is a leaf that requires grad") != NULL, "%s",
+                  ctpu_last_error());
+    ck_assert_ptr_null(strchr(ctpu_last_error(), '\n'));
+    ck_assert_int_eq(ctpu_set_name(p, "fc1.weight"), CTPU_OK);
+    ck_assert_int_eq(ctpu_assign(p, vec(as_k, AS_N)), CTPU_ERR_STATE);
+    ck_assert_msg(strstr(ctpu_last_error(), "assign: dst f32[4] (\"fc1.weight\") is a leaf") != NULL, "%s",
+                  ctpu_last_error());
+    as_want(as_put(lg, p), as_x, "c: p unchanged", mode);
+    ck_assert(ctpu_requires_grad(p));
+    ck_assert_int_eq(ctpu_no_grad_begin(), CTPU_OK);
+    ck_assert_int_eq(ctpu_assign(p, vec(as_k, AS_N)), CTPU_OK);
+    ck_assert_int_eq(ctpu_no_grad_end(), CTPU_OK);
+    as_want(as_put(lg, p), as_k, "c: p assigned under no_grad", mode);
+    ck_assert_int_eq(ctpu_backward(as_dot_c(p)), CTPU_OK);   /* still a leaf: it gets .grad */
+    as_want(as_put(lg, ctpu_grad(p)), as_c, "c: p.grad", mode);
+    /* a non-leaf under no_grad keeps its history (torch keeps grad_fn) */
+    ctpu_tensor x = as_leaf(as_x), y = ctpu_mul_scalar(x, 3.0);
+    ck_assert_int_eq(ctpu_no_grad_begin(), CTPU_OK);
+    ck_assert_int_eq(ctpu_assign(y, vec(as_k, AS_N)), CTPU_OK);
+    ck_assert_int_eq(ctpu_no_grad_end(), CTPU_OK);
+    ck_assert_int_eq(ctpu_backward(as_dot_c(y)), CTPU_OK);
+    for (int i = 0; i < AS_N; i++) want[i] = as_c[i] * 3.0f;
+    as_want(as_put(lg, ctpu_grad(x)), want, "c: history kept under no_grad", mode);
+}
+
+/* d) saved values keep the value they had */
+static void as_saved(as_log *lg, int mode)
+{
+    float want[AS_N], *ev;
+    /* an input saved (mul saves both), dst rebased with grad mode on */
+    ctpu_tensor x = as_leaf(as_x), w = as_leaf(as_w), y = ctpu_mul_scalar(x, 2.0);
+    ctpu_tensor zz = ctpu_mul(y, y);
+    ck_assert_int_eq(ctpu_assign(y, ctpu_exp(w)), CTPU_OK);
+    ck_assert_int_eq(ctpu_backward(ctpu_add(ctpu_sum(zz, 0, NULL, false), as_dot_c(y))), CTPU_OK);
+    for (int i = 0; i < AS_N; i++) want[i] = 8.0f * as_x[i];   /* d(2x)^2/dx with the old y, + 0 through y */
+    as_want(as_put(lg, ctpu_grad(x)), want, "d: x.grad (saved y)", mode);
+    ev = as_put(lg, y);
+    for (int i = 0; i < AS_N; i++) want[i] = as_c[i] * ev[i];
+    as_want(as_put(lg, ctpu_grad(w)), want, "d: w.grad", mode);
+    /* a leaf saved, then assigned under no_grad (an optimizer step before backward) */
+    ctpu_tensor p = as_leaf(as_x), pp = ctpu_mul(p, p);
+    ctpu_no_grad_begin();
+    ck_assert_int_eq(ctpu_assign(p, vec(as_k, AS_N)), CTPU_OK);
+    ctpu_no_grad_end();
+    ck_assert_int_eq(ctpu_backward(ctpu_sum(pp, 0, NULL, false)), CTPU_OK);
+    for (int i = 0; i < AS_N; i++) want[i] = 2.0f * as_x[i];
+    as_want(as_put(lg, ctpu_grad(p)), want, "d: p.grad (saved p)", mode);
+    as_want(as_put(lg, p), as_k, "d: p", mode);
+    /* an output saved (exp saves its result), dst = that output */
+    ctpu_tensor x3 = as_leaf(as_x), u = ctpu_exp(x3), t = ctpu_mul_scalar(u, 2.0);
+    ck_assert_int_eq(ctpu_assign(u, vec(as_k, AS_N)), CTPU_OK);
+    ck_assert_int_eq(ctpu_backward(ctpu_sum(t, 0, NULL, false)), CTPU_OK);
+    ctpu_no_grad_begin();
+    ev = as_put(lg, ctpu_exp(x3));
+    ctpu_no_grad_end();
+    for (int i = 0; i < AS_N; i++) want[i] = 2.0f * ev[i];
+    as_want(as_put(lg, ctpu_grad(x3)), want, "d: x3.grad (saved exp output)", mode);
+    /* a view of dst saved: the view keeps its value, backward reads it */
+    ctpu_tensor q = as_leaf(as_x), v = ctpu_reshape(q, 2, (int64_t[]){ 2, 2 }), vv = ctpu_mul(v, v);
+    ctpu_no_grad_begin();
+    ck_assert_int_eq(ctpu_assign(q, vec(as_k, AS_N)), CTPU_OK);
+    ctpu_no_grad_end();
+    ck_assert_int_eq(ctpu_backward(ctpu_sum(vv, 0, NULL, false)), CTPU_OK);
+    for (int i = 0; i < AS_N; i++) want[i] = 2.0f * as_x[i];
+    as_want(as_put(lg, ctpu_grad(q)), want, "d: q.grad (saved view)", mode);
+    as_want(as_put(lg, v), as_x, "d: view of q", mode);
+    /* assign into a view: only the view is rebased; its base keeps value and history */
+    ctpu_tensor x5 = as_leaf(as_x), w5 = as_leaf(as_w), y5 = ctpu_mul_scalar(x5, 3.0);
+    ctpu_tensor v5 = ctpu_reshape(y5, 2, (int64_t[]){ 2, 2 });
+    ck_assert_int_eq(ctpu_assign(v5, ctpu_reshape(ctpu_exp(w5), 2, (int64_t[]){ 2, 2 })), CTPU_OK);
+    ck_assert_int_eq(ctpu_backward(ctpu_add(as_dot_c(y5), as_dot_c(v5))), CTPU_OK);
+    for (int i = 0; i < AS_N; i++) want[i] = as_c[i] * 3.0f;
+    as_want(as_put(lg, ctpu_grad(x5)), want, "d: base's history", mode);
+    for (int i = 0; i < AS_N; i++) want[i] = as_x[i] * 3.0f;
+    as_want(as_put(lg, y5), want, "d: base's value", mode);
+    ev = as_put(lg, v5);
+    for (int i = 0; i < AS_N; i++) want[i] = as_c[i] * ev[i];
+    as_want(as_put(lg, ctpu_grad(w5)), want, "d: w5.grad", mode);
+    /* nothing saved: written in place, backward unaffected */
+    ctpu_tensor r = as_leaf(as_x), r1 = ctpu_add_scalar(r, 1.0);
+    ctpu_no_grad_begin();
+    ck_assert_int_eq(ctpu_assign(r, vec(as_k, AS_N)), CTPU_OK);
+    ctpu_no_grad_end();
+    ck_assert_int_eq(ctpu_backward(as_dot_c(r1)), CTPU_OK);
+    as_want(as_put(lg, ctpu_grad(r)), as_c, "d: r.grad", mode);
+}
+
+/* c) the library's own writes to parameters run under no_grad: an
+ * optimizer step and a load into a leaf that requires grad, grad mode on */
+static void as_library(as_log *lg, int mode)
+{
+    ctpu_tensor p = as_leaf(as_x);
+    ck_assert_int_eq(ctpu_backward(as_dot_c(p)), CTPU_OK);
+    ctpu_sgd_opts so = { 0.5, 0.0, 0.0, 0.0, false };
+    ctpu_optim *o = ctpu_sgd_create(1, &p, &so);
+    ck_assert_ptr_nonnull(o);
+    ctpu_tensor pp = ctpu_mul(p, p);   /* saves p: the step writes p, pp's backward reads the old p */
+    ck_assert_msg(ctpu_optim_step(o) == CTPU_OK, "%s", ctpu_last_error());
+    ctpu_optim_free(o);
+    float want[AS_N];
+    for (int i = 0; i < AS_N; i++) want[i] = as_x[i] - 0.5f * as_c[i];
+    as_want(as_put(lg, p), want, "c: sgd step", mode);
+    ck_assert_int_eq(ctpu_backward(ctpu_sum(pp, 0, NULL, false)), CTPU_OK);
+    for (int i = 0; i < AS_N; i++) want[i] = as_c[i] + 2.0f * as_x[i];
+    as_want(as_put(lg, ctpu_grad(p)), want, "d: p.grad after a step between forward and backward", mode);
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/ctpu_assign_%d_%d.safetensors", (int)getpid(), mode);
+    const char *nm[1] = { "p" };
+    ctpu_tensor k = vec(as_k, AS_N);
+    ck_assert_int_eq(ctpu_save(path, 1, nm, &k), CTPU_OK);
+    ck_assert_msg(ctpu_load(path, 1, nm, &p) == CTPU_OK, "%s", ctpu_last_error());
+    remove(path);
+    ck_assert(ctpu_grad_enabled());
+    ck_assert(ctpu_requires_grad(p));
+    as_want(as_put(lg, p), as_k, "c: load", mode);
+}
+
+START_TEST(t_assign_autograd)
+{
+    static as_log lg[3];
+    const ctpu_mode modes[3] = { CTPU_MODE_STRICT, CTPU_MODE_DEBUG, CTPU_MODE_DEFER_FUSE };
+    for (int m = 0; m < 3; m++) {
+        ck_assert_int_eq(ctpu_set_mode(modes[m]), CTPU_OK);
+        lg[m].n = 0;
+        ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+        as_rebase(&lg[m], m);
+        as_leaf_refused(&lg[m], m);
+        as_saved(&lg[m], m);
+        as_library(&lg[m], m);
+        ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+        ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    }
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+    for (int m = 1; m < 3; m++) {
+        ck_assert_int_eq(lg[m].n, lg[0].n);
+        ck_assert_msg(memcmp(lg[m].v, lg[0].v, sizeof(float) * AS_N * (size_t)lg[0].n) == 0,
+                      "mode %d differs from strict eager", m);
+    }
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("autograd");
@@ -895,6 +1138,7 @@ static Suite *suite(void)
     tcase_add_test(ts, t_gelu_erf_grad);
     tcase_add_test(ts, t_embedding_repeats);
     tcase_add_test(ts, t_no_leak);
+    tcase_add_test(ts, t_assign_autograd);
     suite_add_tcase(s, ts);
     return s;
 }

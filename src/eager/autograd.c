@@ -16,6 +16,11 @@
  * ops (so backward lands in the same trace as forward), reduces broadcast
  * gradients back to each input's shape and accumulates them per edge.
  *
+ * ctpu_assign is torch's copy_: with grad mode on it refuses a leaf that
+ * requires grad and rebases any other dst onto a copy node (bw_assign;
+ * ctpu__ag_assign). Saved values need no version counter: a saved handle
+ * shares the storage, so assign copies (tensor.c, defer.c).
+ *
  * The rule table below has an entry for every op: a rule and the values it
  * saves, or an explicit "no gradient". tests/test_autograd.c fails when an op
  * has neither. */
@@ -45,6 +50,8 @@ typedef struct ag_leaf {
 
 typedef struct ag_node ag_node;
 typedef struct { ag_node *fn; ag_leaf *leaf; } ag_edge;
+/* A backward rule (the table below). */
+typedef bool (*bw_fn)(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin);
 
 struct ag_node {
     atomic_int refs;
@@ -52,6 +59,7 @@ struct ag_node {
     uint64_t mark;              /* backward pass id */
     bool freed;                 /* saved values released by backward */
     ctpu_node node;             /* op, attrs, n_in, out type */
+    bw_fn rule;                 /* the op's rule, or assign's (bw_assign, a node of no op row's) */
     double scalars[CTPU_NODE_MAX_SCALARS];
     ctpu_vtype *in_type;        /* [n_in] */
     ag_edge *edge;              /* [n_in] */
@@ -206,7 +214,6 @@ static ctpu_tensor dispatch_node(ctpu_node *nd, int n_in, const ctpu_tensor *ts)
  * A rule gets the node and the gradient of its output and fills gin[i] for
  * each input with need[i]; the caller reduces each to the input's shape and
  * dtype. Saved values: n->saved[i] (inputs), OUT(n) (the output). */
-typedef bool (*bw_fn)(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin);
 
 enum { AG_MISSING = 0, AG_RULE = 1, AG_NOGRAD = 2 };
 enum { S_A = 1, S_B = 2, S_C = 4, S_D = 8, S_OUT = 0x80 };
@@ -499,6 +506,17 @@ static bool bw_identity(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_
 {
     (void)n; (void)need;
     gin[0] = g;   /* cast, copy, expand: the caller casts / sums back */
+    return true;
+}
+
+/* ctpu_assign(dst, src) with grad mode on (torch's CopyBackwards): input 0
+ * is dst's old history, which gets zeros (its value was overwritten), input
+ * 1 is src, which gets the gradient. */
+static bool bw_assign(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
+{
+    (void)n;
+    if (need[0]) gin[0] = ctpu_zeros_like(g);
+    if (need[1]) gin[1] = g;
     return true;
 }
 
@@ -809,23 +827,13 @@ int ctpu__ag_hint_dyn(const ctpu_vtype *t, ctpu_dyndim *out)
     return 0;
 }
 
-void ctpu__ag_record(const ctpu_node *node, const ctpu_tensor *inputs, const double *scalars, ctpu_tensor out)
+/* A tape node for `node` (rule fn, saving the values `save` names) from
+ * inputs, made out's history (its old metadata dropped after the edges
+ * took their references). Out of host memory: out does not require grad. */
+static void tape_node(const ctpu_node *node, bw_fn fn, unsigned save, const ctpu_tensor *inputs,
+                      const double *scalars, ctpu_tensor out)
 {
-    ctpu_thread_state *ts = ctpu__ts;
-    if (ts->op_trace.buf && ts->op_trace.n < ts->op_trace.cap) {
-        uint64_t h = 1469598103934665603ull;
-        for (int d = 0; d < node->out.ndim; d++) h = (h ^ (uint64_t)node->out.shape[d]) * 1099511628211ull;
-        ts->op_trace.buf[ts->op_trace.n++] = node->op | (uint64_t)node->out.dtype << 16 |
-                                             (uint64_t)node->n_in << 24 | (h << 32);
-    }
-    if (node->n_in == 0 || no_grad_depth() > 0) return;
-    const ag_rule *rule = &ag_rules[node->op];
-    if (!ctpu_op_has_grad(node->op) || !rule->fn || node->out.dtype == CTPU_I32) return;
     int n_in = node->n_in;
-    bool any = false;
-    for (int i = 0; i < n_in && !any; i++) any = meta_requires(rec_of(inputs[i])->ag);
-    if (!any) return;
-
     bool has_dyn = rec_of(out)->dyn != NULL;
     for (int i = 0; i < n_in; i++) has_dyn |= rec_of(inputs[i])->dyn != NULL;
     size_t bytes = sizeof(ag_node) + (size_t)n_in * (sizeof(ctpu_vtype) + sizeof(ag_edge)) +
@@ -833,10 +841,11 @@ void ctpu__ag_record(const ctpu_node *node, const ctpu_tensor *inputs, const dou
                    (has_dyn ? (size_t)(n_in + 1) * CTPU_MAX_DIMS * sizeof(ctpu_dyndim) : 0);
     ag_node *n = calloc(1, bytes);
     ag_meta *m = malloc(sizeof *m);
+    ctpu_trec *orec = rec_of(out);
     if (!n || !m) {
-        /* out of host memory: the value simply does not require grad */
         free(n);
         free(m);
+        if (orec->ag) ctpu__ag_release(orec);
         return;
     }
     n->in_type = (ctpu_vtype *)(n + 1);
@@ -852,6 +861,7 @@ void ctpu__ag_record(const ctpu_node *node, const ctpu_tensor *inputs, const dou
     atomic_init(&n->refs, 1);
     n->seq = atomic_fetch_add(&ag_seq, 1);
     n->node = *node;
+    n->rule = fn;
     for (int i = 0; i < node->n_scalars && scalars; i++) n->scalars[i] = scalars[i];
     for (int i = 0; i < n_in; i++) {
         ctpu_trec *r = rec_of(inputs[i]);
@@ -861,14 +871,60 @@ void ctpu__ag_record(const ctpu_node *node, const ctpu_tensor *inputs, const dou
             if (im->fn) { n->edge[i].fn = im->fn; atomic_fetch_add(&im->fn->refs, 1); }
             else { n->edge[i].leaf = im->leaf; atomic_fetch_add(&im->leaf->refs, 1); }
         }
-        if (rule->save & (1u << i)) n->saved[i] = own_handle(r);
+        if (save & (1u << i)) n->saved[i] = own_handle(r);
     }
-    ctpu_trec *orec = rec_of(out);
-    if (rule->save & S_OUT) n->saved[n_in] = own_handle(orec);
+    if (save & S_OUT) n->saved[n_in] = own_handle(orec);
     if (orec->ag) ctpu__ag_release(orec);
     m->fn = n;
     m->leaf = NULL;
     orec->ag = m;
+}
+
+void ctpu__ag_record(const ctpu_node *node, const ctpu_tensor *inputs, const double *scalars, ctpu_tensor out)
+{
+    ctpu_thread_state *ts = ctpu__ts;
+    if (ts->op_trace.buf && ts->op_trace.n < ts->op_trace.cap) {
+        uint64_t h = 1469598103934665603ull;
+        for (int d = 0; d < node->out.ndim; d++) h = (h ^ (uint64_t)node->out.shape[d]) * 1099511628211ull;
+        ts->op_trace.buf[ts->op_trace.n++] = node->op | (uint64_t)node->out.dtype << 16 |
+                                             (uint64_t)node->n_in << 24 | (h << 32);
+    }
+    if (node->n_in == 0 || no_grad_depth() > 0) return;
+    const ag_rule *rule = &ag_rules[node->op];
+    if (!ctpu_op_has_grad(node->op) || !rule->fn || node->out.dtype == CTPU_I32) return;
+    bool any = false;
+    for (int i = 0; i < node->n_in && !any; i++) any = meta_requires(rec_of(inputs[i])->ag);
+    if (any) tape_node(node, rule->fn, rule->save, inputs, scalars, out);
+}
+
+/* ------------------------------------------------------------ assign */
+ctpu_status ctpu__ag_assign_check(const ctpu_trec *dst)
+{
+    const ag_meta *m = dst->ag;
+    if (no_grad_depth() > 0 || !m || !m->leaf) return CTPU_OK;
+    char tb[128];
+    const char *nm = ctpu_rec_name(dst);
+    ctpu_set_error(CTPU_ERR_STATE,
+                   "assign: dst %s%s%s%s is a leaf that requires grad: an in-place write to it with grad mode on is "
+                   "refused, as torch refuses it (assign under ctpu_no_grad_begin/end, as optimizers do)",
+                   ctpu_fmt_type(&dst->type, tb, sizeof tb), nm[0] ? " (\"" : "", nm, nm[0] ? "\")" : "");
+    return CTPU_ERR_STATE;
+}
+
+/* dst's history rebased (torch's dst.copy_(src)): dst requires grad when it
+ * or src did, its node's edges are its old history (zeros) and src (the
+ * gradient); nothing saved. Without grad mode dst keeps its history, as
+ * torch's in-place write under no_grad keeps grad_fn (the values that
+ * history saved are its own: CONTRACTS.md "Scopes, autograd, optimizers"). */
+void ctpu__ag_assign(ctpu_tensor dst, ctpu_tensor src)
+{
+    ctpu_trec *d = rec_of(dst), *s = rec_of(src);
+    const ag_meta *dm = d->ag;
+    if (no_grad_depth() > 0 || (dm && dm->leaf)) return;
+    if (!meta_requires(dm) && !meta_requires(s->ag)) return;
+    ctpu_node node = { .op = CTPU_OP_COPY, .n_in = 2, .out = d->type };
+    ctpu_tensor in[2] = { dst, src };
+    tape_node(&node, bw_assign, 0, in, NULL, dst);
 }
 
 /* ------------------------------------------------------------ public: flags */
@@ -1205,7 +1261,7 @@ static ctpu_status run_backward(ag_meta *root, ctpu_tensor g0, bool retain, cons
             if ((st = ctpu_scope_begin()) != CTPU_OK) break;
             bool labelled = ctpu__label_push_id(ctpu__backward_label(x->node.op));
             ts_hint_set(x);
-            ag_rules[x->node.op].fn(x, x->gacc, need, gin);
+            x->rule(x, x->gacc, need, gin);
             ts_hint_set(NULL);
             if (labelled) ctpu__label_pop();
             for (int i = 0; i < n_in; i++) {

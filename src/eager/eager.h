@@ -490,6 +490,13 @@ const char *ctpu__fmt_bytes(uint64_t b, char *buf, size_t len);
 void ctpu__ag_record(const ctpu_node *node, const ctpu_tensor *inputs, const double *scalars, ctpu_tensor out);
 /* Called when a record is released (drops its autograd metadata). */
 void ctpu__ag_release(ctpu_trec *rec);
+/* ctpu_assign's autograd, as torch's dst.copy_(src). Before the write:
+ * CTPU_ERR_STATE (message set) when grad mode is on and dst is a leaf that
+ * requires grad. After a successful write, with grad mode on and dst or src
+ * requiring grad: dst's history is rebased onto a copy node whose gradient
+ * goes to src, zeros to dst's old history (torch's CopyBackwards). */
+ctpu_status ctpu__ag_assign_check(const ctpu_trec *dst);
+void ctpu__ag_assign(ctpu_tensor dst, ctpu_tensor src);
 /* Autograd's rule table against the op table's gradient column (autograd.c):
  * 1 = a backward rule, 2 = no gradient (comparisons, argmax, creation),
  * 0 = the two disagree (a rule missing or extra: a test fails). */

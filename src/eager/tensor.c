@@ -768,30 +768,13 @@ ctpu_status ctpu_item(ctpu_tensor t, double *out)
 }
 
 /* ------------------------------------------------------------ assign */
-ctpu_status ctpu_assign(ctpu_tensor dst, ctpu_tensor src)
+/* strict and debug eager: the write (in place, or copy-on-write) */
+static ctpu_status assign_eager(ctpu_trec *d, ctpu_trec *s, ctpu_op_prov prov)
 {
-    ctpu_trec *d = ctpu_rec_get(dst, "assign", "dst", false);
-    if (!d) return ctpu_last_status();
-    ctpu_trec *s = ctpu_rec_get(src, "assign", "src", false);
-    if (!s) return ctpu_last_status();
-    char ta[128], tb[128];
-    if (d->type.dtype != s->type.dtype) {
-        ctpu_set_error(CTPU_ERR_DTYPE, "assign: dst is %s, src is %s: dtypes differ",
-                       ctpu_fmt_type(&d->type, ta, sizeof ta), ctpu_fmt_type(&s->type, tb, sizeof tb));
-        return CTPU_ERR_DTYPE;
-    }
-    bool same = d->type.ndim == s->type.ndim;
-    for (int i = 0; same && i < d->type.ndim; i++) same = d->type.shape[i] == s->type.shape[i];
-    if (!same) {
-        ctpu_set_error(CTPU_ERR_SHAPE, "assign: dst is %s, src is %s: shapes differ",
-                       ctpu_fmt_type(&d->type, ta, sizeof ta), ctpu_fmt_type(&s->type, tb, sizeof tb));
-        return CTPU_ERR_SHAPE;
-    }
-    ctpu_op_prov prov = ctpu_prov_next();
-    if (ctpu_mode_now() == CTPU_MODE_DEFER_FUSE) return ctpu__defer_assign(d, dst, s, prov);
     if (!ctpu__materialize(d, "assign", CTPU_CUT_MODE) || !ctpu__materialize(s, "assign", CTPU_CUT_MODE))
         return ctpu_last_status();
     if (d->buf == s->buf && d->off == s->off) return CTPU_OK;
+    char ta[128];
     ctpu_node node = { .op = CTPU_OP_COPY, .n_in = 1, .out = d->type };
     ctpu_trec *in[1] = { s };
     if (atomic_load(&d->buf->handle_refs) == 1 && atomic_load(&d->buf->trace_readers) == 0) {
@@ -819,6 +802,33 @@ ctpu_status ctpu_assign(ctpu_tensor dst, ctpu_tensor src)
     atomic_fetch_sub(&old->handle_refs, 1);
     ctpu_buffer_release(ctpu_rt->dev, old);
     return CTPU_OK;
+}
+
+ctpu_status ctpu_assign(ctpu_tensor dst, ctpu_tensor src)
+{
+    ctpu_trec *d = ctpu_rec_get(dst, "assign", "dst", false);
+    if (!d) return ctpu_last_status();
+    ctpu_trec *s = ctpu_rec_get(src, "assign", "src", false);
+    if (!s) return ctpu_last_status();
+    char ta[128], tb[128];
+    if (d->type.dtype != s->type.dtype) {
+        ctpu_set_error(CTPU_ERR_DTYPE, "assign: dst is %s, src is %s: dtypes differ",
+                       ctpu_fmt_type(&d->type, ta, sizeof ta), ctpu_fmt_type(&s->type, tb, sizeof tb));
+        return CTPU_ERR_DTYPE;
+    }
+    bool same = d->type.ndim == s->type.ndim;
+    for (int i = 0; same && i < d->type.ndim; i++) same = d->type.shape[i] == s->type.shape[i];
+    if (!same) {
+        ctpu_set_error(CTPU_ERR_SHAPE, "assign: dst is %s, src is %s: shapes differ",
+                       ctpu_fmt_type(&d->type, ta, sizeof ta), ctpu_fmt_type(&s->type, tb, sizeof tb));
+        return CTPU_ERR_SHAPE;
+    }
+    ctpu_status st = ctpu__ag_assign_check(d);
+    if (st != CTPU_OK) return st;
+    ctpu_op_prov prov = ctpu_prov_next();
+    st = ctpu_mode_now() == CTPU_MODE_DEFER_FUSE ? ctpu__defer_assign(d, dst, s, prov) : assign_eager(d, s, prov);
+    if (st == CTPU_OK) ctpu__ag_assign(dst, src);
+    return st;
 }
 
 /* ------------------------------------------------------------ randomness */
