@@ -2414,6 +2414,86 @@ START_TEST(out_array_may_be_the_in_array)
 }
 END_TEST
 
+/* ---------------------------------- automatic dynamic falls back to static */
+/* TORCH_TPU_AUTO_DYNAMIC with fn reshaping x [2T, 4] to [2, -1, 4]: dim 0
+ * made dynamic over [2, 2^31-1] fails the reshape's rule (odd extents), so
+ * that trial capture is abandoned (the assign and the random draw before
+ * the reshape did not happen) and the call captures static, as
+ * torch.compile specialises; later extents recapture static. Every call
+ * equals eager: P, the values, the generator. */
+typedef struct { ctpu_tensor P; } adf_ctx;
+
+static ctpu_status adf_fn(void *vc, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)sc;
+    adf_ctx *k = vc;
+    int64_t s3[3] = { 2, -1, 4 }, s1[1] = { 4 };
+    ctpu_status st = ctpu_assign(k->P, ctpu_add(k->P, ctpu_rand_uniform(CTPU_F32, 1, s1, 0, 1)));
+    if (st != CTPU_OK) return st;
+    ctpu_tensor r = ctpu_reshape(in[0], 3, s3);
+    out[0] = ctpu_add(ctpu_sum(r, 1, (int[]){ 1 }, false), k->P);
+    return ctpu_is_null(out[0]) ? ctpu_last_status() : CTPU_OK;
+}
+
+static void adf_run(bool compiled, float o[6][8], float p[6], uint64_t off[6], ctpu_compiled_info *info)
+{
+    static const int ts[6] = { 3, 5, 7, 5, 9, 3 };
+    int64_t s1[1] = { 4 };
+    adf_ctx k = { ctpu_keep(ctpu_zeros(CTPU_F32, 1, s1)) };
+    ctpu_manual_seed(11);
+    ctpu_compiled *c = compiled ? ctpu_compile(adf_fn, &k, NULL) : NULL;
+    for (int it = 0; it < 6; it++) {
+        int64_t sh[2] = { 2 * ts[it], 4 };
+        ctpu_tensor x = ctpu_keep(ctpu_reshape(ctpu_arange(0, 8 * ts[it], 1, CTPU_F32), 2, sh)), out[1] = { CTPU_NULL };
+        if (compiled) {
+            ck_assert_msg(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out) == CTPU_OK, "call %d: %s", it, ctpu_last_error());
+        } else {
+            ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+            ck_assert_int_eq(adf_fn(&k, &x, NULL, out), CTPU_OK);
+            ctpu_keep(out[0]);
+            ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+        }
+        ck_assert_int_eq(ctpu_to_host(out[0], o[it], sizeof o[it]), CTPU_OK);
+        float pv[4];
+        ck_assert_int_eq(ctpu_to_host(k.P, pv, sizeof pv), CTPU_OK);
+        p[it] = pv[2];
+        uint64_t seed;
+        ck_assert_int_eq(ctpu_rng_get_state(&seed, &off[it]), CTPU_OK);
+        ctpu_release(out[0]);
+        ctpu_release(x);
+    }
+    if (c) ck_assert_int_eq(ctpu_compiled_get_info(c, info), CTPU_OK);
+    ctpu_compiled_free(c);
+    ctpu_release(k.P);
+}
+
+START_TEST(auto_dynamic_falls_back_to_static_when_fn_fails_dynamic)
+{
+    ctpu_shutdown();
+    setenv("TORCH_TPU_AUTO_DYNAMIC", "1", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    unsetenv("TORCH_TPU_AUTO_DYNAMIC");
+    float ro[6][8], go[6][8], rp[6], gp[6];
+    uint64_t roff[6], goff[6];
+    ctpu_compiled_info info;
+    adf_run(false, ro, rp, roff, NULL);
+    adf_run(true, go, gp, goff, &info);
+    for (int it = 0; it < 6; it++) {
+        for (int i = 0; i < 8; i++)
+            ck_assert_msg(t_same(go[it][i], ro[it][i]), "call %d: out[%d] %.9g vs eager %.9g", it, i, go[it][i], ro[it][i]);
+        ck_assert_msg(t_same(gp[it], rp[it]), "call %d: P %.9g vs eager %.9g", it, gp[it], rp[it]);
+        ck_assert_msg(goff[it] == roff[it], "call %d: generator offset %llu vs eager %llu", it,
+                      (unsigned long long)goff[it], (unsigned long long)roff[it]);
+    }
+    /* 3, 5, 7, 9 captured static; 5 and 3 again replay */
+    ck_assert_int_eq(info.replays, 2);
+    ck_assert_int_eq(info.guard_failures, 3);
+    ck_assert_int_eq(info.dynamic_captures, 0);
+    ctpu_shutdown();
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("compile");
@@ -2464,6 +2544,7 @@ static Suite *suite(void)
     tcase_add_test(t, host_effects_under_fullgraph_are_errors_and_change_nothing);
     tcase_add_test(t, step_with_no_device_op_is_skipped);
     tcase_add_test(t, out_array_may_be_the_in_array);
+    tcase_add_test(t, auto_dynamic_falls_back_to_static_when_fn_fails_dynamic);
     suite_add_tcase(s, t);
     return s;
 }

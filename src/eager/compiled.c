@@ -243,6 +243,9 @@ struct ctpu_compiled {
     bool broken;                   /* a graph break: every call runs as defer and fuse */
     bool limited;                  /* past the recompile limit: every call runs fn in the current mode */
     bool skipped;                  /* fn recorded no device op: every call runs fn in the current mode */
+    bool trial;                    /* the next capture is an automatic-dynamic trial: abandoned if fn fails */
+    bool auto_off;                 /* a trial failed: guard failures recapture static from now on */
+    char trial_err[192];           /* the failed trial's error */
     bool freed_replaying;          /* freed while it had versions: the report's row keeps "replays" */
     uint64_t recompiles;           /* guard failures whose capture made a version: what the recompile limit counts */
     _Atomic(void *) owner;         /* the thread state of the thread inside a call, NULL when idle */
@@ -1574,8 +1577,32 @@ static ctpu_status run_capture(ctpu_compiled *c, int n_in, const ctpu_tensor *in
     ts->mode_override = CTPU_MODE_DEFER_FUSE;
     ts->cap = &cap;
     note_symbols(n_in, inrec);
+    uint64_t fail0 = ts->fail_handle;
+    pthread_mutex_lock(&ctpu_rt->rng_mu);   /* (not ctpu_rng_get_state: inside a capture that is a break) */
+    uint64_t seed0 = ctpu_rt->rng_seed, off0 = ctpu_rt->rng_offset;
+    pthread_mutex_unlock(&ctpu_rt->rng_mu);
     ctpu_status st = run_fn(c, in, scalars, n_out, out);
     cap.in_final = true;
+    if (c->trial && !cap.refused && !cap.broken && (st != CTPU_OK || ts->fail_handle != fail0)) {
+        /* the automatic-dynamic trial failed (an op's shape rule refused
+         * the dynamic dims): nothing ran, the generator is as before; the
+         * caller captures static */
+        snprintf(c->trial_err, sizeof c->trial_err, "%s", ctpu_last_error());
+        ctpu__defer_abandon();
+        for (int j = 0; j < n_out; j++) {
+            if (ctpu_is_valid(out[j])) ctpu_release(out[j]);
+            out[j] = CTPU_NULL;
+        }
+        pthread_mutex_lock(&ctpu_rt->rng_mu);
+        ctpu_rt->rng_seed = seed0;
+        ctpu_rt->rng_offset = off0;
+        pthread_mutex_unlock(&ctpu_rt->rng_mu);
+        ts->cap = NULL;
+        ts->mode_override = saved;
+        capture_free(&cap);
+        c->auto_off = true;
+        return CTPU_ERR_STATE;
+    }
     if (cap.refused) {
         /* fullgraph: nothing ran; assigned tensors keep their values */
         char msg[sizeof ts->err_msg];
@@ -2006,8 +2033,20 @@ static ctpu_status capture_auto(ctpu_compiled *c, int n_in, const ctpu_tensor *i
         lent[i] = any && ctpu__rec_set_dyn(inrec[i], d[i], inrec[i]->type.ndim);
     }
     const version *head = c->versions;
+    c->trial = true;
     ctpu_status st = run_capture(c, n_in, in, inrec, n_scalars, scalars, n_out, out);
+    c->trial = false;
     take_back_marks(n_in, inrec, lent);
+    if (c->auto_off && c->versions == head) {
+        /* fn failed under the marks (a reshape valid only for some
+         * extents): as torch.compile specialises a dim whose dynamic trace
+         * fails, capture these shapes static; later failures do too */
+        char r[192];
+        snprintf(r, sizeof r, "off for this step: fn failed with the dims dynamic (%.120s); captured static",
+                 c->trial_err);
+        note_event(c, "automatic dynamic", r);
+        return run_capture(c, n_in, in, inrec, n_scalars, scalars, n_out, out);
+    }
     if (c->versions != head) {   /* the report's row: which dims are new ("input 0 dim 1, input 1 dim 1") */
         char dims[192] = "";
         size_t k = 0;
@@ -2038,7 +2077,7 @@ static ctpu_status recapture(ctpu_compiled *c, const char *why, int n_in, const 
     const version *head = c->versions;
     ctpu_dyndim d[64][CTPU_MAX_DIMS];
     ctpu_status st;
-    if (ctpu_rt->auto_dynamic && auto_marks(c->versions, n_in, inrec, n_scalars, n_out, d))
+    if (ctpu_rt->auto_dynamic && !c->auto_off && auto_marks(c->versions, n_in, inrec, n_scalars, n_out, d))
         st = capture_auto(c, n_in, in, inrec, n_scalars, scalars, n_out, out, d);
     else
         st = run_capture(c, n_in, in, inrec, n_scalars, scalars, n_out, out);
