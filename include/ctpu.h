@@ -134,7 +134,13 @@ CTPU_API ctpu_status ctpu_init(void);
  * from inside a callback ctpu is running (a compiled step's fn, a grad hook:
  * "ctpu_shutdown: called from inside a compiled step's fn ...", and the
  * call that ran the callback fails with CTPU_ERR_STATE), or while another
- * thread is inside one. See "Callbacks" below ctpu_call_pop. */
+ * thread is inside one, or inside a call that waits or calls back
+ * (ctpu_compiled_call, ctpu_backward*, ctpu_sync, ctpu_to_host*,
+ * ctpu_item): that call finishes normally. A guarded call another thread
+ * starts while a shutdown runs waits for it, then fails with
+ * CTPU_ERR_NOT_INITIALIZED. Other calls racing a shutdown are the
+ * caller's to order (join the threads first). See "Callbacks" below
+ * ctpu_call_pop. */
 CTPU_API void ctpu_shutdown(void);
 CTPU_API bool ctpu_is_initialized(void);
 /* The library's version, "MAJOR.MINOR.PATCH" (meson.build's project

@@ -25,6 +25,9 @@ bool ctpu__test_op_rules_defined(int op);
 /* runtime.c: hold (true) or release (false) the device thread, so commands
  * queue up behind it. */
 void ctpu__test_device_hold(bool hold);
+/* runtime.c: threads inside a guarded call (ctpu__call_enter: a compiled
+ * call, backward, sync, a host read) right now. */
+int ctpu__test_calls_busy(void);
 /* runtime.c / defer.c: the strict program table and the fused-program cache
  * of the running runtime (NULL before init). */
 ctpu_cache *ctpu__test_strict_cache(void);

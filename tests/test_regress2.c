@@ -1554,6 +1554,54 @@ START_TEST(callbacks_that_misnest_scopes_are_errors)
 }
 END_TEST
 
+/* ================================================= 66. ctpu_shutdown while another thread waits in a ctpu call
+ * The class of class 63 outside any callback: a thread blocked in a call
+ * that waits for the device (ctpu_sync, a host read, backward, a compiled
+ * call) when another thread shuts the runtime down (pytorch/pytorch#8889
+ * "destroy_process_group while another thread is in a collective").
+ * ctpu's rule (ctpu.h ctpu_shutdown): refused with CTPU_ERR_STATE while
+ * such a call runs, the waiting call finishes with its result, a later
+ * shutdown works. The device is held (src/testing.h) so the call waits. */
+static void *rb_sync_thread(void *arg)
+{
+    ctpu_tensor x = *(ctpu_tensor *)arg;
+    static struct { ctpu_status st; float v; } r;
+    r.v = -1;
+    r.st = ctpu_to_host_as_f32(x, &r.v, sizeof r.v);
+    if (r.st == CTPU_OK) r.st = ctpu_sync();
+    return &r;
+}
+
+START_TEST(shutdown_while_another_thread_waits_is_refused)
+{
+    ctpu_tensor a = ctpu_from_host((const float[]){ 2 }, CTPU_F32, 1, (const int64_t[]){ 1 });
+    ck_assert(rb_value(a) == 2.0f);
+    ctpu__test_device_hold(true);
+    ctpu_tensor b = ctpu_add_scalar(a, 1.0);   /* queued behind the held device */
+    pthread_t th;
+    ck_assert(pthread_create(&th, NULL, rb_sync_thread, &b) == 0);
+    while (ctpu__test_calls_busy() == 0) usleep(100);
+    ctpu_clear_error();
+    ctpu_shutdown();
+    ck_assert(ctpu_is_initialized());
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_STATE);
+    ck_assert_msg(strstr(ctpu_last_error(), "ctpu_shutdown: 1 other thread is inside a ctpu call"), "%s",
+                  ctpu_last_error());
+    ctpu__test_device_hold(false);
+    void *ret;
+    ck_assert(pthread_join(th, &ret) == 0);
+    struct { ctpu_status st; float v; } *r = ret;
+    ck_assert_msg(r->st == CTPU_OK && r->v == 3.0f, "%d %g", r->st, r->v);
+    ck_assert_int_eq(ctpu__test_calls_busy(), 0);
+    ctpu_release(a);
+    ctpu_release(b);
+    ctpu_shutdown();
+    ck_assert(!ctpu_is_initialized());
+    ck_assert_int_eq(ctpu_sync(), CTPU_ERR_NOT_INITIALIZED);
+    ck_assert(ctpu_init() == CTPU_OK);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("regress2");
@@ -1594,6 +1642,7 @@ int main(void)
     tcase_add_test(tc, shutdown_inside_callbacks_is_refused);
     tcase_add_test(tc, compiled_free_inside_its_call_is_refused);
     tcase_add_test(tc, callbacks_that_misnest_scopes_are_errors);
+    tcase_add_test(tc, shutdown_while_another_thread_waits_is_refused);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -1328,7 +1328,17 @@ static ctpu_status run_backward(ag_meta *root, ctpu_tensor g0, bool retain, cons
     return st;
 }
 
+static ctpu_status backward_ex(ctpu_tensor t, ctpu_tensor grad, bool retain_graph);
+
 ctpu_status ctpu_backward_ex(ctpu_tensor t, ctpu_tensor grad, bool retain_graph)
+{
+    if (!ctpu__call_enter("backward")) return CTPU_ERR_NOT_INITIALIZED;
+    ctpu_status st = backward_ex(t, grad, retain_graph);
+    ctpu__call_exit();
+    return st;
+}
+
+static ctpu_status backward_ex(ctpu_tensor t, ctpu_tensor grad, bool retain_graph)
 {
     const char *opn = "backward";
     ctpu_trec *r = ctpu_rec_get(t, opn, "t", false);

@@ -2161,8 +2161,8 @@ static ctpu_status call_dispatch(ctpu_compiled *c, int n_in, const ctpu_tensor *
 static ctpu_status compiled_call_owned(ctpu_compiled *c, int n_in, const ctpu_tensor *in, int n_scalars,
                                        const double *scalars, int n_out, ctpu_tensor *out);
 
-ctpu_status ctpu_compiled_call(ctpu_compiled *c, int n_in, const ctpu_tensor *in, int n_scalars, const double *scalars,
-                               int n_out, ctpu_tensor *out)
+ctpu_status ctpu__compiled_call(ctpu_compiled *c, int n_in, const ctpu_tensor *in, int n_scalars, const double *scalars,
+                                int n_out, ctpu_tensor *out)
 {
     ctpu_status st = check_call_args(c, n_in, in, n_scalars, scalars, n_out, out);
     if (st != CTPU_OK) {

@@ -292,6 +292,17 @@ void ctpu__label_pop(void);
 /* The label id of "backward of <op>" (interned once per op). */
 uint32_t ctpu__backward_label(int op);
 
+/* A guarded call (runtime.c): ctpu_shutdown on another thread is refused
+ * until ctpu__call_exit; false (CTPU_ERR_NOT_INITIALIZED set, no exit
+ * needed) when there is no runtime. The first thing such a call does,
+ * before it reads ctpu_rt. Guarded: ctpu_compiled_call, backward, sync and
+ * the host reads. */
+bool ctpu__call_enter(const char *op);
+void ctpu__call_exit(void);
+/* compiled.c: ctpu_compiled_call's body (runtime.c guards it). */
+ctpu_status ctpu__compiled_call(ctpu_compiled *c, int n_in, const ctpu_tensor *in, int n_scalars,
+                                const double *scalars, int n_out, ctpu_tensor *out);
+
 /* A user frame: ctpu calling back into user code (a compiled step's fn, a
  * grad hook). Inside one, ctpu_shutdown is refused (the runtime would be
  * freed under its caller), and the scope, no-grad, label and call-scope

@@ -1,6 +1,7 @@
 /* Runtime lifecycle: per-thread state, errors, the environment (env.h), modes, chip, metrics API. */
 #include <ctype.h>
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,6 +105,46 @@ void ctpu__ts_drop_runtime(void)
 {
     ctpu_thread_state *s = ctpu_ts_current();
     if (s) ts_drop(s, ctpu_rt);
+}
+
+/* ------------------------------------------------------------ guarded calls */
+/* Threads inside a call that runs long or calls back (a compiled call,
+ * backward, sync, a host read): process-wide, not the runtime's, so a
+ * shutdown sees them before it frees the runtime. A call and a shutdown
+ * meet as in Dekker's algorithm (both sequentially consistent): either the
+ * call sees calls_closing and waits for the shutdown to decide, or the
+ * shutdown sees the call and refuses. */
+static atomic_int calls_busy;
+static atomic_bool calls_closing;
+static _Thread_local bool closing_self;   /* this thread runs the shutdown: its own calls pass */
+
+bool ctpu__call_enter(const char *op)
+{
+    atomic_fetch_add(&calls_busy, 1);
+    while (atomic_load(&calls_closing) && !closing_self) {
+        atomic_fetch_sub(&calls_busy, 1);
+        while (atomic_load(&calls_closing)) sched_yield();
+        atomic_fetch_add(&calls_busy, 1);
+    }
+    if (ctpu_rt) return true;
+    atomic_fetch_sub(&calls_busy, 1);
+    ctpu_check_init(op);
+    return false;
+}
+
+void ctpu__call_exit(void) { atomic_fetch_sub(&calls_busy, 1); }
+int ctpu__test_calls_busy(void) { return atomic_load(&calls_busy); }
+
+ctpu_status ctpu_compiled_call(ctpu_compiled *c, int n_in, const ctpu_tensor *in, int n_scalars, const double *scalars,
+                               int n_out, ctpu_tensor *out)
+{
+    if (!ctpu__call_enter("compiled_call")) {
+        for (int j = 0; out && j < n_out && j <= 4096; j++) out[j] = CTPU_NULL;
+        return CTPU_ERR_NOT_INITIALIZED;
+    }
+    ctpu_status st = ctpu__compiled_call(c, n_in, in, n_scalars, scalars, n_out, out);
+    ctpu__call_exit();
+    return st;
 }
 
 /* ------------------------------------------------------------ user frames */
@@ -949,8 +990,8 @@ static void shutdown_leak_line(ctpu_runtime *rt, char *line, size_t len)
  * thread is in one. Refused: the error is set and nothing changes. */
 static bool shutdown_refused(ctpu_runtime *rt)
 {
-    int frames = atomic_load(&rt->user_frames);
-    if (frames == 0) return false;
+    int frames = atomic_load(&rt->user_frames), busy = atomic_load(&calls_busy);
+    if (frames == 0 && busy == 0) return false;
     ctpu_thread_state *s = ctpu_ts_current();
     if (s && s->user.depth > 0) {
         ctpu_set_error(CTPU_ERR_STATE, "ctpu_shutdown: called from inside %s (ctpu is still running its caller): "
@@ -958,10 +999,14 @@ static bool shutdown_refused(ctpu_runtime *rt)
                        s->user.what);
         if (!s->user.bad[0])
             snprintf(s->user.bad, sizeof s->user.bad, "called ctpu_shutdown (refused: the runtime stays up)");
-    } else {
+    } else if (frames > 0) {
         ctpu_set_error(CTPU_ERR_STATE, "ctpu_shutdown: %d other thread%s inside a compiled step's fn or a grad "
                        "hook: nothing was shut down, the runtime stays usable; shut down once they return",
                        frames, frames == 1 ? " is" : "s are");
+    } else {
+        ctpu_set_error(CTPU_ERR_STATE, "ctpu_shutdown: %d other thread%s inside a ctpu call (a compiled call, "
+                       "backward, sync or a host read): nothing was shut down, the runtime stays usable; shut down "
+                       "once they return", busy, busy == 1 ? " is" : "s are");
     }
     return true;
 }
@@ -971,7 +1016,13 @@ void ctpu_shutdown(void)
     pthread_mutex_lock(&init_mu);
     ctpu_runtime *rt = ctpu_rt;
     if (!rt) { pthread_mutex_unlock(&init_mu); return; }
-    if (shutdown_refused(rt)) { pthread_mutex_unlock(&init_mu); return; }
+    atomic_store(&calls_closing, true);   /* guarded calls starting now wait for the outcome */
+    if (shutdown_refused(rt)) {
+        atomic_store(&calls_closing, false);
+        pthread_mutex_unlock(&init_mu);
+        return;
+    }
+    closing_self = true;
     char leaks[1024];
     shutdown_leak_line(rt, leaks, sizeof leaks);   /* before this thread's scopes go */
     ctpu__ts_drop_runtime();        /* this thread's unfinished trace, scopes, overrides */
@@ -984,6 +1035,8 @@ void ctpu_shutdown(void)
     ctpu_device_wait(rt->dev, 0);
     ctpu_rt = NULL;
     runtime_free(rt);
+    closing_self = false;
+    atomic_store(&calls_closing, false);
     pthread_mutex_unlock(&init_mu);
 }
 
@@ -1083,9 +1136,18 @@ ctpu_precision ctpu_get_matmul_precision(void)
     return ctpu_rt ? ctpu_rt->precision : CTPU_PRECISION_DEFAULT;
 }
 
+static ctpu_status sync_run(void);
+
 ctpu_status ctpu_sync(void)
 {
-    if (!ctpu_check_init("sync")) return CTPU_ERR_NOT_INITIALIZED;
+    if (!ctpu__call_enter("sync")) return CTPU_ERR_NOT_INITIALIZED;
+    ctpu_status st = sync_run();
+    ctpu__call_exit();
+    return st;
+}
+
+static ctpu_status sync_run(void)
+{
     /* inside a compiled step's capture: a graph break, checked before
      * anything is cut (fullgraph: the error, nothing ran) */
     if (ctpu__capturing() && !ctpu__capture_break(CTPU_CUT_SYNC, "a trace cut (sync)")) return ctpu_last_status();

@@ -677,7 +677,19 @@ ctpu_tensor ctpu_from_host_f32_as_bf16(const float *data, int ndim, const int64_
 
 /* to_host's body. as_f32: dst is float[numel] whatever t's dtype (bf16
  * widened exactly, i32 converted as (float)). */
+static ctpu_status to_host_run(const char *op, ctpu_tensor t, void *dst, size_t dst_bytes, bool as_f32);
+
+/* A host read: a guarded call (it waits for the device; ctpu_shutdown on
+ * another thread is refused meanwhile). */
 static ctpu_status to_host_impl(const char *op, ctpu_tensor t, void *dst, size_t dst_bytes, bool as_f32)
+{
+    if (!ctpu__call_enter(op)) return CTPU_ERR_NOT_INITIALIZED;
+    ctpu_status st = to_host_run(op, t, dst, dst_bytes, as_f32);
+    ctpu__call_exit();
+    return st;
+}
+
+static ctpu_status to_host_run(const char *op, ctpu_tensor t, void *dst, size_t dst_bytes, bool as_f32)
 {
     ctpu_trec *r = ctpu_rec_get(t, op, "t", false);
     if (!r) return ctpu_last_status();
