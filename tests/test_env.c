@@ -314,6 +314,18 @@ START_TEST(output_paths_are_checked_at_init)
         expect_path_error(v, p, strerror(ENOTDIR));                  /* a file where a directory should be */
         snprintf(p, sizeof p, "%s/no/out.json", dir);
         expect_path_error(v, p, "No such file or directory");
+        /* the kernel's pseudo-filesystems: root opens /proc/version, the
+         * write fails at shutdown; refused at init, a file or a new one */
+        struct stat pst;
+        if (stat("/proc/version", &pst) == 0) {
+            expect_path_error(v, "/proc/version", "on the kernel's proc pseudo-filesystem");
+            expect_path_error(v, "/proc/ctpu-out.json", "");   /* (root: proc; others: EACCES) */
+        }
+        if (stat("/sys/kernel", &pst) == 0) expect_path_error(v, "/sys/kernel/ctpu-out.json", "");
+        env_clean();
+        setenv(v, "/dev/null", 1);                                   /* a device is fine */
+        ck_assert_msg(ctpu_init() == CTPU_OK, "%s", ctpu_last_error());
+        ctpu_shutdown();
         if (geteuid() != 0) {                                        /* root may write anywhere */
             snprintf(p, sizeof p, "%s/ro", dir);
             ck_assert_int_eq(mkdir(p, 0500), 0);

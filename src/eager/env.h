@@ -38,7 +38,8 @@
       "`N`: after N marked steps, a fused-cache miss is an error (as `ctpu_cache_set_only(true)` does from the "    \
       "moment it is called)")                                                                                      \
     X(TORCH_TPU_METRICS_FILE, PATH, "unset",                                                                        \
-      "write the metrics as JSON at shutdown (`ctpu_init` checks that its directory exists and is writable)")      \
+      "write the metrics as JSON at shutdown (`ctpu_init` checks that its directory exists and is writable, and " \
+      "refuses a path on a kernel pseudo-filesystem such as /proc or /sys, where the write would fail)")            \
     X(TORCH_TPU_TRACE_FILE, PATH, "unset",                                                                          \
       "write a Chrome/Perfetto trace at shutdown (`ctpu_init` checks its directory the same way)")                 \
     X(TORCH_TPU_TRACE_EVENTS, EVENTS, "65536",                                                                      \

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "eager.h"
@@ -601,16 +602,40 @@ static bool env_is_bool(const char *v, uint64_t *out)
     return true;
 }
 
+/* The kernel's pseudo-filesystem path is on (its files take no report:
+ * /proc/version opens for root, then the write fails), or NULL. */
+static const char *pseudo_fs(const char *path)
+{
+    struct statfs f;
+    if (statfs(path, &f) != 0) return NULL;
+    switch ((unsigned long)f.f_type) {
+    case 0x9fa0UL: return "proc";
+    case 0x62656572UL: return "sysfs";
+    case 0x64626720UL: return "debugfs";
+    case 0x27e0ebUL: return "cgroup";
+    case 0x63677270UL: return "cgroup2";
+    case 0x73636673UL: return "securityfs";
+    case 0x74726163UL: return "tracefs";
+    case 0xcafe4a11UL: return "bpf";
+    default: return NULL;
+    }
+}
+
 /* A file written at shutdown: its directory must exist and be writable now,
- * so a wrong path fails ctpu_init with the reason, not the end of a run. */
+ * so a wrong path fails ctpu_init with the reason, not the end of a run. A
+ * regular file or a new one on a kernel pseudo-filesystem (/proc, /sys) is
+ * refused: its write would fail there (a device such as /dev/stdout is
+ * fine). */
 static bool check_out_path(const char *name, const char *path, char *err, size_t len)
 {
     struct stat st;
     int e = 0;
     char dir[4096] = "";
+    const char *fs = NULL;
     if (stat(path, &st) == 0) {
         if (S_ISDIR(st.st_mode)) e = EISDIR;
         else if (access(path, W_OK) != 0) e = errno;
+        else if (S_ISREG(st.st_mode) && (fs = pseudo_fs(path)) != NULL) e = EACCES;
     } else if (errno != ENOENT) {
         e = errno;                                  /* e.g. a file where a directory should be */
     } else {
@@ -623,8 +648,14 @@ static bool check_out_path(const char *name, const char *path, char *err, size_t
         if (!e && stat(dir, &st) != 0) e = errno;
         else if (!e && !S_ISDIR(st.st_mode)) e = ENOTDIR;
         else if (!e && access(dir, W_OK | X_OK) != 0) e = errno;
+        else if (!e && (fs = pseudo_fs(dir)) != NULL) e = EACCES;
     }
     if (!e) return true;
+    if (fs) {
+        snprintf(err, len, "ctpu_init: %s=\"%s\" cannot be written: it is on the kernel's %s pseudo-filesystem", name,
+                 path, fs);
+        return false;
+    }
     if (dir[0])
         snprintf(err, len, "ctpu_init: %s=\"%s\" cannot be written: directory \"%s\": %s", name, path, dir,
                  strerror(e));
