@@ -1284,8 +1284,9 @@ CTPU_API ctpu_status ctpu_save(const char *path, int n, const char *const *names
 CTPU_API ctpu_status ctpu_save_ex(const char *path, int n, const char *const *names, const ctpu_tensor *tensors,
                                   int n_meta, const char *const *meta);
 /* Load the tensors called names[i] from path into tensors[i], which must
- * exist with the file's dtype and shape (as ctpu_assign: the destination
- * keeps its handle and takes the value). The file may hold other tensors
+ * exist with the file's dtype and shape (as ctpu_assign, under no_grad: the
+ * destination keeps its handle and takes the value; a leaf that requires
+ * grad stays one, as torch's load_state_dict). The file may hold other tensors
  * too. Every destination is checked against the header and every byte is
  * read (into new device tensors: the destinations' size again in HBM, plus
  * a host buffer of the largest tensor) before any tensor is written, so on
