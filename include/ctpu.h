@@ -956,7 +956,10 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  *   bit for bit reads argument i at every call (the lowest such i; so give
  *   distinct values distinct slots). A value fn computes on the host from
  *   a scalar (scalars[0] * 0.5) is a new double and is baked in: pass it as
- *   its own scalar.
+ *   its own scalar. An integer operand (ctpu_add_scalar_int and the other
+ *   *_scalar_int forms, ctpu_clamp_int) equal to trunc(scalars[i]) reads
+ *   trunc(scalars[i]) at every call, as C's (int64_t) cast gives (fn
+ *   rounding another way is a host computation: baked).
  * - tensors made before the call (parameters, optimizer state, .grad):
  *   read and assigned through their handles, so eager and compiled calls
  *   mix on the same tensors (guard: each handle still live).

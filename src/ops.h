@@ -304,6 +304,8 @@ enum {
     CTPU_ATTR_TRANS_A      = 1u << 2,   /* matmul: a is stored [.., K, M] (used as its transpose) */
     CTPU_ATTR_TRANS_B      = 1u << 3,   /* matmul: b is stored [.., N, K] */
     CTPU_ATTR_REVERSE      = 1u << 4,   /* cumsum: from the end of the dim (its backward) */
+    CTPU_ATTR_INT_SCALAR   = 1u << 5,   /* *_scalar_int, clamp_int: the host scalars are integers (a compiled
+                                           step's replay gives trunc(scalars[i]) there); no kernel reads it */
 };
 
 /* A value's type: dtype + shape. */

@@ -2494,6 +2494,55 @@ START_TEST(auto_dynamic_falls_back_to_static_when_fn_fails_dynamic)
 }
 END_TEST
 
+/* ---------------------------------- scalars fed to integer operands */
+/* fn converting scalars to ints (add_scalar_int(x, (int64_t)sc[0]),
+ * mul_scalar_int on f32, clamp_int's bound): a replay reads
+ * trunc(scalars[i]) there, as the cast does, never the fraction (a
+ * capture at 3.0, then 2.5 multiplied f32 by 2.5). Every call vs eager. */
+static ctpu_status int_sc_fn(void *vc, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)vc;
+    out[0] = ctpu_add_scalar_int(in[0], (int64_t)sc[0]);
+    out[1] = ctpu_mul_scalar_int(in[1], (int64_t)sc[1]);
+    out[2] = ctpu_clamp_int(in[0], (int64_t)sc[2], 100);
+    out[3] = ctpu_mul_scalar(in[1], sc[1]);   /* the same argument as a double: itself */
+    return CTPU_OK;
+}
+
+START_TEST(scalars_fed_to_integer_operands_truncate)
+{
+    static const double scs[6][3] = { { 3, 2, 1 }, { 4, 3, 2 }, { 4.5, 2.5, 1.5 }, { -1.5, 7.75, 7.9 }, { 5, 5, 5 },
+                                      { 100.5, -2.5, -0.5 } };
+    int64_t sh[2] = { 2 };
+    ctpu_compiled *c = ctpu_compile(int_sc_fn, NULL, NULL);
+    for (int it = 0; it < 6; it++) {
+        ctpu_tensor in[2] = { ctpu_keep(ctpu_from_host((int32_t[]){ 1, 2 }, CTPU_I32, 1, sh)),
+                              ctpu_keep(ctpu_from_host((float[]){ 1.5f, 2 }, CTPU_F32, 1, sh)) };
+        ctpu_tensor got[4], ref[4];
+        ck_assert_msg(ctpu_compiled_call(c, 2, in, 3, scs[it], 4, got) == CTPU_OK, "%s", ctpu_last_error());
+        ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+        ck_assert_int_eq(int_sc_fn(NULL, in, scs[it], ref), CTPU_OK);
+        for (int j = 0; j < 4; j++) ctpu_keep(ref[j]);
+        ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+        for (int j = 0; j < 4; j++) {
+            float g[2], r[2];
+            ck_assert_int_eq(ctpu_to_host_as_f32(got[j], g, sizeof g), CTPU_OK);
+            ck_assert_int_eq(ctpu_to_host_as_f32(ref[j], r, sizeof r), CTPU_OK);
+            for (int i = 0; i < 2; i++)
+                ck_assert_msg(t_same(g[i], r[i]), "call %d out[%d][%d]: %g vs eager %g", it, j, i, g[i], r[i]);
+            ctpu_release(got[j]);
+            ctpu_release(ref[j]);
+        }
+        ctpu_release(in[0]);
+        ctpu_release(in[1]);
+    }
+    ctpu_compiled_info info;
+    ck_assert_int_eq(ctpu_compiled_get_info(c, &info), CTPU_OK);
+    ck_assert_int_ge(info.replays, 3);
+    ctpu_compiled_free(c);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("compile");
@@ -2545,6 +2594,7 @@ static Suite *suite(void)
     tcase_add_test(t, step_with_no_device_op_is_skipped);
     tcase_add_test(t, out_array_may_be_the_in_array);
     tcase_add_test(t, auto_dynamic_falls_back_to_static_when_fn_fails_dynamic);
+    tcase_add_test(t, scalars_fed_to_integer_operands_truncate);
     suite_add_tcase(s, t);
     return s;
 }

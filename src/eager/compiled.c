@@ -25,6 +25,7 @@
  * handle's liveness, in-place targets still unshared, .grad presence) and
  * one command: no fn, no recording, no key. */
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -111,6 +112,7 @@ typedef struct {
     double v;                  /* SC_CONST */
     bool conf;                 /* SC_ARG: seen to follow scalars[idx] across two captures of the program */
     bool amb;                  /* SC_ARG: at its capture a later scalars[j] had the same bits (it may read j) */
+    bool trunc;                /* SC_ARG: an integer operand (*_scalar_int, clamp_int): reads trunc(scalars[idx]) */
 } sc_src;
 
 enum { RQ_NONE, RQ_OUT, RQ_INPLACE, RQ_REBIND, RQ_GRAD };
@@ -277,6 +279,8 @@ struct ctpu_capture {
     int n_assigned, cap_assigned;
     uint64_t *zeroed;
     int n_zeroed, cap_zeroed;
+    uint64_t *ints;                /* the recorded scalar slots that are integer operands (*_scalar_int, clamp_int) */
+    int n_ints, cap_ints;
     grad_note *grads;
     int n_grads, cap_grads;
     version *made;                 /* built by the sink */
@@ -496,6 +500,14 @@ void ctpu__capture_note_assign(uint64_t h)
         snprintf(cap->fail, sizeof cap->fail, "out of host memory");
 }
 
+void ctpu__capture_note_int(int s)
+{
+    struct ctpu_capture *cap = cap_now();
+    uint64_t b = (uint64_t)s;
+    if (cap && !push((void **)&cap->ints, &cap->n_ints, &cap->cap_ints, sizeof b, &b))
+        snprintf(cap->fail, sizeof cap->fail, "out of host memory");
+}
+
 void ctpu__capture_note_zero_grad(uint64_t leaf)
 {
     struct ctpu_capture *cap = cap_now();
@@ -592,6 +604,18 @@ static sc_src classify_scalar(const struct ctpu_capture *cap, int r, double val)
         if (r == cap->rng[k].s + 1) return (sc_src){ .kind = SC_OFF, .idx = k };
     }
     uint64_t bits = ctpu_scalar_bits(val);
+    if (contains(cap->ints, cap->n_ints, (uint64_t)r)) {
+        /* an integer operand: fn converted scalars[i] to an integer (C's
+         * cast truncates; an integral value is itself), so a replay gives
+         * trunc(scalars[i]), never a fraction an int op could not get */
+        for (int i = 0; i < cap->n_scalars; i++)
+            if (ctpu_scalar_bits(trunc(cap->scalars[i])) == bits) {
+                bool amb = false;
+                for (int j = i + 1; j < cap->n_scalars && !amb; j++)
+                    amb = ctpu_scalar_bits(trunc(cap->scalars[j])) == bits;
+                return (sc_src){ .kind = SC_ARG, .idx = i, .v = val, .amb = amb, .trunc = true };
+            }
+    }
     for (int i = 0; i < cap->n_scalars; i++)
         if (ctpu_scalar_bits(cap->scalars[i]) == bits) {
             bool amb = false;
@@ -1327,7 +1351,7 @@ static bool replay_cmd(replay_ctx *x, const ctpu_program *prog, const double *sc
     if (v->n_psc) memcpy(cmd->scalars, v->sc_tmpl, sizeof(double) * (size_t)v->n_psc);
     for (int d = 0; d < v->n_dyn; d++) {
         const sc_src *s = &v->sc[v->sc_dyn[d]];
-        if (s->kind == SC_ARG) cmd->scalars[v->sc_dyn[d]] = scalars[s->idx];
+        if (s->kind == SC_ARG) cmd->scalars[v->sc_dyn[d]] = s->trunc ? trunc(scalars[s->idx]) : scalars[s->idx];
     }
     for (int k = 0; k < v->n_rng; k++) {
         /* as fn would, in order: each draw's seed and offset, into its
@@ -1517,6 +1541,7 @@ static void capture_free(struct ctpu_capture *cap)
     free(cap->assigned);
     free(cap->zeroed);
     free(cap->grads);
+    free(cap->ints);
 }
 
 static void note_event(ctpu_compiled *c, const char *kind, const char *reason)
@@ -1819,7 +1844,7 @@ static void learn_scalars(version *w, const version *src)
             w->prepared = false;
             continue;
         }
-        if (o->kind != SC_ARG) continue;
+        if (o->kind != SC_ARG || o->trunc != s->trunc) continue;
         /* an op reads one fixed argument: where src's capture tells which
          * (no other argument had its value) and w's value allows it, w's
          * slot reads that one too */

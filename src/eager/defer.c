@@ -412,6 +412,8 @@ ctpu_tensor ctpu__defer_node(ctpu_node *node, const char *call, ctpu_trec *const
         (node->op == CTPU_OP_RAND_UNIFORM || node->op == CTPU_OP_RAND_NORMAL || node->op == CTPU_OP_RAND_INT ||
          node->op == CTPU_OP_SDPA || node->op == CTPU_OP_SDPA_BACKWARD))
         ctpu__capture_note_rng(ctpu_trace_rec_n_scalars(t_df.rec), scalars);
+    if (capturing && (node->attr.flags & CTPU_ATTR_INT_SCALAR))
+        for (int k = 0; k < node->n_scalars; k++) ctpu__capture_note_int(ctpu_trace_rec_n_scalars(t_df.rec) + k);
     ctpu_vref v = ctpu_trace_rec_node(t_df.rec, node, scalars, prov);
     if (v < 0) {
         ctpu_set_error(CTPU_ERR_OOM, "%s: out of host memory recording the trace", opn);

@@ -1017,7 +1017,7 @@ static inline bool infer_rules(int op, const char *opn, const char *const *names
     n->op = (uint16_t)op;
     n->n_in = (uint8_t)n_in;
     n->n_scalars = (uint8_t)a->n_scalars;
-    n->attr.flags = a->flags;
+    n->attr.flags = a->flags | (a->int_scalar ? CTPU_ATTR_INT_SCALAR : 0u);
     n->attr.call = a->call;
     /* the elementwise rules called directly (every strict op's path; the same functions the tables hold) */
     bool ok = o->shape_rule == CTPU_SH_SAME        ? sh_same(opn, names, in, a, n)

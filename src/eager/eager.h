@@ -616,6 +616,10 @@ bool ctpu__capture_host_effect(const char *what);
 bool ctpu__capture_note_release(const struct ctpu_trec *r);
 /* defer.c: handle h, made before the capture, was assigned in it. */
 void ctpu__capture_note_assign(uint64_t h);
+/* defer.c: recorded scalar slot s is an integer operand (a node with
+ * CTPU_ATTR_INT_SCALAR: *_scalar_int, clamp_int): when its value equals
+ * trunc(scalars[i]) it reads trunc(scalars[i]) at each replay. */
+void ctpu__capture_note_int(int s);
 /* autograd.c: ctpu_zero_grad(leaf); backward made leaf's .grad g. */
 void ctpu__capture_note_zero_grad(uint64_t leaf);
 void ctpu__capture_note_grad(uint64_t leaf, uint64_t g);
