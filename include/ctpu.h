@@ -977,7 +977,8 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  * ctpu_compiled_call of another step inside fn, a ctpu_sync, ctpu_mark_step or
  * ctpu_step_end inside fn, a capture past 1,000,000 ops, and host effects a
  * replay would not repeat: ctpu_manual_seed, ctpu_rng_set_state or
- * ctpu_rng_get_state, a ctpu_release of a tensor made before the call)
+ * ctpu_rng_get_state, a ctpu_release of a tensor made before the call, an
+ * assign with grad mode on that gives such a tensor an autograd history)
  * makes that
  * call run as defer and fuse around it and is reported with its op number
  * and label as faults are (ops numbered from 1 within each call in dispatch

@@ -2543,6 +2543,78 @@ START_TEST(scalars_fed_to_integer_operands_truncate)
 }
 END_TEST
 
+/* ---------------------------------- an assign that makes history */
+/* fn assigning a value that requires grad into a tensor made before the
+ * call with grad mode on gives that tensor a history (torch's copy_): a
+ * replay cannot, so it is a graph break and every call keeps eager's
+ * history (backward through H after the call reaches W). Under no_grad the
+ * step replays. */
+typedef struct { ctpu_tensor W, H; bool no_grad; } hist_ctx;
+
+static ctpu_status hist_fn(void *vc, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)sc;
+    hist_ctx *k = vc;
+    ctpu_tensor y = ctpu_mul(in[0], k->W);
+    if (k->no_grad) ck_assert_int_eq(ctpu_no_grad_begin(), CTPU_OK);
+    ctpu_status st = ctpu_assign(k->H, y);
+    if (k->no_grad) ck_assert_int_eq(ctpu_no_grad_end(), CTPU_OK);
+    out[0] = ctpu_add_scalar(y, 1);
+    return st;
+}
+
+static void hist_run(bool no_grad, bool compiled, float g[3][3], ctpu_compiled_info *info)
+{
+    hist_ctx k = { ctpu_keep(T_VEC(1, 2, 3)), ctpu_keep(T_VEC(0, 0, 0)), no_grad };
+    ck_assert_int_eq(ctpu_set_requires_grad(k.W, true), CTPU_OK);
+    ctpu_compiled *c = compiled ? ctpu_compile(hist_fn, &k, NULL) : NULL;
+    for (int it = 0; it < 3; it++) {
+        ctpu_tensor x = ctpu_keep(T_VEC(it + 1, 2 * it, 5)), out[1];
+        if (compiled) {
+            ck_assert_msg(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out) == CTPU_OK, "%s", ctpu_last_error());
+        } else {
+            ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+            ck_assert_int_eq(hist_fn(&k, &x, NULL, out), CTPU_OK);
+            ctpu_keep(out[0]);
+            ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+        }
+        for (int i = 0; i < 3; i++) g[it][i] = -1;
+        if (ctpu_requires_grad(k.H)) {
+            ck_assert_msg(ctpu_backward_ex(ctpu_sum(k.H, 0, NULL, false), CTPU_NULL, true) == CTPU_OK, "%s call %d: %s", compiled ? "compiled" : "eager", it, ctpu_last_error());
+            ck_assert_int_eq(ctpu_to_host(ctpu_grad(k.W), g[it], sizeof g[it]), CTPU_OK);
+            ck_assert_int_eq(ctpu_zero_grad(k.W), CTPU_OK);
+        }
+        ctpu_release(out[0]);
+        ctpu_release(x);
+    }
+    if (c) ck_assert_int_eq(ctpu_compiled_get_info(c, info), CTPU_OK);
+    ctpu_compiled_free(c);
+    ctpu_release(k.W);
+    ctpu_release(k.H);
+}
+
+START_TEST(assign_that_makes_history_is_a_graph_break)
+{
+    for (int ng = 0; ng < 2; ng++) {
+        float ref[3][3], got[3][3];
+        ctpu_compiled_info info;
+        hist_run(ng, false, ref, NULL);
+        hist_run(ng, true, got, &info);
+        for (int it = 0; it < 3; it++)
+            for (int i = 0; i < 3; i++)
+                ck_assert_msg(t_same(got[it][i], ref[it][i]), "no_grad %d call %d: W.grad[%d] %g vs eager %g", ng, it, i,
+                              got[it][i], ref[it][i]);
+        if (ng) {
+            ck_assert_int_eq(info.graph_breaks, 0);
+            ck_assert_int_eq(info.replays, 2);
+        } else {
+            ck_assert_int_eq(info.graph_breaks, 1);
+            ck_assert_msg(t_contains(info.last_reason, "autograd history"), "%s", info.last_reason);
+        }
+    }
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("compile");
@@ -2595,6 +2667,7 @@ static Suite *suite(void)
     tcase_add_test(t, out_array_may_be_the_in_array);
     tcase_add_test(t, auto_dynamic_falls_back_to_static_when_fn_fails_dynamic);
     tcase_add_test(t, scalars_fed_to_integer_operands_truncate);
+    tcase_add_test(t, assign_that_makes_history_is_a_graph_break);
     suite_add_tcase(s, t);
     return s;
 }

@@ -916,6 +916,13 @@ ctpu_status ctpu__ag_assign_check(const ctpu_trec *dst)
  * gradient); nothing saved. Without grad mode dst keeps its history, as
  * torch's in-place write under no_grad keeps grad_fn (the values that
  * history saved are its own: CONTRACTS.md "Scopes, autograd, optimizers"). */
+bool ctpu__ag_assign_records(const ctpu_trec *d, const ctpu_trec *s)
+{
+    const ag_meta *dm = d->ag;
+    if (no_grad_depth() > 0 || (dm && dm->leaf)) return false;
+    return meta_requires(dm) || meta_requires(s->ag);
+}
+
 void ctpu__ag_assign(ctpu_tensor dst, ctpu_tensor src)
 {
     ctpu_trec *d = rec_of(dst), *s = rec_of(src);

@@ -453,6 +453,17 @@ bool ctpu__capture_note_release(const ctpu_trec *r)
     return ctpu__capture_break(CTPU_CUT_MODE, what);
 }
 
+bool ctpu__capture_note_history(const ctpu_trec *r)
+{
+    struct ctpu_capture *cap = cap_now();
+    if (!cap || cap->in_final || (r->scope_id != 0 && r->scope_id >= cap->scope_floor)) return true;
+    char what[160];
+    const char *nm = ctpu_rec_name(r);
+    snprintf(what, sizeof what, "assign with grad mode on gives a tensor made before the call%s%.48s an autograd "
+             "history (a replay cannot; assign under no_grad)", nm[0] ? " " : "", nm);
+    return ctpu__capture_break(CTPU_CUT_MODE, what);
+}
+
 void ctpu__capture_cut(int why)
 {
     static const char *const names[CTPU_CUT_COUNT] = { "mark_step", "host read", "sync", "loop", "trace length limit",

@@ -508,6 +508,13 @@ void ctpu__ag_release(ctpu_trec *rec);
  * goes to src, zeros to dst's old history (torch's CopyBackwards). */
 ctpu_status ctpu__ag_assign_check(const ctpu_trec *dst);
 void ctpu__ag_assign(ctpu_tensor dst, ctpu_tensor src);
+/* Whether ctpu__ag_assign would give dst a history (grad mode on, dst not
+ * a leaf, dst or src requiring grad). */
+bool ctpu__ag_assign_records(const struct ctpu_trec *d, const struct ctpu_trec *s);
+/* compiled.c: fn gives a tensor made before the call an autograd history
+ * (an assign with grad mode on): a graph break (a replay cannot make that
+ * history). True: go on; false: fullgraph, the error is set. */
+bool ctpu__capture_note_history(const struct ctpu_trec *dst);
 /* Autograd's rule table against the op table's gradient column (autograd.c):
  * 1 = a backward rule, 2 = no gradient (comparisons, argmax, creation),
  * 0 = the two disagree (a rule missing or extra: a test fails). */

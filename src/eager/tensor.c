@@ -837,6 +837,7 @@ ctpu_status ctpu_assign(ctpu_tensor dst, ctpu_tensor src)
     }
     ctpu_status st = ctpu__ag_assign_check(d);
     if (st != CTPU_OK) return st;
+    if (ctpu__capturing() && ctpu__ag_assign_records(d, s) && !ctpu__capture_note_history(d)) return ctpu_last_status();
     ctpu_op_prov prov = ctpu_prov_next();
     st = ctpu_mode_now() == CTPU_MODE_DEFER_FUSE ? ctpu__defer_assign(d, dst, s, prov) : assign_eager(d, s, prov);
     if (st == CTPU_OK) ctpu__ag_assign(dst, src);
