@@ -446,10 +446,9 @@ bool ctpu__capture_note_release(const ctpu_trec *r)
 {
     struct ctpu_capture *cap = cap_now();
     if (!cap || cap->in_final || (r->scope_id != 0 && r->scope_id >= cap->scope_floor)) return true;
-    char what[128];
+    char what[96];   /* (a break's reason keeps 80 bytes of it) */
     const char *nm = ctpu_rec_name(r);
-    snprintf(what, sizeof what, "release of a tensor made before the call%s%.64s (a replay would not release it)",
-             nm[0] ? ": " : "", nm);
+    snprintf(what, sizeof what, "release of a tensor made before the call%s%.36s", nm[0] ? ": " : "", nm);
     return ctpu__capture_break(CTPU_CUT_MODE, what);
 }
 
@@ -457,10 +456,9 @@ bool ctpu__capture_note_history(const ctpu_trec *r)
 {
     struct ctpu_capture *cap = cap_now();
     if (!cap || cap->in_final || (r->scope_id != 0 && r->scope_id >= cap->scope_floor)) return true;
-    char what[160];
+    char what[96];   /* (a break's reason keeps 80 bytes of it) */
     const char *nm = ctpu_rec_name(r);
-    snprintf(what, sizeof what, "assign with grad mode on gives a tensor made before the call%s%.48s an autograd "
-             "history (a replay cannot; assign under no_grad)", nm[0] ? " " : "", nm);
+    snprintf(what, sizeof what, "assign with grad mode on makes autograd history for %.28s", nm[0] ? nm : "a tensor");
     return ctpu__capture_break(CTPU_CUT_MODE, what);
 }
 
@@ -2091,7 +2089,7 @@ static ctpu_status capture_auto(ctpu_compiled *c, int n_in, const ctpu_tensor *i
                 if (d[i][q].coef > 0 && !(head->user_dyn && head->user_dyn[i][q].coef > 0))
                     k += (size_t)snprintf(dims + k, sizeof dims - k, "%sinput %d dim %d", k ? ", " : "", i, q);
         char r[192];
-        snprintf(r, sizeof r, "%s became dynamic over [2, 2147483647] (this capture compiled the dynamic program; "
+        snprintf(r, sizeof r, "%.80s became dynamic over [2, 2147483647] (this capture compiled the dynamic program; "
                  "later extents bind it)", dims);
         note_event(c, "automatic dynamic", r);
     }

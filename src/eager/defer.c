@@ -1330,7 +1330,7 @@ static ctpu_status lookup_or_compile(flush_ctx *f)
             free_diff_names(&dn);
             ctpu_trace_final_free(&fin);
         }
-        snprintf(msg, sizeof msg, "defer and fuse: %s%s%s", f->err, diff[0] ? ": " : "", diff);
+        snprintf(msg, sizeof msg, "defer and fuse: %.300s%s%s", f->err, diff[0] ? ": " : "", diff);
         return flush_fail(f->res.refused ? CTPU_ERR_CACHE_MISS : CTPU_ERR_STATE, msg, f->reqs, f->rrec);
     }
     return CTPU_OK;
