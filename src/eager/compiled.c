@@ -442,24 +442,26 @@ bool ctpu__capture_host_effect(const char *what)
     return ctpu__capture_break(CTPU_CUT_MODE, what);
 }
 
-bool ctpu__capture_note_release(const ctpu_trec *r)
+/* A graph break for what fn did to r, a tensor made before the call (its
+ * scope is older than the call's, or global); fn's own tensors are free. */
+static bool pre_call_break(const ctpu_trec *r, const char *what, const char *prefix)
 {
     struct ctpu_capture *cap = cap_now();
     if (!cap || cap->in_final || (r->scope_id != 0 && r->scope_id >= cap->scope_floor)) return true;
-    char what[96];   /* (a break's reason keeps 80 bytes of it) */
+    char buf[96];   /* (a break's reason keeps 80 bytes of it) */
     const char *nm = ctpu_rec_name(r);
-    snprintf(what, sizeof what, "release of a tensor made before the call%s%.36s", nm[0] ? ": " : "", nm);
-    return ctpu__capture_break(CTPU_CUT_MODE, what);
+    snprintf(buf, sizeof buf, "%s%s%.28s", what, nm[0] ? prefix : "", nm);
+    return ctpu__capture_break(CTPU_CUT_MODE, buf);
+}
+
+bool ctpu__capture_note_release(const ctpu_trec *r)
+{
+    return pre_call_break(r, "release of a tensor made before the call", ": ");
 }
 
 bool ctpu__capture_note_history(const ctpu_trec *r)
 {
-    struct ctpu_capture *cap = cap_now();
-    if (!cap || cap->in_final || (r->scope_id != 0 && r->scope_id >= cap->scope_floor)) return true;
-    char what[96];   /* (a break's reason keeps 80 bytes of it) */
-    const char *nm = ctpu_rec_name(r);
-    snprintf(what, sizeof what, "assign with grad mode on makes autograd history for %.28s", nm[0] ? nm : "a tensor");
-    return ctpu__capture_break(CTPU_CUT_MODE, what);
+    return pre_call_break(r, "assign with grad on: autograd history for a tensor made before the call", " ");
 }
 
 void ctpu__capture_cut(int why)
