@@ -943,8 +943,9 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  * scalars: fn does not run, and nothing is recorded or keyed.
  *
  * What a replay reads and writes:
- * - in[i]: bound by position each call (guard: the same dtype and exact
- *   shape as at the capture, except dims in[i] had marked with
+ * - in[i]: bound by position each call (guard: the same dtype, whether it
+ *   requires grad and is a leaf, and exact shape as at the capture; and
+ *   the grad mode, as torch.compile guards them; except dims in[i] had marked with
  *   ctpu_mark_dynamic at the capture: guarded by their range. A call at a
  *   new in-range extent records fn once more and binds the one dynamic
  *   program at it, no compile (ctpu_compiled_info.dynamic_captures, not a

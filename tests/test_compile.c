@@ -2615,6 +2615,65 @@ START_TEST(assign_that_makes_history_is_a_graph_break)
 }
 END_TEST
 
+/* ---------------------------------- requires_grad and grad mode are guards */
+/* As torch.compile guards each input's requires_grad and the grad mode: an
+ * input that starts requiring grad gets its .grad as eager gives it (was:
+ * the replay skipped it), and a call under no_grad of a step that calls
+ * backward fails as eager does (was: the replay ran the backward). */
+typedef struct { ctpu_tensor W; } rgg_ctx;
+
+static ctpu_status rgg_fn(void *vc, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)sc;
+    rgg_ctx *k = vc;
+    ctpu_tensor loss = ctpu_sum(ctpu_mul(in[0], k->W), 0, NULL, false);
+    ctpu_status st = ctpu_backward(loss);
+    out[0] = loss;
+    return st;
+}
+
+START_TEST(requires_grad_and_grad_mode_are_guards)
+{
+    rgg_ctx k = { ctpu_keep(T_VEC(1, 2, 3)) };
+    ck_assert_int_eq(ctpu_set_requires_grad(k.W, true), CTPU_OK);
+    ctpu_compiled *c = ctpu_compile(rgg_fn, &k, NULL);
+    for (int it = 0; it < 4; it++) {
+        ctpu_tensor x = ctpu_keep(T_VEC(1, 1, 1)), out[1];
+        if (it >= 2) ck_assert_int_eq(ctpu_set_requires_grad(x, true), CTPU_OK);
+        ck_assert_msg(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out) == CTPU_OK, "%s", ctpu_last_error());
+        ctpu_tensor g = ctpu_grad(x);
+        ck_assert_msg(ctpu_is_null(g) == (it < 2), "call %d: x.grad %s", it, ctpu_is_null(g) ? "missing" : "made");
+        if (!ctpu_is_null(g)) {
+            float *v = t_read(g, NULL);
+            ck_assert_msg(v[0] == 1 && v[1] == 2 && v[2] == 3, "call %d: x.grad %g %g %g", it, v[0], v[1], v[2]);
+            free(v);
+        }
+        ck_assert_int_eq(ctpu_zero_grad(k.W), CTPU_OK);
+        ctpu_release(out[0]);
+        ctpu_release(x);
+    }
+    ctpu_compiled_info info;
+    ck_assert_int_eq(ctpu_compiled_get_info(c, &info), CTPU_OK);
+    ck_assert_int_ge(info.guard_failures, 1);
+    /* under no_grad: backward has nothing to differentiate, as in eager */
+    ctpu_tensor x = ctpu_keep(T_VEC(1, 1, 1)), out[1];
+    ck_assert_int_eq(ctpu_no_grad_begin(), CTPU_OK);
+    ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+    ctpu_status want = rgg_fn(&k, &x, NULL, out);
+    ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+    ck_assert_int_ne(want, CTPU_OK);
+    ctpu_status got = ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out);
+    ck_assert_int_eq(ctpu_no_grad_end(), CTPU_OK);
+    ck_assert_msg(got == want, "compiled %d vs eager %d: %s", got, want, ctpu_last_error());
+    ck_assert_int_eq(ctpu_compiled_get_info(c, &info), CTPU_OK);
+    ck_assert_msg(t_contains(info.last_reason, "grad mode off"), "%s", info.last_reason);
+    ctpu_release(x);
+    ctpu_compiled_free(c);
+    ctpu_zero_grad(k.W);
+    ctpu_release(k.W);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("compile");
@@ -2668,6 +2727,7 @@ static Suite *suite(void)
     tcase_add_test(t, auto_dynamic_falls_back_to_static_when_fn_fails_dynamic);
     tcase_add_test(t, scalars_fed_to_integer_operands_truncate);
     tcase_add_test(t, assign_that_makes_history_is_a_graph_break);
+    tcase_add_test(t, requires_grad_and_grad_mode_are_guards);
     suite_add_tcase(s, t);
     return s;
 }

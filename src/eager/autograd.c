@@ -916,6 +916,12 @@ ctpu_status ctpu__ag_assign_check(const ctpu_trec *dst)
  * gradient); nothing saved. Without grad mode dst keeps its history, as
  * torch's in-place write under no_grad keeps grad_fn (the values that
  * history saved are its own: CONTRACTS.md "Scopes, autograd, optimizers"). */
+int ctpu__ag_kind(const ctpu_trec *r)
+{
+    const ag_meta *m = r->ag;
+    return !meta_requires(m) ? 0 : m->leaf ? 1 : 2;
+}
+
 bool ctpu__ag_assign_records(const ctpu_trec *d, const ctpu_trec *s)
 {
     const ag_meta *dm = d->ag;

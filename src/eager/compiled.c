@@ -145,6 +145,8 @@ typedef struct version {
     int32_t *user_same;        /* [n_user] the first input sharing its storage at the capture */
     uint8_t precision;
     bool dbg;
+    bool grad_mode;            /* guard: grad mode at the capture (torch.compile's global state guard) */
+    uint8_t *user_ag;          /* [n_user] guard: ctpu__ag_kind of each input at the capture */
     int n_pin, n_pout, n_psc, nreq, n_rng, n_no_grad;
     in_src *in;                /* [n_pin] */
     sc_src *sc;                /* [n_psc] */
@@ -355,6 +357,7 @@ static void version_free(version *v)
     free(v->out_vtype);
     free(v->out_vdelta);
     free(v->out_vold);
+    free(v->user_ag);
     free(v->arg_val);
     free(v->hid);
     free(v->inplace_ids);
@@ -736,6 +739,7 @@ static bool version_alloc(version *v, const ctpu_capture_sink *s, const struct c
     v->out_vtype = malloc(sizeof *v->out_vtype * ((size_t)v->n_out_user + 1));
     v->out_vdelta = malloc(sizeof *v->out_vdelta * ((size_t)v->n_out_user + 1));
     v->out_vold = calloc((size_t)v->n_out_user + 1, sizeof *v->out_vold);
+    v->user_ag = calloc((size_t)v->n_user + 1, 1);
     v->arg_val = malloc(sizeof *v->arg_val * ((size_t)v->n_scalars + 1));
     v->outb = calloc((size_t)v->n_pout + 1, sizeof *v->outb);
     v->outo = calloc((size_t)v->n_pout + 1, sizeof *v->outo);
@@ -749,7 +753,7 @@ static bool version_alloc(version *v, const ctpu_capture_sink *s, const struct c
     if (!v->outb || !v->outo || !v->outk || !v->sc_tmpl || !v->sc_dyn || !v->unconf || !v->pin_b || !v->pin_o || !v->pin_user) return false;
     return v->user_type && v->user_same && v->in && v->sc && v->rq && v->alias_req && v->grad_rq && v->out_bytes &&
            v->rng && v->no_grad_leaf && v->out_rq && v->out_fixed && v->out_in && v->out_vbase && v->out_vtype &&
-           v->out_vdelta && v->out_vold && v->arg_val;
+           v->out_vdelta && v->out_vold && v->user_ag && v->arg_val;
 }
 
 /* The guards' facts and the plan's copies. */
@@ -763,7 +767,9 @@ static void version_fill(version *v, const ctpu_capture_sink *s, const struct ct
         v->user_same[i] = i;
         for (int j = 0; j < i; j++)
             if (cap->inrec[j]->buf == cap->inrec[i]->buf) { v->user_same[i] = j; break; }
+        v->user_ag[i] = (uint8_t)ctpu__ag_kind(cap->inrec[i]);
     }
+    v->grad_mode = ctpu_grad_enabled();
     v->precision = (uint8_t)ctpu_rt->precision;
     v->dbg = ctpu_debug_checks_now();   /* in the capture's defer and fuse: the runtime's setting, as dbg_now() */
     for (int o = 0; o < v->n_pout; o++) {
@@ -1103,6 +1109,10 @@ static bool guards_hold(version *v, int n_in, const ctpu_tensor *in, ctpu_trec *
                  n_in != v->n_user ? n_in : n_scalars != v->n_scalars ? n_scalars : n_out);
         return false;
     }
+    if (v->grad_mode != ctpu_grad_enabled()) {
+        snprintf(why, len, "grad mode %s (%s at the capture)", v->grad_mode ? "off" : "on", v->grad_mode ? "on" : "off");
+        return false;
+    }
     for (int i = 0; i < n_in; i++) {
         if (!vtype_eq(&v->user_type[i], &inrec[i]->type)) {
             if (!dyn_extent(v, i, inrec[i], why, len)) return false;
@@ -1120,6 +1130,14 @@ static bool guards_hold(version *v, int n_in, const ctpu_tensor *in, ctpu_trec *
                 snprintf(why, len, "input %d: shares storage with input %d, was with input %d", i, same, v->user_same[i]);
             return false;
         }
+    }
+    for (int i = 0; i < n_in; i++) {
+        int k = ctpu__ag_kind(inrec[i]);
+        if (k == v->user_ag[i]) continue;
+        static const char *const kind[3] = { "does not require grad", "a leaf that requires grad",
+                                             "a non-leaf that requires grad" };
+        snprintf(why, len, "input %d: %s, was %s at the capture", i, kind[k], kind[v->user_ag[i]]);
+        return false;
     }
     if (other_extent) {
         *extent = true;

@@ -511,6 +511,9 @@ void ctpu__ag_assign(ctpu_tensor dst, ctpu_tensor src);
 /* Whether ctpu__ag_assign would give dst a history (grad mode on, dst not
  * a leaf, dst or src requiring grad). */
 bool ctpu__ag_assign_records(const struct ctpu_trec *d, const struct ctpu_trec *s);
+/* r's autograd kind: 0 no grad, 1 a leaf that requires grad, 2 a non-leaf
+ * with a history (a compiled step's guard, as torch.compile's requires_grad). */
+int ctpu__ag_kind(const struct ctpu_trec *r);
 /* compiled.c: fn gives a tensor made before the call an autograd history
  * (an assign with grad mode on): a graph break (a replay cannot make that
  * history). True: go on; false: fullgraph, the error is set. */
