@@ -969,7 +969,10 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  *   step counter, an optimizer's host-side lr or step count) is baked into
  *   the capture, as torch.compile specialises Python values.
  * - out[j]: fn's results, new handles in the caller's scope at each call
- *   (detached: the step's backward is inside fn). An input fn returns is
+ *   (detached: the step's backward is inside fn); an input or a tensor
+ *   made before the call that fn returns stays in its own scope; an error
+ *   handle fn got from a failed op and returned is returned (that call runs
+ *   as defer and fuse and is not captured; a later call captures). An input fn returns is
  *   that call's in[i]; a view fn makes without an op (detach, reshape,
  *   transpose) of an input or of a tensor the step reads is made anew on
  *   that call's storage, as torch.compile regenerates output views.
@@ -986,7 +989,8 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  * order, the innermost ctpu_label_push label: 'graph break (at op #4,
  * "read"): host read (item) of f32[]'); a compiled step that broke runs
  * every later call that way. With opts->fullgraph it is an error instead,
- * raised before the op that breaks runs. A capture longer than defer and
+ * raised before the op that breaks runs (nothing of the call ran: assigned
+ * tensors and the generator are as before). A capture longer than defer and
  * fuse's trace-length cut (20,000 ops) is still one program. Guard failures recapture, up to
  * the recompile limit (8 versions, the first capture included; a recapture whose fn returned an error does not
  * count, as a failed compile adds no torch.compile cache entry, and its error

@@ -2674,6 +2674,109 @@ START_TEST(requires_grad_and_grad_mode_are_guards)
 }
 END_TEST
 
+/* ---------------------------------- more of a new user's cases */
+/* trunc(-0.5) is -0 but the cast gives 0: a capture at -0.5 still reads
+ * the argument (was baked as 0 for every later call). */
+static ctpu_status rsub_int_fn(void *vc, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)vc;
+    out[0] = ctpu_rsub_scalar_int(in[0], (int64_t)sc[0]);
+    return CTPU_OK;
+}
+
+START_TEST(integer_operand_captured_at_minus_half)
+{
+    static const double scs[4] = { -0.5, 3, 4, 5.5 };
+    static const float want[4] = { -1, 2, 3, 4 };
+    int64_t sh[1] = { 1 };
+    ctpu_compiled *c = ctpu_compile(rsub_int_fn, NULL, NULL);
+    for (int it = 0; it < 4; it++) {
+        ctpu_tensor x = ctpu_keep(ctpu_from_host((float[]){ 1 }, CTPU_F32, 1, sh)), out[1];
+        ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 1, &scs[it], 1, out), CTPU_OK);
+        float v;
+        ck_assert_int_eq(ctpu_to_host(out[0], &v, sizeof v), CTPU_OK);
+        ck_assert_msg(v == want[it], "sc %g: %g, eager %g", scs[it], v, want[it]);
+        ctpu_release(out[0]);
+        ctpu_release(x);
+    }
+    ctpu_compiled_free(c);
+}
+END_TEST
+
+/* fullgraph: a random draw recorded before the break does not move the
+ * generator (nothing of the call ran). */
+static ctpu_status draw_then_read_fn(void *vc, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)vc;
+    (void)sc;
+    int64_t sh[1] = { 4 };
+    double v;
+    ctpu_tensor r = ctpu_add(in[0], ctpu_rand_normal(CTPU_F32, 1, sh, 0, 1));
+    ctpu_status st = ctpu_item(ctpu_sum(r, 0, NULL, false), &v);
+    out[0] = r;
+    return st;
+}
+
+START_TEST(fullgraph_refusal_leaves_the_generator)
+{
+    int64_t sh[1] = { 4 };
+    ck_assert_int_eq(ctpu_rng_set_state(42, 0), CTPU_OK);
+    ctpu_compiled *c = ctpu_compile(draw_then_read_fn, NULL, &(ctpu_compile_opts){ .fullgraph = true });
+    ctpu_tensor x = ctpu_keep(ctpu_zeros(CTPU_F32, 1, sh)), out[1];
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_ERR_STATE);
+    uint64_t seed, off;
+    ck_assert_int_eq(ctpu_rng_get_state(&seed, &off), CTPU_OK);
+    ck_assert_msg(seed == 42 && off == 0, "generator at (%llu, %llu)", (unsigned long long)seed, (unsigned long long)off);
+    ctpu_compiled_free(c);
+    ctpu_release(x);
+}
+END_TEST
+
+/* fn that ignores a failed op and returns CTPU_OK: out[0] is the error
+ * handle naming the op, as eager's; that call is not captured, and later
+ * good calls capture and replay. out[j] = in[i] leaves in[i] in its own
+ * scope (it was kept into the caller's, past its scope_end). */
+typedef struct { bool bad; } errout_ctx;
+
+static ctpu_status errout_fn(void *vc, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)sc;
+    errout_ctx *k = vc;
+    out[0] = ctpu_add(in[0], k->bad ? in[1] : in[0]);
+    out[1] = in[0];
+    return CTPU_OK;
+}
+
+START_TEST(ignored_op_error_and_returned_input)
+{
+    int64_t s4[1] = { 4 }, s3[1] = { 3 };
+    errout_ctx k = { true };
+    ctpu_compiled *c = ctpu_compile(errout_fn, &k, NULL);
+    for (int it = 0; it < 4; it++) {
+        k.bad = it == 0;
+        ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+        ctpu_tensor in[2] = { ctpu_ones(CTPU_F32, 1, s4), ctpu_ones(CTPU_F32, 1, s3) }, out[2];
+        ck_assert_int_eq(ctpu_compiled_call(c, 2, in, 0, NULL, 2, out), CTPU_OK);
+        float v[4];
+        ctpu_status st = ctpu_to_host(out[0], v, sizeof v);
+        if (it == 0) {
+            ck_assert_int_ne(st, CTPU_OK);
+            ck_assert_msg(t_contains(ctpu_last_error(), "add: a is f32[4], b is f32[3]"), "%s", ctpu_last_error());
+        } else {
+            ck_assert_int_eq(st, CTPU_OK);
+            ck_assert(v[0] == 2 && v[3] == 2);
+        }
+        ck_assert(out[1].id == in[0].id);
+        ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+        ck_assert_msg(!ctpu_is_valid(in[0]), "call %d: in[0] outlived its scope", it);
+    }
+    ctpu_compiled_info info;
+    ck_assert_int_eq(ctpu_compiled_get_info(c, &info), CTPU_OK);
+    ck_assert_int_eq(info.replays, 2);
+    ctpu_compiled_free(c);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("compile");
@@ -2728,6 +2831,9 @@ static Suite *suite(void)
     tcase_add_test(t, scalars_fed_to_integer_operands_truncate);
     tcase_add_test(t, assign_that_makes_history_is_a_graph_break);
     tcase_add_test(t, requires_grad_and_grad_mode_are_guards);
+    tcase_add_test(t, integer_operand_captured_at_minus_half);
+    tcase_add_test(t, fullgraph_refusal_leaves_the_generator);
+    tcase_add_test(t, ignored_op_error_and_returned_input);
     suite_add_tcase(s, t);
     return s;
 }

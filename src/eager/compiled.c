@@ -268,7 +268,7 @@ typedef struct { uint64_t leaf, g; bool zeroed; } grad_note;
 
 struct ctpu_capture {
     ctpu_compiled *c;
-    bool broken, refused, in_final, empty;
+    bool broken, refused, in_final, empty, op_failed;
     uint64_t scope_floor;          /* scopes opened from here on are the call's (fn's handles) */
     char reason[192];
     int n_in, n_scalars, n_out;
@@ -623,10 +623,10 @@ static sc_src classify_scalar(const struct ctpu_capture *cap, int r, double val)
          * cast truncates; an integral value is itself), so a replay gives
          * trunc(scalars[i]), never a fraction an int op could not get */
         for (int i = 0; i < cap->n_scalars; i++)
-            if (ctpu_scalar_bits(trunc(cap->scalars[i])) == bits) {
+            if (ctpu_scalar_bits(trunc(cap->scalars[i]) + 0.0) == bits) {   /* (+ 0.0: trunc(-0.5) is -0, the cast 0) */
                 bool amb = false;
                 for (int j = i + 1; j < cap->n_scalars && !amb; j++)
-                    amb = ctpu_scalar_bits(trunc(cap->scalars[j])) == bits;
+                    amb = ctpu_scalar_bits(trunc(cap->scalars[j]) + 0.0) == bits;
                 return (sc_src){ .kind = SC_ARG, .idx = i, .v = val, .amb = amb, .trunc = true };
             }
     }
@@ -1380,7 +1380,7 @@ static bool replay_cmd(replay_ctx *x, const ctpu_program *prog, const double *sc
     if (v->n_psc) memcpy(cmd->scalars, v->sc_tmpl, sizeof(double) * (size_t)v->n_psc);
     for (int d = 0; d < v->n_dyn; d++) {
         const sc_src *s = &v->sc[v->sc_dyn[d]];
-        if (s->kind == SC_ARG) cmd->scalars[v->sc_dyn[d]] = s->trunc ? trunc(scalars[s->idx]) : scalars[s->idx];
+        if (s->kind == SC_ARG) cmd->scalars[v->sc_dyn[d]] = s->trunc ? trunc(scalars[s->idx]) + 0.0 : scalars[s->idx];
     }
     for (int k = 0; k < v->n_rng; k++) {
         /* as fn would, in order: each draw's seed and offset, into its
@@ -1523,14 +1523,29 @@ static ctpu_status replay(version *v, const ctpu_tensor *in, ctpu_trec *const *i
 /* ------------------------------------------------------------ running fn */
 /* out[j]: kept into the caller's scope; detached when it requires grad (a
  * replay's outputs have no tape: the step's backward is inside fn). */
+static bool in_fn_scope(ctpu_tensor t)
+{
+    const ctpu_thread_state *ts = ctpu__ts;
+    const ctpu_trec *r = live_rec(t.id);
+    return r && ts->scope_depth > 0 && r->scope_id == ts->scopes[ts->scope_depth - 1].id;
+}
+
 static void finish_outputs(ctpu_tensor *out, int n_out)
 {
     for (int j = 0; j < n_out; j++) {
-        if (ctpu_is_null(out[j]) || !ctpu_is_valid(out[j])) { out[j] = CTPU_NULL; continue; }
+        /* an error handle fn got from a failed op (no slot: a failure
+         * record's id) is returned as eager returns it; garbage is dropped */
+        if (ctpu_is_null(out[j])) continue;
+        if (!ctpu_is_valid(out[j])) {
+            if ((out[j].id & 0xffffffffu) != 0) out[j] = CTPU_NULL;
+            continue;
+        }
         if (ctpu_requires_grad(out[j])) out[j] = ctpu_detach(out[j]);
         for (int i = 0; i < j; i++)
             if (out[i].id == out[j].id) goto kept;
-        ctpu_keep(out[j]);
+        /* into the caller's scope: only what fn made (an input or a tensor
+         * made before the call stays in its own scope, as eager's) */
+        if (in_fn_scope(out[j])) ctpu_keep(out[j]);
     kept:;
     }
 }
@@ -1666,9 +1681,19 @@ static ctpu_status run_capture(ctpu_compiled *c, int n_in, const ctpu_tensor *in
             if (ctpu_is_valid(out[j])) ctpu_release(out[j]);
             out[j] = CTPU_NULL;
         }
+        pthread_mutex_lock(&ctpu_rt->rng_mu);   /* the draws recorded before the break did not happen */
+        ctpu_rt->rng_seed = seed0;
+        ctpu_rt->rng_offset = off0;
+        pthread_mutex_unlock(&ctpu_rt->rng_mu);
         ctpu_set_error(CTPU_ERR_STATE, "compiled step %s: fullgraph: %s", step_name(c), cap.reason);
         (void)msg;
         st = CTPU_ERR_STATE;
+    } else if (st == CTPU_OK && !cap.broken && ts->fail_handle != fail0) {
+        /* an op failed and fn went on (its out[j] may be the error handle):
+         * the call runs as defer and fuse, as eager would; the next call
+         * captures again */
+        cap.op_failed = true;
+        st = ctpu__defer_flush(CTPU_CUT_MARK_STEP);
     } else if (st != CTPU_OK || cap.broken) {
         ctpu_status fs = ctpu__defer_flush(CTPU_CUT_MARK_STEP);
         if (st == CTPU_OK) st = fs;
@@ -1688,6 +1713,9 @@ static ctpu_status run_capture(ctpu_compiled *c, int n_in, const ctpu_tensor *in
     if (st == CTPU_OK && cap.made && !cap.fail[0] && !cap.broken) {
         cap.made->next = c->versions;
         c->versions = cap.made;
+    } else if (cap.op_failed) {
+        version_free(cap.made);
+        note_reason(c, "not replayable", "not replayable: ", "an op inside fn failed and fn returned CTPU_OK");
     } else if (st == CTPU_OK && cap.empty && !cap.fail[0] && !cap.broken) {
         /* as torch.compile skips a frame with no tensor ops: fn runs at
          * every call, so its host work and returned handles stay eager's */
