@@ -7,6 +7,7 @@
  * (the built ctpu-report). CTPU_TEST_UPDATE_GOLDEN=1 rewrites the golden file. */
 #include <cJSON.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "t_core.h"
@@ -1502,6 +1503,24 @@ END_TEST
  * 2 and 3): per marked step, the collectives, their bytes and the ICI
  * estimates at 8 and 256 chips equal the model's; no collectives, no
  * section. */
+/* A metrics file that cannot take the write says why (a full device:
+ * /dev/full fails at the flush; was only "writing /dev/full failed"). */
+START_TEST(metrics_write_says_why)
+{
+    struct stat st;
+    if (stat("/dev/full", &st) != 0) return;
+    bool own = !ctpu_is_initialized();
+    if (own) ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    ck_assert_int_eq(ctpu_metrics_write("/dev/full"), CTPU_ERR_IO);
+    ck_assert_msg(t_contains(ctpu_last_error(), "writing /dev/full failed: No space left on device"), "%s",
+                  ctpu_last_error());
+    ck_assert_int_eq(ctpu_metrics_write("/nonexistent-dir/m.json"), CTPU_ERR_IO);
+    ck_assert_msg(t_contains(ctpu_last_error(), "cannot open /nonexistent-dir/m.json for writing: No such file"), "%s",
+                  ctpu_last_error());
+    if (own) ctpu_shutdown();
+}
+END_TEST
+
 START_TEST(dist_section)
 {
     init_df();
@@ -1653,6 +1672,7 @@ static Suite *suite(void)
     tcase_add_test(tc, live_outs_held_by_handles);
     tcase_add_test(tc, bad_input);
     tcase_add_test(tc, dist_section);
+    tcase_add_test(tc, metrics_write_says_why);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -198,7 +198,11 @@ bool ctpu_tracebuf_write(ctpu_tracebuf *tb, const char *path, char *err, size_t 
     fprintf(f, "\n]}\n");
     pthread_mutex_unlock(&tb->mu);
     bool ok = !ferror(f);
-    if (fclose(f) != 0) ok = false;
-    if (!ok) snprintf(err, errlen, "trace file %s: write failed", path);
+    int e = ok ? 0 : errno;
+    if (fclose(f) != 0) {
+        if (ok) e = errno;
+        ok = false;
+    }
+    if (!ok) snprintf(err, errlen, "trace file %s: write failed: %s", path, e ? strerror(e) : "I/O error");
     return ok;
 }

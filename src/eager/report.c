@@ -7,6 +7,7 @@
  * and tools/ctpu-report print the same. */
 #include <math.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 #include <strings.h>
 
@@ -1202,15 +1203,21 @@ ctpu_status ctpu_metrics_write(const char *path)
     if (!s) return ctpu_last_status();
     FILE *f = fopen(path, "w");
     if (!f) {
+        int e = errno;
         free(s);
-        ctpu_set_error(CTPU_ERR_IO, "metrics_write: cannot open %s for writing", path);
+        ctpu_set_error(CTPU_ERR_IO, "metrics_write: cannot open %s for writing: %s", path, strerror(e));
         return CTPU_ERR_IO;
     }
+    errno = 0;
     bool ok = fputs(s, f) >= 0 && fputc('\n', f) != EOF;
-    ok = fclose(f) == 0 && ok;
+    int e = ok ? 0 : errno;
+    if (fclose(f) != 0) {
+        if (ok) e = errno;
+        ok = false;
+    }
     free(s);
-    if (!ok) {
-        ctpu_set_error(CTPU_ERR_IO, "metrics_write: writing %s failed", path);
+    if (!ok) {   /* (a full device, /dev/full, fails at the flush: "No space left on device") */
+        ctpu_set_error(CTPU_ERR_IO, "metrics_write: writing %s failed: %s", path, e ? strerror(e) : "I/O error");
         return CTPU_ERR_IO;
     }
     return CTPU_OK;
