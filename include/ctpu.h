@@ -1144,10 +1144,13 @@ CTPU_API ctpu_status ctpu_call_pop(void);
  *   CTPU_ERR_STATE naming it ("scope_end: inside a compiled step's fn, no
  *   scope of its own is open ..."), and what it leaves open is closed when
  *   it returns (a scope's handles released, no trace cut);
- * - either makes the call that ran it (ctpu_compiled_call, ctpu_backward)
- *   fail with CTPU_ERR_STATE, unless fn returned an error of its own: that
+ * - a refused ctpu_shutdown, a refused pop or a stack left open makes the
+ *   call that ran the callback (ctpu_compiled_call, ctpu_backward) fail
+ *   with CTPU_ERR_STATE, unless fn returned an error of its own: that
  *   error is returned (the stacks are restored all the same). So after the
  *   call the stacks are as they were before it, whatever the callback did.
+ *   A refused ctpu_compiled_free only sets the error (the step stays valid,
+ *   nothing is lost) and the call goes on.
  * At top level a pop with nothing open is CTPU_ERR_STATE, never an
  * underflow. Callbacks nest (a hook inside a backward inside a fn). */
 
