@@ -1000,6 +1000,10 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  * host work only) is skipped, as torch.compile skips such a frame: every
  * call runs fn in the current mode (the report's reason: "fn recorded no
  * device op").
+ * A step whose fn assigns in place into an input's storage (ctpu_assign of
+ * in[i] where nothing else shares it) is not replayable: that call and
+ * every later one run as defer and fuse (the report's reason: "in[0]'s
+ * storage is assigned by the step"); assign a tensor made before the call.
  * TORCH_COMPILE_DISABLE=1 makes every call run fn in the current mode.
  * Results are bit-identical to running fn in strict eager. A device fault in
  * a replay (an index out of range) is reported as the capture's ops made it:
