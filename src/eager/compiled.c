@@ -1635,6 +1635,20 @@ static void note_symbols(int n_in, ctpu_trec *const *inrec)
 }
 
 /* Capture: fn with the thread in defer and fuse, one trace, compiled whole. */
+/* A capture that must leave no trace (a fullgraph refusal, a failed
+ * automatic-dynamic trial): the recorded ops never run, fn's outputs go,
+ * and the generator is put back where it was (the draws recorded did not
+ * happen). */
+static void abandon_capture(ctpu_tensor *out, int n_out, uint64_t seed0, uint64_t off0)
+{
+    ctpu__defer_abandon();
+    for (int j = 0; j < n_out; j++) {
+        if (ctpu_is_valid(out[j])) ctpu_release(out[j]);
+        out[j] = CTPU_NULL;
+    }
+    ctpu__rng_restore(seed0, off0);
+}
+
 static ctpu_status run_capture(ctpu_compiled *c, int n_in, const ctpu_tensor *in, ctpu_trec *const *inrec, int n_scalars,
                                const double *scalars, int n_out, ctpu_tensor *out)
 {
@@ -1647,9 +1661,8 @@ static ctpu_status run_capture(ctpu_compiled *c, int n_in, const ctpu_tensor *in
     ts->cap = &cap;
     note_symbols(n_in, inrec);
     uint64_t fail0 = ts->fail_handle;
-    pthread_mutex_lock(&ctpu_rt->rng_mu);   /* (not ctpu_rng_get_state: inside a capture that is a break) */
-    uint64_t seed0 = ctpu_rt->rng_seed, off0 = ctpu_rt->rng_offset;
-    pthread_mutex_unlock(&ctpu_rt->rng_mu);
+    uint64_t seed0, off0;
+    ctpu__rng_state(&seed0, &off0);   /* (not ctpu_rng_get_state: inside a capture that is a break) */
     ctpu_status st = run_fn(c, in, scalars, n_out, out);
     cap.in_final = true;
     if (c->trial && !cap.refused && !cap.broken && (st != CTPU_OK || ts->fail_handle != fail0)) {
@@ -1657,15 +1670,7 @@ static ctpu_status run_capture(ctpu_compiled *c, int n_in, const ctpu_tensor *in
          * the dynamic dims): nothing ran, the generator is as before; the
          * caller captures static */
         snprintf(c->trial_err, sizeof c->trial_err, "%s", ctpu_last_error());
-        ctpu__defer_abandon();
-        for (int j = 0; j < n_out; j++) {
-            if (ctpu_is_valid(out[j])) ctpu_release(out[j]);
-            out[j] = CTPU_NULL;
-        }
-        pthread_mutex_lock(&ctpu_rt->rng_mu);
-        ctpu_rt->rng_seed = seed0;
-        ctpu_rt->rng_offset = off0;
-        pthread_mutex_unlock(&ctpu_rt->rng_mu);
+        abandon_capture(out, n_out, seed0, off0);
         ts->cap = NULL;
         ts->mode_override = saved;
         capture_free(&cap);
@@ -1674,19 +1679,8 @@ static ctpu_status run_capture(ctpu_compiled *c, int n_in, const ctpu_tensor *in
     }
     if (cap.refused) {
         /* fullgraph: nothing ran; assigned tensors keep their values */
-        char msg[sizeof ts->err_msg];
-        snprintf(msg, sizeof msg, "%s", ctpu_last_error());
-        ctpu__defer_abandon();
-        for (int j = 0; j < n_out; j++) {
-            if (ctpu_is_valid(out[j])) ctpu_release(out[j]);
-            out[j] = CTPU_NULL;
-        }
-        pthread_mutex_lock(&ctpu_rt->rng_mu);   /* the draws recorded before the break did not happen */
-        ctpu_rt->rng_seed = seed0;
-        ctpu_rt->rng_offset = off0;
-        pthread_mutex_unlock(&ctpu_rt->rng_mu);
+        abandon_capture(out, n_out, seed0, off0);
         ctpu_set_error(CTPU_ERR_STATE, "compiled step %s: fullgraph: %s", step_name(c), cap.reason);
-        (void)msg;
         st = CTPU_ERR_STATE;
     } else if (st == CTPU_OK && !cap.broken && ts->fail_handle != fail0) {
         /* an op failed and fn went on (its out[j] may be the error handle):

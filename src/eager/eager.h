@@ -482,6 +482,11 @@ bool ctpu__validate_shape(const char *op, int ndim, const int64_t *shape, ctpu_d
 #define CTPU_NUMEL_CAP (INT64_C(1) << 56)
 bool ctpu__type_ok(const char *op, const char *what, const ctpu_vtype *t);
 void ctpu__rng_take(uint64_t n, uint64_t *seed, uint64_t *offset);
+/* The generator's state, read and set without the public calls' checks
+ * (inside a capture those are graph breaks; compiled.c puts a refused
+ * capture's draws back). */
+void ctpu__rng_state(uint64_t *seed, uint64_t *offset);
+void ctpu__rng_restore(uint64_t seed, uint64_t offset);
 /* dispatch.c, for ctpu_dropout (declared in src/nn/nn_internal.h too) */
 ctpu_tensor ctpu__rand_uniform_f32_like(ctpu_tensor a);
 void ctpu__tensors_shutdown(ctpu_runtime *rt);

@@ -863,21 +863,31 @@ ctpu_status ctpu_rng_get_state(uint64_t *seed, uint64_t *offset)
         return CTPU_ERR_INVALID_ARG;
     }
     if (!ctpu__capture_host_effect("rng_get_state (a host read of the generator's state)")) return ctpu_last_status();
+    ctpu__rng_state(seed, offset);
+    return CTPU_OK;
+}
+
+void ctpu__rng_state(uint64_t *seed, uint64_t *offset)
+{
     pthread_mutex_lock(&ctpu_rt->rng_mu);
     *seed = ctpu_rt->rng_seed;
     *offset = ctpu_rt->rng_offset;
     pthread_mutex_unlock(&ctpu_rt->rng_mu);
-    return CTPU_OK;
+}
+
+void ctpu__rng_restore(uint64_t seed, uint64_t offset)
+{
+    pthread_mutex_lock(&ctpu_rt->rng_mu);
+    ctpu_rt->rng_seed = seed;
+    ctpu_rt->rng_offset = offset;
+    pthread_mutex_unlock(&ctpu_rt->rng_mu);
 }
 
 ctpu_status ctpu_rng_set_state(uint64_t seed, uint64_t offset)
 {
     if (!ctpu_check_init("rng_set_state")) return CTPU_ERR_NOT_INITIALIZED;
     if (!ctpu__capture_host_effect("rng_set_state (the generator's state is host state)")) return ctpu_last_status();
-    pthread_mutex_lock(&ctpu_rt->rng_mu);
-    ctpu_rt->rng_seed = seed;
-    ctpu_rt->rng_offset = offset;
-    pthread_mutex_unlock(&ctpu_rt->rng_mu);
+    ctpu__rng_restore(seed, offset);
     return CTPU_OK;
 }
 
