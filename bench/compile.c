@@ -10,8 +10,9 @@
  * of steps, ended by a sync. Medians of 7 runs. Prints `name value unit`.
  * CTPU_NUM_THREADS picks the kernel threads (the targets are at 1).
  *
- * `compile mlp-compiled` or `compile gpt-compiled` runs only that compiled
- * step (its timing lines and the number of replayed calls): the callgrind
+ * `compile <mlp|gpt>-<strict|debug|fused|compiled>` runs only that step in
+ * that mode (its timing lines and the number of calls), for profiles; with
+ * `compile gpt-compiled` it is the callgrind
  * harness for the replay path (valgrind is not a dependency; run it by hand):
  *   valgrind --tool=callgrind --separate-threads=yes --toggle-collect=ctpu_compiled_call ./compile gpt-compiled
  * and divide the calling thread's Ir by the calls it prints. */
@@ -271,9 +272,13 @@ int main(int argc, char **argv)
 {
     if (ctpu_init() != CTPU_OK) { fprintf(stderr, "bench/compile: %s\n", ctpu_last_error()); return 1; }
     if (argc > 1) {
-        bool gpt = strcmp(argv[1], "gpt-compiled") == 0;
-        if (!gpt && strcmp(argv[1], "mlp-compiled") != 0) {
-            fprintf(stderr, "usage: compile [mlp-compiled | gpt-compiled] [calls per timed run] [GPT layers, 1-15]\n");
+        /* `<mlp|gpt>-<mode>`: that one step and mode alone (for profiles) */
+        bool gpt = strncmp(argv[1], "gpt-", 4) == 0;
+        int mode = -1;
+        for (int k = 0; k < M_COUNT; k++)
+            if ((gpt || strncmp(argv[1], "mlp-", 4) == 0) && strcmp(argv[1] + 4, mode_names[k]) == 0) mode = k;
+        if (mode < 0) {
+            fprintf(stderr, "usage: compile [<mlp|gpt>-<strict|debug|fused|compiled>] [calls per timed run] [GPT layers, 1-15]\n");
             return 2;
         }
         ctpu_tensor b[NBATCH][2];
@@ -281,12 +286,13 @@ int main(int argc, char **argv)
         int reps = argc > 2 ? atoi(argv[2]) : gpt ? 40 : 10;
         if (argc > 3) g_layers = atoi(argv[3]);
         if (reps < 1 || g_layers < 1 || g_layers > 15) {
-            fprintf(stderr, "usage: compile [mlp-compiled | gpt-compiled] [calls per timed run] [GPT layers, 1-15]\n");
+            fprintf(stderr, "usage: compile [<mlp|gpt>-<strict|debug|fused|compiled>] [calls per timed run] [GPT layers, 1-15]\n");
             return 2;
         }
-        result r = run(M_COMPILED, gpt, b, reps);
-        printf("compiled_host_us_per_step_%s %.2f us\n", gpt ? "gpt" : "mlp", r.host_us);
-        printf("compiled_calls %d calls (the first 6 warm up: %d replayed in the timed runs)\n", 6 + 7 * reps, 7 * reps);
+        result r = run(mode, gpt, b, reps);
+        printf("%s_host_us_per_step_%s %.2f us\n", mode_names[mode], gpt ? "gpt" : "mlp", r.host_us);
+        printf("%s_steps_per_s_%s %.1f steps/s\n", mode_names[mode], gpt ? "gpt" : "mlp", r.steps_per_s);
+        printf("%s_calls %d calls (the first 6 warm up: %d in the timed runs)\n", mode_names[mode], 6 + 7 * reps, 7 * reps);
         free(r.w);
         for (int k = 0; k < NBATCH; k++) { ctpu_release(b[k][0]); ctpu_release(b[k][1]); }
         ctpu_shutdown();

@@ -951,7 +951,13 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  *   program at it, no compile (ctpu_compiled_info.dynamic_captures, not a
  *   guard failure); later calls at that extent replay; an extent out of
  *   range is a guard failure, "input 0 dim 0 = 300 outside dynamic range
- *   [2, 256]").
+ *   [2, 256]". A dynamic extent is c x s: an extent fn derives otherwise
+ *   (a slice to B - 1 or B / 2) is static in the trace, so a capture at a
+ *   new extent compiles its own program instead of binding: a guard
+ *   failure, counted toward the recompile limit, whose reason reads "input
+ *   0 dim 0: 5 -> 6 in the dynamic range, but fn's trace specialises it"
+ *   with the cache's own reason, as torch.compile recompiles when a guard
+ *   specialises a symbol).
  * - scalars[i]: runtime arguments of the program. A recorded *_scalar
  *   operand, creation value or clamp bound whose value equals scalars[i]
  *   bit for bit reads argument i at every call (the lowest such i; so give

@@ -2747,6 +2747,86 @@ static ctpu_status errout_fn(void *vc, const ctpu_tensor *in, const double *sc, 
     return CTPU_OK;
 }
 
+/* A dynamic input whose fn derives a static extent from it (slices to
+ * B - 1 and B / 2: ctpu's symbols are c x s, so those extents are static in
+ * the trace): each capture at a new in-range extent compiles its own
+ * program instead of binding the dynamic one. That is a recompile, as
+ * torch.compile's guard on a specialised symbol: a guard failure naming the
+ * extent and the cache's reason, counted toward the recompile limit (which
+ * the step itself used up: the report must not blame other steps); past it
+ * fn runs in the current mode; every call bit-identical to strict eager.
+ * Both with TORCH_TPU_AUTO_DYNAMIC and with the caller's ctpu_mark_dynamic. */
+static ctpu_status step_halves(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)ctx; (void)sc;
+    int64_t b = ctpu_dim(in[0], 0);
+    ctpu_tensor a = ctpu_sum(ctpu_slice(in[0], 0, 0, b - 1, 1), 1, (int[]){ 0 }, false);
+    ctpu_tensor h = ctpu_sum(ctpu_slice(in[0], 0, 0, b / 2, 1), 1, (int[]){ 0 }, false);
+    out[0] = ctpu_add(a, ctpu_mul_scalar(h, 0.5));
+    return CTPU_OK;
+}
+
+static void halves_run(bool mark)
+{
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEFER_FUSE), CTPU_OK);
+    ctpu_compiled *c = ctpu_compile(step_halves, NULL, &(ctpu_compile_opts){ .name = "halves" });
+    ck_assert_ptr_nonnull(c);
+    for (int64_t b = 4; b < 20; b++) {
+        ctpu_scope_begin();
+        float d[20 * 3];
+        for (int i = 0; i < b * 3; i++) d[i] = (float)((i * 7 + (int)b) % 11) * 0.37f - 1.5f;
+        ctpu_tensor x = t_f32(d, 2, (int64_t[]){ b, 3 });
+        if (mark) ck_assert_int_eq(ctpu_mark_dynamic(x, 0, 2, 64), CTPU_OK);
+        ctpu_tensor out[1];
+        ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_OK);
+        int64_t nv = 0;
+        float *v = t_read(out[0], &nv);
+        ck_assert_int_eq(nv, 3);
+        ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+        ctpu_tensor want[1];
+        ck_assert_int_eq(step_halves(NULL, &x, NULL, want), CTPU_OK);
+        float *w = t_read(want[0], NULL);
+        ck_assert_msg(memcmp(v, w, 3 * sizeof(float)) == 0, "b=%lld mark=%d: %.9g %.9g %.9g vs strict %.9g %.9g %.9g", (long long)b, mark, v[0], v[1], v[2], w[0], w[1], w[2]);
+        free(v);
+        free(w);
+        ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEFER_FUSE), CTPU_OK);
+        ctpu_scope_end();
+    }
+    ctpu_compiled_info info;
+    ck_assert_int_eq(ctpu_compiled_get_info(c, &info), CTPU_OK);
+    ck_assert_int_eq(info.calls, 16);
+    ck_assert_int_eq(info.captures, 8);          /* the limit: 8 versions, each its own program */
+    ck_assert_int_eq(info.eager_calls, 8);       /* 12..19: fn in the current mode */
+    ck_assert_int_eq(info.replays, 0);
+    ck_assert_int_eq(info.guard_failures, 8);
+    ck_assert_msg(t_contains(info.last_reason, "TORCH_TPU_RECOMPILE_LIMIT=8 (8 versions captured)"), "%s",
+                  info.last_reason);
+    char *rep = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&rep, &n);
+    ck_assert_int_eq(ctpu_cache_report(f), CTPU_OK);
+    fclose(f);
+    ck_assert_msg(t_contains(rep, "fn's trace specialises it"), "%s", rep);
+    ck_assert_msg(!t_contains(rep, "by other compiled steps"), "%s", rep);
+    ck_assert_msg(!t_contains(rep, "other compiled steps or traces of the same structure"), "%s", rep);
+    free(rep);
+    ctpu_compiled_free(c);
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+}
+
+START_TEST(dynamic_extent_fn_specialises_is_a_recompile)
+{
+    halves_run(true);
+    ctpu_shutdown();
+    setenv("TORCH_TPU_AUTO_DYNAMIC", "1", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    unsetenv("TORCH_TPU_AUTO_DYNAMIC");
+    halves_run(false);
+    ctpu_shutdown();
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+}
+END_TEST
+
 START_TEST(ignored_op_error_and_returned_input)
 {
     int64_t s4[1] = { 4 }, s3[1] = { 3 };
@@ -2834,6 +2914,7 @@ static Suite *suite(void)
     tcase_add_test(t, integer_operand_captured_at_minus_half);
     tcase_add_test(t, fullgraph_refusal_leaves_the_generator);
     tcase_add_test(t, ignored_op_error_and_returned_input);
+    tcase_add_test(t, dynamic_extent_fn_specialises_is_a_recompile);
     suite_add_tcase(s, t);
     return s;
 }

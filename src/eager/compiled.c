@@ -252,6 +252,7 @@ struct ctpu_compiled {
     char trial_err[192];           /* the failed trial's error */
     bool freed_replaying;          /* freed while it had versions: the report's row keeps "replays" */
     uint64_t recompiles;           /* guard failures whose capture made a version: what the recompile limit counts */
+    bool dyn_specialised;          /* a capture at an in-range extent compiled its own program (capture_extent) */
     _Atomic(void *) owner;         /* the thread state of the thread inside a call, NULL when idle */
     version *versions;
     ctpu_compiled_info info;       /* the calling thread's counts */
@@ -2032,12 +2033,61 @@ static ctpu_status capture_like(ctpu_compiled *c, const version *dv, int n_in, c
  * program by its dynamic key and binds it at these extents (no compile).
  * Not a guard failure. The versions kept are bounded: past MAX_VERSIONS
  * the oldest goes. */
+/* The fused cache's recompile reason for program id (its log's newest
+ * record naming it as the new program), or "". */
+static void cache_reason(uint64_t id, char *buf, size_t len)
+{
+    ctpu_recompile_rec recs[64];
+    size_t n = ctpu_cache_recompiles(ctpu_rt->fused_cache, recs, 64);
+    buf[0] = 0;
+    for (size_t i = n; i-- > 0;)
+        if (recs[i].new_program == id && !recs[i].structure) {
+            snprintf(buf, len, "%s", recs[i].reason);
+            return;
+        }
+}
+
+/* The first input extent of this call that differs from version v's:
+ * "input 0 dim 0: 4 -> 6". */
+static void extent_change(const version *v, int n_in, ctpu_trec *const *inrec, char *buf, size_t len)
+{
+    snprintf(buf, len, "an input's dynamic extent");
+    for (int i = 0; i < n_in && i < v->n_user; i++)
+        for (int q = 0; q < v->user_type[i].ndim && q < inrec[i]->type.ndim; q++)
+            if (v->user_type[i].shape[q] != inrec[i]->type.shape[q]) {
+                snprintf(buf, len, "input %d dim %d: %lld -> %lld", i, q, (long long)v->user_type[i].shape[q],
+                         (long long)inrec[i]->type.shape[q]);
+                return;
+            }
+}
+
 static ctpu_status capture_extent(ctpu_compiled *c, const version *dv, int n_in, const ctpu_tensor *in,
                                   ctpu_trec *const *inrec, int n_scalars, const double *scalars, int n_out,
                                   ctpu_tensor *out)
 {
     c->info.dynamic_captures++;
+    char change[96];
+    extent_change(dv, n_in, inrec, change, sizeof change);
+    uint64_t dyn_id = dv->program_id;
+    const version *head = c->versions;
     ctpu_status st = capture_like(c, dv, n_in, in, inrec, n_scalars, scalars, n_out, out);
+    if (st == CTPU_OK && c->versions && c->versions != head && c->versions->program_id != dyn_id) {
+        /* the capture at this extent did not bind the dynamic program: a
+         * value fn derives from the extent (a slice to B / 2, a host branch
+         * on it) is static in the trace, so it keyed and compiled another
+         * program, as torch.compile's guard on a specialised symbol
+         * recompiles: a guard failure that counts toward the recompile
+         * limit, with the cache's reason */
+        c->recompiles++;
+        c->info.guard_failures++;
+        c->dyn_specialised = true;
+        char cr[160], r[400];
+        cache_reason(c->versions->program_id, cr, sizeof cr);
+        snprintf(r, sizeof r, "%s in the dynamic range, but fn's trace specialises it: program %llu compiled, not "
+                 "dynamic program %llu's bind%s%s%s", change, (unsigned long long)c->versions->program_id,
+                 (unsigned long long)dyn_id, cr[0] ? " (" : "", cr, cr[0] ? ")" : "");
+        note_reason(c, "guard failure", "guard failed: ", r);
+    }
     int n = 0;
     for (version **pp = &c->versions; *pp; pp = &(*pp)->next)
         if (++n == MAX_VERSIONS) {
@@ -2195,6 +2245,21 @@ static ctpu_status call_dispatch(ctpu_compiled *c, int n_in, const ctpu_tensor *
          * torch.compile keeps its cache entries); an unseen shape, or a
          * value that would need a capture to confirm, runs fn in the
          * current mode */
+        c->info.eager_calls++;
+        return run_fn(c, in, scalars, n_out, out);
+    }
+    if (!v && dv && c->dyn_specialised && rt->recompile_limit && c->recompiles + 1 >= (uint64_t)rt->recompile_limit) {
+        /* fn's trace has specialised an extent of its dynamic dims before
+         * (each capture at a new extent compiled a program): past the limit
+         * a new extent runs fn in the current mode, as a guard failure's */
+        char change[96], lim[256];
+        extent_change(dv, n_in, inrec, change, sizeof change);
+        c->limited = true;
+        c->info.guard_failures++;
+        snprintf(lim, sizeof lim, "past TORCH_TPU_RECOMPILE_LIMIT=%zu (%llu versions captured): %.60s, an extent fn's "
+                 "trace specialises; fn runs in the current mode", rt->recompile_limit,
+                 (unsigned long long)(c->recompiles + 1), change);
+        note_reason(c, "recompile limit", "", lim);
         c->info.eager_calls++;
         return run_fn(c, in, scalars, n_out, out);
     }
