@@ -2674,6 +2674,242 @@ START_TEST(requires_grad_and_grad_mode_are_guards)
 }
 END_TEST
 
+/* ---------------------------------- an input leaf's .grad binds by position */
+/* As torch.compile binds inputs by position: a leaf that requires grad
+ * passed as in[i] gets its .grad at each call, whichever tensor it is (a
+ * new batch leaf each step), bit-identical to fn in strict eager; was: the
+ * replay wrote the .grad of the leaf the capture saw, so a new leaf each
+ * call failed a guard and recaptured to the recompile limit, and a leaf
+ * the caller kept (or one with a .grad) got another leaf's gradient. W is
+ * a parameter zero_grad'ed and updated each call, V one whose .grad
+ * accumulates (its .grad appears at call 1: one recapture). */
+enum { LG_NEW, LG_NEW_RELEASED, LG_REUSED, LG_PAIRS, LG_PREGRAD, LG_TWICE, LG_TWICE_THEN_TWO, LG_SHARED_LEAVES,
+       LG_NO_GRAD, LG_NON_LEAF, LG_ALT_GRADS, LG_ALT_ZEROED, LG_RETURN_GRAD, LG_COUNT };
+/* captures each variant makes (V's .grad: 2; the .grad presence of in[0]
+ * alternating: 3; the same leaf twice, then two: a guard each) */
+static const int lg_captures[LG_COUNT] = { 2, 2, 2, 3, 3, 2, 3, 3, 2, 2, 2, 2, 2 };
+#define LG_CALLS 12
+#define LG_LOG (LG_CALLS * 7 * 4)
+typedef struct { ctpu_tensor W, V, a, b, cur; int variant; } lg_ctx;
+
+static ctpu_status lg_fn(void *vc, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)sc;
+    lg_ctx *k = vc;
+    bool two = k->variant == LG_TWICE || k->variant == LG_TWICE_THEN_TWO || k->variant == LG_SHARED_LEAVES;
+    ctpu_zero_grad(k->W);
+    if (k->variant == LG_ALT_ZEROED) ctpu_zero_grad(in[0]);
+    ctpu_tensor t = ctpu_mul(ctpu_mul(in[0], in[0]), k->W);
+    t = ctpu_add(t, ctpu_mul(ctpu_tanh(two ? in[1] : in[0]), k->V));
+    ctpu_tensor loss = ctpu_sum(t, 0, NULL, false);
+    ctpu_status st = ctpu_backward(loss);
+    if (st != CTPU_OK) return st;
+    ctpu_no_grad_begin();
+    ctpu_assign(k->W, ctpu_sub(k->W, ctpu_mul_scalar(ctpu_grad(k->W), 0.125)));
+    ctpu_no_grad_end();
+    out[0] = loss;
+    if (k->variant == LG_RETURN_GRAD) out[1] = ctpu_grad(in[0]);
+    return ctpu_last_status();
+}
+
+static ctpu_tensor lg_vec(float a, float b, float c, float d, bool rg)
+{
+    ctpu_tensor t = ctpu_keep(T_VEC(a, b, c, d));
+    if (rg) ck_assert_int_eq(ctpu_set_requires_grad(t, true), CTPU_OK);
+    return t;
+}
+
+static void lg_pregrad(ctpu_tensor x)   /* a .grad made in eager before the call */
+{
+    ctpu_scope_begin();
+    ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_mul_scalar(x, 3.0), 0, NULL, false)), CTPU_OK);
+    ctpu_scope_end();
+}
+
+typedef struct { float v[LG_LOG]; int n; } lg_log;
+
+static void lg_put(lg_log *L, ctpu_tensor t)
+{
+    float *d = L->v + L->n;
+    L->n += 4;
+    if (ctpu_is_null(t)) { d[0] = d[1] = d[2] = d[3] = -999; return; }
+    ck_assert_msg(ctpu_to_host(t, d, 4 * sizeof *d) == CTPU_OK, "%s", ctpu_last_error());
+}
+
+/* in[0] (and in[1]) of call it of a variant; *n_in */
+static void lg_inputs(lg_ctx *k, int it, ctpu_tensor *in, int *n_in)
+{
+    float f = 0.1f * (float)(it + 1);
+    *n_in = 1;
+    switch (k->variant) {
+    case LG_REUSED: in[0] = k->a; break;
+    case LG_PAIRS:   /* a new leaf, then the same one again */
+        if (it % 2 == 0) k->cur = lg_vec(f, 0.7f, -f, 1, true);
+        in[0] = k->cur;
+        break;
+    case LG_ALT_GRADS: case LG_ALT_ZEROED: in[0] = (it / 3) % 2 ? k->b : k->a; break;
+    case LG_NO_GRAD: in[0] = lg_vec(f, -f, 2 * f, 1, false); break;
+    case LG_NON_LEAF: in[0] = ctpu_keep(ctpu_mul_scalar(k->a, 0.5)); break;
+    default: in[0] = lg_vec(f, -f, 2 * f, 1, true); break;
+    }
+    if ((k->variant == LG_PREGRAD && it % 3) || k->variant == LG_RETURN_GRAD) lg_pregrad(in[0]);
+    if (k->variant == LG_TWICE || k->variant == LG_TWICE_THEN_TWO || k->variant == LG_SHARED_LEAVES) {
+        *n_in = 2;
+        in[1] = in[0];
+        if (k->variant == LG_TWICE_THEN_TWO && it % 4 == 2) in[1] = lg_vec(1, f, 1, -f, true);
+        if (k->variant == LG_SHARED_LEAVES && it % 3 == 1) {   /* another leaf on in[0]'s storage */
+            in[1] = ctpu_keep(ctpu_detach(in[0]));
+            ck_assert_int_eq(ctpu_set_requires_grad(in[1], true), CTPU_OK);
+        }
+    }
+}
+
+static void lg_run(int variant, bool compiled, lg_log *L, ctpu_compiled_info *info)
+{
+    memset(L, 0, sizeof *L);
+    lg_ctx k = { .variant = variant };
+    k.W = lg_vec(0.5f, -1, 2, 0.25f, true);
+    k.V = lg_vec(1, 2, 3, 4, true);
+    k.a = lg_vec(0.3f, 0.7f, -0.2f, 1, true);
+    k.b = lg_vec(-0.5f, 0.1f, 0.9f, 2, true);
+    if (variant == LG_ALT_GRADS || variant == LG_ALT_ZEROED) { lg_pregrad(k.a); lg_pregrad(k.b); }
+    ctpu_compiled *c = compiled ? ctpu_compile(lg_fn, &k, &(ctpu_compile_opts){ .name = "leafgrad" }) : NULL;
+    ctpu_tensor keep[2 * LG_CALLS];
+    int nk = 0, n_out = variant == LG_RETURN_GRAD ? 2 : 1;
+    for (int it = 0; it < LG_CALLS; it++) {
+        ctpu_tensor in[2], out[2] = { CTPU_NULL, CTPU_NULL };
+        int n_in;
+        lg_inputs(&k, it, in, &n_in);
+        if (compiled) {
+            ck_assert_msg(ctpu_compiled_call(c, n_in, in, 0, NULL, n_out, out) == CTPU_OK, "variant %d call %d: %s",
+                          variant, it, ctpu_last_error());
+        } else {
+            ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+            ck_assert_int_eq(lg_fn(&k, in, NULL, out), CTPU_OK);
+            ctpu_keep(out[0]);
+            ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+        }
+        lg_put(L, ctpu_grad(in[0]));
+        lg_put(L, n_in == 2 ? ctpu_grad(in[1]) : CTPU_NULL);
+        lg_put(L, ctpu_grad(k.a));
+        lg_put(L, ctpu_grad(k.b));
+        lg_put(L, out[0]);
+        lg_put(L, k.W);
+        lg_put(L, ctpu_grad(k.V));
+        if (variant == LG_RETURN_GRAD)   /* out[1] is in[0]'s .grad itself, as eager returns it */
+            ck_assert_msg(out[1].id == ctpu_grad(in[0]).id, "call %d: out[1] is not in[0]'s .grad", it);
+        ctpu_release(out[0]);
+        bool kept = variant == LG_REUSED || variant == LG_ALT_GRADS || variant == LG_ALT_ZEROED ||
+                    (variant == LG_PAIRS && it % 2 == 0);
+        if (variant == LG_NEW_RELEASED || variant == LG_NO_GRAD || variant == LG_NON_LEAF) {
+            ctpu_zero_grad(in[0]);
+            ctpu_release(in[0]);
+        } else if (!kept) {
+            keep[nk++] = in[0];
+        }
+        if (n_in == 2 && in[1].id != in[0].id) keep[nk++] = in[1];
+    }
+    if (compiled) {
+        ck_assert_int_eq(ctpu_compiled_get_info(c, info), CTPU_OK);
+        ctpu_compiled_free(c);
+    }
+    for (int i = 0; i < nk; i++) { ctpu_zero_grad(keep[i]); ctpu_release(keep[i]); }
+    ctpu_tensor own[4] = { k.W, k.V, k.a, k.b };
+    for (int i = 0; i < 4; i++) { ctpu_zero_grad(own[i]); ctpu_release(own[i]); }
+}
+
+START_TEST(input_leaf_grad_binds_by_position)
+{
+    for (int var = 0; var < LG_COUNT; var++) {
+        lg_log ref, got;
+        ctpu_compiled_info info;
+        lg_run(var, false, &ref, NULL);
+        lg_run(var, true, &got, &info);
+        ck_assert_int_eq(got.n, ref.n);
+        for (int i = 0; i < ref.n; i++)
+            ck_assert_msg(t_same(got.v[i], ref.v[i]), "variant %d call %d value %d: %.9g vs eager %.9g", var,
+                          i / 28, i % 28, got.v[i], ref.v[i]);
+        ck_assert_msg(info.captures == (uint64_t)lg_captures[var] && info.eager_calls == 0 &&
+                      info.replays == LG_CALLS - info.captures,
+                      "variant %d: %llu captures (want %d), %llu replays, %llu eager calls: %s", var,
+                      (unsigned long long)info.captures, lg_captures[var], (unsigned long long)info.replays,
+                      (unsigned long long)info.eager_calls, info.last_reason);
+    }
+}
+END_TEST
+
+/* The guards that bind per position name the input: a .grad present now
+ * and not at the capture (or the reverse), and the same leaf passed twice
+ * where the capture had two (or the reverse, two leaves on one storage). */
+START_TEST(input_leaf_grad_guards_name_the_input)
+{
+    lg_ctx k = { .variant = LG_NEW };
+    k.W = lg_vec(0.5f, -1, 2, 0.25f, true);
+    k.V = lg_vec(1, 2, 3, 4, true);
+    ctpu_compiled *c = ctpu_compile(lg_fn, &k, NULL);
+    ctpu_tensor x = lg_vec(1, 2, 3, 4, true), y = lg_vec(5, 6, 7, 8, true), out[1];
+    ck_assert_int_eq(ctpu_zero_grad(k.V), CTPU_OK);
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_OK);   /* x: no .grad */
+    ctpu_release(out[0]);
+    ck_assert_int_eq(ctpu_zero_grad(k.V), CTPU_OK);
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_OK);   /* x has one */
+    ctpu_release(out[0]);
+    ctpu_compiled_info info;
+    ck_assert_int_eq(ctpu_compiled_get_info(c, &info), CTPU_OK);
+    ck_assert_msg(t_contains(info.last_reason, "leaf input 0 has a .grad now, none at the capture"), "%s",
+                  info.last_reason);
+    ck_assert_int_eq(ctpu_zero_grad(k.V), CTPU_OK);
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, &y, 0, NULL, 1, out), CTPU_OK);   /* y: none, replays the first */
+    ctpu_release(out[0]);
+    ck_assert_int_eq(ctpu_zero_grad(k.V), CTPU_OK);
+    ck_assert_int_eq(ctpu_zero_grad(x), CTPU_OK);
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, &y, 0, NULL, 1, out), CTPU_OK);   /* y has one: the second */
+    ctpu_release(out[0]);
+    ck_assert_int_eq(ctpu_compiled_get_info(c, &info), CTPU_OK);
+    ck_assert_msg(info.captures == 2 && info.replays == 2, "%llu captures, %llu replays: %s",
+                  (unsigned long long)info.captures, (unsigned long long)info.replays, info.last_reason);
+    ck_assert_int_eq(ctpu_zero_grad(k.V), CTPU_OK);
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_OK);   /* x: none again: the first */
+    ctpu_release(out[0]);
+    ck_assert_int_eq(ctpu_compiled_get_info(c, &info), CTPU_OK);
+    ck_assert_int_eq(info.captures, 2);
+    ck_assert_int_eq(info.replays, 3);
+    ctpu_compiled_free(c);
+    /* captured with a .grad, called with a leaf that has none */
+    c = ctpu_compile(lg_fn, &k, NULL);
+    ck_assert_int_eq(ctpu_zero_grad(k.V), CTPU_OK);
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, &y, 0, NULL, 1, out), CTPU_OK);
+    ctpu_release(out[0]);
+    ck_assert_int_eq(ctpu_zero_grad(k.V), CTPU_OK);
+    ck_assert_int_eq(ctpu_zero_grad(x), CTPU_OK);
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_OK);
+    ctpu_release(out[0]);
+    ck_assert_int_eq(ctpu_compiled_get_info(c, &info), CTPU_OK);
+    ck_assert_msg(t_contains(info.last_reason, "input 0 has no .grad now, one at the capture (which the step "
+                             "accumulates into)"), "%s", info.last_reason);
+    ctpu_compiled_free(c);
+    /* the same leaf twice, then two leaves sharing its storage */
+    k.variant = LG_TWICE;
+    c = ctpu_compile(lg_fn, &k, NULL);
+    ctpu_tensor in[2] = { x, x };
+    ck_assert_int_eq(ctpu_zero_grad(x), CTPU_OK);
+    ck_assert_int_eq(ctpu_compiled_call(c, 2, in, 0, NULL, 1, out), CTPU_OK);
+    ctpu_release(out[0]);
+    ck_assert_int_eq(ctpu_zero_grad(x), CTPU_OK);
+    ck_assert_int_eq(ctpu_zero_grad(k.V), CTPU_OK);
+    in[1] = ctpu_keep(ctpu_detach(x));
+    ck_assert_int_eq(ctpu_set_requires_grad(in[1], true), CTPU_OK);
+    ck_assert_int_eq(ctpu_compiled_call(c, 2, in, 0, NULL, 1, out), CTPU_OK);
+    ctpu_release(out[0]);
+    ck_assert_int_eq(ctpu_compiled_get_info(c, &info), CTPU_OK);
+    ck_assert_msg(t_contains(info.last_reason, "input 1: no longer the same leaf as input 0"), "%s", info.last_reason);
+    ck_assert_msg(!ctpu_is_null(ctpu_grad(in[1])), "in[1]'s .grad is its own");
+    ctpu_compiled_free(c);
+    ctpu_tensor all[5] = { k.W, k.V, x, y, in[1] };
+    for (int i = 0; i < 5; i++) { ctpu_zero_grad(all[i]); ctpu_release(all[i]); }
+}
+END_TEST
+
 /* ---------------------------------- more of a new user's cases */
 /* trunc(-0.5) is -0 but the cast gives 0: a capture at -0.5 still reads
  * the argument (was baked as 0 for every later call). */
@@ -2911,6 +3147,8 @@ static Suite *suite(void)
     tcase_add_test(t, scalars_fed_to_integer_operands_truncate);
     tcase_add_test(t, assign_that_makes_history_is_a_graph_break);
     tcase_add_test(t, requires_grad_and_grad_mode_are_guards);
+    tcase_add_test(t, input_leaf_grad_binds_by_position);
+    tcase_add_test(t, input_leaf_grad_guards_name_the_input);
     tcase_add_test(t, integer_operand_captured_at_minus_half);
     tcase_add_test(t, fullgraph_refusal_leaves_the_generator);
     tcase_add_test(t, ignored_op_error_and_returned_input);

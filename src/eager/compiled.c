@@ -15,15 +15,18 @@
  * constant); for each runtime scalar, a constant, argument i (its value was
  * scalars[i], bit for bit) or a random node's seed/offset; for each
  * live-out, out[j], an assigned tensor (in place or rebound), or a leaf's
- * new .grad. The program is held through a cache ref (it stays in the
- * bounded LRU; an evicted one fails the guard and recaptures).
+ * new .grad. A handle that was in[i], a leaf that requires grad, or its
+ * .grad is bound by position, as torch.compile binds inputs: each call's
+ * in[i] gets the .grad (hpos). The program is held through a cache ref (it
+ * stays in the bounded LRU; an evicted one fails the guard and recaptures).
  *
  * Replay: the guards (the inputs' dtypes and exact shapes, a marked dim's
  * by its range: another in-range extent is a dynamic capture that binds
  * the one dynamic program, capture_extent --, how the
- * inputs share storage, the scalar count, precision and debug checks, each
- * handle's liveness, in-place targets still unshared, .grad presence) and
- * one command: no fn, no recording, no key. */
+ * inputs share storage, which leaf inputs are one tensor, the scalar
+ * count, precision and debug checks, each handle's liveness, in-place
+ * targets still unshared, .grad presence, per position for an input leaf)
+ * and one command: no fn, no recording, no key. */
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -147,6 +150,7 @@ typedef struct version {
     bool dbg;
     bool grad_mode;            /* guard: grad mode at the capture (torch.compile's global state guard) */
     uint8_t *user_ag;          /* [n_user] guard: ctpu__ag_kind of each input at the capture */
+    int32_t *user_hsame;       /* [n_user] guard, for a leaf input: the first input that was the same handle */
     int n_pin, n_pout, n_psc, nreq, n_rng, n_no_grad;
     in_src *in;                /* [n_pin] */
     sc_src *sc;                /* [n_psc] */
@@ -156,9 +160,11 @@ typedef struct version {
     size_t *out_bytes;         /* [n_pout] */
     rng_note *rng;             /* [n_rng] */
     uint64_t *no_grad_leaf;    /* [n_no_grad] guard: no .grad at the call's start */
+    int32_t *no_grad_in;       /* [n_no_grad] i when the leaf was in[i] (the call's in[i] is guarded), or -1 */
     int32_t *out_rq;           /* [n_out_user] request giving out[j], or -1 */
     uint64_t *out_fixed;       /* [n_out_user] a handle made before the call fn returned, or 0 */
     int32_t *out_in;           /* [n_out_user] the input fn returned as out[j] (each call's in[i]), or -1 */
+    int32_t *out_prow;         /* [n_out_user] out_fixed names a row bound by position (an input's .grad), or -1 */
     /* out[j] a view fn made (no op recorded) of an input's storage (base i
      * >= 0) or of a tensor the step reads (row h: base -2 - h), -1: none;
      * each replay makes it anew on that call's storage: its type, at the
@@ -179,6 +185,14 @@ typedef struct version {
     ctpu_trec **hslot;         /* [n_h] the slot each handle names (slots never move) */
     uint32_t *hgen;            /* [n_h] and its generation: live when the slot still has it */
     char (*hdesc)[160];        /* [n_h] for a guard failure: "program input 3 (f32[12,16] w)", at the capture */
+    /* rows bound by position, as torch.compile binds inputs: a row that was
+     * in[i], a leaf that requires grad, at the capture, or that leaf's
+     * .grad, is at each call the call's in[i] or in[i]'s .grad, whatever
+     * handle is passed (a new batch leaf each step) */
+    int32_t *hpos;             /* [n_h] 2i: in[i]; 2i + 1: in[i]'s .grad; -1: the row's own handle */
+    uint64_t *hnow;            /* [n_h] the handle the row names this call (hid, or the call's in[i] or its .grad) */
+    int32_t *prow;             /* [n_prow] the rows bound by position */
+    int n_prow;
     uint64_t *inplace_ids;     /* [n_inplace] the H_INPLACE handles, sorted */
     int n_inplace;
     /* the program's scratch buffer, kept across replays: the device runs
@@ -351,14 +365,17 @@ static void version_free(version *v)
     free(v->out_bytes);
     free(v->rng);
     free(v->no_grad_leaf);
+    free(v->no_grad_in);
     free(v->out_rq);
     free(v->out_fixed);
     free(v->out_in);
+    free(v->out_prow);
     free(v->out_vbase);
     free(v->out_vtype);
     free(v->out_vdelta);
     free(v->out_vold);
     free(v->user_ag);
+    free(v->user_hsame);
     free(v->arg_val);
     free(v->hid);
     free(v->inplace_ids);
@@ -367,6 +384,9 @@ static void version_free(version *v)
     free(v->hslot);
     free(v->hgen);
     free(v->hdesc);
+    free(v->hpos);
+    free(v->hnow);
+    free(v->prow);
     free(v->fresh_o);
     free(v->held_hs);
     free(v->pub_q);
@@ -653,6 +673,16 @@ static void set_returned_assigned(version *v, const struct ctpu_capture *cap, ui
     }
 }
 
+/* The first i whose in[i] was handle h, a leaf that requires grad, at the
+ * capture (its .grad is bound by position), or -1. */
+static int input_leaf(const version *v, const struct ctpu_capture *cap, uint64_t h)
+{
+    const ctpu_trec *r = live_rec(h);
+    for (int i = 0; r && i < v->n_user; i++)
+        if (v->user_ag[i] == 1 && cap->inrec[i] == r) return i;
+    return -1;
+}
+
 /* Each live-out request: out[j], an assigned tensor made before the call
  * (in place or rebound), or a leaf's new .grad. False (cap->fail says why)
  * for anything else: a tensor made in the step that outlives it. */
@@ -683,7 +713,9 @@ static bool classify_requests(build_ctx *b)
             if (cap->grads[g].g != h) continue;
             x->kind = RQ_GRAD;
             x->h = cap->grads[g].leaf;
-            if (!cap->grads[g].zeroed) v->no_grad_leaf[v->n_no_grad++] = cap->grads[g].leaf;
+            if (cap->grads[g].zeroed) continue;
+            v->no_grad_in[v->n_no_grad] = input_leaf(v, cap, x->h);
+            v->no_grad_leaf[v->n_no_grad++] = x->h;
         }
         if (x->kind != RQ_NONE) continue;
         const char *nm = ctpu_rec_name(s->rrec[q]);
@@ -733,14 +765,17 @@ static bool version_alloc(version *v, const ctpu_capture_sink *s, const struct c
     v->out_bytes = malloc(sizeof *v->out_bytes * ((size_t)v->n_pout + 1));
     v->rng = malloc(sizeof *v->rng * ((size_t)v->n_rng + 1));
     v->no_grad_leaf = malloc(sizeof *v->no_grad_leaf * ((size_t)cap->n_grads + 1));
+    v->no_grad_in = malloc(sizeof *v->no_grad_in * ((size_t)cap->n_grads + 1));
     v->out_rq = malloc(sizeof *v->out_rq * ((size_t)v->n_out_user + 1));
     v->out_fixed = calloc((size_t)v->n_out_user + 1, sizeof *v->out_fixed);
     v->out_in = malloc(sizeof *v->out_in * ((size_t)v->n_out_user + 1));
+    v->out_prow = malloc(sizeof *v->out_prow * ((size_t)v->n_out_user + 1));
     v->out_vbase = malloc(sizeof *v->out_vbase * ((size_t)v->n_out_user + 1));
     v->out_vtype = malloc(sizeof *v->out_vtype * ((size_t)v->n_out_user + 1));
     v->out_vdelta = malloc(sizeof *v->out_vdelta * ((size_t)v->n_out_user + 1));
     v->out_vold = calloc((size_t)v->n_out_user + 1, sizeof *v->out_vold);
     v->user_ag = calloc((size_t)v->n_user + 1, 1);
+    v->user_hsame = malloc(sizeof *v->user_hsame * ((size_t)v->n_user + 1));
     v->arg_val = malloc(sizeof *v->arg_val * ((size_t)v->n_scalars + 1));
     v->outb = calloc((size_t)v->n_pout + 1, sizeof *v->outb);
     v->outo = calloc((size_t)v->n_pout + 1, sizeof *v->outo);
@@ -753,8 +788,8 @@ static bool version_alloc(version *v, const ctpu_capture_sink *s, const struct c
     v->pin_user = calloc((size_t)v->n_pin + 1, sizeof *v->pin_user);
     if (!v->outb || !v->outo || !v->outk || !v->sc_tmpl || !v->sc_dyn || !v->unconf || !v->pin_b || !v->pin_o || !v->pin_user) return false;
     return v->user_type && v->user_same && v->in && v->sc && v->rq && v->alias_req && v->grad_rq && v->out_bytes &&
-           v->rng && v->no_grad_leaf && v->out_rq && v->out_fixed && v->out_in && v->out_vbase && v->out_vtype &&
-           v->out_vdelta && v->out_vold && v->user_ag && v->arg_val;
+           v->rng && v->no_grad_leaf && v->no_grad_in && v->out_rq && v->out_fixed && v->out_in && v->out_prow &&
+           v->out_vbase && v->out_vtype && v->out_vdelta && v->out_vold && v->user_ag && v->user_hsame && v->arg_val;
 }
 
 /* The guards' facts and the plan's copies. */
@@ -769,6 +804,9 @@ static void version_fill(version *v, const ctpu_capture_sink *s, const struct ct
         for (int j = 0; j < i; j++)
             if (cap->inrec[j]->buf == cap->inrec[i]->buf) { v->user_same[i] = j; break; }
         v->user_ag[i] = (uint8_t)ctpu__ag_kind(cap->inrec[i]);
+        v->user_hsame[i] = i;
+        for (int j = 0; j < i && v->user_ag[i] == 1; j++)
+            if (cap->inrec[j] == cap->inrec[i]) { v->user_hsame[i] = j; break; }
     }
     v->grad_mode = ctpu_grad_enabled();
     v->precision = (uint8_t)ctpu_rt->precision;
@@ -783,6 +821,7 @@ static void version_fill(version *v, const ctpu_capture_sink *s, const struct ct
     for (int j = 0; j < v->n_out_user; j++) {
         v->out_rq[j] = -1;
         v->out_in[j] = -1;
+        v->out_prow[j] = -1;
         v->out_vbase[j] = -1;
         ctpu_trec *r = live_rec(cap->out[j].id);
         if (r && !ctpu_rec_pending(r)) v->out_fixed[j] = cap->out[j].id;   /* fn returned a tensor made before */
@@ -835,13 +874,36 @@ static void describe_rows(version *v)
         char tb[64] = "", at[32] = "";
         if (r) ctpu_fmt_type(&r->type, tb, sizeof tb);
         if (pin >= 0) snprintf(at, sizeof at, "program input %d ", pin);
+        if (v->hpos[h] >= 0) snprintf(at, sizeof at, "input %d%s ", v->hpos[h] / 2, v->hpos[h] & 1 ? "'s .grad" : "");
         const char *nm = r ? ctpu_rec_name(r) : "";
         snprintf(v->hdesc[h], sizeof v->hdesc[h], "%s(%s%s%.40s)", at, tb, nm[0] ? " " : "", nm);
     }
 }
 
+/* Which rows name an input leaf or its .grad (hpos): the first input that
+ * was the leaf, a leaf that requires grad at the capture. */
+static bool bind_positions(version *v, const struct ctpu_capture *cap)
+{
+    v->hpos = malloc(sizeof *v->hpos * ((size_t)v->n_h + 1));
+    v->hnow = malloc(sizeof *v->hnow * ((size_t)v->n_h + 1));
+    v->prow = malloc(sizeof *v->prow * ((size_t)v->n_h + 1));
+    if (!v->hpos || !v->hnow || !v->prow) return false;
+    for (int h = 0; h < v->n_h; h++) {
+        const ctpu_trec *r = live_rec(v->hid[h]);
+        v->hpos[h] = -1;
+        v->hnow[h] = v->hid[h];
+        for (int i = 0; i < v->n_user && v->hpos[h] < 0; i++) {
+            if (v->user_ag[i] != 1) continue;
+            if (r == cap->inrec[i]) v->hpos[h] = 2 * i;
+            else if (v->hid[h] == ctpu__ag_grad_id(cap->inrec[i])) v->hpos[h] = 2 * i + 1;
+        }
+        if (v->hpos[h] >= 0) v->prow[v->n_prow++] = h;
+    }
+    return true;
+}
+
 /* The handle table: every IN_OWNER input and every request naming a handle. */
-static bool build_handles(version *v)
+static bool build_handles(version *v, const struct ctpu_capture *cap)
 {
     size_t n = (size_t)v->n_pin + (size_t)v->nreq + 1;
     v->hid = malloc(sizeof *v->hid * n);
@@ -859,14 +921,14 @@ static bool build_handles(version *v)
     v->inplace_ids = malloc(sizeof *v->inplace_ids * ((size_t)v->n_h + 1));
     v->hslot = malloc(sizeof *v->hslot * ((size_t)v->n_h + 1));
     v->hgen = malloc(sizeof *v->hgen * ((size_t)v->n_h + 1));
-    if (!v->inplace_ids || !v->hslot || !v->hgen) return false;
+    if (!v->inplace_ids || !v->hslot || !v->hgen || !bind_positions(v, cap)) return false;
     for (int h = 0; h < v->n_h; h++) {
         ctpu_tensor t = { v->hid[h] };
         v->hslot[h] = ctpu_slot(ctpu_handle_slot(t));   /* live at the capture: its slot exists */
         v->hgen[h] = ctpu_handle_gen(t);
     }
-    for (int h = 0; h < v->n_h; h++)
-        if (v->hrole[h] & H_INPLACE) v->inplace_ids[v->n_inplace++] = v->hid[h];
+    for (int h = 0; h < v->n_h; h++)   /* (a row bound by position is checked against the call's handle) */
+        if ((v->hrole[h] & H_INPLACE) && v->hpos[h] < 0) v->inplace_ids[v->n_inplace++] = v->hid[h];
     describe_rows(v);
     qsort(v->inplace_ids, (size_t)v->n_inplace, sizeof *v->inplace_ids, cmp_u64);
     return true;
@@ -949,7 +1011,10 @@ static void map_out_views(version *v, const struct ctpu_capture *cap, const ctpu
         const ctpu_trec *r = id ? live_rec(id) : NULL;
         if (!r || !r->buf) continue;
         bool own = false;
-        for (int h = 0; h < v->n_h && !own; h++) own = v->hid[h] == id;
+        for (int h = 0; h < v->n_h && !own; h++) {
+            own = v->hid[h] == id;
+            if (own && v->hpos[h] >= 0) v->out_prow[j] = h;   /* an input's .grad: this call's */
+        }
         if (own) continue;
         int base = -1;
         int64_t delta = 0;
@@ -1002,7 +1067,7 @@ void ctpu__capture_sink(const ctpu_capture_sink *s)
         }
         ok = classify_requests(&b) && check_inplace(&b);
     }
-    if (ok && !build_handles(v)) {
+    if (ok && !build_handles(v, cap)) {
         snprintf(cap->fail, sizeof cap->fail, "out of host memory");
         ok = false;
     }
@@ -1091,9 +1156,50 @@ static inline ctpu_trec *row_rec(const version *v, int h)
            atomic_load_explicit(&r->gen, memory_order_relaxed) == v->hgen[h] ? r : NULL;
 }
 
-static bool handles_hold(version *v, char *why, size_t len);
+static bool handles_hold(version *v, const ctpu_tensor *in, ctpu_trec *const *inrec, char *why, size_t len);
 static bool inputs_not_inplace(const version *v, int n_in, const ctpu_tensor *in, char *why, size_t len);
-static bool no_grad_holds(version *v, char *why, size_t len);
+static bool no_grad_holds(version *v, ctpu_trec *const *inrec, char *why, size_t len);
+
+/* The handle row h names this call: its own, or (bound by position) the
+ * call's in[i] or in[i]'s .grad (0: none). */
+static inline uint64_t row_id_now(const version *v, int h, const ctpu_tensor *in, ctpu_trec *const *inrec)
+{
+    int p = v->hpos[h];
+    return p < 0 ? v->hid[h] : p & 1 ? ctpu__ag_grad_id(inrec[p / 2]) : in[p / 2].id;
+}
+
+/* The binding cache holds for the rows bound by position only while each
+ * names the handle it named at the last call (in[i] changed: bind anew). */
+static bool rows_same(const version *v, const ctpu_tensor *in, ctpu_trec *const *inrec)
+{
+    for (int u = 0; u < v->n_prow; u++)
+        if (row_id_now(v, v->prow[u], in, inrec) != v->hnow[v->prow[u]]) return false;
+    return true;
+}
+
+/* A leaf input that was the same handle as an earlier input at the
+ * capture (x passed as in[0] and in[1]: one .grad gets both) must be so
+ * now, and one that was not must not be (two leaves sharing storage). */
+static bool leaf_identity_holds(const version *v, int n_in, ctpu_trec *const *inrec, char *why, size_t len)
+{
+    for (int i = 0; i < n_in; i++) {
+        if (v->user_ag[i] != 1) continue;
+        int same = i;
+        for (int j = 0; j < i; j++)
+            if (inrec[j] == inrec[i]) { same = j; break; }
+        if (same == v->user_hsame[i]) continue;
+        if (same == i)
+            snprintf(why, len, "input %d: no longer the same leaf as input %d (it was at the capture)", i,
+                     v->user_hsame[i]);
+        else if (v->user_hsame[i] == i)
+            snprintf(why, len, "input %d: now the same leaf as input %d (another leaf at the capture)", i, same);
+        else
+            snprintf(why, len, "input %d: the same leaf as input %d, was as input %d at the capture", i, same,
+                     v->user_hsame[i]);
+        return false;
+    }
+    return true;
+}
 
 /* The tensors a version reads and writes through handles still fit it;
  * fills v->hrec (one lookup per handle per call). False with the reason
@@ -1140,6 +1246,7 @@ static bool guards_hold(version *v, int n_in, const ctpu_tensor *in, ctpu_trec *
         snprintf(why, len, "input %d: %s, was %s at the capture", i, kind[k], kind[v->user_ag[i]]);
         return false;
     }
+    if (!leaf_identity_holds(v, n_in, inrec, why, len)) return false;
     if (other_extent) {
         *extent = true;
         snprintf(why, len, "another extent of the inputs' dynamic dims");
@@ -1151,24 +1258,38 @@ static bool guards_hold(version *v, int n_in, const ctpu_tensor *in, ctpu_trec *
     }
     uint64_t epoch = atomic_load(&ctpu__bind_epoch);
     v->check_epoch = epoch;
-    if (v->bound && v->bound_epoch == epoch) return inputs_not_inplace(v, n_in, in, why, len);
+    if (v->bound && v->bound_epoch == epoch && rows_same(v, in, inrec))
+        return inputs_not_inplace(v, n_in, in, why, len);
     v->bound = false;
-    return handles_hold(v, why, len) && inputs_not_inplace(v, n_in, in, why, len) && no_grad_holds(v, why, len);
+    return handles_hold(v, in, inrec, why, len) && inputs_not_inplace(v, n_in, in, why, len) &&
+           no_grad_holds(v, inrec, why, len);
 }
 
 /* The per-handle guards (what the binding cache skips): each row live,
  * computed and with storage; in-place targets unshared; each buffer they
  * rely on watched, so a change to it bumps the binding epoch. */
-static bool handles_hold(version *v, char *why, size_t len)
+static bool handles_hold(version *v, const ctpu_tensor *in, ctpu_trec *const *inrec, char *why, size_t len)
 {
     v->bindable = true;
     for (int h = 0; h < v->n_h; h++) {
-        ctpu_trec *r = row_rec(v, h);
+        int p = v->hpos[h];
+        ctpu_trec *r = p < 0 ? row_rec(v, h) : NULL;
+        if (p >= 0) {
+            v->hnow[h] = row_id_now(v, h, in, inrec);
+            r = p & 1 ? live_rec(v->hnow[h]) : inrec[p / 2];
+        }
         v->hrec[h] = r;
         uint8_t f = v->hrole[h];
         if (r && r->buf) atomic_store_explicit(&r->buf->watched, true, memory_order_relaxed);
         else if (r) v->bindable = false;
         if (f == H_LEAF) continue;   /* only its .grad is written: a released leaf gets none */
+        if (!r && p >= 0) {   /* the .grad's presence, per position */
+            const char *nm = ctpu_rec_name(inrec[p / 2]);
+            snprintf(why, len, "input %d%s%.64s%s has no .grad now, one at the capture (which the step %s)", p / 2,
+                     nm[0] ? " (" : "", nm, nm[0] ? ")" : "",
+                     f & (H_ASSIGN | H_INPLACE) ? "accumulates into" : "reads");
+            return false;
+        }
         if (!r || ctpu_rec_pending(r) || !r->buf) {
             snprintf(why, len, "captured tensor %s: %s, which the step %s", !r ? "released" : "pending elsewhere",
                      v->hdesc ? v->hdesc[h] : "", f & (H_ASSIGN | H_INPLACE) ? "assigns" : "reads");
@@ -1199,13 +1320,22 @@ static bool inputs_not_inplace(const version *v, int n_in, const ctpu_tensor *in
             snprintf(why, len, "input %d is the storage of a tensor the step assigns in place", i);
             return false;
         }
+    for (int u = 0; u < v->n_prow; u++) {   /* an input leaf's .grad assigned in place: this call's */
+        int h = v->prow[u];
+        for (int i = 0; i < n_in && (v->hrole[h] & H_INPLACE); i++)
+            if (in[i].id == v->hnow[h]) {
+                snprintf(why, len, "input %d is input %d's .grad, which the step assigns in place", i, v->hpos[h] / 2);
+                return false;
+            }
+    }
     return true;
 }
 
-static bool no_grad_holds(version *v, char *why, size_t len)
+static bool no_grad_holds(version *v, ctpu_trec *const *inrec, char *why, size_t len)
 {
     for (int i = 0; i < v->n_no_grad; i++) {
-        const ctpu_trec *leaf = live_rec(v->no_grad_leaf[i]);
+        int k = v->no_grad_in[i];   /* an input leaf: the call's in[k], per position */
+        const ctpu_trec *leaf = k >= 0 ? inrec[k] : live_rec(v->no_grad_leaf[i]);
         if (!leaf) {
             snprintf(why, len, "a leaf whose .grad the step makes was released");
             return false;
@@ -1214,7 +1344,9 @@ static bool no_grad_holds(version *v, char *why, size_t len)
         else v->bindable = false;
         if (live_rec(ctpu__ag_grad_id(leaf))) {
             const char *nm = ctpu_rec_name(leaf);
-            snprintf(why, len, "leaf %.64s%shas a .grad now, none at the capture (backward would accumulate)", nm,
+            char at[16] = "";
+            if (k >= 0) snprintf(at, sizeof at, "input %d ", k);
+            snprintf(why, len, "leaf %s%.64s%shas a .grad now, none at the capture (backward would accumulate)", at, nm,
                      nm[0] ? " " : "");
             return false;
         }
@@ -1448,7 +1580,7 @@ static void publish_requests(replay_ctx *x)
         if (x->outk[r->out] == OUT_REUSED) continue;       /* RQ_GRAD written into the old .grad */
         ctpu_buffer_retain(b);
         ctpu_tensor g = ctpu_handle_new(&r->type, b, bo, "compiled_call");
-        if (!ctpu_is_null(g) && !ctpu__ag_set_grad((ctpu_tensor){ r->h }, g)) ctpu_release(g);
+        if (!ctpu_is_null(g) && !ctpu__ag_set_grad((ctpu_tensor){ v->hnow[r->hs] }, g)) ctpu_release(g);
     }
 }
 
@@ -1466,6 +1598,7 @@ static void replay_publish(replay_ctx *x, ctpu_tensor *out)
             continue;
         }
         out[j] = v->out_in[j] >= 0 ? x->in[v->out_in[j]] : (ctpu_tensor){ v->out_fixed[j] };
+        if (v->out_prow[j] >= 0) out[j] = (ctpu_tensor){ v->hnow[v->out_prow[j]] };
         int q = v->out_rq[j];
         if (q < 0) continue;
         int first = j;
