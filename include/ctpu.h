@@ -957,7 +957,13 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  *   failure, counted toward the recompile limit, whose reason reads "input
  *   0 dim 0: 5 -> 6 in the dynamic range, but fn's trace specialises it"
  *   with the cache's own reason, as torch.compile recompiles when a guard
- *   specialises a symbol).
+ *   specialises a symbol). An in[i] that is a leaf requiring grad (a new
+ *   batch tensor each step, ctpu_set_requires_grad) gets its .grad by
+ *   position too: after the call ctpu_grad(in[i]) is what strict eager
+ *   gives, accumulated into the .grad in[i] had, whichever tensor is passed
+ *   (a new one each call replays); guarded per position: whether in[i] has
+ *   a .grad (as at the capture: "input 0 has no .grad now, one at the
+ *   capture"), and which leaf inputs are one tensor (x as in[0] and in[1]).
  * - scalars[i]: runtime arguments of the program. A recorded *_scalar
  *   operand, creation value or clamp bound whose value equals scalars[i]
  *   bit for bit reads argument i at every call (the lowest such i; so give
@@ -967,9 +973,10 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  *   *_scalar_int forms, ctpu_clamp_int) equal to trunc(scalars[i]) reads
  *   trunc(scalars[i]) at every call, as C's (int64_t) cast gives (fn
  *   rounding another way is a host computation: baked).
- * - tensors made before the call (parameters, optimizer state, .grad):
- *   read and assigned through their handles, so eager and compiled calls
- *   mix on the same tensors (guard: each handle still live).
+ * - tensors made before the call (parameters, optimizer state, their
+ *   .grad; not an input leaf's .grad, above): read and assigned through
+ *   their handles, so eager and compiled calls mix on the same tensors
+ *   (guard: each handle still live).
  * - random ops draw from the global generator at every replay, as fn would.
  * - any other host state fn reads (globals, fields of ctx, a branch on a
  *   step counter, an optimizer's host-side lr or step count) is baked into
