@@ -1344,10 +1344,10 @@ static bool no_grad_holds(version *v, ctpu_trec *const *inrec, char *why, size_t
         else v->bindable = false;
         if (live_rec(ctpu__ag_grad_id(leaf))) {
             const char *nm = ctpu_rec_name(leaf);
-            char at[16] = "";
-            if (k >= 0) snprintf(at, sizeof at, "input %d ", k);
-            snprintf(why, len, "leaf %s%.64s%shas a .grad now, none at the capture (backward would accumulate)", at, nm,
-                     nm[0] ? " " : "");
+            char at[96];
+            if (k >= 0) snprintf(at, sizeof at, "input %d%s%.64s%s ", k, nm[0] ? " (" : "", nm, nm[0] ? ")" : "");
+            else snprintf(at, sizeof at, "%.64s%s", nm, nm[0] ? " " : "");
+            snprintf(why, len, "leaf %shas a .grad now, none at the capture (backward would accumulate)", at);
             return false;
         }
     }
