@@ -945,7 +945,9 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  * What a replay reads and writes:
  * - in[i]: bound by position each call (guard: the same dtype, whether it
  *   requires grad and is a leaf, and exact shape as at the capture; and
- *   the grad mode, as torch.compile guards them; except dims in[i] had marked with
+ *   the grad mode, as torch.compile guards them; inputs that share storage
+ *   (views of one tensor) share it as at the capture, each at the same byte
+ *   offset from the first; except dims in[i] had marked with
  *   ctpu_mark_dynamic at the capture: guarded by their range. A call at a
  *   new in-range extent records fn once more and binds the one dynamic
  *   program at it, no compile (ctpu_compiled_info.dynamic_captures, not a

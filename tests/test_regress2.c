@@ -1602,6 +1602,148 @@ START_TEST(shutdown_while_another_thread_waits_is_refused)
 }
 END_TEST
 
+/* ================================================= compiled-step classes (67-): a helper
+ * A compiled step's calls against fn called in strict eager, call by call
+ * and bit for bit: each out[j] and each tensor the case's state function
+ * names (parameters, .grads), every call. The inputs are made per call in
+ * the call's scope; the state is made by mk in strict eager. */
+typedef struct {
+    void *(*mk)(void);
+    void (*fr)(void *ctx);
+    void (*inputs)(void *ctx, int call, ctpu_tensor *in);
+    int (*state)(void *ctx, ctpu_tensor *t);   /* up to 8 */
+    void (*between)(void *ctx, int call);      /* host work before each call (may be NULL) */
+    ctpu_step_fn fn;
+    int n_in, n_out, calls;
+} cs_case;
+
+#define CS_MAX 64
+typedef struct { int st; int n; float v[CS_MAX]; } cs_val;
+
+static void cs_read(ctpu_tensor t, cs_val *r)
+{
+    memset(r, 0, sizeof *r);
+    if (ctpu_is_null(t) || !ctpu_is_valid(t)) { r->st = -1; return; }
+    int64_t n = ctpu_numel(t);
+    ck_assert(n >= 0 && n <= CS_MAX);
+    r->n = (int)n;
+    r->st = ctpu_to_host_as_f32(t, r->v, sizeof r->v);
+}
+
+static void cs_run(const cs_case *k, bool compiled, cs_val (*res)[16], ctpu_compiled_info *info)
+{
+    ctpu_manual_seed(5);
+    void *ctx = k->mk();
+    ctpu_compiled *c = compiled ? ctpu_compile(k->fn, ctx, NULL) : NULL;
+    for (int it = 0; it < k->calls; it++) {
+        ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+        if (k->between) k->between(ctx, it);
+        ctpu_tensor in[4] = { CTPU_NULL, CTPU_NULL, CTPU_NULL, CTPU_NULL }, out[8];
+        k->inputs(ctx, it, in);
+        ctpu_status st;
+        if (c) {
+            st = ctpu_compiled_call(c, k->n_in, in, 0, NULL, k->n_out, out);
+        } else {
+            ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+            for (int j = 0; j < k->n_out; j++) out[j] = CTPU_NULL;
+            st = k->fn(ctx, in, NULL, out);
+            for (int j = 0; j < k->n_out && st == CTPU_OK; j++)
+                if (ctpu_is_valid(out[j])) out[j] = ctpu_keep(ctpu_requires_grad(out[j]) ? ctpu_detach(out[j]) : out[j]);
+            ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+        }
+        ck_assert_msg(st == CTPU_OK, "call %d (%s): %s", it, compiled ? "compiled" : "eager", ctpu_last_error());
+        int j = 0;
+        for (; j < k->n_out; j++) cs_read(out[j], &res[it][j]);
+        ctpu_tensor t[8];
+        int n = k->state ? k->state(ctx, t) : 0;
+        for (int q = 0; q < n; q++) cs_read(t[q], &res[it][j + q]);
+        ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+    }
+    if (c) {
+        ck_assert_int_eq(ctpu_compiled_get_info(c, info), CTPU_OK);
+        ctpu_compiled_free(c);
+    }
+    k->fr(ctx);
+}
+
+static void cs_expect_eager(const char *name, const cs_case *k, ctpu_compiled_info *info)
+{
+    static cs_val want[8][16], got[8][16];
+    ck_assert(k->calls <= 8 && k->n_out <= 8);
+    memset(want, 0, sizeof want);
+    memset(got, 0, sizeof got);
+    cs_run(k, false, want, NULL);
+    cs_run(k, true, got, info);
+    for (int it = 0; it < k->calls; it++)
+        for (int j = 0; j < 16; j++) {
+            const cs_val *a = &want[it][j], *b = &got[it][j];
+            ck_assert_msg(a->st == b->st && a->n == b->n, "%s: call %d value %d: %s (%d elements) vs eager %s (%d)", name,
+                          it, j, b->st ? "none" : "read", b->n, a->st ? "none" : "read", a->n);
+            for (int e = 0; e < a->n; e++)
+                ck_assert_msg(t_same(a->v[e], b->v[e]), "%s: call %d value %d element %d: %.9g vs eager %.9g (%s)", name,
+                              it, j, e, b->v[e], a->v[e], info->last_reason);
+        }
+}
+
+/* ================================================= 67. inputs that are views of one storage at moving offsets
+ * torch: a compiled function given two aliased inputs (ta = t0[1:]) reads
+ * each at its own offset; AOTAutograd's synthetic base regenerated a view
+ * of the aliased input from the wrong base (pytorch/pytorch#198095, the
+ * offset taken from the traced fake, #191002). ctpu bound a program input
+ * reading in[1] to in[0] at the capture's byte offset: a later call with
+ * in[1] at another row of the same storage (same shapes, same sharing)
+ * read the capture's rows. The offset between inputs that share storage
+ * is a guard (a recapture with its reason). */
+typedef struct { ctpu_tensor base; } cs67;
+static void *cs67_mk(void)
+{
+    cs67 *k = calloc(1, sizeof *k);
+    float d[24];
+    for (int i = 0; i < 24; i++) d[i] = (float)(i * i % 17) - 3.5f;
+    k->base = ctpu_keep(ctpu_from_host(d, CTPU_F32, 2, (const int64_t[]){ 6, 4 }));
+    return k;
+}
+static void cs67_fr(void *p)
+{
+    cs67 *k = p;
+    ctpu_release(k->base);
+    free(k);
+}
+static void cs67_in_pair(void *p, int it, ctpu_tensor *in)
+{
+    cs67 *k = p;
+    in[0] = ctpu_slice(k->base, 0, 0, 2, 1);
+    in[1] = ctpu_slice(k->base, 0, 2 + it % 3, 4 + it % 3, 1);
+}
+static void cs67_in_whole(void *p, int it, ctpu_tensor *in)
+{
+    cs67 *k = p;
+    in[0] = k->base;
+    in[1] = ctpu_slice(k->base, 0, 1 + it % 3, 3 + it % 3, 1);
+}
+static ctpu_status cs67_fn(void *p, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)p;
+    (void)sc;
+    out[0] = ctpu_sub(in[1], ctpu_slice(in[0], 0, 0, 2, 1));
+    out[1] = ctpu_reshape(in[1], 1, (const int64_t[]){ 8 });   /* a view: made on the call's in[1] */
+    out[2] = ctpu_sum(in[0], 0, NULL, false);
+    return CTPU_OK;
+}
+
+START_TEST(aliased_inputs_at_moving_offsets)
+{
+    for (int w = 0; w < 2; w++) {
+        cs_case k = { cs67_mk, cs67_fr, w ? cs67_in_whole : cs67_in_pair, NULL, NULL, cs67_fn, 2, 3, 6 };
+        ctpu_compiled_info info;
+        cs_expect_eager(w ? "input and a view into it" : "two views of one storage", &k, &info);
+        ck_assert_int_ge(info.guard_failures, 2);
+        ck_assert_int_ge(info.replays, 2);   /* each offset replays once seen */
+        ck_assert_msg(t_contains(info.last_reason, "input 1: at byte"), "%s", info.last_reason);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("regress2");
@@ -1643,6 +1785,7 @@ int main(void)
     tcase_add_test(tc, compiled_free_inside_its_call_is_refused);
     tcase_add_test(tc, callbacks_that_misnest_scopes_are_errors);
     tcase_add_test(tc, shutdown_while_another_thread_waits_is_refused);
+    tcase_add_test(tc, aliased_inputs_at_moving_offsets);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

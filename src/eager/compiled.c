@@ -146,6 +146,7 @@ typedef struct version {
     ctpu_vtype *user_type;     /* [n_user] guard: dtype and exact shape */
     ctpu_dyndim (*user_dyn)[CTPU_MAX_DIMS];   /* [n_user] ctpu_mark_dynamic's ranges at the capture, or NULL: none */
     int32_t *user_same;        /* [n_user] the first input sharing its storage at the capture */
+    int64_t *user_rel;         /* [n_user] bytes from that input's offset to its own (views of one storage) */
     uint8_t precision;
     bool dbg;
     bool grad_mode;            /* guard: grad mode at the capture (torch.compile's global state guard) */
@@ -357,6 +358,7 @@ static void version_free(version *v)
         if (v->in[k].kind == IN_CONST && v->in[k].buf) ctpu_buffer_release(ctpu_rt->dev, v->in[k].buf);
     free(v->user_type);
     free(v->user_same);
+    free(v->user_rel);
     free(v->in);
     free(v->sc);
     free(v->rq);
@@ -744,6 +746,20 @@ static bool check_inplace(build_ctx *b)
     return true;
 }
 
+/* The first input sharing in[i]'s storage (i itself when none does) and
+ * how many bytes in[i] starts after it: a program input reading one of
+ * them is bound to the first at a fixed offset, so both are guards. */
+static int same_input(ctpu_trec *const *inrec, int i, int64_t *rel)
+{
+    for (int j = 0; j < i; j++)
+        if (inrec[j]->buf == inrec[i]->buf) {
+            *rel = (int64_t)inrec[i]->off - (int64_t)inrec[j]->off;
+            return j;
+        }
+    *rel = 0;
+    return i;
+}
+
 static bool version_alloc(version *v, const ctpu_capture_sink *s, const struct ctpu_capture *cap)
 {
     const ctpu_launch_plan *pl = s->plan;
@@ -757,6 +773,7 @@ static bool version_alloc(version *v, const ctpu_capture_sink *s, const struct c
     v->n_rng = cap->n_rng;
     v->user_type = malloc(sizeof *v->user_type * ((size_t)v->n_user + 1));
     v->user_same = malloc(sizeof *v->user_same * ((size_t)v->n_user + 1));
+    v->user_rel = calloc((size_t)v->n_user + 1, sizeof *v->user_rel);
     v->in = calloc((size_t)v->n_pin + 1, sizeof *v->in);
     v->sc = calloc((size_t)v->n_psc + 1, sizeof *v->sc);
     v->rq = calloc((size_t)v->nreq + 1, sizeof *v->rq);
@@ -787,9 +804,10 @@ static bool version_alloc(version *v, const ctpu_capture_sink *s, const struct c
     v->pin_o = calloc((size_t)v->n_pin + 1, sizeof *v->pin_o);
     v->pin_user = calloc((size_t)v->n_pin + 1, sizeof *v->pin_user);
     if (!v->outb || !v->outo || !v->outk || !v->sc_tmpl || !v->sc_dyn || !v->unconf || !v->pin_b || !v->pin_o || !v->pin_user) return false;
-    return v->user_type && v->user_same && v->in && v->sc && v->rq && v->alias_req && v->grad_rq && v->out_bytes &&
-           v->rng && v->no_grad_leaf && v->no_grad_in && v->out_rq && v->out_fixed && v->out_in && v->out_prow &&
-           v->out_vbase && v->out_vtype && v->out_vdelta && v->out_vold && v->user_ag && v->user_hsame && v->arg_val;
+    return v->user_type && v->user_same && v->user_rel && v->in && v->sc && v->rq && v->alias_req && v->grad_rq &&
+           v->out_bytes && v->rng && v->no_grad_leaf && v->no_grad_in && v->out_rq && v->out_fixed && v->out_in &&
+           v->out_prow && v->out_vbase && v->out_vtype && v->out_vdelta && v->out_vold && v->user_ag && v->user_hsame &&
+           v->arg_val;
 }
 
 /* The guards' facts and the plan's copies. */
@@ -800,9 +818,7 @@ static void version_fill(version *v, const ctpu_capture_sink *s, const struct ct
         v->user_type[i] = cap->inrec[i]->type;
         if (cap->inrec[i]->dyn && !v->user_dyn) v->user_dyn = calloc((size_t)v->n_user, sizeof *v->user_dyn);
         if (cap->inrec[i]->dyn && v->user_dyn) memcpy(v->user_dyn[i], cap->inrec[i]->dyn, sizeof v->user_dyn[i]);
-        v->user_same[i] = i;
-        for (int j = 0; j < i; j++)
-            if (cap->inrec[j]->buf == cap->inrec[i]->buf) { v->user_same[i] = j; break; }
+        v->user_same[i] = same_input(cap->inrec, i, &v->user_rel[i]);
         v->user_ag[i] = (uint8_t)ctpu__ag_kind(cap->inrec[i]);
         v->user_hsame[i] = i;
         for (int j = 0; j < i && v->user_ag[i] == 1; j++)
@@ -1225,9 +1241,8 @@ static bool guards_hold(version *v, int n_in, const ctpu_tensor *in, ctpu_trec *
             if (!dyn_extent(v, i, inrec[i], why, len)) return false;
             other_extent = true;
         }
-        int same = i;
-        for (int j = 0; j < i; j++)
-            if (inrec[j]->buf == inrec[i]->buf) { same = j; break; }
+        int64_t rel;
+        int same = same_input(inrec, i, &rel);
         if (same != v->user_same[i]) {
             if (same == i)
                 snprintf(why, len, "input %d: no longer shares storage with input %d", i, v->user_same[i]);
@@ -1235,6 +1250,13 @@ static bool guards_hold(version *v, int n_in, const ctpu_tensor *in, ctpu_trec *
                 snprintf(why, len, "input %d: now shares storage with input %d (it did not at capture)", i, same);
             else
                 snprintf(why, len, "input %d: shares storage with input %d, was with input %d", i, same, v->user_same[i]);
+            return false;
+        }
+        if (rel != v->user_rel[i]) {
+            /* a view of input same's storage at another offset: the
+             * program reads it at the capture's (pytorch/pytorch#198095) */
+            snprintf(why, len, "input %d: at byte %lld of input %d's storage, %lld at the capture", i,
+                     (long long)rel, same, (long long)v->user_rel[i]);
             return false;
         }
     }
@@ -2086,10 +2108,9 @@ static int guard_distance(const version *v, int n_in, ctpu_trec *const *inrec, i
         if (was->ndim != now->ndim) n++;
         else
             for (int d = 0; d < was->ndim; d++) n += was->shape[d] != now->shape[d];
-        int same = i;
-        for (int j = 0; j < i; j++)
-            if (inrec[j]->buf == inrec[i]->buf) { same = j; break; }
-        n += same != v->user_same[i];
+        int64_t rel;
+        int same = same_input(inrec, i, &rel);
+        n += same != v->user_same[i] || rel != v->user_rel[i];
     }
     n += v->precision != (uint8_t)ctpu_rt->precision || v->dbg != ctpu_rt->debug_checks;
     return n ? n : 1;
@@ -2269,10 +2290,9 @@ static bool auto_marks(const version *v, int n_in, ctpu_trec *const *inrec, int 
             if (was->shape[q] % v0 || now->shape[q] != c * v1 || c > 2147483647) return false;
             d[i][q] = (ctpu_dyndim){ 2, 2147483647, c };
         }
-        int same = i;
-        for (int j = 0; j < i; j++)
-            if (inrec[j]->buf == inrec[i]->buf) { same = j; break; }
-        if (same != v->user_same[i]) return false;
+        int64_t rel;
+        int same = same_input(inrec, i, &rel);
+        if (same != v->user_same[i] || rel != v->user_rel[i]) return false;
     }
     return true;
 }
