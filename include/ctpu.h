@@ -978,7 +978,9 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  * - tensors made before the call (parameters, optimizer state, their
  *   .grad; not an input leaf's .grad, above): read and assigned through
  *   their handles, so eager and compiled calls mix on the same tensors
- *   (guard: each handle still live).
+ *   (guard: each handle still live, and requiring grad or not, as a leaf
+ *   or not, as at the capture: a parameter frozen or unfrozen since is a
+ *   guard failure, as torch.compile guards a parameter's requires_grad).
  * - random ops draw from the global generator at every replay, as fn would.
  * - any other host state fn reads (globals, fields of ctx, a branch on a
  *   step counter, an optimizer's host-side lr or step count) is baked into

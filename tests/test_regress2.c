@@ -1744,6 +1744,87 @@ START_TEST(aliased_inputs_at_moving_offsets)
 }
 END_TEST
 
+/* ================================================= 68. a parameter's requires_grad changed between compiled calls
+ * torch: dynamo guards each parameter's requires_grad, so freezing a layer
+ * between calls recompiles; it reused the graph compiled with the layer
+ * trainable (pytorch/pytorch#139476 "dynamo re-uses incorrect compiled
+ * frame when changing requires-gradness of model params"). ctpu guarded
+ * only the inputs' autograd kind: with b frozen between calls, the replay
+ * still made b's .grad and the optimizer in fn updated b (eager leaves it).
+ * Each tensor the step reads or whose .grad it makes is guarded by its
+ * autograd kind at the capture (not a leaf requiring grad, a leaf, a
+ * non-leaf). */
+typedef struct { ctpu_tensor w, b; } cs68;
+static void *cs68_mk(void)
+{
+    cs68 *k = calloc(1, sizeof *k);
+    k->w = ctpu_keep(ctpu_from_host((const float[]){ 0.5f, -1, 0.25f, 2, 1.5f, -0.75f }, CTPU_F32, 2, (const int64_t[]){ 2, 3 }));
+    k->b = ctpu_keep(ctpu_from_host((const float[]){ 0.1f, -0.2f, 0.3f }, CTPU_F32, 1, (const int64_t[]){ 3 }));
+    ck_assert_int_eq(ctpu_set_requires_grad(k->w, true), CTPU_OK);
+    ck_assert_int_eq(ctpu_set_requires_grad(k->b, true), CTPU_OK);
+    return k;
+}
+static void cs68_fr(void *p)
+{
+    cs68 *k = p;
+    ctpu_zero_grad(k->w);
+    ctpu_zero_grad(k->b);
+    ctpu_release(k->w);
+    ctpu_release(k->b);
+    free(k);
+}
+static void cs68_in(void *p, int it, ctpu_tensor *in)
+{
+    (void)p;
+    float x[4] = { 1.0f + (float)it, -0.5f, 0.25f * (float)it, 2 };
+    in[0] = ctpu_from_host(x, CTPU_F32, 2, (const int64_t[]){ 2, 2 });
+}
+static int cs68_state(void *p, ctpu_tensor *t)
+{
+    cs68 *k = p;
+    t[0] = k->w;
+    t[1] = k->b;
+    return 2;
+}
+static void cs68_between(void *p, int it)
+{
+    cs68 *k = p;
+    ck_assert_int_eq(ctpu_set_requires_grad(k->b, it % 3 != 1), CTPU_OK);   /* frozen at calls 1 and 4 */
+}
+static ctpu_status cs68_fn(void *p, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)sc;
+    cs68 *k = p;
+    ctpu_zero_grad(k->w);
+    ctpu_zero_grad(k->b);
+    ctpu_tensor y = ctpu_add(ctpu_matmul(in[0], k->w), k->b);
+    ctpu_tensor loss = ctpu_sum(ctpu_mul(y, y), 0, NULL, false);
+    ctpu_status st = ctpu_backward(loss);
+    if (st != CTPU_OK) return st;
+    ck_assert_int_eq(ctpu_no_grad_begin(), CTPU_OK);
+    ctpu_tensor ps[2] = { k->w, k->b };
+    for (int i = 0; i < 2; i++) {   /* SGD over the parameters that have a .grad, as torch.optim */
+        ctpu_tensor g = ctpu_grad(ps[i]);
+        if (!ctpu_is_null(g)) st = ctpu_assign(ps[i], ctpu_sub(ps[i], ctpu_mul_scalar(g, 0.125)));
+    }
+    ck_assert_int_eq(ctpu_no_grad_end(), CTPU_OK);
+    out[0] = loss;
+    return st;
+}
+
+START_TEST(parameter_requires_grad_is_a_guard)
+{
+    cs_case k = { cs68_mk, cs68_fr, cs68_in, cs68_state, cs68_between, cs68_fn, 1, 1, 6 };
+    ctpu_compiled_info info;
+    cs_expect_eager("b frozen at calls 1 and 4", &k, &info);
+    ck_assert_int_eq(info.captures, 2);   /* one per requires_grad state, then replays */
+    ck_assert_int_eq(info.replays, 4);
+    ck_assert_msg(t_contains(info.last_reason, "captured tensor program input") &&
+                      t_contains(info.last_reason, "requires no grad now, was a leaf requiring grad at the capture"),
+                  "%s", info.last_reason);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("regress2");
@@ -1786,6 +1867,7 @@ int main(void)
     tcase_add_test(tc, callbacks_that_misnest_scopes_are_errors);
     tcase_add_test(tc, shutdown_while_another_thread_waits_is_refused);
     tcase_add_test(tc, aliased_inputs_at_moving_offsets);
+    tcase_add_test(tc, parameter_requires_grad_is_a_guard);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -182,6 +182,7 @@ typedef struct version {
     int n_h;
     uint64_t *hid;             /* [n_h] */
     uint8_t *hrole;            /* [n_h] H_* bits */
+    uint8_t *hag;              /* [n_h] guard: ctpu__ag_kind of its tensor at the capture (a parameter frozen since) */
     ctpu_trec **hrec;          /* [n_h] this call's records (NULL: not live) */
     ctpu_trec **hslot;         /* [n_h] the slot each handle names (slots never move) */
     uint32_t *hgen;            /* [n_h] and its generation: live when the slot still has it */
@@ -382,6 +383,7 @@ static void version_free(version *v)
     free(v->hid);
     free(v->inplace_ids);
     free(v->hrole);
+    free(v->hag);
     free(v->hrec);
     free(v->hslot);
     free(v->hgen);
@@ -937,11 +939,14 @@ static bool build_handles(version *v, const struct ctpu_capture *cap)
     v->inplace_ids = malloc(sizeof *v->inplace_ids * ((size_t)v->n_h + 1));
     v->hslot = malloc(sizeof *v->hslot * ((size_t)v->n_h + 1));
     v->hgen = malloc(sizeof *v->hgen * ((size_t)v->n_h + 1));
-    if (!v->inplace_ids || !v->hslot || !v->hgen || !bind_positions(v, cap)) return false;
+    v->hag = malloc((size_t)v->n_h + 1);
+    if (!v->inplace_ids || !v->hslot || !v->hgen || !v->hag || !bind_positions(v, cap)) return false;
     for (int h = 0; h < v->n_h; h++) {
         ctpu_tensor t = { v->hid[h] };
         v->hslot[h] = ctpu_slot(ctpu_handle_slot(t));   /* live at the capture: its slot exists */
         v->hgen[h] = ctpu_handle_gen(t);
+        const ctpu_trec *r = live_rec(v->hid[h]);
+        v->hag[h] = r ? (uint8_t)ctpu__ag_kind(r) : 0;
     }
     for (int h = 0; h < v->n_h; h++)   /* (a row bound by position is checked against the call's handle) */
         if ((v->hrole[h] & H_INPLACE) && v->hpos[h] < 0) v->inplace_ids[v->n_inplace++] = v->hid[h];
@@ -1164,6 +1169,10 @@ static bool dyn_extent(const version *v, int i, const ctpu_trec *r, char *why, s
     return false;
 }
 
+/* ctpu__ag_kind's kinds, in words: now, and at the capture. */
+static const char *const ag_kind_now[3] = { "requires no grad", "is a leaf requiring grad", "is a non-leaf requiring grad" };
+static const char *const ag_kind_was[3] = { "required none", "was a leaf requiring grad", "was a non-leaf requiring grad" };
+
 /* Handle row h's record if its handle is live. */
 static inline ctpu_trec *row_rec(const version *v, int h)
 {
@@ -1263,9 +1272,7 @@ static bool guards_hold(version *v, int n_in, const ctpu_tensor *in, ctpu_trec *
     for (int i = 0; i < n_in; i++) {
         int k = ctpu__ag_kind(inrec[i]);
         if (k == v->user_ag[i]) continue;
-        static const char *const kind[3] = { "does not require grad", "a leaf that requires grad",
-                                             "a non-leaf that requires grad" };
-        snprintf(why, len, "input %d: %s, was %s at the capture", i, kind[k], kind[v->user_ag[i]]);
+        snprintf(why, len, "input %d %s now, %s at the capture", i, ag_kind_now[k], ag_kind_was[v->user_ag[i]]);
         return false;
     }
     if (!leaf_identity_holds(v, n_in, inrec, why, len)) return false;
@@ -1304,6 +1311,14 @@ static bool handles_hold(version *v, const ctpu_tensor *in, ctpu_trec *const *in
         uint8_t f = v->hrole[h];
         if (r && r->buf) atomic_store_explicit(&r->buf->watched, true, memory_order_relaxed);
         else if (r) v->bindable = false;
+        if (r && p < 0 && ctpu__ag_kind(r) != v->hag[h]) {
+            /* a parameter frozen (or unfrozen) since: the capture's
+             * backward made its .grad, eager's makes none (torch.compile
+             * guards requires_grad: pytorch/pytorch#139476) */
+            snprintf(why, len, "captured tensor %s %s now, %s at the capture", v->hdesc ? v->hdesc[h] : "",
+                     ag_kind_now[ctpu__ag_kind(r)], ag_kind_was[v->hag[h]]);
+            return false;
+        }
         if (f == H_LEAF) continue;   /* only its .grad is written: a released leaf gets none */
         if (!r && p >= 0) {   /* the .grad's presence, per position */
             const char *nm = ctpu_rec_name(inrec[p / 2]);
