@@ -991,8 +991,12 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  *   handle fn got from a failed op and returned is returned (that call runs
  *   as defer and fuse and is not captured; a later call captures). An input fn returns is
  *   that call's in[i]; a view fn makes without an op (detach, reshape,
- *   transpose) of an input or of a tensor the step reads is made anew on
- *   that call's storage, as torch.compile regenerates output views.
+ *   transpose) of an input or of a tensor made before the call is made
+ *   anew on that call's storage, as torch.compile regenerates output
+ *   views; host data fn makes (ctpu_from_host inside fn) is baked, each
+ *   call returning a new handle on it (an assign to one copies); a tensor
+ *   fn makes and then assigns is that call's value, a new tensor each
+ *   call.
  * A graph break (a host read such as ctpu_item or ctpu_to_host, a mode
  * change, a collective such as ctpu_all_reduce, a nested
  * ctpu_compiled_call of another step inside fn, a ctpu_sync, ctpu_mark_step or

@@ -1615,6 +1615,7 @@ typedef struct {
     void (*between)(void *ctx, int call);      /* host work before each call (may be NULL) */
     ctpu_step_fn fn;
     int n_in, n_out, calls;
+    bool keep;   /* the caller keeps every call's outputs (read again after the last call) and assigns into the last one */
 } cs_case;
 
 #define CS_MAX 64
@@ -1635,6 +1636,7 @@ static void cs_run(const cs_case *k, bool compiled, cs_val (*res)[16], ctpu_comp
     ctpu_manual_seed(5);
     void *ctx = k->mk();
     ctpu_compiled *c = compiled ? ctpu_compile(k->fn, ctx, NULL) : NULL;
+    ctpu_tensor kept[8][8];
     for (int it = 0; it < k->calls; it++) {
         ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
         if (k->between) k->between(ctx, it);
@@ -1657,8 +1659,25 @@ static void cs_run(const cs_case *k, bool compiled, cs_val (*res)[16], ctpu_comp
         ctpu_tensor t[8];
         int n = k->state ? k->state(ctx, t) : 0;
         for (int q = 0; q < n; q++) cs_read(t[q], &res[it][j + q]);
+        for (int q = 0; q < k->n_out && k->keep; q++) {
+            kept[it][q] = out[q];
+            if (!ctpu_is_valid(out[q])) continue;
+            bool again = false;   /* an input or older tensor fn returned: the caller does not own it */
+            for (int i = 0; i < k->n_in; i++) again |= in[i].id == out[q].id;
+            for (int i = 0; i < n; i++) again |= t[i].id == out[q].id;
+            for (int i = 0; i < q; i++) again |= out[i].id == out[q].id;
+            if (!again) ctpu_keep(out[q]);
+            else kept[it][q] = CTPU_NULL;
+        }
+        if (k->keep && it > 0 && ctpu_is_valid(kept[it - 1][0]))   /* the last call's out[0], written by the caller */
+            ck_assert_int_eq(ctpu_assign(kept[it - 1][0], ctpu_add_scalar(kept[it - 1][0], 100.0)), CTPU_OK);
         ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
     }
+    for (int it = 0; it < k->calls && k->keep; it++)   /* each call's outputs, after every later call */
+        for (int q = 0; q < k->n_out; q++) {
+            cs_read(kept[it][q], &res[it][8 + q]);
+            if (ctpu_is_valid(kept[it][q])) ctpu_release(kept[it][q]);
+        }
     if (c) {
         ck_assert_int_eq(ctpu_compiled_get_info(c, info), CTPU_OK);
         ctpu_compiled_free(c);
@@ -1669,7 +1688,7 @@ static void cs_run(const cs_case *k, bool compiled, cs_val (*res)[16], ctpu_comp
 static void cs_expect_eager(const char *name, const cs_case *k, ctpu_compiled_info *info)
 {
     static cs_val want[8][16], got[8][16];
-    ck_assert(k->calls <= 8 && k->n_out <= 8);
+    ck_assert(k->calls <= 8 && k->n_out <= 8 && (!k->keep || k->n_out <= 4));
     memset(want, 0, sizeof want);
     memset(got, 0, sizeof got);
     cs_run(k, false, want, NULL);
@@ -1734,7 +1753,7 @@ static ctpu_status cs67_fn(void *p, const ctpu_tensor *in, const double *sc, ctp
 START_TEST(aliased_inputs_at_moving_offsets)
 {
     for (int w = 0; w < 2; w++) {
-        cs_case k = { cs67_mk, cs67_fr, w ? cs67_in_whole : cs67_in_pair, NULL, NULL, cs67_fn, 2, 3, 6 };
+        cs_case k = { cs67_mk, cs67_fr, w ? cs67_in_whole : cs67_in_pair, NULL, NULL, cs67_fn, 2, 3, 6, false };
         ctpu_compiled_info info;
         cs_expect_eager(w ? "input and a view into it" : "two views of one storage", &k, &info);
         ck_assert_int_ge(info.guard_failures, 2);
@@ -1814,7 +1833,7 @@ static ctpu_status cs68_fn(void *p, const ctpu_tensor *in, const double *sc, ctp
 
 START_TEST(parameter_requires_grad_is_a_guard)
 {
-    cs_case k = { cs68_mk, cs68_fr, cs68_in, cs68_state, cs68_between, cs68_fn, 1, 1, 6 };
+    cs_case k = { cs68_mk, cs68_fr, cs68_in, cs68_state, cs68_between, cs68_fn, 1, 1, 6, false };
     ctpu_compiled_info info;
     cs_expect_eager("b frozen at calls 1 and 4", &k, &info);
     ck_assert_int_eq(info.captures, 2);   /* one per requires_grad state, then replays */
@@ -1822,6 +1841,91 @@ START_TEST(parameter_requires_grad_is_a_guard)
     ck_assert_msg(t_contains(info.last_reason, "captured tensor program input") &&
                       t_contains(info.last_reason, "requires no grad now, was a leaf requiring grad at the capture"),
                   "%s", info.last_reason);
+}
+END_TEST
+
+/* ================================================= 69. a compiled step returns a tensor fn made on storage of its own
+ * torch: each call of a compiled function returns new tensors; a constant
+ * made inside it (torch.tensor([1., 2.])) is baked and returned fresh per
+ * call, and a mutation fn makes through a view it made is a mutation of
+ * that call's value (pytorch/pytorch#195422 "silently drops an in-place
+ * mutation of an input made through F.dropout's identity return",
+ * #191449 alias metadata of a view). ctpu's replays returned the
+ * capture's own handle for such an out[j]: a view of an older tensor the
+ * step does not otherwise read (ctpu_detach(b)), host data made in fn
+ * (ctpu_from_host), or one of these that fn then assigned. Released with
+ * the caller's scope, later calls got a stale handle; kept by the caller,
+ * every call returned (and wrote) the first call's tensor. Each replay now
+ * returns a new handle: a view on the older tensor's storage at that call
+ * (it becomes a row of the version), a new handle on the baked host data
+ * (which no assign writes in place), or the program's output for a tensor
+ * fn assigned (never written in place in the capture, so its old value
+ * stays the constant the next replay reads). The caller keeps every output
+ * and assigns into the last call's out[0]. */
+typedef struct { ctpu_tensor b; int variant; } cs69;
+static int cs69_variant;
+static void *cs69_mk(void)
+{
+    cs69 *k = calloc(1, sizeof *k);
+    k->b = ctpu_keep(ctpu_from_host((const float[]){ 10, 20, 30 }, CTPU_F32, 1, (const int64_t[]){ 3 }));
+    k->variant = cs69_variant;
+    return k;
+}
+static void cs69_fr(void *p)
+{
+    cs69 *k = p;
+    ctpu_release(k->b);
+    free(k);
+}
+static void cs69_in(void *p, int it, ctpu_tensor *in)
+{
+    (void)p;
+    float x[3] = { (float)it, 0.5f * (float)it, -1 };
+    in[0] = ctpu_from_host(x, CTPU_F32, 1, (const int64_t[]){ 3 });
+}
+static int cs69_state(void *p, ctpu_tensor *t)
+{
+    t[0] = ((cs69 *)p)->b;
+    return 1;
+}
+static ctpu_status cs69_fn(void *p, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)sc;
+    cs69 *k = p;
+    ctpu_tensor t;
+    switch (k->variant) {
+    case 0: t = ctpu_detach(k->b); break;                                                   /* a view of b */
+    case 1: t = ctpu_from_host((const float[]){ 1, 2, 3 }, CTPU_F32, 1, (const int64_t[]){ 3 }); break;
+    case 2: t = ctpu_reshape(in[0], 1, (const int64_t[]){ 3 }); break;                      /* a view of in[0] */
+    default: t = ctpu_from_host((const float[]){ 1, 2, 3 }, CTPU_F32, 1, (const int64_t[]){ 3 }); break;
+    }
+    if (k->variant >= 2) {   /* then assigned: 2 a view of the input, 3 host data, 4 (below) a view of b */
+        ctpu_status st = ctpu_assign(t, ctpu_add(t, in[0]));
+        if (st != CTPU_OK) return st;
+    }
+    if (k->variant == 4) {
+        t = ctpu_detach(k->b);
+        ctpu_status st = ctpu_assign(t, ctpu_mul(t, in[0]));
+        if (st != CTPU_OK) return st;
+    }
+    out[0] = t;
+    out[1] = ctpu_reshape(t, 2, (const int64_t[]){ 3, 1 });
+    out[2] = ctpu_add(in[0], in[0]);
+    return CTPU_OK;
+}
+
+START_TEST(returned_tensors_fn_made_are_new_each_call)
+{
+    static const char *const name[5] = { "detach of an older tensor", "host data made in fn",
+                                          "assigned view of the input", "assigned host data",
+                                          "assigned view of an older tensor" };
+    for (cs69_variant = 0; cs69_variant < 5; cs69_variant++) {
+        cs_case k = { cs69_mk, cs69_fr, cs69_in, cs69_state, NULL, cs69_fn, 1, 3, 5, true };
+        ctpu_compiled_info info;
+        cs_expect_eager(name[cs69_variant], &k, &info);
+        ck_assert_msg(info.captures == 1 && info.replays == 4, "%s: %llu captures, %llu replays (%s)", name[cs69_variant],
+                      (unsigned long long)info.captures, (unsigned long long)info.replays, info.last_reason);
+    }
 }
 END_TEST
 
@@ -1868,6 +1972,7 @@ int main(void)
     tcase_add_test(tc, shutdown_while_another_thread_waits_is_refused);
     tcase_add_test(tc, aliased_inputs_at_moving_offsets);
     tcase_add_test(tc, parameter_requires_grad_is_a_guard);
+    tcase_add_test(tc, returned_tensors_fn_made_are_new_each_call);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -171,6 +171,11 @@ typedef struct version {
      * each replay makes it anew on that call's storage: its type, at the
      * base's offset + delta bytes */
     int32_t *out_vbase;        /* [n_out_user] */
+    /* [n_out_user] out[j] fn made on storage no input or older tensor
+     * holds (ctpu_from_host inside fn: host data, baked): our ref, and a
+     * handle ref so that no assign writes it in place; each replay returns
+     * a new handle on it (out_vtype, at byte out_vdelta), or NULL */
+    ctpu_buffer **out_cbuf;
     ctpu_vtype *out_vtype;     /* [n_out_user] */
     int64_t *out_vdelta;       /* [n_out_user] */
     /* [n_out_user] the view was taken of the storage row h had at the
@@ -296,6 +301,8 @@ struct ctpu_capture {
     int n_rng, cap_rng;
     uint64_t *assigned;
     int n_assigned, cap_assigned;
+    uint64_t *fn_assigned;         /* tensors fn made and then assigned (ctpu__capture_note_assign) */
+    int n_fn_assigned, cap_fn_assigned;
     uint64_t *zeroed;
     int n_zeroed, cap_zeroed;
     uint64_t *ints;                /* the recorded scalar slots that are integer operands (*_scalar_int, clamp_int) */
@@ -303,6 +310,7 @@ struct ctpu_capture {
     grad_note *grads;
     int n_grads, cap_grads;
     version *made;                 /* built by the sink */
+    bool *fn_made;                 /* [n_out] out[j] is a handle fn made (kept from its scope), not an input or older tensor */
     char fail[192];                /* why the capture cannot be replayed (not a break) */
 };
 
@@ -374,6 +382,12 @@ static void version_free(version *v)
     free(v->out_in);
     free(v->out_prow);
     free(v->out_vbase);
+    for (int j = 0; v->out_cbuf && j < v->n_out_user; j++)
+        if (v->out_cbuf[j]) {
+            atomic_fetch_sub(&v->out_cbuf[j]->handle_refs, 1);
+            ctpu_buffer_release(ctpu_rt->dev, v->out_cbuf[j]);
+        }
+    free(v->out_cbuf);
     free(v->out_vtype);
     free(v->out_vdelta);
     free(v->out_vold);
@@ -532,11 +546,27 @@ void ctpu__capture_note_rng(int s, const double *sc)
      * its seed and offset stay the values it was given */
 }
 
+static bool contains(const uint64_t *a, int n, uint64_t x);
+
 void ctpu__capture_note_assign(uint64_t h)
 {
     struct ctpu_capture *cap = cap_now();
-    if (cap && !push((void **)&cap->assigned, &cap->n_assigned, &cap->cap_assigned, sizeof h, &h))
-        snprintf(cap->fail, sizeof cap->fail, "out of host memory");
+    if (!cap) return;
+    /* a tensor fn made (from host data, a view of an input or of an older
+     * tensor) is fn's own value, not a tensor each replay writes: noted
+     * apart, so that its assign is never in place (its old storage is what
+     * the next replay reads) and out[j] is a new tensor at every call */
+    const ctpu_trec *r = live_rec(h);
+    bool own = r && r->scope_id != 0 && r->scope_id >= cap->scope_floor;
+    bool ok = own ? push((void **)&cap->fn_assigned, &cap->n_fn_assigned, &cap->cap_fn_assigned, sizeof h, &h)
+                  : push((void **)&cap->assigned, &cap->n_assigned, &cap->cap_assigned, sizeof h, &h);
+    if (!ok) snprintf(cap->fail, sizeof cap->fail, "out of host memory");
+}
+
+bool ctpu__capture_fn_assigned(uint64_t h)
+{
+    const struct ctpu_capture *cap = cap_now();
+    return cap && contains(cap->fn_assigned, cap->n_fn_assigned, h);
 }
 
 void ctpu__capture_note_int(int s)
@@ -571,7 +601,18 @@ typedef struct {
     version *v;
     in_src *rsrc;                  /* [n_rin] per recorded input */
     bool *resolved;
+    uint64_t *vowner;              /* [n_out] older tensors out[j] views and the step does not read: rows */
+    int n_vowner;
 } build_ctx;
+
+/* out[j] of this capture is a handle fn made (an output kept from fn's
+ * scope: at the sink, its only handles still live besides older ones). */
+static bool fn_made(const struct ctpu_capture *cap, uint64_t id)
+{
+    for (int j = 0; cap->fn_made && j < cap->n_out; j++)
+        if (cap->fn_made[j] && cap->out[j].id == id) return true;
+    return false;
+}
 
 static bool contains(const uint64_t *a, int n, uint64_t x)
 {
@@ -606,7 +647,8 @@ static void classify_inputs(build_ctx *b)
          * a slice, was alive): read through that tensor, not the view (the
          * view is gone by the next call) */
         for (int q = 0; q < s->nreq && !b->resolved[r]; q++)
-            if (s->rrec[q] && s->rrec[q]->buf == s->rin_buf[r] && live_rec(s->rh[q]) == s->rrec[q]) {
+            if (s->rrec[q] && s->rrec[q]->buf == s->rin_buf[r] && live_rec(s->rh[q]) == s->rrec[q] &&
+                !contains(cap->fn_assigned, cap->n_fn_assigned, s->rh[q])) {
                 *x = (in_src){ .kind = IN_OWNER, .owner = s->rh[q],
                                .delta = (int64_t)s->rin_off[r] - (int64_t)s->rrec[q]->off };
                 b->resolved[r] = true;
@@ -619,6 +661,7 @@ static void classify_inputs(build_ctx *b)
             ctpu_trec *rec = ctpu_slot(idx);
             if (!atomic_load_explicit(&rec->live, memory_order_relaxed) || ctpu_rec_pending(rec) || !rec->buf) continue;
             uint64_t id = ((uint64_t)atomic_load_explicit(&rec->gen, memory_order_relaxed) << 32) | (idx + 1);
+            if (fn_made(cap, id)) continue;   /* fn's own output (host data it made): the capture's value */
             for (int r = 0; r < s->n_rin; r++) {
                 if (b->resolved[r] || s->rin_buf[r] != rec->buf) continue;
                 b->rsrc[r] = (in_src){ .kind = IN_OWNER, .owner = id,
@@ -790,6 +833,7 @@ static bool version_alloc(version *v, const ctpu_capture_sink *s, const struct c
     v->out_in = malloc(sizeof *v->out_in * ((size_t)v->n_out_user + 1));
     v->out_prow = malloc(sizeof *v->out_prow * ((size_t)v->n_out_user + 1));
     v->out_vbase = malloc(sizeof *v->out_vbase * ((size_t)v->n_out_user + 1));
+    v->out_cbuf = calloc((size_t)v->n_out_user + 1, sizeof *v->out_cbuf);
     v->out_vtype = malloc(sizeof *v->out_vtype * ((size_t)v->n_out_user + 1));
     v->out_vdelta = malloc(sizeof *v->out_vdelta * ((size_t)v->n_out_user + 1));
     v->out_vold = calloc((size_t)v->n_out_user + 1, sizeof *v->out_vold);
@@ -808,7 +852,7 @@ static bool version_alloc(version *v, const ctpu_capture_sink *s, const struct c
     if (!v->outb || !v->outo || !v->outk || !v->sc_tmpl || !v->sc_dyn || !v->unconf || !v->pin_b || !v->pin_o || !v->pin_user) return false;
     return v->user_type && v->user_same && v->user_rel && v->in && v->sc && v->rq && v->alias_req && v->grad_rq &&
            v->out_bytes && v->rng && v->no_grad_leaf && v->no_grad_in && v->out_rq && v->out_fixed && v->out_in &&
-           v->out_prow && v->out_vbase && v->out_vtype && v->out_vdelta && v->out_vold && v->user_ag && v->user_hsame &&
+           v->out_prow && v->out_vbase && v->out_cbuf && v->out_vtype && v->out_vdelta && v->out_vold && v->user_ag && v->user_hsame &&
            v->arg_val;
 }
 
@@ -920,10 +964,68 @@ static bool bind_positions(version *v, const struct ctpu_capture *cap)
     return true;
 }
 
-/* The handle table: every IN_OWNER input and every request naming a handle. */
-static bool build_handles(version *v, const struct ctpu_capture *cap)
+/* Storage an out[j] fn made may be a view of without the version having
+ * a row for it: an input's, a program input's or a request's. */
+static bool out_base_known(const build_ctx *b, const ctpu_buffer *buf)
 {
-    size_t n = (size_t)v->n_pin + (size_t)v->nreq + 1;
+    const version *v = b->v;
+    const struct ctpu_capture *cap = b->cap;
+    for (int i = 0; i < v->n_user; i++)
+        if (cap->inrec[i]->buf == buf) return true;
+    for (int k = 0; k < v->n_pin; k++) {
+        const ctpu_trec *o = v->in[k].kind == IN_OWNER ? live_rec(v->in[k].owner) : NULL;
+        if (v->in[k].kind == IN_OWNER && (b->s->rin_buf[b->s->plan->in_src[k]] == buf || (o && o->buf == buf)))
+            return true;
+    }
+    for (int q = 0; q < v->nreq; q++) {
+        const ctpu_trec *o = v->rq[q].kind != RQ_NONE && v->rq[q].kind != RQ_OUT ? live_rec(v->rq[q].h) : NULL;
+        if (o && o->buf == buf) return true;
+    }
+    return false;
+}
+
+/* out[j] fn made as a view (detach, reshape) of a tensor made before the
+ * call that the step does not otherwise read (out[0] = ctpu_detach(b)):
+ * that tensor becomes a row, so each replay makes the view on its storage
+ * then (the capture's handle ends with the caller's scope). False: out of
+ * host memory. */
+static bool view_owners(build_ctx *b)
+{
+    const struct ctpu_capture *cap = b->cap;
+    const version *v = b->v;
+    b->vowner = malloc(sizeof *b->vowner * ((size_t)cap->n_out + 1));
+    if (!b->vowner) {
+        snprintf(b->cap->fail, sizeof b->cap->fail, "out of host memory");
+        return false;
+    }
+    for (int j = 0; j < cap->n_out; j++) {
+        const ctpu_trec *r = v->out_fixed[j] && fn_made(cap, v->out_fixed[j]) ? live_rec(v->out_fixed[j]) : NULL;
+        if (!r || !r->buf || out_base_known(b, r->buf)) continue;
+        bool have = false;
+        for (int i = 0; i < b->n_vowner && !have; i++) {
+            const ctpu_trec *o = live_rec(b->vowner[i]);
+            have = o && o->buf == r->buf;
+        }
+        if (have) continue;
+        uint32_t n = atomic_load_explicit(&ctpu_rt->n_slots, memory_order_acquire);
+        for (uint32_t idx = 0; idx < n; idx++) {
+            ctpu_trec *rec = ctpu_slot(idx);
+            if (!atomic_load_explicit(&rec->live, memory_order_relaxed) || ctpu_rec_pending(rec) || rec->buf != r->buf)
+                continue;
+            uint64_t id = ((uint64_t)atomic_load_explicit(&rec->gen, memory_order_relaxed) << 32) | (idx + 1);
+            if (fn_made(cap, id)) continue;
+            b->vowner[b->n_vowner++] = id;
+            break;
+        }
+    }
+    return true;
+}
+
+/* The handle table: every IN_OWNER input, every request naming a handle,
+ * and each older tensor an out[j] view is taken of (map_out_views). */
+static bool build_handles(version *v, const struct ctpu_capture *cap, const build_ctx *b)
+{
+    size_t n = (size_t)v->n_pin + (size_t)v->nreq + (size_t)b->n_vowner + 1;
     v->hid = malloc(sizeof *v->hid * n);
     v->hrole = malloc(n);
     v->hrec = calloc(n, sizeof *v->hrec);
@@ -936,6 +1038,7 @@ static bool build_handles(version *v, const struct ctpu_capture *cap)
         else if (r->kind == RQ_REBIND) r->hs = handle_row(v, r->h, H_ASSIGN);
         else if (r->kind == RQ_GRAD) r->hs = handle_row(v, r->h, H_LEAF);
     }
+    for (int i = 0; i < b->n_vowner; i++) handle_row(v, b->vowner[i], H_READ);
     v->inplace_ids = malloc(sizeof *v->inplace_ids * ((size_t)v->n_h + 1));
     v->hslot = malloc(sizeof *v->hslot * ((size_t)v->n_h + 1));
     v->hgen = malloc(sizeof *v->hgen * ((size_t)v->n_h + 1));
@@ -1050,6 +1153,18 @@ static void map_out_views(version *v, const struct ctpu_capture *cap, const ctpu
             int h = view_base_row(v, s, r->buf, r->off, &delta, &old);
             if (h >= 0) base = -2 - h;
         }
+        if (base == -1 && fn_made(cap, id)) {
+            /* storage fn made that no older tensor holds (host data made
+             * inside fn): a constant each replay returns a new handle on;
+             * a handle ref of ours makes any assign to it copy */
+            ctpu_buffer_retain(r->buf);
+            atomic_fetch_add(&r->buf->handle_refs, 1);
+            v->out_cbuf[j] = r->buf;
+            v->out_vtype[j] = r->type;
+            v->out_vdelta[j] = (int64_t)r->off;
+            v->out_fixed[j] = 0;
+            continue;
+        }
         if (base == -1) continue;
         v->out_vbase[j] = base;
         v->out_vtype[j] = r->type;
@@ -1088,7 +1203,8 @@ void ctpu__capture_sink(const ctpu_capture_sink *s)
         }
         ok = classify_requests(&b) && check_inplace(&b);
     }
-    if (ok && !build_handles(v, cap)) {
+    if (ok) ok = view_owners(&b);
+    if (ok && !build_handles(v, cap, &b)) {
         snprintf(cap->fail, sizeof cap->fail, "out of host memory");
         ok = false;
     }
@@ -1111,6 +1227,7 @@ void ctpu__capture_sink(const ctpu_capture_sink *s)
     }
     free(b.rsrc);
     free(b.resolved);
+    free(b.vowner);
     if (!ok) {
         version_free(v);
         return;
@@ -1634,6 +1751,11 @@ static void replay_publish(replay_ctx *x, ctpu_tensor *out)
             if (!v->out_vold[j]) out[j] = publish_view(x, j);
             continue;
         }
+        if (v->out_cbuf[j]) {   /* host data fn made: a new handle on the constant */
+            ctpu_buffer_retain(v->out_cbuf[j]);
+            out[j] = ctpu_handle_new(&v->out_vtype[j], v->out_cbuf[j], (size_t)v->out_vdelta[j], "compiled_call");
+            continue;
+        }
         out[j] = v->out_in[j] >= 0 ? x->in[v->out_in[j]] : (ctpu_tensor){ v->out_fixed[j] };
         if (v->out_prow[j] >= 0) out[j] = (ctpu_tensor){ v->hnow[v->out_prow[j]] };
         int q = v->out_rq[j];
@@ -1703,6 +1825,8 @@ static bool in_fn_scope(ctpu_tensor t)
 
 static void finish_outputs(ctpu_tensor *out, int n_out)
 {
+    struct ctpu_capture *cap = cap_now();
+    bool *made = cap && cap->out == out ? cap->fn_made : NULL;
     for (int j = 0; j < n_out; j++) {
         /* an error handle fn got from a failed op (no slot: a failure
          * record's id) is returned as eager returns it; garbage is dropped */
@@ -1716,7 +1840,10 @@ static void finish_outputs(ctpu_tensor *out, int n_out)
             if (out[i].id == out[j].id) goto kept;
         /* into the caller's scope: only what fn made (an input or a tensor
          * made before the call stays in its own scope, as eager's) */
-        if (in_fn_scope(out[j])) ctpu_keep(out[j]);
+        if (in_fn_scope(out[j])) {
+            ctpu_keep(out[j]);
+            if (made) made[j] = true;
+        }
     kept:;
     }
 }
@@ -1757,6 +1884,8 @@ static void capture_free(struct ctpu_capture *cap)
     free(cap->zeroed);
     free(cap->grads);
     free(cap->ints);
+    free(cap->fn_made);
+    free(cap->fn_assigned);
 }
 
 static void note_event(ctpu_compiled *c, const char *kind, const char *reason)
@@ -1827,6 +1956,8 @@ static ctpu_status run_capture(ctpu_compiled *c, int n_in, const ctpu_tensor *in
     struct ctpu_capture cap = { .c = c, .n_in = n_in, .n_scalars = n_scalars, .n_out = n_out, .scalars = scalars,
                                 .out = out, .inrec = inrec,
                                 .scope_floor = atomic_load(&ctpu_rt->next_scope_id) };
+    cap.fn_made = calloc((size_t)n_out + 1, sizeof *cap.fn_made);
+    if (!cap.fn_made) snprintf(cap.fail, sizeof cap.fail, "out of host memory");
     int saved = ts->mode_override;
     ts->mode_override = CTPU_MODE_DEFER_FUSE;
     ts->cap = &cap;

@@ -870,6 +870,7 @@ static bool collect_live_outs(flush_ctx *f)
             int tr = atomic_load_explicit(&r->buf->trace_readers, memory_order_acquire);
             own = tr == 0 || tr == ctpu_trace_rec_reads_buf(t_df.rec, r->buf);
         }
+        if (own && f->sink && ctpu__capture_fn_assigned(holders[i])) own = false;   /* its old value is a constant of the capture */
         f->reqs[nreq] = (ctpu_liveout_req){ r->tval, own ? r->buf : NULL, own ? r->off : 0 };
         if (f->rh) f->rh[nreq] = holders[i];
         f->rrec[nreq++] = r;

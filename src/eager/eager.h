@@ -629,8 +629,12 @@ bool ctpu__capture_host_effect(const char *what);
 /* tensor.c: release of r inside a capture: a graph break when r was made
  * before the call (see ctpu__capture_host_effect). */
 bool ctpu__capture_note_release(const struct ctpu_trec *r);
-/* defer.c: handle h, made before the capture, was assigned in it. */
+/* defer.c: handle h was assigned in the capture (made before it: a tensor
+ * each replay writes; made by fn: its own value). */
 void ctpu__capture_note_assign(uint64_t h);
+/* defer.c: h is a tensor fn made and assigned in this capture: its write
+ * is never in place (the capture's flush gives it new storage). */
+bool ctpu__capture_fn_assigned(uint64_t h);
 /* defer.c: recorded scalar slot s is an integer operand (a node with
  * CTPU_ATTR_INT_SCALAR: *_scalar_int, clamp_int): when its value equals
  * trunc(scalars[i]) it reads trunc(scalars[i]) at each replay. */
