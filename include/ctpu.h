@@ -966,6 +966,26 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  *   (a new one each call replays); guarded per position: whether in[i] has
  *   a .grad (as at the capture: "input 0 has no .grad now, one at the
  *   capture"), and which leaf inputs are one tensor (x as in[0] and in[1]).
+ *   An in[i] fn assigns (ctpu_assign while a view of it is alive, or a
+ *   write it does not read) is written by position too: after the call
+ *   in[i] holds the new value, whichever tensor is passed, and the tensors
+ *   passed before keep theirs, as torch.compile's input mutation applies
+ *   to the tensor passed that call (guard: which inputs are one handle).
+ *   A non-leaf in[i] (computed before the call from tensors that require
+ *   grad, in[0] = a * f) whose history fn's backward runs through: the
+ *   capture bakes that history (its ops, scalars, saved values, leaves:
+ *   f, and a.grad is a's), so the guard is that history's identity
+ *   (torch.compile's compiled backward hands the input's gradient to the
+ *   outside graph instead; ctpu does not split fn's backward there). A
+ *   call with another history (in[0] made anew each call, another
+ *   f or a) recaptures ("input 0: a non-leaf whose autograd history is not
+ *   the capture's"): such a step captures every call up to the recompile
+ *   limit, then runs fn in the current mode every call; to replay, pass
+ *   the leaf (or a detached value) and compute in[0] inside fn. The same
+ *   history each call replays (fn's backward retains it); a history a
+ *   backward released since fails the guard, and a capture whose backward
+ *   released history made before the call (no retain_graph) replays no
+ *   call: the next recaptures and fails as eager's backward does.
  * - scalars[i]: runtime arguments of the program. A recorded *_scalar
  *   operand, creation value or clamp bound whose value equals scalars[i]
  *   bit for bit reads argument i at every call (the lowest such i; so give
@@ -990,13 +1010,15 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  *   made before the call that fn returns stays in its own scope; an error
  *   handle fn got from a failed op and returned is returned (that call runs
  *   as defer and fuse and is not captured; a later call captures). An input fn returns is
- *   that call's in[i]; a view fn makes without an op (detach, reshape,
- *   transpose) of an input or of a tensor made before the call is made
- *   anew on that call's storage, as torch.compile regenerates output
- *   views; host data fn makes (ctpu_from_host inside fn) is baked, each
- *   call returning a new handle on it (an assign to one copies); a tensor
- *   fn makes and then assigns is that call's value, a new tensor each
- *   call.
+ *   that call's in[i]; a .grad backward made that fn returns
+ *   (ctpu_grad(W), ctpu_grad(in[0])) is the leaf's .grad after the call,
+ *   set by each replay, as eager returns it; a view fn makes without an op
+ *   (detach, reshape, transpose) of an input or of a tensor made before the
+ *   call is made anew on that call's storage, as torch.compile regenerates
+ *   output views; host data fn makes (ctpu_from_host inside fn) is baked,
+ *   each call returning a new handle on it (an assign to one copies); a
+ *   tensor fn makes and then assigns is that call's value, a new tensor
+ *   each call.
  * A graph break (a host read such as ctpu_item or ctpu_to_host, a mode
  * change, a collective such as ctpu_all_reduce, a nested
  * ctpu_compiled_call of another step inside fn, a ctpu_sync, ctpu_mark_step or
@@ -1021,8 +1043,8 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  * host work only) is skipped, as torch.compile skips such a frame: every
  * call runs fn in the current mode (the report's reason: "fn recorded no
  * device op").
- * A step whose fn assigns in place into an input's storage (ctpu_assign of
- * in[i] where nothing else shares it) is not replayable: that call and
+ * A step whose fn assigns in place into an input's storage it read
+ * (ctpu_assign of in[i] where nothing else shares it) is not replayable: that call and
  * every later one run as defer and fuse (the report's reason: "in[0]'s
  * storage is assigned by the step"); assign a tensor made before the call.
  * TORCH_COMPILE_DISABLE=1 makes every call run fn in the current mode.

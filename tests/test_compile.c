@@ -2686,8 +2686,11 @@ END_TEST
 enum { LG_NEW, LG_NEW_RELEASED, LG_REUSED, LG_PAIRS, LG_PREGRAD, LG_TWICE, LG_TWICE_THEN_TWO, LG_SHARED_LEAVES,
        LG_NO_GRAD, LG_NON_LEAF, LG_ALT_GRADS, LG_ALT_ZEROED, LG_RETURN_GRAD, LG_COUNT };
 /* captures each variant makes (V's .grad: 2; the .grad presence of in[0]
- * alternating: 3; the same leaf twice, then two: a guard each) */
-static const int lg_captures[LG_COUNT] = { 2, 2, 2, 3, 3, 2, 3, 3, 2, 2, 2, 2, 2 };
+ * alternating: 3; the same leaf twice, then two: a guard each; a non-leaf
+ * in[0] with a new history each call, which the step's backward runs
+ * through: a capture each call to the recompile limit, 8, then fn runs in
+ * the current mode, non_leaf_input_history_is_a_guard) */
+static const int lg_captures[LG_COUNT] = { 2, 2, 2, 3, 3, 2, 3, 3, 2, 8, 2, 2, 2 };
 #define LG_CALLS 12
 #define LG_LOG (LG_CALLS * 7 * 4)
 typedef struct { ctpu_tensor W, V, a, b, cur; int variant; } lg_ctx;
@@ -2829,8 +2832,9 @@ START_TEST(input_leaf_grad_binds_by_position)
         for (int i = 0; i < ref.n; i++)
             ck_assert_msg(t_same(got.v[i], ref.v[i]), "variant %d call %d value %d: %.9g vs eager %.9g", var,
                           i / 28, i % 28, got.v[i], ref.v[i]);
-        ck_assert_msg(info.captures == (uint64_t)lg_captures[var] && info.eager_calls == 0 &&
-                      info.replays == LG_CALLS - info.captures,
+        uint64_t eager = var == LG_NON_LEAF ? LG_CALLS - 8 : 0;
+        ck_assert_msg(info.captures == (uint64_t)lg_captures[var] && info.eager_calls == eager &&
+                      info.replays == LG_CALLS - info.captures - eager,
                       "variant %d: %llu captures (want %d), %llu replays, %llu eager calls: %s", var,
                       (unsigned long long)info.captures, lg_captures[var], (unsigned long long)info.replays,
                       (unsigned long long)info.eager_calls, info.last_reason);
@@ -2907,6 +2911,443 @@ START_TEST(input_leaf_grad_guards_name_the_input)
     ctpu_compiled_free(c);
     ctpu_tensor all[5] = { k.W, k.V, x, y, in[1] };
     for (int i = 0; i < 5; i++) { ctpu_zero_grad(all[i]); ctpu_release(all[i]); }
+}
+END_TEST
+
+/* A 4-element value into a log of calls (-999 for none). */
+static void put4(float *v, int *n, ctpu_tensor t)
+{
+    float *d = v + *n;
+    *n += 4;
+    if (ctpu_is_null(t)) { d[0] = d[1] = d[2] = d[3] = -999; return; }
+    ck_assert_msg(ctpu_to_host(t, d, 4 * sizeof *d) == CTPU_OK, "%s", ctpu_last_error());
+}
+#define LPUT(L, t) put4((L)->v, &(L)->n, (t))
+
+/* ---------------------------------- fn returns a .grad backward made */
+/* out[j] = ctpu_grad(W) for a parameter W, or ctpu_grad(in[0]) for an
+ * input leaf, when the leaf had no .grad before backward: each replay sets
+ * the leaf's .grad and out[j] is that .grad itself, as eager returns it;
+ * was: an ordinary output, so replays set no .grad (W's update read the
+ * capture's, V.grad never accumulated, in[0] got none). V: the caller
+ * drops its .grad after each call (but in RG_NEW_PARAM, where it
+ * accumulates from call 1: one recapture); W: zero_grad'ed in fn. */
+enum { RG_ZEROED, RG_NEW_PARAM, RG_DROPPED_PARAM, RG_INPUT_LEAF, RG_INPUT_ALT, RG_FOUR_OUTS, RG_FULLGRAPH, RG_COUNT };
+#define RG_CALLS 8
+#define RG_LOG (RG_CALLS * 9 * 4)
+typedef struct { ctpu_tensor W, V, a, b; int variant; } rgo_ctx;
+typedef struct { float v[RG_LOG]; int n; } rgo_log;
+
+static ctpu_status rgo_fn(void *vc, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)sc;
+    rgo_ctx *k = vc;
+    ctpu_zero_grad(k->W);
+    ctpu_tensor t = ctpu_add(ctpu_mul(ctpu_mul(in[0], in[0]), k->W), ctpu_mul(ctpu_tanh(in[0]), k->V));
+    ctpu_tensor loss = ctpu_sum(t, 0, NULL, false);
+    ctpu_status st = ctpu_backward(loss);
+    if (st != CTPU_OK) return st;
+    ctpu_no_grad_begin();
+    ctpu_assign(k->W, ctpu_sub(k->W, ctpu_mul_scalar(ctpu_grad(k->W), 0.125)));
+    ctpu_no_grad_end();
+    out[0] = loss;
+    switch (k->variant) {
+    case RG_ZEROED: out[1] = ctpu_grad(k->W); break;
+    case RG_NEW_PARAM: case RG_DROPPED_PARAM: out[1] = ctpu_grad(k->V); break;
+    case RG_INPUT_LEAF: case RG_INPUT_ALT: out[1] = ctpu_grad(in[0]); break;
+    default:   /* the same .grad twice, and another leaf's */
+        out[1] = ctpu_grad(in[0]);
+        out[2] = ctpu_grad(k->W);
+        out[3] = ctpu_grad(in[0]);
+        break;
+    }
+    return ctpu_last_status();
+}
+
+static void rgo_run(int variant, bool compiled, rgo_log *L, ctpu_compiled_info *info)
+{
+    memset(L, 0, sizeof *L);
+    rgo_ctx k = { .variant = variant };
+    k.W = lg_vec(0.5f, -1, 2, 0.25f, true);
+    k.V = lg_vec(1, 2, 3, 4, true);
+    k.a = lg_vec(0.3f, 0.7f, -0.2f, 1, true);
+    k.b = lg_vec(-0.5f, 0.1f, 0.9f, 2, true);
+    ctpu_compile_opts o = { .name = "returned_grad", .fullgraph = variant == RG_FULLGRAPH };
+    ctpu_compiled *c = compiled ? ctpu_compile(rgo_fn, &k, &o) : NULL;
+    int n_out = variant >= RG_FOUR_OUTS ? 4 : 2;
+    ctpu_tensor keep[RG_CALLS];
+    int nk = 0;
+    for (int it = 0; it < RG_CALLS; it++) {
+        float f = 0.1f * (float)(it + 1);
+        bool alt = variant == RG_INPUT_ALT;
+        ctpu_tensor x = alt ? ((it / 2) % 2 ? k.b : k.a) : lg_vec(f, -f, 2 * f, 1, true);
+        ctpu_tensor out[4] = { CTPU_NULL, CTPU_NULL, CTPU_NULL, CTPU_NULL };
+        if (compiled) {
+            ck_assert_msg(ctpu_compiled_call(c, 1, &x, 0, NULL, n_out, out) == CTPU_OK, "variant %d call %d: %s",
+                          variant, it, ctpu_last_error());
+        } else {
+            ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+            ck_assert_int_eq(rgo_fn(&k, &x, NULL, out), CTPU_OK);
+            ctpu_keep(out[0]);
+            ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+        }
+        for (int j = 0; j < n_out; j++) LPUT(L, out[j]);
+        for (int j = n_out; j < 4; j++) LPUT(L, CTPU_NULL);
+        LPUT(L, ctpu_grad(x));
+        LPUT(L, ctpu_grad(k.W));
+        LPUT(L, ctpu_grad(k.V));
+        LPUT(L, ctpu_grad(k.a));
+        LPUT(L, k.W);
+        /* out[j] is the leaf's .grad itself, as eager returns it */
+        ctpu_tensor want[4] = { CTPU_NULL, variant == RG_ZEROED ? ctpu_grad(k.W)
+                                           : variant <= RG_DROPPED_PARAM ? ctpu_grad(k.V) : ctpu_grad(x),
+                                ctpu_grad(k.W), ctpu_grad(x) };
+        for (int j = 1; j < n_out; j++)
+            ck_assert_msg(!ctpu_is_null(want[j]) && out[j].id == want[j].id,
+                          "variant %d call %d: out[%d] is not the leaf's .grad", variant, it, j);
+        ctpu_release(out[0]);
+        if (variant != RG_NEW_PARAM) ctpu_zero_grad(k.V);
+        if (alt) ctpu_zero_grad(x);
+        else keep[nk++] = x;
+    }
+    if (compiled) {
+        ck_assert_int_eq(ctpu_compiled_get_info(c, info), CTPU_OK);
+        ctpu_compiled_free(c);
+    }
+    for (int i = 0; i < nk; i++) { ctpu_zero_grad(keep[i]); ctpu_release(keep[i]); }
+    ctpu_tensor own[4] = { k.W, k.V, k.a, k.b };
+    for (int i = 0; i < 4; i++) { ctpu_zero_grad(own[i]); ctpu_release(own[i]); }
+}
+
+START_TEST(returned_new_grad_is_the_leafs_grad)
+{
+    for (int var = 0; var < RG_COUNT; var++) {
+        rgo_log ref, got;
+        ctpu_compiled_info info;
+        rgo_run(var, false, &ref, NULL);
+        rgo_run(var, true, &got, &info);
+        ck_assert_int_eq(got.n, ref.n);
+        for (int i = 0; i < ref.n; i++)
+            ck_assert_msg(t_same(got.v[i], ref.v[i]), "variant %d call %d value %d: %.9g vs eager %.9g", var,
+                          i / 36, i % 36, got.v[i], ref.v[i]);
+        uint64_t want = var == RG_NEW_PARAM ? 2 : 1;
+        ck_assert_msg(info.captures == want && info.eager_calls == 0 && info.replays == RG_CALLS - want,
+                      "variant %d: %llu captures (want %llu), %llu replays, %llu eager calls: %s", var,
+                      (unsigned long long)info.captures, (unsigned long long)want, (unsigned long long)info.replays,
+                      (unsigned long long)info.eager_calls, info.last_reason);
+    }
+}
+END_TEST
+
+/* ---------------------------------- an assigned input binds by position */
+/* fn assigns in[i] while a view of it is alive (a rebind): each replay
+ * rebinds the call's in[i], as torch.compile's input mutation applies to
+ * the tensor passed this call; was: the capture's tensor, so the call's
+ * in[i] stayed unchanged and the first call's got every update. The view
+ * keeps the value in[i] had (copy on write). RB_ALIASED: in[1] is in[0]
+ * at even calls and another handle on its storage at odd ones (fn reads
+ * in[0] after assigning in[1]: the new value, or the old): a guard.
+ * RB_OVERWRITE: fn writes in[0] without reading it and no view is alive
+ * (in place, into the call's in[0]; was: the capture's). */
+enum { RB_NEW, RB_ALT, RB_SECOND, RB_VIEW_SOMETIMES, RB_ALIASED, RB_LEAF, RB_OVERWRITE, RB_FULLGRAPH, RB_COUNT };
+#define RB_CALLS 8
+#define RB_LOG (RB_CALLS * 7 * 4)
+typedef struct { ctpu_tensor P, a, b; int variant; } rb_ctx;
+typedef struct { float v[RB_LOG]; int n; } rb_log;
+
+static ctpu_status rb_fn(void *vc, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)sc;
+    rb_ctx *k = vc;
+    int t = k->variant == RB_SECOND || k->variant == RB_ALIASED;   /* the input fn assigns */
+    out[0] = ctpu_sum(ctpu_mul(k->variant == RB_OVERWRITE ? k->P : in[0], k->P), 0, NULL, false);
+    if (k->variant == RB_OVERWRITE) {
+        ctpu_assign(in[0], ctpu_mul_scalar(k->P, 0.5));
+    } else if (k->variant == RB_LEAF) {   /* SGD on the input leaf itself */
+        ctpu_status st = ctpu_backward(ctpu_sum(ctpu_mul(ctpu_mul(in[0], in[0]), k->P), 0, NULL, false));
+        if (st != CTPU_OK) return st;
+        ctpu_no_grad_begin();
+        ctpu_assign(in[0], ctpu_sub(in[0], ctpu_mul_scalar(ctpu_grad(in[0]), 0.25)));
+        ctpu_no_grad_end();
+    } else {
+        ctpu_assign(in[t], ctpu_add_scalar(ctpu_mul_scalar(in[t], 0.5), 1.0));
+    }
+    out[1] = ctpu_sum(ctpu_mul(in[0], k->P), 0, NULL, false);   /* in[0] after the assign */
+    out[2] = k->variant == RB_LEAF ? CTPU_NULL : in[t];   /* (a leaf returned is detached) */
+    return ctpu_last_status();
+}
+
+static void rb_run(int variant, bool compiled, rb_log *L, ctpu_compiled_info *info)
+{
+    memset(L, 0, sizeof *L);
+    rb_ctx k = { .variant = variant };
+    k.P = lg_vec(1, -2, 0.5f, 3, false);
+    k.a = lg_vec(0.3f, 0.7f, -0.2f, 1, false);
+    k.b = lg_vec(-0.5f, 0.1f, 0.9f, 2, false);
+    ctpu_compile_opts o = { .name = "rebind", .fullgraph = variant == RB_FULLGRAPH };
+    ctpu_compiled *c = compiled ? ctpu_compile(rb_fn, &k, &o) : NULL;
+    ctpu_tensor first = CTPU_NULL, keep[2 * RB_CALLS];
+    int nk = 0;
+    for (int it = 0; it < RB_CALLS; it++) {
+        float f = 0.1f * (float)(it + 1);
+        ctpu_tensor in[2];
+        int n_in = 1;
+        in[0] = variant == RB_ALT ? ((it / 2) % 2 ? k.b : k.a) : lg_vec(f, -f, 2 * f, 1, variant == RB_LEAF);
+        if (variant == RB_SECOND || variant == RB_ALIASED) {
+            n_in = 2;
+            in[1] = variant == RB_SECOND ? lg_vec(1, f, 3, -f, false) : it % 2 ? ctpu_keep(ctpu_detach(in[0])) : in[0];
+        }
+        int t = n_in - 1;
+        bool view = variant != RB_OVERWRITE && (variant != RB_VIEW_SOMETIMES || it % 2 == 0);
+        ctpu_tensor v = view ? ctpu_keep(ctpu_reshape(in[t], 2, (int64_t[]){ 2, 2 })) : CTPU_NULL;
+        ctpu_tensor out[3] = { CTPU_NULL, CTPU_NULL, CTPU_NULL };
+        if (compiled) {
+            ck_assert_msg(ctpu_compiled_call(c, n_in, in, 0, NULL, 3, out) == CTPU_OK, "variant %d call %d: %s",
+                          variant, it, ctpu_last_error());
+        } else {
+            ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+            ck_assert_int_eq(rb_fn(&k, in, NULL, out), CTPU_OK);
+            ctpu_keep(out[0]);
+            ctpu_keep(out[1]);
+            ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+        }
+        if (it == 0) first = in[t];
+        LPUT(L, in[0]);
+        LPUT(L, in[t]);
+        LPUT(L, first);   /* its own call's value: later calls leave it */
+        LPUT(L, v);       /* in[t] before the call */
+        LPUT(L, out[0]);
+        LPUT(L, out[1]);
+        LPUT(L, out[2]);
+        ck_assert_msg(variant == RB_LEAF || out[2].id == in[t].id, "variant %d call %d: out[2] is not in[%d]", variant,
+                      it, t);
+        ctpu_release(out[0]);
+        ctpu_release(out[1]);
+        if (view) ctpu_release(v);
+        if (variant == RB_LEAF) ctpu_zero_grad(in[0]);
+        if (variant != RB_ALT) keep[nk++] = in[0];
+        if (n_in == 2 && in[1].id != in[0].id) keep[nk++] = in[1];
+    }
+    if (compiled) {
+        ck_assert_int_eq(ctpu_compiled_get_info(c, info), CTPU_OK);
+        ctpu_compiled_free(c);
+    }
+    for (int i = 0; i < nk; i++) ctpu_release(keep[i]);
+    ctpu_tensor own[3] = { k.P, k.a, k.b };
+    for (int i = 0; i < 3; i++) ctpu_release(own[i]);
+}
+
+START_TEST(assigned_input_binds_by_position)
+{
+    for (int var = 0; var < RB_COUNT; var++) {
+        rb_log ref, got;
+        ctpu_compiled_info info;
+        rb_run(var, false, &ref, NULL);
+        rb_run(var, true, &got, &info);
+        ck_assert_int_eq(got.n, ref.n);
+        for (int i = 0; i < ref.n; i++)
+            ck_assert_msg(t_same(got.v[i], ref.v[i]), "variant %d call %d value %d: %.9g vs eager %.9g", var,
+                          i / 28, i % 28, got.v[i], ref.v[i]);
+        uint64_t want = var == RB_ALIASED ? 2 : 1;
+        ck_assert_msg(info.captures == want && info.eager_calls == 0 && info.replays == RB_CALLS - want,
+                      "variant %d: %llu captures (want %llu), %llu replays, %llu eager calls: %s", var,
+                      (unsigned long long)info.captures, (unsigned long long)want, (unsigned long long)info.replays,
+                      (unsigned long long)info.eager_calls, info.last_reason);
+        if (var == RB_ALIASED)
+            ck_assert_msg(t_contains(info.last_reason, "input 1: no longer the same tensor as input 0"), "%s",
+                          info.last_reason);
+    }
+}
+END_TEST
+
+/* ---------------------------------- a non-leaf input's history outside the call */
+/* in[0] = a * f (a requires grad) made before each call: fn's backward
+ * runs through that history, which the capture bakes (f, a, the values its
+ * rules save). A call whose in[0] has another history (another f, another
+ * a, another saved tensor) is a guard failure naming the input, and
+ * recaptures (to the recompile limit, then fn runs in the current mode);
+ * was: replays used the capture's f and wrote the capture's a.grad. The
+ * same history each call (fn's backward retains it) replays; so does a
+ * step whose backward does not reach in[0]'s history. a.grad and the
+ * fresh leaves' .grad are read and dropped after each call. */
+enum { NL_SCALE, NL_NEW_LEAF, NL_SAVED, NL_SAME_OPS, NL_RETAINED, NL_NO_BACKWARD, NL_TWO, NL_FULLGRAPH, NL_COUNT };
+#define NL_CALLS 12
+#define NL_LOG (NL_CALLS * 5 * 4)
+typedef struct { ctpu_tensor W, a, kept; int variant; } nl_ctx;
+typedef struct { float v[NL_LOG]; int n; } nl_log;
+
+static ctpu_status nl_fn(void *vc, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)sc;
+    nl_ctx *k = vc;
+    ctpu_zero_grad(k->W);
+    ctpu_tensor x = k->variant == NL_TWO ? ctpu_add(in[0], ctpu_tanh(in[1])) : in[0];
+    ctpu_tensor loss = ctpu_sum(ctpu_mul(ctpu_mul(x, x), k->W), 0, NULL, false);
+    out[0] = loss;
+    if (k->variant == NL_NO_BACKWARD) return ctpu_last_status();
+    ctpu_status st = ctpu_backward_ex(loss, CTPU_NULL, k->variant == NL_RETAINED);
+    if (st != CTPU_OK) return st;
+    ctpu_no_grad_begin();
+    ctpu_assign(k->W, ctpu_sub(k->W, ctpu_mul_scalar(ctpu_grad(k->W), 0.125)));
+    ctpu_no_grad_end();
+    return ctpu_last_status();
+}
+
+static void nl_run(int variant, bool compiled, nl_log *L, ctpu_compiled_info *info)
+{
+    memset(L, 0, sizeof *L);
+    nl_ctx k = { .variant = variant };
+    k.W = lg_vec(0.5f, -1, 2, 0.25f, true);
+    k.a = lg_vec(0.3f, 0.7f, -0.2f, 1, true);
+    ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+    k.kept = ctpu_keep(ctpu_mul_scalar(k.a, 0.5));
+    ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+    ctpu_compile_opts o = { .name = "non_leaf", .fullgraph = variant == NL_FULLGRAPH };
+    ctpu_compiled *c = compiled ? ctpu_compile(nl_fn, &k, &o) : NULL;
+    for (int it = 0; it < NL_CALLS; it++) {
+        float f = 0.25f * (float)(it + 1);
+        ctpu_tensor leaf = variant == NL_NEW_LEAF ? lg_vec(f, -f, 1, 2 * f, true) : k.a;
+        ctpu_tensor c2 = lg_vec(1, f, -1, 2, false), in[2];
+        ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+        switch (variant) {
+        case NL_NEW_LEAF: case NL_SAME_OPS: in[0] = ctpu_mul_scalar(leaf, 0.5); break;
+        case NL_SAVED: in[0] = ctpu_mul(k.a, c2); break;   /* mul's backward reads c2 */
+        case NL_RETAINED: in[0] = k.kept; break;
+        default: in[0] = ctpu_mul_scalar(k.a, f); break;
+        }
+        in[1] = ctpu_add_scalar(k.a, f);
+        int n_in = variant == NL_TWO ? 2 : 1;
+        ctpu_tensor out[1] = { CTPU_NULL };
+        if (compiled) {
+            ck_assert_msg(ctpu_compiled_call(c, n_in, in, 0, NULL, 1, out) == CTPU_OK, "variant %d call %d: %s",
+                          variant, it, ctpu_last_error());
+            ctpu_keep(out[0]);
+        } else {
+            ck_assert_int_eq(nl_fn(&k, in, NULL, out), CTPU_OK);
+            ctpu_keep(out[0]);
+        }
+        ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+        LPUT(L, out[0]);
+        LPUT(L, ctpu_grad(k.a));
+        LPUT(L, ctpu_grad(leaf));
+        LPUT(L, ctpu_grad(k.W));
+        LPUT(L, k.W);
+        ctpu_release(out[0]);
+        ctpu_zero_grad(k.a);
+        ctpu_zero_grad(leaf);
+        if (variant == NL_NEW_LEAF) ctpu_release(leaf);
+        ctpu_release(c2);
+    }
+    if (compiled) {
+        ck_assert_int_eq(ctpu_compiled_get_info(c, info), CTPU_OK);
+        ctpu_compiled_free(c);
+    }
+    ctpu_tensor own[3] = { k.W, k.a, k.kept };
+    for (int i = 0; i < 3; i++) { ctpu_zero_grad(own[i]); ctpu_release(own[i]); }
+}
+
+START_TEST(non_leaf_input_history_is_a_guard)
+{
+    for (int var = 0; var < NL_COUNT; var++) {
+        nl_log ref, got;
+        ctpu_compiled_info info;
+        nl_run(var, false, &ref, NULL);
+        nl_run(var, true, &got, &info);
+        ck_assert_int_eq(got.n, ref.n);
+        for (int i = 0; i < ref.n; i++)
+            ck_assert_msg(t_same(got.v[i], ref.v[i]), "variant %d call %d value %d: %.9g vs eager %.9g", var,
+                          i / 20, i % 20, got.v[i], ref.v[i]);
+        bool replays = var == NL_RETAINED || var == NL_NO_BACKWARD;
+        /* a new history each call: a capture each call to the limit (8), then fn in the current mode */
+        uint64_t want = replays ? 1 : 8;
+        ck_assert_msg(info.captures == want && info.eager_calls == NL_CALLS - (replays ? NL_CALLS : 8) &&
+                      info.replays == (replays ? NL_CALLS - 1 : 0),
+                      "variant %d: %llu captures (want %llu), %llu replays, %llu eager calls: %s", var,
+                      (unsigned long long)info.captures, (unsigned long long)want, (unsigned long long)info.replays,
+                      (unsigned long long)info.eager_calls, info.last_reason);
+        if (!replays)
+            ck_assert_msg(t_contains(info.last_reason, "input 0: a non-leaf whose autograd history is not the "
+                                     "capture's"), "variant %d: %s", var, info.last_reason);
+    }
+}
+END_TEST
+
+/* History made before the call that the capture's backward released (no
+ * retain_graph): a backward through it fails in eager from the next call
+ * on, so no call replays such a capture. A non-leaf fn reads from ctx
+ * (ctx->h = a * 0.5), or the same non-leaf input each call (fn retains
+ * its graph) released by a backward between calls: each call's status,
+ * and a.grad, as eager's; was: replays ran where eager fails. */
+typedef struct { ctpu_tensor a, h; bool retain; } rh_ctx;
+
+static ctpu_status rh_fn(void *vc, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)sc;
+    rh_ctx *k = vc;
+    ctpu_tensor l = ctpu_sum(ctpu_mul(ctpu_is_null(k->h) ? in[0] : k->h, in[0]), 0, NULL, false);
+    out[0] = l;
+    return ctpu_backward_ex(l, CTPU_NULL, k->retain);
+}
+
+static void rh_run(bool ctx_h, bool compiled, ctpu_status *st, rgo_log *L)
+{
+    memset(L, 0, sizeof *L);
+    rh_ctx k = { .a = lg_vec(0.3f, 0.7f, -0.2f, 1, true), .h = CTPU_NULL, .retain = !ctx_h };
+    ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+    ctpu_tensor kept = ctpu_keep(ctpu_mul_scalar(k.a, 0.5));
+    ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+    if (ctx_h) k.h = kept;
+    ctpu_compiled *c = compiled ? ctpu_compile(rh_fn, &k, NULL) : NULL;
+    for (int it = 0; it < 6; it++) {
+        float f = 0.25f * (float)(it + 1);
+        ctpu_tensor x = ctx_h ? lg_vec(f, -f, 1, 2, false) : kept, out[1] = { CTPU_NULL };
+        if (!ctx_h && it == 3) {   /* a backward outside releases in[0]'s history */
+            ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+            ck_assert_int_eq(ctpu_backward(ctpu_sum(kept, 0, NULL, false)), CTPU_OK);
+            ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+            LPUT(L, ctpu_grad(k.a));
+            ctpu_zero_grad(k.a);
+        }
+        ctpu_clear_error();
+        if (compiled) {
+            st[it] = ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out);
+        } else {
+            ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+            st[it] = rh_fn(&k, &x, NULL, out);
+            ctpu_keep(out[0]);
+            ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+        }
+        if (st[it] != CTPU_OK)
+            ck_assert_msg(t_contains(ctpu_last_error(), "released by an earlier backward"), "call %d: %s", it,
+                          ctpu_last_error());
+        LPUT(L, st[it] == CTPU_OK ? out[0] : CTPU_NULL);
+        LPUT(L, ctpu_grad(k.a));
+        if (st[it] == CTPU_OK) ctpu_release(out[0]);
+        ctpu_zero_grad(k.a);
+        if (ctx_h) ctpu_release(x);
+    }
+    ctpu_clear_error();
+    ctpu_compiled_free(c);
+    ctpu_release(kept);
+    ctpu_release(k.a);
+}
+
+START_TEST(released_history_made_before_the_call_is_a_guard)
+{
+    for (int ctx_h = 0; ctx_h < 2; ctx_h++) {
+        ctpu_status want[6], got[6];
+        rgo_log ref, log;
+        rh_run(ctx_h, false, want, &ref);
+        rh_run(ctx_h, true, got, &log);
+        for (int it = 0; it < 6; it++)
+            ck_assert_msg(got[it] == want[it], "%s: call %d: status %d vs eager %d", ctx_h ? "ctx" : "input", it,
+                          got[it], want[it]);
+        ck_assert_msg(want[ctx_h ? 1 : 3] != CTPU_OK, "eager's backward fails after the release");
+        ck_assert_int_eq(log.n, ref.n);
+        for (int i = 0; i < ref.n; i++)
+            ck_assert_msg(t_same(log.v[i], ref.v[i]), "%s: value %d: %.9g vs eager %.9g", ctx_h ? "ctx" : "input", i,
+                          log.v[i], ref.v[i]);
+    }
 }
 END_TEST
 
@@ -3149,6 +3590,10 @@ static Suite *suite(void)
     tcase_add_test(t, requires_grad_and_grad_mode_are_guards);
     tcase_add_test(t, input_leaf_grad_binds_by_position);
     tcase_add_test(t, input_leaf_grad_guards_name_the_input);
+    tcase_add_test(t, returned_new_grad_is_the_leafs_grad);
+    tcase_add_test(t, assigned_input_binds_by_position);
+    tcase_add_test(t, non_leaf_input_history_is_a_guard);
+    tcase_add_test(t, released_history_made_before_the_call_is_a_guard);
     tcase_add_test(t, integer_operand_captured_at_minus_half);
     tcase_add_test(t, fullgraph_refusal_leaves_the_generator);
     tcase_add_test(t, ignored_op_error_and_returned_input);

@@ -922,6 +922,28 @@ int ctpu__ag_kind(const ctpu_trec *r)
     return !meta_requires(m) ? 0 : m->leaf ? 1 : 2;
 }
 
+/* Compiled steps guard autograd history made before a call (a non-leaf
+ * input's: its node and what it reaches), which a capture whose backward
+ * runs through it bakes. Backward passes from here on have ids >= this;
+ * nodes made from here on, creation numbers >= the next. */
+uint64_t ctpu__ag_pass_next(void) { return atomic_load(&ag_pass); }
+uint64_t ctpu__ag_seq_next(void) { return atomic_load(&ag_seq); }
+
+/* r's history: its node's creation number (unique: a node made later has
+ * another), 0 for a leaf or no grad. */
+uint64_t ctpu__ag_history_id(const ctpu_trec *r)
+{
+    const ag_meta *m = r->ag;
+    return m && m->fn ? m->fn->seq : 0;
+}
+
+/* Whether a backward pass numbered pass0 or later walked r's node. */
+bool ctpu__ag_history_reached(const ctpu_trec *r, uint64_t pass0)
+{
+    const ag_meta *m = r->ag;
+    return m && m->fn && m->fn->mark >= pass0;
+}
+
 bool ctpu__ag_assign_records(const ctpu_trec *d, const ctpu_trec *s)
 {
     const ag_meta *dm = d->ag;
@@ -1159,6 +1181,31 @@ static ctpu_status collect_tape(ag_meta *root, uint64_t pass, vec *nodes, const 
     return st;
 }
 
+/* Whether a backward through r would find a node of its history released
+ * (an earlier backward without retain_graph walked it): collect_tape's
+ * walk, marked with a pass of its own; out of host memory: true. */
+bool ctpu__ag_history_released(const ctpu_trec *r)
+{
+    const ag_meta *m = r->ag;
+    if (!m || !m->fn) return false;
+    uint64_t pass = atomic_fetch_add(&ag_pass, 1);
+    vec stack = {0};
+    bool released = !vec_push(&stack, m->fn);
+    m->fn->mark = pass;
+    while (!released && stack.n) {
+        ag_node *x = ((ag_node **)stack.p)[--stack.n];
+        released = x->freed;
+        for (int i = 0; i < x->node.n_in && !released; i++) {
+            ag_node *y = x->edge[i].fn;
+            if (!y || y->mark == pass) continue;
+            y->mark = pass;
+            released = !vec_push(&stack, y);
+        }
+    }
+    free(stack.p);
+    return released;
+}
+
 /* A leaf's .grad += this pass's sum (g consumed); st passes through. */
 static ctpu_status leaf_apply(ag_leaf *l, ctpu_status st)
 {
@@ -1334,6 +1381,7 @@ static ctpu_status run_backward(ag_meta *root, ctpu_tensor g0, bool retain, cons
                 x->saved[i] = CTPU_NULL;
             }
             x->freed = true;
+            if (ctpu__capturing()) ctpu__capture_note_released(x->seq);
         }
     }
     free(nodes.p);

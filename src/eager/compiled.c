@@ -15,18 +15,21 @@
  * constant); for each runtime scalar, a constant, argument i (its value was
  * scalars[i], bit for bit) or a random node's seed/offset; for each
  * live-out, out[j], an assigned tensor (in place or rebound), or a leaf's
- * new .grad. A handle that was in[i], a leaf that requires grad, or its
- * .grad is bound by position, as torch.compile binds inputs: each call's
- * in[i] gets the .grad (hpos). The program is held through a cache ref (it
- * stays in the bounded LRU; an evicted one fails the guard and recaptures).
+ * new .grad (also when fn returns it: out[j] is the leaf's .grad). A
+ * handle that was in[i] (a leaf that requires grad, or an input fn
+ * assigns) or an input leaf's .grad is bound by position, as torch.compile
+ * binds inputs: each call's in[i] gets the .grad or the assign (hpos). The
+ * program is held through a cache ref (it stays in the bounded LRU; an
+ * evicted one fails the guard and recaptures).
  *
  * Replay: the guards (the inputs' dtypes and exact shapes, a marked dim's
  * by its range: another in-range extent is a dynamic capture that binds
  * the one dynamic program, capture_extent --, how the
- * inputs share storage, which leaf inputs are one tensor, the scalar
- * count, precision and debug checks, each handle's liveness, in-place
- * targets still unshared, .grad presence, per position for an input leaf)
- * and one command: no fn, no recording, no key. */
+ * inputs share storage, which leaf or assigned inputs are one tensor, a
+ * non-leaf input's history when the capture's backward ran through it,
+ * the scalar count, precision and debug checks, each handle's liveness,
+ * in-place targets still unshared, .grad presence, per position for an
+ * input leaf) and one command: no fn, no recording, no key. */
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -151,7 +154,16 @@ typedef struct version {
     bool dbg;
     bool grad_mode;            /* guard: grad mode at the capture (torch.compile's global state guard) */
     uint8_t *user_ag;          /* [n_user] guard: ctpu__ag_kind of each input at the capture */
-    int32_t *user_hsame;       /* [n_user] guard, for a leaf input: the first input that was the same handle */
+    int32_t *user_hsame;       /* [n_user] the first input that was the same handle at the capture */
+    bool *user_bound;          /* [n_user] guard user_hsame: a leaf input, or an input the step assigns */
+    /* [n_user] guard, for a non-leaf input whose history the step's
+     * backward ran through (baked: its ops, scalars, saved values, leaves):
+     * that history's id (ctpu__ag_history_id), or 0: not guarded */
+    uint64_t *user_hist;
+    /* guard: the capture's backward released autograd history made before
+     * the call (no retain_graph; of a tensor fn reads, or an input's): the
+     * next backward through it fails in eager, so no call replays this */
+    bool hist_released;
     int n_pin, n_pout, n_psc, nreq, n_rng, n_no_grad;
     in_src *in;                /* [n_pin] */
     sc_src *sc;                /* [n_psc] */
@@ -166,6 +178,7 @@ typedef struct version {
     uint64_t *out_fixed;       /* [n_out_user] a handle made before the call fn returned, or 0 */
     int32_t *out_in;           /* [n_out_user] the input fn returned as out[j] (each call's in[i]), or -1 */
     int32_t *out_prow;         /* [n_out_user] out_fixed names a row bound by position (an input's .grad), or -1 */
+    int32_t *out_grad;         /* [n_out_user] fn returned RQ_GRAD request q's new .grad: the leaf's .grad, or -1 */
     /* out[j] a view fn made (no op recorded) of an input's storage (base i
      * >= 0) or of a tensor the step reads (row h: base -2 - h), -1: none;
      * each replay makes it anew on that call's storage: its type, at the
@@ -292,6 +305,9 @@ struct ctpu_capture {
     ctpu_compiled *c;
     bool broken, refused, in_final, empty, op_failed;
     uint64_t scope_floor;          /* scopes opened from here on are the call's (fn's handles) */
+    uint64_t ag_pass0;             /* backward passes from here on are fn's (ctpu__ag_pass_next) */
+    uint64_t ag_seq0;              /* autograd nodes from here on are fn's (ctpu__ag_seq_next) */
+    bool hist_released;            /* fn's backward released history made before the call */
     char reason[192];
     int n_in, n_scalars, n_out;
     const double *scalars;
@@ -381,6 +397,7 @@ static void version_free(version *v)
     free(v->out_fixed);
     free(v->out_in);
     free(v->out_prow);
+    free(v->out_grad);
     free(v->out_vbase);
     for (int j = 0; v->out_cbuf && j < v->n_out_user; j++)
         if (v->out_cbuf[j]) {
@@ -393,6 +410,8 @@ static void version_free(version *v)
     free(v->out_vold);
     free(v->user_ag);
     free(v->user_hsame);
+    free(v->user_bound);
+    free(v->user_hist);
     free(v->arg_val);
     free(v->hid);
     free(v->inplace_ids);
@@ -584,6 +603,12 @@ void ctpu__capture_note_zero_grad(uint64_t leaf)
         snprintf(cap->fail, sizeof cap->fail, "out of host memory");
 }
 
+void ctpu__capture_note_released(uint64_t seq)
+{
+    struct ctpu_capture *cap = cap_now();
+    if (cap && seq < cap->ag_seq0) cap->hist_released = true;
+}
+
 void ctpu__capture_note_grad(uint64_t leaf, uint64_t g)
 {
     struct ctpu_capture *cap = cap_now();
@@ -753,9 +778,8 @@ static bool classify_requests(build_ctx *b)
             set_returned_assigned(v, cap, h);
             continue;
         }
-        for (int j = 0; j < cap->n_out; j++)
-            if (cap->out[j].id == h) { v->out_rq[j] = q; x->kind = RQ_OUT; }
-        if (x->kind == RQ_OUT) continue;
+        /* a .grad backward made: set at each replay, even when fn also
+         * returns it (out[j] is then the leaf's .grad, as eager's) */
         for (int g = 0; g < cap->n_grads && x->kind == RQ_NONE; g++) {
             if (cap->grads[g].g != h) continue;
             x->kind = RQ_GRAD;
@@ -764,6 +788,11 @@ static bool classify_requests(build_ctx *b)
             v->no_grad_in[v->n_no_grad] = input_leaf(v, cap, x->h);
             v->no_grad_leaf[v->n_no_grad++] = x->h;
         }
+        for (int j = 0; j < cap->n_out; j++)
+            if (cap->out[j].id == h) {
+                if (x->kind == RQ_GRAD) v->out_grad[j] = q;
+                else { v->out_rq[j] = q; x->kind = RQ_OUT; }
+            }
         if (x->kind != RQ_NONE) continue;
         const char *nm = ctpu_rec_name(s->rrec[q]);
         char tb[96];
@@ -832,6 +861,7 @@ static bool version_alloc(version *v, const ctpu_capture_sink *s, const struct c
     v->out_fixed = calloc((size_t)v->n_out_user + 1, sizeof *v->out_fixed);
     v->out_in = malloc(sizeof *v->out_in * ((size_t)v->n_out_user + 1));
     v->out_prow = malloc(sizeof *v->out_prow * ((size_t)v->n_out_user + 1));
+    v->out_grad = malloc(sizeof *v->out_grad * ((size_t)v->n_out_user + 1));
     v->out_vbase = malloc(sizeof *v->out_vbase * ((size_t)v->n_out_user + 1));
     v->out_cbuf = calloc((size_t)v->n_out_user + 1, sizeof *v->out_cbuf);
     v->out_vtype = malloc(sizeof *v->out_vtype * ((size_t)v->n_out_user + 1));
@@ -839,6 +869,8 @@ static bool version_alloc(version *v, const ctpu_capture_sink *s, const struct c
     v->out_vold = calloc((size_t)v->n_out_user + 1, sizeof *v->out_vold);
     v->user_ag = calloc((size_t)v->n_user + 1, 1);
     v->user_hsame = malloc(sizeof *v->user_hsame * ((size_t)v->n_user + 1));
+    v->user_bound = calloc((size_t)v->n_user + 1, sizeof *v->user_bound);
+    v->user_hist = calloc((size_t)v->n_user + 1, sizeof *v->user_hist);
     v->arg_val = malloc(sizeof *v->arg_val * ((size_t)v->n_scalars + 1));
     v->outb = calloc((size_t)v->n_pout + 1, sizeof *v->outb);
     v->outo = calloc((size_t)v->n_pout + 1, sizeof *v->outo);
@@ -852,8 +884,8 @@ static bool version_alloc(version *v, const ctpu_capture_sink *s, const struct c
     if (!v->outb || !v->outo || !v->outk || !v->sc_tmpl || !v->sc_dyn || !v->unconf || !v->pin_b || !v->pin_o || !v->pin_user) return false;
     return v->user_type && v->user_same && v->user_rel && v->in && v->sc && v->rq && v->alias_req && v->grad_rq &&
            v->out_bytes && v->rng && v->no_grad_leaf && v->no_grad_in && v->out_rq && v->out_fixed && v->out_in &&
-           v->out_prow && v->out_vbase && v->out_cbuf && v->out_vtype && v->out_vdelta && v->out_vold && v->user_ag && v->user_hsame &&
-           v->arg_val;
+           v->out_prow && v->out_grad && v->out_vbase && v->out_cbuf && v->out_vtype && v->out_vdelta && v->out_vold &&
+           v->user_ag && v->user_hsame && v->user_bound && v->user_hist && v->arg_val;
 }
 
 /* The guards' facts and the plan's copies. */
@@ -867,10 +899,14 @@ static void version_fill(version *v, const ctpu_capture_sink *s, const struct ct
         v->user_same[i] = same_input(cap->inrec, i, &v->user_rel[i]);
         v->user_ag[i] = (uint8_t)ctpu__ag_kind(cap->inrec[i]);
         v->user_hsame[i] = i;
-        for (int j = 0; j < i && v->user_ag[i] == 1; j++)
+        v->user_bound[i] = v->user_ag[i] == 1;
+        if (v->user_ag[i] == 2 && ctpu__ag_history_reached(cap->inrec[i], cap->ag_pass0))
+            v->user_hist[i] = ctpu__ag_history_id(cap->inrec[i]);
+        for (int j = 0; j < i; j++)
             if (cap->inrec[j] == cap->inrec[i]) { v->user_hsame[i] = j; break; }
     }
     v->grad_mode = ctpu_grad_enabled();
+    v->hist_released = cap->hist_released;
     v->precision = (uint8_t)ctpu_rt->precision;
     v->dbg = ctpu_debug_checks_now();   /* in the capture's defer and fuse: the runtime's setting, as dbg_now() */
     for (int o = 0; o < v->n_pout; o++) {
@@ -884,6 +920,7 @@ static void version_fill(version *v, const ctpu_capture_sink *s, const struct ct
         v->out_rq[j] = -1;
         v->out_in[j] = -1;
         v->out_prow[j] = -1;
+        v->out_grad[j] = -1;
         v->out_vbase[j] = -1;
         ctpu_trec *r = live_rec(cap->out[j].id);
         if (r && !ctpu_rec_pending(r)) v->out_fixed[j] = cap->out[j].id;   /* fn returned a tensor made before */
@@ -942,8 +979,14 @@ static void describe_rows(version *v)
     }
 }
 
-/* Which rows name an input leaf or its .grad (hpos): the first input that
- * was the leaf, a leaf that requires grad at the capture. */
+/* Which rows name an input or an input leaf's .grad (hpos): the first
+ * input that was the row's handle (a leaf whose .grad the step makes, or
+ * a tensor it assigns, in place or rebound: each call's in[i] gets it, as
+ * torch.compile's input mutation applies to the tensor passed that call),
+ * or whose .grad it was, a leaf that requires grad at the capture. Which
+ * inputs an assigned input is one handle with is guarded (user_bound):
+ * fn's reads of in[j] after assigning in[i] saw the new value only if
+ * they were one tensor. */
 static bool bind_positions(version *v, const struct ctpu_capture *cap)
 {
     v->hpos = malloc(sizeof *v->hpos * ((size_t)v->n_h + 1));
@@ -955,11 +998,13 @@ static bool bind_positions(version *v, const struct ctpu_capture *cap)
         v->hpos[h] = -1;
         v->hnow[h] = v->hid[h];
         for (int i = 0; i < v->n_user && v->hpos[h] < 0; i++) {
-            if (v->user_ag[i] != 1) continue;
             if (r == cap->inrec[i]) v->hpos[h] = 2 * i;
-            else if (v->hid[h] == ctpu__ag_grad_id(cap->inrec[i])) v->hpos[h] = 2 * i + 1;
+            else if (v->user_ag[i] == 1 && v->hid[h] == ctpu__ag_grad_id(cap->inrec[i])) v->hpos[h] = 2 * i + 1;
         }
-        if (v->hpos[h] >= 0) v->prow[v->n_prow++] = h;
+        if (v->hpos[h] < 0) continue;
+        v->prow[v->n_prow++] = h;
+        for (int i = 0; !(v->hpos[h] & 1) && (v->hrole[h] & (H_ASSIGN | H_INPLACE)) && i < v->n_user; i++)
+            if (cap->inrec[i] == r) v->user_bound[i] = true;
     }
     return true;
 }
@@ -1319,25 +1364,53 @@ static bool rows_same(const version *v, const ctpu_tensor *in, ctpu_trec *const 
     return true;
 }
 
-/* A leaf input that was the same handle as an earlier input at the
- * capture (x passed as in[0] and in[1]: one .grad gets both) must be so
- * now, and one that was not must not be (two leaves sharing storage). */
+/* A leaf input (or an input the step assigns) that was the same handle
+ * as an earlier input at the capture (x passed as in[0] and in[1]: one
+ * .grad gets both, fn's reads of in[0] see in[1]'s assign) must be so now,
+ * and one that was not must not be (two handles on one storage). */
 static bool leaf_identity_holds(const version *v, int n_in, ctpu_trec *const *inrec, char *why, size_t len)
 {
     for (int i = 0; i < n_in; i++) {
-        if (v->user_ag[i] != 1) continue;
+        if (!v->user_bound[i]) continue;
         int same = i;
         for (int j = 0; j < i; j++)
             if (inrec[j] == inrec[i]) { same = j; break; }
         if (same == v->user_hsame[i]) continue;
+        const char *what = v->user_ag[i] == 1 ? "leaf" : "tensor", *other = v->user_ag[i] == 1 ? "leaf" : "handle";
         if (same == i)
-            snprintf(why, len, "input %d: no longer the same leaf as input %d (it was at the capture)", i,
+            snprintf(why, len, "input %d: no longer the same %s as input %d (it was at the capture)", i, what,
                      v->user_hsame[i]);
         else if (v->user_hsame[i] == i)
-            snprintf(why, len, "input %d: now the same leaf as input %d (another leaf at the capture)", i, same);
+            snprintf(why, len, "input %d: now the same %s as input %d (another %s at the capture)", i, what, same,
+                     other);
         else
-            snprintf(why, len, "input %d: the same leaf as input %d, was as input %d at the capture", i, same,
+            snprintf(why, len, "input %d: the same %s as input %d, was as input %d at the capture", i, what, same,
                      v->user_hsame[i]);
+        return false;
+    }
+    return true;
+}
+
+/* A non-leaf input whose history the step's backward ran through at the
+ * capture (in[0] = a * f made before the call) must have that history:
+ * the capture baked it (f, a, what its rules saved). Another one (a new
+ * f, a new a, or the same ops made anew) fails, as does one a backward
+ * has released since (eager's backward would fail): fn runs again. */
+static bool history_holds(const version *v, int n_in, ctpu_trec *const *inrec, char *why, size_t len)
+{
+    for (int i = 0; i < n_in; i++) {
+        if (!v->user_hist[i]) continue;
+        bool other = ctpu__ag_history_id(inrec[i]) != v->user_hist[i];
+        if (!other && !ctpu__ag_history_released(inrec[i])) continue;
+        const char *nm = ctpu_rec_name(inrec[i]);
+        snprintf(why, len, "input %d%s%.48s%s: a non-leaf whose autograd history %s (the step's backward runs "
+                 "through it)", i, nm[0] ? " (" : "", nm, nm[0] ? ")" : "",
+                 other ? "is not the capture's" : "was released by a backward since the capture");
+        return false;
+    }
+    if (v->hist_released) {
+        snprintf(why, len, "the step's backward released autograd history made before the call (a tensor fn reads "
+                 "has one; no retain_graph): a backward through it fails now");
         return false;
     }
     return true;
@@ -1392,7 +1465,7 @@ static bool guards_hold(version *v, int n_in, const ctpu_tensor *in, ctpu_trec *
         snprintf(why, len, "input %d %s now, %s at the capture", i, ag_kind_now[k], ag_kind_was[v->user_ag[i]]);
         return false;
     }
-    if (!leaf_identity_holds(v, n_in, inrec, why, len)) return false;
+    if (!leaf_identity_holds(v, n_in, inrec, why, len) || !history_holds(v, n_in, inrec, why, len)) return false;
     if (other_extent) {
         *extent = true;
         snprintf(why, len, "another extent of the inputs' dynamic dims");
@@ -1476,7 +1549,7 @@ static bool inputs_not_inplace(const version *v, int n_in, const ctpu_tensor *in
         }
     for (int u = 0; u < v->n_prow; u++) {   /* an input leaf's .grad assigned in place: this call's */
         int h = v->prow[u];
-        for (int i = 0; i < n_in && (v->hrole[h] & H_INPLACE); i++)
+        for (int i = 0; i < n_in && (v->hpos[h] & 1) && (v->hrole[h] & H_INPLACE); i++)
             if (in[i].id == v->hnow[h]) {
                 snprintf(why, len, "input %d is input %d's .grad, which the step assigns in place", i, v->hpos[h] / 2);
                 return false;
@@ -1759,6 +1832,14 @@ static void replay_publish(replay_ctx *x, ctpu_tensor *out)
         out[j] = v->out_in[j] >= 0 ? x->in[v->out_in[j]] : (ctpu_tensor){ v->out_fixed[j] };
         if (v->out_prow[j] >= 0) out[j] = (ctpu_tensor){ v->hnow[v->out_prow[j]] };
         int q = v->out_rq[j];
+        if (v->out_grad[j] >= 0) {   /* the .grad set above (or the old one written into) */
+            q = v->out_grad[j];
+            const ctpu_trec *leaf = v->hrec[v->rq[q].hs];
+            uint64_t g = leaf ? ctpu__ag_grad_id(leaf) : 0;
+            if (g) { out[j] = (ctpu_tensor){ g }; continue; }
+            for (int i = 0; i < j; i++)   /* a released leaf gets none: a handle on the output, as before */
+                if (v->out_grad[i] == q) { q = -1; out[j] = out[i]; break; }
+        }
         if (q < 0) continue;
         int first = j;
         for (int i = 0; i < j; i++)
@@ -1955,7 +2036,8 @@ static ctpu_status run_capture(ctpu_compiled *c, int n_in, const ctpu_tensor *in
     ctpu_thread_state *ts = ctpu__ts;
     struct ctpu_capture cap = { .c = c, .n_in = n_in, .n_scalars = n_scalars, .n_out = n_out, .scalars = scalars,
                                 .out = out, .inrec = inrec,
-                                .scope_floor = atomic_load(&ctpu_rt->next_scope_id) };
+                                .scope_floor = atomic_load(&ctpu_rt->next_scope_id),
+                                .ag_pass0 = ctpu__ag_pass_next(), .ag_seq0 = ctpu__ag_seq_next() };
     cap.fn_made = calloc((size_t)n_out + 1, sizeof *cap.fn_made);
     if (!cap.fn_made) snprintf(cap.fail, sizeof cap.fail, "out of host memory");
     int saved = ts->mode_override;

@@ -519,6 +519,18 @@ bool ctpu__ag_assign_records(const struct ctpu_trec *d, const struct ctpu_trec *
 /* r's autograd kind: 0 no grad, 1 a leaf that requires grad, 2 a non-leaf
  * with a history (a compiled step's guard, as torch.compile's requires_grad). */
 int ctpu__ag_kind(const struct ctpu_trec *r);
+/* Autograd history made before a compiled call, for its guards: the id of
+ * the next backward pass and of the next node; r's node's creation number
+ * (0: a leaf, no grad); whether a pass numbered pass0 or later walked r's
+ * node; whether a node of r's history was released by a backward (a
+ * backward through r would fail). */
+uint64_t ctpu__ag_pass_next(void);
+uint64_t ctpu__ag_seq_next(void);
+uint64_t ctpu__ag_history_id(const struct ctpu_trec *r);
+bool ctpu__ag_history_reached(const struct ctpu_trec *r, uint64_t pass0);
+bool ctpu__ag_history_released(const struct ctpu_trec *r);
+/* compiled.c: a capture's backward released node seq (no retain_graph). */
+void ctpu__capture_note_released(uint64_t seq);
 /* compiled.c: fn gives a tensor made before the call an autograd history
  * (an assign with grad mode on): a graph break (a replay cannot make that
  * history). True: go on; false: fullgraph, the error is set. */
