@@ -3167,13 +3167,15 @@ END_TEST
  * a, another saved tensor) is a guard failure naming the input, and
  * recaptures (to the recompile limit, then fn runs in the current mode);
  * was: replays used the capture's f and wrote the capture's a.grad. The
- * same history each call (fn's backward retains it) replays; so does a
- * step whose backward does not reach in[0]'s history. a.grad and the
+ * same history each call (fn's backward retains it) replays, two of them
+ * alternating replay two versions; so does a step whose backward does not
+ * reach in[0]'s history. a.grad and the
  * fresh leaves' .grad are read and dropped after each call. */
-enum { NL_SCALE, NL_NEW_LEAF, NL_SAVED, NL_SAME_OPS, NL_RETAINED, NL_NO_BACKWARD, NL_TWO, NL_FULLGRAPH, NL_COUNT };
+enum { NL_SCALE, NL_NEW_LEAF, NL_SAVED, NL_SAME_OPS, NL_RETAINED, NL_RETAINED_ALT, NL_NO_BACKWARD, NL_TWO, NL_FULLGRAPH,
+       NL_COUNT };
 #define NL_CALLS 12
 #define NL_LOG (NL_CALLS * 5 * 4)
-typedef struct { ctpu_tensor W, a, kept; int variant; } nl_ctx;
+typedef struct { ctpu_tensor W, a, kept, kept2; int variant; } nl_ctx;
 typedef struct { float v[NL_LOG]; int n; } nl_log;
 
 static ctpu_status nl_fn(void *vc, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
@@ -3185,7 +3187,7 @@ static ctpu_status nl_fn(void *vc, const ctpu_tensor *in, const double *sc, ctpu
     ctpu_tensor loss = ctpu_sum(ctpu_mul(ctpu_mul(x, x), k->W), 0, NULL, false);
     out[0] = loss;
     if (k->variant == NL_NO_BACKWARD) return ctpu_last_status();
-    ctpu_status st = ctpu_backward_ex(loss, CTPU_NULL, k->variant == NL_RETAINED);
+    ctpu_status st = ctpu_backward_ex(loss, CTPU_NULL, k->variant == NL_RETAINED || k->variant == NL_RETAINED_ALT);
     if (st != CTPU_OK) return st;
     ctpu_no_grad_begin();
     ctpu_assign(k->W, ctpu_sub(k->W, ctpu_mul_scalar(ctpu_grad(k->W), 0.125)));
@@ -3201,6 +3203,7 @@ static void nl_run(int variant, bool compiled, nl_log *L, ctpu_compiled_info *in
     k.a = lg_vec(0.3f, 0.7f, -0.2f, 1, true);
     ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
     k.kept = ctpu_keep(ctpu_mul_scalar(k.a, 0.5));
+    k.kept2 = ctpu_keep(ctpu_mul_scalar(k.a, -1.5));
     ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
     ctpu_compile_opts o = { .name = "non_leaf", .fullgraph = variant == NL_FULLGRAPH };
     ctpu_compiled *c = compiled ? ctpu_compile(nl_fn, &k, &o) : NULL;
@@ -3213,6 +3216,7 @@ static void nl_run(int variant, bool compiled, nl_log *L, ctpu_compiled_info *in
         case NL_NEW_LEAF: case NL_SAME_OPS: in[0] = ctpu_mul_scalar(leaf, 0.5); break;
         case NL_SAVED: in[0] = ctpu_mul(k.a, c2); break;   /* mul's backward reads c2 */
         case NL_RETAINED: in[0] = k.kept; break;
+        case NL_RETAINED_ALT: in[0] = (it / 2) % 2 ? k.kept2 : k.kept; break;
         default: in[0] = ctpu_mul_scalar(k.a, f); break;
         }
         in[1] = ctpu_add_scalar(k.a, f);
@@ -3242,8 +3246,8 @@ static void nl_run(int variant, bool compiled, nl_log *L, ctpu_compiled_info *in
         ck_assert_int_eq(ctpu_compiled_get_info(c, info), CTPU_OK);
         ctpu_compiled_free(c);
     }
-    ctpu_tensor own[3] = { k.W, k.a, k.kept };
-    for (int i = 0; i < 3; i++) { ctpu_zero_grad(own[i]); ctpu_release(own[i]); }
+    ctpu_tensor own[4] = { k.W, k.a, k.kept, k.kept2 };
+    for (int i = 0; i < 4; i++) { ctpu_zero_grad(own[i]); ctpu_release(own[i]); }
 }
 
 START_TEST(non_leaf_input_history_is_a_guard)
@@ -3257,11 +3261,11 @@ START_TEST(non_leaf_input_history_is_a_guard)
         for (int i = 0; i < ref.n; i++)
             ck_assert_msg(t_same(got.v[i], ref.v[i]), "variant %d call %d value %d: %.9g vs eager %.9g", var,
                           i / 20, i % 20, got.v[i], ref.v[i]);
-        bool replays = var == NL_RETAINED || var == NL_NO_BACKWARD;
+        bool replays = var == NL_RETAINED || var == NL_RETAINED_ALT || var == NL_NO_BACKWARD;
         /* a new history each call: a capture each call to the limit (8), then fn in the current mode */
-        uint64_t want = replays ? 1 : 8;
-        ck_assert_msg(info.captures == want && info.eager_calls == NL_CALLS - (replays ? NL_CALLS : 8) &&
-                      info.replays == (replays ? NL_CALLS - 1 : 0),
+        uint64_t want = var == NL_RETAINED_ALT ? 2 : replays ? 1 : 8;
+        ck_assert_msg(info.captures == want && info.eager_calls == (replays ? 0 : NL_CALLS - 8) &&
+                      info.replays == (replays ? NL_CALLS - want : 0),
                       "variant %d: %llu captures (want %llu), %llu replays, %llu eager calls: %s", var,
                       (unsigned long long)info.captures, (unsigned long long)want, (unsigned long long)info.replays,
                       (unsigned long long)info.eager_calls, info.last_reason);
