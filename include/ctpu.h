@@ -1001,6 +1001,11 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  *   (guard: each handle still live, and requiring grad or not, as a leaf
  *   or not, as at the capture: a parameter frozen or unfrozen since is a
  *   guard failure, as torch.compile guards a parameter's requires_grad).
+ *   A .grad of such a tensor is its leaf's .grad at each call, so a step
+ *   that only runs the optimizer (zero_grad and backward outside it: a
+ *   new .grad handle each step) replays; whether each leaf fn asks
+ *   ctpu_grad of has a .grad is a guard (an optimizer skips a parameter
+ *   without one), as torch.compile guards a grad being None.
  * - random ops draw from the global generator at every replay, as fn would.
  * - any other host state fn reads (globals, fields of ctx, a branch on a
  *   step counter, an optimizer's host-side lr or step count) is baked into

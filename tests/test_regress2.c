@@ -1929,6 +1929,96 @@ START_TEST(returned_tensors_fn_made_are_new_each_call)
 }
 END_TEST
 
+/* ================================================= 70. a compiled optimizer step with the backward outside it
+ * torch: torch.compile(opt.step) (the compiled-optimizer recipe) compiles
+ * once; the grads are new tensors each iteration and are guarded by
+ * metadata, and whether each grad is None is a guard
+ * (pytorch/pytorch#121291 "guard on grads being None in compiled
+ * optimizers", #118435 "should not recompile after optimizer.zero_grad()").
+ * ctpu bound the parameters' .grad handles of the capture: zero_grad
+ * (set-to-none) and the next backward made new ones, so every call
+ * recaptured until the recompile limit and ran in eager after. A .grad of
+ * a leaf made before the call is now bound by its leaf (the leaf's .grad
+ * at each call), and whether each leaf fn asks ctpu_grad of has a .grad
+ * is a guard: a step captured while b had none (the optimizer skipped it)
+ * is not replayed once b has one, nor the other way. */
+typedef struct { ctpu_tensor w, b; ctpu_optim *opt; } cs70;
+static int cs70_drop;   /* drop b's .grad at the calls where it % 3 == 2 */
+static void *cs70_mk(void)
+{
+    cs70 *k = calloc(1, sizeof *k);
+    k->w = ctpu_keep(ctpu_from_host((const float[]){ 0.5f, -1, 0.25f, 2, 1.5f, -0.75f }, CTPU_F32, 2, (const int64_t[]){ 2, 3 }));
+    k->b = ctpu_keep(ctpu_from_host((const float[]){ 0.1f, -0.2f, 0.3f }, CTPU_F32, 1, (const int64_t[]){ 3 }));
+    ck_assert_int_eq(ctpu_set_requires_grad(k->w, true), CTPU_OK);
+    ck_assert_int_eq(ctpu_set_requires_grad(k->b, true), CTPU_OK);
+    ctpu_tensor ps[2] = { k->w, k->b };
+    ctpu_adamw_opts o = ctpu_adamw_defaults();
+    o.lr = 0.05;
+    k->opt = ctpu_adamw_create(2, ps, &o);
+    ck_assert_ptr_nonnull(k->opt);
+    ck_assert_int_eq(ctpu_optim_set_capturable(k->opt, true), CTPU_OK);
+    return k;
+}
+static void cs70_fr(void *p)
+{
+    cs70 *k = p;
+    ctpu_optim_free(k->opt);
+    ctpu_zero_grad(k->w);
+    ctpu_zero_grad(k->b);
+    ctpu_release(k->w);
+    ctpu_release(k->b);
+    free(k);
+}
+static void cs70_in(void *p, int it, ctpu_tensor *in)
+{
+    (void)p;
+    (void)it;
+    (void)in;
+}
+static int cs70_state(void *p, ctpu_tensor *t)
+{
+    cs70 *k = p;
+    t[0] = k->w;
+    t[1] = k->b;
+    t[2] = ctpu_optim_state(k->opt, 1, 0);
+    return 3;
+}
+static void cs70_between(void *p, int it)   /* zero_grad, forward and backward outside the step */
+{
+    cs70 *k = p;
+    ck_assert_int_eq(ctpu_optim_zero_grad(k->opt), CTPU_OK);
+    float x[4] = { 1.0f + (float)it, -0.5f, 0.25f * (float)it, 2 };
+    ctpu_tensor y = ctpu_add(ctpu_matmul(ctpu_from_host(x, CTPU_F32, 2, (const int64_t[]){ 2, 2 }), k->w), k->b);
+    ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_mul(y, y), 0, NULL, false)), CTPU_OK);
+    if (cs70_drop && it % 3 == 2) ck_assert_int_eq(ctpu_zero_grad(k->b), CTPU_OK);
+}
+static ctpu_status cs70_fn(void *p, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)in;
+    (void)sc;
+    cs70 *k = p;
+    out[0] = ctpu_mul_scalar(ctpu_grad(k->w), 1.0);
+    return ctpu_optim_step(k->opt);
+}
+
+START_TEST(compiled_optimizer_step_binds_grads_by_leaf)
+{
+    for (cs70_drop = 0; cs70_drop < 2; cs70_drop++) {
+        cs_case k = { cs70_mk, cs70_fr, cs70_in, cs70_state, cs70_between, cs70_fn, 0, 1, 7, false };
+        ctpu_compiled_info info;
+        cs_expect_eager(cs70_drop ? "b.grad dropped at calls 2 and 5" : "a new .grad each call", &k, &info);
+        if (!cs70_drop) {
+            ck_assert_msg(info.captures == 1 && info.replays == 6, "%llu captures (%s)", (unsigned long long)info.captures,
+                          info.last_reason);
+        } else {
+            ck_assert_msg(info.captures == 2 && info.replays == 5, "%llu captures (%s)", (unsigned long long)info.captures,
+                          info.last_reason);
+            ck_assert_msg(t_contains(info.last_reason, "no .grad now"), "%s", info.last_reason);
+        }
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("regress2");
@@ -1973,6 +2063,7 @@ int main(void)
     tcase_add_test(tc, aliased_inputs_at_moving_offsets);
     tcase_add_test(tc, parameter_requires_grad_is_a_guard);
     tcase_add_test(tc, returned_tensors_fn_made_are_new_each_call);
+    tcase_add_test(tc, compiled_optimizer_step_binds_grads_by_leaf);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

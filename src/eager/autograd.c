@@ -1014,7 +1014,9 @@ ctpu_tensor ctpu_grad(ctpu_tensor t)
     ctpu_trec *r = ctpu_rec_get(t, "grad", "t", true);
     if (!r) return ctpu_failed();
     ag_meta *m = r->ag;
-    if (!m || !m->leaf || !ctpu_is_valid(m->leaf->grad)) return CTPU_NULL;   /* no gradient: not an error */
+    bool has = m && m->leaf && ctpu_is_valid(m->leaf->grad);
+    if (m && m->leaf && ctpu__capturing()) ctpu__capture_note_grad_read(t.id, has);   /* a host decision fn may branch on */
+    if (!has) return CTPU_NULL;   /* no gradient: not an error */
     return m->leaf->grad;
 }
 

@@ -213,6 +213,16 @@ typedef struct version {
     uint64_t *hnow;            /* [n_h] the handle the row names this call (hid, or the call's in[i] or its .grad) */
     int32_t *prow;             /* [n_prow] the rows bound by position */
     int n_prow;
+    /* [n_h] a row that was the .grad of a leaf made before the call (not
+     * an input): that leaf, whose .grad at each call the row names (hnow),
+     * as an input leaf's binds by position: a backward outside the step
+     * makes a new .grad handle each step; 0: the row's own handle */
+    uint64_t *hleaf;
+    /* guard: fn read ctpu_grad of these leaves made before the call (the
+     * optimizer skips one without a .grad): each has a .grad, or not, as
+     * at the capture (pytorch/pytorch#121291) */
+    struct grad_seen { uint64_t leaf; bool has; } *gobs;
+    int n_gobs;
     uint64_t *inplace_ids;     /* [n_inplace] the H_INPLACE handles, sorted */
     int n_inplace;
     /* the program's scratch buffer, kept across replays: the device runs
@@ -325,6 +335,8 @@ struct ctpu_capture {
     int n_ints, cap_ints;
     grad_note *grads;
     int n_grads, cap_grads;
+    grad_note *gread;              /* ctpu_grad of a leaf made before the call, before fn changed its .grad: g = has one */
+    int n_gread, cap_gread;
     version *made;                 /* built by the sink */
     bool *fn_made;                 /* [n_out] out[j] is a handle fn made (kept from its scope), not an input or older tensor */
     char fail[192];                /* why the capture cannot be replayed (not a break) */
@@ -424,6 +436,8 @@ static void version_free(version *v)
     free(v->hpos);
     free(v->hnow);
     free(v->prow);
+    free(v->hleaf);
+    free(v->gobs);
     free(v->fresh_o);
     free(v->held_hs);
     free(v->pub_q);
@@ -616,6 +630,25 @@ void ctpu__capture_note_grad(uint64_t leaf, uint64_t g)
     grad_note n = { leaf, g, false };
     for (int i = 0; i < cap->n_zeroed; i++) n.zeroed |= cap->zeroed[i] == leaf;
     if (!push((void **)&cap->grads, &cap->n_grads, &cap->cap_grads, sizeof n, &n))
+        snprintf(cap->fail, sizeof cap->fail, "out of host memory");
+}
+
+void ctpu__capture_note_grad_read(uint64_t leaf, bool has)
+{
+    struct ctpu_capture *cap = cap_now();
+    if (!cap || cap->in_final) return;
+    const ctpu_trec *r = live_rec(leaf);
+    if (!r || (r->scope_id != 0 && r->scope_id >= cap->scope_floor)) return;   /* fn's own leaf */
+    for (int i = 0; i < cap->n_in; i++)
+        if (cap->inrec[i] == r) return;   /* an input leaf: its .grad is guarded by position */
+    for (int i = 0; i < cap->n_zeroed; i++)
+        if (cap->zeroed[i] == leaf) return;   /* fn dropped it first: not the call's start */
+    for (int i = 0; i < cap->n_grads; i++)
+        if (cap->grads[i].leaf == leaf) return;   /* fn's backward made it */
+    for (int i = 0; i < cap->n_gread; i++)
+        if (cap->gread[i].leaf == leaf) return;
+    grad_note n = { leaf, has, false };
+    if (!push((void **)&cap->gread, &cap->n_gread, &cap->cap_gread, sizeof n, &n))
         snprintf(cap->fail, sizeof cap->fail, "out of host memory");
 }
 
@@ -975,7 +1008,9 @@ static void describe_rows(version *v)
         if (pin >= 0) snprintf(at, sizeof at, "program input %d ", pin);
         if (v->hpos[h] >= 0) snprintf(at, sizeof at, "input %d%s ", v->hpos[h] / 2, v->hpos[h] & 1 ? "'s .grad" : "");
         const char *nm = r ? ctpu_rec_name(r) : "";
-        snprintf(v->hdesc[h], sizeof v->hdesc[h], "%s(%s%s%.40s)", at, tb, nm[0] ? " " : "", nm);
+        const ctpu_trec *leaf = v->hleaf[h] ? live_rec(v->hleaf[h]) : NULL;
+        if (leaf) nm = ctpu_rec_name(leaf)[0] ? ctpu_rec_name(leaf) : "a leaf";
+        snprintf(v->hdesc[h], sizeof v->hdesc[h], "%s(%s%s%s%.40s)", at, tb, nm[0] ? " " : "", leaf ? ".grad of " : "", nm);
     }
 }
 
@@ -1005,6 +1040,29 @@ static bool bind_positions(version *v, const struct ctpu_capture *cap)
         v->prow[v->n_prow++] = h;
         for (int i = 0; !(v->hpos[h] & 1) && (v->hrole[h] & (H_ASSIGN | H_INPLACE)) && i < v->n_user; i++)
             if (cap->inrec[i] == r) v->user_bound[i] = true;
+    }
+    return true;
+}
+
+/* Which rows not bound by position are the .grad of a leaf made before
+ * the call (hleaf): a row among them, else any live one. */
+static bool bind_leaf_grads(version *v)
+{
+    v->hleaf = calloc((size_t)v->n_h + 1, sizeof *v->hleaf);
+    if (!v->hleaf) return false;
+    for (int h = 0; h < v->n_h; h++) {
+        const ctpu_trec *g = live_rec(v->hid[h]);
+        if (v->hpos[h] >= 0 || !g || !g->leaf_grad) continue;
+        for (int k = 0; k < v->n_h && !v->hleaf[h]; k++) {
+            const ctpu_trec *r = live_rec(v->hid[k]);
+            if (r && ctpu__ag_grad_id(r) == v->hid[h]) v->hleaf[h] = v->hid[k];
+        }
+        uint32_t n = atomic_load_explicit(&ctpu_rt->n_slots, memory_order_acquire);
+        for (uint32_t idx = 0; idx < n && !v->hleaf[h]; idx++) {
+            ctpu_trec *r = ctpu_slot(idx);
+            if (!atomic_load_explicit(&r->live, memory_order_relaxed) || !r->ag || ctpu__ag_grad_id(r) != v->hid[h]) continue;
+            v->hleaf[h] = ((uint64_t)atomic_load_explicit(&r->gen, memory_order_relaxed) << 32) | (idx + 1);
+        }
     }
     return true;
 }
@@ -1088,7 +1146,7 @@ static bool build_handles(version *v, const struct ctpu_capture *cap, const buil
     v->hslot = malloc(sizeof *v->hslot * ((size_t)v->n_h + 1));
     v->hgen = malloc(sizeof *v->hgen * ((size_t)v->n_h + 1));
     v->hag = malloc((size_t)v->n_h + 1);
-    if (!v->inplace_ids || !v->hslot || !v->hgen || !v->hag || !bind_positions(v, cap)) return false;
+    if (!v->inplace_ids || !v->hslot || !v->hgen || !v->hag || !bind_positions(v, cap) || !bind_leaf_grads(v)) return false;
     for (int h = 0; h < v->n_h; h++) {
         ctpu_tensor t = { v->hid[h] };
         v->hslot[h] = ctpu_slot(ctpu_handle_slot(t));   /* live at the capture: its slot exists */
@@ -1097,7 +1155,7 @@ static bool build_handles(version *v, const struct ctpu_capture *cap, const buil
         v->hag[h] = r ? (uint8_t)ctpu__ag_kind(r) : 0;
     }
     for (int h = 0; h < v->n_h; h++)   /* (a row bound by position is checked against the call's handle) */
-        if ((v->hrole[h] & H_INPLACE) && v->hpos[h] < 0) v->inplace_ids[v->n_inplace++] = v->hid[h];
+        if ((v->hrole[h] & H_INPLACE) && v->hpos[h] < 0 && !v->hleaf[h]) v->inplace_ids[v->n_inplace++] = v->hid[h];
     describe_rows(v);
     qsort(v->inplace_ids, (size_t)v->n_inplace, sizeof *v->inplace_ids, cmp_u64);
     return true;
@@ -1182,7 +1240,7 @@ static void map_out_views(version *v, const struct ctpu_capture *cap, const ctpu
         bool own = false;
         for (int h = 0; h < v->n_h && !own; h++) {
             own = v->hid[h] == id;
-            if (own && v->hpos[h] >= 0) v->out_prow[j] = h;   /* an input's .grad: this call's */
+            if (own && (v->hpos[h] >= 0 || v->hleaf[h])) v->out_prow[j] = h;   /* a leaf's .grad: this call's */
         }
         if (own) continue;
         int base = -1;
@@ -1235,6 +1293,13 @@ void ctpu__capture_sink(const ctpu_capture_sink *s)
     if (ok) {
         v->program_id = s->program_id;
         version_fill(v, s, cap);
+        if (cap->n_gread) {
+            v->gobs = malloc(sizeof *v->gobs * (size_t)cap->n_gread);
+            for (int i = 0; v->gobs && i < cap->n_gread; i++)
+                v->gobs[i] = (struct grad_seen){ cap->gread[i].leaf, cap->gread[i].g != 0 };
+            v->n_gobs = v->gobs ? cap->n_gread : 0;
+            if (!v->gobs) snprintf(cap->fail, sizeof cap->fail, "out of host memory");
+        }
         classify_inputs(&b);
         for (int k = 0; k < v->n_pin; k++) {
             v->in[k] = b.rsrc[s->plan->in_src[k]];
@@ -1346,6 +1411,7 @@ static inline ctpu_trec *row_rec(const version *v, int h)
 static bool handles_hold(version *v, const ctpu_tensor *in, ctpu_trec *const *inrec, char *why, size_t len);
 static bool inputs_not_inplace(const version *v, int n_in, const ctpu_tensor *in, char *why, size_t len);
 static bool no_grad_holds(version *v, ctpu_trec *const *inrec, char *why, size_t len);
+static bool grads_seen_hold(version *v, char *why, size_t len);
 
 /* The handle row h names this call: its own, or (bound by position) the
  * call's in[i] or in[i]'s .grad (0: none). */
@@ -1481,7 +1547,7 @@ static bool guards_hold(version *v, int n_in, const ctpu_tensor *in, ctpu_trec *
         return inputs_not_inplace(v, n_in, in, why, len);
     v->bound = false;
     return handles_hold(v, in, inrec, why, len) && inputs_not_inplace(v, n_in, in, why, len) &&
-           no_grad_holds(v, inrec, why, len);
+           no_grad_holds(v, inrec, why, len) && grads_seen_hold(v, why, len);
 }
 
 /* The per-handle guards (what the binding cache skips): each row live,
@@ -1492,10 +1558,19 @@ static bool handles_hold(version *v, const ctpu_tensor *in, ctpu_trec *const *in
     v->bindable = true;
     for (int h = 0; h < v->n_h; h++) {
         int p = v->hpos[h];
-        ctpu_trec *r = p < 0 ? row_rec(v, h) : NULL;
+        ctpu_trec *r = p < 0 && !v->hleaf[h] ? row_rec(v, h) : NULL;
         if (p >= 0) {
             v->hnow[h] = row_id_now(v, h, in, inrec);
             r = p & 1 ? live_rec(v->hnow[h]) : inrec[p / 2];
+        } else if (v->hleaf[h]) {   /* the leaf's .grad this call (a new one after each zero_grad) */
+            const ctpu_trec *leaf = live_rec(v->hleaf[h]);
+            v->hnow[h] = leaf ? ctpu__ag_grad_id(leaf) : 0;
+            r = live_rec(v->hnow[h]);
+            if (!r) {
+                snprintf(why, len, "captured tensor %s: %s, which the step %s", leaf ? "no .grad now" : "its leaf released",
+                         v->hdesc ? v->hdesc[h] : "", v->hrole[h] & (H_ASSIGN | H_INPLACE) ? "assigns" : "reads");
+                return false;
+            }
         }
         v->hrec[h] = r;
         uint8_t f = v->hrole[h];
@@ -1547,6 +1622,12 @@ static bool inputs_not_inplace(const version *v, int n_in, const ctpu_tensor *in
             snprintf(why, len, "input %d is the storage of a tensor the step assigns in place", i);
             return false;
         }
+    for (int h = 0; h < v->n_h; h++)   /* an older leaf's .grad assigned in place: this call's */
+        for (int i = 0; i < n_in && v->hleaf[h] && (v->hrole[h] & H_INPLACE); i++)
+            if (in[i].id == v->hnow[h]) {
+                snprintf(why, len, "input %d is the .grad %s, which the step assigns in place", i, v->hdesc ? v->hdesc[h] : "");
+                return false;
+            }
     for (int u = 0; u < v->n_prow; u++) {   /* an input leaf's .grad assigned in place: this call's */
         int h = v->prow[u];
         for (int i = 0; i < n_in && (v->hpos[h] & 1) && (v->hrole[h] & H_INPLACE); i++)
@@ -1554,6 +1635,24 @@ static bool inputs_not_inplace(const version *v, int n_in, const ctpu_tensor *in
                 snprintf(why, len, "input %d is input %d's .grad, which the step assigns in place", i, v->hpos[h] / 2);
                 return false;
             }
+    }
+    return true;
+}
+
+/* Each leaf fn asked ctpu_grad of has a .grad as it had at the capture
+ * (a .grad made, dropped or the leaf released bumps the binding epoch). */
+static bool grads_seen_hold(version *v, char *why, size_t len)
+{
+    for (int i = 0; i < v->n_gobs; i++) {
+        const ctpu_trec *leaf = live_rec(v->gobs[i].leaf);
+        bool has = leaf && live_rec(ctpu__ag_grad_id(leaf));
+        if (leaf && has == v->gobs[i].has) continue;
+        char tb[64] = "";
+        if (leaf) ctpu_fmt_type(&leaf->type, tb, sizeof tb);
+        const char *nm = leaf ? ctpu_rec_name(leaf) : "";
+        snprintf(why, len, "leaf (%s%s%.40s) %s, %s at the capture (fn reads its ctpu_grad)", tb, nm[0] ? " " : "", nm,
+                 !leaf ? "released" : has ? "has a .grad now" : "has no .grad now", v->gobs[i].has ? "one" : "none");
+        return false;
     }
     return true;
 }
@@ -1967,6 +2066,7 @@ static void capture_free(struct ctpu_capture *cap)
     free(cap->ints);
     free(cap->fn_made);
     free(cap->fn_assigned);
+    free(cap->gread);
 }
 
 static void note_event(ctpu_compiled *c, const char *kind, const char *reason)

@@ -654,6 +654,9 @@ void ctpu__capture_note_int(int s);
 /* autograd.c: ctpu_zero_grad(leaf); backward made leaf's .grad g. */
 void ctpu__capture_note_zero_grad(uint64_t leaf);
 void ctpu__capture_note_grad(uint64_t leaf, uint64_t g);
+/* autograd.c: fn read leaf's .grad (ctpu_grad: has, or NULL): whether a
+ * leaf made before the call has a .grad is a guard (fn may skip it). */
+void ctpu__capture_note_grad_read(uint64_t leaf, bool has);
 /* defer.c -> compiled.c: the capture's own flush launched; build the replay. */
 void ctpu__capture_sink(const ctpu_capture_sink *s);
 /* autograd.c: make g (a handle of no scope) leaf's .grad, releasing the old
