@@ -2019,6 +2019,65 @@ START_TEST(compiled_optimizer_step_binds_grads_by_leaf)
 }
 END_TEST
 
+/* ================================================= 71. a recompile reason names a tensor the last step did not compute
+ * The recompile log's structure-change note ("input 0 (acc) was computed by
+ * full in step 0, now a device buffer") matched a new program's input
+ * buffers against the last flush's live-outs by address: a live-out freed
+ * at its scope's end gives its memory to the next buffer of that size, so a
+ * fresh batch from ctpu_from_host was said to be computed by the last
+ * step's add (pytorch/xla#3887-class metrics naming the wrong tensor,
+ * pytorch/pytorch#104825-class recompile reasons blaming an unchanged input).
+ * A step whose op order changes, its inputs new host tensors, logs nothing;
+ * an accumulator made between steps still gets its note. */
+static void cl71_step(int order, int64_t n)
+{
+    static float d[16];
+    for (int i = 0; i < 16; i++) d[i] = (float)i * 0.25f;
+    ctpu_scope_begin();
+    ctpu_tensor a = ctpu_from_host(d, CTPU_F32, 2, (const int64_t[]){ 2, n });
+    ctpu_tensor b = ctpu_from_host(d, CTPU_F32, 2, (const int64_t[]){ 2, n });
+    ck_assert_int_eq(ctpu_set_name(a, "A"), CTPU_OK);
+    ck_assert_int_eq(ctpu_set_name(b, "B"), CTPU_OK);
+    const int one[1] = { 1 };
+    ctpu_tensor sa = order ? ctpu_sum(ctpu_exp(b), 1, one, false) : ctpu_sum(a, 1, one, false);
+    ctpu_tensor sb = order ? ctpu_sum(a, 1, one, false) : ctpu_sum(ctpu_exp(b), 1, one, false);
+    ck_assert(!ctpu_is_null(ctpu_add(sa, sb)));
+    ck_assert_int_eq(ctpu_mark_step(), CTPU_OK);
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);   /* the live-outs' buffers are freed at the scope's end, not deferred */
+    ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+}
+START_TEST(recompile_reason_names_only_values_the_last_step_made)
+{
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEFER_FUSE), CTPU_OK);
+    static char log[4096];
+    for (int v = 0; v < 3; v++) {   /* the order changes at the second, third, fourth step */
+        for (int k = 0; k < 4; k++) cl71_step((k + v) % 2, 3 + v);
+        ck_assert_int_ge(ctpu_cache_recompile_log(log, sizeof log), 0);
+        ck_assert_msg(!t_contains(log, "was computed by"), "variant %d: a fresh host tensor is named as computed: %s",
+                      v, log);
+    }
+    /* the note still names what the last step did make */
+    ctpu_tensor acc = ctpu_keep(ctpu_zeros(CTPU_F32, 1, (const int64_t[]){ 4 }));
+    ctpu_tensor x = ctpu_keep(ctpu_from_host((const float[]){ 1, 2, 3, 4 }, CTPU_F32, 1, (const int64_t[]){ 4 }));
+    ck_assert_int_eq(ctpu_set_name(acc, "acc"), CTPU_OK);
+    ck_assert_int_eq(ctpu_mark_step(), CTPU_OK);
+    ck_assert_int_eq(ctpu_assign(x, ctpu_mul_scalar(x, 2)), CTPU_OK);
+    ck_assert_int_eq(ctpu_mark_step(), CTPU_OK);
+    for (int k = 0; k < 2; k++) {
+        ck_assert_int_eq(ctpu_assign(acc, ctpu_add(acc, x)), CTPU_OK);
+        ck_assert_int_eq(ctpu_mark_step(), CTPU_OK);
+    }
+    ck_assert_int_ge(ctpu_cache_recompile_log(log, sizeof log), 0);
+    ck_assert_msg(t_contains(log, "(acc) was computed by"), "the accumulator's note is missing: %s", log);
+    float got[4];
+    ck_assert_int_eq(ctpu_to_host(acc, got, sizeof got), CTPU_OK);
+    ck_assert(got[0] == 4 && got[3] == 16);
+    ctpu_release(acc);
+    ctpu_release(x);
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("regress2");
@@ -2064,6 +2123,7 @@ int main(void)
     tcase_add_test(tc, parameter_requires_grad_is_a_guard);
     tcase_add_test(tc, returned_tensors_fn_made_are_new_each_call);
     tcase_add_test(tc, compiled_optimizer_step_binds_grads_by_leaf);
+    tcase_add_test(tc, recompile_reason_names_only_values_the_last_step_made);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

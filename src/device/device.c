@@ -304,9 +304,9 @@ ctpu_buffer *ctpu_buffer_alloc(ctpu_device *dev, size_t bytes, char *err, size_t
     atomic_init(&b->trace_readers, 0);
     atomic_init(&b->last_seq, 0);
     atomic_init(&b->watched, false);
+    b->serial = (uint64_t)atomic_fetch_add(&dev->allocs, 1) + 1;
     uint64_t now = cur + need, pk = atomic_load(&dev->peak);
     while (now > pk && !atomic_compare_exchange_weak(&dev->peak, &pk, now)) {}
-    atomic_fetch_add(&dev->allocs, 1);
     ctpu_counter_add(dev->metrics, CTPU_CTR_HBM_ALLOCS, 1);
     ctpu_counter_add(dev->metrics, CTPU_CTR_HBM_BYTES_ALLOCATED, (long long)need);
     return b;

@@ -39,6 +39,11 @@ typedef struct ctpu_buffer {
     /* a compiled step's binding cache relies on the handles bound to it
      * (src/eager/compiled.c): a change to them bumps ctpu__bind_epoch */
     atomic_bool watched;
+    /* this allocation's number (1, 2, ...: the device's allocation count):
+     * a freed header's memory is most often the next buffer's, so a pointer
+     * kept past the buffer's life does not tell it from a new one; the
+     * serial does (defer.c's values the last flush computed) */
+    uint64_t serial;
 } ctpu_buffer;
 
 /* The binding epoch (compiled steps' binding cache, src/eager/compiled.c):

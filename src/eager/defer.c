@@ -991,7 +991,7 @@ static void note_structure_change(flush_ctx *f, const ctpu_trace_final *fin, con
     for (int k = 0; k < pl->n_in; k++) {
         const ctpu_buffer *b = ib[pl->in_src[k]];
         for (size_t i = 0; i < t_df.n_made; i++) {
-            if (t_df.made[i].buf != b) continue;
+            if (t_df.made[i].buf != b || !b || t_df.made[i].serial != b->serial) continue;
             ctpu_recompile_rec rec = { .step = f->step, .old_program = t_df.last_program,
                                        .new_program = f->res.program_id };
             const char *nm = names && names[k] ? names[k] : t_df.made[i].name;
@@ -1536,6 +1536,7 @@ static void publish(flush_ctx *f)
         if (r->buf != b && t_df.n_made < t_df.cap_made) {
             struct ctpu_made *md = &t_df.made[t_df.n_made++];
             md->buf = b;
+            md->serial = b->serial;
             md->op = r->made_by;
             /* a bounded copy, not snprintf: this runs for every live-out of every flush */
             const char *nm = r->name ? r->name : "";

@@ -129,8 +129,10 @@ typedef struct {                     /* defer.c: this thread's defer-and-fuse tr
     size_t cap_suffix;
     ctpu_loop_det loops;
     /* the last flush: its program, step, and the buffers it gave pending
-     * values, with the op that made each (structure changes between cuts) */
-    struct ctpu_made { const ctpu_buffer *buf; const char *op; char name[64]; } *made;
+     * values, with the op that made each (structure changes between cuts);
+     * each buffer with its allocation serial (the pointer alone matches a
+     * later buffer at the same address) */
+    struct ctpu_made { const ctpu_buffer *buf; uint64_t serial; const char *op; char name[64]; } *made;
     size_t n_made, cap_made;
     uint64_t last_program, last_step;
     bool last_had_inputs;            /* the last flush read device buffers (a step, not only creation) */
