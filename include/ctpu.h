@@ -1005,7 +1005,8 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  *   that only runs the optimizer (zero_grad and backward outside it: a
  *   new .grad handle each step) replays; whether each leaf fn asks
  *   ctpu_grad of has a .grad is a guard (an optimizer skips a parameter
- *   without one), as torch.compile guards a grad being None.
+ *   without one), as torch.compile guards a grad being None; so is the
+ *   autograd kind of each such tensor fn asks ctpu_requires_grad of.
  * - random ops draw from the global generator at every replay, as fn would.
  * - any other host state fn reads (globals, fields of ctx, a branch on a
  *   step counter, an optimizer's host-side lr or step count) is baked into
@@ -1030,7 +1031,8 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  * ctpu_step_end inside fn, a capture past 1,000,000 ops, and host effects a
  * replay would not repeat: ctpu_manual_seed, ctpu_rng_set_state or
  * ctpu_rng_get_state, a ctpu_release of a tensor made before the call, an
- * assign with grad mode on that gives such a tensor an autograd history)
+ * assign with grad mode on that gives such a tensor an autograd history, a
+ * ctpu_set_requires_grad that changes such a tensor)
  * makes that
  * call run as defer and fuse around it and is reported with its op number
  * and label as faults are (ops numbered from 1 within each call in dispatch

@@ -2078,6 +2078,104 @@ START_TEST(recompile_reason_names_only_values_the_last_step_made)
 }
 END_TEST
 
+/* ================================================= 72. fn changes or reads a parameter's requires_grad
+ * torch: requires_grad_() on a parameter inside a compiled function is a
+ * side effect dynamo replays after the graph, and a branch on
+ * p.requires_grad installs a guard on it (the guards of #139476). ctpu's
+ * replays skipped a ctpu_set_requires_grad fn made on a tensor made before
+ * the call (fn freezing b each other call: every replay left b as the
+ * capture did), and a branch on ctpu_requires_grad(b) of a tensor the step
+ * does not read was baked. The first is a graph break (a host effect a
+ * replay would not repeat; under fullgraph an error that changes nothing),
+ * the second a guard on that tensor's autograd kind. */
+typedef struct { ctpu_tensor w, b; } cs71;
+static int cs71_variant;
+static void *cs71_mk(void)
+{
+    cs71 *k = calloc(1, sizeof *k);
+    k->w = ctpu_keep(ctpu_from_host((const float[]){ 0.5f, -1, 0.25f, 2, 1.5f, -0.75f }, CTPU_F32, 2, (const int64_t[]){ 2, 3 }));
+    k->b = ctpu_keep(ctpu_from_host((const float[]){ 0.1f, -0.2f, 0.3f }, CTPU_F32, 1, (const int64_t[]){ 3 }));
+    ck_assert_int_eq(ctpu_set_requires_grad(k->w, true), CTPU_OK);
+    ck_assert_int_eq(ctpu_set_requires_grad(k->b, true), CTPU_OK);
+    return k;
+}
+static void cs71_fr(void *p)
+{
+    cs71 *k = p;
+    ctpu_zero_grad(k->w);
+    ctpu_zero_grad(k->b);
+    ctpu_release(k->w);
+    ctpu_release(k->b);
+    free(k);
+}
+static int cs71_state(void *p, ctpu_tensor *t)
+{
+    cs71 *k = p;
+    t[0] = k->w;
+    t[1] = k->b;
+    t[2] = ctpu_is_null(ctpu_grad(k->b)) ? CTPU_NULL : ctpu_grad(k->b);
+    return 3;
+}
+static void cs71_between(void *p, int it)
+{
+    cs71 *k = p;
+    if (cs71_variant == 1) ck_assert_int_eq(ctpu_set_requires_grad(k->b, it % 2 == 0), CTPU_OK);
+}
+static ctpu_status cs71_fn(void *p, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)sc;
+    cs71 *k = p;
+    if (cs71_variant == 1) {   /* a branch on b's requires_grad; b is not read */
+        ck_assert_int_eq(ctpu_no_grad_begin(), CTPU_OK);
+        ctpu_tensor y = ctpu_matmul(in[0], k->w);
+        out[0] = ctpu_requires_grad(k->b) ? y : ctpu_mul_scalar(y, 2.0);
+        ck_assert_int_eq(ctpu_no_grad_end(), CTPU_OK);
+        return CTPU_OK;
+    }
+    ctpu_status st = ctpu_set_requires_grad(k->b, !ctpu_requires_grad(k->b));   /* freeze / unfreeze b */
+    if (st != CTPU_OK) return st;
+    ctpu_zero_grad(k->w);
+    ctpu_tensor y = ctpu_add(ctpu_matmul(in[0], k->w), k->b);
+    ctpu_tensor loss = ctpu_sum(ctpu_mul(y, y), 0, NULL, false);
+    st = ctpu_backward(loss);
+    out[0] = loss;
+    return st;
+}
+
+START_TEST(requires_grad_changed_or_read_in_fn)
+{
+    for (cs71_variant = 0; cs71_variant < 2; cs71_variant++) {
+        cs_case k = { cs71_mk, cs71_fr, cs68_in, cs71_state, cs71_between, cs71_fn, 1, 1, 5, false };
+        ctpu_compiled_info info;
+        cs_expect_eager(cs71_variant ? "a branch on b's requires_grad" : "fn toggles b's requires_grad", &k, &info);
+        if (cs71_variant == 0) {
+            ck_assert_int_eq(info.graph_breaks, 1);
+            ck_assert_msg(t_contains(info.last_reason, "set_requires_grad of a tensor made before the call"), "%s",
+                          info.last_reason);
+        } else {
+            ck_assert_msg(info.captures == 2 && info.replays == 3, "%llu captures (%s)", (unsigned long long)info.captures,
+                          info.last_reason);
+            ck_assert_msg(t_contains(info.last_reason, "(fn reads its ctpu_requires_grad)"), "%s", info.last_reason);
+        }
+    }
+    /* fullgraph: an error before anything changed (b still requires grad) */
+    cs71_variant = 0;
+    cs71 *k = cs71_mk();
+    ctpu_compile_opts o = { .name = "toggle", .fullgraph = true };
+    ctpu_compiled *c = ctpu_compile(cs71_fn, k, &o);
+    ctpu_tensor x, out[1];
+    cs68_in(NULL, 0, &x);
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_ERR_STATE);
+    ck_assert_msg(t_contains(ctpu_last_error(), "fullgraph") && t_contains(ctpu_last_error(), "set_requires_grad"), "%s",
+                  ctpu_last_error());
+    ck_assert(ctpu_requires_grad(k->b));
+    ck_assert(ctpu_is_null(ctpu_grad(k->w)));
+    ctpu_compiled_free(c);
+    ctpu_release(x);
+    cs71_fr(k);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("regress2");
@@ -2124,6 +2222,7 @@ int main(void)
     tcase_add_test(tc, returned_tensors_fn_made_are_new_each_call);
     tcase_add_test(tc, compiled_optimizer_step_binds_grads_by_leaf);
     tcase_add_test(tc, recompile_reason_names_only_values_the_last_step_made);
+    tcase_add_test(tc, requires_grad_changed_or_read_in_fn);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -977,6 +977,8 @@ ctpu_status ctpu_set_requires_grad(ctpu_tensor t, bool requires_grad)
             return CTPU_ERR_DTYPE;
         }
         if (meta_requires(m)) return CTPU_OK;
+        /* inside a capture, a tensor made before the call: a host effect no replay repeats */
+        if (ctpu__capturing() && !ctpu__capture_note_requires_grad(r)) return ctpu_last_status();
         ag_leaf *l = calloc(1, sizeof *l);
         if (!m) m = calloc(1, sizeof *m);
         if (!l || !m) {
@@ -999,6 +1001,7 @@ ctpu_status ctpu_set_requires_grad(ctpu_tensor t, bool requires_grad)
                        "use ctpu_detach", ctpu_fmt_type(&r->type, tb, sizeof tb));
         return CTPU_ERR_STATE;
     }
+    if (meta_requires(m) && ctpu__capturing() && !ctpu__capture_note_requires_grad(r)) return ctpu_last_status();
     ctpu__ag_release(r);
     return CTPU_OK;
 }
@@ -1006,7 +1009,9 @@ ctpu_status ctpu_set_requires_grad(ctpu_tensor t, bool requires_grad)
 bool ctpu_requires_grad(ctpu_tensor t)
 {
     if (!ctpu_is_valid(t)) return false;
-    return meta_requires(rec_of(t)->ag);
+    const ctpu_trec *r = rec_of(t);
+    if (ctpu__capturing()) ctpu__capture_note_kind_read(t.id, ctpu__ag_kind(r));   /* a host decision fn may branch on */
+    return meta_requires(r->ag);
 }
 
 ctpu_tensor ctpu_grad(ctpu_tensor t)

@@ -223,6 +223,10 @@ typedef struct version {
      * at the capture (pytorch/pytorch#121291) */
     struct grad_seen { uint64_t leaf; bool has; } *gobs;
     int n_gobs;
+    /* guard: fn asked ctpu_requires_grad of these tensors made before the
+     * call (a host branch): each of the same autograd kind */
+    struct kind_seen { uint64_t t; uint8_t kind; } *kobs;
+    int n_kobs;
     uint64_t *inplace_ids;     /* [n_inplace] the H_INPLACE handles, sorted */
     int n_inplace;
     /* the program's scratch buffer, kept across replays: the device runs
@@ -337,6 +341,8 @@ struct ctpu_capture {
     int n_grads, cap_grads;
     grad_note *gread;              /* ctpu_grad of a leaf made before the call, before fn changed its .grad: g = has one */
     int n_gread, cap_gread;
+    grad_note *kread;              /* ctpu_requires_grad of a tensor made before the call: g = its ctpu__ag_kind */
+    int n_kread, cap_kread;
     version *made;                 /* built by the sink */
     bool *fn_made;                 /* [n_out] out[j] is a handle fn made (kept from its scope), not an input or older tensor */
     char fail[192];                /* why the capture cannot be replayed (not a break) */
@@ -438,6 +444,7 @@ static void version_free(version *v)
     free(v->prow);
     free(v->hleaf);
     free(v->gobs);
+    free(v->kobs);
     free(v->fresh_o);
     free(v->held_hs);
     free(v->pub_q);
@@ -532,6 +539,11 @@ static bool pre_call_break(const ctpu_trec *r, const char *what, const char *pre
 bool ctpu__capture_note_release(const ctpu_trec *r)
 {
     return pre_call_break(r, "release of a tensor made before the call", ": ");
+}
+
+bool ctpu__capture_note_requires_grad(const ctpu_trec *r)
+{
+    return pre_call_break(r, "set_requires_grad of a tensor made before the call", " ");
 }
 
 bool ctpu__capture_note_history(const ctpu_trec *r)
@@ -649,6 +661,23 @@ void ctpu__capture_note_grad_read(uint64_t leaf, bool has)
         if (cap->gread[i].leaf == leaf) return;
     grad_note n = { leaf, has, false };
     if (!push((void **)&cap->gread, &cap->n_gread, &cap->cap_gread, sizeof n, &n))
+        snprintf(cap->fail, sizeof cap->fail, "out of host memory");
+}
+
+void ctpu__capture_note_kind_read(uint64_t t, int kind)
+{
+    struct ctpu_capture *cap = cap_now();
+    if (!cap || cap->in_final) return;
+    const ctpu_trec *r = live_rec(t);
+    if (!r || (r->scope_id != 0 && r->scope_id >= cap->scope_floor)) return;   /* fn's own tensor */
+    for (int i = 0; i < cap->n_in; i++)
+        if (cap->inrec[i] == r) return;   /* an input: its kind is a guard already */
+    for (int i = 0; i < cap->n_grads; i++)
+        if (cap->grads[i].g == t) return;   /* a .grad fn's backward made (in no scope) */
+    for (int i = 0; i < cap->n_kread; i++)
+        if (cap->kread[i].leaf == t) return;
+    grad_note n = { t, (uint64_t)kind, false };
+    if (!push((void **)&cap->kread, &cap->n_kread, &cap->cap_kread, sizeof n, &n))
         snprintf(cap->fail, sizeof cap->fail, "out of host memory");
 }
 
@@ -1300,6 +1329,13 @@ void ctpu__capture_sink(const ctpu_capture_sink *s)
             v->n_gobs = v->gobs ? cap->n_gread : 0;
             if (!v->gobs) snprintf(cap->fail, sizeof cap->fail, "out of host memory");
         }
+        if (cap->n_kread) {
+            v->kobs = malloc(sizeof *v->kobs * (size_t)cap->n_kread);
+            for (int i = 0; v->kobs && i < cap->n_kread; i++)
+                v->kobs[i] = (struct kind_seen){ cap->kread[i].leaf, (uint8_t)cap->kread[i].g };
+            v->n_kobs = v->kobs ? cap->n_kread : 0;
+            if (!v->kobs) snprintf(cap->fail, sizeof cap->fail, "out of host memory");
+        }
         classify_inputs(&b);
         for (int k = 0; k < v->n_pin; k++) {
             v->in[k] = b.rsrc[s->plan->in_src[k]];
@@ -1652,6 +1688,16 @@ static bool grads_seen_hold(version *v, char *why, size_t len)
         const char *nm = leaf ? ctpu_rec_name(leaf) : "";
         snprintf(why, len, "leaf (%s%s%.40s) %s, %s at the capture (fn reads its ctpu_grad)", tb, nm[0] ? " " : "", nm,
                  !leaf ? "released" : has ? "has a .grad now" : "has no .grad now", v->gobs[i].has ? "one" : "none");
+        return false;
+    }
+    for (int i = 0; i < v->n_kobs; i++) {   /* (set_requires_grad bumps the binding epoch) */
+        const ctpu_trec *r = live_rec(v->kobs[i].t);
+        if (r && ctpu__ag_kind(r) == v->kobs[i].kind) continue;
+        char tb[64] = "";
+        if (r) ctpu_fmt_type(&r->type, tb, sizeof tb);
+        const char *nm = r ? ctpu_rec_name(r) : "";
+        snprintf(why, len, "tensor (%s%s%.40s) %s now, %s at the capture (fn reads its ctpu_requires_grad)", tb,
+                 nm[0] ? " " : "", nm, r ? ag_kind_now[ctpu__ag_kind(r)] : "released", ag_kind_was[v->kobs[i].kind]);
         return false;
     }
     return true;
@@ -2015,7 +2061,8 @@ static void finish_outputs(ctpu_tensor *out, int n_out)
             if ((out[j].id & 0xffffffffu) != 0) out[j] = CTPU_NULL;
             continue;
         }
-        if (ctpu_requires_grad(out[j])) out[j] = ctpu_detach(out[j]);
+        const ctpu_trec *orec = live_rec(out[j].id);   /* (not ctpu_requires_grad: no host read of fn's to guard) */
+        if (orec && ctpu__ag_kind(orec) != 0) out[j] = ctpu_detach(out[j]);
         for (int i = 0; i < j; i++)
             if (out[i].id == out[j].id) goto kept;
         /* into the caller's scope: only what fn made (an input or a tensor
@@ -2067,6 +2114,7 @@ static void capture_free(struct ctpu_capture *cap)
     free(cap->fn_made);
     free(cap->fn_assigned);
     free(cap->gread);
+    free(cap->kread);
 }
 
 static void note_event(ctpu_compiled *c, const char *kind, const char *reason)

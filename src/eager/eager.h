@@ -659,6 +659,12 @@ void ctpu__capture_note_grad(uint64_t leaf, uint64_t g);
 /* autograd.c: fn read leaf's .grad (ctpu_grad: has, or NULL): whether a
  * leaf made before the call has a .grad is a guard (fn may skip it). */
 void ctpu__capture_note_grad_read(uint64_t leaf, bool has);
+/* autograd.c: fn asked ctpu_requires_grad of t (ctpu__ag_kind: kind):
+ * for a tensor made before the call (not an input), a guard. */
+void ctpu__capture_note_kind_read(uint64_t t, int kind);
+/* autograd.c: ctpu_set_requires_grad changes r inside a capture: a graph
+ * break when r was made before the call (see ctpu__capture_host_effect). */
+bool ctpu__capture_note_requires_grad(const struct ctpu_trec *r);
 /* defer.c -> compiled.c: the capture's own flush launched; build the replay. */
 void ctpu__capture_sink(const ctpu_capture_sink *s);
 /* autograd.c: make g (a handle of no scope) leaf's .grad, releasing the old
