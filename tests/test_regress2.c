@@ -2025,8 +2025,9 @@ END_TEST
  * buffers against the last flush's live-outs by address: a live-out freed
  * at its scope's end gives its memory to the next buffer of that size, so a
  * fresh batch from ctpu_from_host was said to be computed by the last
- * step's add (pytorch/xla#3887-class metrics naming the wrong tensor,
- * pytorch/pytorch#104825-class recompile reasons blaming an unchanged input).
+ * step's sum (pytorch/pytorch#165051-class recompile messages that
+ * contradict the inputs, fixed by #185083; pytorch/pytorch#100455-class
+ * guard failures naming values that make no sense).
  * A step whose op order changes, its inputs new host tensors, logs nothing;
  * an accumulator made between steps still gets its note. */
 static void cl71_step(int order, int64_t n)
@@ -2176,6 +2177,88 @@ START_TEST(requires_grad_changed_or_read_in_fn)
 }
 END_TEST
 
+/* ================================================= 73. marked and unmarked loops over one structure, automatic dynamic on
+ * TORCH_TPU_AUTO_DYNAMIC=1 with one step structure run in two loops, one
+ * whose batches are marked (ctpu_mark_dynamic, ctpu_declare_dynamic_inputs)
+ * and one whose are not (a training loop and an evaluation loop;
+ * pytorch/pytorch#98374's review of mixing mark_dynamic with automatic
+ * dynamic shapes, pytorch/pytorch#114516-class automatic dynamic state
+ * shared by two uses of one code). Each loop compiled a
+ * program per batch size up to the recompile limit, then ran op by op:
+ * marked after unmarked, the op's automatic pass recorded the parameter
+ * before the marked batch, at the batch's input index, and marked it with
+ * the batch's learnt dim (the flush then keyed the trace static);
+ * unmarked after marked, every size was one the dynamic program had run,
+ * so no recompile counted as the structure's first one-dim change. Each
+ * loop now adds at most one program, and every loss and the final weight
+ * equal strict eager's bit for bit. */
+enum { CL73_STEPS = 8 };
+static void cl73_loop(int how, bool backward, float *loss, float *w)
+{
+    static const int64_t ext[CL73_STEPS] = { 4, 6, 9, 4, 13, 3, 7, 5 };
+    static float d[13 * 4];
+    float w0[12];
+    for (int i = 0; i < 12; i++) w0[i] = 0.1f * (float)(i - 6);
+    ctpu_tensor W = ctpu_keep(ctpu_from_host(w0, CTPU_F32, 2, (const int64_t[]){ 4, 3 }));
+    ck_assert_int_eq(ctpu_set_requires_grad(W, true), CTPU_OK);
+    bool defer = ctpu_get_mode() == CTPU_MODE_DEFER_FUSE;
+    if (how == 2 && defer) ck_assert_int_eq(ctpu_declare_dynamic_inputs(CTPU_F32, 2, 0, 2, 512), CTPU_OK);
+    for (int s = 0; s < CL73_STEPS; s++) {
+        ctpu_scope_begin();
+        for (int i = 0; i < ext[s] * 4; i++) d[i] = sinf((float)i * 0.37f + (float)s);
+        ctpu_tensor x = ctpu_from_host(d, CTPU_F32, 2, (const int64_t[]){ ext[s], 4 });
+        if (how == 1 && defer) ck_assert_int_eq(ctpu_mark_dynamic(x, 0, 2, 512), CTPU_OK);
+        ctpu_tensor l = ctpu_sum(ctpu_tanh(ctpu_matmul(x, W)), 0, NULL, false);
+        if (backward) {
+            ck_assert_int_eq(ctpu_backward(l), CTPU_OK);
+            ctpu_no_grad_begin();
+            ck_assert_int_eq(ctpu_assign(W, ctpu_sub(W, ctpu_mul_scalar(ctpu_grad(W), 0.1))), CTPU_OK);
+            ctpu_no_grad_end();
+            ck_assert_int_eq(ctpu_zero_grad(W), CTPU_OK);
+        }
+        ck_assert_int_eq(ctpu_to_host(l, &loss[s], sizeof loss[s]), CTPU_OK);
+        ck_assert_int_eq(ctpu_mark_step(), CTPU_OK);
+        ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+    }
+    if (how == 2 && defer) ctpu_clear_dynamic_inputs();
+    ck_assert_int_eq(ctpu_to_host(W, w, 12 * sizeof *w), CTPU_OK);
+    ctpu_release(W);
+}
+START_TEST(marked_and_unmarked_loops_share_automatic_dynamic)
+{
+    ctpu_shutdown();
+    setenv("TORCH_TPU_AUTO_DYNAMIC", "1", 1);
+    ck_assert_int_eq(ctpu_init(), CTPU_OK);
+    unsetenv("TORCH_TPU_AUTO_DYNAMIC");
+    static const int order[4][2] = { { 0, 1 }, { 0, 2 }, { 1, 0 }, { 2, 0 } };
+    static const char *const how_name[3] = { "unmarked", "mark_dynamic", "declared" };
+    for (int bw = 0; bw < 2; bw++)
+        for (int o = 0; o < 4; o++) {
+            float want[2][CL73_STEPS], wantw[2][12];
+            ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+            for (int k = 0; k < 2; k++) cl73_loop(order[o][k], bw, want[k], wantw[k]);
+            ctpu_shutdown();   /* a fresh runtime: no structure seen yet */
+            setenv("TORCH_TPU_AUTO_DYNAMIC", "1", 1);
+            ck_assert_int_eq(ctpu_init(), CTPU_OK);
+            unsetenv("TORCH_TPU_AUTO_DYNAMIC");
+            ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEFER_FUSE), CTPU_OK);
+            for (int k = 0; k < 2; k++) {
+                float got[CL73_STEPS], gotw[12];
+                int64_t before = ctpu_metric_counter("programs_compiled");
+                cl73_loop(order[o][k], bw, got, gotw);
+                int64_t n = ctpu_metric_counter("programs_compiled") - before;
+                ck_assert_msg(n <= (k == 0 ? 2 : 1), "%s then %s%s: loop %d compiled %lld programs",
+                              how_name[order[o][0]], how_name[order[o][1]], bw ? " (backward)" : "", k, (long long)n);
+                for (int s = 0; s < CL73_STEPS; s++)
+                    ck_assert_msg(t_same(got[s], want[k][s]), "loop %d step %d: loss %.9g, strict %.9g", k, s, got[s],
+                                  want[k][s]);
+                for (int i = 0; i < 12; i++) ck_assert(t_same(gotw[i], wantw[k][i]));
+            }
+            ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+        }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("regress2");
@@ -2223,6 +2306,7 @@ int main(void)
     tcase_add_test(tc, compiled_optimizer_step_binds_grads_by_leaf);
     tcase_add_test(tc, recompile_reason_names_only_values_the_last_step_made);
     tcase_add_test(tc, requires_grad_changed_or_read_in_fn);
+    tcase_add_test(tc, marked_and_unmarked_loops_share_automatic_dynamic);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

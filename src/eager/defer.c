@@ -313,7 +313,7 @@ static void auto_dynamic_mark(ctpu_trec *r, size_t i)
     for (int q = 0; q < a->ndim; q++) {
         if (d[q].coef <= 0) continue;
         if (t_df.n_spec == (int)(sizeof t_df.spec / sizeof t_df.spec[0])) { t_df.spec_full = true; continue; }
-        t_df.spec[t_df.n_spec].rec = (int32_t)i;
+            t_df.spec[t_df.n_spec].rec = (int32_t)i;
         t_df.spec[t_df.n_spec].dim = q;
         t_df.spec[t_df.n_spec].coef = (int32_t)d[q].coef;
         t_df.spec[t_df.n_spec].r = r;
@@ -376,11 +376,16 @@ static bool input_vref(ctpu_trec *r, const char *op, ctpu_vref *out)
 void ctpu__defer_auto_inputs(ctpu_trec *const *in, int n_in)
 {
     if (ctpu__capturing() || !state_ready()) return;
-    for (int i = 0; i < n_in; i++) {
+    /* every input in the op's order, a marked one too (recorded, its marks
+     * noted by the op's own record): the structure's entry is indexed by
+     * recorded input, so skipping a ctpu_mark_dynamic'd batch here would
+     * record the next input (a parameter) at the batch's index and mark it
+     * with the batch's learnt dims */
+    for (int i = 0; i < n_in && !t_df.amem_none; i++) {
         ctpu_trec *r = in[i];
-        if (!r || r->dyn || ctpu_rec_pending(r) || t_df.amem_none) continue;
+        if (!r || ctpu_rec_pending(r)) continue;
         ctpu_vref v = ctpu_trace_rec_input(t_df.rec, r->buf, r->off, &r->type);
-        if (v != CTPU_VREF_OOM && v < 0) input_marks(r, (size_t)(-v - 1));
+        if (v != CTPU_VREF_OOM && v < 0 && !r->dyn) input_marks(r, (size_t)(-v - 1));
     }
 }
 

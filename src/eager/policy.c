@@ -39,6 +39,7 @@ typedef struct {
     uint64_t launches, program, first_step, last;   /* last: the state's launch count at its latest launch */
     double est_s[CTPU_COST_MAX_CHIPS], flops, hbm_bytes;
     ctpu_policy_est *launch_est;       /* a dynamic launch's whole estimate, made at its first (or NULL) */
+    bool static_prog;                  /* launched by a static program (not only bound from a dynamic one) */
 } pshape;
 
 typedef struct {
@@ -286,9 +287,13 @@ const ctpu_policy_est *ctpu__policy_launch(ctpu_policy_state *ps, uint64_t struc
     for (int i = 0; bound && i < t->n_inputs && i < s->n_in; i++)
         for (int d = 0; d < t->in_type[i].ndim; d++, k++)
             if (bound[k] > s->bound[k]) s->bound[k] = bound[k];
-    /* a new shape (ctpu__policy_auto_would may have added it, unlaunched) */
-    if (ps->auto_dynamic && recompile && !s->au.detected && (s->n_shapes > before || p->launches == 0))
+    /* a new shape (ctpu__policy_auto_would may have added it, unlaunched),
+     * or one only a dynamic program ran before (marks another loop over
+     * the structure gave): new to its static programs */
+    if (ps->auto_dynamic && recompile && !s->au.detected &&
+        (s->n_shapes > before || p->launches == 0 || (!dynamic && !p->static_prog)))
         detect_auto(s, p, program, step);
+    if (!dynamic) p->static_prog = true;
     p->launches++;
     p->last = ++ps->seq;
     map_program(ps, program, (int)(s - ps->s), (int)(p - s->shapes));
@@ -551,7 +556,9 @@ int ctpu__policy_auto_would(ctpu_policy_state *ps, uint64_t struct_hash, const c
     if (!s || s->au.detected) return 0;
     int before = s->n_shapes;
     pshape *now = shape_get(ps, s, t, 0, step);
-    if (!now || s->n_shapes == before) return 0;   /* a shape seen before: not a new extent */
+    /* a shape seen before: not a new extent, unless only a dynamic program
+     * ran it (a loop with ctpu_mark_dynamic's marks, then one without) */
+    if (!now || (s->n_shapes == before && now->static_prog)) return 0;
     symset y;
     const pshape *prev = one_dim_change(s, now, &y);
     return prev ? class_pairs(s, prev, now, &y, in, dim, coef, max) : 0;
