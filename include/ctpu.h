@@ -1054,6 +1054,13 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  * (ctpu_assign of in[i] where nothing else shares it) is not replayable: that call and
  * every later one run as defer and fuse (the report's reason: "in[0]'s
  * storage is assigned by the step"); assign a tensor made before the call.
+ * A step whose fn keeps a tensor it made outside the step (in ctx: the
+ * state of an optimizer fn creates at its first call) is not replayable
+ * for that call, which runs as defer and fuse; the next call captures
+ * again (the state is a tensor made before it, as torch.compile recompiles
+ * once the state exists), and a second such failure is final (the
+ * report's reason: "a tensor made in the step outlives it and is not an
+ * output").
  * TORCH_COMPILE_DISABLE=1 makes every call run fn in the current mode.
  * Results are bit-identical to running fn in strict eager. A device fault in
  * a replay (an index out of range) is reported as the capture's ops made it:

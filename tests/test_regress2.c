@@ -2259,6 +2259,88 @@ START_TEST(marked_and_unmarked_loops_share_automatic_dynamic)
 }
 END_TEST
 
+/* ================================================= 74. optimizer state created lazily at the first call of a compiled step
+ * torch: an optimizer's state (exp_avg, exp_avg_sq, step) is created at
+ * its first step(); a compiled training step traces that first call with
+ * the creation, then recompiles once the state exists (the train-step
+ * compile of pytorch/pytorch#98461 and the compiled-optimizer recipe rely
+ * on it). ctpu: the first capture keeps tensors fn made (the new state)
+ * outside the step, which no replay can make, so the call runs as defer
+ * and fuse; it then marked the step not replayable for good, every later
+ * call running as defer and fuse though the state now exists. The next
+ * call captures again (the state is a tensor made before it); a second
+ * such failure (fn keeps a new tensor at every call) is final. */
+typedef struct { ctpu_tensor w, b, prev; ctpu_optim *opt; int keep_new; } cs73;
+static int cs73_keep;
+static void *cs73_mk(void)
+{
+    cs73 *k = cs68_mk();   /* w and b, leaves */
+    cs73 *r = calloc(1, sizeof *r);
+    r->w = k->w;
+    r->b = k->b;
+    r->keep_new = cs73_keep;
+    free(k);
+    return r;
+}
+static void cs73_fr(void *p)
+{
+    cs73 *k = p;
+    if (k->opt) ctpu_optim_free(k->opt);
+    if (!ctpu_is_null(k->prev)) ctpu_release(k->prev);
+    cs68_fr(k);   /* (w, b first: cs68's layout) */
+}
+static int cs73_state(void *p, ctpu_tensor *t)
+{
+    cs73 *k = p;
+    t[0] = k->w;
+    t[1] = k->b;
+    t[2] = k->opt ? ctpu_optim_state(k->opt, 0, 1) : CTPU_NULL;
+    t[3] = k->prev;
+    return 4;
+}
+static ctpu_status cs73_fn(void *p, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)sc;
+    cs73 *k = p;
+    if (!k->opt) {   /* created at the first call, as torch.optim's state */
+        ctpu_tensor ps[2] = { k->w, k->b };
+        ctpu_adamw_opts o = ctpu_adamw_defaults();
+        o.lr = 0.05;
+        k->opt = ctpu_adamw_create(2, ps, &o);
+        if (!k->opt) return ctpu_last_status();
+        ctpu_status st = ctpu_optim_set_capturable(k->opt, true);
+        if (st != CTPU_OK) return st;
+    }
+    ctpu_optim_zero_grad(k->opt);
+    ctpu_tensor y = ctpu_add(ctpu_matmul(in[0], k->w), k->b);
+    ctpu_tensor loss = ctpu_sum(ctpu_mul(y, y), 0, NULL, false);
+    ctpu_status st = ctpu_backward(loss);
+    if (st == CTPU_OK) st = ctpu_optim_step(k->opt);
+    if (k->keep_new) {   /* a new tensor kept in ctx at every call: never replayable */
+        if (!ctpu_is_null(k->prev)) ctpu_release(k->prev);
+        k->prev = ctpu_keep(ctpu_keep(ctpu_mul_scalar(loss, 1.0)));
+    }
+    out[0] = loss;
+    return st;
+}
+
+START_TEST(optimizer_state_made_at_the_first_call)
+{
+    for (cs73_keep = 0; cs73_keep < 2; cs73_keep++) {
+        cs_case k = { cs73_mk, cs73_fr, cs68_in, cs73_state, NULL, cs73_fn, 1, 1, 6, false };
+        ctpu_compiled_info info;
+        cs_expect_eager(cs73_keep ? "a new tensor kept at every call" : "the optimizer made at the first call", &k, &info);
+        ck_assert_int_eq(info.captures, 2);
+        ck_assert_int_eq(info.replays, cs73_keep ? 0 : 4);
+        ck_assert_int_eq(info.graph_breaks, cs73_keep ? 1 : 0);
+        /* (the second capture of the keeping fn releases the tensor kept by the first: a graph break) */
+        ck_assert_msg(t_contains(info.last_reason, cs73_keep ? "release of a tensor made before the call"
+                                                             : "a tensor made in the step outlives it"),
+                      "%s", info.last_reason);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("regress2");
@@ -2307,6 +2389,7 @@ int main(void)
     tcase_add_test(tc, recompile_reason_names_only_values_the_last_step_made);
     tcase_add_test(tc, requires_grad_changed_or_read_in_fn);
     tcase_add_test(tc, marked_and_unmarked_loops_share_automatic_dynamic);
+    tcase_add_test(tc, optimizer_state_made_at_the_first_call);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -297,6 +297,7 @@ struct ctpu_compiled {
     bool skipped;                  /* fn recorded no device op: every call runs fn in the current mode */
     bool trial;                    /* the next capture is an automatic-dynamic trial: abandoned if fn fails */
     bool auto_off;                 /* a trial failed: guard failures recapture static from now on */
+    bool outlived;                 /* a capture failed once because fn kept a tensor it made: the next one is the last try */
     char trial_err[192];           /* the failed trial's error */
     bool freed_replaying;          /* freed while it had versions: the report's row keeps "replays" */
     uint64_t recompiles;           /* guard failures whose capture made a version: what the recompile limit counts */
@@ -346,6 +347,7 @@ struct ctpu_capture {
     version *made;                 /* built by the sink */
     bool *fn_made;                 /* [n_out] out[j] is a handle fn made (kept from its scope), not an input or older tensor */
     char fail[192];                /* why the capture cannot be replayed (not a break) */
+    bool fail_outlives;            /* fail: fn kept a tensor it made (state made at its first call?) */
 };
 
 static bool push(void **arr, int *n, int *cap, size_t elem, const void *v)
@@ -858,6 +860,7 @@ static bool classify_requests(build_ctx *b)
         if (x->kind != RQ_NONE) continue;
         const char *nm = ctpu_rec_name(s->rrec[q]);
         char tb[96];
+        cap->fail_outlives = true;
         snprintf(cap->fail, sizeof cap->fail, "a tensor made in the step outlives it and is not an output: %s%s%s (made by %s)",
                  nm, nm[0] ? " " : "", ctpu_fmt_type(&x->type, tb, sizeof tb),
                  s->rrec[q]->made_by ? s->rrec[q]->made_by : "?");
@@ -2257,6 +2260,16 @@ static ctpu_status run_capture(ctpu_compiled *c, int n_in, const ctpu_tensor *in
                         ? "past TORCH_TPU_RECOMPILE_LIMIT: the step's program structure compiled its limit of shapes, "
                           "most by other compiled steps or traces of that structure (the cache is per structure)"
                         : "past TORCH_TPU_RECOMPILE_LIMIT: the step's program structure compiled its limit of shapes");
+        } else if (st == CTPU_OK && cap.fail[0] && cap.fail_outlives && !c->outlived) {
+            /* the call ran as defer and fuse. fn kept a tensor it made:
+             * state made at its first call (an optimizer's, created
+             * lazily) is a tensor made before the next call, whose capture
+             * may replay; a second such failure is final (torch.compile
+             * recompiles once the state exists) */
+            c->outlived = true;
+            char why[192];
+            snprintf(why, sizeof why, "%.150s; the next call captures again", cap.fail);
+            note_reason(c, "not replayable", "not replayable: ", why);
         } else if (st == CTPU_OK && cap.fail[0]) {
             /* the call ran as defer and fuse; later calls will too */
             c->broken = true;
