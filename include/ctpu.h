@@ -986,6 +986,12 @@ CTPU_API int ctpu_cache_recompile_log(char *buf, size_t len);
  *   backward released since fails the guard, and a capture whose backward
  *   released history made before the call (no retain_graph) replays no
  *   call: the next recaptures and fails as eager's backward does.
+ *   Not guarded: an in[i] that fn also reads through ctx (a parameter
+ *   passed as in[0] and read as ctx->w, or a view of its storage) is one
+ *   tensor in the capture, bound as in[i]: a later call with another
+ *   in[0] reads that one in both places (torch.compile tells the two apart
+ *   by their source and guards them as duplicates; a capture cannot see
+ *   how fn reached a tensor). Pass such a tensor one way only.
  * - scalars[i]: runtime arguments of the program. A recorded *_scalar
  *   operand, creation value or clamp bound whose value equals scalars[i]
  *   bit for bit reads argument i at every call (the lowest such i; so give
