@@ -257,7 +257,9 @@ CTPU_API ctpu_status ctpu_shape(ctpu_tensor t, int64_t out[CTPU_MAX_DIMS], int *
  * the gradients) follow the symbol; dims of equal range and equal extent in
  * one trace are one symbol. An extent outside [lo, hi] is a static dim of
  * that trace: it compiles its own program, whose recompile reason reads
- * "input 0 dim 1 = 300 outside dynamic range [2, 256]", and counts as a
+ * "input 0 dim 1 = 300 outside dynamic range [2, 256]" (the program's
+ * input number, as other recompile reasons give it, then its ctpu_set_name
+ * name if any: "input 0 (x) dim 1 = ..."), and counts as a
  * shape for TORCH_TPU_RECOMPILE_LIMIT. Strict and debug eager ignore the
  * mark (their one-op programs see concrete extents). Marking again replaces
  * the dim's range. Each batch is a new tensor: mark it before its first use

@@ -2341,6 +2341,56 @@ START_TEST(optimizer_state_made_at_the_first_call)
 }
 END_TEST
 
+/* ================================================= 75. an out-of-range reason numbers the program's inputs
+ * The class of class 71 for a dim outside its ctpu_mark_dynamic range: the
+ * reason numbered the input by its recorded index, so an input only a dead
+ * op read (released before the cut) shifted it to an input the program
+ * does not have ("input 1 dim 0 = 100 ..." of a one-input program), and it
+ * gave no name where the other reasons do (pytorch/pytorch#165051 class).
+ * Now "input 0 (A) dim 0 = 100 outside dynamic range [2, 64]"; each marked
+ * input is named when it is the one out of range. */
+static void cl75_step(int64_t a0, int64_t b0, bool dead)
+{
+    static float d[128 * 3];
+    for (int i = 0; i < 128 * 3; i++) d[i] = (float)i * 0.001f;
+    ctpu_scope_begin();
+    if (dead) {
+        ctpu_tensor u = ctpu_from_host(d, CTPU_F32, 1, (const int64_t[]){ 5 });
+        ck_assert_int_eq(ctpu_release(ctpu_exp(u)), CTPU_OK);
+    }
+    ctpu_tensor a = ctpu_from_host(d, CTPU_F32, 2, (const int64_t[]){ a0, 3 });
+    ctpu_tensor b = ctpu_from_host(d, CTPU_F32, 2, (const int64_t[]){ b0, 3 });
+    ck_assert_int_eq(ctpu_set_name(a, "A"), CTPU_OK);
+    ck_assert_int_eq(ctpu_set_name(b, "B"), CTPU_OK);
+    ck_assert_int_eq(ctpu_mark_dynamic(a, 0, 2, 64), CTPU_OK);
+    ck_assert_int_eq(ctpu_mark_dynamic(b, 0, 2, 64), CTPU_OK);
+    const int zero[1] = { 0 };
+    ctpu_tensor sa = ctpu_sum(ctpu_exp(a), 1, zero, false);
+    ctpu_tensor sb = ctpu_sum(ctpu_tanh(b), 1, zero, false);
+    ck_assert(!ctpu_is_null(ctpu_add(sa, sb)));
+    ck_assert_int_eq(ctpu_mark_step(), CTPU_OK);
+    ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+}
+START_TEST(out_of_range_reason_numbers_the_programs_inputs)
+{
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEFER_FUSE), CTPU_OK);
+    static char log[4096];
+    for (int dead = 0; dead < 2; dead++) {
+        cl75_step(4, 5, dead);
+        cl75_step(100, 5, dead);
+        ck_assert_int_ge(ctpu_cache_recompile_log(log, sizeof log), 0);
+        ck_assert_msg(t_contains(log, "input 0 (A) dim 0 = 100 outside dynamic range [2, 64]"),
+                      "dead input %d: %s", dead, log);
+        cl75_step(6, 70, dead);
+        ck_assert_int_ge(ctpu_cache_recompile_log(log, sizeof log), 0);
+        ck_assert_msg(t_contains(log, "input 1 (B) dim 0 = 70 outside dynamic range [2, 64]"), "dead input %d: %s",
+                      dead, log);
+        ck_assert_msg(!t_contains(log, "input 2"), "dead input %d: a program of two inputs: %s", dead, log);
+    }
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("regress2");
@@ -2390,6 +2440,7 @@ int main(void)
     tcase_add_test(tc, requires_grad_changed_or_read_in_fn);
     tcase_add_test(tc, marked_and_unmarked_loops_share_automatic_dynamic);
     tcase_add_test(tc, optimizer_state_made_at_the_first_call);
+    tcase_add_test(tc, out_of_range_reason_numbers_the_programs_inputs);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -737,6 +737,7 @@ typedef struct {
     bool any;
     char *why;
     size_t whylen;
+    int *why_rec;                    /* the recorded input *why names (the caller renumbers it), or -1 */
 } dyn_keyer;
 
 static bool dyn_put_type(dyn_keyer *k, uint8_t **kb, size_t *len, size_t *cap, const ctpu_vtype *t,
@@ -760,8 +761,9 @@ static bool dyn_put_type(dyn_keyer *k, uint8_t **kb, size_t *len, size_t *cap, c
                     k->any = *sym_out = true;
                 }
             } else if (input >= 0 && !k->why[0]) {
-                snprintf(k->why, k->whylen, "input %d dim %d = %lld outside dynamic range [%lld, %lld]", input, d,
+                snprintf(k->why, k->whylen, " dim %d = %lld outside dynamic range [%lld, %lld]", d,
                          (long long)t->shape[d], (long long)y->lo, (long long)y->hi);
+                *k->why_rec = input;
             }
         }
         ok = ok && key_append(kb, len, cap, w, sizeof w);
@@ -770,14 +772,15 @@ static bool dyn_put_type(dyn_keyer *k, uint8_t **kb, size_t *len, size_t *cap, c
 }
 
 static uint8_t *dyn_key(const ctpu_liveout_req *reqs, int nreq, bool dbg, size_t *len_out, bool *any, char *why,
-                        size_t whylen)
+                        size_t whylen, int *why_rec)
 {
     ctpu_buffer *const *ib;
     const size_t *io;
     const ctpu_vtype *it;
     int ni = ctpu_trace_rec_inputs(t_df.rec, &ib, &io, &it), nn = ctpu_trace_rec_nodes(t_df.rec);
-    dyn_keyer k = { .why = why, .whylen = whylen };
+    dyn_keyer k = { .why = why, .whylen = whylen, .why_rec = why_rec };
     why[0] = 0;
+    *why_rec = -1;
     size_t len = 0, cap = 1024 + (size_t)(ni + nn) * 160;
     uint8_t *kb = malloc(cap);
     if (!kb) return NULL;
@@ -847,6 +850,7 @@ typedef struct {
     ctpu_program *bound;           /* a dynamic program's launch at this trace's extents (ours), or NULL */
     size_t *out_bytes;             /* [plan->n_out] with bound: the outputs' bytes at these extents */
     char dyn_why[160];             /* a dynamic dim out of its range: the recompile reason */
+    int dyn_why_rec;               /* >= 0: dyn_why is the dim's part, of this recorded input (dyn_why_text) */
     const uint8_t *key;            /* the static key (a dynamic miss may fall back to it; in the recorder) */
     size_t klen;
     uint64_t khash;                /* its hash */
@@ -1068,6 +1072,23 @@ static bool spec_confirm(const ctpu_trace_final *fin)
     return true;
 }
 
+/* The out-of-range reason, its input numbered as the other recompile
+ * reasons number them (the finalised trace's inputs: a recorded input only
+ * a dead op read is not one) and named as they name it: "input 0 (x) dim
+ * 0 = 300 outside dynamic range [2, 256]". */
+static const char *dyn_why_text(const flush_ctx *f, const ctpu_trace_final *fin, const char **names, char *buf,
+                                size_t len)
+{
+    if (f->dyn_why_rec < 0) return f->dyn_why;
+    const ctpu_launch_plan *pl = fin->plan;
+    int k = 0;
+    while (pl && k < pl->n_in && pl->in_src[k] != f->dyn_why_rec) k++;
+    if (!pl || k == pl->n_in) return f->dyn_why + 1;   /* (not an input of the program: the dim's part alone) */
+    const char *nm = names && names[k] ? names[k] : "";
+    snprintf(buf, len, "input %d%s%.64s%s%s", k, nm[0] ? " (" : "", nm, nm[0] ? ")" : "", f->dyn_why);
+    return buf;
+}
+
 static bool compile_miss(flush_ctx *f, ctpu_cache_pending *miss, const ctpu_cache_opts *o, ctpu_trace_final *fin)
 {
     ctpu_cache *cache = f->rt->fused_cache;
@@ -1105,7 +1126,8 @@ static bool compile_miss(flush_ctx *f, ctpu_cache_pending *miss, const ctpu_cach
     const char **names = (const char **)dn.in_names;
     ctpu_cache_opts on = *o;
     on.names = dn;
-    on.reason = f->dyn_why[0] ? f->dyn_why : NULL;
+    char why[240];
+    on.reason = f->dyn_why[0] ? dyn_why_text(f, fin, names, why, sizeof why) : NULL;
     ctpu_launch_plan *plan = fin->plan;
     fin->plan = NULL;                       /* the cache's now */
     f->prog = ctpu_cache_insert(cache, miss, &fin->t, p, plan, &on, &f->res, f->err, sizeof f->err);
@@ -1288,8 +1310,10 @@ static ctpu_status lookup_or_compile(flush_ctx *f)
     f->prog = t_df.any_dyn ? ctpu_cache_peek_hashed(rt->fused_cache, key, klen, khash, &opts, &f->res, &f->plan) : NULL;
     bool any_sym = false;
     f->dyn_why[0] = 0;
+    f->dyn_why_rec = -1;
     uint8_t *dkey = t_df.any_dyn && !f->prog && !alias_dynamic(f, &opts)
-                        ? dyn_key(f->reqs, f->nreq, f->dbg, &dlen, &any_sym, f->dyn_why, sizeof f->dyn_why)
+                        ? dyn_key(f->reqs, f->nreq, f->dbg, &dlen, &any_sym, f->dyn_why, sizeof f->dyn_why,
+                                  &f->dyn_why_rec)
                         : NULL;
     if (dkey && any_sym) {
         f->dynamic = true;
@@ -1299,6 +1323,7 @@ static ctpu_status lookup_or_compile(flush_ctx *f)
             f->prog = NULL;
             f->dynamic = false;
             snprintf(f->dyn_why, sizeof f->dyn_why, "%.150s", f->err);
+            f->dyn_why_rec = -1;
             f->err[0] = 0;
         }
     }
