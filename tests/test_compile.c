@@ -3508,6 +3508,51 @@ START_TEST(dynamic_extent_fn_specialises_is_a_recompile)
 }
 END_TEST
 
+/* After a call out of the dynamic range (a static version of its own, the
+ * newest), a new in-range extent binds the dynamic program: a dynamic
+ * capture, not a guard failure (a new user's report: it read "fn's trace
+ * specialises it" with the programs backwards) */
+static ctpu_status step_sq(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)ctx; (void)sc;
+    out[0] = ctpu_sum(ctpu_mul(in[0], in[0]), 1, (int[]){ 0 }, false);
+    return CTPU_OK;
+}
+
+START_TEST(in_range_extent_after_an_out_of_range_call_binds)
+{
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEFER_FUSE), CTPU_OK);
+    ctpu_compiled *c = ctpu_compile(step_sq, NULL, NULL);
+    static const int64_t bs[5] = { 5, 6, 100, 3, 7 };
+    for (int k = 0; k < 5; k++) {
+        ctpu_scope_begin();
+        float d[400];
+        for (int i = 0; i < bs[k] * 4; i++) d[i] = 0.01f * (float)i - 0.5f;
+        ctpu_tensor x = t_f32(d, 2, (int64_t[]){ bs[k], 4 });
+        ck_assert_int_eq(ctpu_mark_dynamic(x, 0, 2, 64), CTPU_OK);
+        ctpu_tensor out[1], want[1];
+        ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_OK);
+        float *v = t_read(out[0], NULL);
+        ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+        ck_assert_int_eq(step_sq(NULL, &x, NULL, want), CTPU_OK);
+        float *w = t_read(want[0], NULL);
+        ck_assert_int_eq(memcmp(v, w, 4 * sizeof(float)), 0);
+        free(v);
+        free(w);
+        ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_DEFER_FUSE), CTPU_OK);
+        ctpu_scope_end();
+    }
+    ctpu_compiled_info info;
+    ck_assert_int_eq(ctpu_compiled_get_info(c, &info), CTPU_OK);
+    ck_assert_int_eq(info.captures, 5);
+    ck_assert_int_eq(info.guard_failures, 1);      /* 100 only */
+    ck_assert_int_eq(info.dynamic_captures, 3);    /* 6, 3, 7 */
+    ck_assert_msg(t_contains(info.last_reason, "outside dynamic range"), "%s", info.last_reason);
+    ctpu_compiled_free(c);
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+}
+END_TEST
+
 START_TEST(ignored_op_error_and_returned_input)
 {
     int64_t s4[1] = { 4 }, s3[1] = { 3 };
@@ -3602,6 +3647,7 @@ static Suite *suite(void)
     tcase_add_test(t, fullgraph_refusal_leaves_the_generator);
     tcase_add_test(t, ignored_op_error_and_returned_input);
     tcase_add_test(t, dynamic_extent_fn_specialises_is_a_recompile);
+    tcase_add_test(t, in_range_extent_after_an_out_of_range_call_binds);
     suite_add_tcase(s, t);
     return s;
 }

@@ -94,7 +94,15 @@ static void release_quiet(ctpu_tensor t)
 static ctpu_tensor own_handle(ctpu_trec *rec)
 {
     ctpu_tensor h = ctpu_handle_view(rec, &rec->type, rec->off, "autograd");
-    if (!ctpu_is_null(h)) rec_of(h)->scope_id = 0;
+    if (ctpu_is_null(h)) return h;
+    rec_of(h)->scope_id = 0;
+    /* a saved input keeps its ctpu_mark_dynamic dims: the backward reading
+     * it is keyed with the symbol, not the extent (else sum(x * x) of a
+     * marked x compiled its backward once per extent) */
+    if (rec->dyn && !ctpu__rec_set_dyn(rec_of(h), rec->dyn, rec->type.ndim)) {
+        release_quiet(h);
+        return CTPU_NULL;
+    }
     return h;
 }
 

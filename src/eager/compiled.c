@@ -2611,10 +2611,18 @@ static ctpu_status capture_extent(ctpu_compiled *c, const version *dv, int n_in,
     c->info.dynamic_captures++;
     char change[96];
     extent_change(dv, n_in, inrec, change, sizeof change);
-    uint64_t dyn_id = dv->program_id;
+    uint64_t dyn_id = dv->program_id;   /* the dynamic program the capture should bind (for the reason) */
+    for (const version *w = c->versions; w; w = w->next)
+        if (ctpu_program_dyn_trace(w->prog)) { dyn_id = w->program_id; break; }
     const version *head = c->versions;
     ctpu_status st = capture_like(c, dv, n_in, in, inrec, n_scalars, scalars, n_out, out);
-    if (st == CTPU_OK && c->versions && c->versions != head && c->versions->program_id != dyn_id) {
+    /* specialised: the new version's program is none the step had (a bind
+     * of the dynamic program, or of another version's, is not: dv may be an
+     * out-of-range capture's static program, newer than the dynamic one) */
+    bool seen = false;
+    for (const version *w = head; w && c->versions && c->versions != head; w = w->next)
+        seen |= w->program_id == c->versions->program_id;
+    if (st == CTPU_OK && c->versions && c->versions != head && !seen) {
         /* the capture at this extent did not bind the dynamic program: a
          * value fn derives from the extent (a slice to B / 2, a host branch
          * on it) is static in the trace, so it keyed and compiled another
@@ -2623,6 +2631,7 @@ static ctpu_status capture_extent(ctpu_compiled *c, const version *dv, int n_in,
          * limit, with the cache's reason */
         c->recompiles++;
         c->info.guard_failures++;
+        c->info.dynamic_captures--;   /* not a bind: a recapture */
         c->dyn_specialised = true;
         char cr[160], r[400];
         cache_reason(c->versions->program_id, cr, sizeof cr);
