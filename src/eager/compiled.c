@@ -647,14 +647,24 @@ void ctpu__capture_note_grad(uint64_t leaf, uint64_t g)
         snprintf(cap->fail, sizeof cap->fail, "out of host memory");
 }
 
-void ctpu__capture_note_grad_read(uint64_t leaf, bool has)
+/* t, read by fn during this capture, is a tensor made before the call
+ * that is not one of its inputs (an input's .grad and kind are guarded by
+ * position; fn's own tensors are fn's): the one a read notes, or NULL. */
+static struct ctpu_capture *older_read(uint64_t t)
 {
     struct ctpu_capture *cap = cap_now();
-    if (!cap || cap->in_final) return;
-    const ctpu_trec *r = live_rec(leaf);
-    if (!r || (r->scope_id != 0 && r->scope_id >= cap->scope_floor)) return;   /* fn's own leaf */
+    if (!cap || cap->in_final) return NULL;
+    const ctpu_trec *r = live_rec(t);
+    if (!r || (r->scope_id != 0 && r->scope_id >= cap->scope_floor)) return NULL;
     for (int i = 0; i < cap->n_in; i++)
-        if (cap->inrec[i] == r) return;   /* an input leaf: its .grad is guarded by position */
+        if (cap->inrec[i] == r) return NULL;
+    return cap;
+}
+
+void ctpu__capture_note_grad_read(uint64_t leaf, bool has)
+{
+    struct ctpu_capture *cap = older_read(leaf);
+    if (!cap) return;
     for (int i = 0; i < cap->n_zeroed; i++)
         if (cap->zeroed[i] == leaf) return;   /* fn dropped it first: not the call's start */
     for (int i = 0; i < cap->n_grads; i++)
@@ -668,12 +678,8 @@ void ctpu__capture_note_grad_read(uint64_t leaf, bool has)
 
 void ctpu__capture_note_kind_read(uint64_t t, int kind)
 {
-    struct ctpu_capture *cap = cap_now();
-    if (!cap || cap->in_final) return;
-    const ctpu_trec *r = live_rec(t);
-    if (!r || (r->scope_id != 0 && r->scope_id >= cap->scope_floor)) return;   /* fn's own tensor */
-    for (int i = 0; i < cap->n_in; i++)
-        if (cap->inrec[i] == r) return;   /* an input: its kind is a guard already */
+    struct ctpu_capture *cap = older_read(t);
+    if (!cap) return;
     for (int i = 0; i < cap->n_grads; i++)
         if (cap->grads[i].g == t) return;   /* a .grad fn's backward made (in no scope) */
     for (int i = 0; i < cap->n_kread; i++)
