@@ -808,6 +808,10 @@ CTPU_API ctpu_tensor ctpu_index_add(ctpu_tensor self, int dim, ctpu_tensor index
  * bf16 (RNE), exact products, fp32 accumulation in vdpbf16ps pair order,
  * subnormals flushed; precision from ctpu_set_matmul_precision.
  * f32@f32 -> f32; bf16@bf16 -> bf16 (rounded once); mixed -> f32; i32@i32 -> i32 exact.
+ * Gradient: dA = dC @ Bᵀ, dB = Aᵀ @ dC; for a [..., M, K] (>= 3-d) times a
+ * matrix b, b's gradient is one product over the flattened rows (contraction
+ * length batch x M), as torch's matmul folds the batch; other broadcast batch
+ * dims: the batched product, summed over them (docs/CONTRACTS.md).
  * Errors: CTPU_ERR_SHAPE ("matmul: a is f32[64,100], b is f32[99,10]: inner dims differ"). */
 CTPU_API ctpu_tensor ctpu_matmul(ctpu_tensor a, ctpu_tensor b);
 /* Matmul with transposed operands and no materialised transpose: a is used as

@@ -762,6 +762,58 @@ START_TEST(t_embedding_repeats)
 }
 END_TEST
 
+/* An N-d @ 2-d product's weight gradient folds the batch into the rows, as
+ * torch's matmul: W.grad is the one product x_flat^T @ g_flat (contraction
+ * over batch x M, the MXU's one K order), bit for bit, in every mode; for b
+ * given transposed (x @ W^T, nn.Linear's layout) g_flat^T @ x_flat; for a
+ * non-contiguous x (a transposed view) and a 4-d x too. Before, it was a
+ * batched product and a sum over the batch (other bits, and 32 products
+ * plus a reduction in char_gpt's step). */
+START_TEST(t_batched_weight_grad_folds)
+{
+    enum { NC = 4 };
+    static const int64_t xs[NC][4] = { { 3, 5, 7 }, { 3, 5, 7 }, { 3, 7, 5 }, { 2, 3, 5, 7 } };
+    static const int xnd[NC] = { 3, 3, 3, 4 };
+    float got[3][28], want[28], xv[210], rv[120];
+    for (int c = 0; c < NC; c++) {
+        bool tb = c == 1, tview = c == 2;
+        int64_t xn = 1, rows;
+        for (int d = 0; d < xnd[c]; d++) xn *= xs[c][d];
+        rows = xn / 7;
+        for (int64_t i = 0; i < xn; i++) xv[i] = (float)(urand() * 2 - 1);
+        for (int64_t i = 0; i < rows * 4; i++) rv[i] = (float)(urand() * 2 - 1);
+        float wv[28];
+        for (int i = 0; i < 28; i++) wv[i] = (float)(urand() * 2 - 1);
+        for (int mode = 0; mode < 3; mode++) {
+            ctpu_set_mode(mode == 0 ? CTPU_MODE_STRICT : mode == 1 ? CTPU_MODE_DEBUG : CTPU_MODE_DEFER_FUSE);
+            ctpu_tensor x = ctpu_from_host(xv, CTPU_F32, xnd[c], xs[c]);
+            if (tview) x = ctpu_transpose(x, 1, 2);   /* [3, 5, 7], not contiguous */
+            int64_t ws[2] = { tb ? 4 : 7, tb ? 7 : 4 }, rs[CTPU_MAX_DIMS];
+            int nd = 0;
+            ck_assert_int_eq(ctpu_shape(x, rs, &nd), CTPU_OK);
+            rs[nd - 1] = 4;
+            ctpu_tensor w = ctpu_from_host(wv, CTPU_F32, 2, ws), r = ctpu_from_host(rv, CTPU_F32, nd, rs);
+            ctpu_set_requires_grad(w, true);
+            ctpu_tensor y = ctpu_matmul_t(x, w, false, tb);
+            ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_mul(y, r), 0, NULL, false)), CTPU_OK);
+            readt(ctpu_grad(w), got[mode], 28);
+            if (mode == 0) {
+                int64_t fx[2] = { rows, 7 }, fr[2] = { rows, 4 };
+                ctpu_tensor xf = ctpu_reshape(x, 2, fx), rf = ctpu_reshape(r, 2, fr);
+                readt(tb ? ctpu_matmul_t(rf, xf, true, false) : ctpu_matmul_t(xf, rf, true, false), want, 28);
+                ck_assert_msg(memcmp(got[0], want, sizeof want) == 0, "case %d: W.grad is not the folded product", c);
+            } else {
+                ck_assert_msg(memcmp(got[mode], got[0], sizeof want) == 0, "case %d mode %d differs from strict", c, mode);
+            }
+            ctpu_release(x);
+            ctpu_release(w);
+            ctpu_release(r);
+        }
+    }
+    ctpu_set_mode(CTPU_MODE_STRICT);
+}
+END_TEST
+
 /* A training-like loop leaves no HBM behind: the tape goes with the step. */
 START_TEST(t_no_leak)
 {
@@ -1137,6 +1189,7 @@ static Suite *suite(void)
     tcase_add_test(ts, t_softplus_threshold);
     tcase_add_test(ts, t_gelu_erf_grad);
     tcase_add_test(ts, t_embedding_repeats);
+    tcase_add_test(ts, t_batched_weight_grad_folds);
     tcase_add_test(ts, t_no_leak);
     tcase_add_test(ts, t_assign_autograd);
     suite_add_tcase(s, ts);

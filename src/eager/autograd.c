@@ -700,6 +700,32 @@ static bool bw_matmul(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_te
     int p = n->node.attr.extra;
     ctpu_tensor a = IN(n, 0), b = IN(n, 1);
     if (need[0]) gin[0] = ta ? ctpu__matmul_t(b, g, tb, true, p) : ctpu__matmul_t(g, b, false, !tb, p);
+    if (need[1] && !ta && ctpu_ndim(a) >= 3 && ctpu_ndim(b) == 2) {
+        /* [..., M, K] @ [K, N] (or [N, K] transposed): torch's matmul folds
+         * a's batch dims into its rows, so b's gradient is one product that
+         * contracts over every row of the batch (K = batch x M, the MXU's one
+         * K order), not a batched product and a sum over the batch (issue
+         * 14: char_gpt's weight gradients were 32 products of K = T each and
+         * a reduction over 32 copies of the weight) */
+        int64_t s[CTPU_MAX_DIMS];
+        int nd = 0;
+        if (ctpu_shape(a, s, &nd) != CTPU_OK) return false;
+        int64_t ka = s[nd - 1];
+        if (ctpu_shape(g, s, &nd) != CTPU_OK) return false;
+        int64_t n = s[nd - 1], rows = ka > 0 ? ctpu_numel(a) / ka : 0, fa[2] = { rows, ka }, fg[2] = { rows, n };
+        if (rows > 0 && ka > 0 && n > 0) {
+            /* the flattening takes the reshape probe's dims, not the tape
+             * entry's hint: at T = K / B the flat [B*T, K] is b's static
+             * shape, and the hint would make it static (a program per T) */
+            ctpu_thread_state *ts = ctpu__ts;
+            const void *hint = ts->ag_hint;
+            if (hint) ts->ag_hint = NULL;
+            ctpu_tensor af = ctpu_reshape(a, 2, fa), gf = ctpu_reshape(g, 2, fg);
+            if (hint) ts->ag_hint = hint;
+            gin[1] = tb ? ctpu__matmul_t(gf, af, true, false, p) : ctpu__matmul_t(af, gf, true, false, p);
+            return true;
+        }
+    }
     if (need[1]) gin[1] = tb ? ctpu__matmul_t(g, a, true, ta, p) : ctpu__matmul_t(a, g, !ta, false, p);
     return true;
 }
