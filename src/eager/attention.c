@@ -71,6 +71,60 @@ static bool check_qkv(ctpu_trec *const *in, const ctpu_trec *mask, bool bthd)
     return true;
 }
 
+/* The dynamic dims (ctpu_mark_dynamic, defer and fuse) of a packed value:
+ * its extent B·H·Tq·D + B·H·Tq (forward) or B·H·Tq·D + 2·B·H·Tk·D
+ * (backward), each dim of q, k and v its static extent or coef × s. It is
+ * c × s when every dynamic dim of q, k and v is one symbol (one range, one
+ * s) and the extent is linear in s (the terms' coefficients are
+ * nonnegative, so f(0) = 0 and f(2) = 2 f(1) say it is); else the value is
+ * static: a program per extent, never a guess. The guess defer.c made from
+ * the first input with one symbol gave a cross attention's backward (Tq and
+ * Tk two symbols) and a q-static, k-dynamic forward a wrong multiple, and
+ * the parts' reshapes failed (tests/test_regress2.c class 78). */
+static void packed_dyn(ctpu_trec *const *in, bool bthd, bool bwd, ctpu_dyndim *out)
+{
+    memset(out, 0, sizeof(ctpu_dyndim) * CTPU_MAX_DIMS);
+    int64_t lo = 0, hi = 0, s = 0;
+    for (int i = 0; i < 3; i++)
+        for (int d = 0; in[i]->dyn && d < 4; d++) {
+            const ctpu_dyndim *y = &in[i]->dyn[d];
+            if (y->coef <= 0) continue;
+            int64_t e = in[i]->type.shape[d];
+            if (e % y->coef || (s && (y->lo != lo || y->hi != hi || e / y->coef != s))) return;   /* two symbols */
+            lo = y->lo, hi = y->hi, s = e / y->coef;
+        }
+    if (!s) return;
+    int hd = bthd ? 2 : 1, td = 3 - hd;
+    int64_t f[3];
+    for (int t = 0; t < 3; t++) {
+        int64_t x[2][4];   /* q's and k's dims at s = t */
+        for (int i = 0; i < 2; i++)
+            for (int d = 0; d < 4; d++) {
+                const ctpu_dyndim *y = in[i]->dyn ? &in[i]->dyn[d] : NULL;
+                x[i][d] = y && y->coef > 0 ? y->coef * t : in[i]->type.shape[d];
+            }
+        int64_t bhq = x[0][0] * x[0][hd] * x[0][td];
+        f[t] = bwd ? bhq * x[0][3] + 2 * x[1][0] * x[1][hd] * x[1][td] * x[1][3] : bhq * x[0][3] + bhq;
+    }
+    if (f[0] == 0 && f[1] > 0 && f[2] == 2 * f[1]) out[0] = (ctpu_dyndim){ lo, hi, f[1] };
+}
+
+/* ctpu_dispatch of a packed node n with its dynamic dims (packed_dyn's),
+ * when some input has any, in defer and fuse. */
+static ctpu_tensor dispatch_packed(ctpu_node *n, ctpu_trec *const *in, const ctpu_tensor *ts, const double *sc,
+                                   bool bthd, bool bwd)
+{
+    ctpu_thread_state *st = NULL;
+    if ((in[0]->dyn || in[1]->dyn || in[2]->dyn) && ctpu_mode_now() == CTPU_MODE_DEFER_FUSE) st = ctpu__ts_get();
+    if (st) {
+        packed_dyn(in, bthd, bwd, st->dyn_out);
+        st->dyn_out_set = true;
+    }
+    ctpu_tensor r = ctpu_dispatch(n, in, ts, sc);
+    if (st) st->dyn_out_set = false;   /* (not left to the next op when the dispatch failed before recording) */
+    return r;
+}
+
 /* The packed value's part [start, start + n) as `shape` (4-D), with the
  * dynamic dims of `from` (the input it has the shape of: the flat part's
  * one symbol cannot say which of [B, H, T, Dh] it is when T = B or H). */
@@ -140,7 +194,7 @@ static ctpu_tensor sdpa(ctpu_tensor q, ctpu_tensor k, ctpu_tensor v, ctpu_tensor
     ctpu_vtype ot = *qt;
     ot.dtype = CTPU_F32;
     if (ctpu_scope_begin() != CTPU_OK) return ctpu_failed();
-    ctpu_tensor packed = ctpu_dispatch(&n, in, ts, sc);
+    ctpu_tensor packed = dispatch_packed(&n, in, ts, sc, bthd, false);
     ctpu_tensor o = ctpu_is_null(packed) ? packed : part(packed, 0, &ot, in[0]);
     if (!ctpu_is_null(o) && qt->dtype != CTPU_F32) o = ctpu_cast(o, (ctpu_dtype)qt->dtype);
     if (!ctpu_is_null(o)) o = ctpu_keep(o);
@@ -184,7 +238,7 @@ bool ctpu__sdpa_backward(const ctpu_node *fwd, const double *sc, const ctpu_tens
     n.out.dtype = CTPU_F32;
     n.out.ndim = 1;
     n.out.shape[0] = numel4(&qt) + 2 * numel4(&kt);
-    ctpu_tensor r = ctpu_dispatch(&n, in, ts, sc);
+    ctpu_tensor r = dispatch_packed(&n, in, ts, sc, fwd->attr.i64[2] == CTPU_K_ATTN_BTHD, true);
     if (ctpu_is_null(r)) return false;
     *gq = part(r, 0, &qt, in[0]);
     *gk = part(r, numel4(&qt), &kt, in[1]);
