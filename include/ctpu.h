@@ -737,24 +737,30 @@ CTPU_API ctpu_tensor ctpu_causal_mask(int64_t T, int64_t S, ctpu_mask_kind kind)
  * where it is 0; CTPU_MASK_NONE: no mask (mask must be CTPU_NULL).
  * is_causal: key j is dropped for query i when j > i (top-left aligned, as
  * torch; unlike torch it may be combined with a mask).
- * scale: 0 means 1/sqrt(Dh); otherwise any finite value.
+ * scale: 0 means 1/sqrt(Dh); otherwise any value finite as an f32, the
+ * kernel's (|scale| <= FLT_MAX; negative allowed, as torch).
  * dropout_p in [0, 1): each probability is kept where the counter-based
  * generator's uniform draw u >= p and scaled by 1/(1-p), as ctpu_dropout on
  * the [B,H,Tq,Tk] probabilities would do (the draws are the same elements of
  * the same generator; applied whenever p > 0: there is no training flag, as
  * in torch). It advances the generator by B*H*Tq*Tk when p > 0.
  * A fully masked row (every key dropped by the mask and/or is_causal) gives
- * 0 and a zero gradient (torch gives NaN for an additive -inf row): padded
- * rows then poison neither the loss nor debug checks.
+ * 0 and a zero gradient, as torch's _safe_softmax since 2.5
+ * (pytorch/pytorch#131863; torch 1.13 gave NaN for an additive -inf row):
+ * padded rows then poison neither the loss nor debug checks.
  * Numerics: blocks of 128 queries x 128 keys, the online softmax with the
  * probabilities rounded to bf16, both products on the MXU at the matmul
  * precision setting (docs/CONTRACTS.md "Attention"); bit-identical in every
  * mode, ISA and thread count. Its gradient (q, k and v; not the mask's)
  * recomputes the probabilities from the saved log-sum-exp.
  * Errors: CTPU_ERR_SHAPE (not 4-D, B/H/Dh or Tk differ, Dh = 0, mask not
- * broadcastable), CTPU_ERR_DTYPE (i32 or mixed q/k/v, mask not f32),
- * CTPU_ERR_INVALID_ARG (bad mask_kind, a mask with CTPU_MASK_NONE, scale not
- * finite, dropout_p outside [0, 1)). */
+ * broadcastable, dropout_p > 0 over more than 2^56 probabilities: the
+ * element cap of the [B,H,Tq,Tk] draws), CTPU_ERR_DTYPE (i32 or mixed
+ * q/k/v, mask not f32), CTPU_ERR_INVALID_ARG (bad mask_kind, a mask with
+ * CTPU_MASK_NONE, scale not finite as an f32, dropout_p outside [0, 1));
+ * at the backward CTPU_ERR_STATE when the mask requires grad (its
+ * gradient is not computed). Nothing is drawn from the generator on an
+ * error. */
 CTPU_API ctpu_tensor ctpu_scaled_dot_product_attention(ctpu_tensor q, ctpu_tensor k, ctpu_tensor v, ctpu_tensor mask,
                                                        ctpu_mask_kind mask_kind, bool is_causal, double scale,
                                                        double dropout_p);

@@ -715,8 +715,9 @@ END_TEST
  * torch's is_causal is top-left aligned (tril(ones(L, S))): with Tq < Tk query
  * i sees keys 0..i, with Tq > Tk the rows past Tk see every key
  * (pytorch/pytorch#108108: is_causal with L != S). A fully masked row is NaN
- * in torch (pytorch/pytorch#41508, #103749); ctpu gives 0 and a zero gradient
- * (ctpu.h, deliberately: padded rows poison neither loss nor debug checks).
+ * in torch 1.13 (pytorch/pytorch#41508, #103749) and 0 since torch 2.5's
+ * _safe_softmax (#131863); ctpu gives 0 and a zero gradient (ctpu.h,
+ * deliberately: padded rows poison neither loss nor debug checks).
  * Dropout: the same seed gives the same bits in every mode. Bound: ctpu.h's
  * MXU numerics (bf16 operands and probabilities), 2^-7 of max |ref|. */
 static bool rg_causal;

@@ -777,6 +777,10 @@ START_TEST(bad_input)
         { q, k, v, CTPU_NULL, CTPU_MASK_NONE, 0, -0.1, CTPU_ERR_INVALID_ARG, "dropout_p=-0.1" },
         { q, k, v, CTPU_NULL, CTPU_MASK_NONE, 0, NAN, CTPU_ERR_INVALID_ARG, "dropout_p=nan" },
         { q, k, v, CTPU_NULL, CTPU_MASK_NONE, INFINITY, 0, CTPU_ERR_INVALID_ARG, "scale=inf" },
+        { q, k, v, CTPU_NULL, CTPU_MASK_NONE, -INFINITY, 0, CTPU_ERR_INVALID_ARG, "scale=-inf" },
+        { q, k, v, CTPU_NULL, CTPU_MASK_NONE, NAN, 0, CTPU_ERR_INVALID_ARG, "scale=nan" },
+        /* finite as a double, inf as the kernel's f32 (every score was inf or NaN) */
+        { q, k, v, CTPU_NULL, CTPU_MASK_NONE, -1e39, 0, CTPU_ERR_INVALID_ARG, "scale=-1e+39 must be finite as an f32" },
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ctpu_clear_error();
@@ -799,7 +803,122 @@ START_TEST(bad_input)
     ck_assert_int_eq(ctpu_set_requires_grad(q, true), CTPU_OK);
     ctpu_tensor y = ctpu_scaled_dot_product_attention(q, k, v, mg, CTPU_MASK_ADDITIVE, false, 0, 0);
     ck_assert(ctpu_backward(ctpu_sum(y, 0, NULL, false)) != CTPU_OK);
-    ck_assert_msg(t_contains(ctpu_last_error(), "the mask requires grad"), "%s", ctpu_last_error());
+    ck_assert_msg(t_contains(ctpu_last_error(), "the mask (f32[3,5]) requires grad"), "%s", ctpu_last_error());
+    /* a negative scale is allowed (torch too): softmax(-q k^T / 2) v */
+    ck_assert(!ctpu_is_null(ctpu_scaled_dot_product_attention(q, k, v, CTPU_NULL, CTPU_MASK_NONE, false, -0.5, 0)));
+}
+END_TEST
+
+/* ------------------------------------------------------------ bad input, every mode
+ * Each refusal in strict eager, debug eager, defer and fuse and inside a
+ * compiled step's fn (the call fails with fn's error): the same status and
+ * one-line message naming the op, the argument and the shapes; the
+ * generator does not move; nothing is left allocated; the next good call
+ * works. The shapes too large to make on the host are pending values of a
+ * trace (defer and fuse, a capture): dropout over more than the element
+ * cap's probabilities was an int64 overflow (the generator advanced by the
+ * wrapped count) and is an error at the call. */
+typedef struct { int q, k, v, m, kind; bool causal; double scale, p; ctpu_status st; const char *msg; } bad_case;
+static const bad_case *bad_now;
+static ctpu_tensor bad_ts[8];
+static ctpu_tensor bad_call(void)
+{
+    const bad_case *b = bad_now;
+    return ctpu_scaled_dot_product_attention(bad_ts[b->q], bad_ts[b->k], bad_ts[b->v], b->m < 0 ? CTPU_NULL : bad_ts[b->m],
+                                             (ctpu_mask_kind)b->kind, b->causal, b->scale, b->p);
+}
+static void bad_inputs(bool huge);
+static ctpu_status bad_step(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)ctx, (void)in, (void)sc;
+    bad_inputs(true);   /* recorded into the capture: the [1,1,3*2^30,1] is pending */
+    out[0] = bad_call();
+    return ctpu_is_null(out[0]) ? ctpu_last_status() : CTPU_OK;
+}
+static void bad_inputs(bool huge)
+{
+    const int64_t s4[4] = { 1, 2, 3, 4 }, sk[4] = { 1, 2, 5, 4 }, s5[5] = { 1, 1, 2, 3, 5 }, sm[2] = { 3, 5 };
+    const int64_t one[4] = { 1, 1, 1, 1 }, sh[4] = { 1, 1, INT64_C(3) << 30, 1 };   /* 6 GiB of bf16, never made */
+    bad_ts[0] = ctpu_zeros(CTPU_F32, 4, s4);
+    bad_ts[1] = ctpu_zeros(CTPU_F32, 4, sk);
+    bad_ts[2] = ctpu_zeros(CTPU_F32, 5, s5);
+    bad_ts[3] = ctpu_zeros(CTPU_I32, 2, sm);
+    bad_ts[4] = ctpu_zeros(CTPU_F32, 2, sm);
+    bad_ts[5] = huge ? ctpu_expand(ctpu_zeros(CTPU_BF16, 4, one), 4, sh) : bad_ts[0];
+}
+START_TEST(bad_input_every_mode)
+{
+    static const bad_case cases[] = {
+        { 0, 1, 1, 2, CTPU_MASK_ADDITIVE, false, 0, 0, CTPU_ERR_SHAPE, "mask is f32[1,1,2,3,5], q is f32[1,2,3,4], k is f32[1,2,5,4]: the mask must broadcast to [1,2,3,5]" },
+        { 0, 1, 1, 3, CTPU_MASK_KEEP01, false, 0, 0, CTPU_ERR_DTYPE, "mask is i32[3,5]: need f32" },
+        { 0, 1, 1, 4, CTPU_MASK_ADDITIVE, true, 1e39, 0, CTPU_ERR_INVALID_ARG, "scale=1e+39 must be finite as an f32" },
+        { 0, 1, 1, -1, CTPU_MASK_NONE, false, 0, 1.5, CTPU_ERR_INVALID_ARG, "dropout_p=1.5 must be in [0, 1)" },
+        { 0, 0, 1, -1, CTPU_MASK_NONE, false, 0, 0, CTPU_ERR_SHAPE, "q is f32[1,2,3,4], k is f32[1,2,3,4], v is f32[1,2,5,4]" },
+        { 5, 5, 5, -1, CTPU_MASK_NONE, false, 0, 0.1, CTPU_ERR_SHAPE,
+          "q is bf16[1,1,3221225472,1], k is bf16[1,1,3221225472,1]: dropout_p=0.1 draws B*H*Tq*Tk = 3221225472 * 3221225472 numbers, past the 2^56 element cap" },
+    };
+    static const ctpu_mode modes[] = { CTPU_MODE_STRICT, CTPU_MODE_DEBUG, CTPU_MODE_DEFER_FUSE };
+    for (int m = 0; m < 4; m++) {
+        bool huge = m >= 2;   /* a pending [1,1,3*2^30,1]: only a trace holds one (its product 2^63.2 overflowed) */
+        ck_assert_int_eq(ctpu_set_mode(m < 3 ? modes[m] : CTPU_MODE_STRICT), CTPU_OK);
+        ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+        ctpu_hbm_stats h0, h1;
+        ck_assert_int_eq(ctpu_hbm_get_stats(&h0), CTPU_OK);
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            if (cases[i].q == 5 && !huge) continue;
+            uint64_t s0, o0, s1, o1;
+            ck_assert_int_eq(ctpu_rng_get_state(&s0, &o0), CTPU_OK);
+            ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+            bad_now = &cases[i];
+            ctpu_status st;
+            if (m < 3) {
+                bad_inputs(huge);
+                ctpu_clear_error();
+                st = ctpu_is_null(bad_call()) ? ctpu_last_status() : CTPU_OK;
+            } else {   /* fn makes the inputs */
+                ctpu_compiled *c = ctpu_compile(bad_step, NULL, NULL);
+                ck_assert_ptr_nonnull(c);
+                ctpu_tensor out = CTPU_NULL;
+                st = ctpu_compiled_call(c, 0, NULL, 0, NULL, 1, &out);
+                ctpu_compiled_free(c);
+            }
+            const char *e = ctpu_last_error();
+            ck_assert_msg(st == cases[i].st, "mode %d case %zu: status %d: %s", m, i, st, e);
+            ck_assert_msg(t_contains(e, cases[i].msg), "mode %d case %zu: '%s' lacks '%s'", m, i, e, cases[i].msg);
+            ck_assert_msg(t_contains(e, "scaled_dot_product_attention: ") && !strchr(e, '\n'), "mode %d case %zu: %s", m,
+                          i, e);
+            ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+            ck_assert_int_eq(ctpu_rng_get_state(&s1, &o1), CTPU_OK);
+            ck_assert_msg(s1 == s0 && o1 == o0, "mode %d case %zu: the generator moved (offset %llu -> %llu)", m, i,
+                          (unsigned long long)o0, (unsigned long long)o1);
+        }
+        ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+        ck_assert_int_eq(ctpu_hbm_get_stats(&h1), CTPU_OK);
+        ck_assert_msg(h1.in_use == h0.in_use, "mode %d: %llu bytes left in use", m,
+                      (unsigned long long)(h1.in_use - h0.in_use));
+        /* still usable: a good call */
+        ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+        bad_inputs(false);
+        float *o = t_read(ctpu_scaled_dot_product_attention(bad_ts[0], bad_ts[1], bad_ts[1], bad_ts[4], CTPU_MASK_ADDITIVE,
+                                                            true, -2.0, 0.25), NULL);
+        free(o);
+        ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+    }
+    /* the mask's gradient is refused at the backward in every mode, naming the mask's shape */
+    for (int m = 0; m < 3; m++) {
+        ck_assert_int_eq(ctpu_set_mode(modes[m]), CTPU_OK);
+        ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+        bad_inputs(false);
+        ck_assert_int_eq(ctpu_set_requires_grad(bad_ts[4], true), CTPU_OK);
+        ck_assert_int_eq(ctpu_set_requires_grad(bad_ts[0], true), CTPU_OK);
+        ctpu_tensor y = ctpu_scaled_dot_product_attention(bad_ts[0], bad_ts[1], bad_ts[1], bad_ts[4], CTPU_MASK_ADDITIVE,
+                                                          false, 0, 0);
+        ck_assert(ctpu_backward(ctpu_sum(y, 0, NULL, false)) == CTPU_ERR_STATE);
+        ck_assert_msg(t_contains(ctpu_last_error(), "scaled_dot_product_attention: the mask (f32[3,5]) requires grad"),
+                      "mode %d: %s", m, ctpu_last_error());
+        ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+    }
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
 }
 END_TEST
 
@@ -820,6 +939,7 @@ static Suite *suite(void)
     tcase_add_test(tc, fully_masked_row_is_zero);
     tcase_add_test(tc, no_score_buffer);
     tcase_add_test(tc, bad_input);
+    tcase_add_test(tc, bad_input_every_mode);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -13,6 +13,7 @@
  * (CTPU_K_ATTN_BTHD: ctpu_scaled_dot_product_attention_bthd's q, k, v, o,
  * dq, dk, dv are [B,T,H,Dh]; lse stays [B,H,Tq]), extra the precision.
  * Runtime scalars: seed, offset (bits), dropout p, scale. */
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -138,6 +139,20 @@ static ctpu_tensor part(ctpu_tensor packed, int64_t start, const ctpu_vtype *lik
     return r;
 }
 
+/* Dropout draws one number per probability, [B,H,Tq,Tk] of them (bhq =
+ * B·H·Tq): within the element cap, as ctpu_dropout's [B,H,Tq,Tk] would be
+ * (the count overflowed int64 past it, and advanced the generator by the
+ * wrapped value); sets the error. */
+static bool draws_ok(const ctpu_vtype *q, const ctpu_vtype *k, int64_t bhq, int64_t Tk, double p)
+{
+    if (bhq == 0 || Tk <= CTPU_NUMEL_CAP / bhq) return true;
+    char a[128], b[128];
+    ctpu_set_error(CTPU_ERR_SHAPE, "%s: q is %s, k is %s: dropout_p=%g draws B*H*Tq*Tk = %lld * %lld numbers, past the "
+                   "2^56 element cap", OPN, ctpu_fmt_type(q, a, sizeof a), ctpu_fmt_type(k, b, sizeof b), p,
+                   (long long)bhq, (long long)Tk);
+    return false;
+}
+
 static ctpu_tensor sdpa(ctpu_tensor q, ctpu_tensor k, ctpu_tensor v, ctpu_tensor mask, ctpu_mask_kind mask_kind,
                         bool is_causal, double scale, double dropout_p, bool bthd)
 {
@@ -161,8 +176,9 @@ static ctpu_tensor sdpa(ctpu_tensor q, ctpu_tensor k, ctpu_tensor v, ctpu_tensor
         ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: dropout_p=%g must be in [0, 1)", OPN, dropout_p);
         return ctpu_failed();
     }
-    if (!isfinite(scale)) {
-        ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: scale=%g must be finite (0: 1/sqrt(Dh))", OPN, scale);
+    if (!(fabs(scale) <= FLT_MAX)) {   /* the kernel's scale is f32: 1e39 was inf there, every score inf or NaN */
+        ctpu_set_error(CTPU_ERR_INVALID_ARG, "%s: scale=%g must be finite as an f32 (|scale| <= %g; 0: 1/sqrt(Dh))",
+                       OPN, scale, (double)FLT_MAX);
         return ctpu_failed();
     }
     bool has_mask = mask_kind != CTPU_MASK_NONE;
@@ -188,6 +204,7 @@ static ctpu_tensor sdpa(ctpu_tensor q, ctpu_tensor k, ctpu_tensor v, ctpu_tensor
     n.attr.i64[2] = bthd ? CTPU_K_ATTN_BTHD : CTPU_K_ATTN_BHTD;
     n.attr.extra = (int32_t)ctpu_rt->precision;
     uint64_t seed = 0, offset = 0;
+    if (dropout_p > 0 && !draws_ok(qt, &in[1]->type, B * H * Tq, Tk, dropout_p)) return ctpu_failed();
     if (dropout_p > 0) ctpu__rng_take((uint64_t)(B * H * Tq * Tk), &seed, &offset);
     double sc[4] = { ctpu_bits_scalar(seed), ctpu_bits_scalar(offset), dropout_p,
                      scale == 0 ? 1.0 / sqrt((double)D) : scale };

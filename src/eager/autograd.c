@@ -736,8 +736,10 @@ static bool bw_matmul(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_te
 static bool bw_sdpa(const ag_node *n, ctpu_tensor g, const bool *need, ctpu_tensor *gin)
 {
     if (n->node.n_in > 3 && need[3]) {
-        ctpu_set_error(CTPU_ERR_STATE, "scaled_dot_product_attention: the mask requires grad: its gradient is "
-                       "not computed (only q's, k's and v's)");
+        char tb[128];
+        ctpu_set_error(CTPU_ERR_STATE, "scaled_dot_product_attention: the mask (%s) requires grad: its gradient is "
+                       "not computed (only q's, k's and v's; detach it or set requires_grad false)",
+                       ctpu_fmt_type(&n->in_type[3], tb, sizeof tb));
         return false;
     }
     ctpu_tensor ins[4] = { IN(n, 0), IN(n, 1), IN(n, 2), n->node.n_in > 3 ? IN(n, 3) : CTPU_NULL };
