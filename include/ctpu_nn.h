@@ -112,7 +112,9 @@ CTPU_API ctpu_ce_opts ctpu_ce_defaults(void);
  * ("cross_entropy (op #6): labels 7 at position 1 is out of range [0, 5)"), raised
  * at the next sync (strict eager) or at the call (debug eager); validate
  * host labels with ctpu_labels_check first to get the error at once.
- * Errors: CTPU_ERR_SHAPE, CTPU_ERR_DTYPE, CTPU_ERR_INVALID_ARG (opts). */
+ * Errors: CTPU_ERR_SHAPE (C = 0 too: no class to pick, not even for an
+ * ignored row, which was a fault naming a label 0 it was not given),
+ * CTPU_ERR_DTYPE, CTPU_ERR_INVALID_ARG (opts). */
 CTPU_API ctpu_tensor ctpu_cross_entropy(ctpu_tensor logits, ctpu_tensor labels, const ctpu_ce_opts *opts);
 /* Host-side label check: every labels[i] in [0, num_classes) or equal to
  * ignore_index. Errors: CTPU_ERR_INVALID_ARG naming the first bad position
@@ -137,9 +139,9 @@ CTPU_API ctpu_nll_opts ctpu_nll_defaults(void);
  * f32 (mean, sum) or [N] f32 (none); error against a float64 reference:
  * the f32 sum's (docs/CONTRACTS.md order), measured <= 2^-22 relative. A
  * target outside [0, C) other than ignore_index is a device fault naming
- * gather, as cross entropy's. opts NULL = defaults. Errors: CTPU_ERR_SHAPE,
- * CTPU_ERR_DTYPE (i32 input, non-i32 target), CTPU_ERR_INVALID_ARG (a bad
- * reduction). */
+ * gather, as cross entropy's. opts NULL = defaults. Errors: CTPU_ERR_SHAPE
+ * (C = 0 too, as cross entropy's), CTPU_ERR_DTYPE (i32 input, non-i32
+ * target), CTPU_ERR_INVALID_ARG (a bad reduction). */
 CTPU_API ctpu_tensor ctpu_nll_loss(ctpu_tensor input, ctpu_tensor target, const ctpu_nll_opts *opts);
 /* torch.nn.functional.binary_cross_entropy_with_logits (no weight or
  * pos_weight): torch's (1 - y) x + m + log(exp(-m) + exp(-x - m)),

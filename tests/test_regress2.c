@@ -2506,6 +2506,67 @@ START_TEST(sdpa_dynamic_lengths_of_two_symbols)
 }
 END_TEST
 
+/* ================================================= 79. cross entropy / nll_loss at C = 0, C = 1 and N = 0
+ * torch: one class gives a loss of 0 (log_softmax of one logit is 0) and a
+ * zero gradient; an empty batch's mean is NaN (0 / 0) and its sum 0
+ * (pytorch/pytorch#70348-class empty reductions). With no class (logits
+ * [N, 0]) there is nothing to pick: ctpu refuses it at the call
+ * (CTPU_ERR_SHAPE, "need C >= 1 classes"), in every mode; it was a device
+ * fault, and for an all-ignored batch one naming "labels 0 at position 0",
+ * a label the user did not pass (the ignored rows' gather of class 0). */
+static ctpu_reduction cl79_red;
+static ctpu_tensor cl79_ce(const ctpu_tensor *in)
+{
+    ctpu_ce_opts o = ctpu_ce_defaults();
+    o.reduction = cl79_red;
+    return ctpu_cross_entropy(in[0], in[1], &o);
+}
+static ctpu_tensor cl79_nll(const ctpu_tensor *in)
+{
+    ctpu_nll_opts o = ctpu_nll_defaults();
+    o.reduction = cl79_red;
+    return ctpu_nll_loss(in[0], in[1], &o);
+}
+static ctpu_tensor cl79_ce_grad(const ctpu_tensor *in)
+{
+    ctpu_tensor x = ctpu_mul_scalar(in[0], 1.0);   /* the labels are read through the step, not as a leaf */
+    int32_t zero[3] = { 0, 0, 0 };
+    ctpu_tensor y = ctpu_from_host(zero, CTPU_I32, 1, (const int64_t[]){ 3 });
+    return ctpu_cross_entropy(x, y, NULL);
+}
+START_TEST(cross_entropy_no_class_one_class_empty_batch)
+{
+    rg_no_debug_checks();   /* the empty mean's 0 / 0 */
+    const float x[6] = { 1, 2, 3, 4, 5, 6 };
+    const int32_t zero[3] = { 0, 0, 0 }, ign[2] = { -100, -100 };
+    rg_in none[2] = { RG_IN(CTPU_F32, 2, x, 2, 0), RG_IN(CTPU_I32, 1, zero, 2) };
+    rg_in none_ign[2] = { RG_IN(CTPU_F32, 2, x, 2, 0), RG_IN(CTPU_I32, 1, ign, 2) };
+    rg_in one[2] = { RG_IN(CTPU_F32, 2, x, 3, 1), RG_IN(CTPU_I32, 1, zero, 3) };
+    rg_in empty[2] = { RG_IN(CTPU_F32, 2, x, 0, 3), RG_IN(CTPU_I32, 1, zero, 0) };
+    for (int r = 0; r < 3; r++) {
+        cl79_red = (ctpu_reduction)r;
+        rg_expect_error("ce C = 0", cl79_ce, 2, none, CTPU_ERR_SHAPE,
+                        "cross_entropy: logits is f32[2,0], labels is i32[2]: need C >= 1 classes");
+        rg_expect_error("ce C = 0, every row ignored", cl79_ce, 2, none_ign, CTPU_ERR_SHAPE, "need C >= 1 classes");
+        rg_expect_error("nll C = 0", cl79_nll, 2, none_ign, CTPU_ERR_SHAPE,
+                        "nll_loss: input is f32[2,0], target is i32[2]: need C >= 1 classes");
+        const double z3[3] = { 0, 0, 0 }, nll3[3] = { -1, -2, -3 }, nllsum[1] = { -6 }, nllmean[1] = { -2 };
+        rg_expect("ce C = 1", cl79_ce, 2, one, r == CTPU_REDUCE_NONE ? 3 : 1, z3, 0);
+        rg_expect("nll C = 1", cl79_nll, 2, one, r == CTPU_REDUCE_NONE ? 3 : 1,
+                  r == CTPU_REDUCE_NONE ? nll3 : r == CTPU_REDUCE_SUM ? nllsum : nllmean, 0);
+        const double nan1[1] = { NAN }, zero1[1] = { 0 };
+        if (r != CTPU_REDUCE_NONE) {
+            rg_expect("ce N = 0", cl79_ce, 2, empty, 1, r == CTPU_REDUCE_SUM ? zero1 : nan1, 0);
+            rg_expect("nll N = 0", cl79_nll, 2, empty, 1, r == CTPU_REDUCE_SUM ? zero1 : nan1, 0);
+        } else {
+            rg_expect("ce N = 0, none", cl79_ce, 2, empty, 0, zero1, 0);
+        }
+    }
+    const double z3[3] = { 0, 0, 0 };
+    rg_grad_expect("ce C = 1", cl79_ce_grad, 1, one, 3, z3, 0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("regress2");
@@ -2557,6 +2618,7 @@ int main(void)
     tcase_add_test(tc, optimizer_state_made_at_the_first_call);
     tcase_add_test(tc, out_of_range_reason_numbers_the_programs_inputs);
     tcase_add_test(tc, sdpa_dynamic_lengths_of_two_symbols);
+    tcase_add_test(tc, cross_entropy_no_class_one_class_empty_batch);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

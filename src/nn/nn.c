@@ -368,6 +368,11 @@ ctpu_tensor ctpu_cross_entropy(ctpu_tensor logits, ctpu_tensor labels, const ctp
                           ctpu__nn_fmt(logits, a, sizeof a), ctpu__nn_fmt(labels, b, sizeof b));
         return ctpu_error_handle();
     }
+    if (ctpu_dim(logits, 1) == 0) {   /* an ignored row's gather would read class 0: a fault naming a label not passed */
+        ctpu_report_error(CTPU_ERR_SHAPE, "cross_entropy: logits is %s, labels is %s: need C >= 1 classes",
+                          ctpu__nn_fmt(logits, a, sizeof a), ctpu__nn_fmt(labels, b, sizeof b));
+        return ctpu_error_handle();
+    }
     int64_t N = ctpu_dim(logits, 0);
     int one = 1;
     ctpu_scope_begin();
@@ -467,6 +472,11 @@ ctpu_tensor ctpu_nll_loss(ctpu_tensor input, ctpu_tensor target, const ctpu_nll_
     if (!shape_ok || dl == CTPU_I32 || dy != CTPU_I32) {
         ctpu_report_error(!shape_ok ? CTPU_ERR_SHAPE : CTPU_ERR_DTYPE,
                           "nll_loss: input is %s, target is %s: need f32/bf16 input [N, C] and i32 target [N]",
+                          ctpu__nn_fmt(input, a, sizeof a), ctpu__nn_fmt(target, b, sizeof b));
+        return ctpu_error_handle();
+    }
+    if (ctpu_dim(input, 1) == 0) {   /* as cross_entropy's */
+        ctpu_report_error(CTPU_ERR_SHAPE, "nll_loss: input is %s, target is %s: need C >= 1 classes",
                           ctpu__nn_fmt(input, a, sizeof a), ctpu__nn_fmt(target, b, sizeof b));
         return ctpu_error_handle();
     }
