@@ -922,6 +922,52 @@ START_TEST(bad_input_every_mode)
 }
 END_TEST
 
+/* ------------------------------------------------------------ NaN at a dropped key
+ * docs/CONTRACTS.md "Attention": a NaN in a dropped key's v row reaches
+ * every query of a block pair that computes it (P = 0 times NaN on the
+ * MXU), one in its k row not where KEEP01 or is_causal set the score to
+ * -inf; under is_causal the key blocks wholly above the diagonal are
+ * skipped (pytorch/pytorch#101967: torch's math path gives NaN for every
+ * query). T = 300, the last key NaN; the same bits in every mode. */
+static int nan_rows(ctpu_mode mode, bool in_v, bool keep01, float *first_row)
+{
+    enum { T = 300 };
+    static float q[T * 2], k[T * 2], v[T * 2], m[T * T];
+    for (int i = 0; i < T * 2; i++) { q[i] = (float)(i % 5) / 5; k[i] = (float)(i % 3) / 3; v[i] = (float)i / T; }
+    for (int i = 0; i < T * T; i++) m[i] = i % T == T - 1 ? 0.0f : 1.0f;   /* KEEP01: every query drops key T-1 */
+    (in_v ? v : k)[(T - 1) * 2] = NAN;
+    ck_assert_int_eq(ctpu_set_mode(mode), CTPU_OK);
+    const int64_t s4[4] = { 1, 1, T, 2 }, sm[2] = { T, T };
+    ctpu_tensor o = ctpu_scaled_dot_product_attention(t_f32(q, 4, s4), t_f32(k, 4, s4), t_f32(v, 4, s4),
+                                                      keep01 ? t_f32(m, 2, sm) : CTPU_NULL,
+                                                      keep01 ? CTPU_MASK_KEEP01 : CTPU_MASK_NONE, !keep01, 0, 0);
+    float *r = t_read(o, NULL);
+    int n = 0;
+    for (int i = 0; i < T; i++) n += r[i * 2] != r[i * 2];
+    memcpy(first_row, r, sizeof(float) * 2 * T);
+    free(r);
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+    return n;
+}
+START_TEST(nan_at_a_dropped_key)
+{
+    static const ctpu_mode modes[] = { CTPU_MODE_STRICT, CTPU_MODE_DEBUG, CTPU_MODE_DEFER_FUSE };
+    static const struct { bool in_v, keep01; int want; } cases[] = {
+        { true, true, 300 },    /* v, dropped by KEEP01: every query */
+        { false, true, 0 },     /* k, dropped by KEEP01: its score is -inf */
+        { true, false, 44 },    /* v, causal: the queries of the diagonal block (256..299) */
+        { false, false, 1 },    /* k, causal: only the one query that sees it */
+    };
+    static float o[3][600];
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int m = 0; m < 3; m++) {
+            int n = nan_rows(modes[m], cases[c].in_v, cases[c].keep01, o[m]);
+            ck_assert_msg(n == cases[c].want, "case %zu mode %d: %d NaN rows, want %d", c, m, n, cases[c].want);
+            for (int i = 0; i < 600 && m > 0; i++) ck_assert(t_same(o[m][i], o[0][i]));
+        }
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("sdpa");
@@ -940,6 +986,7 @@ static Suite *suite(void)
     tcase_add_test(tc, no_score_buffer);
     tcase_add_test(tc, bad_input);
     tcase_add_test(tc, bad_input_every_mode);
+    tcase_add_test(tc, nan_at_a_dropped_key);
     suite_add_tcase(s, tc);
     return s;
 }
