@@ -89,8 +89,40 @@ AI V clamp1(V x, V lo, V hi) { return vmin(vmax(x, lo), hi); }
         st_m(y + i, m, CALL(fn, EW_LDM, i));                                                \
     }
 
+/* GELU_ERF with the ISA's two-vector form (VGELU_ERF_X2): 4 vectors an
+ * iteration as two interleaved pairs, the same operations per lane */
+#ifdef VGELU_ERF_X2
+static void gelu_erf_loop(const float *x, float *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 4 * W <= n; i += 4 * W) {
+        V r0 = ld(x + i), r1 = ld(x + i + W), r2 = ld(x + i + 2 * W), r3 = ld(x + i + 3 * W);
+        vgelu_erf_x2(&r0, &r1);
+        vgelu_erf_x2(&r2, &r3);
+        st(y + i, r0); st(y + i + W, r1); st(y + i + 2 * W, r2); st(y + i + 3 * W, r3);
+    }
+    for (; i + 2 * W <= n; i += 2 * W) {
+        V r0 = ld(x + i), r1 = ld(x + i + W);
+        vgelu_erf_x2(&r0, &r1);
+        st(y + i, r0); st(y + i + W, r1);
+    }
+    for (; i + W <= n; i += W) st(y + i, u_GELU_ERF(ld(x + i)));
+    if (i < n) {
+        M m = tail_mask(n - i);
+        st_m(y + i, m, u_GELU_ERF(ld_m(x + i, m)));
+    }
+}
+#define EW_GELU_ERF_LOOP(NAME, x, y, n) \
+    if (CTPU_K_U_##NAME == CTPU_K_U_GELU_ERF) { gelu_erf_loop(x, y, n); return; }
+#else
+#define EW_GELU_ERF_LOOP(NAME, x, y, n)
+#endif
 #define EW_UNARY_LOOP(NAME)                                                                 \
-    static void loop_u_##NAME(const float *x, float *y, int64_t n) { EW_LOOP(EW_CALL_U, u_##NAME) }
+    static void loop_u_##NAME(const float *x, float *y, int64_t n)                          \
+    {                                                                                       \
+        EW_GELU_ERF_LOOP(NAME, x, y, n)                                                     \
+        EW_LOOP(EW_CALL_U, u_##NAME)                                                        \
+    }
 #define EW_BINARY_LOOPS(NAME)                                                               \
     static void loop_b_##NAME(const float *a, const float *b, float *y, int64_t n)          \
     {                                                                                       \
