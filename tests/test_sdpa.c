@@ -539,6 +539,75 @@ START_TEST(kernel_vs_ref)
 }
 END_TEST
 
+/* Causal blocks on the diagonal skip what is exactly zero or overwritten
+ * (attention.c mm_packed's TRI_ABOVE / TRI_KEYS, fwd_softmax's masked
+ * exps): bit for bit the reference, which computes every term, at Tq = Tk,
+ * Tq < Tk, Tq > Tk and edge-tile sizes, f32 and bf16 inputs, default and
+ * HIGH precision, with and without dropout, and with a NaN score row (q
+ * NaN), an infinite V row past every query of a tile and a NaN V row, where
+ * a skipped 0 * V would have been NaN (then nothing is skipped). */
+START_TEST(kernel_vs_ref_causal_skips)
+{
+    static const int64_t dims[][3] = { { 128, 128, 32 }, { 130, 129, 16 }, { 70, 200, 32 }, { 200, 70, 16 }, { 5, 37, 8 } };
+    for (int ci = 0; ci < 5; ci++)
+        for (int var = 0; var < 6; var++) {
+            int64_t B = 1, H = 2, Tq = dims[ci][0], Tk = dims[ci][1], D = dims[ci][2];
+            int64_t nq = B * H * Tq * D, nk = B * H * Tk * D;
+            bool bf16 = var == 1, high = var == 2, drop = var == 3;
+            float *q = malloc(4 * (size_t)nq), *k = malloc(4 * (size_t)nk), *v = malloc(4 * (size_t)nk),
+                  *g = malloc(4 * (size_t)nq);
+            uint64_t s = 777 + (uint64_t)(ci * 8 + var);
+            for (int64_t i = 0; i < nq; i++) { q[i] = t_rand_f(&s, -2, 2); g[i] = t_rand_f(&s, -1, 1); }
+            for (int64_t i = 0; i < nk; i++) { k[i] = t_rand_f(&s, -2, 2); v[i] = t_rand_f(&s, -1, 1); }
+            if (var == 4) {   /* head 0: V row Tk-1 infinite, V row Tk/2 NaN; q row 1 of head 1 NaN */
+                for (int64_t d = 0; d < D; d++) { v[(Tk - 1) * D + d] = INFINITY; v[(Tk / 2) * D + d] = NAN; }
+                q[(Tq + 1) * D] = NAN;
+            }
+            if (var == 5)     /* head 1: one infinite V element past the first queries */
+                v[(Tk + Tk - 2) * D + D / 2] = -INFINITY;
+            uint16_t *qb = NULL, *kb = NULL, *vb = NULL;
+            if (bf16) {
+                qb = malloc(2 * (size_t)nq); kb = malloc(2 * (size_t)nk); vb = malloc(2 * (size_t)nk);
+                for (int64_t i = 0; i < nq; i++) qb[i] = ctpu_f32_to_bf16(q[i]);
+                for (int64_t i = 0; i < nk; i++) { kb[i] = ctpu_f32_to_bf16(k[i]); vb[i] = ctpu_f32_to_bf16(v[i]); }
+            }
+            float *out[2], *grads[2];
+            for (int w = 0; w < 2; w++) {
+                out[w] = malloc(4 * (size_t)(nq + B * H * Tq));
+                grads[w] = malloc(4 * (size_t)(nq + 2 * nk));
+            }
+            ctpu_attn_args a = { .B = B, .H = H, .Tq = Tq, .Tk = Tk, .D = D,
+                                 .q = bf16 ? (const void *)qb : q, .k = bf16 ? (const void *)kb : k,
+                                 .v = bf16 ? (const void *)vb : v, .dtype = bf16 ? CTPU_KDT_BF16 : CTPU_KDT_F32,
+                                 .mask_kind = CTPU_K_MASK_NONE, .causal = true, .scale = 0.25f,
+                                 .p = drop ? 0.3 : 0.0, .seed = 11, .offset = 3,
+                                 .precision = high ? CTPU_PREC_HIGH : CTPU_PREC_DEFAULT };
+            for (int w = 0; w < 2; w++) {
+                a.o = out[w];
+                a.lse = a.o + nq;
+                if (w) ctpu_k_attn_fwd(&a, NULL); else ctpu_k_attn_fwd_ref(&a);
+            }
+            for (int64_t i = 0; i < nq + B * H * Tq; i++)
+                T_CHECK(t_same(out[0][i], out[1][i]), "Tq=%lld Tk=%lld D=%lld variant %d: forward element %lld",
+                        (long long)Tq, (long long)Tk, (long long)D, var, (long long)i);
+            a.o_in = out[0];
+            a.lse_in = out[0] + nq;
+            a.dout = g;
+            for (int w = 0; w < 2; w++) {
+                a.dq = grads[w];
+                a.dk = a.dq + nq;
+                a.dv = a.dk + nk;
+                if (w) ctpu_k_attn_bwd(&a, NULL); else ctpu_k_attn_bwd_ref(&a);
+            }
+            for (int64_t i = 0; i < nq + 2 * nk; i++)
+                T_CHECK(t_same(grads[0][i], grads[1][i]), "Tq=%lld Tk=%lld D=%lld variant %d: backward element %lld",
+                        (long long)Tq, (long long)Tk, (long long)D, var, (long long)i);
+            for (int w = 0; w < 2; w++) { free(out[w]); free(grads[w]); }
+            free(q); free(k); free(v); free(g); free(qb); free(kb); free(vb);
+        }
+}
+END_TEST
+
 /* ------------------------------------------------------------ the BTHD layout */
 /* x [B,H,T,D] <-> [B,T,H,D] (to_bthd true: BHTD -> BTHD) */
 static void perm_bh(const float *x, float *y, int64_t B, int64_t H, int64_t T, int64_t D, bool to_bthd)
@@ -980,6 +1049,7 @@ static Suite *suite(void)
     tcase_add_test(tc, mode_parity);
     tcase_add_test(tc, isa_and_thread_parity);
     tcase_add_test(tc, kernel_vs_ref);
+    tcase_add_test(tc, kernel_vs_ref_causal_skips);
     tcase_add_test(tc, kernel_bthd_layout);
     tcase_add_test(tc, bthd_equals_permuted);
     tcase_add_test(tc, fully_masked_row_is_zero);

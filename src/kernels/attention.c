@@ -27,7 +27,11 @@
  * across 16-byte vectors of query rows (each lane one row, keys in
  * ascending order, exactly the scalar order); K and V are packed once per
  * head and Q / dO once per query block, not once per product; causal blocks
- * wholly above the diagonal are skipped. */
+ * wholly above the diagonal are skipped, and in a block on the diagonal the
+ * scores' micro-tiles wholly above it, the masked scores' exps (P = +0) and,
+ * in O += P V, each tile's keys past its last query (P = +0, V finite) are
+ * not computed: terms that are exact zeros or overwritten, so the bits of
+ * computing them (the reference computes every one). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,32 +113,59 @@ static int64_t pk_a_dwords(const attn_ops *o, int64_t I, int64_t K)
 /* ISA: c (row stride ldc) = packed A [M x K] (panels of mr; ars: the row
  * layout's row stride, 0: planar or pair panels) times packed B [N x K]
  * (panels of nr); tile: scratch for the edge tiles. */
+/* A causal block's shape for mm_packed (the diagonal block's terms that
+ * are exact zeros or are overwritten, never computed): kind TRI_ABOVE
+ * (scores, C[m][n] = key m x query n): a tile whose every m > n + off is
+ * masked (the causal rule sets it to -inf afterwards): filled with -inf,
+ * not computed; kind TRI_KEYS (O += P V, C[m][.] = query m over keys k):
+ * row m's keys past m + off have P = +0 and a finite V (the caller checks),
+ * so a tile's K stops at its last row's last key, in whole pairs (default
+ * precision only): the MXU accumulator is never -0 (it starts at +0, and x
+ * + -x rounds to +0), so the skipped +-0 terms would not change it. */
+enum { TRI_NONE, TRI_ABOVE, TRI_KEYS };
+typedef struct { int kind; int64_t off; } attn_tri;
+
 static void mm_packed(const attn_ops *o, const uint32_t *ap, int64_t ars, const uint32_t *bp, int64_t M, int64_t N,
-                      int64_t K, float *c, int64_t ldc, float *tile)
+                      int64_t K, float *c, int64_t ldc, float *tile, const attn_tri *tri)
 {
     const ctpu_mxu_impl *im = o->im;
     int mr = im->mr, nr = im->nr, lw = im->planar ? 2 : 1;
     int64_t kp = o->npass * ctpu_mxu_kh(K), apd = ars ? ars * mr : kp * mr * lw, bpd = kp * nr * lw;
     int64_t mp = (M + mr - 1) / mr, np = (N + nr - 1) / nr;
+    int tk = tri ? tri->kind : TRI_NONE;
     for (int64_t j = 0; j < np; j++) {
         int64_t n0 = j * nr, nn = N - n0 < nr ? N - n0 : nr;
         for (int64_t i = 0; i < mp; i++) {
             int64_t m0 = i * mr, mm = M - m0 < mr ? M - m0 : mr;
             const uint32_t *a = ap + i * apd, *b = bp + j * bpd;
+            if (tk == TRI_ABOVE && m0 > n0 + nn - 1 + tri->off) {
+                for (int64_t r = 0; r < mm; r++)
+                    for (int64_t q = 0; q < nn; q++) c[(m0 + r) * ldc + n0 + q] = -INFINITY;
+                continue;
+            }
+            int64_t kpt = kp;
+            if (tk == TRI_KEYS && o->npass == 1) {
+                int64_t keys = m0 + mm + tri->off;   /* the tile's last row reads keys [0, keys) */
+                if (keys <= 0) {
+                    for (int64_t r = 0; r < mm; r++) memset(c + (m0 + r) * ldc + n0, 0, sizeof(float) * (size_t)nn);
+                    continue;
+                }
+                if (keys < K) kpt = ctpu_mxu_kh(keys);
+            }
             if (ars) {   /* kernel_ar[mm] stores rows 0..mm-1 only */
                 bool full = nn == nr;
-                im->kernel_ar[mm](kp, a, ars, b, NULL, 0, full ? c + m0 * ldc + n0 : tile, full ? ldc : nr, NULL);
+                im->kernel_ar[mm](kpt, a, ars, b, NULL, 0, full ? c + m0 * ldc + n0 : tile, full ? ldc : nr, NULL);
                 if (!full)
                     for (int64_t r = 0; r < mm; r++)
                         memcpy(c + (m0 + r) * ldc + n0, tile + r * nr, sizeof(float) * (size_t)nn);
                 continue;
             }
             if (mm == mr && nn == nr) {
-                im->kernel(kp, a, b, c + m0 * ldc + n0, ldc, 0);
+                im->kernel(kpt, a, b, c + m0 * ldc + n0, ldc, 0);
                 continue;
             }
             ctpu_mxu_kernel_fn kf = mm < mr && im->kernel_rows ? im->kernel_rows[mm] : im->kernel;
-            kf(kp, a, b, tile, nr, 0);
+            kf(kpt, a, b, tile, nr, 0);
             for (int64_t r = 0; r < mm; r++) memcpy(c + (m0 + r) * ldc + n0, tile + r * nr, sizeof(float) * (size_t)nn);
         }
     }
@@ -189,6 +220,7 @@ typedef struct {
     uint32_t *hk, *hv, *hk2;    /* per head, every key block: K (scores), V (fwd: Vᵀ, bwd: V), bwd: Kᵀ */
     int64_t hbh;                /* the head hk/hv/hk2 hold, -1: none */
     int64_t blk_a, blk_b;       /* dwords per key block in hk/hk2 (A panels), hv */
+    uint8_t *vfin;              /* forward, per key block of the head in hv: its V rows are all finite */
     attn_pfq pf;                /* the next item's rows, prefetched while this one computes */
 } attn_ws;
 
@@ -229,7 +261,8 @@ static bool ws_init(attn_ws *w, const ctpu_attn_args *a, const attn_ops *o)
     w->hk = al64(4 * (size_t)(nkb * ka));
     w->hv = al64(4 * (size_t)(nkb * w->blk_b));
     w->hk2 = al64(4 * (size_t)(nkb * w->blk_b));
-    if (!w->tile || !w->pa || !w->pq[0] || !w->pq[1] || !w->pq[2] || !w->pq[3] || !w->pq[4] || !w->hk || !w->hv || !w->hk2)
+    w->vfin = al64((size_t)nkb);
+    if (!w->vfin || !w->tile || !w->pa || !w->pq[0] || !w->pq[1] || !w->pq[2] || !w->pq[3] || !w->pq[4] || !w->hk || !w->hv || !w->hk2)
         return false;
     return true;
 }
@@ -248,20 +281,21 @@ static void ws_free(attn_ws *w)
     for (int i = 0; i < 5; i++) free(w->pq[i]);
     free(w->hk);
     free(w->hv);
+    free(w->vfin);
     free(w->hk2);
 }
 
 /* c (row stride ldc) = XA · XBᵀ (M = A->I, N = B->I, K shared); pa / pb:
  * the operands already packed (ISA path) or NULL (packed here). */
-static void product(const attn_ops *o, attn_ws *w, const xop *A, const uint32_t *pa, const xop *B,
-                    const uint32_t *pb, float *c, int64_t ldc)
+static void product_tri(const attn_ops *o, attn_ws *w, const xop *A, const uint32_t *pa, const xop *B,
+                        const uint32_t *pb, float *c, int64_t ldc, const attn_tri *tri)
 {
     int64_t M = A->I, N = B->I, K = A->K;
     if (o->im) {
         int64_t ars = ar_stride(o, A);   /* pack_head's A operands follow the same rule */
         if (!pa) { pk_a(o, A, ars, w->pa); pa = w->pa; }
         if (!pb) { pk(o, B, o->im->nr, w->pq[0]); pb = w->pq[0]; }
-        mm_packed(o, pa, ars, pb, M, N, K, c, ldc, w->tile);
+        mm_packed(o, pa, ars, pb, M, N, K, c, ldc, w->tile, tri);
         return;
     }
     /* the reference, in the contract's orientation: A role 0 is C = A Bᵀ's
@@ -278,6 +312,12 @@ static void product(const attn_ops *o, attn_ws *w, const xop *A, const uint32_t 
     if (tr)
         for (int64_t n = 0; n < N; n++)
             for (int64_t m = 0; m < M; m++) c[m * ldc + n] = w->t[n * M + m];
+}
+
+static void product(const attn_ops *o, attn_ws *w, const xop *A, const uint32_t *pa, const xop *B,
+                    const uint32_t *pb, float *c, int64_t ldc)
+{
+    product_tri(o, w, A, pa, B, pb, c, ldc, NULL);
 }
 
 /* The running max of the softmax, per query row: m = max(m, s_j) for j
@@ -401,6 +441,26 @@ static int64_t key_blocks(const ctpu_attn_args *a, int64_t i0, int64_t bq)
     return n;
 }
 
+/* Are rows [0, n) of d values (stride rs elements, f32 or bf16) all finite?
+ * (The exponent fields' maximum: a loop that vectorises.) */
+static bool rows_finite(const void *base, int dt, int64_t rs, int64_t n, int64_t d)
+{
+    if (dt == CTPU_KDT_BF16) {
+        uint16_t mx = 0;
+        for (int64_t r = 0; r < n; r++) {
+            const uint16_t *x = (const uint16_t *)base + r * rs;
+            for (int64_t k = 0; k < d; k++) { uint16_t e = x[k] & 0x7f80u; mx = e > mx ? e : mx; }
+        }
+        return mx != 0x7f80u;
+    }
+    uint32_t mx = 0;
+    for (int64_t r = 0; r < n; r++) {
+        const uint32_t *x = (const uint32_t *)base + r * rs;
+        for (int64_t k = 0; k < d; k++) { uint32_t e = x[k] & 0x7f800000u; mx = e > mx ? e : mx; }
+    }
+    return mx != 0x7f800000u;
+}
+
 /* The head's K_J (and V_J) packed once, for every key block (ISA path). bwd:
  * V as A panels and Kᵀ as B panels (else Vᵀ as B panels). */
 static void pack_head(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, int64_t bh, bool bwd)
@@ -419,6 +479,7 @@ static void pack_head(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, in
         } else {
             xop Vt = { vr, a->dtype, 1, rs, D, bk, 1 };
             pk(o, &Vt, o->im->nr, w->hv + kb * w->blk_b);
+            w->vfin[kb] = rows_finite(vr, a->dtype, rs, bk, D);
         }
     }
     w->hbh = bh * 2 + bwd;
@@ -432,7 +493,10 @@ static void scores(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, int64
 {
     int64_t D = a->D, j0 = kb * BL, bk = blen(a->Tk, j0);
     xop K = { row_of(a, a->k, bh, a->Tk, j0), a->dtype, rstr(a), 1, bk, D, 1 };
-    product(o, w, &K, o->im ? w->hk + kb * w->blk_a : NULL, qx, pq, w->s, BL);
+    /* causal: tiles wholly above the diagonal are not computed (the rule
+     * below sets them to -inf whatever they held) */
+    attn_tri tri = { a->causal ? TRI_ABOVE : TRI_NONE, i0 - j0 };
+    product_tri(o, w, &K, o->im ? w->hk + kb * w->blk_a : NULL, qx, pq, w->s, BL, &tri);
     int64_t b = bh / a->H, h = bh % a->H;
     float sc = a->scale;
     for (int64_t j = 0; j < bk; j++) {
@@ -463,26 +527,42 @@ static void draws(const ctpu_attn_args *a, int64_t bh, int64_t i, int64_t j0, in
 /* ------------------------------------------------------------ forward */
 /* P (transposed, bf16 at default precision) and the row sums into l, per
  * key block; the order per query row is the contract's (j ascending). */
-static void fwd_softmax(const attn_ops *o, attn_ws *w, int64_t bq, int64_t bk, bool bf16p)
+/* +0, read at run time: a loop storing it is not turned into a memset (an
+ * inline `rep stos`, ~30 cycles to start, for each of a block's 128 rows) */
+static volatile float attn_zero = 0.0f;
+
+/* causal (off = i0 - j0 >= -bk): the queries i < j - off of key row j are
+ * masked, s = -inf, so their P is exp(-inf - mu) = +0 when no mu is NaN: set,
+ * not computed (and their +0 left out of the sums, which it would not
+ * change). Returns whether that held (no NaN mu). */
+static bool fwd_softmax(const attn_ops *o, attn_ws *w, int64_t bq, int64_t bk, bool bf16p, bool causal, int64_t off)
 {
     float *mx = w->u;   /* the new running max */
     row_max(w->m, w->s, bq, bk, mx, w->mb, w->key, w->nan);
+    uint32_t nan = 0;
     for (int64_t i = 0; i < bq; i++) {
         float mu = mx[i] == -INFINITY ? 0.0f : mx[i];
         w->al[i] = w->m[i] - mu;
         w->m[i] = mx[i];
         w->mu[i] = mu;
         w->sum[i] = 0.0f;
+        nan |= (uint32_t)(mu != mu);
     }
+    bool skip = causal && !nan;
+    const float z = attn_zero;
+    const uint16_t z16 = (uint16_t)attn_zero;
     for (int64_t j = 0; j < bk; j++) {
         float *r = w->s + j * BL;
         pfq_step(&w->pf, 4);
-        for (int64_t i = 0; i < bq; i++) r[i] = r[i] - w->mu[i];
-        o->unary(CTPU_K_U_EXP, r, r, bq);
+        int64_t e = skip ? (j - off < 0 ? 0 : j - off > bq ? bq : j - off) / 16 * 16 : 0;   /* (whole vectors) */
+        if (bf16p) { uint16_t *pr = w->p + j * BL; for (int64_t i = 0; i < e; i++) pr[i] = z16; }
+        else for (int64_t i = 0; i < e; i++) r[i] = z;
+        for (int64_t i = e; i < bq; i++) r[i] = r[i] - w->mu[i];
+        o->unary(CTPU_K_U_EXP, r + e, r + e, bq - e);
         if (bf16p) {
             uint16_t *pr = w->p + j * BL;
             float *sm = w->sum;
-            for (int64_t i = 0; i < bq; i++) {
+            for (int64_t i = e; i < bq; i++) {
                 /* ctpu_f32_to_bf16's bits, branch-free (vectorises) */
                 uint32_t hb = ctpu_mxu_round_bits(fbits(r[i]));
                 float pv;
@@ -491,11 +571,12 @@ static void fwd_softmax(const attn_ops *o, attn_ws *w, int64_t bq, int64_t bk, b
                 sm[i] = sm[i] + pv;
             }
         } else {
-            for (int64_t i = 0; i < bq; i++) w->sum[i] = w->sum[i] + r[i];
+            for (int64_t i = e; i < bq; i++) w->sum[i] = w->sum[i] + r[i];
         }
     }
     o->unary(CTPU_K_U_EXP, w->al, w->al, bq);
     for (int64_t i = 0; i < bq; i++) w->l[i] = w->l[i] * w->al[i] + w->sum[i];
+    return skip;
 }
 
 static void fwd_block(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, int64_t bh, int64_t qb)
@@ -517,7 +598,7 @@ static void fwd_block(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, in
     for (int64_t kb = 0; kb < nkb; kb++) {
         int64_t j0 = kb * BL, bk = blen(a->Tk, j0);
         scores(a, o, w, bh, i0, bq, kb, &Q, pq);
-        fwd_softmax(o, w, bq, bk, bf16p);
+        bool zeros = fwd_softmax(o, w, bq, bk, bf16p, a->causal, i0 - j0);
         if (a->p > 0) {
             for (int64_t i = 0; i < bq; i++) {
                 draws(a, bh, i0 + i, j0, bk, w->u);
@@ -532,7 +613,10 @@ static void fwd_block(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, in
         /* O_I += P V_J: A = P [bq x bk] (stored transposed), B = V_Jᵀ */
         xop P = { bf16p ? (const void *)w->p : (const void *)w->s, bf16p ? CTPU_KDT_BF16 : CTPU_KDT_F32, 1, BL, bq, bk, 0 };
         xop Vt = { row_of(a, a->v, bh, a->Tk, j0), a->dtype, 1, rs, D, bk, 1 };
-        product(o, w, &P, NULL, &Vt, o->im ? w->hv + kb * w->blk_b : NULL, w->t, D);
+        /* causal: query i's keys past i are +0 in P; with V finite there
+         * (0 * V = +-0) each tile's K stops at its last query (mm_packed) */
+        attn_tri tri = { zeros && o->im && w->vfin[kb] ? TRI_KEYS : TRI_NONE, i0 - j0 };
+        product_tri(o, w, &P, NULL, &Vt, o->im ? w->hv + kb * w->blk_b : NULL, w->t, D, &tri);
         for (int64_t x = 0; x < bq * D; x++) w->acc[x] = w->acc[x] + w->t[x];
     }
     float keep = (float)(1.0 - a->p);
@@ -665,11 +749,19 @@ static void bwd_pair(const ctpu_attn_args *a, const attn_ops *o, attn_ws *w, int
     bool isa = o->im != NULL;
     xop Q = { qr, a->dtype, rs, 1, bq, D, 0 };
     scores(a, o, w, bh, i0, bq, kb, &Q, isa ? w->pq[1] : NULL);
+    /* causal: a masked score's P = exp(-inf - mu) = +0 unless mu is NaN
+     * (mu: the lse, +inf for a fully masked row): set, not computed */
+    uint32_t nan = 0;
+    for (int64_t i = 0; i < bq; i++) nan |= (uint32_t)(w->mu[i] != w->mu[i]);
+    int64_t off = a->causal && !nan ? i0 - j0 : INT64_MAX / 2;
+    const float z = attn_zero;
     for (int64_t j = 0; j < bk; j++) {
         float *r = w->s + j * BL;
         pfq_step(&w->pf, 4);
-        for (int64_t i = 0; i < bq; i++) r[i] = r[i] - w->mu[i];
-        o->unary(CTPU_K_U_EXP, r, r, bq);
+        int64_t e = (j - off < 0 ? 0 : j - off > bq ? bq : j - off) / 16 * 16;   /* (whole vectors) */
+        for (int64_t i = 0; i < e; i++) r[i] = z;
+        for (int64_t i = e; i < bq; i++) r[i] = r[i] - w->mu[i];
+        o->unary(CTPU_K_U_EXP, r + e, r + e, bq - e);
     }
     /* Pd = P * z (z = keep / (1 - p)), into ds */
     const float *pd = w->s;
