@@ -752,7 +752,11 @@ CTPU_API ctpu_tensor ctpu_causal_mask(int64_t T, int64_t S, ctpu_mask_kind kind)
  * probabilities rounded to bf16, both products on the MXU at the matmul
  * precision setting (docs/CONTRACTS.md "Attention"); bit-identical in every
  * mode, ISA and thread count. Its gradient (q, k and v; not the mask's)
- * recomputes the probabilities from the saved log-sum-exp.
+ * recomputes the probabilities from the saved log-sum-exp. Dynamic dims
+ * (ctpu_mark_dynamic): when the marked dims of q, k and v are one symbol
+ * (self-attention's T, a batch) every extent binds one program; q's and
+ * k's lengths as two symbols (a cross attention) or one of them static
+ * (a decode step's q) compile the backward per extent.
  * Errors: CTPU_ERR_SHAPE (not 4-D, B/H/Dh or Tk differ, Dh = 0, mask not
  * broadcastable, dropout_p > 0 over more than 2^56 probabilities: the
  * element cap of the [B,H,Tq,Tk] draws), CTPU_ERR_DTYPE (i32 or mixed

@@ -2567,6 +2567,40 @@ START_TEST(cross_entropy_no_class_one_class_empty_batch)
 }
 END_TEST
 
+/* ================================================= 80. attention over zero-size dims
+ * torch: no queries give an empty output and zero gradients for k and v;
+ * no keys give zeros (an empty softmax's matmul, and ctpu's fully masked
+ * row, ctpu.h) and a zero gradient for q; B = 0 or H = 0 empty
+ * (pytorch/pytorch#141219, #141218: CPU flash attention crashed with a
+ * floating point exception on zero-size inputs). Every mode, causal or
+ * not, with dropout. */
+static bool cl80_causal;
+static ctpu_tensor cl80_sdpa(const ctpu_tensor *in)
+{
+    return ctpu_scaled_dot_product_attention(in[0], in[1], in[2], CTPU_NULL, CTPU_MASK_NONE, cl80_causal, 0, 0.25);
+}
+START_TEST(sdpa_zero_size_dims)
+{
+    static const float d[64] = { 1, -2, 3, 0.5f, 2, -1, 0.25f, 4 };
+    static const double zeros[64];
+    static const int64_t shp[][8] = {   /* q's [B,H,Tq,D], k's [B,H,Tk,D] */
+        { 1, 2, 0, 4, 1, 2, 3, 4 }, { 1, 2, 3, 4, 1, 2, 0, 4 }, { 0, 2, 3, 4, 0, 2, 5, 4 }, { 2, 0, 3, 4, 2, 0, 3, 4 },
+        { 1, 1, 0, 4, 1, 1, 0, 4 },
+    };
+    for (int c = 0; c < 2; c++)
+        for (size_t k = 0; k < sizeof shp / sizeof shp[0]; k++) {
+            cl80_causal = c;
+            const int64_t *a = shp[k], *b = shp[k] + 4;
+            rg_in in[3] = { RG_IN(CTPU_F32, 4, d, a[0], a[1], a[2], a[3]), RG_IN(CTPU_F32, 4, d, b[0], b[1], b[2], b[3]),
+                            RG_IN(CTPU_F32, 4, d, b[0], b[1], b[2], b[3]) };
+            int64_t nq = a[0] * a[1] * a[2] * a[3], nk = b[0] * b[1] * b[2] * b[3];
+            rg_expect("sdpa zero-size", cl80_sdpa, 3, in, nq, zeros, 0);
+            rg_expect_shape(cl80_sdpa, 3, in, 4, a);
+            rg_grad_expect("sdpa zero-size", cl80_sdpa, 3, in, nq + 2 * nk, zeros, 0);
+        }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("regress2");
@@ -2619,6 +2653,7 @@ int main(void)
     tcase_add_test(tc, out_of_range_reason_numbers_the_programs_inputs);
     tcase_add_test(tc, sdpa_dynamic_lengths_of_two_symbols);
     tcase_add_test(tc, cross_entropy_no_class_one_class_empty_batch);
+    tcase_add_test(tc, sdpa_zero_size_dims);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
