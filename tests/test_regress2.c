@@ -2395,7 +2395,7 @@ END_TEST
  * A cross attention (Tq and Tk marked dynamic, of different extents), a
  * decode step (q of one query static, k and v dynamic) and its transpose
  * (q dynamic, k static) failed in defer and fuse and compiled steps at the
- * backward ("reshape: a is f32[360] with a dynamic dim in [2, 64] (now 8):
+ * backward, and a mask marked alone (its Tk) at the forward ("reshape: a is f32[360] with a dynamic dim in [2, 64] (now 8):
  * the result is not valid for every extent of the range"): the flat packed
  * value of dq|dk|dv took q's symbol as a guess, and the reshape of its dk
  * part to k's shape failed the probe (src/eager/attention.c packed_dyn;
@@ -2405,7 +2405,7 @@ END_TEST
  * gradients bit-identical to strict eager in every configuration; where
  * the lengths are one symbol (self-attention, a dynamic batch) the second
  * extent on binds the one program (no compile). */
-typedef struct { bool mq, mk, mb; } cl78_marks;
+typedef struct { bool mq, mk, mb, mm; } cl78_marks;   /* mm: the mask's Tk alone */
 static void cl78_fill(float *x, int64_t n, uint64_t s)
 {
     for (int64_t i = 0; i < n; i++) x[i] = t_rand_f(&s, -1, 1);
@@ -2432,7 +2432,7 @@ static void cl78_inputs(int64_t B, int64_t Tq, int64_t Tk, const cl78_marks *mk,
     if (mk->mq) ck_assert_int_eq(ctpu_mark_dynamic(in[0], 2, 2, 64), CTPU_OK);
     if (mk->mq) ck_assert_int_eq(ctpu_mark_dynamic(in[3], 0, 2, 64), CTPU_OK);
     for (int i = 1; i < 3 && mk->mk; i++) ck_assert_int_eq(ctpu_mark_dynamic(in[i], 2, 2, 64), CTPU_OK);
-    if (mk->mk) ck_assert_int_eq(ctpu_mark_dynamic(in[3], 1, 2, 64), CTPU_OK);
+    if (mk->mk || mk->mm) ck_assert_int_eq(ctpu_mark_dynamic(in[3], 1, 2, 64), CTPU_OK);
     for (int i = 0; i < 3 && mk->mb; i++) ck_assert_int_eq(ctpu_mark_dynamic(in[i], 0, 2, 64), CTPU_OK);
     for (int i = 0; i < 3; i++) ck_assert_int_eq(ctpu_set_requires_grad(in[i], true), CTPU_OK);
 }
@@ -2471,11 +2471,13 @@ static int64_t cl78_run(int mode, ctpu_compiled *c, int64_t B, int64_t Tq, int64
 START_TEST(sdpa_dynamic_lengths_of_two_symbols)
 {
     static const struct { cl78_marks mk; int64_t B[3], Tq[3], Tk[3]; bool binds; } cf[] = {
-        { { true, true, false }, { 2, 2, 2 }, { 8, 12, 16 }, { 8, 12, 16 }, true },     /* self-attention */
-        { { false, false, true }, { 3, 4, 5 }, { 6, 6, 6 }, { 6, 6, 6 }, true },        /* dynamic batch */
-        { { true, true, false }, { 2, 2, 2 }, { 8, 10, 14 }, { 12, 14, 10 }, false },   /* cross attention */
-        { { false, true, false }, { 2, 2, 2 }, { 1, 1, 1 }, { 8, 12, 16 }, false },     /* decode: q static */
-        { { true, false, false }, { 2, 2, 2 }, { 8, 12, 16 }, { 4, 4, 4 }, false },     /* k static */
+        { { true, true, false, false }, { 2, 2, 2 }, { 8, 12, 16 }, { 8, 12, 16 }, true },     /* self-attention */
+        { { false, false, true, false }, { 3, 4, 5 }, { 6, 6, 6 }, { 6, 6, 6 }, true },        /* dynamic batch */
+        { { true, true, false, false }, { 2, 2, 2 }, { 8, 10, 14 }, { 12, 14, 10 }, false },   /* cross attention */
+        { { false, true, false, false }, { 2, 2, 2 }, { 1, 1, 1 }, { 8, 12, 16 }, false },     /* decode: q static */
+        { { true, false, false, false }, { 2, 2, 2 }, { 8, 12, 16 }, { 4, 4, 4 }, false },     /* k static */
+        /* only the mask's Tk marked: the flat o|lse took its symbol (8 * 36 a multiple of 12, 16, 18) */
+        { { false, false, false, true }, { 2, 2, 2 }, { 8, 8, 8 }, { 12, 16, 18 }, false },
     };
     static float want[3 * 5 * 64 * 5 * 4], got[3 * 5 * 64 * 5 * 4];
     for (size_t k = 0; k < sizeof cf / sizeof cf[0]; k++) {

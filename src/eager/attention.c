@@ -111,12 +111,16 @@ static void packed_dyn(ctpu_trec *const *in, bool bthd, bool bwd, ctpu_dyndim *o
 }
 
 /* ctpu_dispatch of a packed node n with its dynamic dims (packed_dyn's),
- * when some input has any, in defer and fuse. */
+ * when some input has any (the mask's alone too: its symbol was guessed for
+ * the flat value, and the o part's reshape to q's static shape failed), in
+ * defer and fuse. */
 static ctpu_tensor dispatch_packed(ctpu_node *n, ctpu_trec *const *in, const ctpu_tensor *ts, const double *sc,
                                    bool bthd, bool bwd)
 {
     ctpu_thread_state *st = NULL;
-    if ((in[0]->dyn || in[1]->dyn || in[2]->dyn) && ctpu_mode_now() == CTPU_MODE_DEFER_FUSE) st = ctpu__ts_get();
+    bool any = false;
+    for (int i = 0; i < n->n_in; i++) any |= in[i]->dyn != NULL;
+    if (any && ctpu_mode_now() == CTPU_MODE_DEFER_FUSE) st = ctpu__ts_get();
     if (st) {
         packed_dyn(in, bthd, bwd, st->dyn_out);
         st->dyn_out_set = true;
