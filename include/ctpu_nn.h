@@ -86,9 +86,11 @@ CTPU_API ctpu_tensor ctpu_embedding_layer_forward(const ctpu_embedding_layer *e,
 CTPU_API void ctpu_embedding_layer_free(ctpu_embedding_layer *e);
 
 /* Inverted dropout: in training, x * mask / (1 - p) with mask = (u >= p),
- * u ~ U[0,1) from the counter-based generator (same seed -> same masks in
- * every mode); otherwise (or p == 0) x itself (a new handle). p in [0, 1];
- * p == 1 gives zeros. Errors: CTPU_ERR_INVALID_ARG (p). */
+ * u ~ U[0,1) f32 from the counter-based generator (same seed -> same masks in
+ * every mode and dtype); otherwise (or p == 0) x itself (a new handle). The
+ * result has x's dtype, as torch's (f32 or bf16: the mask in x's dtype, x *
+ * mask exact, the scaled value rounded once). p in [0, 1]; p == 1 gives
+ * zeros. Errors: CTPU_ERR_INVALID_ARG (p). */
 CTPU_API ctpu_tensor ctpu_dropout(ctpu_tensor x, double p, bool training);
 
 /* ------------------------------------------------------------ losses */

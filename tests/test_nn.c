@@ -648,6 +648,34 @@ START_TEST(t_layer_norm_dropout_embedding)
     readt(ctpu_grad(O), b, 1000);
     ck_assert(memcmp(a, b, sizeof a) == 0);
 
+    /* bf16 in, bf16 out (torch's dtype), in every mode: the same mask as
+     * f32's (the same draws), the kept entries bf16(x * 1/(1-p)), rounded
+     * once; the gradient bf16 too */
+    {
+        float xv[64], want[64], got[64], g0[64];
+        for (int i = 0; i < 64; i++) xv[i] = (float)(i % 9) * 0.37f - 1.1f;
+        for (int m = 0; m < 3; m++) {
+            ctpu_set_mode(m == 0 ? CTPU_MODE_STRICT : m == 1 ? CTPU_MODE_DEBUG : CTPU_MODE_DEFER_FUSE);
+            ctpu_tensor xb = ctpu_cast(ctpu_from_host(xv, CTPU_F32, 1, (int64_t[]){ 64 }), CTPU_BF16);
+            ctpu_set_requires_grad(xb, true);
+            ctpu_manual_seed(9);
+            ctpu_tensor yb = ctpu_dropout(xb, 0.3, true);
+            ck_assert_int_eq(ctpu_dtype_of(yb), CTPU_BF16);
+            ctpu_manual_seed(9);
+            ctpu_tensor yf = ctpu_dropout(ctpu_cast(xb, CTPU_F32), 0.3, true);
+            readt(ctpu_cast(yb, CTPU_F32), got, 64);
+            readt(ctpu_cast(ctpu_cast(yf, CTPU_BF16), CTPU_F32), want, 64);
+            ck_assert_msg(memcmp(got, want, sizeof got) == 0, "mode %d: bf16 dropout is not bf16(f32 dropout)", m);
+            ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_cast(yb, CTPU_F32), 0, NULL, false)), CTPU_OK);
+            ck_assert_int_eq(ctpu_dtype_of(ctpu_grad(xb)), CTPU_BF16);
+            readt(ctpu_cast(ctpu_grad(xb), CTPU_F32), got, 64);
+            if (m == 0) memcpy(g0, got, sizeof g0);
+            else ck_assert_msg(memcmp(got, g0, sizeof got) == 0, "mode %d: bf16 dropout gradient differs", m);
+            ctpu_release(xb);
+        }
+        ctpu_set_mode(CTPU_MODE_STRICT);
+    }
+
     ctpu_embedding_layer e;
     ck_assert_int_eq(ctpu_embedding_layer_init(&e, 5, 3, CTPU_F32), CTPU_OK);
     int32_t ix[2] = { 4, 0 };

@@ -319,7 +319,12 @@ ctpu_tensor ctpu_dropout(ctpu_tensor x, double p, bool training)
     if (p == 1) return ctpu_mul_scalar(x, 0.0);
     ctpu_scope_begin();
     ctpu_tensor u = ctpu__rand_uniform_f32_like(x);
-    ctpu_tensor y = ctpu_mul_scalar(ctpu_mul(x, ctpu_ge_scalar(u, p)), 1.0 / (1.0 - p));
+    /* the 0/1 mask in x's dtype, so the result keeps it (torch's dropout
+     * of a bf16 tensor is bf16: x * mask exact, then one rounding of the
+     * scaled value); the draws stay f32 (the same masks in every dtype) */
+    ctpu_tensor keep = ctpu_ge_scalar(u, p);
+    if (ctpu_dtype_of(x) != ctpu_dtype_of(keep)) keep = ctpu_cast(keep, ctpu_dtype_of(x));
+    ctpu_tensor y = ctpu_mul_scalar(ctpu_mul(x, keep), 1.0 / (1.0 - p));
     ctpu_keep(y);
     ctpu_scope_end();
     return y;
