@@ -3583,6 +3583,58 @@ START_TEST(ignored_op_error_and_returned_input)
 }
 END_TEST
 
+/* fn has no n_out: one that writes out[0] of a call with n_out = 0 (or past
+ * n_out) writes into the library's guard slots, not NULL or the caller's
+ * memory, and the call fails naming it (the handle goes with fn's scope);
+ * one that returns an error status without an error recorded gets a
+ * message naming fn's status (a new user's report). The step still works
+ * after both. */
+typedef struct { int write_at; ctpu_status ret; } wild_ctx;
+static ctpu_status wild_fn(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    (void)sc;
+    const wild_ctx *k = ctx;
+    if (k->ret != CTPU_OK) { ctpu_clear_error(); return k->ret; }
+    out[k->write_at] = ctpu_add_scalar(in[0], 1.0);
+    return CTPU_OK;
+}
+START_TEST(fn_writing_past_n_out_or_failing_silently)
+{
+    int64_t s4[1] = { 4 };
+    wild_ctx k = { 0, CTPU_OK };
+    ctpu_compiled *c = ctpu_compile(wild_fn, &k, NULL);
+    ck_assert_int_eq(ctpu_scope_begin(), CTPU_OK);
+    ctpu_tensor x = ctpu_ones(CTPU_F32, 1, s4), out[2];
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    ctpu_hbm_stats h0, h1;
+    ck_assert_int_eq(ctpu_hbm_get_stats(&h0), CTPU_OK);
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 0, NULL), CTPU_ERR_INVALID_ARG);
+    ck_assert_msg(t_contains(ctpu_last_error(), "fn wrote out[0], but the call has n_out = 0"), "%s", ctpu_last_error());
+    k.write_at = 1;
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_ERR_INVALID_ARG);
+    ck_assert_msg(t_contains(ctpu_last_error(), "fn wrote out[1], but the call has n_out = 1"), "%s", ctpu_last_error());
+    ck_assert(ctpu_is_null(out[0]));
+    ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    ck_assert_int_eq(ctpu_hbm_get_stats(&h1), CTPU_OK);
+    ck_assert_msg(h1.in_use == h0.in_use, "HBM in use %llu -> %llu: fn's stray output leaked",
+                  (unsigned long long)h0.in_use, (unsigned long long)h1.in_use);
+    k.ret = CTPU_ERR_INVALID_ARG;
+    ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_ERR_INVALID_ARG);
+    ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_INVALID_ARG);
+    ck_assert_msg(t_contains(ctpu_last_error(), "fn returned"), "%s", ctpu_last_error());
+    k.ret = CTPU_OK;
+    k.write_at = 0;
+    for (int it = 0; it < 3; it++) {
+        ck_assert_int_eq(ctpu_compiled_call(c, 1, &x, 0, NULL, 1, out), CTPU_OK);
+        float v[4];
+        ck_assert_int_eq(ctpu_to_host(out[0], v, sizeof v), CTPU_OK);
+        ck_assert(v[0] == 2 && v[3] == 2);
+    }
+    ck_assert_int_eq(ctpu_scope_end(), CTPU_OK);
+    ctpu_compiled_free(c);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("compile");
@@ -3648,6 +3700,7 @@ static Suite *suite(void)
     tcase_add_test(t, ignored_op_error_and_returned_input);
     tcase_add_test(t, dynamic_extent_fn_specialises_is_a_recompile);
     tcase_add_test(t, in_range_extent_after_an_out_of_range_call_binds);
+    tcase_add_test(t, fn_writing_past_n_out_or_failing_silently);
     suite_add_tcase(s, t);
     return s;
 }

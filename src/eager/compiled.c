@@ -225,14 +225,39 @@ static void finish_outputs(ctpu_tensor *out, int n_out)
 }
 
 /* fn in its own scope (the current mode, or mode >= 0 for the call). */
+/* fn's out array: the call's n_out slots and OUT_GUARD more, all
+ * CTPU_NULL (fn has no n_out: one that writes past it, out[0] of a call with
+ * n_out = 0 included, writes here, not into the caller's memory or NULL) */
+#define OUT_GUARD 8
+
 static ctpu_status run_fn(ctpu_compiled *c, const ctpu_tensor *in, const double *scalars, int n_out, ctpu_tensor *out)
 {
     for (int j = 0; j < n_out; j++) out[j] = CTPU_NULL;
+    ctpu_tensor local[64 + OUT_GUARD], *fo = n_out <= 64 ? local : malloc(sizeof(ctpu_tensor) * (size_t)(n_out + OUT_GUARD));
+    if (!fo) {
+        ctpu_set_error(CTPU_ERR_OOM, "compiled step %s: out of host memory for %d outputs", step_name(c), n_out);
+        return CTPU_ERR_OOM;
+    }
+    for (int j = 0; j < n_out + OUT_GUARD; j++) fo[j] = CTPU_NULL;
     ctpu_status st = ctpu_scope_begin();
-    if (st != CTPU_OK) return st;
+    if (st != CTPU_OK) {
+        if (fo != local) free(fo);
+        return st;
+    }
     ctpu_user_frame uf;   /* runtime.c: shutdown refused inside fn; its stacks restored at its return */
     ctpu__user_enter(&uf, "compiled_call", "a compiled step's fn");
-    st = ctpu__user_exit(&uf, c->fn(c->ctx, in, scalars, out));
+    st = ctpu__user_exit(&uf, c->fn(c->ctx, in, scalars, fo));
+    if (st != CTPU_OK && ctpu_last_status() == CTPU_OK)   /* fn's own status, no error recorded with it */
+        ctpu_set_error(st, "compiled step %s: fn returned %s (%d) without an error message", step_name(c),
+                       ctpu_status_str(st), (int)st);
+    for (int j = n_out; j < n_out + OUT_GUARD && st == CTPU_OK; j++)
+        if (!ctpu_is_null(fo[j])) {   /* (released with fn's scope below) */
+            ctpu_set_error(CTPU_ERR_INVALID_ARG, "compiled step %s: fn wrote out[%d], but the call has n_out = %d",
+                           step_name(c), j, n_out);
+            st = CTPU_ERR_INVALID_ARG;
+        }
+    if (n_out > 0) memcpy(out, fo, sizeof(ctpu_tensor) * (size_t)n_out);
+    if (fo != local) free(fo);
     if (st == CTPU_OK) finish_outputs(out, n_out);
     ctpu_status se = ctpu_scope_end();
     if (st != CTPU_OK) for (int j = 0; j < n_out; j++) out[j] = CTPU_NULL;
