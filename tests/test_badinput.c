@@ -535,6 +535,36 @@ START_TEST(fault_messages_name_the_call_and_tensors)
 }
 END_TEST
 
+/* A composite's failures name it, and dtypes by name (a new user's
+ * report): eye out of HBM named its inner eq, eye and linspace printed dt
+ * as a number, the [B,T,H,Dh] attention's errors named the [B,H,T,Dh] op. */
+START_TEST(composites_name_themselves)
+{
+    ctpu_tensor t = ctpu_eye(1 << 17, 1 << 17, CTPU_F32);   /* 64 GiB: past the chip's HBM */
+    ck_assert(ctpu_is_null(t));
+    ck_assert_msg(strncmp(ctpu_last_error(), "eye: ", 5) == 0, "%s", ctpu_last_error());
+    t = ctpu_eye(2, 2, (ctpu_dtype)7);
+    ck_assert(ctpu_is_null(t));
+    ck_assert_msg(t_contains(ctpu_last_error(), "dt=7 (not a ctpu_dtype)"), "%s", ctpu_last_error());
+    t = ctpu_linspace(0, 1, 5, CTPU_I32);
+    ck_assert(ctpu_is_null(t));
+    ck_assert_msg(t_contains(ctpu_last_error(), "linspace: dt=i32: f32 or bf16"), "%s", ctpu_last_error());
+    int64_t s4[4] = { 1, 4, 2, 8 }, s3[3] = { 1, 4, 16 };
+    ctpu_tensor q = ctpu_zeros(CTPU_F32, 4, s4), k = ctpu_zeros(CTPU_F32, 3, s3);
+    t = ctpu_scaled_dot_product_attention_bthd(q, k, q, CTPU_NULL, CTPU_MASK_NONE, false, 0, 0);
+    ck_assert(ctpu_is_null(t));
+    ck_assert_msg(strncmp(ctpu_last_error(), "scaled_dot_product_attention_bthd: ", 35) == 0, "%s", ctpu_last_error());
+    t = ctpu_scaled_dot_product_attention(q, k, q, CTPU_NULL, CTPU_MASK_NONE, false, 0, 0);
+    ck_assert_msg(strncmp(ctpu_last_error(), "scaled_dot_product_attention: ", 30) == 0, "%s", ctpu_last_error());
+    ctpu_tensor ok = ctpu_eye(3, 2, CTPU_BF16);   /* the runtime is still usable */
+    ck_assert(!ctpu_is_null(ok));
+    ck_assert_int_eq(ctpu_dtype_of(ok), CTPU_BF16);
+    ctpu_release(q);
+    ctpu_release(k);
+    ctpu_release(ok);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("badinput");
@@ -552,6 +582,7 @@ static Suite *suite(void)
     tcase_add_test(t, runtime_bad_args);
     tcase_add_test(t, bad_calls_leak_nothing);
     tcase_add_test(t, fault_messages_name_the_call_and_tensors);
+    tcase_add_test(t, composites_name_themselves);
     suite_add_tcase(s, t);
     return s;
 }

@@ -234,7 +234,18 @@ ctpu_tensor ctpu_scaled_dot_product_attention_bthd(ctpu_tensor q, ctpu_tensor k,
                                                    ctpu_mask_kind mask_kind, bool is_causal, double scale,
                                                    double dropout_p)
 {
-    return sdpa(q, k, v, mask, mask_kind, is_causal, scale, dropout_p, true);
+    ctpu_tensor o = sdpa(q, k, v, mask, mask_kind, is_causal, scale, dropout_p, true);
+    if (!ctpu_is_null(o)) return o;
+    /* its errors name it (sdpa's checks name the [B,H,T,Dh] op) */
+    const char *m = ctpu_last_error();
+    size_t n = strlen(OPN);
+    ctpu_status st = ctpu_last_status();
+    if (st != CTPU_OK && strncmp(m, OPN, n) == 0 && m[n] == ':') {
+        char buf[1024];
+        snprintf(buf, sizeof buf, "%s", m + n);
+        ctpu_set_error(st, "%s_bthd%s", OPN, buf);
+    }
+    return o;
 }
 
 /* The backward rule's node (autograd.c's bw_sdpa): the gradients of q, k

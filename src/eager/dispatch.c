@@ -2443,8 +2443,11 @@ ctpu_tensor ctpu_eye(int64_t n, int64_t m, ctpu_dtype dt)
 {
     if (!ctpu_check_init("eye")) return ctpu_failed();
     if (n < 0 || m < 0 || n > INT32_MAX || m > INT32_MAX || (unsigned)dt >= CTPU_DTYPE_COUNT) {
+        char dn[24];
+        if ((unsigned)dt < CTPU_DTYPE_COUNT) snprintf(dn, sizeof dn, "%s", ctpu_dtype_name(dt));
+        else snprintf(dn, sizeof dn, "%d (not a ctpu_dtype)", (int)dt);
         ctpu_set_error(n < 0 || m < 0 || n > INT32_MAX || m > INT32_MAX ? CTPU_ERR_INVALID_ARG : CTPU_ERR_DTYPE,
-                       "eye: n=%lld m=%lld dt=%d: need 0 <= n, m < 2^31 and a ctpu_dtype", (long long)n, (long long)m, (int)dt);
+                       "eye: n=%lld m=%lld dt=%s: need 0 <= n, m < 2^31 and a ctpu_dtype", (long long)n, (long long)m, dn);
         return ctpu_failed();
     }
     ctpu_vtype chk;
@@ -2456,7 +2459,7 @@ ctpu_tensor ctpu_eye(int64_t n, int64_t m, ctpu_dtype dt)
     if (!ctpu_is_null(y) && dt != CTPU_F32) y = ctpu_cast(y, dt);
     if (!ctpu_is_null(y)) y = ctpu_keep(y);
     ctpu_scope_end();
-    return y;
+    return relabel("eye", y);   /* (out of HBM in its eq names eye) */
 }
 
 /* torch's CPU linspace, in dt's arithmetic: step = (end - start) / (steps - 1);
@@ -2471,7 +2474,8 @@ ctpu_tensor ctpu_linspace(double start, double end, int64_t steps, ctpu_dtype dt
         return ctpu_failed();
     }
     if (dt != CTPU_F32 && dt != CTPU_BF16) {
-        ctpu_set_error(CTPU_ERR_DTYPE, "linspace: dt=%d: f32 or bf16", (int)dt);
+        if ((unsigned)dt < CTPU_DTYPE_COUNT) ctpu_set_error(CTPU_ERR_DTYPE, "linspace: dt=%s: f32 or bf16", ctpu_dtype_name(dt));
+        else ctpu_set_error(CTPU_ERR_DTYPE, "linspace: dt=%d is not a ctpu_dtype (f32 or bf16)", (int)dt);
         return ctpu_failed();
     }
     float fs = (float)start, fe = (float)end;
