@@ -577,6 +577,114 @@ START_TEST(seq_len_through_static_extents_one_program)
 }
 END_TEST
 
+/* A reshape whose target has a static extent equal to the symbol's value
+ * (a new user's report): q = x W of x [2, T, 32] split to [2, -1, 4, 8],
+ * and scores [2, 4, T, T] merged to [8, T, T] (or [-1, T, T]) and, in the
+ * backward, split back. The probe moved every multiple of s first, so at T
+ * = 8 (head_dim; and T = 2, 4 for the scores) the -1 stayed put and
+ * head_dim was taken for the symbol: a program per coinciding extent with
+ * the weight update in the step, and for [8, T, T] an error at the reshape
+ * call (the backward's split at T = 4). The target dims that hold the
+ * input's dims of the symbol move first: one dynamic program over every
+ * extent, bit-identical to strict eager, in defer and fuse and in a
+ * compiled step. */
+typedef struct { int variant; ctpu_tensor w; } coin_model;
+
+static ctpu_tensor coin_loss(int variant, ctpu_tensor x, ctpu_tensor w)
+{
+    int64_t T = ctpu_dim(x, variant == 0 ? 1 : 2);
+    ctpu_tensor q = ctpu_matmul(x, w), r;
+    if (variant == 0) {
+        r = ctpu_reshape(q, 4, (int64_t[]){ 2, -1, 4, 8 });                 /* [2, T, 4, 8] */
+    } else {
+        ctpu_tensor sc = ctpu_matmul_t(q, x, false, true);                     /* [2, 4, T, T] */
+        r = ctpu_reshape(sc, 3, variant == 1 ? (int64_t[]){ 8, T, T } : (int64_t[]){ -1, T, T });
+    }
+    return ctpu_sum(ctpu_mul(r, r), 0, NULL, false);
+}
+
+static ctpu_status coin_fn(void *ctx, const ctpu_tensor *in, const double *sc, ctpu_tensor *out)
+{
+    coin_model *m = ctx;
+    ctpu_tensor loss = coin_loss(m->variant, in[0], m->w);
+    ctpu_status st = ctpu_backward(loss);
+    if (st) return st;
+    ctpu_no_grad_begin();
+    st = ctpu_assign(m->w, ctpu_sub(m->w, ctpu_mul_scalar(ctpu_grad(m->w), sc[0])));
+    ctpu_no_grad_end();
+    if (st == CTPU_OK) st = ctpu_zero_grad(m->w);
+    out[0] = loss;
+    return st;
+}
+
+START_TEST(reshape_extent_equal_to_a_static_one_program)
+{
+    static const int64_t order[] = { 16, 16, 8, 12, 5, 8, 4, 2, 32, 3, 8 };
+    enum { NT = (int)(sizeof order / sizeof order[0]) };
+    static float xd[2 * 32 * 32];
+    for (int i = 0; i < 2 * 32 * 32; i++) xd[i] = (float)(i % 13) * 0.1f - 0.6f;
+    for (int variant = 0; variant < 3; variant++) {
+        int64_t wd = variant == 0 ? 32 : 8;
+        float w0[32 * 32], wgot[32 * 32], wref[NT][32 * 32], lref[NT];
+        for (int i = 0; i < wd * wd; i++) w0[i] = (float)((i * 37) % 23 - 11) / 53.0f;
+        for (int mode = 0; mode < 3; mode++) {   /* strict (the reference), defer and fuse, a compiled step */
+            ck_assert_int_eq(ctpu_set_mode(mode == 1 ? CTPU_MODE_DEFER_FUSE : CTPU_MODE_STRICT), CTPU_OK);
+            coin_model m = { variant, ctpu_keep(t_f32(w0, 2, (int64_t[]){ wd, wd })) };
+            ck_assert_int_eq(ctpu_set_requires_grad(m.w, true), CTPU_OK);
+            ctpu_compiled *c = mode == 2 ? ctpu_compile(coin_fn, &m, &(ctpu_compile_opts){ .name = "coin" }) : NULL;
+            ck_assert(mode != 2 || c);
+            int64_t c0 = -1, r0 = -1;
+            for (int e = 0; e < NT; e++) {
+                int64_t T = order[e];
+                ctpu_scope_begin();
+                ctpu_tensor x = variant == 0 ? t_f32(xd, 3, (int64_t[]){ 2, T, 32 }) : t_f32(xd, 4, (int64_t[]){ 2, 4, T, 8 });
+                if (mode > 0) ck_assert_int_eq(ctpu_mark_dynamic(x, variant == 0 ? 1 : 2, 2, 32), CTPU_OK);
+                ctpu_tensor loss = CTPU_NULL;
+                double lr = 1e-3;
+                if (mode == 2) {
+                    ck_assert_msg(ctpu_compiled_call(c, 1, &x, 1, &lr, 1, &loss) == CTPU_OK, "variant %d T %lld: %s",
+                                  variant, (long long)T, ctpu_last_error());
+                } else {
+                    ctpu_step_begin();
+                    ck_assert_msg(coin_fn(&m, &x, &lr, &loss) == CTPU_OK, "variant %d T %lld: %s", variant,
+                                  (long long)T, ctpu_last_error());
+                    loss = ctpu_keep(loss);
+                    ck_assert_int_eq(ctpu_step_end(), CTPU_OK);
+                }
+                float l;
+                ck_assert_msg(ctpu_to_host(loss, &l, sizeof l) == CTPU_OK, "%s", ctpu_last_error());
+                if (mode < 2) ctpu_release(loss);
+                ck_assert_int_eq(ctpu_to_host(m.w, mode ? wgot : wref[e], sizeof(float) * (size_t)(wd * wd)), CTPU_OK);
+                ctpu_scope_end();
+                if (e == 0) {   /* (the first step's compile: a recompile of the other mode's program) */
+                    c0 = ctpu_metric_counter("programs_compiled");
+                    r0 = ctpu_metric_counter("recompiles");
+                }
+                if (mode == 0) { lref[e] = l; continue; }
+                ck_assert_msg(memcmp(&l, &lref[e], sizeof l) == 0 && memcmp(wgot, wref[e], sizeof(float) * (size_t)(wd * wd)) == 0,
+                              "variant %d mode %d T %lld differs from strict eager", variant, mode, (long long)T);
+            }
+            if (mode > 0) {
+                char lg[2048];
+                ctpu_cache_recompile_log(lg, sizeof lg);
+                ck_assert_msg(ctpu_metric_counter("programs_compiled") == c0, "variant %d mode %d: %lld programs after the first step's %lld: %s",
+                              variant, mode, (long long)ctpu_metric_counter("programs_compiled"), (long long)c0, lg);
+                ck_assert_msg(ctpu_metric_counter("recompiles") == r0, "variant %d mode %d: %lld recompiles: %s", variant,
+                              mode, (long long)(ctpu_metric_counter("recompiles") - r0), lg);
+            }
+            if (c) {
+                ctpu_compiled_info ci;
+                ck_assert_int_eq(ctpu_compiled_get_info(c, &ci), CTPU_OK);
+                ck_assert_msg(ci.guard_failures == 0, "variant %d: %s", variant, ci.last_reason);
+                ctpu_compiled_free(c);
+            }
+            ctpu_release(m.w);
+        }
+        ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("dynamic");
@@ -596,6 +704,7 @@ int main(void)
     tcase_add_test(tc, marked_batch_expand_backward_one_program);
     tcase_add_test(tc, seq_len_through_static_extents_one_program);
     tcase_add_test(tc, saved_marked_input_keeps_its_symbol);
+    tcase_add_test(tc, reshape_extent_equal_to_a_static_one_program);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -1181,10 +1181,12 @@ static bool dyn_of_sym(const ctpu_trec *r, int d, const dyn_sym *y)
 /* An argument extent that is a multiple of the symbol: moved with it. */
 static int64_t dyn_move(int64_t x, const dyn_sym *y) { return x > 0 && x % y->v == 0 ? x / y->v * (y->v + 1) : x; }
 
-/* Probe the rule for symbol y; false: not valid at s + 1. pick: which
- * multiple-of-s target extent moves (-1: every one; -2: none). */
+#define DYN_MV_ALL 0xffffffffu   /* every multiple-of-s target extent moves */
+
+/* Probe the rule for symbol y; false: not valid at s + 1. mv: which
+ * target dims move, of those whose extent is a multiple of s (bit d). */
 static bool dyn_probe_one(int op, const char *opn, const char *const *names, int n_in, ctpu_trec *const *in,
-                          const op_args *a, const dyn_sym *y, int pick, ctpu_node *pn)
+                          const op_args *a, const dyn_sym *y, uint32_t mv, ctpu_node *pn)
 {
     ctpu_trec pr[CTPU_NODE_MAX_IN];
     ctpu_trec *pin[CTPU_NODE_MAX_IN];
@@ -1198,11 +1200,7 @@ static bool dyn_probe_one(int op, const char *opn, const char *const *names, int
     int64_t shp[CTPU_MAX_DIMS];
     int sh = ctpu_op_infos[op].shape_rule;
     if (a->shape && a->ndim > 0 && a->ndim <= CTPU_MAX_DIMS) {
-        for (int d = 0, k = 0; d < a->ndim; d++) {
-            bool mult = a->shape[d] > 0 && a->shape[d] % y->v == 0;
-            shp[d] = mult && (pick == -1 || pick == k) ? dyn_move(a->shape[d], y) : a->shape[d];
-            if (mult) k++;
-        }
+        for (int d = 0; d < a->ndim; d++) shp[d] = mv >> d & 1u ? dyn_move(a->shape[d], y) : a->shape[d];
         pa.shape = shp;
     }
     /* (a packed value's parts; bounds of a dim that is not of the symbol,
@@ -1217,30 +1215,46 @@ static bool dyn_probe_one(int op, const char *opn, const char *const *names, int
     return ok;
 }
 
-/* A reshape whose target has several multiples of s, not all of the
- * symbol (a split [B, T, dmodel] -> [B, T, heads, head_dim] at T = B or
- * T = heads): the target dim that holds the input's dim of the symbol (the
- * element-count prefix before it divides the one before the input dim, and
- * the prefix through it is a multiple of the one through the input dim) is
- * the one to move, as dyn_probe_one's pick (-2: it is a -1, nothing moves);
- * -3: none does (the symbol's dim is itself split). */
-static int reshape_pick(const ctpu_trec *x, const op_args *a, const ctpu_node *n, const dyn_sym *y)
+/* The target dim that is the k-th multiple of s (0 when there is none). */
+static uint32_t dyn_kth_mult(const op_args *a, const dyn_sym *y, int k)
 {
-    int e = -1;
-    for (int d = 0; d < x->type.ndim && e < 0; d++)
-        if (dyn_of_sym(x, d, y)) e = d;
-    if (e < 0 || a->ndim != n->out.ndim) return -3;
-    int64_t p_in = 1, p = 1;
-    for (int d = 0; d < e; d++) p_in *= x->type.shape[d];
-    int64_t p_through = p_in * x->type.shape[e];
-    for (int d = 0, k = 0; d < n->out.ndim; d++) {
-        int64_t q = p * n->out.shape[d];
-        bool mult = a->shape[d] > 0 && a->shape[d] % y->v == 0;
-        if (p > 0 && p_in % p == 0 && p_through > 0 && q % p_through == 0) return mult ? k : a->shape[d] < 0 ? -2 : -3;
-        if (mult) k++;
-        p = q;
+    for (int d = 0; a->shape && d < a->ndim && d < CTPU_MAX_DIMS; d++)
+        if (a->shape[d] > 0 && a->shape[d] % y->v == 0 && k-- == 0) return 1u << d;
+    return 0;
+}
+
+/* A reshape's target dims that hold the input's dims of the symbol (a
+ * split [B, T, dmodel] -> [B, -1, heads, head_dim] at T = head_dim, T = B
+ * or T = heads; a merge [B*H, T, T] -> [B, H, T, T] at T = H): for each
+ * input dim of the symbol, the target dim whose element-count prefix
+ * before it divides the one before the input dim and whose prefix through
+ * it is a multiple of the one through the input dim. Those dims move (a
+ * -1 among them moves by itself), whichever other extents equal a
+ * multiple of s; -1 (as a mask: every bit): no such set (a dim of the
+ * symbol split, or two merged into one given extent). */
+static uint32_t reshape_holders(const ctpu_trec *x, const op_args *a, const ctpu_node *n, const dyn_sym *y)
+{
+    if (a->ndim != n->out.ndim || a->ndim > CTPU_MAX_DIMS) return DYN_MV_ALL;
+    uint32_t mv = 0;
+    bool any = false;
+    for (int e = 0; e < x->type.ndim; e++) {
+        if (!dyn_of_sym(x, e, y)) continue;
+        any = true;
+        int64_t p_in = 1, p = 1;
+        for (int d = 0; d < e; d++) p_in *= x->type.shape[d];
+        int64_t p_through = p_in * x->type.shape[e];
+        int h = -1;
+        for (int d = 0; d < n->out.ndim && h < 0; d++) {
+            int64_t q = p * n->out.shape[d];
+            if (p > 0 && p_in % p == 0 && p_through > 0 && q % p_through == 0) h = d;
+            p = q;
+        }
+        if (h < 0) return DYN_MV_ALL;
+        if (a->shape[h] < 0) continue;
+        if (a->shape[h] == 0 || a->shape[h] % y->v || mv >> h & 1u) return DYN_MV_ALL;
+        mv |= 1u << h;
     }
-    return -3;
+    return any ? mv : DYN_MV_ALL;
 }
 
 static bool dyn_probe(int op, const char *opn, const char *const *names, int n_in, ctpu_trec *const *in,
@@ -1255,17 +1269,24 @@ static bool dyn_probe(int op, const char *opn, const char *const *names, int n_i
     for (int k = 0; k < ns; k++) {
         ctpu_node pn;
         /* which shape-argument extents are of the symbol: a reshape's target
-         * keeps the element count, so every multiple of s moves first; other
-         * ops (expand) move the fewest that keep the rule valid, so an extent
-         * equal to a multiple of s by coincidence (expand of [s, 1] to [s, 8]
-         * at s = 2, 4 or 8) stays static */
-        bool ok = reshape || !args ? dyn_probe_one(op, opn, names, n_in, in, a, &sy[k], -1, &pn)
-                                   : dyn_probe_one(op, opn, names, n_in, in, a, &sy[k], -2, &pn);
-        int pref = reshape && args && !ok ? reshape_pick(in[0], a, n, &sy[k]) : -3;
-        if (pref > -3) ok = dyn_probe_one(op, opn, names, n_in, in, a, &sy[k], pref, &pn);
-        for (int pick = 0; !ok && args && pick < CTPU_MAX_DIMS; pick++)
-            ok = pick != pref && dyn_probe_one(op, opn, names, n_in, in, a, &sy[k], pick, &pn);
-        if (!ok && args && !reshape) ok = dyn_probe_one(op, opn, names, n_in, in, a, &sy[k], -1, &pn);
+         * dims that hold the input's dims of the symbol first
+         * (reshape_holders: the element-count prefixes, which do not depend
+         * on which other extents equal a multiple of s, so a split [B, T,
+         * dmodel] -> [B, -1, heads, head_dim] at T = head_dim keeps head_dim
+         * static, the -1 taking the move), then every multiple of s (the
+         * element count pins them), then each one; other ops (expand) move
+         * the fewest that keep the rule valid, so an extent equal to a
+         * multiple of s by coincidence (expand of [s, 1] to [s, 8] at s = 2,
+         * 4 or 8) stays static */
+        uint32_t pref = reshape && args ? reshape_holders(in[0], a, n, &sy[k]) : DYN_MV_ALL;
+        bool ok = pref != DYN_MV_ALL && dyn_probe_one(op, opn, names, n_in, in, a, &sy[k], pref, &pn);
+        if (!ok)
+            ok = dyn_probe_one(op, opn, names, n_in, in, a, &sy[k], reshape || !args ? DYN_MV_ALL : 0u, &pn);
+        for (int pick = 0; !ok && args && pick < CTPU_MAX_DIMS; pick++) {
+            uint32_t m = dyn_kth_mult(a, &sy[k], pick);
+            ok = m && m != pref && dyn_probe_one(op, opn, names, n_in, in, a, &sy[k], m, &pn);
+        }
+        if (!ok && args && !reshape) ok = dyn_probe_one(op, opn, names, n_in, in, a, &sy[k], DYN_MV_ALL, &pn);
         if ((!ok || pn.out.ndim != n->out.ndim) && !reshape) {
             /* (an operand whose extent equals the symbol's now, such as a
              * tensor made at this extent: the value is static in the key,
