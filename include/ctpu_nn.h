@@ -422,12 +422,17 @@ CTPU_API void ctpu_image_set_free(ctpu_image_set *s);
  * (Fisher-Yates driven by splitmix64 of (seed, epoch), so a seed gives the same
  * batches on every machine); the last partial batch is kept or dropped. */
 typedef struct ctpu_batch_iter ctpu_batch_iter;
-/* NULL with CTPU_ERR_INVALID_ARG for n < 0 or batch < 1. */
+/* NULL with CTPU_ERR_INVALID_ARG for n < 0, n above CTPU_BATCH_ITER_MAX_N
+ * (2^56, ctpu's element cap: the iterator holds n 8-byte indices) or
+ * batch < 1; CTPU_ERR_OOM when the indices do not fit in host memory. */
+#define CTPU_BATCH_ITER_MAX_N (INT64_C(1) << 56)
 CTPU_API ctpu_batch_iter *ctpu_batch_iter_create(int64_t n, int64_t batch, bool shuffle, bool drop_last, uint64_t seed);
 /* The next batch of this epoch: *idx points at its indices (valid until the
  * next call); returns its size, or 0 at the end of the epoch, after which
  * the next call starts a new epoch (reshuffled). */
 CTPU_API int64_t ctpu_batch_iter_next(ctpu_batch_iter *it, const int64_t **idx);
+/* Batches next returns per epoch: ceil(n / batch), floor(n / batch) with
+ * drop_last (len(DataLoader)); 0 for NULL. */
 CTPU_API int64_t ctpu_batch_iter_batches_per_epoch(const ctpu_batch_iter *it);
 CTPU_API int64_t ctpu_batch_iter_epoch(const ctpu_batch_iter *it);   /* 0-based, of the batch last returned */
 /* Where an iterator is, for checkpoints: its arguments and (epoch,
@@ -450,7 +455,9 @@ CTPU_API ctpu_status ctpu_batch_iter_get_state(const ctpu_batch_iter *it, ctpu_b
 CTPU_API ctpu_status ctpu_batch_iter_set_state(ctpu_batch_iter *it, const ctpu_batch_iter_state *s);
 CTPU_API void ctpu_batch_iter_free(ctpu_batch_iter *it);
 /* Gather the rows idx[0..n) of an image set into host buffers x [n, rows*cols]
- * and y [n] and copy them to the device (current scope). */
+ * and y [n] and copy them to the device (current scope). Errors:
+ * CTPU_ERR_INVALID_ARG (a NULL argument, n < 0, an idx[i] outside [0, s->n),
+ * n rows whose bytes overflow), CTPU_ERR_OOM, those of ctpu_from_host. */
 CTPU_API ctpu_status ctpu_image_set_batch(const ctpu_image_set *s, const int64_t *idx, int64_t n, ctpu_tensor *x,
                                           ctpu_tensor *y);
 

@@ -2603,6 +2603,201 @@ START_TEST(sdpa_zero_size_dims)
 }
 END_TEST
 
+/* ================================================= 81. the data layer's host sizes: products that overflow
+ * torch's len(DataLoader) is ceil(n / batch) (floor with drop_last) for
+ * any batch, a batch above the dataset included (pytorch/pytorch#7616:
+ * "one can have batch_size > len(dataset): it should just return
+ * everything in 1 batch"; the ceil-length class of NVIDIA/DALI#1427,
+ * deepspeedai/DeepSpeed#167). ctpu computed (n + batch - 1) / batch, which
+ * overflows int64 for a batch near INT64_MAX: batches_per_epoch(10 rows,
+ * batch INT64_MAX) was 0 while next() handed out one batch of 10 (UB under
+ * UBSan). batch_iter_create(n) sized its index array as n * 8 bytes in
+ * size_t, which wraps above 2^61: n = 2^61 + 1 got an 8-byte array and the
+ * first next() wrote 2^61 indices past it (a heap overflow); n is now
+ * capped at 2^56 (ctpu's element cap, CTPU_BATCH_ITER_MAX_N), and an array
+ * that does not fit is CTPU_ERR_OOM. image_set_batch sized its rows as
+ * n * rows * cols floats in int64, which overflowed the same way; now
+ * CTPU_ERR_INVALID_ARG before any row is read. Host code: the runtime stays
+ * usable after each refusal, in every mode. */
+static int64_t cl81_count(int64_t n, int64_t batch, bool drop_last, int64_t *rows)
+{
+    ctpu_batch_iter *it = ctpu_batch_iter_create(n, batch, true, drop_last, 7);
+    ck_assert_msg(it != NULL, "n=%lld batch=%lld: %s", (long long)n, (long long)batch, ctpu_last_error());
+    const int64_t *idx;
+    int64_t k, batches = 0, got = 0;
+    while ((k = ctpu_batch_iter_next(it, &idx)) > 0) {
+        batches++;
+        got += k;
+    }
+    ck_assert_int_eq(ctpu_batch_iter_batches_per_epoch(it), batches);
+    ctpu_batch_iter_free(it);
+    *rows = got;
+    return batches;
+}
+START_TEST(data_layer_host_sizes_never_overflow)
+{
+    /* len(DataLoader): ceil / floor, batch above n and near INT64_MAX */
+    static const struct { int64_t n, batch; bool drop; int64_t want, rows; } L[] = {
+        { 10, INT64_MAX, false, 1, 10 },     { 10, INT64_MAX, true, 0, 0 },     { 10, INT64_MAX - 1, false, 1, 10 },
+        { 10, INT64_C(1) << 62, false, 1, 10 }, { 10, 3, false, 4, 10 },        { 10, 3, true, 3, 9 },
+        { 10, 10, false, 1, 10 },            { 10, 11, true, 0, 0 },            { 0, INT64_MAX, false, 0, 0 },
+        { 1, 1, false, 1, 1 },
+    };
+    for (size_t i = 0; i < sizeof L / sizeof L[0]; i++) {
+        int64_t rows;
+        ck_assert_msg(cl81_count(L[i].n, L[i].batch, L[i].drop, &rows) == L[i].want && rows == L[i].rows,
+                      "n=%lld batch=%lld drop_last=%d: %lld rows", (long long)L[i].n, (long long)L[i].batch,
+                      (int)L[i].drop, (long long)rows);
+    }
+    for (int m = 0; m < 3; m++) {
+        ck_assert_int_eq(ctpu_set_mode((ctpu_mode)m), CTPU_OK);
+        /* an index array past the cap: refused, whatever size_t would have made of n * 8 */
+        const int64_t too_big[3] = { CTPU_BATCH_ITER_MAX_N + 1, (INT64_C(1) << 61) + 1, INT64_MAX };
+        for (int i = 0; i < 3; i++) {
+            ctpu_clear_error();
+            ck_assert_ptr_null(ctpu_batch_iter_create(too_big[i], 4, true, false, 1));
+            ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_INVALID_ARG);
+            ck_assert_msg(t_contains(ctpu_last_error(), "batch_iter_create: n=") &&
+                          t_contains(ctpu_last_error(), "2^56") && !strchr(ctpu_last_error(), '\n'),
+                          "%s", ctpu_last_error());
+        }
+        /* at the cap: 2^59 bytes of indices do not fit anywhere: out of memory, named */
+        ctpu_clear_error();
+        ctpu_batch_iter *big = ctpu_batch_iter_create(CTPU_BATCH_ITER_MAX_N, 4, false, false, 1);
+        if (big) {
+            ctpu_batch_iter_free(big);   /* an overcommitting host: nothing was touched */
+        } else {
+            ck_assert_int_eq(ctpu_last_status(), CTPU_ERR_OOM);
+            ck_assert_msg(t_contains(ctpu_last_error(), "batch_iter_create: n=72057594037927936"), "%s",
+                          ctpu_last_error());
+        }
+        /* rows whose bytes overflow: refused before idx is read */
+        float px[4] = { 0.1f, 0.2f, 0.3f, 0.4f };
+        int32_t lb[1] = { 3 };
+        ctpu_image_set s = { .n = 1, .rows = INT64_C(1) << 20, .cols = INT64_C(1) << 20, .images = px, .labels = lb };
+        const int64_t idx[1] = { 0 };
+        ctpu_tensor x = CTPU_NULL, y = CTPU_NULL;
+        ctpu_clear_error();
+        ck_assert_int_eq(ctpu_image_set_batch(&s, idx, INT64_C(1) << 24, &x, &y), CTPU_ERR_INVALID_ARG);
+        ck_assert_msg(t_contains(ctpu_last_error(), "image_set_batch: n=16777216 rows of 1099511627776 pixels"), "%s",
+                      ctpu_last_error());
+        ck_assert(ctpu_is_null(x) && ctpu_is_null(y));
+        /* a real batch still works, and the runtime with it */
+        s.rows = 2, s.cols = 2;
+        ctpu_scope_begin();
+        ck_assert_msg(ctpu_image_set_batch(&s, idx, 1, &x, &y) == CTPU_OK, "%s", ctpu_last_error());
+        float got[4];
+        int32_t gl;
+        ck_assert_int_eq(ctpu_to_host(x, got, sizeof got), CTPU_OK);
+        ck_assert_int_eq(ctpu_to_host(y, &gl, sizeof gl), CTPU_OK);
+        ck_assert(!memcmp(got, px, sizeof got) && gl == 3);
+        ctpu_scope_end();
+        ck_assert_int_eq(ctpu_sync(), CTPU_OK);
+    }
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+}
+END_TEST
+
+/* ================================================= 82. a checkpoint's subnormal hyper-parameters read back
+ * ctpu_nn.h: optimizer numbers are written with %.17g "so they read back
+ * bit for bit" (torch's state_dict round-trips any Python float,
+ * pytorch/pytorch#3852-class "load_state_dict changes hyper-parameters").
+ * A subnormal eps or weight decay (valid: finite, > 0 / >= 0) was written
+ * but refused at load ("... is '4.9406564584124654e-324': want a number"):
+ * strtod sets ERANGE on underflow even when it returns the exact
+ * subnormal. Now only an overflow (ERANGE with an infinite result) is
+ * refused. The loaded optimizer steps as one made with those values, bit
+ * for bit, in strict, debug and defer and fuse; "1e999" stays an error
+ * naming the key. */
+static void cl82_grad(ctpu_tensor w)
+{
+    ctpu_scope_begin();
+    ck_assert_int_eq(ctpu_backward(ctpu_sum(ctpu_mul(ctpu_mul(w, w), T_VEC(0.5f, -3.0f, 2e-3f)), 0, NULL, false)),
+                     CTPU_OK);
+    ctpu_scope_end();
+}
+static void cl82_step(ctpu_optim *o, ctpu_tensor w)
+{
+    ck_assert_int_eq(ctpu_optim_zero_grad(o), CTPU_OK);
+    cl82_grad(w);
+    ck_assert_msg(ctpu_optim_step(o) == CTPU_OK, "%s", ctpu_last_error());
+}
+START_TEST(checkpoint_subnormal_hyper_parameters_read_back)
+{
+    char path[64], bad[64];
+    snprintf(path, sizeof path, "/tmp/ctpu_rg2_sub_%d.safetensors", (int)getpid());
+    snprintf(bad, sizeof bad, "/tmp/ctpu_rg2_sub_bad_%d.safetensors", (int)getpid());
+    float ref[2][3];
+    for (int kind = 0; kind < 2; kind++)
+        for (int m = 0; m < 3; m++) {
+            ck_assert_int_eq(ctpu_set_mode((ctpu_mode)m), CTPU_OK);
+            const float w0[3] = { 1.0f, -2.0f, 0.25f };
+            ctpu_tensor wa = ctpu_from_host(w0, CTPU_F32, 1, (const int64_t[]){ 3 });
+            ctpu_tensor wb = ctpu_from_host(w0, CTPU_F32, 1, (const int64_t[]){ 3 });
+            ck_assert_int_eq(ctpu_set_requires_grad(wa, true), CTPU_OK);
+            ck_assert_int_eq(ctpu_set_requires_grad(wb, true), CTPU_OK);
+            ctpu_optim *a, *b;
+            if (kind == 0) {   /* AdamW: eps 1e-310, weight decay the smallest subnormal */
+                ctpu_adamw_opts o = ctpu_adamw_defaults(), other = ctpu_adamw_defaults();
+                o.lr = other.lr = 0.1;
+                o.eps = 1e-310;
+                o.weight_decay = 4.9406564584124654e-324;
+                a = ctpu_adamw_create(1, &wa, &o);
+                b = ctpu_adamw_create(1, &wb, &other);
+            } else {           /* SGD: a subnormal dampening and weight decay */
+                ctpu_sgd_opts o = { 0.1, 0.9, 2.5e-320, 1e-315, false }, other = { 0.1, 0.9, 0, 0, false };
+                a = ctpu_sgd_create(1, &wa, &o);
+                b = ctpu_sgd_create(1, &wb, &other);
+            }
+            ck_assert(a && b);
+            cl82_step(a, wa);
+            ck_assert_msg(ctpu_optim_save(a, path) == CTPU_OK, "%s", ctpu_last_error());
+            cl82_step(b, wb);
+            ck_assert_msg(ctpu_optim_load(b, path) == CTPU_OK, "[%s] kind %d: %s", rg_mode_name[m], kind,
+                          ctpu_last_error());
+            ck_assert_int_eq(ctpu_no_grad_begin(), CTPU_OK);   /* a leaf's in-place write, as torch's copy_ */
+            ck_assert_int_eq(ctpu_assign(wb, wa), CTPU_OK);
+            ctpu_no_grad_end();
+            cl82_step(a, wa);
+            cl82_step(b, wb);
+            float va[3], vb[3];
+            ck_assert_int_eq(ctpu_to_host(wa, va, sizeof va), CTPU_OK);
+            ck_assert_int_eq(ctpu_to_host(wb, vb, sizeof vb), CTPU_OK);
+            ck_assert_msg(!memcmp(va, vb, sizeof va), "[%s] kind %d: the loaded optimizer steps otherwise",
+                          rg_mode_name[m], kind);
+            if (m == 0) memcpy(ref[kind], va, sizeof va);
+            ck_assert_msg(!memcmp(va, ref[kind], sizeof va), "[%s] kind %d: differs from strict", rg_mode_name[m], kind);
+            /* an overflowing number is still refused, by key */
+            ctpu_safetensors *f = ctpu_safetensors_open(path);
+            ck_assert_ptr_nonnull(f);
+            int ne, nm = ctpu_safetensors_metadata_count(f);
+            const ctpu_safetensors_entry *e = ctpu_safetensors_entries(f, &ne);
+            ck_assert(ne <= 4 && nm <= 64);
+            const char *names[4], *meta[128];
+            ctpu_tensor ts[4];
+            ctpu_scope_begin();
+            for (int i = 0; i < ne; i++) ts[i] = ctpu_safetensors_tensor(f, names[i] = e[i].name);
+            for (int i = 0; i < nm; i++) {
+                ck_assert_int_eq(ctpu_safetensors_metadata_at(f, i, &meta[2 * i], &meta[2 * i + 1]), CTPU_OK);
+                if (!strcmp(meta[2 * i], "ctpu.optim.group.0.weight_decay")) meta[2 * i + 1] = "1e999";
+            }
+            ck_assert_int_eq(ctpu_save_ex(bad, ne, names, ts, nm, meta), CTPU_OK);
+            ctpu_scope_end();
+            ctpu_safetensors_close(f);
+            ck_assert_int_eq(ctpu_optim_load(b, bad), CTPU_ERR_IO);
+            ck_assert_msg(t_contains(ctpu_last_error(), "'ctpu.optim.group.0.weight_decay' is '1e999': want a number"),
+                          "%s", ctpu_last_error());
+            ctpu_optim_free(a);
+            ctpu_optim_free(b);
+            ctpu_release(wa);
+            ctpu_release(wb);
+        }
+    unlink(path);
+    unlink(bad);
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("regress2");
@@ -2656,6 +2851,8 @@ int main(void)
     tcase_add_test(tc, sdpa_dynamic_lengths_of_two_symbols);
     tcase_add_test(tc, cross_entropy_no_class_one_class_empty_batch);
     tcase_add_test(tc, sdpa_zero_size_dims);
+    tcase_add_test(tc, data_layer_host_sizes_never_overflow);
+    tcase_add_test(tc, checkpoint_subnormal_hyper_parameters_read_back);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -4,6 +4,7 @@
  * iterator's place) as a decimal metadata string. A load parses and checks
  * every key and every tensor before it writes anything. */
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -254,7 +255,9 @@ static bool get_f64(const reader *r, const char *key, double *out)
     char *end;
     errno = 0;
     double x = strtod(v, &end);
-    if (errno == ERANGE || end == v || *end) return bad_value(r, key, v, "a number");
+    /* ERANGE on underflow comes with the nearest double (a subnormal that
+     * %.17g wrote reads back bit for bit): only an overflow is refused */
+    if ((errno == ERANGE && isinf(x)) || end == v || *end) return bad_value(r, key, v, "a number");
     *out = x;
     return true;
 }

@@ -197,10 +197,17 @@ ctpu_status ctpu_image_set_batch(const ctpu_image_set *s, const int64_t *idx, in
     if (!s || (!idx && n) || n < 0 || !x || !y)
         return ctpu_report_error(CTPU_ERR_INVALID_ARG, "image_set_batch: a NULL argument or n < 0");
     int64_t px = s->rows * s->cols;
-    float *xb = malloc((size_t)(n * px > 0 ? n * px : 1) * sizeof(float));
+    /* the rows' bytes: a product that overflows would make a short buffer the copies run past */
+    uint64_t xbytes;
+    if (px < 0 || __builtin_mul_overflow((uint64_t)n, (uint64_t)px * sizeof(float), &xbytes) || xbytes > SIZE_MAX / 2)
+        return ctpu_report_error(CTPU_ERR_INVALID_ARG, "image_set_batch: n=%lld rows of %lld pixels: more than 2^63 "
+                                 "bytes", (long long)n, (long long)px);
+    float *xb = malloc(xbytes ? (size_t)xbytes : 1);
     int32_t *yb = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
     ctpu_status st = CTPU_OK;
-    if (!xb || !yb) st = ctpu_report_error(CTPU_ERR_OOM, "image_set_batch: out of host memory");
+    if (!xb || !yb)
+        st = ctpu_report_error(CTPU_ERR_OOM, "image_set_batch: n=%lld: out of host memory for %llu bytes", (long long)n,
+                               (unsigned long long)xbytes);
     for (int64_t i = 0; st == CTPU_OK && i < n; i++) {
         if (idx[i] < 0 || idx[i] >= s->n) {
             st = ctpu_report_error(CTPU_ERR_INVALID_ARG, "image_set_batch: idx[%lld]=%lld is outside [0, %lld)",
@@ -244,8 +251,8 @@ static uint64_t splitmix64(uint64_t *s)
 
 ctpu_batch_iter *ctpu_batch_iter_create(int64_t n, int64_t batch, bool shuffle, bool drop_last, uint64_t seed)
 {
-    if (n < 0 || batch < 1) {
-        ctpu_report_error(CTPU_ERR_INVALID_ARG, "batch_iter_create: n=%lld batch=%lld: need n >= 0 and batch >= 1",
+    if (n < 0 || n > CTPU_BATCH_ITER_MAX_N || batch < 1) {
+        ctpu_report_error(CTPU_ERR_INVALID_ARG, "batch_iter_create: n=%lld batch=%lld: need 0 <= n <= 2^56 and batch >= 1",
                           (long long)n, (long long)batch);
         return NULL;
     }
@@ -253,7 +260,8 @@ ctpu_batch_iter *ctpu_batch_iter_create(int64_t n, int64_t batch, bool shuffle, 
     if (it) it->perm = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
     if (!it || !it->perm) {
         if (it) free(it);
-        ctpu_report_error(CTPU_ERR_OOM, "batch_iter_create: out of host memory");
+        ctpu_report_error(CTPU_ERR_OOM, "batch_iter_create: n=%lld: out of host memory for %llu bytes of indices",
+                          (long long)n, (unsigned long long)(n ? n : 1) * 8ull);
         return NULL;
     }
     it->n = n;
@@ -302,7 +310,8 @@ int64_t ctpu_batch_iter_next(ctpu_batch_iter *it, const int64_t **idx)
 int64_t ctpu_batch_iter_batches_per_epoch(const ctpu_batch_iter *it)
 {
     if (!it) return 0;
-    return it->drop_last ? it->n / it->batch : (it->n + it->batch - 1) / it->batch;
+    /* ceil without n + batch - 1, which overflows for a batch near INT64_MAX */
+    return it->n / it->batch + (!it->drop_last && it->n % it->batch != 0);
 }
 
 int64_t ctpu_batch_iter_epoch(const ctpu_batch_iter *it) { return it ? it->last_epoch : 0; }
