@@ -283,7 +283,9 @@ CTPU_API int64_t ctpu_optim_steps(const ctpu_optim *o);   /* steps taken so far 
 /* Set the step count of the optimizer and of every parameter (AdamW's bias
  * corrections use steps + 1; SGD's first step skips dampening), e.g. when
  * resuming. Errors: CTPU_ERR_INVALID_ARG
- * (o NULL, steps < 0). */
+ * (o NULL, steps < 0 or above CTPU_OPTIM_MAX_STEPS = 2^62, so that counting
+ * on never overflows). */
+#define CTPU_OPTIM_MAX_STEPS (INT64_C(1) << 62)
 CTPU_API ctpu_status ctpu_optim_set_steps(ctpu_optim *o, int64_t steps);
 /* The state tensor k of parameter i (SGD: 0 = momentum buffer; AdamW: 0 =
  * exp_avg, 1 = exp_avg_sq), or a null handle (CTPU_ERR_INVALID_ARG: o NULL,
@@ -481,7 +483,11 @@ CTPU_API ctpu_status ctpu_image_set_batch(const ctpu_image_set *s, const int64_t
  * Numbers are decimal; doubles with 17 significant digits (%.17g), so they
  * read back bit for bit. A load needs the same group layout (count and
  * indices per group); each group's lr scale and weight decay come from the
- * file. Files without "ctpu.optim.lr" / ".lr_scale" (one group, written
+ * file. Every group's keys are read and checked; the betas and eps (Adam,
+ * AdamW) or momentum, dampening and nesterov (SGD) are one value per
+ * optimizer in ctpu, so a file whose groups disagree on one is refused
+ * (naming the key and group 0's value); "ctpu.optim.step" is at most
+ * CTPU_OPTIM_MAX_STEPS. Files without "ctpu.optim.lr" / ".lr_scale" (one group, written
  * before groups existed) read with the group's lr and scale 1. */
 
 /* Write o's state (moments, step count, lr, hyper-parameters) to path, as

@@ -2722,6 +2722,28 @@ static void cl82_step(ctpu_optim *o, ctpu_tensor w)
     cl82_grad(w);
     ck_assert_msg(ctpu_optim_step(o) == CTPU_OK, "%s", ctpu_last_error());
 }
+/* Copy the safetensors file src to dst with metadata key's value replaced. */
+static void cl82_rewrite(const char *src, const char *dst, const char *key, const char *value)
+{
+    ctpu_safetensors *f = ctpu_safetensors_open(src);
+    ck_assert_msg(f != NULL, "%s", ctpu_last_error());
+    int ne, nm = ctpu_safetensors_metadata_count(f);
+    const ctpu_safetensors_entry *e = ctpu_safetensors_entries(f, &ne);
+    ck_assert(ne <= 8 && nm <= 64);
+    const char *names[8], *meta[128];
+    ctpu_tensor ts[8];
+    bool found = false;
+    ctpu_scope_begin();
+    for (int i = 0; i < ne; i++) ts[i] = ctpu_safetensors_tensor(f, names[i] = e[i].name);
+    for (int i = 0; i < nm; i++) {
+        ck_assert_int_eq(ctpu_safetensors_metadata_at(f, i, &meta[2 * i], &meta[2 * i + 1]), CTPU_OK);
+        if (!strcmp(meta[2 * i], key)) meta[2 * i + 1] = value, found = true;
+    }
+    ck_assert_msg(found, "%s is not in %s", key, src);
+    ck_assert_msg(ctpu_save_ex(dst, ne, names, ts, nm, meta) == CTPU_OK, "%s", ctpu_last_error());
+    ctpu_scope_end();
+    ctpu_safetensors_close(f);
+}
 START_TEST(checkpoint_subnormal_hyper_parameters_read_back)
 {
     char path[64], bad[64];
@@ -2768,22 +2790,7 @@ START_TEST(checkpoint_subnormal_hyper_parameters_read_back)
             if (m == 0) memcpy(ref[kind], va, sizeof va);
             ck_assert_msg(!memcmp(va, ref[kind], sizeof va), "[%s] kind %d: differs from strict", rg_mode_name[m], kind);
             /* an overflowing number is still refused, by key */
-            ctpu_safetensors *f = ctpu_safetensors_open(path);
-            ck_assert_ptr_nonnull(f);
-            int ne, nm = ctpu_safetensors_metadata_count(f);
-            const ctpu_safetensors_entry *e = ctpu_safetensors_entries(f, &ne);
-            ck_assert(ne <= 4 && nm <= 64);
-            const char *names[4], *meta[128];
-            ctpu_tensor ts[4];
-            ctpu_scope_begin();
-            for (int i = 0; i < ne; i++) ts[i] = ctpu_safetensors_tensor(f, names[i] = e[i].name);
-            for (int i = 0; i < nm; i++) {
-                ck_assert_int_eq(ctpu_safetensors_metadata_at(f, i, &meta[2 * i], &meta[2 * i + 1]), CTPU_OK);
-                if (!strcmp(meta[2 * i], "ctpu.optim.group.0.weight_decay")) meta[2 * i + 1] = "1e999";
-            }
-            ck_assert_int_eq(ctpu_save_ex(bad, ne, names, ts, nm, meta), CTPU_OK);
-            ctpu_scope_end();
-            ctpu_safetensors_close(f);
+            cl82_rewrite(path, bad, "ctpu.optim.group.0.weight_decay", "1e999");
             ck_assert_int_eq(ctpu_optim_load(b, bad), CTPU_ERR_IO);
             ck_assert_msg(t_contains(ctpu_last_error(), "'ctpu.optim.group.0.weight_decay' is '1e999': want a number"),
                           "%s", ctpu_last_error());
@@ -2792,6 +2799,131 @@ START_TEST(checkpoint_subnormal_hyper_parameters_read_back)
             ctpu_release(wa);
             ctpu_release(wb);
         }
+    unlink(path);
+    unlink(bad);
+    ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
+}
+END_TEST
+
+/* ================================================= 83. every group's hyper-parameters are checked at load; step counts cap
+ * torch's optimizer state_dict holds each param_group's own hyper-parameters
+ * and load_state_dict takes them all (pytorch/pytorch#1489-class "load
+ * optimizer state_dict with a different param_groups": mismatches must be
+ * refused, not half-read). ctpu keeps the betas and eps (Adam, AdamW) or
+ * momentum, dampening and nesterov (SGD) once per optimizer, but its loader
+ * read every group's values into that one slot: the last group's won, and
+ * the other groups' were never checked, so 'nan', '-1' or 'inf' in group 0
+ * of a two-group file loaded without a word (and group 1's lr key was not
+ * read at all: 'yes' loaded). Now each group's keys are parsed and checked,
+ * and a group that disagrees with group 0 is CTPU_ERR_IO naming the key and
+ * group 0's value; nothing changes on such an error. A step count of
+ * INT64_MAX (a tampered "ctpu.optim.step", or ctpu_optim_set_steps) made the
+ * next step compute steps + 1 in int64 (UB; the count wrapped to INT64_MIN
+ * and the parameters became NaN); counts are capped at
+ * CTPU_OPTIM_MAX_STEPS = 2^62 (the class of 610d1ba's batch iterator epoch
+ * cap). In strict, debug and defer and fuse. */
+static void cl83_grad(ctpu_tensor *p)
+{
+    ctpu_scope_begin();
+    ctpu_tensor l = ctpu_add(ctpu_sum(ctpu_mul(ctpu_mul(p[0], p[0]), T_VEC(1.0f, -0.5f)), 0, NULL, false),
+                             ctpu_sum(ctpu_mul(p[1], p[1]), 0, NULL, false));
+    ck_assert_int_eq(ctpu_backward(l), CTPU_OK);
+    ctpu_scope_end();
+}
+static ctpu_optim *cl83_make(int kind, ctpu_tensor *p)
+{
+    const float w0[2] = { 1.0f, -2.0f }, b0[1] = { 0.5f };
+    p[0] = ctpu_from_host(w0, CTPU_F32, 1, (const int64_t[]){ 2 });
+    p[1] = ctpu_from_host(b0, CTPU_F32, 1, (const int64_t[]){ 1 });
+    ck_assert_int_eq(ctpu_set_requires_grad(p[0], true), CTPU_OK);
+    ck_assert_int_eq(ctpu_set_requires_grad(p[1], true), CTPU_OK);
+    ctpu_param_group g[2] = { { p, 1, 1.0, 0.1 }, { p + 1, 1, 0.5, 0.0 } };
+    ctpu_adamw_opts a = ctpu_adamw_defaults();
+    a.lr = 0.05;
+    ctpu_sgd_opts sg = { 0.05, 0.9, 0.1, 0.0, false };
+    ctpu_optim *o = kind ? ctpu_sgd_create_groups(2, g, &sg) : ctpu_adamw_create_groups(2, g, &a);
+    ck_assert_msg(o != NULL, "%s", ctpu_last_error());
+    return o;
+}
+static void cl83_step(ctpu_optim *o, ctpu_tensor *p)
+{
+    ck_assert_int_eq(ctpu_optim_zero_grad(o), CTPU_OK);
+    cl83_grad(p);
+    ck_assert_msg(ctpu_optim_step(o) == CTPU_OK, "%s", ctpu_last_error());
+}
+START_TEST(checkpoint_every_group_checked_and_steps_capped)
+{
+    char path[64], bad[64];
+    snprintf(path, sizeof path, "/tmp/ctpu_rg2_grp_%d.safetensors", (int)getpid());
+    snprintf(bad, sizeof bad, "/tmp/ctpu_rg2_grp_bad_%d.safetensors", (int)getpid());
+    static const struct { int kind; const char *key, *value, *msg; } B[] = {
+        { 0, "ctpu.optim.group.0.beta1", "nan", "'ctpu.optim.group.1.beta1' is '0.90000000000000002' but group 0's is nan" },
+        { 0, "ctpu.optim.group.1.beta1", "0.5", "'ctpu.optim.group.1.beta1' is '0.5' but group 0's is 0.90000000000000002" },
+        { 0, "ctpu.optim.group.1.beta2", "-1", "'ctpu.optim.group.1.beta2' is '-1' but group 0's is 0.999" },
+        { 0, "ctpu.optim.group.1.eps", "inf", "'ctpu.optim.group.1.eps' is 'inf' but group 0's" },
+        { 0, "ctpu.optim.group.1.lr", "yes", "'ctpu.optim.group.1.lr' is 'yes': want a number" },
+        { 0, "ctpu.optim.group.1.lr", "-1", "'ctpu.optim.group.1.lr' is '-1': want a finite number >= 0" },
+        { 0, "ctpu.optim.group.1.initial_lr", "nan", "'ctpu.optim.group.1.initial_lr' is 'nan': want a finite number >= 0" },
+        { 0, "ctpu.optim.step", "9223372036854775807", "'ctpu.optim.step' is '9223372036854775807': want an integer in [0, 2^62]" },
+        { 0, "ctpu.optim.step", "4611686018427387905", "'ctpu.optim.step' is '4611686018427387905'" },
+        { 1, "ctpu.optim.group.0.momentum", "-1", "'ctpu.optim.group.1.momentum' is '0.90000000000000002' but group 0's is -1" },
+        { 1, "ctpu.optim.group.1.dampening", "nan", "'ctpu.optim.group.1.dampening' is 'nan' but group 0's is 0.10000000000000001" },
+        { 1, "ctpu.optim.group.1.nesterov", "true", "'ctpu.optim.group.1.nesterov' is 'true' but group 0's is 0" },
+    };
+    float ref[2][3];
+    for (int m = 0; m < 3; m++) {
+        ck_assert_int_eq(ctpu_set_mode((ctpu_mode)m), CTPU_OK);
+        for (int kind = 0; kind < 2; kind++) {
+            ctpu_tensor p[2], q[2];
+            ctpu_optim *o = cl83_make(kind, p), *twin = cl83_make(kind, q);
+            cl83_step(o, p);
+            cl83_step(twin, q);
+            ck_assert_msg(ctpu_optim_save(o, path) == CTPU_OK, "%s", ctpu_last_error());
+            for (size_t c = 0; c < sizeof B / sizeof B[0]; c++) {
+                if (B[c].kind != kind) continue;
+                cl82_rewrite(path, bad, B[c].key, B[c].value);
+                ctpu_clear_error();
+                ck_assert_msg(ctpu_optim_load(o, bad) == CTPU_ERR_IO, "[%s] %s = %s loaded", rg_mode_name[m], B[c].key,
+                              B[c].value);
+                ck_assert_msg(t_contains(ctpu_last_error(), B[c].msg) && t_contains(ctpu_last_error(), "optim_load: ") &&
+                              t_contains(ctpu_last_error(), bad) && !strchr(ctpu_last_error(), '\n'),
+                              "[%s] %s = %s: %s", rg_mode_name[m], B[c].key, B[c].value, ctpu_last_error());
+            }
+            /* nothing changed: o steps as its twin, bit for bit, and as in strict */
+            ck_assert_int_eq(ctpu_optim_steps(o), 1);
+            cl83_step(o, p);
+            cl83_step(twin, q);
+            float v[3], t[3];
+            ck_assert_int_eq(ctpu_to_host(p[0], v, 2 * sizeof(float)), CTPU_OK);
+            ck_assert_int_eq(ctpu_to_host(p[1], v + 2, sizeof(float)), CTPU_OK);
+            ck_assert_int_eq(ctpu_to_host(q[0], t, 2 * sizeof(float)), CTPU_OK);
+            ck_assert_int_eq(ctpu_to_host(q[1], t + 2, sizeof(float)), CTPU_OK);
+            ck_assert_msg(!memcmp(v, t, sizeof v), "[%s] kind %d: a refused load changed the optimizer", rg_mode_name[m],
+                          kind);
+            if (m == 0) memcpy(ref[kind], v, sizeof v);
+            ck_assert_msg(!memcmp(v, ref[kind], sizeof v), "[%s] kind %d: differs from strict", rg_mode_name[m], kind);
+            /* the good file still loads */
+            ck_assert_msg(ctpu_optim_load(o, path) == CTPU_OK, "%s", ctpu_last_error());
+            ck_assert_int_eq(ctpu_optim_steps(o), 1);
+            /* the step-count cap: set_steps refuses above it; at it, a step counts on without overflow */
+            ctpu_clear_error();
+            ck_assert_int_eq(ctpu_optim_set_steps(o, INT64_MAX), CTPU_ERR_INVALID_ARG);
+            ck_assert_msg(t_contains(ctpu_last_error(), "optim_set_steps: steps=9223372036854775807: need 0 <= steps <= 2^62"),
+                          "%s", ctpu_last_error());
+            ck_assert_int_eq(ctpu_optim_steps(o), 1);
+            ck_assert_int_eq(ctpu_optim_set_steps(o, CTPU_OPTIM_MAX_STEPS), CTPU_OK);
+            cl83_step(o, p);
+            ck_assert(ctpu_optim_steps(o) == CTPU_OPTIM_MAX_STEPS + 1);
+            ck_assert_int_eq(ctpu_to_host(p[0], v, 2 * sizeof(float)), CTPU_OK);
+            ck_assert_msg(isfinite(v[0]) && isfinite(v[1]), "[%s] kind %d: %g %g", rg_mode_name[m], kind, v[0], v[1]);
+            ctpu_optim_free(o);
+            ctpu_optim_free(twin);
+            for (int i = 0; i < 2; i++) {
+                ctpu_release(p[i]);
+                ctpu_release(q[i]);
+            }
+        }
+    }
     unlink(path);
     unlink(bad);
     ck_assert_int_eq(ctpu_set_mode(CTPU_MODE_STRICT), CTPU_OK);
@@ -2853,6 +2985,7 @@ int main(void)
     tcase_add_test(tc, sdpa_zero_size_dims);
     tcase_add_test(tc, data_layer_host_sizes_never_overflow);
     tcase_add_test(tc, checkpoint_subnormal_hyper_parameters_read_back);
+    tcase_add_test(tc, checkpoint_every_group_checked_and_steps_capped);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

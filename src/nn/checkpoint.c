@@ -271,6 +271,24 @@ static bool get_bool(const reader *r, const char *key, bool *out)
     return true;
 }
 
+/* key's value x (just read) is finite and >= 0. */
+static bool get_nonneg(const reader *r, const char *key, double x)
+{
+    return (x >= 0 && isfinite(x)) || bad_value(r, key, ctpu_safetensors_metadata(r->f, key), "a finite number >= 0");
+}
+
+/* A hyper-parameter ctpu keeps once per optimizer: group g's value x must
+ * be group 0's x0, bit for bit (a file whose groups differ, or one whose
+ * later group was corrupted, is refused rather than read as one of them). */
+static bool same_as_group0(const reader *r, const char *key, double x, double x0)
+{
+    if (memcmp(&x, &x0, sizeof x) == 0) return true;
+    ctpu_report_error(CTPU_ERR_IO, "%s: %s: metadata '%s' is '%.64s' but group 0's is %.17g: ctpu keeps one value per "
+                      "optimizer, which every group shares", r->op, r->path, key,
+                      ctpu_safetensors_metadata(r->f, key), x0);
+    return false;
+}
+
 /* The optimizer part of r's file, checked against o: its scalar state into
  * hp (hp->lr_scale and hp->group_wd are allocated: free them with
  * hp_free), its tensors (with o's state tensors as destinations) added to
@@ -300,6 +318,9 @@ static bool optim_read(const reader *r, const ctpu_optim *o, ctpu__optim_hp *hp,
     if (!get_i64(r, "ctpu.optim.n_params", 1, &np) || !get_i64(r, "ctpu.optim.step", 0, &hp->steps) ||
         !get_i64(r, "ctpu.optim.groups", 1, &groups))
         return false;
+    if (hp->steps > CTPU_OPTIM_MAX_STEPS)
+        return bad_value(r, "ctpu.optim.step", ctpu_safetensors_metadata(r->f, "ctpu.optim.step"),
+                         "an integer in [0, 2^62]");
     if (np != cur.n_params) {
         ctpu_report_error(CTPU_ERR_IO, "%s: %s: the file's optimizer has %lld parameters, this one %d", r->op, r->path,
                           (long long)np, cur.n_params);
@@ -330,17 +351,34 @@ static bool optim_read(const reader *r, const ctpu_optim *o, ctpu__optim_hp *hp,
         hp->lr_scale[g] = 1.0;
         if (ok && ctpu_safetensors_metadata(r->f, GK("lr_scale"))) ok = get_f64(r, k, &hp->lr_scale[g]);
         if (ok) ok = get_f64(r, GK("weight_decay"), &hp->group_wd[g]);
-        if (ok && g == 0) ok = get_f64(r, GK("lr"), &lr0);
-        double ilr = 0;
-        if (ok) ok = get_f64(r, GK("initial_lr"), &ilr);
+        /* every group's lr and initial lr is read and checked (group 0's lr is the optimizer's in files
+         * without "ctpu.optim.lr"; the others follow from lr_scale) */
+        double lr_g = 0, ilr = 0;
+        if (ok) ok = get_f64(r, GK("lr"), &lr_g) && get_nonneg(r, k, lr_g);
+        if (ok && g == 0) lr0 = lr_g;
+        if (ok) ok = get_f64(r, GK("initial_lr"), &ilr) && get_nonneg(r, k, ilr);
+        /* the rest is one value per optimizer: group 0's, which every other group must repeat */
         if (cur.adamw) {
-            ok = ok && get_f64(r, GK("beta1"), &hp->adam.beta1) && get_f64(r, GK("beta2"), &hp->adam.beta2) &&
-                 get_f64(r, GK("eps"), &hp->adam.eps);
-            if (g == 0 && hp->lr_scale[0] > 0) hp->adam.lr = ilr / hp->lr_scale[0];
+            ctpu_adamw_opts a = hp->adam;
+            ok = ok && get_f64(r, GK("beta1"), &a.beta1) && (g == 0 || same_as_group0(r, k, a.beta1, hp->adam.beta1)) &&
+                 get_f64(r, GK("beta2"), &a.beta2) && (g == 0 || same_as_group0(r, k, a.beta2, hp->adam.beta2)) &&
+                 get_f64(r, GK("eps"), &a.eps) && (g == 0 || same_as_group0(r, k, a.eps, hp->adam.eps));
+            if (ok && g == 0) {
+                hp->adam = a;
+                if (hp->lr_scale[0] > 0) hp->adam.lr = ilr / hp->lr_scale[0];
+            }
         } else {
-            ok = ok && get_f64(r, GK("momentum"), &hp->sgd.momentum) && get_f64(r, GK("dampening"), &hp->sgd.dampening) &&
-                 get_bool(r, GK("nesterov"), &hp->sgd.nesterov);
-            if (g == 0 && hp->lr_scale[0] > 0) hp->sgd.lr = ilr / hp->lr_scale[0];
+            ctpu_sgd_opts sg = hp->sgd;
+            ok = ok && get_f64(r, GK("momentum"), &sg.momentum) &&
+                 (g == 0 || same_as_group0(r, k, sg.momentum, hp->sgd.momentum)) &&
+                 get_f64(r, GK("dampening"), &sg.dampening) &&
+                 (g == 0 || same_as_group0(r, k, sg.dampening, hp->sgd.dampening)) &&
+                 get_bool(r, GK("nesterov"), &sg.nesterov) &&
+                 (g == 0 || same_as_group0(r, k, sg.nesterov, hp->sgd.nesterov));
+            if (ok && g == 0) {
+                hp->sgd = sg;
+                if (hp->lr_scale[0] > 0) hp->sgd.lr = ilr / hp->lr_scale[0];
+            }
         }
 #undef GK
     }

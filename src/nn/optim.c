@@ -699,9 +699,10 @@ int64_t ctpu_optim_steps(const ctpu_optim *o)
 
 ctpu_status ctpu_optim_set_steps(ctpu_optim *o, int64_t steps)
 {
-    if (!o || steps < 0)
-        return ctpu_report_error(CTPU_ERR_INVALID_ARG, "optim_set_steps: %s",
-                                 o ? "steps must be >= 0" : "o is NULL");
+    if (!o || steps < 0 || steps > CTPU_OPTIM_MAX_STEPS)
+        return o ? ctpu_report_error(CTPU_ERR_INVALID_ARG, "optim_set_steps: steps=%lld: need 0 <= steps <= 2^62",
+                                     (long long)steps)
+                 : ctpu_report_error(CTPU_ERR_INVALID_ARG, "optim_set_steps: o is NULL");
     o->steps = steps;
     for (int i = 0; i < o->n; i++) o->psteps[i] = steps;
     if (o->capturable) return ctpu_assign(o->step_t, ctpu_full(CTPU_F32, 0, NULL, (double)steps));
@@ -740,7 +741,8 @@ bool ctpu__optim_hp_valid(const ctpu__optim_hp *hp, char *why, size_t n)
     for (int g = 0; g < hp->n_groups; g++)
         if (!hp_group_valid(hp, g, why, n)) return false;
     if (!(hp->lr >= 0) || !isfinite(hp->lr)) return hp_bad(why, n, "ctpu.optim.lr", hp->lr, "finite, >= 0");
-    if (hp->steps < 0) return hp_bad(why, n, "ctpu.optim.step", (double)hp->steps, ">= 0");
+    if (hp->steps < 0 || hp->steps > CTPU_OPTIM_MAX_STEPS)
+        return hp_bad(why, n, "ctpu.optim.step", (double)hp->steps, "in [0, 2^62]");
     if (hp->adamw) {
         const ctpu_adamw_opts *a = &hp->adam;
         if (!(a->lr > 0) || !isfinite(a->lr)) return hp_bad(why, n, "ctpu.optim.group.0.initial_lr / lr_scale", a->lr, "finite, > 0");
