@@ -1023,6 +1023,125 @@ START_TEST(t_checkpoint_errors)
 }
 END_TEST
 
+/* Every metadata value of a whole-run checkpoint (AdamW and SGD in two
+ * groups, an iterator mid-epoch) replaced by hostile strings: numbers at
+ * and past int64 / uint64 / 2^53 / 2^62, signs, blanks, hex, NaN, Inf,
+ * underflow, overflow, lists, booleans, 20,000 digits. Every outcome is a
+ * load or a one-line error naming checkpoint_load, the file and the key,
+ * after which nothing changed (parameters, optimizer steps and lr, the
+ * generator, the iterator); a load that succeeds leaves an optimizer that
+ * steps to finite values with a finite step count (found: a step count of
+ * INT64_MAX overflowed, and groups other than the last were never checked). */
+static const char *const FZ_VALUES[] = {
+    "", "-1", "0", "1", "2", "9223372036854775807", "9223372036854775808", "-9223372036854775808",
+    "18446744073709551615", "18446744073709551616", "4611686018427387904", "4611686018427387905", "9007199254740993",
+    "4294967296", "nan", "-nan", "inf", "-inf", "1e999", "1e-999", "4.9e-324", "0x10", " 5", "5 ", "+5", "-0", "0.5",
+    "0.99999999999999989", "true", "false", "yes", "0,1", "1,0", "0,0", "0,", ",0", "01", "1,1", "adam", "sgd",
+};
+static void fz_grads(const ctpu_tensor *p)
+{
+    ctpu_scope_begin();
+    ctpu_tensor l = ctpu_add(ctpu_sum(ctpu_mul(ctpu_mul(p[0], p[0]), ctpu_full(CTPU_F32, 0, NULL, 0.7)), 0, NULL, false),
+                             ctpu_sum(ctpu_mul(p[1], p[1]), 0, NULL, false));
+    ck_assert_int_eq(ctpu_backward(l), CTPU_OK);
+    ctpu_scope_end();
+}
+START_TEST(t_fuzz_checkpoint_metadata)
+{
+    char *digits = malloc(20001);
+    memset(digits, '7', 20000);
+    digits[20000] = 0;
+    const char *names[2] = { "w", "b" };
+    int loaded = 0, refused = 0;
+    for (int kind = 0; kind < 2; kind++) {
+        ctpu_tensor p[2] = { t_f32((const float[]){ 1, -2, 3, 0.5f }, 1, (int64_t[]){ 4 }),
+                             t_f32((const float[]){ 0.25f, -1 }, 1, (int64_t[]){ 2 }) };
+        ctpu_tensor keep[2] = { t_f32((const float[]){ 0, 0, 0, 0 }, 1, (int64_t[]){ 4 }),
+                                t_f32((const float[]){ 0, 0 }, 1, (int64_t[]){ 2 }) };
+        for (int i = 0; i < 2; i++) ck_assert_int_eq(ctpu_set_requires_grad(p[i], true), CTPU_OK);
+        ctpu_param_group g[2] = { { p, 1, 1.0, 0.1 }, { p + 1, 1, 0.5, 0.0 } };
+        ctpu_adamw_opts a = ctpu_adamw_defaults();
+        ctpu_sgd_opts sg = { 0.05, 0.9, 0.1, 0.0, false };
+        ctpu_optim *o = kind ? ctpu_sgd_create_groups(2, g, &sg) : ctpu_adamw_create_groups(2, g, &a);
+        ctpu_batch_iter *it = ctpu_batch_iter_create(100, 8, true, false, 3);
+        ck_assert(o && it);
+        const int64_t *idx;
+        ck_assert_int_eq(ctpu_batch_iter_next(it, &idx), 8);
+        for (int s = 0; s < 2; s++) {
+            ctpu_optim_zero_grad(o);
+            fz_grads(p);
+            ck_assert_int_eq(ctpu_optim_step(o), CTPU_OK);
+        }
+        const char *good = at("fz_good.st"), *mut = at("fz_mut.st");
+        ck_assert_msg(ctpu_checkpoint_save(good, 2, names, p, o, it, 0, NULL) == CTPU_OK, "%s", ctpu_last_error());
+        ctpu_safetensors *f = ctpu_safetensors_open(good);
+        ck_assert_ptr_nonnull(f);
+        int ne, nm = ctpu_safetensors_metadata_count(f);
+        const ctpu_safetensors_entry *e = ctpu_safetensors_entries(f, &ne);
+        ck_assert(ne <= 8 && nm <= 64);
+        const char *tn[8], *meta[128];
+        ctpu_tensor ts[8];
+        for (int i = 0; i < ne; i++) ts[i] = ctpu_keep(ctpu_safetensors_tensor(f, tn[i] = e[i].name));
+        int nv = (int)(sizeof FZ_VALUES / sizeof FZ_VALUES[0]);
+        for (int k = 0; k < nm; k++)
+            for (int v = 0; v <= nv; v++) {
+                for (int i = 0; i < nm; i++) ctpu_safetensors_metadata_at(f, i, &meta[2 * i], &meta[2 * i + 1]);
+                const char *key = meta[2 * k];
+                meta[2 * k + 1] = v < nv ? FZ_VALUES[v] : digits;
+                ck_assert_msg(ctpu_save_ex(mut, ne, tn, ts, nm, meta) == CTPU_OK, "%s", ctpu_last_error());
+                ctpu_no_grad_begin();
+                for (int i = 0; i < 2; i++) ck_assert_int_eq(ctpu_assign(keep[i], p[i]), CTPU_OK);
+                ctpu_no_grad_end();
+                int64_t steps = ctpu_optim_steps(o);
+                double lr = ctpu_optim_lr(o);
+                uint64_t seed, off, seed2, off2;
+                ctpu_rng_get_state(&seed, &off);
+                ctpu_batch_iter_state bs, bs2;
+                ctpu_batch_iter_get_state(it, &bs);
+                ctpu_clear_error();
+                ctpu_status st = ctpu_checkpoint_load(mut, 2, names, p, o, it);
+                if (st != CTPU_OK) {
+                    refused++;
+                    const char *m = ctpu_last_error();
+                    T_CHECK(!strchr(m, '\n') && strstr(m, "checkpoint_load: ") && strstr(m, mut), "%s = '%.20s': %s", key,
+                            meta[2 * k + 1], m);
+                    /* the key, or the keys of a derived value ("initial_lr / lr_scale"); the iterator's
+                     * fields are named as ctpu_batch_iter_set_state names them */
+                    T_CHECK(strstr(m, key) || strstr(m, "ctpu.optim.") || !strncmp(key, "ctpu.data.", 10),
+                            "%s = '%.20s': no key is named: %s", key, meta[2 * k + 1], m);
+                    for (int i = 0; i < 2; i++) T_CHECK(same_bits(keep[i], p[i]), "%s: parameter %d changed", key, i);
+                    ctpu_rng_get_state(&seed2, &off2);
+                    ctpu_batch_iter_get_state(it, &bs2);
+                    T_CHECK(ctpu_optim_steps(o) == steps && ctpu_optim_lr(o) == lr && seed == seed2 && off == off2 &&
+                            bs.epoch == bs2.epoch && bs.position == bs2.position, "%s = '%.20s': state changed (steps %lld -> %lld, lr %g -> %g, "
+                            "rng %llu/%llu -> %llu/%llu, iterator epoch %lld position %lld -> %lld %lld)", key,
+                            meta[2 * k + 1], (long long)steps, (long long)ctpu_optim_steps(o), lr, ctpu_optim_lr(o),
+                            (unsigned long long)seed, (unsigned long long)off, (unsigned long long)seed2,
+                            (unsigned long long)off2, (long long)bs.epoch, (long long)bs.position, (long long)bs2.epoch,
+                            (long long)bs2.position);
+                    continue;
+                }
+                loaded++;
+                ctpu_optim_zero_grad(o);
+                fz_grads(p);
+                T_CHECK(ctpu_optim_step(o) == CTPU_OK, "%s = '%.20s': %s", key, meta[2 * k + 1], ctpu_last_error());
+                T_CHECK(ctpu_optim_steps(o) > 0, "%s = '%.20s': steps %lld", key, meta[2 * k + 1],
+                        (long long)ctpu_optim_steps(o));
+                while (ctpu_batch_iter_next(it, &idx) > 0) {}
+                /* back to the good state */
+                ck_assert_msg(ctpu_checkpoint_load(good, 2, names, p, o, it) == CTPU_OK, "%s", ctpu_last_error());
+            }
+        for (int i = 0; i < ne; i++) ctpu_release(ts[i]);
+        ctpu_safetensors_close(f);
+        ctpu_batch_iter_free(it);
+        ctpu_optim_free(o);
+    }
+    free(digits);
+    ck_assert_msg(loaded > 100 && refused > 500, "loaded %d, refused %d", loaded, refused);
+    ctpu_clear_error();
+}
+END_TEST
+
 /* -------------------------------------------------------------- interop */
 /* The reference tensors of bench/check_safetensors.py. */
 #define N_REF 5
@@ -1119,6 +1238,7 @@ static Suite *suite(void)
     tcase_add_test(ts, t_optim_groups_roundtrip);
     tcase_add_test(ts, t_batch_iter_state);
     tcase_add_test(ts, t_checkpoint_errors);
+    tcase_add_test(ts, t_fuzz_checkpoint_metadata);
     tcase_add_test(ts, t_resume_strict);
     tcase_add_test(ts, t_resume_debug);
     tcase_add_test(ts, t_resume_defer_fuse);

@@ -2661,7 +2661,9 @@ START_TEST(data_layer_host_sizes_never_overflow)
                           t_contains(ctpu_last_error(), "2^56") && !strchr(ctpu_last_error(), '\n'),
                           "%s", ctpu_last_error());
         }
-        /* at the cap: 2^59 bytes of indices do not fit anywhere: out of memory, named */
+        /* at the cap: 2^59 bytes of indices do not fit anywhere: out of memory, named (not under
+         * AddressSanitizer, whose malloc aborts above 2^40 bytes instead of returning NULL) */
+#ifndef __SANITIZE_ADDRESS__
         ctpu_clear_error();
         ctpu_batch_iter *big = ctpu_batch_iter_create(CTPU_BATCH_ITER_MAX_N, 4, false, false, 1);
         if (big) {
@@ -2671,6 +2673,7 @@ START_TEST(data_layer_host_sizes_never_overflow)
             ck_assert_msg(t_contains(ctpu_last_error(), "batch_iter_create: n=72057594037927936"), "%s",
                           ctpu_last_error());
         }
+#endif
         /* rows whose bytes overflow: refused before idx is read */
         float px[4] = { 0.1f, 0.2f, 0.3f, 0.4f };
         int32_t lb[1] = { 3 };

@@ -311,8 +311,8 @@ static bool optim_read(const reader *r, const ctpu_optim *o, ctpu__optim_hp *hp,
     int64_t np, groups;
     if (!get_str(r, "ctpu.optim.kind", &kind)) return false;
     if (strcmp(kind, kind_name(&cur))) {
-        ctpu_report_error(CTPU_ERR_IO, "%s: %s: the file holds a '%.32s' optimizer, this one is %s", r->op, r->path,
-                          kind, kind_name(&cur));
+        ctpu_report_error(CTPU_ERR_IO, "%s: %s: the file holds a '%.32s' optimizer (metadata 'ctpu.optim.kind'), this one is %s",
+                          r->op, r->path, kind, kind_name(&cur));
         return false;
     }
     if (!get_i64(r, "ctpu.optim.n_params", 1, &np) || !get_i64(r, "ctpu.optim.step", 0, &hp->steps) ||
@@ -322,12 +322,14 @@ static bool optim_read(const reader *r, const ctpu_optim *o, ctpu__optim_hp *hp,
         return bad_value(r, "ctpu.optim.step", ctpu_safetensors_metadata(r->f, "ctpu.optim.step"),
                          "an integer in [0, 2^62]");
     if (np != cur.n_params) {
-        ctpu_report_error(CTPU_ERR_IO, "%s: %s: the file's optimizer has %lld parameters, this one %d", r->op, r->path,
+        ctpu_report_error(CTPU_ERR_IO, "%s: %s: the file's optimizer has %lld parameters (metadata 'ctpu.optim.n_params'), this "
+                          "one %d", r->op, r->path,
                           (long long)np, cur.n_params);
         return false;
     }
     if (groups != cur.n_groups) {
-        ctpu_report_error(CTPU_ERR_IO, "%s: %s: the file's optimizer has %lld parameter groups, this one %d", r->op,
+        ctpu_report_error(CTPU_ERR_IO, "%s: %s: the file's optimizer has %lld parameter groups (metadata 'ctpu.optim.groups'), "
+                          "this one %d", r->op,
                           r->path, (long long)groups, cur.n_groups);
         return false;
     }
