@@ -2,6 +2,8 @@
  * ignore index, smoothing, bad labels), layers and initialisers, schedules,
  * the idx reader (good, gzip, truncated, wrong magic, count mismatch) and
  * the batch iterator. */
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -807,6 +809,44 @@ START_TEST(t_idx_reader)
     uint32_t huge[3] = { 0xffffffffu, 0xffffffffu, 2 };
     write_idx("huge", false, m3, 3, huge, 0, 0);
     ck_assert_int_eq(ctpu_idx_read(pth("huge"), &x), CTPU_ERR_IO);
+    /* a header claiming the largest size read (2^34 bytes) over 2048 bytes of data: truncated, found
+     * without allocating what the header claims (the buffer grows as bytes arrive; it was one malloc of
+     * the claimed size, 16 GiB for a 2 KiB file, an OOM error where memory is not overcommitted).
+     * Checked in a child under an address-space limit 256 MiB above its current size (not under
+     * AddressSanitizer, which reserves its shadow memory up front). */
+    uint32_t big[3] = { 65536, 512, 512 };
+    write_idx("big", false, m3, 3, big, 0, 0);
+    write_idx("big.gz", true, m3, 3, big, 0, 0);
+    for (int gz = 0; gz < 2; gz++) {
+        const char *bp = pth(gz ? "big.gz" : "big");
+#ifndef __SANITIZE_ADDRESS__
+        /* (the child first: an allocator that keeps freed address space, as jemalloc does, would hand the
+         * child the 16 GiB a read in this process had allocated, whatever the limit) */
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+            long pages = 0;
+            FILE *sm = fopen("/proc/self/statm", "r");
+            if (!sm || fscanf(sm, "%ld", &pages) != 1) _exit(3);
+            fclose(sm);
+            struct rlimit rl = { (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + (256u << 20), RLIM_INFINITY };
+            rl.rlim_max = rl.rlim_cur;
+            if (setrlimit(RLIMIT_AS, &rl) != 0) _exit(4);
+            ctpu_idx y;
+            ctpu_status st = ctpu_idx_read(bp, &y);
+            _exit(st == CTPU_ERR_IO && t_contains(ctpu_last_error(), "truncated") ? 0 : st == CTPU_ERR_OOM ? 1 : 2);
+        }
+        int status = 0;
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "gz %d: under a 256 MiB limit the read gave %s", gz,
+                      WIFEXITED(status) && WEXITSTATUS(status) == 1 ? "CTPU_ERR_OOM (the claimed size was allocated)"
+                                                                     : "another outcome");
+#endif
+        ck_assert_int_eq(ctpu_idx_read(bp, &x), CTPU_ERR_IO);
+        ck_assert_msg(t_contains(ctpu_last_error(), "truncated: the header says 65536x512x512 (17179869184 bytes of "
+                                                    "data), the file has 2048"), "%s", ctpu_last_error());
+        ck_assert_ptr_null(x.data);
+    }
     ck_assert_int_eq(ctpu_idx_read(pth("missing"), &x), CTPU_ERR_IO);
     ck_assert_int_eq(ctpu_idx_read(NULL, &x), CTPU_ERR_INVALID_ARG);
 

@@ -34,6 +34,29 @@ static int64_t read_n(gzFile f, void *dst, uint64_t n, const char **why)
     return (int64_t)got;
 }
 
+/* The data section: up to total bytes into *dst (malloc'd, NULL when out of
+ * memory), in a buffer that grows as the bytes arrive, so a short or
+ * corrupt file whose header claims 16 GiB never allocates them. Returns
+ * the count read, -1 on a stream error (*why). */
+static int64_t read_data(gzFile f, uint64_t total, uint8_t **dst, const char **why)
+{
+    uint64_t cap = total < (UINT64_C(1) << 20) ? total : (UINT64_C(1) << 20), got = 0;
+    uint8_t *b = malloc(cap ? (size_t)cap : 1);
+    while (b) {
+        int64_t r = read_n(f, b + got, cap - got, why);
+        if (r < 0) { *dst = b; return -1; }
+        got += (uint64_t)r;
+        if (got < cap || cap == total) break;   /* the end of the file, or all of the data */
+        uint64_t nc = cap * 2 < total ? cap * 2 : total;
+        uint8_t *nb = realloc(b, (size_t)nc);
+        if (!nb) { free(b); b = NULL; break; }
+        b = nb;
+        cap = nc;
+    }
+    *dst = b;
+    return (int64_t)got;
+}
+
 ctpu_status ctpu_idx_read(const char *path, ctpu_idx *out)
 {
     if (!path || !out) return ctpu_report_error(CTPU_ERR_INVALID_ARG, "idx_read: %s is NULL", path ? "out" : "path");
@@ -82,12 +105,11 @@ ctpu_status ctpu_idx_read(const char *path, ctpu_idx *out)
         st = ctpu_report_error(CTPU_ERR_IO, "idx_read: %s: the header's extents give more than 2^34 bytes: corrupt header", path);
         goto done;
     }
-    out->data = malloc(total ? total : 1);
+    r = read_data(f, total, &out->data, &why);
     if (!out->data) {
         st = ctpu_report_error(CTPU_ERR_OOM, "idx_read: %s: out of host memory for %llu bytes", path, (unsigned long long)total);
         goto done;
     }
-    r = read_n(f, out->data, total, &why);
     if (r < 0) {
         st = ctpu_report_error(CTPU_ERR_IO, "idx_read: %s: corrupt or truncated compressed data: %s", path, why);
         goto done;
