@@ -6,6 +6,9 @@
  * good op runs after every bad one). An op given a null handle returns null
  * without overwriting the previous message. */
 #include "t_core.h"
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 /* ------------------------------------------------------------ helpers */
 static int64_t S23[2] = { 2, 3 }, S32[2] = { 3, 2 };
@@ -565,6 +568,57 @@ START_TEST(composites_name_themselves)
 }
 END_TEST
 
+/* The reductions' host temporaries (a bf16 input's f32 copy, a
+ * non-contiguous reduced dim's gather, var's mean) out of host memory: the
+ * step's fault CTPU_ERR_OOM naming the op, not a NULL write (they were not
+ * checked). This binary run again as a child (CTPU_TEST_RED_OOM=case: a
+ * fresh runtime; a fork would have no device thread) under an address-space
+ * limit 64 MiB above its size once the 128 MiB input exists (not under
+ * AddressSanitizer, whose malloc aborts). Exit 0: the fault; 5: enough memory
+ * after all (nothing to check); else a failure. */
+static int red_oom_child(int which)
+{
+    if (ctpu_init() != CTPU_OK) return 3;
+    int64_t sh[2] = { 8192, 8192 };   /* 64M elements: bf16 128 MiB, an f32 temporary 256 MiB */
+    ctpu_tensor x = ctpu_full(CTPU_BF16, 2, sh, 1.0);
+    if (ctpu_sync() != CTPU_OK) return 3;
+    long pages = 0;
+    FILE *sm = fopen("/proc/self/statm", "r");
+    if (!sm || fscanf(sm, "%ld", &pages) != 1) return 3;
+    fclose(sm);
+    struct rlimit rl = { (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + (64u << 20), RLIM_INFINITY };
+    rl.rlim_max = rl.rlim_cur;
+    if (setrlimit(RLIMIT_AS, &rl) != 0) return 4;
+    int dims[1] = { which == 1 ? 0 : 1 };
+    ctpu_tensor y = which == 2 ? ctpu_var(x, 1, dims, 1, false) : ctpu_sum(x, 1, dims, false);
+    float v = 0;
+    ctpu_status st = ctpu_is_null(y) ? ctpu_last_status() : ctpu_to_host(ctpu_slice(y, 0, 0, 1, 1), &v, 4);
+    int rc = st == CTPU_ERR_OOM && t_contains(ctpu_last_error(), "out of host memory") ? 0 : st == CTPU_OK ? 5 : 6;
+    if (rc == 6) fprintf(stderr, "red_oom_child %d: status %d: %s\n", which, (int)st, ctpu_last_error());
+    _exit(rc);   /* (no shutdown: the limit stays) */
+}
+
+START_TEST(reduction_temporaries_out_of_host_memory)
+{
+#ifndef __SANITIZE_ADDRESS__
+    for (int which = 0; which < 3; which++) {
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+            char w[2] = { (char)('0' + which), 0 };
+            setenv("CTPU_TEST_RED_OOM", w, 1);
+            execl("/proc/self/exe", "test_badinput", (char *)NULL);
+            _exit(7);
+        }
+        int status = 0;
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_assert_msg(WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 5), "case %d: %s %d",
+                      which, WIFEXITED(status) ? "exit" : "signal", WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+    }
+#endif
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("badinput");
@@ -583,12 +637,14 @@ static Suite *suite(void)
     tcase_add_test(t, bad_calls_leak_nothing);
     tcase_add_test(t, fault_messages_name_the_call_and_tensors);
     tcase_add_test(t, composites_name_themselves);
+    tcase_add_test(t, reduction_temporaries_out_of_host_memory);
     suite_add_tcase(s, t);
     return s;
 }
 
 int main(void)
 {
+    if (getenv("CTPU_TEST_RED_OOM")) return red_oom_child(atoi(getenv("CTPU_TEST_RED_OOM")));
     SRunner *r = srunner_create(suite());
     srunner_run_all(r, CK_NORMAL);
     int failed = srunner_ntests_failed(r);

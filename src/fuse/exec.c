@@ -360,10 +360,12 @@ static const float *reduce_layout(const void *x, const ctpu_vtype *t, uint32_t m
         int64_t s = 1;
         for (int d = nd - 1; d >= 0; d--) { dst_st[d] = s; s *= shape[d]; }
         *tmp = malloc((size_t)(numel ? numel : 1) * 4);
+        if (!*tmp) return NULL;
         if (t->dtype == CTPU_KDT_F32) {
             ctpu_k_strided_copy(x, sst, *tmp, dst_st, shape, nd, 4);
         } else {
             float *conv = malloc((size_t)(numel ? numel : 1) * 4);
+            if (!conv) { free(*tmp); *tmp = NULL; return NULL; }
             to_f32(x, t->dtype, conv, numel);
             ctpu_k_strided_copy(conv, sst, *tmp, dst_st, shape, nd, 4);
             free(conv);
@@ -373,6 +375,7 @@ static const float *reduce_layout(const void *x, const ctpu_vtype *t, uint32_t m
     }
     if (t->dtype == CTPU_KDT_F32) return x;
     *tmp = malloc((size_t)(numel ? numel : 1) * 4);
+    if (!*tmp) return NULL;
     to_f32(x, t->dtype, *tmp, numel);
     return *tmp;
 }
@@ -427,14 +430,31 @@ typedef struct {
     int64_t outer, n, inner, on;
 } red_io;
 
-static void red_begin(const ctpu_step_data *sd, ctpu_exec_ctx *ctx, red_io *r)
+/* A host temporary of the reduction family that could not be allocated: the
+ * step's fault (out of host memory), nothing computed. */
+static bool red_oom(const ctpu_step_data *sd, ctpu_exec_ctx *ctx, int64_t elems)
+{
+    ctx->fault_status = CTPU_ERR_OOM;
+    snprintf(ctx->fault_msg, sizeof ctx->fault_msg, "%s: out of host memory for a %lld-element temporary",
+             ctpu_op_name(sd->node.op), (long long)elems);
+    return false;
+}
+
+static bool red_begin(const ctpu_step_data *sd, ctpu_exec_ctx *ctx, red_io *r)
 {
     const ctpu_node *nd = &sd->node;
     r->out = ctx->ptr[sd->out_slot];
     r->x = reduce_layout(ctx->ptr[sd->in_slot[0]], &sd->in[0], dims_mask(&nd->attr), &r->outer, &r->n,
                          &r->inner, &r->tmp);
+    r->y = NULL;
+    if (!r->x) return red_oom(sd, ctx, ctpu_vtype_numel(&sd->in[0]));
     r->on = r->outer * r->inner;
     r->y = nd->out.dtype == CTPU_KDT_F32 ? r->out : malloc((size_t)(r->on ? r->on : 1) * 4);
+    if (!r->y) {
+        free(r->tmp);
+        return red_oom(sd, ctx, r->on);
+    }
+    return true;
 }
 
 /* y into the output's dtype (store false: the kernel wrote the output itself) */
@@ -457,7 +477,7 @@ static void exec_reduce(const void *data, ctpu_exec_ctx *ctx)
         return;
     }
     red_io r;
-    red_begin(sd, ctx, &r);
+    if (!red_begin(sd, ctx, &r)) return;
     ctpu_k_reduce((ctpu_k_red_op)kop, r.x, r.outer, r.n, r.inner, r.y, ctx->pool);
     red_end(sd, &r, true);
 }
@@ -466,7 +486,7 @@ static void exec_mean(const void *data, ctpu_exec_ctx *ctx)
 {
     const ctpu_step_data *sd = data;
     red_io r;
-    red_begin(sd, ctx, &r);
+    if (!red_begin(sd, ctx, &r)) return;
     ctpu_k_reduce(CTPU_K_RED_SUM, r.x, r.outer, r.n, r.inner, r.y, ctx->pool);
     ctpu_k_binary_scalar(CTPU_K_B_DIV, r.y, (float)r.n, false, r.y, r.on);
     red_end(sd, &r, true);
@@ -476,8 +496,13 @@ static void exec_var(const void *data, ctpu_exec_ctx *ctx)
 {
     const ctpu_step_data *sd = data;
     red_io r;
-    red_begin(sd, ctx, &r);
+    if (!red_begin(sd, ctx, &r)) return;
     float *mean = malloc((size_t)(r.on ? r.on : 1) * 4);
+    if (!mean) {
+        red_end(sd, &r, false);
+        red_oom(sd, ctx, r.on);
+        return;
+    }
     ctpu_k_reduce(CTPU_K_RED_SUM, r.x, r.outer, r.n, r.inner, mean, ctx->pool);
     ctpu_k_binary_scalar(CTPU_K_B_DIV, mean, (float)r.n, false, mean, r.on);
     ctpu_k_sqdev(r.x, mean, r.outer, r.n, r.inner, r.y, ctx->pool);
@@ -498,7 +523,7 @@ static void exec_argmax(const void *data, ctpu_exec_ctx *ctx)
         return;
     }
     red_io r;
-    red_begin(sd, ctx, &r);
+    if (!red_begin(sd, ctx, &r)) return;
     ctpu_k_argmax(r.x, r.outer, r.n, r.inner, (int32_t *)r.out, is_min);
     red_end(sd, &r, false);
 }
