@@ -626,9 +626,7 @@ static void softmax_rows(const ctpu_step_data *sd, ctpu_exec_ctx *ctx, bool log)
     if (xf != xin) free(xf);
     return;
 oom:
-    ctx->fault_status = CTPU_ERR_OOM;
-    snprintf(ctx->fault_msg, sizeof ctx->fault_msg, "%s: out of host memory for a %lld-element temporary",
-             ctpu_op_name(nd->op), (long long)numel);
+    red_oom(sd, ctx, numel);
 }
 
 static void exec_softmax(const void *data, ctpu_exec_ctx *ctx) { softmax_rows(data, ctx, false); }

@@ -104,68 +104,43 @@ AI V vtanh(V x)
     return vsel(VCMP(x, x, _CMP_UNORD_Q), vadd(x, x), a);
 }
 
-/* GELU_ERF's double steps (elementwise_ref.c ref_u_GELU_ERF) on 8 lanes */
-AI __m512d gelu_erf_pd(__m512d xd)
+/* GELU_ERF's double steps (elementwise_ref.c ref_u_GELU_ERF) on N vectors
+ * of 8 lanes at once (N a constant after inlining: 1, or 4), step by step:
+ * each lane's operations and their order are the reference's, so the same
+ * bits for any N. One vector's steps are a chain of ~30 dependent
+ * operations; with four chains one after another in program order the
+ * out-of-order window held about two (issue 18: gelu was 2.6-3.6 ns an
+ * element, 9% of char_gpt's step; interleaved 1.8). */
+AI void gelu_erf_pdn(__m512d *xd, const int N)
 {
 #define D(c) _mm512_set1_pd(c)
-    static const double c[CTPU_K_GELU_NC] = { CTPU_K_GELU_ERFCX_COEFFS }, e[12] = { CTPU_K_GELU_EXP_COEFFS };
-    __m512d u = _mm512_mul_pd(_mm512_andnot_pd(D(-0.0), xd), D(CTPU_K_GELU_INV_SQRT2));
-    __m512d s = _mm512_mul_pd(_mm512_sub_pd(_mm512_div_pd(_mm512_sub_pd(u, D(3.0)), _mm512_add_pd(u, D(3.0))),
-                                            D(CTPU_K_GELU_TC)), D(CTPU_K_GELU_INV_TH));
-    __m512d p = D(c[CTPU_K_GELU_NC - 1]);
-    for (int i = CTPU_K_GELU_NC - 2; i >= 0; i--) p = _mm512_add_pd(D(c[i]), _mm512_mul_pd(s, p));
-    __m512d uc = _mm512_min_pd(u, D(CTPU_K_GELU_U_MAX));   /* u < 10.5 ? u : 10.5 (NaN: 10.5) */
-    __m512d v = _mm512_mul_pd(uc, uc);
-    __m512d t = _mm512_add_pd(_mm512_mul_pd(v, D(CTPU_K_TANH_INV_LN2)), D(CTPU_K_TANH_SHIFT));
-    __m512d kd = _mm512_sub_pd(t, D(CTPU_K_TANH_SHIFT));
-    __m512d w = _mm512_sub_pd(D(0.0), _mm512_sub_pd(_mm512_sub_pd(v, _mm512_mul_pd(kd, D(CTPU_K_TANH_LN2_HI))),
-                                                  _mm512_mul_pd(kd, D(CTPU_K_TANH_LN2_LO))));
-    __m512d q = D(e[11]);
-    for (int i = 10; i >= 0; i--) q = _mm512_add_pd(D(e[i]), _mm512_mul_pd(w, q));
-    __m512i kb = _mm512_sub_epi64(_mm512_castpd_si512(t), _mm512_castpd_si512(D(CTPU_K_TANH_SHIFT)));
-    __m512d s2 = _mm512_castsi512_pd(_mm512_slli_epi64(_mm512_sub_epi64(_mm512_set1_epi64(1023), kb), 52));
-    __m512d er = _mm512_maskz_mov_pd(_mm512_cmp_pd_mask(u, D(CTPU_K_GELU_U_MAX), _CMP_LT_OQ),
-                                     _mm512_mul_pd(_mm512_mul_pd(p, q), s2));
-    __m512d h = _mm512_mul_pd(D(0.5), er);
-    __m512d phi = _mm512_mask_mov_pd(_mm512_sub_pd(D(1.0), h), _mm512_cmp_pd_mask(xd, D(0.0), _CMP_LT_OQ), h);
-    return _mm512_mul_pd(xd, phi);
-#undef D
-}
-/* The same double steps on 4 vectors of 8 lanes at once, step by step
- * (each lane's operations and their order unchanged, so the same bits):
- * one vector's steps are a chain of ~30 dependent operations, and with the
- * chains one after another in program order the out-of-order window held
- * about two of them (issue 18: gelu was 2.6-3.6 ns an element, 9% of
- * char_gpt's step). */
-AI void gelu_erf_pd4(__m512d *xd)
-{
-#define D(c) _mm512_set1_pd(c)
-#define J4(stmt) _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) { stmt; }
+#define JN(stmt) _Pragma("GCC unroll 4") for (int j = 0; j < N; j++) { stmt; }
     static const double c[CTPU_K_GELU_NC] = { CTPU_K_GELU_ERFCX_COEFFS }, e[12] = { CTPU_K_GELU_EXP_COEFFS };
     __m512d u[4], s[4], p[4], t[4], kd[4], w[4], q[4], s2[4];
-    J4(u[j] = _mm512_mul_pd(_mm512_andnot_pd(D(-0.0), xd[j]), D(CTPU_K_GELU_INV_SQRT2)))
-    J4(s[j] = _mm512_mul_pd(_mm512_sub_pd(_mm512_div_pd(_mm512_sub_pd(u[j], D(3.0)), _mm512_add_pd(u[j], D(3.0))),
+    JN(u[j] = _mm512_mul_pd(_mm512_andnot_pd(D(-0.0), xd[j]), D(CTPU_K_GELU_INV_SQRT2)))
+    JN(s[j] = _mm512_mul_pd(_mm512_sub_pd(_mm512_div_pd(_mm512_sub_pd(u[j], D(3.0)), _mm512_add_pd(u[j], D(3.0))),
                                           D(CTPU_K_GELU_TC)), D(CTPU_K_GELU_INV_TH)))
-    J4(p[j] = D(c[CTPU_K_GELU_NC - 1]))
-    for (int i = CTPU_K_GELU_NC - 2; i >= 0; i--) { J4(p[j] = _mm512_add_pd(D(c[i]), _mm512_mul_pd(s[j], p[j]))) }
-    J4(__m512d uc = _mm512_min_pd(u[j], D(CTPU_K_GELU_U_MAX)); __m512d v = _mm512_mul_pd(uc, uc);
+    JN(p[j] = D(c[CTPU_K_GELU_NC - 1]))
+    for (int i = CTPU_K_GELU_NC - 2; i >= 0; i--) { JN(p[j] = _mm512_add_pd(D(c[i]), _mm512_mul_pd(s[j], p[j]))) }
+    /* uc = u < 10.5 ? u : 10.5 (NaN: 10.5) */
+    JN(__m512d uc = _mm512_min_pd(u[j], D(CTPU_K_GELU_U_MAX)); __m512d v = _mm512_mul_pd(uc, uc);
        t[j] = _mm512_add_pd(_mm512_mul_pd(v, D(CTPU_K_TANH_INV_LN2)), D(CTPU_K_TANH_SHIFT));
        kd[j] = _mm512_sub_pd(t[j], D(CTPU_K_TANH_SHIFT));
        w[j] = _mm512_sub_pd(D(0.0), _mm512_sub_pd(_mm512_sub_pd(v, _mm512_mul_pd(kd[j], D(CTPU_K_TANH_LN2_HI))),
                                                  _mm512_mul_pd(kd[j], D(CTPU_K_TANH_LN2_LO)))))
-    J4(q[j] = D(e[11]))
-    for (int i = 10; i >= 0; i--) { J4(q[j] = _mm512_add_pd(D(e[i]), _mm512_mul_pd(w[j], q[j]))) }
-    J4(__m512i kb = _mm512_sub_epi64(_mm512_castpd_si512(t[j]), _mm512_castpd_si512(D(CTPU_K_TANH_SHIFT)));
+    JN(q[j] = D(e[11]))
+    for (int i = 10; i >= 0; i--) { JN(q[j] = _mm512_add_pd(D(e[i]), _mm512_mul_pd(w[j], q[j]))) }
+    JN(__m512i kb = _mm512_sub_epi64(_mm512_castpd_si512(t[j]), _mm512_castpd_si512(D(CTPU_K_TANH_SHIFT)));
        s2[j] = _mm512_castsi512_pd(_mm512_slli_epi64(_mm512_sub_epi64(_mm512_set1_epi64(1023), kb), 52)))
-    J4(__m512d er = _mm512_maskz_mov_pd(_mm512_cmp_pd_mask(u[j], D(CTPU_K_GELU_U_MAX), _CMP_LT_OQ),
+    JN(__m512d er = _mm512_maskz_mov_pd(_mm512_cmp_pd_mask(u[j], D(CTPU_K_GELU_U_MAX), _CMP_LT_OQ),
                                         _mm512_mul_pd(_mm512_mul_pd(p[j], q[j]), s2[j]));
        __m512d h = _mm512_mul_pd(D(0.5), er);
        __m512d phi = _mm512_mask_mov_pd(_mm512_sub_pd(D(1.0), h), _mm512_cmp_pd_mask(xd[j], D(0.0), _CMP_LT_OQ), h);
        xd[j] = _mm512_mul_pd(xd[j], phi))
-#undef J4
+#undef JN
 #undef D
 }
-/* vgelu_erf of two vectors (a, b in place), interleaved (gelu_erf_pd4) */
+/* vgelu_erf of two vectors (a, b in place), interleaved (gelu_erf_pdn) */
 #define VGELU_ERF_X2 1
 AI void vgelu_erf_x2(V *a, V *b)
 {
@@ -173,16 +148,16 @@ AI void vgelu_erf_x2(V *a, V *b)
                      _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(*a), 1))),
                      _mm512_cvtps_pd(_mm512_castps512_ps256(*b)),
                      _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(*b), 1))) };
-    gelu_erf_pd4(d);
+    gelu_erf_pdn(d, 4);
     *a = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(d[0])), _mm512_cvtpd_ps(d[1]), 1);
     *b = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(d[2])), _mm512_cvtpd_ps(d[3]), 1);
 }
 AI V vgelu_erf(V x)
 {
-    __m256 lo = _mm512_cvtpd_ps(gelu_erf_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x))));
-    __m256 hi = _mm512_cvtpd_ps(gelu_erf_pd(_mm512_cvtps_pd(
-        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)))));
-    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+    __m512d d[2] = { _mm512_cvtps_pd(_mm512_castps512_ps256(x)),
+                     _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1))) };
+    gelu_erf_pdn(d, 2);
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(d[0])), _mm512_cvtpd_ps(d[1]), 1);
 }
 /* Non-temporal store of one vector (p aligned to the vector); a tape strip is
  * TK vectors: 16 (256 floats). Only the strip's results stay in registers
